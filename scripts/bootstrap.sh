@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Idempotent bootstrap for a fresh Debian 12 machine (as root) or an existing checkout:
+# apt packages the tests and tools need, a venv in .venv, the project and its pinned dependencies.
+# Re-running it is cheap: each step checks before it acts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(python3 python3-venv python3-dev gcc git openssh-server openssh-client chrony iproute2
+  iputils-ping util-linux procps systemd)
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "bootstrap: missing apt packages ${missing[*]}; run as root or install them" >&2
+    exit 2
+  fi
+  echo "bootstrap: installing apt packages: ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=${EXASERVE_PYTHON:-python3}
+stamp=.venv/.exaserve-installed
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+# Reinstall only when the dependency declaration changed since the last install.
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  .venv/bin/python -m pip install -q --upgrade "pip>=24"
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  echo "$want" >"$stamp"
+fi

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole test suite: bootstrap (idempotent), then linters, type checks and every test.
+# CI runs exactly this (see .ci/run). Exit status: non-zero when any step fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+export PATH="$PWD/.venv/bin:$PATH"
+echo "== ruff";          ruff check serving infra policies tests bench scripts
+echo "== mypy (strict on serving/)"; mypy serving
+echo "== yamllint";      yamllint -s .
+echo "== pytest";        pytest -q -p no:cacheprovider "$@"
