@@ -1,55 +1,28 @@
-"""The ``exaserve`` command line.
+"""The ``exaserve`` command line: ``plan`` and ``schema`` here, other commands in ``serving.commands``.
 
-Exit codes (all commands): 0 success; 1 the operation ran and found a problem (plan violations,
-policy violations, failed preflight, rolled-back rollout); 2 bad input (malformed stack or
-arguments: the message names the field, the value and the fix). No traceback reaches a user for a
-mistake they made.
+See :mod:`serving.cliutil` for the exit codes every command follows.
 """
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
-from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from serving import planner, report, rules
-from serving.spec import json_schema
-from serving.stack import DEFAULT_STACK, SpecError, Stack, load_stack, load_stack_file
-
-EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT = 0, 1, 2
-
-app = typer.Typer(
-    name="exaserve",
-    help="ExaServe deploy: plan, render, check, preflight and roll out an SGLang serving fleet.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
+from serving.cliutil import (
+    DEFAULT_STACK,
+    EXIT_PROBLEM,
+    JsonOpt,
+    StackFileOpt,
+    StackOpt,
+    app,
+    console,
+    emit_json,
+    err_console,
+    resolve_stack,
 )
-console = Console()
-err_console = Console(stderr=True)
-
-StackOpt = Annotated[str, typer.Option("--stack", "-s", help="Stack name (Pulumi.<stack>.yaml).")]
-StackFileOpt = Annotated[
-    Path | None, typer.Option("--stack-file", help="Any stack file; overrides --stack.", dir_okay=False)
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
-
-
-def resolve_stack(stack: str, stack_file: Path | None) -> Stack:
-    """Load the stack or exit 2 with the spec's problems (field, value, fix)."""
-    try:
-        return load_stack_file(stack_file) if stack_file else load_stack(stack)
-    except SpecError as exc:
-        err_console.print(f"[red]error:[/] {exc}", highlight=False, markup=False)
-        raise typer.Exit(EXIT_BAD_INPUT) from None
-
-
-def emit_json(obj: object) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+from serving.spec import json_schema
 
 
 @app.command()
@@ -72,7 +45,13 @@ def schema() -> None:
     emit_json(json_schema())
 
 
+def _register_commands() -> None:
+    """Import the command modules; each registers its commands on ``app``."""
+    import serving.commands  # noqa: F401, PLC0415
+
+
 def main() -> None:
+    _register_commands()
     try:
         app()
     except KeyboardInterrupt:
