@@ -50,9 +50,9 @@ def available_stacks(root: Path = PROJECT_ROOT) -> list[str]:
 def _value_at(doc: Any, loc: tuple[int | str, ...]) -> tuple[bool, Any]:
     cur = doc
     for part in loc:
-        if (isinstance(cur, dict) and part in cur) or (isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur)):
+        try:
             cur = cur[part]
-        else:
+        except (KeyError, IndexError, TypeError):
             return False, None
     return True, cur
 
