@@ -1,0 +1,84 @@
+"""`exaserve plan` as users run it: the console script in a subprocess, exit codes, the JSON contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from serving.stack import PROJECT_ROOT
+from tests.specdoc import SOURCE_PLAN
+
+EXASERVE = Path(sys.executable).parent / "exaserve"
+
+
+def run(*args: str, cwd: Path = PROJECT_ROOT) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "160"}
+    return subprocess.run([str(EXASERVE), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=60)
+
+
+@pytest.mark.parametrize("stack", ["prod", "dev", "sandbox"])
+def test_plan_exits_0_on_shipped_stacks(stack: str) -> None:
+    r = run("plan", "--stack", stack)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "plan OK" in r.stdout and "Capacity chain" in r.stdout
+
+
+def test_plan_json_contract() -> None:
+    r = run("plan", "--stack", "prod", "--json")
+    assert r.returncode == 0, r.stderr
+    doc: dict[str, Any] = json.loads(r.stdout)
+    assert doc["stack"] == "prod" and doc["ok"] is True
+    assert all(set(v) >= {"rule", "path", "message"} for v in doc["violations"])
+    cap = doc["capacity"]
+    for key in ("weights_bytes", "kv_cache_bytes_per_token", "gpus_per_replica", "replicas", "replicas_per_node",
+                "nodes", "per_gpu_memory_bytes", "max_concurrent_sequences_per_replica", "sustained_concurrency",
+                "requests_per_second", "heartbeat_messages_per_second", "failure_detection_s", "recovery_s"):
+        assert key in cap, key
+    assert cap["replicas"] == 2048 and cap["nodes"] == 256 and cap["gpus_per_replica"] == 1
+    assert cap["kv_cache_bytes_per_token"] == 327_680
+    assert cap["heartbeat_messages_per_second"] == {"direct": 409.6, "aggregated": 51.2}
+    assert set(cap["per_gpu_memory_bytes"]) == {"weights", "kv_cache", "activations", "framework_overhead",
+                                                "safety_margin", "total"}
+    assert (cap["failure_detection_s"], cap["recovery_s"]) == (18, 28)
+    assert doc["memory"]["kv_per_token"]["formula"].startswith("2 × 80 layers × 8 KV heads")
+
+
+def test_source_plan_exits_1_with_the_arithmetic() -> None:
+    r = run("plan", "--stack-file", str(SOURCE_PLAN), "--json")
+    assert r.returncode == 1
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False
+    msgs = {v["rule"]: v["message"] for v in doc["violations"] if v["severity"] == "error"}
+    assert "needs 96 GPUs, the node has 8" in msgs["placement.gpus-per-node"]
+
+
+def test_malformed_spec_exits_2_with_path_and_value_no_traceback(tmp_path: Path) -> None:
+    text = SOURCE_PLAN.read_text().replace("replicas: 3072", "replicas: three-thousand")
+    bad = tmp_path / "Pulumi.bad.yaml"
+    bad.write_text(text)
+    r = run("plan", "--stack-file", str(bad))
+    assert r.returncode == 2
+    assert "serving.replicas: got 'three-thousand'" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (("plan", "--stack", "nope"), "no stack named 'nope'"),
+    (("plan", "--stack-file", "/nonexistent/Pulumi.x.yaml"), "file not found"),
+    (("plan", "--bogus"), "No such option"),
+])
+def test_bad_input_exits_2(args: tuple[str, ...], needle: str) -> None:
+    r = run(*args)
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_schema_is_json_schema_of_the_spec() -> None:
+    r = run("schema")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["title"] == "FleetSpec" and "cluster" in doc["required"]

@@ -1,0 +1,90 @@
+"""Each rule fires on a targeted spec variant, with its arithmetic, and stays quiet on the shipped stacks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from serving import planner, rules
+from serving.spec import FleetSpec
+from serving.stack import load_stack, load_stack_file
+from tests.specdoc import SOURCE_PLAN, spec_from
+
+
+def violations(spec: FleetSpec) -> list[rules.Violation]:
+    return rules.check(spec, planner.plan(spec))
+
+
+def errors(spec: FleetSpec) -> dict[str, rules.Violation]:
+    return {v.rule: v for v in violations(spec) if v.severity == "error"}
+
+
+@pytest.mark.parametrize("stack", ["prod", "dev", "sandbox"])
+def test_shipped_stacks_have_no_errors(stack: str) -> None:
+    assert errors(load_stack(stack).spec) == {}
+
+
+def test_source_plan_is_rejected_with_the_arithmetic() -> None:
+    found = errors(load_stack_file(SOURCE_PLAN).spec)
+    assert set(found) == {"placement.gpus-per-node", "placement.fleet-capacity"}
+    msg = found["placement.gpus-per-node"].message
+    assert "Got 12: 12 replicas × 8 GPUs each (TP 2 × PP 4 × DP 1) needs 96 GPUs, the node has 8. Use at most 1" in msg
+    assert found["placement.gpus-per-node"].path == "serving.replicas_per_node"
+    assert "256 nodes hold at most 256 replicas" in found["placement.fleet-capacity"].message
+
+
+CASES: list[tuple[str, dict[str, Any], str, str]] = [
+    ("prod", {"serving__replicas_per_node": 9}, "placement.gpus-per-node", "needs 9 GPUs, the node has 8"),
+    ("prod", {"parallelism__tp": 12, "serving__replicas_per_node": None, "serving__replicas": 100},
+     "placement.whole-nodes", "stranding 4 GPUs"),
+    ("prod", {"serving__replicas": 2049}, "placement.fleet-capacity", "hold at most 2,048"),
+    ("prod", {"model__precision": "fp8", "model__quantization": "fp8"}, "memory.per-gpu", "only 68.00 GB is usable"),
+    ("dev", {"parallelism__tp": 16, "serving__replicas_per_node": None, "serving__replicas": 8,
+             "cluster__fabric__link_rate_gbps": 25}, "network.tp-across-nodes", "Got 25: TP 16 crosses nodes"),
+    ("dev", {"parallelism__tp": 16, "serving__replicas_per_node": None, "serving__replicas": 8},
+     "network.tp-across-nodes", "all-reduce over TCP"),
+    ("prod", {"serving__heartbeat_mode": "direct"}, "heartbeat.central-jitter", "409.6 msg/s"),
+    ("prod", {"serving__health_check_timeout_s": 1}, "health.check-timeout", "Use at least 3"),
+    ("prod", {"serving__health_check_timeout_s": 5}, "health.check-timeout", "must end before the next one"),
+    ("prod", {"serving__migration_timeout_s": 15}, "health.recovery-target", "18 s detection + 15 s migration = 33 s"),
+    ("prod", {"storage__local_cache__load_bandwidth_gbps": 1}, "storage.restart-time", "35.28 GB of weights"),
+    ("sandbox", {"rollout__batches": 9}, "rollout.batches-cover", "8 replicas cannot fill 9 non-empty batches"),
+    ("prod", {"rollout__interval_s": 10}, "rollout.gate-window", "shorter than serving.warmup_duration_s 30"),
+    ("prod", {"scheduler__instances": 1}, "scheduler.ha", "Use 3"),
+]
+
+
+@pytest.mark.parametrize(("stack", "changes", "rule", "needle"), CASES, ids=[c[2] + ":" + str(i) for i, c in enumerate(CASES)])
+def test_rule_fires_with_arithmetic(stack: str, changes: dict[str, Any], rule: str, needle: str) -> None:
+    spec = spec_from(stack, **changes)
+    found = [v for v in violations(spec) if v.rule == rule]
+    assert found, f"{rule} did not fire for {changes}"
+    assert any(needle in v.message or needle == v.path for v in found), [v.message for v in found]
+    assert all(v.path for v in found)
+
+
+@pytest.mark.parametrize(("changes", "rule"), [
+    ({"scheduler__period_ms": 10}, "scheduler.period"),
+    ({"serving__log_level": "debug"}, "ops.log-level"),
+    ({"scheduler__instances": 2}, "scheduler.ha"),
+])
+def test_warnings_do_not_fail_the_plan(changes: dict[str, Any], rule: str) -> None:
+    spec = spec_from("prod", **changes)
+    found = [v for v in violations(spec) if v.rule == rule]
+    assert found and all(v.severity == "warning" for v in found)
+    assert rule not in errors(spec)
+
+
+def test_memory_rule_passes_when_quantised_and_fails_at_fp16_tp1() -> None:
+    assert "memory.per-gpu" not in errors(load_stack("prod").spec)
+    fp16 = spec_from("prod", model__precision="fp16", model__quantization=None)
+    msg = errors(fp16)["memory.per-gpu"].message
+    need = (70_553_706_496 * 2 * 1.15 + 327_680 * 4096 * 8 + 5e9) * 1.15
+    assert f"Each GPU needs {need / 1e9:,.2f} GB" in msg and "only 68.00 GB is usable" in msg
+    assert planner.memory_plan(fp16).per_gpu["weights"].value == 70_553_706_496 * 2
+
+
+def test_every_rule_has_a_docstring_naming_what_it_enforces() -> None:
+    assert len(rules.RULES) >= 14
+    assert all(fn.__doc__ and len(fn.__doc__) > 20 for fn in rules.RULES.values())

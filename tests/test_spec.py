@@ -1,0 +1,123 @@
+"""Validators of the typed spec: parametrised bad input, each error naming the field, value and fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from serving.spec import FleetSpec, LogLevel, Precision
+from serving.stack import PROJECT_ROOT, SpecError, load_stack, load_stack_file, parse_spec
+from tests.specdoc import SOURCE_PLAN, spec_from, stack_doc, with_changes
+
+
+def parse(changes: dict[str, Any], base: str = "prod") -> FleetSpec:
+    return parse_spec(with_changes(stack_doc(base), changes), "test", PROJECT_ROOT)
+
+
+@pytest.mark.parametrize(
+    ("changes", "path", "match"),
+    [
+        ({"serving.replicas": 0}, "serving.replicas", "got 0: Input should be greater than 0"),
+        ({"serving.image": "lmsysorg/sglang:latest"}, "serving.image", "not pinned"),
+        ({"serving.image": "lmsysorg/sglang"}, "serving.image", "not pinned"),
+        ({"scheduler.weights": {"gpu_utilization": 0.5, "memory_usage": 0.3, "network_bandwidth": 0.3}},
+         "scheduler.weights", "sum to 1.1"),
+        ({"model.architecture.num_kv_heads": 6}, "model.architecture", "num_kv_heads=6 must divide"),
+        ({"cluster.pools.0.first_address": "10.99.0.1"}, "cluster.pools[0]", "outside subnet 10.40.0.0/22"),
+        ({"cluster.pools.0.count": 5000}, "cluster.pools[0]", "widen the subnet or lower count"),
+        ({"cluster.pools.0.name_pattern": "gpu-{host}"}, "cluster.pools[0].name_pattern", "unknown placeholder"),
+        ({"cluster.pools.0.name_pattern": "gpu"}, "cluster", "generated more than once"),
+        ({"serving.replicas_per_nod": 8}, "serving.replicas_per_nod", "unknown field"),
+        ({"health.stop_routing_below": 20}, "health", "migrate_below \\(30\\) < stop_routing_below \\(20\\)"),
+        ({"rollout.group_versions": {7: "v2"}}, "rollout", "outside 0..4"),
+        ({"model.quantization": None}, "model", "needs model.quantization"),
+        ({"model.precision": "fp32"}, "model.precision", "got 'fp32'"),
+        ({"cluster.cost.node_price_low": 300000}, "cluster.cost", "swap them"),
+        ({"storage.model_store.server": None}, "storage.model_store", "set server"),
+        ({"cluster.fabric.kind": "roce", "cluster.fabric.hcas": []}, "cluster.fabric", "needs at least one HCA"),
+        ({"serving.heartbeat_interval_s": -5}, "serving.heartbeat_interval_s", "got -5"),
+    ],
+)
+def test_bad_input_names_field_value_and_fix(changes: dict[str, Any], path: str, match: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse(changes)
+    paths = [p for p, _ in info.value.problems]
+    assert path in paths, f"expected a problem at {path}, got {info.value.problems}"
+    assert any(__import__("re").search(match, m) for p, m in info.value.problems if p == path), str(info.value)
+
+
+def test_model_validate_raises_validation_error_for_programmatic_use() -> None:
+    with pytest.raises(ValidationError, match="experts_per_token=9 exceeds num_experts=8"):
+        FleetSpec.model_validate(with_changes(stack_doc("prod"), {
+            "model.architecture.moe": {"num_experts": 8, "experts_per_token": 9}}))
+
+
+def test_sandbox_versions_must_define_every_version_the_fleet_runs() -> None:
+    with pytest.raises(SpecError, match=r"version\(s\) \['v9'\] are not defined in sandbox.versions"):
+        parse({"serving.version": "v9"}, base="sandbox")
+
+
+def test_defaults_are_the_source_values() -> None:
+    spec = load_stack_file(SOURCE_PLAN).spec
+    s, sch, h, r = spec.serving, spec.scheduler, spec.health, spec.rollout
+    assert (s.heartbeat_interval_s, s.failure_threshold, s.migration_timeout_s) == (5, 3, 10)
+    assert (s.health_check_timeout_s, s.warmup_share, s.warmup_duration_s, s.log_level) == (3, 0.1, 30, LogLevel.WARNING)
+    assert sch.weights == {"gpu_utilization": 0.5, "memory_usage": 0.3, "network_bandwidth": 0.2}
+    assert (sch.period_ms, sch.migration_load_ratio, sch.instances) == (100, 1.5, 3)
+    assert (h.start, h.timeout_penalty, h.success_reward, h.cap, h.stop_routing_below, h.migrate_below) == (
+        100, 5, 1, 100, 60, 30)
+    assert (r.batches, r.interval_s, r.max_qps_drop, r.max_p99_rise, r.max_error_rate) == (5, 300, 0.2, 0.3, 0.001)
+    assert spec.cluster.gpu.usable_memory_fraction == 0.85 and spec.cluster.ntp.max_offset_ms == 100
+    assert spec.model.precision is Precision.FP16 and spec.parallelism.gpus_per_replica == 8
+
+
+def test_prod_inventory_expands_to_256_named_nodes_in_16_racks() -> None:
+    spec = load_stack("prod").spec
+    nodes = spec.cluster.nodes
+    assert len(nodes) == 256 and len({n.name for n in nodes}) == 256
+    assert spec.cluster.rack_count == 16
+    per_rack = {r: sum(n.rack == r for n in nodes) for r in {n.rack for n in nodes}}
+    assert set(per_rack.values()) == {16}
+    assert nodes[0].name == "gpu-r00-n00" and str(nodes[0].address) == "10.40.0.11"
+    assert nodes[17].name == "gpu-r01-n01" and nodes[17].leaf == "leaf-01" and str(nodes[17].address) == "10.40.0.28"
+    assert str(nodes[-1].address) == "10.40.1.10"
+
+
+def test_uneven_racks_fill_in_order() -> None:
+    spec = spec_from("dev", cluster__pools__0__count=10, cluster__pools__0__racks=3)
+    racks = [n.rack for n in spec.cluster.nodes]
+    assert racks == ["rack-00"] * 4 + ["rack-01"] * 4 + ["rack-02"] * 2
+
+
+def test_hf_config_supplies_architecture_and_stack_overrides_win() -> None:
+    spec = spec_from("dev", model__hf_config="models/deepseek-v3/config.json",
+                     model__architecture={"parameter_count": 671_000_000_000, "num_kv_heads": 128})
+    a = spec.model.architecture
+    assert a.mla is not None and (a.mla.kv_lora_rank, a.mla.qk_rope_head_dim) == (512, 64)
+    assert a.moe is not None and (a.moe.num_experts, a.moe.experts_per_token) == (256, 8)
+    assert (a.num_layers, a.hidden_size, a.vocab_size) == (61, 7168, 129280)
+    llama = load_stack("prod").spec.model.architecture
+    assert (llama.num_kv_heads, llama.num_attention_heads, llama.head_dim) == (8, 64, 128)
+
+
+def test_missing_hf_config_is_a_spec_error_with_the_path() -> None:
+    with pytest.raises(SpecError, match=r"model.hf_config.*does not exist"):
+        spec_from("dev", model__hf_config="models/nope/config.json")
+
+
+def test_log_level_accepts_warn_alias() -> None:
+    assert spec_from("dev", serving__log_level="WARN").serving.log_level is LogLevel.WARNING
+
+
+def test_stack_file_errors(tmp_path: Any) -> None:
+    bad = tmp_path / "Pulumi.bad.yaml"
+    bad.write_text("config: [unclosed")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_stack_file(bad)
+    bad.write_text("config:\n  aws:region: us-east-1\n")
+    with pytest.raises(SpecError, match="no 'exaserve:' keys"):
+        load_stack_file(bad)
+    with pytest.raises(SpecError, match="no stack named 'staging'; known stacks: dev, prod, sandbox"):
+        load_stack("staging")
