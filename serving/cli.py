@@ -6,10 +6,14 @@ See :mod:`serving.cliutil` for the exit codes every command follows.
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated
 
 import typer
+from rich.table import Table
 
-from serving import planner, report, rules
+from serving import planner, report, rules, sourcecheck
 from serving.cliutil import (
     DEFAULT_STACK,
     EXIT_PROBLEM,
@@ -23,6 +27,7 @@ from serving.cliutil import (
     resolve_stack,
 )
 from serving.spec import json_schema
+from serving.stack import PROJECT_ROOT
 
 
 @app.command()
@@ -37,6 +42,32 @@ def plan(stack: StackOpt = DEFAULT_STACK, stack_file: StackFileOpt = None, as_js
         report.print_plan(console, st, pl, violations)
     if any(v.severity == "error" for v in violations):
         raise typer.Exit(EXIT_PROBLEM)
+
+
+SOURCE_PLAN = PROJECT_ROOT / "tests" / "data" / "source-plan.yaml"
+
+
+@app.command("audit-source")
+def audit_source(
+    stack_file: Annotated[
+        Path, typer.Option("--stack-file", help="The source document's config as a stack.", dir_okay=False)
+    ] = SOURCE_PLAN,
+    as_json: JsonOpt = False,
+) -> None:
+    """Recompute the source plan's own figures and say which are right, wrong or misleading, with the math."""
+    claims = sourcecheck.audit(resolve_stack(DEFAULT_STACK, stack_file).spec)
+    if as_json:
+        emit_json([asdict(c) for c in claims])
+        return
+    table = Table(title="The source plan, recomputed", title_justify="left", show_lines=True)
+    for col in ("§", "claim", "source", "recomputed", "verdict", "correction"):
+        table.add_column(col, overflow="fold")
+    style = {"right": "green", "wrong": "red", "misleading": "yellow"}
+    for c in claims:
+        table.add_row(
+            c.section, c.claim, c.source_value, c.computed, f"[{style[c.verdict]}]{c.verdict}[/]", c.correction
+        )
+    console.print(table)
 
 
 @app.command()
