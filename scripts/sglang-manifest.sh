@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Regenerate the pinned flag manifests from the REAL parsers:
+#   serving/data/sglang-<version>-server-flags.json  (sglang.srt.server_args.ServerArgs.add_cli_args)
+#   serving/data/sglang-router-<version>-flags.json  (sglang_router RouterArgs.add_cli_args)
+# The server parser runs in a throwaway venv, .venv-sglang/, holding just enough of SGLang to import
+# it (pinned in scripts/sglang-manifest-requirements.txt); it is built once and rebuilt only when that
+# file or the interpreter changes. The router parser runs in the project's .venv (bootstrap.sh).
+#
+#   scripts/sglang-manifest.sh                  rewrite the committed manifests in serving/data
+#   scripts/sglang-manifest.sh --out-dir DIR    write them to DIR instead (what the tests compare)
+set -euo pipefail
+
+out_dir=serving/data
+while (($#)); do
+  case "$1" in
+    --out-dir) out_dir=$(realpath -m "${2:?--out-dir needs a folder}"); shift 2 ;;
+    *) echo "sglang-manifest: unknown argument '$1'; the only option is --out-dir DIR" >&2; exit 2 ;;
+  esac
+done
+cd "$(dirname "$0")/.."
+
+if [ ! -x .venv/bin/python ]; then
+  echo "sglang-manifest: .venv is missing; run scripts/bootstrap.sh first" >&2
+  exit 2
+fi
+
+# One build at a time (two test runs may start together): lock this script's own file.
+exec 9<"$0"
+flock 9
+
+PY=${EXASERVE_PYTHON:-python3}
+venv=.venv-sglang
+lock=scripts/sglang-manifest-requirements.txt
+stamp=$venv/.exaserve-installed
+want=$({ cat "$lock"; "$PY" -c 'import sys; print(sys.version)'; } | sha256sum | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "sglang-manifest: building $venv from $lock" >&2
+  rm -rf "$venv"
+  "$PY" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --no-deps --only-binary=:all: -r "$lock"
+  echo "$want" >"$stamp"
+fi
+# A clean environment: SGLANG_* variables change the parser (e.g. extra choices).
+run_clean() { env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="${HOME:-/root}" LC_ALL=C.UTF-8 "$@"; }
+run_clean "$venv/bin/python" scripts/argparse_flags.py dump server --out-dir "$out_dir"
+run_clean .venv/bin/python scripts/argparse_flags.py dump router --out-dir "$out_dir"
