@@ -1,0 +1,402 @@
+"""Start, stop and find the sandbox's processes: simulated SGLang workers and the real SGLang router.
+
+Each process runs in its own session (process group) with its output in ``<state>/<name>.log`` and a
+record in ``<state>/<name>.json`` (pid, kernel start time, argv, URLs). The record is the pid file:
+:func:`stop_all` reads the records, so ``sandbox down`` stops what ``sandbox up`` started even from
+another process, and the start time guards against signalling an unrelated process that reuses a pid.
+
+Everything binds to loopback; the router's flags are checked with the router's own argument parser.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import httpx
+from sglang_router.launch_router import parse_router_args
+
+from serving.sandbox.router_client import parse_workers
+from serving.sandbox.worker import LOOPBACK, WorkerConfig
+
+Kind = Literal["worker", "router"]
+WaitFor = Literal["healthy", "listening", "started"]
+RouterPolicy = Literal["random", "round_robin", "cache_aware", "power_of_two", "manual"]
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+_POLL_S = 0.05
+_KILL_WAIT_S = 10.0
+
+
+class SandboxError(RuntimeError):
+    """A sandbox process could not be started or stopped; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """What the state directory remembers about one process."""
+
+    name: str
+    kind: Kind
+    pid: int
+    start_ticks: int
+    argv: tuple[str, ...]
+    url: str
+    metrics_url: str
+    log_path: str
+    version: str | None = None
+
+    @classmethod
+    def from_json(cls, text: str) -> ProcessRecord:
+        data = json.loads(text)
+        return cls(**{**data, "argv": tuple(data["argv"])})
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+class StateDir:
+    """``<root>/<name>.json`` records and ``<root>/<name>.log`` logs."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def record_path(self, name: str) -> Path:
+        if not name or "/" in name or name.startswith("."):
+            raise SandboxError(f"process name {name!r}: use letters, digits, '-' or '_' (it names files)")
+        return self.root / f"{name}.json"
+
+    def log_path(self, name: str) -> Path:
+        return self.record_path(name).with_suffix(".log")
+
+    def read(self, name: str) -> ProcessRecord | None:
+        path = self.record_path(name)
+        return ProcessRecord.from_json(path.read_text()) if path.exists() else None
+
+    def records(self) -> list[ProcessRecord]:
+        return [ProcessRecord.from_json(p.read_text()) for p in sorted(self.root.glob("*.json"))]
+
+    def write(self, record: ProcessRecord) -> None:
+        tmp = self.record_path(record.name).with_suffix(".json.tmp")
+        tmp.write_text(record.to_json())
+        tmp.replace(self.record_path(record.name))
+
+    def forget(self, name: str) -> None:
+        self.record_path(name).unlink(missing_ok=True)
+
+
+# ----- ports and process identity --------------------------------------------------------------------
+def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+    """``count`` distinct ports that were free a moment ago (held open together while choosing)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for sock in socks:
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    return free_ports(1, host)[0]
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks) from ``/proc/<pid>/stat``; None if there is no such pid."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()  # the command name may contain spaces and ")"
+    return fields[0], int(fields[19])
+
+
+def _alive(record: ProcessRecord) -> bool:
+    """The recorded process still runs (same pid *and* same start time, not a zombie)."""
+    stat = _proc_stat(record.pid)
+    if stat is None or stat[1] != record.start_ticks:
+        return False
+    if stat[0] == "Z":
+        _reap(record.pid)
+        return False
+    return True
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status if ``pid`` is our child; harmless otherwise."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _log_tail(path: str, lines: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+# ----- starting and stopping --------------------------------------------------------------------
+def _spawn(state: StateDir, name: str, argv: Sequence[str]) -> tuple[int, int, str]:
+    """Start ``argv`` in a new session with stdout+stderr appended to the log; (pid, start ticks, log)."""
+    existing = state.read(name)
+    if existing is not None and _alive(existing):
+        raise SandboxError(f"process {name!r} already runs (pid {existing.pid}); stop it first or choose another name")
+    log = str(state.log_path(name))
+    pid = os.posix_spawn(
+        argv[0],
+        list(argv),
+        dict(os.environ),
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ],
+        setsid=True,
+    )
+    stat = _proc_stat(pid)
+    if stat is None:
+        _reap(pid)
+        raise SandboxError(f"{name}: {argv[0]} exited at once; see {log}:\n{_log_tail(log)}")
+    return pid, stat[1], log
+
+
+def _wait(state: StateDir, record: ProcessRecord, ready: Callable[[], bool], what: str, timeout_s: float) -> None:
+    """Poll ``ready`` until it holds. If the process dies, or ``timeout_s`` passes (then the process
+    is stopped), raise with the tail of its log."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if not _alive(record):
+            state.forget(record.name)
+            raise SandboxError(
+                f"{record.name} exited before it was {what}; see {record.log_path}:\n{_log_tail(record.log_path)}"
+            )
+        if time.monotonic() >= deadline:
+            stop_process(state, record.name, timeout_s=5.0)
+            raise SandboxError(
+                f"{record.name} (pid {record.pid}) not {what} after {timeout_s:.0f} s, stopped it; "
+                f"see {record.log_path}:\n{_log_tail(record.log_path)}"
+            )
+        time.sleep(_POLL_S)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _listening(host: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+        return True
+    return False
+
+
+def stop_process(state: StateDir, name: str, *, timeout_s: float = 30.0) -> bool:
+    """SIGTERM the process group, wait up to ``timeout_s``, then SIGKILL; forget the record.
+
+    Returns True if a live process was stopped, False if the record was stale or absent.
+    """
+    record = state.read(name)
+    if record is None:
+        return False
+    was_alive = _alive(record)
+    if was_alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(record.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while _alive(record) and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+        if _alive(record):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(record.pid, signal.SIGKILL)
+            deadline = time.monotonic() + _KILL_WAIT_S
+            while _alive(record):
+                if time.monotonic() >= deadline:
+                    raise SandboxError(
+                        f"{name} (pid {record.pid}) survived SIGKILL for {_KILL_WAIT_S:.0f} s (stuck in the "
+                        f"kernel?); its record stays in {state.root} so a later 'sandbox down' can retry"
+                    )
+                time.sleep(_POLL_S)
+    state.forget(name)
+    return was_alive
+
+
+def stop_all(state: StateDir, *, timeout_s: float = 30.0) -> list[str]:
+    """Stop every recorded process, routers first so no new traffic reaches stopping workers."""
+    records = sorted(state.records(), key=lambda r: (r.kind != "router", r.name))
+    return [r.name for r in records if stop_process(state, r.name, timeout_s=timeout_s)]
+
+
+# ----- workers ----------------------------------------------------------------------------------
+def worker_argv(config: WorkerConfig) -> list[str]:
+    return [sys.executable, "-m", "serving.sandbox.worker", *config.to_argv()]
+
+
+def start_worker(
+    state: StateDir, name: str, config: WorkerConfig, *, wait: WaitFor = "healthy", timeout_s: float = 30.0
+) -> ProcessRecord:
+    """Start a simulated worker; wait until its ``/health`` is 200, its port listens, or not at all."""
+    argv = worker_argv(config)
+    pid, ticks, log = _spawn(state, name, argv)
+    record = ProcessRecord(
+        name, "worker", pid, ticks, tuple(argv), config.url, config.url + "/metrics", log, config.version
+    )
+    state.write(record)
+    if wait != "started":
+        _wait(state, record, _worker_probe(config, wait), wait, config.startup_delay_s + config.warmup_s + timeout_s)
+    return record
+
+
+def _worker_probe(config: WorkerConfig, wait: WaitFor) -> Callable[[], bool]:
+    if wait == "healthy":
+        return lambda: _http_ok(config.url + "/health")
+    return lambda: _listening(config.host, config.port)
+
+
+def restart_worker(
+    state: StateDir, name: str, config: WorkerConfig, *, wait: WaitFor = "healthy", timeout_s: float = 30.0
+) -> ProcessRecord:
+    """Stop ``name`` (if it runs) and start it again with ``config``, e.g. a new version on the same port."""
+    stop_process(state, name, timeout_s=config.shutdown_timeout_s + 5.0)
+    return start_worker(state, name, config, wait=wait, timeout_s=timeout_s)
+
+
+# ----- router -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RouterSpec:
+    """Sandbox router flags. Defaults probe health every second so tests see changes quickly; the
+    fleet's own values come from the units renderer through ``extra_args`` or :func:`start_router`.
+
+    ``worker_startup_timeout_secs`` bounds how long a registration job waits for a worker's ``/health``
+    to answer 200 before it fails (router default 1800 s); until then the worker is not routed to.
+    """
+
+    port: int
+    prometheus_port: int
+    worker_urls: tuple[str, ...] = ()
+    policy: RouterPolicy = "round_robin"
+    host: str = LOOPBACK
+    prometheus_host: str = LOOPBACK
+    health_check_interval_secs: int = 1
+    health_check_timeout_secs: int = 1
+    health_failure_threshold: int = 2
+    health_success_threshold: int = 1
+    worker_startup_timeout_secs: int = 30
+    log_level: Literal["debug", "info", "warn", "error"] = "warn"
+    extra_args: tuple[str, ...] = field(default=())
+
+    def to_argv(self) -> list[str]:
+        """Router flags (without the interpreter), in the order the router's ``--help`` lists them."""
+        argv = ["--host", self.host, "--port", str(self.port)]
+        if self.worker_urls:
+            argv += ["--worker-urls", *self.worker_urls]
+        pairs = [
+            ("--policy", self.policy),
+            ("--prometheus-host", self.prometheus_host),
+            ("--prometheus-port", str(self.prometheus_port)),
+            ("--health-check-interval-secs", str(self.health_check_interval_secs)),
+            ("--health-check-timeout-secs", str(self.health_check_timeout_secs)),
+            ("--health-failure-threshold", str(self.health_failure_threshold)),
+            ("--health-success-threshold", str(self.health_success_threshold)),
+            ("--worker-startup-timeout-secs", str(self.worker_startup_timeout_secs)),
+            ("--log-level", self.log_level),
+        ]
+        argv += [item for pair in pairs for item in pair]
+        return argv + list(self.extra_args)
+
+
+@dataclass(frozen=True)
+class RouterEndpoints:
+    url: str
+    metrics_url: str
+
+
+def router_endpoints(flags: Sequence[str]) -> RouterEndpoints:
+    """Check router flags with the router's own parser and return where it will listen.
+
+    Rejects flags the router does not know and any listener not on loopback (the router's defaults
+    are ``0.0.0.0`` for both the API and the Prometheus listener).
+    """
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            args = parse_router_args(list(flags))
+    except SystemExit as exc:
+        message = stderr.getvalue().strip().splitlines()[-1:] or ["invalid arguments"]
+        raise SandboxError(f"router flags rejected by sglang_router's parser: {message[0]}") from exc
+    host, prom_host = str(args.host), str(args.prometheus_host)
+    for flag, value in (("--host", host), ("--prometheus-host", prom_host)):
+        if value not in LOOPBACK_HOSTS:
+            raise SandboxError(f"router {flag} {value}: the sandbox listens on loopback only; pass {flag} {LOOPBACK}")
+    return RouterEndpoints(
+        f"http://{_url_host(host)}:{int(args.port)}",
+        f"http://{_url_host(prom_host)}:{int(args.prometheus_port)}/metrics",
+    )
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _healthy_workers(url: str) -> int:
+    try:
+        response = httpx.get(url + "/workers", timeout=1.0)
+    except httpx.HTTPError:
+        return -1
+    if response.status_code != 200:
+        return -1
+    return sum(w.is_healthy for w in parse_workers(response.json()))
+
+
+def start_router(
+    state: StateDir,
+    flags: Sequence[str],
+    *,
+    name: str = "router",
+    healthy_workers: int = 0,
+    timeout_s: float = 30.0,
+) -> ProcessRecord:
+    """Run ``python -m sglang_router.launch_router FLAGS``; wait until its API and Prometheus listener
+    answer and at least ``healthy_workers`` workers are registered and healthy."""
+    endpoints = router_endpoints(flags)
+    argv = [sys.executable, "-m", "sglang_router.launch_router", *flags]
+    pid, ticks, log = _spawn(state, name, argv)
+    record = ProcessRecord(name, "router", pid, ticks, tuple(argv), endpoints.url, endpoints.metrics_url, log)
+    state.write(record)
+    _wait(
+        state,
+        record,
+        lambda: (
+            _http_ok(endpoints.url + "/health")
+            and _http_ok(endpoints.metrics_url)
+            and _healthy_workers(endpoints.url) >= healthy_workers
+        ),
+        f"serving with {healthy_workers} healthy workers",
+        timeout_s,
+    )
+    return record
+
+
+@dataclass(frozen=True)
+class Fleet:
+    router: ProcessRecord
+    workers: tuple[ProcessRecord, ...]
+
+
+def start_fleet(
+    state: StateDir, workers: Sequence[WorkerConfig], router: RouterSpec, *, timeout_s: float = 60.0
+) -> Fleet:
+    """Start ``workers`` (named ``worker-<port>``), then a router in front of all of them."""
+    started = [start_worker(state, f"worker-{c.port}", c, timeout_s=timeout_s) for c in workers]
+    spec = replace(router, worker_urls=tuple(c.url for c in workers))
+    record = start_router(state, spec.to_argv(), healthy_workers=len(workers), timeout_s=timeout_s)
+    return Fleet(record, tuple(started))

@@ -1,0 +1,314 @@
+"""Typed client for the SGLang router's runtime worker API and for Prometheus metrics.
+
+Checked against the real ``sglang-router`` 0.3.2 binary:
+
+* ``POST /workers {"url": …}`` answers 202 ``{"status": "accepted", "worker_id", "url", "location",
+  "message"}``; registration then runs as a background job. The router probes ``/health`` (and gRPC)
+  until the worker answers 200, so a worker still loading or warming up is *not listed* in
+  ``GET /workers`` until it is ready; ``GET /workers/{id}`` shows the pending job (``job_status``).
+  Adding a URL that is already registered returns the registered worker's id and adds nothing (the
+  job fails with "already exists", visible in ``job_status``); a URL re-added after removal gets a
+  new id.
+* ``GET /workers`` answers ``{"workers": [...], "total", "stats"}``; each worker has ``id``, ``url``,
+  ``model_id``, ``is_healthy``, ``load``, ``worker_type``, ``connection_mode``, ``metadata``.
+* ``DELETE /workers/{id}`` answers 202 and removes the worker within milliseconds; requests already
+  in flight to it still complete. A registration job that is still pending cannot be cancelled this
+  way (the removal job fails with "not found").
+* ``/add_worker`` and ``/remove_worker`` no longer exist (404).
+* Requests in flight per worker: the router's ``smg_worker_requests_active`` and the ``load`` field of
+  ``GET /workers`` stayed 0 under load (0.3.2, HTTP workers, round_robin/power_of_two/cache_aware);
+  use the worker's ``sglang:num_running_reqs`` (:meth:`RouterClient.wait_until_idle`) or
+  ``GET /get_loads`` (:meth:`RouterClient.loads`), which relays each worker's ``/get_load``.
+* Failed upstream attempts (HTTP 5xx, refused or cut connections) are retried on another worker, up to
+  5 times by default: clients see no error while ``smg_worker_retries_total`` and
+  ``smg_router_upstream_responses_total{status_code="500"}`` rise. ``smg_http_responses_total`` counts
+  every client-facing response of the API listener, admin paths included.
+
+Prometheus text (router listener and worker ``/metrics``) is parsed with ``prometheus_client``'s parser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+# Router (Prometheus listener) metric names.
+ROUTER_RESPONSES = "smg_http_responses_total"
+ROUTER_REQUESTS = "smg_http_requests_total"
+ROUTER_DURATION = "smg_http_request_duration_seconds"
+ROUTER_UPSTREAM_RESPONSES = "smg_router_upstream_responses_total"
+ROUTER_WORKER_HEALTH = "smg_worker_health"
+ROUTER_WORKER_RETRIES = "smg_worker_retries_total"
+ROUTER_WORKER_CB_STATE = "smg_worker_cb_state"
+# Worker (SGLang) metric names.
+WORKER_RUNNING = "sglang:num_running_reqs"
+WORKER_QUEUED = "sglang:num_queue_reqs"
+WORKER_REQUESTS = "sglang:num_requests_total"
+WORKER_E2E_LATENCY = "sglang:e2e_request_latency_seconds"
+
+
+class RouterApiError(RuntimeError):
+    """The router answered something other than what its API promises."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: Mapping[str, str]
+    value: float
+
+
+@dataclass(frozen=True)
+class HistogramSnapshot:
+    """Cumulative buckets ``(upper bound, count)`` sorted by bound, the last one ``+Inf``."""
+
+    buckets: tuple[tuple[float, float], ...]
+    count: float
+    sum: float
+
+    def __sub__(self, earlier: HistogramSnapshot) -> HistogramSnapshot:
+        """Observations made between ``earlier`` and this snapshot (same bucket layout)."""
+        before = dict(earlier.buckets)
+        return HistogramSnapshot(
+            tuple((le, n - before.get(le, 0.0)) for le, n in self.buckets),
+            self.count - earlier.count,
+            self.sum - earlier.sum,
+        )
+
+    def quantile(self, q: float) -> float:
+        """``histogram_quantile`` as Prometheus computes it: linear inside the bucket; NaN if empty."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile q={q}: must be in [0, 1]")
+        if not self.buckets or self.buckets[-1][1] <= 0:
+            return math.nan
+        rank = q * self.buckets[-1][1]
+        lower_bound, lower_count = 0.0, 0.0
+        for bound, count in self.buckets:
+            if count >= rank:
+                if math.isinf(bound):
+                    return lower_bound
+                if count == lower_count:
+                    return bound
+                return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count - lower_count)
+            lower_bound, lower_count = bound, count
+        return lower_bound
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """Every sample of one scrape, with label-subset lookups."""
+
+    samples: tuple[Sample, ...]
+    scraped_at: float = field(default=0.0, compare=False)
+
+    @classmethod
+    def parse(cls, text: str, scraped_at: float = 0.0) -> MetricsSnapshot:
+        samples = tuple(
+            Sample(s.name, dict(s.labels), float(s.value))
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        )
+        return cls(samples, scraped_at)
+
+    def select(self, name: str, **labels: str) -> list[Sample]:
+        return [s for s in self.samples if s.name == name and _matches(s.labels, labels)]
+
+    def value(self, name: str, **labels: str) -> float:
+        """Sum of the samples named ``name`` whose labels include ``labels``; 0 when there are none
+        (the router creates a series only when it first counts something)."""
+        return sum(s.value for s in self.select(name, **labels))
+
+    def by_label(self, name: str, label: str, **labels: str) -> dict[str, float]:
+        """Samples of ``name`` summed per value of ``label``."""
+        out: dict[str, float] = {}
+        for s in self.select(name, **labels):
+            key = s.labels.get(label, "")
+            out[key] = out.get(key, 0.0) + s.value
+        return out
+
+    def histogram(self, name: str, **labels: str) -> HistogramSnapshot:
+        """The histogram ``name`` (without suffix), buckets summed across other labels."""
+        buckets: dict[float, float] = {}
+        for s in self.select(f"{name}_bucket", **labels):
+            le = float(s.labels["le"])
+            buckets[le] = buckets.get(le, 0.0) + s.value
+        return HistogramSnapshot(
+            tuple(sorted(buckets.items())), self.value(f"{name}_count", **labels), self.value(f"{name}_sum", **labels)
+        )
+
+    # ----- router metrics ------------------------------------------------------------------------
+    def responses_by_status(self) -> dict[int, float]:
+        """Client-facing responses of the router, all paths, per HTTP status (``error_code`` summed)."""
+        return {int(code): n for code, n in self.by_label(ROUTER_RESPONSES, "status_code").items()}
+
+    def worker_gauge(self, name: str) -> dict[str, float]:
+        """A per-worker router gauge (``smg_worker_health``, ``smg_worker_requests_active``, …) by URL."""
+        return self.by_label(name, "worker")
+
+    # ----- worker metrics ------------------------------------------------------------------------
+    def info(self, name: str) -> Mapping[str, str] | None:
+        """Labels of an ``Info`` metric such as ``sim_worker_info``."""
+        found = self.select(name)
+        return found[0].labels if found else None
+
+
+def _matches(labels: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    job_type: str
+    status: str
+    message: str | None
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    id: str
+    url: str
+    model_id: str
+    is_healthy: bool
+    load: int
+    worker_type: str
+    connection_mode: str
+    metadata: Mapping[str, str]
+    job_status: JobStatus | None
+
+
+def parse_worker(data: Mapping[str, Any]) -> WorkerInfo:
+    """One worker object of ``GET /workers`` or ``GET /workers/{id}``."""
+    try:
+        job = data.get("job_status")
+        return WorkerInfo(
+            id=str(data["id"]),
+            url=str(data["url"]),
+            model_id=str(data.get("model_id", "")),
+            is_healthy=bool(data["is_healthy"]),
+            load=int(data.get("load", 0)),
+            worker_type=str(data.get("worker_type", "")),
+            connection_mode=str(data.get("connection_mode", "")),
+            metadata={str(k): str(v) for k, v in (data.get("metadata") or {}).items()},
+            job_status=JobStatus(str(job["job_type"]), str(job["status"]), job.get("message")) if job else None,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RouterApiError(f"unexpected worker object from the router ({exc!r}): {dict(data)}") from exc
+
+
+def parse_workers(data: Any) -> list[WorkerInfo]:
+    """The body of ``GET /workers``."""
+    if not isinstance(data, dict) or not isinstance(data.get("workers"), list):
+        raise RouterApiError(f"GET /workers: expected {{'workers': [...]}}, got {data!r}")
+    return [parse_worker(w) for w in data["workers"]]
+
+
+class RouterClient:
+    """Async client for one router: worker API on ``base_url``, metrics on ``metrics_url``."""
+
+    def __init__(self, base_url: str, metrics_url: str, *, timeout_s: float = 5.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.metrics_url = metrics_url
+        self._http = httpx.AsyncClient(timeout=timeout_s)
+
+    async def __aenter__(self) -> RouterClient:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _json(self, method: str, path: str, expect: Iterable[int], **kwargs: Any) -> Any:
+        response = await self._http.request(method, self.base_url + path, **kwargs)
+        if response.status_code not in set(expect):
+            raise RouterApiError(f"{method} {path} answered {response.status_code}: {response.text[:300]}")
+        return response.json()
+
+    async def add_worker(self, url: str) -> str:
+        """Queue the registration of ``url``; returns the worker id (202 Accepted)."""
+        body = await self._json("POST", "/workers", (202,), json={"url": url})
+        return str(body["worker_id"])
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        return parse_workers(await self._json("GET", "/workers", (200,)))
+
+    async def get_worker(self, worker_id: str) -> WorkerInfo | None:
+        """The worker, or a pending registration (``job_status``); None when the router has neither."""
+        response = await self._http.get(f"{self.base_url}/workers/{worker_id}")
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise RouterApiError(f"GET /workers/{worker_id} answered {response.status_code}: {response.text}")
+        return parse_worker(response.json())
+
+    async def remove_worker(self, worker_id: str) -> None:
+        """Queue the removal (202). New requests stop going to it at once; in-flight ones finish."""
+        await self._json("DELETE", f"/workers/{worker_id}", (202,))
+
+    async def find_worker(self, url: str) -> WorkerInfo | None:
+        """The registered worker serving ``url`` (registered workers only, not pending jobs)."""
+        return next((w for w in await self.list_workers() if w.url == url.rstrip("/")), None)
+
+    async def wait_for_worker(
+        self, url: str, *, healthy: bool = True, timeout_s: float = 30.0, poll_s: float = 0.1
+    ) -> WorkerInfo:
+        """Poll until ``url`` is registered (and healthy if asked); bounded by ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            worker = await self.find_worker(url)
+            if worker is not None and (worker.is_healthy or not healthy):
+                return worker
+            if time.monotonic() >= deadline:
+                state = "not registered" if worker is None else "registered but unhealthy"
+                raise TimeoutError(f"worker {url} still {state} after {timeout_s:.1f} s")
+            await asyncio.sleep(poll_s)
+
+    async def wait_for_removal(self, url: str, *, timeout_s: float = 10.0, poll_s: float = 0.05) -> None:
+        deadline = time.monotonic() + timeout_s
+        while await self.find_worker(url) is not None:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"worker {url} still registered {timeout_s:.1f} s after removal")
+            await asyncio.sleep(poll_s)
+
+    async def loads(self) -> dict[str, int]:
+        """``GET /get_loads``: the router asks every worker's ``/get_load`` and reports, per worker URL,
+        the sum of ``num_tokens`` over its data-parallel ranks (tokens of running + queued requests)."""
+        body = await self._json("GET", "/get_loads", (200,))
+        return {str(w["worker"]): int(w["load"]) for w in body["workers"]}
+
+    async def metrics(self) -> MetricsSnapshot:
+        """One scrape of the router's Prometheus listener."""
+        return await self.scrape(self.metrics_url)
+
+    async def worker_metrics(self, worker_url: str) -> MetricsSnapshot:
+        """One scrape of a worker's ``/metrics`` (SGLang names)."""
+        return await self.scrape(worker_url.rstrip("/") + "/metrics")
+
+    async def scrape(self, url: str) -> MetricsSnapshot:
+        response = await self._http.get(url)
+        response.raise_for_status()
+        return MetricsSnapshot.parse(response.text, time.monotonic())
+
+    async def wait_until_idle(self, worker_url: str, *, timeout_s: float = 60.0, poll_s: float = 0.1) -> float:
+        """Poll the worker's ``sglang:num_running_reqs`` + ``sglang:num_queue_reqs`` until both are 0.
+
+        The router's DELETE does not wait for in-flight requests; call this before stopping the worker.
+        Returns the seconds waited.
+        """
+        started = time.monotonic()
+        while True:
+            snap = await self.worker_metrics(worker_url)
+            busy = snap.value(WORKER_RUNNING) + snap.value(WORKER_QUEUED)
+            if busy == 0:
+                return time.monotonic() - started
+            if time.monotonic() - started >= timeout_s:
+                raise TimeoutError(f"worker {worker_url} still has {busy:.0f} requests after {timeout_s:.1f} s")
+            await asyncio.sleep(poll_s)

@@ -1,0 +1,511 @@
+"""SIMULATED SGLang worker for the sandbox. This is NOT SGLang and runs no model.
+
+It exists so the rolling updater and the *real* SGLang router (``sglang-router``) can be exercised on a
+machine without GPUs: it speaks the HTTP surface the router and an updater call on an SGLang server,
+with the same paths, JSON shapes and Prometheus metric names, and it answers generation requests after a
+configurable simulated latency, failing a seeded share of them with HTTP 500.
+
+Start-up follows the real server (``sglang/srt/entrypoints/http_server.py``, ``launch_server``): the
+engine loads the model *before* uvicorn binds the port, so during ``--startup-delay-s`` the port refuses
+connections; once it listens, ``/health`` and ``/health_generate`` answer 503 while the server status
+is still ``Starting`` (SGLang's warmup request) for ``--warmup-s``, and 200 afterwards.
+``--never-ready`` keeps answering 503 for ever (a warmup that never finishes). On SIGTERM the health
+endpoints answer 503 (SGLang's ``gracefully_exit``), the port closes and in-flight requests get up to
+``--shutdown-timeout-s`` to finish.
+
+A ready real server answers ``/health`` only after a one-token generation, polled once a second, so
+each probe takes at least ~1 s (``health_generate``); a router health-check timeout of 1 s fails
+against it. ``--health-latency-ms 1000`` reproduces that; the default 0 answers at once.
+
+The router fetches the tokenizer of the ``model_path`` a worker reports; the worker reports a local
+directory holding a tiny ``tokenizer.json`` built with the ``tokenizers`` library, so the router never
+reaches for a model hub.
+
+Run: ``python -m serving.sandbox.worker --port 31000 --version v1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+LOOPBACK = "127.0.0.1"
+SIMULATOR = "serving.sandbox.worker (SIMULATED SGLang worker, no model, no GPU)"
+SIMULATED_SGLANG_VERSION = "0.0.0+simulated"
+# SGLang's own e2e latency buckets start at 0.1 s; simulated latencies are milliseconds, so finer
+# buckets come first to keep quantiles meaningful.
+SGLANG_E2E_BUCKETS_S = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0)
+E2E_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, *SGLANG_E2E_BUCKETS_S)
+_UNKNOWN = "[UNK]"
+_VOCAB_WORDS = ("simulated", "output", "from", "worker", "version", "the", "a", "token", "hello", "world")
+Endpoint = Literal["generate", "completions", "chat"]
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Every knob of one simulated worker; the command line is derived from these fields."""
+
+    port: int
+    version: str = "v1"
+    host: str = LOOPBACK
+    latency_ms: float = 20.0
+    jitter_ms: float = 5.0
+    error_rate: float = 0.0
+    seed: int = 0
+    startup_delay_s: float = 0.0
+    warmup_s: float = 0.0
+    never_ready: bool = False
+    model_path: str = str(Path(tempfile.gettempdir()) / "exaserve-sim-model")
+    served_model_name: str = "exaserve-sim"
+    max_running_requests: int = 256
+    shutdown_timeout_s: float = 30.0
+    health_latency_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not 0 < self.port < 65536:
+            problems.append(f"port={self.port}: must be in 1..65535")
+        if not 0.0 <= self.error_rate <= 1.0:
+            problems.append(f"error_rate={self.error_rate}: must be a share in [0, 1], e.g. 0.05 for 5 %")
+        for name in (
+            "latency_ms",
+            "jitter_ms",
+            "startup_delay_s",
+            "warmup_s",
+            "shutdown_timeout_s",
+            "health_latency_ms",
+        ):
+            if getattr(self, name) < 0:
+                problems.append(f"{name}={getattr(self, name)}: must be >= 0")
+        if self.max_running_requests < 1:
+            problems.append(f"max_running_requests={self.max_running_requests}: must be >= 1")
+        if not self.version:
+            problems.append("version='': give the version name this worker reports, e.g. v2")
+        if problems:
+            raise ValueError("invalid simulated worker config: " + "; ".join(problems))
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def to_argv(self) -> list[str]:
+        """Command-line flags that make :func:`parse_config` return this config."""
+        argv: list[str] = []
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            flag = "--" + field.name.replace("_", "-")
+            if isinstance(value, bool):
+                if value:
+                    argv.append(flag)
+            else:
+                argv += [flag, str(value)]
+        return argv
+
+
+_HELP = {
+    "port": "TCP port to listen on",
+    "version": "version name this worker reports (server_info weight_version, sim_worker_info)",
+    "host": "address to bind; keep it on loopback",
+    "latency_ms": "mean simulated latency of one generation request",
+    "jitter_ms": "latency varies uniformly by up to this much either way",
+    "error_rate": "share of generation requests answered with HTTP 500, e.g. 0.05",
+    "seed": "seed of the error and jitter draws",
+    "startup_delay_s": "simulated model loading: the port stays closed this long",
+    "warmup_s": "after listening, /health answers 503 this long (SGLang's warmup)",
+    "never_ready": "/health answers 503 for ever",
+    "model_path": "local directory reported as model_path; a tiny tokenizer.json is written there",
+    "served_model_name": "model name reported to the router and in responses",
+    "max_running_requests": "requests served at once; more wait in the queue (sglang:num_queue_reqs)",
+    "shutdown_timeout_s": "on SIGTERM, how long in-flight requests may take to finish",
+    "health_latency_ms": "delay of a ready /health answer (real SGLang: about 1000)",
+}
+
+
+def _argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m serving.sandbox.worker",
+        description="SIMULATED SGLang worker (no model, no GPU) for the ExaServe sandbox.",
+        allow_abbrev=False,
+    )
+    for field in dataclasses.fields(WorkerConfig):
+        flag = "--" + field.name.replace("_", "-")
+        default = field.default
+        help_text = _HELP[field.name]
+        if default is dataclasses.MISSING:
+            parser.add_argument(flag, type=int, required=True, help=help_text)
+        elif isinstance(default, bool):
+            parser.add_argument(flag, action="store_true", help=help_text)
+        else:
+            parser.add_argument(flag, type=type(default), default=default, help=f"{help_text} (default: {default})")
+    return parser
+
+
+def parse_config(argv: Sequence[str]) -> WorkerConfig:
+    """Parse the worker's command line into a validated :class:`WorkerConfig`."""
+    return WorkerConfig(**vars(_argument_parser().parse_args(list(argv))))
+
+
+def tiny_tokenizer_json() -> str:
+    """A word-level ``tokenizer.json`` with a ten-word vocabulary, built with the tokenizers library."""
+    vocab = {_UNKNOWN: 0} | {word: i + 1 for i, word in enumerate(_VOCAB_WORDS)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=_UNKNOWN))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tokenizer.to_str()
+
+
+def ensure_model_dir(path: Path) -> Path:
+    """Create the local "model" directory the worker reports: a tiny tokenizer and its config.
+
+    Files are written atomically so that several workers may share one directory.
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    files = {
+        "tokenizer.json": tiny_tokenizer_json(),
+        "tokenizer_config.json": json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": _UNKNOWN, "model_max_length": 4096}
+        ),
+    }
+    for name, text in files.items():
+        target = path / name
+        if target.exists() and target.read_text() == text:
+            continue
+        fd, tmp = tempfile.mkstemp(dir=path, prefix=f".{name}.")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, target)
+    return path
+
+
+class SimulatedWorker:
+    """State and HTTP handlers of one simulated SGLang worker."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self._rng = random.Random(config.seed)
+        self._slots = asyncio.Semaphore(config.max_running_requests)
+        self._ready_at = float("inf") if config.never_ready else time.monotonic() + config.warmup_s
+        self._shutting_down = False
+        self._running = 0
+        self._waiting = 0
+        self._tokens_in_flight = 0
+        labels = {"model_name": config.served_model_name}
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._e2e = Histogram(
+            "sglang:e2e_request_latency_seconds",
+            "Histogram of end-to-end request latency in seconds",
+            list(labels),
+            buckets=E2E_BUCKETS_S,
+            registry=self.registry,
+        ).labels(**labels)
+        self._running_gauge = Gauge(
+            "sglang:num_running_reqs", "The number of running requests.", list(labels), registry=self.registry
+        ).labels(**labels)
+        self._queue_gauge = Gauge(
+            "sglang:num_queue_reqs",
+            "The number of requests in the waiting queue.",
+            list(labels),
+            registry=self.registry,
+        ).labels(**labels)
+        self._requests = Counter(
+            "sglang:num_requests", "Number of requests processed.", list(labels), registry=self.registry
+        ).labels(**labels)
+        self._prompt_tokens = Counter(
+            "sglang:prompt_tokens", "Number of prefill tokens processed.", list(labels), registry=self.registry
+        ).labels(**labels)
+        self._generation_tokens = Counter(
+            "sglang:generation_tokens",
+            "Number of generation tokens processed.",
+            list(labels),
+            registry=self.registry,
+        ).labels(**labels)
+        self._injected_errors = Counter(
+            "sim_worker_injected_errors",
+            "SIMULATION ONLY (not an SGLang metric): generation requests failed with HTTP 500 on purpose.",
+            list(labels),
+            registry=self.registry,
+        ).labels(**labels)
+        Info(
+            "sim_worker",
+            "SIMULATION ONLY (not an SGLang metric): identity of this simulated worker.",
+            registry=self.registry,
+        ).info({"version": config.version, "model_name": config.served_model_name, "simulated": "true"})
+
+    # ----- routes -------------------------------------------------------------------------------
+    def build_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/health_generate", self.health)
+        app.router.add_get("/server_info", self.server_info)
+        app.router.add_get("/get_server_info", self.server_info)
+        app.router.add_get("/model_info", self.model_info)
+        app.router.add_get("/get_model_info", self.model_info)
+        app.router.add_get("/get_load", self.get_load)
+        app.router.add_get("/v1/models", self.list_models)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_post("/generate", self.generate)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        return app
+
+    def begin_shutdown(self) -> None:
+        self._shutting_down = True
+
+    @property
+    def ready(self) -> bool:
+        return not self._shutting_down and time.monotonic() >= self._ready_at
+
+    async def health(self, _request: web.Request) -> web.Response:
+        if not self.ready:
+            return web.Response(status=503)
+        await asyncio.sleep(self.config.health_latency_ms / 1000)
+        return web.Response(status=200)
+
+    def _server_info(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "simulated": True,
+            "simulator": SIMULATOR,
+            "version": SIMULATED_SGLANG_VERSION,
+            "weight_version": c.version,
+            "model_path": c.model_path,
+            "tokenizer_path": c.model_path,
+            "served_model_name": c.served_model_name,
+            "host": c.host,
+            "port": c.port,
+            "tp_size": 1,
+            "dp_size": 1,
+            "max_running_requests": c.max_running_requests,
+            "max_total_tokens": 65536,
+            "status": "Up" if self.ready else "Starting",
+            "internal_states": [{"dp_rank": 0, "num_running_reqs": self._running}],
+        }
+
+    async def server_info(self, _request: web.Request) -> web.Response:
+        return web.json_response(self._server_info())
+
+    async def model_info(self, _request: web.Request) -> web.Response:
+        c = self.config
+        return web.json_response(
+            {
+                "model_path": c.model_path,
+                "tokenizer_path": c.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": c.version,
+                "model_type": "llama",
+                "architectures": ["LlamaForCausalLM"],
+            }
+        )
+
+    async def get_load(self, _request: web.Request) -> web.Response:
+        return web.json_response(
+            [
+                {
+                    "dp_rank": 0,
+                    "num_reqs": self._running + self._waiting,
+                    "num_waiting_reqs": self._waiting,
+                    "num_tokens": self._tokens_in_flight,
+                }
+            ]
+        )
+
+    async def list_models(self, _request: web.Request) -> web.Response:
+        c = self.config
+        card = {
+            "id": c.served_model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "sglang",
+            "root": c.model_path,
+            "max_model_len": 4096,
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def metrics(self, _request: web.Request) -> web.Response:
+        self._running_gauge.set(self._running)
+        self._queue_gauge.set(self._waiting)
+        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def generate(self, request: web.Request) -> web.Response:
+        return await self._serve(request, "generate")
+
+    async def completions(self, request: web.Request) -> web.Response:
+        return await self._serve(request, "completions")
+
+    async def chat_completions(self, request: web.Request) -> web.Response:
+        return await self._serve(request, "chat")
+
+    # ----- generation -----------------------------------------------------------------------------
+    async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.Response:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, 'request body is not JSON; send a JSON object such as {"text": "hello"}')
+        if not isinstance(body, dict):
+            return _error(400, f"request body is {type(body).__name__}; send a JSON object")
+        if body.get("stream"):
+            return _error(400, "stream=true: the simulated worker does not stream; send stream=false")
+        if self._shutting_down:
+            return _error(503, "the simulated worker is shutting down; retry on another worker")
+        if self._rng.random() < self.config.error_rate:
+            self._injected_errors.inc()
+            return _error(500, f"simulated engine failure (error_rate={self.config.error_rate})")
+        max_tokens = _max_new_tokens(body, endpoint)
+        prompt_tokens = _prompt_token_count(body, endpoint)
+        delay_s = max(0.0, self.config.latency_ms + self._rng.uniform(-1, 1) * self.config.jitter_ms) / 1000
+        started = time.monotonic()
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        self._running += 1
+        self._tokens_in_flight += prompt_tokens + max_tokens
+        try:
+            await asyncio.sleep(delay_s)
+        finally:
+            self._running -= 1
+            self._tokens_in_flight -= prompt_tokens + max_tokens
+            self._slots.release()
+        latency_s = time.monotonic() - started
+        self._e2e.observe(latency_s)
+        self._requests.inc()
+        self._prompt_tokens.inc(prompt_tokens)
+        self._generation_tokens.inc(max_tokens)
+        text = " ".join(_VOCAB_WORDS[i % len(_VOCAB_WORDS)] for i in range(max_tokens))
+        return web.json_response(self._payload(endpoint, text, prompt_tokens, max_tokens, latency_s))
+
+    def _payload(self, endpoint: Endpoint, text: str, prompt: int, completion: int, latency_s: float) -> Any:
+        c = self.config
+        rid = uuid.uuid4().hex
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        if endpoint == "generate":
+            return {
+                "text": text,
+                "meta_info": {
+                    "id": rid,
+                    "finish_reason": {"type": "length", "length": completion},
+                    "prompt_tokens": prompt,
+                    "completion_tokens": completion,
+                    "cached_tokens": 0,
+                    "e2e_latency": latency_s,
+                    "weight_version": c.version,
+                },
+            }
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": "length"}
+        if endpoint == "chat":
+            choice["message"] = {"role": "assistant", "content": text}
+            kind = "chat.completion"
+        else:
+            choice["text"] = text
+            kind = "text_completion"
+        return {
+            "id": rid,
+            "object": kind,
+            "created": int(time.time()),
+            "model": c.served_model_name,
+            "choices": [choice],
+            "usage": usage,
+        }
+
+
+def _error(status: int, message: str) -> web.Response:
+    """SGLang's error body (``ErrorResponse``): object, message, type, code."""
+    kind = {400: "BadRequest", 500: "InternalServerError", 503: "ServiceUnavailable"}[status]
+    return web.json_response({"object": "error", "message": message, "type": kind, "code": status}, status=status)
+
+
+def _max_new_tokens(body: dict[str, Any], endpoint: Endpoint) -> int:
+    """Requested output length; defaults as SGLang's: 128 (``SamplingParams``), 16 for ``/v1/completions``."""
+    default = 16 if endpoint == "completions" else 128
+    if endpoint == "generate":
+        params = body.get("sampling_params") or {}
+        value = params.get("max_new_tokens", default) if isinstance(params, dict) else default
+    else:
+        value = body.get("max_completion_tokens") or body.get("max_tokens") or default
+    return max(1, min(int(value), 4096)) if isinstance(value, int | float) else default
+
+
+def _prompt_token_count(body: dict[str, Any], endpoint: Endpoint) -> int:
+    if endpoint == "chat":
+        messages = body.get("messages") or []
+        text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+    else:
+        prompt = body.get("text" if endpoint == "generate" else "prompt", "")
+        text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+    return max(1, len(text.split()))
+
+
+class _DropGrpcProbes(logging.Filter):
+    """Drop aiohttp's traceback for the router's gRPC probe.
+
+    Before it settles on HTTP the router opens an HTTP/2 (gRPC) connection to every new worker; aiohttp,
+    like uvicorn in front of a real SGLang server, answers that preface with a 400 and logs a traceback.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], BadHttpMessage))
+
+
+async def serve(config: WorkerConfig) -> None:
+    """Load (sleep), listen, then serve until SIGTERM or SIGINT; drain in-flight requests on exit."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    # "Model loading": the real server binds its port only after the engine is up.
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=config.startup_delay_s)
+    if stop.is_set():
+        return
+    ensure_model_dir(Path(config.model_path))
+    worker = SimulatedWorker(config)
+    runner = web.AppRunner(worker.build_app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, shutdown_timeout=config.shutdown_timeout_s)
+    await site.start()
+    print(f"simulated SGLang worker {config.version} listening on {config.url}", file=sys.stderr, flush=True)
+    await stop.wait()
+    worker.begin_shutdown()
+    await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = parse_config(sys.argv[1:] if argv is None else argv)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiohttp.server").addFilter(_DropGrpcProbes())
+    try:
+        asyncio.run(serve(config))
+    except OSError as exc:
+        print(f"error: cannot listen on {config.url}: {exc.strerror}; choose a free --port", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

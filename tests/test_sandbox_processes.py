@@ -1,0 +1,640 @@
+"""The sandbox's process layer: the REAL sglang-router 0.3.2 binary in front of SIMULATED SGLang workers.
+
+The workers are `serving.sandbox.worker` (no model, no GPU: a GPU-less machine cannot run SGLang); the
+router, its worker API, health checker, retries and Prometheus listener are the real thing. Everything
+listens on 127.0.0.1. Every wait is bounded in time and every load in request count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from tokenizers import Tokenizer
+
+from serving.sandbox.loadgen import LoadGenerator, LoadReport, LoadSpec, RequestResult, run_load
+from serving.sandbox.processes import (
+    Fleet,
+    ProcessRecord,
+    RouterSpec,
+    SandboxError,
+    StateDir,
+    free_ports,
+    restart_worker,
+    router_endpoints,
+    start_fleet,
+    start_router,
+    start_worker,
+    stop_all,
+    stop_process,
+)
+from serving.sandbox.router_client import (
+    ROUTER_DURATION,
+    ROUTER_REQUESTS,
+    ROUTER_UPSTREAM_RESPONSES,
+    ROUTER_WORKER_CB_STATE,
+    ROUTER_WORKER_HEALTH,
+    ROUTER_WORKER_RETRIES,
+    WORKER_E2E_LATENCY,
+    WORKER_REQUESTS,
+    WORKER_RUNNING,
+    HistogramSnapshot,
+    MetricsSnapshot,
+    RouterClient,
+)
+from serving.sandbox.worker import WorkerConfig, parse_config, tiny_tokenizer_json
+
+T = TypeVar("T")
+INJECTED_ERRORS = "sim_worker_injected_errors_total"
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    state: StateDir
+    fleet: Fleet
+    configs: tuple[WorkerConfig, ...]
+    model_dir: Path
+
+    def client(self) -> RouterClient:
+        return RouterClient(self.fleet.router.url, self.fleet.router.metrics_url)
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    """Two simulated workers (v1, 5 ± 1 ms) behind one real router (round robin, health every 1 s).
+
+    Tests that change the fleet put it back before they end.
+    """
+    state = StateDir(tmp_path_factory.mktemp("sandbox-state"))
+    model_dir = tmp_path_factory.mktemp("sim-model")
+    ports = free_ports(4)
+    configs = tuple(
+        WorkerConfig(port=ports[i], version="v1", latency_ms=5, jitter_ms=1, seed=i, model_path=str(model_dir))
+        for i in range(2)
+    )
+    try:
+        fleet = start_fleet(state, configs, RouterSpec(port=ports[2], prometheus_port=ports[3]))
+        yield Sandbox(state, fleet, configs, model_dir)
+    finally:
+        stop_all(state)
+    assert state.records() == []
+
+
+def run(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    return asyncio.run(factory())
+
+
+async def worker_requests(rc: RouterClient, url: str) -> float:
+    return (await rc.worker_metrics(url)).value(WORKER_REQUESTS)
+
+
+async def load(url: str, rate: float, count: int) -> LoadReport:
+    """Exactly ``count`` requests at ``rate`` per second."""
+    return await run_load(LoadSpec(url, rate, duration_s=count / rate, max_requests=count))
+
+
+# ----- the router in front of two workers ----------------------------------------------------------
+@pytest.mark.slow
+def test_router_registers_both_simulated_workers_as_healthy(sandbox: Sandbox) -> None:
+    async def body() -> None:
+        async with sandbox.client() as rc:
+            workers = await rc.list_workers()
+            metrics = await rc.metrics()
+        tokenizers = httpx.get(sandbox.fleet.router.url + "/v1/tokenizers", timeout=5).json()
+        assert {w.url for w in workers} == {c.url for c in sandbox.configs}
+        assert all(w.is_healthy and w.connection_mode == "HTTP" for w in workers)
+        # The router read /server_info (model_path, served_model_name) and /model_info (model_type).
+        assert {w.model_id for w in workers} == {"exaserve-sim"}
+        assert {w.metadata["model_path"] for w in workers} == {str(sandbox.model_dir)}
+        assert {w.metadata["model_type"] for w in workers} == {"llama"}
+        assert metrics.worker_gauge(ROUTER_WORKER_HEALTH) == {c.url: 1.0 for c in sandbox.configs}
+        # It loaded the tokenizer from the local directory the workers report: no model hub involved.
+        [tokenizer] = tokenizers["tokenizers"]
+        assert tokenizer["source"] == str(sandbox.model_dir)
+        assert tokenizer["vocab_size"] == Tokenizer.from_str(tiny_tokenizer_json()).get_vocab_size()
+
+    run(body)
+
+
+@pytest.mark.slow
+def test_requests_through_the_router_reach_both_workers(sandbox: Sandbox) -> None:
+    async def body() -> None:
+        async with sandbox.client() as rc:
+            before = {c.url: await worker_requests(rc, c.url) for c in sandbox.configs}
+            report = await load(sandbox.fleet.router.url, 200, 40)
+            after = {c.url: await worker_requests(rc, c.url) for c in sandbox.configs}
+        assert report.status_counts == {200: 40}
+        # round_robin: an even split of an even count, whatever the starting point.
+        assert {url: after[url] - before[url] for url in after} == {c.url: 20.0 for c in sandbox.configs}
+
+    run(body)
+    reply = httpx.post(sandbox.fleet.router.url + "/generate", json={"text": "hi"}, timeout=5).json()
+    assert reply["meta_info"]["weight_version"] == "v1"
+    assert reply["meta_info"]["completion_tokens"] == 128  # SGLang's default max_new_tokens
+
+
+@pytest.mark.slow
+def test_delete_stops_traffic_to_a_worker_and_readding_restores_it(sandbox: Sandbox) -> None:
+    kept, removed = sandbox.configs
+
+    async def body() -> None:
+        async with sandbox.client() as rc:
+            target = await rc.find_worker(removed.url)
+            assert target is not None
+            started = time.monotonic()
+            await rc.remove_worker(target.id)
+            await rc.wait_for_removal(removed.url, timeout_s=5)
+            removal_s = time.monotonic() - started
+            assert await rc.get_worker(target.id) is None
+            before = {c.url: await worker_requests(rc, c.url) for c in sandbox.configs}
+            report = await load(sandbox.fleet.router.url, 200, 30)
+            during = {c.url: await worker_requests(rc, c.url) for c in sandbox.configs}
+            health_after_removal = (await rc.metrics()).worker_gauge(ROUTER_WORKER_HEALTH)[removed.url]
+
+            readded_id = await rc.add_worker(removed.url)
+            await rc.wait_for_worker(removed.url, timeout_s=10)
+            duplicate_id = await rc.add_worker(removed.url)
+            report_back = await load(sandbox.fleet.router.url, 200, 40)
+            after = {c.url: await worker_requests(rc, c.url) for c in sandbox.configs}
+            listed = await rc.list_workers()
+
+        assert removal_s < 2.0
+        assert report.status_counts == {200: 30}
+        assert during[removed.url] - before[removed.url] == 0
+        assert during[kept.url] - before[kept.url] == 30
+        assert health_after_removal != 1.0  # 0.3.2 reports -1 for a removed worker
+        # A re-added worker gets a new id; adding a URL that is registered returns its id, adds nothing.
+        assert readded_id != target.id
+        assert duplicate_id == readded_id
+        assert sorted(w.url for w in listed) == sorted(c.url for c in sandbox.configs)
+        assert report_back.status_counts == {200: 40}
+        assert after[removed.url] - during[removed.url] == 20
+
+    run(body)
+
+
+@pytest.mark.slow
+def test_delete_lets_in_flight_requests_finish_and_running_reqs_tells_when(sandbox: Sandbox) -> None:
+    """DELETE returns at once; requests already on the worker still complete. The worker's
+    sglang:num_running_reqs (not the router) says when it is safe to stop it."""
+    (port,) = free_ports(1)
+    slow = replace(sandbox.configs[0], port=port, version="slow", latency_ms=1500, jitter_ms=0)
+    name = f"worker-{port}"
+    start_worker(sandbox.state, name, slow)
+
+    async def body() -> None:
+        async with sandbox.client() as rc:
+            slow_id = await rc.add_worker(slow.url)
+            await rc.wait_for_worker(slow.url, timeout_s=10)
+            generator = LoadGenerator(LoadSpec(sandbox.fleet.router.url, 30, duration_s=0.3, max_requests=9))
+            task = asyncio.create_task(generator.run())
+            await asyncio.sleep(0.6)
+            running = (await rc.worker_metrics(slow.url)).value(WORKER_RUNNING)
+            router_load = (await rc.loads())[slow.url]
+            await rc.remove_worker(slow_id)
+            await rc.wait_for_removal(slow.url, timeout_s=2)
+            removed_at = time.monotonic()
+            waited_s = await rc.wait_until_idle(slow.url, timeout_s=10)
+            report = await task
+        assert running == 3  # round robin sent every third request of 9 to the slow worker
+        assert router_load > 0  # /get_loads relays the worker's /get_load num_tokens
+        assert report.status_counts == {200: 9}
+        slow_ones = [r for r in report.results if r.latency_s >= 1.4]
+        assert len(slow_ones) == 3
+        assert waited_s > 0.3  # the router removed it while its requests were still running
+        assert time.monotonic() - removed_at < 2.0
+
+    try:
+        run(body)
+    finally:
+        stop_process(sandbox.state, name)
+
+
+@pytest.mark.slow
+def test_injected_5xx_are_retried_by_the_router_and_reach_clients_only_without_retries(sandbox: Sandbox) -> None:
+    """A worker failing 5 % of generations: with retries (the default, 5) clients see no error and
+    smg_worker_retries_total counts each failure; with --disable-retries clients see them all."""
+    healthy, flaky = sandbox.configs
+    flaky_v2 = replace(flaky, version="v2", error_rate=0.05, seed=7)
+    name = f"worker-{flaky.port}"
+    ports = free_ports(2)
+    no_retry = RouterSpec(port=ports[0], prometheus_port=ports[1], worker_urls=(healthy.url, flaky.url))
+
+    async def body() -> tuple[LoadReport, MetricsSnapshot, MetricsSnapshot, float, LoadReport, float, float]:
+        async with sandbox.client() as rc:
+            await rc.wait_for_worker(flaky.url, timeout_s=15)
+            errors_0 = (await rc.worker_metrics(flaky.url)).value(INJECTED_ERRORS)
+            before = await rc.metrics()
+            with_retries = await load(sandbox.fleet.router.url, 300, 600)
+            after = await rc.metrics()
+            errors_1 = (await rc.worker_metrics(flaky.url)).value(INJECTED_ERRORS)
+        router = start_router(
+            sandbox.state, [*no_retry.to_argv(), "--disable-retries"], name="router-no-retry", healthy_workers=2
+        )
+        try:
+            async with RouterClient(router.url, router.metrics_url) as direct:
+                nr_before = await direct.metrics()
+                without = await load(router.url, 300, 600)
+                nr_after = await direct.metrics()
+                errors_2 = (await direct.worker_metrics(flaky.url)).value(INJECTED_ERRORS)
+        finally:
+            stop_process(sandbox.state, "router-no-retry")
+        nr_retries = nr_after.value(ROUTER_WORKER_RETRIES) - nr_before.value(ROUTER_WORKER_RETRIES)
+        return with_retries, before, after, errors_1 - errors_0, without, errors_2 - errors_1, nr_retries
+
+    restart_worker(sandbox.state, name, flaky_v2)
+    try:
+        info = httpx.get(flaky.url + "/server_info", timeout=5).json()
+        assert (info["weight_version"], info["simulated"]) == ("v2", True)
+        with_retries, before, after, injected, without, injected_nr, nr_retries = run(body)
+    finally:
+        restart_worker(sandbox.state, name, flaky)
+        run(lambda: _wait_healthy(sandbox, flaky.url))
+
+    # ~300 of 600 requests went to the flaky worker; 5 % of them failed there.
+    assert 5 <= injected <= 35
+    assert with_retries.errors == 0 and with_retries.status_counts == {200: 600}
+    retries = after.value(ROUTER_WORKER_RETRIES) - before.value(ROUTER_WORKER_RETRIES)
+    upstream_500 = after.value(ROUTER_UPSTREAM_RESPONSES, status_code="500") - before.value(
+        ROUTER_UPSTREAM_RESPONSES, status_code="500"
+    )
+    assert retries == injected == upstream_500
+    assert after.worker_gauge(ROUTER_WORKER_CB_STATE)[flaky.url] == 0  # 5 % never opens the breaker (10 in a row)
+    # Without retries the client sees exactly the injected failures, as HTTP 500.
+    assert 5 <= injected_nr <= 35
+    assert without.status_counts.get(500, 0) == without.errors == injected_nr
+    assert nr_retries == 0
+
+
+async def _wait_healthy(sandbox: Sandbox, url: str) -> None:
+    async with sandbox.client() as rc:
+        await rc.wait_for_worker(url, timeout_s=15)
+
+
+@pytest.mark.slow
+def test_load_generator_agrees_with_the_routers_prometheus_counters(sandbox: Sandbox) -> None:
+    async def body() -> tuple[LoadReport, MetricsSnapshot, MetricsSnapshot]:
+        async with sandbox.client() as rc:
+            before = await rc.metrics()
+            report = await load(sandbox.fleet.router.url, 300, 600)
+            after = await rc.metrics()
+        return report, before, after
+
+    report, before, after = run(body)
+    assert report.count == 600 and report.ok == 600
+    assert report.qps == pytest.approx(300, rel=0.1)
+    generate_requests = after.value(ROUTER_REQUESTS, path="/generate") - before.value(ROUTER_REQUESTS, path="/generate")
+    assert generate_requests == report.count
+    by_status = {code: n - before.responses_by_status().get(code, 0) for code, n in after.responses_by_status().items()}
+    assert {code: n for code, n in by_status.items() if n} == report.status_counts
+    histogram = after.histogram(ROUTER_DURATION, path="/generate") - before.histogram(ROUTER_DURATION, path="/generate")
+    assert histogram.count == report.count
+    # The router times only its own part, the client sees a little more: the medians agree to within
+    # the width of the router's histogram bucket holding the client's median.
+    lower, upper = _bucket_around(histogram, report.p50_s)
+    assert abs(histogram.quantile(0.5) - report.p50_s) <= upper - lower
+    assert histogram.sum <= sum(r.latency_s for r in report.results)
+
+
+def _bucket_around(histogram: HistogramSnapshot, value: float) -> tuple[float, float]:
+    bounds = [0.0] + [le for le, _ in histogram.buckets]
+    upper = next(b for b in bounds[1:] if b >= value)
+    return bounds[bounds.index(upper) - 1], upper
+
+
+@pytest.mark.slow
+def test_delete_cannot_cancel_a_pending_registration(sandbox: Sandbox) -> None:
+    """DELETE of a worker still warming up answers 202 but its removal job fails ("not found"); the
+    registration carries on and the worker joins once /health says 200. An updater must wait for
+    registration to finish (or fail) before it can take a worker out again."""
+    (port,) = free_ports(1)
+    warming = replace(sandbox.configs[0], port=port, version="warming", warmup_s=2.0)
+    name = f"worker-{port}"
+    start_worker(sandbox.state, name, warming, wait="listening")
+
+    async def body() -> tuple[str, str | None, bool]:
+        async with sandbox.client() as rc:
+            worker_id = await rc.add_worker(warming.url)
+            await rc.remove_worker(worker_id)
+            started = time.monotonic()
+            while (job := await rc.get_worker(worker_id)) is not None and job.job_status is not None:
+                if job.job_status.job_type == "RemoveWorker" and job.job_status.status == "failed":
+                    break
+                assert time.monotonic() - started < 5, "removal job never finished"
+                await asyncio.sleep(0.05)
+            assert job is not None and job.job_status is not None
+            joined = await rc.wait_for_worker(warming.url, timeout_s=10)
+            await rc.remove_worker(joined.id)
+            await rc.wait_for_removal(warming.url, timeout_s=5)
+        return job.job_status.status, job.job_status.message, joined.is_healthy
+
+    try:
+        status, message, joined_healthy = run(body)
+    finally:
+        stop_process(sandbox.state, name)
+    assert status == "failed" and "not found" in (message or "")
+    assert joined_healthy
+
+
+@pytest.mark.slow
+def test_killed_worker_is_marked_unhealthy_within_the_health_budget_and_retried(sandbox: Sandbox) -> None:
+    """SIGKILL (a crash, requests in flight cut): the router retries them elsewhere, clients see no
+    error, and the health checker (1 s interval, 2 failures) marks the worker unhealthy in ~2 s."""
+    (port,) = free_ports(1)
+    victim = replace(sandbox.configs[0], port=port, version="victim", latency_ms=300, jitter_ms=0)
+    record = start_worker(sandbox.state, f"worker-{port}", victim)
+
+    async def body() -> tuple[float, LoadReport, float, bool]:
+        async with sandbox.client() as rc:
+            victim_id = await rc.add_worker(victim.url)
+            await rc.wait_for_worker(victim.url, timeout_s=10)
+            before = await rc.metrics()
+            generator = LoadGenerator(LoadSpec(sandbox.fleet.router.url, 60, duration_s=4.0, max_requests=240))
+            task = asyncio.create_task(generator.run())
+            await asyncio.sleep(1.0)
+            os.kill(record.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            while (worker := await rc.find_worker(victim.url)) is not None and worker.is_healthy:
+                assert time.monotonic() - killed < 10, "router never marked the killed worker unhealthy"
+                await asyncio.sleep(0.05)
+            detected_s = time.monotonic() - killed
+            report = await task
+            retries = (await rc.metrics()).value(ROUTER_WORKER_RETRIES) - before.value(ROUTER_WORKER_RETRIES)
+            still_listed = worker is not None
+            await rc.remove_worker(victim_id)
+            await rc.wait_for_removal(victim.url, timeout_s=5)
+        return detected_s, report, retries, still_listed
+
+    try:
+        detected_s, report, retries, still_listed = run(body)
+    finally:
+        stop_process(sandbox.state, f"worker-{port}")
+    assert 0.5 <= detected_s <= 1 * 2 + 1 + 1.5  # interval x threshold + timeout + slack
+    assert still_listed  # unhealthy workers stay registered; only DELETE removes them
+    assert report.errors == 0 and report.count == 240
+    assert retries >= 1
+
+
+# ----- worker behaviour -----------------------------------------------------------------------------
+@pytest.mark.slow
+def test_worker_metrics_parse_with_sglang_names(sandbox: Sandbox) -> None:
+    url = sandbox.configs[0].url
+    text = httpx.get(url + "/metrics", timeout=5).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["sglang:e2e_request_latency_seconds"].type == "histogram"
+    assert families["sglang:num_running_reqs"].type == "gauge"
+    assert families["sglang:num_queue_reqs"].type == "gauge"
+    assert families["sglang:num_requests"].type == "counter"
+    snapshot = MetricsSnapshot.parse(text)
+    assert snapshot.info("sim_worker_info") == {"version": "v1", "model_name": "exaserve-sim", "simulated": "true"}
+    assert {s.labels["model_name"] for s in snapshot.select(WORKER_REQUESTS)} == {"exaserve-sim"}
+    latency = snapshot.histogram(WORKER_E2E_LATENCY)
+    assert latency.count == snapshot.value(WORKER_REQUESTS) > 0
+    assert 0.004 <= latency.quantile(0.5) <= 0.02  # configured 5 ± 1 ms, plus event-loop delay
+    load = httpx.get(url + "/get_load", timeout=5).json()
+    assert load == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
+
+
+@pytest.mark.slow
+def test_worker_start_up_follows_sglang_port_closed_then_503_then_200(tmp_path: Path) -> None:
+    state = StateDir(tmp_path / "state")
+    (port,) = free_ports(1)
+    config = WorkerConfig(port=port, startup_delay_s=1.0, warmup_s=1.0, model_path=str(tmp_path / "model"))
+    start_worker(state, "w", config, wait="started")
+    try:
+        phases: list[str] = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                phase = str(httpx.get(config.url + "/health", timeout=1).status_code)
+            except httpx.ConnectError:
+                phase = "closed"
+            if not phases or phases[-1] != phase:
+                phases.append(phase)
+            if phase == "200":
+                break
+            time.sleep(0.05)
+        assert phases == ["closed", "503", "200"]
+    finally:
+        assert stop_process(state, "w")
+
+
+@pytest.mark.slow
+def test_sigterm_drains_in_flight_requests_before_the_worker_exits(tmp_path: Path) -> None:
+    state = StateDir(tmp_path / "state")
+    (port,) = free_ports(1)
+    config = WorkerConfig(port=port, latency_ms=1500, jitter_ms=0, model_path=str(tmp_path / "model"))
+    start_worker(state, "w", config)
+
+    async def body() -> tuple[int, float, bool]:
+        async with httpx.AsyncClient(timeout=10) as http:
+            request = asyncio.create_task(http.post(config.url + "/generate", json={"text": "hi"}))
+            await asyncio.sleep(0.3)
+            started = time.monotonic()
+            stopped = await asyncio.to_thread(stop_process, state, "w")
+            response = await request
+        return response.status_code, time.monotonic() - started, stopped
+
+    status, stop_s, stopped = run(body)
+    assert stopped and status == 200
+    assert 0.9 <= stop_s < 5  # waited for the 1.5 s request, did not need SIGKILL
+
+
+@pytest.mark.slow
+def test_never_ready_worker_is_never_routed_and_its_registration_times_out(tmp_path: Path) -> None:
+    state = StateDir(tmp_path / "state")
+    ports = free_ports(3)
+    worker = WorkerConfig(port=ports[0], never_ready=True, model_path=str(tmp_path / "model"))
+    spec = RouterSpec(port=ports[1], prometheus_port=ports[2], worker_startup_timeout_secs=2)
+    start_worker(state, "never", worker, wait="listening")
+    router = start_router(state, spec.to_argv())
+
+    async def body() -> None:
+        async with RouterClient(router.url, router.metrics_url) as rc:
+            worker_id = await rc.add_worker(worker.url)
+            pending = await rc.get_worker(worker_id)
+            assert pending is not None and pending.job_status is not None
+            assert (pending.is_healthy, pending.job_status.status) == (False, "processing")
+            assert await rc.list_workers() == []
+            routed = await load(router.url, 50, 5)
+            started = time.monotonic()
+            while (job := (await rc.get_worker(worker_id))) is not None and job.job_status is not None:
+                if job.job_status.status == "failed":
+                    break
+                assert time.monotonic() - started < 10, "registration job never gave up"
+                await asyncio.sleep(0.1)
+            assert job is not None and job.job_status is not None
+            assert "503" in (job.job_status.message or "")
+            assert await rc.list_workers() == []
+        assert routed.status_counts == {503: 5}  # the router has no worker to send them to
+
+    try:
+        run(body)
+        assert httpx.get(worker.url + "/health", timeout=2).status_code == 503
+    finally:
+        stop_all(state)
+
+
+@pytest.mark.slow
+def test_health_probe_slower_than_the_router_timeout_takes_the_worker_out(tmp_path: Path) -> None:
+    """Real SGLang answers /health after ~1 s (a one-token generation). The source plan's lesson,
+    checked with the real router: with a 1 s health-check timeout such a worker is registered, then
+    every probe times out and it is marked unhealthy and gets no traffic; with 3 s it stays healthy."""
+    state = StateDir(tmp_path / "state")
+    ports = free_ports(5)
+    worker = WorkerConfig(port=ports[0], health_latency_ms=1500, model_path=str(tmp_path / "model"))
+    tight = RouterSpec(port=ports[1], prometheus_port=ports[2], health_check_timeout_secs=1)
+    roomy = replace(tight, port=ports[3], prometheus_port=ports[4], health_check_timeout_secs=3)
+    start_worker(state, "slow-health", worker, wait="listening")
+    routers = [start_router(state, spec.to_argv(), name=name) for name, spec in (("tight", tight), ("roomy", roomy))]
+
+    async def body() -> tuple[float, LoadReport, LoadReport, bool]:
+        async with (
+            RouterClient(routers[0].url, routers[0].metrics_url) as tight_rc,
+            RouterClient(routers[1].url, routers[1].metrics_url) as roomy_rc,
+        ):
+            await tight_rc.add_worker(worker.url)
+            await roomy_rc.add_worker(worker.url)
+            await tight_rc.wait_for_worker(worker.url, timeout_s=15)
+            await roomy_rc.wait_for_worker(worker.url, timeout_s=15)
+            registered = time.monotonic()
+            while (found := await tight_rc.find_worker(worker.url)) is not None and found.is_healthy:
+                assert time.monotonic() - registered < 10, "1 s timeout never failed the 1.5 s probe"
+                await asyncio.sleep(0.1)
+            unhealthy_after_s = time.monotonic() - registered
+            via_tight = await load(routers[0].url, 20, 4)
+            via_roomy = await load(routers[1].url, 20, 4)
+            still = await roomy_rc.find_worker(worker.url)
+        return unhealthy_after_s, via_tight, via_roomy, still is not None and still.is_healthy
+
+    try:
+        unhealthy_after_s, via_tight, via_roomy, roomy_healthy = run(body)
+    finally:
+        stop_all(state)
+    assert unhealthy_after_s <= 2 * 1 + 2 * 1 + 1.5  # threshold 2 x (interval + timeout) + slack
+    assert via_tight.status_counts == {503: 4}
+    assert via_roomy.status_counts == {200: 4} and roomy_healthy
+
+
+def test_worker_config_round_trips_through_its_command_line() -> None:
+    config = WorkerConfig(port=4321, version="v9", error_rate=0.25, never_ready=True, seed=3, latency_ms=7.5)
+    assert parse_config(config.to_argv()) == config
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"error_rate": 1.5}, "error_rate=1.5: must be a share in"),
+        ({"port": 0}, "port=0: must be in 1..65535"),
+        ({"latency_ms": -1.0}, "latency_ms=-1.0: must be >= 0"),
+        ({"version": ""}, "version='': give the version name"),
+    ],
+)
+def test_worker_config_rejects_bad_values_naming_the_field(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        WorkerConfig(**{"port": 4321, **changes})  # type: ignore[arg-type]
+
+
+def test_worker_cli_reports_bad_values_without_traceback() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "serving.sandbox.worker", "--port", "4321", "--error-rate", "2"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "error_rate=2.0: must be a share in [0, 1]" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+# ----- process bookkeeping ----------------------------------------------------------------------------
+@pytest.mark.slow
+def test_stop_all_from_another_process_stops_what_this_one_started(tmp_path: Path) -> None:
+    state = StateDir(tmp_path / "state")
+    (port,) = free_ports(1)
+    config = WorkerConfig(port=port, model_path=str(tmp_path / "model"))
+    record = start_worker(state, "w", config)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from serving.sandbox.processes import StateDir, stop_all; "
+            "print(stop_all(StateDir(Path(sys.argv[1]))))",
+            str(state.root),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['w']"
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{record.pid}").exists() and time.monotonic() < deadline:
+        os.waitpid(record.pid, os.WNOHANG)  # our child: reap it once the other process stopped it
+        time.sleep(0.05)
+    assert not Path(f"/proc/{record.pid}").exists()
+    assert state.records() == []
+    assert "listening on" in Path(record.log_path).read_text()
+
+
+def test_stale_record_never_signals_a_reused_pid(tmp_path: Path) -> None:
+    """A record whose pid now belongs to another process (different start time) is only forgotten."""
+    state = StateDir(tmp_path / "state")
+    me = ProcessRecord("stale", "worker", os.getpid(), 1, ("x",), "http://127.0.0.1:1", "", str(tmp_path / "l"))
+    state.write(me)
+    assert stop_process(state, "stale") is False
+    assert state.records() == []
+
+
+def test_router_flags_are_checked_with_the_routers_own_parser() -> None:
+    endpoints = router_endpoints(RouterSpec(port=30000, prometheus_port=29001).to_argv())
+    assert (endpoints.url, endpoints.metrics_url) == ("http://127.0.0.1:30000", "http://127.0.0.1:29001/metrics")
+    with pytest.raises(SandboxError, match=r"--policy.*invalid choice: 'fastest'"):
+        router_endpoints(["--host", "127.0.0.1", "--policy", "fastest"])
+    with pytest.raises(
+        SandboxError, match=re.escape("--prometheus-host 0.0.0.0: the sandbox listens on loopback only")
+    ):
+        router_endpoints(["--host", "127.0.0.1", "--port", "30000"])  # the router's default metrics host
+    with pytest.raises(SandboxError, match="unrecognized arguments: --add-worker"):
+        router_endpoints(["--host", "127.0.0.1", "--prometheus-host", "127.0.0.1", "--add-worker", "x"])
+
+
+# ----- pure parts --------------------------------------------------------------------------------
+def test_histogram_quantile_interpolates_like_prometheus() -> None:
+    histogram = HistogramSnapshot(((0.1, 10.0), (0.2, 30.0), (0.4, 40.0), (math.inf, 40.0)), 40.0, 6.0)
+    assert histogram.quantile(0.25) == pytest.approx(0.1)  # rank 10: top of the first bucket
+    assert histogram.quantile(0.5) == pytest.approx(0.15)  # rank 20: halfway through (0.1, 0.2]
+    assert histogram.quantile(0.875) == pytest.approx(0.3)  # rank 35: halfway through (0.2, 0.4]
+    assert math.isnan(HistogramSnapshot((), 0.0, 0.0).quantile(0.5))
+    later = HistogramSnapshot(((0.1, 12.0), (0.2, 31.0), (0.4, 50.0), (math.inf, 50.0)), 50.0, 9.0)
+    assert (later - histogram).buckets == ((0.1, 2.0), (0.2, 1.0), (0.4, 10.0), (math.inf, 10.0))
+
+
+def test_load_report_statistics() -> None:
+    successes = [RequestResult(i * 0.1, (i + 1) / 1000, 200) for i in range(98)]
+    failures = [RequestResult(9.8, 0.5, 500), RequestResult(9.9, 1.0, 0, "ClientConnectorError: refused")]
+    results = (*successes, *failures)
+    report = LoadReport(results, wall_s=10.0)
+    assert (report.count, report.ok, report.errors) == (100, 98, 2)
+    assert report.error_rate == pytest.approx(0.02)
+    assert report.qps == pytest.approx(9.8)
+    assert report.p50_s == pytest.approx(0.049)  # nearest rank over the 98 successes
+    assert report.p99_s == pytest.approx(0.098)
+    assert report.window(0.0, 5.0).count == 50
+    with pytest.raises(ValueError, match="rate_per_s=0: must be > 0"):
+        LoadSpec("http://127.0.0.1:1", rate_per_s=0, duration_s=1)
