@@ -36,15 +36,33 @@ def test_plan_json_contract() -> None:
     assert doc["stack"] == "prod" and doc["ok"] is True
     assert all(set(v) >= {"rule", "path", "message"} for v in doc["violations"])
     cap = doc["capacity"]
-    for key in ("weights_bytes", "kv_cache_bytes_per_token", "gpus_per_replica", "replicas", "replicas_per_node",
-                "nodes", "per_gpu_memory_bytes", "max_concurrent_sequences_per_replica", "sustained_concurrency",
-                "requests_per_second", "heartbeat_messages_per_second", "failure_detection_s", "recovery_s"):
+    for key in (
+        "weights_bytes",
+        "kv_cache_bytes_per_token",
+        "gpus_per_replica",
+        "replicas",
+        "replicas_per_node",
+        "nodes",
+        "per_gpu_memory_bytes",
+        "max_concurrent_sequences_per_replica",
+        "sustained_concurrency",
+        "requests_per_second",
+        "heartbeat_messages_per_second",
+        "failure_detection_s",
+        "recovery_s",
+    ):
         assert key in cap, key
     assert cap["replicas"] == 2048 and cap["nodes"] == 256 and cap["gpus_per_replica"] == 1
     assert cap["kv_cache_bytes_per_token"] == 327_680
     assert cap["heartbeat_messages_per_second"] == {"direct": 409.6, "aggregated": 51.2}
-    assert set(cap["per_gpu_memory_bytes"]) == {"weights", "kv_cache", "activations", "framework_overhead",
-                                                "safety_margin", "total"}
+    assert set(cap["per_gpu_memory_bytes"]) == {
+        "weights",
+        "kv_cache",
+        "activations",
+        "framework_overhead",
+        "safety_margin",
+        "total",
+    }
     assert (cap["failure_detection_s"], cap["recovery_s"]) == (18, 28)
     assert doc["memory"]["kv_per_token"]["formula"].startswith("2 × 80 layers × 8 KV heads")
 
@@ -68,11 +86,14 @@ def test_malformed_spec_exits_2_with_path_and_value_no_traceback(tmp_path: Path)
     assert "Traceback" not in r.stderr + r.stdout
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (("plan", "--stack", "nope"), "no stack named 'nope'"),
-    (("plan", "--stack-file", "/nonexistent/Pulumi.x.yaml"), "file not found"),
-    (("plan", "--bogus"), "No such option"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("plan", "--stack", "nope"), "no stack named 'nope'"),
+        (("plan", "--stack-file", "/nonexistent/Pulumi.x.yaml"), "file not found"),
+        (("plan", "--bogus"), "No such option"),
+    ],
+)
 def test_bad_input_exits_2(args: tuple[str, ...], needle: str) -> None:
     r = run(*args)
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr

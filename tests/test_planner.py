@@ -35,8 +35,11 @@ def test_source_kv_figure_is_right_arithmetic_on_the_wrong_heads() -> None:
 
 
 def test_mla_kv_per_token_is_the_compressed_latent() -> None:
-    spec = spec_from("dev", model__hf_config="models/deepseek-v3/config.json",
-                     model__architecture={"parameter_count": 671_000_000_000})
+    spec = spec_from(
+        "dev",
+        model__hf_config="models/deepseek-v3/config.json",
+        model__architecture={"parameter_count": 671_000_000_000},
+    )
     a = spec.model.architecture
     by_hand = 61 * (512 + 64) * 2  # layers × (kv_lora_rank + qk_rope_head_dim) × 2 B
     assert planner.kv_bytes_per_token(a, 2).value == by_hand == 70_272
@@ -47,9 +50,14 @@ def test_mla_kv_per_token_is_the_compressed_latent() -> None:
 
 
 def test_moe_model_weights_count_every_expert_and_kv_uses_gqa() -> None:
-    spec = spec_from("dev", model__hf_config="models/mixtral-8x7b/config.json", model__precision="bf16",
-                     model__quantization=None, model__architecture={"parameter_count": 46_702_792_704},
-                     parallelism__tp=2)
+    spec = spec_from(
+        "dev",
+        model__hf_config="models/mixtral-8x7b/config.json",
+        model__precision="bf16",
+        model__quantization=None,
+        model__architecture={"parameter_count": 46_702_792_704},
+        parallelism__tp=2,
+    )
     m = planner.memory_plan(spec)
     assert spec.model.architecture.moe is not None
     assert m.weights.value == 46_702_792_704 * 2  # all experts are resident, not just the 2 active
@@ -117,24 +125,45 @@ def test_detection_includes_the_last_probe_timeout() -> None:
 def test_health_score_steps() -> None:
     hb = planner.heartbeat_plan(load_stack("prod").spec, replicas=2048, nodes=256)
     # 100 − 5k < 60 ⇒ k = 9 ; 100 − 5k < 30 ⇒ k = 15 ; from 55 back to 60 at +1 ⇒ 5.
-    assert (hb.timeouts_to_stop_routing.value, hb.timeouts_to_migrate.value, hb.successes_to_readmit.value) == (9, 15, 5)
+    assert (hb.timeouts_to_stop_routing.value, hb.timeouts_to_migrate.value, hb.successes_to_readmit.value) == (
+        9,
+        15,
+        5,
+    )
 
 
 def test_source_allreduce_volume_and_the_megatron_correction() -> None:
-    spec = spec_from("prod", parallelism__tp=2, parallelism__pp=4, model__precision="fp16",
-                     model__quantization=None, serving__replicas=256, serving__replicas_per_node=1)
+    spec = spec_from(
+        "prod",
+        parallelism__tp=2,
+        parallelism__pp=4,
+        model__precision="fp16",
+        model__quantization=None,
+        serving__replicas=256,
+        serving__replicas_per_node=1,
+    )
     n = planner.network_plan(spec)
     assert n.source_allreduce_per_layer.value == 8192 * 8 * 4096 * 2 == 512 * 2**20
     assert n.source_allreduce_per_forward.value == 40 * 2**30
     assert n.tp_allreduce_per_forward.value == 80 * 2**30  # two all-reduces per layer
     assert n.fabric_bytes_per_forward.value == 0  # TP 2 × PP 4 = 8 GPUs stays inside one node
-    cross = planner.network_plan(spec_from("prod", parallelism__tp=16, serving__replicas_per_node=None,
-                                           serving__replicas=128))
+    cross = planner.network_plan(
+        spec_from("prod", parallelism__tp=16, serving__replicas_per_node=None, serving__replicas=128)
+    )
     assert cross.fabric_bytes_per_forward.value == pytest.approx(80 * 2**30 * 2 * 15 / 16)
 
 
-@pytest.mark.parametrize(("rate", "band"), [(10, (0.0, 0.15)), (25, (0.15, 0.25)), (100, (0.45, 0.60)),
-                                            (200, (0.65, 0.80)), (400, (0.80, 0.92)), (800, (0.80, 0.92))])
+@pytest.mark.parametrize(
+    ("rate", "band"),
+    [
+        (10, (0.0, 0.15)),
+        (25, (0.15, 0.25)),
+        (100, (0.45, 0.60)),
+        (200, (0.65, 0.80)),
+        (400, (0.80, 0.92)),
+        (800, (0.80, 0.92)),
+    ],
+)
 def test_utilisation_band_table(rate: int, band: tuple[float, float]) -> None:
     assert planner.utilisation_band(rate)[:2] == band
 
@@ -157,7 +186,9 @@ def test_source_placement_is_infeasible_by_12x() -> None:
 
 
 def test_spanning_replicas_place_on_whole_nodes() -> None:
-    spec = spec_from("prod", parallelism__tp=8, parallelism__pp=2, serving__replicas=128, serving__replicas_per_node=None)
+    spec = spec_from(
+        "prod", parallelism__tp=8, parallelism__pp=2, serving__replicas=128, serving__replicas_per_node=None
+    )
     p = planner.placement(spec)
     assert (p.nodes_per_replica, p.max_replicas, p.pp_crosses_nodes, p.tp_crosses_nodes) == (2, 128, True, False)
     reps = planner.fleet_replicas(spec)

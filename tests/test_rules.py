@@ -36,14 +36,31 @@ def test_source_plan_is_rejected_with_the_arithmetic() -> None:
 
 CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("prod", {"serving__replicas_per_node": 9}, "placement.gpus-per-node", "needs 9 GPUs, the node has 8"),
-    ("prod", {"parallelism__tp": 12, "serving__replicas_per_node": None, "serving__replicas": 100},
-     "placement.whole-nodes", "stranding 4 GPUs"),
+    (
+        "prod",
+        {"parallelism__tp": 12, "serving__replicas_per_node": None, "serving__replicas": 100},
+        "placement.whole-nodes",
+        "stranding 4 GPUs",
+    ),
     ("prod", {"serving__replicas": 2049}, "placement.fleet-capacity", "hold at most 2,048"),
     ("prod", {"model__precision": "fp8", "model__quantization": "fp8"}, "memory.per-gpu", "only 68.00 GB is usable"),
-    ("dev", {"parallelism__tp": 16, "serving__replicas_per_node": None, "serving__replicas": 8,
-             "cluster__fabric__link_rate_gbps": 25}, "network.tp-across-nodes", "Got 25: TP 16 crosses nodes"),
-    ("dev", {"parallelism__tp": 16, "serving__replicas_per_node": None, "serving__replicas": 8},
-     "network.tp-across-nodes", "all-reduce over TCP"),
+    (
+        "dev",
+        {
+            "parallelism__tp": 16,
+            "serving__replicas_per_node": None,
+            "serving__replicas": 8,
+            "cluster__fabric__link_rate_gbps": 25,
+        },
+        "network.tp-across-nodes",
+        "Got 25: TP 16 crosses nodes",
+    ),
+    (
+        "dev",
+        {"parallelism__tp": 16, "serving__replicas_per_node": None, "serving__replicas": 8},
+        "network.tp-across-nodes",
+        "all-reduce over TCP",
+    ),
     ("prod", {"serving__heartbeat_mode": "direct"}, "heartbeat.central-jitter", "409.6 msg/s"),
     ("prod", {"serving__health_check_timeout_s": 1}, "health.check-timeout", "Use at least 3"),
     ("prod", {"serving__health_check_timeout_s": 5}, "health.check-timeout", "must end before the next one"),
@@ -55,7 +72,9 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("stack", "changes", "rule", "needle"), CASES, ids=[c[2] + ":" + str(i) for i, c in enumerate(CASES)])
+@pytest.mark.parametrize(
+    ("stack", "changes", "rule", "needle"), CASES, ids=[c[2] + ":" + str(i) for i, c in enumerate(CASES)]
+)
 def test_rule_fires_with_arithmetic(stack: str, changes: dict[str, Any], rule: str, needle: str) -> None:
     spec = spec_from(stack, **changes)
     found = [v for v in violations(spec) if v.rule == rule]
@@ -64,11 +83,14 @@ def test_rule_fires_with_arithmetic(stack: str, changes: dict[str, Any], rule: s
     assert all(v.path for v in found)
 
 
-@pytest.mark.parametrize(("changes", "rule"), [
-    ({"scheduler__period_ms": 10}, "scheduler.period"),
-    ({"serving__log_level": "debug"}, "ops.log-level"),
-    ({"scheduler__instances": 2}, "scheduler.ha"),
-])
+@pytest.mark.parametrize(
+    ("changes", "rule"),
+    [
+        ({"scheduler__period_ms": 10}, "scheduler.period"),
+        ({"serving__log_level": "debug"}, "ops.log-level"),
+        ({"scheduler__instances": 2}, "scheduler.ha"),
+    ],
+)
 def test_warnings_do_not_fail_the_plan(changes: dict[str, Any], rule: str) -> None:
     spec = spec_from("prod", **changes)
     found = [v for v in violations(spec) if v.rule == rule]

@@ -22,8 +22,11 @@ def parse(changes: dict[str, Any], base: str = "prod") -> FleetSpec:
         ({"serving.replicas": 0}, "serving.replicas", "got 0: Input should be greater than 0"),
         ({"serving.image": "lmsysorg/sglang:latest"}, "serving.image", "not pinned"),
         ({"serving.image": "lmsysorg/sglang"}, "serving.image", "not pinned"),
-        ({"scheduler.weights": {"gpu_utilization": 0.5, "memory_usage": 0.3, "network_bandwidth": 0.3}},
-         "scheduler.weights", "sum to 1.1"),
+        (
+            {"scheduler.weights": {"gpu_utilization": 0.5, "memory_usage": 0.3, "network_bandwidth": 0.3}},
+            "scheduler.weights",
+            "sum to 1.1",
+        ),
         ({"model.architecture.num_kv_heads": 6}, "model.architecture", "num_kv_heads=6 must divide"),
         ({"cluster.pools.0.first_address": "10.99.0.1"}, "cluster.pools[0]", "outside subnet 10.40.0.0/22"),
         ({"cluster.pools.0.count": 5000}, "cluster.pools[0]", "widen the subnet or lower count"),
@@ -50,8 +53,9 @@ def test_bad_input_names_field_value_and_fix(changes: dict[str, Any], path: str,
 
 def test_model_validate_raises_validation_error_for_programmatic_use() -> None:
     with pytest.raises(ValidationError, match="experts_per_token=9 exceeds num_experts=8"):
-        FleetSpec.model_validate(with_changes(stack_doc("prod"), {
-            "model.architecture.moe": {"num_experts": 8, "experts_per_token": 9}}))
+        FleetSpec.model_validate(
+            with_changes(stack_doc("prod"), {"model.architecture.moe": {"num_experts": 8, "experts_per_token": 9}})
+        )
 
 
 def test_sandbox_versions_must_define_every_version_the_fleet_runs() -> None:
@@ -63,11 +67,22 @@ def test_defaults_are_the_source_values() -> None:
     spec = load_stack_file(SOURCE_PLAN).spec
     s, sch, h, r = spec.serving, spec.scheduler, spec.health, spec.rollout
     assert (s.heartbeat_interval_s, s.failure_threshold, s.migration_timeout_s) == (5, 3, 10)
-    assert (s.health_check_timeout_s, s.warmup_share, s.warmup_duration_s, s.log_level) == (3, 0.1, 30, LogLevel.WARNING)
+    assert (s.health_check_timeout_s, s.warmup_share, s.warmup_duration_s, s.log_level) == (
+        3,
+        0.1,
+        30,
+        LogLevel.WARNING,
+    )
     assert sch.weights == {"gpu_utilization": 0.5, "memory_usage": 0.3, "network_bandwidth": 0.2}
     assert (sch.period_ms, sch.migration_load_ratio, sch.instances) == (100, 1.5, 3)
     assert (h.start, h.timeout_penalty, h.success_reward, h.cap, h.stop_routing_below, h.migrate_below) == (
-        100, 5, 1, 100, 60, 30)
+        100,
+        5,
+        1,
+        100,
+        60,
+        30,
+    )
     assert (r.batches, r.interval_s, r.max_qps_drop, r.max_p99_rise, r.max_error_rate) == (5, 300, 0.2, 0.3, 0.001)
     assert spec.cluster.gpu.usable_memory_fraction == 0.85 and spec.cluster.ntp.max_offset_ms == 100
     assert spec.model.precision is Precision.FP16 and spec.parallelism.gpus_per_replica == 8
@@ -92,8 +107,11 @@ def test_uneven_racks_fill_in_order() -> None:
 
 
 def test_hf_config_supplies_architecture_and_stack_overrides_win() -> None:
-    spec = spec_from("dev", model__hf_config="models/deepseek-v3/config.json",
-                     model__architecture={"parameter_count": 671_000_000_000, "num_kv_heads": 128})
+    spec = spec_from(
+        "dev",
+        model__hf_config="models/deepseek-v3/config.json",
+        model__architecture={"parameter_count": 671_000_000_000, "num_kv_heads": 128},
+    )
     a = spec.model.architecture
     assert a.mla is not None and (a.mla.kv_lora_rank, a.mla.qk_rope_head_dim) == (512, 64)
     assert a.moe is not None and (a.moe.num_experts, a.moe.experts_per_token) == (256, 8)

@@ -29,13 +29,28 @@ def _paths(doc: Any, prefix: str = "") -> list[str]:
     return out
 
 
-PATHS = sorted({p for d in BASES.values() for p in _paths(d)} | {
-    "parallelism.tp", "parallelism.pp", "parallelism.dp", "limits.context_length", "serving.replicas_per_node",
-    "model.architecture.num_kv_heads", "model.architecture.mla", "model.architecture.moe", "health.start"})
+PATHS = sorted(
+    {p for d in BASES.values() for p in _paths(d)}
+    | {
+        "parallelism.tp",
+        "parallelism.pp",
+        "parallelism.dp",
+        "limits.context_length",
+        "serving.replicas_per_node",
+        "model.architecture.num_kv_heads",
+        "model.architecture.mla",
+        "model.architecture.moe",
+        "health.start",
+    }
+)
 
 values = st.one_of(
-    st.none(), st.booleans(), st.integers(-10, 10**6), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=12), st.lists(st.integers(0, 3), max_size=3),
+    st.none(),
+    st.booleans(),
+    st.integers(-10, 10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.lists(st.integers(0, 3), max_size=3),
     st.dictionaries(st.sampled_from(["kv_lora_rank", "qk_rope_head_dim", "num_experts", "x"]), st.integers(-2, 600)),
     st.sampled_from(["10.40.0.11", "10.40.0.0/22", "fp8", "int4", "awq", "direct", "v1", "1.33", "{index}"]),
 )
