@@ -17,9 +17,9 @@ from enum import StrEnum
 from functools import cached_property
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 GIB = 1024**3
 GB = 10**9
@@ -484,6 +484,17 @@ class LogLevel(StrEnum):
         return None
 
 
+ReleaseName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+
+
+def pinned_image(v: str) -> str:
+    """Images are pinned: an explicit tag other than 'latest', or a digest."""
+    name, _, tag = v.rpartition(":") if "@" not in v else (v, "", "digest")
+    if not name or not tag or tag == "latest" or "/" in tag:
+        raise ValueError(f"image {v!r} is not pinned; use an explicit tag or @sha256 digest, never 'latest'")
+    return v
+
+
 class ServingSpec(_Model):
     replicas: int = Field(default=3072, gt=0, description="Serving replicas (SGLang servers).")
     target_replicas: int | None = Field(
@@ -492,10 +503,12 @@ class ServingSpec(_Model):
     replicas_per_node: int | None = Field(
         default=12, gt=0, description="Replicas per node; None when a replica spans nodes."
     )
-    image: str = Field(
-        default="lmsysorg/sglang:v0.5.23-cu126", description="Serving container image, pinned (no 'latest')."
+    releases: dict[ReleaseName, str] = Field(
+        default_factory=lambda: {"v1": "lmsysorg/sglang:v0.5.23-cu126"},
+        min_length=1,
+        description="Release label → serving container image, pinned (no 'latest'). Rollouts move between these.",
     )
-    version: str = Field(default="v1", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", description="Release label.")
+    version: ReleaseName = Field(default="v1", description="The stable release the fleet runs.")
     port: int = Field(default=30000, gt=0, lt=65536, description="SGLang HTTP port.")
     heartbeat_interval_s: float = Field(default=5.0, gt=0, description="Heartbeat period (source: 5 s).")
     failure_threshold: int = Field(default=3, gt=0, description="Missed heartbeats before unhealthy (source: 3).")
@@ -519,14 +532,31 @@ class ServingSpec(_Model):
     watchdog_timeout_s: float = Field(default=300.0, gt=0, description="SGLang --watchdog-timeout.")
     shm_size_gb: float = Field(default=64.0, gt=0, description="Shared-memory (shm) size for serving pods.")
 
-    @field_validator("image")
+    @field_validator("releases")
     @classmethod
-    def _pinned(cls, v: str) -> str:
-        """Images are pinned: a tag other than 'latest' or a digest."""
-        name, _, tag = v.rpartition(":") if "@" not in v else (v, "", "digest")
-        if not name or not tag or tag == "latest" or "/" in tag:
-            raise ValueError(f"image {v!r} is not pinned; use an explicit tag or @sha256 digest, never 'latest'")
+    def _pinned_releases(cls, v: dict[str, str]) -> dict[str, str]:
+        """Every release's image is pinned."""
+        for name, image in v.items():
+            try:
+                pinned_image(image)
+            except ValueError as exc:
+                raise ValueError(f"release {name!r}: {exc}") from None
         return v
+
+    @model_validator(mode="after")
+    def _version_released(self) -> Self:
+        """The stable version must be one of the releases, so its image is known."""
+        if self.version not in self.releases:
+            raise ValueError(
+                f"version {self.version!r} is not in releases ({sorted(self.releases)}); add its image under "
+                "serving.releases"
+            )
+        return self
+
+    @property
+    def image(self) -> str:
+        """The stable release's image."""
+        return self.releases[self.version]
 
 
 LoadMetric = Literal["gpu_utilization", "memory_usage", "network_bandwidth"]
@@ -618,7 +648,7 @@ class KubernetesSpec(_Model):
     @classmethod
     def _pinned(cls, v: str) -> str:
         """Router image is pinned like the serving image."""
-        return ServingSpec._pinned(v)
+        return pinned_image(v)
 
 
 class SandboxVersion(_Model):
@@ -656,7 +686,13 @@ class FleetSpec(_Model):
 
     @model_validator(mode="after")
     def _versions_known(self) -> Self:
-        """In a sandbox, every version the fleet runs must be a simulated release."""
+        """Every version a group runs is a release; in a sandbox, also a simulated release."""
+        unknown = sorted(set(self.rollout.group_versions.values()) - set(self.serving.releases))
+        if unknown:
+            raise ValueError(
+                f"rollout.group_versions uses {unknown}, not in serving.releases ({sorted(self.serving.releases)}); "
+                "add their images there"
+            )
         if self.sandbox is not None:
             used = {self.serving.version, *self.rollout.group_versions.values()}
             missing = sorted(used - set(self.sandbox.versions))
@@ -669,6 +705,9 @@ class FleetSpec(_Model):
 
     def group_version(self, group: int) -> str:
         return self.rollout.group_versions.get(group, self.serving.version)
+
+    def group_image(self, group: int) -> str:
+        return self.serving.releases[self.group_version(group)]
 
 
 def json_schema() -> dict[str, Any]:

@@ -20,8 +20,10 @@ def parse(changes: dict[str, Any], base: str = "prod") -> FleetSpec:
     ("changes", "path", "match"),
     [
         ({"serving.replicas": 0}, "serving.replicas", "got 0: Input should be greater than 0"),
-        ({"serving.image": "lmsysorg/sglang:latest"}, "serving.image", "not pinned"),
-        ({"serving.image": "lmsysorg/sglang"}, "serving.image", "not pinned"),
+        ({"serving.releases": {"v1": "lmsysorg/sglang:latest"}}, "serving.releases", "release 'v1'.*not pinned"),
+        ({"serving.releases": {"v1": "lmsysorg/sglang"}}, "serving.releases", "not pinned"),
+        ({"serving.version": "v2"}, "serving", "version 'v2' is not in releases"),
+        ({"rollout.group_versions": {0: "v3"}}, "", "not in serving.releases"),
         (
             {"scheduler.weights": {"gpu_utilization": 0.5, "memory_usage": 0.3, "network_bandwidth": 0.3}},
             "scheduler.weights",
@@ -60,7 +62,7 @@ def test_model_validate_raises_validation_error_for_programmatic_use() -> None:
 
 def test_sandbox_versions_must_define_every_version_the_fleet_runs() -> None:
     with pytest.raises(SpecError, match=r"version\(s\) \['v9'\] are not defined in sandbox.versions"):
-        parse({"serving.version": "v9"}, base="sandbox")
+        parse({"serving.version": "v9", "serving.releases.v9": "lmsysorg/sglang:v0.5.23-cu126"}, base="sandbox")
 
 
 def test_defaults_are_the_source_values() -> None:

@@ -1,0 +1,672 @@
+"""Serving units rendered from the spec, checked against golden files and the REAL parsers.
+
+Golden files live in ``tests/golden/units/<stack>/``. After an intended change, refresh them with
+``EXASERVE_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_units.py`` and review the diff (refused under
+CI=true). The real parsers: the router's own ``parse_router_args``, SGLang's ``ServerArgs`` parser in
+the throwaway ``.venv-sglang`` (``scripts/sglang-manifest.sh --venv-only``), ``systemd-analyze
+verify`` (strict: any warning fails) and ``chronyd -p`` (chrony's own config parser).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from sglang_router.launch_router import parse_router_args
+from typer.testing import CliRunner
+
+from serving import units
+from serving.cli import _register_commands
+from serving.cliutil import app
+from serving.flagmanifest import FlagValidationError, load_router_manifest, load_server_manifest
+from serving.planner import Replica, fleet_replicas
+from serving.spec import FleetSpec
+from serving.stack import PROJECT_ROOT, load_stack
+from tests.specdoc import spec_from
+
+GOLDEN = Path(__file__).parent / "golden" / "units"
+UPDATE_GOLDEN = os.environ.get("EXASERVE_UPDATE_GOLDEN") == "1"
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def first(spec: FleetSpec) -> Replica:
+    return fleet_replicas(spec)[0]
+
+
+def multi_node_spec() -> FleetSpec:
+    """prod with TP 8 × PP 2: every replica spans two nodes."""
+    return spec_from(
+        "prod", parallelism__tp=8, parallelism__pp=2, serving__replicas=128, serving__replicas_per_node=None
+    )
+
+
+def flag_values(argv: Sequence[str], entry: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """``--flag`` → its values, for the part of ``argv`` after ``entry``."""
+    assert list(argv[: len(entry)]) == list(entry)
+    out: dict[str, tuple[str, ...]] = {}
+    flag = ""
+    for word in argv[len(entry) :]:
+        if word.startswith("--"):
+            assert word not in out, f"{word} given twice"
+            flag, out[word] = word, ()
+        else:
+            out[flag] += (word,)
+    return out
+
+
+def changed(a: dict[str, Any], b: dict[str, Any]) -> set[str]:
+    return {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+
+
+def pod_args_with_lws_values(container: dict[str, Any]) -> list[str]:
+    return [*container["command"], *units.as_leader_pod(container["args"])]
+
+
+# --- golden files ------------------------------------------------------------------------------------
+
+
+def rendered_files(stack: str) -> dict[str, str]:
+    spec = load_stack(stack).spec
+    replicas = fleet_replicas(spec)
+    files = {units.unit_name(r): units.systemd_unit(spec, r) for r in (replicas[0], replicas[-1])}
+    files["router-kubernetes.json"] = (
+        json.dumps({"argv": units.router_argv(spec, kubernetes=True), "env": units.router_env(spec)}, indent=2) + "\n"
+    )
+    if len(replicas) <= 128:  # prod's 2,048 static worker URLs are left to the tests below
+        files["router-static.json"] = json.dumps({"argv": units.router_argv(spec)}, indent=2) + "\n"
+    files["pod-container-group0.json"] = (
+        json.dumps({"container": units.pod_container(spec, 0), "volumes": units.pod_volumes(spec)}, indent=2) + "\n"
+    )
+    files["chrony.conf"] = units.chrony_conf(spec)
+    return files
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_rendered_units_match_the_golden_files(stack: str) -> None:
+    folder = GOLDEN / stack
+    files = rendered_files(stack)
+    if UPDATE_GOLDEN:
+        assert not IN_CI, "EXASERVE_UPDATE_GOLDEN=1 under CI=true: golden files are refreshed by a person, not CI"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for name, text in files.items():
+            (folder / name).write_text(text)
+    on_disk = {p.name: p.read_text() for p in folder.iterdir()} if folder.is_dir() else {}
+    assert sorted(on_disk) == sorted(files), (
+        f"golden files for {stack} differ in names; refresh with EXASERVE_UPDATE_GOLDEN=1 and review the diff"
+    )
+    for name, text in files.items():
+        assert on_disk[name] == text, (
+            f"{folder / name} differs from the rendered unit; if the change is intended, refresh with "
+            "EXASERVE_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_units.py and review the diff"
+        )
+
+
+def test_every_rendered_file_carries_the_do_not_edit_header() -> None:
+    for name, text in rendered_files("dev").items():
+        if not name.endswith(".json"):
+            assert re.match(r"# generated from templates/\S+\.j2 by serving\.units — do not edit\n", text), name
+
+
+# --- one spec field, exactly the expected flags --------------------------------------------------------
+
+ONE_FIELD_CASES = [
+    # (change, server flags, server env, router flags)
+    (
+        {"parallelism__tp": 2},
+        {"--tp-size", "--mem-fraction-static", "--max-total-tokens"},
+        {"CUDA_VISIBLE_DEVICES"},
+        {"--worker-urls"},
+    ),
+    ({"limits__context_length": 8192}, {"--context-length", "--max-running-requests"}, set(), set()),
+    ({"serving__log_level": "debug"}, {"--log-level"}, set(), {"--log-level"}),
+    ({"serving__heartbeat_interval_s": 2}, set(), set(), {"--health-check-interval-secs", "--cb-window-duration-secs"}),
+    (
+        {"serving__failure_threshold": 5},
+        set(),
+        set(),
+        {"--health-failure-threshold", "--cb-failure-threshold", "--cb-window-duration-secs"},
+    ),
+    ({"serving__success_threshold": 3}, set(), set(), {"--health-success-threshold", "--cb-success-threshold"}),
+    ({"serving__health_check_timeout_s": 5}, set(), {"SGLANG_HEALTH_CHECK_TIMEOUT"}, {"--health-check-timeout-secs"}),
+    ({"serving__startup_budget_s": 900}, set(), set(), {"--worker-startup-timeout-secs"}),
+    ({"serving__watchdog_timeout_s": 120}, {"--watchdog-timeout"}, set(), set()),
+    ({"scheduler__strategy": "cache_aware"}, set(), set(), {"--policy", "--balance-rel-threshold"}),
+    ({"scheduler__retries": 0}, set(), set(), {"--retry-max-retries", "--disable-retries"}),
+    ({"rollout__drain_timeout_s": 60}, set(), set(), {"--shutdown-grace-period-secs"}),
+    ({"model__kv_cache_dtype": "fp8_e5m2"}, {"--kv-cache-dtype", "--max-total-tokens"}, set(), set()),
+    ({"limits__chunked_prefill_size": 2048}, {"--chunked-prefill-size"}, set(), set()),
+    (
+        {"serving__version": "v2", "serving__releases": {"v2": "lmsysorg/sglang:v0.5.24-cu126"}},
+        set(),
+        {"EXASERVE_RELEASE"},
+        set(),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "server", "env", "router"), ONE_FIELD_CASES, ids=[next(iter(c[0])) for c in ONE_FIELD_CASES]
+)
+def test_one_field_changes_exactly_the_expected_flags(
+    change: dict[str, Any], server: set[str], env: set[str], router: set[str]
+) -> None:
+    base, new = load_stack("dev").spec, spec_from("dev", **change)
+    assert (
+        changed(
+            flag_values(units.server_argv(base, first(base)), units.SERVER_ENTRY),
+            flag_values(units.server_argv(new, first(new)), units.SERVER_ENTRY),
+        )
+        == server
+    )
+    assert changed(units.server_env(base, first(base)), units.server_env(new, first(new))) == env
+    assert (
+        changed(
+            flag_values(units.router_argv(base), units.ROUTER_ENTRY),
+            flag_values(units.router_argv(new), units.ROUTER_ENTRY),
+        )
+        == router
+    )
+
+
+def test_heartbeat_settings_drive_the_pod_probes() -> None:
+    spec = spec_from(
+        "prod",
+        serving__heartbeat_interval_s=2,
+        serving__failure_threshold=4,
+        serving__health_check_timeout_s=2.5,
+        serving__startup_budget_s=301,
+    )
+    c = units.pod_container(spec, 0)
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}
+        assert (c[probe]["periodSeconds"], c[probe]["timeoutSeconds"]) == (2, 3)
+    assert c["readinessProbe"]["failureThreshold"] == c["livenessProbe"]["failureThreshold"] == 4
+    assert c["readinessProbe"]["successThreshold"] == spec.serving.success_threshold
+    assert c["startupProbe"]["failureThreshold"] * 2 >= 301  # the whole start-up budget, rounded up
+
+
+def test_fabric_decides_the_nccl_environment() -> None:
+    dev = units.server_env(load_stack("dev").spec, first(load_stack("dev").spec))  # 100 Gb Ethernet
+    assert dev["NCCL_IB_DISABLE"] == "1" and "NCCL_IB_HCA" not in dev
+    prod = load_stack("prod").spec  # InfiniBand, eight HCAs
+    env = units.server_env(prod, first(prod))
+    assert env["NCCL_IB_HCA"] == "=" + ",".join(f"mlx5_{i}" for i in range(8))
+    assert "NCCL_IB_DISABLE" not in env and "NCCL_IB_GID_INDEX" not in env
+    roce = spec_from("prod", cluster__fabric__kind="roce", cluster__fabric__nccl_ib_gid_index=3)
+    assert units.server_env(roce, first(roce))["NCCL_IB_GID_INDEX"] == "3"
+    assert env["HF_HUB_OFFLINE"] == "1" and env["SGLANG_HEALTH_CHECK_TIMEOUT"] == "3"
+
+
+def test_replicas_on_one_node_get_their_own_gpus_and_ports() -> None:
+    spec = load_stack("prod").spec
+    replicas = fleet_replicas(spec)
+    on_node = [r for r in replicas if r.node == replicas[0].node]
+    seen = {
+        (
+            units.server_env(spec, r)["CUDA_VISIBLE_DEVICES"],
+            flag_values(units.server_argv(spec, r), units.SERVER_ENTRY)["--port"],
+        )
+        for r in on_node
+    }
+    assert len(seen) == len(on_node) == 8
+    assert {gpus for gpus, _ in seen} == {str(i) for i in range(8)}
+
+
+def test_memory_flags_come_from_the_planner() -> None:
+    from serving.planner import memory_plan
+
+    spec = load_stack("prod").spec
+    flags = flag_values(units.server_argv(spec, first(spec)), units.SERVER_ENTRY)
+    mp = memory_plan(spec)
+    assert flags["--max-total-tokens"] == (str(int(mp.max_total_tokens.value)),)
+    assert 0 < float(flags["--mem-fraction-static"][0]) <= mp.mem_fraction_static.value
+    assert int(flags["--max-running-requests"][0]) == min(
+        spec.limits.max_running_requests, int(mp.max_concurrent_sequences.value)
+    )
+
+
+def test_a_replica_spanning_nodes_gets_nnodes_rank_and_rendezvous() -> None:
+    spec = multi_node_spec()
+    replica = first(spec)
+    assert len(replica.nodes) == 2
+    flags = [flag_values(units.server_argv(spec, replica, rank), units.SERVER_ENTRY) for rank in (0, 1)]
+    assert [f["--node-rank"] for f in flags] == [("0",), ("1",)]
+    assert {f["--nnodes"] for f in flags} == {("2",)}
+    assert {f["--dist-init-addr"] for f in flags} == {(f"{replica.nodes[0].address}:{units.DIST_INIT_PORT}",)}
+    assert [f["--host"] for f in flags] == [(str(n.address),) for n in replica.nodes]
+    assert "ExecStartPost" in units.systemd_unit(spec, replica, 0)
+    assert "ExecStartPost" not in units.systemd_unit(spec, replica, 1)  # rank 1 serves no HTTP
+    with pytest.raises(units.RenderError, match=r"node_rank=2 is outside replica .* use 0\.\.1"):
+        units.server_argv(spec, replica, 2)
+    single = load_stack("prod").spec
+    assert not {"--nnodes", "--node-rank", "--dist-init-addr"} & set(
+        flag_values(units.server_argv(single, first(single)), units.SERVER_ENTRY)
+    )
+
+
+def test_a_model_that_leaves_no_kv_cache_is_refused_naming_the_fields() -> None:
+    spec = spec_from("dev", model__precision="fp16", model__quantization=None)  # 141 GB on one 80 GB GPU
+    with pytest.raises(
+        units.RenderError,
+        match=r"model\.precision=fp16 .*limits\.context_length=4,096.*raise "
+        r"parallelism\.tp",
+    ):
+        units.server_argv(spec, first(spec))
+
+
+# --- flags the pinned version does not know ------------------------------------------------------------
+
+
+def test_a_flag_unknown_to_the_pinned_sglang_fails_naming_flag_and_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    version = load_server_manifest().version
+    monkeypatch.setattr(
+        units,
+        "SERVER_FLAGS",
+        (*units.SERVER_FLAGS, units.FlagRule("--max-prefill-tokenz", "a typo", lambda c: "16384")),
+    )
+    spec = load_stack("dev").spec
+    with pytest.raises(FlagValidationError) as err:
+        units.server_argv(spec, first(spec))
+    message = str(err.value)
+    assert "'--max-prefill-tokenz'" in message and f"sglang {version}" in message
+    assert "'--max-prefill-tokens'" in message  # the closest real flag
+    with pytest.raises(FlagValidationError, match="--max-prefill-tokenz"):
+        units.pod_container(spec, 0)
+
+
+def test_a_flag_missing_from_another_version_fails_naming_that_version() -> None:
+    """What a version bump that drops a flag looks like: the rendered argv against the other manifest."""
+    pinned = load_server_manifest()
+    older = pinned.model_copy(
+        update={"version": "0.4.0", "flags": {k: v for k, v in pinned.flags.items() if k != "--watchdog-timeout"}}
+    )
+    spec = load_stack("prod").spec
+    argv = units.server_argv(spec, first(spec))
+    units.check_server_argv(argv, pinned)
+    with pytest.raises(FlagValidationError) as err:
+        units.check_server_argv(argv, older)
+    assert "'--watchdog-timeout'" in str(err.value) and "sglang 0.4.0" in str(err.value)
+
+
+def test_an_abbreviated_router_flag_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        units, "ROUTER_FLAGS", (*units.ROUTER_FLAGS, units.FlagRule("--request-timeout", "abbreviated", lambda c: "60"))
+    )
+    with pytest.raises(FlagValidationError) as err:
+        units.router_argv(load_stack("dev").spec)
+    message = str(err.value)
+    assert "'--request-timeout'" in message and "'--request-timeout-secs'" in message
+    assert load_router_manifest().label in message
+
+
+def test_cli_exits_1_naming_the_flag_when_the_pin_rejects_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        units, "SERVER_FLAGS", (*units.SERVER_FLAGS, units.FlagRule("--enable-metric", "a typo", lambda c: True))
+    )
+    _register_commands()
+    result = CliRunner().invoke(app, ["units", "--stack", "dev", "--replica", "dev-r00-n00-s0", "--json"])
+    assert result.exit_code == 1
+    assert "'--enable-metric'" in result.output and load_server_manifest().label in result.output
+    assert "Traceback" not in result.output
+
+
+# --- the real parsers ------------------------------------------------------------------------------------
+
+
+def test_the_real_router_parser_reads_the_rendered_flags_back() -> None:
+    spec = load_stack("dev").spec
+    static = parse_router_args(units.router_argv(spec)[len(units.ROUTER_ENTRY) :])
+    static._validate_router_args()
+    assert static.worker_urls == [units.replica_url(r) for r in fleet_replicas(spec)]
+    assert (static.policy, static.health_check_interval_secs, static.health_check_timeout_secs) == (
+        "power_of_two",
+        5,
+        3,
+    )
+    assert (static.health_failure_threshold, static.health_success_threshold) == (3, 2)
+    assert (static.retry_max_retries, static.cb_failure_threshold, static.cb_timeout_duration_secs) == (3, 3, 10)
+    assert (static.prometheus_port, static.log_level) == (units.ROUTER_METRICS_PORT, "warn")
+    k8s = parse_router_args(units.router_argv(multi_node_spec(), kubernetes=True)[len(units.ROUTER_ENTRY) :])
+    k8s._validate_router_args()
+    assert k8s.service_discovery and k8s.worker_urls == []
+    assert k8s.selector == {**units.SERVER_POD_LABELS, "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+    assert (k8s.service_discovery_namespace, k8s.service_discovery_port) == ("exaserve", 30000)
+
+
+@pytest.fixture(scope="session")
+def sglang_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The throwaway venv holding the pinned SGLang's real parser: scripts/sglang-manifest.sh builds it
+    once (cached after) on its way to dumping the manifests, here into a scratch folder."""
+    out = tmp_path_factory.mktemp("manifests")
+    proc = subprocess.run(
+        ["bash", str(PROJECT_ROOT / "scripts" / "sglang-manifest.sh"), "--out-dir", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    assert proc.returncode == 0, f"scripts/sglang-manifest.sh failed:\n{proc.stderr[-4000:]}"
+    return PROJECT_ROOT / ".venv-sglang" / "bin" / "python"
+
+
+@pytest.mark.slow
+def test_the_real_sglang_parser_accepts_every_rendered_server_command(sglang_python: Path) -> None:
+    multi = multi_node_spec()
+    argvs = []
+    for stack in ("dev", "prod", "sandbox"):
+        spec = load_stack(stack).spec
+        argvs += [units.server_argv(spec, first(spec)), pod_args_with_lws_values(units.pod_container(spec, 0))]
+    argvs += [units.server_argv(multi, first(multi), 1), pod_args_with_lws_values(units.pod_container(multi, 0))]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG")}
+    proc = subprocess.run(
+        [str(sglang_python), str(PROJECT_ROOT / "scripts" / "argparse_flags.py"), "parse", "server"],
+        input=json.dumps([a[len(units.SERVER_ENTRY) :] for a in argvs]),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(proc.stdout)
+    assert [r["error"] for r in results] == [""] * len(argvs)
+    assert all(r["ok"] for r in results)
+
+
+# --- systemd-analyze verify, strict ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def systemd_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A throwaway root for ``systemd-analyze verify --root``: systemd's own units, and an executable at
+    each path the units run. The stubs stand in for SGLang (a GPU install) and curl at their
+    production paths, so verify's "binary must exist" check runs against the exact ExecStart lines."""
+    root = tmp_path_factory.mktemp("systemd-root")
+    shutil.copytree("/usr/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
+    for binary in (units.SERVER_ENTRY[0], units.CURL):
+        stub = root / binary.lstrip("/")
+        stub.parent.mkdir(parents=True, exist_ok=True)
+        stub.write_text("#!/bin/sh\nexit 0\n")
+        stub.chmod(0o755)
+    (root / "etc/systemd/system").mkdir(parents=True)
+    return root
+
+
+def verify_unit(root: Path, name: str, text: str) -> subprocess.CompletedProcess[str]:
+    (root / "etc/systemd/system" / name).write_text(text)
+    return subprocess.run(
+        ["systemd-analyze", "verify", f"--root={root}", name], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+@pytest.mark.parametrize("case", ["dev", "prod", "multi-rank0", "multi-rank1"])
+def test_systemd_analyze_verify_accepts_the_units_without_a_warning(systemd_root: Path, case: str) -> None:
+    spec = multi_node_spec() if case.startswith("multi") else load_stack(case).spec
+    rank = 1 if case == "multi-rank1" else 0
+    replica = first(spec)
+    proc = verify_unit(systemd_root, units.unit_name(replica, rank), units.systemd_unit(spec, replica, rank))
+    assert (proc.returncode, proc.stderr, proc.stdout) == (0, "", "")
+
+
+def test_strict_verify_catches_what_systemd_only_warns_about(systemd_root: Path) -> None:
+    """systemd-analyze exits 0 on an unknown directive; treating stderr as failure is what makes it strict."""
+    spec = load_stack("dev").spec
+    bad = units.systemd_unit(spec, first(spec)).replace("RestartSec=", "RestartSecs=")
+    proc = verify_unit(systemd_root, "exaserve-sglang@typo.service", bad)
+    assert proc.returncode == 0 and "Unknown key 'RestartSecs'" in proc.stderr
+    missing = units.systemd_unit(spec, first(spec)).replace(units.SERVER_ENTRY[0], "/opt/nowhere/sglang")
+    proc = verify_unit(systemd_root, "exaserve-sglang@nobinary.service", missing)
+    assert proc.returncode != 0 and "/opt/nowhere/sglang" in proc.stderr
+
+
+def test_the_unit_carries_the_spec_budgets() -> None:
+    spec = spec_from("dev", serving__startup_budget_s=450, rollout__drain_timeout_s=90)
+    unit = units.systemd_unit(spec, first(spec))
+    assert "\nTimeoutStartSec=450\n" in unit and "\nTimeoutStopSec=90\n" in unit
+    assert "\nRestart=on-failure\n" in unit and "\nEnvironment=CUDA_VISIBLE_DEVICES=0\n" in unit
+    assert "--retry-max-time 450 " in unit and "--max-time 3 http://10.41.0.11:30000/health" in unit
+    assert f"\nStartLimitIntervalSec={units.START_LIMIT_BURST * (450 + units.RESTART_SEC)}\n" in unit
+
+
+@pytest.mark.parametrize(
+    ("word", "quoted"),
+    [
+        ("--port", "--port"),
+        ("30000", "30000"),
+        ("a b", '"a b"'),
+        ("50%", '"50%%"'),
+        ('say "hi"', '"say \\"hi\\""'),
+        ("$(HOME)", '"$$(HOME)"'),
+        ("", '""'),
+    ],
+)
+def test_systemd_words_are_quoted_for_exec_lines(word: str, quoted: str) -> None:
+    assert units.systemd_word(word, exec_line=True) == quoted
+
+
+def test_systemd_words_refuse_control_characters() -> None:
+    with pytest.raises(units.RenderError, match="control character"):
+        units.systemd_word("a\nb", exec_line=True)
+
+
+# --- chrony's own parser ----------------------------------------------------------------------------------
+
+CHRONYD = shutil.which("chronyd", path="/usr/sbin:/usr/bin:/sbin:/bin") or "/usr/sbin/chronyd"
+
+
+def chrony_parse(path: Path) -> subprocess.CompletedProcess[str]:
+    """``chronyd -p``: parse the file with chrony's own parser, print it and exit (no daemon, no network)."""
+    return subprocess.run([CHRONYD, "-p", "-f", str(path)], capture_output=True, text=True, timeout=30, check=False)
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod", "sandbox"])
+def test_chronyd_parses_the_rendered_chrony_conf(stack: str, tmp_path: Path) -> None:
+    spec = load_stack(stack).spec
+    conf = tmp_path / "chrony.conf"
+    conf.write_text(units.chrony_conf(spec))
+    proc = chrony_parse(conf)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    directives = [ln for ln in conf.read_text().splitlines() if ln and not ln.startswith("#")]
+    assert proc.stdout.splitlines() == directives
+    assert [d.split()[1] for d in directives if d.startswith("server ")] == spec.cluster.ntp.servers
+    limit = f"{spec.cluster.ntp.max_offset_ms / 1000:g}"
+    assert f"makestep {limit} 3" in directives and f"maxdistance {limit}" in directives
+
+
+def test_chronyd_rejects_a_broken_conf(tmp_path: Path) -> None:
+    conf = tmp_path / "chrony.conf"
+    conf.write_text(units.chrony_conf(load_stack("prod").spec).replace("makestep 0.1 3", "makestep 0.1"))
+    proc = chrony_parse(conf)
+    assert proc.returncode != 0 and "makestep" in proc.stderr
+
+
+# --- the Kubernetes container ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod", "multi"])
+def test_pod_with_the_container_passes_strict_kubernetes_schema(stack: str) -> None:
+    spec = multi_node_spec() if stack == "multi" else load_stack(stack).spec
+    for leader in (True, False):
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "sglang-0"},
+            "spec": {"containers": [units.pod_container(spec, 0, leader=leader)], "volumes": units.pod_volumes(spec)},
+        }
+        kubernetes_validate.validate(pod, spec.kubernetes.version, strict=True)
+
+
+def test_pod_container_runs_the_same_command_least_privileged() -> None:
+    spec = load_stack("prod").spec
+    c = units.pod_container(spec, 2)
+    bare = flag_values(units.server_argv(spec, first(spec)), units.SERVER_ENTRY)
+    pod = flag_values([*c["command"], *c["args"]], units.SERVER_ENTRY)
+    assert changed(bare, pod) == {"--host"} and pod["--host"] == ("0.0.0.0",)
+    env = {e["name"]: e for e in c["env"]}
+    bare_env = units.server_env(spec, first(spec))
+    assert set(bare_env) - set(env) == {"CUDA_VISIBLE_DEVICES"}  # the device plugin sets it in pods
+    assert env["EXASERVE_REPLICA"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert all(
+        env[k]["value"] == v for k, v in bare_env.items() if k not in ("CUDA_VISIBLE_DEVICES", "EXASERVE_REPLICA")
+    )
+    sc = c["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False and sc["runAsNonRoot"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    limits = c["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "1" and limits[spec.kubernetes.rdma_resource] == "1"
+    assert c["resources"]["requests"] == limits
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts["/dev/shm"]["name"] == units.VOLUME_SHM
+    assert mounts[spec.storage.local_cache.path]["readOnly"] is True
+    ethernet = units.pod_container(load_stack("dev").spec, 0)
+    assert ethernet["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert not any(k.startswith("rdma/") for k in ethernet["resources"]["limits"])
+
+
+def test_pod_memory_limit_covers_shm_weights_and_overhead() -> None:
+    spec = load_stack("prod").spec
+    limit = units.pod_memory_bytes(spec)
+    from serving.planner import memory_plan
+
+    floor = spec.serving.shm_size_gb * 1e9 + memory_plan(spec).per_gpu["weights"].value + 5e9
+    assert floor <= limit < floor + 2**30
+    assert units.pod_container(spec, 0)["resources"]["limits"]["memory"] == f"{limit // 2**30}Gi"
+
+
+def test_multi_node_pods_take_rank_and_rendezvous_from_leaderworkerset() -> None:
+    spec = multi_node_spec()
+    leader, worker = units.pod_container(spec, 0), units.pod_container(spec, 0, leader=False)
+    flags = flag_values([*leader["command"], *leader["args"]], units.SERVER_ENTRY)
+    assert flags["--node-rank"] == ("$(LWS_WORKER_INDEX)",) and flags["--nnodes"] == ("2",)
+    assert flags["--dist-init-addr"] == (f"$(LWS_LEADER_ADDRESS):{units.DIST_INIT_PORT}",)
+    assert leader["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert "readinessProbe" in leader and not {"startupProbe", "readinessProbe", "livenessProbe"} & set(worker)
+    with pytest.raises(units.RenderError, match=r"update group 5 does not exist; rollout\.batches=5"):
+        units.pod_container(spec, 5)
+
+
+def test_group_version_reaches_the_pod() -> None:
+    v2 = "lmsysorg/sglang:v0.5.24-cu126"
+    spec = spec_from(
+        "prod", rollout__group_versions={1: "v2"}, serving__releases={"v1": "lmsysorg/sglang:v0.5.23-cu126", "v2": v2}
+    )
+    pods = {g: units.pod_container(spec, g) for g in range(spec.rollout.batches)}
+    release = {g: next(e["value"] for e in c["env"] if e["name"] == "EXASERVE_RELEASE") for g, c in pods.items()}
+    assert release == {0: "v1", 1: "v2", 2: "v1", 3: "v1", 4: "v1"}
+    assert [c["image"] for c in pods.values()].count(v2) == 1 and pods[1]["image"] == v2
+
+
+# --- router -------------------------------------------------------------------------------------------------
+
+
+def test_weighted_round_robin_maps_to_the_load_aware_policy() -> None:
+    assert units.router_policy(load_stack("prod").spec) == "power_of_two"
+    for strategy in ("round_robin", "cache_aware", "power_of_two", "random"):
+        assert units.router_policy(spec_from("prod", scheduler__strategy=strategy)) == strategy
+
+
+def test_sandbox_router_listens_on_loopback_at_the_sandbox_ports() -> None:
+    spec = load_stack("sandbox").spec
+    assert spec.sandbox is not None
+    flags = flag_values(units.router_argv(spec, worker_urls=["http://127.0.0.1:39100"]), units.ROUTER_ENTRY)
+    assert (flags["--host"], flags["--port"]) == (("127.0.0.1",), (str(spec.sandbox.router_port),))
+    assert flags["--prometheus-host"] == ("127.0.0.1",)
+    assert flags["--prometheus-port"] == (str(spec.sandbox.prometheus_port),)
+    assert flags["--worker-urls"] == ("http://127.0.0.1:39100",)
+
+
+# --- CLI --------------------------------------------------------------------------------------------------
+
+EXASERVE = Path(sys.executable).parent / "exaserve"
+
+
+def exaserve(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(EXASERVE), *args],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+        check=False,
+    )
+
+
+def test_cli_prints_one_replica_as_json() -> None:
+    r = exaserve("units", "--stack", "dev", "--replica", "dev-r01-n07-s7", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc) == {"replica", "argv", "env", "systemd_unit"}
+    spec = load_stack("dev").spec
+    replica = fleet_replicas(spec)[-1]
+    assert doc == {
+        "replica": replica.id,
+        "argv": units.server_argv(spec, replica),
+        "env": units.server_env(spec, replica),
+        "systemd_unit": units.systemd_unit(spec, replica),
+    }
+    assert doc["env"]["CUDA_VISIBLE_DEVICES"] == "7"
+
+
+def test_cli_prints_the_router_as_json() -> None:
+    r = exaserve("units", "--stack", "prod", "--router", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc) == {"argv", "env"}
+    assert doc["argv"] == units.router_argv(load_stack("prod").spec)
+    assert len(flag_values(doc["argv"], units.ROUTER_ENTRY)["--worker-urls"]) == 2048
+    k8s = json.loads(exaserve("units", "--stack", "prod", "--router", "--kubernetes", "--json").stdout)
+    assert "--service-discovery" in k8s["argv"] and "--worker-urls" not in k8s["argv"]
+
+
+def test_cli_text_output_shows_unit_command_and_environment() -> None:
+    r = exaserve("units", "--stack", "dev", "--replica", "dev-r00-n00-s0")
+    assert r.returncode == 0, r.stderr
+    assert "# systemd unit exaserve-sglang@dev-r00-n00-s0.service" in r.stdout
+    assert "# command\n/usr/local/bin/sglang serve --model-path " in r.stdout
+    assert "\nNCCL_IB_DISABLE=1\n" in r.stdout
+
+
+def test_cli_unknown_replica_exits_2_naming_close_ids() -> None:
+    r = exaserve("units", "--stack", "dev", "--replica", "dev-r00-n00-s9", "--json")
+    assert r.returncode == 2 and r.stdout == ""
+    assert "'dev-r00-n00-s9'" in r.stderr and "dev-r00-n00-s7" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args", [[], ["--router", "--replica", "dev-r00-n00-s0"], ["--replica", "dev-r00-n00-s0", "--kubernetes"]]
+)
+def test_cli_needs_exactly_one_target(args: list[str]) -> None:
+    r = exaserve("units", "--stack", "dev", *args)
+    assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_infeasible_memory_exits_2_naming_the_fields(tmp_path: Path) -> None:
+    text = (PROJECT_ROOT / "Pulumi.dev.yaml").read_text()
+    text = text.replace("precision: int4\n    quantization: awq\n", "precision: fp16\n")
+    stack = tmp_path / "Pulumi.fp16.yaml"
+    stack.write_text(text)
+    (tmp_path / "models").symlink_to(PROJECT_ROOT / "models")
+    r = exaserve("units", "--stack-file", str(stack), "--replica", "dev-r00-n00-s0")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "model.precision=fp16" in r.stderr and "limits.context_length" in r.stderr
+
+
+# --- docs --------------------------------------------------------------------------------------------------
+
+
+def test_docs_list_every_flag_and_variable() -> None:
+    doc = (PROJECT_ROOT / "docs" / "units.md").read_text()
+    names = [r.flag for r in (*units.SERVER_FLAGS, *units.ROUTER_FLAGS)] + [r.name for r in units.SERVER_ENV]
+    missing = [n for n in names if f"`{n}`" not in doc]
+    assert not missing, f"docs/units.md does not mention {missing}"

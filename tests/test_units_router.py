@@ -1,0 +1,135 @@
+"""The REAL ``sglang-router`` started with the flags ``serving.units`` renders, in front of two workers.
+
+The workers are SIMULATED SGLang servers (``serving.sandbox.worker``: no model, no GPU — SGLang itself
+cannot run here); the router is the real binary from the pinned wheel. Only the listeners (loopback,
+free ports) and the worker URLs are overridden; every other flag is the rendered one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from serving import units
+from serving.sandbox.processes import StateDir, free_ports, start_router, start_worker, stop_all, stop_process
+from serving.sandbox.router_client import ROUTER_WORKER_HEALTH, RouterClient
+from serving.sandbox.worker import WorkerConfig
+from serving.spec import FleetSpec
+from serving.stack import load_stack
+from tests.specdoc import spec_from
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Workers:
+    state: StateDir
+    configs: tuple[WorkerConfig, ...]
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Workers]:
+    state = StateDir(tmp_path / "state")
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    configs = tuple(
+        WorkerConfig(port=p, latency_ms=5, jitter_ms=1, seed=i, model_path=str(model_dir))
+        for i, p in enumerate(free_ports(2))
+    )
+    try:
+        for c in configs:
+            start_worker(state, f"worker-{c.port}", c)
+        yield Workers(state, configs)
+    finally:
+        stop_all(state)
+
+
+def override(flags: Sequence[str], values: Mapping[str, Sequence[str]]) -> list[str]:
+    """Replace the values of flags the rendered command already has (a missing one is a test bug)."""
+    out: list[str] = []
+    skipping = False
+    seen: set[str] = set()
+    for word in flags:
+        if word.startswith("--"):
+            skipping = word in values
+            if skipping:
+                out += [word, *values[word]]
+                seen.add(word)
+                continue
+        if not skipping:
+            out.append(word)
+    assert seen == set(values), f"rendered router command lacks {set(values) - seen}"
+    return out
+
+
+def start_rendered_router(spec: FleetSpec, workers: Workers) -> RouterClient:
+    argv = units.router_argv(spec, worker_urls=[c.url for c in workers.configs])
+    assert argv[: len(units.ROUTER_ENTRY)] == list(units.ROUTER_ENTRY)
+    port, metrics_port = free_ports(2)
+    flags = override(
+        argv[len(units.ROUTER_ENTRY) :],
+        {
+            "--host": [LOOPBACK],
+            "--port": [str(port)],
+            "--prometheus-host": [LOOPBACK],
+            "--prometheus-port": [str(metrics_port)],
+        },
+    )
+    record = start_router(workers.state, flags, healthy_workers=len(workers.configs), timeout_s=60)
+    return RouterClient(record.url, record.metrics_url)
+
+
+@pytest.mark.slow
+def test_real_router_with_the_rendered_dev_flags_reports_both_workers_healthy(workers: Workers) -> None:
+    spec = load_stack("dev").spec
+
+    async def body() -> None:
+        async with start_rendered_router(spec, workers) as rc:
+            listed = await rc.list_workers()
+            metrics = await rc.metrics()
+        assert {w.url for w in listed} == {c.url for c in workers.configs}
+        assert all(w.is_healthy for w in listed)
+        assert metrics.worker_gauge(ROUTER_WORKER_HEALTH) == {c.url: 1.0 for c in workers.configs}
+
+    asyncio.run(body())
+
+
+@pytest.mark.slow
+def test_rendered_heartbeat_flags_govern_the_real_routers_health_checks(workers: Workers) -> None:
+    """With the spec's heartbeat at 1 s × 2 failures the router notices a dead worker within seconds;
+    the router's own default (60 s interval) would not within this budget."""
+    spec = spec_from(
+        "dev",
+        serving__heartbeat_interval_s=1,
+        serving__failure_threshold=2,
+        serving__success_threshold=1,
+        serving__health_check_timeout_s=1,
+    )
+    s = spec.serving
+    budget = s.failure_threshold * s.heartbeat_interval_s + s.health_check_timeout_s + 2.0
+    victim, survivor = workers.configs
+
+    async def body() -> tuple[float, bool, float]:
+        async with start_rendered_router(spec, workers) as rc:
+            stop_process(workers.state, f"worker-{victim.port}")
+            stopped = time.monotonic()
+            while (worker := await rc.find_worker(victim.url)) is not None and worker.is_healthy:
+                assert time.monotonic() - stopped < budget, f"victim still healthy after {budget:g} s"
+                await asyncio.sleep(0.05)
+            detected = time.monotonic() - stopped
+            other = await rc.find_worker(survivor.url)
+            start_worker(workers.state, f"worker-{victim.port}", victim)
+            restarted = time.monotonic()
+            while (worker := await rc.find_worker(victim.url)) is None or not worker.is_healthy:
+                assert time.monotonic() - restarted < budget, f"victim not healthy again after {budget:g} s"
+                await asyncio.sleep(0.05)
+            return detected, other is not None and other.is_healthy, time.monotonic() - restarted
+
+    detected, survivor_healthy, readmitted = asyncio.run(body())
+    assert detected <= budget and readmitted <= budget
+    assert survivor_healthy
