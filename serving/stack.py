@@ -102,7 +102,9 @@ def parse_spec(doc: dict[str, Any], source: str, base_dir: Path) -> FleetSpec:
             from_hf = load_hf_config(base_dir / str(model["hf_config"]))
         except ValueError as exc:
             raise SpecError(source, [("model.hf_config", str(exc))]) from None
-        arch = dict(model.get("architecture") or {})
+        arch = model.get("architecture") or {}
+        if not isinstance(arch, dict):
+            raise SpecError(source, [("model.architecture", f"got {arch!r}: expected a mapping of architecture fields")])
         # Explicit architecture fields in the stack win over config.json.
         doc = {**doc, "model": {**model, "architecture": {**from_hf, **arch}}}
     try:

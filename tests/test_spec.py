@@ -141,3 +141,9 @@ def test_stack_file_errors(tmp_path: Any) -> None:
         load_stack_file(bad)
     with pytest.raises(SpecError, match="no stack named 'staging'; known stacks: dev, prod, sandbox"):
         load_stack("staging")
+
+
+def test_non_mapping_architecture_with_hf_config_is_a_spec_error() -> None:
+    """Found by the hypothesis fuzz: a scalar architecture beside hf_config crashed the merge."""
+    with pytest.raises(SpecError, match=r"model\.architecture: got 5: expected a mapping"):
+        spec_from("prod", model__architecture=5)

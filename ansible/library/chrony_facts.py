@@ -1,0 +1,233 @@
+#!/usr/bin/python
+"""Ansible module: clock synchronisation state from `chronyc tracking`, parsed into JSON facts."""
+
+from __future__ import annotations
+
+import calendar
+import time
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+---
+module: chrony_facts
+short_description: Read the clock offset and sync state from chronyc tracking as facts
+description:
+  - Runs C(chronyc -c tracking) (or C(chronyc tracking) with I(output_format=text)) on the node
+    and returns the C(chrony) fact.
+  - C(system_time_offset_s) is signed the way people read it, positive when the system clock is
+    ahead of NTP time (chronyc says "fast"), negative when it is behind ("slow").
+  - Read-only; never changes the node. Safe in check mode.
+  - Fails with the fix when chronyc is missing or chronyd does not answer.
+version_added: "0.1.0"
+author: ExaServe platform team
+options:
+  output_format:
+    description:
+      - C(csv) runs C(chronyc -c tracking), the machine-readable form (chrony 2.2 and later).
+      - C(text) runs C(chronyc tracking) and parses the human-readable report, for older chrony.
+    type: str
+    choices: [csv, text]
+    default: csv
+requirements:
+  - chrony (chronyd running, chronyc installed) on the managed node
+"""
+
+EXAMPLES = r"""
+- name: Read the clock state
+  chrony_facts:
+
+- name: Clock synchronised and within 100 ms of NTP time
+  ansible.builtin.assert:
+    that:
+      - chrony.synchronised
+      - chrony.system_time_offset_s | abs <= 0.1
+    fail_msg: >-
+      {{ inventory_hostname }}: clock offset {{ chrony.system_time_offset_s }} s (limit 0.1 s),
+      leap status {{ chrony.leap_status }}. Check 'chronyc sources -v' and the NTP servers.
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts added to the host.
+  returned: success
+  type: dict
+  contains:
+    chrony:
+      description: Parsed chronyc tracking report.
+      type: dict
+      contains:
+        reference_id: {description: Reference ID in hex, type: str, sample: CB00710F}
+        reference_name: {description: Name or address of the reference, type: str, sample: foo.example.net}
+        stratum: {description: NTP stratum, type: int, sample: 3}
+        ref_time_epoch_s: {description: Last measurement, seconds since the epoch (UTC), type: float, sample: 1485510557.0}
+        system_time_offset_s: {description: System clock minus NTP time, positive = ahead, type: float, sample: -6.523e-06}
+        last_offset_s: {description: Offset at the last clock update, type: float, sample: -6.747e-06}
+        rms_offset_s: {description: Long-term average offset, type: float, sample: 3.5822e-05}
+        frequency_ppm: {description: Clock frequency error, positive = fast, type: float, sample: -3.225}
+        residual_freq_ppm: {description: Residual frequency, type: float, sample: -0.0}
+        skew_ppm: {description: Estimated error bound on the frequency, type: float, sample: 0.129}
+        root_delay_s: {description: Total network delay to the stratum-1 source, type: float, sample: 0.013639022}
+        root_dispersion_s: {description: Total dispersion to the stratum-1 source, type: float, sample: 0.001100737}
+        update_interval_s: {description: Interval between the last two clock updates, type: float, sample: 64.2}
+        leap_status: {description: "Normal, Insert second, Delete second or Not synchronised", type: str, sample: Normal}
+        synchronised: {description: True unless chronyd reports Not synchronised, type: bool, sample: true}
+"""
+
+# Field order of `chronyc -c tracking` (chrony client.c, process_cmd_tracking).
+CSV_FIELDS: tuple[str, ...] = (
+    "reference_id",
+    "reference_name",
+    "stratum",
+    "ref_time_epoch_s",
+    "system_time_offset_s",
+    "last_offset_s",
+    "rms_offset_s",
+    "frequency_ppm",
+    "residual_freq_ppm",
+    "skew_ppm",
+    "root_delay_s",
+    "root_dispersion_s",
+    "update_interval_s",
+    "leap_status",
+)
+_TEXT_LABELS: dict[str, str] = {
+    "Stratum": "stratum",
+    "Ref time (UTC)": "ref_time_epoch_s",
+    "System time": "system_time_offset_s",
+    "Last offset": "last_offset_s",
+    "RMS offset": "rms_offset_s",
+    "Frequency": "frequency_ppm",
+    "Residual freq": "residual_freq_ppm",
+    "Skew": "skew_ppm",
+    "Root delay": "root_delay_s",
+    "Root dispersion": "root_dispersion_s",
+    "Update interval": "update_interval_s",
+    "Leap status": "leap_status",
+}
+NOT_SYNCHRONISED = "Not synchronised"
+
+
+ARGUMENT_SPEC: dict[str, Any] = {
+    "output_format": {"type": "str", "choices": ["csv", "text"], "default": "csv"},
+}
+
+
+class ChronyParseError(ValueError):
+    """chronyc printed something this parser does not recognise."""
+
+
+def _finish(facts: dict[str, Any]) -> dict[str, Any]:
+    missing = [field for field in CSV_FIELDS if field not in facts]
+    if missing:
+        raise ChronyParseError(f"tracking report lacks {', '.join(missing)}")
+    facts["synchronised"] = facts["leap_status"] != NOT_SYNCHRONISED
+    return {field: facts[field] for field in (*CSV_FIELDS, "synchronised")}
+
+
+def parse_tracking_csv(text: str) -> dict[str, Any]:
+    """Parse `chronyc -c tracking`. chronyc prints the System time field as the correction to
+    apply (positive = clock behind); the fact flips it to clock minus NTP time."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) != 1:
+        raise ChronyParseError(f"expected one CSV line, got {len(lines)}: {text.strip()!r}")
+    cells = lines[0].split(",")
+    if len(cells) != len(CSV_FIELDS):
+        raise ChronyParseError(f"expected {len(CSV_FIELDS)} CSV fields, got {len(cells)}: {lines[0]!r}")
+    facts: dict[str, Any] = dict(zip(CSV_FIELDS, cells, strict=True))
+    try:
+        facts["stratum"] = int(facts["stratum"])
+        for field in CSV_FIELDS[3:13]:
+            facts[field] = float(facts[field]) + 0.0  # +0.0: chronyc prints -0.000 for tiny negatives
+    except ValueError as exc:
+        raise ChronyParseError(f"non-numeric field in {lines[0]!r}: {exc}") from exc
+    facts["system_time_offset_s"] = -facts["system_time_offset_s"] + 0.0  # +0.0: never -0.0
+    return _finish(facts)
+
+
+def _signed(value: str, unit: str, field: str) -> float:
+    """`0.000006523 seconds slow` -> -6.523e-06 (slow = behind); `3.225 ppm fast` -> 3.225."""
+    parts = value.split()
+    if len(parts) != 3 or parts[1] != unit or parts[2] not in ("fast", "slow"):
+        raise ChronyParseError(f"{field}: unrecognised value {value!r}")
+    magnitude = float(parts[0])
+    return magnitude if parts[2] == "fast" else -magnitude + 0.0  # +0.0: "0.000 slow" is 0.0, not -0.0
+
+
+def _number(value: str, unit: str, field: str) -> float:
+    parts = value.split()
+    if len(parts) != 2 or parts[1] != unit:
+        raise ChronyParseError(f"{field}: expected '<number> {unit}', got {value!r}")
+    return float(parts[0]) + 0.0  # +0.0: chronyc prints -0.000 for tiny negatives
+
+
+def parse_tracking_text(text: str) -> dict[str, Any]:
+    """Parse the human-readable `chronyc tracking` report."""
+    facts: dict[str, Any] = {}
+    for line in text.splitlines():
+        label, sep, value = line.partition(":")
+        label, value = label.strip(), value.strip()
+        if not sep or not label:
+            continue
+        if label == "Reference ID":
+            ref_id, _, name = value.partition(" ")
+            facts["reference_id"] = ref_id
+            facts["reference_name"] = name.strip().removeprefix("(").removesuffix(")")
+            continue
+        field = _TEXT_LABELS.get(label)
+        try:
+            if field is None:
+                continue
+            if field == "stratum":
+                facts[field] = int(value)
+            elif field == "ref_time_epoch_s":
+                facts[field] = float(calendar.timegm(time.strptime(value, "%a %b %d %H:%M:%S %Y")))
+            elif field == "system_time_offset_s":
+                facts[field] = _signed(value.removesuffix(" of NTP time"), "seconds", label)
+            elif field == "frequency_ppm":
+                facts[field] = _signed(value, "ppm", label)
+            elif field.endswith("_ppm"):
+                facts[field] = _number(value, "ppm", label)
+            elif field.endswith("_s"):
+                facts[field] = _number(value, "seconds", label)
+            else:
+                facts[field] = value
+        except ValueError as exc:
+            raise ChronyParseError(f"{label}: {exc}") from exc
+    return _finish(facts)
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    chronyc = module.get_bin_path("chronyc")
+    if chronyc is None:
+        module.fail_json(
+            msg="chronyc is not installed on this node (not found on PATH or in /sbin, /usr/sbin, "
+            "/usr/local/sbin). Install and enable chrony: 'apt-get install chrony && systemctl "
+            "enable --now chrony', then re-run."
+        )
+    csv = module.params["output_format"] == "csv"
+    args = [chronyc, "-c", "tracking"] if csv else [chronyc, "tracking"]
+    rc, out, err = module.run_command(args, environ_update={"LC_ALL": "C"})
+    if rc != 0:
+        module.fail_json(
+            msg=f"'{' '.join(args)}' exited {rc}: {' '.join((out + err).split()).rstrip('.')}. chronyd is not answering: "
+            "start it with 'systemctl enable --now chrony' and check 'journalctl -u chrony'.",
+            rc=rc,
+            stdout=out,
+            stderr=err,
+        )
+    try:
+        facts = parse_tracking_csv(out) if csv else parse_tracking_text(out)
+    except ChronyParseError as exc:
+        module.fail_json(
+            msg=f"could not parse chronyc tracking output: {exc}. This tool version prints a format the module "
+            "does not know; update ansible/library/chrony_facts.py for it.",
+            stdout=out,
+        )
+    module.exit_json(changed=False, ansible_facts={"chrony": facts})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+#!/usr/bin/python
+"""Ansible module: InfiniBand/RoCE port facts from `ibstat`, parsed into JSON."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+---
+module: ibstat_facts
+short_description: Read InfiniBand HCA and port state from ibstat as facts
+description:
+  - Runs C(ibstat) (rdma-core / infiniband-diags) on the node and parses every channel adapter
+    and every port it prints into the C(ibstat) fact.
+  - Read-only; never changes the node. Safe in check mode.
+  - Fails with the fix when C(ibstat) is not installed or exits non-zero.
+version_added: "0.1.0"
+author: ExaServe platform team
+options: {}
+requirements:
+  - infiniband-diags (Debian/Ubuntu), rdma-core, or MLNX_OFED/DOCA-OFED on the managed node
+notes:
+  - The fact names the link layer of every port, so a check can ignore RoCE/Ethernet ports
+    and look only at the InfiniBand fabric.
+"""
+
+EXAMPLES = r"""
+- name: Read InfiniBand port state
+  ibstat_facts:
+
+- name: Every InfiniBand port is Active at the planned rate
+  ansible.builtin.assert:
+    that:
+      - ibstat.ports | selectattr('link_layer', 'eq', 'InfiniBand') | rejectattr('state', 'eq', 'Active') | list | length == 0
+      - ibstat.ports | selectattr('link_layer', 'eq', 'InfiniBand') | rejectattr('rate_gbps', 'eq', 400) | list | length == 0
+    fail_msg: "ibstat on {{ inventory_hostname }}: ports not Active at 400 Gb/s: {{ ibstat.ports }}"
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts added to the host.
+  returned: success
+  type: dict
+  contains:
+    ibstat:
+      description: Parsed ibstat output.
+      type: dict
+      contains:
+        ca_count:
+          description: Number of channel adapters ibstat printed.
+          type: int
+          sample: 8
+        cas:
+          description: One entry per adapter, without its ports.
+          type: list
+          elements: dict
+          sample:
+            - name: mlx5_0
+              node_type: CA
+              ca_type: MT4129
+              number_of_ports: 1
+              firmware_version: 28.39.1002
+              hardware_version: "0"
+              node_guid: "0xa088c203005e1000"
+              system_image_guid: "0xa088c203005e1000"
+        ports:
+          description: Every port of every adapter, flattened, with the adapter name in C(ca).
+          type: list
+          elements: dict
+          sample:
+            - ca: mlx5_0
+              port: 1
+              state: Active
+              physical_state: LinkUp
+              rate_gbps: 400
+              fdr10: false
+              base_lid: 101
+              lmc: 0
+              sm_lid: 1
+              capability_mask: "0xa751e848"
+              port_guid: "0xa088c203005e1000"
+              link_layer: InfiniBand
+"""
+
+_CA_HEADER = re.compile(r"^(?P<node_type>CA|Switch|Router|iWARP RNIC|\?\?\?):? '(?P<name>[^']+)'$")
+_PORT_HEADER = re.compile(r"^Port (?P<port>\d+):$")
+_RATE = re.compile(r"^(?P<value>\d+(?:\.\d+)?)(?P<fdr10> \(FDR10\))?$")
+
+# ibstat label -> (fact key, converter)
+_CA_FIELDS: dict[str, str] = {
+    "Number of ports": "number_of_ports",
+    "Firmware version": "firmware_version",
+    "Hardware version": "hardware_version",
+    "Node GUID": "node_guid",
+    "System image GUID": "system_image_guid",
+}
+_PORT_FIELDS: dict[str, str] = {
+    "State": "state",
+    "Physical state": "physical_state",
+    "Rate": "rate_gbps",
+    "Base lid": "base_lid",
+    "LMC": "lmc",
+    "SM lid": "sm_lid",
+    "Capability mask": "capability_mask",
+    "Port GUID": "port_guid",
+    "Link layer": "link_layer",
+}
+_INT_FIELDS = {"number_of_ports", "base_lid", "lmc", "sm_lid"}
+
+
+ARGUMENT_SPEC: dict[str, Any] = {}  # no options (DOCUMENTATION says so too)
+
+
+class IbstatParseError(ValueError):
+    """ibstat printed something this parser does not recognise."""
+
+
+def _parse_rate(text: str) -> tuple[int | float, bool]:
+    """`400` -> (400, False); `2.5` -> (2.5, False); `40 (FDR10)` -> (40, True)."""
+    match = _RATE.match(text)
+    if match is None:
+        raise IbstatParseError(f"unrecognised Rate value {text!r}")
+    value = float(match.group("value"))
+    return (int(value) if value.is_integer() else value), match.group("fdr10") is not None
+
+
+def parse_ibstat(text: str) -> dict[str, Any]:
+    """Parse the full output of `ibstat` (all adapters, all ports) into the `ibstat` fact."""
+    cas: list[dict[str, Any]] = []
+    ports: list[dict[str, Any]] = []
+    ca: dict[str, Any] | None = None
+    port: dict[str, Any] | None = None
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        header = _CA_HEADER.match(line)
+        if header is not None:
+            ca = {"name": header.group("name"), "node_type": header.group("node_type")}
+            cas.append(ca)
+            port = None
+            continue
+        if ca is None:
+            raise IbstatParseError(f"line {lineno}: {line!r} comes before any \"CA '<name>'\" header")
+        port_header = _PORT_HEADER.match(line)
+        if port_header is not None:
+            port = {"ca": ca["name"], "port": int(port_header.group("port"))}
+            ports.append(port)
+            continue
+        label, sep, value = line.partition(":")
+        if not sep:
+            raise IbstatParseError(f"line {lineno}: {line!r} is not 'Label: value'")
+        label, value = label.strip(), value.strip()
+        if port is None:
+            if label.endswith(" type"):
+                ca["ca_type"] = value
+                continue
+            key = _CA_FIELDS.get(label)
+            target = ca
+        else:
+            key = _PORT_FIELDS.get(label)
+            target = port
+        if key is None:
+            # Newer rdma-core releases may add lines; keep them rather than fail.
+            key = re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")
+            target[key] = value
+        elif key == "rate_gbps":
+            target["rate_gbps"], target["fdr10"] = _parse_rate(value)
+        elif key in _INT_FIELDS:
+            target[key] = int(value)
+        else:
+            target[key] = value
+    return {"ca_count": len(cas), "cas": cas, "ports": ports}
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    ibstat = module.get_bin_path("ibstat")
+    if ibstat is None:
+        module.fail_json(
+            msg="ibstat is not installed on this node (not found on PATH or in /sbin, /usr/sbin, "
+            "/usr/local/sbin). Install the RDMA userspace tools: 'apt-get install infiniband-diags' "
+            "(or rdma-core / MLNX_OFED), then re-run."
+        )
+    rc, out, err = module.run_command([ibstat], environ_update={"LC_ALL": "C"})
+    if rc != 0:
+        module.fail_json(
+            msg=f"ibstat exited {rc}: {' '.join((err or out).split()).rstrip('.')}. Check that the HCA driver is loaded "
+            "('lsmod | grep mlx5_ib', 'rdma link') and that /dev/infiniband/umad* exists.",
+            rc=rc,
+            stdout=out,
+            stderr=err,
+        )
+    try:
+        facts = parse_ibstat(out)
+    except IbstatParseError as exc:
+        module.fail_json(
+            msg=f"could not parse ibstat output: {exc}. This tool version prints a format the module "
+            "does not know; update ansible/library/ibstat_facts.py for it.",
+            stdout=out,
+        )
+    module.exit_json(changed=False, ansible_facts={"ibstat": facts})
+
+
+if __name__ == "__main__":
+    main()

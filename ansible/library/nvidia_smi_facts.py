@@ -1,0 +1,240 @@
+#!/usr/bin/python
+"""Ansible module: GPU inventory from `nvidia-smi`, parsed into JSON facts."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+---
+module: nvidia_smi_facts
+short_description: Read GPU count, memory, driver and CUDA version from nvidia-smi as facts
+description:
+  - Runs C(nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version
+    --format=csv,noheader,nounits) and the plain C(nvidia-smi) summary on the node and returns
+    the C(nvidia_smi) fact.
+  - The CUDA version is the highest CUDA runtime the installed driver supports, as printed in the
+    summary header.
+  - Read-only; never changes the node. Safe in check mode.
+  - Fails with the fix when C(nvidia-smi) is missing or cannot talk to the driver.
+version_added: "0.1.0"
+author: ExaServe platform team
+options: {}
+requirements:
+  - The NVIDIA driver (it ships nvidia-smi) on the managed node
+notes:
+  - C(nvidia-smi) can hang on a wedged GPU; set the task keyword C(timeout) to bound it.
+"""
+
+EXAMPLES = r"""
+- name: Read the GPU inventory
+  nvidia_smi_facts:
+  timeout: 60
+
+- name: Eight 80 GB GPUs and a driver new enough for CUDA 12.1
+  ansible.builtin.assert:
+    that:
+      - nvidia_smi.gpu_count == 8
+      - nvidia_smi.cuda_version is version('12.1', '>=')
+    fail_msg: >-
+      {{ inventory_hostname }}: {{ nvidia_smi.gpu_count }} GPUs, CUDA {{ nvidia_smi.cuda_version }};
+      expected 8 GPUs and CUDA >= 12.1. Reseat or replace the missing GPU, or upgrade the driver.
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts added to the host.
+  returned: success
+  type: dict
+  contains:
+    nvidia_smi:
+      description: Parsed nvidia-smi output.
+      type: dict
+      contains:
+        gpu_count:
+          description: Number of GPUs nvidia-smi lists.
+          type: int
+          sample: 8
+        driver_version:
+          description: Driver version (the same on every GPU of a node).
+          type: str
+          sample: "570.195.03"
+        cuda_version:
+          description: Highest CUDA version the driver supports, from the summary header.
+          type: str
+          sample: "12.8"
+        gpus:
+          description: One entry per GPU; memory in MiB as nvidia-smi reports it.
+          type: list
+          elements: dict
+          sample:
+            - index: 0
+              name: NVIDIA H100 80GB HBM3
+              memory_total_mib: 81559
+              memory_used_mib: 0
+              driver_version: "570.195.03"
+"""
+
+QUERY_FIELDS: tuple[str, ...] = ("index", "name", "memory.total", "memory.used", "driver_version")
+QUERY_ARGS: tuple[str, ...] = (
+    "--query-gpu=" + ",".join(QUERY_FIELDS),
+    "--format=csv,noheader,nounits",
+)
+# Units nvidia-smi prints in a CSV header ("memory.total [MiB]") and after values ("81559 MiB").
+_UNITS: dict[str, str] = {
+    "memory.total": "MiB",
+    "memory.used": "MiB",
+    "memory.free": "MiB",
+    "utilization.gpu": "%",
+    "utilization.memory": "%",
+    "power.draw": "W",
+    "power.limit": "W",
+    "clocks.sm": "MHz",
+    "clocks.mem": "MHz",
+}
+_UNIT_SUFFIX: dict[str, str] = {"MiB": "mib", "%": "pct", "W": "w", "MHz": "mhz"}
+_HEADER_FIELD = re.compile(r"^(?P<field>[a-z0-9_.]+)(?: \[(?P<unit>[^\]]+)\])?$")
+_NUMBER = re.compile(r"^-?\d+(?:\.\d+)?$")
+_NOT_AVAILABLE = {"[N/A]", "N/A", "[Not Supported]", "[Unknown Error]", "[Insufficient Permissions]"}
+_CUDA_VERSION = re.compile(r"CUDA Version:\s*(?P<version>\d+\.\d+)")
+_DRIVER_VERSION = re.compile(r"Driver Version:\s*(?P<version>[0-9.]+)")
+
+
+ARGUMENT_SPEC: dict[str, Any] = {}  # no options (DOCUMENTATION says so too)
+
+
+class NvidiaSmiParseError(ValueError):
+    """nvidia-smi printed something this parser does not recognise."""
+
+
+def fact_key(field: str, unit: str | None) -> str:
+    """`memory.total` + `MiB` -> `memory_total_mib`; `name` -> `name`."""
+    key = field.replace(".", "_")
+    return f"{key}_{_UNIT_SUFFIX.get(unit, unit.lower())}" if unit else key
+
+
+def _value(cell: str, unit: str | None) -> str | int | float | None:
+    if cell in _NOT_AVAILABLE:
+        return None
+    if unit and cell.endswith(" " + unit):
+        cell = cell[: -len(unit) - 1]
+    if _NUMBER.match(cell):
+        number = float(cell)
+        return int(number) if "." not in cell else number
+    return cell
+
+
+def parse_query_csv(text: str, fields: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Parse `nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits]` output.
+
+    With `fields` None the first line must be the CSV header nvidia-smi prints (units in
+    brackets); otherwise `fields` names the queried columns of a `noheader` output. Numbers become
+    int/float, `[N/A]`-style cells become None, unit suffixes ("81559 MiB") are stripped.
+    """
+    lines = [line for line in text.splitlines() if line.strip()]
+    if fields is None:
+        if not lines:
+            raise NvidiaSmiParseError("empty output: expected a CSV header line")
+        columns: list[tuple[str, str | None]] = []
+        for name in (part.strip() for part in lines[0].split(",")):
+            match = _HEADER_FIELD.match(name)
+            if match is None:
+                raise NvidiaSmiParseError(f"unrecognised CSV header column {name!r}")
+            columns.append((match.group("field"), match.group("unit")))
+        lines = lines[1:]
+    else:
+        columns = [(field, _UNITS.get(field)) for field in fields]
+    gpus = []
+    for line in lines:
+        # `name` is the only free-text column and nvidia-smi does not quote it; GPU names do not
+        # contain ", " so a plain split is exact.
+        cells = [cell.strip() for cell in line.split(", ")]
+        if len(cells) != len(columns):
+            raise NvidiaSmiParseError(f"row {line!r} has {len(cells)} columns, the query has {len(columns)}")
+        gpus.append({fact_key(f, u): _value(c, u) for (f, u), c in zip(columns, cells, strict=True)})
+    return gpus
+
+
+def parse_summary_versions(text: str) -> dict[str, str | None]:
+    """Driver and CUDA version from the header of the plain `nvidia-smi` summary."""
+    cuda = _CUDA_VERSION.search(text)
+    driver = _DRIVER_VERSION.search(text)
+    return {
+        "driver_version": driver.group("version") if driver else None,
+        "cuda_version": cuda.group("version") if cuda else None,
+    }
+
+
+def build_facts(query_output: str, summary_output: str) -> dict[str, Any]:
+    """The `nvidia_smi` fact from the module's query output and the plain summary."""
+    gpus = parse_query_csv(query_output, QUERY_FIELDS)
+    versions = parse_summary_versions(summary_output)
+    drivers = sorted({str(gpu["driver_version"]) for gpu in gpus})
+    if len(drivers) > 1:
+        raise NvidiaSmiParseError(f"GPUs report different driver versions {drivers}")
+    return {
+        "gpu_count": len(gpus),
+        "driver_version": drivers[0] if drivers else versions["driver_version"],
+        "cuda_version": versions["cuda_version"],
+        "gpus": gpus,
+    }
+
+
+NVML_ERROR_NOT_FOUND = 6  # nvidia-smi exits with the NVML return code
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+
+
+def explain_failure(rc: int, output: str) -> str:
+    """The user-facing message for a failed nvidia-smi run: what it said, and the fix."""
+    detail = " ".join(output.split()).rstrip(".")
+    if rc == NVML_ERROR_NOT_FOUND:
+        fix = (
+            "The driver sees no GPU: check 'lspci | grep -i nvidia' and the PCIe/BIOS settings, "
+            "reseat or replace the GPUs."
+        )
+    else:
+        fix = (
+            "The driver is installed but not working: check 'dmesg | grep -i nvrm' and that the "
+            "kernel module matches the running kernel (reinstall the driver or its DKMS module), "
+            "then reboot."
+        )
+    return f"nvidia-smi exited {rc}: {detail}. {fix}"
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    nvidia_smi = module.get_bin_path("nvidia-smi")
+    if nvidia_smi is None:
+        module.fail_json(
+            msg="nvidia-smi is not installed on this node (not found on PATH or in /sbin, /usr/sbin, "
+            "/usr/local/sbin): the NVIDIA driver is missing. Install the NVIDIA datacenter driver "
+            "(it ships nvidia-smi), reboot, then re-run."
+        )
+    outputs = []
+    for args in (list(QUERY_ARGS), []):
+        rc, out, err = module.run_command([nvidia_smi, *args], environ_update={"LC_ALL": "C"})
+        if rc != 0:
+            module.fail_json(
+                msg=explain_failure(rc, out + err),
+                rc=rc,
+                stdout=out,
+                stderr=err,
+            )
+        outputs.append(out)
+    try:
+        facts = build_facts(outputs[0], outputs[1])
+    except NvidiaSmiParseError as exc:
+        module.fail_json(
+            msg=f"could not parse nvidia-smi output: {exc}. This tool version prints a format the module "
+            "does not know; update ansible/library/nvidia_smi_facts.py for it.",
+            stdout=outputs[0],
+        )
+    module.exit_json(changed=False, ansible_facts={"nvidia_smi": facts})
+
+
+if __name__ == "__main__":
+    main()

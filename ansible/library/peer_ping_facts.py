@@ -1,0 +1,131 @@
+#!/usr/bin/python
+"""Ansible module: ping other nodes from this node, all at once, with a bounded latency sample."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+---
+module: peer_ping_facts
+short_description: Ping a list of nodes from the managed node in parallel and report loss and RTT
+description:
+  - Starts one C(ping -n -q -c COUNT -i INTERVAL -w DEADLINE ADDRESS) per target at once and
+    parses each summary (packets sent and received, rtt min/avg/max).
+  - Bounded time - every ping ends after I(deadline_s); the module returns after the slowest.
+  - Read-only (ICMP echo only); never changes the node. Safe in check mode.
+version_added: "0.1.0"
+author: ExaServe platform team
+options:
+  targets:
+    description: Nodes to ping, each C({name, address}).
+    type: list
+    elements: dict
+    required: true
+  count:
+    description: Echo requests per target.
+    type: int
+    default: 5
+  interval_s:
+    description: Seconds between requests (0.2 is the smallest an unprivileged user may use).
+    type: float
+    default: 0.2
+  deadline_s:
+    description: Seconds after which a target's ping stops, whatever it received.
+    type: int
+    default: 3
+requirements:
+  - ping (iputils-ping) on the managed node
+"""
+
+EXAMPLES = r"""
+- name: Ping the rack
+  peer_ping_facts:
+    targets:
+      - {name: gpu-r00-n01, address: 10.40.0.12}
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts added to the host.
+  returned: always
+  type: dict
+  contains:
+    peer_ping:
+      description: One entry per target, in the order given.
+      type: list
+      elements: dict
+      sample:
+        - {name: gpu-r00-n01, address: 10.40.0.12, transmitted: 5, received: 5, loss_pct: 0.0,
+           rtt_min_ms: 0.041, rtt_avg_ms: 0.052, rtt_max_ms: 0.071, reachable: true, error: null}
+"""
+
+_PACKETS = re.compile(r"(?P<tx>\d+) packets transmitted, (?P<rx>\d+) (?:packets )?received")
+_RTT = re.compile(r"(?:rtt|round-trip) min/avg/max(?:/(?:mdev|stddev))? = (?P<min>[\d.]+)/(?P<avg>[\d.]+)/(?P<max>[\d.]+)")
+
+
+def parse_ping_summary(text: str) -> dict[str, Any]:
+    """The summary lines of `ping -q`: packets sent/received, loss and rtt min/avg/max in ms."""
+    packets = _PACKETS.search(text)
+    if packets is None:
+        return {"transmitted": 0, "received": 0, "loss_pct": 100.0, "rtt_min_ms": None, "rtt_avg_ms": None,
+                "rtt_max_ms": None}
+    tx, rx = int(packets.group("tx")), int(packets.group("rx"))
+    rtt = _RTT.search(text)
+    return {
+        "transmitted": tx,
+        "received": rx,
+        "loss_pct": round(100.0 * (tx - rx) / tx, 1) if tx else 100.0,
+        "rtt_min_ms": float(rtt.group("min")) if rtt else None,
+        "rtt_avg_ms": float(rtt.group("avg")) if rtt else None,
+        "rtt_max_ms": float(rtt.group("max")) if rtt else None,
+    }
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "targets": {"type": "list", "elements": "dict", "required": True},
+            "count": {"type": "int", "default": 5},
+            "interval_s": {"type": "float", "default": 0.2},
+            "deadline_s": {"type": "int", "default": 3},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    ping = module.get_bin_path("ping", required=True)
+    procs = []
+    for target in p["targets"]:
+        if not isinstance(target, dict) or not target.get("address"):
+            module.fail_json(msg=f"every target needs an address, got {target!r}")
+        args = [ping, "-n", "-q", "-c", str(p["count"]), "-i", str(p["interval_s"]), "-w", str(p["deadline_s"]),
+                str(target["address"])]
+        procs.append((target, subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                               env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"})))
+    stop = time.monotonic() + p["deadline_s"] + 2
+    results = []
+    for target, proc in procs:
+        try:
+            out, err = proc.communicate(timeout=max(0.1, stop - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            err = (err or "") + f" (killed after {p['deadline_s'] + 2} s)"
+        summary = parse_ping_summary(out)
+        summary.update(
+            name=target.get("name", target["address"]),
+            address=str(target["address"]),
+            reachable=summary["received"] > 0,
+            error=(err or "").strip() or None,
+        )
+        results.append(summary)
+    module.exit_json(changed=False, ansible_facts={"peer_ping": results})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.hosts.netns import HostPool, unavailable_reason
+
+# --- SSH test hosts (tests/hosts) --------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def ssh_hosts() -> Iterator[HostPool]:
+    """Factory for real SSH test hosts, one network namespace and sshd each.
+
+    `ssh_hosts(count=4, faults={"node02": HostFaults(ib_down=("mlx5_0",))})` returns a running
+    `HostFleet` (node01..nodeNN); the same request returns the same fleet for the whole session,
+    and everything is torn down when the session ends, failed or not. Needs root: skipped
+    locally without it, a failure under CI=true.
+    """
+    reason = unavailable_reason()
+    if reason is not None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI=true but {reason}", pytrace=False)
+        pytest.skip(reason)
+    pool = HostPool.acquire()
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture
+def ssh_control_dir() -> Iterator[Path]:
+    """A per-test ANSIBLE_SSH_CONTROL_PATH_DIR, short enough for unix socket paths (108 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="cp", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

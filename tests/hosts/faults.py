@@ -1,0 +1,64 @@
+"""What can be wrong with one SSH test host. The default `HostFaults()` is a healthy node."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+# The tools the test hosts stub; `missing_tools` may name any of them.
+STUBBED_TOOLS: tuple[str, ...] = ("nvidia-smi", "ibstat", "chronyc")
+
+
+@dataclass(frozen=True)
+class HostFaults:
+    """Faults of one test host, each produced by a real mechanism where one exists here.
+
+    Real mechanisms: `unreachable` (blackhole route in the node's network namespace),
+    `old_kernel` (sshd runs under `setarch --uname-2.6`: every process on the node, the
+    Python that runs Ansible modules included, sees a 2.6.x release from uname(2)),
+    `cgroup_v2=False` (the node's mount namespace has a hybrid v1 layout at /sys/fs/cgroup
+    instead of cgroup2), `missing_tools` (the tool is absent; a real binary of that name on
+    this machine is masked with a non-executable bind mount inside the node).
+
+    Stubbed, because there is no GPU, HCA or NTP server here: the rest change what the stub
+    `nvidia-smi`, `ibstat` and `chronyc` print, starting from the real samples in
+    tests/data/probes.
+    """
+
+    unreachable: bool = False
+    old_kernel: bool = False
+    cgroup_v2: bool = True
+    missing_tools: tuple[str, ...] = ()
+    # ibstat: these CAs report their port State: Down / Physical state: Polling.
+    ib_down: tuple[str, ...] = ()
+    # ibstat: every other InfiniBand port reports this Rate (sample: 400).
+    ib_rate_gbps: int | None = None
+    # chronyc: system clock minus NTP time in seconds, positive = ahead (sample: -0.000006523).
+    clock_offset_s: float | None = None
+    chrony: Literal["synchronised", "unsynchronised", "stopped"] = "synchronised"
+    # nvidia-smi: GPUs listed (sample: 8; 0 prints "No devices were found").
+    gpu_count: int | None = None
+    gpu_memory_used_mib: int | None = None
+    nvidia_driver_failed: bool = False
+    driver_version: str | None = None
+    cuda_version: str | None = None
+
+    def __post_init__(self) -> None:
+        # Accept lists for the tuple fields; a HostFaults must stay hashable (fleets are cached by it).
+        object.__setattr__(self, "missing_tools", tuple(self.missing_tools))
+        object.__setattr__(self, "ib_down", tuple(self.ib_down))
+        unknown = sorted(set(self.missing_tools) - set(STUBBED_TOOLS))
+        if unknown:
+            raise ValueError(f"missing_tools={unknown}: only {list(STUBBED_TOOLS)} can be removed")
+        if self.gpu_count is not None and not 0 <= self.gpu_count <= 8:
+            raise ValueError(f"gpu_count={self.gpu_count}: the sample node has 8 GPUs, use 0..8")
+
+    def describe(self) -> str:
+        """The non-default fields, e.g. `ib_down=('mlx5_0',), old_kernel=True`; `healthy` if none."""
+        changed = [
+            f"{field.name}={getattr(self, field.name)!r}"
+            for field in dataclasses.fields(self)
+            if getattr(self, field.name) != field.default
+        ]
+        return ", ".join(changed) or "healthy"

@@ -1,0 +1,385 @@
+"""The parsers of the custom Ansible probe modules, on real tool output (tests/data/probes)
+and on the faulty variants the SSH test hosts print."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.hosts import stubs
+from tests.hosts.library import LIBRARY_DIR, MODULES, load
+from tests.hosts.stubs import sample
+
+ibstat = load("ibstat_facts")
+nvidia = load("nvidia_smi_facts")
+chrony = load("chrony_facts")
+kernel = load("kernel_facts")
+
+# --- ibstat -------------------------------------------------------------------------------------
+
+
+def test_ibstat_parses_every_ca_and_port_of_an_h100_node() -> None:
+    facts = ibstat.parse_ibstat(sample("ibstat_h100_node.txt"))
+    assert facts["ca_count"] == 10
+    assert [ca["name"] for ca in facts["cas"]] == [f"mlx5_{i}" for i in range(10)]
+    ib = [p for p in facts["ports"] if p["link_layer"] == "InfiniBand"]
+    assert len(ib) == 8
+    assert {(p["state"], p["physical_state"], p["rate_gbps"]) for p in ib} == {("Active", "LinkUp", 400)}
+    assert facts["cas"][0] == {
+        "name": "mlx5_0",
+        "node_type": "CA",
+        "ca_type": "MT4129",
+        "number_of_ports": 1,
+        "firmware_version": "28.39.1002",
+        "hardware_version": "0",
+        "node_guid": "0xa088c203005e1000",
+        "system_image_guid": "0xa088c203005e1000",
+    }
+    ethernet = {p["ca"]: p for p in facts["ports"] if p["link_layer"] == "Ethernet"}
+    assert ethernet["mlx5_8"]["rate_gbps"] == 100
+    assert ethernet["mlx5_9"]["state"] == "Down"
+
+
+def test_ibstat_parses_the_published_connectx3_sample_exactly() -> None:
+    facts = ibstat.parse_ibstat(sample("ibstat_mlx4_kb.txt"))
+    assert facts["ports"] == [
+        {
+            "ca": "mlx4_0",
+            "port": 1,
+            "state": "Active",
+            "physical_state": "LinkUp",
+            "rate_gbps": 40,
+            "fdr10": False,
+            "base_lid": 1,
+            "lmc": 0,
+            "sm_lid": 1,
+            "capability_mask": "0x0251486a",
+            "port_guid": "0x0002c9030031fdc1",
+            "link_layer": "InfiniBand",
+        }
+    ]
+
+
+def test_ibstat_multi_port_adapter_with_fdr10_and_sdr_1x_rates() -> None:
+    facts = ibstat.parse_ibstat(sample("ibstat_dual_port.txt"))
+    assert facts["cas"][0]["number_of_ports"] == 2
+    first, second = facts["ports"]
+    assert (first["port"], first["rate_gbps"], first["fdr10"]) == (1, 40, True)
+    assert (second["port"], second["rate_gbps"], second["state"]) == (2, 2.5, "Initializing")
+
+
+def test_ibstat_single_port_form_and_unknown_lines_are_kept() -> None:
+    text = "CA: 'mlx5_2'\nPort 1:\nState: Armed\nPhysical state: LinkUp\nRate: 200\nTransport: IB\n"
+    facts = ibstat.parse_ibstat(text)
+    assert facts["ports"] == [
+        {
+            "ca": "mlx5_2",
+            "port": 1,
+            "state": "Armed",
+            "physical_state": "LinkUp",
+            "rate_gbps": 200,
+            "fdr10": False,
+            "transport": "IB",
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("\tPort 1:\n\t\tState: Active\n", "before any"),
+        ("CA 'mlx5_0'\n\tPort 1:\n\t\tRate: fast\n", "unrecognised Rate"),
+        ("CA 'mlx5_0'\n\tgarbage line\n", "not 'Label: value'"),
+    ],
+)
+def test_ibstat_rejects_output_it_does_not_understand(text: str, match: str) -> None:
+    with pytest.raises(ibstat.IbstatParseError, match=match):
+        ibstat.parse_ibstat(text)
+
+
+def test_ibstat_fault_port_down_changes_only_that_adapter() -> None:
+    text = stubs.ibstat_with_faults(sample("ibstat_h100_node.txt"), down=("mlx5_3",))
+    ports = {p["ca"]: p for p in ibstat.parse_ibstat(text)["ports"]}
+    assert (ports["mlx5_3"]["state"], ports["mlx5_3"]["physical_state"]) == ("Down", "Polling")
+    assert all(p["state"] == "Active" for ca, p in ports.items() if ca not in ("mlx5_3", "mlx5_9"))
+
+
+def test_ibstat_fault_lower_rate_changes_infiniband_ports_only() -> None:
+    text = stubs.ibstat_with_faults(sample("ibstat_h100_node.txt"), rate_gbps=200)
+    ports = ibstat.parse_ibstat(text)["ports"]
+    assert {p["rate_gbps"] for p in ports if p["link_layer"] == "InfiniBand"} == {200}
+    assert {p["rate_gbps"] for p in ports if p["link_layer"] == "Ethernet"} == {100, 40}
+
+
+def test_ibstat_stub_without_faults_is_the_sample_byte_for_byte() -> None:
+    assert stubs.ibstat_with_faults(sample("ibstat_h100_node.txt")) == sample("ibstat_h100_node.txt")
+    with pytest.raises(ValueError, match="no such CA"):
+        stubs.ibstat_with_faults(sample("ibstat_h100_node.txt"), down=("mlx5_42",))
+
+
+# --- nvidia-smi ---------------------------------------------------------------------------------
+
+TABLE = sample("nvidia_smi_query_h100x8.csv")
+BANNER = sample("nvidia_smi_h100x8.txt")
+
+
+def module_query(
+    *, gpu_count: int | None = None, memory_used_mib: int | None = None, driver_version: str | None = None
+) -> str:
+    """What the stub prints for the module's own query (noheader, nounits)."""
+    return stubs.nvidia_query(
+        TABLE,
+        nvidia.QUERY_FIELDS,
+        header=False,
+        units=False,
+        gpu_count=gpu_count,
+        memory_used_mib=memory_used_mib,
+        driver_version=driver_version,
+    )
+
+
+def test_nvidia_module_query_and_summary_give_the_gpu_inventory() -> None:
+    facts = nvidia.build_facts(module_query(), BANNER)
+    assert facts["gpu_count"] == 8
+    assert (facts["driver_version"], facts["cuda_version"]) == ("570.195.03", "12.8")
+    assert facts["gpus"][7] == {
+        "index": 7,
+        "name": "NVIDIA H100 80GB HBM3",
+        "memory_total_mib": 81559,
+        "memory_used_mib": 0,
+        "driver_version": "570.195.03",
+    }
+
+
+def test_nvidia_csv_with_header_and_units_as_the_source_queries_it() -> None:
+    query = stubs.nvidia_query(TABLE, stubs.SOURCE_QUERY_FIELDS, header=True, units=True)
+    assert query.splitlines()[0] == "index, name, memory.total [MiB], memory.used [MiB]"
+    gpus = nvidia.parse_query_csv(query)
+    assert [g["memory_total_mib"] for g in gpus] == [81559] * 8
+
+
+def test_nvidia_recorded_busy_v100_node() -> None:
+    gpus = nvidia.parse_query_csv(sample("nvidia_smi_query_v100x8_busy.csv"))
+    busy = [g["index"] for g in gpus if g["utilization_gpu_pct"] > 0]
+    assert busy == [6]
+    assert gpus[6]["memory_used_mib"] == 13928
+    assert gpus[5]["memory_total_mib"] == 32764
+    assert gpus[0]["temperature_gpu"] == 35
+
+
+def test_nvidia_recorded_a100_with_fractional_power() -> None:
+    gpus = nvidia.parse_query_csv(sample("nvidia_smi_query_a100x2_power.csv"))
+    assert [g["power_draw_w"] for g in gpus] == [68.12, 65.03]
+    assert gpus[0]["memory_free_mib"] == 20450
+
+
+def test_nvidia_not_available_cells_become_none() -> None:
+    gpus = nvidia.parse_query_csv("0, NVIDIA GH200 480GB, [N/A], [N/A], 560.35.03\n", nvidia.QUERY_FIELDS)
+    assert (gpus[0]["memory_total_mib"], gpus[0]["memory_used_mib"]) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("query", "match"),
+    [
+        ("0, NVIDIA H100 80GB HBM3, 81559\n", "has 3 columns, the query has 5"),
+        ("0, A, 1, 0, 550.54.15\n1, A, 1, 0, 535.104.05\n", "different driver versions"),
+    ],
+)
+def test_nvidia_rejects_inconsistent_output(query: str, match: str) -> None:
+    with pytest.raises(nvidia.NvidiaSmiParseError, match=match):
+        nvidia.build_facts(query, BANNER)
+
+
+def test_nvidia_stub_renders_the_recorded_samples_unchanged() -> None:
+    header_form = stubs.nvidia_query(TABLE, nvidia.QUERY_FIELDS, header=True, units=True)
+    assert header_form == TABLE
+    assert stubs.nvidia_banner(BANNER) == BANNER
+
+
+def test_nvidia_fault_missing_gpu_old_driver_and_busy_memory() -> None:
+    changes = {"gpu_count": 7, "memory_used_mib": 40960}
+    banner = stubs.nvidia_banner(BANNER, driver_version="525.147.05", cuda_version="12.0", **changes)
+    facts = nvidia.build_facts(module_query(driver_version="525.147.05", **changes), banner)
+    assert (facts["gpu_count"], facts["driver_version"], facts["cuda_version"]) == (7, "525.147.05", "12.0")
+    assert {g["memory_used_mib"] for g in facts["gpus"]} == {40960}
+    assert banner.count("NVIDIA H100 80GB HBM3") == 7
+    assert banner.count("  40960MiB /  81559MiB |") == 7
+    table_lines = [line for line in banner.splitlines() if line.startswith(("|", "+"))]
+    assert {len(line) for line in table_lines} == {91}, "the summary table keeps nvidia-smi's widths"
+
+
+def test_nvidia_failures_explain_the_fix() -> None:
+    no_driver = nvidia.explain_failure(9, sample("nvidia_smi_no_driver.txt"))
+    assert no_driver.startswith("nvidia-smi exited 9: NVIDIA-SMI has failed because it couldn't communicate")
+    assert "installed and running. The driver is installed but not working" in no_driver
+    no_gpu = nvidia.explain_failure(6, "No devices were found\n")
+    assert no_gpu.startswith("nvidia-smi exited 6: No devices were found. The driver sees no GPU")
+
+
+# --- chronyc ------------------------------------------------------------------------------------
+
+
+def test_chrony_manpage_sample_text_and_csv_agree() -> None:
+    text = chrony.parse_tracking_text(sample("chronyc_tracking_manpage.txt"))
+    csv = chrony.parse_tracking_csv(sample("chronyc_tracking_manpage.csv"))
+    assert text == csv
+    assert text["system_time_offset_s"] == pytest.approx(-0.000006523)
+    assert text["frequency_ppm"] == pytest.approx(-3.225)
+    assert (text["reference_id"], text["reference_name"], text["stratum"]) == ("CB00710F", "foo.example.net", 3)
+    assert text["ref_time_epoch_s"] == 1485510557.0
+    assert text["synchronised"] is True
+
+
+@pytest.mark.parametrize(("name", "offset"), [("slow", -1.781535149), ("fast", 3.316339493)])
+def test_chrony_live_captures_give_the_sign_chronyc_means(name: str, offset: float) -> None:
+    """Captured from a real chronyd 4.3 (`-x`, clock untouched) after `settime` moved its idea of
+    NTP time: "slow" is behind (negative), "fast" ahead, and the CSV field is the opposite sign."""
+    text = chrony.parse_tracking_text(sample(f"chronyc_tracking_{name}.txt"))
+    csv = chrony.parse_tracking_csv(sample(f"chronyc_tracking_{name}.csv"))
+    assert text["system_time_offset_s"] == pytest.approx(offset)
+    # The text and CSV captures were taken one after the other; the offset drifted a little.
+    assert csv["system_time_offset_s"] == pytest.approx(offset, abs=0.005)
+    assert csv["reference_name"] == text["reference_name"] == ""
+
+
+def test_chrony_unsynchronised_daemon() -> None:
+    for facts in (
+        chrony.parse_tracking_text(sample("chronyc_tracking_unsynchronised.txt")),
+        chrony.parse_tracking_csv(sample("chronyc_tracking_unsynchronised.csv")),
+    ):
+        assert (facts["synchronised"], facts["leap_status"], facts["stratum"]) == (False, "Not synchronised", 0)
+
+
+@pytest.mark.parametrize("offset", [0.25, -0.25, 0.0])
+def test_chrony_fault_offset_round_trips_through_both_formats(offset: float) -> None:
+    text = stubs.chronyc_text_with_offset(sample("chronyc_tracking_manpage.txt"), offset)
+    csv = stubs.chronyc_csv_with_offset(sample("chronyc_tracking_manpage.csv"), offset)
+    word = "slow" if offset < 0 else "fast"
+    assert f"System time     : {abs(offset):.9f} seconds {word} of NTP time\n" in text
+    assert chrony.parse_tracking_text(text)["system_time_offset_s"] == offset
+    assert chrony.parse_tracking_csv(csv)["system_time_offset_s"] == offset
+
+
+@pytest.mark.parametrize(
+    ("parser", "text", "match"),
+    [
+        ("parse_tracking_csv", sample("chronyc_no_daemon.txt"), "expected 14 CSV fields"),
+        ("parse_tracking_text", sample("chronyc_no_daemon.txt"), "lacks reference_id"),
+        ("parse_tracking_csv", "7F7F0101,,x,0,0,0,0,0,0,0,0,0,0,Normal\n", "non-numeric"),
+        ("parse_tracking_text", "System time     : 0.1 seconds sideways of NTP time\n", "unrecognised value"),
+    ],
+)
+def test_chrony_rejects_what_is_not_a_tracking_report(parser: str, text: str, match: str) -> None:
+    with pytest.raises(chrony.ChronyParseError, match=match):
+        getattr(chrony, parser)(text)
+
+
+# --- kernel and cgroup --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("release", "version"),
+    [("5.15.0-91-generic", "5.15.0"), ("2.6.78-fc-v769", "2.6.78"), ("6.8", "6.8.0"), ("6.1.0-28-amd64", "6.1.0")],
+)
+def test_kernel_version_from_release(release: str, version: str) -> None:
+    assert kernel.kernel_version(release) == version
+
+
+def test_kernel_version_rejects_a_release_without_numbers() -> None:
+    with pytest.raises(kernel.KernelFactsError, match="does not start with"):
+        kernel.kernel_version("generic")
+
+
+@pytest.mark.parametrize(
+    ("name", "controllers_text", "expected"),
+    [
+        (
+            "mountinfo_unified_ubuntu.txt",
+            "cpuset cpu io memory hugetlb pids rdma misc\n",
+            {
+                "version": 2,
+                "mode": "unified",
+                "fstype": "cgroup2",
+                "unified_mountpoint": "/sys/fs/cgroup",
+                "controllers": ["cpu", "cpuset", "hugetlb", "io", "memory", "misc", "pids", "rdma"],
+            },
+        ),
+        (
+            "mountinfo_hybrid_vm.txt",
+            None,
+            {
+                "version": 1,
+                "mode": "hybrid",
+                "fstype": "tmpfs",
+                "unified_mountpoint": "/sys/fs/cgroup/unified",
+                "controllers": ["blkio", "cpu", "cpuacct", "cpuset", "devices", "freezer", "memory", "pids"],
+            },
+        ),
+        (
+            "mountinfo_legacy_vm.txt",
+            None,
+            {
+                "version": 1,
+                "mode": "legacy",
+                "fstype": "tmpfs",
+                "unified_mountpoint": None,
+                "controllers": ["blkio", "cpu", "cpuacct", "cpuset", "devices", "freezer", "memory", "pids"],
+            },
+        ),
+    ],
+)
+def test_cgroup_layout_of_recorded_mount_tables(
+    name: str, controllers_text: str | None, expected: dict[str, Any]
+) -> None:
+    assert kernel.cgroup_layout(kernel.parse_mountinfo(sample(name)), controllers_text) == expected
+
+
+def test_mountinfo_escapes_and_nothing_mounted() -> None:
+    mounts = kernel.parse_mountinfo(sample("mountinfo_unified_ubuntu.txt"))
+    assert "/mnt/My Disk" in {m["mountpoint"] for m in mounts}
+    bare = [m for m in mounts if m["mountpoint"] != "/sys/fs/cgroup"]
+    assert kernel.cgroup_layout(bare, None)["mode"] == "none"
+    with pytest.raises(kernel.KernelFactsError, match="unrecognised mountinfo line"):
+        kernel.parse_mountinfo("31 23 0:27 / /sys/fs/cgroup rw\n")
+
+
+def test_cgroup_facts_of_this_machine_match_stat() -> None:
+    """The module's reading of /sys/fs/cgroup agrees with `stat -fc %T`, the classic check."""
+    fstype = subprocess.run(["stat", "-fc", "%T", "/sys/fs/cgroup"], capture_output=True, text=True, check=True)
+    facts = kernel.read_cgroup_facts()
+    assert (facts["version"] == 2) == (fstype.stdout.strip() == "cgroup2fs")
+
+
+# --- module metadata ----------------------------------------------------------------------------
+
+
+def test_every_module_documents_itself_for_ansible_doc() -> None:
+    """`ansible-doc` parses DOCUMENTATION/EXAMPLES/RETURN, and the documented options match the
+    argument_spec each module passes to AnsibleModule."""
+    venv_bin = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{venv_bin}:{os.environ['PATH']}", "ANSIBLE_NOCOLOR": "1"}
+    result = subprocess.run(
+        [str(venv_bin / "ansible-doc"), "-M", str(LIBRARY_DIR), "-j", *MODULES],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    docs = json.loads(result.stdout)
+    assert set(docs) == set(MODULES)
+    for name, doc in docs.items():
+        assert doc["doc"]["module"] == name
+        assert doc["examples"].strip() and doc["return"]["ansible_facts"]
+        options = doc["doc"].get("options") or {}
+        spec = load(name).ARGUMENT_SPEC
+        assert set(options) == set(spec), name
+        for option, rules in spec.items():
+            documented = {key: options[option].get(key) for key in rules}
+            assert documented == rules, f"{name}.{option}: documented {documented}, argument_spec {rules}"
