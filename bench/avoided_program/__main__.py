@@ -1,0 +1,50 @@
+"""The program shape ExaServe avoids, for the render benchmark only: one StatefulSet per replica (2,048 in prod)
+instead of one per update group. Everything else is the real program (infra/__main__.py)."""
+
+import copy
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "infra"))
+
+import pulumi
+import pulumi_kubernetes as k8s
+from components import Gateway, ModelStorage, Monitoring, Namespace, NetworkPolicies, Nodes, Ntp, RdmaFabric
+from components.base import KubernetesComponent
+
+from serving.k8s import fleet
+from serving.k8s.program import program_stack
+from serving.spec import FleetSpec
+
+
+class PerReplicaFleet(KubernetesComponent):
+    """Each group's StatefulSet split into one single-replica StatefulSet per replica."""
+
+    def __init__(self, name: str, spec: FleetSpec, opts: pulumi.ResourceOptions | None = None) -> None:
+        objects = []
+        for obj in fleet.render(spec):
+            if obj["kind"] != "StatefulSet":
+                objects.append(obj)
+                continue
+            for i in range(obj["spec"]["replicas"]):
+                single = copy.deepcopy(obj)
+                single["metadata"]["name"] = f"{obj['metadata']['name']}-r{i}"
+                single["spec"]["replicas"] = 1
+                objects.append(single)
+        super().__init__("exaserve:serving:ServingFleet", name, objects, opts)
+        self.register_outputs({"statefulsets": len(self.names("StatefulSet"))})
+
+
+spec = program_stack().spec
+provider = k8s.Provider("k8s", context=spec.kubernetes.context)
+cluster = pulumi.ResourceOptions(provider=provider)
+namespace = Namespace("namespace", spec, opts=cluster)
+in_namespace = pulumi.ResourceOptions(provider=provider, depends_on=[namespace])
+nodes = Nodes("nodes", spec, opts=cluster)
+RdmaFabric("fabric", spec, opts=in_namespace)
+Ntp("ntp", spec, opts=in_namespace)
+storage = ModelStorage("storage", spec, opts=in_namespace)
+PerReplicaFleet("fleet", spec, opts=pulumi.ResourceOptions(provider=provider, depends_on=[namespace, nodes, storage]))
+Gateway("gateway", spec, opts=in_namespace)
+Monitoring("monitoring", spec, opts=in_namespace)
+NetworkPolicies("network-policy", spec, opts=in_namespace)

@@ -1,0 +1,37 @@
+"""Cluster-level concerns: the namespace, node labels and taints, time synchronisation."""
+
+from __future__ import annotations
+
+import pulumi
+
+from components.base import KubernetesComponent
+from serving.k8s import namespace, nodes, ntp
+from serving.spec import FleetSpec
+
+
+class Namespace(KubernetesComponent):
+    """The stack's namespace; every namespaced concern depends on it."""
+
+    def __init__(self, name: str, spec: FleetSpec, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("exaserve:core:Namespace", name, namespace.render(spec), opts)
+        self.namespace: str = spec.kubernetes.namespace
+        self.register_outputs({"namespace": self.namespace})
+
+
+class Nodes(KubernetesComponent):
+    """One NodePatch per node: pool, rack, leaf switch, GPU product and fabric labels; the serving taint."""
+
+    def __init__(self, name: str, spec: FleetSpec, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("exaserve:cluster:Nodes", name, nodes.render(spec), opts)
+        self.node_names: list[str] = self.names("Node")
+        self.racks: list[str] = sorted({n.rack for n in spec.cluster.nodes})
+        self.register_outputs({"nodes": len(self.node_names), "racks": self.racks})
+
+
+class Ntp(KubernetesComponent):
+    """chrony on every node (host network, SYS_TIME only), configured from the spec's NTP servers."""
+
+    def __init__(self, name: str, spec: FleetSpec, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("exaserve:cluster:Ntp", name, ntp.render(spec), opts)
+        self.servers: list[str] = list(spec.cluster.ntp.servers)
+        self.register_outputs({"servers": self.servers})

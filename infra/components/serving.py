@@ -1,0 +1,37 @@
+"""The serving path: the SGLang fleet in update groups and the SGLang router in front of it."""
+
+from __future__ import annotations
+
+import pulumi
+
+from components.base import KubernetesComponent
+from serving.k8s import fleet, gateway
+from serving.spec import FleetSpec
+
+
+class ServingFleet(KubernetesComponent):
+    """Exactly rollout.batches update groups (StatefulSet, or LeaderWorkerSet when a replica spans nodes),
+    a PodDisruptionBudget each, and the workers' headless Service."""
+
+    def __init__(self, name: str, spec: FleetSpec, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("exaserve:serving:ServingFleet", name, fleet.render(spec), opts)
+        sizes = fleet.group_sizes(spec)
+        self.group_versions: dict[str, str] = {
+            fleet.group_name(g): spec.group_version(g) for g in range(spec.rollout.batches)
+        }
+        self.group_sizes: dict[str, int] = {fleet.group_name(g): n for g, n in enumerate(sizes)}
+        self.replicas: int = sum(sizes)
+        self.register_outputs(
+            {"group_versions": self.group_versions, "group_sizes": self.group_sizes, "replicas": self.replicas}
+        )
+
+
+class Gateway(KubernetesComponent):
+    """The SGLang router: Deployment with Kubernetes service discovery, least-privilege RBAC, a Service."""
+
+    def __init__(self, name: str, spec: FleetSpec, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("exaserve:serving:Gateway", name, gateway.render(spec), opts)
+        http_port, metrics_port = gateway.router_ports(spec)
+        self.endpoint: str = f"http://{gateway.NAME}.{spec.kubernetes.namespace}.svc:{http_port}"
+        self.metrics_port: int = metrics_port
+        self.register_outputs({"endpoint": self.endpoint, "metrics_port": self.metrics_port})

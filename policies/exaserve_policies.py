@@ -1,0 +1,87 @@
+"""CrossGuard wrappers around the pure rules in :mod:`serving.policy` (every policy mandatory).
+
+Resource policies see one Kubernetes resource at a time; stack policies see them all, plus the fleet spec of
+the stack being deployed (the Pulumi CLI names it in ``PULUMI_STACK`` for the analyzer).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from pulumi_policy import (
+    EnforcementLevel,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+
+from serving import policy
+from serving.spec import FleetSpec
+from serving.stack import SpecError, load_stack
+
+K8S_PREFIX = "kubernetes:"
+NAME = "exaserve"
+
+
+def _message(finding: policy.Finding) -> str:
+    return f"{finding.resource}: {finding.message} Fix: {finding.fix}"
+
+
+def _resource_policy(rule: policy.Rule, fn: policy.ResourceRule) -> ResourceValidationPolicy:
+    def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+        if not args.resource_type.startswith(K8S_PREFIX):
+            return
+        for finding in fn(args.resource_type, args.props):
+            report_violation(_message(finding), None)
+
+    return ResourceValidationPolicy(
+        name=rule.name,
+        description=rule.description,
+        validate=validate,
+        enforcement_level=EnforcementLevel.MANDATORY,
+    )
+
+
+def stack_spec(environ: Mapping[str, str] = os.environ) -> FleetSpec:
+    """The spec of the stack under deployment; SpecError when it cannot be determined or loaded."""
+    name = environ.get("PULUMI_STACK", "")
+    if not name:
+        raise SpecError("PULUMI_STACK", [("", "not set; run the pack through `pulumi preview/up --policy-pack`")])
+    return load_stack(name.rsplit("/", 1)[-1]).spec
+
+
+def _stack_policy(rule: policy.Rule, fn: policy.StackRule) -> StackValidationPolicy:
+    def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+        resources: list[tuple[str, Mapping[str, Any]]] = []
+        urns: dict[str, str] = {}
+        for r in args.resources:
+            if r.resource_type.startswith(K8S_PREFIX):
+                resources.append((r.resource_type, r.props))
+                urns[policy.describe(r.resource_type, r.props)] = r.urn
+        try:
+            spec = stack_spec()
+        except SpecError as exc:
+            report_violation(f"cannot check {rule.name}: {exc}", None)
+            return
+        for finding in fn(resources, spec):
+            report_violation(_message(finding), urns.get(finding.resource))
+
+    return StackValidationPolicy(
+        name=rule.name,
+        description=rule.description,
+        validate=validate,
+        enforcement_level=EnforcementLevel.MANDATORY,
+    )
+
+
+def policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
+    """Every rule of serving.policy as a mandatory CrossGuard policy."""
+    out: list[ResourceValidationPolicy | StackValidationPolicy] = [
+        _resource_policy(rule, fn) for rule, fn in policy.RESOURCE_RULES.values()
+    ]
+    out += [_stack_policy(rule, fn) for rule, fn in policy.STACK_RULES.values()]
+    return out

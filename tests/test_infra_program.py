@@ -1,0 +1,342 @@
+"""The Pulumi program (infra/__main__.py) wired under Pulumi's mocks — the engine itself cannot run here.
+
+`serving.k8s.program.run_program` executes the unchanged program with `pulumi.runtime.set_mocks`; these tests
+read what it registered: components and their type tokens, parents, the one explicit provider, object counts
+per stack, unique names, exports, and the content each concern renders from the spec.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from serving import units
+from serving.k8s import fabric, fleet, gateway, storage
+from serving.k8s.common import LABEL_GROUP, LABEL_RACK, LABEL_VERSION, TAINT_KEY
+from serving.k8s.program import ProgramRun, kubernetes_objects, run_program
+from serving.planner import placement, plan
+from serving.stack import load_stack, load_stack_file
+from tests.k8s_support import MULTI_NODE, of_kind, one, render_file, write_variant
+
+STACKS = ("prod", "dev", "sandbox")
+COMPONENTS = {
+    "namespace": "exaserve:core:Namespace",
+    "nodes": "exaserve:cluster:Nodes",
+    "fabric": "exaserve:fabric:RdmaFabric",
+    "ntp": "exaserve:cluster:Ntp",
+    "storage": "exaserve:storage:ModelStorage",
+    "fleet": "exaserve:serving:ServingFleet",
+    "gateway": "exaserve:serving:Gateway",
+    "monitoring": "exaserve:observability:Monitoring",
+    "network-policy": "exaserve:security:NetworkPolicies",
+}
+
+
+@pytest.fixture(scope="session")
+def runs() -> dict[str, ProgramRun]:
+    return {name: run_program(name) for name in STACKS}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_one_component_per_concern_parented_to_the_stack(runs: dict[str, ProgramRun], stack: str) -> None:
+    run = runs[stack]
+    root = [r for r in run.registrations if r.type == "pulumi:pulumi:Stack"]
+    assert [r.name for r in root] == [f"exaserve-{stack}"]
+    components = {r.name: r for r in run.registrations if r.is_component}
+    assert {n: r.type for n, r in components.items()} == COMPONENTS
+    assert all(r.parent == root[0].urn for r in components.values())
+    # register_outputs ran for every component (outputs recorded per URN)
+    assert all(r.urn in run.outputs for r in components.values())
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_kubernetes_object_is_a_child_of_a_component_and_uses_the_explicit_provider(
+    runs: dict[str, ProgramRun], stack: str
+) -> None:
+    run = runs[stack]
+    providers = [r for r in run.registrations if r.type == "pulumi:providers:kubernetes"]
+    assert len(providers) == 1, "exactly one explicit Kubernetes provider"
+    spec = load_stack(stack).spec
+    assert providers[0].inputs.get("context") == spec.kubernetes.context
+    by_urn = run.by_urn()
+    k8s = [r for r in run.registrations if r.is_kubernetes_object]
+    assert k8s
+    for reg in k8s:
+        assert by_urn[reg.parent].is_component, f"{reg.urn} is not parented to a component"
+        assert reg.provider.startswith(providers[0].urn + "::"), (
+            f"{reg.urn} uses {reg.provider or 'the default provider'}"
+        )
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_object_counts_follow_nodes_and_batches(runs: dict[str, ProgramRun], stack: str) -> None:
+    spec = load_stack(stack).spec
+    counts = Counter(o.component for o in kubernetes_objects(runs[stack]))
+    rdma = fabric.has_rdma(spec)
+    expected = {
+        "namespace": 1,
+        "nodes": spec.cluster.node_count,
+        "fabric": (2 + spec.cluster.fabric.secondary_network) if rdma else 0,
+        "ntp": 2,
+        "storage": 3,
+        "fleet": 2 * spec.rollout.batches + 1,
+        "gateway": 6,
+        "monitoring": 3,
+        "network-policy": 3,
+    }
+    assert {k: counts.get(k, 0) for k in expected} == expected
+    assert sum(counts.values()) == sum(expected.values())
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_names_are_unique(runs: dict[str, ProgramRun], stack: str) -> None:
+    run = runs[stack]
+    urns = Counter(r.urn for r in run.registrations)
+    assert [u for u, n in urns.items() if n > 1] == []
+    keys = Counter(o.key for o in kubernetes_objects(run))
+    assert [k for k, n in keys.items() if n > 1] == []
+    assert all(o.name for o in kubernetes_objects(run)), "every object is named (no auto-naming)"
+
+
+def test_stack_exports(runs: dict[str, ProgramRun]) -> None:
+    spec = load_stack("prod").spec
+    out = runs["prod"].stack_outputs()
+    assert out["namespace"] == "exaserve"
+    assert out["nodes"] == 256
+    assert out["replicas"] == 2048
+    assert out["group_sizes"] == {fleet.group_name(g): n for g, n in enumerate(plan(spec).rollout_group_sizes)}
+    assert out["group_versions"] == {fleet.group_name(g): "v1" for g in range(5)}
+    assert out["router_endpoint"] == "http://sglang-router.exaserve.svc:30000"
+    assert out["rdma_resource"] == "rdma/hca_shared_devices_a"
+    assert "ExaServeClockOffset" in out["alerts"]
+
+
+def test_resource_count_does_not_grow_with_replicas(tmp_path: Path, runs: dict[str, ProgramRun]) -> None:
+    """Half the replicas: the same objects; only the groups' replica counts and budgets change."""
+    half = render_file(write_variant(tmp_path, "half", changes={"serving.replicas": 1024}))
+    full = kubernetes_objects(runs["prod"])
+    assert sorted(o.key for o in half) == sorted(o.key for o in full)
+    assert sum(s["spec"]["replicas"] for s in of_kind(half, "StatefulSet")) == 1024
+    assert sum(s["spec"]["replicas"] for s in of_kind(full, "StatefulSet")) == 2048
+
+
+def test_node_patches_carry_inventory_labels_and_the_serving_taint(runs: dict[str, ProgramRun]) -> None:
+    spec = load_stack("prod").spec
+    nodes = {o.name: o.obj for o in kubernetes_objects(runs["prod"]) if o.kind == "Node"}
+    assert set(nodes) == {n.name for n in spec.cluster.nodes}
+    for n in spec.cluster.nodes:
+        patch = nodes[n.name]
+        labels = patch["metadata"]["labels"]
+        assert (labels[LABEL_RACK], labels["exaserve.io/leaf"], labels["exaserve.io/pool"]) == (n.rack, n.leaf, n.pool)
+        assert labels["exaserve.io/gpu-product"] == "NVIDIA-A100-SXM4-80GB"
+        assert labels["exaserve.io/fabric"] == "infiniband"
+        assert patch["spec"]["taints"] == [{"key": TAINT_KEY, "value": "serving", "effect": "NoSchedule"}]
+    assert len({p["metadata"]["labels"][LABEL_RACK] for p in nodes.values()}) == 16
+
+
+def test_fleet_groups_carry_their_own_versions(tmp_path: Path) -> None:
+    path = write_variant(
+        tmp_path,
+        "canary",
+        changes={"serving.releases.v2": "lmsysorg/sglang:v0.5.24-cu126", "rollout.group_versions": {0: "v2"}},
+    )
+    objects = render_file(path)
+    sets = sorted(of_kind(objects, "StatefulSet"), key=lambda s: s["metadata"]["name"])
+    assert [s["metadata"]["name"] for s in sets] == [fleet.group_name(g) for g in range(5)]
+    versions = [s["metadata"]["labels"][LABEL_VERSION] for s in sets]
+    assert versions == ["v2", "v1", "v1", "v1", "v1"]
+    for g, s in enumerate(sets):
+        template = s["spec"]["template"]
+        assert template["metadata"]["labels"][LABEL_VERSION] == versions[g]
+        assert template["metadata"]["labels"][LABEL_GROUP] == str(g)
+        container = template["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["EXASERVE_RELEASE"] == versions[g]
+        assert container["image"] == ("lmsysorg/sglang:v0.5.24-cu126" if g == 0 else "lmsysorg/sglang:v0.5.23-cu126")
+        assert s["spec"]["selector"]["matchLabels"] == fleet.group_selector(g)
+        assert LABEL_VERSION not in s["spec"]["selector"]["matchLabels"], (
+            "a version change must not change the selector"
+        )
+
+
+def test_fleet_pods_spread_across_racks_with_gpu_rdma_and_shm(runs: dict[str, ProgramRun]) -> None:
+    spec = load_stack("prod").spec
+    objects = kubernetes_objects(runs["prod"])
+    s = one(objects, "StatefulSet", "sglang-g0")
+    pod = s["spec"]["template"]["spec"]
+    assert pod["containers"] == [units.pod_container(spec, 0)]
+    spread = {c["topologyKey"]: c for c in pod["topologySpreadConstraints"]}
+    assert spread[LABEL_RACK]["whenUnsatisfiable"] == "DoNotSchedule"
+    assert spread[LABEL_RACK]["labelSelector"]["matchLabels"] == fleet.group_selector(0)
+    limits = pod["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "1" and limits["rdma/hca_shared_devices_a"] == "1"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert s["spec"]["template"]["metadata"]["annotations"] == {fabric.NETWORKS_ANNOTATION: fabric.NETWORK}
+    assert {"key": TAINT_KEY, "operator": "Equal", "value": "serving", "effect": "NoSchedule"} in pod["tolerations"]
+    budgets = {p["metadata"]["name"]: p for p in of_kind(objects, "PodDisruptionBudget")}
+    for g, size in enumerate(fleet.group_sizes(spec)):
+        assert budgets[fleet.group_name(g)]["spec"]["selector"]["matchLabels"] == fleet.group_selector(g)
+        assert budgets[fleet.group_name(g)]["spec"]["maxUnavailable"] == int(size * 0.10)
+
+
+def test_multi_node_replicas_become_leader_worker_sets(tmp_path: Path) -> None:
+    """TP 16 on 8-GPU nodes: each replica spans 2 nodes, so each group is one LeaderWorkerSet."""
+    path = write_variant(
+        tmp_path,
+        "tp16",
+        changes=MULTI_NODE,
+    )
+    objects = render_file(path)
+    spec = load_stack_file(path).spec
+    assert placement(spec).nodes_per_replica == 2
+    assert of_kind(objects, "StatefulSet") == []
+    sets = sorted(of_kind(objects, "LeaderWorkerSet"), key=lambda s: s["metadata"]["name"])
+    assert [s["spec"]["replicas"] for s in sets] == plan(spec).rollout_group_sizes
+    lwt = sets[0]["spec"]["leaderWorkerTemplate"]
+    assert lwt["size"] == 2
+    leader = lwt["leaderTemplate"]["spec"]["containers"][0]
+    worker = lwt["workerTemplate"]["spec"]["containers"][0]
+    assert "readinessProbe" in leader and "readinessProbe" not in worker
+    assert "$(LWS_WORKER_INDEX)" in worker["args"] and leader["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    workers_policy = one(objects, "NetworkPolicy", fleet.WORKERS_SERVICE)
+    assert {"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "sglang"}}}]} in workers_policy["spec"][
+        "ingress"
+    ], "the pods of one replica must reach each other"
+
+
+def test_gateway_discovers_workers_with_least_privilege(runs: dict[str, ProgramRun]) -> None:
+    spec = load_stack("prod").spec
+    objects = kubernetes_objects(runs["prod"])
+    role = one(objects, "Role", "sglang-router-discovery")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    binding = one(objects, "RoleBinding", "sglang-router-discovery")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "sglang-router", "namespace": "exaserve"}]
+    deploy = one(objects, "Deployment", gateway.NAME)
+    assert deploy["spec"]["replicas"] == spec.scheduler.instances == 3
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "sglang-router"
+    argv = pod["containers"][0]["command"]
+    assert argv == units.router_argv(spec, kubernetes=True)
+    assert "--service-discovery" in argv
+    service = one(objects, "Service", gateway.NAME)
+    assert service["spec"]["type"] == "ClusterIP"
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"http": 30000, "metrics": 29000}
+
+
+def test_chrony_daemonset_holds_only_sys_time(runs: dict[str, ProgramRun]) -> None:
+    spec = load_stack("prod").spec
+    objects = kubernetes_objects(runs["prod"])
+    ds = one(objects, "DaemonSet", "chrony")["spec"]["template"]["spec"]
+    assert ds["hostNetwork"] is True
+    sc = ds["containers"][0]["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_TIME"]} and sc["privileged"] is False
+    assert ds["tolerations"] == [{"operator": "Exists"}], "chrony runs on every node"
+    conf = one(objects, "ConfigMap", "chrony-conf")["data"]["chrony.conf"]
+    assert conf == units.chrony_conf(spec)
+    assert all(f"server {s} iburst" in conf for s in spec.cluster.ntp.servers)
+
+
+def test_model_store_is_read_only_many_on_nfs_or_csi(tmp_path: Path, runs: dict[str, ProgramRun]) -> None:
+    objects = kubernetes_objects(runs["prod"])
+    pv = one(objects, "PersistentVolume", "exaserve-model-store")
+    assert pv["spec"]["accessModes"] == ["ReadOnlyMany"]
+    assert pv["spec"]["nfs"] == {"server": "nfs.exaserve.internal", "path": "/export/models", "readOnly": True}
+    pvc = one(objects, "PersistentVolumeClaim", storage.CLAIM)
+    assert pvc["spec"]["accessModes"] == ["ReadOnlyMany"] and pvc["spec"]["volumeName"] == pv["metadata"]["name"]
+    csi = render_file(
+        write_variant(
+            tmp_path,
+            "csi",
+            changes={"storage.model_store": {"kind": "csi", "csi_driver": "csi.weka.io", "volume_handle": "models-1"}},
+        )
+    )
+    pv = one(csi, "PersistentVolume", "exaserve-model-store")
+    assert "nfs" not in pv["spec"]
+    assert pv["spec"]["csi"] == {"driver": "csi.weka.io", "volumeHandle": "models-1", "readOnly": True}
+
+
+def test_cache_warmer_script_copies_once_and_atomically(tmp_path: Path) -> None:
+    """The warmer's real shell script, run here against directories standing in for the store and the cache."""
+    store, cache = tmp_path / "store", tmp_path / "cache"
+    path = write_variant(
+        tmp_path,
+        "warm",
+        changes={"storage.model_store.mount_path": str(store), "storage.local_cache.path": str(cache)},
+    )
+    spec = load_stack_file(path).spec
+    src, dst = (Path(p) for p in storage.model_dirs(spec))
+    (src / "sub").mkdir(parents=True)
+    (src / "config.json").write_text("{}")
+    (src / "sub" / "model.safetensors").write_bytes(b"\0" * 4096)
+    script = storage.warm_script(spec)
+    first = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True)
+    assert "cache warmed" in first.stdout
+    assert (dst / "sub" / "model.safetensors").read_bytes() == b"\0" * 4096
+    assert (dst / storage.COMPLETE_MARKER).exists() and not Path(f"{dst}.partial").exists()
+    assert dst == Path(units.model_dir(spec)), "the warmer fills the directory the servers load from"
+    second = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True)
+    assert "already warm" in second.stdout
+
+
+def test_network_policies_admit_only_router_and_monitoring(runs: dict[str, ProgramRun]) -> None:
+    objects = kubernetes_objects(runs["prod"])
+    deny = one(objects, "NetworkPolicy", "default-deny-ingress")["spec"]
+    assert deny == {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": []}
+    workers = one(objects, "NetworkPolicy", fleet.WORKERS_SERVICE)["spec"]
+    assert workers["ingress"] == [
+        {
+            "from": [
+                {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "sglang-router"}}},
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+            ],
+            "ports": [{"protocol": "TCP", "port": 30000}],
+        }
+    ]
+    router = one(objects, "NetworkPolicy", "sglang-router")["spec"]["ingress"]
+    metrics = [r for r in router if r["ports"] == [{"protocol": "TCP", "port": 29000}]]
+    assert metrics == [
+        {
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+            "ports": [{"protocol": "TCP", "port": 29000}],
+        }
+    ]
+
+
+def test_alerts_take_thresholds_from_the_spec(tmp_path: Path) -> None:
+    objects = render_file(
+        write_variant(
+            tmp_path,
+            "alerts",
+            changes={"cluster.ntp.max_offset_ms": 50, "rollout.max_error_rate": 0.002, "limits.p99_target_s": 1.5},
+        )
+    )
+    rules = {
+        r["alert"]: r for g in one(objects, "PrometheusRule", "exaserve-alerts")["spec"]["groups"] for r in g["rules"]
+    }
+    assert rules["ExaServeClockOffset"]["expr"] == "abs(node_timex_offset_seconds) > 0.05"
+    assert rules["ExaServeErrorRate"]["expr"].endswith("> 0.002")
+    assert rules["ExaServeP99LatencyHigh"]["expr"].endswith("> 1.5")
+    assert "> 90 and min" in rules["ExaServeGpuUtilisationImbalance"]["expr"]
+    assert "< 30" in rules["ExaServeGpuUtilisationImbalance"]["expr"]
+    assert "kube_pod_container_status_restarts_total" in rules["ExaServeReplicaRestarts"]["expr"]
+    monitors = {m["metadata"]["name"]: m["spec"] for m in of_kind(objects, "ServiceMonitor")}
+    assert monitors["sglang-router"]["endpoints"][0]["port"] == "metrics"
+    assert monitors[fleet.WORKERS_SERVICE]["endpoints"][0]["port"] == "http"
+
+
+def test_ethernet_stack_has_no_rdma_objects(runs: dict[str, ProgramRun]) -> None:
+    objects = kubernetes_objects(runs["dev"])
+    assert [o for o in objects if o.component == "fabric"] == []
+    pod = one(objects, "StatefulSet", "sglang-g0")["spec"]["template"]
+    assert "annotations" not in pod["metadata"]
+    assert "rdma/hca_shared_devices_a" not in pod["spec"]["containers"][0]["resources"]["limits"]
+
+
+def test_a_second_run_registers_the_same_resources(runs: dict[str, ProgramRun]) -> None:
+    """Nothing is created at import time or leaks between runs: re-running gives the same registrations."""
+    again = run_program("sandbox")
+    assert sorted(r.urn for r in again.registrations) == sorted(r.urn for r in runs["sandbox"].registrations)

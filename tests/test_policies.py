@@ -1,0 +1,323 @@
+"""The CrossGuard policy pack: every policy with a passing and a failing resource, through the pack's own
+validate functions (no PolicyPack in this process: it would start its gRPC server and block); the pack itself
+served by `python policies` in a subprocess and queried over gRPC like the Pulumi engine does; and the same
+rules offline through `exaserve check`.
+
+Passing resources are the rendered prod objects; failing ones are copies with one defect each. Properties are
+passed as the engine hands them to an analyzer: numbers as floats.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import empty_pb2, struct_pb2
+from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyCustomTimeouts,
+    PolicyResource,
+    PolicyResourceOptions,
+    ResourceValidationArgs,
+    StackValidationArgs,
+)
+from typer.testing import CliRunner
+
+from serving import policy
+from serving.cli import _register_commands
+from serving.cliutil import app
+from serving.k8s.common import ANNOTATION_ALLOW_LOAD_BALANCER, ANNOTATION_PRIVILEGED_REASON
+from serving.k8s.program import RenderedObject, kubernetes_objects, run_program
+from serving.stack import PROJECT_ROOT
+from tests.k8s_support import policy_pack, write_variant
+
+Mutation = Callable[[dict[str, Any]], None]
+
+
+def _floats(value: Any) -> Any:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_floats(v) for v in value]
+    return value
+
+
+def _opts() -> PolicyResourceOptions:
+    return PolicyResourceOptions(False, [], None, [], PolicyCustomTimeouts(0, 0, 0), [])
+
+
+@pytest.fixture(scope="module")
+def prod() -> list[RenderedObject]:
+    return kubernetes_objects(run_program("prod"))
+
+
+def _find(objects: list[RenderedObject], kind: str, name: str) -> RenderedObject:
+    return next(o for o in objects if o.kind == kind and o.name == name)
+
+
+def _resource_policy(name: str) -> Any:
+    return next(p for p in policy_pack().policies() if p.name == name)
+
+
+def _validate(name: str, obj: RenderedObject, props: dict[str, Any] | None = None) -> list[str]:
+    messages: list[str] = []
+    args = ResourceValidationArgs(
+        obj.resource_type, _floats(props if props is not None else obj.obj), f"urn:{obj.name}", obj.name, _opts(), None
+    )
+    _resource_policy(name).validate(args, lambda msg, urn=None: messages.append(msg))
+    return messages
+
+
+def _container(props: dict[str, Any]) -> dict[str, Any]:
+    container: dict[str, Any] = props["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def _image_latest(p: dict[str, Any]) -> None:
+    _container(p)["image"] = "lmsysorg/sglang:latest"
+
+
+def _no_gpu_limit(p: dict[str, Any]) -> None:
+    del _container(p)["resources"]["limits"]["nvidia.com/gpu"]
+
+
+def _short_timeout(p: dict[str, Any]) -> None:
+    _container(p)["readinessProbe"]["timeoutSeconds"] = 1
+
+
+def _no_liveness(p: dict[str, Any]) -> None:
+    del _container(p)["livenessProbe"]
+
+
+def _privileged(p: dict[str, Any]) -> None:
+    _container(p)["securityContext"]["privileged"] = True
+
+
+def _no_reason(p: dict[str, Any]) -> None:
+    del p["metadata"]["annotations"][ANNOTATION_PRIVILEGED_REASON]
+
+
+def _load_balancer(p: dict[str, Any]) -> None:
+    p["spec"]["type"] = "LoadBalancer"
+
+
+RESOURCE_CASES: list[tuple[str, str, str, Mutation, str]] = [
+    ("images-pinned", "StatefulSet", "sglang-g0", _image_latest, "'lmsysorg/sglang:latest': not pinned"),
+    ("images-pinned", "DaemonSet", "chrony", lambda p: _container(p).update(image="cturra/ntp"), "not pinned"),
+    ("serving-resource-limits", "StatefulSet", "sglang-g1", _no_gpu_limit, "has no nvidia.com/gpu"),
+    ("probes-timeout", "StatefulSet", "sglang-g2", _short_timeout, "readinessProbe is set with timeoutSeconds=1"),
+    ("probes-timeout", "Deployment", "sglang-router", _no_liveness, "livenessProbe is missing"),
+    ("no-privileged-containers", "StatefulSet", "sglang-g3", _privileged, "runs privileged"),
+    ("no-privileged-containers", "DaemonSet", "rdma-shared-device-plugin", _no_reason, ANNOTATION_PRIVILEGED_REASON),
+    ("no-unannotated-load-balancer", "Service", "sglang-router", _load_balancer, "spec.type is LoadBalancer"),
+]
+
+
+@pytest.mark.parametrize(("rule", "kind", "name", "mutate", "expected"), RESOURCE_CASES)
+def test_resource_policy_passes_the_render_and_fails_the_defect(
+    prod: list[RenderedObject], rule: str, kind: str, name: str, mutate: Mutation, expected: str
+) -> None:
+    obj = _find(prod, kind, name)
+    assert _validate(rule, obj) == []
+    bad = copy.deepcopy(obj.obj)
+    mutate(bad)
+    messages = _validate(rule, obj, bad)
+    assert len(messages) == 1, messages
+    assert expected in messages[0]
+    assert f"{kind} " in messages[0] and "Fix:" in messages[0]
+
+
+def test_every_policy_is_covered_and_mandatory() -> None:
+    policies = policy_pack().policies()
+    assert {p.name for p in policies} == {c[0] for c in RESOURCE_CASES} | set(policy.STACK_RULES)
+    assert all(p.enforcement_level == EnforcementLevel.MANDATORY for p in policies)
+
+
+def test_annotated_load_balancer_and_non_kubernetes_resources_pass(prod: list[RenderedObject]) -> None:
+    service = _find(prod, "Service", "sglang-router")
+    lb = copy.deepcopy(service.obj)
+    _load_balancer(lb)
+    lb["metadata"]["annotations"] = {ANNOTATION_ALLOW_LOAD_BALANCER: "public inference endpoint, WAF in front"}
+    assert _validate("no-unannotated-load-balancer", service, lb) == []
+    messages: list[str] = []
+    args = ResourceValidationArgs("aws:s3/bucket:Bucket", {"spec": {"type": "LoadBalancer"}}, "u", "b", _opts(), None)
+    _resource_policy("no-unannotated-load-balancer").validate(args, lambda m, u=None: messages.append(m))
+    assert messages == []
+
+
+def test_privileged_is_refused_outside_the_named_daemonsets(prod: list[RenderedObject]) -> None:
+    ds = _find(prod, "DaemonSet", "rdma-shared-device-plugin")
+    renamed = copy.deepcopy(ds.obj)
+    renamed["metadata"]["name"] = "debug-tools"
+    messages = _validate("no-privileged-containers", ds, renamed)
+    assert len(messages) == 1 and "reserved for the DaemonSets ['rdma-shared-device-plugin']" in messages[0]
+
+
+def _stack_args(objects: list[dict[str, Any]]) -> StackValidationArgs:
+    resources = [
+        PolicyResource(
+            f"kubernetes:{o['apiVersion']}:{o['kind']}", _floats(o), f"urn:{o['kind']}:{o['metadata']['name']}",
+            o["metadata"]["name"], _opts(), None, None, [], {},
+        )
+        for o in objects
+    ]  # fmt: skip
+    return StackValidationArgs(resources)
+
+
+def _validate_stack(name: str, objects: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
+    reported: list[tuple[str, str | None]] = []
+    _resource_policy(name).validate(_stack_args(objects), lambda msg, urn=None: reported.append((msg, urn)))
+    return reported
+
+
+def test_pdb_per_serving_group(prod: list[RenderedObject], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PULUMI_STACK", "prod")
+    objects = [o.obj for o in prod]
+    assert _validate_stack("pdb-per-serving-group", objects) == []
+    without = [o for o in objects if not (o["kind"] == "PodDisruptionBudget" and o["metadata"]["name"] == "sglang-g4")]
+    reported = _validate_stack("pdb-per-serving-group", without)
+    assert len(reported) == 1
+    message, urn = reported[0]
+    assert (
+        message.startswith("StatefulSet exaserve/sglang-g4: no PodDisruptionBudget")
+        and urn == "urn:StatefulSet:sglang-g4"
+    )
+    # A budget selecting other pods does not count.
+    moved = copy.deepcopy(objects)
+    for o in moved:
+        if o["kind"] == "PodDisruptionBudget" and o["metadata"]["name"] == "sglang-g1":
+            o["spec"]["selector"]["matchLabels"]["exaserve.io/group"] = "7"
+    reported = _validate_stack("pdb-per-serving-group", moved)
+    assert [m.split(":")[0] for m, _ in reported] == ["StatefulSet exaserve/sglang-g1"]
+
+
+def test_group_replicas_equal_the_spec(prod: list[RenderedObject], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PULUMI_STACK", "prod")
+    objects = [o.obj for o in prod]
+    assert _validate_stack("serving-group-replicas", objects) == []
+    edited = copy.deepcopy(objects)
+    for o in edited:
+        if o["kind"] == "StatefulSet" and o["metadata"]["name"] == "sglang-g0":
+            o["spec"]["replicas"] = 500
+    reported = _validate_stack("serving-group-replicas", edited)
+    assert [m for m, _ in reported] == [
+        "StatefulSet exaserve/sglang-g0: spec.replicas is 500.0; the spec's plan gives update group 0 410 replicas "
+        "(2,048 in 5 groups). Fix: Change serving.replicas or rollout.batches in the stack, never the object's "
+        "replica count."
+    ]
+    missing = [o for o in objects if not (o["kind"] == "StatefulSet" and o["metadata"]["name"] == "sglang-g3")]
+    assert any(
+        "0 serving objects carry exaserve.io/group=3" in m
+        for m, _ in _validate_stack("serving-group-replicas", missing)
+    )
+
+
+def test_stack_policy_without_a_stack_name_reports_instead_of_passing(
+    prod: list[RenderedObject], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PULUMI_STACK", raising=False)
+    reported = _validate_stack("serving-group-replicas", [o.obj for o in prod])
+    assert len(reported) == 1 and "PULUMI_STACK" in reported[0][0]
+
+
+# ------------------------------------------------------------------------------------------ exaserve check
+
+
+@pytest.fixture(scope="module")
+def cli() -> CliRunner:
+    _register_commands()
+    return CliRunner()
+
+
+@pytest.mark.parametrize("stack", ["prod", "dev", "sandbox"])
+def test_check_passes_the_shipped_stacks(cli: CliRunner, stack: str) -> None:
+    result = cli.invoke(app, ["check", "--stack", stack, "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["ok"] is True and doc["violations"] == []
+    assert set(doc["rules"]) == set(policy.RESOURCE_RULES) | set(policy.STACK_RULES)
+
+
+def test_check_fails_a_stack_with_a_1s_health_timeout(cli: CliRunner, tmp_path: Path) -> None:
+    """A spec the pydantic model accepts but the policy refuses: the 1 s health-check timeout of the source."""
+    path = write_variant(tmp_path, "flappy", base="dev", changes={"serving.health_check_timeout_s": 1})
+    result = cli.invoke(app, ["check", "--stack-file", str(path)])
+    assert result.exit_code == 1, result.output
+    # Three probes on each of 5 groups, readiness and liveness on the router.
+    assert result.stdout.count("[probes-timeout]") == 5 * 3 + 2
+    assert "✗ StatefulSet exaserve/sglang-g0 [probes-timeout]" in result.stdout
+    assert "fix: Add readinessProbe with timeoutSeconds ≥ 3" in result.stdout
+    assert "17 violation(s)" in result.stdout
+
+
+# ------------------------------------------------------------------------------------------ the pack as the engine sees it
+
+
+def _struct(obj: dict[str, Any]) -> Any:
+    s = struct_pb2.Struct()
+    s.update(json.loads(json.dumps(obj)))
+    return s
+
+
+def test_policy_pack_serves_the_rules_over_grpc(prod: list[RenderedObject]) -> None:
+    """`python policies` as the Pulumi CLI starts it (analyzer plugin on a loopback port), queried over gRPC with
+    the engine's own requests: property proxies, float numbers, stack resources. Killed when done."""
+    env = {**os.environ, "PULUMI_STACK": "prod"}
+    proc = subprocess.Popen(
+        [sys.executable, "policies"], cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = analyzer_pb2_grpc.AnalyzerStub(channel)
+            info = stub.GetAnalyzerInfo(empty_pb2.Empty(), timeout=30)
+            assert info.name == "exaserve"
+            assert {p.name for p in info.policies} == set(policy.RESOURCE_RULES) | set(policy.STACK_RULES)
+            assert {p.enforcementLevel for p in info.policies} == {analyzer_pb2.MANDATORY}
+
+            sts = _find(prod, "StatefulSet", "sglang-g0")
+            clean = stub.Analyze(
+                analyzer_pb2.AnalyzeRequest(
+                    type=sts.resource_type, properties=_struct(sts.obj), urn="u", name=sts.name
+                ),
+                timeout=30,
+            )
+            assert list(clean.diagnostics) == []
+            bad = copy.deepcopy(sts.obj)
+            _image_latest(bad)
+            dirty = stub.Analyze(
+                analyzer_pb2.AnalyzeRequest(type=sts.resource_type, properties=_struct(bad), urn="u", name=sts.name),
+                timeout=30,
+            )
+            assert [(d.policyName, d.enforcementLevel) for d in dirty.diagnostics] == [
+                ("images-pinned", analyzer_pb2.MANDATORY)
+            ]
+
+            resources = [
+                analyzer_pb2.AnalyzerResource(
+                    type=o.resource_type, properties=_struct(o.obj), urn=f"urn:{o.kind}:{o.name}", name=o.name
+                )
+                for o in prod
+                if not (o.kind == "PodDisruptionBudget" and o.name == "sglang-g0")
+            ]
+            stack = stub.AnalyzeStack(analyzer_pb2.AnalyzeStackRequest(resources=resources), timeout=60)
+            assert [(d.policyName, d.urn) for d in stack.diagnostics] == [
+                ("pdb-per-serving-group", "urn:StatefulSet:sglang-g0")
+            ]
+    finally:
+        proc.kill()
+        proc.wait()
