@@ -26,6 +26,7 @@ from serving.cliutil import (
     err_console,
     resolve_stack,
 )
+from serving.commands import register
 from serving.spec import json_schema
 from serving.stack import PROJECT_ROOT
 
@@ -76,13 +77,9 @@ def schema() -> None:
     emit_json(json_schema())
 
 
-def _register_commands() -> None:
-    """Import the command modules; each registers its commands on ``app``."""
-    import serving.commands  # noqa: F401, PLC0415
-
-
 def main() -> None:
-    _register_commands()
+    first = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    register(first)
     try:
         app()
     except KeyboardInterrupt:

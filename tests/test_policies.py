@@ -33,7 +33,7 @@ from pulumi_policy import (
 from typer.testing import CliRunner
 
 from serving import policy
-from serving.cli import _register_commands
+from serving.commands import register
 from serving.cliutil import app
 from serving.k8s.common import ANNOTATION_ALLOW_LOAD_BALANCER, ANNOTATION_PRIVILEGED_REASON
 from serving.k8s.program import RenderedObject, kubernetes_objects, run_program
@@ -238,7 +238,7 @@ def test_stack_policy_without_a_stack_name_reports_instead_of_passing(
 
 @pytest.fixture(scope="module")
 def cli() -> CliRunner:
-    _register_commands()
+    register(None)
     return CliRunner()
 
 

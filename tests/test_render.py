@@ -18,7 +18,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from serving.cli import _register_commands
+from serving.commands import register
 from serving.cliutil import app
 from serving.k8s import output
 from serving.k8s.program import kubernetes_objects, run_program
@@ -37,7 +37,7 @@ def flat(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def cli() -> CliRunner:
-    _register_commands()
+    register(None)
     return CliRunner()
 
 

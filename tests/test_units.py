@@ -25,7 +25,7 @@ from sglang_router.launch_router import parse_router_args
 from typer.testing import CliRunner
 
 from serving import units
-from serving.cli import _register_commands
+from serving.commands import register
 from serving.cliutil import app
 from serving.flagmanifest import FlagValidationError, load_router_manifest, load_server_manifest
 from serving.planner import Replica, fleet_replicas
@@ -313,7 +313,7 @@ def test_cli_exits_1_naming_the_flag_when_the_pin_rejects_it(monkeypatch: pytest
     monkeypatch.setattr(
         units, "SERVER_FLAGS", (*units.SERVER_FLAGS, units.FlagRule("--enable-metric", "a typo", lambda c: True))
     )
-    _register_commands()
+    register(None)
     result = CliRunner().invoke(app, ["units", "--stack", "dev", "--replica", "dev-r00-n00-s0", "--json"])
     assert result.exit_code == 1
     assert "'--enable-metric'" in result.output and load_server_manifest().label in result.output
