@@ -33,8 +33,8 @@ from pulumi_policy import (
 from typer.testing import CliRunner
 
 from serving import policy
-from serving.commands import register
 from serving.cliutil import app
+from serving.commands import register
 from serving.k8s.common import ANNOTATION_ALLOW_LOAD_BALANCER, ANNOTATION_PRIVILEGED_REASON
 from serving.k8s.program import RenderedObject, kubernetes_objects, run_program
 from serving.stack import PROJECT_ROOT

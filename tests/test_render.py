@@ -18,8 +18,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from serving.commands import register
 from serving.cliutil import app
+from serving.commands import register
 from serving.k8s import output
 from serving.k8s.program import kubernetes_objects, run_program
 from serving.k8s.validate import DEFAULT_CRD_DIR, SchemaSetupError, Validator

@@ -25,8 +25,8 @@ from sglang_router.launch_router import parse_router_args
 from typer.testing import CliRunner
 
 from serving import units
-from serving.commands import register
 from serving.cliutil import app
+from serving.commands import register
 from serving.flagmanifest import FlagValidationError, load_router_manifest, load_server_manifest
 from serving.planner import Replica, fleet_replicas
 from serving.spec import FleetSpec
