@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# The main job on the built-in default stack (prod): bootstrap, then plan it.
-# Pass another stack with STACK=dev ./scripts/run.sh
+# The main job on the built-in default stack (prod): bootstrap, then what a pull request runs —
+# the capacity plan, the policy pack, and the offline render of every Kubernetes object (validated
+# against the Kubernetes schemas), written to build/render/<stack>/.
+# Another stack: STACK=dev ./scripts/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 STACK=${STACK:-prod}
-exec .venv/bin/exaserve plan --stack "$STACK"
+exaserve=.venv/bin/exaserve
+"$exaserve" plan --stack "$STACK"
+"$exaserve" check --stack "$STACK"
+"$exaserve" render --stack "$STACK" --out "build/render/$STACK"
