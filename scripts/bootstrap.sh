@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(python3 python3-venv python3-dev gcc git openssh-server openssh-client chrony iproute2
-  iputils-ping util-linux procps systemd)
+  iputils-ping util-linux procps systemd
+  python3-apt python3-debian)  # Ansible's apt and deb822_repository modules on the SSH test hosts
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -5,7 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
-echo "== ruff";          ruff check serving infra policies tests bench scripts
+echo "== ruff";          ruff check serving infra policies ansible tests bench scripts
 echo "== mypy (strict on serving/)"; mypy serving
 echo "== yamllint";      yamllint -s .
+echo "== ansible-lint (production profile)"; (cd ansible && ansible-lint)
+echo "== ansible-playbook --syntax-check"
+(cd ansible && ansible-playbook --syntax-check -i inventory/prod.exaserve.yml preflight.yml site.yml)
 echo "== pytest";        pytest -q -p no:cacheprovider "$@"

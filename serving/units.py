@@ -465,6 +465,24 @@ def router_policy(spec: FleetSpec) -> str:
     return "power_of_two" if strategy == "weighted_round_robin" else strategy
 
 
+def duration_buckets(spec: FleetSpec) -> list[float]:
+    """Router latency buckets fine enough to resolve the P99 gate.
+
+    The router's default buckets jump 25 ms → 50 ms → 100 ms … 1 s → 2.5 s: a 30 % P99 rise inside
+    one bucket is invisible to ``histogram_quantile``. Geometric buckets with ratio
+    ``1 + max_p99_rise / 3`` put at least three buckets inside the gate, from 1 ms to 10 × the P99
+    target. Rendered as the router's ``--prometheus-duration-buckets``; the rollout gates read them.
+    """
+    ratio = 1 + spec.rollout.max_p99_rise / 3
+    top = 10 * spec.limits.p99_target_s
+    out, b = [], 0.001
+    while b < top:
+        out.append(float(f"{b:.4g}"))
+        b *= ratio
+    return [*dict.fromkeys(out), top]
+
+
+
 @dataclass(frozen=True)
 class RouterContext:
     spec: FleetSpec
@@ -549,6 +567,11 @@ ROUTER_FLAGS: Final[tuple[FlagRule[RouterContext], ...]] = (
         "--prometheus-port",
         f"{ROUTER_METRICS_PORT}; sandbox.prometheus_port in the sandbox",
         lambda c: str(c.metrics_port),
+    ),
+    FlagRule(
+        "--prometheus-duration-buckets",
+        "geometric, ratio 1 + rollout.max_p99_rise / 3, 1 ms to 10 × limits.p99_target_s (resolves the P99 gate)",
+        lambda c: tuple(f"{b:g}" for b in duration_buckets(c.spec)),
     ),
     FlagRule(
         "--log-level", "serving.log_level (warning → warn)", lambda c: _ROUTER_LOG_LEVEL[c.spec.serving.log_level]

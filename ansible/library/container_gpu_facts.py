@@ -72,7 +72,9 @@ ansible_facts:
 
 _HEADER = re.compile(r"^\s*\[(?P<path>[^\]]+)\]\s*$")
 _ASSIGN = re.compile(r"^\s*(?P<key>[A-Za-z0-9_]+)\s*=\s*(?P<value>.+?)\s*$")
-_RUNTIME_PATH = re.compile(r"""\.containerd\.runtimes\.(?P<q>["']?)(?P<name>[A-Za-z0-9_.-]+)(?P=q)(?P<options>\.options)?$""")
+_RUNTIME_PATH = re.compile(
+    r"""\.containerd\.runtimes\.(?:"(?P<dq>[^"]+)"|'(?P<sq>[^']+)'|(?P<bare>[A-Za-z0-9_-]+))(?P<options>\.options)?$"""
+)
 _CLI_FIELD = re.compile(r"^(?P<label>[A-Za-z][A-Za-z ]+):\s+(?P<value>.*)$")
 _DEVICE_KEYS = {
     "Device Index": "index",
@@ -124,7 +126,8 @@ def parse_containerd_runtimes(toml_text: str) -> dict[str, Any]:
         if header:
             path = header.group("path").strip()
             match = _RUNTIME_PATH.search(path)
-            current = (match.group("name"), bool(match.group("options"))) if match else None
+            name = match and (match.group("dq") or match.group("sq") or match.group("bare"))
+            current = (name, bool(match.group("options"))) if match and name else None
             if current:
                 runtimes.setdefault(current[0], None)
             in_cri_containerd = path.endswith(".containerd") and ("cri" in path)

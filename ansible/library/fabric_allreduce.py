@@ -61,8 +61,8 @@ STARTUP_ALLOWANCE_S = 60
 
 def parse_worker_output(stdout: str) -> dict[str, Any]:
     """The last JSON object the worker printed (torch may print warnings before it)."""
-    for line in reversed(stdout.splitlines()):
-        line = line.strip()
+    for raw in reversed(stdout.splitlines()):
+        line = raw.strip()
         if line.startswith("{"):
             try:
                 doc = json.loads(line)

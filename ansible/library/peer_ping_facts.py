@@ -62,7 +62,8 @@ ansible_facts:
       elements: dict
       sample:
         - {name: gpu-r00-n01, address: 10.40.0.12, transmitted: 5, received: 5, loss_pct: 0.0,
-           rtt_min_ms: 0.041, rtt_avg_ms: 0.052, rtt_max_ms: 0.071, reachable: true, error: null}
+           rtt_min_ms: 0.041, rtt_avg_ms: 0.052, rtt_max_ms: 0.071, reachable: true, error: null,
+           summary: "gpu-r00-n01 (10.40.0.12) 0.0 % loss, rtt avg/max 0.052/0.071 ms"}
 """
 
 _PACKETS = re.compile(r"(?P<tx>\d+) packets transmitted, (?P<rx>\d+) (?:packets )?received")
@@ -85,6 +86,14 @@ def parse_ping_summary(text: str) -> dict[str, Any]:
         "rtt_avg_ms": float(rtt.group("avg")) if rtt else None,
         "rtt_max_ms": float(rtt.group("max")) if rtt else None,
     }
+
+
+def describe(result: dict[str, Any]) -> str:
+    """One line per target: `name (address) 0.0 % loss, rtt avg/max 0.05/0.08 ms`."""
+    text = f"{result['name']} ({result['address']}) {result['loss_pct']} % loss"
+    if result["rtt_avg_ms"] is not None:
+        text += f", rtt avg/max {result['rtt_avg_ms']}/{result['rtt_max_ms']} ms"
+    return text
 
 
 def main() -> None:
@@ -123,6 +132,7 @@ def main() -> None:
             reachable=summary["received"] > 0,
             error=(err or "").strip() or None,
         )
+        summary["summary"] = describe(summary)
         results.append(summary)
     module.exit_json(changed=False, ansible_facts={"peer_ping": results})
 

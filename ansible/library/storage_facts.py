@@ -110,7 +110,7 @@ def main() -> None:
     p = module.params
     facts: dict[str, Any] = {"mount_path": p["mount_path"], "model_dir": p["model_dir"], "cache_path": p["cache_path"]}
     findmnt = module.get_bin_path("findmnt", required=True)
-    rc, out, err = module.run_command(
+    rc, out, _err = module.run_command(
         [findmnt, "--json", "--output", "TARGET,SOURCE,FSTYPE", "--mountpoint", p["mount_path"]],
         environ_update={"LC_ALL": "C"},
     )

@@ -1,0 +1,46 @@
+"""Backends: how one batch's replicas get a new version. The updater's core never knows which one runs.
+
+* :mod:`.local` — the sandbox's simulated workers, restarted as local processes;
+* :mod:`.ssh` — bare-metal nodes: the replica's systemd unit, over paramiko with host keys verified;
+* :mod:`.kubernetes` — the update group's StatefulSet/LeaderWorkerSet, patched through the API server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class BackendError(RuntimeError):
+    """An update could not be applied; the message says which replica, what failed and what to do."""
+
+
+class Backend(Protocol):
+    """What the updater needs from the platform. Every method is idempotent."""
+
+    @property
+    def name(self) -> str:
+        """Human name for the progress display, e.g. ``ssh (4 nodes)``."""
+        ...
+
+    def worker_url(self, replica_id: str) -> str:
+        """The URL the router knows the replica by (``http://host:port``)."""
+        ...
+
+    def known_versions(self) -> frozenset[str] | None:
+        """Versions this backend can run on top of ``serving.releases`` (the sandbox's simulated
+        releases), or None when every release of the stack can run."""
+        ...
+
+    async def versions(self, replica_ids: Sequence[str]) -> dict[str, str | None]:
+        """The version each replica runs now, as the platform reports it (None: unknown/down)."""
+        ...
+
+    async def update(self, replica_ids: Sequence[str], version: str, timeout_s: float) -> None:
+        """Make the replicas run ``version`` (restart them); return once the platform has applied it
+        (health is the updater's next step). Raises :class:`BackendError`."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...

@@ -1,0 +1,166 @@
+"""Bare-metal nodes over SSH: install the replica's systemd unit for the new release and restart it.
+
+Each replica runs as ``exaserve-sglang@<replica>.service`` (one unit per node of a multi-node replica),
+rendered by :func:`serving.units.systemd_unit` from the stack with the batch's group set to the new
+version — so the unit on the node is exactly what the stack says that group runs (image release in
+``EXASERVE_RELEASE``, command line, limits). Per node, one SSH session writes the units atomically,
+runs ``systemctl daemon-reload`` and ``systemctl restart --no-block`` (the updater's health step
+bounds the start, not systemd). The running release is read back from ``systemctl show``.
+
+Connections go through :func:`serving.fanout.run_one`: host keys verified against known_hosts
+(paramiko ``RejectPolicy``: an unknown or changed key fails that node with the fix), per-host
+connect and command timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from serving import units
+from serving.fanout import HostResult, Target, run_one
+from serving.planner import Replica, fleet_replicas
+from serving.rollout.backends import BackendError
+from serving.rollout.plan import with_group_version
+from serving.spec import FleetSpec, Node
+
+UNIT_DIR = "/etc/systemd/system"
+RELEASE_ENV = "EXASERVE_RELEASE"
+
+
+@dataclass(frozen=True)
+class UnitFile:
+    node: Node
+    name: str
+    text: str
+
+
+def unit_files(spec: FleetSpec, replicas: Sequence[Replica], version: str) -> list[UnitFile]:
+    """Every unit (all nodes of each replica) of ``replicas`` at ``version``."""
+    out = []
+    for replica in replicas:
+        moved = with_group_version(spec, replica.group, version)
+        for rank, node in enumerate(replica.nodes):
+            out.append(UnitFile(node, units.unit_name(replica, rank), units.systemd_unit(moved, replica, rank)))
+    return out
+
+
+def install_script(files: Sequence[UnitFile], unit_dir: str = UNIT_DIR) -> str:
+    """Shell run on one node: write each unit atomically (temp file + rename), reload, restart them."""
+    lines = ["set -eu", "umask 022", f"mkdir -p {shlex.quote(unit_dir)}"]
+    for f in files:
+        path = shlex.quote(f"{unit_dir}/{f.name}")
+        tmp = shlex.quote(f"{unit_dir}/.{f.name}.tmp")
+        lines += [f"printf '%s' {shlex.quote(f.text)} > {tmp}", f"mv -f {tmp} {path}"]
+    lines += ["systemctl daemon-reload", "systemctl restart --no-block " + " ".join(shlex.quote(f.name) for f in files)]
+    return "\n".join(lines) + "\n"
+
+
+def show_command(unit_names: Sequence[str]) -> str:
+    return "systemctl show --property=Id,Environment " + " ".join(shlex.quote(n) for n in unit_names)
+
+
+def parse_show(text: str) -> dict[str, str | None]:
+    """``systemctl show --property=Id,Environment`` output → unit → its EXASERVE_RELEASE (None if unset).
+
+    systemd prints one block per unit, blocks separated by a blank line; ``Environment=`` holds the
+    assignments separated by spaces, each one quoted if it contains spaces.
+    """
+    out: dict[str, str | None] = {}
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if "Id" not in fields:
+            continue
+        release = None
+        for item in shlex.split(fields.get("Environment", "")):
+            key, _, value = item.partition("=")
+            if key == RELEASE_ENV:
+                release = value
+        out[fields["Id"]] = release
+    return out
+
+
+class SshBackend:
+    """Restart the batch's systemd units on bare-metal nodes."""
+
+    def __init__(
+        self,
+        spec: FleetSpec,
+        *,
+        known_hosts: Path,
+        identity: Path | None = None,
+        connect_timeout_s: float = 5.0,
+        unit_dir: str = UNIT_DIR,
+    ) -> None:
+        self.spec = spec
+        self.known_hosts = known_hosts
+        self.identity = identity
+        self.connect_timeout_s = connect_timeout_s
+        self.unit_dir = unit_dir
+        self.replicas = {r.id: r for r in fleet_replicas(spec)}
+
+    @property
+    def name(self) -> str:
+        return f"ssh ({len({n.name for r in self.replicas.values() for n in r.nodes})} nodes)"
+
+    def _replica(self, replica_id: str) -> Replica:
+        try:
+            return self.replicas[replica_id]
+        except KeyError:
+            raise BackendError(f"replica {replica_id!r} is not in the stack's fleet") from None
+
+    def worker_url(self, replica_id: str) -> str:
+        return units.replica_url(self._replica(replica_id))
+
+    def known_versions(self) -> None:
+        return None  # any release of serving.releases
+
+    def _run(self, node: Node, command: str, timeout_s: float) -> HostResult:
+        return run_one(
+            Target.from_node(node),
+            command,
+            known_hosts=self.known_hosts,
+            identity=self.identity,
+            connect_timeout_s=self.connect_timeout_s,
+            timeout_s=timeout_s,
+        )
+
+    async def _per_node(self, commands: dict[Node, str], timeout_s: float) -> dict[Node, HostResult]:
+        nodes = list(commands)
+        results = await asyncio.gather(*(asyncio.to_thread(self._run, n, commands[n], timeout_s) for n in nodes))
+        return dict(zip(nodes, results, strict=True))
+
+    async def versions(self, replica_ids: Sequence[str]) -> dict[str, str | None]:
+        """The release of each replica's first-node unit as systemd has it loaded."""
+        by_node: dict[Node, list[tuple[str, str]]] = {}
+        for rid in replica_ids:
+            replica = self._replica(rid)
+            by_node.setdefault(replica.node, []).append((rid, units.unit_name(replica, 0)))
+        results = await self._per_node(
+            {n: show_command([u for _, u in pairs]) for n, pairs in by_node.items()}, 2 * self.connect_timeout_s
+        )
+        out: dict[str, str | None] = {}
+        for node, pairs in by_node.items():
+            loaded = parse_show(results[node].stdout) if results[node].ok else {}
+            out.update({rid: loaded.get(unit) for rid, unit in pairs})
+        return {rid: out[rid] for rid in replica_ids}
+
+    async def update(self, replica_ids: Sequence[str], version: str, timeout_s: float) -> None:
+        files = unit_files(self.spec, [self._replica(r) for r in replica_ids], version)
+        by_node: dict[Node, list[UnitFile]] = {}
+        for f in files:
+            by_node.setdefault(f.node, []).append(f)
+        results = await self._per_node({n: install_script(fs, self.unit_dir) for n, fs in by_node.items()}, timeout_s)
+        failed = {n.name: r for n, r in results.items() if not r.ok}
+        if failed:
+            detail = "; ".join(
+                f"{name} ({r.address}): {r.error}{': ' + r.stderr.strip()[:200] if r.stderr.strip() else ''}"
+                for name, r in sorted(failed.items())
+            )
+            raise BackendError(f"updating systemd units to {version} failed on {len(failed)} node(s): {detail}")
+
+    async def aclose(self) -> None:
+        return None

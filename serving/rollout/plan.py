@@ -1,0 +1,183 @@
+"""The rollout plan: which replicas go in which batch, the waits and the gates — pure, from the spec.
+
+Batches are the planner's update groups (:func:`serving.planner.rollout_groups` over
+:func:`serving.planner.fleet_replicas`): exactly ``rollout.batches`` batches, every replica once,
+striding over the placement order so each batch is spread across racks and nodes. Batch ``i`` is
+update group ``i``, the same group the Pulumi program gives its own version.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from serving.planner import Replica, fleet_replicas, rollout_groups
+from serving.spec import FleetSpec
+
+PlanKind = Literal["rollout", "revert"]
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Every configured wait of a rollout, in seconds (from ``rollout:`` and ``serving:``)."""
+
+    baseline_window_s: float
+    drain_timeout_s: float
+    health_timeout_s: float
+    warmup_s: float
+    warmup_share: float
+    interval_s: float
+    health_check_timeout_s: float
+
+    @classmethod
+    def from_spec(cls, spec: FleetSpec) -> Timings:
+        r, s = spec.rollout, spec.serving
+        return cls(
+            baseline_window_s=r.baseline_window_s,
+            drain_timeout_s=r.drain_timeout_s,
+            health_timeout_s=r.health_timeout_s,
+            warmup_s=s.warmup_duration_s,
+            warmup_share=s.warmup_share,
+            interval_s=r.interval_s,
+            health_check_timeout_s=s.health_check_timeout_s,
+        )
+
+
+@dataclass(frozen=True)
+class GateLimits:
+    """The source's gates against the pre-update baseline (§4.4)."""
+
+    max_qps_drop: float
+    max_p99_rise: float
+    max_error_rate: float
+
+    @classmethod
+    def from_spec(cls, spec: FleetSpec) -> GateLimits:
+        r = spec.rollout
+        return cls(r.max_qps_drop, r.max_p99_rise, r.max_error_rate)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    index: int
+    replicas: tuple[str, ...]
+    racks: tuple[str, ...]
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """Everything the state machine needs; recorded as the first line of the journal."""
+
+    stack: str
+    kind: PlanKind
+    from_version: str
+    to_version: str
+    batches: tuple[BatchPlan, ...]
+    timings: Timings
+    limits: GateLimits
+
+    @property
+    def gated(self) -> bool:
+        """A rollout is gated (baseline, warm-up, soak, rollback on breach); a revert to the last
+        stable version restores a known-good release with the same drain discipline and no gates."""
+        return self.kind == "rollout"
+
+    @property
+    def replicas(self) -> tuple[str, ...]:
+        return tuple(r for b in self.batches for r in b.replicas)
+
+    def batch(self, index: int) -> BatchPlan:
+        return self.batches[index]
+
+    def configured_wait_s(self) -> float:
+        """Sum of the waits the plan itself asks for (baseline, warm-ups, soaks), the floor of its
+        wall time; drain and health waits are bounds, not waits, and are not included."""
+        t = self.timings
+        if not self.gated:
+            return 0.0
+        return t.baseline_window_s + len(self.batches) * (t.warmup_s + t.interval_s)
+
+    def worst_case_s(self) -> float:
+        """Upper bound of the forward path: every drain and health wait running to its timeout."""
+        t = self.timings
+        return self.configured_wait_s() + len(self.batches) * (t.drain_timeout_s + t.health_timeout_s)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stack": self.stack,
+            "kind": self.kind,
+            "from_version": self.from_version,
+            "to_version": self.to_version,
+            "batches": [
+                {"index": b.index, "replicas": list(b.replicas), "racks": list(b.racks), "nodes": list(b.nodes)}
+                for b in self.batches
+            ],
+            "timings": vars(self.timings),
+            "limits": vars(self.limits),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RolloutPlan:
+        return cls(
+            stack=str(data["stack"]),
+            kind="revert" if data["kind"] == "revert" else "rollout",
+            from_version=str(data["from_version"]),
+            to_version=str(data["to_version"]),
+            batches=tuple(
+                BatchPlan(int(b["index"]), tuple(b["replicas"]), tuple(b["racks"]), tuple(b["nodes"]))
+                for b in data["batches"]
+            ),
+            timings=Timings(**data["timings"]),
+            limits=GateLimits(**data["limits"]),
+        )
+
+
+def plan_batches(spec: FleetSpec) -> tuple[BatchPlan, ...]:
+    """``rollout.batches`` batches over the fleet's replicas, each spread across racks."""
+    replicas = fleet_replicas(spec)
+    out = []
+    for i, group in enumerate(rollout_groups(len(replicas), spec.rollout.batches)):
+        members = [replicas[j] for j in group]
+        out.append(
+            BatchPlan(
+                index=i,
+                replicas=tuple(r.id for r in members),
+                racks=tuple(sorted({r.node.rack for r in members})),
+                nodes=tuple(sorted({n.name for r in members for n in r.nodes})),
+            )
+        )
+    return tuple(out)
+
+
+def plan_rollout(
+    spec: FleetSpec, stack: str, *, from_version: str, to_version: str, kind: PlanKind = "rollout"
+) -> RolloutPlan:
+    return RolloutPlan(
+        stack=stack,
+        kind=kind,
+        from_version=from_version,
+        to_version=to_version,
+        batches=plan_batches(spec),
+        timings=Timings.from_spec(spec),
+        limits=GateLimits.from_spec(spec),
+    )
+
+
+def replicas_by_id(spec: FleetSpec) -> dict[str, Replica]:
+    return {r.id: r for r in fleet_replicas(spec)}
+
+
+def warmup_requests(per_replica_qps: float, share: float, duration_s: float, floor: int = 5) -> int:
+    """Synthetic warm-up requests per replica: the source's traffic share of one replica's baseline
+    load over the warm-up, at least ``floor`` so that even an idle fleet exercises the new version."""
+    return max(floor, math.ceil(per_replica_qps * share * duration_s))
+
+
+def with_group_version(spec: FleetSpec, group: int, version: str) -> FleetSpec:
+    """The stack with update group ``group`` moved to ``version``, validated like the stack file
+    (the version must be one of ``serving.releases``)."""
+    data = spec.model_dump()
+    data["rollout"]["group_versions"] = {**spec.rollout.group_versions, group: version}
+    return FleetSpec.model_validate(data)

@@ -1,0 +1,192 @@
+"""What preflight needs on the SSH test hosts beyond tests/hosts: a stack for the fleet, container
+runtime stubs, a model store, and a way to run the playbook. Shared by the tests and the benchmark.
+
+Stand-ins (there is no containerd daemon, NVIDIA toolkit, NFS server or GPU here): `ctr`,
+`containerd` and `nvidia-container-cli` are stubs printing the real-format samples in
+tests/data/container; the model store is /dev/shm (a real tmpfs mount point every test host sees,
+whatever its start time) holding a tiny model directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from serving.stack import PROJECT_ROOT
+from tests.hosts.netns import HostFleet
+
+ANSIBLE_DIR = PROJECT_ROOT / "ansible"
+CONTAINER_DATA = Path(__file__).resolve().parent / "data" / "container"
+VENV_BIN = Path(sys.executable).parent
+MODEL_STORE_MOUNT = "/dev/shm"
+GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"  # the recorded nvidia-smi sample's GPUs
+
+_STUBS = {
+    "ctr": {"version": "ctr_version.txt"},
+    "containerd": {"config dump": "containerd_config_dump_nvidia.toml"},
+    "nvidia-container-cli": {"info": "nvidia_container_cli_info_h100x8.txt"},
+}
+
+
+def install_container_stubs(fleet: HostFleet) -> None:
+    """Put stub `ctr`, `containerd` and `nvidia-container-cli` in every host's stub folder (its
+    /usr/local/sbin). Each prints a recorded sample for the arguments preflight uses and fails
+    loudly (rc 2) for anything else."""
+    for host in fleet.hosts:
+        for tool, replies in _STUBS.items():
+            cases = "".join(
+                f"  {shlex.quote(args)}) cat {shlex.quote(str(CONTAINER_DATA / name))} ;;\n"
+                for args, name in replies.items()
+            )
+            script = (
+                "#!/bin/sh\n"
+                f"# test stub: {tool}, prints samples from tests/data/container\n"
+                'case "$*" in\n'
+                f"{cases}"
+                f'  *) echo "{tool} stub: arguments not recorded: $*" >&2; exit 2 ;;\n'
+                "esac\n"
+            )
+            path = host.stub_dir / tool
+            path.write_text(script)
+            path.chmod(0o755)
+
+
+@dataclass(frozen=True)
+class ModelStore:
+    """A model directory on /dev/shm: config.json and one small weight file."""
+
+    root: Path
+    model_path: str  # model.path, relative to the store's mount path
+
+    @property
+    def model_dir(self) -> Path:
+        return Path(MODEL_STORE_MOUNT) / self.model_path
+
+
+@contextmanager
+def model_store() -> Iterator[ModelStore]:
+    root = Path(MODEL_STORE_MOUNT) / f"exaserve-test-{os.getpid()}"
+    store = ModelStore(root, f"{root.name}/tiny-model")
+    store.model_dir.mkdir(parents=True, exist_ok=True)
+    (store.model_dir / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}\n')
+    (store.model_dir / "model.safetensors").write_bytes(b"\0" * 4096)
+    try:
+        yield store
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def stack_doc(fleet: HostFleet, store: ModelStore, *, racks: int = 2, **sections: Any) -> dict[str, Any]:
+    """A stack for the fleet: one pool over its addresses (10.200.<slot>.x, contiguous), the recorded
+    node's hardware (8 × H100, 8 × 400 Gb/s HCAs), Debian 12 as on the test hosts. ``sections``
+    deep-merges over the defaults, e.g. ``cluster={"fabric": {"link_rate_gbps": 200}}``."""
+    first = fleet.hosts[0].address
+    subnet = first.rsplit(".", 1)[0] + ".0/24"
+    doc: dict[str, Any] = {
+        "cluster": {
+            "name": "exaserve-test",
+            "pools": [
+                {
+                    "name": "tn",
+                    "count": len(fleet.hosts),
+                    "subnet": subnet,
+                    "first_address": first,
+                    "racks": racks,
+                }
+            ],
+            "gpu": {"product": GPU_PRODUCT, "memory_gb": 80, "count_per_node": 8},
+            "fabric": {"kind": "infiniband", "link_rate_gbps": 400},
+            "host": {"os_id": "debian", "os_version": "12", "min_free_disk_gb": 1},
+            "ntp": {"servers": [subnet.rsplit(".", 1)[0] + ".1"], "max_offset_ms": 100},
+        },
+        "storage": {
+            "model_store": {"kind": "nfs", "server": "nfs.exaserve.internal", "mount_path": MODEL_STORE_MOUNT},
+            "local_cache": {"path": "/tmp/exaserve-test-cache"},
+        },
+        "model": {"name": "tiny-model", "path": store.model_path},
+    }
+    return _merge(doc, sections)
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def write_stack(path: Path, doc: Mapping[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump({"config": {f"exaserve:{k}": v for k, v in doc.items()}}, sort_keys=False))
+    return path
+
+
+def node_names(fleet: HostFleet, stack_path: Path) -> dict[str, str]:
+    """Spec node name -> test host name (matched by address)."""
+    from serving.stack import load_stack_file
+
+    by_address = {h.address: h.name for h in fleet.hosts}
+    return {n.name: by_address[str(n.address)] for n in load_stack_file(stack_path).spec.cluster.nodes}
+
+
+def write_inventory(directory: Path, stack_path: Path, fleet: HostFleet) -> Path:
+    """An `exaserve` inventory config for the stack, with the fleet's known_hosts and client key."""
+    path = directory / "test.exaserve.yml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "plugin": "exaserve",
+                "stack_file": str(stack_path),
+                "known_hosts_file": str(fleet.known_hosts),
+                "private_key_file": str(fleet.client_key),
+            }
+        )
+    )
+    return path
+
+
+def ansible_env(control_dir: Path, **extra: str) -> dict[str, str]:
+    """Environment for ansible-playbook with the project's ansible.cfg and a per-run control path."""
+    return {
+        **HostFleet.ansible_env(control_dir),
+        "ANSIBLE_CONFIG": str(ANSIBLE_DIR / "ansible.cfg"),
+        **extra,
+    }
+
+
+@dataclass(frozen=True)
+class PlaybookRun:
+    rc: int
+    output: str
+    seconds: float
+
+
+def run_playbook(
+    playbook: str,
+    inventory: Path,
+    control_dir: Path,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 300,
+) -> PlaybookRun:
+    started = time.monotonic()
+    proc = subprocess.run(
+        [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(ANSIBLE_DIR / playbook), *args],
+        capture_output=True,
+        text=True,
+        cwd=ANSIBLE_DIR,
+        env={**ansible_env(control_dir), **(env or {})},
+        timeout=timeout_s,
+        check=False,
+    )
+    return PlaybookRun(proc.returncode, proc.stdout + proc.stderr, time.monotonic() - started)

@@ -1,0 +1,384 @@
+"""The updater's platform backends, each against the most faithful thing that runs here.
+
+* SSH: REAL sshd test hosts (tests/hosts, network namespaces), real paramiko with host keys verified.
+  The hosts have no systemd as PID 1, so `systemctl` is a test STAND-IN script on each host that keeps
+  systemd's observable contract for what the backend uses: units are read at `daemon-reload`,
+  `restart` fails for an unknown unit, `show` prints the loaded unit's Environment.
+* Kubernetes: there is no API server here. `ApiServerStandIn` is a STAND-IN speaking the API's REST
+  paths, JSON merge patch (RFC 7386) and generation/status bookkeeping of the StatefulSet and
+  LeaderWorkerSet controllers; every patched object is validated with the real Kubernetes OpenAPI
+  schema (kubernetes-validate) or the upstream LeaderWorkerSet CRD, as an API server would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import json
+import shlex
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from serving import units
+from serving.k8s.common import LABEL_VERSION
+from serving.k8s.fleet import group_name, multi_node, render
+from serving.k8s.validate import Validator
+from serving.planner import fleet_replicas
+from serving.rollout.backends import BackendError
+from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend, rollout_status, workload_path
+from serving.rollout.backends.ssh import SshBackend, parse_show
+from serving.rollout.plan import plan_batches, with_group_version
+from serving.spec import FleetSpec
+from tests.hosts.netns import HostFleet, HostPool
+from tests.specdoc import spec_from
+
+CRD_DIR = Path(__file__).resolve().parents[2] / "shared" / "crds"
+RELEASES = {
+    "v1": "lmsysorg/sglang:v0.5.23-cu126",
+    "v2": "lmsysorg/sglang:v0.5.24-cu126",
+    "v2-stuck": "lmsysorg/sglang:v0.5.24-cu126-stuck",
+}
+
+
+# ----------------------------------------------------------------------------------------- SSH
+
+SYSTEMCTL_STAND_IN = """#!/bin/sh
+# TEST STAND-IN for systemctl: the SSH test hosts have no systemd as PID 1.
+# Units are read from UNIT_DIR only at daemon-reload (into LOADED), like systemd.
+UNIT_DIR={unit_dir}
+LOADED={state}/loaded
+echo "$*" >> {state}/calls.log
+cmd=$1; shift
+case "$cmd" in
+  daemon-reload)
+    rm -rf "$LOADED"; mkdir -p "$LOADED"
+    for f in "$UNIT_DIR"/*.service; do [ -e "$f" ] && cp "$f" "$LOADED"/; done; exit 0 ;;
+  restart)
+    [ "$1" = --no-block ] && shift
+    for u in "$@"; do
+      [ -f "$LOADED/$u" ] || {{ echo "Failed to restart $u: Unit $u not found." >&2; exit 5; }}
+      echo "$u" >> {state}/restarted
+    done; exit 0 ;;
+  show)
+    [ "${{1#--property=}}" != "$1" ] && shift
+    for u in "$@"; do
+      echo "Id=$u"
+      env=""
+      if [ -f "$LOADED/$u" ]; then
+        env=$(sed -n 's/^Environment=//p' "$LOADED/$u" | tr '\\n' ' ')
+      fi
+      echo "Environment=${{env% }}"
+      echo
+    done; exit 0 ;;
+esac
+echo "systemctl stand-in: unsupported command $cmd" >&2; exit 1
+"""
+
+
+def bare_metal_spec(fleet: HostFleet) -> FleetSpec:
+    """The sandbox stack moved onto the SSH test hosts: 4 nodes × 2 replicas, releases v1/v2."""
+    first = fleet.hosts[0].address
+    subnet = first.rsplit(".", 1)[0] + ".0/24"
+    return spec_from(
+        "sandbox",
+        **{
+            "sandbox": None,
+            "cluster.pools": [
+                {"name": "bm", "count": len(fleet.hosts), "name_pattern": "node{index:02d}", "subnet": subnet,
+                 "first_address": first, "ssh_user": "root"}
+            ],
+            "serving.replicas_per_node": 2,
+            "serving.releases": RELEASES,
+        },
+    )  # fmt: skip
+
+
+@pytest.fixture
+def bare_metal(ssh_hosts: HostPool, tmp_path: Path) -> Iterator[tuple[FleetSpec, HostFleet, Path]]:
+    fleet = ssh_hosts(count=4)
+    unit_dir = tmp_path / "units"
+    installed = []
+    for host in fleet.hosts:
+        state = tmp_path / host.name
+        state.mkdir()
+        stub = host.stub_dir / "systemctl"
+        stub.write_text(SYSTEMCTL_STAND_IN.format(unit_dir=shlex.quote(str(unit_dir)), state=shlex.quote(str(state))))
+        stub.chmod(0o755)
+        installed.append(stub)
+    try:
+        yield bare_metal_spec(fleet), fleet, tmp_path
+    finally:
+        for stub in installed:
+            stub.unlink(missing_ok=True)
+
+
+def test_ssh_backend_installs_the_rendered_units_reloads_and_restarts_over_real_ssh(
+    bare_metal: tuple[FleetSpec, HostFleet, Path],
+) -> None:
+    spec, fleet, state = bare_metal
+    backend = SshBackend(spec, known_hosts=fleet.known_hosts, identity=fleet.client_key, unit_dir=str(state / "units"))
+    every = [r.id for r in fleet_replicas(spec)]
+    batch0 = list(plan_batches(spec)[0].replicas)
+
+    async def scenario() -> tuple[dict[str, str | None], dict[str, str | None], dict[str, str | None]]:
+        before = await backend.versions(every)
+        await backend.update(every, "v1", timeout_s=20)
+        at_v1 = await backend.versions(every)
+        await backend.update(batch0, "v2", timeout_s=20)
+        return before, at_v1, await backend.versions(every)
+
+    before, at_v1, after = asyncio.run(scenario())
+    assert set(before.values()) == {None}  # no unit installed yet
+    assert set(at_v1.values()) == {"v1"}
+    assert {r: v for r, v in after.items() if v == "v2"} == dict.fromkeys(batch0, "v2")
+    assert {v for r, v in after.items() if r not in batch0} == {"v1"}
+    # The unit on the node is byte for byte what the stack renders for group 0 at v2.
+    replicas = {r.id: r for r in fleet_replicas(spec)}
+    r0 = replicas[batch0[0]]
+    text = (state / "units" / units.unit_name(r0)).read_text()
+    assert text == units.systemd_unit(with_group_version(spec, 0, "v2"), r0)
+    assert "EXASERVE_RELEASE=v2" in text
+    # Only the batch's units were restarted in the second update, after a daemon-reload, without blocking.
+    host = next(h for h in fleet.hosts if h.address == str(r0.node.address))
+    calls = (state / host.name / "calls.log").read_text().splitlines()
+    assert calls[-3].startswith("daemon-reload") and calls[-2].startswith("restart --no-block")
+    assert units.unit_name(r0) in calls[-2]
+    assert backend.worker_url(r0.id) == f"http://{r0.node.address}:{r0.port}"
+
+
+def test_ssh_backend_refuses_a_node_whose_host_key_changed(
+    bare_metal: tuple[FleetSpec, HostFleet, Path], tmp_path: Path
+) -> None:
+    spec, fleet, state = bare_metal
+    wrong = tmp_path / "known_hosts"
+    other = fleet.hosts[1].host_public_key  # node02's key listed for node01's address
+    lines = [f"{h.address} {other if h is fleet.hosts[0] else h.host_public_key}" for h in fleet.hosts]
+    wrong.write_text("\n".join(lines) + "\n")
+    backend = SshBackend(spec, known_hosts=wrong, identity=fleet.client_key, unit_dir=str(state / "units"))
+    first = fleet.hosts[0]
+    on_first = [r.id for r in fleet_replicas(spec) if str(r.node.address) == first.address]
+    with pytest.raises(
+        BackendError, match=rf"failed on 1 node\(s\): .* \({first.address}\): host key of .* CHANGED"
+    ) as err:
+        asyncio.run(backend.update(on_first, "v2", timeout_s=10))
+    assert str(wrong) in str(err.value)
+    assert not (state / first.name / "calls.log").exists(), "nothing may run on a host whose key does not match"
+
+
+def test_parse_show_reads_systemds_quoted_environment() -> None:
+    text = 'Id=a.service\nEnvironment=HOME=/x "NCCL_X=a b" EXASERVE_RELEASE=v7\n\nId=b.service\nEnvironment=\n'
+    assert parse_show(text) == {"a.service": "v7", "b.service": None}
+
+
+# ----------------------------------------------------------------------------------------- Kubernetes
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def _revision(obj: dict[str, Any]) -> str:
+    spec = obj["spec"]
+    template = spec.get("template") or spec.get("leaderWorkerTemplate")
+    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+
+
+class ApiServerStandIn:
+    """STAND-IN for the API server and the StatefulSet/LeaderWorkerSet controllers (see module doc).
+
+    A patched pod template rolls out `maxUnavailable` pods per tick; a pod whose serving container
+    runs a release named `*-stuck` never becomes ready, so the rollout halts like a real one.
+    """
+
+    def __init__(self, spec: FleetSpec) -> None:
+        self.validator = Validator(spec.kubernetes.version, CRD_DIR)
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+        for rendered in render(spec):
+            if rendered["kind"] in ("StatefulSet", "LeaderWorkerSet"):
+                group = int(rendered["metadata"]["name"].removeprefix("sglang-g"))
+                obj = copy.deepcopy(rendered)
+                obj["metadata"]["generation"] = 1
+                n = obj["spec"]["replicas"]
+                obj["status"] = self._status(obj, updated=n, ready=n, current=_revision(obj))
+                self.objects[workload_path(spec, group)] = obj
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self.url = ""
+
+    @staticmethod
+    def _status(obj: dict[str, Any], *, updated: int, ready: int, current: str) -> dict[str, Any]:
+        n = obj["spec"]["replicas"]
+        status: dict[str, Any] = {"observedGeneration": obj["metadata"]["generation"], "replicas": n,
+                                  "updatedReplicas": updated, "readyReplicas": ready}  # fmt: skip
+        if obj["kind"] == "StatefulSet":
+            status |= {"currentRevision": current, "updateRevision": _revision(obj)}
+        else:
+            rolling = updated < n or ready < n
+            status["conditions"] = [
+                {"type": "Available", "status": "True" if ready == n else "False"},
+                {"type": "UpdateInProgress", "status": "True" if rolling else "False"},
+            ]
+        return status
+
+    async def _get(self, request: web.Request) -> web.Response:
+        obj = self.objects.get(request.path)
+        if obj is None:
+            return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
+        return web.json_response(obj)
+
+    async def _patch(self, request: web.Request) -> web.Response:
+        if request.content_type != "application/merge-patch+json":
+            return web.json_response({"kind": "Status", "code": 415}, status=415)
+        obj = self.objects.get(request.path)
+        if obj is None:
+            return web.json_response({"kind": "Status", "code": 404}, status=404)
+        patch = await request.json()
+        self.patches.append((request.path, patch))
+        merged = merge_patch({k: v for k, v in obj.items() if k != "status"}, patch)
+        problems = self.validator.problems(merged)
+        if problems:
+            return web.json_response({"kind": "Status", "code": 422, "message": str(problems)}, status=422)
+        if merged["spec"] != obj["spec"]:
+            merged["metadata"]["generation"] = obj["metadata"]["generation"] + 1
+        old_revision = obj["status"].get("currentRevision", _revision(obj))
+        merged["status"] = obj["status"]
+        self.objects[request.path] = merged
+        if merged["metadata"]["generation"] != obj["metadata"]["generation"]:
+            asyncio.get_running_loop().create_task(self._controller(request.path, old_revision))
+        return web.json_response(merged)
+
+    async def _controller(self, path: str, old_revision: str) -> None:
+        obj = self.objects[path]
+        n = obj["spec"]["replicas"]
+        strategy = obj["spec"].get("updateStrategy") or obj["spec"]["rolloutStrategy"]
+        config = strategy.get("rollingUpdate") or strategy.get("rollingUpdateConfiguration")
+        step = int(config["maxUnavailable"])
+        template = obj["spec"].get("template") or obj["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+        env = {e["name"]: e.get("value") for e in template["spec"]["containers"][0]["env"]}
+        stuck = str(env.get("EXASERVE_RELEASE", "")).endswith("-stuck")
+        updated = 0
+        while updated < n:
+            await asyncio.sleep(0.02)
+            updated = min(n, updated + step)
+            ready = n - min(step, updated) if stuck else n
+            obj["status"] = self._status(obj, updated=updated, ready=ready, current=old_revision)
+            if stuck:
+                return  # the first wave never becomes ready: the rollout halts
+        obj["status"] = self._status(obj, updated=n, ready=n, current=_revision(obj))
+
+    def __enter__(self) -> ApiServerStandIn:
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", self._get)
+        app.router.add_patch("/{tail:.*}", self._patch)
+        runner = web.AppRunner(app, access_log=None)
+
+        async def start() -> int:
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            return int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+
+        self._thread.start()
+        port = asyncio.run_coroutine_threadsafe(start(), self._loop).result(10)
+        self.url = f"http://127.0.0.1:{port}"
+        self._runner = runner
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def k8s_spec(multi: bool) -> FleetSpec:
+    changes: dict[str, Any] = {"serving.releases": RELEASES}
+    if multi:  # 16 GPUs per replica: every replica spans two 8-GPU nodes → LeaderWorkerSets
+        changes |= {"parallelism.tp": 8, "parallelism.pp": 2, "serving.replicas": 8, "serving.replicas_per_node": None}
+    return spec_from("dev", **changes)
+
+
+@pytest.mark.parametrize("multi", [False, True], ids=["statefulset", "leaderworkerset"])
+def test_kubernetes_backend_against_an_api_server_stand_in_moves_one_group_and_waits_for_rollout(
+    multi: bool,
+) -> None:
+    spec = k8s_spec(multi)
+    assert multi_node(spec) is multi
+    batch1 = list(plan_batches(spec)[1].replicas)
+    every = [r.id for r in fleet_replicas(spec)]
+    with ApiServerStandIn(spec) as api:
+        backend = KubernetesBackend(spec, KubeApi(api.url))
+
+        async def scenario() -> tuple[dict[str, str | None], dict[str, str | None]]:
+            try:
+                before = await backend.versions(every)
+                await backend.update(batch1, "v2", timeout_s=10)
+                return before, await backend.versions(every)
+            finally:
+                await backend.aclose()
+
+        before, after = asyncio.run(scenario())
+        path = workload_path(spec, 1)
+        obj = api.objects[path]
+    assert set(before.values()) == {"v1"}
+    assert {r for r, v in after.items() if v == "v2"} == set(batch1)
+    assert [p for p, _ in api.patches] == [path], "exactly one object is patched: group 1's workload"
+    assert obj["metadata"]["labels"][LABEL_VERSION] == "v2"
+    assert rollout_status(obj) == (
+        True,
+        f"{obj['spec']['replicas']} of {obj['spec']['replicas']} replicas updated and ready",
+    )
+    template = obj["spec"].get("template") or obj["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+    container = template["spec"]["containers"][0]
+    assert container["image"] == RELEASES["v2"]
+    assert {"name": "EXASERVE_RELEASE", "value": "v2"} in container["env"]
+    # The patched object is exactly what the Pulumi program renders once the stack says group 1 runs v2.
+    rendered = next(o for o in render(with_group_version(spec, 1, "v2")) if o["metadata"]["name"] == group_name(1))
+    assert {k: v for k, v in obj.items() if k != "status"} == {
+        **rendered,
+        "metadata": {**rendered["metadata"], "generation": 2},
+    }
+
+
+def test_kubernetes_rollout_that_never_becomes_ready_times_out_naming_the_workload() -> None:
+    spec = k8s_spec(False)
+    batch0 = list(plan_batches(spec)[0].replicas)
+    with ApiServerStandIn(spec) as api:
+        backend = KubernetesBackend(spec, KubeApi(api.url))
+
+        async def scenario() -> None:
+            try:
+                await backend.update(batch0, "v2-stuck", timeout_s=1.5)
+            finally:
+                await backend.aclose()
+
+        with pytest.raises(BackendError, match=r"rollout of sglang-g0 not complete after 1.5 s: .* replicas updated"):
+            asyncio.run(scenario())
+
+
+def test_kubernetes_backend_refuses_plain_http_to_a_remote_api_server() -> None:
+    with pytest.raises(BackendError, match="plain HTTP is allowed only to a loopback"):
+        KubernetesBackend(k8s_spec(False), KubeApi("http://10.0.0.1:8080"))
+
+
+def test_kubernetes_worker_urls_are_stable_pod_dns_names() -> None:
+    spec = k8s_spec(False)
+    backend = KubernetesBackend(spec, KubeApi("http://127.0.0.1:1"))
+    group0 = sorted((r for r in fleet_replicas(spec) if r.group == 0), key=lambda r: r.index)
+    assert backend.worker_url(group0[2].id) == "http://sglang-g0-2.sglang-workers.exaserve.svc:30000"
+    asyncio.run(backend.aclose())

@@ -1,0 +1,378 @@
+"""The rolling updater end to end: the REAL sglang-router 0.3.2 in front of SIMULATED SGLang workers
+(`serving.sandbox.worker`: no GPU here), real worker processes restarted by the updater, real client
+load from the bounded open-loop load generator, and `exaserve` run as users run it (subprocesses).
+
+The stack is a test copy of `Pulumi.sandbox.yaml` (see `sandbox_stack`): free ports, simulated
+latencies × 5 (100 ms, "50 % slower" = 150 ms: at 20 ms, scheduling noise on a 2-core machine is as
+large as the slowdown and the P99 gate would be a coin toss), windows of 4 s, a 5 s health timeout.
+Every wait is bounded; the module takes about two and a half minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from serving.rollout.journal import StackState, load_state
+from serving.rollout.machine import Outcome, Phase
+from serving.sandbox.loadgen import LoadGenerator, LoadReport, LoadSpec
+from serving.sandbox.processes import StateDir, start_router, stop_process
+from serving.stack import PROJECT_ROOT
+
+EXASERVE = Path(sys.executable).parent / "exaserve"
+REPLICAS = 8
+LOAD_RATE = 100.0
+
+
+def _free_block(count: int) -> int:
+    """A base port with ``count`` consecutive free ports after it (workers listen on base + index)."""
+    for base in range(41000 + os.getpid() % 500 * 20, 60000, 37):
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(base, base + count):
+                    s = stack.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return base
+    raise RuntimeError("no block of free ports")
+
+
+def sandbox_stack(directory: Path, base: int, *, fast: bool) -> Path:
+    """Test copy of Pulumi.sandbox.yaml: free ports, the stack's simulated latencies, short windows.
+
+    ``fast``: 1.5 s windows with the QPS and P99 gates opened wide, for the tests of crash and
+    router-restart consistency (gate values are not what they check; the error gate stays 0.1 %).
+    """
+    doc = yaml.safe_load((PROJECT_ROOT / "Pulumi.sandbox.yaml").read_text())
+    cfg = doc["config"]
+    cfg["exaserve:model"]["hf_config"] = str(PROJECT_ROOT / cfg["exaserve:model"]["hf_config"])
+    box = cfg["exaserve:sandbox"]
+    box.update(router_port=base + REPLICAS, prometheus_port=base + REPLICAS + 1, worker_base_port=base)
+    rollout = cfg["exaserve:rollout"]
+    rollout.update(interval_s=4, baseline_window_s=4, health_timeout_s=5, drain_timeout_s=10)
+    if fast:
+        rollout.update(interval_s=1.5, baseline_window_s=1.5, max_qps_drop=0.9, max_p99_rise=5.0)
+    directory.mkdir()
+    path = directory / "Pulumi.sandbox.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    stack_file: Path
+    fast_stack_file: Path  # the same sandbox and state, short windows, QPS/P99 gates wide open
+    state_dir: Path
+    router_url: str
+    metrics_url: str
+
+    @property
+    def paths(self) -> StackState:
+        return StackState.for_stack("sandbox", self.state_dir)
+
+    def cli(self, *args: str, timeout: float = 120, fast: bool = False) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(EXASERVE), *args, "--stack-file", str(self.fast_stack_file if fast else self.stack_file)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "EXASERVE_STATE_DIR": str(self.state_dir), "COLUMNS": "200"},
+        )
+
+    def start(self, *args: str, fast: bool = False) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [str(EXASERVE), *args, "--stack-file", str(self.fast_stack_file if fast else self.stack_file)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "EXASERVE_STATE_DIR": str(self.state_dir), "COLUMNS": "200"},
+        )
+
+    def workers(self) -> dict[str, bool]:
+        """URL → healthy, as the router lists its workers."""
+        body = httpx.get(self.router_url + "/workers", timeout=5).json()
+        return {w["url"]: w["is_healthy"] for w in body["workers"]}
+
+    def versions(self) -> dict[str, str]:
+        base = int(self.router_url.rsplit(":", 1)[1]) - REPLICAS
+        return {
+            str(p): httpx.get(f"http://127.0.0.1:{p}/model_info", timeout=5).json()["weight_version"]
+            for p in range(base, base + REPLICAS)
+        }
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    root = tmp_path_factory.mktemp("rollout")
+    base = _free_block(REPLICAS + 2)
+    stack_file = sandbox_stack(root / "gated", base, fast=False)
+    cfg = yaml.safe_load(stack_file.read_text())["config"]["exaserve:sandbox"]
+    box = Sandbox(
+        stack_file,
+        sandbox_stack(root / "fast", base, fast=True),
+        root / "state",
+        f"http://127.0.0.1:{cfg['router_port']}",
+        f"http://127.0.0.1:{cfg['prometheus_port']}/metrics",
+    )
+    up = box.cli("sandbox", "up", "--json")
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        yield box
+    finally:
+        box.cli("sandbox", "down")
+
+
+@pytest.fixture
+def at_v1(sandbox: Sandbox) -> Sandbox:
+    """Each test starts with all 8 workers on v1 and in the router (one-command rollback if not)."""
+    r = sandbox.cli("rollback", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert set(sandbox.versions().values()) == {"v1"}
+    assert len(sandbox.workers()) == REPLICAS
+    return sandbox
+
+
+class Load:
+    """Bounded open-loop client load on the router, in a thread, for the length of a `with` block."""
+
+    def __init__(self, url: str, rate: float = LOAD_RATE, max_s: float = 120.0) -> None:
+        self.gen = LoadGenerator(LoadSpec(url=url, rate_per_s=rate, duration_s=max_s, timeout_s=10.0))
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.report: LoadReport | None = None
+
+    def _run(self) -> None:
+        self.report = self._loop.run_until_complete(self.gen.run(self._stop))
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        time.sleep(1.5)  # let the offered load settle before the baseline window
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=30)
+        assert self.report is not None, "load generator did not finish"
+
+
+def contract(r: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    try:
+        doc: dict[str, Any] = json.loads(r.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"no JSON on stdout (rc {r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return doc
+
+
+def wait_for_event(sandbox: Sandbox, to: str, phase: Phase, batch: int, timeout: float = 60) -> None:
+    """Until the current journal (a rollout to `to`) records `phase` of `batch` done."""
+    deadline = time.monotonic() + timeout
+    path = sandbox.paths.journal_path
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError, ValueError, IndexError):
+            lines = path.read_text().splitlines()
+            if json.loads(lines[0])["plan"]["to_version"] == to:
+                for line in lines[1:]:
+                    ev = json.loads(line)["event"]
+                    step = ev.get("step") or {}
+                    if ev["kind"] == "done" and step.get("phase") == phase.value and step.get("batch") == batch:
+                        return
+        time.sleep(0.02)
+    pytest.fail(f"no '{phase.value} batch {batch}' event for the rollout to {to} within {timeout} s")
+
+
+# ----------------------------------------------------------------------------------------- input
+
+
+def test_dry_run_prints_the_plan_and_touches_nothing(sandbox: Sandbox) -> None:
+    journal = sandbox.paths.journal_path
+    before = journal.read_text() if journal.exists() else None
+    r = sandbox.cli("rollout", "--to", "v2", "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["dry_run"] is True and [len(b["replicas"]) for b in doc["batches"]] == [2, 2, 2, 1, 1]
+    assert doc["configured_wait_s"] == pytest.approx(4 + 5 * (1 + 4))
+    assert (journal.read_text() if journal.exists() else None) == before
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--to", "v3"), "--to 'v3' is not in serving.releases (v1, v2, v2-broken, v2-slow, v2-stuck); add the release"),
+        (("--to", "v2 beta"), "is not a version label"),
+        ((), "give either --to VERSION"),
+        (("--resume",), "nothing to resume"),
+    ],
+)
+def test_bad_input_exits_2_with_the_fix(sandbox: Sandbox, args: tuple[str, ...], message: str) -> None:
+    r = sandbox.cli("rollout", *args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in " ".join(r.stderr.split())
+    assert "Traceback" not in r.stderr
+
+
+# ----------------------------------------------------------------------------------------- rollouts
+
+
+def test_healthy_rollout_completes_in_5_batches_with_no_client_errors_then_one_command_rollback(
+    at_v1: Sandbox,
+) -> None:
+    with Load(at_v1.router_url) as load:
+        r = at_v1.cli("rollout", "--to", "v2", "--json")
+    assert load.report is not None
+    doc = contract(r)
+    assert r.returncode == 0, r.stderr
+    assert doc["outcome"] == "completed" and (doc["from_version"], doc["to_version"]) == ("v1", "v2")
+    assert [b["passed"] for b in doc["batches"]] == [True] * 5
+    assert sorted(r for b in doc["batches"] for r in b["replicas"]) == sorted(doc["final_versions"])
+    starts = [b["started_at"] for b in doc["batches"]]
+    assert starts == sorted(starts)
+    for b in doc["batches"]:
+        g = b["gates"]
+        assert g["error_rate"] == 0 and g["qps_drop"] <= 0.20 and g["p99_rise"] <= 0.30, b
+    assert doc["client_errors"] == 0
+    assert load.report.errors == 0, load.report.summary()
+    assert load.report.count > 1500, load.report.summary()
+    assert set(doc["final_versions"].values()) == {"v2"} == set(at_v1.versions().values())
+    assert list(at_v1.workers().values()) == [True] * REPLICAS
+    # One fsync'd record per transition: the plan, the baseline, 7 phases × 5 batches.
+    assert len(at_v1.paths.journal_path.read_text().splitlines()) == 1 + 1 + 7 * 5
+
+    # One command back to the last stable version, batch by batch, under load.
+    with Load(at_v1.router_url) as load:
+        back = at_v1.cli("rollback", "--json")
+    assert back.returncode == 0, back.stderr
+    doc = contract(back)
+    assert doc["outcome"] == "completed" and doc["to_version"] == "v1"
+    assert set(at_v1.versions().values()) == {"v1"} and len(at_v1.workers()) == REPLICAS
+    assert load.report is not None and load.report.errors == 0, load.report.summary()
+
+
+def test_broken_release_trips_the_error_gate_in_the_first_batch_and_everything_ends_on_v1(at_v1: Sandbox) -> None:
+    with Load(at_v1.router_url) as load:
+        r = at_v1.cli("rollout", "--to", "v2-broken", "--json")
+    doc = contract(r)
+    assert r.returncode == 1 and doc["outcome"] == "rolled_back", r.stderr
+    first, *rest = doc["batches"]
+    assert first["passed"] is False and first["gates"]["error_rate"] > 0.001
+    assert all(b["started_at"] is None for b in rest)
+    assert set(doc["final_versions"].values()) == {"v1"} == set(at_v1.versions().values())
+    assert list(at_v1.workers().values()) == [True] * REPLICAS, "a worker was left out of the router"
+    assert load.report is not None and load.report.errors == 0, load.report.summary()
+    state = load_state(at_v1.paths.journal_path)
+    assert state is not None and "error rate" in state.reason
+
+
+def test_fifty_percent_slower_release_trips_the_p99_gate(at_v1: Sandbox) -> None:
+    with Load(at_v1.router_url):
+        r = at_v1.cli("rollout", "--to", "v2-slow", "--json")
+    doc = contract(r)
+    assert r.returncode == 1 and doc["outcome"] == "rolled_back", r.stderr
+    first = doc["batches"][0]
+    assert first["passed"] is False and first["gates"]["p99_rise"] > 0.30, first
+    assert set(at_v1.versions().values()) == {"v1"} and len(at_v1.workers()) == REPLICAS
+
+
+def test_release_that_never_becomes_healthy_hits_the_health_timeout_and_rolls_back(at_v1: Sandbox) -> None:
+    t0 = time.monotonic()
+    with Load(at_v1.router_url) as load:
+        r = at_v1.cli("rollout", "--to", "v2-stuck", "--json")
+    doc = contract(r)
+    assert r.returncode == 1 and doc["outcome"] == "rolled_back", r.stderr
+    state = load_state(at_v1.paths.journal_path)
+    assert state is not None and "health timeout" in state.reason and "(503)" in state.reason
+    assert time.monotonic() - t0 < 40
+    assert set(at_v1.versions().values()) == {"v1"} and len(at_v1.workers()) == REPLICAS
+    assert load.report is not None and load.report.errors == 0, load.report.summary()
+
+
+def test_sigkill_mid_batch_then_resume_ends_consistent_and_a_second_updater_is_refused(at_v1: Sandbox) -> None:
+    with Load(at_v1.router_url) as load:
+        first = at_v1.start("rollout", "--to", "v2", "--json", fast=True)
+        wait_for_event(at_v1, "v2", Phase.REMOVE, 0)
+        second = at_v1.cli("rollout", "--to", "v2", fast=True)  # while the first one holds the lock
+        wait_for_event(at_v1, "v2", Phase.DRAIN, 1)
+        first.send_signal(signal.SIGKILL)
+        first.communicate(timeout=10)
+        # Killed with batch 1 drained, its update under way: its two workers are out of the router.
+        state = load_state(at_v1.paths.journal_path)
+        assert state is not None and state.step is not None
+        assert (state.step.batch, state.step.phase) in ((1, Phase.UPDATE), (1, Phase.HEALTH))
+        assert len(at_v1.workers()) == REPLICAS - len(state.plan.batch(1).replicas)
+        resumed = at_v1.cli("rollout", "--resume", "--json", fast=True)
+    assert second.returncode == 2 and "another updater holds" in second.stderr
+    doc = contract(resumed)
+    assert resumed.returncode == 0 and doc["outcome"] == "completed", resumed.stderr
+    assert [b["passed"] for b in doc["batches"]] == [True] * 5
+    assert set(at_v1.versions().values()) == {"v2"}
+    assert list(at_v1.workers().values()) == [True] * REPLICAS
+    assert load.report is not None and load.report.errors == 0, load.report.summary()
+
+
+def test_router_restart_is_survived_and_a_router_gone_past_the_grace_period_pauses_clearly(at_v1: Sandbox) -> None:
+    procs = StateDir(at_v1.paths.sandbox_dir)
+    record = procs.read("router")
+    assert record is not None
+    flags = list(record.argv[3:])  # after "python -m sglang_router.launch_router"
+    with Load(at_v1.router_url) as load:
+        rollout = at_v1.start("rollout", "--to", "v2", "--json", "--router-grace-s", "3", fast=True)
+        # 1. A router restart during batch 0's soak (counters reset, worker list from its command line).
+        wait_for_event(at_v1, "v2", Phase.READMIT, 0)
+        stop_process(procs, "router", timeout_s=10)
+        start_router(procs, flags, healthy_workers=REPLICAS, timeout_s=30)
+        # 2. The router gone for longer than --router-grace-s during batch 2.
+        wait_for_event(at_v1, "v2", Phase.READMIT, 2)
+        stop_process(procs, "router", timeout_s=10)
+        out, err = rollout.communicate(timeout=60)
+        assert rollout.returncode == 1 and json.loads(out)["outcome"] == "paused", err
+        assert "router restarted during the soak" in err, err
+        state = load_state(at_v1.paths.journal_path)
+        assert state is not None and state.outcome is Outcome.PAUSED
+        assert "router lost during batch 2" in state.reason and "no answer from" in state.reason
+        assert [b.passed for b in state.batches[:2]] == [True, True]
+        # 3. Router back, the operator resumes: batch 2 is soaked again and the rollout completes.
+        start_router(procs, flags, healthy_workers=REPLICAS, timeout_s=30)
+        resumed = at_v1.cli("rollout", "--resume", "--json", fast=True)
+    assert resumed.returncode == 0 and contract(resumed)["outcome"] == "completed", resumed.stderr
+    assert set(at_v1.versions().values()) == {"v2"}
+    assert list(at_v1.workers().values()) == [True] * REPLICAS
+    assert load.report is not None and load.report.ok > 0
+
+
+def test_sigint_pauses_with_every_replica_in_the_router_and_rollback_undoes_the_touched_batches(
+    at_v1: Sandbox,
+) -> None:
+    with Load(at_v1.router_url) as load:
+        rollout = at_v1.start("rollout", "--to", "v2", "--json", fast=True)
+        wait_for_event(at_v1, "v2", Phase.DRAIN, 1)
+        rollout.send_signal(signal.SIGINT)  # batch 1 is out of the router: the pause must wait for it
+        out, err = rollout.communicate(timeout=60)
+        doc = json.loads(out)
+        assert rollout.returncode == 1 and doc["outcome"] == "paused", err
+        state = load_state(at_v1.paths.journal_path)
+        assert state is not None and state.resume_step is not None
+        assert (state.resume_step.batch, state.resume_step.phase) == (1, Phase.SOAK)
+        assert list(at_v1.workers().values()) == [True] * REPLICAS, "paused with a batch out of the router"
+        on_v2 = {r for r, v in doc["final_versions"].items() if v == "v2"}
+        assert on_v2 == set(state.plan.batch(0).replicas) | set(state.plan.batch(1).replicas)
+        back = at_v1.cli("rollback", "--json", fast=True)
+    assert back.returncode == 0 and contract(back)["outcome"] == "rolled_back", back.stderr
+    assert set(at_v1.versions().values()) == {"v1"} and len(at_v1.workers()) == REPLICAS
+    assert load.report is not None and load.report.errors == 0, load.report.summary()
