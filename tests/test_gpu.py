@@ -1,0 +1,70 @@
+"""GPU-only checks (marked ``gpu``): run on a lent GPU machine; skipped where no CUDA device exists.
+
+The same fabric-check code path preflight uses, with the ``nccl`` backend on real GPUs: one rank per
+GPU (``CUDA_VISIBLE_DEVICES`` per process, as one rank per node does in preflight), up to two.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.skipif(_gpu_count() == 0, reason="gpu: no CUDA device on this machine")
+def test_nccl_allreduce_on_real_gpus_reports_nccl_tests_figures() -> None:
+    world = min(2, _gpu_count())
+    master = f"127.0.0.1:{_free_port()}"
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "serving.fabric",
+                "--rank",
+                str(r),
+                "--world-size",
+                str(world),
+                "--master",
+                master,
+                "--backend",
+                "nccl",
+                "--size-mib",
+                "256",
+                "--iterations",
+                "10",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": str(r), "NCCL_SOCKET_IFNAME": "lo"},
+        )
+        for r in range(world)
+    ]
+    docs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out
+        docs.append(json.loads(out.strip().splitlines()[-1]))
+    assert {d["backend"] for d in docs} == {"nccl"}
+    assert all(d["time_s"] > 0 and d["algbw_gbs"] > 0 for d in docs)
+    if world > 1:
+        # busbw = algbw × 2(n−1)/n, as nccl-tests reports it.
+        assert docs[0]["busbw_gbs"] == pytest.approx(docs[0]["algbw_gbs"] * 2 * (world - 1) / world)
