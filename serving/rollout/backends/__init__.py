@@ -10,9 +10,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from serving.planner import Replica
+
 
 class BackendError(RuntimeError):
     """An update could not be applied; the message says which replica, what failed and what to do."""
+
+
+class ReplicaIndex:
+    """The stack's replicas by id, for backends: one lookup with one error message."""
+
+    def __init__(self, replicas: Sequence[Replica]) -> None:
+        self.replicas = {r.id: r for r in replicas}
+
+    def _replica(self, replica_id: str) -> Replica:
+        try:
+            return self.replicas[replica_id]
+        except KeyError:
+            raise BackendError(f"replica {replica_id!r} is not in the stack's fleet") from None
 
 
 class Backend(Protocol):

@@ -31,8 +31,8 @@ import httpx
 
 from serving.k8s.common import LABEL_VERSION, K8sObject
 from serving.k8s.fleet import LWS_API, WORKERS_SERVICE, group_name, multi_node, render
-from serving.planner import Replica, fleet_replicas
-from serving.rollout.backends import BackendError
+from serving.planner import fleet_replicas
+from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.rollout.plan import with_group_version
 from serving.spec import FleetSpec
 
@@ -123,14 +123,14 @@ def rollout_status(obj: K8sObject) -> tuple[bool, str]:
     return True, f"{ready} of {want} replicas updated and ready"
 
 
-class KubernetesBackend:
+class KubernetesBackend(ReplicaIndex):
     """Patch update groups' workloads through the Kubernetes API and wait for their rollout."""
 
     def __init__(self, spec: FleetSpec, api: KubeApi) -> None:
         self.spec = spec
         self.api = api
         replicas = fleet_replicas(spec)
-        self.replicas = {r.id: r for r in replicas}
+        super().__init__(replicas)
         # A group's replicas, in index order, are its workload's ordinals 0..size-1.
         self._ordinal = {r.id: sorted(x.index for x in replicas if x.group == r.group).index(r.index) for r in replicas}
         self._http = api.client()
@@ -138,12 +138,6 @@ class KubernetesBackend:
     @property
     def name(self) -> str:
         return f"kubernetes ({self.api.server}, namespace {self.spec.kubernetes.namespace})"
-
-    def _replica(self, replica_id: str) -> Replica:
-        try:
-            return self.replicas[replica_id]
-        except KeyError:
-            raise BackendError(f"replica {replica_id!r} is not in the stack's fleet") from None
 
     def worker_url(self, replica_id: str) -> str:
         """The replica's pod (the leader pod of a multi-node replica) by its stable DNS name."""

@@ -17,7 +17,7 @@ import httpx
 
 from serving import units
 from serving.planner import Replica, fleet_replicas
-from serving.rollout.backends import BackendError
+from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.sandbox.processes import SandboxError, StateDir, restart_worker
 from serving.sandbox.worker import LOOPBACK, WorkerConfig
 from serving.spec import FleetSpec, SandboxSpec
@@ -66,25 +66,19 @@ def router_flags(spec: FleetSpec, worker_urls: Sequence[str]) -> list[str]:
     return units.router_argv(spec, worker_urls=worker_urls)[len(units.ROUTER_ENTRY) :]
 
 
-class LocalBackend:
+class LocalBackend(ReplicaIndex):
     """Restart sandbox workers as local processes."""
 
     def __init__(self, spec: FleetSpec, processes_dir: Path) -> None:
         self.spec = spec
         self.sandbox = sandbox_of(spec)
         self.state = StateDir(processes_dir)
-        self.replicas = {r.id: r for r in fleet_replicas(spec)}
+        super().__init__(fleet_replicas(spec))
         self._http = httpx.AsyncClient(timeout=spec.serving.health_check_timeout_s)
 
     @property
     def name(self) -> str:
         return f"local processes ({len(self.replicas)} simulated workers)"
-
-    def _replica(self, replica_id: str) -> Replica:
-        try:
-            return self.replicas[replica_id]
-        except KeyError:
-            raise BackendError(f"replica {replica_id!r} is not in the stack's fleet") from None
 
     def worker_url(self, replica_id: str) -> str:
         return f"http://{LOOPBACK}:{self.sandbox.worker_base_port + self._replica(replica_id).index}"

@@ -23,7 +23,7 @@ from pathlib import Path
 from serving import units
 from serving.fanout import HostResult, Target, run_one
 from serving.planner import Replica, fleet_replicas
-from serving.rollout.backends import BackendError
+from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.rollout.plan import with_group_version
 from serving.spec import FleetSpec, Node
 
@@ -83,7 +83,7 @@ def parse_show(text: str) -> dict[str, str | None]:
     return out
 
 
-class SshBackend:
+class SshBackend(ReplicaIndex):
     """Restart the batch's systemd units on bare-metal nodes."""
 
     def __init__(
@@ -100,17 +100,11 @@ class SshBackend:
         self.identity = identity
         self.connect_timeout_s = connect_timeout_s
         self.unit_dir = unit_dir
-        self.replicas = {r.id: r for r in fleet_replicas(spec)}
+        super().__init__(fleet_replicas(spec))
 
     @property
     def name(self) -> str:
         return f"ssh ({len({n.name for r in self.replicas.values() for n in r.nodes})} nodes)"
-
-    def _replica(self, replica_id: str) -> Replica:
-        try:
-            return self.replicas[replica_id]
-        except KeyError:
-            raise BackendError(f"replica {replica_id!r} is not in the stack's fleet") from None
 
     def worker_url(self, replica_id: str) -> str:
         return units.replica_url(self._replica(replica_id))
