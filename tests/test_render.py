@@ -326,3 +326,25 @@ def test_diff_rejects_an_unknown_base(repo: Path) -> None:
     assert result.returncode == 2
     assert "--base 'no-such-branch' is not a commit" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_render_includes_the_bare_metal_units(cli: CliRunner, tmp_path: Path) -> None:
+    """`render` writes each replica's systemd unit, the router's argv/env and chrony.conf beside the objects;
+    a second render replaces them."""
+    from serving import units
+    from serving.planner import fleet_replicas
+    from serving.stack import load_stack
+
+    out = tmp_path / "out"
+    spec = load_stack("dev").spec
+    for _ in range(2):
+        result = cli.invoke(app, ["render", "--stack", "dev", "--out", str(out), "--json", "--no-validate"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["replica_units"] == 128
+    replicas = fleet_replicas(spec)
+    written = sorted(p.name for p in (out / "units").glob("*.service"))
+    assert written == sorted(f"{r.id}.service" for r in replicas)
+    assert (out / "units" / f"{replicas[5].id}.service").read_text() == units.systemd_unit(spec, replicas[5])
+    router = json.loads((out / "units" / "router.json").read_text())
+    assert router["argv"] == units.router_argv(spec)
+    assert (out / "units" / "chrony.conf").read_text() == units.chrony_conf(spec)

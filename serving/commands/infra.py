@@ -72,7 +72,8 @@ def render(
     as_json: JsonOpt = False,
     program_dir: ProgramDirOpt = INFRA_DIR,
 ) -> None:
-    """Render every Kubernetes object of the stack (the Pulumi program under mocks) to YAML + index.json.
+    """Render every Kubernetes object of the stack (the Pulumi program under mocks) to YAML + index.json,
+    and the bare-metal units (systemd unit per replica, router argv/env, chrony.conf) to DIR/units/.
 
     Each object is validated against the Kubernetes OpenAPI schema of kubernetes.version (strict) and each
     custom resource against its CRD. Exit 1 when any object fails validation.
@@ -91,12 +92,14 @@ def render(
         index = output.write(out, objects)
     except output.OutputError as exc:
         fail(str(exc))
+    replica_units = output.write_units(out, st.spec)
     if as_json:
         emit_json(
             {
                 "stack": st.name,
                 "out": str(out),
                 "objects": len(index),
+                "replica_units": replica_units,
                 "validated": validate,
                 "kubernetes_version": st.spec.kubernetes.version,
                 "crd_dir": str(crds) if crds else None,
@@ -109,7 +112,10 @@ def render(
             counts[entry["component"]] = counts.get(entry["component"], 0) + 1
         summary = ", ".join(f"{c} {n}" for c, n in sorted(counts.items()))
         console.print(
-            f"rendered {len(index)} objects of stack {st.name} to {out} ({summary})", highlight=False, soft_wrap=True
+            f"rendered {len(index)} objects of stack {st.name} to {out} ({summary}) and "
+            f"{replica_units} bare-metal replica units to {out / output.UNITS}",
+            highlight=False,
+            soft_wrap=True,
         )
         if validate:
             where = f"CRDs in {crds}" if crds else "no CRD directory"

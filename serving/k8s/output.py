@@ -15,10 +15,14 @@ from typing import Any
 
 import yaml
 
+from serving import units
 from serving.k8s.common import K8sObject
 from serving.k8s.program import RenderedObject
+from serving.planner import fleet_replicas
+from serving.spec import FleetSpec
 
 INDEX = "index.json"
+UNITS = "units"
 HEAD_KEYS = ("apiVersion", "kind", "metadata")
 
 
@@ -80,7 +84,7 @@ def _prepare(out: Path) -> None:
         components = {str(e["component"]) or "_" for e in previous}
     except (ValueError, TypeError, KeyError) as exc:
         raise OutputError(f"{index} is not a render index ({exc}); pass an empty directory") from None
-    for component in components:
+    for component in components | {UNITS}:
         path = (out / component).resolve()
         if path.parent == out.resolve() and path.is_dir():
             shutil.rmtree(path)
@@ -98,6 +102,21 @@ def write(out: Path, objects: Iterable[RenderedObject]) -> list[dict[str, Any]]:
         entries.append(obj.index_entry())
     (out / INDEX).write_text(json.dumps(entries, indent=2) + "\n")
     return entries
+
+
+def write_units(out: Path, spec: FleetSpec) -> int:
+    """Bare-metal units beside the objects: ``units/<replica>.service`` (the systemd unit that runs the
+    same command as the pod), ``units/router.json`` (the gateway's argv and env) and
+    ``units/chrony.conf``. Returns the number of replica units."""
+    folder = out / UNITS
+    folder.mkdir(parents=True, exist_ok=True)
+    replicas = fleet_replicas(spec)
+    for replica in replicas:
+        (folder / f"{replica.id}.service").write_text(units.systemd_unit(spec, replica))
+    router = {"argv": units.router_argv(spec), "env": units.router_env(spec)}
+    (folder / "router.json").write_text(json.dumps(router, indent=2) + "\n")
+    (folder / "chrony.conf").write_text(units.chrony_conf(spec))
+    return len(replicas)
 
 
 def read(out: Path) -> list[RenderedObject]:
