@@ -81,6 +81,7 @@ def render(
     st = resolve_stack(stack, stack_file)
     objects = _objects(st, stack_file is not None, program_dir)
     problems = []
+    unvalidated: list[str] = []
     crds = crd_dir if crd_dir is not None else (DEFAULT_CRD_DIR if DEFAULT_CRD_DIR.is_dir() else None)
     if validate:
         try:
@@ -88,6 +89,7 @@ def render(
         except SchemaSetupError as exc:
             fail(str(exc))
         problems = validator.validate_all(o.obj for o in objects)
+        unvalidated = validator.unvalidated
     try:
         index = output.write(out, objects)
     except output.OutputError as exc:
@@ -104,6 +106,7 @@ def render(
                 "kubernetes_version": st.spec.kubernetes.version,
                 "crd_dir": str(crds) if crds else None,
                 "problems": [{"resource": p.resource, "path": p.path, "message": p.message} for p in problems],
+                "unvalidated": unvalidated,
             }
         )
     else:
@@ -126,6 +129,15 @@ def render(
             )
         for p in problems:
             console.print(f"  ✗ {p}", highlight=False, markup=False, soft_wrap=True)
+        if unvalidated:
+            console.print(
+                f"warning: {len(unvalidated)} custom resource(s) not validated, no CRD directory "
+                f"({DEFAULT_CRD_DIR} is absent): {', '.join(unvalidated)}; pass --crd-dir with the "
+                "upstream CRDs (docs/infra.md lists them) to validate them too",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
     if problems:
         raise typer.Exit(EXIT_PROBLEM)
 

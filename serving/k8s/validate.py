@@ -149,6 +149,8 @@ class Validator:
         self._schema_dir = f"kubernetes-json-schema/v{self.k8s_version}-local-strict"
         self._crds = CrdCatalog(crd_dir) if crd_dir is not None else None
         self.crd_dir = crd_dir
+        # Objects with no schema at all while no CRD directory was given: reported, not failed.
+        self.unvalidated: list[str] = []
         self._cache: dict[tuple[str, str], jsonschema.protocols.Validator | None] = {}
         self._registry: Registry[Any] | None = None
 
@@ -183,12 +185,15 @@ class Validator:
         api_version, kind = str(obj.get("apiVersion", "")), str(obj.get("kind", ""))
         validator = self._validator(api_version, kind)
         if validator is None:
-            where = f"the CRDs in {self.crd_dir}" if self.crd_dir else "no --crd-dir given"
+            if self.crd_dir is None:
+                self.unvalidated.append(_describe(obj))
+                return []
             return [
                 SchemaProblem(
                     _describe(obj),
                     "",
-                    f"no schema for {kind} ({api_version}) in Kubernetes {self.k8s_version} nor in {where}; "
+                    f"no schema for {kind} ({api_version}) in Kubernetes {self.k8s_version} nor in the CRDs in "
+                    f"{self.crd_dir}; "
                     "add its CustomResourceDefinition to the CRD directory",
                 )
             ]
