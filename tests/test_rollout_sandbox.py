@@ -29,10 +29,12 @@ import httpx
 import pytest
 import yaml
 
+from serving.rollout.gates import ROUTER_INFERENCE_REQUESTS
 from serving.rollout.journal import StackState, load_state
 from serving.rollout.machine import Outcome, Phase
 from serving.sandbox.loadgen import LoadGenerator, LoadReport, LoadSpec
 from serving.sandbox.processes import StateDir, start_router, stop_process
+from serving.sandbox.router_client import MetricsSnapshot
 from serving.stack import PROJECT_ROOT
 
 EXASERVE = Path(sys.executable).parent / "exaserve"
@@ -229,6 +231,20 @@ def test_bad_input_exits_2_with_the_fix(sandbox: Sandbox, args: tuple[str, ...],
 
 
 # ----------------------------------------------------------------------------------------- rollouts
+
+
+def test_sandbox_load_command_reports_what_the_router_counted(sandbox: Sandbox) -> None:
+    """`exaserve sandbox load`: bounded client load on the sandbox router; its count agrees with the
+    router's own inference counter."""
+    before = MetricsSnapshot.parse(httpx.get(sandbox.metrics_url, timeout=5).text)
+    r = sandbox.cli("sandbox", "load", "--rate", "40", "--duration", "2", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    after = MetricsSnapshot.parse(httpx.get(sandbox.metrics_url, timeout=5).text)
+    assert doc["errors"] == 0 and doc["status_counts"] == {"200": doc["count"]}
+    assert 60 <= doc["count"] <= 82  # 40 req/s for 2 s, fixed-rate
+    counted = after.value(ROUTER_INFERENCE_REQUESTS) - before.value(ROUTER_INFERENCE_REQUESTS)
+    assert counted == doc["count"]
 
 
 def test_healthy_rollout_completes_in_5_batches_with_no_client_errors_then_one_command_rollback(

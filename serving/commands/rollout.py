@@ -240,6 +240,43 @@ def sandbox_down(stack: StackOpt = "sandbox", stack_file: StackFileOpt = None, s
     console.print(f"stopped {len(stopped)} process(es): {', '.join(stopped) or 'none was running'}")
 
 
+@sandbox_app.command("load")
+def sandbox_load(
+    stack: StackOpt = "sandbox",
+    stack_file: StackFileOpt = None,
+    rate: Annotated[float, typer.Option("--rate", help="Requests per second, sent at a fixed rate.")] = 50.0,
+    duration_s: Annotated[float, typer.Option("--duration", help="Seconds to run; bounded.")] = 60.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Bounded client load on the sandbox router (run it beside a rollout so the gates have traffic).
+
+    Exit 1 when any request failed as a client sees it."""
+    from serving.sandbox.loadgen import LoadSpec, run_load_sync  # noqa: PLC0415
+
+    st = resolve_stack(stack, stack_file)
+    try:
+        spec = LoadSpec(url=sandbox_endpoints(st.spec).router_url, rate_per_s=rate, duration_s=duration_s)
+    except ValueError as exc:
+        fail(str(exc))
+    report = run_load_sync(spec)
+    if as_json:
+        emit_json(
+            {
+                "count": report.count,
+                "errors": report.errors,
+                "error_rate": report.error_rate,
+                "qps": report.qps,
+                "p50_s": report.p50_s,
+                "p99_s": report.p99_s,
+                "status_counts": report.status_counts,
+            }
+        )
+    else:
+        console.print(report.summary(), highlight=False)
+    if report.errors:
+        raise typer.Exit(EXIT_PROBLEM)
+
+
 # ----------------------------------------------------------------------------------------- display
 
 
