@@ -126,6 +126,7 @@ def render(
                 f"validated against Kubernetes {st.spec.kubernetes.version} (strict) and {where}: "
                 f"{len(problems)} problem(s)",
                 highlight=False,
+                soft_wrap=True,
             )
         for p in problems:
             console.print(f"  ✗ {p}", highlight=False, markup=False, soft_wrap=True)
