@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,3 +45,23 @@ def ssh_control_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+# --- the pinned SGLang's real parsers (scripts/sglang-manifest.sh) -------------------------------
+
+
+@pytest.fixture(scope="session")
+def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Manifests dumped now from the real parsers; builds .venv-sglang on first use (cached after).
+    Its interpreter, `.venv-sglang/bin/python`, then holds the pinned SGLang's real parser."""
+    out = tmp_path_factory.mktemp("manifests")
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        ["bash", str(root / "scripts" / "sglang-manifest.sh"), "--out-dir", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    assert proc.returncode == 0, f"scripts/sglang-manifest.sh failed:\n{proc.stderr[-4000:]}"
+    return out

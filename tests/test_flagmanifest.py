@@ -119,21 +119,6 @@ def router() -> FlagManifest:
     return load_router_manifest()
 
 
-@pytest.fixture(scope="session")
-def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Manifests dumped now from the real parsers; builds .venv-sglang on first use (cached after)."""
-    out = tmp_path_factory.mktemp("manifests")
-    proc = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "sglang-manifest.sh"), "--out-dir", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=540,
-        check=False,
-    )
-    assert proc.returncode == 0, f"scripts/sglang-manifest.sh failed:\n{proc.stderr[-4000:]}"
-    return out
-
-
 def real_parse(kind: str, argvs: list[list[str]]) -> list[dict[str, object]]:
     """Run the real parser (server: in .venv-sglang; router: here) over each argv, in one process."""
     python = SGLANG_PYTHON if kind == "server" else Path(sys.executable)

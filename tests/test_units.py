@@ -344,18 +344,8 @@ def test_the_real_router_parser_reads_the_rendered_flags_back() -> None:
 
 
 @pytest.fixture(scope="session")
-def sglang_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The throwaway venv holding the pinned SGLang's real parser: scripts/sglang-manifest.sh builds it
-    once (cached after) on its way to dumping the manifests, here into a scratch folder."""
-    out = tmp_path_factory.mktemp("manifests")
-    proc = subprocess.run(
-        ["bash", str(PROJECT_ROOT / "scripts" / "sglang-manifest.sh"), "--out-dir", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=540,
-        check=False,
-    )
-    assert proc.returncode == 0, f"scripts/sglang-manifest.sh failed:\n{proc.stderr[-4000:]}"
+def sglang_python(regenerated: Path) -> Path:
+    """The throwaway venv holding the pinned SGLang's real parser (built by the `regenerated` fixture)."""
     return PROJECT_ROOT / ".venv-sglang" / "bin" / "python"
 
 
