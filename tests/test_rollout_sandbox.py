@@ -343,29 +343,36 @@ def test_sigkill_mid_batch_then_resume_ends_consistent_and_a_second_updater_is_r
 
 
 def test_router_restart_is_survived_and_a_router_gone_past_the_grace_period_pauses_clearly(at_v1: Sandbox) -> None:
+    """The router crashes (SIGKILL after 0.2 s of SIGTERM: under load a graceful stop would wait for
+    in-flight requests and keep answering) once batch 0's soak has read its starting counters."""
     procs = StateDir(at_v1.paths.sandbox_dir)
     record = procs.read("router")
     assert record is not None
     flags = list(record.argv[3:])  # after "python -m sglang_router.launch_router"
-    with Load(at_v1.router_url) as load:
-        rollout = at_v1.start("rollout", "--to", "v2", "--json", "--router-grace-s", "3", fast=True)
-        # 1. A router restart during batch 0's soak (counters reset, worker list from its command line).
-        wait_for_event(at_v1, "v2", Phase.READMIT, 0)
-        stop_process(procs, "router", timeout_s=10)
-        start_router(procs, flags, healthy_workers=REPLICAS, timeout_s=30)
-        # 2. The router gone for longer than --router-grace-s during batch 2.
-        wait_for_event(at_v1, "v2", Phase.READMIT, 2)
-        stop_process(procs, "router", timeout_s=10)
-        out, err = rollout.communicate(timeout=60)
-        assert rollout.returncode == 1 and json.loads(out)["outcome"] == "paused", err
-        assert "router restarted during the soak" in err, err
-        state = load_state(at_v1.paths.journal_path)
-        assert state is not None and state.outcome is Outcome.PAUSED
-        assert "router lost during batch 2" in state.reason and "no answer from" in state.reason
-        assert [b.passed for b in state.batches[:2]] == [True, True]
-        # 3. Router back, the operator resumes: batch 2 is soaked again and the rollout completes.
-        start_router(procs, flags, healthy_workers=REPLICAS, timeout_s=30)
-        resumed = at_v1.cli("rollout", "--resume", "--json", fast=True)
+    try:
+        with Load(at_v1.router_url) as load:
+            rollout = at_v1.start("rollout", "--to", "v2", "--json", "--router-grace-s", "3", fast=True)
+            # 1. A router restart during batch 0's soak (counters reset, worker list from its command line).
+            wait_for_event(at_v1, "v2", Phase.READMIT, 0)
+            time.sleep(0.3)  # the soak reads its starting counters right after readmission
+            stop_process(procs, "router", timeout_s=0.2)
+            start_router(procs, flags, healthy_workers=REPLICAS, timeout_s=30)
+            # 2. The router gone for longer than --router-grace-s during batch 2.
+            wait_for_event(at_v1, "v2", Phase.READMIT, 2)
+            stop_process(procs, "router", timeout_s=0.2)
+            out, err = rollout.communicate(timeout=60)
+            assert rollout.returncode == 1 and json.loads(out)["outcome"] == "paused", err
+            assert "router restarted during the soak" in err, err
+            state = load_state(at_v1.paths.journal_path)
+            assert state is not None and state.outcome is Outcome.PAUSED
+            assert "router lost during batch 2" in state.reason and "no answer from" in state.reason
+            assert [b.passed for b in state.batches[:2]] == [True, True]
+            # 3. Router back, the operator resumes: batch 2 is soaked again and the rollout completes.
+            start_router(procs, flags, healthy_workers=REPLICAS, timeout_s=30)
+            resumed = at_v1.cli("rollout", "--resume", "--json", fast=True)
+    finally:
+        if procs.read("router") is None:  # leave a running router for the next test, pass or fail
+            start_router(procs, flags, healthy_workers=REPLICAS, timeout_s=30)
     assert resumed.returncode == 0 and contract(resumed)["outcome"] == "completed", resumed.stderr
     assert set(at_v1.versions().values()) == {"v2"}
     assert list(at_v1.workers().values()) == [True] * REPLICAS
