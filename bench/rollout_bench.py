@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,22 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from serving.rollout.journal import StackState
 from serving.sandbox.loadgen import LoadGenerator, LoadReport, LoadSpec
+from serving.sandbox.processes import free_port_block
 from serving.stack import PROJECT_ROOT
 
 EXASERVE = Path(sys.executable).parent / "exaserve"
 REPLICAS = 8
-
-
-def free_block(count: int) -> int:
-    for base in range(42000 + os.getpid() % 300 * 30, 62000, 41):
-        with contextlib.ExitStack() as stack:
-            try:
-                for port in range(base, base + count):
-                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return base
-    raise RuntimeError("no block of free ports")
 
 
 def write_stack(directory: Path, latency_scale: float, base: int, *, warmup: bool = True) -> Path:
@@ -141,7 +128,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="rollout-bench-") as tmp:
         root = Path(tmp)
         state = root / "state"
-        base = free_block(REPLICAS + 2)  # both stack copies drive the same sandbox
+        base = free_port_block(REPLICAS + 2)  # both stack copies drive the same sandbox
         gated = write_stack(root / "gated", args.latency_scale, base)
         no_warmup = write_stack(root / "no-warmup", args.latency_scale, base, warmup=False)
         cfg = yaml.safe_load(gated.read_text())["config"]

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
@@ -34,9 +31,9 @@ from serving.flagmanifest import (
     load_server_manifest,
     validate_argv,
 )
+from tests.sglang_parsers import real_parse
 
 ROOT = Path(__file__).resolve().parent.parent
-SGLANG_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
 # What argparse lets through although our check rejects it; every other kind argparse rejects too.
 LENIENT_IN_ARGPARSE = {
     ProblemKind.ABBREVIATED_FLAG,
@@ -117,25 +114,6 @@ def server() -> FlagManifest:
 @pytest.fixture(scope="session")
 def router() -> FlagManifest:
     return load_router_manifest()
-
-
-def real_parse(kind: str, argvs: list[list[str]]) -> list[dict[str, object]]:
-    """Run the real parser (server: in .venv-sglang; router: here) over each argv, in one process."""
-    python = SGLANG_PYTHON if kind == "server" else Path(sys.executable)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG")}
-    proc = subprocess.run(
-        [str(python), str(ROOT / "scripts" / "argparse_flags.py"), "parse", kind],
-        input=json.dumps(argvs),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    results: list[dict[str, object]] = json.loads(proc.stdout)
-    assert len(results) == len(argvs)
-    return results
 
 
 def kinds(argv: list[str], manifest: FlagManifest) -> list[ProblemKind]:

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -33,27 +32,13 @@ from serving.rollout.gates import ROUTER_INFERENCE_REQUESTS
 from serving.rollout.journal import StackState, load_state
 from serving.rollout.machine import Outcome, Phase
 from serving.sandbox.loadgen import LoadGenerator, LoadReport, LoadSpec
-from serving.sandbox.processes import StateDir, start_router, stop_process
+from serving.sandbox.processes import StateDir, free_port_block, start_router, stop_process
 from serving.sandbox.router_client import MetricsSnapshot
 from serving.stack import PROJECT_ROOT
 
 EXASERVE = Path(sys.executable).parent / "exaserve"
 REPLICAS = 8
 LOAD_RATE = 100.0
-
-
-def _free_block(count: int) -> int:
-    """A base port with ``count`` consecutive free ports after it (workers listen on base + index)."""
-    for base in range(41000 + os.getpid() % 500 * 20, 60000, 37):
-        with contextlib.ExitStack() as stack:
-            try:
-                for port in range(base, base + count):
-                    s = stack.enter_context(socket.socket())
-                    s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return base
-    raise RuntimeError("no block of free ports")
 
 
 def sandbox_stack(directory: Path, base: int, *, fast: bool) -> Path:
@@ -123,7 +108,7 @@ class Sandbox:
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     root = tmp_path_factory.mktemp("rollout")
-    base = _free_block(REPLICAS + 2)
+    base = free_port_block(REPLICAS + 2)
     stack_file = sandbox_stack(root / "gated", base, fast=False)
     cfg = yaml.safe_load(stack_file.read_text())["config"]["exaserve:sandbox"]
     box = Sandbox(

@@ -31,6 +31,7 @@ from serving.flagmanifest import FlagValidationError, load_router_manifest, load
 from serving.planner import Replica, fleet_replicas
 from serving.spec import FleetSpec
 from serving.stack import PROJECT_ROOT, load_stack
+from tests.sglang_parsers import real_parse
 from tests.specdoc import spec_from
 
 GOLDEN = Path(__file__).parent / "golden" / "units"
@@ -343,32 +344,16 @@ def test_the_real_router_parser_reads_the_rendered_flags_back() -> None:
     assert (k8s.service_discovery_namespace, k8s.service_discovery_port) == ("exaserve", 30000)
 
 
-@pytest.fixture(scope="session")
-def sglang_python(regenerated: Path) -> Path:
-    """The throwaway venv holding the pinned SGLang's real parser (built by the `regenerated` fixture)."""
-    return PROJECT_ROOT / ".venv-sglang" / "bin" / "python"
-
-
 @pytest.mark.slow
-def test_the_real_sglang_parser_accepts_every_rendered_server_command(sglang_python: Path) -> None:
+def test_the_real_sglang_parser_accepts_every_rendered_server_command(regenerated: Path) -> None:
+    """`regenerated` builds .venv-sglang, which holds the pinned SGLang's real parser."""
     multi = multi_node_spec()
     argvs = []
     for stack in ("dev", "prod", "sandbox"):
         spec = load_stack(stack).spec
         argvs += [units.server_argv(spec, first(spec)), pod_args_with_lws_values(units.pod_container(spec, 0))]
     argvs += [units.server_argv(multi, first(multi), 1), pod_args_with_lws_values(units.pod_container(multi, 0))]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG")}
-    proc = subprocess.run(
-        [str(sglang_python), str(PROJECT_ROOT / "scripts" / "argparse_flags.py"), "parse", "server"],
-        input=json.dumps([a[len(units.SERVER_ENTRY) :] for a in argvs]),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    results = json.loads(proc.stdout)
+    results = real_parse("server", [a[len(units.SERVER_ENTRY) :] for a in argvs])
     assert [r["error"] for r in results] == [""] * len(argvs)
     assert all(r["ok"] for r in results)
 

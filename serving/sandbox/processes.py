@@ -109,6 +109,20 @@ def free_port(host: str = LOOPBACK) -> int:
     return free_ports(1, host)[0]
 
 
+def free_port_block(count: int, host: str = LOOPBACK, start: int = 41000) -> int:
+    """A base port with ``count`` consecutive free ports after it (a sandbox's workers listen on
+    base + index). The search starts at a per-process offset so concurrent runs rarely collide."""
+    for base in range(start + os.getpid() % 500 * 20, 60000, 37):
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(base, base + count):
+                    stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)).bind((host, port))
+            except OSError:
+                continue
+            return base
+    raise SandboxError(f"no block of {count} consecutive free ports on {host} between {start} and 60000")
+
+
 def _proc_stat(pid: int) -> tuple[str, int] | None:
     """(state letter, start time in clock ticks) from ``/proc/<pid>/stat``; None if there is no such pid."""
     try:

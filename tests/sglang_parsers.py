@@ -1,0 +1,35 @@
+"""The pinned SGLang's and the router's REAL argument parsers, run over many argvs in one process.
+
+The server parser lives in `.venv-sglang` (built by the `regenerated` session fixture in conftest.py);
+the router's in this venv.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SGLANG_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
+
+
+def real_parse(kind: str, argvs: list[list[str]]) -> list[dict[str, object]]:
+    """Run the real parser (server: in .venv-sglang; router: here) over each argv, in one process."""
+    python = SGLANG_PYTHON if kind == "server" else Path(sys.executable)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG")}
+    proc = subprocess.run(
+        [str(python), str(ROOT / "scripts" / "argparse_flags.py"), "parse", kind],
+        input=json.dumps(argvs),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results: list[dict[str, object]] = json.loads(proc.stdout)
+    assert len(results) == len(argvs)
+    return results
