@@ -182,9 +182,7 @@ def diff(
 ) -> None:
     """Objects added, removed and changed (with fields) and capacity deltas between --base and the working tree."""
     st = resolve_stack(stack, None)
-    head = _objects(st, False)
-    pl = planner.plan(st.spec)
-    head_capacity = report.plan_json(st, pl, rules.check(st.spec, pl))["capacity"]
+    # The base first: a bad --base is rejected before the working tree's program runs at all.
     with tempfile.TemporaryDirectory(prefix="exaserve-diff-") as tmp:
         tree, out = Path(tmp) / "tree", Path(tmp) / "render"
         try:
@@ -193,6 +191,9 @@ def diff(
         except fleetdiff.BaseRenderError as exc:
             fail(str(exc))
         base_objects = output.read(out)
+    head = _objects(st, False)
+    pl = planner.plan(st.spec)
+    head_capacity = report.plan_json(st, pl, rules.check(st.spec, pl))["capacity"]
     added, removed, changed = fleetdiff.diff_objects(base_objects, head)
     result = fleetdiff.FleetDiff(
         stack=st.name,
