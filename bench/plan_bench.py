@@ -35,8 +35,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from serving import planner, rules
-    from serving.stack import load_stack
+    from serving.checks import rules
+    from serving.plan import planner
+    from serving.spec.stack import load_stack
 
     print(f"exaserve plan benchmark, {args.runs} runs each (median; min)")
     for stack, as_json in (("prod", False), ("prod", True), ("dev", False)):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from serving.fanout import Target, fan_out
+from serving.remote.fanout import Target, fan_out
 from tests.hosts.netns import HostFleet, HostPool, unavailable_reason
 from tests.preflight_support import (
     ANSIBLE_DIR,

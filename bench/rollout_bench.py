@@ -37,9 +37,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from serving.rollout.journal import StackState
-from serving.sandbox.loadgen import LoadGenerator, LoadReport, LoadSpec
+from serving.router.loadgen import LoadGenerator, LoadReport, LoadSpec
 from serving.sandbox.processes import free_port_block
-from serving.stack import PROJECT_ROOT
+from serving.spec.stack import PROJECT_ROOT
 
 EXASERVE = Path(sys.executable).parent / "exaserve"
 REPLICAS = 8

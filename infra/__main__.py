@@ -1,7 +1,7 @@
 """The ExaServe Pulumi program: `pulumi up --stack NAME` deploys the fleet Pulumi.<NAME>.yaml describes.
 
 Loads the stack's spec, creates one explicit Kubernetes provider and one component per concern, exports
-outputs. Everything else lives in the components (infra/components) and the pure renderers (serving.k8s).
+outputs. Everything else lives in the components (infra/components) and the pure renderers (serving.render.k8s).
 `exaserve render` runs this same file in-process under Pulumi's mocks.
 """
 
@@ -19,7 +19,7 @@ from components import (
     ServingFleet,
 )
 
-from serving.k8s.program import program_stack
+from serving.pulumi.program import program_stack
 
 spec = program_stack().spec
 

@@ -1,4 +1,4 @@
-"""CrossGuard wrappers around the pure rules in :mod:`serving.policy` (every policy mandatory).
+"""CrossGuard wrappers around the pure rules in :mod:`serving.checks.policy` (every policy mandatory).
 
 Resource policies see one Kubernetes resource at a time; stack policies see them all, plus the fleet spec of
 the stack being deployed (the Pulumi CLI names it in ``PULUMI_STACK`` for the analyzer).
@@ -19,9 +19,9 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
-from serving import policy
-from serving.spec import FleetSpec
-from serving.stack import SpecError, load_stack
+from serving.checks import policy
+from serving.spec.schema import FleetSpec
+from serving.spec.stack import SpecError, load_stack
 
 K8S_PREFIX = "kubernetes:"
 NAME = "exaserve"
@@ -79,7 +79,7 @@ def _stack_policy(rule: policy.Rule, fn: policy.StackRule) -> StackValidationPol
 
 
 def policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
-    """Every rule of serving.policy as a mandatory CrossGuard policy."""
+    """Every rule of serving.checks.policy as a mandatory CrossGuard policy."""
     out: list[ResourceValidationPolicy | StackValidationPolicy] = [
         _resource_policy(rule, fn) for rule, fn in policy.RESOURCE_RULES.values()
     ]

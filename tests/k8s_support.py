@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from serving.k8s.program import RenderedObject, kubernetes_objects, run_program
-from serving.stack import PROJECT_ROOT, load_stack_file
+from serving.pulumi.program import RenderedObject, kubernetes_objects, run_program
+from serving.spec.stack import PROJECT_ROOT, load_stack_file
 from tests.specdoc import stack_doc, with_changes
 
 # A replica of TP 16 spans two 8-GPU nodes: the LeaderWorkerSet path of the fleet.

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from serving.stack import PROJECT_ROOT
+from serving.spec.stack import PROJECT_ROOT
 from tests.hosts.netns import HostFleet
 
 ANSIBLE_DIR = PROJECT_ROOT / "ansible"
@@ -133,7 +133,7 @@ def write_stack(path: Path, doc: Mapping[str, Any]) -> Path:
 
 def node_names(fleet: HostFleet, stack_path: Path) -> dict[str, str]:
     """Spec node name -> test host name (matched by address)."""
-    from serving.stack import load_stack_file
+    from serving.spec.stack import load_stack_file
 
     by_address = {h.address: h.name for h in fleet.hosts}
     return {n.name: by_address[str(n.address)] for n in load_stack_file(stack_path).spec.cluster.nodes}

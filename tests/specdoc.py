@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from serving.spec import FleetSpec
-from serving.stack import PROJECT_ROOT, parse_spec, spec_document
+from serving.spec.schema import FleetSpec
+from serving.spec.stack import PROJECT_ROOT, parse_spec, spec_document
 
 
 def stack_doc(name: str) -> dict[str, Any]:

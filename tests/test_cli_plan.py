@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from serving.stack import PROJECT_ROOT
+from serving.spec.stack import PROJECT_ROOT
 from tests.specdoc import SOURCE_PLAN
 
 EXASERVE = Path(sys.executable).parent / "exaserve"

@@ -12,7 +12,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from serving.fanout import FanoutError, Target, check_read_only, fan_out
+from serving.remote.fanout import FanoutError, Target, check_read_only, fan_out
 from tests.hosts.faults import HostFaults
 from tests.hosts.netns import HostFleet, HostPool
 from tests.preflight_support import VENV_BIN, ModelStore, stack_doc, write_stack

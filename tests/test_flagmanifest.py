@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from sglang_router.launch_router import parse_router_args
 
-from serving.flagmanifest import (
+from serving.checks.flags import (
     DATA_DIR,
     FlagManifest,
     FlagSpec,

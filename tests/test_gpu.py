@@ -38,7 +38,7 @@ def test_nccl_allreduce_on_real_gpus_reports_nccl_tests_figures() -> None:
             [
                 sys.executable,
                 "-m",
-                "serving.fabric",
+                "serving.node.fabric",
                 "--rank",
                 str(r),
                 "--world-size",

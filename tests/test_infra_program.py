@@ -1,6 +1,6 @@
 """The Pulumi program (infra/__main__.py) wired under Pulumi's mocks — the engine itself cannot run here.
 
-`serving.k8s.program.run_program` executes the unchanged program with `pulumi.runtime.set_mocks`; these tests
+`serving.pulumi.program.run_program` executes the unchanged program with `pulumi.runtime.set_mocks`; these tests
 read what it registered: components and their type tokens, parents, the one explicit provider, object counts
 per stack, unique names, exports, and the content each concern renders from the spec.
 """
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from serving import units
-from serving.k8s import fabric, fleet, gateway, storage
-from serving.k8s.common import LABEL_GROUP, LABEL_RACK, LABEL_VERSION, TAINT_KEY
-from serving.k8s.program import ProgramRun, kubernetes_objects, run_program
-from serving.planner import placement, plan
-from serving.stack import load_stack, load_stack_file
+from serving.plan.planner import placement, plan
+from serving.pulumi.program import ProgramRun, kubernetes_objects, run_program
+from serving.render import units
+from serving.render.k8s import fabric, fleet, gateway, storage
+from serving.render.k8s.common import LABEL_GROUP, LABEL_RACK, LABEL_VERSION, TAINT_KEY
+from serving.spec.stack import load_stack, load_stack_file
 from tests.k8s_support import MULTI_NODE, of_kind, one, render_file, write_variant
 
 STACKS = ("prod", "dev", "sandbox")

@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
-from serving import planner
-from serving.spec import GB
-from serving.stack import load_stack, load_stack_file
+from serving.plan import planner
+from serving.spec.schema import GB
+from serving.spec.stack import load_stack, load_stack_file
 from tests.specdoc import SOURCE_PLAN, spec_from
 
 LLAMA70_PARAMS = 70_553_706_496

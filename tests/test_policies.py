@@ -32,12 +32,12 @@ from pulumi_policy import (
 )
 from typer.testing import CliRunner
 
-from serving import policy
-from serving.cliutil import app
-from serving.commands import register
-from serving.k8s.common import ANNOTATION_ALLOW_LOAD_BALANCER, ANNOTATION_PRIVILEGED_REASON
-from serving.k8s.program import RenderedObject, kubernetes_objects, run_program
-from serving.stack import PROJECT_ROOT
+from serving.checks import policy
+from serving.cli.commands import register
+from serving.cli.options import app
+from serving.pulumi.program import RenderedObject, kubernetes_objects, run_program
+from serving.render.k8s.common import ANNOTATION_ALLOW_LOAD_BALANCER, ANNOTATION_PRIVILEGED_REASON
+from serving.spec.stack import PROJECT_ROOT
 from tests.k8s_support import policy_pack, write_variant
 
 Mutation = Callable[[dict[str, Any]], None]

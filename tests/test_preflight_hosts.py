@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from serving.preflight import CHECKS
+from serving.checks.preflight import CHECKS
 from tests.hosts.faults import HostFaults
 from tests.hosts.netns import HostFleet, HostPool
 from tests.preflight_support import (
@@ -271,7 +271,7 @@ def test_provisioning_roles_run_in_check_mode_and_change_nothing(healthy: Deploy
     assert _digest(PROVISIONED) == before
     recaps = [line for line in run.output.splitlines() if line.startswith(tuple(healthy.names))]
     assert len(recaps) == 2 and all("failed=0" in r and "changed=0" not in r for r in recaps), recaps
-    # It would write the spec's chrony.conf (rendered by serving.units) and the fleet's /etc/hosts block.
+    # It would write the spec's chrony.conf (rendered by serving.render.units) and the fleet's /etc/hosts block.
     assert "server 10.200." in run.output and "EXASERVE FLEET" in run.output
     assert "would install cuda-drivers-535, nvidia-fabricmanager-535" in run.output
 
@@ -279,7 +279,7 @@ def test_provisioning_roles_run_in_check_mode_and_change_nothing(healthy: Deploy
 def test_fabric_allreduce_with_gloo_between_two_test_hosts(
     ssh_hosts: HostPool, store: ModelStore, tmp_path: Path
 ) -> None:
-    """--tags fabric: python -m serving.fabric runs on both hosts at once (the venv's torch; the hosts
+    """--tags fabric: python -m serving.node.fabric runs on both hosts at once (the venv's torch; the hosts
     share this filesystem) and gloo all-reduces over their veths. The stack's Ethernet link rate
     is set low so the CPU figure passes; a second stack at 400 Gb/s fails with the source's table."""
     fleet = ssh_hosts(4)

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from serving import fabric, inventory
-from serving.preflight import CHECKS, ReportError, build_report, check_result, load_report, summary_lines
-from serving.stack import PROJECT_ROOT, load_stack
+from serving.checks.preflight import CHECKS, ReportError, build_report, check_result, load_report, summary_lines
+from serving.node import fabric
+from serving.render import inventory
+from serving.spec.stack import PROJECT_ROOT, load_stack
 from tests.hosts.library import LIBRARY_DIR
 from tests.hosts.library import load as load_module
 
@@ -141,7 +142,7 @@ def test_fabric_check_entries() -> None:
 def test_gloo_allreduce_between_two_local_processes() -> None:
     """The worker itself, two ranks over loopback (the SSH-host test runs it between namespaces)."""
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
-    args = [sys.executable, "-m", "serving.fabric", "--world-size", "2", "--master", "127.0.0.1:29631",
+    args = [sys.executable, "-m", "serving.node.fabric", "--world-size", "2", "--master", "127.0.0.1:29631",
             "--size-mib", "4", "--iterations", "5", "--timeout-s", "60"]  # fmt: skip
     procs = [
         subprocess.Popen([*args, "--rank", str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -156,7 +157,7 @@ def test_gloo_allreduce_between_two_local_processes() -> None:
 
 def test_worker_reports_a_missing_peer_as_an_error_within_its_timeout() -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "serving.fabric", "--rank", "1", "--world-size", "2", "--master", "127.0.0.1:29632",
+        [sys.executable, "-m", "serving.node.fabric", "--rank", "1", "--world-size", "2", "--master", "127.0.0.1:29632",
          "--timeout-s", "2"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

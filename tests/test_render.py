@@ -18,12 +18,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from serving.cliutil import app
-from serving.commands import register
-from serving.k8s import output
-from serving.k8s.program import kubernetes_objects, run_program
-from serving.k8s.validate import DEFAULT_CRD_DIR, SchemaSetupError, Validator
-from serving.stack import PROJECT_ROOT
+from serving.cli.commands import register
+from serving.cli.options import app
+from serving.pulumi import output
+from serving.pulumi.program import kubernetes_objects, run_program
+from serving.pulumi.validate import DEFAULT_CRD_DIR, SchemaSetupError, Validator
+from serving.spec.stack import PROJECT_ROOT
 from tests.k8s_support import MULTI_NODE, render_file, write_variant
 
 NEW_IMAGE = "lmsysorg/sglang:v0.5.24-cu126"
@@ -272,7 +272,7 @@ def _exaserve(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`exaserve` with the repository's own code (PYTHONPATH first), as CI runs it in a clone."""
     env = {**os.environ, "PYTHONPATH": str(repo), "COLUMNS": "200"}
     return subprocess.run(
-        [sys.executable, "-c", "from serving.cli import main; main()", *args],
+        [sys.executable, "-c", "from serving.cli.main import main; main()", *args],
         cwd=repo,
         env=env,
         capture_output=True,
@@ -344,9 +344,9 @@ def test_diff_rejects_an_unknown_base(repo: Path) -> None:
 def test_render_includes_the_bare_metal_units(cli: CliRunner, tmp_path: Path) -> None:
     """`render` writes each replica's systemd unit, the router's argv/env and chrony.conf beside the objects;
     a second render replaces them."""
-    from serving import units
-    from serving.planner import fleet_replicas
-    from serving.stack import load_stack
+    from serving.plan.planner import fleet_replicas
+    from serving.render import units
+    from serving.spec.stack import load_stack
 
     out = tmp_path / "out"
     spec = load_stack("dev").spec

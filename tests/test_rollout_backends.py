@@ -25,16 +25,16 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from serving import units
-from serving.k8s.common import LABEL_VERSION
-from serving.k8s.fleet import group_name, multi_node, render
-from serving.k8s.validate import Validator
-from serving.planner import fleet_replicas
+from serving.plan.planner import fleet_replicas
+from serving.pulumi.validate import Validator
+from serving.render import units
+from serving.render.k8s.common import LABEL_VERSION
+from serving.render.k8s.fleet import group_name, multi_node, render
 from serving.rollout.backends import BackendError
 from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend, rollout_status, workload_path
 from serving.rollout.backends.ssh import SshBackend, parse_show
 from serving.rollout.plan import plan_batches, with_group_version
-from serving.spec import FleetSpec
+from serving.spec.schema import FleetSpec
 from tests.hosts.netns import HostFleet, HostPool
 from tests.specdoc import spec_from
 

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from serving.render.units import duration_buckets
 from serving.rollout.gates import (
     Counters,
     WindowStats,
@@ -37,9 +38,8 @@ from serving.rollout.machine import (
     replay,
 )
 from serving.rollout.plan import GateLimits, RolloutPlan, plan_batches, plan_rollout
-from serving.sandbox.router_client import MetricsSnapshot
-from serving.stack import load_stack
-from serving.units import duration_buckets
+from serving.router.client import MetricsSnapshot
+from serving.spec.stack import load_stack
 from tests.specdoc import spec_from
 
 LIMITS = GateLimits(max_qps_drop=0.20, max_p99_rise=0.30, max_error_rate=0.001)

@@ -31,10 +31,10 @@ import yaml
 from serving.rollout.gates import ROUTER_INFERENCE_REQUESTS
 from serving.rollout.journal import StackState, load_state
 from serving.rollout.machine import Outcome, Phase
-from serving.sandbox.loadgen import LoadGenerator, LoadReport, LoadSpec
+from serving.router.client import MetricsSnapshot
+from serving.router.loadgen import LoadGenerator, LoadReport, LoadSpec
 from serving.sandbox.processes import StateDir, free_port_block, start_router, stop_process
-from serving.sandbox.router_client import MetricsSnapshot
-from serving.stack import PROJECT_ROOT
+from serving.spec.stack import PROJECT_ROOT
 
 EXASERVE = Path(sys.executable).parent / "exaserve"
 REPLICAS = 8
@@ -202,7 +202,10 @@ def test_dry_run_prints_the_plan_and_touches_nothing(sandbox: Sandbox) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--to", "v3"), "--to 'v3' is not in serving.releases (v1, v2, v2-broken, v2-slow, v2-stuck); add the release"),
+        (
+            ("--to", "v3"),
+            "--to 'v3' is not in serving.releases (v1, v2, v2-broken, v2-slow, v2-stuck); add the release",
+        ),
         (("--to", "v2 beta"), "is not a version label"),
         ((), "give either --to VERSION"),
         (("--resume",), "nothing to resume"),

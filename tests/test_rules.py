@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from serving import planner, rules
-from serving.spec import FleetSpec
-from serving.stack import load_stack, load_stack_file
+from serving.checks import rules
+from serving.plan import planner
+from serving.spec.schema import FleetSpec
+from serving.spec.stack import load_stack, load_stack_file
 from tests.specdoc import SOURCE_PLAN, spec_from
 
 

@@ -25,7 +25,21 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer
 
-from serving.sandbox.loadgen import LoadGenerator, LoadReport, LoadSpec, RequestResult, run_load
+from serving.router.client import (
+    ROUTER_DURATION,
+    ROUTER_REQUESTS,
+    ROUTER_UPSTREAM_RESPONSES,
+    ROUTER_WORKER_CB_STATE,
+    ROUTER_WORKER_HEALTH,
+    ROUTER_WORKER_RETRIES,
+    WORKER_E2E_LATENCY,
+    WORKER_REQUESTS,
+    WORKER_RUNNING,
+    HistogramSnapshot,
+    MetricsSnapshot,
+    RouterClient,
+)
+from serving.router.loadgen import LoadGenerator, LoadReport, LoadSpec, RequestResult, run_load
 from serving.sandbox.processes import (
     Fleet,
     ProcessRecord,
@@ -40,20 +54,6 @@ from serving.sandbox.processes import (
     start_worker,
     stop_all,
     stop_process,
-)
-from serving.sandbox.router_client import (
-    ROUTER_DURATION,
-    ROUTER_REQUESTS,
-    ROUTER_UPSTREAM_RESPONSES,
-    ROUTER_WORKER_CB_STATE,
-    ROUTER_WORKER_HEALTH,
-    ROUTER_WORKER_RETRIES,
-    WORKER_E2E_LATENCY,
-    WORKER_REQUESTS,
-    WORKER_RUNNING,
-    HistogramSnapshot,
-    MetricsSnapshot,
-    RouterClient,
 )
 from serving.sandbox.worker import WorkerConfig, parse_config, tiny_tokenizer_json
 

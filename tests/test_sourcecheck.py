@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from serving import sourcecheck
-from serving.stack import load_stack_file
+from serving.plan import audit as sourcecheck
+from serving.spec.stack import load_stack_file
 from tests.specdoc import SOURCE_PLAN, spec_from
 from tests.test_cli_plan import run
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from serving.spec import FleetSpec, LogLevel, Precision
-from serving.stack import PROJECT_ROOT, SpecError, load_stack, load_stack_file, parse_spec
+from serving.spec.schema import FleetSpec, LogLevel, Precision
+from serving.spec.stack import PROJECT_ROOT, SpecError, load_stack, load_stack_file, parse_spec
 from tests.specdoc import SOURCE_PLAN, spec_from, stack_doc, with_changes
 
 

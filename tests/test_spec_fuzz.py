@@ -7,8 +7,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from serving import planner, rules
-from serving.stack import PROJECT_ROOT, SpecError, parse_spec
+from serving.checks import rules
+from serving.plan import planner
+from serving.spec.stack import PROJECT_ROOT, SpecError, parse_spec
 from tests.specdoc import stack_doc, with_changes
 
 BASES = {name: stack_doc(name) for name in ("prod", "dev", "sandbox")}

@@ -24,13 +24,13 @@ import pytest
 from sglang_router.launch_router import parse_router_args
 from typer.testing import CliRunner
 
-from serving import units
-from serving.cliutil import app
-from serving.commands import register
-from serving.flagmanifest import FlagValidationError, load_router_manifest, load_server_manifest
-from serving.planner import Replica, fleet_replicas
-from serving.spec import FleetSpec
-from serving.stack import PROJECT_ROOT, load_stack
+from serving.checks.flags import FlagValidationError, load_router_manifest, load_server_manifest
+from serving.cli.commands import register
+from serving.cli.options import app
+from serving.plan.planner import Replica, fleet_replicas
+from serving.render import units
+from serving.spec.schema import FleetSpec
+from serving.spec.stack import PROJECT_ROOT, load_stack
 from tests.sglang_parsers import real_parse
 from tests.specdoc import spec_from
 
@@ -224,7 +224,7 @@ def test_replicas_on_one_node_get_their_own_gpus_and_ports() -> None:
 
 
 def test_memory_flags_come_from_the_planner() -> None:
-    from serving.planner import memory_plan
+    from serving.plan.planner import memory_plan
 
     spec = load_stack("prod").spec
     flags = flag_values(units.server_argv(spec, first(spec)), units.SERVER_ENTRY)
@@ -511,7 +511,7 @@ def test_pod_container_runs_the_same_command_least_privileged() -> None:
 def test_pod_memory_limit_covers_shm_weights_and_overhead() -> None:
     spec = load_stack("prod").spec
     limit = units.pod_memory_bytes(spec)
-    from serving.planner import memory_plan
+    from serving.plan.planner import memory_plan
 
     floor = spec.serving.shm_size_gb * 1e9 + memory_plan(spec).per_gpu["weights"].value + 5e9
     assert floor <= limit < floor + 2**30

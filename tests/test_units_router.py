@@ -1,4 +1,4 @@
-"""The REAL ``sglang-router`` started with the flags ``serving.units`` renders, in front of two workers.
+"""The REAL ``sglang-router`` started with the flags ``serving.render.units`` renders, in front of two workers.
 
 The workers are SIMULATED SGLang servers (``serving.sandbox.worker``: no model, no GPU — SGLang itself
 cannot run here); the router is the real binary from the pinned wheel. Only the listeners (loopback,
@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from serving import units
+from serving.render import units
+from serving.router.client import ROUTER_WORKER_HEALTH, RouterClient
 from serving.sandbox.processes import StateDir, free_ports, start_router, start_worker, stop_all, stop_process
-from serving.sandbox.router_client import ROUTER_WORKER_HEALTH, RouterClient
 from serving.sandbox.worker import WorkerConfig
-from serving.spec import FleetSpec
-from serving.stack import load_stack
+from serving.spec.schema import FleetSpec
+from serving.spec.stack import load_stack
 from tests.specdoc import spec_from
 
 LOOPBACK = "127.0.0.1"

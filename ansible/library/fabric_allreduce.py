@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Ansible module: run this node's rank of an all-reduce bus-bandwidth test (python -m serving.fabric)."""
+"""Ansible module: run this node's rank of an all-reduce bus-bandwidth test (python -m serving.node.fabric)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ DOCUMENTATION = r"""
 module: fabric_allreduce
 short_description: Run one rank of the torch.distributed all-reduce bus-bandwidth test
 description:
-  - Runs C(PYTHON -m serving.fabric) with this node's rank; every node of the group must run
+  - Runs C(PYTHON -m serving.node.fabric) with this node's rank; every node of the group must run
     the same task at the same time (one Ansible task over the group does that). Rank 0 hosts
     the TCP rendezvous at I(master).
   - Uses NCCL when the node has a GPU and gloo otherwise; reports bus bandwidth the way
@@ -91,16 +91,30 @@ def main() -> None:
     )
     p = module.params
     args = [
-        p["python"], "-m", "serving.fabric",
-        "--rank", str(p["rank"]), "--world-size", str(p["world_size"]), "--master", p["master"],
-        "--backend", p["backend"], "--size-mib", str(p["size_mib"]), "--iterations", str(p["iterations"]),
-        "--timeout-s", str(p["timeout_s"]),
+        p["python"],
+        "-m",
+        "serving.node.fabric",
+        "--rank",
+        str(p["rank"]),
+        "--world-size",
+        str(p["world_size"]),
+        "--master",
+        p["master"],
+        "--backend",
+        p["backend"],
+        "--size-mib",
+        str(p["size_mib"]),
+        "--iterations",
+        str(p["iterations"]),
+        "--timeout-s",
+        str(p["timeout_s"]),
     ]
     if p["ifname"]:
         args += ["--ifname", p["ifname"]]
     try:
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=p["timeout_s"] + STARTUP_ALLOWANCE_S,
-                              check=False)
+        proc = subprocess.run(
+            args, capture_output=True, text=True, timeout=p["timeout_s"] + STARTUP_ALLOWANCE_S, check=False
+        )
         result = parse_worker_output(proc.stdout)
         if result["error"] is None and proc.returncode != 0:
             result["error"] = f"worker exited {proc.returncode}: {proc.stderr.strip()[-500:]}"

@@ -67,15 +67,23 @@ ansible_facts:
 """
 
 _PACKETS = re.compile(r"(?P<tx>\d+) packets transmitted, (?P<rx>\d+) (?:packets )?received")
-_RTT = re.compile(r"(?:rtt|round-trip) min/avg/max(?:/(?:mdev|stddev))? = (?P<min>[\d.]+)/(?P<avg>[\d.]+)/(?P<max>[\d.]+)")
+_RTT = re.compile(
+    r"(?:rtt|round-trip) min/avg/max(?:/(?:mdev|stddev))? = (?P<min>[\d.]+)/(?P<avg>[\d.]+)/(?P<max>[\d.]+)"
+)
 
 
 def parse_ping_summary(text: str) -> dict[str, Any]:
     """The summary lines of `ping -q`: packets sent/received, loss and rtt min/avg/max in ms."""
     packets = _PACKETS.search(text)
     if packets is None:
-        return {"transmitted": 0, "received": 0, "loss_pct": 100.0, "rtt_min_ms": None, "rtt_avg_ms": None,
-                "rtt_max_ms": None}
+        return {
+            "transmitted": 0,
+            "received": 0,
+            "loss_pct": 100.0,
+            "rtt_min_ms": None,
+            "rtt_avg_ms": None,
+            "rtt_max_ms": None,
+        }
     tx, rx = int(packets.group("tx")), int(packets.group("rx"))
     rtt = _RTT.search(text)
     return {
@@ -112,10 +120,30 @@ def main() -> None:
     for target in p["targets"]:
         if not isinstance(target, dict) or not target.get("address"):
             module.fail_json(msg=f"every target needs an address, got {target!r}")
-        args = [ping, "-n", "-q", "-c", str(p["count"]), "-i", str(p["interval_s"]), "-w", str(p["deadline_s"]),
-                str(target["address"])]
-        procs.append((target, subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                               env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"})))
+        args = [
+            ping,
+            "-n",
+            "-q",
+            "-c",
+            str(p["count"]),
+            "-i",
+            str(p["interval_s"]),
+            "-w",
+            str(p["deadline_s"]),
+            str(target["address"]),
+        ]
+        procs.append(
+            (
+                target,
+                subprocess.Popen(
+                    args,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"},
+                ),
+            )
+        )
     stop = time.monotonic() + p["deadline_s"] + 2
     results = []
     for target, proc in procs:

@@ -12,9 +12,9 @@ import pulumi_kubernetes as k8s
 from components import Gateway, ModelStorage, Monitoring, Namespace, NetworkPolicies, Nodes, Ntp, RdmaFabric
 from components.base import KubernetesComponent
 
-from serving.k8s import fleet
-from serving.k8s.program import program_stack
-from serving.spec import FleetSpec
+from serving.pulumi.program import program_stack
+from serving.render.k8s import fleet
+from serving.spec.schema import FleetSpec
 
 
 class PerReplicaFleet(KubernetesComponent):

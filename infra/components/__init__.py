@@ -1,4 +1,4 @@
-"""The Pulumi components of ExaServe: one per concern, each built from a pure renderer in serving.k8s."""
+"""The Pulumi components of ExaServe: one per concern, each built from a pure renderer in serving.render.k8s."""
 
 from components.cluster import Namespace, Nodes, Ntp
 from components.fabric import RdmaFabric

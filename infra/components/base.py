@@ -9,7 +9,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from serving.k8s.common import K8sObject
+from serving.render.k8s.common import K8sObject
 
 # Typed classes of the built-in kinds the renderers emit; any other kind is a custom resource. Nodes are
 # patched (server-side apply of our labels and taint), never created.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pulumi
 
 from components.base import KubernetesComponent
-from serving.k8s import namespace, nodes, ntp
-from serving.spec import FleetSpec
+from serving.render.k8s import namespace, nodes, ntp
+from serving.spec.schema import FleetSpec
 
 
 class Namespace(KubernetesComponent):

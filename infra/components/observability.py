@@ -5,8 +5,8 @@ from __future__ import annotations
 import pulumi
 
 from components.base import KubernetesComponent
-from serving.k8s import monitoring
-from serving.spec import FleetSpec
+from serving.render.k8s import monitoring
+from serving.spec.schema import FleetSpec
 
 
 class Monitoring(KubernetesComponent):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from serving.rollout.plan import GateLimits
-from serving.sandbox.router_client import (
+from serving.router.client import (
     ROUTER_RESPONSES,
     ROUTER_UPSTREAM_RESPONSES,
     ROUTER_WORKER_RETRIES,
@@ -232,5 +232,3 @@ def error_budget_exhausted(baseline: WindowStats, window: WindowStats, limits: G
     expected_upstream = max(baseline.upstream_responses / baseline.seconds * interval_s, window.upstream_responses)
     allowed = limits.max_error_rate
     return window.client_errors > allowed * expected_requests or window.upstream_errors > allowed * expected_upstream
-
-

@@ -26,7 +26,7 @@ from typing import Any
 
 from serving.rollout.machine import Event, RolloutState, replay
 from serving.rollout.plan import RolloutPlan
-from serving.stack import PROJECT_ROOT
+from serving.spec.stack import PROJECT_ROOT
 
 STATE_ENV = "EXASERVE_STATE_DIR"
 

@@ -1,7 +1,7 @@
 """The rollout plan: which replicas go in which batch, the waits and the gates — pure, from the spec.
 
-Batches are the planner's update groups (:func:`serving.planner.rollout_groups` over
-:func:`serving.planner.fleet_replicas`): exactly ``rollout.batches`` batches, every replica once,
+Batches are the planner's update groups (:func:`serving.plan.planner.rollout_groups` over
+:func:`serving.plan.planner.fleet_replicas`): exactly ``rollout.batches`` batches, every replica once,
 striding over the placement order so each batch is spread across racks and nodes. Batch ``i`` is
 update group ``i``, the same group the Pulumi program gives its own version.
 """
@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from serving.planner import Replica, fleet_replicas, rollout_groups
-from serving.spec import FleetSpec
+from serving.plan.planner import Replica, fleet_replicas, rollout_groups
+from serving.spec.schema import FleetSpec
 
 PlanKind = Literal["rollout", "revert"]
 

@@ -40,13 +40,13 @@ from serving.rollout.gates import (
 from serving.rollout.journal import Journal
 from serving.rollout.machine import Event, EventKind, Phase, RolloutState, Step, advance
 from serving.rollout.plan import warmup_requests
-from serving.sandbox.loadgen import DEFAULT_BODY, LoadSpec, run_load
-from serving.sandbox.router_client import (
+from serving.router.client import (
     WORKER_QUEUED,
     WORKER_RUNNING,
     RouterApiError,
     RouterClient,
 )
+from serving.router.loadgen import DEFAULT_BODY, LoadSpec, run_load
 
 T = TypeVar("T")
 MAX_WINDOW_RESTARTS = 3  # router restarts tolerated inside one measurement window

@@ -18,9 +18,9 @@ from serving.rollout.journal import Journal, StackState
 from serving.rollout.machine import EventKind, Outcome, RolloutState, contract, initial, replay
 from serving.rollout.plan import RolloutPlan
 from serving.rollout.runner import ProgressFn, Runner
-from serving.sandbox.router_client import RouterClient
+from serving.router.client import RouterClient
 from serving.sandbox.worker import LOOPBACK
-from serving.spec import FleetSpec
+from serving.spec.schema import FleetSpec
 
 VERSION_RULE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # serving.version's pattern
 

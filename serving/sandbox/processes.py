@@ -26,7 +26,7 @@ from typing import Literal
 import httpx
 from sglang_router.launch_router import parse_router_args
 
-from serving.sandbox.router_client import parse_workers
+from serving.router.client import parse_workers
 from serving.sandbox.worker import LOOPBACK, WorkerConfig
 
 Kind = Literal["worker", "router"]

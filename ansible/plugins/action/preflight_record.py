@@ -24,7 +24,7 @@ description:
 options:
   checks:
     description:
-      - One entry per check. C(check) is a name from C(serving.preflight.CHECKS); C(passed) is the
+      - One entry per check. C(check) is a name from C(serving.checks.preflight.CHECKS); C(passed) is the
         outcome, or C(skip) gives the reason the check does not apply; C(observed), C(expected)
         and C(fix) are shown to the user (C(fix) is required when the check fails).
     type: list
@@ -39,7 +39,7 @@ class ActionModule(ActionBase):
     TRANSFERS_FILES = False
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
-        from serving.preflight import check_result  # noqa: PLC0415 - the controller's venv provides serving
+        from serving.checks.preflight import check_result  # noqa: PLC0415 - the controller's venv provides serving
 
         result = super().run(tmp, task_vars)
         checks = self._task.args.get("checks")

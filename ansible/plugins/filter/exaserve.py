@@ -9,23 +9,23 @@ from ansible.errors import AnsibleFilterError
 
 
 def exaserve_report(results: Mapping[str, Any], stack: str, aborted: Sequence[str] = ()) -> dict[str, Any]:
-    """``{host: preflight_results}`` -> the preflight report (serving.preflight.build_report);
+    """``{host: preflight_results}`` -> the preflight report (serving.checks.preflight.build_report);
     ``aborted`` are hosts that left the play on an unexpected task error."""
-    from serving.preflight import build_report  # noqa: PLC0415
+    from serving.checks.preflight import build_report  # noqa: PLC0415
 
     return dict(build_report(stack, {h: (dict(r) if r else None) for h, r in results.items()}, aborted=aborted))
 
 
 def exaserve_summary(report: Mapping[str, Any]) -> list[str]:
     """The report's human summary lines."""
-    from serving.preflight import summary_lines  # noqa: PLC0415
+    from serving.checks.preflight import summary_lines  # noqa: PLC0415
 
     return summary_lines(report)  # type: ignore[arg-type]
 
 
 def exaserve_fabric_groups(nodes: Sequence[Sequence[str]], base_port: int) -> dict[str, Any]:
     """``[[host, rack, address], …]`` (live hosts, inventory order) -> each host's pair and rack group."""
-    from serving.fabric import fabric_groups  # noqa: PLC0415
+    from serving.node.fabric import fabric_groups  # noqa: PLC0415
 
     try:
         return dict(fabric_groups([(str(n), str(r), str(a)) for n, r, a in nodes], int(base_port)))
@@ -42,7 +42,7 @@ def exaserve_fabric_check(
     timeout_s: float,
 ) -> dict[str, Any]:
     """A registered fabric_allreduce result -> the fabric_pair/fabric_rack record entry."""
-    from serving.fabric import fabric_check  # noqa: PLC0415
+    from serving.node.fabric import fabric_check  # noqa: PLC0415
 
     if kind not in ("pair", "rack"):
         raise AnsibleFilterError(f"exaserve_fabric_check: kind {kind!r} is not pair or rack")

@@ -1,7 +1,7 @@
 """Ansible inventory plugin ``exaserve``: hosts, groups and variables from the typed fleet spec.
 
 The one source of truth is the stack (``Pulumi.<stack>.yaml``); this plugin loads it through
-:mod:`serving.stack` and exposes what the roles need, so no node list or expected value is
+:mod:`serving.spec.stack` and exposes what the roles need, so no node list or expected value is
 written twice. Configuration file: ``ansible/inventory/<stack>.exaserve.yml``.
 """
 
@@ -54,6 +54,7 @@ plugin: exaserve
 stack: prod
 """
 
+
 class InventoryModule(BaseInventoryPlugin):
     NAME = "exaserve"
 
@@ -63,7 +64,7 @@ class InventoryModule(BaseInventoryPlugin):
     def parse(self, inventory: Any, loader: Any, path: str, cache: bool = True) -> None:
         super().parse(inventory, loader, path, cache)
         self._read_config_data(path)
-        from serving.stack import SpecError, load_stack, load_stack_file  # noqa: PLC0415
+        from serving.spec.stack import SpecError, load_stack, load_stack_file  # noqa: PLC0415
 
         stack_name, stack_file = self.get_option("stack"), self.get_option("stack_file")
         if not stack_name and not stack_file:
@@ -79,7 +80,7 @@ class InventoryModule(BaseInventoryPlugin):
         self._populate(stack)
 
     def _populate(self, stack: Any) -> None:
-        from serving.inventory import FLEET_GROUP, fleet_vars, groups, host_vars  # noqa: PLC0415
+        from serving.render.inventory import FLEET_GROUP, fleet_vars, groups, host_vars  # noqa: PLC0415
 
         inv = self.inventory
         inv.add_group(FLEET_GROUP)

@@ -1,7 +1,7 @@
 """Kubernetes: move the batch's update group to the new release on its StatefulSet / LeaderWorkerSet.
 
 A batch is update group ``g`` — the workload ``sglang-g<g>`` that the Pulumi program creates
-(:mod:`serving.k8s.fleet`). The update renders that workload from the stack with group ``g`` at the
+(:mod:`serving.render.k8s.fleet`). The update renders that workload from the stack with group ``g`` at the
 new version (image from ``serving.releases``, ``EXASERVE_RELEASE``, the version label) and sends its
 labels and pod template as a JSON merge patch — the same object ``pulumi up`` would apply once the
 stack records the new version. Then it waits for the rollout status the way ``kubectl rollout status``
@@ -29,12 +29,12 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from serving.k8s.common import LABEL_VERSION, K8sObject
-from serving.k8s.fleet import LWS_API, WORKERS_SERVICE, group_name, multi_node, render
-from serving.planner import fleet_replicas
+from serving.plan.planner import fleet_replicas
+from serving.render.k8s.common import LABEL_VERSION, K8sObject
+from serving.render.k8s.fleet import LWS_API, WORKERS_SERVICE, group_name, multi_node, render
 from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.rollout.plan import with_group_version
-from serving.spec import FleetSpec
+from serving.spec.schema import FleetSpec
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 POLL_S = 0.5
@@ -178,7 +178,7 @@ class KubernetesBackend(ReplicaIndex):
             if not members <= set(replica_ids):
                 raise BackendError(
                     f"batch does not cover update group {g}: on Kubernetes a batch is a whole workload "
-                    f"({group_name(g)}); plan batches with serving.planner.rollout_groups"
+                    f"({group_name(g)}); plan batches with serving.plan.planner.rollout_groups"
                 )
         deadline = time.monotonic() + timeout_s
         for g in groups:

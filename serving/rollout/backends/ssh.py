@@ -1,13 +1,13 @@
 """Bare-metal nodes over SSH: install the replica's systemd unit for the new release and restart it.
 
 Each replica runs as ``exaserve-sglang@<replica>.service`` (one unit per node of a multi-node replica),
-rendered by :func:`serving.units.systemd_unit` from the stack with the batch's group set to the new
+rendered by :func:`serving.render.units.systemd_unit` from the stack with the batch's group set to the new
 version — so the unit on the node is exactly what the stack says that group runs (image release in
 ``EXASERVE_RELEASE``, command line, limits). Per node, one SSH session writes the units atomically,
 runs ``systemctl daemon-reload`` and ``systemctl restart --no-block`` (the updater's health step
 bounds the start, not systemd). The running release is read back from ``systemctl show``.
 
-Connections go through :func:`serving.fanout.run_one`: host keys verified against known_hosts
+Connections go through :func:`serving.remote.fanout.run_one`: host keys verified against known_hosts
 (paramiko ``RejectPolicy``: an unknown or changed key fails that node with the fix), per-host
 connect and command timeouts.
 """
@@ -20,12 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from serving import units
-from serving.fanout import HostResult, Target, run_one
-from serving.planner import Replica, fleet_replicas
+from serving.plan.planner import Replica, fleet_replicas
+from serving.remote.fanout import HostResult, Target, run_one
+from serving.render import units
 from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.rollout.plan import with_group_version
-from serving.spec import FleetSpec, Node
+from serving.spec.schema import FleetSpec, Node
 
 UNIT_DIR = "/etc/systemd/system"
 RELEASE_ENV = "EXASERVE_RELEASE"

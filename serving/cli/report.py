@@ -1,0 +1,249 @@
+"""Plan → JSON contract and plan → rich tables. Pure: no I/O beyond the console passed in."""
+
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from serving.checks.rules import Violation
+from serving.plan.planner import Figure, Plan, fmt_bytes
+from serving.spec.stack import Stack
+
+
+def _fig(f: Figure) -> dict[str, Any]:
+    return {"value": f.value, "unit": f.unit, "formula": f.formula}
+
+
+def _section(obj: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    assert is_dataclass(obj)
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, Figure):
+            out[f.name] = _fig(v)
+        elif isinstance(v, dict):
+            out[f.name] = {k: _fig(x) for k, x in v.items()}
+        else:
+            out[f.name] = v
+    return out
+
+
+def plan_json(stack: Stack, plan: Plan, violations: list[Violation]) -> dict[str, Any]:
+    """The ``exaserve plan --json`` contract (documented in the README)."""
+    m, p, hb = plan.memory, plan.placement, plan.heartbeats
+    errors = [v for v in violations if v.severity == "error"]
+    net = _section(plan.network)
+    net["utilisation_band"] = {
+        "low": plan.network.utilisation_band[0],
+        "high": plan.network.utilisation_band[1],
+        "note": plan.network.utilisation_band[2],
+    }
+    return {
+        "stack": stack.name,
+        "stack_file": str(stack.path),
+        "ok": not errors,
+        "violations": [v.as_dict() for v in violations],
+        "notes": plan.notes,
+        "capacity": {
+            "weights_bytes": m.weights.value,
+            "kv_cache_bytes_per_token": m.kv_per_token.value,
+            "gpus_per_replica": p.gpus_per_replica,
+            "replicas": p.replicas,
+            "replicas_per_node": p.replicas_per_node,
+            "nodes_per_replica": p.nodes_per_replica,
+            "nodes": p.nodes,
+            "per_gpu_memory_bytes": {k: f.value for k, f in m.per_gpu.items()},
+            "usable_gpu_memory_bytes": m.usable_per_gpu.value,
+            "max_concurrent_sequences_per_replica": int(m.max_concurrent_sequences.value),
+            "sustained_concurrency": round(plan.capacity.sustained.value, 3),
+            "requests_per_second": round(plan.capacity.requests_per_second.value, 3),
+            "heartbeat_messages_per_second": {"direct": hb.direct_per_s.value, "aggregated": hb.aggregated_per_s.value},
+            "failure_detection_s": hb.failure_detection_s.value,
+            "recovery_s": hb.recovery_s.value,
+            "rollout_group_sizes": plan.rollout_group_sizes,
+        },
+        "placement": _section(p),
+        "memory": _section(m),
+        "capacity_chain": _section(plan.capacity),
+        "heartbeats": _section(hb),
+        "network": net,
+        "cost": _section(plan.cost),
+        "restart_from_cache_s": _fig(plan.restart_from_cache_s),
+    }
+
+
+def _table(title: str, rows: list[tuple[str, str, str]]) -> Table:
+    t = Table(title=title, title_justify="left", show_lines=False, expand=False)
+    t.add_column("figure", style="bold")
+    t.add_column("value", justify="right")
+    t.add_column("how", overflow="fold")
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
+def print_plan(console: Console, stack: Stack, plan: Plan, violations: list[Violation]) -> None:
+    spec = stack.spec
+    p, m, c, hb, n, cost = plan.placement, plan.memory, plan.capacity, plan.heartbeats, plan.network, plan.cost
+    console.print(
+        f"[bold]ExaServe plan[/] — stack [cyan]{stack.name}[/] ({stack.path.name}): {spec.model.name} "
+        f"{spec.model.precision.value}, TP {spec.parallelism.tp} × PP {spec.parallelism.pp} × DP {spec.parallelism.dp}, "
+        f"{p.nodes} nodes × {p.gpus_per_node} GPUs"
+    )
+    console.print(
+        _table(
+            "Placement",
+            [
+                (
+                    "GPUs per replica",
+                    str(p.gpus_per_replica),
+                    f"TP {spec.parallelism.tp} × PP {spec.parallelism.pp} × DP {spec.parallelism.dp}",
+                ),
+                (
+                    "replicas per node",
+                    str(p.replicas_per_node if p.replicas_per_node is not None else "—"),
+                    f"max {p.max_replicas_per_node}",
+                ),
+                (
+                    "nodes per replica",
+                    str(p.nodes_per_replica),
+                    "TP crosses nodes"
+                    if p.tp_crosses_nodes
+                    else ("PP crosses nodes" if p.pp_crosses_nodes else "fits in one node"),
+                ),
+                ("replicas", f"{p.replicas:,}", f"cluster holds {p.max_replicas:,}: {p.formula}"),
+                (
+                    "rollout groups",
+                    " / ".join(str(s) for s in plan.rollout_group_sizes),
+                    f"{spec.rollout.batches} batches, each spread over all racks",
+                ),
+            ],
+        )
+    )
+    console.print(
+        _table(
+            "Memory budget per GPU",
+            [
+                *((k.replace("_", " "), fmt_bytes(f.value), f.formula) for k, f in m.per_gpu.items()),
+                ("usable", fmt_bytes(m.usable_per_gpu.value), m.usable_per_gpu.formula),
+                ("per replica", fmt_bytes(m.per_replica_total.value), m.per_replica_total.formula),
+                ("KV bytes / token", f"{m.kv_per_token.value:,.0f} B", m.kv_per_token.formula),
+                ("KV pool / GPU", fmt_bytes(m.kv_pool_per_gpu.value), m.kv_pool_per_gpu.formula),
+                ("max sequences", f"{int(m.max_concurrent_sequences.value):,}", m.max_concurrent_sequences.formula),
+                ("mem-fraction-static", f"{m.mem_fraction_static.value:.3f}", m.mem_fraction_static.formula),
+            ],
+        )
+    )
+    console.print(
+        _table(
+            "Capacity chain",
+            [
+                ("per replica", f"{c.per_replica_concurrency.value:,.0f}", c.per_replica_concurrency.formula),
+                ("raw", f"{c.raw.value:,.0f}", c.raw.formula),
+                ("balanced", f"{c.balanced.value:,.0f}", c.balanced.formula),
+                ("after reserve", f"{c.after_reserve.value:,.0f}", c.after_reserve.formula),
+                ("sustained", f"{c.sustained.value:,.0f}", c.sustained.formula),
+                ("requests / s", f"{c.requests_per_second.value:,.0f}", c.requests_per_second.formula),
+            ],
+        )
+    )
+    console.print(
+        _table(
+            "Heartbeats and recovery",
+            [
+                (
+                    "direct",
+                    f"{hb.direct_per_s.value:,.1f} msg/s",
+                    f"{hb.direct_per_interval.formula}; {hb.direct_per_s.formula}",
+                ),
+                (
+                    "aggregated",
+                    f"{hb.aggregated_per_s.value:,.1f} msg/s",
+                    f"{hb.aggregated_per_interval.formula}; {hb.aggregated_per_s.formula}",
+                ),
+                ("central limit", f"{hb.central_limit_per_s.value:,.1f} msg/s", hb.central_limit_per_s.formula),
+                ("in use", f"{hb.active_per_s.value:,.1f} msg/s", hb.active_per_s.formula),
+                ("failure detection", f"{hb.failure_detection_s.value:g} s", hb.failure_detection_s.formula),
+                ("recovery", f"{hb.recovery_s.value:g} s", hb.recovery_s.formula),
+                ("restart from cache", f"{plan.restart_from_cache_s.value:.1f} s", plan.restart_from_cache_s.formula),
+                ("score: stop routing", f"{hb.timeouts_to_stop_routing.value:g}", hb.timeouts_to_stop_routing.formula),
+                ("score: migrate", f"{hb.timeouts_to_migrate.value:g}", hb.timeouts_to_migrate.formula),
+            ],
+        )
+    )
+    console.print(
+        _table(
+            "Network",
+            [
+                (
+                    "source all-reduce / layer",
+                    f"{n.source_allreduce_per_layer.value / 2**20:,.0f} MiB",
+                    n.source_allreduce_per_layer.formula,
+                ),
+                (
+                    "source all-reduce / pass",
+                    f"{n.source_allreduce_per_forward.value / 2**30:,.1f} GiB",
+                    n.source_allreduce_per_forward.formula,
+                ),
+                (
+                    "TP all-reduce / pass",
+                    f"{n.tp_allreduce_per_forward.value / 2**30:,.1f} GiB",
+                    n.tp_allreduce_per_forward.formula,
+                ),
+                (
+                    "fabric bytes / pass",
+                    fmt_bytes(n.fabric_bytes_per_forward.value),
+                    n.fabric_bytes_per_forward.formula,
+                ),
+                (
+                    "fabric time / pass",
+                    f"{n.fabric_time_per_forward_s.value * 1e3:,.1f} ms",
+                    n.fabric_time_per_forward_s.formula,
+                ),
+                ("GPU utilisation", f"{n.utilisation_band[0]:.0%}–{n.utilisation_band[1]:.0%}", n.utilisation_formula),
+            ],
+        )
+    )
+    cur = cost.currency
+    console.print(
+        _table(
+            f"Cost ({cur})",
+            [
+                (
+                    "nodes",
+                    f"{cost.nodes_low.value:,.0f}–{cost.nodes_high.value:,.0f}",
+                    f"{cost.nodes_low.formula}; {cost.nodes_high.formula}",
+                ),
+                ("network", f"{cost.network_low.value:,.0f}–{cost.network_high.value:,.0f}", cost.network_low.formula),
+                (
+                    "hardware",
+                    f"{cost.hardware_low.value:,.0f}–{cost.hardware_high.value:,.0f}",
+                    cost.hardware_high.formula,
+                ),
+                ("power", f"{cost.power_kw.value:,.0f} kW", cost.power_kw.formula),
+                (
+                    "electricity / month",
+                    f"{cost.electricity_month_low.value:,.0f}–{cost.electricity_month_high.value:,.0f}",
+                    cost.electricity_month_high.formula,
+                ),
+                (
+                    "node failures / month",
+                    f"{cost.node_failures_per_month.value:.2f}",
+                    cost.node_failures_per_month.formula,
+                ),
+            ],
+        )
+    )
+    for note in plan.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    if violations:
+        console.print("[bold]Violations[/]")
+        for v in violations:
+            tag = "[red]error[/]" if v.severity == "error" else "[yellow]warning[/]"
+            console.print(f"  {tag} [bold]{v.rule}[/] at [cyan]{v.path}[/]")
+            console.print(f"      {v.message}", highlight=False)
+    errors = sum(v.severity == "error" for v in violations)
+    console.print("[green]plan OK[/]" if not errors else f"[red]plan rejected: {errors} error(s)[/]")

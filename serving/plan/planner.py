@@ -1,0 +1,622 @@
+"""The capacity planner: pure functions from the fleet spec to figures, each with its formula.
+
+Every number the plan shows is computed here from the spec; the source plan's own figures are
+only used in tests and in :mod:`serving.plan.audit`, which compares them with these functions.
+Units: bytes, seconds and messages per second internally; GB means 10^9 bytes, GiB 2^30.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from serving.spec.schema import GB, Architecture, FleetSpec, Node
+
+# The source's link-rate → expected GPU utilisation table (§3.3), Gb/s → (low, high) fraction.
+UTILISATION_BY_LINK_GBPS: tuple[tuple[int, float, float, str], ...] = (
+    (25, 0.15, 0.25, "data parallel only"),
+    (100, 0.45, 0.60, "small tensor parallel"),
+    (200, 0.65, 0.80, "tensor + pipeline parallel"),
+    (400, 0.80, 0.92, "all strategies"),
+)
+HOURS_PER_MONTH = 730.0  # 8,760 h / 12
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One computed number, its unit and the formula (with the numbers put in) that produced it."""
+
+    value: float
+    unit: str
+    formula: str
+
+    def __float__(self) -> float:
+        return float(self.value)
+
+
+def fmt_bytes(n: float) -> str:
+    return f"{n / GB:,.2f} GB"
+
+
+# ------------------------------------------------------------------------------------------ memory
+
+
+def weights_bytes(parameter_count: int, bytes_per_param: float) -> Figure:
+    v = parameter_count * bytes_per_param
+    return Figure(v, "B", f"{parameter_count:,} params × {bytes_per_param:g} B = {fmt_bytes(v)}")
+
+
+def kv_bytes_per_token(arch: Architecture, bytes_per_element: int) -> Figure:
+    """KV cache bytes one token occupies across the whole model.
+
+    GQA/MHA: 2 (K and V) × layers × KV heads × head_dim × bytes — the heads that count are the KV
+    heads, not the attention heads. MLA: layers × (kv_lora_rank + qk_rope_head_dim) × bytes (one
+    compressed latent plus the decoupled RoPE key, no separate V).
+    """
+    if arch.mla is not None:
+        width = arch.mla.kv_lora_rank + arch.mla.qk_rope_head_dim
+        v = arch.num_layers * width * bytes_per_element
+        return Figure(
+            v,
+            "B",
+            f"MLA: {arch.num_layers} layers × ({arch.mla.kv_lora_rank} + {arch.mla.qk_rope_head_dim}) × {bytes_per_element} B = {v:,} B",
+        )
+    v = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * bytes_per_element
+    return Figure(
+        v,
+        "B",
+        f"2 × {arch.num_layers} layers × {arch.num_kv_heads} KV heads × {arch.head_dim} × {bytes_per_element} B = {v:,} B",
+    )
+
+
+def kv_bytes_per_token_per_gpu(arch: Architecture, bytes_per_element: int, tp: int, pp: int) -> Figure:
+    """KV bytes per token held by one GPU of a TP×PP replica.
+
+    Layers split over PP stages; KV heads split over TP ranks but never below one head per rank
+    (with TP > KV heads each head is replicated). MLA's latent is not split by TP: every rank keeps it.
+    """
+    layers = math.ceil(arch.num_layers / pp)
+    if arch.mla is not None:
+        width = arch.mla.kv_lora_rank + arch.mla.qk_rope_head_dim
+        v = layers * width * bytes_per_element
+        return Figure(
+            v, "B", f"MLA latent replicated per TP rank: {layers} layers × {width} × {bytes_per_element} B = {v:,} B"
+        )
+    heads = math.ceil(arch.num_kv_heads / tp)
+    v = 2 * layers * heads * arch.head_dim * bytes_per_element
+    return Figure(
+        v,
+        "B",
+        f"2 × ⌈{arch.num_layers}/{pp}⌉ layers × ⌈{arch.num_kv_heads}/{tp}⌉ KV heads × {arch.head_dim} × {bytes_per_element} B = {v:,} B",
+    )
+
+
+def replica_memory_budget(
+    weights: float, kv_cache: float, activation_fraction: float, overhead: float, safety_margin: float
+) -> dict[str, Figure]:
+    """The source's budget shape (§4.2): weights + KV + activations + overhead, plus a margin on the sum."""
+    act = weights * activation_fraction
+    subtotal = weights + kv_cache + act + overhead
+    margin = subtotal * safety_margin
+    total = subtotal + margin
+    return {
+        "weights": Figure(weights, "B", f"{fmt_bytes(weights)}"),
+        "kv_cache": Figure(kv_cache, "B", f"{fmt_bytes(kv_cache)}"),
+        "activations": Figure(act, "B", f"{activation_fraction:.0%} × {fmt_bytes(weights)} = {fmt_bytes(act)}"),
+        "framework_overhead": Figure(overhead, "B", f"{fmt_bytes(overhead)}"),
+        "safety_margin": Figure(margin, "B", f"{safety_margin:.0%} × {fmt_bytes(subtotal)} = {fmt_bytes(margin)}"),
+        "total": Figure(total, "B", f"{fmt_bytes(subtotal)} + {fmt_bytes(margin)} = {fmt_bytes(total)}"),
+    }
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    weights: Figure
+    per_gpu: dict[str, Figure]
+    usable_per_gpu: Figure
+    per_replica_total: Figure
+    usable_per_node: Figure
+    kv_per_token: Figure
+    kv_per_token_per_gpu: Figure
+    kv_pool_per_gpu: Figure
+    max_concurrent_sequences: Figure
+    mem_fraction_static: Figure
+    max_total_tokens: Figure
+
+
+def memory_plan(spec: FleetSpec) -> MemoryPlan:
+    m, par, gpu = spec.model, spec.parallelism, spec.cluster.gpu
+    shard = par.tp * par.pp
+    weights = weights_bytes(m.architecture.parameter_count, m.bytes_per_param)
+    kv_tok = kv_bytes_per_token(m.architecture, m.kv_bytes_per_element)
+    kv_tok_gpu = kv_bytes_per_token_per_gpu(m.architecture, m.kv_bytes_per_element, par.tp, par.pp)
+    seqs_per_rank = math.ceil(spec.limits.max_running_requests / par.dp)
+    ctx = spec.limits.context_length
+    kv_gpu = kv_tok_gpu.value * ctx * seqs_per_rank
+    w_gpu = weights.value / shard
+    overhead = m.framework_overhead_gb * GB
+    per_gpu = replica_memory_budget(w_gpu, kv_gpu, m.activation_fraction, overhead, m.safety_margin)
+    per_gpu["weights"] = Figure(
+        w_gpu, "B", f"{fmt_bytes(weights.value)} / (TP {par.tp} × PP {par.pp}) = {fmt_bytes(w_gpu)}"
+    )
+    per_gpu["kv_cache"] = Figure(
+        kv_gpu, "B", f"{kv_tok_gpu.value:,.0f} B/token × {ctx:,} tokens × {seqs_per_rank} seqs = {fmt_bytes(kv_gpu)}"
+    )
+    usable = gpu.memory_gb * GB * gpu.usable_memory_fraction
+    usable_f = Figure(usable, "B", f"{gpu.memory_gb:g} GB × {gpu.usable_memory_fraction:.0%} = {fmt_bytes(usable)}")
+    gpr = par.gpus_per_replica
+    rep_total = per_gpu["total"].value * gpr
+    # The KV pool the usable memory admits once weights, activations and overhead (with margin) are in.
+    fixed = per_gpu["weights"].value + per_gpu["activations"].value + overhead
+    pool = max(0.0, usable / (1 + m.safety_margin) - fixed)
+    seq_bytes = kv_tok_gpu.value * ctx
+    seqs = math.floor(pool / seq_bytes) * par.dp if seq_bytes else 0
+    static = (per_gpu["weights"].value + pool) / (gpu.memory_gb * GB)
+    tokens = math.floor(pool / kv_tok_gpu.value) if kv_tok_gpu.value else 0
+    return MemoryPlan(
+        weights=weights,
+        per_gpu=per_gpu,
+        usable_per_gpu=usable_f,
+        per_replica_total=Figure(
+            rep_total, "B", f"{fmt_bytes(per_gpu['total'].value)} × {gpr} GPUs = {fmt_bytes(rep_total)}"
+        ),
+        usable_per_node=Figure(
+            usable * gpu.count_per_node,
+            "B",
+            f"{fmt_bytes(usable)} × {gpu.count_per_node} GPUs = {fmt_bytes(usable * gpu.count_per_node)}",
+        ),
+        kv_per_token=kv_tok,
+        kv_per_token_per_gpu=kv_tok_gpu,
+        kv_pool_per_gpu=Figure(
+            pool,
+            "B",
+            f"{fmt_bytes(usable)} / (1 + {m.safety_margin:.0%}) − {fmt_bytes(fixed)} (weights+activations+overhead) = {fmt_bytes(pool)}",
+        ),
+        max_concurrent_sequences=Figure(
+            seqs, "seqs", f"⌊{fmt_bytes(pool)} / ({kv_tok_gpu.value:,.0f} B × {ctx:,} tokens)⌋ × DP {par.dp} = {seqs}"
+        ),
+        mem_fraction_static=Figure(
+            static,
+            "",
+            f"({fmt_bytes(per_gpu['weights'].value)} + {fmt_bytes(pool)}) / {gpu.memory_gb:g} GB = {static:.3f}",
+        ),
+        max_total_tokens=Figure(tokens, "tokens", f"⌊{fmt_bytes(pool)} / {kv_tok_gpu.value:,.0f} B⌋ = {tokens:,}"),
+    )
+
+
+# ------------------------------------------------------------------------------------------ placement
+
+
+@dataclass(frozen=True)
+class Placement:
+    gpus_per_node: int
+    gpus_per_replica: int
+    max_replicas_per_node: int
+    nodes_per_replica: int
+    replicas_per_node: int | None
+    tp_crosses_nodes: bool
+    pp_crosses_nodes: bool
+    nodes: int
+    max_replicas: int
+    replicas: int
+    nodes_used: int
+    formula: str
+
+
+def placement(spec: FleetSpec) -> Placement:
+    gpn = spec.cluster.gpu.count_per_node
+    par = spec.parallelism
+    gpr = par.gpus_per_replica
+    nodes = spec.cluster.node_count
+    if gpr <= gpn:
+        max_per_node = gpn // gpr
+        nodes_per_replica = 1
+        max_replicas = nodes * max_per_node
+        rpn = spec.serving.replicas_per_node or max_per_node
+        nodes_used = math.ceil(spec.serving.replicas / rpn)
+        formula = f"⌊{gpn} GPUs/node / {gpr} GPUs/replica⌋ = {max_per_node}/node × {nodes} nodes = {max_replicas:,}"
+    else:
+        max_per_node = 0
+        nodes_per_replica = math.ceil(gpr / gpn)
+        max_replicas = nodes // nodes_per_replica
+        nodes_used = spec.serving.replicas * nodes_per_replica
+        formula = f"{gpr} GPUs/replica spans ⌈{gpr}/{gpn}⌉ = {nodes_per_replica} nodes; {nodes} // {nodes_per_replica} = {max_replicas:,}"
+    return Placement(
+        gpus_per_node=gpn,
+        gpus_per_replica=gpr,
+        max_replicas_per_node=max_per_node,
+        nodes_per_replica=nodes_per_replica,
+        replicas_per_node=spec.serving.replicas_per_node,
+        tp_crosses_nodes=par.tp > gpn,
+        pp_crosses_nodes=par.tp <= gpn < par.tp * par.pp,
+        nodes=nodes,
+        max_replicas=max_replicas,
+        replicas=spec.serving.replicas,
+        nodes_used=nodes_used,
+        formula=formula,
+    )
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One SGLang server of the fleet, where it runs and which update group it belongs to."""
+
+    id: str
+    index: int
+    nodes: tuple[Node, ...]
+    gpu_ids: tuple[int, ...]
+    group: int
+    port: int
+
+    @property
+    def node(self) -> Node:
+        return self.nodes[0]
+
+
+def rollout_groups(replicas: int, batches: int) -> list[list[int]]:
+    """Assign replica indices to exactly ``batches`` groups, each replica once.
+
+    Round-robin over the placement order: placement fills node after node and rack after rack, so
+    striding spreads every group over all racks and takes at most ⌈per-node/batches⌉ replicas of a
+    node at a time. Sizes differ by at most one.
+    """
+    groups: list[list[int]] = [[] for _ in range(batches)]
+    for i in range(replicas):
+        groups[i % batches].append(i)
+    return groups
+
+
+def fleet_replicas(spec: FleetSpec) -> list[Replica]:
+    """The replica inventory in placement order (node by node), at most what the nodes hold."""
+    p = placement(spec)
+    nodes = spec.cluster.nodes
+    gpr = p.gpus_per_replica
+    batches = spec.rollout.batches
+    out: list[Replica] = []
+    count = min(spec.serving.replicas, p.max_replicas)
+    if p.nodes_per_replica == 1:
+        per_node = min(p.replicas_per_node or p.max_replicas_per_node, p.max_replicas_per_node)
+        for i in range(count):
+            node_i, slot = divmod(i, per_node)
+            if node_i >= len(nodes):
+                break
+            node = nodes[node_i]
+            out.append(
+                Replica(
+                    id=f"{node.name}-s{slot}",
+                    index=i,
+                    nodes=(node,),
+                    gpu_ids=tuple(range(slot * gpr, (slot + 1) * gpr)),
+                    group=i % batches,
+                    port=spec.serving.port + slot,
+                )
+            )
+    else:
+        k = p.nodes_per_replica
+        for i in range(count):
+            span = tuple(nodes[i * k : (i + 1) * k])
+            out.append(
+                Replica(
+                    id=f"{span[0].name}-x{k}",
+                    index=i,
+                    nodes=span,
+                    gpu_ids=tuple(range(p.gpus_per_node)),
+                    group=i % batches,
+                    port=spec.serving.port,
+                )
+            )
+    return out
+
+
+# ------------------------------------------------------------------------------------------ capacity
+
+
+@dataclass(frozen=True)
+class CapacityChain:
+    per_replica_concurrency: Figure
+    raw: Figure
+    balanced: Figure
+    after_reserve: Figure
+    sustained: Figure
+    requests_per_second: Figure
+
+
+def capacity_chain(
+    per_replica: int,
+    replicas: int,
+    balance_efficiency: float,
+    failure_reserve: float,
+    burst_buffer: float,
+    mean_request_s: float,
+    why: str = "",
+) -> CapacityChain:
+    """The source's chain (§3.2): concurrency × replicas × balance − reserve − burst; RPS by Little's law."""
+    raw = per_replica * replicas
+    bal = raw * balance_efficiency
+    res = bal * (1 - failure_reserve)
+    sus = res * (1 - burst_buffer)
+    rps = sus / mean_request_s
+    return CapacityChain(
+        per_replica_concurrency=Figure(per_replica, "reqs", why or f"{per_replica}"),
+        raw=Figure(raw, "reqs", f"{per_replica} × {replicas:,} replicas = {raw:,}"),
+        balanced=Figure(bal, "reqs", f"{raw:,} × {balance_efficiency:.0%} balance efficiency = {bal:,.0f}"),
+        after_reserve=Figure(
+            res, "reqs", f"{bal:,.0f} × (1 − {failure_reserve:.0%} failure/rollout reserve) = {res:,.0f}"
+        ),
+        sustained=Figure(sus, "reqs", f"{res:,.0f} × (1 − {burst_buffer:.0%} burst buffer) = {sus:,.0f}"),
+        requests_per_second=Figure(
+            rps, "req/s", f"{sus:,.0f} in flight / {mean_request_s:g} s per request = {rps:,.0f} req/s (Little's law)"
+        ),
+    )
+
+
+# ------------------------------------------------------------------------------------------ health
+
+
+@dataclass(frozen=True)
+class HeartbeatPlan:
+    direct_per_interval: Figure
+    aggregated_per_interval: Figure
+    direct_per_s: Figure
+    aggregated_per_s: Figure
+    central_limit_per_s: Figure
+    active_per_s: Figure
+    failure_detection_s: Figure
+    recovery_s: Figure
+    timeouts_to_stop_routing: Figure
+    timeouts_to_migrate: Figure
+    successes_to_readmit: Figure
+
+
+def heartbeat_plan(spec: FleetSpec, replicas: int, nodes: int) -> HeartbeatPlan:
+    s, h = spec.serving, spec.health
+    iv = s.heartbeat_interval_s
+    limit = spec.scheduler.max_direct_heartbeat_replicas / iv
+    active = replicas / iv if s.heartbeat_mode == "direct" else nodes / iv
+    detect = s.failure_threshold * iv + s.health_check_timeout_s
+    recover = detect + s.migration_timeout_s
+    to_stop = math.floor((h.start - h.stop_routing_below) / h.timeout_penalty) + 1
+    to_migrate = math.floor((h.start - h.migrate_below) / h.timeout_penalty) + 1
+    readmit = math.ceil((h.stop_routing_below - (h.start - to_stop * h.timeout_penalty)) / h.success_reward)
+    return HeartbeatPlan(
+        direct_per_interval=Figure(replicas, "msgs", f"{replicas:,} replicas × 1 per {iv:g} s interval"),
+        aggregated_per_interval=Figure(nodes, "msgs", f"{nodes:,} node agents × 1 per {iv:g} s interval"),
+        direct_per_s=Figure(replicas / iv, "msg/s", f"{replicas:,} / {iv:g} s = {replicas / iv:,.1f} msg/s"),
+        aggregated_per_s=Figure(nodes / iv, "msg/s", f"{nodes:,} / {iv:g} s = {nodes / iv:,.1f} msg/s"),
+        central_limit_per_s=Figure(
+            limit,
+            "msg/s",
+            f"{spec.scheduler.max_direct_heartbeat_replicas:,} replicas (jitter onset) / {iv:g} s = {limit:,.1f} msg/s",
+        ),
+        active_per_s=Figure(active, "msg/s", f"{s.heartbeat_mode}: {active:,.1f} msg/s at the central scheduler"),
+        failure_detection_s=Figure(
+            detect,
+            "s",
+            f"{s.failure_threshold} misses × {iv:g} s + {s.health_check_timeout_s:g} s timeout of the last probe = {detect:g} s",
+        ),
+        recovery_s=Figure(
+            recover, "s", f"{detect:g} s detection + {s.migration_timeout_s:g} s migration = {recover:g} s"
+        ),
+        timeouts_to_stop_routing=Figure(
+            to_stop,
+            "timeouts",
+            f"⌊({h.start} − {h.stop_routing_below}) / {h.timeout_penalty}⌋ + 1 = {to_stop} ({to_stop * iv:g} s)",
+        ),
+        timeouts_to_migrate=Figure(
+            to_migrate,
+            "timeouts",
+            f"⌊({h.start} − {h.migrate_below}) / {h.timeout_penalty}⌋ + 1 = {to_migrate} ({to_migrate * iv:g} s)",
+        ),
+        successes_to_readmit=Figure(
+            readmit,
+            "successes",
+            f"from {h.start - to_stop * h.timeout_penalty} back to {h.stop_routing_below} at +{h.success_reward} = {readmit} ({readmit * iv:g} s)",
+        ),
+    )
+
+
+# ------------------------------------------------------------------------------------------ network
+
+
+@dataclass(frozen=True)
+class NetworkPlan:
+    source_allreduce_per_layer: Figure
+    source_allreduce_per_forward: Figure
+    tp_allreduce_per_forward: Figure
+    fabric_bytes_per_forward: Figure
+    fabric_time_per_forward_s: Figure
+    utilisation_band: tuple[float, float, str]
+    utilisation_formula: str
+
+
+def utilisation_band(link_rate_gbps: float) -> tuple[float, float, str]:
+    """The source's table: the band of the fastest listed rate not above the link rate."""
+    band = (
+        0.0,
+        UTILISATION_BY_LINK_GBPS[0][1],
+        f"below {UTILISATION_BY_LINK_GBPS[0][0]} Gb/s: not in the source's table",
+    )
+    for rate, lo, hi, note in UTILISATION_BY_LINK_GBPS:
+        if link_rate_gbps >= rate:
+            band = (lo, hi, f"≥ {rate} Gb/s: {note}")
+    return band
+
+
+def network_plan(spec: FleetSpec) -> NetworkPlan:
+    a = spec.model.architecture
+    tp, pp = spec.parallelism.tp, spec.parallelism.pp
+    gpn = spec.cluster.gpu.count_per_node
+    batch, seq = spec.limits.max_running_requests, spec.limits.context_length
+    act_bytes = 2
+    per_layer = a.hidden_size * batch * seq * act_bytes
+    per_fwd = per_layer * a.num_layers
+    # Megatron-style TP all-reduces twice per layer (after attention and after the MLP).
+    tp_fwd = 2 * per_layer * a.num_layers if tp > 1 else 0
+    ring = 2 * (tp - 1) / tp if tp > 1 else 0.0
+    if tp > gpn:
+        fabric = tp_fwd * ring
+        how = f"TP {tp} crosses nodes: {fmt_bytes(tp_fwd)} × ring factor 2({tp}−1)/{tp} = {fmt_bytes(fabric)} per GPU"
+    elif tp * pp > gpn:
+        hops = pp - 1
+        fabric = hops * a.hidden_size * batch * seq * act_bytes
+        how = f"PP crosses nodes: {hops} stage hops × {a.hidden_size} × {batch} × {seq:,} × 2 B = {fmt_bytes(fabric)}"
+    else:
+        fabric = 0.0
+        how = "replica fits in one node: TP/PP traffic stays on NVLink, the fabric carries none of it"
+    rate = spec.cluster.fabric.link_rate_gbps
+    secs = fabric * 8 / (rate * 1e9)
+    lo, hi, note = utilisation_band(rate)
+    return NetworkPlan(
+        source_allreduce_per_layer=Figure(
+            per_layer, "B", f"{a.hidden_size} hidden × {batch} batch × {seq:,} seq × 2 B = {per_layer / 2**20:,.0f} MiB"
+        ),
+        source_allreduce_per_forward=Figure(
+            per_fwd,
+            "B",
+            f"{per_layer / 2**20:,.0f} MiB × {a.num_layers} layers = {per_fwd / 2**30:,.1f} GiB (source's figure, one all-reduce per layer)",
+        ),
+        tp_allreduce_per_forward=Figure(
+            tp_fwd,
+            "B",
+            f"2 all-reduces/layer × {a.num_layers} layers × {per_layer / 2**20:,.0f} MiB = {tp_fwd / 2**30:,.1f} GiB"
+            if tp > 1
+            else "TP 1: no tensor-parallel all-reduce",
+        ),
+        fabric_bytes_per_forward=Figure(fabric, "B", how),
+        fabric_time_per_forward_s=Figure(secs, "s", f"{fmt_bytes(fabric)} × 8 / {rate} Gb/s = {secs * 1e3:,.1f} ms"),
+        utilisation_band=(lo, hi, note),
+        utilisation_formula=f"{rate} Gb/s → {lo:.0%}–{hi:.0%} GPU utilisation ({note})",
+    )
+
+
+# ------------------------------------------------------------------------------------------ cost
+
+
+@dataclass(frozen=True)
+class CostPlan:
+    currency: str
+    nodes_low: Figure
+    nodes_high: Figure
+    network_low: Figure
+    network_high: Figure
+    hardware_low: Figure
+    hardware_high: Figure
+    power_kw: Figure
+    electricity_month_low: Figure
+    electricity_month_high: Figure
+    node_failures_per_month: Figure
+
+
+def cost_plan(spec: FleetSpec) -> CostPlan:
+    c = spec.cluster.cost
+    n = spec.cluster.node_count
+    kw = n * spec.cluster.gpu.power_kw_per_node
+
+    def hw(price: float, share: float, tag: str) -> tuple[Figure, Figure, Figure]:
+        nodes = n * price
+        total = nodes / (1 - share)
+        net = total - nodes
+        return (
+            Figure(nodes, c.currency, f"{n} nodes × {price:,.0f} = {nodes:,.0f}"),
+            Figure(
+                net,
+                c.currency,
+                f"network is {share:.0%} of total hardware: {nodes:,.0f} × {share:g}/(1 − {share:g}) = {net:,.0f}",
+            ),
+            Figure(total, c.currency, f"{nodes:,.0f} / (1 − {share:.0%}) = {total:,.0f} ({tag})"),
+        )
+
+    nl, netl, tl = hw(c.node_price_low, c.network_share_low, "low")
+    nh, neth, th = hw(c.node_price_high, c.network_share_high, "high")
+    kwh = kw * HOURS_PER_MONTH
+    fails = n * c.annual_node_failure_rate / 12
+    return CostPlan(
+        currency=c.currency,
+        nodes_low=nl,
+        nodes_high=nh,
+        network_low=netl,
+        network_high=neth,
+        hardware_low=tl,
+        hardware_high=th,
+        power_kw=Figure(kw, "kW", f"{n} nodes × {spec.cluster.gpu.power_kw_per_node:g} kW = {kw:,.0f} kW"),
+        electricity_month_low=Figure(
+            kwh * c.electricity_per_kwh_low,
+            c.currency,
+            f"{kw:,.0f} kW × {HOURS_PER_MONTH:g} h × {c.electricity_per_kwh_low:g}/kWh = {kwh * c.electricity_per_kwh_low:,.0f}",
+        ),
+        electricity_month_high=Figure(
+            kwh * c.electricity_per_kwh_high,
+            c.currency,
+            f"{kw:,.0f} kW × {HOURS_PER_MONTH:g} h × {c.electricity_per_kwh_high:g}/kWh = {kwh * c.electricity_per_kwh_high:,.0f}",
+        ),
+        node_failures_per_month=Figure(
+            fails, "nodes", f"{n} nodes × {c.annual_node_failure_rate:.0%}/year / 12 = {fails:.2f} a month"
+        ),
+    )
+
+
+# ------------------------------------------------------------------------------------------ the plan
+
+
+@dataclass(frozen=True)
+class Plan:
+    placement: Placement
+    memory: MemoryPlan
+    capacity: CapacityChain
+    heartbeats: HeartbeatPlan
+    network: NetworkPlan
+    cost: CostPlan
+    restart_from_cache_s: Figure
+    rollout_group_sizes: list[int]
+    notes: list[str] = field(default_factory=list)
+
+
+def restart_time(spec: FleetSpec) -> Figure:
+    """Time to reload one GPU's weight shard from the node-local cache (source: restart ≤ 30 s)."""
+    par = spec.parallelism
+    shard = spec.model.architecture.parameter_count * spec.model.bytes_per_param / (par.tp * par.pp)
+    per_node = shard * min(par.gpus_per_replica, spec.cluster.gpu.count_per_node)
+    bw = spec.storage.local_cache.load_bandwidth_gbps * GB
+    secs = per_node / bw
+    return Figure(
+        secs,
+        "s",
+        f"{fmt_bytes(per_node)} of weights on the node / {spec.storage.local_cache.load_bandwidth_gbps:g} GB/s local cache = {secs:.1f} s",
+    )
+
+
+def plan(spec: FleetSpec) -> Plan:
+    p = placement(spec)
+    mem = memory_plan(spec)
+    deployable = min(spec.serving.replicas, p.max_replicas)
+    lim = spec.limits
+    per_rep = min(lim.p99_concurrency_per_replica, lim.max_running_requests, int(mem.max_concurrent_sequences.value))
+    why = (
+        f"min(P99 concurrency {lim.p99_concurrency_per_replica}, max running {lim.max_running_requests}, "
+        f"KV admits {int(mem.max_concurrent_sequences.value)}) = {per_rep}"
+    )
+    chain = capacity_chain(
+        per_rep, deployable, lim.balance_efficiency, lim.failure_reserve, lim.burst_buffer, lim.mean_request_s, why
+    )
+    nodes_used = min(p.nodes_used, p.nodes)
+    notes: list[str] = []
+    target = spec.serving.target_replicas
+    if target is not None and target != spec.serving.replicas:
+        gpus = p.nodes * p.gpus_per_node
+        notes.append(
+            f"source target {target:,} replicas → this plan deploys {spec.serving.replicas:,} "
+            f"({spec.serving.replicas / target:.1%}): {p.nodes} nodes × {p.gpus_per_node} GPUs = {gpus:,} GPUs "
+            f"at {p.gpus_per_replica} GPU(s) per replica hold at most {p.max_replicas:,}; "
+            f"{target:,} replicas would need {target * p.gpus_per_replica:,} GPUs"
+        )
+    return Plan(
+        placement=p,
+        memory=mem,
+        capacity=chain,
+        heartbeats=heartbeat_plan(spec, deployable, nodes_used),
+        network=network_plan(spec),
+        cost=cost_plan(spec),
+        restart_from_cache_s=restart_time(spec),
+        rollout_group_sizes=[len(g) for g in rollout_groups(deployable, spec.rollout.batches)],
+        notes=notes,
+    )

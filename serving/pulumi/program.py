@@ -1,0 +1,229 @@
+"""Run the Pulumi program (``infra/``) in-process, with Pulumi's mocks in place of the engine, and collect what it
+registers.
+
+The Pulumi engine cannot run here (FIELD-NOTES: no registry ships it); ``pulumi.runtime.set_mocks`` replaces
+it, so the program that ``pulumi up`` runs is the one executed here, unchanged: ``infra/__main__.py`` via
+``runpy``, as Pulumi's Python language host starts it. Every registration is recorded with its parent and
+provider; custom Kubernetes resources carry the full camelCase object (``apiVersion``/``kind`` included) as
+their inputs. Numbers cross the mock boundary as floats and are turned back into integers here.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+from pulumi.runtime import rpc
+from pulumi.runtime.mocks import MockMonitor, MockResourceArgs, Mocks
+from pulumi.runtime.settings import ROOT
+from pulumi.runtime.stack import run_in_stack
+from pulumi.runtime.sync_await import _sync_await
+
+from serving.render.k8s.common import K8sObject
+from serving.spec.stack import PROJECT_ROOT, Stack, load_stack, load_stack_file
+
+PROJECT = "exaserve"
+INFRA_DIR = PROJECT_ROOT / "infra"
+# `exaserve render --stack-file FILE` tells the program which file to read (Pulumi itself always
+# reads Pulumi.<stack>.yaml); set only for the duration of one in-process run.
+STACK_FILE_ENV = "EXASERVE_STACK_FILE"
+COMPONENT_PREFIX = "exaserve:"
+STACK_TYPE = "pulumi:pulumi:Stack"
+K8S_PREFIX = "kubernetes:"
+
+
+def program_stack() -> Stack:
+    """The stack the Pulumi program deploys: ``Pulumi.<pulumi stack>.yaml``, or the file render was given."""
+    path = os.environ.get(STACK_FILE_ENV)
+    return load_stack_file(Path(path), pulumi.get_stack()) if path else load_stack(pulumi.get_stack())
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One resource the program registered (components, the provider and Kubernetes objects alike)."""
+
+    urn: str
+    type: str
+    name: str
+    parent: str
+    provider: str
+    custom: bool
+    inputs: dict[str, Any]
+
+    @property
+    def is_component(self) -> bool:
+        return self.type.startswith(COMPONENT_PREFIX)
+
+    @property
+    def is_kubernetes_object(self) -> bool:
+        return self.custom and self.type.startswith(K8S_PREFIX)
+
+
+@dataclass
+class ProgramRun:
+    stack: str
+    registrations: list[Registration] = field(default_factory=list)
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def by_urn(self) -> dict[str, Registration]:
+        return {r.urn: r for r in self.registrations}
+
+    def stack_outputs(self) -> dict[str, Any]:
+        return next((self.outputs.get(r.urn, {}) for r in self.registrations if r.type == STACK_TYPE), {})
+
+    def top_component(self, reg: Registration) -> Registration | None:
+        """The outermost ``exaserve:`` component above ``reg`` (the concern it belongs to)."""
+        by_urn = self.by_urn()
+        found: Registration | None = None
+        cur: Registration | None = reg
+        while cur is not None:
+            if cur.is_component:
+                found = cur
+            cur = by_urn.get(cur.parent)
+        return found
+
+
+def normalise(value: Any) -> Any:
+    """Undo the mock boundary's number widening: integral floats back to ints, recursively."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: normalise(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [normalise(v) for v in value]
+    return value
+
+
+class _Mocks(Mocks):
+    """The 'engine': every resource is created with its inputs as its state; no calls are expected."""
+
+    def new_resource(self, args: MockResourceArgs) -> tuple[str | None, dict[Any, Any]]:
+        return f"{args.name}-id", dict(args.inputs)
+
+    def call(self, args: Any) -> tuple[dict[Any, Any], list[tuple[str, str]] | None]:
+        return {}, None
+
+
+class _RecordingMonitor(MockMonitor):
+    """The mock monitor, also recording each registration's parent, provider and outputs."""
+
+    def __init__(self, run: ProgramRun) -> None:
+        super().__init__(_Mocks())
+        self._run = run
+        self._lock = threading.Lock()
+
+    def RegisterResource(self, request: Any) -> Any:
+        response = super().RegisterResource(request)  # type: ignore[no-untyped-call]
+        registered = self.resources.get(response.urn)
+        reg = Registration(
+            urn=response.urn,
+            type=request.type,
+            name=request.name,
+            parent=request.parent,
+            provider=request.provider,
+            custom=bool(request.custom),
+            inputs=normalise(registered.state) if registered is not None else {},
+        )
+        with self._lock:
+            # set_mocks and run_in_stack each register the root stack; keep one.
+            if reg.type != STACK_TYPE or all(r.urn != reg.urn for r in self._run.registrations):
+                self._run.registrations.append(reg)
+        return response
+
+    def RegisterResourceOutputs(self, request: Any) -> Any:
+        with self._lock:
+            self._run.outputs[request.urn] = normalise(rpc.deserialize_properties(request.outputs))
+        return super().RegisterResourceOutputs(request)  # type: ignore[no-untyped-call]
+
+
+@contextmanager
+def _stack_file_env(path: Path | None) -> Iterator[None]:
+    old = os.environ.get(STACK_FILE_ENV)
+    if path is not None:
+        os.environ[STACK_FILE_ENV] = str(path)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(STACK_FILE_ENV, None)
+        else:
+            os.environ[STACK_FILE_ENV] = old
+
+
+def run_program(stack: str, *, stack_file: Path | None = None, program_dir: Path = INFRA_DIR) -> ProgramRun:
+    """Execute the Pulumi program for ``stack`` under mocks, as ``pulumi preview`` would, and record it."""
+    run = ProgramRun(stack=stack)
+    monitor = _RecordingMonitor(run)
+    ROOT.set(None)  # a fresh root stack resource per run (set_mocks creates one only when none exists)
+    pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+    ROOT.set(None)  # run_in_stack creates the root stack that collects pulumi.export()s, as the language host does
+
+    def program() -> None:
+        runpy.run_path(str(program_dir), run_name="__main__")
+
+    with _stack_file_env(stack_file):
+        _sync_await(run_in_stack(program))
+    return run
+
+
+@dataclass(frozen=True)
+class RenderedObject:
+    """One Kubernetes object of a rendered stack and the Pulumi component that created it."""
+
+    obj: K8sObject
+    component: str
+    resource_type: str
+
+    @property
+    def api_version(self) -> str:
+        return str(self.obj.get("apiVersion", ""))
+
+    @property
+    def kind(self) -> str:
+        return str(self.obj.get("kind", ""))
+
+    @property
+    def name(self) -> str:
+        return str(self.obj.get("metadata", {}).get("name", ""))
+
+    @property
+    def namespace(self) -> str | None:
+        ns = self.obj.get("metadata", {}).get("namespace")
+        return None if ns is None else str(ns)
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.api_version, self.kind, self.namespace or "", self.name)
+
+    def index_entry(self) -> dict[str, Any]:
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "namespace": self.namespace,
+            "component": self.component,
+        }
+
+
+def kubernetes_objects(run: ProgramRun) -> list[RenderedObject]:
+    """Every Kubernetes object the program registered, in registration order, with its component's name."""
+    out: list[RenderedObject] = []
+    for reg in run.registrations:
+        if not reg.is_kubernetes_object:
+            continue
+        top = run.top_component(reg)
+        out.append(RenderedObject(obj=reg.inputs, component=top.name if top else "", resource_type=reg.type))
+    return out
+
+
+def render_stack(stack: Stack, *, from_file: bool = False, program_dir: Path = INFRA_DIR) -> list[RenderedObject]:
+    """Run the program for ``stack`` and return its Kubernetes objects."""
+    run = run_program(stack.name, stack_file=stack.path if from_file else None, program_dir=program_dir)
+    return kubernetes_objects(run)

@@ -1,0 +1,166 @@
+"""RDMA fabric: the RDMA shared device plugin (ConfigMap + DaemonSet) and, where the spec asks for one, a Multus
+secondary network (NetworkAttachmentDefinition) for RDMA traffic.
+
+The device plugin exposes ``spec.kubernetes.rdma_resource`` (``<prefix>/<name>``); serving pods request one
+unit of it (:func:`serving.render.units.pod_container`, with the NCCL/IB environment). An Ethernet fabric has no
+HCAs: nothing is rendered here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from serving.render.k8s.common import (
+    ANNOTATION_PRIVILEGED_REASON,
+    LABEL_NAME,
+    K8sObject,
+    gpu_node_affinity,
+    labels,
+    metadata,
+    serving_toleration,
+)
+from serving.spec.schema import FabricKind, FleetSpec
+
+COMPONENT = "fabric"
+APP = "rdma-shared-device-plugin"
+DAEMONSET = "rdma-shared-device-plugin"
+CONFIGMAP = "rdma-devices"
+NETWORK = "exaserve-rdma"
+# Pinned upstream image of Mellanox/k8s-rdma-shared-dev-plugin (deployment/k8s/base/daemonset.yaml).
+IMAGE = "mellanox/k8s-rdma-shared-dev-plugin:v1.5.3"
+MELLANOX_VENDOR_ID = "15b3"
+LINK_TYPES = {FabricKind.INFINIBAND: "infiniband", FabricKind.ROCE: "ether"}
+# The secondary network's parent netdev and address range are not (yet) spec fields: IPoIB on the first
+# IB port, macvlan on the bootstrap interface for RoCE; whereabouts hands out cluster-wide unique addresses.
+SECONDARY_CNI = {FabricKind.INFINIBAND: ("ipoib", "ib0"), FabricKind.ROCE: ("macvlan", None)}
+SECONDARY_RANGE = "10.250.0.0/16"
+NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
+
+
+def has_rdma(spec: FleetSpec) -> bool:
+    return spec.cluster.fabric.kind is not FabricKind.ETHERNET
+
+
+def _resource_parts(spec: FleetSpec) -> tuple[str, str]:
+    prefix, _, name = spec.kubernetes.rdma_resource.rpartition("/")
+    return prefix, name
+
+
+def device_plugin_config(spec: FleetSpec) -> dict[str, Any]:
+    """The plugin's config.json: one shared resource over the node's Mellanox HCAs of the fabric's link type."""
+    prefix, name = _resource_parts(spec)
+    entry: dict[str, Any] = {
+        "resourceName": name,
+        "rdmaHcaMax": spec.cluster.gpu.count_per_node,
+        "selectors": {
+            "vendors": [MELLANOX_VENDOR_ID],
+            "drivers": ["mlx5_core"],
+            "linkTypes": [LINK_TYPES[spec.cluster.fabric.kind]],
+        },
+    }
+    if prefix:
+        entry["resourcePrefix"] = prefix
+    return {"periodicUpdateInterval": 300, "configList": [entry]}
+
+
+def pod_annotations(spec: FleetSpec) -> dict[str, str]:
+    """Multus annotation attaching serving pods to the secondary network, when there is one."""
+    return {NETWORKS_ANNOTATION: NETWORK} if has_rdma(spec) and spec.cluster.fabric.secondary_network else {}
+
+
+def _network_config(spec: FleetSpec) -> str:
+    fabric = spec.cluster.fabric
+    cni, master = SECONDARY_CNI[fabric.kind]
+    return json.dumps(
+        {
+            "cniVersion": "0.3.1",
+            "name": NETWORK,
+            "type": cni,
+            "master": master or fabric.socket_ifname,
+            "ipam": {"type": "whereabouts", "range": SECONDARY_RANGE},
+        },
+        sort_keys=True,
+    )
+
+
+def render(spec: FleetSpec) -> list[K8sObject]:
+    if not has_rdma(spec):
+        return []
+    ns = spec.kubernetes.namespace
+    lab = labels(COMPONENT, APP)
+    selector = {LABEL_NAME: APP}
+    objects: list[K8sObject] = [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": metadata(CONFIGMAP, ns, lab),
+            "data": {"config.json": json.dumps(device_plugin_config(spec), indent=2, sort_keys=True)},
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": metadata(
+                DAEMONSET,
+                ns,
+                lab,
+                {
+                    ANNOTATION_PRIVILEGED_REASON: "registers RDMA devices with the kubelet and exposes /dev/infiniband "
+                    "to pods; the device plugin API needs host device access"
+                },
+            ),
+            "spec": {
+                "selector": {"matchLabels": selector},
+                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}},
+                "template": {
+                    "metadata": {"labels": lab},
+                    "spec": {
+                        "hostNetwork": True,
+                        "priorityClassName": "system-node-critical",
+                        "affinity": gpu_node_affinity(spec),
+                        "tolerations": [serving_toleration()],
+                        "containers": [
+                            {
+                                "name": "device-plugin",
+                                "image": IMAGE,
+                                "imagePullPolicy": "IfNotPresent",
+                                "securityContext": {"privileged": True},
+                                "resources": {
+                                    "requests": {"cpu": "50m", "memory": "64Mi"},
+                                    "limits": {"memory": "256Mi"},
+                                },
+                                "volumeMounts": [
+                                    {"name": "device-plugin", "mountPath": "/var/lib/kubelet/device-plugins"},
+                                    {"name": "plugins-registry", "mountPath": "/var/lib/kubelet/plugins_registry"},
+                                    {"name": "config", "mountPath": "/k8s-rdma-shared-dev-plugin", "readOnly": True},
+                                    {"name": "devs", "mountPath": "/dev/"},
+                                ],
+                            }
+                        ],
+                        "volumes": [
+                            {"name": "device-plugin", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}},
+                            {"name": "plugins-registry", "hostPath": {"path": "/var/lib/kubelet/plugins_registry"}},
+                            {
+                                "name": "config",
+                                "configMap": {
+                                    "name": CONFIGMAP,
+                                    "items": [{"key": "config.json", "path": "config.json"}],
+                                },
+                            },
+                            {"name": "devs", "hostPath": {"path": "/dev/"}},
+                        ],
+                    },
+                },
+            },
+        },
+    ]
+    if spec.cluster.fabric.secondary_network:
+        objects.append(
+            {
+                "apiVersion": "k8s.cni.cncf.io/v1",
+                "kind": "NetworkAttachmentDefinition",
+                "metadata": metadata(NETWORK, ns, labels(COMPONENT, NETWORK)),
+                "spec": {"config": _network_config(spec)},
+            }
+        )
+    return objects

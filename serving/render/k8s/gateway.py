@@ -1,0 +1,139 @@
+"""Gateway: the SGLang router as a Deployment with Kubernetes service discovery.
+
+The router's command comes from :func:`serving.render.units.router_argv` (``kubernetes=True``: discovery of the
+serving pods by label in the stack's namespace); its ports are read back from that argv, so they are
+defined once. Discovery needs to read pods and nothing else: the Role grants get/list/watch on pods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from serving.render import units
+from serving.render.k8s.common import (
+    HOSTNAME_LABEL,
+    LABEL_NAME,
+    ROUTER_APP,
+    K8sObject,
+    labels,
+    metadata,
+)
+from serving.spec.schema import FleetSpec
+
+COMPONENT = "gateway"
+NAME = ROUTER_APP
+HTTP_PORT_NAME = "http"
+METRICS_PORT_NAME = "metrics"
+DISCOVERY_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+
+
+def flag_value(argv: Sequence[str], flag: str) -> str:
+    """The value following ``flag`` in an argv (``--flag VALUE`` or ``--flag=VALUE``)."""
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    raise ValueError(f"router argv has no {flag}: {' '.join(argv)}")
+
+
+def router_ports(spec: FleetSpec) -> tuple[int, int]:
+    """(HTTP port, Prometheus port) of the router, as its argv sets them."""
+    argv = units.router_argv(spec, kubernetes=True)
+    return int(flag_value(argv, "--port")), int(flag_value(argv, "--prometheus-port"))
+
+
+def router_replicas(spec: FleetSpec) -> int:
+    """One router per scheduler instance (source §4.3: at least 3; ``exaserve plan`` rule scheduler.ha)."""
+    return spec.scheduler.instances
+
+
+def render(spec: FleetSpec) -> list[K8sObject]:
+    ns = spec.kubernetes.namespace
+    lab = labels(COMPONENT, NAME)
+    selector = {LABEL_NAME: NAME}
+    http_port, metrics_port = router_ports(spec)
+    probe = {
+        "periodSeconds": max(1, round(spec.serving.heartbeat_interval_s)),
+        "timeoutSeconds": max(1, round(spec.serving.health_check_timeout_s)),
+        "failureThreshold": spec.serving.failure_threshold,
+    }
+    container: K8sObject = {
+        "name": "router",
+        "image": spec.kubernetes.router_image,
+        "command": units.router_argv(spec, kubernetes=True),
+        "ports": [
+            {"name": HTTP_PORT_NAME, "containerPort": http_port, "protocol": "TCP"},
+            {"name": METRICS_PORT_NAME, "containerPort": metrics_port, "protocol": "TCP"},
+        ],
+        # /liveness answers while the process serves; /readiness only once a healthy worker is known.
+        "livenessProbe": {"httpGet": {"path": "/liveness", "port": HTTP_PORT_NAME}, **probe},
+        "readinessProbe": {"httpGet": {"path": "/readiness", "port": HTTP_PORT_NAME}, **probe},
+        "resources": {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+    }
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(NAME, ns, lab)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": metadata(f"{NAME}-discovery", ns, lab),
+            "rules": DISCOVERY_RULES,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": metadata(f"{NAME}-discovery", ns, lab),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{NAME}-discovery"},
+            "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": ns}],
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": metadata(NAME, ns, lab),
+            "spec": {
+                "replicas": router_replicas(spec),
+                "selector": {"matchLabels": selector},
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+                "template": {
+                    "metadata": {"labels": lab},
+                    "spec": {
+                        "serviceAccountName": NAME,
+                        "enableServiceLinks": False,
+                        "affinity": {
+                            "podAntiAffinity": {
+                                "requiredDuringSchedulingIgnoredDuringExecution": [
+                                    {"labelSelector": {"matchLabels": selector}, "topologyKey": HOSTNAME_LABEL}
+                                ]
+                            }
+                        },
+                        "containers": [container],
+                    },
+                },
+            },
+        },
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": metadata(NAME, ns, lab),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata(NAME, ns, lab),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": selector,
+                "ports": [
+                    {"name": HTTP_PORT_NAME, "port": http_port, "targetPort": HTTP_PORT_NAME, "protocol": "TCP"},
+                    {
+                        "name": METRICS_PORT_NAME,
+                        "port": metrics_port,
+                        "targetPort": METRICS_PORT_NAME,
+                        "protocol": "TCP",
+                    },
+                ],
+            },
+        },
+    ]

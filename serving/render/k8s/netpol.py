@@ -1,0 +1,54 @@
+"""NetworkPolicy: deny ingress by default; only the router reaches the workers' serving port, only the monitoring
+namespace reaches metrics ports.
+
+SGLang serves ``/metrics`` on its serving port, so the monitoring namespace is admitted to that port too.
+Replicas that span nodes also admit their own peers (the distributed init and NCCL bootstrap between the
+pods of one replica). Host-network DaemonSets (RDMA plugin, chrony) are outside pod network policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from serving.plan.planner import placement
+from serving.render.k8s import fleet, gateway
+from serving.render.k8s.common import LABEL_NAME, ROUTER_APP, SERVING_APP, K8sObject, labels, metadata
+from serving.spec.schema import FleetSpec
+
+COMPONENT = "network-policy"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+def _policy(spec: FleetSpec, name: str, pod_selector: dict[str, Any], ingress: list[dict[str, Any]]) -> K8sObject:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(name, spec.kubernetes.namespace, labels(COMPONENT, name)),
+        "spec": {"podSelector": pod_selector, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
+def render(spec: FleetSpec) -> list[K8sObject]:
+    monitoring = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: spec.kubernetes.monitoring_namespace}}}
+    router_pods = {"podSelector": {"matchLabels": {LABEL_NAME: ROUTER_APP}}}
+    serving_pods = {"podSelector": {"matchLabels": {LABEL_NAME: SERVING_APP}}}
+    serving_port = [{"protocol": "TCP", "port": spec.serving.port}]
+    http_port, metrics_port = gateway.router_ports(spec)
+    worker_ingress: list[dict[str, Any]] = [
+        {"from": [router_pods, monitoring], "ports": serving_port},
+    ]
+    if placement(spec).nodes_per_replica > 1:
+        worker_ingress.append({"from": [serving_pods]})
+    return [
+        _policy(spec, "default-deny-ingress", {}, []),
+        _policy(spec, fleet.WORKERS_SERVICE, serving_pods["podSelector"], worker_ingress),
+        _policy(
+            spec,
+            ROUTER_APP,
+            router_pods["podSelector"],
+            [
+                {"ports": [{"protocol": "TCP", "port": http_port}]},
+                {"from": [monitoring], "ports": [{"protocol": "TCP", "port": metrics_port}]},
+            ],
+        ),
+    ]

@@ -1,0 +1,144 @@
+"""Model storage: the shared model store (PV + PVC, ReadOnlyMany; NFS or a CSI driver per spec) and a node-local
+cache warmer, so that a restarted replica loads its weights from local disk (source: recovery ≤ 30 s).
+
+The warmer is a DaemonSet on the serving nodes: an init container copies the model from the store into the
+node's cache directory (into a staging directory, renamed when complete, so a half-copied model is never
+used), then a small container keeps the pod running so the DaemonSet reports the node as warmed. It uses the
+serving image, which every serving node pulls anyway.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from serving.render.k8s.common import (
+    LABEL_NAME,
+    K8sObject,
+    gigabytes,
+    gpu_node_affinity,
+    labels,
+    metadata,
+    serving_toleration,
+)
+from serving.spec.schema import FleetSpec
+
+COMPONENT = "storage"
+CLAIM = "model-store"
+WARMER = "model-cache-warmer"
+COMPLETE_MARKER = ".exaserve-complete"
+
+
+def volume_name(spec: FleetSpec) -> str:
+    """The PersistentVolume is cluster-scoped: prefix it with the namespace to keep stacks apart."""
+    return f"{spec.kubernetes.namespace}-model-store"
+
+
+def _volume_source(spec: FleetSpec) -> dict[str, Any]:
+    store = spec.storage.model_store
+    if store.kind == "nfs":
+        return {"nfs": {"server": store.server, "path": store.export_path, "readOnly": True}}
+    return {"csi": {"driver": store.csi_driver, "volumeHandle": store.volume_handle, "readOnly": True}}
+
+
+def model_dirs(spec: FleetSpec) -> tuple[str, str]:
+    """(model directory on the shared store, model directory in the node-local cache)."""
+    return (
+        f"{spec.storage.model_store.mount_path.rstrip('/')}/{spec.model.path}",
+        f"{spec.storage.local_cache.path.rstrip('/')}/{spec.model.path}",
+    )
+
+
+def warm_script(spec: FleetSpec) -> str:
+    """Copy the model into the cache once; a marker file says the copy is complete."""
+    src, dst = (shlex.quote(p) for p in model_dirs(spec))
+    marker = shlex.quote(COMPLETE_MARKER)
+    return (
+        f"set -eu; if [ -f {dst}/{marker} ]; then echo cache already warm; exit 0; fi; "
+        f"rm -rf {dst}.partial; mkdir -p {dst}.partial; cp -R {src}/. {dst}.partial/; "
+        f"touch {dst}.partial/{marker}; rm -rf {dst}; mv {dst}.partial {dst}; echo cache warmed"
+    )
+
+
+def render(spec: FleetSpec) -> list[K8sObject]:
+    ns = spec.kubernetes.namespace
+    store, cache = spec.storage.model_store, spec.storage.local_cache
+    lab = labels(COMPONENT, CLAIM)
+    warmer_labels = labels(COMPONENT, WARMER)
+    volume: K8sObject = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": metadata(volume_name(spec), None, lab),
+        "spec": {
+            "capacity": {"storage": gigabytes(store.size_gb)},
+            "accessModes": ["ReadOnlyMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "claimRef": {"namespace": ns, "name": CLAIM},
+            **_volume_source(spec),
+        },
+    }
+    if store.kind == "nfs":
+        volume["spec"]["mountOptions"] = ["ro", "nconnect=8", "hard"]
+    claim: K8sObject = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": metadata(CLAIM, ns, lab),
+        "spec": {
+            "accessModes": ["ReadOnlyMany"],
+            "storageClassName": "",
+            "volumeName": volume_name(spec),
+            "resources": {"requests": {"storage": gigabytes(store.size_gb)}},
+        },
+    }
+    security = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    warmer: K8sObject = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": metadata(WARMER, ns, warmer_labels),
+        "spec": {
+            "selector": {"matchLabels": {LABEL_NAME: WARMER}},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%"}},
+            "template": {
+                "metadata": {"labels": warmer_labels},
+                "spec": {
+                    "affinity": gpu_node_affinity(spec),
+                    "tolerations": [serving_toleration()],
+                    "enableServiceLinks": False,
+                    "initContainers": [
+                        {
+                            "name": "warm",
+                            "image": spec.serving.image,
+                            "command": ["/bin/sh", "-c", warm_script(spec)],
+                            "securityContext": security,
+                            "resources": {
+                                "requests": {"cpu": "1", "memory": "1Gi"},
+                                "limits": {"memory": "4Gi"},
+                            },
+                            "volumeMounts": [
+                                {"name": "model-store", "mountPath": store.mount_path, "readOnly": True},
+                                {"name": "cache", "mountPath": cache.path},
+                            ],
+                        }
+                    ],
+                    "containers": [
+                        {
+                            "name": "hold",
+                            "image": spec.serving.image,
+                            "command": ["/bin/sleep", "infinity"],
+                            "securityContext": security,
+                            "resources": {
+                                "requests": {"cpu": "10m", "memory": "16Mi"},
+                                "limits": {"memory": "64Mi"},
+                            },
+                        }
+                    ],
+                    "volumes": [
+                        {"name": "model-store", "persistentVolumeClaim": {"claimName": CLAIM, "readOnly": True}},
+                        {"name": "cache", "hostPath": {"path": cache.path, "type": "DirectoryOrCreate"}},
+                    ],
+                },
+            },
+        },
+    }
+    return [volume, claim, warmer]

@@ -1,0 +1,727 @@
+"""The typed fleet spec: one pydantic tree that every other part of ExaServe deploy reads.
+
+Defaults are the source plan's values (see ``docs/source-plan.md`` and MISSION.md); a stack file
+(``Pulumi.<stack>.yaml``, ``exaserve:`` namespace) overrides them. Single-field rules live in the
+fields' bounds and ``field_validator``s; rules that need arithmetic across sections (placement,
+memory, heartbeats, recovery) live in :mod:`serving.checks.rules`, so that a spec which is well-formed but
+infeasible still loads and the plan can show *why* it is infeasible.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import string
+from collections import Counter
+from enum import StrEnum
+from functools import cached_property
+from itertools import pairwise
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+GIB = 1024**3
+GB = 10**9
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------------------------- cluster
+
+
+class FabricKind(StrEnum):
+    INFINIBAND = "infiniband"
+    ROCE = "roce"
+    ETHERNET = "ethernet"
+
+
+_PATTERN_FIELDS = {"index": 0, "rack": 0, "slot": 0, "pool": "gpu"}
+
+
+def _check_pattern(value: str, allowed: set[str]) -> str:
+    fields = {f for _, f, _, _ in string.Formatter().parse(value) if f}
+    unknown = fields - allowed
+    if unknown:
+        raise ValueError(
+            f"unknown placeholder(s) {sorted(unknown)} in {value!r}; allowed: "
+            + ", ".join("{" + a + "}" for a in sorted(allowed))
+        )
+    try:
+        value.format(**{k: v for k, v in _PATTERN_FIELDS.items() if k in allowed})
+    except (ValueError, IndexError) as exc:
+        raise ValueError(f"{value!r} is not a valid format pattern: {exc}") from exc
+    return value
+
+
+class Pool(_Model):
+    """A compact group of identical nodes; expanded into :class:`Node` records by the spec."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,30}$", description="Pool name, used as a node label.")
+    count: int = Field(gt=0, le=100_000, description="Number of nodes in the pool.")
+    name_pattern: str = Field(
+        default="{pool}-r{rack:02d}-n{slot:02d}",
+        description="Node hostname pattern; placeholders {pool}, {index} (0-based in pool), "
+        "{rack} (0-based rack number) and {slot} (0-based position in the rack).",
+    )
+    subnet: ipaddress.IPv4Network = Field(description="Management subnet of the pool's nodes.")
+    first_address: ipaddress.IPv4Address = Field(
+        description="Address of the pool's first node; later nodes take the following addresses."
+    )
+    racks: int = Field(default=1, gt=0, description="Racks the pool is spread over, filled in order.")
+    first_rack: int = Field(default=0, ge=0, description="Number of the pool's first rack.")
+    rack_pattern: str = Field(default="rack-{rack:02d}", description="Rack label pattern ({rack}).")
+    leaf_pattern: str = Field(
+        default="leaf-{rack:02d}", description="Leaf (top-of-rack) switch label pattern ({rack})."
+    )
+    ssh_user: str = Field(default="root", description="SSH user for Ansible and the fan-out.")
+    ssh_port: int = Field(default=22, gt=0, lt=65536, description="SSH port of the pool's nodes.")
+
+    @field_validator("name_pattern")
+    @classmethod
+    def _name_pattern(cls, v: str) -> str:
+        """Hostnames are rendered from the pattern; reject unknown placeholders early."""
+        return _check_pattern(v, {"pool", "index", "rack", "slot"})
+
+    @field_validator("rack_pattern", "leaf_pattern")
+    @classmethod
+    def _rack_pattern(cls, v: str) -> str:
+        """Rack and leaf labels may only use the rack number."""
+        return _check_pattern(v, {"rack"})
+
+    @model_validator(mode="after")
+    def _addresses_fit(self) -> Self:
+        """Every node's address must lie inside the pool's subnet (expansion is contiguous)."""
+        if self.first_address not in self.subnet:
+            raise ValueError(
+                f"first_address {self.first_address} is outside subnet {self.subnet}; "
+                "choose an address inside the subnet"
+            )
+        last = ipaddress.IPv4Address(int(self.first_address) + self.count - 1)
+        if last not in self.subnet or last == self.subnet.broadcast_address:
+            raise ValueError(
+                f"{self.count} nodes from {self.first_address} end at {last}, outside usable subnet "
+                f"{self.subnet}; widen the subnet or lower count"
+            )
+        if self.racks > self.count:
+            raise ValueError(f"racks={self.racks} exceeds count={self.count}; every rack needs a node")
+        return self
+
+    @property
+    def nodes_per_rack(self) -> int:
+        return -(-self.count // self.racks)
+
+
+class Node(_Model):
+    """One expanded node of the inventory."""
+
+    name: str
+    address: ipaddress.IPv4Address
+    pool: str
+    rack: str
+    leaf: str
+    index: int
+    ssh_user: str
+    ssh_port: int
+
+
+class GpuSpec(_Model):
+    product: str = Field(default="NVIDIA-A100-SXM4-80GB", description="GPU product label (nvidia.com/gpu.product).")
+    memory_gb: float = Field(
+        default=80.0, gt=0, description="Memory per GPU in GB (10^9 bytes), as nvidia-smi sells it."
+    )
+    count_per_node: int = Field(default=8, gt=0, le=64, description="GPUs per node.")
+    usable_memory_fraction: float = Field(
+        default=0.85, gt=0, le=1, description="Share of GPU memory the plan may budget (source: 85 %)."
+    )
+    power_kw_per_node: float = Field(default=3.0, gt=0, description="Node power draw in kW (source: 3 kW).")
+
+
+class FabricSpec(_Model):
+    kind: FabricKind = Field(default=FabricKind.INFINIBAND, description="Inter-node fabric.")
+    link_rate_gbps: int = Field(default=400, gt=0, description="Per-port link rate, Gb/s (ibstat 'Rate').")
+    hcas: list[str] = Field(
+        default_factory=lambda: [f"mlx5_{i}" for i in range(8)],
+        description="RDMA devices (HCAs) per node, as ibstat names them.",
+    )
+    max_allreduce_latency_us: float = Field(
+        default=30.0, gt=0, description="All-reduce latency above which inference slows (source: tens of µs)."
+    )
+    secondary_network: bool = Field(default=False, description="Attach a Multus secondary network for RDMA traffic.")
+    nccl_ib_gid_index: int | None = Field(default=None, ge=0, description="NCCL_IB_GID_INDEX (RoCE).")
+    socket_ifname: str = Field(default="eth0", description="NCCL/Gloo bootstrap interface.")
+
+    @model_validator(mode="after")
+    def _hca_for_rdma(self) -> Self:
+        """RDMA fabrics need at least one HCA to check and to expose to pods."""
+        if self.kind is not FabricKind.ETHERNET and not self.hcas:
+            raise ValueError(f"fabric kind {self.kind.value} needs at least one HCA in cluster.fabric.hcas")
+        return self
+
+
+class HostRequirements(_Model):
+    os_id: str = Field(default="ubuntu", description="/etc/os-release ID.")
+    os_version: str = Field(default="22.04", description="/etc/os-release VERSION_ID.")
+    min_kernel: str = Field(default="5.15", pattern=r"^\d+\.\d+(\.\d+)?$", description="Minimum kernel.")
+    min_driver: str = Field(default="535.54", pattern=r"^\d+\.\d+(\.\d+)?$", description="Minimum NVIDIA driver.")
+    min_cuda: str = Field(default="12.1", pattern=r"^\d+\.\d+$", description="Minimum CUDA version.")
+    cgroup_v2: bool = Field(default=True, description="Require the unified cgroup v2 hierarchy.")
+    container_runtime: Literal["containerd", "docker"] = Field(default="containerd")
+    min_free_disk_gb: float = Field(default=500.0, gt=0, description="Free disk for the local model cache.")
+
+
+class NtpSpec(_Model):
+    servers: list[str] = Field(
+        default_factory=lambda: ["ntp-0.exaserve.internal", "ntp-1.exaserve.internal"],
+        min_length=1,
+        description="NTP servers every node syncs with.",
+    )
+    max_offset_ms: float = Field(default=100.0, gt=0, description="Largest tolerated clock offset (source: 100 ms).")
+
+
+class CostSpec(_Model):
+    currency: str = Field(default="CNY", description="Currency of every figure in this section.")
+    node_price_low: float = Field(default=150_000, gt=0, description="Price of one GPU node, low estimate.")
+    node_price_high: float = Field(default=200_000, gt=0, description="Price of one GPU node, high estimate.")
+    network_share_low: float = Field(default=0.15, ge=0, lt=1, description="Network's share of total hardware.")
+    network_share_high: float = Field(default=0.20, ge=0, lt=1)
+    electricity_per_kwh_low: float = Field(default=0.72, gt=0, description="Industrial tariff per kWh, low.")
+    electricity_per_kwh_high: float = Field(default=0.90, gt=0)
+    operators_low: int = Field(default=3, ge=0)
+    operators_high: int = Field(default=5, ge=0)
+    annual_node_failure_rate: float = Field(default=0.05, ge=0, le=1, description="Source: 5 % a year.")
+
+    @model_validator(mode="after")
+    def _ranges(self) -> Self:
+        """Each low/high pair must be ordered."""
+        for name in ("node_price", "network_share", "electricity_per_kwh", "operators"):
+            lo, hi = getattr(self, f"{name}_low"), getattr(self, f"{name}_high")
+            if lo > hi:
+                raise ValueError(f"{name}_low={lo} is above {name}_high={hi}; swap them")
+        return self
+
+
+def _expand(pools: list[Pool]) -> tuple[Node, ...]:
+    out: list[Node] = []
+    for pool in pools:
+        per_rack = pool.nodes_per_rack
+        for i in range(pool.count):
+            rack_no = pool.first_rack + i // per_rack
+            out.append(
+                Node(
+                    name=pool.name_pattern.format(pool=pool.name, index=i, rack=rack_no, slot=i % per_rack),
+                    address=ipaddress.IPv4Address(int(pool.first_address) + i),
+                    pool=pool.name,
+                    rack=pool.rack_pattern.format(rack=rack_no),
+                    leaf=pool.leaf_pattern.format(rack=rack_no),
+                    index=i,
+                    ssh_user=pool.ssh_user,
+                    ssh_port=pool.ssh_port,
+                )
+            )
+    return tuple(out)
+
+
+class ClusterSpec(_Model):
+    name: str = Field(default="exaserve", pattern=r"^[a-z][a-z0-9-]{0,40}$")
+    pools: list[Pool] = Field(min_length=1, description="Node pools; expanded into the node inventory.")
+    gpu: GpuSpec = Field(default_factory=GpuSpec)
+    fabric: FabricSpec = Field(default_factory=FabricSpec)
+    host: HostRequirements = Field(default_factory=HostRequirements)
+    ntp: NtpSpec = Field(default_factory=NtpSpec)
+    cost: CostSpec = Field(default_factory=CostSpec)
+
+    @model_validator(mode="after")
+    def _unique_pools(self) -> Self:
+        """Pool names and node names are identities: they must be unique, addresses must not overlap."""
+        names = [p.name for p in self.pools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate pool name(s) {dupes}; give each pool its own name")
+        spans = sorted((int(p.first_address), int(p.first_address) + p.count - 1, p.name) for p in self.pools)
+        for (_, end_a, a), (start_b, _, b) in pairwise(spans):
+            if start_b <= end_a:
+                raise ValueError(f"address ranges of pools {a!r} and {b!r} overlap; move one pool's first_address")
+        dupes = sorted(n for n, c in Counter(n.name for n in _expand(self.pools)).items() if c > 1)
+        if dupes:
+            raise ValueError(
+                f"node name(s) {dupes[:3]} are generated more than once; make each pool's name_pattern "
+                "unique, e.g. include {pool} and {index} or {rack} and {slot}"
+            )
+        return self
+
+    @cached_property
+    def nodes(self) -> tuple[Node, ...]:
+        """The expanded inventory, in pool order (validated unique when the spec loads)."""
+        return _expand(self.pools)
+
+    @property
+    def node_count(self) -> int:
+        return sum(p.count for p in self.pools)
+
+    @property
+    def rack_count(self) -> int:
+        return len({n.rack for n in self.nodes})
+
+
+# --------------------------------------------------------------------------------------------- storage
+
+
+class ModelStore(_Model):
+    kind: Literal["nfs", "csi"] = Field(default="nfs", description="Shared model store backend.")
+    server: str | None = Field(default="nfs.exaserve.internal", description="NFS server (kind nfs).")
+    export_path: str = Field(default="/export/models", description="NFS export path (kind nfs).")
+    csi_driver: str | None = Field(default=None, description="CSI driver name (kind csi).")
+    volume_handle: str | None = Field(default=None, description="CSI volume handle (kind csi).")
+    size_gb: int = Field(default=4096, gt=0, description="Capacity of the store.")
+    mount_path: str = Field(default="/models", pattern=r"^/", description="Mount path on nodes and in pods.")
+
+    @model_validator(mode="after")
+    def _backend_fields(self) -> Self:
+        """Each backend needs its own locator."""
+        if self.kind == "nfs" and not self.server:
+            raise ValueError("storage.model_store.kind is 'nfs' but server is empty; set server")
+        if self.kind == "csi" and not (self.csi_driver and self.volume_handle):
+            raise ValueError("storage.model_store.kind is 'csi': set csi_driver and volume_handle")
+        return self
+
+
+class LocalCache(_Model):
+    path: str = Field(default="/var/cache/exaserve/models", pattern=r"^/", description="Node-local cache dir.")
+    size_gb: int = Field(default=1024, gt=0, description="Space reserved for the cache.")
+    load_bandwidth_gbps: float = Field(
+        default=16.0, gt=0, description="Local NVMe read rate in GB/s, for the restart-time estimate."
+    )
+
+
+class StorageSpec(_Model):
+    model_store: ModelStore = Field(default_factory=ModelStore)
+    local_cache: LocalCache = Field(default_factory=LocalCache)
+
+
+# --------------------------------------------------------------------------------------------- model
+
+
+class Precision(StrEnum):
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP8 = "fp8"
+    INT8 = "int8"
+    INT4 = "int4"
+
+
+BYTES_PER_PARAM: dict[Precision, float] = {
+    Precision.FP16: 2.0,
+    Precision.BF16: 2.0,
+    Precision.FP8: 1.0,
+    Precision.INT8: 1.0,
+    Precision.INT4: 0.5,
+}
+
+
+class MlaSpec(_Model):
+    """Multi-head latent attention (DeepSeek-V2/V3): the KV cache stores one compressed latent."""
+
+    kv_lora_rank: int = Field(gt=0, description="Latent dimension cached per token per layer.")
+    qk_rope_head_dim: int = Field(gt=0, description="Decoupled RoPE key dimension cached alongside.")
+
+
+class MoeSpec(_Model):
+    num_experts: int = Field(gt=1, description="Routed experts per MoE layer.")
+    experts_per_token: int = Field(gt=0, description="Experts activated per token.")
+    active_parameter_count: int | None = Field(default=None, gt=0, description="Parameters active per token.")
+
+    @model_validator(mode="after")
+    def _topk(self) -> Self:
+        """A token cannot activate more experts than exist."""
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(f"experts_per_token={self.experts_per_token} exceeds num_experts={self.num_experts}")
+        return self
+
+
+class Architecture(_Model):
+    num_layers: int = Field(default=80, gt=0)
+    hidden_size: int = Field(default=8192, gt=0)
+    num_attention_heads: int = Field(default=64, gt=0)
+    num_kv_heads: int = Field(
+        default=8, gt=0, description="KV heads (GQA); equal to attention heads for MHA. Llama-3-70B: 8."
+    )
+    head_dim: int = Field(default=128, gt=0)
+    vocab_size: int = Field(default=128_256, gt=0)
+    parameter_count: int = Field(default=70_553_706_496, gt=0, description="Total parameters.")
+    mla: MlaSpec | None = Field(default=None)
+    moe: MoeSpec | None = Field(default=None)
+
+    @model_validator(mode="after")
+    def _heads(self) -> Self:
+        """KV heads must divide the attention heads (grouped-query attention)."""
+        if self.num_kv_heads > self.num_attention_heads or self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_kv_heads={self.num_kv_heads} must divide num_attention_heads="
+                f"{self.num_attention_heads} (GQA groups); check the model's config.json"
+            )
+        return self
+
+
+def architecture_from_hf_config(cfg: dict[str, Any], source: str) -> dict[str, Any]:
+    """Map a Hugging Face ``config.json`` to :class:`Architecture` fields.
+
+    ``parameter_count`` is not in config.json; it must come from the stack (or the model card).
+    """
+
+    def need(*keys: str) -> Any:
+        for k in keys:
+            if k in cfg:
+                return cfg[k]
+        raise ValueError(f"{source}: none of {list(keys)} present; is this a transformer config.json?")
+
+    heads = int(need("num_attention_heads", "n_head"))
+    hidden = int(need("hidden_size", "n_embd", "d_model"))
+    out: dict[str, Any] = {
+        "num_layers": int(need("num_hidden_layers", "n_layer", "num_layers")),
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_kv_heads": int(cfg.get("num_key_value_heads") or heads),
+        "head_dim": int(cfg.get("head_dim") or hidden // heads),
+        "vocab_size": int(need("vocab_size")),
+    }
+    if cfg.get("kv_lora_rank"):
+        out["mla"] = {"kv_lora_rank": int(cfg["kv_lora_rank"]), "qk_rope_head_dim": int(need("qk_rope_head_dim"))}
+    experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts")
+    if experts:
+        out["moe"] = {"num_experts": int(experts), "experts_per_token": int(need("num_experts_per_tok"))}
+    return out
+
+
+class ModelSpec(_Model):
+    name: str = Field(default="llama-3-70b", description="Model name (served model name).")
+    path: str = Field(
+        default="meta-llama/Meta-Llama-3-70B-Instruct",
+        description="Directory under the model store (and the local cache) holding the weights.",
+    )
+    precision: Precision = Field(default=Precision.FP16, description="Weight precision.")
+    quantization: Literal["fp8", "awq", "gptq", "w8a8_int8"] | None = Field(
+        default=None, description="SGLang --quantization method for quantised precisions."
+    )
+    kv_cache_dtype: Literal["auto", "fp8_e5m2", "fp8_e4m3"] = Field(
+        default="auto", description="KV cache dtype; auto = 16-bit activations dtype."
+    )
+    hf_config: str | None = Field(
+        default=None, description="Path (relative to the stack file) of a HF config.json to read the architecture from."
+    )
+    architecture: Architecture = Field(default_factory=Architecture)
+    activation_fraction: float = Field(
+        default=0.15, ge=0, le=1, description="Activations as a share of weights (source: 10–20 %, 30 GB of 200)."
+    )
+    framework_overhead_gb: float = Field(
+        default=5.0, ge=0, description="Framework overhead per GPU process (CUDA context, NCCL, allocator)."
+    )
+    safety_margin: float = Field(default=0.15, ge=0, lt=1, description="Margin on the summed budget (source: 15 %).")
+
+    @model_validator(mode="after")
+    def _quant(self) -> Self:
+        """Quantised precisions need a quantisation method SGLang understands."""
+        if self.precision in (Precision.INT4, Precision.INT8) and self.quantization is None:
+            raise ValueError(
+                f"precision {self.precision.value} needs model.quantization (awq/gptq for int4, w8a8_int8 for int8)"
+            )
+        if self.precision in (Precision.FP16, Precision.BF16) and self.quantization is not None:
+            raise ValueError(
+                f"model.quantization={self.quantization!r} contradicts precision {self.precision.value}; "
+                "drop quantization or pick a quantised precision"
+            )
+        return self
+
+    @property
+    def bytes_per_param(self) -> float:
+        return BYTES_PER_PARAM[self.precision]
+
+    @property
+    def kv_bytes_per_element(self) -> int:
+        return 1 if self.kv_cache_dtype.startswith("fp8") else 2
+
+
+# --------------------------------------------------------------------------------------------- serving
+
+
+class ParallelismSpec(_Model):
+    tp: int = Field(default=2, gt=0, le=64, description="Tensor parallel size (source: 2).")
+    pp: int = Field(default=4, gt=0, le=64, description="Pipeline parallel size (source: 4).")
+    dp: int = Field(default=1, gt=0, le=64, description="Data parallel ranks inside one replica.")
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+class LimitsSpec(_Model):
+    max_running_requests: int = Field(default=8, gt=0, description="Batch size per replica (source max_batch_size 8).")
+    context_length: int = Field(default=4096, gt=0, description="Max sequence length (source max_seq_len 4096).")
+    chunked_prefill_size: int = Field(default=4096, gt=0, description="Prefill chunk in tokens.")
+    p99_concurrency_per_replica: int = Field(
+        default=4, gt=0, description="Concurrent requests per replica that keep P99 under target (source: 4)."
+    )
+    p99_target_s: float = Field(default=2.0, gt=0, description="P99 latency target (source: < 2 s).")
+    mean_request_s: float = Field(default=1.5, gt=0, description="Mean request time (source: 1.5 s).")
+    balance_efficiency: float = Field(default=0.80, gt=0, le=1, description="Load-balance efficiency (80 %).")
+    failure_reserve: float = Field(default=0.10, ge=0, lt=1, description="Reserved for failures/rollouts (10 %).")
+    burst_buffer: float = Field(default=0.10, ge=0, lt=1, description="Headroom for bursts (≈ 8,847 → 8,000).")
+
+
+class LogLevel(StrEnum):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+    @classmethod
+    def _missing_(cls, value: object) -> LogLevel | None:
+        if isinstance(value, str):
+            v = value.lower()
+            return cls.WARNING if v == "warn" else cls.__members__.get(v.upper())
+        return None
+
+
+ReleaseName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+
+
+def pinned_image(v: str) -> str:
+    """Images are pinned: an explicit tag other than 'latest', or a digest."""
+    name, _, tag = v.rpartition(":") if "@" not in v else (v, "", "digest")
+    if not name or not tag or tag == "latest" or "/" in tag:
+        raise ValueError(f"image {v!r} is not pinned; use an explicit tag or @sha256 digest, never 'latest'")
+    return v
+
+
+class ServingSpec(_Model):
+    replicas: int = Field(default=3072, gt=0, description="Serving replicas (SGLang servers).")
+    target_replicas: int | None = Field(
+        default=None, gt=0, description="The source's replica target, reported next to what the hardware allows."
+    )
+    replicas_per_node: int | None = Field(
+        default=12, gt=0, description="Replicas per node; None when a replica spans nodes."
+    )
+    releases: dict[ReleaseName, str] = Field(
+        default_factory=lambda: {"v1": "lmsysorg/sglang:v0.5.23-cu126"},
+        min_length=1,
+        description="Release label → serving container image, pinned (no 'latest'). Rollouts move between these.",
+    )
+    version: ReleaseName = Field(default="v1", description="The stable release the fleet runs.")
+    port: int = Field(default=30000, gt=0, lt=65536, description="SGLang HTTP port.")
+    heartbeat_interval_s: float = Field(default=5.0, gt=0, description="Heartbeat period (source: 5 s).")
+    failure_threshold: int = Field(default=3, gt=0, description="Missed heartbeats before unhealthy (source: 3).")
+    success_threshold: int = Field(default=2, gt=0, description="Good checks before a node is healthy again.")
+    health_check_timeout_s: float = Field(
+        default=3.0, gt=0, description="Health HTTP timeout (1 s flapped; 3 s fixed it)."
+    )
+    migration_timeout_s: float = Field(default=10.0, gt=0, description="Replica migration budget (source: 10 s).")
+    recovery_target_s: float = Field(
+        default=30.0, gt=0, description="Detect + migrate within this (source: ≈ 25 s, ≤ 30 s)."
+    )
+    startup_budget_s: float = Field(
+        default=600.0, gt=0, description="Time a replica may take to load before it is killed."
+    )
+    warmup_share: float = Field(default=0.10, gt=0, le=1, description="Traffic share of a warming replica (10 %).")
+    warmup_duration_s: float = Field(default=30.0, ge=0, description="Stable time before full traffic (30 s).")
+    heartbeat_mode: Literal["aggregated", "direct"] = Field(
+        default="aggregated", description="Node agents aggregate replica heartbeats (source node_aggregation)."
+    )
+    log_level: LogLevel = Field(default=LogLevel.WARNING, description="Serving log level (source: WARN).")
+    watchdog_timeout_s: float = Field(default=300.0, gt=0, description="SGLang --watchdog-timeout.")
+    shm_size_gb: float = Field(default=64.0, gt=0, description="Shared-memory (shm) size for serving pods.")
+
+    @field_validator("releases")
+    @classmethod
+    def _pinned_releases(cls, v: dict[str, str]) -> dict[str, str]:
+        """Every release's image is pinned."""
+        for name, image in v.items():
+            try:
+                pinned_image(image)
+            except ValueError as exc:
+                raise ValueError(f"release {name!r}: {exc}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _version_released(self) -> Self:
+        """The stable version must be one of the releases, so its image is known."""
+        if self.version not in self.releases:
+            raise ValueError(
+                f"version {self.version!r} is not in releases ({sorted(self.releases)}); add its image under "
+                "serving.releases"
+            )
+        return self
+
+    @property
+    def image(self) -> str:
+        """The stable release's image."""
+        return self.releases[self.version]
+
+
+LoadMetric = Literal["gpu_utilization", "memory_usage", "network_bandwidth"]
+
+
+def _default_weights() -> dict[LoadMetric, float]:
+    return {"gpu_utilization": 0.5, "memory_usage": 0.3, "network_bandwidth": 0.2}
+
+
+class SchedulerSpec(_Model):
+    strategy: Literal["weighted_round_robin", "round_robin", "cache_aware", "power_of_two", "random"] = Field(
+        default="weighted_round_robin", description="Node-selection strategy (source: weighted_round_robin)."
+    )
+    node_aggregation: bool = Field(default=True, description="Two-level scheduling: node, then replica.")
+    weights: dict[LoadMetric, float] = Field(
+        default_factory=_default_weights,
+        description="Load-metric weights; must sum to 1.",
+    )
+    period_ms: int = Field(default=100, gt=0, description="Scheduling period (10 ms saturated the CPU).")
+    migration_load_ratio: float = Field(default=1.5, gt=1, description="Migrate above this × mean node load.")
+    instances: int = Field(default=3, gt=0, description="Scheduler/router instances with leader election.")
+    max_direct_heartbeat_replicas: int = Field(
+        default=1500, gt=0, description="Replicas a central scheduler handled before jitter (source: ≈ 1,500)."
+    )
+    retries: int = Field(default=3, ge=0, description="Router retries of a failed upstream request.")
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_sum(cls, v: dict[str, float]) -> dict[str, float]:
+        """Load weights are a convex combination."""
+        if any(w < 0 for w in v.values()):
+            raise ValueError(f"weights {v} contain a negative weight")
+        total = sum(v.values())
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"weights {v} sum to {total:g}; they must sum to 1 (source: 0.5/0.3/0.2)")
+        return v
+
+
+class HealthScoreSpec(_Model):
+    start: int = Field(default=100, gt=0)
+    timeout_penalty: int = Field(default=5, gt=0, description="Points lost per heartbeat timeout.")
+    success_reward: int = Field(default=1, gt=0, description="Points gained per success.")
+    cap: int = Field(default=100, gt=0)
+    stop_routing_below: int = Field(default=60, ge=0, description="No new requests below this score.")
+    migrate_below: int = Field(default=30, ge=0, description="Migrate replicas below this score.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        """0 ≤ migrate < stop-routing ≤ start ≤ cap, or the score cannot move through its states."""
+        if not (self.migrate_below < self.stop_routing_below <= self.start <= self.cap):
+            raise ValueError(
+                f"need migrate_below ({self.migrate_below}) < stop_routing_below ({self.stop_routing_below}) "
+                f"<= start ({self.start}) <= cap ({self.cap})"
+            )
+        return self
+
+
+class RolloutSpec(_Model):
+    batches: int = Field(default=5, gt=0, le=100, description="Update batches (source: 5).")
+    interval_s: float = Field(default=300.0, ge=0, description="Soak between batches (source: 5 min).")
+    max_qps_drop: float = Field(default=0.20, gt=0, lt=1, description="Gate: QPS drop vs baseline (20 %).")
+    max_p99_rise: float = Field(default=0.30, gt=0, description="Gate: P99 rise vs baseline (30 %).")
+    max_error_rate: float = Field(default=0.001, ge=0, lt=1, description="Gate: error rate (0.1 %).")
+    drain_timeout_s: float = Field(default=120.0, gt=0, description="Wait for in-flight requests at most this.")
+    health_timeout_s: float = Field(default=900.0, gt=0, description="Wait for an updated batch's health.")
+    baseline_window_s: float = Field(default=60.0, gt=0, description="Window the baseline is measured over.")
+    group_versions: dict[int, str] = Field(
+        default_factory=dict, description="Per update group version overrides (group index → version)."
+    )
+
+    @model_validator(mode="after")
+    def _groups(self) -> Self:
+        """Group indices must name existing update groups."""
+        bad = sorted(i for i in self.group_versions if not 0 <= i < self.batches)
+        if bad:
+            raise ValueError(f"group_versions keys {bad} are outside 0..{self.batches - 1}")
+        return self
+
+
+class KubernetesSpec(_Model):
+    version: str = Field(default="1.33", pattern=r"^1\.\d+$", description="Target Kubernetes minor version.")
+    namespace: str = Field(default="exaserve", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    context: str | None = Field(default=None, description="kubeconfig context for the explicit provider.")
+    rdma_resource: str = Field(default="rdma/hca_shared_devices_a", description="RDMA extended resource.")
+    router_image: str = Field(default="lmsysorg/sgl-model-gateway:v0.3.2")
+    monitoring_namespace: str = Field(default="monitoring")
+
+    @field_validator("router_image")
+    @classmethod
+    def _pinned(cls, v: str) -> str:
+        """Router image is pinned like the serving image."""
+        return pinned_image(v)
+
+
+class SandboxVersion(_Model):
+    latency_ms: float = Field(default=20.0, ge=0)
+    error_rate: float = Field(default=0.0, ge=0, le=1)
+    startup_s: float = Field(default=0.5, ge=0)
+    never_ready: bool = False
+
+
+class SandboxSpec(_Model):
+    """Local rehearsal: the real router in front of simulated SGLang workers on loopback."""
+
+    router_port: int = Field(default=39000, gt=1024, lt=65536)
+    prometheus_port: int = Field(default=39001, gt=1024, lt=65536)
+    worker_base_port: int = Field(default=39100, gt=1024, lt=65000)
+    versions: dict[str, SandboxVersion] = Field(
+        default_factory=lambda: {"v1": SandboxVersion()}, description="Simulated releases."
+    )
+
+
+class FleetSpec(_Model):
+    """The whole fleet: the one source of truth."""
+
+    cluster: ClusterSpec
+    storage: StorageSpec = Field(default_factory=StorageSpec)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    serving: ServingSpec = Field(default_factory=ServingSpec)
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    health: HealthScoreSpec = Field(default_factory=HealthScoreSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
+    sandbox: SandboxSpec | None = Field(default=None)
+
+    @model_validator(mode="after")
+    def _versions_known(self) -> Self:
+        """Every version a group runs is a release; in a sandbox, also a simulated release."""
+        unknown = sorted(set(self.rollout.group_versions.values()) - set(self.serving.releases))
+        if unknown:
+            raise ValueError(
+                f"rollout.group_versions uses {unknown}, not in serving.releases ({sorted(self.serving.releases)}); "
+                "add their images there"
+            )
+        if self.sandbox is not None:
+            used = {self.serving.version, *self.rollout.group_versions.values()}
+            missing = sorted(used - set(self.sandbox.versions))
+            if missing:
+                raise ValueError(
+                    f"version(s) {missing} are not defined in sandbox.versions "
+                    f"({sorted(self.sandbox.versions)}); add them there"
+                )
+        return self
+
+    def group_version(self, group: int) -> str:
+        return self.rollout.group_versions.get(group, self.serving.version)
+
+    def group_image(self, group: int) -> str:
+        return self.serving.releases[self.group_version(group)]
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema of a stack's ``exaserve:`` config, for editors."""
+    return FleetSpec.model_json_schema(mode="validation")
+
+
+def load_hf_config(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ValueError(f"model.hf_config: {path} does not exist; fix the path (relative to the stack file)") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"model.hf_config: {path} is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"model.hf_config: {path} must hold a JSON object")
+    return architecture_from_hf_config(data, str(path))

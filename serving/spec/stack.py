@@ -1,0 +1,138 @@
+"""Stacks: ``Pulumi.<stack>.yaml`` files are the source of truth.
+
+Pulumi reads them natively (structured config under the ``exaserve:`` namespace, one key per spec
+section); our tools read the same files as plain YAML, without the Pulumi CLI. Errors are turned
+into :class:`SpecError` messages that name the file, the field path, the value and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from serving.spec.schema import FleetSpec, load_hf_config
+
+NAMESPACE = "exaserve"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_STACK = "prod"
+
+
+class SpecError(Exception):
+    """A stack that cannot be loaded; ``problems`` are ``(path, message)`` pairs."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = [f"{source}: {len(problems)} problem(s) in the fleet spec:"]
+        lines += [f"  - {path}: {msg}" if path else f"  - {msg}" for path, msg in problems]
+        super().__init__("\n".join(lines))
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    path: Path
+    spec: FleetSpec
+
+
+def stack_path(name: str, root: Path = PROJECT_ROOT) -> Path:
+    return root / f"Pulumi.{name}.yaml"
+
+
+def available_stacks(root: Path = PROJECT_ROOT) -> list[str]:
+    return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in root.glob("Pulumi.*.yaml"))
+
+
+def _value_at(doc: Any, loc: tuple[int | str, ...]) -> tuple[bool, Any]:
+    cur = doc
+    for part in loc:
+        try:
+            cur = cur[part]
+        except (KeyError, IndexError, TypeError):
+            return False, None
+    return True, cur
+
+
+def _fmt_loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def validation_problems(exc: ValidationError, doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """Turn pydantic's errors into ``(field path, 'got VALUE: message')`` pairs."""
+    problems = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(p for p in err["loc"] if p not in ("function-after", "function-before"))
+        found, value = _value_at(doc, loc)
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            msg = "required field is missing; add it to the stack"
+        elif err["type"] == "extra_forbidden":
+            msg = "unknown field; check the spelling against `exaserve schema`"
+        if found and err["type"] not in ("missing", "extra_forbidden"):
+            shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+            msg = f"got {shown}: {msg}"
+        problems.append((_fmt_loc(loc), msg))
+    return problems
+
+
+def spec_document(config: dict[str, Any], source: str) -> dict[str, Any]:
+    """Extract the ``exaserve:<section>`` keys of a Pulumi stack ``config:`` map."""
+    doc: dict[str, Any] = {}
+    for key, value in config.items():
+        ns, sep, section = str(key).partition(":")
+        if sep and ns == NAMESPACE:
+            doc[section] = value
+    if not doc:
+        raise SpecError(source, [("config", f"no '{NAMESPACE}:' keys; add e.g. '{NAMESPACE}:cluster:'")])
+    return doc
+
+
+def parse_spec(doc: dict[str, Any], source: str, base_dir: Path) -> FleetSpec:
+    """Validate a spec document; resolve ``model.hf_config`` relative to ``base_dir``."""
+    model = doc.get("model")
+    if isinstance(model, dict) and model.get("hf_config"):
+        try:
+            from_hf = load_hf_config(base_dir / str(model["hf_config"]))
+        except ValueError as exc:
+            raise SpecError(source, [("model.hf_config", str(exc))]) from None
+        arch = model.get("architecture") or {}
+        if not isinstance(arch, dict):
+            raise SpecError(
+                source, [("model.architecture", f"got {arch!r}: expected a mapping of architecture fields")]
+            )
+        # Explicit architecture fields in the stack win over config.json.
+        doc = {**doc, "model": {**model, "architecture": {**from_hf, **arch}}}
+    try:
+        return FleetSpec.model_validate(doc)
+    except ValidationError as exc:
+        raise SpecError(source, validation_problems(exc, doc)) from None
+
+
+def load_stack_file(path: Path, name: str | None = None) -> Stack:
+    source = str(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(source, [("", "file not found; pass an existing stack file")]) from None
+    except yaml.YAMLError as exc:
+        raise SpecError(source, [("", f"not valid YAML: {exc}")]) from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("config"), dict):
+        raise SpecError(source, [("config", "a Pulumi stack file needs a top-level 'config:' mapping")])
+    doc = spec_document(raw["config"], source)
+    stack_name = name or path.name.removeprefix("Pulumi.").removesuffix(".yaml")
+    return Stack(name=stack_name, path=path, spec=parse_spec(doc, source, path.parent))
+
+
+def load_stack(name: str, root: Path = PROJECT_ROOT) -> Stack:
+    path = stack_path(name, root)
+    if not path.exists():
+        known = ", ".join(available_stacks(root)) or "none"
+        raise SpecError(str(path), [("", f"no stack named {name!r}; known stacks: {known}")])
+    return load_stack_file(path, name)
