@@ -1,7 +1,8 @@
 """CrossGuard wrappers around the pure rules in :mod:`serving.checks.policy` (every policy mandatory).
 
 Resource policies see one Kubernetes resource at a time; stack policies see them all, plus the fleet spec of
-the stack being deployed (the Pulumi CLI names it in ``PULUMI_STACK`` for the analyzer).
+the stack being deployed (the Pulumi CLI names it in ``PULUMI_STACK`` for the analyzer). Each violation is a
+:class:`~serving.checks.result.CheckResult`, reported as ``<resource>: <observed> (expected …). Fix: …``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pulumi_policy import (
 )
 
 from serving.checks import policy
+from serving.checks.result import CheckResult, Status
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import SpecError, load_stack
 
@@ -27,16 +29,17 @@ K8S_PREFIX = "kubernetes:"
 NAME = "exaserve"
 
 
-def _message(finding: policy.Finding) -> str:
-    return f"{finding.resource}: {finding.message} Fix: {finding.fix}"
+def message(result: CheckResult) -> str:
+    """The text CrossGuard shows for a violation: the resource, then the record's message."""
+    return f"{result.subject}: {result.message}" if result.subject else result.message
 
 
 def _resource_policy(rule: policy.Rule, fn: policy.ResourceRule) -> ResourceValidationPolicy:
     def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
         if not args.resource_type.startswith(K8S_PREFIX):
             return
-        for finding in fn(args.resource_type, args.props):
-            report_violation(_message(finding), None)
+        for result in fn(args.resource_type, args.props):
+            report_violation(message(result), None)
 
     return ResourceValidationPolicy(
         name=rule.name,
@@ -65,10 +68,18 @@ def _stack_policy(rule: policy.Rule, fn: policy.StackRule) -> StackValidationPol
         try:
             spec = stack_spec()
         except SpecError as exc:
-            report_violation(f"cannot check {rule.name}: {exc}", None)
+            unchecked = CheckResult(
+                rule.name,
+                Status.FAIL,
+                f"cannot check {rule.name}: {exc}",
+                "the fleet spec of the stack under deployment",
+                "Run the pack through `pulumi preview/up --policy-pack policies` (it sets PULUMI_STACK) on a stack "
+                "whose fleet spec loads (`exaserve plan --stack NAME` names its problems).",
+            )
+            report_violation(message(unchecked), None)
             return
-        for finding in fn(resources, spec):
-            report_violation(_message(finding), urns.get(finding.resource))
+        for result in fn(resources, spec):
+            report_violation(message(result), urns.get(result.subject or ""))
 
     return StackValidationPolicy(
         name=rule.name,

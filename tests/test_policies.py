@@ -37,8 +37,8 @@ from serving.cli.commands import register
 from serving.cli.options import app
 from serving.pulumi.program import RenderedObject, kubernetes_objects, run_program
 from serving.render.k8s.common import ANNOTATION_ALLOW_LOAD_BALANCER, ANNOTATION_PRIVILEGED_REASON
-from serving.spec.stack import PROJECT_ROOT
 from tests.k8s_support import policy_pack, write_variant
+from tests.support.paths import REPO
 
 Mutation = Callable[[dict[str, Any]], None]
 
@@ -137,7 +137,7 @@ def test_resource_policy_passes_the_render_and_fails_the_defect(
     messages = _validate(rule, obj, bad)
     assert len(messages) == 1, messages
     assert expected in messages[0]
-    assert f"{kind} " in messages[0] and "Fix:" in messages[0]
+    assert messages[0].startswith(f"{kind} ") and "(expected " in messages[0] and "). Fix: " in messages[0]
 
 
 def test_every_policy_is_covered_and_mandatory() -> None:
@@ -214,9 +214,9 @@ def test_group_replicas_equal_the_spec(prod: list[RenderedObject], monkeypatch: 
             o["spec"]["replicas"] = 500
     reported = _validate_stack("serving-group-replicas", edited)
     assert [m for m, _ in reported] == [
-        "StatefulSet exaserve/sglang-g0: spec.replicas is 500.0; the spec's plan gives update group 0 410 replicas "
-        "(2,048 in 5 groups). Fix: Change serving.replicas or rollout.batches in the stack, never the object's "
-        "replica count."
+        "StatefulSet exaserve/sglang-g0: spec.replicas is 500.0 (expected 410 replicas, update group 0's share of "
+        "the spec's plan (2,048 in 5 groups)). Fix: Change serving.replicas or rollout.batches in the stack, never "
+        "the object's replica count."
     ]
     missing = [o for o in objects if not (o["kind"] == "StatefulSet" and o["metadata"]["name"] == "sglang-g3")]
     assert any(
@@ -230,7 +230,10 @@ def test_stack_policy_without_a_stack_name_reports_instead_of_passing(
 ) -> None:
     monkeypatch.delenv("PULUMI_STACK", raising=False)
     reported = _validate_stack("serving-group-replicas", [o.obj for o in prod])
-    assert len(reported) == 1 and "PULUMI_STACK" in reported[0][0]
+    assert len(reported) == 1
+    message, urn = reported[0]
+    assert message.startswith("cannot check serving-group-replicas: PULUMI_STACK") and urn is None
+    assert "Fix: Run the pack through `pulumi preview/up --policy-pack policies`" in message
 
 
 # ------------------------------------------------------------------------------------------ exaserve check
@@ -257,10 +260,19 @@ def test_check_fails_a_stack_with_a_1s_health_timeout(cli: CliRunner, tmp_path: 
     result = cli.invoke(app, ["check", "--stack-file", str(path)])
     assert result.exit_code == 1, result.output
     # Three probes on each of 5 groups, readiness and liveness on the router.
-    assert result.stdout.count("[probes-timeout]") == 5 * 3 + 2
-    assert "✗ StatefulSet exaserve/sglang-g0 [probes-timeout]" in result.stdout
-    assert "fix: Add readinessProbe with timeoutSeconds ≥ 3" in result.stdout
+    assert result.stdout.count("✗ fail [probes-timeout]") == 5 * 3 + 2
+    assert "✗ fail [probes-timeout] StatefulSet exaserve/sglang-g0\n" in result.stdout
+    assert "    expected: a readinessProbe with timeoutSeconds ≥ 3\n" in result.stdout
+    assert "    fix:      Add readinessProbe with timeoutSeconds ≥ 3" in result.stdout
     assert "17 violation(s)" in result.stdout
+    as_json = json.loads(cli.invoke(app, ["check", "--stack-file", str(path), "--json"]).stdout)
+    assert as_json["ok"] is False and len(as_json["violations"]) == 17
+    g0 = [v for v in as_json["violations"] if v["subject"] == "StatefulSet exaserve/sglang-g0"]
+    assert {(v["check"], v["status"]) for v in g0} == {("probes-timeout", "fail")}
+    assert [v["observed"] for v in g0] == [
+        f"spec.template.containers[sglang].{probe} is set with timeoutSeconds=1"
+        for probe in ("readinessProbe", "livenessProbe", "startupProbe")
+    ]
 
 
 # ------------------------------------------------------------------------------------------ the pack as the engine sees it
@@ -277,7 +289,7 @@ def test_policy_pack_serves_the_rules_over_grpc(prod: list[RenderedObject]) -> N
     the engine's own requests: property proxies, float numbers, stack resources. Killed when done."""
     env = {**os.environ, "PULUMI_STACK": "prod"}
     proc = subprocess.Popen(
-        [sys.executable, "policies"], cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "policies"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
         assert proc.stdout is not None

@@ -1,4 +1,5 @@
-"""Each rule fires on a targeted spec variant, with its arithmetic, and stays quiet on the shipped stacks."""
+"""Each rule fires on a targeted spec variant, with its arithmetic, and stays quiet on the shipped stacks.
+Every rule reports through the one result record (serving.checks.result.CheckResult)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,19 @@ from typing import Any
 import pytest
 
 from serving.checks import rules
+from serving.checks.result import CheckResult, Status
 from serving.plan import planner
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack, load_stack_file
 from tests.specdoc import SOURCE_PLAN, spec_from
 
 
-def violations(spec: FleetSpec) -> list[rules.Violation]:
+def violations(spec: FleetSpec) -> list[CheckResult]:
     return rules.check(spec, planner.plan(spec))
 
 
-def errors(spec: FleetSpec) -> dict[str, rules.Violation]:
-    return {v.rule: v for v in violations(spec) if v.severity == "error"}
+def errors(spec: FleetSpec) -> dict[str, CheckResult]:
+    return {v.check: v for v in violations(spec) if v.status is Status.FAIL}
 
 
 @pytest.mark.parametrize("stack", ["prod", "dev", "sandbox"])
@@ -29,9 +31,12 @@ def test_shipped_stacks_have_no_errors(stack: str) -> None:
 def test_source_plan_is_rejected_with_the_arithmetic() -> None:
     found = errors(load_stack_file(SOURCE_PLAN).spec)
     assert set(found) == {"placement.gpus-per-node", "placement.fleet-capacity"}
-    msg = found["placement.gpus-per-node"].message
-    assert "Got 12: 12 replicas × 8 GPUs each (TP 2 × PP 4 × DP 1) needs 96 GPUs, the node has 8. Use at most 1" in msg
-    assert found["placement.gpus-per-node"].path == "serving.replicas_per_node"
+    r = found["placement.gpus-per-node"]
+    assert r.observed == "Got 12: 12 replicas × 8 GPUs each (TP 2 × PP 4 × DP 1) needs 96 GPUs, the node has 8"
+    assert r.expected == "at most 1 per node (8 GPUs / 8 GPUs per replica)"
+    assert r.fix == "Use at most 1, or lower tp/pp."
+    assert r.subject == "serving.replicas_per_node"
+    assert r.message == f"{r.observed} (expected {r.expected}). Fix: {r.fix}"
     assert "256 nodes hold at most 256 replicas" in found["placement.fleet-capacity"].message
 
 
@@ -78,10 +83,10 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
 )
 def test_rule_fires_with_arithmetic(stack: str, changes: dict[str, Any], rule: str, needle: str) -> None:
     spec = spec_from(stack, **changes)
-    found = [v for v in violations(spec) if v.rule == rule]
+    found = [v for v in violations(spec) if v.check == rule]
     assert found, f"{rule} did not fire for {changes}"
-    assert any(needle in v.message or needle == v.path for v in found), [v.message for v in found]
-    assert all(v.path for v in found)
+    assert any(needle in v.message or needle == v.subject for v in found), [v.message for v in found]
+    assert all(v.subject and v.observed and v.expected and v.fix for v in found)
 
 
 @pytest.mark.parametrize(
@@ -94,8 +99,8 @@ def test_rule_fires_with_arithmetic(stack: str, changes: dict[str, Any], rule: s
 )
 def test_warnings_do_not_fail_the_plan(changes: dict[str, Any], rule: str) -> None:
     spec = spec_from("prod", **changes)
-    found = [v for v in violations(spec) if v.rule == rule]
-    assert found and all(v.severity == "warning" for v in found)
+    found = [v for v in violations(spec) if v.check == rule]
+    assert found and all(v.status is Status.WARN for v in found)
     assert rule not in errors(spec)
 
 
@@ -106,6 +111,13 @@ def test_memory_rule_passes_when_quantised_and_fails_at_fp16_tp1() -> None:
     need = (70_553_706_496 * 2 * 1.15 + 327_680 * 4096 * 8 + 5e9) * 1.15
     assert f"Each GPU needs {need / 1e9:,.2f} GB" in msg and "only 68.00 GB is usable" in msg
     assert planner.memory_plan(fp16).per_gpu["weights"].value == 70_553_706_496 * 2
+
+
+def test_every_rule_reports_under_its_registered_name() -> None:
+    """Each rule's results carry the name it is registered under (fired by the variants above)."""
+    for stack, changes, rule, _ in CASES:
+        spec = spec_from(stack, **changes)
+        assert {r.check for r in rules.RULES[rule](spec, planner.plan(spec))} == {rule}
 
 
 def test_every_rule_has_a_docstring_naming_what_it_enforces() -> None:

@@ -8,9 +8,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from serving.checks import rules
+from serving.checks.result import CheckResult, Status
 from serving.plan import planner
-from serving.spec.stack import PROJECT_ROOT, SpecError, parse_spec
+from serving.spec.stack import SpecError, parse_spec
 from tests.specdoc import stack_doc, with_changes
+from tests.support.paths import REPO
 
 BASES = {name: stack_doc(name) for name in ("prod", "dev", "sandbox")}
 
@@ -65,11 +67,12 @@ def test_any_document_plans_or_fails_cleanly(base: str, changes: dict[str, Any])
     except (TypeError, KeyError, IndexError, ValueError, AttributeError):
         return  # the mutation itself does not apply to this shape (e.g. indexing a scalar)
     try:
-        spec = parse_spec(doc, "fuzz", PROJECT_ROOT)
+        spec = parse_spec(doc, "fuzz", REPO)
     except SpecError as exc:
         assert exc.problems and all(isinstance(m, str) and m for _, m in exc.problems)
         return
     pl = planner.plan(spec)
     for v in rules.check(spec, pl):
-        assert v.rule and v.message and v.severity in ("error", "warning")
+        assert isinstance(v, CheckResult) and v.check in rules.RULES and v.status in (Status.FAIL, Status.WARN)
+        assert v.subject and v.observed and v.expected and v.fix
     assert pl.placement.gpus_per_replica >= 1 and pl.memory.per_gpu["total"].value >= 0

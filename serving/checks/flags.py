@@ -6,8 +6,9 @@ The manifests in ``serving/data`` are dumped from the REAL argparse parsers by
 checks the part of a command line after the entry point (``sglang serve`` or
 ``python -m sglang_router.launch_router``) the way argparse reads it, but stricter where argparse is
 lenient: abbreviations (``--tp 2`` silently becomes ``--tp-size 2``), repeated flags (the last one
-silently wins), deprecated flags and ``--help`` are all problems. Every problem names the flag, the
-value, the pinned version and the fix.
+silently wins), deprecated flags and ``--help`` are all problems. Every problem is a failing
+:class:`~serving.checks.result.CheckResult`: its ``check`` is the :class:`ProblemKind`, its ``subject``
+the flag, and it names the value, the pinned version and the fix.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
-DATA_DIR: Final = Path(__file__).parent / "data"
+from serving.checks.result import CheckResult, Status
+
+DATA_DIR: Final = Path(__file__).resolve().parents[1] / "data"  # serving/data (package data)
 SERVER_MANIFEST_GLOB: Final = "sglang-*-server-flags.json"
 ROUTER_MANIFEST_GLOB: Final = "sglang-router-*-flags.json"
 _REGENERATE: Final = "regenerate it with scripts/sglang-manifest.sh (see docs/sglang-version-bump.md)"
@@ -197,6 +200,8 @@ def load_router_manifest() -> FlagManifest:
 
 
 class ProblemKind(StrEnum):
+    """What is wrong with a command line: the ``check`` of each failing result."""
+
     UNKNOWN_FLAG = "unknown-flag"
     ABBREVIATED_FLAG = "abbreviated-flag"
     AMBIGUOUS_FLAG = "ambiguous-flag"
@@ -211,29 +216,22 @@ class ProblemKind(StrEnum):
     MISSING_REQUIRED = "missing-required"
 
 
-@dataclass(frozen=True)
-class FlagProblem:
-    """One problem in a command line; ``message`` names the flag, the value, the version and the fix."""
-
-    kind: ProblemKind
-    flag: str | None
-    value: str | None
-    position: int | None
-    message: str
-
-
 class FlagValidationError(ValueError):
-    """A command line does not fit the pinned parser; the message lists every problem."""
+    """A command line does not fit the pinned parser; ``results`` holds every problem, the message lists them."""
 
-    def __init__(self, manifest: FlagManifest, problems: Sequence[FlagProblem]) -> None:
-        self.problems = tuple(problems)
-        lines = [f"{len(self.problems)} problem(s) in the command line for {manifest.label}:"]
-        lines += [f"  - {p.message}" for p in self.problems]
+    def __init__(self, manifest: FlagManifest, results: Sequence[CheckResult]) -> None:
+        self.results = tuple(results)
+        lines = [f"{len(self.results)} problem(s) in the command line for {manifest.label}:"]
+        lines += [f"  - {r.message}" for r in self.results]
         super().__init__("\n".join(lines))
 
 
 def _q(text: str, limit: int = 80) -> str:
     return "'" + (text if len(text) <= limit else text[: limit - 1] + "…") + "'"
+
+
+def _value(given: str | None) -> str:
+    return f" (value {_q(given)})" if given is not None else ""
 
 
 def _did_you_mean(word: str, options: Sequence[str]) -> str:
@@ -284,11 +282,11 @@ class _Checker:
     def __init__(self, argv: Sequence[str], manifest: FlagManifest) -> None:
         self.argv = argv
         self.manifest = manifest
-        self.problems: list[FlagProblem] = []
-        self.by_dest: dict[str, list[tuple[int, str, FlagSpec, list[str]]]] = {}
+        self.problems: list[CheckResult] = []
+        self.by_dest: dict[str, list[tuple[str, FlagSpec, list[str]]]] = {}
 
-    def add(self, kind: ProblemKind, flag: str | None, value: str | None, pos: int | None, text: str) -> None:
-        self.problems.append(FlagProblem(kind, flag, value, pos, text))
+    def add(self, kind: ProblemKind, flag: str | None, observed: str, expected: str, fix: str) -> None:
+        self.problems.append(CheckResult(kind, Status.FAIL, observed, expected, fix, flag))
 
     def following_values(self, start: int) -> list[str]:
         values: list[str] = []
@@ -298,7 +296,7 @@ class _Checker:
             values.append(arg)
         return values
 
-    def run(self) -> list[FlagProblem]:
+    def run(self) -> list[CheckResult]:
         pos, previous = 0, None
         while pos < len(self.argv):
             arg = self.argv[pos]
@@ -311,13 +309,13 @@ class _Checker:
             following = self.following_values(pos + 1)
             spec = self.manifest.flags.get(name)
             if spec is None:
-                spec = self.resolve_unknown(name, explicit, following, pos)
+                spec = self.resolve_unknown(name, explicit, following)
                 if spec is None:  # unknown or ambiguous: its values go with it
                     pos += 1 + len(following)
                     previous = None
                     continue
             taken = self.take_values(name, spec, explicit, following, pos)
-            self.check_flag(name, spec, taken, pos)
+            self.check_flag(name, spec, taken)
             pos += 1 + (len(taken) if explicit is None else 0)
             previous = name
         self.check_repeats()
@@ -335,12 +333,12 @@ class _Checker:
         self.add(
             ProblemKind.STRAY_VALUE,
             previous,
-            arg,
-            pos,
-            f"Got stray value {_q(arg)} at position {pos} for {label}: {why}. Remove it.",
+            f"Got stray value {_q(arg)} at position {pos} for {label}: {why}",
+            "values only right after the flag that takes them",
+            "Remove it.",
         )
 
-    def resolve_unknown(self, name: str, explicit: str | None, following: list[str], pos: int) -> FlagSpec | None:
+    def resolve_unknown(self, name: str, explicit: str | None, following: list[str]) -> FlagSpec | None:
         """Report an abbreviated or unknown flag; return the flag's spec when the abbreviation is unique."""
         label = self.manifest.label
         given = explicit if explicit is not None else (following[0] if following else None)
@@ -350,10 +348,10 @@ class _Checker:
             self.add(
                 ProblemKind.ABBREVIATED_FLAG,
                 name,
-                given,
-                pos,
-                f"Got {_q(name)} for {label}: it is an abbreviation of {_q(full)}, which argparse would "
-                f"silently expand. Write the full flag {_q(full)}.",
+                f"Got {_q(name)}{_value(given)} for {label}: it is an abbreviation of "
+                f"{_q(full)}, which argparse would silently expand",
+                "every flag written in full",
+                f"Write the full flag {_q(full)}.",
             )
             return self.manifest.flags[full]
         if candidates:
@@ -361,22 +359,21 @@ class _Checker:
             self.add(
                 ProblemKind.AMBIGUOUS_FLAG,
                 name,
-                given,
-                pos,
-                f"Got {_q(name)} for {label}: not a flag, only the start of {len(candidates)} flags "
-                f"({shown}). Write the one you mean in full.",
+                f"Got {_q(name)}{_value(given)} for {label}: not a flag, only the start of "
+                f"{len(candidates)} flags ({shown})",
+                "every flag written in full",
+                "Write the one you mean in full.",
             )
             return None
-        value = f" (value {_q(given)})" if given is not None else ""
         hint = _did_you_mean(name, list(self.manifest.flags)) or (
             "No flag of that version is close; remove it, or bump the pinned version (docs/sglang-version-bump.md)."
         )
         self.add(
             ProblemKind.UNKNOWN_FLAG,
             name,
-            given,
-            pos,
-            f"Got unknown flag {_q(name)}{value} for {label}: the pinned parser has no such flag. {hint}",
+            f"Got unknown flag {_q(name)}{_value(given)} for {label}: the pinned parser has no such flag",
+            f"a flag of {label}",
+            hint,
         )
         return None
 
@@ -389,10 +386,9 @@ class _Checker:
                 self.add(
                     ProblemKind.UNEXPECTED_VALUE,
                     name,
-                    explicit,
-                    pos,
-                    f"Got value {_q(explicit)} for {_q(name)} in {label}: it is a switch and takes no value. "
-                    f"{self.switch_fix(name, spec)}",
+                    f"Got value {_q(explicit)} for {_q(name)} in {label}: it is a switch and takes no value",
+                    f"{_q(name)} alone",
+                    self.switch_fix(name, spec),
                 )
             return []
         if explicit is not None:
@@ -414,9 +410,8 @@ class _Checker:
             self.add(
                 ProblemKind.MISSING_VALUE,
                 name,
-                explicit,
-                pos,
-                f"Got {len(taken)} value(s) for {_q(name)} in {label}: it takes {_values_wanted(nargs)}. "
+                f"Got {len(taken)} value(s) for {_q(name)} in {label}: it takes {_values_wanted(nargs)}",
+                f"{_values_wanted(nargs)} right after the flag",
                 f"Put the value(s) right after the flag: '{name} {spec.dest.upper()}'.{hint}",
             )
         return taken
@@ -428,38 +423,38 @@ class _Checker:
             return f"Write {_q(name)} alone, or {' or '.join(map(_q, other))} for the opposite."
         return f"Write {_q(name)} alone to turn it on, or leave it out."
 
-    def check_flag(self, name: str, spec: FlagSpec, values: list[str], pos: int) -> None:
+    def check_flag(self, name: str, spec: FlagSpec, values: list[str]) -> None:
         label = self.manifest.label
-        self.by_dest.setdefault(spec.dest, []).append((pos, name, spec, values))
+        self.by_dest.setdefault(spec.dest, []).append((name, spec, values))
         if spec.action in _EXITING_ACTIONS:
             self.add(
                 ProblemKind.EXITS,
                 name,
-                None,
-                pos,
-                f"Got {_q(name)} for {label}: it prints and exits, so the service would never start. Remove it.",
+                f"Got {_q(name)} for {label}: it prints and exits, so the service would never start",
+                "no flag that prints and exits",
+                "Remove it.",
             )
         if spec.deprecated:
             fix = f"Use {_q(spec.replacement)} instead." if spec.replacement else "Remove it."
             self.add(
                 ProblemKind.DEPRECATED_FLAG,
                 name,
-                None,
-                pos,
-                f"Got {_q(name)} for {label}: deprecated, to be removed in a later release. {fix}",
+                f"Got {_q(name)} for {label}: deprecated, to be removed in a later release",
+                "no deprecated flag",
+                fix,
             )
         value_type = spec.value_type
         for value in values:
             try:
                 converted = value_type.convert(value)
             except ValueError:
-                default = "" if spec.default is None else f" (its default is {json.dumps(spec.default)})"
+                default = "" if spec.default is None else f", its default is {json.dumps(spec.default)}"
                 self.add(
                     ProblemKind.BAD_TYPE,
                     name,
-                    value,
-                    pos,
-                    f"Got {_q(value)} for {_q(name)} in {label}: expects {value_type.expects}{default}.",
+                    f"Got {_q(value)} for {_q(name)} in {label}",
+                    f"{value_type.expects}{default}",
+                    f"Give {_q(name)} {value_type.expects}.",
                 )
                 continue
             if spec.choices is not None and converted not in spec.choices:
@@ -468,24 +463,22 @@ class _Checker:
                 self.add(
                     ProblemKind.BAD_CHOICE,
                     name,
-                    value,
-                    pos,
-                    f"Got {_q(value)} for {_q(name)} in {label}: not one of {allowed}. {close or 'Pick one of those.'}",
+                    f"Got {_q(value)} for {_q(name)} in {label}",
+                    f"one of {allowed}",
+                    close or "Pick one of those.",
                 )
 
     def check_repeats(self) -> None:
         label = self.manifest.label
         for dest, uses in self.by_dest.items():
-            if len(uses) < 2 or all(spec.action in _REPEATABLE_ACTIONS for _, _, spec, _ in uses):
+            if len(uses) < 2 or all(spec.action in _REPEATABLE_ACTIONS for _, spec, _ in uses):
                 continue
-            written = ", ".join(_q(" ".join([name, *values])) for _, name, _, values in uses)
-            first_pos, first_name = uses[0][0], uses[0][1]
+            written = ", ".join(_q(" ".join([name, *values])) for name, _, values in uses)
             self.add(
                 ProblemKind.REPEATED_FLAG,
-                first_name,
-                None,
-                first_pos,
-                f"Got setting {dest} {len(uses)} times in {label} ({written}): argparse keeps only the last. "
+                uses[0][0],
+                f"Got setting {dest} {len(uses)} times in {label} ({written}): argparse keeps only the last",
+                "each setting once",
                 "Give it once.",
             )
 
@@ -501,14 +494,15 @@ class _Checker:
             self.add(
                 ProblemKind.MISSING_REQUIRED,
                 name,
-                None,
-                None,
-                f"Missing required flag {_q(name)}{also} for {label}. Add '{name} {spec.dest.upper()}'.",
+                f"Missing required flag {_q(name)}{also} for {label}",
+                f"{_q(name)} on every command line",
+                f"Add '{name} {spec.dest.upper()}'.",
             )
 
 
-def validate_argv(argv: Sequence[str], manifest: FlagManifest) -> list[FlagProblem]:
-    """Every problem of ``argv`` (the arguments after the entry point) against ``manifest``; [] if none."""
+def validate_argv(argv: Sequence[str], manifest: FlagManifest) -> list[CheckResult]:
+    """Every problem of ``argv`` (the arguments after the entry point) against ``manifest`` as a failing
+    result; [] if none."""
     if isinstance(argv, str):
         raise TypeError("validate_argv takes a list of arguments, not one string; split it first")
     return _Checker(argv, manifest).run()

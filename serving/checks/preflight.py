@@ -1,9 +1,13 @@
 """The preflight report: which checks exist, how per-host results become the JSON report, its summary.
 
 ``ansible/preflight.yml`` records one result per host per check (the ``preflight_record`` action
-plugin), and its last role turns them into the report with :func:`build_report` (through the
-``exaserve_report`` filter) and writes it as JSON; ``exaserve preflight`` reads it back with
-:func:`load_report`. The format is documented in docs/preflight.md.
+plugin, through :func:`check_result`), and its last role turns them into the report with
+:func:`build_report` (through the ``exaserve.fleet.preflight_report`` filter) and writes it as JSON; ``exaserve
+preflight`` reads it back with :func:`load_report`. The format is documented in docs/preflight.md.
+
+Every recorded result is a :class:`~serving.checks.result.CheckResult` (the host is its ``subject``),
+kept in the report as a :class:`CheckEntry` (the record without ``check`` and ``subject``, which are
+the report's keys); :func:`results` turns a report back into records.
 """
 
 from __future__ import annotations
@@ -13,8 +17,11 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
+from serving.checks.result import CheckResult, Status
+
 REPORT_VERSION = 1
-CheckStatus = Literal["pass", "fail", "skip"]
+CheckStatus = Literal["pass", "fail", "skip"]  # preflight never warns: a node is fit or it is not
+_ENTRY_STATUS: dict[Status, CheckStatus] = {Status.PASS: "pass", Status.FAIL: "fail", Status.SKIP: "skip"}
 HostStatus = Literal["pass", "fail", "unreachable"]
 
 # Every check preflight can record, in report and table order, with what it proves.
@@ -45,7 +52,9 @@ CHECKS: dict[str, str] = {
 }
 
 
-class CheckResult(TypedDict):
+class CheckEntry(TypedDict):
+    """One check of one host in the report (Ansible keeps it as a fact, so a plain mapping)."""
+
     status: CheckStatus
     observed: str
     expected: str
@@ -55,7 +64,7 @@ class CheckResult(TypedDict):
 class HostReport(TypedDict):
     status: HostStatus
     failed_checks: list[str]
-    checks: dict[str, CheckResult]
+    checks: dict[str, CheckEntry]
 
 
 class Summary(TypedDict):
@@ -78,60 +87,76 @@ class ReportError(ValueError):
     """A report file that is missing or not in this format (message names the path and the problem)."""
 
 
-def check_result(check: str, item: Mapping[str, Any]) -> CheckResult:
-    """Normalise one recorded check: ``passed`` (bool) or ``skip`` (reason); fix only when failing."""
+def record(check: str, item: Mapping[str, Any]) -> CheckResult:
+    """One recorded check as the result record: ``passed`` (bool) or ``skip`` (reason); fix only when failing."""
     if check not in CHECKS:
         raise ValueError(f"unknown preflight check {check!r}; known: {', '.join(CHECKS)}")
+    expected = str(item.get("expected", ""))
     skip = item.get("skip")
     if skip:
-        return {"status": "skip", "observed": str(skip), "expected": str(item.get("expected", "")), "fix": None}
+        return CheckResult(check, Status.SKIP, str(skip), expected)
     if "passed" not in item:
         raise ValueError(f"check {check!r}: give 'passed' (true/false) or 'skip' (the reason)")
     passed = item["passed"]
     if not isinstance(passed, bool):
         raise ValueError(f"check {check!r}: passed={passed!r} must be a boolean")
     fix = item.get("fix")
-    if not passed and not fix:
-        raise ValueError(f"check {check!r} failed without a fix; every failing check says what to do")
+    return CheckResult(
+        check,
+        Status.PASS if passed else Status.FAIL,
+        str(item.get("observed", "")),
+        expected,
+        None if passed or not fix else str(fix),
+    )
+
+
+def entry(result: CheckResult) -> CheckEntry:
+    """The report's form of a record (its check and host are the report's keys)."""
     return {
-        "status": "pass" if passed else "fail",
-        "observed": str(item.get("observed", "")),
-        "expected": str(item.get("expected", "")),
-        "fix": None if passed else str(fix),
+        "status": _ENTRY_STATUS[result.status],
+        "observed": result.observed,
+        "expected": result.expected,
+        "fix": result.fix,
     }
 
 
-ABORTED: CheckResult = {
-    "status": "fail",
-    "observed": "the node left the play after a task error; the checks after it did not run",
-    "expected": "every selected check runs and records a result",
-    "fix": "Read this node's failed task in the ansible-playbook output (rerun with -vvv --limit NODE), fix the "
+def check_result(check: str, item: Mapping[str, Any]) -> CheckEntry:
+    """Normalise one recorded check into its report entry (what ``preflight_record`` stores as a fact)."""
+    return entry(record(check, item))
+
+
+ABORTED = CheckResult(
+    "play",
+    Status.FAIL,
+    "the node left the play after a task error; the checks after it did not run",
+    "every selected check runs and records a result",
+    "Read this node's failed task in the ansible-playbook output (rerun with -vvv --limit NODE), fix the "
     "cause on the node or report the playbook error, then rerun preflight.",
-}
+)
+NOTHING_RECORDED = CheckResult(
+    "ssh",
+    Status.FAIL,
+    "no check recorded a result (the host left the play early)",
+    "every selected check runs",
+    "Rerun with -v and read this host's failed task; fix it, then rerun preflight.",
+)
 
 
-def host_report(checks: Mapping[str, CheckResult], *, aborted: bool = False) -> HostReport:
+def host_report(checks: Mapping[str, CheckEntry], *, aborted: bool = False) -> HostReport:
     """A host's status: unreachable when SSH failed, fail when any check failed, nothing was recorded
     or the host left the play on an error (``aborted``), else pass."""
-    checks = {**checks, "play": ABORTED} if aborted else checks
+    checks = {**checks, "play": entry(ABORTED)} if aborted else checks
     ordered = {c: checks[c] for c in CHECKS if c in checks}
     failed = [c for c, r in ordered.items() if r["status"] == "fail"]
     if not ordered:
-        ordered = {
-            "ssh": {
-                "status": "fail",
-                "observed": "no check recorded a result (the host left the play early)",
-                "expected": "every selected check runs",
-                "fix": "Rerun with -v and read this host's failed task; fix it, then rerun preflight.",
-            }
-        }
+        ordered = {"ssh": entry(NOTHING_RECORDED)}
         failed = ["ssh"]
     status: HostStatus = "unreachable" if "ssh" in failed else ("fail" if failed else "pass")
     return {"status": status, "failed_checks": failed, "checks": ordered}
 
 
 def build_report(
-    stack: str, results: Mapping[str, Mapping[str, CheckResult] | None], *, aborted: Collection[str] = ()
+    stack: str, results: Mapping[str, Mapping[str, CheckEntry] | None], *, aborted: Collection[str] = ()
 ) -> Report:
     """The whole report from ``{host: {check: result}}`` (``None`` for a host that recorded nothing);
     ``aborted`` names hosts that left the play on an unexpected task error."""
@@ -156,6 +181,15 @@ def build_report(
     }
 
 
+def results(report: Report) -> list[CheckResult]:
+    """Every check of every host of a report as result records (the host is the subject), in report order."""
+    return [
+        CheckResult(check, Status(e["status"]), e["observed"], e["expected"], e["fix"], host)
+        for host, hr in report["hosts"].items()
+        for check, e in hr["checks"].items()
+    ]
+
+
 def summary_lines(report: Report) -> list[str]:
     """Human summary: one headline, then one line per failing check of each failing host, with its fix."""
     s = report["summary"]
@@ -163,10 +197,7 @@ def summary_lines(report: Report) -> list[str]:
         f"preflight {report['stack']}: {s['passed']}/{s['hosts']} nodes pass, {s['failed']} failing, "
         f"{s['unreachable']} unreachable"
     ]
-    for host, hr in report["hosts"].items():
-        for check in hr["failed_checks"]:
-            r = hr["checks"][check]
-            lines.append(f"{host} {check}: {r['observed']} (expected {r['expected']}). Fix: {r['fix']}")
+    lines += [f"{r.subject} {r.check}: {r.message}" for r in results(report) if r.status is Status.FAIL]
     return lines
 
 

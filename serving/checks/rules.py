@@ -1,40 +1,29 @@
 """Rules that reject infeasible or unsafe plans before merge.
 
-Each rule is a named pure function over the spec and its computed plan that yields
-:class:`Violation` records naming the rule, the spec path, the arithmetic and the fix. Errors make
-``exaserve plan`` exit 1; warnings are shown but do not fail the plan.
+Each rule is a named pure function over the spec and its computed plan that yields a
+:class:`~serving.checks.result.CheckResult` for each problem: the rule (``check``), the spec path
+(``subject``), what the plan computes with its arithmetic (``observed``), what the rule asks for
+(``expected``) and the fix. ``fail`` results make ``exaserve plan`` exit 1; ``warn`` results are shown
+but do not fail the plan.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
-from typing import Literal
 
-from serving.plan.planner import Plan, fmt_bytes, rollout_groups
+from serving.checks.result import CheckResult, Status
+from serving.plan.model import Plan, fmt_bytes
+from serving.plan.planner import rollout_groups
 from serving.spec.schema import FabricKind, FleetSpec, LogLevel
 
-Severity = Literal["error", "warning"]
 MIN_HEALTH_TIMEOUT_S = 3.0
 MIN_TP_FABRIC_GBPS = 100
 MIN_SCHEDULER_PERIOD_MS = 100
 MIN_HA_INSTANCES = 3
 MAX_RESTART_S = 30.0
 
-
-@dataclass(frozen=True)
-class Violation:
-    rule: str
-    path: str
-    message: str
-    severity: Severity = "error"
-
-    def as_dict(self) -> dict[str, str]:
-        return asdict(self)
-
-
-RuleFn = Callable[[FleetSpec, Plan], Iterator[Violation]]
+RuleFn = Callable[[FleetSpec, Plan], Iterator[CheckResult]]
 RULES: dict[str, RuleFn] = {}
 
 
@@ -47,249 +36,296 @@ def rule(name: str) -> Callable[[RuleFn], RuleFn]:
 
 
 @rule("placement.gpus-per-node")
-def _gpus_per_node(spec: FleetSpec, plan: Plan) -> Iterator[Violation]:
+def _gpus_per_node(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
     """GPUs per replica × replicas per node must fit in the node's GPUs."""
     p = plan.placement
     rpn = spec.serving.replicas_per_node
     if p.nodes_per_replica == 1 and rpn is not None and rpn * p.gpus_per_replica > p.gpus_per_node:
-        yield Violation(
+        yield CheckResult(
             "placement.gpus-per-node",
-            "serving.replicas_per_node",
+            Status.FAIL,
             f"Got {rpn}: {rpn} replicas × {p.gpus_per_replica} GPUs each (TP {spec.parallelism.tp} × PP "
             f"{spec.parallelism.pp} × DP {spec.parallelism.dp}) needs {rpn * p.gpus_per_replica} GPUs, the node has "
-            f"{p.gpus_per_node}. Use at most {p.max_replicas_per_node}, or lower tp/pp.",
+            f"{p.gpus_per_node}",
+            f"at most {p.max_replicas_per_node} per node ({p.gpus_per_node} GPUs / {p.gpus_per_replica} GPUs per replica)",
+            f"Use at most {p.max_replicas_per_node}, or lower tp/pp.",
+            "serving.replicas_per_node",
         )
     if p.nodes_per_replica > 1 and rpn is not None:
-        yield Violation(
+        yield CheckResult(
             "placement.gpus-per-node",
-            "serving.replicas_per_node",
+            Status.FAIL,
             f"Got {rpn}: a replica of {p.gpus_per_replica} GPUs spans {p.nodes_per_replica} nodes of "
-            f"{p.gpus_per_node} GPUs, so no node holds a whole replica. Set replicas_per_node to null "
-            f"(multi-node replicas), or lower tp × pp to at most {p.gpus_per_node}.",
+            f"{p.gpus_per_node} GPUs, so no node holds a whole replica",
+            "replicas_per_node null when a replica spans nodes",
+            f"Set replicas_per_node to null (multi-node replicas), or lower tp × pp to at most {p.gpus_per_node}.",
+            "serving.replicas_per_node",
         )
 
 
 @rule("placement.whole-nodes")
-def _whole_nodes(spec: FleetSpec, plan: Plan) -> Iterator[Violation]:
+def _whole_nodes(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
     """A replica that spans nodes must use whole nodes (GPUs per replica a multiple of GPUs per node)."""
     p = plan.placement
     if p.gpus_per_replica > p.gpus_per_node and p.gpus_per_replica % p.gpus_per_node:
-        yield Violation(
+        yield CheckResult(
             "placement.whole-nodes",
-            "parallelism",
+            Status.FAIL,
             f"Got {p.gpus_per_replica} GPUs per replica: it spans nodes but is not a multiple of "
             f"{p.gpus_per_node} GPUs per node, stranding {p.nodes_per_replica * p.gpus_per_node - p.gpus_per_replica} "
-            f"GPUs per replica. Make tp × pp × dp a multiple of {p.gpus_per_node}.",
+            "GPUs per replica",
+            f"a multiple of {p.gpus_per_node} GPUs per replica once a replica spans nodes",
+            f"Make tp × pp × dp a multiple of {p.gpus_per_node}.",
+            "parallelism",
         )
 
 
 @rule("placement.fleet-capacity")
-def _fleet_capacity(spec: FleetSpec, plan: Plan) -> Iterator[Violation]:
+def _fleet_capacity(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
     """The cluster must hold every replica the spec asks for."""
     p = plan.placement
     per_node = p.replicas_per_node if p.nodes_per_replica == 1 and p.replicas_per_node else p.max_replicas_per_node
     holds = p.nodes * min(per_node, p.max_replicas_per_node) if p.nodes_per_replica == 1 else p.max_replicas
     if spec.serving.replicas > holds:
-        yield Violation(
+        yield CheckResult(
             "placement.fleet-capacity",
-            "serving.replicas",
-            f"Got {spec.serving.replicas:,}: {p.nodes} nodes hold at most {holds:,} replicas ({p.formula}). "
+            Status.FAIL,
+            f"Got {spec.serving.replicas:,}: {p.nodes} nodes hold at most {holds:,} replicas ({p.formula})",
+            f"at most {holds:,} replicas",
             f"Use at most {holds:,} replicas, or add nodes.",
+            "serving.replicas",
         )
 
 
 @rule("memory.per-gpu")
-def _memory(spec: FleetSpec, plan: Plan) -> Iterator[Violation]:
+def _memory(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
     """The per-GPU memory budget (weights + KV + activations + overhead + margin) must fit usable memory."""
     m = plan.memory
     need, have = m.per_gpu["total"].value, m.usable_per_gpu.value
     if need > have:
-        yield Violation(
+        yield CheckResult(
             "memory.per-gpu",
-            "model",
+            Status.FAIL,
             f"Each GPU needs {fmt_bytes(need)} ({m.per_gpu['total'].formula}) but only {fmt_bytes(have)} is usable "
             f"({m.usable_per_gpu.formula}); the KV pool admits {int(m.max_concurrent_sequences.value)} sequences of "
-            f"{spec.limits.context_length:,} tokens against max_running_requests {spec.limits.max_running_requests}. "
+            f"{spec.limits.context_length:,} tokens against max_running_requests {spec.limits.max_running_requests}",
+            f"at most {fmt_bytes(have)} per GPU",
             "Raise tp/pp, quantise (model.precision), or lower limits.max_running_requests/context_length.",
+            "model",
         )
 
 
 @rule("network.tp-across-nodes")
-def _tp_fabric(spec: FleetSpec, plan: Plan) -> Iterator[Violation]:
+def _tp_fabric(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
     """Tensor parallelism across nodes needs at least 100 Gb/s (source §3.3)."""
     rate = spec.cluster.fabric.link_rate_gbps
     if plan.placement.tp_crosses_nodes and rate < MIN_TP_FABRIC_GBPS:
-        yield Violation(
+        yield CheckResult(
             "network.tp-across-nodes",
-            "cluster.fabric.link_rate_gbps",
+            Status.FAIL,
             f"Got {rate}: TP {spec.parallelism.tp} crosses nodes of {plan.placement.gpus_per_node} GPUs and moves "
             f"{plan.network.fabric_bytes_per_forward.formula}; below {MIN_TP_FABRIC_GBPS} Gb/s that takes "
-            f"{plan.network.fabric_time_per_forward_s.formula}. Keep tp ≤ {plan.placement.gpus_per_node} or use ≥ 100 Gb/s RDMA.",
+            f"{plan.network.fabric_time_per_forward_s.formula}",
+            f"at least {MIN_TP_FABRIC_GBPS} Gb/s when TP crosses nodes",
+            f"Keep tp ≤ {plan.placement.gpus_per_node} or use ≥ {MIN_TP_FABRIC_GBPS} Gb/s RDMA.",
+            "cluster.fabric.link_rate_gbps",
         )
     if plan.placement.tp_crosses_nodes and spec.cluster.fabric.kind is FabricKind.ETHERNET:
-        yield Violation(
+        yield CheckResult(
             "network.tp-across-nodes",
-            "cluster.fabric.kind",
+            Status.FAIL,
             f"Got {spec.cluster.fabric.kind.value}: all-reduce over TCP adds far more than the tens of µs the source "
-            "allows per collective. Use InfiniBand/RoCE or keep TP inside a node.",
+            "allows per collective",
+            "InfiniBand or RoCE when TP crosses nodes",
+            "Use InfiniBand/RoCE or keep TP inside a node.",
+            "cluster.fabric.kind",
         )
 
 
 @rule("network.utilisation")
-def _utilisation(spec: FleetSpec, plan: Plan) -> Iterator[Violation]:
+def _utilisation(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
     """Warn where the link rate predicts a low GPU utilisation (source's link-rate table)."""
     _, hi, _ = plan.network.utilisation_band
     if hi <= 0.25 and plan.network.fabric_bytes_per_forward.value > 0:
-        yield Violation(
+        yield CheckResult(
             "network.utilisation",
+            Status.WARN,
+            f"{plan.network.utilisation_formula}; replicas that span nodes will idle their GPUs",
+            "a link rate that keeps GPU utilisation above 25 %",
+            f"Use ≥ {MIN_TP_FABRIC_GBPS} Gb/s.",
             "cluster.fabric.link_rate_gbps",
-            f"{plan.network.utilisation_formula}; replicas that span nodes will idle their GPUs. Use ≥ 100 Gb/s.",
-            "warning",
         )
 
 
 @rule("heartbeat.central-jitter")
-def _jitter(spec: FleetSpec, plan: Plan) -> Iterator[Violation]:
+def _jitter(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
     """A central scheduler taking direct heartbeats jittered above ≈ 1,500 replicas (source §3.4)."""
     hb = plan.heartbeats
     if hb.active_per_s.value > hb.central_limit_per_s.value:
-        yield Violation(
+        yield CheckResult(
             "heartbeat.central-jitter",
-            "serving.heartbeat_mode",
+            Status.FAIL,
             f"Got {spec.serving.heartbeat_mode!r}: the scheduler would take {hb.active_per_s.formula}, above the "
-            f"jitter limit {hb.central_limit_per_s.formula}. Use 'aggregated' (node agents: "
-            f"{hb.aggregated_per_s.formula}).",
+            f"jitter limit {hb.central_limit_per_s.formula}",
+            f"at most {hb.central_limit_per_s.value:,.1f} heartbeats/s at the central scheduler",
+            f"Use 'aggregated' (node agents: {hb.aggregated_per_s.formula}).",
+            "serving.heartbeat_mode",
         )
 
 
 @rule("health.check-timeout")
-def _timeout(spec: FleetSpec, plan: Plan) -> Iterator[Violation]:
+def _timeout(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
     """A 1 s health-check timeout restarted replicas every 10 minutes; 3 s fixed it (source §3.4)."""
     t = spec.serving.health_check_timeout_s
     if t < MIN_HEALTH_TIMEOUT_S:
-        yield Violation(
+        yield CheckResult(
             "health.check-timeout",
-            "serving.health_check_timeout_s",
+            Status.FAIL,
             f"Got {t:g}: below {MIN_HEALTH_TIMEOUT_S:g} s a loaded replica's /health misses the deadline and is "
-            f"restarted (the source's 1 s timeout caused a restart every 10 minutes). Use at least {MIN_HEALTH_TIMEOUT_S:g}.",
+            "restarted (the source's 1 s timeout caused a restart every 10 minutes)",
+            f"at least {MIN_HEALTH_TIMEOUT_S:g} s",
+            f"Use at least {MIN_HEALTH_TIMEOUT_S:g}.",
+            "serving.health_check_timeout_s",
         )
     if t >= spec.serving.heartbeat_interval_s:
-        yield Violation(
+        yield CheckResult(
             "health.check-timeout",
-            "serving.health_check_timeout_s",
-            f"Got {t:g}: a probe must end before the next one starts every {spec.serving.heartbeat_interval_s:g} s. "
+            Status.FAIL,
+            f"Got {t:g}: a probe must end before the next one starts every {spec.serving.heartbeat_interval_s:g} s",
+            f"less than serving.heartbeat_interval_s, {spec.serving.heartbeat_interval_s:g} s",
             "Lower the timeout or lengthen heartbeat_interval_s.",
+            "serving.health_check_timeout_s",
         )
 
 
 @rule("health.recovery-target")
-def _recovery(spec: FleetSpec, plan: Plan) -> Iterator[Violation]:
+def _recovery(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
     """Detection + migration must finish within the recovery target."""
     hb = plan.heartbeats
     target = spec.serving.recovery_target_s
     if hb.recovery_s.value > target:
-        yield Violation(
+        yield CheckResult(
             "health.recovery-target",
-            "serving.recovery_target_s",
-            f"Recovery takes {hb.recovery_s.formula} ({hb.failure_detection_s.formula}), above the {target:g} s target. "
+            Status.FAIL,
+            f"Recovery takes {hb.recovery_s.formula} ({hb.failure_detection_s.formula}), above the {target:g} s target",
+            f"detection + migration within {target:g} s",
             "Shorten heartbeat_interval_s or failure_threshold, or migration_timeout_s.",
+            "serving.recovery_target_s",
         )
 
 
 @rule("storage.restart-time")
-def _restart(spec: FleetSpec, plan: Plan) -> Iterator[Violation]:
+def _restart(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
     """A restarted replica must reload from the local cache within 30 s (source §7)."""
     r = plan.restart_from_cache_s
     if r.value > MAX_RESTART_S:
-        yield Violation(
+        yield CheckResult(
             "storage.restart-time",
+            Status.FAIL,
+            f"Reloading takes {r.formula}, above {MAX_RESTART_S:g} s",
+            f"a reload from the local cache within {MAX_RESTART_S:g} s",
+            "Use faster local NVMe or spread weights over more GPUs.",
             "storage.local_cache.load_bandwidth_gbps",
-            f"Reloading takes {r.formula}, above {MAX_RESTART_S:g} s. Use faster local NVMe or spread weights over more GPUs.",
         )
 
 
 @rule("rollout.batches-cover")
-def _batches(spec: FleetSpec, plan: Plan) -> Iterator[Violation]:
+def _batches(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
     """Rollout batches must cover every replica exactly once, none empty."""
     replicas = min(spec.serving.replicas, plan.placement.max_replicas)
     groups = rollout_groups(replicas, spec.rollout.batches)
     covered = sorted(i for g in groups for i in g)
     if covered != list(range(replicas)) or any(not g for g in groups):
-        yield Violation(
+        yield CheckResult(
             "rollout.batches-cover",
-            "rollout.batches",
+            Status.FAIL,
             f"Got {spec.rollout.batches}: {replicas} replicas cannot fill {spec.rollout.batches} non-empty batches "
-            f"(sizes {[len(g) for g in groups]}). Use at most {replicas} batches.",
+            f"(sizes {[len(g) for g in groups]})",
+            "batches that cover every replica exactly once, none empty",
+            f"Use at most {replicas} batches.",
+            "rollout.batches",
         )
 
 
 @rule("rollout.gate-window")
-def _gate_window(spec: FleetSpec, plan: Plan) -> Iterator[Violation]:
+def _gate_window(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
     """A batch must soak at least as long as the warm-up, or the gates judge a half-warm batch."""
     r, s = spec.rollout, spec.serving
     if r.interval_s < s.warmup_duration_s:
-        yield Violation(
+        yield CheckResult(
             "rollout.gate-window",
-            "rollout.interval_s",
+            Status.FAIL,
             f"Got {r.interval_s:g}: shorter than serving.warmup_duration_s {s.warmup_duration_s:g}; the next batch "
-            "would start before the last one takes full traffic. Use at least the warm-up duration.",
+            "would start before the last one takes full traffic",
+            f"at least the warm-up, {s.warmup_duration_s:g} s",
+            "Use at least the warm-up duration.",
+            "rollout.interval_s",
         )
 
 
 @rule("scheduler.ha")
-def _ha(spec: FleetSpec, plan: Plan) -> Iterator[Violation]:
+def _ha(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
     """At least 3 scheduler instances with leader election (source §4.3); one alone is a single point of failure."""
     n = spec.scheduler.instances
     if n < MIN_HA_INSTANCES and plan.placement.nodes > 1:
-        yield Violation(
+        yield CheckResult(
             "scheduler.ha",
+            Status.FAIL if n == 1 else Status.WARN,
+            f"Got {n}: a quorum that survives one failure needs {MIN_HA_INSTANCES} instances",
+            f"at least {MIN_HA_INSTANCES} instances with leader election",
+            f"Use {MIN_HA_INSTANCES}.",
             "scheduler.instances",
-            f"Got {n}: a quorum that survives one failure needs {MIN_HA_INSTANCES} instances. Use {MIN_HA_INSTANCES}.",
-            "error" if n == 1 else "warning",
         )
 
 
 @rule("scheduler.period")
-def _period(spec: FleetSpec, plan: Plan) -> Iterator[Violation]:
+def _period(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
     """A 10 ms scheduling period saturated the CPU; 100 ms balanced as well (source §4.3)."""
     ms = spec.scheduler.period_ms
     if ms < MIN_SCHEDULER_PERIOD_MS:
-        yield Violation(
+        yield CheckResult(
             "scheduler.period",
+            Status.WARN,
+            f"Got {ms}: {MIN_SCHEDULER_PERIOD_MS / ms:.0f}× the scheduling work of {MIN_SCHEDULER_PERIOD_MS} ms for "
+            "no better balance",
+            f"{MIN_SCHEDULER_PERIOD_MS} ms",
+            f"Use {MIN_SCHEDULER_PERIOD_MS}.",
             "scheduler.period_ms",
-            f"Got {ms}: {MIN_SCHEDULER_PERIOD_MS / ms:.0f}× the scheduling work of {MIN_SCHEDULER_PERIOD_MS} ms for no "
-            f"better balance. Use {MIN_SCHEDULER_PERIOD_MS}.",
-            "warning",
         )
 
 
 @rule("ops.log-level")
-def _log_level(spec: FleetSpec, plan: Plan) -> Iterator[Violation]:
+def _log_level(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
     """DEBUG only while debugging: thousands of replicas log tens of MB/s (source §5)."""
     if spec.serving.log_level in (LogLevel.DEBUG, LogLevel.INFO) and plan.placement.replicas > 100:
-        yield Violation(
+        yield CheckResult(
             "ops.log-level",
+            Status.WARN,
+            f"Got {spec.serving.log_level.value!r} on {plan.placement.replicas:,} replicas",
+            "'warning' or quieter above 100 replicas (thousands of replicas log tens of MB/s)",
+            "Use 'warning' outside debugging.",
             "serving.log_level",
-            f"Got {spec.serving.log_level.value!r} on {plan.placement.replicas:,} replicas. Use 'warning' outside debugging.",
-            "warning",
         )
 
 
 @rule("health.score-consistency")
-def _score(spec: FleetSpec, plan: Plan) -> Iterator[Violation]:
+def _score(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
     """The health score must stop routing no later than the failure threshold marks a node unhealthy."""
     hb = plan.heartbeats
     if hb.timeouts_to_stop_routing.value > spec.serving.failure_threshold:
-        yield Violation(
+        raise_to = math.ceil((spec.health.start - spec.health.stop_routing_below) / spec.serving.failure_threshold) + 1
+        yield CheckResult(
             "health.score-consistency",
-            "health.timeout_penalty",
+            Status.WARN,
             f"The score stops routing after {hb.timeouts_to_stop_routing.formula}, but "
             f"{spec.serving.failure_threshold} misses already mark the replica unhealthy: the score only matters "
-            "for flapping nodes. Intended, or raise timeout_penalty to "
-            f"{math.ceil((spec.health.start - spec.health.stop_routing_below) / spec.serving.failure_threshold) + 1}.",
-            "warning",
+            "for flapping nodes",
+            f"routing stopped within serving.failure_threshold = {spec.serving.failure_threshold} timeouts",
+            f"Intended, or raise timeout_penalty to {raise_to}.",
+            "health.timeout_penalty",
         )
 
 
-def check(spec: FleetSpec, plan: Plan) -> list[Violation]:
-    return [v for fn in RULES.values() for v in fn(spec, plan)]
+def check(spec: FleetSpec, plan: Plan) -> list[CheckResult]:
+    """Every rule's problems (``fail`` and ``warn`` results), in rule order; [] for a clean plan."""
+    return [r for fn in RULES.values() for r in fn(spec, plan)]

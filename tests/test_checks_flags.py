@@ -3,7 +3,8 @@
 Everything here runs against the REAL parsers: the manifests are regenerated from
 ``sglang.srt.server_args.ServerArgs.add_cli_args`` (in the throwaway ``.venv-sglang`` that
 ``scripts/sglang-manifest.sh`` builds, about a minute the first time) and from the installed
-``sglang_router``, and ``validate_argv`` is checked flag by flag against what those parsers accept.
+``sglang_router``, and ``validate_argv`` is checked flag by flag against what those parsers accept. Each
+problem is a failing check result (serving.checks.result): ``check`` the ProblemKind, ``subject`` the flag.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from serving.checks.flags import (
     load_server_manifest,
     validate_argv,
 )
+from serving.checks.result import Status
 from tests.sglang_parsers import real_parse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,8 +118,8 @@ def router() -> FlagManifest:
     return load_router_manifest()
 
 
-def kinds(argv: list[str], manifest: FlagManifest) -> list[ProblemKind]:
-    return [p.kind for p in validate_argv(argv, manifest)]
+def kinds(argv: list[str], manifest: FlagManifest) -> list[str]:
+    return [p.check for p in validate_argv(argv, manifest)]
 
 
 # --- the committed manifests are what the real parsers say -----------------------------------------
@@ -181,22 +183,24 @@ def test_good_server_and_router_argv_pass(server: FlagManifest, router: FlagMani
 
 def test_unknown_flag_names_the_flag_the_version_and_the_closest_flag(server: FlagManifest) -> None:
     [problem] = validate_argv(["--model-path", "/m", "--tp-sise", "2"], server)
-    assert problem.kind is ProblemKind.UNKNOWN_FLAG
-    assert (problem.flag, problem.value, problem.position) == ("--tp-sise", "2", 2)
-    assert "'--tp-sise'" in problem.message
-    assert f"sglang {server.version}" in problem.message
-    assert "Did you mean '--tp-size'" in problem.message
+    assert (problem.check, problem.status, problem.subject) == (ProblemKind.UNKNOWN_FLAG, Status.FAIL, "--tp-sise")
+    assert (
+        problem.observed
+        == f"Got unknown flag '--tp-sise' (value '2') for sglang {server.version}: the pinned parser has no such flag"
+    )
+    assert problem.expected == f"a flag of sglang {server.version}"
+    assert problem.fix is not None and problem.fix.startswith("Did you mean '--tp-size'")
 
 
 def test_unknown_flag_with_nothing_close_points_at_the_version_bump(server: FlagManifest) -> None:
     [problem] = validate_argv(["--model-path", "/m", "--zzzzzz"], server)
-    assert problem.kind is ProblemKind.UNKNOWN_FLAG
-    assert "docs/sglang-version-bump.md" in problem.message
+    assert problem.check == ProblemKind.UNKNOWN_FLAG
+    assert "docs/sglang-version-bump.md" in (problem.fix or "")
 
 
 def test_abbreviation_is_rejected_naming_the_full_flag(server: FlagManifest) -> None:
     [problem] = validate_argv(["--model-path", "/m", "--tp", "2"], server)
-    assert problem.kind is ProblemKind.ABBREVIATED_FLAG
+    assert problem.check == ProblemKind.ABBREVIATED_FLAG
     assert "'--tp'" in problem.message and "Write the full flag '--tp-size'" in problem.message
     assert f"sglang {server.version}" in problem.message
 
@@ -207,14 +211,14 @@ def test_abbreviation_still_gets_its_value_checked(server: FlagManifest) -> None
 
 def test_ambiguous_prefix_lists_the_candidates(server: FlagManifest) -> None:
     [problem] = validate_argv(["--model-path", "/m", "--enable-metric"], server)
-    assert problem.kind is ProblemKind.AMBIGUOUS_FLAG
+    assert problem.check == ProblemKind.AMBIGUOUS_FLAG
     assert "'--enable-metrics'" in problem.message
 
 
 @pytest.mark.parametrize(
     ("argv", "kind", "flag", "value", "fragment"),
     [
-        (["--tp-size", "two"], ProblemKind.BAD_TYPE, "--tp-size", "two", "expects an integer (its default is 1)"),
+        (["--tp-size", "two"], ProblemKind.BAD_TYPE, "--tp-size", "two", "(expected an integer, its default is 1)"),
         (["--mem-fraction-static", "high"], ProblemKind.BAD_TYPE, "--mem-fraction-static", "high", "a number"),
         (["--max-total-tokens", "1.5Ki"], ProblemKind.BAD_TYPE, "--max-total-tokens", "1.5Ki", "IEC"),
         (["--cuda-graph-config", "[1]"], ProblemKind.BAD_TYPE, "--cuda-graph-config", "[1]", "JSON object"),
@@ -258,20 +262,21 @@ def test_server_problem(
     server: FlagManifest, argv: list[str], kind: ProblemKind, flag: str, value: str | None, fragment: str
 ) -> None:
     problems = validate_argv(["--model-path", "/m", *argv], server)
-    assert [(p.kind, p.flag, p.value) for p in problems if p.kind is not ProblemKind.UNKNOWN_FLAG] == [
-        (kind, flag, value)
-    ]
+    assert [(p.check, p.subject) for p in problems if p.check != ProblemKind.UNKNOWN_FLAG] == [(kind, flag)]
+    assert value is None or f"'{value}'" in problems[0].observed
     assert fragment in problems[0].message
     assert f"sglang {server.version}" in problems[0].message
 
 
 def test_missing_required_flag_and_a_double_dash(server: FlagManifest) -> None:
     problems = validate_argv(["--tp-size", "2", "--", "x"], server)
-    assert [(p.kind, p.value) for p in problems] == [
-        (ProblemKind.STRAY_VALUE, "--"),
-        (ProblemKind.STRAY_VALUE, "x"),
-        (ProblemKind.MISSING_REQUIRED, None),
+    assert [(p.check, p.subject) for p in problems] == [
+        (ProblemKind.STRAY_VALUE, "--tp-size"),
+        (ProblemKind.STRAY_VALUE, "--tp-size"),
+        (ProblemKind.MISSING_REQUIRED, "--model-path"),
     ]
+    assert problems[0].observed.startswith("Got stray value '--' at position 2")
+    assert problems[1].observed.startswith("Got stray value 'x' at position 3")
     assert "'--model-path' (or '--model')" in problems[-1].message
 
 
@@ -293,10 +298,11 @@ def test_router_problems(router: FlagManifest) -> None:
         ],
         router,
     )
-    assert [(p.kind, p.flag, p.value) for p in problems] == [
-        (ProblemKind.BAD_CHOICE, "--policy", "cache_awar"),
-        (ProblemKind.STRAY_VALUE, "--decode", "v"),
+    assert [(p.check, p.subject) for p in problems] == [
+        (ProblemKind.BAD_CHOICE, "--policy"),
+        (ProblemKind.STRAY_VALUE, "--decode"),
     ]
+    assert "'cache_awar'" in problems[0].observed and "'v'" in problems[1].observed
     assert "Did you mean 'cache_aware'?" in problems[0].message
     assert f"sglang-router {router.version}" in problems[0].message
 
@@ -305,11 +311,15 @@ def test_check_argv_raises_listing_every_problem(server: FlagManifest) -> None:
     argv = ["--model-path", "/m", "--tp", "2", "--dtype", "bf16", "--bogus-flag"]
     with pytest.raises(FlagValidationError) as caught:
         check_argv(argv, server)
-    assert len(caught.value.problems) == 3
+    assert [r.check for r in caught.value.results] == [
+        ProblemKind.ABBREVIATED_FLAG,
+        ProblemKind.BAD_CHOICE,
+        ProblemKind.UNKNOWN_FLAG,
+    ]
     text = str(caught.value)
     assert text.startswith(f"3 problem(s) in the command line for sglang {server.version}:")
-    for problem in caught.value.problems:
-        assert problem.message in text
+    for result in caught.value.results:
+        assert f"  - {result.message}" in text
 
 
 def test_a_single_string_is_refused(server: FlagManifest) -> None:
@@ -395,11 +405,11 @@ def test_validate_argv_agrees_with_the_real_parser_on_every_flag(
     disagreements = []
     for argv, real in zip(cases, real_parse(kind, cases), strict=True):
         problems = validate_argv(argv, manifest)
-        strict_only = all(p.kind in LENIENT_IN_ARGPARSE for p in problems)
+        strict_only = all(p.check in LENIENT_IN_ARGPARSE for p in problems)
         if real["ok"] != strict_only:
             disagreements.append(
                 f"{argv[len(base) :]}: real parser ok={real['ok']} {real['error']!r:.200}; "
-                f"ours {[p.kind.value for p in problems]}"
+                f"ours {[str(p.check) for p in problems]}"
             )
     assert len(cases) > 3 * len(manifest.flags) // 2
     assert not disagreements, "\n".join(disagreements[:30])
