@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent bootstrap for a fresh Debian 12 machine (as root) or an existing checkout:
-# apt packages the tests and tools need, a venv in .venv, the project and its pinned dependencies.
+# apt packages the tests and tools need, a venv in .venv, the project with its dev and node extras (torch for the
+# fabric worker), and the upstream CRDs pinned in serving/data/crds.lock.json.
 # Re-running it is cheap: each step checks before it acts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,3 +37,6 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q -e '.[dev]'
   echo "$want" >"$stamp"
 fi
+# The pinned CRDs: ../shared/crds (the offline mirror) or the cache is verified against the lock; only when
+# neither is there are the files fetched from upstream into the cache (and verified).
+.venv/bin/python -m serving.pulumi.crds fetch

@@ -1,8 +1,9 @@
-"""The Pulumi program (infra/__main__.py) wired under Pulumi's mocks — the engine itself cannot run here.
+"""The Pulumi program wired under Pulumi's mocks — the engine itself cannot run here.
 
-`serving.pulumi.program.run_program` executes the unchanged program with `pulumi.runtime.set_mocks`; these tests
-read what it registered: components and their type tokens, parents, the one explicit provider, object counts
-per stack, unique names, exports, and the content each concern renders from the spec.
+`serving.pulumi.program.run_program` executes the program (`serving.pulumi.components.fleet_stack`, which
+`infra/__main__.py` calls) with `pulumi.runtime.set_mocks`; these tests read what it registered: components and
+their type tokens, parents, the one explicit provider, object counts per stack, unique names, exports, and the
+content each concern renders from the spec; and that the entry point Pulumi runs registers exactly the same.
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ import pytest
 
 from serving.plan.planner import placement, plan
 from serving.pulumi.program import ProgramRun, kubernetes_objects, run_program
-from serving.render import units
+from serving.render.chrony import chrony_conf
 from serving.render.k8s import fabric, fleet, gateway, storage
 from serving.render.k8s.common import LABEL_GROUP, LABEL_RACK, LABEL_VERSION, TAINT_KEY
+from serving.render.k8s.container import pod_container
+from serving.render.router import router_argv
+from serving.render.sglang import model_dir
 from serving.spec.stack import load_stack, load_stack_file
 from tests.k8s_support import MULTI_NODE, of_kind, one, render_file, write_variant
+from tests.support.paths import REPO
 
 STACKS = ("prod", "dev", "sandbox")
 COMPONENTS = {
@@ -167,7 +172,7 @@ def test_fleet_pods_spread_across_racks_with_gpu_rdma_and_shm(runs: dict[str, Pr
     objects = kubernetes_objects(runs["prod"])
     s = one(objects, "StatefulSet", "sglang-g0")
     pod = s["spec"]["template"]["spec"]
-    assert pod["containers"] == [units.pod_container(spec, 0)]
+    assert pod["containers"] == [pod_container(spec, plan(spec), 0)]
     spread = {c["topologyKey"]: c for c in pod["topologySpreadConstraints"]}
     assert spread[LABEL_RACK]["whenUnsatisfiable"] == "DoNotSchedule"
     assert spread[LABEL_RACK]["labelSelector"]["matchLabels"] == fleet.group_selector(0)
@@ -178,7 +183,7 @@ def test_fleet_pods_spread_across_racks_with_gpu_rdma_and_shm(runs: dict[str, Pr
     assert s["spec"]["template"]["metadata"]["annotations"] == {fabric.NETWORKS_ANNOTATION: fabric.NETWORK}
     assert {"key": TAINT_KEY, "operator": "Equal", "value": "serving", "effect": "NoSchedule"} in pod["tolerations"]
     budgets = {p["metadata"]["name"]: p for p in of_kind(objects, "PodDisruptionBudget")}
-    for g, size in enumerate(fleet.group_sizes(spec)):
+    for g, size in enumerate(plan(spec).rollout_group_sizes):
         assert budgets[fleet.group_name(g)]["spec"]["selector"]["matchLabels"] == fleet.group_selector(g)
         assert budgets[fleet.group_name(g)]["spec"]["maxUnavailable"] == int(size * 0.10)
 
@@ -220,7 +225,7 @@ def test_gateway_discovers_workers_with_least_privilege(runs: dict[str, ProgramR
     pod = deploy["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "sglang-router"
     argv = pod["containers"][0]["command"]
-    assert argv == units.router_argv(spec, kubernetes=True)
+    assert argv == router_argv(spec, plan(spec), kubernetes=True)
     assert "--service-discovery" in argv
     service = one(objects, "Service", gateway.NAME)
     assert service["spec"]["type"] == "ClusterIP"
@@ -236,7 +241,7 @@ def test_chrony_daemonset_holds_only_sys_time(runs: dict[str, ProgramRun]) -> No
     assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_TIME"]} and sc["privileged"] is False
     assert ds["tolerations"] == [{"operator": "Exists"}], "chrony runs on every node"
     conf = one(objects, "ConfigMap", "chrony-conf")["data"]["chrony.conf"]
-    assert conf == units.chrony_conf(spec)
+    assert conf == chrony_conf(spec)
     assert all(f"server {s} iburst" in conf for s in spec.cluster.ntp.servers)
 
 
@@ -259,13 +264,22 @@ def test_model_store_is_read_only_many_on_nfs_or_csi(tmp_path: Path, runs: dict[
     assert pv["spec"]["csi"] == {"driver": "csi.weka.io", "volumeHandle": "models-1", "readOnly": True}
 
 
-def test_cache_warmer_script_copies_once_and_atomically(tmp_path: Path) -> None:
-    """The warmer's real shell script, run here against directories standing in for the store and the cache."""
+@pytest.mark.parametrize("model_path", ["org/m", "org/m/"])
+def test_cache_warmer_script_copies_once_and_atomically(tmp_path: Path, model_path: str) -> None:
+    """The warmer's real shell script, run here against directories standing in for the store and the cache.
+
+    Regression (issue 9): with ``model.path: org/m/`` the warmer once staged into ``…/m/.partial``, then
+    ``rm -rf …/m/`` deleted the staging copy and ``mv`` failed; the warmer and ``--model-path`` now share
+    one join (:func:`serving.render.sglang.model_dir`)."""
     store, cache = tmp_path / "store", tmp_path / "cache"
     path = write_variant(
         tmp_path,
         "warm",
-        changes={"storage.model_store.mount_path": str(store), "storage.local_cache.path": str(cache)},
+        changes={
+            "storage.model_store.mount_path": str(store),
+            "storage.local_cache.path": str(cache),
+            "model.path": model_path,
+        },
     )
     spec = load_stack_file(path).spec
     src, dst = (Path(p) for p in storage.model_dirs(spec))
@@ -277,7 +291,7 @@ def test_cache_warmer_script_copies_once_and_atomically(tmp_path: Path) -> None:
     assert "cache warmed" in first.stdout
     assert (dst / "sub" / "model.safetensors").read_bytes() == b"\0" * 4096
     assert (dst / storage.COMPLETE_MARKER).exists() and not Path(f"{dst}.partial").exists()
-    assert dst == Path(units.model_dir(spec)), "the warmer fills the directory the servers load from"
+    assert str(dst) == model_dir(spec) == f"{cache}/org/m", "the warmer fills the directory the servers load from"
     second = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True)
     assert "already warm" in second.stdout
 
@@ -340,3 +354,15 @@ def test_a_second_run_registers_the_same_resources(runs: dict[str, ProgramRun]) 
     """Nothing is created at import time or leaks between runs: re-running gives the same registrations."""
     again = run_program("sandbox")
     assert sorted(r.urn for r in again.registrations) == sorted(r.urn for r in runs["sandbox"].registrations)
+
+
+def test_the_pulumi_entry_point_registers_what_the_package_program_does(runs: dict[str, ProgramRun]) -> None:
+    """`pulumi up` runs infra/__main__.py (Pulumi.yaml `main: infra/`); render runs the package's function. Run the
+    entry point as Pulumi's language host does (runpy) and compare every registration: the same program."""
+    entry = run_program("dev", program_dir=REPO / "infra")
+
+    def shape(run: ProgramRun) -> list[tuple[str, str, str, str, bool, str]]:
+        return sorted((r.urn, r.type, r.parent, r.provider, r.custom, repr(r.inputs)) for r in run.registrations)
+
+    assert shape(entry) == shape(runs["dev"])
+    assert entry.stack_outputs() == runs["dev"].stack_outputs() != {}

@@ -1,6 +1,10 @@
 """Fleet-level diff of two renders of a stack: objects added, removed and changed (with the changed fields), and
 the planner's capacity figures that moved — what a reviewer of an infrastructure pull request reads.
 
+SGLang and router command lines are compared flag by flag (``--context-length: 4096 → 8192``, not ``args[19]``);
+the Markdown report groups objects that changed identically (the update groups' StatefulSets) and prints capacity
+figures in their units (GiB, req/s, s).
+
 The base side is rendered from a git revision: the revision's tree is exported to a temporary directory
 (``git archive``: the checkout, its index and HEAD are never touched) and that tree's own code renders it
 in a subprocess, so the base is rendered exactly as it would have been deployed.
@@ -24,6 +28,7 @@ from serving.pulumi.program import STACK_FILE_ENV, RenderedObject
 
 ObjectKey = tuple[str, str, str]  # kind, namespace, name
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_POD_SPEC = re.compile(r"^.*?\bspec\.(?=(?:initC|c)ontainers\[)")  # up to a pod template's containers
 SUBPROCESS_TIMEOUT_S = 600
 
 
@@ -33,12 +38,22 @@ class BaseRenderError(Exception):
 
 @dataclass(frozen=True)
 class FieldChange:
+    """One leaf that differs. For a command-line flag, ``path`` is ``<argv list>[<flag>]`` and ``flag`` names it; a
+    flag's value is its argument (several joined by spaces), True for a bare switch, None when absent."""
+
     path: str
     before: Any
     after: Any
+    flag: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "base": self.before, "head": self.after}
+        return {"path": self.path, "flag": self.flag, "base": self.before, "head": self.after}
+
+    @property
+    def where(self) -> str:
+        """A flag's command line, shortened to the container (``containers[sglang].args``)."""
+        argv = self.path.removesuffix(f"[{self.flag}]")
+        return _POD_SPEC.sub("", argv, count=1)
 
 
 @dataclass(frozen=True)
@@ -101,8 +116,42 @@ def _named(items: Sequence[Any]) -> dict[str, Any] | None:
     return dict(zip(names, items, strict=True)) if len(set(names)) == len(names) else None
 
 
+def _is_argv(items: Sequence[Any]) -> bool:
+    return bool(items) and all(isinstance(i, str) for i in items) and any(i.startswith("--") for i in items)
+
+
+def argv_flags(argv: Sequence[str]) -> tuple[list[str], dict[str, str | bool]]:
+    """A command line as (the words before its first flag, {flag: value}) in flag order: ``--f=v`` and ``--f v``
+    give ``"v"``, several values are joined by spaces, a bare switch is True."""
+    entry: list[str] = []
+    values: dict[str, list[str]] = {}
+    current: str | None = None
+    for word in argv:
+        if word.startswith("--"):
+            current, sep, value = word.partition("=")
+            values.setdefault(current, []).extend([value] if sep else [])
+        elif current is None:
+            entry.append(word)
+        else:
+            values[current].append(word)
+    return entry, {flag: " ".join(v) if v else True for flag, v in values.items()}
+
+
+def _argv_changes(before: Sequence[str], after: Sequence[str], path: str) -> list[FieldChange]:
+    """Flags added, removed or changed between two command lines (in the new line's order); the entry words as
+    one change when they differ; the whole list when only the order moved."""
+    entry_b, flags_b = argv_flags(before)
+    entry_a, flags_a = argv_flags(after)
+    out = [] if entry_b == entry_a else [FieldChange(f"{path}[entry]", " ".join(entry_b), " ".join(entry_a))]
+    for flag in [*flags_a, *(f for f in flags_b if f not in flags_a)]:
+        if flags_b.get(flag) != flags_a.get(flag):
+            out.append(FieldChange(f"{path}[{flag}]", flags_b.get(flag), flags_a.get(flag), flag))
+    return out or [FieldChange(path, list(before), list(after))]
+
+
 def field_changes(before: Any, after: Any, path: str = "") -> list[FieldChange]:
-    """The leaves that differ; named lists compare by name, other lists by position when lengths agree."""
+    """The leaves that differ; named lists compare by name, command lines by flag, other lists by position when
+    lengths agree."""
     if before == after:
         return []
     if isinstance(before, dict) and isinstance(after, dict):
@@ -111,6 +160,8 @@ def field_changes(before: Any, after: Any, path: str = "") -> list[FieldChange]:
             out += field_changes(before.get(key), after.get(key), path + _key_part(str(key)))
         return out
     if isinstance(before, list) and isinstance(after, list):
+        if _is_argv(before) and _is_argv(after):
+            return _argv_changes(before, after, path.lstrip("."))
         named_b, named_a = _named(before), _named(after)
         if named_b is not None and named_a is not None:
             out = []
@@ -202,12 +253,23 @@ def _run_cli(tree: Path, args: Sequence[str], ok_codes: Sequence[int], what: str
     return proc.stdout
 
 
-def render_revision(tree: Path, stack: str, out: Path) -> dict[str, Any]:
-    """Render ``stack`` with the exported tree's own code into ``out``; returns its plan's capacity figures."""
-    _run_cli(
-        tree, ["render", "--stack", stack, "--out", str(out), "--no-validate"], (0,), f"exaserve render --stack {stack}"
-    )
-    plan = _run_cli(tree, ["plan", "--stack", stack, "--json"], (0, 1), f"exaserve plan --stack {stack}")
+def file_at_revision(tree: Path, relative: Path, ref: str) -> Path:
+    """The exported tree's copy of the stack file at ``relative``; an error when the revision has none."""
+    path = tree / relative
+    if not path.is_file():
+        raise BaseRenderError(
+            f"--stack-file {relative}: the file does not exist at --base {ref!r}; add it there first, or diff a "
+            "stack both revisions have"
+        )
+    return path
+
+
+def render_revision(tree: Path, stack_args: Sequence[str], out: Path) -> dict[str, Any]:
+    """Render the stack (``--stack NAME`` or ``--stack-file PATH``) with the exported tree's own code into ``out``;
+    returns its plan's capacity figures."""
+    which = " ".join(stack_args)
+    _run_cli(tree, ["render", *stack_args, "--out", str(out), "--no-validate"], (0,), f"exaserve render {which}")
+    plan = _run_cli(tree, ["plan", *stack_args, "--json"], (0, 1), f"exaserve plan {which}")
     try:
         capacity: dict[str, Any] = json.loads(plan)["capacity"]
     except (ValueError, KeyError) as exc:
@@ -224,13 +286,50 @@ def _short(value: Any, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+_BINARY = (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
+
+
+def _bytes(n: float) -> str:
+    for name, size in _BINARY:
+        if abs(n) >= size:
+            return f"{n / size:,.2f} {name}"
+    return f"{n:,.0f} B"
+
+
+def _number(n: float) -> str:
+    return f"{n:,}" if isinstance(n, int) else f"{n:,.6g}"
+
+
+def human(key: str, value: Any) -> str:
+    """A capacity figure in its unit, read from its ``exaserve plan --json`` key: bytes in KiB … TiB, requests
+    and messages per second, seconds; other numbers with thousands separators; anything else as JSON."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return _short(value)
+    if "bytes_per_token" in key:
+        return _bytes(value) + "/token"
+    if "bytes" in key:
+        return _bytes(value)
+    if "requests_per_second" in key:
+        return f"{_number(value)} req/s"
+    if "messages_per_second" in key:
+        return f"{_number(value)} msg/s"
+    if key.partition(".")[0].endswith("_s"):
+        return f"{_number(value)} s"
+    return _number(value)
+
+
 def _delta(change: FieldChange) -> str:
     b, a = change.before, change.after
     if isinstance(b, int | float) and isinstance(a, int | float) and not isinstance(b, bool):
         d = a - b
         pct = f" ({d / b:+.1%})" if b else ""
-        return f"{d:+,.6g}{pct}"
+        magnitude = human(change.path, abs(d))
+        return f"{'-' if d < 0 else '+'}{magnitude}{pct}"
     return ""
+
+
+def _label(f: FieldChange) -> str:
+    return f"{f.flag} ({f.where})" if f.flag else f.path
 
 
 def text_report(d: FleetDiff) -> str:
@@ -243,17 +342,44 @@ def text_report(d: FleetDiff) -> str:
         lines += [f"  {sign} {c.describe()}  [{c.component}]" for c in changes]
     for c in d.changed:
         lines.append(f"  ~ {c.describe()}  [{c.component}]")
-        lines += [f"      {f.path}: {_short(f.before)} → {_short(f.after)}" for f in c.fields]
+        lines += [f"      {_label(f)}: {_short(f.before)} → {_short(f.after)}" for f in c.fields]
     if d.capacity:
         lines.append("capacity (exaserve plan):")
-        lines += [f"  {c.path}: {_short(c.before)} → {_short(c.after)} {_delta(c)}".rstrip() for c in d.capacity]
+        lines += [
+            f"  {c.path}: {human(c.path, c.before)} → {human(c.path, c.after)} {_delta(c)}".rstrip() for c in d.capacity
+        ]
     else:
         lines.append("capacity (exaserve plan): unchanged")
     return "\n".join(lines)
 
 
 def _cell(value: Any) -> str:
-    return "—" if value is None else "`" + _short(value, 80).replace("|", "\\|").replace("`", "'") + "`"
+    return "—" if value is None else "`" + _code(_short(value, 80)) + "`"
+
+
+def _code(text: str) -> str:
+    return text.replace("|", "\\|").replace("`", "'")
+
+
+def _field(f: FieldChange) -> str:
+    return f"`{_code(f.flag)}` in `{_code(f.where)}`" if f.flag else f"`{_code(f.path)}`"
+
+
+def identical_changes(changes: Sequence[ObjectChange]) -> list[list[ObjectChange]]:
+    """Changed objects grouped when their kind, namespace, component and every field change are the same (one
+    edit applied to each update group), in first-seen order."""
+    groups: dict[str, list[ObjectChange]] = {}
+    for c in changes:
+        fields = [(f.path, f.before, f.after) for f in c.fields]
+        key = json.dumps([c.kind, c.namespace, c.component, fields], sort_keys=True, default=str)
+        groups.setdefault(key, []).append(c)
+    return list(groups.values())
+
+
+def _group_title(group: Sequence[ObjectChange]) -> str:
+    first = group[0]
+    names = ", ".join(c.name for c in group)
+    return f"{first.kind} {first.namespace}/{names}" if first.namespace else f"{first.kind} {names}"
 
 
 def markdown_report(d: FleetDiff) -> str:
@@ -269,19 +395,26 @@ def markdown_report(d: FleetDiff) -> str:
         lines += [f"| added | `{c.describe()}` | {c.component} |" for c in d.added]
         lines += [f"| removed | `{c.describe()}` | {c.component} |" for c in d.removed]
         lines.append("")
-    for c in d.changed:
+    for group in identical_changes(d.changed):
+        fields = group[0].fields
+        same = f", the same in {len(group)} objects" if len(group) > 1 else ""
         lines += [
-            f"<details><summary><code>{c.describe()}</code> ({c.component}): {len(c.fields)} field(s)</summary>",
+            f"<details><summary><code>{_group_title(group)}</code> ({group[0].component}): "
+            f"{len(fields)} field(s){same}</summary>",
             "",
             "| field | base | this change |",
             "|---|---|---|",
         ]
-        lines += [f"| `{f.path}` | {_cell(f.before)} | {_cell(f.after)} |" for f in c.fields]
+        lines += [f"| {_field(f)} | {_cell(f.before)} | {_cell(f.after)} |" for f in fields]
         lines += ["", "</details>", ""]
     lines += ["#### Capacity (`exaserve plan`)", ""]
     if d.capacity:
         lines += ["| figure | base | this change | Δ |", "|---|---|---|---|"]
-        lines += [f"| `{c.path}` | {_cell(c.before)} | {_cell(c.after)} | {_delta(c)} |" for c in d.capacity]
+        lines += [
+            f"| `{c.path}` | {_cell(None if c.before is None else human(c.path, c.before))} | "
+            f"{_cell(None if c.after is None else human(c.path, c.after))} | {_delta(c)} |"
+            for c in d.capacity
+        ]
     else:
         lines.append("No capacity figure changed.")
     return "\n".join(lines) + "\n"

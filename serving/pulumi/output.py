@@ -15,10 +15,12 @@ from typing import Any
 
 import yaml
 
-from serving.plan.planner import fleet_replicas
+from serving.plan.model import Plan
 from serving.pulumi.program import RenderedObject
-from serving.render import units
+from serving.render.chrony import chrony_conf
 from serving.render.k8s.common import K8sObject
+from serving.render.router import router_argv, router_env
+from serving.render.systemd import systemd_unit
 from serving.spec.schema import FleetSpec
 
 INDEX = "index.json"
@@ -104,19 +106,18 @@ def write(out: Path, objects: Iterable[RenderedObject]) -> list[dict[str, Any]]:
     return entries
 
 
-def write_units(out: Path, spec: FleetSpec) -> int:
+def write_units(out: Path, spec: FleetSpec, plan: Plan) -> int:
     """Bare-metal units beside the objects: ``units/<replica>.service`` (the systemd unit that runs the
     same command as the pod), ``units/router.json`` (the gateway's argv and env) and
     ``units/chrony.conf``. Returns the number of replica units."""
     folder = out / UNITS
     folder.mkdir(parents=True, exist_ok=True)
-    replicas = fleet_replicas(spec)
-    for replica in replicas:
-        (folder / f"{replica.id}.service").write_text(units.systemd_unit(spec, replica))
-    router = {"argv": units.router_argv(spec), "env": units.router_env(spec)}
+    for replica in plan.replicas:
+        (folder / f"{replica.id}.service").write_text(systemd_unit(spec, plan, replica))
+    router = {"argv": router_argv(spec, plan), "env": router_env(spec)}
     (folder / "router.json").write_text(json.dumps(router, indent=2) + "\n")
-    (folder / "chrony.conf").write_text(units.chrony_conf(spec))
-    return len(replicas)
+    (folder / "chrony.conf").write_text(chrony_conf(spec))
+    return len(plan.replicas)
 
 
 def read(out: Path) -> list[RenderedObject]:

@@ -1,11 +1,12 @@
-"""Run the Pulumi program (``infra/``) in-process, with Pulumi's mocks in place of the engine, and collect what it
-registers.
+"""Run the Pulumi program in-process, with Pulumi's mocks in place of the engine, and collect what it registers.
 
 The Pulumi engine cannot run here (FIELD-NOTES: no registry ships it); ``pulumi.runtime.set_mocks`` replaces
-it, so the program that ``pulumi up`` runs is the one executed here, unchanged: ``infra/__main__.py`` via
-``runpy``, as Pulumi's Python language host starts it. Every registration is recorded with its parent and
-provider; custom Kubernetes resources carry the full camelCase object (``apiVersion``/``kind`` included) as
-their inputs. Numbers cross the mock boundary as floats and are turned back into integers here.
+it, so the program that ``pulumi up`` runs is the one executed here, unchanged: ``infra/__main__.py`` is one line,
+``fleet_stack(program_stack().spec)``, and this runner makes the same call from the package (so an installed
+wheel renders without the checkout). ``program_dir`` runs another entry point directory via ``runpy`` instead, as
+Pulumi's Python language host starts one. Every registration is recorded with its parent and provider; custom
+Kubernetes resources carry the full camelCase object (``apiVersion``/``kind`` included) as their inputs. Numbers
+cross the mock boundary as floats and are turned back into integers here.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from pulumi.runtime.settings import ROOT
 from pulumi.runtime.stack import run_in_stack
 from pulumi.runtime.sync_await import _sync_await
 
+from serving.pulumi.components import fleet_stack
 from serving.render.k8s.common import K8sObject
-from serving.spec.stack import PROJECT_ROOT, Stack, load_stack, load_stack_file
+from serving.spec.stack import Stack, load_stack, load_stack_file
 
 PROJECT = "exaserve"
-INFRA_DIR = PROJECT_ROOT / "infra"
 # `exaserve render --stack-file FILE` tells the program which file to read (Pulumi itself always
 # reads Pulumi.<stack>.yaml); set only for the duration of one in-process run.
 STACK_FILE_ENV = "EXASERVE_STACK_FILE"
@@ -157,8 +158,9 @@ def _stack_file_env(path: Path | None) -> Iterator[None]:
             os.environ[STACK_FILE_ENV] = old
 
 
-def run_program(stack: str, *, stack_file: Path | None = None, program_dir: Path = INFRA_DIR) -> ProgramRun:
-    """Execute the Pulumi program for ``stack`` under mocks, as ``pulumi preview`` would, and record it."""
+def run_program(stack: str, *, stack_file: Path | None = None, program_dir: Path | None = None) -> ProgramRun:
+    """Execute the Pulumi program for ``stack`` under mocks, as ``pulumi preview`` would, and record it: the
+    package's :func:`fleet_stack`, or the entry point in ``program_dir``."""
     run = ProgramRun(stack=stack)
     monitor = _RecordingMonitor(run)
     ROOT.set(None)  # a fresh root stack resource per run (set_mocks creates one only when none exists)
@@ -166,7 +168,10 @@ def run_program(stack: str, *, stack_file: Path | None = None, program_dir: Path
     ROOT.set(None)  # run_in_stack creates the root stack that collects pulumi.export()s, as the language host does
 
     def program() -> None:
-        runpy.run_path(str(program_dir), run_name="__main__")
+        if program_dir is None:
+            fleet_stack(program_stack().spec)
+        else:
+            runpy.run_path(str(program_dir), run_name="__main__")
 
     with _stack_file_env(stack_file):
         _sync_await(run_in_stack(program))
@@ -223,7 +228,7 @@ def kubernetes_objects(run: ProgramRun) -> list[RenderedObject]:
     return out
 
 
-def render_stack(stack: Stack, *, from_file: bool = False, program_dir: Path = INFRA_DIR) -> list[RenderedObject]:
+def render_stack(stack: Stack, *, from_file: bool = False, program_dir: Path | None = None) -> list[RenderedObject]:
     """Run the program for ``stack`` and return its Kubernetes objects."""
     run = run_program(stack.name, stack_file=stack.path if from_file else None, program_dir=program_dir)
     return kubernetes_objects(run)

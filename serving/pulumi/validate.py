@@ -24,9 +24,7 @@ from packaging.version import Version
 from referencing import Registry, Resource
 
 from serving.render.k8s.common import K8sObject
-from serving.spec.stack import PROJECT_ROOT
 
-DEFAULT_CRD_DIR = PROJECT_ROOT.parent / "shared" / "crds"
 OBJECT_META = "https://kubernetes.io/api/_definitions.json#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
 # Every custom resource has these, validated by the API server itself (metadata as a strict ObjectMeta).
 ROOT_FIELDS: dict[str, Any] = {
@@ -110,8 +108,8 @@ class CrdCatalog:
     def __init__(self, crd_dir: Path) -> None:
         if not crd_dir.is_dir():
             raise SchemaSetupError(
-                f"CRD directory {crd_dir} does not exist; pass --crd-dir with the upstream CRDs "
-                "(e.g. the shared crds/ folder beside the repository)"
+                f"CRD directory {crd_dir} does not exist; pass a directory holding the upstream CRDs "
+                "(serving.pulumi.crds.resolve_crd_dir finds the pinned ones)"
             )
         self.crd_dir = crd_dir
         self._files: dict[tuple[str, str], Path] = {}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pulumi
 
-from components.base import KubernetesComponent
+from serving.plan.model import Plan
+from serving.pulumi.components.base import KubernetesComponent
 from serving.render.k8s import fleet, gateway
 from serving.spec.schema import FleetSpec
 
@@ -13,9 +14,9 @@ class ServingFleet(KubernetesComponent):
     """Exactly rollout.batches update groups (StatefulSet, or LeaderWorkerSet when a replica spans nodes),
     a PodDisruptionBudget each, and the workers' headless Service."""
 
-    def __init__(self, name: str, spec: FleetSpec, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("exaserve:serving:ServingFleet", name, fleet.render(spec), opts)
-        sizes = fleet.group_sizes(spec)
+    def __init__(self, name: str, spec: FleetSpec, plan: Plan, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("exaserve:serving:ServingFleet", name, fleet.render(spec, plan), opts)
+        sizes = plan.rollout_group_sizes
         self.group_versions: dict[str, str] = {
             fleet.group_name(g): spec.group_version(g) for g in range(spec.rollout.batches)
         }
@@ -29,9 +30,9 @@ class ServingFleet(KubernetesComponent):
 class Gateway(KubernetesComponent):
     """The SGLang router: Deployment with Kubernetes service discovery, least-privilege RBAC, a Service."""
 
-    def __init__(self, name: str, spec: FleetSpec, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("exaserve:serving:Gateway", name, gateway.render(spec), opts)
-        http_port, metrics_port = gateway.router_ports(spec)
+    def __init__(self, name: str, spec: FleetSpec, plan: Plan, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("exaserve:serving:Gateway", name, gateway.render(spec, plan), opts)
+        http_port, metrics_port = gateway.router_ports(spec, plan)
         self.endpoint: str = f"http://{gateway.NAME}.{spec.kubernetes.namespace}.svc:{http_port}"
         self.metrics_port: int = metrics_port
         self.register_outputs({"endpoint": self.endpoint, "metrics_port": self.metrics_port})

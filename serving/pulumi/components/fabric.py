@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pulumi
 
-from components.base import KubernetesComponent
+from serving.pulumi.components.base import KubernetesComponent
 from serving.render.k8s import fabric
 from serving.spec.schema import FleetSpec
 
