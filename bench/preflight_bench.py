@@ -37,15 +37,12 @@ from tests.preflight_support import (
 
 STOCK_CFG = f"""[defaults]
 roles_path = {ANSIBLE_DIR}/roles
-library = {ANSIBLE_DIR}/library
-action_plugins = {ANSIBLE_DIR}/plugins/action
-filter_plugins = {ANSIBLE_DIR}/plugins/filter
-inventory_plugins = {ANSIBLE_DIR}/plugins/inventory
+collections_path = {ANSIBLE_DIR}/collections
 forks = 5
 host_key_checking = True
 
 [inventory]
-enable_plugins = exaserve
+enable_plugins = exaserve.fleet.exaserve
 
 [ssh_connection]
 pipelining = False

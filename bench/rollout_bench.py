@@ -39,16 +39,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from serving.rollout.journal import StackState
 from serving.router.loadgen import LoadGenerator, LoadReport, LoadSpec
 from serving.sandbox.processes import free_port_block
-from serving.spec.stack import PROJECT_ROOT
+from tests.support.paths import REPO
 
 EXASERVE = Path(sys.executable).parent / "exaserve"
 REPLICAS = 8
 
 
 def write_stack(directory: Path, latency_scale: float, base: int, *, warmup: bool = True) -> Path:
-    doc = yaml.safe_load((PROJECT_ROOT / "Pulumi.sandbox.yaml").read_text())
+    doc = yaml.safe_load((REPO / "Pulumi.sandbox.yaml").read_text())
     cfg = doc["config"]
-    cfg["exaserve:model"]["hf_config"] = str(PROJECT_ROOT / cfg["exaserve:model"]["hf_config"])
+    cfg["exaserve:model"]["hf_config"] = str(REPO / cfg["exaserve:model"]["hf_config"])
     box = cfg["exaserve:sandbox"]
     box.update(router_port=base + REPLICAS, prometheus_port=base + REPLICAS + 1, worker_base_port=base)
     for release in box["versions"].values():

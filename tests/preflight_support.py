@@ -23,10 +23,10 @@ from typing import Any
 
 import yaml
 
-from serving.spec.stack import PROJECT_ROOT
 from tests.hosts.netns import HostFleet
+from tests.support.paths import REPO
 
-ANSIBLE_DIR = PROJECT_ROOT / "ansible"
+ANSIBLE_DIR = REPO / "ansible"
 CONTAINER_DATA = Path(__file__).resolve().parent / "data" / "container"
 VENV_BIN = Path(sys.executable).parent
 MODEL_STORE_MOUNT = "/dev/shm"
@@ -140,12 +140,12 @@ def node_names(fleet: HostFleet, stack_path: Path) -> dict[str, str]:
 
 
 def write_inventory(directory: Path, stack_path: Path, fleet: HostFleet) -> Path:
-    """An `exaserve` inventory config for the stack, with the fleet's known_hosts and client key."""
+    """An `exaserve.fleet.exaserve` inventory config for the stack, with the fleet's known_hosts and client key."""
     path = directory / "test.exaserve.yml"
     path.write_text(
         yaml.safe_dump(
             {
-                "plugin": "exaserve",
+                "plugin": "exaserve.fleet.exaserve",
                 "stack_file": str(stack_path),
                 "known_hosts_file": str(fleet.known_hosts),
                 "private_key_file": str(fleet.client_key),

@@ -8,13 +8,15 @@ from typing import Any
 
 import yaml
 
+from serving.plan import audit
 from serving.spec.schema import FleetSpec
-from serving.spec.stack import PROJECT_ROOT, parse_spec, spec_document
+from serving.spec.stack import parse_spec, spec_document
+from tests.support.paths import REPO
 
 
 def stack_doc(name: str) -> dict[str, Any]:
     """The ``exaserve:`` document of a stack file, as plain data."""
-    path = PROJECT_ROOT / f"Pulumi.{name}.yaml" if not name.endswith(".yaml") else PROJECT_ROOT / name
+    path = REPO / f"Pulumi.{name}.yaml" if not name.endswith(".yaml") else REPO / name
     raw = yaml.safe_load(path.read_text())
     return spec_document(raw["config"], str(path))
 
@@ -40,7 +42,8 @@ def with_changes(doc: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]
 def spec_from(name: str, **changes: Any) -> FleetSpec:
     """Parse a stack with changes given as keyword arguments using ``__`` for dots."""
     doc = with_changes(stack_doc(name), {k.replace("__", "."): v for k, v in changes.items()})
-    return parse_spec(doc, f"{name}+changes", PROJECT_ROOT)
+    return parse_spec(doc, f"{name}+changes", REPO)
 
 
-SOURCE_PLAN = Path(__file__).parent / "data" / "source-plan.yaml"
+# The source document's config: package data (a plain file in a checkout or an installed wheel).
+SOURCE_PLAN = Path(str(audit.SOURCE_PLAN))

@@ -1,38 +1,255 @@
-"""The pure parts of preflight: report, fabric arithmetic, inventory variables, filters and the
-parsers of the probe modules this issue adds, on real tool output (tests/data/container, real ping)."""
+"""The exaserve.fleet collection (ansible/collections/ansible_collections/exaserve/fleet): its layout
+rules (one probe skeleton, one read-only doc fragment, FQCN everywhere, the controller dependency kept
+to three plugins), its modules run through Ansible, and the controller-side logic its plugins call
+(the preflight report, fabric arithmetic, inventory variables, filters). The probe modules' parsers
+are tested in tests/test_probe_parsers.py."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from serving.checks.preflight import CHECKS, ReportError, build_report, check_result, load_report, summary_lines
 from serving.node import fabric
 from serving.render import inventory
-from serving.spec.stack import PROJECT_ROOT, load_stack
-from tests.hosts.library import LIBRARY_DIR
-from tests.hosts.library import load as load_module
+from serving.spec.stack import load_stack
+from tests.hosts.collection import ANSIBLE_DIR, COLLECTION_DIR, COLLECTIONS_DIR, PROBES, load
 
-DATA = Path(__file__).resolve().parent / "data" / "container"
-ANSIBLE_DIR = PROJECT_ROOT / "ansible"
+VENV_BIN = Path(sys.executable).parent
+PLUGINS_DIR = COLLECTION_DIR / "plugins"
+PROBE_IMPORT = "ansible_collections.exaserve.fleet.plugins.module_utils.probe"
 
 
-def _load_plugin(kind: str, name: str) -> Any:
-    import importlib.util
+def _ansible_env() -> dict[str, str]:
+    return {**os.environ, "ANSIBLE_CONFIG": str(ANSIBLE_DIR / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
 
-    spec = importlib.util.spec_from_file_location(
-        f"exaserve_{kind}_{name}", ANSIBLE_DIR / "plugins" / kind / f"{name}.py"
+
+# ------------------------------------------------------------------------------------------ collection layout
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module name ``path`` imports (``import a.b`` and ``from a.b import c`` give ``a.b``)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def _calls(path: Path) -> set[str]:
+    """Names of the functions and methods ``path`` calls (``module.get_bin_path(...)`` gives ``get_bin_path``)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            found.add(func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", ""))
+    return found
+
+
+# Probes that start processes themselves, and why (the skeleton's run() is one blocking call with no timeout).
+OWN_PROCESSES = {
+    "peer_ping_facts": "one ping per target, all at once, each bounded by its deadline",
+    "fabric_allreduce": "the all-reduce worker, killed after timeout_s plus interpreter start-up",
+}
+
+
+@pytest.mark.parametrize("name", PROBES)
+def test_every_probe_is_built_on_the_one_skeleton(name: str) -> None:
+    """The find-binary / run / parse / fail skeleton exists once, in module_utils/probe.py: every probe
+    imports it and none builds its own AnsibleModule, looks up binaries or runs commands itself."""
+    path = PLUGINS_DIR / "modules" / f"{name}.py"
+    imports, calls = _imports(path), _calls(path)
+    assert PROBE_IMPORT in imports, f"{name} does not import {PROBE_IMPORT}"
+    assert "Probe" in calls, f"{name} does not run through Probe"
+    assert not {"ansible.module_utils.basic"} & imports, f"{name} imports AnsibleModule itself"
+    assert not {"AnsibleModule", "get_bin_path", "run_command", "fail_json", "exit_json"} & calls, name
+    if name not in OWN_PROCESSES:
+        assert "subprocess" not in imports, f"{name} runs commands without the skeleton"
+    source = path.read_text()
+    assert "extends_documentation_fragment: [exaserve.fleet.read_only]" in source, name
+    assert "never changes the node" not in source, f"{name} repeats the read-only text of the doc fragment"
+
+
+def test_the_skeleton_lives_in_module_utils_only() -> None:
+    """Only probe.py touches AnsibleModule's binary lookup and command runner."""
+    users = {
+        path.relative_to(PLUGINS_DIR).as_posix()
+        for path in PLUGINS_DIR.rglob("*.py")
+        if {"get_bin_path", "run_command"} & _calls(path)
+    }
+    assert users == {"module_utils/probe.py"}
+
+
+def test_only_three_controller_plugins_reach_serving_and_only_through_the_bridge() -> None:
+    """Modules run on the nodes and never import the controller package; the plugins that need its logic
+    name it through plugin_utils/controller.py (which documents why each does)."""
+    bridge = PLUGINS_DIR / "plugin_utils" / "controller.py"
+    bridge_import = "ansible_collections.exaserve.fleet.plugins.plugin_utils.controller"
+    users = set()
+    for path in PLUGINS_DIR.rglob("*.py"):
+        assert not any(name.split(".")[0] == "serving" for name in _imports(path)), f"{path} imports serving directly"
+        if bridge_import in _imports(path):
+            users.add(path.relative_to(PLUGINS_DIR).as_posix())
+    assert users == {"action/preflight_record.py", "filter/fleet.py", "inventory/exaserve.py"}
+    documented = bridge.read_text()
+    for plugin in ("inventory/exaserve", "filter/fleet", "action/preflight_record"):
+        assert f"``{plugin}``" in documented, plugin
+
+
+def test_the_bridge_names_the_missing_package_and_the_fix() -> None:
+    from ansible.errors import AnsibleError
+
+    controller = load("controller", "plugin_utils").controller
+    assert controller("serving.checks.preflight", "x").check_result is check_result
+    with pytest.raises(AnsibleError, match=r"filter exaserve.fleet.x needs serving.nope from the exaserve-deploy package.*"
+                       r"Run ansible-playbook from the project's virtualenv"):  # fmt: skip
+        controller("serving.nope", "filter exaserve.fleet.x")
+
+
+def _tasks(node: Any) -> Iterator[dict[str, Any]]:
+    """Every task (and handler) in a parsed tasks file or playbook, blocks included."""
+    if isinstance(node, list):
+        for item in node:
+            yield from _tasks(item)
+    elif isinstance(node, dict):
+        if "name" in node and not {"hosts", "import_playbook"} & set(node) and not {"block"} & set(node):
+            yield node
+        for key in ("tasks", "pre_tasks", "post_tasks", "handlers", "block", "rescue", "always"):
+            yield from _tasks(node.get(key))
+
+
+TASK_KEYWORDS = {
+    "name", "when", "register", "vars", "loop", "loop_control", "tags", "notify", "changed_when", "failed_when",
+    "timeout", "ignore_unreachable", "run_once", "delegate_to", "check_mode", "become", "no_log", "listen",
+    "environment", "until", "retries", "delay",
+}  # fmt: skip
+
+
+def test_every_task_calls_its_module_by_fully_qualified_name() -> None:
+    """Roles and playbooks call ansible.builtin.* and exaserve.fleet.* by FQCN (ansible-lint's fqcn rule
+    enforces it too; this test reads the files directly)."""
+    files = [*ANSIBLE_DIR.glob("*.yml"), *(ANSIBLE_DIR / "roles").glob("*/tasks/*.yml"),
+             *(ANSIBLE_DIR / "roles").glob("*/handlers/*.yml")]  # fmt: skip
+    seen: set[str] = set()
+    for path in files:
+        for task in _tasks(yaml.safe_load(path.read_text())):
+            actions = set(task) - TASK_KEYWORDS
+            assert len(actions) == 1, f"{path}: task {task['name']!r} has actions {sorted(actions)}"
+            action = actions.pop()
+            assert action.startswith(("ansible.builtin.", "exaserve.fleet.")), f"{path}: {task['name']!r} uses {action}"
+            seen.add(action)
+    unused = {f"exaserve.fleet.{name}" for name in (*PROBES, "preflight_record")} - seen
+    assert not unused, f"modules no role calls: {sorted(unused)}"
+
+
+def test_ansible_lint_enforces_fqcn_and_skips_nothing() -> None:
+    config = yaml.safe_load((ANSIBLE_DIR / ".ansible-lint").read_text())
+    assert config["profile"] == "production"  # includes the fqcn rule
+    for key in ("skip_list", "warn_list", "enable_list"):
+        assert not config.get(key), f".ansible-lint {key}: {config.get(key)} (house style: local noqa only)"
+
+
+def test_ansible_cfg_points_at_the_collection() -> None:
+    cfg = (ANSIBLE_DIR / "ansible.cfg").read_text()
+    assert "collections_path = collections" in cfg
+    assert (ANSIBLE_DIR / "collections") == COLLECTIONS_DIR
+    galaxy = yaml.safe_load((COLLECTION_DIR / "galaxy.yml").read_text())
+    assert (galaxy["namespace"], galaxy["name"]) == ("exaserve", "fleet")
+    for inventory_file in (ANSIBLE_DIR / "inventory").glob("*.exaserve.yml"):
+        assert yaml.safe_load(inventory_file.read_text())["plugin"] == "exaserve.fleet.exaserve", inventory_file
+
+
+# Provisioning role -> the preflight role that checks what it set up.
+ROLE_PAIRS = {
+    "os": "preflight_os",
+    "gpu": "preflight_gpu",
+    "rdma": "preflight_rdma",
+    "container": "preflight_container",
+    "ntp": "preflight_ntp",
+    "storage": "preflight_storage",
+    "connectivity": "preflight_connectivity",
+}
+
+
+def test_provisioning_and_preflight_roles_pair_by_name_and_tag() -> None:
+    """Each provisioning role in site.yml has the preflight role of the same concern in preflight.yml,
+    named preflight_<role>, with a shared tag (so --tags ntp provisions or checks the same thing)."""
+
+    def roles(playbook: str) -> dict[str, set[str]]:
+        return {
+            entry["role"]: set(entry.get("tags") or [])
+            for play in yaml.safe_load((ANSIBLE_DIR / playbook).read_text())
+            for entry in play.get("roles", [])
+        }
+
+    site, preflight = roles("site.yml"), roles("preflight.yml")
+    for role, check in ROLE_PAIRS.items():
+        assert role in site and check in preflight, (role, check)
+        assert check == f"preflight_{role}"
+        assert site[role] & preflight[check], f"{role} and {check} share no tag"
+    # The rest has no counterpart on purpose: repositories and the toolkit are not checked; ssh, fabric
+    # and report are checks of their own.
+    assert set(site) - set(ROLE_PAIRS) == {"nvidia_repo", "cuda_toolkit"}
+    assert set(preflight) - set(ROLE_PAIRS.values()) == {"preflight_ssh", "preflight_fabric", "preflight_report"}
+
+
+def test_role_variables_carry_their_role_prefix() -> None:
+    for role_dir in sorted((ANSIBLE_DIR / "roles").iterdir()):
+        defaults = yaml.safe_load((role_dir / "defaults" / "main.yml").read_text()) or {}
+        specs = yaml.safe_load((role_dir / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]
+        for name in [*defaults, *(specs.get("options") or {})]:
+            assert name.startswith(role_dir.name + "_"), f"{role_dir.name}: variable {name}"
+
+
+# ------------------------------------------------------------------------------------------ modules through Ansible
+
+
+def _adhoc(module: str, args: str) -> dict[str, Any]:
+    """``ansible localhost -c local -m <FQCN>``: the module packed with its module_utils as Ansible ships it."""
+    r = subprocess.run(
+        [str(VENV_BIN / "ansible"), "localhost", "-c", "local", "-i", "localhost,", "--check", "-o",
+         "-e", f"ansible_python_interpreter={sys.executable}", "-m", f"exaserve.fleet.{module}", "-a", args],
+        cwd=ANSIBLE_DIR, env=_ansible_env(), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    line = next(line for line in r.stdout.splitlines() if line.startswith("localhost |"))
+    status, payload = line.split(" => ", 1)
+    return {**json.loads(payload), "status": status.split("|")[1].strip()}
+
+
+def test_a_probe_runs_through_ansible_with_its_module_utils(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    result = _adhoc("storage_facts", f"mount_path=/dev/shm model_dir={tmp_path}/m cache_path={tmp_path}/cache")
+    assert result["status"] == "SUCCESS" and result["changed"] is False, result
+    facts = result["ansible_facts"]["model_storage"]
+    assert (facts["mounted"], facts["fstype"], facts["has_config"], facts["free_path"]) == (
+        True,
+        "tmpfs",
+        True,
+        str(tmp_path),
     )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+
+
+def test_a_missing_tool_fails_with_the_skeletons_message_and_the_probes_fix() -> None:
+    if any((Path(d) / "ibstat").exists() for d in (*os.environ["PATH"].split(":"), "/sbin", "/usr/sbin")):
+        pytest.skip("ibstat is installed here")
+    result = _adhoc("ibstat_facts", "")
+    assert result["status"] == "FAILED!", result
+    assert result["msg"] == (
+        "ibstat is not installed on this node (not found on PATH or in /sbin, /usr/sbin, /usr/local/sbin). "
+        "Install the RDMA userspace tools: 'apt-get install infiniband-diags' (or rdma-core / MLNX_OFED), then re-run."
+    )
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -226,7 +443,7 @@ def test_inventory_plugin_through_ansible_inventory(tmp_path: Path) -> None:
         "config:\n  exaserve:cluster:\n    pools:\n      - {name: gpu, count: 0, subnet: 10.0.0.0/24, first_address: 10.0.0.1}\n"
     )
     cfg = tmp_path / "broken.exaserve.yml"
-    cfg.write_text(f"plugin: exaserve\nstack_file: {broken}\n")
+    cfg.write_text(f"plugin: exaserve.fleet.exaserve\nstack_file: {broken}\n")
     r = subprocess.run([exe, "-i", str(cfg), "--list"], cwd=ANSIBLE_DIR, env=env, capture_output=True, text=True,
                        timeout=120)  # fmt: skip
     assert "cluster.pools[0].count" in r.stderr and "greater than 0" in r.stderr
@@ -238,95 +455,12 @@ def test_inventory_plugin_through_ansible_inventory(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("path", ["/models", "/mnt/model-store", "/a.b/.c", "/x y/ü", "/"])
 def test_mount_unit_name_matches_systemd_escape(path: str) -> None:
-    filters = _load_plugin("filter", "exaserve")
+    filters = load("fleet", "filter")
     expected = subprocess.run(["systemd-escape", "--path", "--suffix=mount", path], capture_output=True, text=True,
                               check=True).stdout.strip()  # fmt: skip
-    assert filters.exaserve_mount_unit(path) == expected
+    assert filters.mount_unit(path) == expected
 
 
 def test_version_max_is_numeric() -> None:
-    filters = _load_plugin("filter", "exaserve")
-    assert filters.exaserve_version_max(["12.1", "12.10", "12.6", ""]) == "12.10"
-
-
-# ------------------------------------------------------------------------------------------ modules
-
-
-def test_container_parsers_on_recorded_output() -> None:
-    m = load_module("container_gpu_facts")
-    info = m.parse_nvidia_container_cli_info((DATA / "nvidia_container_cli_info_h100x8.txt").read_text())
-    assert info["nvrm_version"] == "570.195.03" and info["cuda_version"] == "12.8"
-    assert info["device_count"] == 8 and info["devices"][7]["bus_location"] == "00000000:c1:00.0"
-    assert info["devices"][0] == {
-        "index": 0, "minor": 0, "model": "NVIDIA H100 80GB HBM3", "brand": "Nvidia",
-        "uuid": "GPU-6a1e3f52-9c1b-4be0-8f6e-2d4c1a7b0000", "bus_location": "00000000:16:00.0", "architecture": "9.0",
-    }  # fmt: skip
-    v2 = m.parse_containerd_runtimes((DATA / "containerd_config_dump_nvidia.toml").read_text())
-    assert v2 == {
-        "runtimes": {"nvidia": "/usr/bin/nvidia-container-runtime", "runc": None},
-        "default_runtime": "nvidia",
-    }
-    assert m.nvidia_runtime(v2["runtimes"]) is True
-    v3 = m.parse_containerd_runtimes((DATA / "containerd_config_dump_v3_runc_only.toml").read_text())
-    assert v3 == {"runtimes": {"runc": None}, "default_runtime": "runc"}
-    assert m.nvidia_runtime(v3["runtimes"]) is False
-    assert m.parse_ctr_version((DATA / "ctr_version.txt").read_text()) == {"client": "v1.7.12", "server": "v1.7.12"}
-    assert m.parse_ctr_version((DATA / "ctr_version_no_daemon.txt").read_text())["server"] is None
-    docker = m.parse_docker_info(json.dumps({"ServerVersion": "27.1.1", "DefaultRuntime": "runc",
-                                             "Runtimes": {"nvidia": {"path": "nvidia-container-runtime"}, "runc": {"path": "runc"}}}))  # fmt: skip
-    assert docker["server_version"] == "27.1.1" and m.nvidia_runtime(docker["runtimes"])
-    with pytest.raises(m.ContainerParseError, match="not 'Label: value'"):
-        m.parse_nvidia_container_cli_info("NVRM version:   1\ngarbage line\n")
-
-
-def test_ping_summary_parser_on_real_ping() -> None:
-    m = load_module("peer_ping_facts")
-    out = subprocess.run(["ping", "-n", "-q", "-c", "3", "-i", "0.2", "-w", "3", "127.0.0.1"], capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
-    s = m.parse_ping_summary(out)
-    assert s["transmitted"] == 3 and s["received"] == 3 and s["loss_pct"] == 0.0
-    assert 0 < s["rtt_min_ms"] <= s["rtt_avg_ms"] <= s["rtt_max_ms"]
-    assert m.describe({**s, "name": "lo", "address": "127.0.0.1"}).startswith("lo (127.0.0.1) 0.0 % loss, rtt avg/max ")
-    dead = m.parse_ping_summary(
-        "--- 10.9.9.9 ping statistics ---\n2 packets transmitted, 0 received, 100% packet loss, time 1010ms\n"
-    )
-    assert dead == {"transmitted": 2, "received": 0, "loss_pct": 100.0, "rtt_min_ms": None, "rtt_avg_ms": None,
-                    "rtt_max_ms": None}  # fmt: skip
-
-
-def test_storage_helpers(tmp_path: Path) -> None:
-    m = load_module("storage_facts")
-    assert m.model_listing([("config.json", 10), ("model-00001.safetensors", 5), ("tokenizer.json", 3)]) == {
-        "has_config": True, "weight_files": 1, "weight_bytes": 5,
-    }  # fmt: skip
-    assert m.nearest_existing(str(tmp_path / "a" / "b")) == str(tmp_path)
-    shm = subprocess.run(["findmnt", "--json", "--output", "TARGET,SOURCE,FSTYPE", "--mountpoint", "/dev/shm"],
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
-    assert m.parse_findmnt(shm) == {"mounted": True, "source": "tmpfs", "fstype": "tmpfs"}
-
-
-def test_fabric_module_reads_the_last_json_line() -> None:
-    m = load_module("fabric_allreduce")
-    out = 'UserWarning: NumPy\n{"busbw_gbps": 3.1, "backend": "gloo"}\n'
-    assert m.parse_worker_output(out) == {"busbw_gbps": 3.1, "backend": "gloo", "error": None}
-    assert "printed no result" in m.parse_worker_output("Traceback ...")["error"]
-
-
-def test_every_module_this_issue_adds_supports_check_mode() -> None:
-    for name in ("container_gpu_facts", "storage_facts", "peer_ping_facts", "fabric_allreduce", "os_release_facts"):
-        source = (LIBRARY_DIR / f"{name}.py").read_text()
-        assert "supports_check_mode=True" in source and "changed=False" in source, name
-
-
-def test_os_release_parser_on_this_machine_and_quoting() -> None:
-    m = load_module("os_release_facts")
-    here = m.parse_os_release(Path("/etc/os-release").read_text())
-    assert here["id"] and "version_id" in here and here["pretty_name"]
-    sample = (
-        'NAME="Ubuntu"\nVERSION_ID="22.04"\nPRETTY_NAME="Ubuntu 22.04.4 LTS"\nID=ubuntu\n# comment\nID_LIKE=debian\n'
-    )
-    assert m.parse_os_release(sample) == {
-        "name": "Ubuntu", "version_id": "22.04", "pretty_name": "Ubuntu 22.04.4 LTS", "id": "ubuntu", "id_like": "debian",
-    }  # fmt: skip
-    with pytest.raises(m.OsReleaseParseError, match="line 1"):
-        m.parse_os_release("not a key value line\n")
+    filters = load("fleet", "filter")
+    assert filters.version_max(["12.1", "12.10", "12.6", ""]) == "12.10"

@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from serving.spec.stack import PROJECT_ROOT
 from tests.specdoc import SOURCE_PLAN
-
-EXASERVE = Path(sys.executable).parent / "exaserve"
-
-
-def run(*args: str, cwd: Path = PROJECT_ROOT) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "160"}
-    return subprocess.run([str(EXASERVE), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=60)
+from tests.support.cli import exaserve as run
 
 
 @pytest.mark.parametrize("stack", ["prod", "dev", "sandbox"])

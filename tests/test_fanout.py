@@ -127,7 +127,7 @@ def fleet_exec(*args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_fleet_exec_json_and_exit_codes(fleet: HostFleet, tmp_path: Path) -> None:
     stack = _stack(fleet, tmp_path)
     common = ["--stack-file", str(stack), "--known-hosts", str(fleet.known_hosts), "-i", str(fleet.client_key)]
-    r = fleet_exec(*common, "--json", "--connect-timeout", "2", "--", "uname", "-s")
+    r = fleet_exec(*common, "--json", "--connect-timeout-s", "2", "--", "uname", "-s")
     assert r.returncode == 1, r.stderr  # node03 is unreachable
     doc = json.loads(r.stdout)
     by_host = {x["address"]: x for x in doc["results"]}

@@ -271,7 +271,7 @@ def test_provisioning_roles_run_in_check_mode_and_change_nothing(healthy: Deploy
     assert _digest(PROVISIONED) == before
     recaps = [line for line in run.output.splitlines() if line.startswith(tuple(healthy.names))]
     assert len(recaps) == 2 and all("failed=0" in r and "changed=0" not in r for r in recaps), recaps
-    # It would write the spec's chrony.conf (rendered by serving.render.units) and the fleet's /etc/hosts block.
+    # It would write the spec's chrony.conf (rendered by serving.render.chrony) and the fleet's /etc/hosts block.
     assert "server 10.200." in run.output and "EXASERVE FLEET" in run.output
     assert "would install cuda-drivers-535, nvidia-fabricmanager-535" in run.output
 
@@ -307,12 +307,12 @@ def test_fabric_allreduce_with_gloo_between_two_test_hosts(
 
 
 def test_unknown_check_name_is_a_playbook_error(healthy: Deployed, tmp_path: Path) -> None:
-    """preflight_record refuses a check the report does not know (a typo in a role cannot silently
+    """exaserve.fleet.preflight_record refuses a check the report does not know (a typo in a role cannot silently
     add a column nobody reads)."""
     playbook = tmp_path / "typo.yml"
     playbook.write_text(
         "- name: Typo\n  hosts: localhost\n  gather_facts: false\n  tasks:\n"
-        "    - name: Record\n      preflight_record:\n        checks: [{check: kernal, passed: true}]\n"
+        "    - name: Record\n      exaserve.fleet.preflight_record:\n        checks: [{check: kernal, passed: true}]\n"
     )
     run = run_playbook(str(playbook), healthy.inventory, tmp_path)
     assert run.rc == 2 and "unknown preflight check 'kernal'" in run.output

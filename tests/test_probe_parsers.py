@@ -13,13 +13,21 @@ from typing import Any
 import pytest
 
 from tests.hosts import stubs
-from tests.hosts.library import LIBRARY_DIR, MODULES, load
+from tests.hosts.collection import ANSIBLE_DIR, MODULES, PROBES, load
 from tests.hosts.stubs import sample
+
+CONTAINER_DATA = Path(__file__).resolve().parent / "data" / "container"
 
 ibstat = load("ibstat_facts")
 nvidia = load("nvidia_smi_facts")
 chrony = load("chrony_facts")
 kernel = load("kernel_facts")
+container = load("container_gpu_facts")
+ping = load("peer_ping_facts")
+storage = load("storage_facts")
+fabric_module = load("fabric_allreduce")
+os_release = load("os_release_facts")
+probe = load("probe", "module_utils")
 
 # --- ibstat -------------------------------------------------------------------------------------
 
@@ -99,7 +107,7 @@ def test_ibstat_single_port_form_and_unknown_lines_are_kept() -> None:
     ],
 )
 def test_ibstat_rejects_output_it_does_not_understand(text: str, match: str) -> None:
-    with pytest.raises(ibstat.IbstatParseError, match=match):
+    with pytest.raises(probe.ProbeParseError, match=match):
         ibstat.parse_ibstat(text)
 
 
@@ -192,7 +200,7 @@ def test_nvidia_not_available_cells_become_none() -> None:
     ],
 )
 def test_nvidia_rejects_inconsistent_output(query: str, match: str) -> None:
-    with pytest.raises(nvidia.NvidiaSmiParseError, match=match):
+    with pytest.raises(probe.ProbeParseError, match=match):
         nvidia.build_facts(query, BANNER)
 
 
@@ -215,11 +223,16 @@ def test_nvidia_fault_missing_gpu_old_driver_and_busy_memory() -> None:
 
 
 def test_nvidia_failures_explain_the_fix() -> None:
-    no_driver = nvidia.explain_failure(9, sample("nvidia_smi_no_driver.txt"))
+    """The probe skeleton's message for a failed run, with nvidia-smi's fix chosen by its exit code."""
+    no_driver = probe.exit_message(
+        ["/usr/bin/nvidia-smi"], 9, sample("nvidia_smi_no_driver.txt"), nvidia.failure_fix(9)
+    )
     assert no_driver.startswith("nvidia-smi exited 9: NVIDIA-SMI has failed because it couldn't communicate")
     assert "installed and running. The driver is installed but not working" in no_driver
-    no_gpu = nvidia.explain_failure(6, "No devices were found\n")
+    no_gpu = probe.exit_message(["/usr/bin/nvidia-smi"], 6, "No devices were found\n", nvidia.failure_fix(6))
     assert no_gpu.startswith("nvidia-smi exited 6: No devices were found. The driver sees no GPU")
+    query = probe.exit_message(["/usr/bin/nvidia-smi", *nvidia.QUERY_ARGS], 6, "", nvidia.failure_fix(6))
+    assert query.startswith("nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version --format=")
 
 
 # --- chronyc ------------------------------------------------------------------------------------
@@ -276,7 +289,7 @@ def test_chrony_fault_offset_round_trips_through_both_formats(offset: float) -> 
     ],
 )
 def test_chrony_rejects_what_is_not_a_tracking_report(parser: str, text: str, match: str) -> None:
-    with pytest.raises(chrony.ChronyParseError, match=match):
+    with pytest.raises(probe.ProbeParseError, match=match):
         getattr(chrony, parser)(text)
 
 
@@ -292,7 +305,7 @@ def test_kernel_version_from_release(release: str, version: str) -> None:
 
 
 def test_kernel_version_rejects_a_release_without_numbers() -> None:
-    with pytest.raises(kernel.KernelFactsError, match="does not start with"):
+    with pytest.raises(probe.ProbeParseError, match="does not start with"):
         kernel.kernel_version("generic")
 
 
@@ -345,7 +358,7 @@ def test_mountinfo_escapes_and_nothing_mounted() -> None:
     assert "/mnt/My Disk" in {m["mountpoint"] for m in mounts}
     bare = [m for m in mounts if m["mountpoint"] != "/sys/fs/cgroup"]
     assert kernel.cgroup_layout(bare, None)["mode"] == "none"
-    with pytest.raises(kernel.KernelFactsError, match="unrecognised mountinfo line"):
+    with pytest.raises(probe.ProbeParseError, match="unrecognised mountinfo line"):
         kernel.parse_mountinfo("31 23 0:27 / /sys/fs/cgroup rw\n")
 
 
@@ -356,27 +369,111 @@ def test_cgroup_facts_of_this_machine_match_stat() -> None:
     assert (facts["version"] == 2) == (fstype.stdout.strip() == "cgroup2fs")
 
 
+# --- container runtime, ping, storage, all-reduce worker output, os-release ----------------------
+
+
+def test_container_parsers_on_recorded_output() -> None:
+    m = container
+    info = m.parse_nvidia_container_cli_info((CONTAINER_DATA / "nvidia_container_cli_info_h100x8.txt").read_text())
+    assert info["nvrm_version"] == "570.195.03" and info["cuda_version"] == "12.8"
+    assert info["device_count"] == 8 and info["devices"][7]["bus_location"] == "00000000:c1:00.0"
+    assert info["devices"][0] == {
+        "index": 0, "minor": 0, "model": "NVIDIA H100 80GB HBM3", "brand": "Nvidia",
+        "uuid": "GPU-6a1e3f52-9c1b-4be0-8f6e-2d4c1a7b0000", "bus_location": "00000000:16:00.0", "architecture": "9.0",
+    }  # fmt: skip
+    v2 = m.parse_containerd_runtimes((CONTAINER_DATA / "containerd_config_dump_nvidia.toml").read_text())
+    assert v2 == {
+        "runtimes": {"nvidia": "/usr/bin/nvidia-container-runtime", "runc": None},
+        "default_runtime": "nvidia",
+    }
+    assert m.nvidia_runtime(v2["runtimes"]) is True
+    v3 = m.parse_containerd_runtimes((CONTAINER_DATA / "containerd_config_dump_v3_runc_only.toml").read_text())
+    assert v3 == {"runtimes": {"runc": None}, "default_runtime": "runc"}
+    assert m.nvidia_runtime(v3["runtimes"]) is False
+    assert m.parse_ctr_version((CONTAINER_DATA / "ctr_version.txt").read_text()) == {
+        "client": "v1.7.12",
+        "server": "v1.7.12",
+    }
+    assert m.parse_ctr_version((CONTAINER_DATA / "ctr_version_no_daemon.txt").read_text())["server"] is None
+    docker = m.parse_docker_info(json.dumps({"ServerVersion": "27.1.1", "DefaultRuntime": "runc",
+                                             "Runtimes": {"nvidia": {"path": "nvidia-container-runtime"}, "runc": {"path": "runc"}}}))  # fmt: skip
+    assert docker["server_version"] == "27.1.1" and m.nvidia_runtime(docker["runtimes"])
+    with pytest.raises(probe.ProbeParseError, match="not 'Label: value'"):
+        m.parse_nvidia_container_cli_info("NVRM version:   1\ngarbage line\n")
+
+
+def test_ping_summary_parser_on_real_ping() -> None:
+    m = ping
+    out = subprocess.run(["ping", "-n", "-q", "-c", "3", "-i", "0.2", "-w", "3", "127.0.0.1"], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    s = m.parse_ping_summary(out)
+    assert s["transmitted"] == 3 and s["received"] == 3 and s["loss_pct"] == 0.0
+    assert 0 < s["rtt_min_ms"] <= s["rtt_avg_ms"] <= s["rtt_max_ms"]
+    assert m.describe({**s, "name": "lo", "address": "127.0.0.1"}).startswith("lo (127.0.0.1) 0.0 % loss, rtt avg/max ")
+    dead = m.parse_ping_summary(
+        "--- 10.9.9.9 ping statistics ---\n2 packets transmitted, 0 received, 100% packet loss, time 1010ms\n"
+    )
+    assert dead == {"transmitted": 2, "received": 0, "loss_pct": 100.0, "rtt_min_ms": None, "rtt_avg_ms": None,
+                    "rtt_max_ms": None}  # fmt: skip
+
+
+def test_storage_helpers(tmp_path: Path) -> None:
+    m = storage
+    assert m.model_listing([("config.json", 10), ("model-00001.safetensors", 5), ("tokenizer.json", 3)]) == {
+        "has_config": True, "weight_files": 1, "weight_bytes": 5,
+    }  # fmt: skip
+    assert m.nearest_existing(str(tmp_path / "a" / "b")) == str(tmp_path)
+    shm = subprocess.run(["findmnt", "--json", "--output", "TARGET,SOURCE,FSTYPE", "--mountpoint", "/dev/shm"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert m.parse_findmnt(shm) == {"mounted": True, "source": "tmpfs", "fstype": "tmpfs"}
+
+
+def test_fabric_module_reads_the_last_json_line() -> None:
+    m = fabric_module
+    out = 'UserWarning: NumPy\n{"busbw_gbps": 3.1, "backend": "gloo"}\n'
+    assert m.parse_worker_output(out) == {"busbw_gbps": 3.1, "backend": "gloo", "error": None}
+    assert "printed no result" in m.parse_worker_output("Traceback ...")["error"]
+
+
+def test_os_release_parser_on_this_machine_and_quoting() -> None:
+    m = os_release
+    here = m.parse_os_release(Path("/etc/os-release").read_text())
+    assert here["id"] and "version_id" in here and here["pretty_name"]
+    sample = (
+        'NAME="Ubuntu"\nVERSION_ID="22.04"\nPRETTY_NAME="Ubuntu 22.04.4 LTS"\nID=ubuntu\n# comment\nID_LIKE=debian\n'
+    )
+    assert m.parse_os_release(sample) == {
+        "name": "Ubuntu", "version_id": "22.04", "pretty_name": "Ubuntu 22.04.4 LTS", "id": "ubuntu", "id_like": "debian",
+    }  # fmt: skip
+    with pytest.raises(probe.ProbeParseError, match="line 1"):
+        m.parse_os_release("not a key value line\n")
+
+
 # --- module metadata ----------------------------------------------------------------------------
 
 
 def test_every_module_documents_itself_for_ansible_doc() -> None:
-    """`ansible-doc` parses DOCUMENTATION/EXAMPLES/RETURN, and the documented options match the
-    argument_spec each module passes to AnsibleModule."""
+    """`ansible-doc` finds every module of the collection by FQCN (through ansible.cfg's collections_path),
+    parses DOCUMENTATION/EXAMPLES/RETURN with the read-only doc fragment merged in, and the documented
+    options match the ARGUMENT_SPEC each probe passes to the probe skeleton."""
     venv_bin = Path(sys.executable).parent
-    env = {**os.environ, "PATH": f"{venv_bin}:{os.environ['PATH']}", "ANSIBLE_NOCOLOR": "1"}
+    env = {**os.environ, "PATH": f"{venv_bin}:{os.environ['PATH']}", "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_CONFIG": str(ANSIBLE_DIR / "ansible.cfg")}  # fmt: skip
+    fqcns = [f"exaserve.fleet.{name}" for name in MODULES]
     result = subprocess.run(
-        [str(venv_bin / "ansible-doc"), "-M", str(LIBRARY_DIR), "-j", *MODULES],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
+        [str(venv_bin / "ansible-doc"), "-j", *fqcns], capture_output=True, text=True, env=env, check=False
     )
     assert result.returncode == 0, result.stderr
     docs = json.loads(result.stdout)
-    assert set(docs) == set(MODULES)
-    for name, doc in docs.items():
+    assert set(docs) == set(fqcns)
+    for fqcn, doc in docs.items():
+        name = fqcn.rsplit(".", 1)[1]
         assert doc["doc"]["module"] == name
-        assert doc["examples"].strip() and doc["return"]["ansible_facts"]
+        assert doc["examples"].strip() and doc["return"], name
+        assert doc["doc"]["attributes"]["check_mode"]["support"] == "full", name  # from exaserve.fleet.read_only
+        assert any("never changes the node" in note for note in doc["doc"]["notes"]), name
+        if name not in PROBES:
+            continue
         options = doc["doc"].get("options") or {}
         spec = load(name).ARGUMENT_SPEC
         assert set(options) == set(spec), name

@@ -1,16 +1,12 @@
-"""`exaserve render` and `exaserve diff`: the Pulumi program's objects on disk, validated against the real
-Kubernetes OpenAPI schemas (kubernetes-validate, strict) and the upstream CRDs in ../shared/crds; the
-fleet diff of a working tree against a git revision, in a throwaway repository.
+"""`exaserve render`: the Pulumi program's objects on disk, validated against the real Kubernetes OpenAPI
+schemas (kubernetes-validate, strict) and the upstream CRDs in ../shared/crds. `exaserve diff` is in test_diff.py.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +18,12 @@ from serving.cli.commands import register
 from serving.cli.options import app
 from serving.pulumi import output
 from serving.pulumi.program import kubernetes_objects, run_program
-from serving.pulumi.validate import DEFAULT_CRD_DIR, SchemaSetupError, Validator
-from serving.spec.stack import PROJECT_ROOT
-from tests.k8s_support import MULTI_NODE, render_file, write_variant
+from serving.pulumi.validate import SchemaSetupError, Validator
+from tests.k8s_support import MULTI_NODE, crd_dir, render_file, write_variant
+from tests.support.cli import flat
+from tests.support.paths import REPO
 
-NEW_IMAGE = "lmsysorg/sglang:v0.5.24-cu126"
 INDEX_KEYS = {"apiVersion", "kind", "name", "namespace", "component"}
-
-
-def flat(text: str) -> str:
-    """Console output with rich's line wrapping undone."""
-    return " ".join(text.split())
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +32,11 @@ def cli() -> CliRunner:
     return CliRunner()
 
 
-def test_shared_crds_are_present() -> None:
-    """The CRDs are data beside the repository (never copied in); CI has them at ../shared/crds."""
-    assert DEFAULT_CRD_DIR.is_dir(), f"{DEFAULT_CRD_DIR} missing"
-    assert not list(PROJECT_ROOT.rglob("*leaderworkersets.yaml")), "CRDs must not be copied into the project"
+def test_pinned_crds_resolve_and_are_not_copied_in() -> None:
+    """The CRDs are pinned (serving/data/crds.lock.json), found beside the repository (CI's ../shared/crds) or in
+    the cache bootstrap fills, never copied in."""
+    assert crd_dir().is_dir()
+    assert not list(REPO.rglob("*leaderworkersets.yaml")), "CRDs must not be copied into the project"
 
 
 @pytest.mark.parametrize("stack", ["prod", "dev", "sandbox"])
@@ -54,7 +46,7 @@ def test_render_writes_and_validates_every_object(cli: CliRunner, tmp_path: Path
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["problems"] == [] and summary["validated"] is True
-    assert summary["crd_dir"] == str(DEFAULT_CRD_DIR)
+    assert summary["crd_dir"] == str(crd_dir())
     index = json.loads((out / "index.json").read_text())
     assert len(index) == summary["objects"] and all(set(e) == INDEX_KEYS for e in index)
     files = sorted(out.rglob("*.yaml"))
@@ -105,7 +97,7 @@ def test_render_exits_1_when_objects_fail_validation(cli: CliRunner, tmp_path: P
     """With a CRD directory lacking the prometheus-operator CRDs, the monitoring objects cannot be validated."""
     crds = tmp_path / "crds"
     crds.mkdir()
-    shutil.copy(DEFAULT_CRD_DIR / "leaderworkerset.x-k8s.io_leaderworkersets.yaml", crds)
+    shutil.copy(crd_dir() / "leaderworkerset.x-k8s.io_leaderworkersets.yaml", crds)
     result = cli.invoke(app, ["render", "--stack", "dev", "--out", str(tmp_path / "out"), "--crd-dir", str(crds)])
     assert result.exit_code == 1, result.output
     assert "3 problem(s)" in result.stdout
@@ -139,7 +131,7 @@ def test_render_of_a_spec_the_units_cannot_serve_exits_2(cli: CliRunner, tmp_pat
 
 @pytest.fixture(scope="module")
 def validator() -> Validator:
-    return Validator("1.33", DEFAULT_CRD_DIR)
+    return Validator("1.33", crd_dir())
 
 
 @pytest.fixture(scope="module")
@@ -217,7 +209,7 @@ def test_custom_resource_without_a_crd_is_a_problem(
     rule = prod_objects[("PrometheusRule", "exaserve-alerts")]
     partial = tmp_path / "crds"
     partial.mkdir()
-    shutil.copy(DEFAULT_CRD_DIR / "leaderworkerset.x-k8s.io_leaderworkersets.yaml", partial)
+    shutil.copy(crd_dir() / "leaderworkerset.x-k8s.io_leaderworkersets.yaml", partial)
     problems = Validator("1.33", partial).problems(rule)
     assert len(problems) == 1 and "no schema for PrometheusRule" in problems[0].message
     bare = Validator("1.33", None)
@@ -237,115 +229,13 @@ def test_yaml_round_trips_multiline_config(prod_objects: dict[tuple[str, str], d
     assert yaml.safe_load(text) == cm
 
 
-# ------------------------------------------------------------------------------------------ exaserve diff
-
-
-def _git(repo: Path, *args: str) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@localhost",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@localhost",
-    }
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True, env=env).stdout
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A throwaway git repository holding this working tree (tracked and untracked, not ignored files), committed:
-    the main checkout's index and HEAD are never touched."""
-    files = _git(PROJECT_ROOT, "ls-files", "-co", "--exclude-standard", "-z").split("\0")
-    dest = tmp_path_factory.mktemp("repo") / "exaserve"
-    for rel in filter(None, files):
-        src = PROJECT_ROOT / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-    _git(dest, "init", "-q", "-b", "main")
-    _git(dest, "add", "-A")
-    _git(dest, "commit", "-q", "-m", "base")
-    return dest
-
-
-def _exaserve(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`exaserve` with the repository's own code (PYTHONPATH first), as CI runs it in a clone."""
-    env = {**os.environ, "PYTHONPATH": str(repo), "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-c", "from serving.cli.main import main; main()", *args],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
-def _edit_stack(repo: Path, name: str, section: str, changes: dict[str, Any]) -> str:
-    path = repo / f"Pulumi.{name}.yaml"
-    original = path.read_text()
-    doc = yaml.safe_load(original)
-    doc["config"][f"exaserve:{section}"].update(changes)
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return original
-
-
-def test_diff_shows_one_group_version_change_as_exactly_that(repo: Path) -> None:
-    original = (repo / "Pulumi.prod.yaml").read_text()
-    _edit_stack(repo, "prod", "serving", {"releases": {"v1": "lmsysorg/sglang:v0.5.23-cu126", "v2": NEW_IMAGE}})
-    _edit_stack(repo, "prod", "rollout", {"group_versions": {2: "v2"}})
-    try:
-        result = _exaserve(repo, "diff", "--stack", "prod", "--base", "main", "--json")
-        markdown = _exaserve(repo, "diff", "--stack", "prod", "--base", "main", "--markdown")
-    finally:
-        (repo / "Pulumi.prod.yaml").write_text(original)
-    assert result.returncode == 0, result.stderr
-    doc = json.loads(result.stdout)
-    assert doc["added"] == [] and doc["removed"] == [] and doc["capacity"] == []
-    assert doc["base"]["objects"] == doc["head"]["objects"] == 288
-    assert [(c["kind"], c["name"], c["component"]) for c in doc["changed"]] == [("StatefulSet", "sglang-g2", "fleet")]
-    fields = {f["path"]: (f["base"], f["head"]) for f in doc["changed"][0]["fields"]}
-    assert fields == {
-        'metadata.labels["exaserve.io/version"]': ("v1", "v2"),
-        'spec.template.metadata.labels["exaserve.io/version"]': ("v1", "v2"),
-        "spec.template.spec.containers[sglang].env[EXASERVE_RELEASE].value": ("v1", "v2"),
-        "spec.template.spec.containers[sglang].image": ("lmsysorg/sglang:v0.5.23-cu126", NEW_IMAGE),
-    }
-    assert markdown.returncode == 0, markdown.stderr
-    assert "**1 changed, 0 added, 0 removed**" in markdown.stdout
-    assert '| `metadata.labels["exaserve.io/version"]` | `v1` | `v2` |' in markdown.stdout
-    assert "No capacity figure changed." in markdown.stdout
-
-
-def test_diff_reports_capacity_deltas_and_group_sizes(repo: Path) -> None:
-    original = _edit_stack(repo, "dev", "serving", {"replicas": 96})
-    try:
-        result = _exaserve(repo, "diff", "--stack", "dev", "--base", "main")
-    finally:
-        (repo / "Pulumi.dev.yaml").write_text(original)
-    assert result.returncode == 0, result.stderr
-    text = result.stdout
-    assert "objects: 9 changed, 0 added, 0 removed (45 at base, 45 now)" in text
-    assert "~ StatefulSet exaserve/sglang-g0  [fleet]\n      spec.replicas: 26 → 20\n" in text
-    assert "~ PodDisruptionBudget exaserve/sglang-g1  [fleet]\n      spec.maxUnavailable: 2 → 1\n" in text
-    assert "PodDisruptionBudget exaserve/sglang-g0" not in text, "group 0 keeps its budget of 2"
-    assert "  replicas: 128 → 96 -32 (-25.0%)" in text
-    assert "  rollout_group_sizes: [26, 26, 26, 25, 25] → [20, 19, 19, 19, 19]" in text
-
-
-def test_diff_rejects_an_unknown_base(repo: Path) -> None:
-    result = _exaserve(repo, "diff", "--stack", "dev", "--base", "no-such-branch")
-    assert result.returncode == 2
-    assert "--base 'no-such-branch' is not a commit" in result.stderr
-    assert "Traceback" not in result.stderr
-
-
 def test_render_includes_the_bare_metal_units(cli: CliRunner, tmp_path: Path) -> None:
     """`render` writes each replica's systemd unit, the router's argv/env and chrony.conf beside the objects;
     a second render replaces them."""
-    from serving.plan.planner import fleet_replicas
-    from serving.render import units
+    from serving.plan.planner import fleet_replicas, plan
+    from serving.render.chrony import chrony_conf
+    from serving.render.router import router_argv
+    from serving.render.systemd import systemd_unit
     from serving.spec.stack import load_stack
 
     out = tmp_path / "out"
@@ -357,7 +247,7 @@ def test_render_includes_the_bare_metal_units(cli: CliRunner, tmp_path: Path) ->
     replicas = fleet_replicas(spec)
     written = sorted(p.name for p in (out / "units").glob("*.service"))
     assert written == sorted(f"{r.id}.service" for r in replicas)
-    assert (out / "units" / f"{replicas[5].id}.service").read_text() == units.systemd_unit(spec, replicas[5])
+    assert (out / "units" / f"{replicas[5].id}.service").read_text() == systemd_unit(spec, plan(spec), replicas[5])
     router = json.loads((out / "units" / "router.json").read_text())
-    assert router["argv"] == units.router_argv(spec)
-    assert (out / "units" / "chrony.conf").read_text() == units.chrony_conf(spec)
+    assert router["argv"] == router_argv(spec, plan(spec))
+    assert (out / "units" / "chrony.conf").read_text() == chrony_conf(spec)

@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from serving.plan.planner import fleet_replicas
+from serving.plan.planner import fleet_replicas, plan
 from serving.pulumi.validate import Validator
-from serving.render import units
 from serving.render.k8s.common import LABEL_VERSION
-from serving.render.k8s.fleet import group_name, multi_node, render
+from serving.render.k8s.fleet import group_name, render
+from serving.render.systemd import systemd_unit, unit_name
 from serving.rollout.backends import BackendError
 from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend, rollout_status, workload_path
 from serving.rollout.backends.ssh import SshBackend, parse_show
@@ -122,9 +122,11 @@ def test_ssh_backend_installs_the_rendered_units_reloads_and_restarts_over_real_
     bare_metal: tuple[FleetSpec, HostFleet, Path],
 ) -> None:
     spec, fleet, state = bare_metal
-    backend = SshBackend(spec, known_hosts=fleet.known_hosts, identity=fleet.client_key, unit_dir=str(state / "units"))
+    backend = SshBackend(
+        spec, plan(spec), known_hosts=fleet.known_hosts, identity=fleet.client_key, unit_dir=str(state / "units")
+    )
     every = [r.id for r in fleet_replicas(spec)]
-    batch0 = list(plan_batches(spec)[0].replicas)
+    batch0 = list(plan_batches(plan(spec))[0].replicas)
 
     async def scenario() -> tuple[dict[str, str | None], dict[str, str | None], dict[str, str | None]]:
         before = await backend.versions(every)
@@ -141,14 +143,14 @@ def test_ssh_backend_installs_the_rendered_units_reloads_and_restarts_over_real_
     # The unit on the node is byte for byte what the stack renders for group 0 at v2.
     replicas = {r.id: r for r in fleet_replicas(spec)}
     r0 = replicas[batch0[0]]
-    text = (state / "units" / units.unit_name(r0)).read_text()
-    assert text == units.systemd_unit(with_group_version(spec, 0, "v2"), r0)
+    text = (state / "units" / unit_name(r0)).read_text()
+    assert text == systemd_unit(with_group_version(spec, 0, "v2"), plan(with_group_version(spec, 0, "v2")), r0)
     assert "EXASERVE_RELEASE=v2" in text
     # Only the batch's units were restarted in the second update, after a daemon-reload, without blocking.
     host = next(h for h in fleet.hosts if h.address == str(r0.node.address))
     calls = (state / host.name / "calls.log").read_text().splitlines()
     assert calls[-3].startswith("daemon-reload") and calls[-2].startswith("restart --no-block")
-    assert units.unit_name(r0) in calls[-2]
+    assert unit_name(r0) in calls[-2]
     assert backend.worker_url(r0.id) == f"http://{r0.node.address}:{r0.port}"
 
 
@@ -160,7 +162,7 @@ def test_ssh_backend_refuses_a_node_whose_host_key_changed(
     other = fleet.hosts[1].host_public_key  # node02's key listed for node01's address
     lines = [f"{h.address} {other if h is fleet.hosts[0] else h.host_public_key}" for h in fleet.hosts]
     wrong.write_text("\n".join(lines) + "\n")
-    backend = SshBackend(spec, known_hosts=wrong, identity=fleet.client_key, unit_dir=str(state / "units"))
+    backend = SshBackend(spec, plan(spec), known_hosts=wrong, identity=fleet.client_key, unit_dir=str(state / "units"))
     first = fleet.hosts[0]
     on_first = [r.id for r in fleet_replicas(spec) if str(r.node.address) == first.address]
     with pytest.raises(
@@ -209,14 +211,14 @@ class ApiServerStandIn:
         self.validator = Validator(spec.kubernetes.version, CRD_DIR)
         self.objects: dict[str, dict[str, Any]] = {}
         self.patches: list[tuple[str, dict[str, Any]]] = []
-        for rendered in render(spec):
+        for rendered in render(spec, plan(spec)):
             if rendered["kind"] in ("StatefulSet", "LeaderWorkerSet"):
                 group = int(rendered["metadata"]["name"].removeprefix("sglang-g"))
                 obj = copy.deepcopy(rendered)
                 obj["metadata"]["generation"] = 1
                 n = obj["spec"]["replicas"]
                 obj["status"] = self._status(obj, updated=n, ready=n, current=_revision(obj))
-                self.objects[workload_path(spec, group)] = obj
+                self.objects[workload_path(spec, plan(spec), group)] = obj
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self.url = ""
@@ -318,11 +320,11 @@ def test_kubernetes_backend_against_an_api_server_stand_in_moves_one_group_and_w
     multi: bool,
 ) -> None:
     spec = k8s_spec(multi)
-    assert multi_node(spec) is multi
-    batch1 = list(plan_batches(spec)[1].replicas)
+    assert plan(spec).multi_node is multi
+    batch1 = list(plan_batches(plan(spec))[1].replicas)
     every = [r.id for r in fleet_replicas(spec)]
     with ApiServerStandIn(spec) as api:
-        backend = KubernetesBackend(spec, KubeApi(api.url))
+        backend = KubernetesBackend(spec, plan(spec), KubeApi(api.url))
 
         async def scenario() -> tuple[dict[str, str | None], dict[str, str | None]]:
             try:
@@ -333,7 +335,7 @@ def test_kubernetes_backend_against_an_api_server_stand_in_moves_one_group_and_w
                 await backend.aclose()
 
         before, after = asyncio.run(scenario())
-        path = workload_path(spec, 1)
+        path = workload_path(spec, plan(spec), 1)
         obj = api.objects[path]
     assert set(before.values()) == {"v1"}
     assert {r for r, v in after.items() if v == "v2"} == set(batch1)
@@ -348,7 +350,9 @@ def test_kubernetes_backend_against_an_api_server_stand_in_moves_one_group_and_w
     assert container["image"] == RELEASES["v2"]
     assert {"name": "EXASERVE_RELEASE", "value": "v2"} in container["env"]
     # The patched object is exactly what the Pulumi program renders once the stack says group 1 runs v2.
-    rendered = next(o for o in render(with_group_version(spec, 1, "v2")) if o["metadata"]["name"] == group_name(1))
+    rendered = next(
+        o for o in render(with_group_version(spec, 1, "v2"), plan(spec)) if o["metadata"]["name"] == group_name(1)
+    )
     assert {k: v for k, v in obj.items() if k != "status"} == {
         **rendered,
         "metadata": {**rendered["metadata"], "generation": 2},
@@ -357,9 +361,9 @@ def test_kubernetes_backend_against_an_api_server_stand_in_moves_one_group_and_w
 
 def test_kubernetes_rollout_that_never_becomes_ready_times_out_naming_the_workload() -> None:
     spec = k8s_spec(False)
-    batch0 = list(plan_batches(spec)[0].replicas)
+    batch0 = list(plan_batches(plan(spec))[0].replicas)
     with ApiServerStandIn(spec) as api:
-        backend = KubernetesBackend(spec, KubeApi(api.url))
+        backend = KubernetesBackend(spec, plan(spec), KubeApi(api.url))
 
         async def scenario() -> None:
             try:
@@ -373,12 +377,12 @@ def test_kubernetes_rollout_that_never_becomes_ready_times_out_naming_the_worklo
 
 def test_kubernetes_backend_refuses_plain_http_to_a_remote_api_server() -> None:
     with pytest.raises(BackendError, match="plain HTTP is allowed only to a loopback"):
-        KubernetesBackend(k8s_spec(False), KubeApi("http://10.0.0.1:8080"))
+        KubernetesBackend(k8s_spec(False), plan(k8s_spec(False)), KubeApi("http://10.0.0.1:8080"))
 
 
 def test_kubernetes_worker_urls_are_stable_pod_dns_names() -> None:
     spec = k8s_spec(False)
-    backend = KubernetesBackend(spec, KubeApi("http://127.0.0.1:1"))
+    backend = KubernetesBackend(spec, plan(spec), KubeApi("http://127.0.0.1:1"))
     group0 = sorted((r for r in fleet_replicas(spec) if r.group == 0), key=lambda r: r.index)
     assert backend.worker_url(group0[2].id) == "http://sglang-g0-2.sglang-workers.exaserve.svc:30000"
     asyncio.run(backend.aclose())

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.render.units import duration_buckets
+from serving.plan.planner import plan
+from serving.render.router import duration_buckets
 from serving.rollout.gates import (
     Counters,
     WindowStats,
@@ -47,7 +48,7 @@ LIMITS = GateLimits(max_qps_drop=0.20, max_p99_rise=0.30, max_error_rate=0.001)
 
 def sandbox_plan(kind: str = "rollout") -> RolloutPlan:
     spec = load_stack("sandbox").spec
-    return plan_rollout(spec, "sandbox", from_version="v1", to_version="v2", kind=kind)  # type: ignore[arg-type]
+    return plan_rollout(spec, plan(spec), "sandbox", from_version="v1", to_version="v2", kind=kind)  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------------------- plan
@@ -55,7 +56,7 @@ def sandbox_plan(kind: str = "rollout") -> RolloutPlan:
 
 def test_prod_batches_cover_every_replica_once_and_span_every_rack() -> None:
     spec = load_stack("prod").spec
-    batches = plan_batches(spec)
+    batches = plan_batches(plan(spec))
     assert len(batches) == spec.rollout.batches == 5
     ids = [r for b in batches for r in b.replicas]
     assert len(ids) == len(set(ids)) == 2048
@@ -74,7 +75,7 @@ def test_prod_batches_cover_every_replica_once_and_span_every_rack() -> None:
 
 def test_batch_count_follows_the_spec() -> None:
     spec = spec_from("sandbox", **{"rollout.batches": 3})
-    assert [len(b.replicas) for b in plan_batches(spec)] == [3, 3, 2]
+    assert [len(b.replicas) for b in plan_batches(plan(spec))] == [3, 3, 2]
 
 
 def test_plan_survives_the_journal_round_trip() -> None:

@@ -34,7 +34,7 @@ from serving.rollout.machine import Outcome, Phase
 from serving.router.client import MetricsSnapshot
 from serving.router.loadgen import LoadGenerator, LoadReport, LoadSpec
 from serving.sandbox.processes import StateDir, free_port_block, start_router, stop_process
-from serving.spec.stack import PROJECT_ROOT
+from tests.support.paths import REPO
 
 EXASERVE = Path(sys.executable).parent / "exaserve"
 REPLICAS = 8
@@ -47,9 +47,9 @@ def sandbox_stack(directory: Path, base: int, *, fast: bool) -> Path:
     ``fast``: 1.5 s windows with the QPS and P99 gates opened wide, for the tests of crash and
     router-restart consistency (gate values are not what they check; the error gate stays 0.1 %).
     """
-    doc = yaml.safe_load((PROJECT_ROOT / "Pulumi.sandbox.yaml").read_text())
+    doc = yaml.safe_load((REPO / "Pulumi.sandbox.yaml").read_text())
     cfg = doc["config"]
-    cfg["exaserve:model"]["hf_config"] = str(PROJECT_ROOT / cfg["exaserve:model"]["hf_config"])
+    cfg["exaserve:model"]["hf_config"] = str(REPO / cfg["exaserve:model"]["hf_config"])
     box = cfg["exaserve:sandbox"]
     box.update(router_port=base + REPLICAS, prometheus_port=base + REPLICAS + 1, worker_base_port=base)
     rollout = cfg["exaserve:rollout"]
@@ -225,7 +225,7 @@ def test_sandbox_load_command_reports_what_the_router_counted(sandbox: Sandbox) 
     """`exaserve sandbox load`: bounded client load on the sandbox router; its count agrees with the
     router's own inference counter."""
     before = MetricsSnapshot.parse(httpx.get(sandbox.metrics_url, timeout=5).text)
-    r = sandbox.cli("sandbox", "load", "--rate", "40", "--duration", "2", "--json")
+    r = sandbox.cli("sandbox", "load", "--rate", "40", "--duration-s", "2", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(r.stdout)
     after = MetricsSnapshot.parse(httpx.get(sandbox.metrics_url, timeout=5).text)

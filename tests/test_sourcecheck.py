@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 from serving.plan import audit as sourcecheck
 from serving.spec.stack import load_stack_file
 from tests.specdoc import SOURCE_PLAN, spec_from
-from tests.test_cli_plan import run
+from tests.support.cli import exaserve, json_object
 
 
 def verdicts(spec_file: object = None) -> dict[str, sourcecheck.Claim]:
@@ -30,15 +28,17 @@ def test_verdicts_on_the_source_plan() -> None:
 
 def test_verdicts_follow_the_inputs() -> None:
     """Change an input and a 'right' verdict turns 'wrong': the verdicts are computed, not stored."""
-    v = verdicts(spec_from("tests/data/source-plan.yaml", cluster__gpu__usable_memory_fraction=0.9))
+    v = verdicts(spec_from(str(SOURCE_PLAN), cluster__gpu__usable_memory_fraction=0.9))
     assert v["usable memory per node"].verdict == "wrong" and "576 GB" in v["usable memory per node"].computed
-    v = verdicts(spec_from("tests/data/source-plan.yaml", serving__replicas=2048))
+    v = verdicts(spec_from(str(SOURCE_PLAN), serving__replicas=2048))
     assert v["sustained concurrency"].verdict == "wrong"
 
 
 def test_audit_source_cli_json() -> None:
-    r = run("audit-source", "--json")
+    r = exaserve("audit-source", "--json")
     assert r.returncode == 0, r.stderr
-    claims = json.loads(r.stdout)
+    doc = json_object(r)
+    assert doc["stack"] == "source-plan" and doc["ok"] is True
+    claims = doc["claims"]
     assert {c["verdict"] for c in claims} == {"right", "wrong", "misleading"}
     assert all(c["computed"] for c in claims)

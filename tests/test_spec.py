@@ -8,12 +8,13 @@ import pytest
 from pydantic import ValidationError
 
 from serving.spec.schema import FleetSpec, LogLevel, Precision
-from serving.spec.stack import PROJECT_ROOT, SpecError, load_stack, load_stack_file, parse_spec
+from serving.spec.stack import SpecError, load_stack, load_stack_file, parse_spec
 from tests.specdoc import SOURCE_PLAN, spec_from, stack_doc, with_changes
+from tests.support.paths import REPO
 
 
 def parse(changes: dict[str, Any], base: str = "prod") -> FleetSpec:
-    return parse_spec(with_changes(stack_doc(base), changes), "test", PROJECT_ROOT)
+    return parse_spec(with_changes(stack_doc(base), changes), "test", REPO)
 
 
 @pytest.mark.parametrize(

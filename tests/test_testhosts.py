@@ -16,8 +16,8 @@ from typing import Any
 import paramiko
 import pytest
 
+from tests.hosts.collection import COLLECTIONS_DIR, load
 from tests.hosts.faults import HostFaults
-from tests.hosts.library import LIBRARY_DIR, load
 from tests.hosts.netns import HostFleet, HostPool, SshHost
 from tests.hosts.stubs import sample
 
@@ -198,18 +198,17 @@ RESULT_HEADER = re.compile(r"^(?P<host>\S+) \| (?P<status>SUCCESS|CHANGED|FAILED
 def ansible_adhoc(
     fleet: HostFleet, module: str, tmp_path: Path, control_dir: Path, args: str | None = None
 ) -> dict[str, dict[str, Any]]:
-    """Run `ansible all -m MODULE --check` against `fleet`; per host, the result it printed
-    plus `status` (SUCCESS, CHANGED, FAILED! or UNREACHABLE!)."""
+    """Run `ansible all -m MODULE --check` against `fleet` (a short name is one of the exaserve.fleet
+    collection's modules); per host, the result it printed plus `status` (SUCCESS, CHANGED, FAILED! or
+    UNREACHABLE!)."""
     inventory = fleet.write_inventory(tmp_path / "inventory.yml", connect_timeout_s=2)
     command = [
         "ansible",
         "all",
         "-i",
         str(inventory),
-        "-M",
-        str(LIBRARY_DIR),
         "-m",
-        module,
+        module if "." in module else f"exaserve.fleet.{module}",
         "--check",
         "--forks",
         str(len(fleet.hosts)),
@@ -217,7 +216,12 @@ def ansible_adhoc(
     if args:
         command += ["-a", args]
     result = subprocess.run(
-        command, capture_output=True, text=True, env=fleet.ansible_env(control_dir), check=False, timeout=300
+        command,
+        capture_output=True,
+        text=True,
+        env={**fleet.ansible_env(control_dir), "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS_DIR)},
+        check=False,
+        timeout=300,
     )
     results = {}
     for match in RESULT_HEADER.finditer(result.stdout):

@@ -27,12 +27,42 @@ from typer.testing import CliRunner
 from serving.checks.flags import FlagValidationError, load_router_manifest, load_server_manifest
 from serving.cli.commands import register
 from serving.cli.options import app
-from serving.plan.planner import Replica, fleet_replicas
-from serving.render import units
+from serving.plan.model import Replica
+from serving.plan.planner import fleet_replicas, plan
+from serving.render.chrony import chrony_conf
+from serving.render.common import FlagRule, RenderError
+from serving.render.k8s.container import (
+    SERVER_POD_LABELS,
+    VOLUME_SHM,
+    as_leader_pod,
+    pod_container,
+    pod_memory_bytes,
+    pod_volumes,
+)
+from serving.render.router import (
+    ROUTER_ENTRY,
+    ROUTER_FLAGS,
+    ROUTER_METRICS_PORT,
+    replica_url,
+    router_argv,
+    router_env,
+    router_policy,
+)
+from serving.render.sglang import (
+    DIST_INIT_PORT,
+    SERVER_ENTRY,
+    SERVER_ENV,
+    SERVER_FLAGS,
+    check_server_argv,
+    server_argv,
+    server_env,
+)
+from serving.render.systemd import CURL, RESTART_SEC, START_LIMIT_BURST, systemd_unit, systemd_word, unit_name
 from serving.spec.schema import FleetSpec
-from serving.spec.stack import PROJECT_ROOT, load_stack
+from serving.spec.stack import load_stack
 from tests.sglang_parsers import real_parse
 from tests.specdoc import spec_from
+from tests.support.paths import REPO
 
 GOLDEN = Path(__file__).parent / "golden" / "units"
 UPDATE_GOLDEN = os.environ.get("EXASERVE_UPDATE_GOLDEN") == "1"
@@ -69,7 +99,7 @@ def changed(a: dict[str, Any], b: dict[str, Any]) -> set[str]:
 
 
 def pod_args_with_lws_values(container: dict[str, Any]) -> list[str]:
-    return [*container["command"], *units.as_leader_pod(container["args"])]
+    return [*container["command"], *as_leader_pod(container["args"])]
 
 
 # --- golden files ------------------------------------------------------------------------------------
@@ -78,16 +108,16 @@ def pod_args_with_lws_values(container: dict[str, Any]) -> list[str]:
 def rendered_files(stack: str) -> dict[str, str]:
     spec = load_stack(stack).spec
     replicas = fleet_replicas(spec)
-    files = {units.unit_name(r): units.systemd_unit(spec, r) for r in (replicas[0], replicas[-1])}
+    files = {unit_name(r): systemd_unit(spec, plan(spec), r) for r in (replicas[0], replicas[-1])}
     files["router-kubernetes.json"] = (
-        json.dumps({"argv": units.router_argv(spec, kubernetes=True), "env": units.router_env(spec)}, indent=2) + "\n"
+        json.dumps({"argv": router_argv(spec, plan(spec), kubernetes=True), "env": router_env(spec)}, indent=2) + "\n"
     )
     if len(replicas) <= 128:  # prod's 2,048 static worker URLs are left to the tests below
-        files["router-static.json"] = json.dumps({"argv": units.router_argv(spec)}, indent=2) + "\n"
+        files["router-static.json"] = json.dumps({"argv": router_argv(spec, plan(spec))}, indent=2) + "\n"
     files["pod-container-group0.json"] = (
-        json.dumps({"container": units.pod_container(spec, 0), "volumes": units.pod_volumes(spec)}, indent=2) + "\n"
+        json.dumps({"container": pod_container(spec, plan(spec), 0), "volumes": pod_volumes(spec)}, indent=2) + "\n"
     )
-    files["chrony.conf"] = units.chrony_conf(spec)
+    files["chrony.conf"] = chrony_conf(spec)
     return files
 
 
@@ -115,7 +145,7 @@ def test_rendered_units_match_the_golden_files(stack: str) -> None:
 def test_every_rendered_file_carries_the_do_not_edit_header() -> None:
     for name, text in rendered_files("dev").items():
         if not name.endswith(".json"):
-            assert re.match(r"# generated from templates/\S+\.j2 by serving\.units — do not edit\n", text), name
+            assert re.match(r"# generated from templates/\S+\.j2 by serving\.render\.(?:systemd|chrony) — do not edit\n", text), name
 
 
 # --- one spec field, exactly the expected flags --------------------------------------------------------
@@ -164,16 +194,16 @@ def test_one_field_changes_exactly_the_expected_flags(
     base, new = load_stack("dev").spec, spec_from("dev", **change)
     assert (
         changed(
-            flag_values(units.server_argv(base, first(base)), units.SERVER_ENTRY),
-            flag_values(units.server_argv(new, first(new)), units.SERVER_ENTRY),
+            flag_values(server_argv(base, plan(base), first(base)), SERVER_ENTRY),
+            flag_values(server_argv(new, plan(new), first(new)), SERVER_ENTRY),
         )
         == server
     )
-    assert changed(units.server_env(base, first(base)), units.server_env(new, first(new))) == env
+    assert changed(server_env(base, plan(base), first(base)), server_env(new, plan(new), first(new))) == env
     assert (
         changed(
-            flag_values(units.router_argv(base), units.ROUTER_ENTRY),
-            flag_values(units.router_argv(new), units.ROUTER_ENTRY),
+            flag_values(router_argv(base, plan(base)), ROUTER_ENTRY),
+            flag_values(router_argv(new, plan(new)), ROUTER_ENTRY),
         )
         == router
     )
@@ -187,7 +217,7 @@ def test_heartbeat_settings_drive_the_pod_probes() -> None:
         serving__health_check_timeout_s=2.5,
         serving__startup_budget_s=301,
     )
-    c = units.pod_container(spec, 0)
+    c = pod_container(spec, plan(spec), 0)
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}
         assert (c[probe]["periodSeconds"], c[probe]["timeoutSeconds"]) == (2, 3)
@@ -197,14 +227,16 @@ def test_heartbeat_settings_drive_the_pod_probes() -> None:
 
 
 def test_fabric_decides_the_nccl_environment() -> None:
-    dev = units.server_env(load_stack("dev").spec, first(load_stack("dev").spec))  # 100 Gb Ethernet
+    dev = server_env(
+        load_stack("dev").spec, plan(load_stack("dev").spec), first(load_stack("dev").spec)
+    )  # 100 Gb Ethernet
     assert dev["NCCL_IB_DISABLE"] == "1" and "NCCL_IB_HCA" not in dev
     prod = load_stack("prod").spec  # InfiniBand, eight HCAs
-    env = units.server_env(prod, first(prod))
+    env = server_env(prod, plan(prod), first(prod))
     assert env["NCCL_IB_HCA"] == "=" + ",".join(f"mlx5_{i}" for i in range(8))
     assert "NCCL_IB_DISABLE" not in env and "NCCL_IB_GID_INDEX" not in env
     roce = spec_from("prod", cluster__fabric__kind="roce", cluster__fabric__nccl_ib_gid_index=3)
-    assert units.server_env(roce, first(roce))["NCCL_IB_GID_INDEX"] == "3"
+    assert server_env(roce, plan(roce), first(roce))["NCCL_IB_GID_INDEX"] == "3"
     assert env["HF_HUB_OFFLINE"] == "1" and env["SGLANG_HEALTH_CHECK_TIMEOUT"] == "3"
 
 
@@ -214,8 +246,8 @@ def test_replicas_on_one_node_get_their_own_gpus_and_ports() -> None:
     on_node = [r for r in replicas if r.node == replicas[0].node]
     seen = {
         (
-            units.server_env(spec, r)["CUDA_VISIBLE_DEVICES"],
-            flag_values(units.server_argv(spec, r), units.SERVER_ENTRY)["--port"],
+            server_env(spec, plan(spec), r)["CUDA_VISIBLE_DEVICES"],
+            flag_values(server_argv(spec, plan(spec), r), SERVER_ENTRY)["--port"],
         )
         for r in on_node
     }
@@ -227,7 +259,7 @@ def test_memory_flags_come_from_the_planner() -> None:
     from serving.plan.planner import memory_plan
 
     spec = load_stack("prod").spec
-    flags = flag_values(units.server_argv(spec, first(spec)), units.SERVER_ENTRY)
+    flags = flag_values(server_argv(spec, plan(spec), first(spec)), SERVER_ENTRY)
     mp = memory_plan(spec)
     assert flags["--max-total-tokens"] == (str(int(mp.max_total_tokens.value)),)
     assert 0 < float(flags["--mem-fraction-static"][0]) <= mp.mem_fraction_static.value
@@ -240,29 +272,29 @@ def test_a_replica_spanning_nodes_gets_nnodes_rank_and_rendezvous() -> None:
     spec = multi_node_spec()
     replica = first(spec)
     assert len(replica.nodes) == 2
-    flags = [flag_values(units.server_argv(spec, replica, rank), units.SERVER_ENTRY) for rank in (0, 1)]
+    flags = [flag_values(server_argv(spec, plan(spec), replica, rank), SERVER_ENTRY) for rank in (0, 1)]
     assert [f["--node-rank"] for f in flags] == [("0",), ("1",)]
     assert {f["--nnodes"] for f in flags} == {("2",)}
-    assert {f["--dist-init-addr"] for f in flags} == {(f"{replica.nodes[0].address}:{units.DIST_INIT_PORT}",)}
+    assert {f["--dist-init-addr"] for f in flags} == {(f"{replica.nodes[0].address}:{DIST_INIT_PORT}",)}
     assert [f["--host"] for f in flags] == [(str(n.address),) for n in replica.nodes]
-    assert "ExecStartPost" in units.systemd_unit(spec, replica, 0)
-    assert "ExecStartPost" not in units.systemd_unit(spec, replica, 1)  # rank 1 serves no HTTP
-    with pytest.raises(units.RenderError, match=r"node_rank=2 is outside replica .* use 0\.\.1"):
-        units.server_argv(spec, replica, 2)
+    assert "ExecStartPost" in systemd_unit(spec, plan(spec), replica, 0)
+    assert "ExecStartPost" not in systemd_unit(spec, plan(spec), replica, 1)  # rank 1 serves no HTTP
+    with pytest.raises(RenderError, match=r"node_rank=2 is outside replica .* use 0\.\.1"):
+        server_argv(spec, plan(spec), replica, 2)
     single = load_stack("prod").spec
     assert not {"--nnodes", "--node-rank", "--dist-init-addr"} & set(
-        flag_values(units.server_argv(single, first(single)), units.SERVER_ENTRY)
+        flag_values(server_argv(single, plan(single), first(single)), SERVER_ENTRY)
     )
 
 
 def test_a_model_that_leaves_no_kv_cache_is_refused_naming_the_fields() -> None:
     spec = spec_from("dev", model__precision="fp16", model__quantization=None)  # 141 GB on one 80 GB GPU
     with pytest.raises(
-        units.RenderError,
+        RenderError,
         match=r"model\.precision=fp16 .*limits\.context_length=4,096.*raise "
         r"parallelism\.tp",
     ):
-        units.server_argv(spec, first(spec))
+        server_argv(spec, plan(spec), first(spec))
 
 
 # --- flags the pinned version does not know ------------------------------------------------------------
@@ -271,18 +303,17 @@ def test_a_model_that_leaves_no_kv_cache_is_refused_naming_the_fields() -> None:
 def test_a_flag_unknown_to_the_pinned_sglang_fails_naming_flag_and_version(monkeypatch: pytest.MonkeyPatch) -> None:
     version = load_server_manifest().version
     monkeypatch.setattr(
-        units,
-        "SERVER_FLAGS",
-        (*units.SERVER_FLAGS, units.FlagRule("--max-prefill-tokenz", "a typo", lambda c: "16384")),
+        "serving.render.sglang.SERVER_FLAGS",
+        (*SERVER_FLAGS, FlagRule("--max-prefill-tokenz", "a typo", lambda c: "16384")),
     )
     spec = load_stack("dev").spec
     with pytest.raises(FlagValidationError) as err:
-        units.server_argv(spec, first(spec))
+        server_argv(spec, plan(spec), first(spec))
     message = str(err.value)
     assert "'--max-prefill-tokenz'" in message and f"sglang {version}" in message
     assert "'--max-prefill-tokens'" in message  # the closest real flag
     with pytest.raises(FlagValidationError, match="--max-prefill-tokenz"):
-        units.pod_container(spec, 0)
+        pod_container(spec, plan(spec), 0)
 
 
 def test_a_flag_missing_from_another_version_fails_naming_that_version() -> None:
@@ -292,19 +323,20 @@ def test_a_flag_missing_from_another_version_fails_naming_that_version() -> None
         update={"version": "0.4.0", "flags": {k: v for k, v in pinned.flags.items() if k != "--watchdog-timeout"}}
     )
     spec = load_stack("prod").spec
-    argv = units.server_argv(spec, first(spec))
-    units.check_server_argv(argv, pinned)
+    argv = server_argv(spec, plan(spec), first(spec))
+    check_server_argv(argv, pinned)
     with pytest.raises(FlagValidationError) as err:
-        units.check_server_argv(argv, older)
+        check_server_argv(argv, older)
     assert "'--watchdog-timeout'" in str(err.value) and "sglang 0.4.0" in str(err.value)
 
 
 def test_an_abbreviated_router_flag_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        units, "ROUTER_FLAGS", (*units.ROUTER_FLAGS, units.FlagRule("--request-timeout", "abbreviated", lambda c: "60"))
+        "serving.render.router.ROUTER_FLAGS",
+        (*ROUTER_FLAGS, FlagRule("--request-timeout", "abbreviated", lambda c: "60")),
     )
     with pytest.raises(FlagValidationError) as err:
-        units.router_argv(load_stack("dev").spec)
+        router_argv(load_stack("dev").spec, plan(load_stack("dev").spec))
     message = str(err.value)
     assert "'--request-timeout'" in message and "'--request-timeout-secs'" in message
     assert load_router_manifest().label in message
@@ -312,7 +344,7 @@ def test_an_abbreviated_router_flag_is_refused(monkeypatch: pytest.MonkeyPatch) 
 
 def test_cli_exits_1_naming_the_flag_when_the_pin_rejects_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        units, "SERVER_FLAGS", (*units.SERVER_FLAGS, units.FlagRule("--enable-metric", "a typo", lambda c: True))
+        "serving.render.sglang.SERVER_FLAGS", (*SERVER_FLAGS, FlagRule("--enable-metric", "a typo", lambda c: True))
     )
     register(None)
     result = CliRunner().invoke(app, ["units", "--stack", "dev", "--replica", "dev-r00-n00-s0", "--json"])
@@ -326,9 +358,9 @@ def test_cli_exits_1_naming_the_flag_when_the_pin_rejects_it(monkeypatch: pytest
 
 def test_the_real_router_parser_reads_the_rendered_flags_back() -> None:
     spec = load_stack("dev").spec
-    static = parse_router_args(units.router_argv(spec)[len(units.ROUTER_ENTRY) :])
+    static = parse_router_args(router_argv(spec, plan(spec))[len(ROUTER_ENTRY) :])
     static._validate_router_args()
-    assert static.worker_urls == [units.replica_url(r) for r in fleet_replicas(spec)]
+    assert static.worker_urls == [replica_url(r) for r in fleet_replicas(spec)]
     assert (static.policy, static.health_check_interval_secs, static.health_check_timeout_secs) == (
         "power_of_two",
         5,
@@ -336,11 +368,13 @@ def test_the_real_router_parser_reads_the_rendered_flags_back() -> None:
     )
     assert (static.health_failure_threshold, static.health_success_threshold) == (3, 2)
     assert (static.retry_max_retries, static.cb_failure_threshold, static.cb_timeout_duration_secs) == (3, 3, 10)
-    assert (static.prometheus_port, static.log_level) == (units.ROUTER_METRICS_PORT, "warn")
-    k8s = parse_router_args(units.router_argv(multi_node_spec(), kubernetes=True)[len(units.ROUTER_ENTRY) :])
+    assert (static.prometheus_port, static.log_level) == (ROUTER_METRICS_PORT, "warn")
+    k8s = parse_router_args(
+        router_argv(multi_node_spec(), plan(multi_node_spec()), kubernetes=True)[len(ROUTER_ENTRY) :]
+    )
     k8s._validate_router_args()
     assert k8s.service_discovery and k8s.worker_urls == []
-    assert k8s.selector == {**units.SERVER_POD_LABELS, "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+    assert k8s.selector == {**SERVER_POD_LABELS, "leaderworkerset.sigs.k8s.io/worker-index": "0"}
     assert (k8s.service_discovery_namespace, k8s.service_discovery_port) == ("exaserve", 30000)
 
 
@@ -351,9 +385,15 @@ def test_the_real_sglang_parser_accepts_every_rendered_server_command(regenerate
     argvs = []
     for stack in ("dev", "prod", "sandbox"):
         spec = load_stack(stack).spec
-        argvs += [units.server_argv(spec, first(spec)), pod_args_with_lws_values(units.pod_container(spec, 0))]
-    argvs += [units.server_argv(multi, first(multi), 1), pod_args_with_lws_values(units.pod_container(multi, 0))]
-    results = real_parse("server", [a[len(units.SERVER_ENTRY) :] for a in argvs])
+        argvs += [
+            server_argv(spec, plan(spec), first(spec)),
+            pod_args_with_lws_values(pod_container(spec, plan(spec), 0)),
+        ]
+    argvs += [
+        server_argv(multi, plan(multi), first(multi), 1),
+        pod_args_with_lws_values(pod_container(multi, plan(multi), 0)),
+    ]
+    results = real_parse("server", [a[len(SERVER_ENTRY) :] for a in argvs])
     assert [r["error"] for r in results] == [""] * len(argvs)
     assert all(r["ok"] for r in results)
 
@@ -368,7 +408,7 @@ def systemd_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     production paths, so verify's "binary must exist" check runs against the exact ExecStart lines."""
     root = tmp_path_factory.mktemp("systemd-root")
     shutil.copytree("/usr/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
-    for binary in (units.SERVER_ENTRY[0], units.CURL):
+    for binary in (SERVER_ENTRY[0], CURL):
         stub = root / binary.lstrip("/")
         stub.parent.mkdir(parents=True, exist_ok=True)
         stub.write_text("#!/bin/sh\nexit 0\n")
@@ -389,28 +429,28 @@ def test_systemd_analyze_verify_accepts_the_units_without_a_warning(systemd_root
     spec = multi_node_spec() if case.startswith("multi") else load_stack(case).spec
     rank = 1 if case == "multi-rank1" else 0
     replica = first(spec)
-    proc = verify_unit(systemd_root, units.unit_name(replica, rank), units.systemd_unit(spec, replica, rank))
+    proc = verify_unit(systemd_root, unit_name(replica, rank), systemd_unit(spec, plan(spec), replica, rank))
     assert (proc.returncode, proc.stderr, proc.stdout) == (0, "", "")
 
 
 def test_strict_verify_catches_what_systemd_only_warns_about(systemd_root: Path) -> None:
     """systemd-analyze exits 0 on an unknown directive; treating stderr as failure is what makes it strict."""
     spec = load_stack("dev").spec
-    bad = units.systemd_unit(spec, first(spec)).replace("RestartSec=", "RestartSecs=")
+    bad = systemd_unit(spec, plan(spec), first(spec)).replace("RestartSec=", "RestartSecs=")
     proc = verify_unit(systemd_root, "exaserve-sglang@typo.service", bad)
     assert proc.returncode == 0 and "Unknown key 'RestartSecs'" in proc.stderr
-    missing = units.systemd_unit(spec, first(spec)).replace(units.SERVER_ENTRY[0], "/opt/nowhere/sglang")
+    missing = systemd_unit(spec, plan(spec), first(spec)).replace(SERVER_ENTRY[0], "/opt/nowhere/sglang")
     proc = verify_unit(systemd_root, "exaserve-sglang@nobinary.service", missing)
     assert proc.returncode != 0 and "/opt/nowhere/sglang" in proc.stderr
 
 
 def test_the_unit_carries_the_spec_budgets() -> None:
     spec = spec_from("dev", serving__startup_budget_s=450, rollout__drain_timeout_s=90)
-    unit = units.systemd_unit(spec, first(spec))
+    unit = systemd_unit(spec, plan(spec), first(spec))
     assert "\nTimeoutStartSec=450\n" in unit and "\nTimeoutStopSec=90\n" in unit
     assert "\nRestart=on-failure\n" in unit and "\nEnvironment=CUDA_VISIBLE_DEVICES=0\n" in unit
     assert "--retry-max-time 450 " in unit and "--max-time 3 http://10.41.0.11:30000/health" in unit
-    assert f"\nStartLimitIntervalSec={units.START_LIMIT_BURST * (450 + units.RESTART_SEC)}\n" in unit
+    assert f"\nStartLimitIntervalSec={START_LIMIT_BURST * (450 + RESTART_SEC)}\n" in unit
 
 
 @pytest.mark.parametrize(
@@ -426,12 +466,12 @@ def test_the_unit_carries_the_spec_budgets() -> None:
     ],
 )
 def test_systemd_words_are_quoted_for_exec_lines(word: str, quoted: str) -> None:
-    assert units.systemd_word(word, exec_line=True) == quoted
+    assert systemd_word(word, exec_line=True) == quoted
 
 
 def test_systemd_words_refuse_control_characters() -> None:
-    with pytest.raises(units.RenderError, match="control character"):
-        units.systemd_word("a\nb", exec_line=True)
+    with pytest.raises(RenderError, match="control character"):
+        systemd_word("a\nb", exec_line=True)
 
 
 # --- chrony's own parser ----------------------------------------------------------------------------------
@@ -448,7 +488,7 @@ def chrony_parse(path: Path) -> subprocess.CompletedProcess[str]:
 def test_chronyd_parses_the_rendered_chrony_conf(stack: str, tmp_path: Path) -> None:
     spec = load_stack(stack).spec
     conf = tmp_path / "chrony.conf"
-    conf.write_text(units.chrony_conf(spec))
+    conf.write_text(chrony_conf(spec))
     proc = chrony_parse(conf)
     assert (proc.returncode, proc.stderr) == (0, "")
     directives = [ln for ln in conf.read_text().splitlines() if ln and not ln.startswith("#")]
@@ -460,7 +500,7 @@ def test_chronyd_parses_the_rendered_chrony_conf(stack: str, tmp_path: Path) -> 
 
 def test_chronyd_rejects_a_broken_conf(tmp_path: Path) -> None:
     conf = tmp_path / "chrony.conf"
-    conf.write_text(units.chrony_conf(load_stack("prod").spec).replace("makestep 0.1 3", "makestep 0.1"))
+    conf.write_text(chrony_conf(load_stack("prod").spec).replace("makestep 0.1 3", "makestep 0.1"))
     proc = chrony_parse(conf)
     assert proc.returncode != 0 and "makestep" in proc.stderr
 
@@ -476,19 +516,19 @@ def test_pod_with_the_container_passes_strict_kubernetes_schema(stack: str) -> N
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": "sglang-0"},
-            "spec": {"containers": [units.pod_container(spec, 0, leader=leader)], "volumes": units.pod_volumes(spec)},
+            "spec": {"containers": [pod_container(spec, plan(spec), 0, leader=leader)], "volumes": pod_volumes(spec)},
         }
         kubernetes_validate.validate(pod, spec.kubernetes.version, strict=True)
 
 
 def test_pod_container_runs_the_same_command_least_privileged() -> None:
     spec = load_stack("prod").spec
-    c = units.pod_container(spec, 2)
-    bare = flag_values(units.server_argv(spec, first(spec)), units.SERVER_ENTRY)
-    pod = flag_values([*c["command"], *c["args"]], units.SERVER_ENTRY)
+    c = pod_container(spec, plan(spec), 2)
+    bare = flag_values(server_argv(spec, plan(spec), first(spec)), SERVER_ENTRY)
+    pod = flag_values([*c["command"], *c["args"]], SERVER_ENTRY)
     assert changed(bare, pod) == {"--host"} and pod["--host"] == ("0.0.0.0",)
     env = {e["name"]: e for e in c["env"]}
-    bare_env = units.server_env(spec, first(spec))
+    bare_env = server_env(spec, plan(spec), first(spec))
     assert set(bare_env) - set(env) == {"CUDA_VISIBLE_DEVICES"}  # the device plugin sets it in pods
     assert env["EXASERVE_REPLICA"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert all(
@@ -501,33 +541,33 @@ def test_pod_container_runs_the_same_command_least_privileged() -> None:
     assert limits["nvidia.com/gpu"] == "1" and limits[spec.kubernetes.rdma_resource] == "1"
     assert c["resources"]["requests"] == limits
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
-    assert mounts["/dev/shm"]["name"] == units.VOLUME_SHM
+    assert mounts["/dev/shm"]["name"] == VOLUME_SHM
     assert mounts[spec.storage.local_cache.path]["readOnly"] is True
-    ethernet = units.pod_container(load_stack("dev").spec, 0)
+    ethernet = pod_container(load_stack("dev").spec, plan(load_stack("dev").spec), 0)
     assert ethernet["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert not any(k.startswith("rdma/") for k in ethernet["resources"]["limits"])
 
 
 def test_pod_memory_limit_covers_shm_weights_and_overhead() -> None:
     spec = load_stack("prod").spec
-    limit = units.pod_memory_bytes(spec)
+    limit = pod_memory_bytes(spec, plan(spec))
     from serving.plan.planner import memory_plan
 
     floor = spec.serving.shm_size_gb * 1e9 + memory_plan(spec).per_gpu["weights"].value + 5e9
     assert floor <= limit < floor + 2**30
-    assert units.pod_container(spec, 0)["resources"]["limits"]["memory"] == f"{limit // 2**30}Gi"
+    assert pod_container(spec, plan(spec), 0)["resources"]["limits"]["memory"] == f"{limit // 2**30}Gi"
 
 
 def test_multi_node_pods_take_rank_and_rendezvous_from_leaderworkerset() -> None:
     spec = multi_node_spec()
-    leader, worker = units.pod_container(spec, 0), units.pod_container(spec, 0, leader=False)
-    flags = flag_values([*leader["command"], *leader["args"]], units.SERVER_ENTRY)
+    leader, worker = pod_container(spec, plan(spec), 0), pod_container(spec, plan(spec), 0, leader=False)
+    flags = flag_values([*leader["command"], *leader["args"]], SERVER_ENTRY)
     assert flags["--node-rank"] == ("$(LWS_WORKER_INDEX)",) and flags["--nnodes"] == ("2",)
-    assert flags["--dist-init-addr"] == (f"$(LWS_LEADER_ADDRESS):{units.DIST_INIT_PORT}",)
+    assert flags["--dist-init-addr"] == (f"$(LWS_LEADER_ADDRESS):{DIST_INIT_PORT}",)
     assert leader["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert "readinessProbe" in leader and not {"startupProbe", "readinessProbe", "livenessProbe"} & set(worker)
-    with pytest.raises(units.RenderError, match=r"update group 5 does not exist; rollout\.batches=5"):
-        units.pod_container(spec, 5)
+    with pytest.raises(RenderError, match=r"update group 5 does not exist; rollout\.batches=5"):
+        pod_container(spec, plan(spec), 5)
 
 
 def test_group_version_reaches_the_pod() -> None:
@@ -535,7 +575,7 @@ def test_group_version_reaches_the_pod() -> None:
     spec = spec_from(
         "prod", rollout__group_versions={1: "v2"}, serving__releases={"v1": "lmsysorg/sglang:v0.5.23-cu126", "v2": v2}
     )
-    pods = {g: units.pod_container(spec, g) for g in range(spec.rollout.batches)}
+    pods = {g: pod_container(spec, plan(spec), g) for g in range(spec.rollout.batches)}
     release = {g: next(e["value"] for e in c["env"] if e["name"] == "EXASERVE_RELEASE") for g, c in pods.items()}
     assert release == {0: "v1", 1: "v2", 2: "v1", 3: "v1", 4: "v1"}
     assert [c["image"] for c in pods.values()].count(v2) == 1 and pods[1]["image"] == v2
@@ -545,15 +585,15 @@ def test_group_version_reaches_the_pod() -> None:
 
 
 def test_weighted_round_robin_maps_to_the_load_aware_policy() -> None:
-    assert units.router_policy(load_stack("prod").spec) == "power_of_two"
+    assert router_policy(load_stack("prod").spec) == "power_of_two"
     for strategy in ("round_robin", "cache_aware", "power_of_two", "random"):
-        assert units.router_policy(spec_from("prod", scheduler__strategy=strategy)) == strategy
+        assert router_policy(spec_from("prod", scheduler__strategy=strategy)) == strategy
 
 
 def test_sandbox_router_listens_on_loopback_at_the_sandbox_ports() -> None:
     spec = load_stack("sandbox").spec
     assert spec.sandbox is not None
-    flags = flag_values(units.router_argv(spec, worker_urls=["http://127.0.0.1:39100"]), units.ROUTER_ENTRY)
+    flags = flag_values(router_argv(spec, plan(spec), worker_urls=["http://127.0.0.1:39100"]), ROUTER_ENTRY)
     assert (flags["--host"], flags["--port"]) == (("127.0.0.1",), (str(spec.sandbox.router_port),))
     assert flags["--prometheus-host"] == ("127.0.0.1",)
     assert flags["--prometheus-port"] == (str(spec.sandbox.prometheus_port),)
@@ -570,7 +610,7 @@ def exaserve(*args: str) -> subprocess.CompletedProcess[str]:
         [str(EXASERVE), *args],
         capture_output=True,
         text=True,
-        cwd=PROJECT_ROOT,
+        cwd=REPO,
         timeout=60,
         env={**os.environ, "COLUMNS": "200"},
         check=False,
@@ -581,14 +621,16 @@ def test_cli_prints_one_replica_as_json() -> None:
     r = exaserve("units", "--stack", "dev", "--replica", "dev-r01-n07-s7", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert set(doc) == {"replica", "argv", "env", "systemd_unit"}
+    assert set(doc) == {"stack", "ok", "replica", "argv", "env", "systemd_unit"}
     spec = load_stack("dev").spec
     replica = fleet_replicas(spec)[-1]
     assert doc == {
+        "stack": "dev",
+        "ok": True,
         "replica": replica.id,
-        "argv": units.server_argv(spec, replica),
-        "env": units.server_env(spec, replica),
-        "systemd_unit": units.systemd_unit(spec, replica),
+        "argv": server_argv(spec, plan(spec), replica),
+        "env": server_env(spec, plan(spec), replica),
+        "systemd_unit": systemd_unit(spec, plan(spec), replica),
     }
     assert doc["env"]["CUDA_VISIBLE_DEVICES"] == "7"
 
@@ -597,9 +639,9 @@ def test_cli_prints_the_router_as_json() -> None:
     r = exaserve("units", "--stack", "prod", "--router", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert set(doc) == {"argv", "env"}
-    assert doc["argv"] == units.router_argv(load_stack("prod").spec)
-    assert len(flag_values(doc["argv"], units.ROUTER_ENTRY)["--worker-urls"]) == 2048
+    assert set(doc) == {"stack", "ok", "argv", "env"}
+    assert doc["argv"] == router_argv(load_stack("prod").spec, plan(load_stack("prod").spec))
+    assert len(flag_values(doc["argv"], ROUTER_ENTRY)["--worker-urls"]) == 2048
     k8s = json.loads(exaserve("units", "--stack", "prod", "--router", "--kubernetes", "--json").stdout)
     assert "--service-discovery" in k8s["argv"] and "--worker-urls" not in k8s["argv"]
 
@@ -614,8 +656,10 @@ def test_cli_text_output_shows_unit_command_and_environment() -> None:
 
 def test_cli_unknown_replica_exits_2_naming_close_ids() -> None:
     r = exaserve("units", "--stack", "dev", "--replica", "dev-r00-n00-s9", "--json")
-    assert r.returncode == 2 and r.stdout == ""
+    assert r.returncode == 2
     assert "'dev-r00-n00-s9'" in r.stderr and "dev-r00-n00-s7" in r.stderr and "Traceback" not in r.stderr
+    doc = json.loads(r.stdout)  # --json: the error as the JSON envelope too
+    assert doc["ok"] is False and doc["stack"] == "dev" and "dev-r00-n00-s7" in doc["error"]
 
 
 @pytest.mark.parametrize(
@@ -627,11 +671,11 @@ def test_cli_needs_exactly_one_target(args: list[str]) -> None:
 
 
 def test_cli_infeasible_memory_exits_2_naming_the_fields(tmp_path: Path) -> None:
-    text = (PROJECT_ROOT / "Pulumi.dev.yaml").read_text()
+    text = (REPO / "Pulumi.dev.yaml").read_text()
     text = text.replace("precision: int4\n    quantization: awq\n", "precision: fp16\n")
     stack = tmp_path / "Pulumi.fp16.yaml"
     stack.write_text(text)
-    (tmp_path / "models").symlink_to(PROJECT_ROOT / "models")
+    (tmp_path / "models").symlink_to(REPO / "models")
     r = exaserve("units", "--stack-file", str(stack), "--replica", "dev-r00-n00-s0")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "model.precision=fp16" in r.stderr and "limits.context_length" in r.stderr
@@ -641,7 +685,7 @@ def test_cli_infeasible_memory_exits_2_naming_the_fields(tmp_path: Path) -> None
 
 
 def test_docs_list_every_flag_and_variable() -> None:
-    doc = (PROJECT_ROOT / "docs" / "units.md").read_text()
-    names = [r.flag for r in (*units.SERVER_FLAGS, *units.ROUTER_FLAGS)] + [r.name for r in units.SERVER_ENV]
+    doc = (REPO / "docs" / "units.md").read_text()
+    names = [r.flag for r in (*SERVER_FLAGS, *ROUTER_FLAGS)] + [r.name for r in SERVER_ENV]
     missing = [n for n in names if f"`{n}`" not in doc]
     assert not missing, f"docs/units.md does not mention {missing}"

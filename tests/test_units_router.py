@@ -1,4 +1,4 @@
-"""The REAL ``sglang-router`` started with the flags ``serving.render.units`` renders, in front of two workers.
+"""The REAL ``sglang-router`` started with the flags ``serving.render.router`` renders, in front of two workers.
 
 The workers are SIMULATED SGLang servers (``serving.sandbox.worker``: no model, no GPU — SGLang itself
 cannot run here); the router is the real binary from the pinned wheel. Only the listeners (loopback,
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from serving.render import units
+from serving.plan.planner import plan
+from serving.render.router import ROUTER_ENTRY, router_argv
 from serving.router.client import ROUTER_WORKER_HEALTH, RouterClient
 from serving.sandbox.processes import StateDir, free_ports, start_router, start_worker, stop_all, stop_process
 from serving.sandbox.worker import WorkerConfig
@@ -68,11 +69,11 @@ def override(flags: Sequence[str], values: Mapping[str, Sequence[str]]) -> list[
 
 
 def start_rendered_router(spec: FleetSpec, workers: Workers) -> RouterClient:
-    argv = units.router_argv(spec, worker_urls=[c.url for c in workers.configs])
-    assert argv[: len(units.ROUTER_ENTRY)] == list(units.ROUTER_ENTRY)
+    argv = router_argv(spec, plan(spec), worker_urls=[c.url for c in workers.configs])
+    assert argv[: len(ROUTER_ENTRY)] == list(ROUTER_ENTRY)
     port, metrics_port = free_ports(2)
     flags = override(
-        argv[len(units.ROUTER_ENTRY) :],
+        argv[len(ROUTER_ENTRY) :],
         {
             "--host": [LOOPBACK],
             "--port": [str(port)],

@@ -17,7 +17,7 @@ COMMAND_MODULES: dict[str, str] = {
     "units": "unitscmd",
     "preflight": "preflight",
     "fleet": "fleet",
-    "sandbox": "rollout",
+    "sandbox": "sandbox",
     "rollout": "rollout",
     "rollback": "rollout",
 }

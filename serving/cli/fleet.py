@@ -9,23 +9,26 @@ command succeeded everywhere, 1 when any node failed, timed out or was unreachab
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from serving.cli.options import (
+    DEFAULT_KNOWN_HOSTS,
     DEFAULT_STACK,
     EXIT_OK,
     EXIT_PROBLEM,
+    IdentityOpt,
     JsonOpt,
+    KnownHostsOpt,
     StackFileOpt,
     StackOpt,
     app,
     console,
     emit_json,
     fail,
+    require_file,
     resolve_stack,
 )
 from serving.remote.fanout import FanoutError, HostResult, Target, check_read_only, fan_out
@@ -48,33 +51,33 @@ def result_json(r: HostResult) -> dict[str, object]:
     }
 
 
-@fleet_app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@fleet_app.command("exec", context_settings={"allow_extra_args": True})
 def fleet_exec(
     ctx: typer.Context,
     stack: StackOpt = DEFAULT_STACK,
     stack_file: StackFileOpt = None,
     as_json: JsonOpt = False,
     limit: Annotated[str | None, typer.Option("--limit", "-l", help="Node names or groups (globs allowed).")] = None,
-    known_hosts: Annotated[
-        Path, typer.Option("--known-hosts", help="known_hosts holding every node's key.", dir_okay=False)
-    ] = Path("~/.ssh/known_hosts"),
-    identity: Annotated[Path | None, typer.Option("--identity", "-i", help="SSH private key.", dir_okay=False)] = None,
-    timeout_s: Annotated[float, typer.Option("--timeout", help="Seconds per node, connect included.", min=0.1)] = 15.0,
-    connect_timeout_s: Annotated[float, typer.Option("--connect-timeout", help="Seconds to connect.", min=0.1)] = 5.0,
+    known_hosts: KnownHostsOpt = DEFAULT_KNOWN_HOSTS,
+    identity: IdentityOpt = None,
+    timeout_s: Annotated[
+        float, typer.Option("--timeout-s", help="Seconds per node, connect included.", min=0.1)
+    ] = 15.0,
+    connect_timeout_s: Annotated[float, typer.Option("--connect-timeout-s", help="Seconds to connect.", min=0.1)] = 5.0,
     max_parallel: Annotated[int, typer.Option("--max-parallel", help="Open connections at most.", min=1)] = 64,
 ) -> None:
-    """Run a read-only probe (after --) on every node at once; a table (or JSON) of per-node results."""
+    """Run a read-only probe on every node at once; a table (or JSON) of per-node results.
+
+    The probe and its flags go after --, so that an option of this command is never taken for one of the probe's
+    (an unknown option before -- exits 2)."""
     argv = list(ctx.args)
     try:
         check_read_only(argv)
     except FanoutError as exc:
         fail(str(exc))
     st = resolve_stack(stack, stack_file)
-    known_hosts = known_hosts.expanduser()
-    if not known_hosts.is_file():
-        fail(f"--known-hosts {known_hosts}: no such file; host keys are always verified, pass the fleet's known_hosts")
-    if identity is not None and not identity.expanduser().is_file():
-        fail(f"--identity {identity}: no such file")
+    require_file(known_hosts, "--known-hosts", "host keys are always verified, pass the fleet's known_hosts")
+    require_file(identity, "--identity", "pass an existing private key, or none to use your agent")
     if limit is not None:
         bad = unmatched_limit_patterns(st.spec, limit)
         if bad:
@@ -84,13 +87,14 @@ def fleet_exec(
         [Target.from_node(n) for n in nodes],
         argv,
         known_hosts=known_hosts,
-        identity=identity.expanduser() if identity else None,
+        identity=identity,
         connect_timeout_s=connect_timeout_s,
         timeout_s=timeout_s,
         max_parallel=max_parallel,
     )
     if as_json:
-        emit_json({"stack": st.name, "command": argv, "results": [result_json(r) for r in results]})
+        doc = {"command": argv, "results": [result_json(r) for r in results]}
+        emit_json(doc, stack=st.name, ok=all(r.ok for r in results))
     else:
         table = Table(title=f"{' '.join(argv)} on {len(results)} nodes of {st.name}", header_style="bold")
         for col in ("node", "status", "exit", "seconds", "output / error"):

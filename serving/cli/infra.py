@@ -14,7 +14,6 @@ from typing import Annotated
 import typer
 
 from serving.checks import policy, rules
-from serving.checks.flags import FlagValidationError
 from serving.cli import report
 from serving.cli.options import (
     DEFAULT_STACK,
@@ -26,27 +25,31 @@ from serving.cli.options import (
     console,
     emit_json,
     fail,
+    render_errors,
     resolve_stack,
 )
+from serving.paths import ProjectNotFoundError, project_dir
 from serving.plan import planner
 from serving.pulumi import diff as fleetdiff
 from serving.pulumi import output
-from serving.pulumi.program import INFRA_DIR, RenderedObject, render_stack
-from serving.pulumi.validate import DEFAULT_CRD_DIR, SchemaSetupError, Validator
-from serving.render.units import RenderError
-from serving.spec.stack import PROJECT_ROOT, Stack
+from serving.pulumi.crds import CrdError, NoCrdDirError, resolve_crd_dir
+from serving.pulumi.program import RenderedObject, render_stack
+from serving.pulumi.validate import SchemaSetupError, Validator
+from serving.spec.stack import Stack
 
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Directory for the YAML files and index.json.")]
 CrdDirOpt = Annotated[
     Path | None,
     typer.Option(
         "--crd-dir",
-        help=f"Directory of upstream CRD YAML files for custom resources [default: {DEFAULT_CRD_DIR}, when present].",
+        help="Directory of upstream CRD YAML files for custom resources, checked against the pinned sha256s "
+        "(default: ../shared/crds beside the Pulumi project when present, else the cache that "
+        "`python -m serving.pulumi.crds fetch` fills).",
         file_okay=False,
     ),
 ]
 ProgramDirOpt = Annotated[
-    Path,
+    Path | None,
     typer.Option(
         "--program-dir", hidden=True, help="Another Pulumi program directory (the benchmark's avoided shape)."
     ),
@@ -56,12 +59,10 @@ ValidateOpt = Annotated[
 ]
 
 
-def _objects(st: Stack, from_file: bool, program_dir: Path = INFRA_DIR) -> list[RenderedObject]:
-    """Run the Pulumi program; a spec the units cannot render exits 2 with its message."""
-    try:
+def _objects(st: Stack, from_file: bool, program_dir: Path | None = None) -> list[RenderedObject]:
+    """Run the Pulumi program; rendering problems exit as :func:`render_errors` says."""
+    with render_errors(st.path):
         return render_stack(st, from_file=from_file, program_dir=program_dir)
-    except (RenderError, FlagValidationError) as exc:
-        fail(f"{st.path}: {exc}")
 
 
 @app.command()
@@ -72,7 +73,7 @@ def render(
     crd_dir: CrdDirOpt = None,
     validate: ValidateOpt = True,
     as_json: JsonOpt = False,
-    program_dir: ProgramDirOpt = INFRA_DIR,
+    program_dir: ProgramDirOpt = None,
 ) -> None:
     """Render every Kubernetes object of the stack (the Pulumi program under mocks) to YAML + index.json,
     and the bare-metal units (systemd unit per replica, router argv/env, chrony.conf) to DIR/units/.
@@ -84,8 +85,15 @@ def render(
     objects = _objects(st, stack_file is not None, program_dir)
     problems = []
     unvalidated: list[str] = []
-    crds = crd_dir if crd_dir is not None else (DEFAULT_CRD_DIR if DEFAULT_CRD_DIR.is_dir() else None)
+    crds: Path | None = None
+    no_crds = ""
     if validate:
+        try:
+            crds = resolve_crd_dir(crd_dir)
+        except NoCrdDirError as exc:  # built-in kinds are still validated; custom resources are listed as unvalidated
+            no_crds = str(exc)
+        except CrdError as exc:
+            fail(str(exc))
         try:
             validator = Validator(st.spec.kubernetes.version, crds)
         except SchemaSetupError as exc:
@@ -96,11 +104,10 @@ def render(
         index = output.write(out, objects)
     except output.OutputError as exc:
         fail(str(exc))
-    replica_units = output.write_units(out, st.spec)
+    replica_units = output.write_units(out, st.spec, planner.plan(st.spec))
     if as_json:
         emit_json(
             {
-                "stack": st.name,
                 "out": str(out),
                 "objects": len(index),
                 "replica_units": replica_units,
@@ -109,7 +116,9 @@ def render(
                 "crd_dir": str(crds) if crds else None,
                 "problems": [{"resource": p.resource, "path": p.path, "message": p.message} for p in problems],
                 "unvalidated": unvalidated,
-            }
+            },
+            stack=st.name,
+            ok=not problems,
         )
     else:
         counts: dict[str, int] = {}
@@ -134,9 +143,7 @@ def render(
             console.print(f"  ✗ {p}", highlight=False, markup=False, soft_wrap=True)
         if unvalidated:
             console.print(
-                f"warning: {len(unvalidated)} custom resource(s) not validated, no CRD directory "
-                f"({DEFAULT_CRD_DIR} is absent): {', '.join(unvalidated)}; pass --crd-dir with the "
-                "upstream CRDs (docs/infra.md lists them) to validate them too",
+                f"warning: {len(unvalidated)} custom resource(s) not validated: {', '.join(unvalidated)}; {no_crds}",
                 highlight=False,
                 markup=False,
                 soft_wrap=True,
@@ -154,19 +161,12 @@ def check(stack: StackOpt = DEFAULT_STACK, stack_file: StackFileOpt = None, as_j
     names = [*policy.RESOURCE_RULES, *policy.STACK_RULES]
     if as_json:
         emit_json(
-            {
-                "stack": st.name,
-                "resources": len(objects),
-                "rules": names,
-                "ok": not findings,
-                "violations": [f.as_dict() for f in findings],
-            }
+            {"resources": len(objects), "rules": names, "violations": [f.to_json() for f in findings]},
+            stack=st.name,
+            ok=not findings,
         )
     else:
-        for f in findings:
-            console.print(
-                f"✗ {f.resource} [{f.rule}]\n    {f.message}\n    fix: {f.fix}", highlight=False, markup=False
-            )
+        report.print_results(console, findings)
         verdict = f"{len(findings)} violation(s)" if findings else "no violations"
         console.print(
             f"{st.name}: {len(objects)} resources, {len(names)} policies: {verdict}", highlight=False, soft_wrap=True
@@ -179,21 +179,40 @@ def check(stack: StackOpt = DEFAULT_STACK, stack_file: StackFileOpt = None, as_j
 def diff(
     base: Annotated[str, typer.Option("--base", help="Git revision to compare with (branch, tag or commit).")],
     stack: StackOpt = DEFAULT_STACK,
+    stack_file: StackFileOpt = None,
     markdown: Annotated[bool, typer.Option("--markdown", help="Print a pull-request comment (Markdown).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Objects added, removed and changed (with fields) and capacity deltas between --base and the working tree."""
-    st = resolve_stack(stack, None)
+    """Objects added, removed and changed (with fields, SGLang and router flags by name) and capacity deltas
+    between --base and the working tree. A --stack-file must lie in the repository: it is compared with its
+    own copy at --base."""
+    st = resolve_stack(stack, stack_file)
+    try:
+        root = project_dir()
+    except ProjectNotFoundError as exc:
+        fail(f"diff needs the git repository of the Pulumi project: {exc}")
+    if stack_file is None:
+        base_stack = ["--stack", st.name]
+    else:
+        try:
+            relative = stack_file.resolve().relative_to(root.resolve())
+        except ValueError:
+            fail(
+                f"--stack-file {stack_file}: not inside the repository at {root}; diff compares the file with its "
+                "copy at --base, so pass a stack file of the repository (or --stack NAME)"
+            )
     # The base first: a bad --base is rejected before the working tree's program runs at all.
     with tempfile.TemporaryDirectory(prefix="exaserve-diff-") as tmp:
         tree, out = Path(tmp) / "tree", Path(tmp) / "render"
         try:
-            commit = fleetdiff.export_revision(PROJECT_ROOT, base, tree)
-            base_capacity = fleetdiff.render_revision(tree, st.name, out)
+            commit = fleetdiff.export_revision(root, base, tree)
+            if stack_file is not None:
+                base_stack = ["--stack-file", str(fleetdiff.file_at_revision(tree, relative, base))]
+            base_capacity = fleetdiff.render_revision(tree, base_stack, out)
         except fleetdiff.BaseRenderError as exc:
             fail(str(exc))
         base_objects = output.read(out)
-    head = _objects(st, False)
+    head = _objects(st, stack_file is not None)
     pl = planner.plan(st.spec)
     head_capacity = report.plan_json(st, pl, rules.check(st.spec, pl))["capacity"]
     added, removed, changed = fleetdiff.diff_objects(base_objects, head)
@@ -209,7 +228,7 @@ def diff(
         capacity=fleetdiff.capacity_changes(base_capacity, head_capacity),
     )
     if as_json:
-        emit_json(result.as_dict())
+        emit_json(result.as_dict(), stack=st.name, ok=True)
     elif markdown:
         sys.stdout.write(fleetdiff.markdown_report(result))
     else:

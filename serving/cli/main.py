@@ -5,15 +5,16 @@ See :mod:`serving.cli.options` for the exit codes every command follows.
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import asdict
-from pathlib import Path
-from typing import Annotated
+from importlib.resources import as_file
 
 import typer
 from rich.table import Table
 
 from serving.checks import rules
+from serving.checks.result import failures
 from serving.cli import report
 from serving.cli.commands import register
 from serving.cli.options import (
@@ -31,7 +32,6 @@ from serving.cli.options import (
 from serving.plan import audit as sourcecheck
 from serving.plan import planner
 from serving.spec.schema import json_schema
-from serving.spec.stack import PROJECT_ROOT
 
 
 @app.command()
@@ -40,28 +40,25 @@ def plan(stack: StackOpt = DEFAULT_STACK, stack_file: StackFileOpt = None, as_js
     st = resolve_stack(stack, stack_file)
     pl = planner.plan(st.spec)
     violations = rules.check(st.spec, pl)
+    ok = not failures(violations)
     if as_json:
-        emit_json(report.plan_json(st, pl, violations))
+        emit_json(report.plan_json(st, pl, violations), stack=st.name, ok=ok)
     else:
         report.print_plan(console, st, pl, violations)
-    if any(v.severity == "error" for v in violations):
+    if not ok:
         raise typer.Exit(EXIT_PROBLEM)
 
 
-SOURCE_PLAN = PROJECT_ROOT / "tests" / "data" / "source-plan.yaml"
-
-
 @app.command("audit-source")
-def audit_source(
-    stack_file: Annotated[
-        Path, typer.Option("--stack-file", help="The source document's config as a stack.", dir_okay=False)
-    ] = SOURCE_PLAN,
-    as_json: JsonOpt = False,
-) -> None:
-    """Recompute the source plan's own figures and say which are right, wrong or misleading, with the math."""
-    claims = sourcecheck.audit(resolve_stack(DEFAULT_STACK, stack_file).spec)
+def audit_source(stack: StackOpt = None, stack_file: StackFileOpt = None, as_json: JsonOpt = False) -> None:
+    """Recompute the source plan's own figures and say which are right, wrong or misleading, with the math.
+
+    Without --stack or --stack-file it audits the source document's own config (the source plan)."""
+    with as_file(sourcecheck.SOURCE_PLAN) as shipped:  # package data
+        st = resolve_stack(stack, shipped if stack is None and stack_file is None else stack_file)
+    claims = sourcecheck.audit(st.spec)
     if as_json:
-        emit_json([asdict(c) for c in claims])
+        emit_json({"claims": [asdict(c) for c in claims]}, stack=st.name, ok=True)
         return
     table = Table(title="The source plan, recomputed", title_justify="left", show_lines=True)
     for col in ("§", "claim", "source", "recomputed", "verdict", "correction"):
@@ -75,9 +72,14 @@ def audit_source(
 
 
 @app.command()
-def schema() -> None:
-    """Print the JSON Schema of the fleet spec (the exaserve: keys of a stack), for editors."""
-    emit_json(json_schema())
+def schema(as_json: JsonOpt = False) -> None:
+    """Print the JSON Schema of the fleet spec (the exaserve: keys of a stack), for editors.
+
+    With --json the schema is the 'schema' key of the usual object (stack null: no stack is read)."""
+    if as_json:
+        emit_json({"schema": json_schema()}, stack=None, ok=True)
+    else:
+        sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
 
 
 def main() -> None:

@@ -1,22 +1,48 @@
-"""Shared pieces of the ``exaserve`` CLI: the typer app, consoles, options, stack loading, exit codes.
+"""The one contract of the ``exaserve`` CLI: the typer app, consoles, every shared option, stack loading, the
+JSON envelope and the exit codes. Commands take their options from here; none declares its own copy.
 
-Exit codes (all commands): 0 success; 1 the operation ran and found a problem (plan violations,
-policy violations, failed preflight, rolled-back rollout); 2 bad input (malformed stack or
-arguments: the message names the field, the value and the fix). No traceback reaches a user for a
-mistake they made.
+Exit codes, the same for every command:
+
+====  =============================================================================================
+code  meaning
+====  =============================================================================================
+0     done: the command did what it was asked and found nothing wrong
+1     found a problem: plan rule or policy violations, objects failing schema validation, a rendered
+      command line the pinned SGLang/router parser rejects, a failed or unreachable node, a rollout
+      rolled back or paused, client-facing errors under load
+2     bad input: an unknown flag or a missing option (every typer/click usage error), a missing file,
+      a stack file that is not UTF-8 or not YAML (tab-indented, unclosed, empty), a spec that fails
+      validation, an unknown version or replica, another updater holding the stack's lock
+130   interrupted (Ctrl-C)
+====  =============================================================================================
+
+Every error names what was wrong, the value and the fix; no traceback reaches a user for a mistake they
+made. With ``--json`` stdout carries exactly one JSON object, always with ``stack`` (the stack's name,
+null for ``schema``) and ``ok`` (true exactly when the exit code is 0); on an error that object is
+``{"stack", "ok": false, "exit_code", "error"}`` and the message also goes to stderr. (A usage error — an
+unknown flag, a missing option — is refused by the parser before the command runs: plain text, exit 2.)
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import json
 import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, get_type_hints
 
 import typer
 from rich.console import Console
 
-from serving.spec.stack import DEFAULT_STACK, SpecError, Stack, load_stack, load_stack_file
+from serving.spec.stack import DEFAULT_STACK, SpecError, Stack, file_stack_name, load_stack, load_stack_file
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -30,27 +56,187 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True)
 
-StackOpt = Annotated[str, typer.Option("--stack", "-s", help="Stack name (Pulumi.<stack>.yaml).")]
-StackFileOpt = Annotated[
-    Path | None, typer.Option("--stack-file", help="Any stack file; overrides --stack.", dir_okay=False)
+DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
+_STACK_META = "exaserve.stack"  # context meta key: the loaded stack's name, for the error JSON
+# The running command's context, recorded by --json's callback (every command has --json), so that fail() knows
+# whether to print the error object and for which stack.
+_invocation: ContextVar[typer.Context | None] = ContextVar("exaserve_invocation", default=None)
+
+
+def _expand_user(value: Path | None) -> Path | None:
+    return value.expanduser() if value is not None else None
+
+
+def _record_invocation(ctx: typer.Context, value: bool) -> bool:
+    _invocation.set(ctx)
+    return value
+
+
+StackOpt = Annotated[
+    str | None, typer.Option("--stack", "-s", help="Stack name: Pulumi.<stack>.yaml in the Pulumi project.")
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
-__all__ = ["DEFAULT_STACK", "EXIT_BAD_INPUT", "EXIT_OK", "EXIT_PROBLEM", "app", "console", "err_console"]
+StackFileOpt = Annotated[
+    Path | None,
+    typer.Option("--stack-file", help="Any stack file, by path; overrides --stack.", dir_okay=False),
+]
+JsonOpt = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        help="Print one JSON object (always with 'stack' and 'ok') instead of tables.",
+        callback=_record_invocation,
+    ),
+]
+KnownHostsOpt = Annotated[
+    Path,
+    typer.Option(
+        "--known-hosts",
+        help="known_hosts holding every node's host key; keys are always verified, never added.",
+        dir_okay=False,
+        callback=_expand_user,
+    ),
+]
+IdentityOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--identity",
+        "-i",
+        help="SSH private key (default: your SSH agent's and ~/.ssh keys).",
+        dir_okay=False,
+        callback=_expand_user,
+    ),
+]
+StateDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help="Root of the per-stack state (journals, locks, sandbox processes, reports) "
+        "(default: $EXASERVE_STATE_DIR, else $XDG_STATE_HOME/exaserve, else ~/.local/state/exaserve).",
+        file_okay=False,
+        callback=_expand_user,
+    ),
+]
 
 
-def resolve_stack(stack: str, stack_file: Path | None) -> Stack:
-    """Load the stack or exit 2 with the spec's problems (field, value, fix)."""
+def resolve_stack(stack: str | None, stack_file: Path | None) -> Stack:
+    """Load ``--stack-file`` or else the named ``--stack``; exit 2 naming the file, the problem and the fix."""
     try:
-        return load_stack_file(stack_file) if stack_file else load_stack(stack)
+        st = load_stack_file(stack_file) if stack_file else load_stack(stack or DEFAULT_STACK)
     except SpecError as exc:
         fail(str(exc))
+    ctx = _invocation.get()
+    if ctx is not None:
+        ctx.meta[_STACK_META] = st.name
+    return st
+
+
+def require_file(path: Path | None, flag: str, why: str) -> None:
+    """Exit 2 unless ``path`` (when given) is an existing file; ``why`` says what the file is for."""
+    if path is not None and not path.is_file():
+        fail(f"{flag} {path}: no such file; {why}")
+
+
+def _stack_label() -> str | None:
+    """The stack the running command is about: its loaded name, else what --stack-file or --stack named."""
+    ctx = _invocation.get()
+    if ctx is None:
+        return None
+    if _STACK_META in ctx.meta:
+        return str(ctx.meta[_STACK_META])
+    stack_file, stack = ctx.params.get("stack_file"), ctx.params.get("stack")
+    if isinstance(stack_file, Path):
+        return file_stack_name(stack_file)
+    return stack if isinstance(stack, str) else None
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
-    """Print an error for the user (no traceback) and exit with ``code``."""
+    """Print an error for the user (no traceback) and exit with ``code``; with ``--json`` also the error object."""
     err_console.print(f"error: {message}", highlight=False, markup=False)
+    ctx = _invocation.get()
+    if ctx is not None and ctx.params.get("as_json"):
+        _write({"stack": _stack_label(), "ok": False, "exit_code": code, "error": message})
     raise typer.Exit(code)
 
 
-def emit_json(obj: object) -> None:
+def emit_json(doc: Mapping[str, Any], *, stack: str | None, ok: bool) -> None:
+    """Print the command's one JSON object: ``stack`` and ``ok`` first, then ``doc``'s other keys."""
+    _write({"stack": stack, "ok": ok, **{k: v for k, v in doc.items() if k not in ("stack", "ok")}})
+
+
+def _write(obj: object) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+@contextmanager
+def render_errors(source: Path) -> Iterator[None]:
+    """Rendering problems as exit codes: 2 for a spec the renderers cannot serve, 1 for a rendered command
+    line the pinned SGLang/router parser rejects (or a broken flag manifest). ``source`` is the stack file."""
+    from serving.checks.flags import FlagValidationError, ManifestError  # noqa: PLC0415 - only rendering commands
+    from serving.render.common import RenderError  # noqa: PLC0415
+
+    try:
+        yield
+    except RenderError as exc:
+        fail(f"{source}: {exc}", EXIT_BAD_INPUT)
+    except (FlagValidationError, ManifestError) as exc:
+        fail(f"{source}: {exc}", EXIT_PROBLEM)
+
+
+T = TypeVar("T", bound="DataclassInstance")
+R = TypeVar("R")
+
+
+def shared_options(cls: type[T], param: str) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """Declare options once for several commands: the command's ``param: cls`` (a dataclass whose fields are
+    Annotated typer options with defaults) becomes one option per field, and the command receives the
+    dataclass built from them."""
+    fields = dataclasses.fields(cls)
+    field_hints = get_type_hints(cls, include_extras=True)
+
+    def decorate(command: Callable[..., R]) -> Callable[..., R]:
+        hints = get_type_hints(command, include_extras=True)
+        own = [
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[p.name])
+            for p in inspect.signature(command).parameters.values()
+            if p.name != param
+        ]
+        shared = [
+            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=field_hints[f.name])
+            for f in fields
+        ]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> R:
+            values = {f.name: kwargs.pop(f.name) for f in fields}
+            return command(**kwargs, **{param: cls(**values)})
+
+        params = [*own, *shared]
+        wrapper.__signature__ = inspect.Signature(params, return_annotation=hints.get("return"))  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+
+    return decorate
+
+
+__all__ = [
+    "DEFAULT_KNOWN_HOSTS",
+    "DEFAULT_STACK",
+    "EXIT_BAD_INPUT",
+    "EXIT_OK",
+    "EXIT_PROBLEM",
+    "IdentityOpt",
+    "JsonOpt",
+    "KnownHostsOpt",
+    "StackFileOpt",
+    "StackOpt",
+    "StateDirOpt",
+    "app",
+    "console",
+    "emit_json",
+    "err_console",
+    "fail",
+    "render_errors",
+    "require_file",
+    "resolve_stack",
+    "shared_options",
+]

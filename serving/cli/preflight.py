@@ -26,23 +26,28 @@ from rich.table import Table
 
 from serving.checks.preflight import CHECKS, Report, ReportError, load_report, summary_lines
 from serving.cli.options import (
+    DEFAULT_KNOWN_HOSTS,
     DEFAULT_STACK,
     EXIT_OK,
     EXIT_PROBLEM,
+    IdentityOpt,
     JsonOpt,
+    KnownHostsOpt,
     StackFileOpt,
     StackOpt,
+    StateDirOpt,
     app,
     console,
     emit_json,
     err_console,
     fail,
+    require_file,
     resolve_stack,
 )
+from serving.paths import ProjectNotFoundError, project_dir, state_dir
 from serving.render.inventory import FLEET_GROUP, groups, unmatched_limit_patterns
-from serving.spec.stack import PROJECT_ROOT, Stack
+from serving.spec.stack import Stack
 
-ANSIBLE_DIR = PROJECT_ROOT / "ansible"
 # Short column headers of the hosts × checks table, in CHECKS order.
 SHORT = {
     "ssh": "ssh",
@@ -71,18 +76,10 @@ SHORT = {
 }
 _CELL = {"pass": "[green]ok[/]", "fail": "[bold red]FAIL[/]", "skip": "[dim]-[/]"}
 
-KnownHostsOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--known-hosts", help="known_hosts with the nodes' keys (default: your SSH config's).", dir_okay=False
-    ),
-]
-IdentityOpt = Annotated[Path | None, typer.Option("--identity", "-i", help="SSH private key.", dir_okay=False)]
-
 
 def write_inventory(directory: Path, stack: Stack, known_hosts: Path | None, identity: Path | None) -> Path:
     """The ``exaserve`` inventory plugin config for this stack (any stack file, not only named ones)."""
-    config: dict[str, Any] = {"plugin": "exaserve", "stack_file": str(stack.path.resolve())}
+    config: dict[str, Any] = {"plugin": "exaserve.fleet.exaserve", "stack_file": str(stack.path.resolve())}
     if known_hosts:
         config["known_hosts_file"] = str(known_hosts.resolve())
     if identity:
@@ -160,10 +157,12 @@ def preflight(
         str | None, typer.Option("--limit", "-l", help="Ansible host pattern: nodes or groups (pool_*, rack_*).")
     ] = None,
     fabric: Annotated[bool, typer.Option("--fabric", help="Also run the all-reduce bus-bandwidth test.")] = False,
-    known_hosts: KnownHostsOpt = None,
+    known_hosts: KnownHostsOpt = DEFAULT_KNOWN_HOSTS,
     identity: IdentityOpt = None,
+    state_root: StateDirOpt = None,
     report_path: Annotated[
-        Path | None, typer.Option("--report", help="Where to write the JSON report (default ansible/reports/).")
+        Path | None,
+        typer.Option("--report", help="Where to write the JSON report (default <state dir>/<stack>/preflight.json)."),
     ] = None,
     variables: Annotated[
         list[str] | None, typer.Option("--var", help="Role variable KEY=VALUE, e.g. preflight_fabric_python=…")
@@ -171,9 +170,8 @@ def preflight(
 ) -> None:
     """Check every node against the spec (ansible/preflight.yml). Exit 1 when any node fails."""
     st = resolve_stack(stack, stack_file)
-    for path, what in ((known_hosts, "--known-hosts"), (identity, "--identity")):
-        if path is not None and not path.is_file():
-            fail(f"{what} {path}: no such file; pass an existing file")
+    require_file(known_hosts, "--known-hosts", "host keys are always verified, pass the fleet's known_hosts")
+    require_file(identity, "--identity", "pass an existing private key, or none to use your agent")
     if limit is not None:
         bad = unmatched_limit_patterns(st.spec, limit)
         if bad:
@@ -185,7 +183,11 @@ def preflight(
     extra = parse_vars(variables or [])
     import ansible_runner  # noqa: PLC0415 - heavy; only this command needs it
 
-    report = (report_path or ANSIBLE_DIR / "reports" / f"preflight-{st.name}.json").resolve()
+    try:  # the playbooks are the project's, not the package's
+        ansible_dir = project_dir() / "ansible"
+    except ProjectNotFoundError as exc:
+        fail(f"preflight runs the Pulumi project's ansible/preflight.yml: {exc}")
+    report = (report_path or state_dir(state_root) / st.name / "preflight.json").resolve()
     report.unlink(missing_ok=True)
     venv_bin = str(Path(sys.executable).parent)
     hosts = len(st.spec.cluster.nodes)
@@ -196,15 +198,14 @@ def preflight(
             progress = Progress(status, hosts)
             runner = ansible_runner.run(
                 private_data_dir=tmp,
-                project_dir=str(ANSIBLE_DIR),
+                project_dir=str(ansible_dir),
                 playbook="preflight.yml",
                 inventory=str(inventory),
                 limit=limit,
                 tags="all,fabric" if fabric else None,
                 extravars={"preflight_report_path": str(report), **extra},
                 envvars={
-                    "ANSIBLE_CONFIG": str(ANSIBLE_DIR / "ansible.cfg"),
-                    "ANSIBLE_CALLBACK_PLUGINS": str(ANSIBLE_DIR / "plugins" / "callback"),
+                    "ANSIBLE_CONFIG": str(ansible_dir / "ansible.cfg"),
                     "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
                 },
                 event_handler=progress,
@@ -220,7 +221,7 @@ def preflight(
             EXIT_PROBLEM,
         )
     if as_json:
-        emit_json(doc)
+        emit_json(doc, stack=doc["stack"], ok=doc["ok"])
     else:
         print_table(console, doc)
         console.print(f"report: {report}", style="dim", markup=False, highlight=False)

@@ -1,15 +1,17 @@
-"""Plan → JSON contract and plan → rich tables. Pure: no I/O beyond the console passed in."""
+"""Plan → JSON contract and plan → rich tables; check results → text. Pure: no I/O beyond the console passed in."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import fields, is_dataclass
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from serving.checks.rules import Violation
-from serving.plan.planner import Figure, Plan, fmt_bytes
+from serving.checks.result import CheckResult, Status, failures
+from serving.plan.model import Figure, Plan, fmt_bytes
 from serving.spec.stack import Stack
 
 
@@ -31,10 +33,20 @@ def _section(obj: Any) -> dict[str, Any]:
     return out
 
 
-def plan_json(stack: Stack, plan: Plan, violations: list[Violation]) -> dict[str, Any]:
+def violation_json(result: CheckResult) -> dict[str, Any]:
+    """A rule's result in ``plan --json``: the record, plus the names the first contract used (``rule``,
+    ``path``, ``severity``: ``error`` or ``warning``), kept so existing consumers read it unchanged."""
+    return {
+        **result.to_json(),
+        "rule": result.check,
+        "path": result.subject,
+        "severity": "error" if result.status is Status.FAIL else "warning",
+    }
+
+
+def plan_json(stack: Stack, plan: Plan, violations: Sequence[CheckResult]) -> dict[str, Any]:
     """The ``exaserve plan --json`` contract (documented in the README)."""
     m, p, hb = plan.memory, plan.placement, plan.heartbeats
-    errors = [v for v in violations if v.severity == "error"]
     net = _section(plan.network)
     net["utilisation_band"] = {
         "low": plan.network.utilisation_band[0],
@@ -44,8 +56,8 @@ def plan_json(stack: Stack, plan: Plan, violations: list[Violation]) -> dict[str
     return {
         "stack": stack.name,
         "stack_file": str(stack.path),
-        "ok": not errors,
-        "violations": [v.as_dict() for v in violations],
+        "ok": not failures(violations),
+        "violations": [violation_json(v) for v in violations],
         "notes": plan.notes,
         "capacity": {
             "weights_bytes": m.weights.value,
@@ -85,7 +97,31 @@ def _table(title: str, rows: list[tuple[str, str, str]]) -> Table:
     return t
 
 
-def print_plan(console: Console, stack: Stack, plan: Plan, violations: list[Violation]) -> None:
+_MARK = {
+    Status.FAIL: ("✗ fail", "red"),
+    Status.WARN: ("! warn", "yellow"),
+    Status.PASS: ("✓ pass", "green"),
+    Status.SKIP: ("- skip", "dim"),
+}
+
+
+def print_results(console: Console, results: Sequence[CheckResult]) -> None:
+    """Each result as a block: status, check and subject on one line, then observed, expected and fix.
+
+    Blocks rather than a table: observed values and fixes are sentences, which table cells would fold into
+    narrow columns; each block line stays whole (and greppable) however wide the terminal is."""
+    for r in results:
+        mark, style = _MARK[r.status]
+        head = Text.assemble((mark, style), " ", (f"[{r.check}]", "bold"))
+        if r.subject:
+            head.append(f" {r.subject}", "cyan")
+        console.print(head, soft_wrap=True)
+        for label, value in (("observed", r.observed), ("expected", r.expected), ("fix", r.fix)):
+            if value:
+                console.print(Text(f"    {label + ':':<9} {value}"), soft_wrap=True)
+
+
+def print_plan(console: Console, stack: Stack, plan: Plan, violations: Sequence[CheckResult]) -> None:
     spec = stack.spec
     p, m, c, hb, n, cost = plan.placement, plan.memory, plan.capacity, plan.heartbeats, plan.network, plan.cost
     console.print(
@@ -241,9 +277,6 @@ def print_plan(console: Console, stack: Stack, plan: Plan, violations: list[Viol
         console.print(f"[yellow]note:[/] {note}")
     if violations:
         console.print("[bold]Violations[/]")
-        for v in violations:
-            tag = "[red]error[/]" if v.severity == "error" else "[yellow]warning[/]"
-            console.print(f"  {tag} [bold]{v.rule}[/] at [cyan]{v.path}[/]")
-            console.print(f"      {v.message}", highlight=False)
-    errors = sum(v.severity == "error" for v in violations)
+        print_results(console, violations)
+    errors = len(failures(violations))
     console.print("[green]plan OK[/]" if not errors else f"[red]plan rejected: {errors} error(s)[/]")

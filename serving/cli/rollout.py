@@ -1,15 +1,14 @@
-"""``exaserve sandbox up|down``, ``exaserve rollout`` and ``exaserve rollback``.
+"""``exaserve rollout`` and ``exaserve rollback``: batch by batch, with metric gates, on a backend.
 
-Exit codes: 0 completed (for ``rollback``: the fleet is on the stable version); 1 rolled back or
-paused; 2 bad input (unknown version, nothing to resume, another updater holds the lock, …).
+Both take the same :class:`FleetOptions`, declared once. Exit codes as in :mod:`serving.cli.options`: 0 completed
+(for ``rollback``: the fleet is on the stable version); 1 rolled back or paused; 2 bad input (unknown version,
+nothing to resume, another updater holds the lock, …).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
@@ -22,24 +21,31 @@ from rich.table import Table
 from rich.text import Text
 
 from serving.cli.options import (
+    DEFAULT_KNOWN_HOSTS,
     DEFAULT_STACK,
     EXIT_OK,
     EXIT_PROBLEM,
+    IdentityOpt,
     JsonOpt,
+    KnownHostsOpt,
     StackFileOpt,
     StackOpt,
+    StateDirOpt,
     app,
     console,
     emit_json,
     err_console,
     fail,
+    require_file,
     resolve_stack,
+    shared_options,
 )
-from serving.plan.planner import fleet_replicas
+from serving.cli.state import locked, stack_state
+from serving.plan.planner import plan as plan_fleet
 from serving.rollout.backends import Backend, BackendError
 from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend
 from serving.rollout.backends.ssh import SshBackend
-from serving.rollout.journal import JournalError, LockedError, StackLock, StackState, load_state, state_root
+from serving.rollout.journal import JournalError, StackState, load_state
 from serving.rollout.machine import Outcome, RolloutState
 from serving.rollout.plan import RolloutPlan, plan_rollout
 from serving.rollout.runner import Progress
@@ -50,56 +56,24 @@ from serving.rollout.session import (
     check_fleet,
     check_version,
     run,
-    sandbox_endpoints,
     stable_version,
     unfinished_message,
 )
+from serving.sandbox.endpoints import sandbox_endpoints
 from serving.spec.stack import Stack
-
-sandbox_app = typer.Typer(help="The local sandbox: the real SGLang router in front of simulated SGLang workers.")
-app.add_typer(sandbox_app, name="sandbox")
-
-StateDirOpt = Annotated[
-    Path | None,
-    typer.Option("--state-dir", help="Root of the per-stack state (journal, lock); default .exaserve/state.",
-                 envvar="EXASERVE_STATE_DIR", file_okay=False),
-]  # fmt: skip
-RouterUrlOpt = Annotated[str | None, typer.Option("--router-url", help="Router API URL (sandbox: from the stack).")]
-MetricsUrlOpt = Annotated[
-    str | None, typer.Option("--metrics-url", help="Router Prometheus URL (sandbox: from the stack).")
-]
-DEFAULT_KNOWN_HOSTS = Path.home() / ".ssh" / "known_hosts"
-GraceOpt = Annotated[
-    float, typer.Option("--router-grace-s", min=1.0, help="Pause if the router does not answer for this long.")
-]
-
-
-def _paths(stack: Stack, state_dir: Path | None) -> StackState:
-    return StackState.for_stack(stack.name, state_dir or state_root())
-
-
-@contextmanager
-def _locked(paths: StackState, purpose: str) -> Iterator[None]:
-    lock = StackLock(paths.lock_path)
-    try:
-        lock.acquire(purpose)
-    except LockedError as exc:
-        fail(str(exc))
-    try:
-        yield
-    finally:
-        lock.release()
-
 
 BackendKind = Literal["auto", "local", "ssh", "kubernetes"]
 BackendOpt = Annotated[
     BackendKind,
     typer.Option("--backend", help="auto: local processes for a sandbox stack, kubernetes otherwise."),
 ]
-KnownHostsOpt = Annotated[
-    Path, typer.Option("--known-hosts", help="ssh: known_hosts the nodes' host keys are checked against.")
+RouterUrlOpt = Annotated[str | None, typer.Option("--router-url", help="Router API URL (sandbox: from the stack).")]
+MetricsUrlOpt = Annotated[
+    str | None, typer.Option("--metrics-url", help="Router Prometheus URL (sandbox: from the stack).")
 ]
-IdentityOpt = Annotated[Path | None, typer.Option("--identity", help="ssh: private key (default: agent/~/.ssh).")]
+GraceOpt = Annotated[
+    float, typer.Option("--router-grace-s", min=1.0, help="Pause if the router does not answer for this long.")
+]
 KubeServerOpt = Annotated[
     str | None, typer.Option("--kube-server", help="kubernetes: API server URL (default: in-cluster).")
 ]
@@ -108,34 +82,44 @@ KubeCaOpt = Annotated[Path | None, typer.Option("--kube-ca-file", help="kubernet
 
 
 @dataclass(frozen=True)
-class BackendChoice:
-    kind: BackendKind
-    known_hosts: Path
-    identity: Path | None
-    kube_server: str | None
-    kube_token_file: Path | None
-    kube_ca_file: Path | None
+class FleetOptions:
+    """The options ``rollout`` and ``rollback`` share, declared once: the stack, where its state lives, the
+    router to watch and the backend that updates replicas (``--known-hosts``/``-i`` for ssh, ``--kube-*``)."""
+
+    stack: StackOpt = DEFAULT_STACK
+    stack_file: StackFileOpt = None
+    as_json: JsonOpt = False
+    state_dir: StateDirOpt = None
+    router_url: RouterUrlOpt = None
+    metrics_url: MetricsUrlOpt = None
+    router_grace_s: GraceOpt = 30.0
+    backend_kind: BackendOpt = "auto"
+    known_hosts: KnownHostsOpt = DEFAULT_KNOWN_HOSTS
+    identity: IdentityOpt = None
+    kube_server: KubeServerOpt = None
+    kube_token_file: KubeTokenOpt = None
+    kube_ca_file: KubeCaOpt = None
 
 
-def _backend(stack: Stack, paths: StackState, choice: BackendChoice) -> Backend:
-    kind = choice.kind
+def _backend(stack: Stack, paths: StackState, opts: FleetOptions) -> Backend:
+    kind = opts.backend_kind
     if kind == "auto":
         kind = "local" if stack.spec.sandbox is not None else "kubernetes"
     try:
         if kind == "local":
             from serving.sandbox.backend import LocalBackend  # noqa: PLC0415 - loads the router launcher
 
-            return LocalBackend(stack.spec, paths.sandbox_dir)
+            return LocalBackend(stack.spec, plan_fleet(stack.spec), paths.sandbox_dir)
         if kind == "ssh":
-            if not choice.known_hosts.is_file():
-                fail(f"--known-hosts {choice.known_hosts}: no such file; the SSH backend verifies every host key")
-            return SshBackend(stack.spec, known_hosts=choice.known_hosts, identity=choice.identity)
-        if choice.kube_server is None:
+            require_file(opts.known_hosts, "--known-hosts", "the SSH backend verifies every host key")
+            require_file(opts.identity, "--identity", "pass an existing private key, or none to use your agent")
+            return SshBackend(stack.spec, plan_fleet(stack.spec), known_hosts=opts.known_hosts, identity=opts.identity)
+        if opts.kube_server is None:
             api = KubeApi.in_cluster()
         else:
-            token = choice.kube_token_file.read_text().strip() if choice.kube_token_file else None
-            api = KubeApi(choice.kube_server, token, choice.kube_ca_file)
-        return KubernetesBackend(stack.spec, api)
+            token = opts.kube_token_file.read_text().strip() if opts.kube_token_file else None
+            api = KubeApi(opts.kube_server, token, opts.kube_ca_file)
+        return KubernetesBackend(stack.spec, plan_fleet(stack.spec), api)
     except (BackendError, OSError) as exc:
         fail(f"--backend {kind}: {exc}")
 
@@ -154,127 +138,6 @@ def _latest(paths: StackState) -> RolloutState | None:
         return load_state(paths.journal_path)
     except JournalError as exc:
         fail(str(exc))
-
-
-# ----------------------------------------------------------------------------------------- sandbox
-
-
-@sandbox_app.command("up")
-def sandbox_up(
-    stack: StackOpt = "sandbox",
-    stack_file: StackFileOpt = None,
-    state_dir: StateDirOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Start the real router on loopback and one simulated worker per replica at the stack's version."""
-    st = resolve_stack(stack, stack_file)
-    if st.spec.sandbox is None:
-        fail(f"stack {st.name!r} has no sandbox: section; `exaserve sandbox` runs only sandbox stacks")
-    from serving.sandbox import processes  # noqa: PLC0415 - loads the router launcher (≈ 1 s): on use only
-
-    paths = _paths(st, state_dir)
-    with _locked(paths, "sandbox up"):
-        processes.stop_all(processes.StateDir(paths.sandbox_dir))
-        try:
-            urls = asyncio.run(_start_sandbox(st, paths))
-        except (processes.SandboxError, BackendError, TimeoutError) as exc:
-            processes.stop_all(processes.StateDir(paths.sandbox_dir))
-            fail(f"sandbox did not start: {exc}", EXIT_PROBLEM)
-    ep = sandbox_endpoints(st.spec)
-    doc = {"stack": st.name, "router_url": ep.router_url, "metrics_url": ep.metrics_url, "workers": urls}
-    if as_json:
-        emit_json(doc)
-        return
-    table = Table(title=f"sandbox {st.name}: router {ep.router_url} (metrics {ep.metrics_url})")
-    for col in ("replica", "url", "version"):
-        table.add_column(col)
-    for rid, (url, version) in urls.items():
-        table.add_row(rid, url, version)
-    console.print(table)
-
-
-async def _start_sandbox(st: Stack, paths: StackState) -> dict[str, tuple[str, str]]:
-    from serving.sandbox import processes  # noqa: PLC0415
-    from serving.sandbox.backend import router_flags, worker_config, worker_name  # noqa: PLC0415
-
-    spec = st.spec
-    state = processes.StateDir(paths.sandbox_dir)
-    budget = spec.serving.startup_budget_s
-    out: dict[str, tuple[str, str]] = {}
-    configs = []
-    for replica in fleet_replicas(spec):
-        cfg = worker_config(spec, replica, spec.group_version(replica.group))
-        configs.append(cfg)
-        out[replica.id] = (cfg.url, cfg.version)
-    await asyncio.gather(
-        *(asyncio.to_thread(processes.start_worker, state, worker_name(c.port), c, wait="started") for c in configs)
-    )
-    deadline = time.monotonic() + budget
-    async with httpx.AsyncClient(timeout=1.0) as http:
-        pending = {c.url for c in configs if not c.never_ready}
-        while pending:
-            for url in sorted(pending):
-                try:
-                    if (await http.get(url + "/health")).status_code == 200:
-                        pending.discard(url)
-                except httpx.HTTPError:
-                    pass
-            if pending and time.monotonic() > deadline:
-                raise TimeoutError(f"workers {sorted(pending)} not healthy within serving.startup_budget_s={budget:g}")
-            await asyncio.sleep(0.1)
-    ready = sum(not c.never_ready for c in configs)
-    flags = router_flags(spec, [c.url for c in configs])
-    await asyncio.to_thread(processes.start_router, state, flags, healthy_workers=ready, timeout_s=budget)
-    return out
-
-
-@sandbox_app.command("down")
-def sandbox_down(stack: StackOpt = "sandbox", stack_file: StackFileOpt = None, state_dir: StateDirOpt = None) -> None:
-    """Stop the sandbox's router and workers (the router first)."""
-    st = resolve_stack(stack, stack_file)
-    paths = _paths(st, state_dir)
-    from serving.sandbox import processes  # noqa: PLC0415
-
-    with _locked(paths, "sandbox down"):
-        stopped = processes.stop_all(processes.StateDir(paths.sandbox_dir))
-    console.print(f"stopped {len(stopped)} process(es): {', '.join(stopped) or 'none was running'}")
-
-
-@sandbox_app.command("load")
-def sandbox_load(
-    stack: StackOpt = "sandbox",
-    stack_file: StackFileOpt = None,
-    rate: Annotated[float, typer.Option("--rate", help="Requests per second, sent at a fixed rate.")] = 50.0,
-    duration_s: Annotated[float, typer.Option("--duration", help="Seconds to run; bounded.")] = 60.0,
-    as_json: JsonOpt = False,
-) -> None:
-    """Bounded client load on the sandbox router (run it beside a rollout so the gates have traffic).
-
-    Exit 1 when any request failed as a client sees it."""
-    from serving.router.loadgen import LoadSpec, run_load_sync  # noqa: PLC0415
-
-    st = resolve_stack(stack, stack_file)
-    try:
-        spec = LoadSpec(url=sandbox_endpoints(st.spec).router_url, rate_per_s=rate, duration_s=duration_s)
-    except ValueError as exc:
-        fail(str(exc))
-    report = run_load_sync(spec)
-    if as_json:
-        emit_json(
-            {
-                "count": report.count,
-                "errors": report.errors,
-                "error_rate": report.error_rate,
-                "qps": report.qps,
-                "p50_s": report.p50_s,
-                "p99_s": report.p99_s,
-                "status_counts": report.status_counts,
-            }
-        )
-    else:
-        console.print(report.summary(), highlight=False)
-    if report.errors:
-        raise typer.Exit(EXIT_PROBLEM)
 
 
 # ----------------------------------------------------------------------------------------- display
@@ -346,12 +209,13 @@ def _pct(v: float | None, digits: int = 1) -> str:
     return "" if v is None else f"{v:.{digits}%}"
 
 
-def _finish(result: RunResult, as_json: bool, *, ok: set[Outcome]) -> None:
+def _finish(result: RunResult, as_json: bool, *, ok: set[Outcome]) -> NoReturn:
+    done = result.state.outcome in ok
     if as_json:
-        emit_json(result.report)
+        emit_json(result.report, stack=result.report["stack"], ok=done)
     else:
         _print_report(result)
-    raise typer.Exit(EXIT_OK if result.state.outcome in ok else EXIT_PROBLEM)
+    raise typer.Exit(EXIT_OK if done else EXIT_PROBLEM)
 
 
 def _print_report(result: RunResult) -> None:
@@ -369,11 +233,13 @@ def _print_report(result: RunResult) -> None:
 
 
 def _run(
-    paths: StackState, backend: Backend, endpoints: Endpoints, display: Display, grace: float, **kwargs: Any
+    paths: StackState, backend: Backend, endpoints: Endpoints, display: Display, opts: FleetOptions, **kwargs: Any
 ) -> RunResult:
     try:
         with display:
-            return asyncio.run(run(paths, backend, endpoints, progress=display, router_grace_s=grace, **kwargs))
+            return asyncio.run(
+                run(paths, backend, endpoints, progress=display, router_grace_s=opts.router_grace_s, **kwargs)
+            )
     except RolloutInputError as exc:
         fail(str(exc))
     except (httpx.HTTPError, BackendError) as exc:
@@ -384,56 +250,44 @@ def _run(
 
 
 @app.command()
+@shared_options(FleetOptions, "opts")
 def rollout(
-    stack: StackOpt = DEFAULT_STACK,
-    stack_file: StackFileOpt = None,
+    opts: FleetOptions,
     to: Annotated[str | None, typer.Option("--to", help="Version to roll out, e.g. v2.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; touch nothing.")] = False,
-    as_json: JsonOpt = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the unfinished rollout of the stack.")] = False,
-    state_dir: StateDirOpt = None,
-    router_url: RouterUrlOpt = None,
-    metrics_url: MetricsUrlOpt = None,
-    router_grace_s: GraceOpt = 30.0,
-    backend_kind: BackendOpt = "auto",
-    known_hosts: KnownHostsOpt = DEFAULT_KNOWN_HOSTS,
-    identity: IdentityOpt = None,
-    kube_server: KubeServerOpt = None,
-    kube_token_file: KubeTokenOpt = None,
-    kube_ca_file: KubeCaOpt = None,
 ) -> None:
     """Roll the fleet to a new version in rollout.batches batches with metric gates; roll back on a breach."""
-    st = resolve_stack(stack, stack_file)
+    st = resolve_stack(opts.stack, opts.stack_file)
     if resume == (to is not None):
         fail("give either --to VERSION (a new rollout) or --resume (continue the unfinished one)")
-    paths = _paths(st, state_dir)
-    choice = BackendChoice(backend_kind, known_hosts, identity, kube_server, kube_token_file, kube_ca_file)
-    backend = _backend(st, paths, choice)
-    if dry_run:
-        assert to is not None
-        _dry_run(st, paths, backend, to, as_json)
+    if dry_run and to is None:
+        fail("--dry-run plans a new rollout: give --to VERSION instead of --resume")
+    paths = stack_state(st, opts.state_dir)
+    backend = _backend(st, paths, opts)
+    if dry_run and to is not None:
+        _dry_run(st, paths, backend, to, opts.as_json)
         return
-    endpoints = _endpoints(st, router_url, metrics_url)
-    with _locked(paths, f"rollout {'--resume' if resume else '--to ' + str(to)}"):
+    endpoints = _endpoints(st, opts.router_url, opts.metrics_url)
+    with locked(paths, f"rollout {'--resume' if resume else '--to ' + str(to)}"):
         latest = _latest(paths)
-        if resume:
+        if to is None:  # --resume
             if latest is None or latest.finished:
                 fail(f"nothing to resume on stack {st.name!r}: no unfinished rollout in {paths.journal_path}")
-            display = Display(latest.plan, backend, quiet_stdout=as_json)
-            result = _run(paths, backend, endpoints, display, router_grace_s, operator_event="resume")
-            _finish(result, as_json, ok={Outcome.COMPLETED})
-        assert to is not None
+            display = Display(latest.plan, backend, quiet_stdout=opts.as_json)
+            _finish(_run(paths, backend, endpoints, display, opts, operator_event="resume"), opts.as_json,
+                    ok={Outcome.COMPLETED})  # fmt: skip
         if latest is not None and not latest.finished:
             fail(unfinished_message(latest, st.name))
         plan = _new_plan(st, backend, latest, to)
         if plan is None:
-            _nothing_to_do(st, to, as_json)
-        display = Display(plan, backend, quiet_stdout=as_json)
+            _nothing_to_do(st, to, opts.as_json)
+        display = Display(plan, backend, quiet_stdout=opts.as_json)
         result = _run(
-            paths, backend, endpoints, display, router_grace_s, plan=plan,
+            paths, backend, endpoints, display, opts, plan=plan,
             before_start=lambda: check_fleet(backend, plan, plan.from_version),
         )  # fmt: skip
-        _finish(result, as_json, ok={Outcome.COMPLETED})
+        _finish(result, opts.as_json, ok={Outcome.COMPLETED})
 
 
 def _new_plan(st: Stack, backend: Backend, latest: RolloutState | None, to: str) -> RolloutPlan | None:
@@ -444,14 +298,15 @@ def _new_plan(st: Stack, backend: Backend, latest: RolloutState | None, to: str)
     stable = stable_version(latest, st.spec.serving.version)
     if to == stable:
         return None
-    return plan_rollout(st.spec, st.name, from_version=stable, to_version=to)
+    return plan_rollout(st.spec, plan_fleet(st.spec), st.name, from_version=stable, to_version=to)
 
 
 def _nothing_to_do(st: Stack, version: str, as_json: bool) -> NoReturn:
     if as_json:
         emit_json(
-            {"stack": st.name, "from_version": version, "to_version": version, "outcome": "completed",
-             "batches": [], "client_errors": 0, "final_versions": {}}
+            {"from_version": version, "to_version": version, "outcome": "completed", "batches": [],
+             "client_errors": 0, "final_versions": {}},
+            stack=st.name, ok=True,
         )  # fmt: skip
     else:
         console.print(f"stack {st.name} is on {version}, its last stable version: nothing to do")
@@ -467,7 +322,8 @@ def _dry_run(st: Stack, paths: StackState, backend: Backend, to: str, as_json: b
     if as_json:
         emit_json(
             {**plan.to_json(), "dry_run": True, "configured_wait_s": plan.configured_wait_s(),
-             "worst_case_s": plan.worst_case_s()}
+             "worst_case_s": plan.worst_case_s()},
+            stack=st.name, ok=True,
         )  # fmt: skip
         return
     table = Table(
@@ -492,40 +348,32 @@ def _dry_run(st: Stack, paths: StackState, backend: Backend, to: str, as_json: b
 
 
 @app.command()
-def rollback(
-    stack: StackOpt = DEFAULT_STACK,
-    stack_file: StackFileOpt = None,
-    as_json: JsonOpt = False,
-    state_dir: StateDirOpt = None,
-    router_url: RouterUrlOpt = None,
-    metrics_url: MetricsUrlOpt = None,
-    router_grace_s: GraceOpt = 30.0,
-    backend_kind: BackendOpt = "auto",
-    known_hosts: KnownHostsOpt = DEFAULT_KNOWN_HOSTS,
-    identity: IdentityOpt = None,
-    kube_server: KubeServerOpt = None,
-    kube_token_file: KubeTokenOpt = None,
-    kube_ca_file: KubeCaOpt = None,
-) -> None:
+@shared_options(FleetOptions, "opts")
+def rollback(opts: FleetOptions) -> None:
     """Return the fleet to the last stable version: undo an unfinished or paused rollout, or revert
     the last completed one, batch by batch with the same drain discipline."""
-    st = resolve_stack(stack, stack_file)
-    paths = _paths(st, state_dir)
-    choice = BackendChoice(backend_kind, known_hosts, identity, kube_server, kube_token_file, kube_ca_file)
-    backend = _backend(st, paths, choice)
-    endpoints = _endpoints(st, router_url, metrics_url)
-    with _locked(paths, "rollback"):
+    st = resolve_stack(opts.stack, opts.stack_file)
+    paths = stack_state(st, opts.state_dir)
+    backend = _backend(st, paths, opts)
+    endpoints = _endpoints(st, opts.router_url, opts.metrics_url)
+    as_json = opts.as_json
+    with locked(paths, "rollback"):
         latest = _latest(paths)
         if latest is None or latest.outcome is Outcome.ROLLED_BACK or (latest.finished and not latest.plan.gated):
             _nothing_to_do(st, stable_version(latest, st.spec.serving.version), as_json)
         if not latest.finished:
             display = Display(latest.plan, backend, quiet_stdout=as_json)
             event = "resume" if not latest.plan.gated else "rollback"
-            result = _run(paths, backend, endpoints, display, router_grace_s, operator_event=event)
+            result = _run(paths, backend, endpoints, display, opts, operator_event=event)
             _finish(result, as_json, ok={Outcome.ROLLED_BACK, Outcome.COMPLETED})
         plan = plan_rollout(
-            st.spec, st.name, from_version=latest.plan.to_version, to_version=latest.plan.from_version, kind="revert"
+            st.spec,
+            plan_fleet(st.spec),
+            st.name,
+            from_version=latest.plan.to_version,
+            to_version=latest.plan.from_version,
+            kind="revert",
         )
         display = Display(plan, backend, quiet_stdout=as_json)
-        result = _run(paths, backend, endpoints, display, router_grace_s, plan=plan)
+        result = _run(paths, backend, endpoints, display, opts, plan=plan)
         _finish(result, as_json, ok={Outcome.COMPLETED})

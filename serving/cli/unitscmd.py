@@ -1,34 +1,35 @@
 """``exaserve units``: one replica's systemd unit, command and environment, or the router's command.
 
-Every command line printed here has passed the pinned parser check in :mod:`serving.render.units`; a flag
-the pinned SGLang or router version does not know exits 1 naming the flag and the version.
+Every command line printed here has passed the pinned parser check in :mod:`serving.render.sglang` and
+:mod:`serving.render.router`; a flag the pinned SGLang or router version does not know exits 1 naming the flag
+and the version (:func:`serving.cli.options.render_errors`, as for ``render`` and ``check``).
 """
 
 from __future__ import annotations
 
 import difflib
 import shlex
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import Annotated
 
 import typer
 
-from serving.checks.flags import FlagValidationError, ManifestError
 from serving.cli.options import (
     DEFAULT_STACK,
-    EXIT_BAD_INPUT,
-    EXIT_PROBLEM,
     JsonOpt,
     StackFileOpt,
     StackOpt,
     app,
     emit_json,
     fail,
+    render_errors,
     resolve_stack,
 )
-from serving.plan.planner import Replica, fleet_replicas
-from serving.render import units as render
+from serving.plan.model import Replica
+from serving.plan.planner import plan as plan_fleet
+from serving.render.router import router_argv, router_env
+from serving.render.sglang import server_argv, server_env
+from serving.render.systemd import systemd_unit, unit_name
 
 ReplicaOpt = Annotated[
     str | None, typer.Option("--replica", "-r", help="Replica id, e.g. gpu-r00-n00-s0 (see `exaserve plan`).")
@@ -40,18 +41,6 @@ RouterOpt = Annotated[bool, typer.Option("--router", help="The SGLang router (ga
 KubernetesOpt = Annotated[
     bool, typer.Option("--kubernetes", help="Router: Kubernetes service discovery instead of static worker URLs.")
 ]
-
-
-@contextmanager
-def _render_errors() -> Iterator[None]:
-    """Rendering problems become exit codes: 2 for a spec that cannot be rendered, 1 for a command
-    line the pinned parser would reject (or a broken manifest)."""
-    try:
-        yield
-    except render.RenderError as exc:
-        fail(str(exc), EXIT_BAD_INPUT)
-    except (FlagValidationError, ManifestError) as exc:
-        fail(str(exc), EXIT_PROBLEM)
 
 
 def _find(replicas: Sequence[Replica], replica_id: str) -> Replica:
@@ -88,26 +77,28 @@ def units(
         fail("give exactly one of --replica ID or --router")
     if kubernetes and not router:
         fail("--kubernetes applies to --router only")
-    spec = resolve_stack(stack, stack_file).spec
-    with _render_errors():
+    st = resolve_stack(stack, stack_file)
+    spec = st.spec
+    with render_errors(st.path):
+        fleet_plan = plan_fleet(spec)
         if replica is None:  # --router
-            argv = render.router_argv(spec, kubernetes=kubernetes)
-            env = render.router_env(spec)
+            argv = router_argv(spec, fleet_plan, kubernetes=kubernetes)
+            env = router_env(spec)
             if as_json:
-                emit_json({"argv": argv, "env": env})
+                emit_json({"argv": argv, "env": env}, stack=st.name, ok=True)
             else:
                 _text({"router command": shlex.join(argv), "environment": _env_lines(env)})
             return
-        rep = _find(fleet_replicas(spec), replica)
-        argv = render.server_argv(spec, rep, node_rank)
-        env = render.server_env(spec, rep, node_rank)
-        unit = render.systemd_unit(spec, rep, node_rank)
+        rep = _find(fleet_plan.replicas, replica)
+        argv = server_argv(spec, fleet_plan, rep, node_rank)
+        env = server_env(spec, fleet_plan, rep, node_rank)
+        unit = systemd_unit(spec, fleet_plan, rep, node_rank)
     if as_json:
-        emit_json({"replica": rep.id, "argv": argv, "env": env, "systemd_unit": unit})
+        emit_json({"replica": rep.id, "argv": argv, "env": env, "systemd_unit": unit}, stack=st.name, ok=True)
     else:
         _text(
             {
-                f"systemd unit {render.unit_name(rep, node_rank)}": unit,
+                f"systemd unit {unit_name(rep, node_rank)}": unit,
                 "command": shlex.join(argv),
                 "environment": _env_lines(env),
             }

@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
-from serving.plan.planner import UTILISATION_BY_LINK_GBPS, utilisation_band
+from serving.plan.model import UTILISATION_BY_LINK_GBPS
+from serving.plan.planner import utilisation_band
 
 Backend = Literal["nccl", "gloo"]
 DEFAULT_SIZE_BYTES = 64 * 2**20
@@ -214,8 +215,13 @@ def run_allreduce(
     the slowest rank's mean, as nccl-tests reports it.
     """
     warnings.filterwarnings("ignore", message=".*NumPy.*")
-    import torch  # noqa: PLC0415 - heavy, only the worker needs it
-    import torch.distributed as dist  # noqa: PLC0415
+    try:
+        import torch  # noqa: PLC0415 - heavy, only the worker needs it (the `node` extra)
+        import torch.distributed as dist  # noqa: PLC0415
+    except ImportError as exc:
+        raise RuntimeError(
+            f"{exc}: the fabric worker needs torch; install the node extra: pip install 'exaserve-deploy[node]'"
+        ) from None
 
     use = backend if backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
     device = torch.device("cuda", 0) if use == "nccl" else torch.device("cpu")

@@ -1,17 +1,23 @@
 """The source plan's own figures, recomputed by the planner: right, wrong, or right-for-the-wrong-reason.
 
 Each claim quotes the source's number (MISSION.md, with its section) and recomputes it with the same
-pure functions ``exaserve plan`` uses, on the source's own inputs (``tests/data/source-plan.yaml`` for
+pure functions ``exaserve plan`` uses, on the source's own inputs (:data:`SOURCE_PLAN`, package data, for
 the cluster and config, plus the 100 B-parameter example of §4.2).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from importlib.resources import files
+from importlib.resources.abc import Traversable
+from typing import Final, Literal
 
 from serving.plan import planner
+from serving.plan.model import HOURS_PER_MONTH
 from serving.spec.schema import GB, FleetSpec
+
+# The source document's own configuration as a stack file (`exaserve audit-source`'s default input).
+SOURCE_PLAN: Final[Traversable] = files("serving").joinpath("data", "source-plan.yaml")
 
 Verdict = Literal["right", "wrong", "misleading"]
 
@@ -200,13 +206,13 @@ def audit(source: FleetSpec) -> list[Claim]:
     out.append(
         Claim("6.1", "power", "768 kW", cost.power_kw.formula, "right" if cost.power_kw.value == 768 else "wrong")
     )
-    kwh = cost.power_kw.value * planner.HOURS_PER_MONTH
+    kwh = cost.power_kw.value * HOURS_PER_MONTH
     out.append(
         Claim(
             "6.1",
             "electricity a month",
             "400–500 k",
-            f"{cost.power_kw.value:g} kW × {planner.HOURS_PER_MONTH:g} h = {kwh:,.0f} kWh",
+            f"{cost.power_kw.value:g} kW × {HOURS_PER_MONTH:g} h = {kwh:,.0f} kWh",
             "right",
             f"implies a tariff of {400_000 / kwh:.2f}–{500_000 / kwh:.2f} per kWh (industrial rates)",
         )

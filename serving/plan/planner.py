@@ -8,35 +8,22 @@ Units: bytes, seconds and messages per second internally; GB means 10^9 bytes, G
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
-from serving.spec.schema import GB, Architecture, FleetSpec, Node
-
-# The source's link-rate → expected GPU utilisation table (§3.3), Gb/s → (low, high) fraction.
-UTILISATION_BY_LINK_GBPS: tuple[tuple[int, float, float, str], ...] = (
-    (25, 0.15, 0.25, "data parallel only"),
-    (100, 0.45, 0.60, "small tensor parallel"),
-    (200, 0.65, 0.80, "tensor + pipeline parallel"),
-    (400, 0.80, 0.92, "all strategies"),
+from serving.plan.model import (
+    HOURS_PER_MONTH,
+    UTILISATION_BY_LINK_GBPS,
+    CapacityChain,
+    CostPlan,
+    Figure,
+    HeartbeatPlan,
+    MemoryPlan,
+    NetworkPlan,
+    Placement,
+    Plan,
+    Replica,
+    fmt_bytes,
 )
-HOURS_PER_MONTH = 730.0  # 8,760 h / 12
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One computed number, its unit and the formula (with the numbers put in) that produced it."""
-
-    value: float
-    unit: str
-    formula: str
-
-    def __float__(self) -> float:
-        return float(self.value)
-
-
-def fmt_bytes(n: float) -> str:
-    return f"{n / GB:,.2f} GB"
-
+from serving.spec.schema import GB, Architecture, FleetSpec
 
 # ------------------------------------------------------------------------------------------ memory
 
@@ -109,21 +96,6 @@ def replica_memory_budget(
     }
 
 
-@dataclass(frozen=True)
-class MemoryPlan:
-    weights: Figure
-    per_gpu: dict[str, Figure]
-    usable_per_gpu: Figure
-    per_replica_total: Figure
-    usable_per_node: Figure
-    kv_per_token: Figure
-    kv_per_token_per_gpu: Figure
-    kv_pool_per_gpu: Figure
-    max_concurrent_sequences: Figure
-    mem_fraction_static: Figure
-    max_total_tokens: Figure
-
-
 def memory_plan(spec: FleetSpec) -> MemoryPlan:
     m, par, gpu = spec.model, spec.parallelism, spec.cluster.gpu
     shard = par.tp * par.pp
@@ -187,22 +159,6 @@ def memory_plan(spec: FleetSpec) -> MemoryPlan:
 # ------------------------------------------------------------------------------------------ placement
 
 
-@dataclass(frozen=True)
-class Placement:
-    gpus_per_node: int
-    gpus_per_replica: int
-    max_replicas_per_node: int
-    nodes_per_replica: int
-    replicas_per_node: int | None
-    tp_crosses_nodes: bool
-    pp_crosses_nodes: bool
-    nodes: int
-    max_replicas: int
-    replicas: int
-    nodes_used: int
-    formula: str
-
-
 def placement(spec: FleetSpec) -> Placement:
     gpn = spec.cluster.gpu.count_per_node
     par = spec.parallelism
@@ -235,22 +191,6 @@ def placement(spec: FleetSpec) -> Placement:
         nodes_used=nodes_used,
         formula=formula,
     )
-
-
-@dataclass(frozen=True)
-class Replica:
-    """One SGLang server of the fleet, where it runs and which update group it belongs to."""
-
-    id: str
-    index: int
-    nodes: tuple[Node, ...]
-    gpu_ids: tuple[int, ...]
-    group: int
-    port: int
-
-    @property
-    def node(self) -> Node:
-        return self.nodes[0]
 
 
 def rollout_groups(replicas: int, batches: int) -> list[list[int]]:
@@ -311,16 +251,6 @@ def fleet_replicas(spec: FleetSpec) -> list[Replica]:
 # ------------------------------------------------------------------------------------------ capacity
 
 
-@dataclass(frozen=True)
-class CapacityChain:
-    per_replica_concurrency: Figure
-    raw: Figure
-    balanced: Figure
-    after_reserve: Figure
-    sustained: Figure
-    requests_per_second: Figure
-
-
 def capacity_chain(
     per_replica: int,
     replicas: int,
@@ -351,21 +281,6 @@ def capacity_chain(
 
 
 # ------------------------------------------------------------------------------------------ health
-
-
-@dataclass(frozen=True)
-class HeartbeatPlan:
-    direct_per_interval: Figure
-    aggregated_per_interval: Figure
-    direct_per_s: Figure
-    aggregated_per_s: Figure
-    central_limit_per_s: Figure
-    active_per_s: Figure
-    failure_detection_s: Figure
-    recovery_s: Figure
-    timeouts_to_stop_routing: Figure
-    timeouts_to_migrate: Figure
-    successes_to_readmit: Figure
 
 
 def heartbeat_plan(spec: FleetSpec, replicas: int, nodes: int) -> HeartbeatPlan:
@@ -416,17 +331,6 @@ def heartbeat_plan(spec: FleetSpec, replicas: int, nodes: int) -> HeartbeatPlan:
 
 
 # ------------------------------------------------------------------------------------------ network
-
-
-@dataclass(frozen=True)
-class NetworkPlan:
-    source_allreduce_per_layer: Figure
-    source_allreduce_per_forward: Figure
-    tp_allreduce_per_forward: Figure
-    fabric_bytes_per_forward: Figure
-    fabric_time_per_forward_s: Figure
-    utilisation_band: tuple[float, float, str]
-    utilisation_formula: str
 
 
 def utilisation_band(link_rate_gbps: float) -> tuple[float, float, str]:
@@ -492,21 +396,6 @@ def network_plan(spec: FleetSpec) -> NetworkPlan:
 # ------------------------------------------------------------------------------------------ cost
 
 
-@dataclass(frozen=True)
-class CostPlan:
-    currency: str
-    nodes_low: Figure
-    nodes_high: Figure
-    network_low: Figure
-    network_high: Figure
-    hardware_low: Figure
-    hardware_high: Figure
-    power_kw: Figure
-    electricity_month_low: Figure
-    electricity_month_high: Figure
-    node_failures_per_month: Figure
-
-
 def cost_plan(spec: FleetSpec) -> CostPlan:
     c = spec.cluster.cost
     n = spec.cluster.node_count
@@ -558,19 +447,6 @@ def cost_plan(spec: FleetSpec) -> CostPlan:
 # ------------------------------------------------------------------------------------------ the plan
 
 
-@dataclass(frozen=True)
-class Plan:
-    placement: Placement
-    memory: MemoryPlan
-    capacity: CapacityChain
-    heartbeats: HeartbeatPlan
-    network: NetworkPlan
-    cost: CostPlan
-    restart_from_cache_s: Figure
-    rollout_group_sizes: list[int]
-    notes: list[str] = field(default_factory=list)
-
-
 def restart_time(spec: FleetSpec) -> Figure:
     """Time to reload one GPU's weight shard from the node-local cache (source: restart ≤ 30 s)."""
     par = spec.parallelism
@@ -599,6 +475,8 @@ def plan(spec: FleetSpec) -> Plan:
         per_rep, deployable, lim.balance_efficiency, lim.failure_reserve, lim.burst_buffer, lim.mean_request_s, why
     )
     nodes_used = min(p.nodes_used, p.nodes)
+    replicas = fleet_replicas(spec)
+    groups = rollout_groups(len(replicas), spec.rollout.batches)
     notes: list[str] = []
     target = spec.serving.target_replicas
     if target is not None and target != spec.serving.replicas:
@@ -617,6 +495,8 @@ def plan(spec: FleetSpec) -> Plan:
         network=network_plan(spec),
         cost=cost_plan(spec),
         restart_from_cache_s=restart_time(spec),
-        rollout_group_sizes=[len(g) for g in rollout_groups(deployable, spec.rollout.batches)],
+        rollout_group_sizes=[len(g) for g in groups],
+        replicas=tuple(replicas),
+        rollout_groups=tuple(tuple(g) for g in groups),
         notes=notes,
     )

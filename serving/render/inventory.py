@@ -1,6 +1,6 @@
 """The Ansible view of a stack: group names and the ``exaserve_*`` variables, computed from the spec.
 
-``ansible/plugins/inventory/exaserve.py`` is a thin shell over these functions, and the CLI uses
+The ``exaserve.fleet.exaserve`` inventory plugin is a thin shell over these functions, and the CLI uses
 them to check ``--limit`` before it starts a run. The variables are listed in docs/preflight.md.
 """
 
@@ -11,7 +11,8 @@ import re
 from typing import Any
 
 from serving.node.fabric import utilisation_table
-from serving.render.units import chrony_conf, model_dir
+from serving.render.chrony import chrony_conf
+from serving.render.sglang import model_dir
 from serving.spec.schema import FleetSpec, Node
 from serving.spec.stack import Stack
 

@@ -1,6 +1,7 @@
 """Durable rollout state: the journal (JSON lines, one fsync'd record per transition) and the lock.
 
-Layout under the stack's state directory (default ``.exaserve/state/<stack>/``, gitignored)::
+Layout under the stack's state directory, ``<state dir>/<stack>/`` (:func:`serving.paths.state_dir`: ``--state-dir``,
+``$EXASERVE_STATE_DIR``, else ``$XDG_STATE_HOME/exaserve``; never the package or the checkout)::
 
     rollout.lock                 fcntl lock held by the one updater of this stack (holder in the file)
     rollout/journal.jsonl        the latest rollout: line 1 its plan, then one event per line
@@ -24,11 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from serving.paths import state_dir
 from serving.rollout.machine import Event, RolloutState, replay
 from serving.rollout.plan import RolloutPlan
-from serving.spec.stack import PROJECT_ROOT
-
-STATE_ENV = "EXASERVE_STATE_DIR"
 
 
 class JournalError(RuntimeError):
@@ -39,12 +38,6 @@ class LockedError(RuntimeError):
     """Another updater holds the stack's lock."""
 
 
-def state_root() -> Path:
-    """Root of every stack's state: ``$EXASERVE_STATE_DIR`` or ``<project>/.exaserve/state``."""
-    env = os.environ.get(STATE_ENV)
-    return Path(env) if env else PROJECT_ROOT / ".exaserve" / "state"
-
-
 @dataclass(frozen=True)
 class StackState:
     """The state directory of one stack."""
@@ -53,7 +46,8 @@ class StackState:
 
     @classmethod
     def for_stack(cls, stack: str, root: Path | None = None) -> StackState:
-        return cls((root or state_root()) / stack)
+        """``stack``'s directory under ``root`` (``--state-dir``), else under :func:`serving.paths.state_dir`'s default."""
+        return cls(state_dir(root) / stack)
 
     @property
     def lock_path(self) -> Path:

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from serving.plan.planner import Replica, fleet_replicas, rollout_groups
+from serving.plan.model import Plan
 from serving.spec.schema import FleetSpec
 
 PlanKind = Literal["rollout", "revert"]
@@ -134,11 +134,11 @@ class RolloutPlan:
         )
 
 
-def plan_batches(spec: FleetSpec) -> tuple[BatchPlan, ...]:
-    """``rollout.batches`` batches over the fleet's replicas, each spread across racks."""
-    replicas = fleet_replicas(spec)
+def plan_batches(fleet_plan: Plan) -> tuple[BatchPlan, ...]:
+    """``rollout.batches`` batches over the fleet's replicas (the plan's update groups), each spread across racks."""
+    replicas = fleet_plan.replicas
     out = []
-    for i, group in enumerate(rollout_groups(len(replicas), spec.rollout.batches)):
+    for i, group in enumerate(fleet_plan.rollout_groups):
         members = [replicas[j] for j in group]
         out.append(
             BatchPlan(
@@ -152,21 +152,23 @@ def plan_batches(spec: FleetSpec) -> tuple[BatchPlan, ...]:
 
 
 def plan_rollout(
-    spec: FleetSpec, stack: str, *, from_version: str, to_version: str, kind: PlanKind = "rollout"
+    spec: FleetSpec,
+    fleet_plan: Plan,
+    stack: str,
+    *,
+    from_version: str,
+    to_version: str,
+    kind: PlanKind = "rollout",
 ) -> RolloutPlan:
     return RolloutPlan(
         stack=stack,
         kind=kind,
         from_version=from_version,
         to_version=to_version,
-        batches=plan_batches(spec),
+        batches=plan_batches(fleet_plan),
         timings=Timings.from_spec(spec),
         limits=GateLimits.from_spec(spec),
     )
-
-
-def replicas_by_id(spec: FleetSpec) -> dict[str, Replica]:
-    return {r.id: r for r in fleet_replicas(spec)}
 
 
 def warmup_requests(per_replica_qps: float, share: float, duration_s: float, floor: int = 5) -> int:

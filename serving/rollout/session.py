@@ -19,7 +19,6 @@ from serving.rollout.machine import EventKind, Outcome, RolloutState, contract, 
 from serving.rollout.plan import RolloutPlan
 from serving.rollout.runner import ProgressFn, Runner
 from serving.router.client import RouterClient
-from serving.sandbox.worker import LOOPBACK
 from serving.spec.schema import FleetSpec
 
 VERSION_RULE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # serving.version's pattern
@@ -33,14 +32,6 @@ class RolloutInputError(ValueError):
 class Endpoints:
     router_url: str
     metrics_url: str
-
-
-def sandbox_endpoints(spec: FleetSpec) -> Endpoints:
-    if spec.sandbox is None:
-        raise RolloutInputError("this stack has no sandbox: section; pass --router-url and --metrics-url")
-    return Endpoints(
-        f"http://{LOOPBACK}:{spec.sandbox.router_port}", f"http://{LOOPBACK}:{spec.sandbox.prometheus_port}/metrics"
-    )
 
 
 def stable_version(latest: RolloutState | None, declared: str) -> str:

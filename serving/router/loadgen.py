@@ -18,9 +18,10 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
+if TYPE_CHECKING:
+    import aiohttp
 
 DEFAULT_BODY: Mapping[str, Any] = {"text": "hello world", "sampling_params": {"max_new_tokens": 8}}
 TRANSPORT_ERROR = 0  # status recorded when no HTTP response arrived (refused, reset, timeout)
@@ -134,6 +135,8 @@ class LoadGenerator:
 
     async def run(self, stop: asyncio.Event | None = None) -> LoadReport:
         """Send until the duration, the request budget or ``stop`` ends it; then await in-flight ones."""
+        import aiohttp  # noqa: PLC0415 - imported on first use: importing serving.rollout stays free of aiohttp
+
         spec = self.spec
         connector = aiohttp.TCPConnector(limit=spec.max_in_flight, force_close=False)
         timeout = aiohttp.ClientTimeout(total=spec.timeout_s)
@@ -153,6 +156,8 @@ class LoadGenerator:
         return LoadReport(tuple(self._results), time.monotonic() - self._started, self._late)
 
     async def _one(self, session: aiohttp.ClientSession, slots: asyncio.Semaphore) -> None:
+        import aiohttp  # noqa: PLC0415 - already loaded by run()
+
         sent = time.monotonic()
         status, error = TRANSPORT_ERROR, None
         try:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import httpx
 
-from serving.plan.planner import Replica, fleet_replicas
-from serving.render import units
+from serving.plan.model import Plan, Replica
+from serving.render.router import ROUTER_ENTRY, router_argv
 from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.sandbox.processes import SandboxError, StateDir, restart_worker
 from serving.sandbox.worker import LOOPBACK, WorkerConfig
@@ -59,21 +59,21 @@ def worker_config(spec: FleetSpec, replica: Replica, version: str) -> WorkerConf
     )
 
 
-def router_flags(spec: FleetSpec, worker_urls: Sequence[str]) -> list[str]:
-    """The sandbox router's flags: the fleet's router command (:func:`serving.render.units.router_argv`, on
+def router_flags(spec: FleetSpec, plan: Plan, worker_urls: Sequence[str]) -> list[str]:
+    """The sandbox router's flags: the fleet's router command (:func:`serving.render.router.router_argv`, on
     loopback for a sandbox stack, with latency buckets fine enough for the P99 gate)."""
     sandbox_of(spec)
-    return units.router_argv(spec, worker_urls=worker_urls)[len(units.ROUTER_ENTRY) :]
+    return router_argv(spec, plan, worker_urls=worker_urls)[len(ROUTER_ENTRY) :]
 
 
 class LocalBackend(ReplicaIndex):
     """Restart sandbox workers as local processes."""
 
-    def __init__(self, spec: FleetSpec, processes_dir: Path) -> None:
+    def __init__(self, spec: FleetSpec, plan: Plan, processes_dir: Path) -> None:
         self.spec = spec
         self.sandbox = sandbox_of(spec)
         self.state = StateDir(processes_dir)
-        super().__init__(fleet_replicas(spec))
+        super().__init__(list(plan.replicas))
         self._http = httpx.AsyncClient(timeout=spec.serving.health_check_timeout_s)
 
     @property

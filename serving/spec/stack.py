@@ -14,10 +14,10 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from serving.paths import ProjectNotFoundError, project_dir
 from serving.spec.schema import FleetSpec, load_hf_config
 
 NAMESPACE = "exaserve"
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_STACK = "prod"
 
 
@@ -39,11 +39,12 @@ class Stack:
     spec: FleetSpec
 
 
-def stack_path(name: str, root: Path = PROJECT_ROOT) -> Path:
+def stack_path(name: str, root: Path) -> Path:
+    """``Pulumi.<name>.yaml`` in the Pulumi project directory ``root``."""
     return root / f"Pulumi.{name}.yaml"
 
 
-def available_stacks(root: Path = PROJECT_ROOT) -> list[str]:
+def available_stacks(root: Path) -> list[str]:
     return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in root.glob("Pulumi.*.yaml"))
 
 
@@ -115,22 +116,61 @@ def parse_spec(doc: dict[str, Any], source: str, base_dir: Path) -> FleetSpec:
         raise SpecError(source, validation_problems(exc, doc)) from None
 
 
+def file_stack_name(path: Path) -> str:
+    """The stack name a file stands for: ``Pulumi.<name>.yaml`` -> ``<name>``, any other file by its name."""
+    return path.name.removeprefix("Pulumi.").removesuffix(".yaml")
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """Where the YAML breaks, what broke and how to fix it."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    if "'\\t'" in problem:
+        return f"not valid YAML: {where}a tab indents this line; YAML indents with spaces only, replace the tab"
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    opened = f" ({context} at line {start.line + 1}, column {start.column + 1})" if context and start else ""
+    return f"not valid YAML: {where}{problem}{opened}; close every bracket and quote"
+
+
 def load_stack_file(path: Path, name: str | None = None) -> Stack:
+    """Read and validate one stack file; every way it can be unreadable is a :class:`SpecError` naming the file."""
     source = str(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        data = path.read_bytes()
     except FileNotFoundError:
         raise SpecError(source, [("", "file not found; pass an existing stack file")]) from None
+    except OSError as exc:
+        raise SpecError(source, [("", f"cannot read the file ({exc.strerror}); pass a readable stack file")]) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise SpecError(
+            source,
+            [("", f"not UTF-8 text: byte 0x{data[exc.start]:02x} at line {line} (offset {exc.start}); save it as UTF-8")],
+        ) from None
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise SpecError(source, [("", f"not valid YAML: {exc}")]) from None
+        raise SpecError(source, [("", _yaml_problem(exc))]) from None
+    if raw is None:
+        raise SpecError(
+            source, [("", "the file is empty; a stack file needs a top-level 'config:' mapping of exaserve: keys")]
+        )
     if not isinstance(raw, dict) or not isinstance(raw.get("config"), dict):
         raise SpecError(source, [("config", "a Pulumi stack file needs a top-level 'config:' mapping")])
     doc = spec_document(raw["config"], source)
-    stack_name = name or path.name.removeprefix("Pulumi.").removesuffix(".yaml")
-    return Stack(name=stack_name, path=path, spec=parse_spec(doc, source, path.parent))
+    return Stack(name=name or file_stack_name(path), path=path, spec=parse_spec(doc, source, path.parent))
 
 
-def load_stack(name: str, root: Path = PROJECT_ROOT) -> Stack:
+def load_stack(name: str, root: Path | None = None) -> Stack:
+    """The stack ``name``: ``Pulumi.<name>.yaml`` in ``root``, by default the Pulumi project directory
+    (:func:`serving.paths.project_dir`: ``$EXASERVE_PROJECT_DIR``, else the nearest ``Pulumi.yaml`` upwards)."""
+    try:
+        root = root or project_dir()
+    except ProjectNotFoundError as exc:
+        raise SpecError(f"--stack {name}", [("", str(exc))]) from None
     path = stack_path(name, root)
     if not path.exists():
         known = ", ".join(available_stacks(root)) or "none"

@@ -1,25 +1,27 @@
-"""Import the custom Ansible modules in ansible/library as plain Python (for their parsers)."""
+"""The exaserve.fleet collection (ansible/collections/ansible_collections/exaserve/fleet), imported as
+plain Python under its real name, for the parsers of its probe modules and its plugins' functions."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 from types import ModuleType
 
-LIBRARY_DIR = Path(__file__).resolve().parents[2] / "ansible" / "library"
-MODULES = ("nvidia_smi_facts", "ibstat_facts", "chrony_facts", "kernel_facts")
+ANSIBLE_DIR = Path(__file__).resolve().parents[2] / "ansible"
+COLLECTIONS_DIR = ANSIBLE_DIR / "collections"
+COLLECTION_DIR = COLLECTIONS_DIR / "ansible_collections" / "exaserve" / "fleet"
+MODULES_DIR = COLLECTION_DIR / "plugins" / "modules"
+# Every module of the collection, by short name (the FQCN is exaserve.fleet.<name>).
+MODULES = tuple(sorted(path.stem for path in MODULES_DIR.glob("*.py")))
+# Documentation-only module files: the action plugin of the same name does the work, on the controller.
+ACTION_DOCS = ("preflight_record",)
+PROBES = tuple(name for name in MODULES if name not in ACTION_DOCS)
 
 
-def load(name: str) -> ModuleType:
-    """The module ansible/library/<name>.py, imported once as `exaserve_library_<name>`."""
-    qualified = f"exaserve_library_{name}"
-    if qualified in sys.modules:
-        return sys.modules[qualified]
-    spec = importlib.util.spec_from_file_location(qualified, LIBRARY_DIR / f"{name}.py")
-    if spec is None or spec.loader is None:
-        raise ImportError(f"no Ansible module {name!r} in {LIBRARY_DIR}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[qualified] = module
-    spec.loader.exec_module(module)
-    return module
+def load(name: str, kind: str = "modules") -> ModuleType:
+    """``ansible_collections.exaserve.fleet.plugins.<kind>.<name>``, the name Ansible imports it by
+    (so its ``module_utils`` imports resolve the same way as on a node)."""
+    if str(COLLECTIONS_DIR) not in sys.path:
+        sys.path.insert(0, str(COLLECTIONS_DIR))
+    return importlib.import_module(f"ansible_collections.exaserve.fleet.plugins.{kind}.{name}")

@@ -2,7 +2,7 @@
 secondary network (NetworkAttachmentDefinition) for RDMA traffic.
 
 The device plugin exposes ``spec.kubernetes.rdma_resource`` (``<prefix>/<name>``); serving pods request one
-unit of it (:func:`serving.render.units.pod_container`, with the NCCL/IB environment). An Ethernet fabric has no
+unit of it (:func:`serving.render.k8s.container.pod_container`, with the NCCL/IB environment). An Ethernet fabric has no
 HCAs: nothing is rendered here.
 """
 

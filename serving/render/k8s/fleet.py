@@ -4,7 +4,7 @@ A replica that fits on one node is one pod: a group is a StatefulSet of ``size``
 nodes is a LeaderWorkerSet group (leader + workers, one pod per node): a group is a LeaderWorkerSet of
 ``size`` replicas. Either way the object count is the number of groups, never the number of replicas.
 
-The container comes from :func:`serving.render.units.pod_container` (command, environment, probes, GPU, RDMA and
+The container comes from :func:`serving.render.k8s.container.pod_container` (command, environment, probes, GPU, RDMA and
 memory resources); this module adds the pod around it: placement on the serving pools (tolerating their
 taint), spread across racks, shared memory and model-cache volumes, the secondary network, a
 PodDisruptionBudget per group, and one headless Service over all workers for metrics scraping.
@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from serving.plan.planner import placement, plan
-from serving.render import units
+from serving.plan.model import Plan
+from serving.render.common import whole_seconds
 from serving.render.k8s import fabric
 from serving.render.k8s.common import (
     HOSTNAME_LABEL,
@@ -29,12 +29,13 @@ from serving.render.k8s.common import (
     metadata,
     serving_toleration,
 )
+from serving.render.k8s.container import CONTAINER_NAME, SERVER_POD_LABELS, pod_container, pod_volumes
 from serving.spec.schema import FleetSpec
 
 COMPONENT = "fleet"
 WORKERS_SERVICE = "sglang-workers"
 HTTP_PORT_NAME = "http"
-SERVING_CONTAINER = units.CONTAINER_NAME
+SERVING_CONTAINER = CONTAINER_NAME
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 
 
@@ -44,16 +45,11 @@ def group_name(group: int) -> str:
 
 
 def group_selector(group: int) -> dict[str, str]:
-    return {**units.SERVER_POD_LABELS, LABEL_GROUP: str(group)}
+    return {**SERVER_POD_LABELS, LABEL_GROUP: str(group)}
 
 
 def group_labels(spec: FleetSpec, group: int) -> dict[str, str]:
     return {**group_selector(group), LABEL_PART_OF: "exaserve", LABEL_VERSION: spec.group_version(group)}
-
-
-def group_sizes(spec: FleetSpec) -> list[int]:
-    """Replicas per update group: the planner's rollout groups (what ``exaserve plan`` shows)."""
-    return plan(spec).rollout_group_sizes
 
 
 def max_unavailable(spec: FleetSpec, size: int) -> int:
@@ -61,11 +57,7 @@ def max_unavailable(spec: FleetSpec, size: int) -> int:
     return max(1, math.floor(size * spec.limits.failure_reserve))
 
 
-def multi_node(spec: FleetSpec) -> bool:
-    return placement(spec).nodes_per_replica > 1
-
-
-def pod_template(spec: FleetSpec, group: int, *, leader: bool = True) -> dict[str, Any]:
+def pod_template(spec: FleetSpec, plan: Plan, group: int, *, leader: bool = True) -> dict[str, Any]:
     selector = group_selector(group)
     meta: dict[str, Any] = {"labels": group_labels(spec, group)}
     if annotations := fabric.pod_annotations(spec):
@@ -81,19 +73,19 @@ def pod_template(spec: FleetSpec, group: int, *, leader: bool = True) -> dict[st
             "affinity": gpu_node_affinity(spec),
             "tolerations": [serving_toleration()],
             "topologySpreadConstraints": [{**c, "labelSelector": {"matchLabels": selector}} for c in spread],
-            "terminationGracePeriodSeconds": units.whole_seconds(spec.rollout.drain_timeout_s),
+            "terminationGracePeriodSeconds": whole_seconds(spec.rollout.drain_timeout_s),
             "enableServiceLinks": False,
-            "containers": [units.pod_container(spec, group, leader=leader)],
-            "volumes": units.pod_volumes(spec),
+            "containers": [pod_container(spec, plan, group, leader=leader)],
+            "volumes": pod_volumes(spec),
         },
     }
 
 
-def _workload(spec: FleetSpec, group: int, size: int) -> K8sObject:
+def _workload(spec: FleetSpec, plan: Plan, group: int, size: int) -> K8sObject:
     ns = spec.kubernetes.namespace
     meta = metadata(group_name(group), ns, group_labels(spec, group))
     budget = max_unavailable(spec, size)
-    if multi_node(spec):
+    if plan.multi_node:
         return {
             "apiVersion": LWS_API,
             "kind": "LeaderWorkerSet",
@@ -106,10 +98,10 @@ def _workload(spec: FleetSpec, group: int, size: int) -> K8sObject:
                     "rollingUpdateConfiguration": {"maxUnavailable": budget, "maxSurge": 0},
                 },
                 "leaderWorkerTemplate": {
-                    "size": placement(spec).nodes_per_replica,
+                    "size": plan.placement.nodes_per_replica,
                     "restartPolicy": "RecreateGroupOnPodRestart",
-                    "leaderTemplate": pod_template(spec, group, leader=True),
-                    "workerTemplate": pod_template(spec, group, leader=False),
+                    "leaderTemplate": pod_template(spec, plan, group, leader=True),
+                    "workerTemplate": pod_template(spec, plan, group, leader=False),
                 },
             },
         }
@@ -125,30 +117,30 @@ def _workload(spec: FleetSpec, group: int, size: int) -> K8sObject:
             "podManagementPolicy": "Parallel",
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": budget}},
             "selector": {"matchLabels": group_selector(group)},
-            "template": pod_template(spec, group),
+            "template": pod_template(spec, plan, group),
         },
     }
 
 
-def render(spec: FleetSpec) -> list[K8sObject]:
+def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
     ns = spec.kubernetes.namespace
     objects: list[K8sObject] = [
         {
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": metadata(WORKERS_SERVICE, ns, {**units.SERVER_POD_LABELS, LABEL_PART_OF: "exaserve"}),
+            "metadata": metadata(WORKERS_SERVICE, ns, {**SERVER_POD_LABELS, LABEL_PART_OF: "exaserve"}),
             "spec": {
                 "clusterIP": "None",
                 "publishNotReadyAddresses": False,
-                "selector": dict(units.SERVER_POD_LABELS),
+                "selector": dict(SERVER_POD_LABELS),
                 "ports": [
                     {"name": HTTP_PORT_NAME, "port": spec.serving.port, "targetPort": HTTP_PORT_NAME, "protocol": "TCP"}
                 ],
             },
         }
     ]
-    for group, size in enumerate(group_sizes(spec)):
-        objects.append(_workload(spec, group, size))
+    for group, size in enumerate(plan.rollout_group_sizes):
+        objects.append(_workload(spec, plan, group, size))
         objects.append(
             {
                 "apiVersion": "policy/v1",

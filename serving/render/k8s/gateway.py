@@ -1,6 +1,6 @@
 """Gateway: the SGLang router as a Deployment with Kubernetes service discovery.
 
-The router's command comes from :func:`serving.render.units.router_argv` (``kubernetes=True``: discovery of the
+The router's command comes from :func:`serving.render.router.router_argv` (``kubernetes=True``: discovery of the
 serving pods by label in the stack's namespace); its ports are read back from that argv, so they are
 defined once. Discovery needs to read pods and nothing else: the Role grants get/list/watch on pods.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from serving.render import units
+from serving.plan.model import Plan
 from serving.render.k8s.common import (
     HOSTNAME_LABEL,
     LABEL_NAME,
@@ -18,6 +18,7 @@ from serving.render.k8s.common import (
     labels,
     metadata,
 )
+from serving.render.router import router_argv
 from serving.spec.schema import FleetSpec
 
 COMPONENT = "gateway"
@@ -37,9 +38,9 @@ def flag_value(argv: Sequence[str], flag: str) -> str:
     raise ValueError(f"router argv has no {flag}: {' '.join(argv)}")
 
 
-def router_ports(spec: FleetSpec) -> tuple[int, int]:
+def router_ports(spec: FleetSpec, plan: Plan) -> tuple[int, int]:
     """(HTTP port, Prometheus port) of the router, as its argv sets them."""
-    argv = units.router_argv(spec, kubernetes=True)
+    argv = router_argv(spec, plan, kubernetes=True)
     return int(flag_value(argv, "--port")), int(flag_value(argv, "--prometheus-port"))
 
 
@@ -48,11 +49,11 @@ def router_replicas(spec: FleetSpec) -> int:
     return spec.scheduler.instances
 
 
-def render(spec: FleetSpec) -> list[K8sObject]:
+def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
     ns = spec.kubernetes.namespace
     lab = labels(COMPONENT, NAME)
     selector = {LABEL_NAME: NAME}
-    http_port, metrics_port = router_ports(spec)
+    http_port, metrics_port = router_ports(spec, plan)
     probe = {
         "periodSeconds": max(1, round(spec.serving.heartbeat_interval_s)),
         "timeoutSeconds": max(1, round(spec.serving.health_check_timeout_s)),
@@ -61,7 +62,7 @@ def render(spec: FleetSpec) -> list[K8sObject]:
     container: K8sObject = {
         "name": "router",
         "image": spec.kubernetes.router_image,
-        "command": units.router_argv(spec, kubernetes=True),
+        "command": router_argv(spec, plan, kubernetes=True),
         "ports": [
             {"name": HTTP_PORT_NAME, "containerPort": http_port, "protocol": "TCP"},
             {"name": METRICS_PORT_NAME, "containerPort": metrics_port, "protocol": "TCP"},

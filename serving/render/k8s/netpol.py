@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serving.plan.planner import placement
+from serving.plan.model import Plan
 from serving.render.k8s import fleet, gateway
 from serving.render.k8s.common import LABEL_NAME, ROUTER_APP, SERVING_APP, K8sObject, labels, metadata
 from serving.spec.schema import FleetSpec
@@ -28,16 +28,16 @@ def _policy(spec: FleetSpec, name: str, pod_selector: dict[str, Any], ingress: l
     }
 
 
-def render(spec: FleetSpec) -> list[K8sObject]:
+def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
     monitoring = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: spec.kubernetes.monitoring_namespace}}}
     router_pods = {"podSelector": {"matchLabels": {LABEL_NAME: ROUTER_APP}}}
     serving_pods = {"podSelector": {"matchLabels": {LABEL_NAME: SERVING_APP}}}
     serving_port = [{"protocol": "TCP", "port": spec.serving.port}]
-    http_port, metrics_port = gateway.router_ports(spec)
+    http_port, metrics_port = gateway.router_ports(spec, plan)
     worker_ingress: list[dict[str, Any]] = [
         {"from": [router_pods, monitoring], "ports": serving_port},
     ]
-    if placement(spec).nodes_per_replica > 1:
+    if plan.multi_node:
         worker_ingress.append({"from": [serving_pods]})
     return [
         _policy(spec, "default-deny-ingress", {}, []),

@@ -1,12 +1,12 @@
 """NTP: chrony on every node as a DaemonSet on the host network, holding only the SYS_TIME capability.
 
-chrony.conf is rendered by :func:`serving.render.units.chrony_conf` from the spec's servers and offset limit; the
+chrony.conf is rendered by :func:`serving.render.chrony.chrony_conf` from the spec's servers and offset limit; the
 alert on a node's offset lives with the other alerts in :mod:`serving.render.k8s.monitoring`.
 """
 
 from __future__ import annotations
 
-from serving.render import units
+from serving.render.chrony import chrony_conf
 from serving.render.k8s.common import LABEL_NAME, K8sObject, labels, metadata
 from serving.spec.schema import FleetSpec
 
@@ -26,7 +26,7 @@ def render(spec: FleetSpec) -> list[K8sObject]:
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": metadata(CONFIGMAP, ns, lab),
-            "data": {"chrony.conf": units.chrony_conf(spec)},
+            "data": {"chrony.conf": chrony_conf(spec)},
         },
         {
             "apiVersion": "apps/v1",

@@ -21,6 +21,7 @@ from serving.render.k8s.common import (
     metadata,
     serving_toleration,
 )
+from serving.render.sglang import model_dir
 from serving.spec.schema import FleetSpec
 
 COMPONENT = "storage"
@@ -42,11 +43,10 @@ def _volume_source(spec: FleetSpec) -> dict[str, Any]:
 
 
 def model_dirs(spec: FleetSpec) -> tuple[str, str]:
-    """(model directory on the shared store, model directory in the node-local cache)."""
-    return (
-        f"{spec.storage.model_store.mount_path.rstrip('/')}/{spec.model.path}",
-        f"{spec.storage.local_cache.path.rstrip('/')}/{spec.model.path}",
-    )
+    """(model directory on the shared store, model directory in the node-local cache): the same
+    :func:`~serving.render.sglang.model_dir` join the server's ``--model-path`` uses, so ``org/m/`` and
+    ``org/m`` stage into and serve from one directory."""
+    return model_dir(spec, spec.storage.model_store.mount_path), model_dir(spec)
 
 
 def warm_script(spec: FleetSpec) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from serving.plan.planner import Replica
+from serving.plan.model import Replica
 
 
 class BackendError(RuntimeError):

@@ -29,9 +29,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from serving.plan.planner import fleet_replicas
+from serving.plan.model import Plan
 from serving.render.k8s.common import LABEL_VERSION, K8sObject
-from serving.render.k8s.fleet import LWS_API, WORKERS_SERVICE, group_name, multi_node, render
+from serving.render.k8s.fleet import LWS_API, WORKERS_SERVICE, group_name, render
 from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.rollout.plan import with_group_version
 from serving.spec.schema import FleetSpec
@@ -75,25 +75,25 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def workload_path(spec: FleetSpec, group: int) -> str:
+def workload_path(spec: FleetSpec, fleet_plan: Plan, group: int) -> str:
     ns = spec.kubernetes.namespace
-    if multi_node(spec):
+    if fleet_plan.multi_node:
         return f"/apis/{LWS_API}/namespaces/{ns}/leaderworkersets/{group_name(group)}"
     return f"/apis/apps/v1/namespaces/{ns}/statefulsets/{group_name(group)}"
 
 
-def workload(spec: FleetSpec, group: int) -> K8sObject:
+def workload(spec: FleetSpec, fleet_plan: Plan, group: int) -> K8sObject:
     """Group ``group``'s StatefulSet / LeaderWorkerSet as the Pulumi program renders it."""
     name = group_name(group)
-    for obj in render(spec):
+    for obj in render(spec, fleet_plan):
         if obj["kind"] in ("StatefulSet", "LeaderWorkerSet") and obj["metadata"]["name"] == name:
             return obj
     raise BackendError(f"the fleet has no workload {name}; rollout.batches={spec.rollout.batches}")
 
 
-def version_patch(spec: FleetSpec, group: int, version: str) -> dict[str, Any]:
+def version_patch(spec: FleetSpec, fleet_plan: Plan, group: int, version: str) -> dict[str, Any]:
     """JSON merge patch moving group ``group`` to ``version``: its labels and pod template(s)."""
-    target = workload(with_group_version(spec, group, version), group)
+    target = workload(with_group_version(spec, group, version), fleet_plan, group)
     templates = (
         {"leaderWorkerTemplate": target["spec"]["leaderWorkerTemplate"]}
         if target["kind"] == "LeaderWorkerSet"
@@ -126,10 +126,11 @@ def rollout_status(obj: K8sObject) -> tuple[bool, str]:
 class KubernetesBackend(ReplicaIndex):
     """Patch update groups' workloads through the Kubernetes API and wait for their rollout."""
 
-    def __init__(self, spec: FleetSpec, api: KubeApi) -> None:
+    def __init__(self, spec: FleetSpec, fleet_plan: Plan, api: KubeApi) -> None:
         self.spec = spec
+        self.fleet_plan = fleet_plan
         self.api = api
-        replicas = fleet_replicas(spec)
+        replicas = list(fleet_plan.replicas)
         super().__init__(replicas)
         # A group's replicas, in index order, are its workload's ordinals 0..size-1.
         self._ordinal = {r.id: sorted(x.index for x in replicas if x.group == r.group).index(r.index) for r in replicas}
@@ -143,14 +144,14 @@ class KubernetesBackend(ReplicaIndex):
         """The replica's pod (the leader pod of a multi-node replica) by its stable DNS name."""
         replica = self._replica(replica_id)
         pod = f"{group_name(replica.group)}-{self._ordinal[replica_id]}"
-        service = group_name(replica.group) if multi_node(self.spec) else WORKERS_SERVICE
+        service = group_name(replica.group) if self.fleet_plan.multi_node else WORKERS_SERVICE
         return f"http://{pod}.{service}.{self.spec.kubernetes.namespace}.svc:{self.spec.serving.port}"
 
     def known_versions(self) -> None:
         return None  # any release of serving.releases
 
     async def _get(self, group: int) -> K8sObject:
-        path = workload_path(self.spec, group)
+        path = workload_path(self.spec, self.fleet_plan, group)
         try:
             response = await self._http.get(path)
         except httpx.HTTPError as exc:
@@ -178,16 +179,16 @@ class KubernetesBackend(ReplicaIndex):
             if not members <= set(replica_ids):
                 raise BackendError(
                     f"batch does not cover update group {g}: on Kubernetes a batch is a whole workload "
-                    f"({group_name(g)}); plan batches with serving.plan.planner.rollout_groups"
+                    f"({group_name(g)}); plan batches from the plan's update groups (Plan.rollout_groups)"
                 )
         deadline = time.monotonic() + timeout_s
         for g in groups:
-            await self._patch(g, version_patch(self.spec, g, version))
+            await self._patch(g, version_patch(self.spec, self.fleet_plan, g, version))
         for g in groups:
             await self._wait(g, deadline, timeout_s)
 
     async def _patch(self, group: int, patch: dict[str, Any]) -> None:
-        path = workload_path(self.spec, group)
+        path = workload_path(self.spec, self.fleet_plan, group)
         try:
             response = await self._http.patch(
                 path, json=patch, headers={"Content-Type": "application/merge-patch+json"}

@@ -1,7 +1,7 @@
 """Bare-metal nodes over SSH: install the replica's systemd unit for the new release and restart it.
 
 Each replica runs as ``exaserve-sglang@<replica>.service`` (one unit per node of a multi-node replica),
-rendered by :func:`serving.render.units.systemd_unit` from the stack with the batch's group set to the new
+rendered by :func:`serving.render.systemd.systemd_unit` from the stack with the batch's group set to the new
 version — so the unit on the node is exactly what the stack says that group runs (image release in
 ``EXASERVE_RELEASE``, command line, limits). Per node, one SSH session writes the units atomically,
 runs ``systemctl daemon-reload`` and ``systemctl restart --no-block`` (the updater's health step
@@ -20,9 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from serving.plan.planner import Replica, fleet_replicas
+from serving.plan.model import Plan, Replica
 from serving.remote.fanout import HostResult, Target, run_one
-from serving.render import units
+from serving.render.router import replica_url
+from serving.render.systemd import systemd_unit, unit_name
 from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.rollout.plan import with_group_version
 from serving.spec.schema import FleetSpec, Node
@@ -38,13 +39,13 @@ class UnitFile:
     text: str
 
 
-def unit_files(spec: FleetSpec, replicas: Sequence[Replica], version: str) -> list[UnitFile]:
+def unit_files(spec: FleetSpec, fleet_plan: Plan, replicas: Sequence[Replica], version: str) -> list[UnitFile]:
     """Every unit (all nodes of each replica) of ``replicas`` at ``version``."""
     out = []
     for replica in replicas:
         moved = with_group_version(spec, replica.group, version)
         for rank, node in enumerate(replica.nodes):
-            out.append(UnitFile(node, units.unit_name(replica, rank), units.systemd_unit(moved, replica, rank)))
+            out.append(UnitFile(node, unit_name(replica, rank), systemd_unit(moved, fleet_plan, replica, rank)))
     return out
 
 
@@ -89,6 +90,7 @@ class SshBackend(ReplicaIndex):
     def __init__(
         self,
         spec: FleetSpec,
+        fleet_plan: Plan,
         *,
         known_hosts: Path,
         identity: Path | None = None,
@@ -100,14 +102,15 @@ class SshBackend(ReplicaIndex):
         self.identity = identity
         self.connect_timeout_s = connect_timeout_s
         self.unit_dir = unit_dir
-        super().__init__(fleet_replicas(spec))
+        self.fleet_plan = fleet_plan
+        super().__init__(list(fleet_plan.replicas))
 
     @property
     def name(self) -> str:
         return f"ssh ({len({n.name for r in self.replicas.values() for n in r.nodes})} nodes)"
 
     def worker_url(self, replica_id: str) -> str:
-        return units.replica_url(self._replica(replica_id))
+        return replica_url(self._replica(replica_id))
 
     def known_versions(self) -> None:
         return None  # any release of serving.releases
@@ -132,7 +135,7 @@ class SshBackend(ReplicaIndex):
         by_node: dict[Node, list[tuple[str, str]]] = {}
         for rid in replica_ids:
             replica = self._replica(rid)
-            by_node.setdefault(replica.node, []).append((rid, units.unit_name(replica, 0)))
+            by_node.setdefault(replica.node, []).append((rid, unit_name(replica, 0)))
         results = await self._per_node(
             {n: show_command([u for _, u in pairs]) for n, pairs in by_node.items()}, 2 * self.connect_timeout_s
         )
@@ -143,7 +146,7 @@ class SshBackend(ReplicaIndex):
         return {rid: out[rid] for rid in replica_ids}
 
     async def update(self, replica_ids: Sequence[str], version: str, timeout_s: float) -> None:
-        files = unit_files(self.spec, [self._replica(r) for r in replica_ids], version)
+        files = unit_files(self.spec, self.fleet_plan, [self._replica(r) for r in replica_ids], version)
         by_node: dict[Node, list[UnitFile]] = {}
         for f in files:
             by_node.setdefault(f.node, []).append(f)

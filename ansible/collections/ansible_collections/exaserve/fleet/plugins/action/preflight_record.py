@@ -1,8 +1,15 @@
-"""Action plugin ``preflight_record``: record preflight check results as the host's ``preflight_results`` fact.
+"""Action plugin ``exaserve.fleet.preflight_record``: record preflight check results as the host's
+``preflight_results`` fact.
 
 Runs on the controller only (no SSH round trip). A failing check never fails the task: preflight
 collects every result on every host and the final role (``preflight_report``) writes the report
-and fails the hosts that have a failing check. See docs/preflight.md.
+and fails the hosts that have a failing check. Documented in plugins/modules/preflight_record.py
+(where ansible-doc looks); docs/preflight.md describes the report.
+
+Controller dependency: each entry is checked and normalised by ``serving.checks.preflight.check_result``
+(the check catalogue and the record format ``exaserve preflight`` reads back), reached through
+plugin_utils/controller.py, so a typo in a role fails the record task instead of adding a column
+nobody reads.
 """
 
 from __future__ import annotations
@@ -10,27 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
-
 from ansible.plugins.action import ActionBase
+from ansible_collections.exaserve.fleet.plugins.plugin_utils.controller import controller
 
-DOCUMENTATION = r"""
----
-module: preflight_record
-short_description: Record preflight check results for the host
-description:
-  - "Merges the given checks into the C(preflight_results) fact of the host
-    (check name -> status, observed, expected, fix), for the C(preflight_report) role."
-  - Controller-side only; never changes the node. Supports check mode.
-options:
-  checks:
-    description:
-      - One entry per check. C(check) is a name from C(serving.checks.preflight.CHECKS); C(passed) is the
-        outcome, or C(skip) gives the reason the check does not apply; C(observed), C(expected)
-        and C(fix) are shown to the user (C(fix) is required when the check fails).
-    type: list
-    elements: dict
-    required: true
-"""
+NAME = "exaserve.fleet.preflight_record"
 
 
 class ActionModule(ActionBase):
@@ -39,8 +29,7 @@ class ActionModule(ActionBase):
     TRANSFERS_FILES = False
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
-        from serving.checks.preflight import check_result  # noqa: PLC0415 - the controller's venv provides serving
-
+        preflight = controller("serving.checks.preflight", NAME)
         result = super().run(tmp, task_vars)
         checks = self._task.args.get("checks")
         probe_error = self._task.args.get("probe_error")
@@ -49,7 +38,7 @@ class ActionModule(ActionBase):
             checks = [{"check": c, "passed": False, **common} for c in probe_error.get("checks") or []]
         if not isinstance(checks, list) or not checks:
             raise AnsibleActionFail(
-                "preflight_record: give 'checks' (a non-empty list of {check, passed|skip, ...}) "
+                f"{NAME}: give 'checks' (a non-empty list of {{check, passed|skip, ...}}) "
                 "or 'probe_error' ({checks, observed, expected, fix})"
             )
         facts = (task_vars or {}).get("ansible_facts") or {}
@@ -57,11 +46,11 @@ class ActionModule(ActionBase):
         failing = []
         for item in checks:
             if not isinstance(item, dict) or "check" not in item:
-                raise AnsibleActionFail(f"preflight_record: every entry needs a 'check' name, got {item!r}")
+                raise AnsibleActionFail(f"{NAME}: every entry needs a 'check' name, got {item!r}")
             try:
-                recorded[item["check"]] = check_result(str(item["check"]), item)
+                recorded[item["check"]] = preflight.check_result(str(item["check"]), item)
             except ValueError as exc:
-                raise AnsibleActionFail(f"preflight_record: {exc}") from None
+                raise AnsibleActionFail(f"{NAME}: {exc}") from None
             if recorded[item["check"]]["status"] == "fail":
                 failing.append(item["check"])
         result.update(

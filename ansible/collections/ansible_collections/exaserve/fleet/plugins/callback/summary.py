@@ -1,4 +1,4 @@
-"""Callback ``exaserve_summary``: after the recap, one line per host state and the slowest tasks.
+"""Callback ``exaserve.fleet.summary``: after the recap, one line per host state and the slowest tasks.
 
 Enabled in ansible.cfg (``callbacks_enabled``). It prints how long the run took, how many hosts
 ended ok, failed or unreachable (with their names), and the five slowest tasks, so a slow or
@@ -14,20 +14,22 @@ from ansible.plugins.callback import CallbackBase
 
 DOCUMENTATION = r"""
 ---
-name: exaserve_summary
+name: summary
 type: aggregate
+author: ExaServe platform team
+version_added: "0.1.0"
 short_description: Wall time, host outcome and slowest tasks at the end of a run
 description:
   - Prints the wall time, the hosts that failed or were unreachable, and the five slowest tasks.
 requirements:
-  - enable it in callbacks_enabled
+  - enable it in callbacks_enabled (ansible/ansible.cfg does, as exaserve.fleet.summary)
 """
 
 
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "aggregate"
-    CALLBACK_NAME = "exaserve_summary"
+    CALLBACK_NAME = "exaserve.fleet.summary"
     CALLBACK_NEEDS_ENABLED = True
 
     def __init__(self) -> None:

@@ -1,8 +1,10 @@
-"""Ansible inventory plugin ``exaserve``: hosts, groups and variables from the typed fleet spec.
+"""Inventory plugin ``exaserve.fleet.exaserve``: hosts, groups and variables from the typed fleet spec.
 
 The one source of truth is the stack (``Pulumi.<stack>.yaml``); this plugin loads it through
-:mod:`serving.spec.stack` and exposes what the roles need, so no node list or expected value is
-written twice. Configuration file: ``ansible/inventory/<stack>.exaserve.yml``.
+``serving.spec.stack`` and exposes what the roles need (``serving.render.inventory``), so no node list
+or expected value is written twice. That is controller logic this plugin genuinely needs: it reaches
+``serving`` through plugin_utils/controller.py. Configuration file: ``ansible/inventory/<stack>.exaserve.yml``
+with ``plugin: exaserve.fleet.exaserve``.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleParserError
-
 from ansible.plugins.inventory import BaseInventoryPlugin
+from ansible_collections.exaserve.fleet.plugins.plugin_utils.controller import controller
 
 DOCUMENTATION = r"""
 ---
 name: exaserve
+author: ExaServe platform team
+version_added: "0.1.0"
 short_description: ExaServe fleet nodes, pools, racks and expected hardware from the typed stack
 description:
   - Loads an ExaServe stack (C(Pulumi.<stack>.yaml)) with the project's spec loader and adds every
@@ -27,11 +31,12 @@ description:
     check or install (expected GPU count, product and memory, HCAs and link rate, minimum kernel,
     driver and CUDA, NTP offset limit, model paths); see docs/preflight.md for the full list.
   - A stack error is reported with the field, the value and the fix, and no host is added.
+  - Needs the exaserve-deploy package (C(serving)) in the interpreter that runs Ansible.
 options:
   plugin:
     description: Marks the file as this plugin's configuration.
     required: true
-    choices: [exaserve]
+    choices: [exaserve.fleet.exaserve]
   stack:
     description: Stack name; the plugin reads C(Pulumi.<stack>.yaml) from the project root.
     type: str
@@ -50,13 +55,13 @@ options:
 
 EXAMPLES = r"""
 # ansible/inventory/prod.exaserve.yml
-plugin: exaserve
+plugin: exaserve.fleet.exaserve
 stack: prod
 """
 
 
 class InventoryModule(BaseInventoryPlugin):
-    NAME = "exaserve"
+    NAME = "exaserve.fleet.exaserve"
 
     def verify_file(self, path: str) -> bool:
         return super().verify_file(path) and path.endswith((".exaserve.yml", ".exaserve.yaml"))
@@ -64,44 +69,43 @@ class InventoryModule(BaseInventoryPlugin):
     def parse(self, inventory: Any, loader: Any, path: str, cache: bool = True) -> None:
         super().parse(inventory, loader, path, cache)
         self._read_config_data(path)
-        from serving.spec.stack import SpecError, load_stack, load_stack_file  # noqa: PLC0415
-
+        stacks = controller("serving.spec.stack", f"inventory plugin {self.NAME}")
         stack_name, stack_file = self.get_option("stack"), self.get_option("stack_file")
         if not stack_name and not stack_file:
             raise AnsibleParserError(f"{path}: set 'stack: <name>' or 'stack_file: <path>' (neither is set)")
         try:
             if stack_file:
                 file_path = Path(stack_file)
-                stack = load_stack_file(file_path if file_path.is_absolute() else Path(path).parent / file_path)
+                stack = stacks.load_stack_file(file_path if file_path.is_absolute() else Path(path).parent / file_path)
             else:
-                stack = load_stack(stack_name)
-        except SpecError as exc:
+                stack = stacks.load_stack(stack_name)
+        except stacks.SpecError as exc:
             raise AnsibleParserError(f"inventory {path}: {exc}") from None
         self._populate(stack)
 
     def _populate(self, stack: Any) -> None:
-        from serving.render.inventory import FLEET_GROUP, fleet_vars, groups, host_vars  # noqa: PLC0415
-
+        rendered = controller("serving.render.inventory", f"inventory plugin {self.NAME}")
+        fleet = rendered.FLEET_GROUP
         inv = self.inventory
-        inv.add_group(FLEET_GROUP)
-        for key, value in fleet_vars(stack).items():
-            inv.set_variable(FLEET_GROUP, key, value)
+        inv.add_group(fleet)
+        for key, value in rendered.fleet_vars(stack).items():
+            inv.set_variable(fleet, key, value)
         known_hosts, key_file = self.get_option("known_hosts_file"), self.get_option("private_key_file")
         if known_hosts:
             inv.set_variable(
-                FLEET_GROUP,
+                fleet,
                 "ansible_ssh_common_args",
                 f"-o UserKnownHostsFile={known_hosts} -o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes",
             )
         if key_file:
-            inv.set_variable(FLEET_GROUP, "ansible_ssh_private_key_file", key_file)
-        for group, members in groups(stack.spec).items():
-            if group == FLEET_GROUP:
+            inv.set_variable(fleet, "ansible_ssh_private_key_file", key_file)
+        for group, members in rendered.groups(stack.spec).items():
+            if group == fleet:
                 continue
             inv.add_group(group)
-            inv.add_child(FLEET_GROUP, group)
+            inv.add_child(fleet, group)
             for host in members:
                 inv.add_host(host, group=group)
-        for host, variables in host_vars(stack).items():
+        for host, variables in rendered.host_vars(stack).items():
             for key, value in variables.items():
                 inv.set_variable(host, key, value)

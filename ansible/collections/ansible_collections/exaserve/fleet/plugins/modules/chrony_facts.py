@@ -7,7 +7,7 @@ import calendar
 import time
 from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe, ProbeParseError
 
 DOCUMENTATION = r"""
 ---
@@ -18,10 +18,10 @@ description:
     and returns the C(chrony) fact.
   - C(system_time_offset_s) is signed the way people read it, positive when the system clock is
     ahead of NTP time (chronyc says "fast"), negative when it is behind ("slow").
-  - Read-only; never changes the node. Safe in check mode.
   - Fails with the fix when chronyc is missing or chronyd does not answer.
 version_added: "0.1.0"
 author: ExaServe platform team
+extends_documentation_fragment: [exaserve.fleet.read_only]
 options:
   output_format:
     description:
@@ -36,7 +36,7 @@ requirements:
 
 EXAMPLES = r"""
 - name: Read the clock state
-  chrony_facts:
+  exaserve.fleet.chrony_facts:
 
 - name: Clock synchronised and within 100 ms of NTP time
   ansible.builtin.assert:
@@ -114,14 +114,10 @@ ARGUMENT_SPEC: dict[str, Any] = {
 }
 
 
-class ChronyParseError(ValueError):
-    """chronyc printed something this parser does not recognise."""
-
-
 def _finish(facts: dict[str, Any]) -> dict[str, Any]:
     missing = [field for field in CSV_FIELDS if field not in facts]
     if missing:
-        raise ChronyParseError(f"tracking report lacks {', '.join(missing)}")
+        raise ProbeParseError(f"tracking report lacks {', '.join(missing)}")
     facts["synchronised"] = facts["leap_status"] != NOT_SYNCHRONISED
     return {field: facts[field] for field in (*CSV_FIELDS, "synchronised")}
 
@@ -131,17 +127,17 @@ def parse_tracking_csv(text: str) -> dict[str, Any]:
     apply (positive = clock behind); the fact flips it to clock minus NTP time."""
     lines = [line for line in text.splitlines() if line.strip()]
     if len(lines) != 1:
-        raise ChronyParseError(f"expected one CSV line, got {len(lines)}: {text.strip()!r}")
+        raise ProbeParseError(f"expected one CSV line, got {len(lines)}: {text.strip()!r}")
     cells = lines[0].split(",")
     if len(cells) != len(CSV_FIELDS):
-        raise ChronyParseError(f"expected {len(CSV_FIELDS)} CSV fields, got {len(cells)}: {lines[0]!r}")
+        raise ProbeParseError(f"expected {len(CSV_FIELDS)} CSV fields, got {len(cells)}: {lines[0]!r}")
     facts: dict[str, Any] = dict(zip(CSV_FIELDS, cells, strict=True))
     try:
         facts["stratum"] = int(facts["stratum"])
         for field in CSV_FIELDS[3:13]:
             facts[field] = float(facts[field]) + 0.0  # +0.0: chronyc prints -0.000 for tiny negatives
     except ValueError as exc:
-        raise ChronyParseError(f"non-numeric field in {lines[0]!r}: {exc}") from exc
+        raise ProbeParseError(f"non-numeric field in {lines[0]!r}: {exc}") from exc
     facts["system_time_offset_s"] = -facts["system_time_offset_s"] + 0.0  # +0.0: never -0.0
     return _finish(facts)
 
@@ -150,7 +146,7 @@ def _signed(value: str, unit: str, field: str) -> float:
     """`0.000006523 seconds slow` -> -6.523e-06 (slow = behind); `3.225 ppm fast` -> 3.225."""
     parts = value.split()
     if len(parts) != 3 or parts[1] != unit or parts[2] not in ("fast", "slow"):
-        raise ChronyParseError(f"{field}: unrecognised value {value!r}")
+        raise ProbeParseError(f"{field}: unrecognised value {value!r}")
     magnitude = float(parts[0])
     return magnitude if parts[2] == "fast" else -magnitude + 0.0  # +0.0: "0.000 slow" is 0.0, not -0.0
 
@@ -158,7 +154,7 @@ def _signed(value: str, unit: str, field: str) -> float:
 def _number(value: str, unit: str, field: str) -> float:
     parts = value.split()
     if len(parts) != 2 or parts[1] != unit:
-        raise ChronyParseError(f"{field}: expected '<number> {unit}', got {value!r}")
+        raise ProbeParseError(f"{field}: expected '<number> {unit}', got {value!r}")
     return float(parts[0]) + 0.0  # +0.0: chronyc prints -0.000 for tiny negatives
 
 
@@ -194,39 +190,22 @@ def parse_tracking_text(text: str) -> dict[str, Any]:
             else:
                 facts[field] = value
         except ValueError as exc:
-            raise ChronyParseError(f"{label}: {exc}") from exc
+            raise ProbeParseError(f"{label}: {exc}") from exc
     return _finish(facts)
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    chronyc = module.get_bin_path("chronyc")
-    if chronyc is None:
-        module.fail_json(
-            msg="chronyc is not installed on this node (not found on PATH or in /sbin, /usr/sbin, "
-            "/usr/local/sbin). Install and enable chrony: 'apt-get install chrony && systemctl "
-            "enable --now chrony', then re-run."
-        )
-    csv = module.params["output_format"] == "csv"
+    probe = Probe("chrony_facts", ARGUMENT_SPEC)
+    chronyc = probe.find(
+        "chronyc", "Install and enable chrony: 'apt-get install chrony && systemctl enable --now chrony', then re-run."
+    )
+    csv = probe.params["output_format"] == "csv"
     args = [chronyc, "-c", "tracking"] if csv else [chronyc, "tracking"]
-    rc, out, err = module.run_command(args, environ_update={"LC_ALL": "C"})
-    if rc != 0:
-        module.fail_json(
-            msg=f"'{' '.join(args)}' exited {rc}: {' '.join((out + err).split()).rstrip('.')}. chronyd is not answering: "
-            "start it with 'systemctl enable --now chrony' and check 'journalctl -u chrony'.",
-            rc=rc,
-            stdout=out,
-            stderr=err,
-        )
-    try:
-        facts = parse_tracking_csv(out) if csv else parse_tracking_text(out)
-    except ChronyParseError as exc:
-        module.fail_json(
-            msg=f"could not parse chronyc tracking output: {exc}. This tool version prints a format the module "
-            "does not know; update ansible/library/chrony_facts.py for it.",
-            stdout=out,
-        )
-    module.exit_json(changed=False, ansible_facts={"chrony": facts})
+    _rc, out, _err = probe.run(
+        args,
+        fix="chronyd is not answering: start it with 'systemctl enable --now chrony' and check 'journalctl -u chrony'.",
+    )
+    probe.facts(chrony=probe.parse("chronyc tracking", parse_tracking_csv if csv else parse_tracking_text, out))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe, ProbeParseError
 
 DOCUMENTATION = r"""
 ---
@@ -20,9 +20,9 @@ description:
   - Runs C(nvidia-container-cli info) and lists the GPUs the NVIDIA container toolkit would pass
     into a container (the devices C(--gpus all) gets).
   - Never fails on a missing piece; it is reported in the fact so preflight can say what to fix.
-  - Read-only; never changes the node. Safe in check mode.
 version_added: "0.1.0"
 author: ExaServe platform team
+extends_documentation_fragment: [exaserve.fleet.read_only]
 options:
   runtime:
     description: Container runtime the fleet uses (C(cluster.host.container_runtime)).
@@ -35,7 +35,7 @@ requirements:
 
 EXAMPLES = r"""
 - name: Read container GPU support
-  container_gpu_facts:
+  exaserve.fleet.container_gpu_facts:
     runtime: containerd
 
 - name: Containers get all eight GPUs
@@ -76,6 +76,9 @@ _RUNTIME_PATH = re.compile(
     r"""\.containerd\.runtimes\.(?:"(?P<dq>[^"]+)"|'(?P<sq>[^']+)'|(?P<bare>[A-Za-z0-9_-]+))(?P<options>\.options)?$"""
 )
 _CLI_FIELD = re.compile(r"^(?P<label>[A-Za-z][A-Za-z ]+):\s+(?P<value>.*)$")
+ARGUMENT_SPEC: dict[str, Any] = {
+    "runtime": {"type": "str", "choices": ["containerd", "docker"], "default": "containerd"},
+}
 _DEVICE_KEYS = {
     "Device Index": "index",
     "Device Minor": "minor",
@@ -85,10 +88,6 @@ _DEVICE_KEYS = {
     "Bus Location": "bus_location",
     "Architecture": "architecture",
 }
-
-
-class ContainerParseError(ValueError):
-    """A tool printed something this parser does not recognise."""
 
 
 def _toml_string(value: str) -> str:
@@ -148,7 +147,7 @@ def parse_docker_info(text: str) -> dict[str, Any]:
     try:
         info = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ContainerParseError(f"docker info did not print JSON: {exc}") from exc
+        raise ProbeParseError(f"docker info did not print JSON: {exc}") from exc
     runtimes = {name: (spec or {}).get("path") for name, spec in (info.get("Runtimes") or {}).items()}
     return {
         "server_version": info.get("ServerVersion") or None,
@@ -168,7 +167,7 @@ def parse_nvidia_container_cli_info(text: str) -> dict[str, Any]:
             continue
         field = _CLI_FIELD.match(line)
         if field is None:
-            raise ContainerParseError(f"line {lineno}: {line!r} is not 'Label: value'")
+            raise ProbeParseError(f"line {lineno}: {line!r} is not 'Label: value'")
         label, value = field.group("label").strip(), field.group("value").strip()
         if label == "NVRM version":
             facts["nvrm_version"] = value
@@ -192,16 +191,13 @@ def nvidia_runtime(runtimes: dict[str, str | None]) -> bool:
     )
 
 
-def _run(module: AnsibleModule, args: list[str]) -> tuple[int, str, str]:
-    return module.run_command(args, environ_update={"LC_ALL": "C"})
+def _failed(command: str, rc: int, out: str, err: str) -> str:
+    return f"{command} exited {rc}: {(err or out).strip()[-300:]}"
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={"runtime": {"type": "str", "choices": ["containerd", "docker"], "default": "containerd"}},
-        supports_check_mode=True,
-    )
-    runtime = module.params["runtime"]
+    probe = Probe("container_gpu_facts", ARGUMENT_SPEC)
+    runtime = probe.params["runtime"]
     facts: dict[str, Any] = {
         "runtime": runtime,
         "server_version": None,
@@ -214,44 +210,42 @@ def main() -> None:
         "device_count": 0,
         "devices": [],
     }
-    try:
-        if runtime == "containerd":
-            ctr, containerd = module.get_bin_path("ctr"), module.get_bin_path("containerd")
-            if ctr is None or containerd is None:
-                facts["runtime_error"] = "containerd is not installed (ctr/containerd not on PATH)"
-            else:
-                rc, out, err = _run(module, [ctr, "version"])
-                facts["server_version"] = parse_ctr_version(out)["server"] if rc == 0 else None
-                if facts["server_version"] is None:
-                    facts["runtime_error"] = f"ctr version exited {rc}: {(err or out).strip()[-300:]}"
-                rc, out, err = _run(module, [containerd, "config", "dump"])
-                if rc == 0:
-                    facts.update(parse_containerd_runtimes(out))
-                elif facts["runtime_error"] is None:
-                    facts["runtime_error"] = f"containerd config dump exited {rc}: {(err or out).strip()[-300:]}"
+    # A missing piece is recorded in the fact (preflight says what to fix), never a module failure.
+    if runtime == "containerd":
+        ctr, containerd = probe.which("ctr"), probe.which("containerd")
+        if ctr is None or containerd is None:
+            facts["runtime_error"] = "containerd is not installed (ctr/containerd not on PATH)"
         else:
-            docker = module.get_bin_path("docker")
-            if docker is None:
-                facts["runtime_error"] = "docker is not installed (not on PATH)"
-            else:
-                rc, out, err = _run(module, [docker, "info", "--format", "{{json .}}"])
-                if rc == 0:
-                    facts.update(parse_docker_info(out))
-                else:
-                    facts["runtime_error"] = f"docker info exited {rc}: {(err or out).strip()[-300:]}"
-        cli = module.get_bin_path("nvidia-container-cli")
-        if cli is None:
-            facts["toolkit_error"] = "nvidia-container-cli is not installed (nvidia-container-toolkit)"
-        else:
-            rc, out, err = _run(module, [cli, "info"])
+            rc, out, err = probe.run([ctr, "version"])
+            facts["server_version"] = probe.parse("ctr version", parse_ctr_version, out)["server"] if rc == 0 else None
+            if facts["server_version"] is None:
+                facts["runtime_error"] = _failed("ctr version", rc, out, err)
+            rc, out, err = probe.run([containerd, "config", "dump"])
             if rc == 0:
-                facts.update(parse_nvidia_container_cli_info(out))
+                facts.update(probe.parse("containerd config dump", parse_containerd_runtimes, out))
+            elif facts["runtime_error"] is None:
+                facts["runtime_error"] = _failed("containerd config dump", rc, out, err)
+    else:
+        docker = probe.which("docker")
+        if docker is None:
+            facts["runtime_error"] = "docker is not installed (not on PATH)"
+        else:
+            rc, out, err = probe.run([docker, "info", "--format", "{{json .}}"])
+            if rc == 0:
+                facts.update(probe.parse("docker info", parse_docker_info, out))
             else:
-                facts["toolkit_error"] = f"nvidia-container-cli info exited {rc}: {(err or out).strip()[-300:]}"
-    except ContainerParseError as exc:
-        module.fail_json(msg=f"could not parse container runtime output: {exc}")
+                facts["runtime_error"] = _failed("docker info", rc, out, err)
+    cli = probe.which("nvidia-container-cli")
+    if cli is None:
+        facts["toolkit_error"] = "nvidia-container-cli is not installed (nvidia-container-toolkit)"
+    else:
+        rc, out, err = probe.run([cli, "info"])
+        if rc == 0:
+            facts.update(probe.parse("nvidia-container-cli info", parse_nvidia_container_cli_info, out))
+        else:
+            facts["toolkit_error"] = _failed("nvidia-container-cli info", rc, out, err)
     facts["nvidia_runtime"] = nvidia_runtime(facts["runtimes"])
-    module.exit_json(changed=False, ansible_facts={"container_gpu": facts})
+    probe.facts(container_gpu=facts)
 
 
 if __name__ == "__main__":

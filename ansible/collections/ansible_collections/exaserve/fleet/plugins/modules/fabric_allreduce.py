@@ -7,7 +7,7 @@ import json
 import subprocess
 from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
 
 DOCUMENTATION = r"""
 ---
@@ -21,9 +21,10 @@ description:
     nccl-tests does (busbw = algbw x 2(n-1)/n).
   - Never fails on a measurement problem (peer missing, timeout, no torch); the error is in the
     result so preflight can report it. Bounded by I(timeout_s) plus the interpreter start-up.
-  - Only measures; never changes the node. Safe in check mode.
+  - Only measures (network traffic between the nodes of the group). Runs the worker itself, bounded by I(timeout_s), not through the probe skeleton's C(run).
 version_added: "0.1.0"
 author: ExaServe platform team
+extends_documentation_fragment: [exaserve.fleet.read_only]
 options:
   python:
     description: Interpreter on the node with torch and the exaserve-deploy package installed.
@@ -41,7 +42,7 @@ options:
 
 EXAMPLES = r"""
 - name: Measure the pair
-  fabric_allreduce:
+  exaserve.fleet.fabric_allreduce:
     python: /opt/exaserve/venv/bin/python
     rank: 0
     world_size: 2
@@ -57,6 +58,17 @@ fabric:
 """
 
 STARTUP_ALLOWANCE_S = 60
+ARGUMENT_SPEC: dict[str, Any] = {
+    "python": {"type": "path", "required": True},
+    "rank": {"type": "int", "required": True},
+    "world_size": {"type": "int", "required": True},
+    "master": {"type": "str", "required": True},
+    "backend": {"type": "str", "choices": ["auto", "nccl", "gloo"], "default": "auto"},
+    "size_mib": {"type": "int", "default": 64},
+    "iterations": {"type": "int", "default": 20},
+    "timeout_s": {"type": "int", "default": 60},
+    "ifname": {"type": "str"},
+}
 
 
 def parse_worker_output(stdout: str) -> dict[str, Any]:
@@ -75,21 +87,8 @@ def parse_worker_output(stdout: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "python": {"type": "path", "required": True},
-            "rank": {"type": "int", "required": True},
-            "world_size": {"type": "int", "required": True},
-            "master": {"type": "str", "required": True},
-            "backend": {"type": "str", "choices": ["auto", "nccl", "gloo"], "default": "auto"},
-            "size_mib": {"type": "int", "default": 64},
-            "iterations": {"type": "int", "default": 20},
-            "timeout_s": {"type": "int", "default": 60},
-            "ifname": {"type": "str"},
-        },
-        supports_check_mode=True,
-    )
-    p = module.params
+    probe = Probe("fabric_allreduce", ARGUMENT_SPEC)
+    p = probe.params
     args = [
         p["python"],
         "-m",
@@ -122,7 +121,7 @@ def main() -> None:
         result = {"error": f"{p['python']} does not exist; install torch and exaserve-deploy there"}
     except subprocess.TimeoutExpired:
         result = {"error": f"no result within {p['timeout_s'] + STARTUP_ALLOWANCE_S} s; killed"}
-    module.exit_json(changed=False, fabric=result)
+    probe.done(fabric=result)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe, ProbeParseError
 
 DOCUMENTATION = r"""
 ---
@@ -15,10 +15,10 @@ short_description: Read InfiniBand HCA and port state from ibstat as facts
 description:
   - Runs C(ibstat) (rdma-core / infiniband-diags) on the node and parses every channel adapter
     and every port it prints into the C(ibstat) fact.
-  - Read-only; never changes the node. Safe in check mode.
   - Fails with the fix when C(ibstat) is not installed or exits non-zero.
 version_added: "0.1.0"
 author: ExaServe platform team
+extends_documentation_fragment: [exaserve.fleet.read_only]
 options: {}
 requirements:
   - infiniband-diags (Debian/Ubuntu), rdma-core, or MLNX_OFED/DOCA-OFED on the managed node
@@ -29,7 +29,7 @@ notes:
 
 EXAMPLES = r"""
 - name: Read InfiniBand port state
-  ibstat_facts:
+  exaserve.fleet.ibstat_facts:
 
 - name: Every InfiniBand port is Active at the planned rate
   ansible.builtin.assert:
@@ -114,15 +114,11 @@ _INT_FIELDS = {"number_of_ports", "base_lid", "lmc", "sm_lid"}
 ARGUMENT_SPEC: dict[str, Any] = {}  # no options (DOCUMENTATION says so too)
 
 
-class IbstatParseError(ValueError):
-    """ibstat printed something this parser does not recognise."""
-
-
 def _parse_rate(text: str) -> tuple[int | float, bool]:
     """`400` -> (400, False); `2.5` -> (2.5, False); `40 (FDR10)` -> (40, True)."""
     match = _RATE.match(text)
     if match is None:
-        raise IbstatParseError(f"unrecognised Rate value {text!r}")
+        raise ProbeParseError(f"unrecognised Rate value {text!r}")
     value = float(match.group("value"))
     return (int(value) if value.is_integer() else value), match.group("fdr10") is not None
 
@@ -144,7 +140,7 @@ def parse_ibstat(text: str) -> dict[str, Any]:
             port = None
             continue
         if ca is None:
-            raise IbstatParseError(f"line {lineno}: {line!r} comes before any \"CA '<name>'\" header")
+            raise ProbeParseError(f"line {lineno}: {line!r} comes before any \"CA '<name>'\" header")
         port_header = _PORT_HEADER.match(line)
         if port_header is not None:
             port = {"ca": ca["name"], "port": int(port_header.group("port"))}
@@ -152,7 +148,7 @@ def parse_ibstat(text: str) -> dict[str, Any]:
             continue
         label, sep, value = line.partition(":")
         if not sep:
-            raise IbstatParseError(f"line {lineno}: {line!r} is not 'Label: value'")
+            raise ProbeParseError(f"line {lineno}: {line!r} is not 'Label: value'")
         label, value = label.strip(), value.strip()
         if port is None:
             if label.endswith(" type"):
@@ -177,32 +173,16 @@ def parse_ibstat(text: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    ibstat = module.get_bin_path("ibstat")
-    if ibstat is None:
-        module.fail_json(
-            msg="ibstat is not installed on this node (not found on PATH or in /sbin, /usr/sbin, "
-            "/usr/local/sbin). Install the RDMA userspace tools: 'apt-get install infiniband-diags' "
-            "(or rdma-core / MLNX_OFED), then re-run."
-        )
-    rc, out, err = module.run_command([ibstat], environ_update={"LC_ALL": "C"})
-    if rc != 0:
-        module.fail_json(
-            msg=f"ibstat exited {rc}: {' '.join((err or out).split()).rstrip('.')}. Check that the HCA driver is loaded "
-            "('lsmod | grep mlx5_ib', 'rdma link') and that /dev/infiniband/umad* exists.",
-            rc=rc,
-            stdout=out,
-            stderr=err,
-        )
-    try:
-        facts = parse_ibstat(out)
-    except IbstatParseError as exc:
-        module.fail_json(
-            msg=f"could not parse ibstat output: {exc}. This tool version prints a format the module "
-            "does not know; update ansible/library/ibstat_facts.py for it.",
-            stdout=out,
-        )
-    module.exit_json(changed=False, ansible_facts={"ibstat": facts})
+    probe = Probe("ibstat_facts", ARGUMENT_SPEC)
+    ibstat = probe.find(
+        "ibstat",
+        "Install the RDMA userspace tools: 'apt-get install infiniband-diags' (or rdma-core / MLNX_OFED), then re-run.",
+    )
+    _rc, out, _err = probe.run(
+        [ibstat],
+        fix="Check that the HCA driver is loaded ('lsmod | grep mlx5_ib', 'rdma link') and that /dev/infiniband/umad* exists.",
+    )
+    probe.facts(ibstat=probe.parse("ibstat", parse_ibstat, out))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import os
 import re
 from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe, ProbeParseError
 
 DOCUMENTATION = r"""
 ---
@@ -20,15 +20,15 @@ description:
   - The cgroup version comes from the filesystem type mounted at /sys/fs/cgroup in
     /proc/self/mountinfo, the same thing C(stat -fc %T /sys/fs/cgroup) prints
     (C(cgroup2fs) on a unified v2 host, C(tmpfs) on a v1 or hybrid host).
-  - Read-only; never changes the node. Safe in check mode.
 version_added: "0.1.0"
 author: ExaServe platform team
+extends_documentation_fragment: [exaserve.fleet.read_only]
 options: {}
 """
 
 EXAMPLES = r"""
 - name: Read kernel and cgroup facts
-  kernel_facts:
+  exaserve.fleet.kernel_facts:
 
 - name: Kernel 5.15 or newer with the unified cgroup v2 hierarchy
   ansible.builtin.assert:
@@ -84,15 +84,11 @@ _V1_OPTIONS_NOT_CONTROLLERS = {
 ARGUMENT_SPEC: dict[str, Any] = {}  # no options (DOCUMENTATION says so too)
 
 
-class KernelFactsError(ValueError):
-    """A kernel interface printed something this parser does not recognise."""
-
-
 def kernel_version(release: str) -> str:
     """`5.15.0-91-generic` -> `5.15.0`; `2.6.78-fc-v769` -> `2.6.78`; `6.8` -> `6.8.0`."""
     match = _KERNEL_VERSION.match(release)
     if match is None:
-        raise KernelFactsError(f"kernel release {release!r} does not start with <major>.<minor>")
+        raise ProbeParseError(f"kernel release {release!r} does not start with <major>.<minor>")
     return f"{match.group(1)}.{match.group(2)}.{match.group(3) or 0}"
 
 
@@ -110,7 +106,7 @@ def parse_mountinfo(text: str) -> list[dict[str, Any]]:
         left, sep, right = line.partition(" - ")
         fields, tail = left.split(), right.split()
         if not sep or len(fields) < 6 or len(tail) < 2:
-            raise KernelFactsError(f"unrecognised mountinfo line {line!r}")
+            raise ProbeParseError(f"unrecognised mountinfo line {line!r}")
         options = tail[2].split(",") if len(tail) > 2 else []
         mounts.append({"mountpoint": _unescape(fields[4]), "fstype": tail[0], "super_options": options})
     return mounts
@@ -171,16 +167,15 @@ def read_cgroup_facts() -> dict[str, Any]:
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    probe = Probe("kernel_facts", ARGUMENT_SPEC)
     release = os.uname().release
     try:
-        facts = {
-            "host_kernel": {"release": release, "version": kernel_version(release)},
-            "cgroup": read_cgroup_facts(),
-        }
-    except (OSError, KernelFactsError) as exc:
-        module.fail_json(msg=f"could not read kernel facts: {exc}")
-    module.exit_json(changed=False, ansible_facts=facts)
+        cgroup = probe.parse("/proc/self/mountinfo", read_cgroup_facts)
+    except OSError as exc:
+        probe.fail(f"could not read kernel facts: {exc}. Check that /proc and /sys/fs/cgroup are mounted on the node.")
+    probe.facts(
+        host_kernel={"release": release, "version": probe.parse("uname -r", kernel_version, release)}, cgroup=cgroup
+    )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe, ProbeParseError
 
 DOCUMENTATION = r"""
 ---
@@ -19,10 +19,10 @@ description:
     the C(nvidia_smi) fact.
   - The CUDA version is the highest CUDA runtime the installed driver supports, as printed in the
     summary header.
-  - Read-only; never changes the node. Safe in check mode.
   - Fails with the fix when C(nvidia-smi) is missing or cannot talk to the driver.
 version_added: "0.1.0"
 author: ExaServe platform team
+extends_documentation_fragment: [exaserve.fleet.read_only]
 options: {}
 requirements:
   - The NVIDIA driver (it ships nvidia-smi) on the managed node
@@ -32,7 +32,7 @@ notes:
 
 EXAMPLES = r"""
 - name: Read the GPU inventory
-  nvidia_smi_facts:
+  exaserve.fleet.nvidia_smi_facts:
   timeout: 60
 
 - name: Eight 80 GB GPUs and a driver new enough for CUDA 12.1
@@ -107,10 +107,6 @@ _DRIVER_VERSION = re.compile(r"Driver Version:\s*(?P<version>[0-9.]+)")
 ARGUMENT_SPEC: dict[str, Any] = {}  # no options (DOCUMENTATION says so too)
 
 
-class NvidiaSmiParseError(ValueError):
-    """nvidia-smi printed something this parser does not recognise."""
-
-
 def fact_key(field: str, unit: str | None) -> str:
     """`memory.total` + `MiB` -> `memory_total_mib`; `name` -> `name`."""
     key = field.replace(".", "_")
@@ -138,12 +134,12 @@ def parse_query_csv(text: str, fields: Sequence[str] | None = None) -> list[dict
     lines = [line for line in text.splitlines() if line.strip()]
     if fields is None:
         if not lines:
-            raise NvidiaSmiParseError("empty output: expected a CSV header line")
+            raise ProbeParseError("empty output: expected a CSV header line")
         columns: list[tuple[str, str | None]] = []
         for name in (part.strip() for part in lines[0].split(",")):
             match = _HEADER_FIELD.match(name)
             if match is None:
-                raise NvidiaSmiParseError(f"unrecognised CSV header column {name!r}")
+                raise ProbeParseError(f"unrecognised CSV header column {name!r}")
             columns.append((match.group("field"), match.group("unit")))
         lines = lines[1:]
     else:
@@ -154,7 +150,7 @@ def parse_query_csv(text: str, fields: Sequence[str] | None = None) -> list[dict
         # contain ", " so a plain split is exact.
         cells = [cell.strip() for cell in line.split(", ")]
         if len(cells) != len(columns):
-            raise NvidiaSmiParseError(f"row {line!r} has {len(cells)} columns, the query has {len(columns)}")
+            raise ProbeParseError(f"row {line!r} has {len(cells)} columns, the query has {len(columns)}")
         gpus.append({fact_key(f, u): _value(c, u) for (f, u), c in zip(columns, cells, strict=True)})
     return gpus
 
@@ -175,7 +171,7 @@ def build_facts(query_output: str, summary_output: str) -> dict[str, Any]:
     versions = parse_summary_versions(summary_output)
     drivers = sorted({str(gpu["driver_version"]) for gpu in gpus})
     if len(drivers) > 1:
-        raise NvidiaSmiParseError(f"GPUs report different driver versions {drivers}")
+        raise ProbeParseError(f"GPUs report different driver versions {drivers}")
     return {
         "gpu_count": len(gpus),
         "driver_version": drivers[0] if drivers else versions["driver_version"],
@@ -185,55 +181,31 @@ def build_facts(query_output: str, summary_output: str) -> dict[str, Any]:
 
 
 NVML_ERROR_NOT_FOUND = 6  # nvidia-smi exits with the NVML return code
-NVML_ERROR_DRIVER_NOT_LOADED = 9
 
 
-def explain_failure(rc: int, output: str) -> str:
-    """The user-facing message for a failed nvidia-smi run: what it said, and the fix."""
-    detail = " ".join(output.split()).rstrip(".")
+def failure_fix(rc: int) -> str:
+    """The fix for a failed nvidia-smi run, by its exit code (the NVML return code)."""
     if rc == NVML_ERROR_NOT_FOUND:
-        fix = (
+        return (
             "The driver sees no GPU: check 'lspci | grep -i nvidia' and the PCIe/BIOS settings, "
             "reseat or replace the GPUs."
         )
-    else:
-        fix = (
-            "The driver is installed but not working: check 'dmesg | grep -i nvrm' and that the "
-            "kernel module matches the running kernel (reinstall the driver or its DKMS module), "
-            "then reboot."
-        )
-    return f"nvidia-smi exited {rc}: {detail}. {fix}"
+    return (
+        "The driver is installed but not working: check 'dmesg | grep -i nvrm' and that the "
+        "kernel module matches the running kernel (reinstall the driver or its DKMS module), "
+        "then reboot."
+    )
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    nvidia_smi = module.get_bin_path("nvidia-smi")
-    if nvidia_smi is None:
-        module.fail_json(
-            msg="nvidia-smi is not installed on this node (not found on PATH or in /sbin, /usr/sbin, "
-            "/usr/local/sbin): the NVIDIA driver is missing. Install the NVIDIA datacenter driver "
-            "(it ships nvidia-smi), reboot, then re-run."
-        )
-    outputs = []
-    for args in (list(QUERY_ARGS), []):
-        rc, out, err = module.run_command([nvidia_smi, *args], environ_update={"LC_ALL": "C"})
-        if rc != 0:
-            module.fail_json(
-                msg=explain_failure(rc, out + err),
-                rc=rc,
-                stdout=out,
-                stderr=err,
-            )
-        outputs.append(out)
-    try:
-        facts = build_facts(outputs[0], outputs[1])
-    except NvidiaSmiParseError as exc:
-        module.fail_json(
-            msg=f"could not parse nvidia-smi output: {exc}. This tool version prints a format the module "
-            "does not know; update ansible/library/nvidia_smi_facts.py for it.",
-            stdout=outputs[0],
-        )
-    module.exit_json(changed=False, ansible_facts={"nvidia_smi": facts})
+    probe = Probe("nvidia_smi_facts", ARGUMENT_SPEC)
+    nvidia_smi = probe.find(
+        "nvidia-smi",
+        "The NVIDIA driver is missing. Install the NVIDIA datacenter driver (it ships nvidia-smi), reboot, then re-run.",
+    )
+    _rc, query, _err = probe.run([nvidia_smi, *QUERY_ARGS], fix=failure_fix)
+    _rc, summary, _err = probe.run([nvidia_smi], fix=failure_fix)
+    probe.facts(nvidia_smi=probe.parse("nvidia-smi", build_facts, query, summary))
 
 
 if __name__ == "__main__":

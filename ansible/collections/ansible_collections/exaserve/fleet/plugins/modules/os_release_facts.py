@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe, ProbeParseError
 
 DOCUMENTATION = r"""
 ---
@@ -15,15 +16,15 @@ description:
   - Parses C(/etc/os-release) (or C(/usr/lib/os-release), as os-release(5) says) into the
     C(os_release) fact. Much lighter than C(setup), so preflight also uses it as its
     reachability probe.
-  - Read-only; never changes the node. Safe in check mode.
 version_added: "0.1.0"
 author: ExaServe platform team
+extends_documentation_fragment: [exaserve.fleet.read_only]
 options: {}
 """
 
 EXAMPLES = r"""
 - name: Read the OS release
-  os_release_facts:
+  exaserve.fleet.os_release_facts:
 
 - name: Ubuntu 22.04
   ansible.builtin.assert:
@@ -44,10 +45,7 @@ ansible_facts:
 """
 
 PATHS = ("/etc/os-release", "/usr/lib/os-release")
-
-
-class OsReleaseParseError(ValueError):
-    """A line of os-release that is not KEY=VALUE."""
+ARGUMENT_SPEC: dict[str, Any] = {}  # no options (DOCUMENTATION says so too)
 
 
 def parse_os_release(text: str) -> dict[str, str]:
@@ -59,18 +57,18 @@ def parse_os_release(text: str) -> dict[str, str]:
             continue
         key, sep, value = line.partition("=")
         if not sep or not key.replace("_", "").isalnum():
-            raise OsReleaseParseError(f"line {lineno}: {line!r} is not KEY=VALUE")
+            raise ProbeParseError(f"line {lineno}: {line!r} is not KEY=VALUE")
         try:
             words = shlex.split(value)
         except ValueError as exc:
-            raise OsReleaseParseError(f"line {lineno}: {exc}") from exc
+            raise ProbeParseError(f"line {lineno}: {exc}") from exc
         out[key.lower()] = " ".join(words)
     out.setdefault("id", "linux")  # os-release(5) default
     return out
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec={}, supports_check_mode=True)
+    probe = Probe("os_release_facts", ARGUMENT_SPEC)
     for path in PATHS:
         try:
             with open(path, encoding="utf-8") as handle:
@@ -79,12 +77,8 @@ def main() -> None:
         except FileNotFoundError:
             continue
     else:
-        module.fail_json(msg=f"none of {', '.join(PATHS)} exists; the node is not a systemd-era Linux")
-    try:
-        facts = parse_os_release(text)
-    except OsReleaseParseError as exc:
-        module.fail_json(msg=f"could not parse {path}: {exc}")
-    module.exit_json(changed=False, ansible_facts={"os_release": facts})
+        probe.fail(f"none of {', '.join(PATHS)} exists; the node is not a systemd-era Linux")
+    probe.facts(os_release=probe.parse(path, parse_os_release, text))
 
 
 if __name__ == "__main__":

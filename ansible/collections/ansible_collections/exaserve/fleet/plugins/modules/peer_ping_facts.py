@@ -8,7 +8,7 @@ import subprocess
 import time
 from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
 
 DOCUMENTATION = r"""
 ---
@@ -18,9 +18,11 @@ description:
   - Starts one C(ping -n -q -c COUNT -i INTERVAL -w DEADLINE ADDRESS) per target at once and
     parses each summary (packets sent and received, rtt min/avg/max).
   - Bounded time - every ping ends after I(deadline_s); the module returns after the slowest.
-  - Read-only (ICMP echo only); never changes the node. Safe in check mode.
+  - Sends ICMP echo only.
+  - Runs its pings itself (not through the probe skeleton's C(run)), all at once, each bounded by I(deadline_s).
 version_added: "0.1.0"
 author: ExaServe platform team
+extends_documentation_fragment: [exaserve.fleet.read_only]
 options:
   targets:
     description: Nodes to ping, each C({name, address}).
@@ -45,7 +47,7 @@ requirements:
 
 EXAMPLES = r"""
 - name: Ping the rack
-  peer_ping_facts:
+  exaserve.fleet.peer_ping_facts:
     targets:
       - {name: gpu-r00-n01, address: 10.40.0.12}
 """
@@ -66,6 +68,12 @@ ansible_facts:
            summary: "gpu-r00-n01 (10.40.0.12) 0.0 % loss, rtt avg/max 0.052/0.071 ms"}
 """
 
+ARGUMENT_SPEC: dict[str, Any] = {
+    "targets": {"type": "list", "elements": "dict", "required": True},
+    "count": {"type": "int", "default": 5},
+    "interval_s": {"type": "float", "default": 0.2},
+    "deadline_s": {"type": "int", "default": 3},
+}
 _PACKETS = re.compile(r"(?P<tx>\d+) packets transmitted, (?P<rx>\d+) (?:packets )?received")
 _RTT = re.compile(
     r"(?:rtt|round-trip) min/avg/max(?:/(?:mdev|stddev))? = (?P<min>[\d.]+)/(?P<avg>[\d.]+)/(?P<max>[\d.]+)"
@@ -105,21 +113,13 @@ def describe(result: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "targets": {"type": "list", "elements": "dict", "required": True},
-            "count": {"type": "int", "default": 5},
-            "interval_s": {"type": "float", "default": 0.2},
-            "deadline_s": {"type": "int", "default": 3},
-        },
-        supports_check_mode=True,
-    )
-    p = module.params
-    ping = module.get_bin_path("ping", required=True)
+    probe = Probe("peer_ping_facts", ARGUMENT_SPEC)
+    p = probe.params
+    ping = probe.find("ping", "Install iputils-ping ('apt-get install iputils-ping'), then re-run.")
     procs = []
     for target in p["targets"]:
         if not isinstance(target, dict) or not target.get("address"):
-            module.fail_json(msg=f"every target needs an address, got {target!r}")
+            probe.fail(f"targets: every target needs an address, got {target!r}; give each as {{name, address}}")
         args = [
             ping,
             "-n",
@@ -162,7 +162,7 @@ def main() -> None:
         )
         summary["summary"] = describe(summary)
         results.append(summary)
-    module.exit_json(changed=False, ansible_facts={"peer_ping": results})
+    probe.facts(peer_ping=results)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import json
 import os
 from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
 
 DOCUMENTATION = r"""
 ---
@@ -19,9 +19,9 @@ description:
     C(*.gguf)) with their total size - without reading them.
   - Reports the free space of the filesystem that holds I(cache_path) (its nearest existing
     parent when the cache directory does not exist yet).
-  - Read-only; never changes the node. Safe in check mode.
 version_added: "0.1.0"
 author: ExaServe platform team
+extends_documentation_fragment: [exaserve.fleet.read_only]
 options:
   mount_path:
     description: Where the shared model store is mounted (C(storage.model_store.mount_path)).
@@ -41,7 +41,7 @@ requirements:
 
 EXAMPLES = r"""
 - name: Read model store and cache state
-  storage_facts:
+  exaserve.fleet.storage_facts:
     mount_path: /models
     model_dir: /models/meta-llama/Meta-Llama-3-70B-Instruct
     cache_path: /var/cache/exaserve/models
@@ -69,6 +69,12 @@ ansible_facts:
 """
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+NOT_MOUNTED: dict[str, Any] = {"mounted": False, "source": None, "fstype": None}
+ARGUMENT_SPEC: dict[str, Any] = {
+    "mount_path": {"type": "path", "required": True},
+    "model_dir": {"type": "path", "required": True},
+    "cache_path": {"type": "path", "required": True},
+}
 
 
 def nearest_existing(path: str) -> str:
@@ -93,34 +99,18 @@ def parse_findmnt(text: str) -> dict[str, Any]:
     """`findmnt --json --output TARGET,SOURCE,FSTYPE`: the last (visible) filesystem listed."""
     filesystems = json.loads(text).get("filesystems") or []
     if not filesystems:
-        return {"mounted": False, "source": None, "fstype": None}
+        return dict(NOT_MOUNTED)
     fs = filesystems[-1]
     return {"mounted": True, "source": fs.get("source"), "fstype": fs.get("fstype")}
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "mount_path": {"type": "path", "required": True},
-            "model_dir": {"type": "path", "required": True},
-            "cache_path": {"type": "path", "required": True},
-        },
-        supports_check_mode=True,
-    )
-    p = module.params
+    probe = Probe("storage_facts", ARGUMENT_SPEC)
+    p = probe.params
     facts: dict[str, Any] = {"mount_path": p["mount_path"], "model_dir": p["model_dir"], "cache_path": p["cache_path"]}
-    findmnt = module.get_bin_path("findmnt", required=True)
-    rc, out, _err = module.run_command(
-        [findmnt, "--json", "--output", "TARGET,SOURCE,FSTYPE", "--mountpoint", p["mount_path"]],
-        environ_update={"LC_ALL": "C"},
-    )
-    if rc == 0:
-        try:
-            facts.update(parse_findmnt(out))
-        except ValueError as exc:
-            module.fail_json(msg=f"could not parse findmnt output: {exc}", stdout=out)
-    else:  # findmnt exits 1 when nothing is mounted there
-        facts.update({"mounted": False, "source": None, "fstype": None})
+    findmnt = probe.find("findmnt", "Install util-linux ('apt-get install util-linux'), then re-run.")
+    rc, out, _err = probe.run([findmnt, "--json", "--output", "TARGET,SOURCE,FSTYPE", "--mountpoint", p["mount_path"]])
+    facts.update(probe.parse("findmnt", parse_findmnt, out) if rc == 0 else NOT_MOUNTED)  # rc 1: nothing mounted
     facts["model_dir_exists"] = os.path.isdir(p["model_dir"])
     entries: list[tuple[str, int]] = []
     if facts["model_dir_exists"]:
@@ -130,7 +120,7 @@ def main() -> None:
     facts["free_path"] = nearest_existing(p["cache_path"])
     vfs = os.statvfs(facts["free_path"])
     facts["free_bytes"] = vfs.f_bavail * vfs.f_frsize
-    module.exit_json(changed=False, ansible_facts={"model_storage": facts})
+    probe.facts(model_storage=facts)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,102 @@
+"""What every renderer shares: the render error, flag tables, whole seconds and the Jinja2 templates.
+
+Renderers are pure: ``(spec, plan) → text or objects``. They take the :class:`~serving.plan.model.Plan`
+computed once by the planner and never call the planner themselves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Generic, TypeVar
+
+import jinja2
+
+from serving.checks.flags import FlagManifest, check_argv
+from serving.plan.model import MemoryPlan, Plan
+from serving.spec.schema import FabricKind, FleetSpec
+
+
+class RenderError(ValueError):
+    """The spec is well-formed but cannot be rendered into a working unit; names the field and the fix."""
+
+
+Ctx = TypeVar("Ctx")
+
+
+FlagValue = str | bool | Sequence[str] | None  # None/False: omitted; True: a switch; a list: nargs values
+
+
+@dataclass(frozen=True)
+class FlagRule(Generic[Ctx]):
+    """One flag: where its value comes from (for docs) and how it is computed."""
+
+    flag: str
+    source: str
+    value: Callable[[Ctx], FlagValue]
+
+
+def whole_seconds(seconds: float) -> int:
+    """Seconds for tools that take whole seconds: rounded up, never below 1 (a timeout of 0 disables)."""
+    return max(1, math.ceil(seconds))
+
+
+def render_flags(rules: Sequence[FlagRule[Ctx]], ctx: Ctx) -> list[str]:
+    argv: list[str] = []
+    for rule in rules:
+        value = rule.value(ctx)
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(rule.flag)
+        elif isinstance(value, str):
+            argv += [rule.flag, value]
+        elif value:  # a non-empty list of values (nargs '*' or '+')
+            argv += [rule.flag, *value]
+    return argv
+
+
+@cache
+def _templates() -> jinja2.Environment:
+    return jinja2.Environment(  # noqa: S701  (unit files and configs, not HTML)
+        loader=jinja2.PackageLoader("serving.render", "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def render_template(template: str, renderer: str, **context: object) -> str:
+    """Render ``templates/<template>`` (package data) with the do-not-edit header naming ``renderer``."""
+    header = f"generated from templates/{template} by {renderer} — do not edit"
+    return _templates().get_template(template).render(header=header, **context)
+
+
+def checked_memory(spec: FleetSpec, plan: Plan) -> MemoryPlan:
+    """The plan's memory budget, refused when the KV pool cannot hold one full-length sequence."""
+    mp = plan.memory
+    ctx = spec.limits.context_length
+    if mp.max_total_tokens.value < ctx:
+        raise RenderError(
+            f"model.precision={spec.model.precision.value} with parallelism.tp={spec.parallelism.tp} × "
+            f"pp={spec.parallelism.pp} leaves a KV-cache pool of {int(mp.max_total_tokens.value):,} tokens per "
+            f"GPU ({mp.kv_pool_per_gpu.formula}), less than one limits.context_length={ctx:,} sequence; "
+            "raise parallelism.tp or pp, pick a quantised model.precision, or lower limits.context_length "
+            "(see `exaserve plan`)"
+        )
+    return mp
+
+
+def rdma(spec: FleetSpec) -> bool:
+    """The fabric is InfiniBand or RoCE (NCCL over verbs), not plain Ethernet."""
+    return spec.cluster.fabric.kind is not FabricKind.ETHERNET
+
+
+def check_entry(argv: Sequence[str], entry: Sequence[str], manifest: FlagManifest) -> None:
+    """Raise when ``argv`` does not start with ``entry`` or the pinned parser (``manifest``) would not take the rest."""
+    if tuple(argv[: len(entry)]) != tuple(entry):
+        raise ValueError(f"command line must start with {' '.join(entry)!r}, got {' '.join(argv[:3])!r}")
+    check_argv(list(argv[len(entry) :]), manifest)

@@ -1,0 +1,219 @@
+"""The SGLang router (the gateway): its command line, environment, policy and latency buckets.
+
+Every spec → flag decision lives in :data:`ROUTER_FLAGS`; the command line is checked against the
+pinned router parser's manifest (:mod:`serving.checks.flags`). See ``docs/units.md`` for the policy choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from serving.checks.flags import FlagManifest, load_router_manifest
+from serving.plan.model import Plan, Replica
+from serving.render.common import FlagRule, check_entry, render_flags, whole_seconds
+from serving.render.k8s.container import LWS_LEADER_LABEL, SERVER_POD_LABELS
+from serving.render.sglang import HEALTH_PATH
+from serving.spec.schema import FleetSpec, LogLevel
+
+# The router's Python launcher; its parser (RouterArgs.add_cli_args) is the one the manifest pins.
+ROUTER_ENTRY: Final = ("python3", "-m", "sglang_router.launch_router")
+
+
+# Router listeners without a spec field (a sandbox stack uses its own ports, see router_argv).
+ROUTER_PORT: Final = 30000  # the router's own default
+
+
+ROUTER_METRICS_PORT: Final = 29000  # the router's own Prometheus default
+
+
+_ROUTER_LOG_LEVEL: Final[Mapping[LogLevel, str]] = {
+    LogLevel.DEBUG: "debug",
+    LogLevel.INFO: "info",
+    LogLevel.WARNING: "warn",
+    LogLevel.ERROR: "error",
+}
+
+
+def router_policy(spec: FleetSpec) -> str:
+    """The router policy for ``scheduler.strategy``.
+
+    The router has no weighted round robin. The source weights nodes by load (GPU 0.5, memory 0.3,
+    network 0.2); the router's load-aware policy is ``power_of_two``: pick two workers at random and
+    send the request to the less loaded one. ``cache_aware`` also balances load, but only once the
+    imbalance passes its thresholds — prefix affinity comes first; choose it explicitly when
+    requests share long prompts.
+    """
+    strategy = spec.scheduler.strategy
+    return "power_of_two" if strategy == "weighted_round_robin" else strategy
+
+
+def duration_buckets(spec: FleetSpec) -> list[float]:
+    """Router latency buckets fine enough to resolve the P99 gate.
+
+    The router's default buckets jump 25 ms → 50 ms → 100 ms … 1 s → 2.5 s: a 30 % P99 rise inside
+    one bucket is invisible to ``histogram_quantile``. Geometric buckets with ratio
+    ``1 + max_p99_rise / 3`` put at least three buckets inside the gate, from 1 ms to 10 × the P99
+    target. Rendered as the router's ``--prometheus-duration-buckets``; the rollout gates read them.
+    """
+    ratio = 1 + spec.rollout.max_p99_rise / 3
+    top = 10 * spec.limits.p99_target_s
+    out, b = [], 0.001
+    while b < top:
+        out.append(float(f"{b:.4g}"))
+        b *= ratio
+    return [*dict.fromkeys(out), top]
+
+
+@dataclass(frozen=True)
+class RouterContext:
+    spec: FleetSpec
+    host: str
+    port: int
+    metrics_host: str
+    metrics_port: int
+    worker_urls: tuple[str, ...]
+    kubernetes: bool
+    selector: tuple[str, ...]
+
+
+def _interval(c: RouterContext) -> int:
+    return whole_seconds(c.spec.serving.heartbeat_interval_s)
+
+
+ROUTER_FLAGS: Final[tuple[FlagRule[RouterContext], ...]] = (
+    FlagRule("--host", f"0.0.0.0; sandbox: 127.0.0.1 (port {ROUTER_PORT}, sandbox.router_port)", lambda c: c.host),
+    FlagRule("--port", f"{ROUTER_PORT}; sandbox.router_port in the sandbox", lambda c: str(c.port)),
+    FlagRule(
+        "--worker-urls",
+        "the replicas' http://ADDRESS:PORT (first node of each), or the caller's list",
+        lambda c: c.worker_urls,
+    ),
+    FlagRule("--policy", "scheduler.strategy (weighted_round_robin → power_of_two)", lambda c: router_policy(c.spec)),
+    FlagRule(
+        "--balance-rel-threshold",
+        "scheduler.migration_load_ratio (cache_aware only)",
+        lambda c: f"{c.spec.scheduler.migration_load_ratio:g}" if router_policy(c.spec) == "cache_aware" else None,
+    ),
+    FlagRule(
+        "--worker-startup-timeout-secs",
+        "serving.startup_budget_s",
+        lambda c: str(whole_seconds(c.spec.serving.startup_budget_s)),
+    ),
+    FlagRule("--health-check-endpoint", HEALTH_PATH, lambda c: HEALTH_PATH),
+    FlagRule("--health-check-interval-secs", "serving.heartbeat_interval_s", lambda c: str(_interval(c))),
+    FlagRule(
+        "--health-check-timeout-secs",
+        "serving.health_check_timeout_s",
+        lambda c: str(whole_seconds(c.spec.serving.health_check_timeout_s)),
+    ),
+    FlagRule(
+        "--health-failure-threshold", "serving.failure_threshold", lambda c: str(c.spec.serving.failure_threshold)
+    ),
+    FlagRule(
+        "--health-success-threshold", "serving.success_threshold", lambda c: str(c.spec.serving.success_threshold)
+    ),
+    FlagRule(
+        "--retry-max-retries",
+        "scheduler.retries (when > 0)",
+        lambda c: str(c.spec.scheduler.retries) if c.spec.scheduler.retries else None,
+    ),
+    FlagRule("--disable-retries", "scheduler.retries = 0", lambda c: c.spec.scheduler.retries == 0),
+    FlagRule(
+        "--cb-failure-threshold",
+        "serving.failure_threshold (consecutive failures open the breaker)",
+        lambda c: str(c.spec.serving.failure_threshold),
+    ),
+    FlagRule(
+        "--cb-success-threshold",
+        "serving.success_threshold (successes close it again)",
+        lambda c: str(c.spec.serving.success_threshold),
+    ),
+    FlagRule(
+        "--cb-timeout-duration-secs",
+        "serving.migration_timeout_s (open this long, then probe)",
+        lambda c: str(whole_seconds(c.spec.serving.migration_timeout_s)),
+    ),
+    FlagRule(
+        "--cb-window-duration-secs",
+        "serving.failure_threshold × serving.heartbeat_interval_s",
+        lambda c: str(c.spec.serving.failure_threshold * _interval(c)),
+    ),
+    FlagRule(
+        "--shutdown-grace-period-secs",
+        "rollout.drain_timeout_s",
+        lambda c: str(whole_seconds(c.spec.rollout.drain_timeout_s)),
+    ),
+    FlagRule("--prometheus-host", "0.0.0.0; sandbox: 127.0.0.1", lambda c: c.metrics_host),
+    FlagRule(
+        "--prometheus-port",
+        f"{ROUTER_METRICS_PORT}; sandbox.prometheus_port in the sandbox",
+        lambda c: str(c.metrics_port),
+    ),
+    FlagRule(
+        "--prometheus-duration-buckets",
+        "geometric, ratio 1 + rollout.max_p99_rise / 3, 1 ms to 10 × limits.p99_target_s (resolves the P99 gate)",
+        lambda c: tuple(f"{b:g}" for b in duration_buckets(c.spec)),
+    ),
+    FlagRule(
+        "--log-level", "serving.log_level (warning → warn)", lambda c: _ROUTER_LOG_LEVEL[c.spec.serving.log_level]
+    ),
+    FlagRule("--service-discovery", "kubernetes mode", lambda c: c.kubernetes),
+    FlagRule(
+        "--selector",
+        "serving pod labels (+ LWS leader index when a replica spans nodes)",
+        lambda c: c.selector if c.kubernetes else None,
+    ),
+    FlagRule(
+        "--service-discovery-namespace",
+        "kubernetes.namespace",
+        lambda c: c.spec.kubernetes.namespace if c.kubernetes else None,
+    ),
+    FlagRule("--service-discovery-port", "serving.port", lambda c: str(c.spec.serving.port) if c.kubernetes else None),
+)
+
+
+def server_selector(plan: Plan) -> dict[str, str]:
+    """Labels of the pods the router discovers: HTTP-serving pods only (LWS leaders for multi-node)."""
+    labels = dict(SERVER_POD_LABELS)
+    if plan.multi_node:
+        labels[LWS_LEADER_LABEL[0]] = LWS_LEADER_LABEL[1]
+    return labels
+
+
+def replica_url(replica: Replica) -> str:
+    return f"http://{replica.node.address}:{replica.port}"
+
+
+def check_router_argv(argv: Sequence[str], manifest: FlagManifest | None = None) -> None:
+    """Raise FlagValidationError when the pinned router parser (or ``manifest``) would not take ``argv``."""
+    check_entry(argv, ROUTER_ENTRY, manifest or load_router_manifest())
+
+
+def router_argv(
+    spec: FleetSpec, plan: Plan, *, worker_urls: Sequence[str] | None = None, kubernetes: bool = False
+) -> list[str]:
+    """The SGLang router's command line; static worker URLs, Kubernetes discovery, or both."""
+    if worker_urls is None:
+        worker_urls = [] if kubernetes else [replica_url(r) for r in plan.replicas]
+    loopback = spec.sandbox is not None
+    ctx = RouterContext(
+        spec=spec,
+        host="127.0.0.1" if loopback else "0.0.0.0",  # noqa: S104  (the gateway serves clients)
+        port=spec.sandbox.router_port if spec.sandbox else ROUTER_PORT,
+        metrics_host="127.0.0.1" if loopback else "0.0.0.0",  # noqa: S104  (scraped by Prometheus)
+        metrics_port=spec.sandbox.prometheus_port if spec.sandbox else ROUTER_METRICS_PORT,
+        worker_urls=tuple(worker_urls),
+        kubernetes=kubernetes,
+        selector=tuple(f"{k}={v}" for k, v in server_selector(plan).items()),
+    )
+    argv = [*ROUTER_ENTRY, *render_flags(ROUTER_FLAGS, ctx)]
+    check_router_argv(argv)
+    return argv
+
+
+def router_env(spec: FleetSpec) -> dict[str, str]:
+    """The router's environment: the launcher is Python, so unbuffered output like the servers."""
+    del spec  # nothing in the spec changes it today; the signature matches the other renderers
+    return {"PYTHONUNBUFFERED": "1"}

@@ -1,0 +1,228 @@
+"""The SGLang server: its command line and environment, from the spec and the plan.
+
+Every spec → flag decision lives in :data:`SERVER_FLAGS` and :data:`SERVER_ENV`; every command line leaves
+this module checked against the pinned parser's flag manifest (:mod:`serving.checks.flags`), so a flag the
+pinned SGLang does not know fails at render time, naming the flag and the version. The systemd unit
+(:mod:`serving.render.systemd`) and the pod container (:mod:`serving.render.k8s.container`) wrap the same
+command. See ``docs/units.md`` for the mapping table.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from serving.checks.flags import FlagManifest, load_server_manifest
+from serving.plan.model import MemoryPlan, Plan, Replica
+from serving.render.common import FlagRule, RenderError, check_entry, checked_memory, rdma, render_flags, whole_seconds
+from serving.spec.schema import FabricKind, FleetSpec, Precision
+
+# `sglang serve` is the entry point SGLang 0.5.23 documents (`python -m sglang.launch_server` warns
+# that it is only "still supported"). The serving image and the bare-metal install both provide the
+# console script at this path; systemd needs an absolute path to check that the binary exists.
+SERVER_ENTRY: Final = ("/usr/local/bin/sglang", "serve")
+
+
+# torch.distributed rendezvous port on a multi-node replica's first node (`--dist-init-addr`).
+DIST_INIT_PORT: Final = 20000
+
+
+HEALTH_PATH: Final = "/health"  # SGLang's health endpoint: runs a one-token generation
+
+
+# Paths shared by the systemd unit and the pod, so the command is the same in both.
+SERVICE_USER: Final = "exaserve"
+
+
+SERVICE_HOME: Final = "/var/lib/exaserve-sglang"  # JIT caches (triton, flashinfer) live under $HOME
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    """Everything the server tables read: the spec, its memory plan and the per-process values.
+
+    For a pod, ``node_rank``/``dist_init_host`` are Kubernetes ``$(VAR)`` references to the
+    LeaderWorkerSet environment, expanded by the kubelet when the container starts.
+    """
+
+    spec: FleetSpec
+    memory: MemoryPlan
+    host: str
+    port: int
+    nnodes: int
+    node_rank: str
+    dist_init_host: str
+    gpu_ids: tuple[int, ...]
+    replica_id: str
+    release: str
+
+
+@dataclass(frozen=True)
+class EnvRule:
+    """One environment variable; ``pod_field`` replaces the value in pods with a downward-API field,
+    ``host_only`` leaves it out of pods (the GPU device plugin sets the visible devices there)."""
+
+    name: str
+    source: str
+    value: Callable[[ServerContext], str | None]
+    pod_field: str | None = None
+    host_only: bool = False
+
+
+def model_dir(spec: FleetSpec, root: str | None = None) -> str:
+    """The model's directory under ``root`` (default: the node-local cache, the same path inside pods: a
+    read-only hostPath). The one join of a root and ``model.path``: slashes at either end are dropped."""
+    base = spec.storage.local_cache.path if root is None else root
+    return f"{base.rstrip('/')}/{spec.model.path.strip('/')}"
+
+
+_DTYPE: Final[Mapping[Precision, str]] = {Precision.FP16: "float16", Precision.BF16: "bfloat16"}
+
+
+def _fraction(value: float) -> str:
+    """Three decimals, rounded down: the planner's budget is a ceiling, never exceed it."""
+    return f"{math.floor(value * 1000) / 1000:.3f}"
+
+
+def _running_requests(c: ServerContext) -> str:
+    return str(min(c.spec.limits.max_running_requests, int(c.memory.max_concurrent_sequences.value)))
+
+
+SERVER_FLAGS: Final[tuple[FlagRule[ServerContext], ...]] = (
+    FlagRule("--model-path", "storage.local_cache.path + model.path", lambda c: model_dir(c.spec)),
+    FlagRule("--served-model-name", "model.name", lambda c: c.spec.model.name),
+    FlagRule(
+        "--dtype",
+        "model.precision (fp16 → float16, bf16 → bfloat16; quantised: SGLang's auto)",
+        lambda c: _DTYPE.get(c.spec.model.precision),
+    ),
+    FlagRule("--quantization", "model.quantization (when set)", lambda c: c.spec.model.quantization),
+    FlagRule("--kv-cache-dtype", "model.kv_cache_dtype", lambda c: c.spec.model.kv_cache_dtype),
+    FlagRule("--host", "node address (bare metal); 0.0.0.0 in a pod", lambda c: c.host),
+    FlagRule("--port", "serving.port + slot on the node (bare metal); serving.port in a pod", lambda c: str(c.port)),
+    FlagRule("--tp-size", "parallelism.tp", lambda c: str(c.spec.parallelism.tp)),
+    FlagRule("--pp-size", "parallelism.pp", lambda c: str(c.spec.parallelism.pp)),
+    FlagRule("--dp-size", "parallelism.dp", lambda c: str(c.spec.parallelism.dp)),
+    FlagRule(
+        "--nnodes",
+        "planner placement: nodes per replica (only when a replica spans nodes)",
+        lambda c: str(c.nnodes) if c.nnodes > 1 else None,
+    ),
+    FlagRule(
+        "--node-rank",
+        "the node's position in the replica; $(LWS_WORKER_INDEX) in a pod",
+        lambda c: c.node_rank if c.nnodes > 1 else None,
+    ),
+    FlagRule(
+        "--dist-init-addr",
+        f"the replica's first node: ADDRESS:{DIST_INIT_PORT}; $(LWS_LEADER_ADDRESS) in a pod",
+        lambda c: f"{c.dist_init_host}:{DIST_INIT_PORT}" if c.nnodes > 1 else None,
+    ),
+    FlagRule("--context-length", "limits.context_length", lambda c: str(c.spec.limits.context_length)),
+    FlagRule(
+        "--max-running-requests",
+        "min(limits.max_running_requests, planner max_concurrent_sequences)",
+        _running_requests,
+    ),
+    FlagRule(
+        "--max-total-tokens",
+        "planner memory_plan.max_total_tokens (KV pool per GPU)",
+        lambda c: str(int(c.memory.max_total_tokens.value)),
+    ),
+    FlagRule(
+        "--mem-fraction-static",
+        "planner memory_plan.mem_fraction_static (3 decimals, rounded down)",
+        lambda c: _fraction(c.memory.mem_fraction_static.value),
+    ),
+    FlagRule(
+        "--chunked-prefill-size", "limits.chunked_prefill_size", lambda c: str(c.spec.limits.chunked_prefill_size)
+    ),
+    FlagRule("--enable-metrics", "always (Prometheus /metrics on the server port)", lambda c: True),
+    FlagRule("--log-level", "serving.log_level", lambda c: c.spec.serving.log_level.value),
+    FlagRule("--watchdog-timeout", "serving.watchdog_timeout_s", lambda c: f"{c.spec.serving.watchdog_timeout_s:g}"),
+)
+
+
+SERVER_ENV: Final[tuple[EnvRule, ...]] = (
+    EnvRule(
+        "CUDA_VISIBLE_DEVICES",
+        "the replica's gpu_ids (bare metal; the device plugin sets them in pods)",
+        lambda c: ",".join(str(i) for i in c.gpu_ids),
+        host_only=True,
+    ),
+    EnvRule("NCCL_SOCKET_IFNAME", "cluster.fabric.socket_ifname", lambda c: c.spec.cluster.fabric.socket_ifname),
+    EnvRule(
+        "GLOO_SOCKET_IFNAME",
+        "cluster.fabric.socket_ifname (SGLang's CPU process groups)",
+        lambda c: c.spec.cluster.fabric.socket_ifname,
+    ),
+    EnvRule("NCCL_IB_DISABLE", "cluster.fabric.kind = ethernet → 1", lambda c: None if rdma(c.spec) else "1"),
+    EnvRule(
+        "NCCL_IB_HCA",
+        "cluster.fabric.hcas, exact match ('=' prefix), infiniband/roce only",
+        lambda c: "=" + ",".join(c.spec.cluster.fabric.hcas) if rdma(c.spec) else None,
+    ),
+    EnvRule(
+        "NCCL_IB_GID_INDEX",
+        "cluster.fabric.nccl_ib_gid_index (roce only, when set)",
+        lambda c: (
+            str(c.spec.cluster.fabric.nccl_ib_gid_index)
+            if c.spec.cluster.fabric.kind is FabricKind.ROCE and c.spec.cluster.fabric.nccl_ib_gid_index is not None
+            else None
+        ),
+    ),
+    EnvRule("HF_HUB_OFFLINE", "always 1: weights come from the node-local cache, never a model hub", lambda c: "1"),
+    EnvRule(
+        "SGLANG_HEALTH_CHECK_TIMEOUT",
+        "serving.health_check_timeout_s (whole seconds, rounded up)",
+        lambda c: str(whole_seconds(c.spec.serving.health_check_timeout_s)),
+    ),
+    EnvRule("PYTHONUNBUFFERED", "always 1: log lines reach journald / the pod log at once", lambda c: "1"),
+    EnvRule("HOME", f"{SERVICE_HOME}: writable JIT caches (StateDirectory / an emptyDir)", lambda c: SERVICE_HOME),
+    EnvRule("EXASERVE_REPLICA", "replica id; the pod name in a pod", lambda c: c.replica_id, pod_field="metadata.name"),
+    EnvRule(
+        "EXASERVE_RELEASE",
+        "the replica's update group version (rollout.group_versions or serving.version)",
+        lambda c: c.release,
+    ),
+)
+
+
+def _replica_context(spec: FleetSpec, plan: Plan, replica: Replica, node_rank: int) -> ServerContext:
+    nnodes = len(replica.nodes)
+    if not 0 <= node_rank < nnodes:
+        raise RenderError(
+            f"node_rank={node_rank} is outside replica {replica.id}, which spans {nnodes} node(s); use 0..{nnodes - 1}"
+        )
+    return ServerContext(
+        spec=spec,
+        memory=checked_memory(spec, plan),
+        host=str(replica.nodes[node_rank].address),
+        port=replica.port,
+        nnodes=nnodes,
+        node_rank=str(node_rank),
+        dist_init_host=str(replica.nodes[0].address),
+        gpu_ids=replica.gpu_ids,
+        replica_id=replica.id if nnodes == 1 else f"{replica.id}-rank{node_rank}",
+        release=spec.group_version(replica.group),
+    )
+
+
+def check_server_argv(argv: Sequence[str], manifest: FlagManifest | None = None) -> None:
+    """Raise FlagValidationError when the pinned SGLang parser (or ``manifest``) would not take ``argv``."""
+    check_entry(argv, SERVER_ENTRY, manifest or load_server_manifest())
+
+
+def server_argv(spec: FleetSpec, plan: Plan, replica: Replica, node_rank: int = 0) -> list[str]:
+    """The full command line of one SGLang server process (entry point first), checked against the pin."""
+    argv = [*SERVER_ENTRY, *render_flags(SERVER_FLAGS, _replica_context(spec, plan, replica, node_rank))]
+    check_server_argv(argv)
+    return argv
+
+
+def server_env(spec: FleetSpec, plan: Plan, replica: Replica, node_rank: int = 0) -> dict[str, str]:
+    """The environment of one SGLang server process on bare metal."""
+    ctx = _replica_context(spec, plan, replica, node_rank)
+    return {rule.name: v for rule in SERVER_ENV if (v := rule.value(ctx)) is not None}

@@ -1,0 +1,51 @@
+"""The one way tests run the CLI: the installed ``exaserve`` console script in a subprocess, as a user runs it.
+
+A subprocess, not typer's in-process runner, so that what is tested is what ships: the console-script entry point,
+the lazy command registration of :mod:`serving.cli.commands`, stdout and stderr kept apart, real exit codes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tests.support.paths import REPO
+
+EXASERVE = Path(sys.executable).parent / "exaserve"
+
+
+def exaserve(
+    *args: str, cwd: Path = REPO, env: Mapping[str, str] | None = None, timeout_s: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run ``exaserve ARGS`` in ``cwd`` (the checkout: its ``Pulumi.<stack>.yaml`` files are the named stacks), with
+    the environment plus ``env`` and a wide terminal so that messages are not wrapped."""
+    return subprocess.run(
+        [str(EXASERVE), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def json_object(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The one JSON object a ``--json`` run printed on stdout (the assertion names the command and its output)."""
+    try:
+        doc = json.loads(result.stdout)
+    except ValueError as exc:
+        message = f"{result.args}: stdout is not one JSON object ({exc}):\n{result.stdout}\n{result.stderr}"
+        raise AssertionError(message) from None
+    assert isinstance(doc, dict), f"{result.args}: stdout is JSON but not an object: {result.stdout[:200]}"
+    return doc
+
+
+def flat(text: str) -> str:
+    """``text`` with every run of whitespace as one space (error messages may wrap)."""
+    return " ".join(text.split())

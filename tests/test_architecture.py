@@ -1,0 +1,83 @@
+"""The house rules of `serving/`, checked by walking the real imports (issue 9).
+
+- Production code never imports the simulator: only `serving/sandbox/`, `serving/cli/`, `tests/` and the
+  benchmarks (`bench/`, which drive the sandbox on purpose) may import `serving.sandbox`.
+- Renderers and rollout backends take the `Plan` value and never call the planner: nothing under
+  `serving/render/` or `serving/rollout/` imports `serving.plan.planner`.
+- Importing the rollout package loads neither aiohttp, tokenizers nor torch (checked in a fresh interpreter).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON_TREES = ("serving", "infra", "policies", "ansible", "bench", "scripts")
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports, at any depth (function-level imports included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _python_files(*trees: str) -> list[Path]:
+    return sorted(p for tree in trees for p in (ROOT / tree).rglob("*.py") if ".venv" not in p.parts)
+
+
+def _importers(files: list[Path], module: str) -> list[str]:
+    return [
+        str(p.relative_to(ROOT)) for p in files if any(m == module or m.startswith(module + ".") for m in _imports(p))
+    ]
+
+
+def test_the_walker_sees_imports_at_any_depth(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from serving.sandbox import worker\n    import serving.plan.planner\n")
+    assert {"serving.sandbox", "serving.sandbox.worker", "serving.plan.planner"} <= _imports(probe)
+
+
+def test_only_the_sandbox_cli_tests_and_benchmarks_import_the_simulator() -> None:
+    allowed = ("serving/sandbox/", "serving/cli/", "bench/")
+    offenders = [f for f in _importers(_python_files(*PYTHON_TREES), "serving.sandbox") if not f.startswith(allowed)]
+    assert offenders == [], f"production code imports the simulator: {offenders}"
+
+
+@pytest.mark.parametrize("package", ["serving/render", "serving/rollout"])
+def test_renderers_and_backends_take_the_plan_instead_of_calling_the_planner(package: str) -> None:
+    offenders = _importers(_python_files(package), "serving.plan.planner")
+    assert offenders == [], f"{offenders} call the planner; take a serving.plan.model.Plan argument instead"
+
+
+def test_importing_the_rollout_package_loads_no_http_server_tokenizer_or_torch() -> None:
+    modules = [
+        "serving.rollout",
+        "serving.rollout.session",
+        "serving.rollout.runner",
+        "serving.rollout.gates",
+        "serving.rollout.journal",
+        "serving.rollout.backends.ssh",
+        "serving.rollout.backends.kubernetes",
+    ]
+    code = (
+        "import json, sys\n"
+        + "".join(f"import {m}\n" for m in modules)
+        + "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loaded = set(json.loads(proc.stdout))
+    assert "serving" in loaded  # the probe really imported the package
+    assert loaded.isdisjoint({"aiohttp", "tokenizers", "torch"}), sorted(loaded & {"aiohttp", "tokenizers", "torch"})

@@ -1,0 +1,181 @@
+"""One CLI contract, every command: the cases are enumerated from the typer app, so a new command is covered the
+day it is added (and :data:`JSON_CASES` must say how to run it offline, or the test that lists them fails).
+
+* an unknown flag exits 2, ``--help`` exits 0;
+* for every command that reads a stack: a stack file that is missing, not UTF-8, tab-indented, unclosed or empty
+  exits 2 with a message naming the file and the problem, and no traceback; with ``--json`` stdout is the error
+  object carrying ``stack`` and ``ok: false``;
+* ``--json`` output carries ``stack`` and ``ok`` (true exactly when the exit code is 0), on success for every
+  command that can run offline, and on the error path for those that need live hosts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+
+from serving.cli import main  # the module that defines plan, audit-source and schema
+from serving.cli.commands import register
+from serving.cli.options import app
+from tests.support.cli import exaserve, flat, json_object
+from tests.support.repo import working_tree_repo
+
+Command = tuple[str, ...]
+
+
+def _walk(cmd: Any, path: Command) -> Iterator[tuple[Command, Any]]:
+    subcommands = getattr(cmd, "commands", None)
+    if subcommands is None:
+        yield path, cmd
+        return
+    for name, sub in sorted(subcommands.items()):
+        yield from _walk(sub, (*path, name))
+
+
+def _commands() -> dict[Command, set[str]]:
+    """Every command and subcommand of the app -> the names of its parameters."""
+    register(None)
+    assert main.plan.__module__ == "serving.cli.main"  # plan, audit-source and schema are registered
+    return {path: {p.name for p in cmd.params} for path, cmd in _walk(typer.main.get_command(app), ())}
+
+
+COMMANDS = _commands()
+GROUPS = sorted({path[:i] for path in COMMANDS for i in range(len(path))})
+STACK_COMMANDS = [c for c, params in COMMANDS.items() if {"stack", "stack_file"} <= params]
+
+
+def _id(cmd: Command) -> str:
+    return " ".join(cmd) or "exaserve"
+
+
+# What each command needs besides the stack to get as far as reading it (required options, a probe after --).
+EXTRA: dict[Command, list[str]] = {
+    ("render",): ["--out", "{tmp}/out"],
+    ("diff",): ["--base", "HEAD"],
+    ("units",): ["--router"],
+    ("fleet", "exec"): ["--", "uptime"],
+}
+# How each command runs with --json offline: its arguments and its exit code. Commands that need live hosts run
+# into a bad-input error before any connection (a missing known_hosts, a stack without a sandbox) and print the
+# error object; the rest succeed.
+JSON_CASES: dict[Command, tuple[list[str], int]] = {
+    ("plan",): (["--stack", "dev"], 0),
+    ("audit-source",): ([], 0),
+    ("schema",): ([], 0),
+    ("render",): (["--stack", "dev", "--out", "{tmp}/out"], 0),
+    ("check",): (["--stack", "dev"], 0),
+    ("diff",): (["--stack", "dev", "--base", "main"], 0),
+    ("units",): (["--stack", "dev", "--router"], 0),
+    ("preflight",): (["--stack", "dev", "--known-hosts", "{tmp}/no-known-hosts"], 2),
+    ("fleet", "exec"): (["--stack", "dev", "--known-hosts", "{tmp}/no-known-hosts", "--", "uptime"], 2),
+    ("sandbox", "up"): (["--stack", "dev"], 2),
+    ("sandbox", "down"): (["--stack", "sandbox"], 0),
+    ("sandbox", "load"): (["--stack", "dev"], 2),
+    ("rollout",): (["--stack", "sandbox", "--to", "v2", "--dry-run"], 0),
+    ("rollback",): (["--stack", "sandbox"], 0),
+}
+
+BAD_STACKS: dict[str, tuple[bytes | None, str]] = {
+    "missing": (None, "file not found"),
+    "not-utf8": (b"config:\n  exaserve:cluster:\n    name: caf\xe9\n", "not UTF-8 text: byte 0xe9 at line 3"),
+    "tab-indented": (b"config:\n\texaserve:cluster: {}\n", "line 2, column 1: a tab indents this line"),
+    "unclosed": (b"config:\n  exaserve:cluster: {name: dev\n", "not valid YAML: line 3, column 1"),
+    "empty": (b"", "the file is empty"),
+}
+
+
+def _args(args: list[str], tmp: Path) -> list[str]:
+    return [a.replace("{tmp}", str(tmp)) for a in args]
+
+
+def _with_json(cmd: Command, args: list[str]) -> list[str]:
+    """``cmd --json ARGS``, keeping a probe after ``--`` last."""
+    return [*cmd, "--json", *args]
+
+
+@pytest.fixture
+def state_env(tmp_path: Path) -> dict[str, str]:
+    """A private state directory: no test reads or writes the user's."""
+    return {"EXASERVE_STATE_DIR": str(tmp_path / "state")}
+
+
+def test_the_app_has_the_commands_the_docs_list() -> None:
+    assert set(COMMANDS) == {
+        ("plan",), ("audit-source",), ("schema",), ("render",), ("check",), ("diff",), ("units",), ("preflight",),
+        ("fleet", "exec"), ("sandbox", "up"), ("sandbox", "down"), ("sandbox", "load"), ("rollout",), ("rollback",),
+    }  # fmt: skip
+    assert set(COMMANDS) - set(STACK_COMMANDS) == {("schema",)}
+
+
+def test_every_command_has_json_and_an_offline_json_case() -> None:
+    assert [c for c, params in COMMANDS.items() if "as_json" not in params] == []
+    assert set(JSON_CASES) == set(COMMANDS), "add the new command to JSON_CASES"
+
+
+@pytest.mark.parametrize("cmd", list(COMMANDS), ids=_id)
+def test_an_unknown_flag_exits_2(cmd: Command) -> None:
+    r = exaserve(*cmd, "--no-such-flag")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "No such option: --no-such-flag" in flat(r.stderr)
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("cmd", [*GROUPS, *COMMANDS], ids=_id)
+def test_help_exits_0(cmd: Command) -> None:
+    r = exaserve(*cmd, "--help")
+    assert r.returncode == 0, r.stderr
+    assert "Usage:" in r.stdout and "Traceback" not in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("kind", list(BAD_STACKS))
+@pytest.mark.parametrize("cmd", STACK_COMMANDS, ids=_id)
+def test_a_bad_stack_file_exits_2_naming_the_file_and_the_problem(
+    cmd: Command, kind: str, tmp_path: Path, state_env: dict[str, str]
+) -> None:
+    content, problem = BAD_STACKS[kind]
+    path = tmp_path / f"Pulumi.{kind}.yaml"
+    if content is not None:
+        path.write_bytes(content)
+    r = exaserve(*cmd, "--stack-file", str(path), *_args(EXTRA.get(cmd, []), tmp_path), env=state_env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    message = flat(r.stderr)
+    assert f"error: {path}:" in message and problem in message, message
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("cmd", STACK_COMMANDS, ids=_id)
+def test_a_bad_stack_file_with_json_prints_the_error_object(
+    cmd: Command, tmp_path: Path, state_env: dict[str, str]
+) -> None:
+    path = tmp_path / "Pulumi.broken.yaml"
+    path.write_bytes(BAD_STACKS["tab-indented"][0] or b"")
+    args = _with_json(cmd, ["--stack-file", str(path), *_args(EXTRA.get(cmd, []), tmp_path)])
+    r = exaserve(*args, env=state_env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    doc = json_object(r)
+    assert doc["stack"] == "broken" and doc["ok"] is False and doc["exit_code"] == 2
+    assert str(path) in doc["error"] and "a tab indents this line" in doc["error"]
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`diff` compares with a git revision: a repository whose main is this working tree."""
+    return working_tree_repo(tmp_path_factory.mktemp("repo") / "exaserve")
+
+
+@pytest.mark.parametrize("cmd", list(JSON_CASES), ids=_id)
+def test_json_carries_stack_and_ok(cmd: Command, repo: Path, tmp_path: Path, state_env: dict[str, str]) -> None:
+    args, code = JSON_CASES[cmd]
+    r = exaserve(*_with_json(cmd, _args(args, tmp_path)), cwd=repo, env=state_env, timeout_s=300)
+    assert r.returncode == code, r.stdout + r.stderr
+    doc = json_object(r)
+    assert "stack" in doc and doc["ok"] is (code == 0), doc
+    special: dict[Command, str | None] = {("schema",): None, ("audit-source",): "source-plan"}
+    expected_stack = special[cmd] if cmd in special else args[1]
+    assert doc["stack"] == expected_stack
+    if code:
+        assert doc["exit_code"] == code and doc["error"] and flat(doc["error"]) in flat(r.stderr)

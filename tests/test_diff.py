@@ -1,0 +1,244 @@
+"""`exaserve diff`: what changed between a git revision and the working tree, as a reviewer reads it.
+
+The pure parts (flag-by-flag comparison of command lines, grouping of identical changes, capacity figures in their
+units) on hand-made objects; then the command itself against a throwaway repository holding this working tree.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from serving.pulumi.diff import (
+    FieldChange,
+    FleetDiff,
+    ObjectChange,
+    argv_flags,
+    field_changes,
+    human,
+    identical_changes,
+    markdown_report,
+    text_report,
+)
+from tests.specdoc import SOURCE_PLAN
+from tests.support.cli import exaserve, json_object
+from tests.support.repo import working_tree_repo
+
+NEW_IMAGE = "lmsysorg/sglang:v0.5.24-cu126"
+SERVER = ["--model-path", "/models/m", "--context-length", "4096", "--enable-metrics", "--tp-size", "8"]
+
+
+def _pod(args: list[str]) -> dict[str, Any]:
+    return {"spec": {"template": {"spec": {"containers": [{"name": "sglang", "image": "i", "args": args}]}}}}
+
+
+# ------------------------------------------------------------------------------------------ pure
+
+
+def test_argv_flags_reads_values_switches_equals_and_lists() -> None:
+    entry, flags = argv_flags(
+        ["python3", "-m", "sglang_router.launch_router", "--policy=cache_aware", "--worker-urls", "http://a", "http://b",
+         "--log-json", "--port", "-1"]
+    )  # fmt: skip
+    assert entry == ["python3", "-m", "sglang_router.launch_router"]
+    assert flags == {
+        "--policy": "cache_aware",
+        "--worker-urls": "http://a http://b",
+        "--log-json": True,
+        "--port": "-1",
+    }
+
+
+def test_a_changed_flag_is_named_by_flag_not_by_position() -> None:
+    after = ["--model-path", "/models/m", "--context-length", "8192", "--tp-size", "8", "--watchdog-timeout", "600"]
+    changes = field_changes(_pod(SERVER), _pod(after))
+    args = "spec.template.spec.containers[sglang].args"
+    assert changes == [
+        FieldChange(f"{args}[--context-length]", "4096", "8192", "--context-length"),
+        FieldChange(f"{args}[--watchdog-timeout]", None, "600", "--watchdog-timeout"),
+        FieldChange(f"{args}[--enable-metrics]", True, None, "--enable-metrics"),
+    ]
+    assert {c.where for c in changes} == {"containers[sglang].args"}
+    assert "args[2]" not in text_report(_diff([ObjectChange("StatefulSet", "ns", "sglang-g0", "fleet", changes)]))
+
+
+def test_a_changed_entry_point_is_one_change_and_a_reordered_line_the_whole_list() -> None:
+    router = ["python3", "-m", "sglang_router.launch_router", "--port", "8000"]
+    moved = ["python3", "-m", "sglang_router.launch", "--port", "8000"]
+    assert field_changes({"command": router}, {"command": moved}) == [
+        FieldChange("command[entry]", "python3 -m sglang_router.launch_router", "python3 -m sglang_router.launch")
+    ]
+    reordered = ["--tp-size", "8", *SERVER[:-2]]
+    assert field_changes({"args": SERVER}, {"args": reordered}) == [FieldChange("args", SERVER, reordered)]
+
+
+def _diff(changed: list[ObjectChange], capacity: list[FieldChange] | None = None) -> FleetDiff:
+    return FleetDiff("prod", "main", "0123456789abcdef", 10, 10, changed=changed, capacity=capacity or [])
+
+
+def test_identical_changes_across_update_groups_are_one_entry() -> None:
+    flag = FieldChange(
+        "spec.template.spec.containers[sglang].args[--context-length]", "4096", "8192", "--context-length"
+    )
+    same = [ObjectChange("StatefulSet", "exaserve", f"sglang-g{i}", "fleet", [flag]) for i in range(5)]
+    other = ObjectChange("StatefulSet", "exaserve", "sglang-g5", "fleet", [FieldChange("spec.replicas", 26, 20)])
+    assert [len(g) for g in identical_changes([*same, other])] == [5, 1]
+    md = markdown_report(_diff([*same, other]))
+    assert "**6 changed, 0 added, 0 removed**" in md
+    assert (
+        "<code>StatefulSet exaserve/sglang-g0, sglang-g1, sglang-g2, sglang-g3, sglang-g4</code> (fleet): "
+        "1 field(s), the same in 5 objects</summary>"
+    ) in md
+    assert md.count("| `--context-length` in `containers[sglang].args` | `4096` | `8192` |") == 1
+    assert "<code>StatefulSet exaserve/sglang-g5</code> (fleet): 1 field(s)</summary>" in md
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "shown"),
+    [
+        ("weights_bytes", 70 * 2**30, "70.00 GiB"),
+        ("per_gpu_memory_bytes.kv_cache", 10.5 * 2**30, "10.50 GiB"),
+        ("kv_cache_bytes_per_token", 327_680, "320.00 KiB/token"),
+        ("requests_per_second", 1234.5, "1,234.5 req/s"),
+        ("heartbeat_messages_per_second.direct", 409.6, "409.6 msg/s"),
+        ("failure_detection_s", 18, "18 s"),
+        ("replicas", 2048, "2,048"),
+        ("rollout_group_sizes", [26, 25], "[26, 25]"),
+    ],
+)
+def test_capacity_figures_are_shown_in_their_units(key: str, value: Any, shown: str) -> None:
+    assert human(key, value) == shown
+
+
+def test_capacity_deltas_in_the_report_carry_units_and_percent() -> None:
+    capacity = [
+        FieldChange("per_gpu_memory_bytes.kv_cache", 10 * 2**30, 20 * 2**30),
+        FieldChange("requests_per_second", 200.0, 150.0),
+    ]
+    md = markdown_report(_diff([], capacity))
+    assert "| `per_gpu_memory_bytes.kv_cache` | `10.00 GiB` | `20.00 GiB` | +10.00 GiB (+100.0%) |" in md
+    assert "| `requests_per_second` | `200 req/s` | `150 req/s` | -50 req/s (-25.0%) |" in md
+    assert "  requests_per_second: 200 req/s → 150 req/s -50 req/s (-25.0%)" in text_report(_diff([], capacity))
+
+
+# ------------------------------------------------------------------------------------------ the command
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return working_tree_repo(tmp_path_factory.mktemp("repo") / "exaserve")
+
+
+def _exaserve(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`exaserve` with the repository's own code (PYTHONPATH first), as CI runs it in a clone."""
+    return exaserve(*args, cwd=repo, env={"PYTHONPATH": str(repo)}, timeout_s=300)
+
+
+def _edit_stack(repo: Path, name: str, section: str, changes: dict[str, Any]) -> str:
+    path = repo / f"Pulumi.{name}.yaml"
+    original = path.read_text()
+    doc = yaml.safe_load(original)
+    doc["config"].setdefault(f"exaserve:{section}", {}).update(changes)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return original
+
+
+def test_diff_shows_one_group_version_change_as_exactly_that(repo: Path) -> None:
+    original = (repo / "Pulumi.prod.yaml").read_text()
+    _edit_stack(repo, "prod", "serving", {"releases": {"v1": "lmsysorg/sglang:v0.5.23-cu126", "v2": NEW_IMAGE}})
+    _edit_stack(repo, "prod", "rollout", {"group_versions": {2: "v2"}})
+    try:
+        result = _exaserve(repo, "diff", "--stack", "prod", "--base", "main", "--json")
+        markdown = _exaserve(repo, "diff", "--stack", "prod", "--base", "main", "--markdown")
+    finally:
+        (repo / "Pulumi.prod.yaml").write_text(original)
+    assert result.returncode == 0, result.stderr
+    doc = json_object(result)
+    assert doc["stack"] == "prod" and doc["ok"] is True
+    assert doc["added"] == [] and doc["removed"] == [] and doc["capacity"] == []
+    assert doc["base"]["objects"] == doc["head"]["objects"] == 288
+    assert [(c["kind"], c["name"], c["component"]) for c in doc["changed"]] == [("StatefulSet", "sglang-g2", "fleet")]
+    fields = {f["path"]: (f["base"], f["head"]) for f in doc["changed"][0]["fields"]}
+    assert fields == {
+        'metadata.labels["exaserve.io/version"]': ("v1", "v2"),
+        'spec.template.metadata.labels["exaserve.io/version"]': ("v1", "v2"),
+        "spec.template.spec.containers[sglang].env[EXASERVE_RELEASE].value": ("v1", "v2"),
+        "spec.template.spec.containers[sglang].image": ("lmsysorg/sglang:v0.5.23-cu126", NEW_IMAGE),
+    }
+    assert markdown.returncode == 0, markdown.stderr
+    assert "**1 changed, 0 added, 0 removed**" in markdown.stdout
+    assert '| `metadata.labels["exaserve.io/version"]` | `v1` | `v2` |' in markdown.stdout
+    assert "No capacity figure changed." in markdown.stdout
+
+
+def test_diff_reports_capacity_deltas_and_group_sizes(repo: Path) -> None:
+    original = _edit_stack(repo, "dev", "serving", {"replicas": 96})
+    try:
+        result = _exaserve(repo, "diff", "--stack", "dev", "--base", "main")
+    finally:
+        (repo / "Pulumi.dev.yaml").write_text(original)
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert "objects: 9 changed, 0 added, 0 removed (45 at base, 45 now)" in text
+    assert "~ StatefulSet exaserve/sglang-g0  [fleet]\n      spec.replicas: 26 → 20\n" in text
+    assert "~ PodDisruptionBudget exaserve/sglang-g1  [fleet]\n      spec.maxUnavailable: 2 → 1\n" in text
+    assert "PodDisruptionBudget exaserve/sglang-g0" not in text, "group 0 keeps its budget of 2"
+    assert "  replicas: 128 → 96 -32 (-25.0%)" in text
+    assert "  rollout_group_sizes: [26, 26, 26, 25, 25] → [20, 19, 19, 19, 19]" in text
+
+
+def test_diff_markdown_names_flags_groups_update_groups_and_shows_units(repo: Path) -> None:
+    """A longer context on dev: the five update groups' StatefulSets change alike, flag by flag; the KV cache
+    per GPU doubles, in GiB."""
+    original = _edit_stack(repo, "dev", "limits", {"context_length": 8192})
+    try:
+        result = _exaserve(repo, "diff", "--stack", "dev", "--base", "main", "--markdown")
+    finally:
+        (repo / "Pulumi.dev.yaml").write_text(original)
+    assert result.returncode == 0, result.stderr
+    md = result.stdout
+    assert (
+        "<code>StatefulSet exaserve/sglang-g0, sglang-g1, sglang-g2, sglang-g3, sglang-g4</code> (fleet): "
+        "2 field(s), the same in 5 objects"
+    ) in md
+    assert "| `--context-length` in `containers[sglang].args` | `4096` | `8192` |" in md
+    assert "| `--max-running-requests` in `containers[sglang].args` | `8` | `5` |" in md
+    assert "args[" not in md.replace("args[--", "")
+    assert "| `per_gpu_memory_bytes.kv_cache` | `10.00 GiB` | `20.00 GiB` | +10.00 GiB (+100.0%) |" in md
+
+
+def test_diff_of_a_stack_file_compares_it_with_its_copy_at_the_base(repo: Path, tmp_path: Path) -> None:
+    original = _edit_stack(repo, "dev", "limits", {"context_length": 8192})
+    try:
+        result = _exaserve(repo, "diff", "--stack-file", "Pulumi.dev.yaml", "--base", "main", "--json")
+    finally:
+        (repo / "Pulumi.dev.yaml").write_text(original)
+    assert result.returncode == 0, result.stderr
+    doc = json_object(result)
+    assert doc["stack"] == "dev" and len(doc["changed"]) == 5
+    flags = {f["flag"] for f in doc["changed"][0]["fields"]}
+    assert flags == {"--context-length", "--max-running-requests"}
+
+    outside = tmp_path / "Pulumi.source.yaml"
+    outside.write_text(SOURCE_PLAN.read_text())
+    r = _exaserve(repo, "diff", "--stack-file", str(outside), "--base", "main")
+    assert r.returncode == 2 and f"--stack-file {outside}: not inside the repository" in r.stderr
+    new = repo / "Pulumi.new.yaml"
+    new.write_text(original)
+    try:
+        r = _exaserve(repo, "diff", "--stack-file", "Pulumi.new.yaml", "--base", "main")
+    finally:
+        new.unlink()
+    assert r.returncode == 2 and "the file does not exist at --base 'main'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_diff_rejects_an_unknown_base(repo: Path) -> None:
+    result = _exaserve(repo, "diff", "--stack", "dev", "--base", "no-such-branch")
+    assert result.returncode == 2
+    assert "--base 'no-such-branch' is not a commit" in result.stderr
+    assert "Traceback" not in result.stderr
