@@ -24,16 +24,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from serving.remote.fanout import Target, fan_out
 from tests.hosts.netns import HostFleet, HostPool, unavailable_reason
-from tests.preflight_support import (
+from tests.support.preflight import (
     ANSIBLE_DIR,
+    fleet_stack_doc,
     install_container_stubs,
     model_store,
     node_names,
     run_playbook,
-    stack_doc,
     write_inventory,
-    write_stack,
 )
+from tests.support.stacks import write_stack
 
 STOCK_CFG = f"""[defaults]
 roles_path = {ANSIBLE_DIR}/roles
@@ -102,7 +102,7 @@ def main() -> int:
         with model_store() as store:
             fleet = pool.fleet(16)
             install_container_stubs(fleet)
-            stack = write_stack(work / "Pulumi.bench.yaml", stack_doc(fleet, store, racks=2))
+            stack = write_stack(work / "Pulumi.bench.yaml", fleet_stack_doc(fleet, store, racks=2))
             inventory = write_inventory(work, stack, fleet)
             names = list(node_names(fleet, stack))
             for n in (4, 16):

@@ -18,8 +18,8 @@ from serving.checks.result import CheckResult, Status, failures
 from serving.cli import report
 from serving.plan import planner
 from serving.spec.stack import load_stack, load_stack_file
-from tests.k8s_support import policy_pack
-from tests.specdoc import SOURCE_PLAN
+from tests.support.k8s import policy_pack
+from tests.support.stacks import SOURCE_PLAN
 
 FAILED = CheckResult(
     "health.check-timeout", Status.FAIL, "Got 1", "at least 3 s", "Use at least 3.", "serving.health_check_timeout_s"

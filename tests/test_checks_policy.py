@@ -30,15 +30,14 @@ from pulumi_policy import (
     ResourceValidationArgs,
     StackValidationArgs,
 )
-from typer.testing import CliRunner
 
 from serving.checks import policy
-from serving.cli.commands import register
-from serving.cli.options import app
 from serving.pulumi.program import RenderedObject, kubernetes_objects, run_program
 from serving.render.k8s.common import ANNOTATION_ALLOW_LOAD_BALANCER, ANNOTATION_PRIVILEGED_REASON
-from tests.k8s_support import policy_pack, write_variant
+from tests.support.cli import exaserve
+from tests.support.k8s import policy_pack
 from tests.support.paths import REPO
+from tests.support.stacks import write_variant
 
 Mutation = Callable[[dict[str, Any]], None]
 
@@ -239,33 +238,27 @@ def test_stack_policy_without_a_stack_name_reports_instead_of_passing(
 # ------------------------------------------------------------------------------------------ exaserve check
 
 
-@pytest.fixture(scope="module")
-def cli() -> CliRunner:
-    register(None)
-    return CliRunner()
-
-
 @pytest.mark.parametrize("stack", ["prod", "dev", "sandbox"])
-def test_check_passes_the_shipped_stacks(cli: CliRunner, stack: str) -> None:
-    result = cli.invoke(app, ["check", "--stack", stack, "--json"])
-    assert result.exit_code == 0, result.output
+def test_check_passes_the_shipped_stacks(stack: str) -> None:
+    result = exaserve("check", "--stack", stack, "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
     doc = json.loads(result.stdout)
     assert doc["ok"] is True and doc["violations"] == []
     assert set(doc["rules"]) == set(policy.RESOURCE_RULES) | set(policy.STACK_RULES)
 
 
-def test_check_fails_a_stack_with_a_1s_health_timeout(cli: CliRunner, tmp_path: Path) -> None:
+def test_check_fails_a_stack_with_a_1s_health_timeout(tmp_path: Path) -> None:
     """A spec the pydantic model accepts but the policy refuses: the 1 s health-check timeout of the source."""
     path = write_variant(tmp_path, "flappy", base="dev", changes={"serving.health_check_timeout_s": 1})
-    result = cli.invoke(app, ["check", "--stack-file", str(path)])
-    assert result.exit_code == 1, result.output
+    result = exaserve("check", "--stack-file", str(path))
+    assert result.returncode == 1, result.stdout + result.stderr
     # Three probes on each of 5 groups, readiness and liveness on the router.
     assert result.stdout.count("✗ fail [probes-timeout]") == 5 * 3 + 2
     assert "✗ fail [probes-timeout] StatefulSet exaserve/sglang-g0\n" in result.stdout
     assert "    expected: a readinessProbe with timeoutSeconds ≥ 3\n" in result.stdout
     assert "    fix:      Add readinessProbe with timeoutSeconds ≥ 3" in result.stdout
     assert "17 violation(s)" in result.stdout
-    as_json = json.loads(cli.invoke(app, ["check", "--stack-file", str(path), "--json"]).stdout)
+    as_json = json.loads(exaserve("check", "--stack-file", str(path), "--json").stdout)
     assert as_json["ok"] is False and len(as_json["violations"]) == 17
     g0 = [v for v in as_json["violations"] if v["subject"] == "StatefulSet exaserve/sglang-g0"]
     assert {(v["check"], v["status"]) for v in g0} == {("probes-timeout", "fail")}

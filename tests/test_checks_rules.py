@@ -12,7 +12,7 @@ from serving.checks.result import CheckResult, Status
 from serving.plan import planner
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack, load_stack_file
-from tests.specdoc import SOURCE_PLAN, spec_from
+from tests.support.stacks import SOURCE_PLAN, spec_from
 
 
 def violations(spec: FleetSpec) -> list[CheckResult]:

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.specdoc import SOURCE_PLAN
 from tests.support.cli import exaserve as run
+from tests.support.stacks import SOURCE_PLAN
 
 
 @pytest.mark.parametrize("stack", ["prod", "dev", "sandbox"])

@@ -20,7 +20,7 @@ import pytest
 
 from serving.pulumi import crds
 from serving.pulumi.crds import CrdError, NoCrdDirError, pinned, resolve_crd_dir
-from tests.k8s_support import crd_dir
+from tests.support.k8s import crd_dir
 from tests.support.paths import REPO
 
 LWS = "leaderworkerset.x-k8s.io_leaderworkersets.yaml"

@@ -24,9 +24,9 @@ from serving.pulumi.diff import (
     markdown_report,
     text_report,
 )
-from tests.specdoc import SOURCE_PLAN
 from tests.support.cli import exaserve, json_object
 from tests.support.repo import working_tree_repo
+from tests.support.stacks import SOURCE_PLAN
 
 NEW_IMAGE = "lmsysorg/sglang:v0.5.24-cu126"
 SERVER = ["--model-path", "/models/m", "--context-length", "4096", "--enable-metrics", "--tp-size", "8"]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.k8s_support import crd_dir
+from tests.support.k8s import crd_dir
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.slow

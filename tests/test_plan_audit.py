@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from serving.plan import audit as sourcecheck
 from serving.spec.stack import load_stack_file
-from tests.specdoc import SOURCE_PLAN, spec_from
 from tests.support.cli import exaserve, json_object
+from tests.support.stacks import SOURCE_PLAN, spec_from
 
 
 def verdicts(spec_file: object = None) -> dict[str, sourcecheck.Claim]:

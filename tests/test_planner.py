@@ -11,7 +11,7 @@ import pytest
 from serving.plan import planner
 from serving.spec.schema import GB
 from serving.spec.stack import load_stack, load_stack_file
-from tests.specdoc import SOURCE_PLAN, spec_from
+from tests.support.stacks import SOURCE_PLAN, spec_from
 
 LLAMA70_PARAMS = 70_553_706_496
 

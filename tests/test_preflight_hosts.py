@@ -22,19 +22,20 @@ import pytest
 from serving.checks.preflight import CHECKS
 from tests.hosts.faults import HostFaults
 from tests.hosts.netns import HostFleet, HostPool
-from tests.preflight_support import (
+from tests.support.cli import exaserve
+from tests.support.preflight import (
     VENV_BIN,
     ModelStore,
     PlaybookRun,
     ansible_env,
+    fleet_stack_doc,
     install_container_stubs,
     model_store,
     node_names,
     run_playbook,
-    stack_doc,
     write_inventory,
-    write_stack,
 )
+from tests.support.stacks import write_stack
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +74,7 @@ class Deployed:
 
 def deploy(fleet: HostFleet, store: ModelStore, directory: Path, **sections: Any) -> Deployed:
     install_container_stubs(fleet)
-    stack = write_stack(directory / "Pulumi.test.yaml", stack_doc(fleet, store, **sections))
+    stack = write_stack(directory / "Pulumi.test.yaml", fleet_stack_doc(fleet, store, **sections))
     return Deployed(fleet, stack, write_inventory(directory, stack, fleet), node_names(fleet, stack))
 
 
@@ -163,14 +164,9 @@ def test_run_fails_names_the_bad_hosts_and_ends_in_bounded_time(scenario: Deploy
 
 
 def run_cli(*args: str, control_dir: Path, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(VENV_BIN / "exaserve"), "preflight", *args],
-        capture_output=True,
-        text=True,
-        env={**ansible_env(control_dir, ANSIBLE_TIMEOUT=str(CONNECT_TIMEOUT_S)), "COLUMNS": "220"},
-        timeout=timeout_s,
-        check=False,
-    )
+    """``exaserve preflight ARGS`` with the project's ansible.cfg and a per-run control path."""
+    env = {**ansible_env(control_dir, ANSIBLE_TIMEOUT=str(CONNECT_TIMEOUT_S)), "COLUMNS": "220"}
+    return exaserve("preflight", *args, env=env, timeout_s=timeout_s)
 
 
 def cli_args(d: Deployed, report: Path) -> list[str]:

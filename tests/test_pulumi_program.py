@@ -23,8 +23,9 @@ from serving.render.k8s.container import pod_container
 from serving.render.router import router_argv
 from serving.render.sglang import model_dir
 from serving.spec.stack import load_stack, load_stack_file
-from tests.k8s_support import MULTI_NODE, of_kind, one, render_file, write_variant
+from tests.support.k8s import of_kind, one, render_file
 from tests.support.paths import REPO
+from tests.support.stacks import MULTI_NODE, write_variant
 
 STACKS = ("prod", "dev", "sandbox")
 COMPONENTS = {

@@ -15,7 +15,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from serving.remote.fanout import FanoutError, Target, check_read_only, fan_out
 from tests.hosts.faults import HostFaults
 from tests.hosts.netns import HostFleet, HostPool
-from tests.preflight_support import VENV_BIN, ModelStore, stack_doc, write_stack
+from tests.support.preflight import VENV_BIN, ModelStore, fleet_stack_doc
+from tests.support.stacks import write_stack
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,7 @@ def test_read_only_command_line_is_quoted() -> None:
 
 
 def _stack(fleet: HostFleet, tmp_path: Path) -> Path:
-    doc = stack_doc(fleet, ModelStore(Path("/dev/shm/unused"), "unused/model"), racks=1)
+    doc = fleet_stack_doc(fleet, ModelStore(Path("/dev/shm/unused"), "unused/model"), racks=1)
     return write_stack(tmp_path / "Pulumi.fanout.yaml", doc)
 
 

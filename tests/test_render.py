@@ -12,24 +12,16 @@ from typing import Any
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
-from serving.cli.commands import register
-from serving.cli.options import app
 from serving.pulumi import output
 from serving.pulumi.program import kubernetes_objects, run_program
 from serving.pulumi.validate import SchemaSetupError, Validator
-from tests.k8s_support import MULTI_NODE, crd_dir, render_file, write_variant
-from tests.support.cli import flat
+from tests.support.cli import exaserve, flat
+from tests.support.k8s import crd_dir, render_file
 from tests.support.paths import REPO
+from tests.support.stacks import MULTI_NODE, write_variant
 
 INDEX_KEYS = {"apiVersion", "kind", "name", "namespace", "component"}
-
-
-@pytest.fixture(scope="module")
-def cli() -> CliRunner:
-    register(None)
-    return CliRunner()
 
 
 def test_pinned_crds_resolve_and_are_not_copied_in() -> None:
@@ -40,10 +32,10 @@ def test_pinned_crds_resolve_and_are_not_copied_in() -> None:
 
 
 @pytest.mark.parametrize("stack", ["prod", "dev", "sandbox"])
-def test_render_writes_and_validates_every_object(cli: CliRunner, tmp_path: Path, stack: str) -> None:
+def test_render_writes_and_validates_every_object(tmp_path: Path, stack: str) -> None:
     out = tmp_path / "out"
-    result = cli.invoke(app, ["render", "--stack", stack, "--out", str(out), "--json"])
-    assert result.exit_code == 0, result.output
+    result = exaserve("render", "--stack", stack, "--out", str(out), "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads(result.stdout)
     assert summary["problems"] == [] and summary["validated"] is True
     assert summary["crd_dir"] == str(crd_dir())
@@ -63,70 +55,68 @@ def test_render_writes_and_validates_every_object(cli: CliRunner, tmp_path: Path
     assert {"StatefulSet", "PrometheusRule", "ServiceMonitor", "Node", "NetworkPolicy"} <= kinds
 
 
-def test_render_replaces_a_previous_render_and_refuses_other_directories(cli: CliRunner, tmp_path: Path) -> None:
+def test_render_replaces_a_previous_render_and_refuses_other_directories(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    assert cli.invoke(app, ["render", "--stack", "prod", "--out", str(out), "--no-validate"]).exit_code == 0
+    assert exaserve("render", "--stack", "prod", "--out", str(out), "--no-validate").returncode == 0
     assert len(list((out / "nodes").glob("*.yaml"))) == 256
-    result = cli.invoke(app, ["render", "--stack", "dev", "--out", str(out), "--no-validate"])
-    assert result.exit_code == 0, result.output
+    result = exaserve("render", "--stack", "dev", "--out", str(out), "--no-validate")
+    assert result.returncode == 0, result.stdout + result.stderr
     assert len(list((out / "nodes").glob("*.yaml"))) == 16, "prod's node files are gone"
     assert not (out / "fabric").exists(), "components dev does not have are removed"
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
-    result = cli.invoke(app, ["render", "--stack", "dev", "--out", str(other)])
-    assert result.exit_code == 2
+    result = exaserve("render", "--stack", "dev", "--out", str(other))
+    assert result.returncode == 2
     assert "is not empty and holds no previous render" in flat(result.stderr)
     assert (other / "notes.txt").read_text() == "mine"
 
 
-def test_render_of_a_multi_node_variant_validates_leader_worker_sets(cli: CliRunner, tmp_path: Path) -> None:
+def test_render_of_a_multi_node_variant_validates_leader_worker_sets(tmp_path: Path) -> None:
     path = write_variant(
         tmp_path,
         "tp16",
         changes=MULTI_NODE,
     )
-    result = cli.invoke(app, ["render", "--stack-file", str(path), "--out", str(tmp_path / "out"), "--json"])
-    assert result.exit_code == 0, result.output
+    result = exaserve("render", "--stack-file", str(path), "--out", str(tmp_path / "out"), "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
     assert json.loads(result.stdout)["problems"] == []
     index = json.loads((tmp_path / "out" / "index.json").read_text())
     assert sum(e["kind"] == "LeaderWorkerSet" for e in index) == 5
 
 
-def test_render_exits_1_when_objects_fail_validation(cli: CliRunner, tmp_path: Path) -> None:
+def test_render_exits_1_when_objects_fail_validation(tmp_path: Path) -> None:
     """With a CRD directory lacking the prometheus-operator CRDs, the monitoring objects cannot be validated."""
     crds = tmp_path / "crds"
     crds.mkdir()
     shutil.copy(crd_dir() / "leaderworkerset.x-k8s.io_leaderworkersets.yaml", crds)
-    result = cli.invoke(app, ["render", "--stack", "dev", "--out", str(tmp_path / "out"), "--crd-dir", str(crds)])
-    assert result.exit_code == 1, result.output
+    result = exaserve("render", "--stack", "dev", "--out", str(tmp_path / "out"), "--crd-dir", str(crds))
+    assert result.returncode == 1, result.stdout + result.stderr
     assert "3 problem(s)" in result.stdout
     assert "✗ PrometheusRule exaserve/exaserve-alerts: (root): no schema for PrometheusRule" in result.stdout
     assert (tmp_path / "out" / "index.json").is_file(), "the render is written even when it fails validation"
 
 
-def test_render_rejects_an_unsupported_kubernetes_version_and_a_missing_crd_dir(cli: CliRunner, tmp_path: Path) -> None:
+def test_render_rejects_an_unsupported_kubernetes_version_and_a_missing_crd_dir(tmp_path: Path) -> None:
     path = write_variant(tmp_path, "future", base="dev", changes={"kubernetes.version": "1.99"})
-    result = cli.invoke(app, ["render", "--stack-file", str(path), "--out", str(tmp_path / "a")])
-    assert result.exit_code == 2
+    result = exaserve("render", "--stack-file", str(path), "--out", str(tmp_path / "a"))
+    assert result.returncode == 2
     assert "kubernetes.version '1.99' is outside the schemas kubernetes-validate ships (1.25–1.37)" in flat(
         result.stderr
     )
-    result = cli.invoke(
-        app, ["render", "--stack", "dev", "--out", str(tmp_path / "b"), "--crd-dir", str(tmp_path / "nope")]
-    )
-    assert result.exit_code == 2
+    result = exaserve("render", "--stack", "dev", "--out", str(tmp_path / "b"), "--crd-dir", str(tmp_path / "nope"))
+    assert result.returncode == 2
     assert "CRD directory" in flat(result.stderr) and "does not exist" in flat(result.stderr)
 
 
-def test_render_of_a_spec_the_units_cannot_serve_exits_2(cli: CliRunner, tmp_path: Path) -> None:
+def test_render_of_a_spec_the_units_cannot_serve_exits_2(tmp_path: Path) -> None:
     """fp16 Llama-3-70B on one 80 GB GPU: the planner's KV pool is empty; the message names fields and fixes."""
     path = write_variant(tmp_path, "fp16", base="dev", changes={"model.precision": "fp16", "model.quantization": None})
-    result = cli.invoke(app, ["render", "--stack-file", str(path), "--out", str(tmp_path / "out")])
-    assert result.exit_code == 2, result.output
+    result = exaserve("render", "--stack-file", str(path), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2, result.stdout + result.stderr
     message = flat(result.stderr)
     assert "model.precision=fp16 with parallelism.tp=1" in message and "raise parallelism.tp or pp" in message
-    assert "Traceback" not in result.output
+    assert "Traceback" not in result.stdout + result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +219,7 @@ def test_yaml_round_trips_multiline_config(prod_objects: dict[tuple[str, str], d
     assert yaml.safe_load(text) == cm
 
 
-def test_render_includes_the_bare_metal_units(cli: CliRunner, tmp_path: Path) -> None:
+def test_render_includes_the_bare_metal_units(tmp_path: Path) -> None:
     """`render` writes each replica's systemd unit, the router's argv/env and chrony.conf beside the objects;
     a second render replaces them."""
     from serving.plan.planner import fleet_replicas, plan
@@ -241,8 +231,8 @@ def test_render_includes_the_bare_metal_units(cli: CliRunner, tmp_path: Path) ->
     out = tmp_path / "out"
     spec = load_stack("dev").spec
     for _ in range(2):
-        result = cli.invoke(app, ["render", "--stack", "dev", "--out", str(out), "--json", "--no-validate"])
-        assert result.exit_code == 0, result.output
+        result = exaserve("render", "--stack", "dev", "--out", str(out), "--json", "--no-validate")
+        assert result.returncode == 0, result.stdout + result.stderr
         assert json.loads(result.stdout)["replica_units"] == 128
     replicas = fleet_replicas(spec)
     written = sorted(p.name for p in (out / "units").glob("*.service"))

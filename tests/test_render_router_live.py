@@ -22,7 +22,7 @@ from serving.sandbox.processes import StateDir, free_ports, start_router, start_
 from serving.sandbox.worker import WorkerConfig
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack
-from tests.specdoc import spec_from
+from tests.support.stacks import spec_from
 
 LOOPBACK = "127.0.0.1"
 

@@ -1,7 +1,7 @@
 """Serving units rendered from the spec, checked against golden files and the REAL parsers.
 
 Golden files live in ``tests/golden/units/<stack>/``. After an intended change, refresh them with
-``EXASERVE_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_units.py`` and review the diff (refused under
+``EXASERVE_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_render_units.py`` and review the diff (refused under
 CI=true). The real parsers: the router's own ``parse_router_args``, SGLang's ``ServerArgs`` parser in
 the throwaway ``.venv-sglang`` (``scripts/sglang-manifest.sh --venv-only``), ``systemd-analyze
 verify`` (strict: any warning fails) and ``chronyd -p`` (chrony's own config parser).
@@ -61,8 +61,9 @@ from serving.render.systemd import CURL, RESTART_SEC, START_LIMIT_BURST, systemd
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack
 from tests.sglang_parsers import real_parse
-from tests.specdoc import spec_from
+from tests.support.cli import exaserve
 from tests.support.paths import REPO
+from tests.support.stacks import spec_from
 
 GOLDEN = Path(__file__).parent / "golden" / "units"
 UPDATE_GOLDEN = os.environ.get("EXASERVE_UPDATE_GOLDEN") == "1"
@@ -138,14 +139,16 @@ def test_rendered_units_match_the_golden_files(stack: str) -> None:
     for name, text in files.items():
         assert on_disk[name] == text, (
             f"{folder / name} differs from the rendered unit; if the change is intended, refresh with "
-            "EXASERVE_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_units.py and review the diff"
+            "EXASERVE_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_render_units.py and review the diff"
         )
 
 
 def test_every_rendered_file_carries_the_do_not_edit_header() -> None:
     for name, text in rendered_files("dev").items():
         if not name.endswith(".json"):
-            assert re.match(r"# generated from templates/\S+\.j2 by serving\.render\.(?:systemd|chrony) — do not edit\n", text), name
+            assert re.match(
+                r"# generated from templates/\S+\.j2 by serving\.render\.(?:systemd|chrony) — do not edit\n", text
+            ), name
 
 
 # --- one spec field, exactly the expected flags --------------------------------------------------------
@@ -347,6 +350,7 @@ def test_cli_exits_1_naming_the_flag_when_the_pin_rejects_it(monkeypatch: pytest
         "serving.render.sglang.SERVER_FLAGS", (*SERVER_FLAGS, FlagRule("--enable-metric", "a typo", lambda c: True))
     )
     register(None)
+    # In process (typer's runner), not tests.support.cli: the monkeypatched flag table must be the one that renders.
     result = CliRunner().invoke(app, ["units", "--stack", "dev", "--replica", "dev-r00-n00-s0", "--json"])
     assert result.exit_code == 1
     assert "'--enable-metric'" in result.output and load_server_manifest().label in result.output
@@ -603,18 +607,6 @@ def test_sandbox_router_listens_on_loopback_at_the_sandbox_ports() -> None:
 # --- CLI --------------------------------------------------------------------------------------------------
 
 EXASERVE = Path(sys.executable).parent / "exaserve"
-
-
-def exaserve(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(EXASERVE), *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-        env={**os.environ, "COLUMNS": "200"},
-        check=False,
-    )
 
 
 def test_cli_prints_one_replica_as_json() -> None:

@@ -36,7 +36,7 @@ from serving.rollout.backends.ssh import SshBackend, parse_show
 from serving.rollout.plan import plan_batches, with_group_version
 from serving.spec.schema import FleetSpec
 from tests.hosts.netns import HostFleet, HostPool
-from tests.specdoc import spec_from
+from tests.support.stacks import spec_from
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "shared" / "crds"
 RELEASES = {

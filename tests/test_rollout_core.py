@@ -41,7 +41,7 @@ from serving.rollout.machine import (
 from serving.rollout.plan import GateLimits, RolloutPlan, plan_batches, plan_rollout
 from serving.router.client import MetricsSnapshot
 from serving.spec.stack import load_stack
-from tests.specdoc import spec_from
+from tests.support.stacks import spec_from
 
 LIMITS = GateLimits(max_qps_drop=0.20, max_p99_rise=0.30, max_error_rate=0.001)
 

@@ -9,8 +9,8 @@ from pydantic import ValidationError
 
 from serving.spec.schema import FleetSpec, LogLevel, Precision
 from serving.spec.stack import SpecError, load_stack, load_stack_file, parse_spec
-from tests.specdoc import SOURCE_PLAN, spec_from, stack_doc, with_changes
 from tests.support.paths import REPO
+from tests.support.stacks import SOURCE_PLAN, spec_from, stack_doc, with_changes
 
 
 def parse(changes: dict[str, Any], base: str = "prod") -> FleetSpec:

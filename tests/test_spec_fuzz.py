@@ -11,8 +11,8 @@ from serving.checks import rules
 from serving.checks.result import CheckResult, Status
 from serving.plan import planner
 from serving.spec.stack import SpecError, parse_spec
-from tests.specdoc import stack_doc, with_changes
 from tests.support.paths import REPO
+from tests.support.stacks import stack_doc, with_changes
 
 BASES = {name: stack_doc(name) for name in ("prod", "dev", "sandbox")}
 

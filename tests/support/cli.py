@@ -25,14 +25,20 @@ def exaserve(
     """Run ``exaserve ARGS`` in ``cwd`` (the checkout: its ``Pulumi.<stack>.yaml`` files are the named stacks), with
     the environment plus ``env`` and a wide terminal so that messages are not wrapped."""
     return subprocess.run(
-        [str(EXASERVE), *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, "COLUMNS": "200", **(env or {})},
-        timeout=timeout_s,
-        check=False,
+        [str(EXASERVE), *args], capture_output=True, text=True, cwd=cwd, env=_env(env), timeout=timeout_s, check=False
     )
+
+
+def exaserve_started(*args: str, cwd: Path = REPO, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+    """``exaserve ARGS`` as :func:`exaserve` runs it, but started in the background with stdout and stderr piped,
+    for tests that signal it mid-run; collect it with ``communicate(timeout=...)``."""
+    return subprocess.Popen(
+        [str(EXASERVE), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=_env(env)
+    )
+
+
+def _env(env: Mapping[str, str] | None) -> dict[str, str]:
+    return {**os.environ, "COLUMNS": "200", **(env or {})}
 
 
 def json_object(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:

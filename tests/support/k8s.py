@@ -9,31 +9,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import yaml
-
 from serving.pulumi.crds import resolve_crd_dir
 from serving.pulumi.program import RenderedObject, kubernetes_objects, run_program
 from serving.spec.stack import load_stack_file
-from tests.specdoc import stack_doc, with_changes
 from tests.support.paths import REPO
-
-# A replica of TP 16 spans two 8-GPU nodes: the LeaderWorkerSet path of the fleet.
-MULTI_NODE: dict[str, Any] = {
-    "parallelism": {"tp": 16, "pp": 1, "dp": 1},
-    "serving.replicas": 128,
-    "serving.replicas_per_node": None,
-}
-
-
-def write_variant(directory: Path, name: str, base: str = "prod", changes: dict[str, Any] | None = None) -> Path:
-    """``Pulumi.<name>.yaml`` in ``directory``: stack ``base`` with dotted-path ``changes``."""
-    doc = with_changes(stack_doc(base), changes or {})
-    model = doc.get("model") or {}
-    if model.get("hf_config"):  # relative to the original stack file
-        model["hf_config"] = str(REPO / model["hf_config"])
-    path = directory / f"Pulumi.{name}.yaml"
-    path.write_text(yaml.safe_dump({"config": {f"exaserve:{k}": v for k, v in doc.items()}}, sort_keys=False))
-    return path
 
 
 def render_file(path: Path) -> list[RenderedObject]:

@@ -25,9 +25,10 @@ import yaml
 
 from tests.hosts.netns import HostFleet
 from tests.support.paths import REPO
+from tests.support.stacks import merge
 
 ANSIBLE_DIR = REPO / "ansible"
-CONTAINER_DATA = Path(__file__).resolve().parent / "data" / "container"
+CONTAINER_DATA = REPO / "tests" / "data" / "container"
 VENV_BIN = Path(sys.executable).parent
 MODEL_STORE_MOUNT = "/dev/shm"
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"  # the recorded nvidia-smi sample's GPUs
@@ -87,7 +88,7 @@ def model_store() -> Iterator[ModelStore]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def stack_doc(fleet: HostFleet, store: ModelStore, *, racks: int = 2, **sections: Any) -> dict[str, Any]:
+def fleet_stack_doc(fleet: HostFleet, store: ModelStore, *, racks: int = 2, **sections: Any) -> dict[str, Any]:
     """A stack for the fleet: one pool over its addresses (10.200.<slot>.x, contiguous), the recorded
     node's hardware (8 × H100, 8 × 400 Gb/s HCAs), Debian 12 as on the test hosts. ``sections``
     deep-merges over the defaults, e.g. ``cluster={"fabric": {"link_rate_gbps": 200}}``."""
@@ -116,19 +117,7 @@ def stack_doc(fleet: HostFleet, store: ModelStore, *, racks: int = 2, **sections
         },
         "model": {"name": "tiny-model", "path": store.model_path},
     }
-    return _merge(doc, sections)
-
-
-def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = _merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), dict) else value
-    return out
-
-
-def write_stack(path: Path, doc: Mapping[str, Any]) -> Path:
-    path.write_text(yaml.safe_dump({"config": {f"exaserve:{k}": v for k, v in doc.items()}}, sort_keys=False))
-    return path
+    return merge(doc, sections)
 
 
 def node_names(fleet: HostFleet, stack_path: Path) -> dict[str, str]:
