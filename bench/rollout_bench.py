@@ -14,8 +14,9 @@ Figures:
   error gate in the soak has to catch it) and ``v2-slow`` (the P99 gate, decided at the end of the
   soak interval).
 
-The stack is a copy of ``Pulumi.sandbox.yaml`` (100 ms simulated latency, 150 ms for ``v2-slow``)
-with free ports, the latencies optionally scaled by ``--latency-scale``; all timings come from the stack.
+The sandbox is the tests' (``tests/support/sandbox.py``): ``Pulumi.sandbox.yaml`` (100 ms simulated latency, 150 ms
+for ``v2-slow``) on free ports, the latencies optionally scaled by ``--latency-scale``, brought up with
+``exaserve sandbox up``; all timings come from the stack.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -32,33 +32,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from serving.rollout.journal import StackState
 from serving.router.loadgen import LoadGenerator, LoadReport, LoadSpec
-from serving.sandbox.processes import free_port_block
-from tests.support.paths import REPO
+from tests.support.sandbox import Sandbox, running_sandbox
+from tests.support.stacks import stack_doc
 
-EXASERVE = Path(sys.executable).parent / "exaserve"
 REPLICAS = 8
 
 
-def write_stack(directory: Path, latency_scale: float, base: int, *, warmup: bool = True) -> Path:
-    doc = yaml.safe_load((REPO / "Pulumi.sandbox.yaml").read_text())
-    cfg = doc["config"]
-    cfg["exaserve:model"]["hf_config"] = str(REPO / cfg["exaserve:model"]["hf_config"])
-    box = cfg["exaserve:sandbox"]
-    box.update(router_port=base + REPLICAS, prometheus_port=base + REPLICAS + 1, worker_base_port=base)
-    for release in box["versions"].values():
-        release["latency_ms"] *= latency_scale
-    if not warmup:
-        cfg["exaserve:serving"]["warmup_duration_s"] = 0
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "Pulumi.sandbox.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
+def scaled_latencies(scale: float) -> dict[str, Any]:
+    """Dotted changes multiplying each simulated release's latency in the sandbox stack by ``scale``."""
+    versions = stack_doc("sandbox")["sandbox"]["versions"]
+    return {f"sandbox.versions.{name}.latency_ms": r["latency_ms"] * scale for name, r in versions.items()}
 
 
 class Load:
@@ -87,22 +73,14 @@ class Load:
         return self.gen.report().window(start, end)
 
 
-def cli(stack: Path, state: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+def timed(box: Sandbox, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
     t0 = time.monotonic()
-    r = subprocess.run(
-        [str(EXASERVE), *args, "--stack-file", str(stack)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "EXASERVE_STATE_DIR": str(state)},
-        timeout=600,
-        check=False,
-    )
+    r = box.cli(*args, timeout_s=600)
     return r, time.monotonic() - t0
 
 
-def journal(state: Path) -> list[dict[str, Any]]:
-    path = StackState.for_stack("sandbox", state).journal_path
-    return [json.loads(line) for line in path.read_text().splitlines()]
+def journal(box: Sandbox) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in box.paths.journal_path.read_text().splitlines()]
 
 
 def reaction_s(records: list[dict[str, Any]]) -> tuple[float | None, str]:
@@ -125,57 +103,44 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     figures: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="rollout-bench-") as tmp:
-        root = Path(tmp)
-        state = root / "state"
-        base = free_port_block(REPLICAS + 2)  # both stack copies drive the same sandbox
-        gated = write_stack(root / "gated", args.latency_scale, base)
-        no_warmup = write_stack(root / "no-warmup", args.latency_scale, base, warmup=False)
-        cfg = yaml.safe_load(gated.read_text())["config"]
-        router = f"http://127.0.0.1:{cfg['exaserve:sandbox']['router_port']}"
-        up, _ = cli(gated, state, "sandbox", "up")
-        if up.returncode != 0:
-            print(up.stdout + up.stderr, file=sys.stderr)
-            return 1
-        try:
-            with Load(router, args.rate) as load:
-                time.sleep(10)
-                plan = json.loads(cli(gated, state, "rollout", "--to", "v2", "--dry-run", "--json")[0].stdout)
-                before_start = load.now()
-                r, wall = cli(gated, state, "rollout", "--to", "v2", "--json")
-                during_end = load.now()
-                before = load.window(before_start - 8, before_start)
-                during = load.window(before_start, during_end)
-                outcome = json.loads(r.stdout)["outcome"]
-                recs = journal(state)
-                span = recs[-1]["written_at"] - recs[0]["written_at"]
-                figures["healthy"] = {
-                    "outcome": outcome,
-                    "configured_wait_s": plan["configured_wait_s"],
-                    "journal_span_s": round(span, 2),
+    with (
+        tempfile.TemporaryDirectory(prefix="rollout-bench-") as tmp,
+        running_sandbox(Path(tmp), replicas=REPLICAS, changes=scaled_latencies(args.latency_scale)) as gated,
+    ):
+        no_warmup = gated.variant("no-warmup", {"serving.warmup_duration_s": 0})
+        with Load(gated.router_url, args.rate) as load:
+            time.sleep(10)
+            plan = json.loads(timed(gated, "rollout", "--to", "v2", "--dry-run", "--json")[0].stdout)
+            before_start = load.now()
+            r, wall = timed(gated, "rollout", "--to", "v2", "--json")
+            during_end = load.now()
+            before = load.window(before_start - 8, before_start)
+            during = load.window(before_start, during_end)
+            outcome = json.loads(r.stdout)["outcome"]
+            recs = journal(gated)
+            span = recs[-1]["written_at"] - recs[0]["written_at"]
+            figures["healthy"] = {
+                "outcome": outcome,
+                "configured_wait_s": plan["configured_wait_s"],
+                "journal_span_s": round(span, 2),
+                "cli_wall_s": round(wall, 2),
+                "overhead_ratio": round(span / plan["configured_wait_s"], 2),
+                "client_p99_before_ms": round(before.p99_s * 1000, 1),
+                "client_p99_during_ms": round(during.p99_s * 1000, 1),
+                "client_errors_during": during.errors,
+                "requests_during": during.count,
+            }
+            gated.cli("rollback")
+            for name, box, version in (("broken_no_warmup", no_warmup, "v2-broken"), ("slow", gated, "v2-slow")):
+                r, wall = timed(box, "rollout", "--to", version, "--json")
+                seconds, detail = reaction_s(journal(box))
+                figures[name] = {
+                    "outcome": json.loads(r.stdout)["outcome"],
+                    "readmission_to_rollback_s": None if seconds is None else round(seconds, 2),
+                    "interval_s": box.spec.rollout.interval_s,
+                    "breach": detail,
                     "cli_wall_s": round(wall, 2),
-                    "overhead_ratio": round(span / plan["configured_wait_s"], 2),
-                    "client_p99_before_ms": round(before.p99_s * 1000, 1),
-                    "client_p99_during_ms": round(during.p99_s * 1000, 1),
-                    "client_errors_during": during.errors,
-                    "requests_during": during.count,
                 }
-                cli(gated, state, "rollback")
-                for name, stack, version in (
-                    ("broken_no_warmup", no_warmup, "v2-broken"),
-                    ("slow", gated, "v2-slow"),
-                ):
-                    r, wall = cli(stack, state, "rollout", "--to", version, "--json")
-                    seconds, detail = reaction_s(journal(state))
-                    figures[name] = {
-                        "outcome": json.loads(r.stdout)["outcome"],
-                        "readmission_to_rollback_s": None if seconds is None else round(seconds, 2),
-                        "interval_s": cfg["exaserve:rollout"]["interval_s"],
-                        "breach": detail,
-                        "cli_wall_s": round(wall, 2),
-                    }
-        finally:
-            cli(gated, state, "sandbox", "down")
     if args.json:
         print(json.dumps(figures, indent=2))
         return 0

@@ -2,9 +2,9 @@
 (`serving.sandbox.worker`: no GPU here), real worker processes restarted by the updater, real client
 load from the bounded open-loop load generator, and `exaserve` run as users run it (subprocesses).
 
-The stack is a test copy of `Pulumi.sandbox.yaml` (see `sandbox_stack`): free ports, simulated
-latencies × 5 (100 ms, "50 % slower" = 150 ms: at 20 ms, scheduling noise on a 2-core machine is as
-large as the slowdown and the P99 gate would be a coin toss), windows of 4 s, a 5 s health timeout.
+The sandbox is `Pulumi.sandbox.yaml` on free ports brought up by `exaserve sandbox up`
+(tests/support/sandbox.py), with its simulated latencies (100 ms, "50 % slower" = 150 ms) and the
+rollout windows of :data:`GATED`; :data:`FAST` drives the same sandbox with short windows.
 Every wait is bounded; the module takes about two and a half minutes.
 """
 
@@ -13,117 +13,53 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from serving.rollout.gates import ROUTER_INFERENCE_REQUESTS
-from serving.rollout.journal import StackState, load_state
+from serving.rollout.journal import load_state
 from serving.rollout.machine import Outcome, Phase
 from serving.router.client import MetricsSnapshot
 from serving.router.loadgen import LoadGenerator, LoadReport, LoadSpec
-from serving.sandbox.processes import StateDir, free_port_block, start_router, stop_process
-from tests.support.paths import REPO
+from serving.sandbox.processes import start_router, stop_process
+from tests.support.cli import json_object
+from tests.support.sandbox import Sandbox, running_sandbox
 
-EXASERVE = Path(sys.executable).parent / "exaserve"
 REPLICAS = 8
 LOAD_RATE = 100.0
-
-
-def sandbox_stack(directory: Path, base: int, *, fast: bool) -> Path:
-    """Test copy of Pulumi.sandbox.yaml: free ports, the stack's simulated latencies, short windows.
-
-    ``fast``: 1.5 s windows with the QPS and P99 gates opened wide, for the tests of crash and
-    router-restart consistency (gate values are not what they check; the error gate stays 0.1 %).
-    """
-    doc = yaml.safe_load((REPO / "Pulumi.sandbox.yaml").read_text())
-    cfg = doc["config"]
-    cfg["exaserve:model"]["hf_config"] = str(REPO / cfg["exaserve:model"]["hf_config"])
-    box = cfg["exaserve:sandbox"]
-    box.update(router_port=base + REPLICAS, prometheus_port=base + REPLICAS + 1, worker_base_port=base)
-    rollout = cfg["exaserve:rollout"]
-    rollout.update(interval_s=4, baseline_window_s=4, health_timeout_s=5, drain_timeout_s=10)
-    if fast:
-        rollout.update(interval_s=1.5, baseline_window_s=1.5, max_qps_drop=0.9, max_p99_rise=5.0)
-    directory.mkdir()
-    path = directory / "Pulumi.sandbox.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
-@dataclass(frozen=True)
-class Sandbox:
-    stack_file: Path
-    fast_stack_file: Path  # the same sandbox and state, short windows, QPS/P99 gates wide open
-    state_dir: Path
-    router_url: str
-    metrics_url: str
-
-    @property
-    def paths(self) -> StackState:
-        return StackState.for_stack("sandbox", self.state_dir)
-
-    def cli(self, *args: str, timeout: float = 120, fast: bool = False) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(EXASERVE), *args, "--stack-file", str(self.fast_stack_file if fast else self.stack_file)],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env={**os.environ, "EXASERVE_STATE_DIR": str(self.state_dir), "COLUMNS": "200"},
-        )
-
-    def start(self, *args: str, fast: bool = False) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [str(EXASERVE), *args, "--stack-file", str(self.fast_stack_file if fast else self.stack_file)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "EXASERVE_STATE_DIR": str(self.state_dir), "COLUMNS": "200"},
-        )
-
-    def workers(self) -> dict[str, bool]:
-        """URL → healthy, as the router lists its workers."""
-        body = httpx.get(self.router_url + "/workers", timeout=5).json()
-        return {w["url"]: w["is_healthy"] for w in body["workers"]}
-
-    def versions(self) -> dict[str, str]:
-        base = int(self.router_url.rsplit(":", 1)[1]) - REPLICAS
-        return {
-            str(p): httpx.get(f"http://127.0.0.1:{p}/model_info", timeout=5).json()["weight_version"]
-            for p in range(base, base + REPLICAS)
-        }
+# Windows of 4 s and a 5 s health timeout: the stack's simulated latencies, short enough rollouts.
+GATED: dict[str, Any] = {
+    "rollout.interval_s": 4,
+    "rollout.baseline_window_s": 4,
+    "rollout.health_timeout_s": 5,
+    "rollout.drain_timeout_s": 10,
+}
+# 1.5 s windows with the QPS and P99 gates opened wide, for the tests of crash and router-restart consistency
+# (gate values are not what they check; the error gate stays 0.1 %).
+FAST: dict[str, Any] = {
+    "rollout.interval_s": 1.5,
+    "rollout.baseline_window_s": 1.5,
+    "rollout.max_qps_drop": 0.9,
+    "rollout.max_p99_rise": 5.0,
+}
 
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    root = tmp_path_factory.mktemp("rollout")
-    base = free_port_block(REPLICAS + 2)
-    stack_file = sandbox_stack(root / "gated", base, fast=False)
-    cfg = yaml.safe_load(stack_file.read_text())["config"]["exaserve:sandbox"]
-    box = Sandbox(
-        stack_file,
-        sandbox_stack(root / "fast", base, fast=True),
-        root / "state",
-        f"http://127.0.0.1:{cfg['router_port']}",
-        f"http://127.0.0.1:{cfg['prometheus_port']}/metrics",
-    )
-    up = box.cli("sandbox", "up", "--json")
-    assert up.returncode == 0, up.stdout + up.stderr
-    try:
+    with running_sandbox(tmp_path_factory.mktemp("rollout"), replicas=REPLICAS, changes=GATED) as box:
         yield box
-    finally:
-        box.cli("sandbox", "down")
+
+
+@pytest.fixture(scope="module")
+def fast(sandbox: Sandbox) -> Sandbox:
+    """The same sandbox and state through a stack with short windows, QPS/P99 gates wide open."""
+    return sandbox.variant("fast", FAST)
 
 
 @pytest.fixture
@@ -160,14 +96,6 @@ class Load:
         assert self.report is not None, "load generator did not finish"
 
 
-def contract(r: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    try:
-        doc: dict[str, Any] = json.loads(r.stdout)
-    except json.JSONDecodeError:
-        pytest.fail(f"no JSON on stdout (rc {r.returncode}):\n{r.stdout}\n{r.stderr}")
-    return doc
-
-
 def wait_for_event(sandbox: Sandbox, to: str, phase: Phase, batch: int, timeout: float = 60) -> None:
     """Until the current journal (a rollout to `to`) records `phase` of `batch` done."""
     deadline = time.monotonic() + timeout
@@ -193,7 +121,7 @@ def test_dry_run_prints_the_plan_and_touches_nothing(sandbox: Sandbox) -> None:
     before = journal.read_text() if journal.exists() else None
     r = sandbox.cli("rollout", "--to", "v2", "--dry-run", "--json")
     assert r.returncode == 0, r.stderr
-    doc = json.loads(r.stdout)
+    doc = json_object(r)
     assert doc["dry_run"] is True and [len(b["replicas"]) for b in doc["batches"]] == [2, 2, 2, 1, 1]
     assert doc["configured_wait_s"] == pytest.approx(4 + 5 * (1 + 4))
     assert (journal.read_text() if journal.exists() else None) == before
@@ -227,7 +155,7 @@ def test_sandbox_load_command_reports_what_the_router_counted(sandbox: Sandbox) 
     before = MetricsSnapshot.parse(httpx.get(sandbox.metrics_url, timeout=5).text)
     r = sandbox.cli("sandbox", "load", "--rate", "40", "--duration-s", "2", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
-    doc = json.loads(r.stdout)
+    doc = json_object(r)
     after = MetricsSnapshot.parse(httpx.get(sandbox.metrics_url, timeout=5).text)
     assert doc["errors"] == 0 and doc["status_counts"] == {"200": doc["count"]}
     assert 60 <= doc["count"] <= 82  # 40 req/s for 2 s, fixed-rate
@@ -241,7 +169,7 @@ def test_healthy_rollout_completes_in_5_batches_with_no_client_errors_then_one_c
     with Load(at_v1.router_url) as load:
         r = at_v1.cli("rollout", "--to", "v2", "--json")
     assert load.report is not None
-    doc = contract(r)
+    doc = json_object(r)
     assert r.returncode == 0, r.stderr
     assert doc["outcome"] == "completed" and (doc["from_version"], doc["to_version"]) == ("v1", "v2")
     assert [b["passed"] for b in doc["batches"]] == [True] * 5
@@ -263,7 +191,7 @@ def test_healthy_rollout_completes_in_5_batches_with_no_client_errors_then_one_c
     with Load(at_v1.router_url) as load:
         back = at_v1.cli("rollback", "--json")
     assert back.returncode == 0, back.stderr
-    doc = contract(back)
+    doc = json_object(back)
     assert doc["outcome"] == "completed" and doc["to_version"] == "v1"
     assert set(at_v1.versions().values()) == {"v1"} and len(at_v1.workers()) == REPLICAS
     assert load.report is not None and load.report.errors == 0, load.report.summary()
@@ -272,7 +200,7 @@ def test_healthy_rollout_completes_in_5_batches_with_no_client_errors_then_one_c
 def test_broken_release_trips_the_error_gate_in_the_first_batch_and_everything_ends_on_v1(at_v1: Sandbox) -> None:
     with Load(at_v1.router_url) as load:
         r = at_v1.cli("rollout", "--to", "v2-broken", "--json")
-    doc = contract(r)
+    doc = json_object(r)
     assert r.returncode == 1 and doc["outcome"] == "rolled_back", r.stderr
     first, *rest = doc["batches"]
     assert first["passed"] is False and first["gates"]["error_rate"] > 0.001
@@ -287,7 +215,7 @@ def test_broken_release_trips_the_error_gate_in_the_first_batch_and_everything_e
 def test_fifty_percent_slower_release_trips_the_p99_gate(at_v1: Sandbox) -> None:
     with Load(at_v1.router_url):
         r = at_v1.cli("rollout", "--to", "v2-slow", "--json")
-    doc = contract(r)
+    doc = json_object(r)
     assert r.returncode == 1 and doc["outcome"] == "rolled_back", r.stderr
     first = doc["batches"][0]
     assert first["passed"] is False and first["gates"]["p99_rise"] > 0.30, first
@@ -298,7 +226,7 @@ def test_release_that_never_becomes_healthy_hits_the_health_timeout_and_rolls_ba
     t0 = time.monotonic()
     with Load(at_v1.router_url) as load:
         r = at_v1.cli("rollout", "--to", "v2-stuck", "--json")
-    doc = contract(r)
+    doc = json_object(r)
     assert r.returncode == 1 and doc["outcome"] == "rolled_back", r.stderr
     state = load_state(at_v1.paths.journal_path)
     assert state is not None and "health timeout" in state.reason and "(503)" in state.reason
@@ -307,11 +235,13 @@ def test_release_that_never_becomes_healthy_hits_the_health_timeout_and_rolls_ba
     assert load.report is not None and load.report.errors == 0, load.report.summary()
 
 
-def test_sigkill_mid_batch_then_resume_ends_consistent_and_a_second_updater_is_refused(at_v1: Sandbox) -> None:
+def test_sigkill_mid_batch_then_resume_ends_consistent_and_a_second_updater_is_refused(
+    at_v1: Sandbox, fast: Sandbox
+) -> None:
     with Load(at_v1.router_url) as load:
-        first = at_v1.start("rollout", "--to", "v2", "--json", fast=True)
+        first = fast.start("rollout", "--to", "v2", "--json")
         wait_for_event(at_v1, "v2", Phase.REMOVE, 0)
-        second = at_v1.cli("rollout", "--to", "v2", fast=True)  # while the first one holds the lock
+        second = fast.cli("rollout", "--to", "v2")  # while the first one holds the lock
         wait_for_event(at_v1, "v2", Phase.DRAIN, 1)
         first.send_signal(signal.SIGKILL)
         first.communicate(timeout=10)
@@ -320,9 +250,9 @@ def test_sigkill_mid_batch_then_resume_ends_consistent_and_a_second_updater_is_r
         assert state is not None and state.step is not None
         assert (state.step.batch, state.step.phase) in ((1, Phase.UPDATE), (1, Phase.HEALTH))
         assert len(at_v1.workers()) == REPLICAS - len(state.plan.batch(1).replicas)
-        resumed = at_v1.cli("rollout", "--resume", "--json", fast=True)
+        resumed = fast.cli("rollout", "--resume", "--json")
     assert second.returncode == 2 and "another updater holds" in second.stderr
-    doc = contract(resumed)
+    doc = json_object(resumed)
     assert resumed.returncode == 0 and doc["outcome"] == "completed", resumed.stderr
     assert [b["passed"] for b in doc["batches"]] == [True] * 5
     assert set(at_v1.versions().values()) == {"v2"}
@@ -330,16 +260,18 @@ def test_sigkill_mid_batch_then_resume_ends_consistent_and_a_second_updater_is_r
     assert load.report is not None and load.report.errors == 0, load.report.summary()
 
 
-def test_router_restart_is_survived_and_a_router_gone_past_the_grace_period_pauses_clearly(at_v1: Sandbox) -> None:
+def test_router_restart_is_survived_and_a_router_gone_past_the_grace_period_pauses_clearly(
+    at_v1: Sandbox, fast: Sandbox
+) -> None:
     """The router crashes (SIGKILL after 0.2 s of SIGTERM: under load a graceful stop would wait for
     in-flight requests and keep answering) once batch 0's soak has read its starting counters."""
-    procs = StateDir(at_v1.paths.sandbox_dir)
+    procs = at_v1.processes
     record = procs.read("router")
     assert record is not None
     flags = list(record.argv[3:])  # after "python -m sglang_router.launch_router"
     try:
         with Load(at_v1.router_url) as load:
-            rollout = at_v1.start("rollout", "--to", "v2", "--json", "--router-grace-s", "3", fast=True)
+            rollout = fast.start("rollout", "--to", "v2", "--json", "--router-grace-s", "3")
             # 1. A router restart during batch 0's soak (counters reset, worker list from its command line).
             wait_for_event(at_v1, "v2", Phase.READMIT, 0)
             time.sleep(0.3)  # the soak reads its starting counters right after readmission
@@ -357,21 +289,21 @@ def test_router_restart_is_survived_and_a_router_gone_past_the_grace_period_paus
             assert [b.passed for b in state.batches[:2]] == [True, True]
             # 3. Router back, the operator resumes: batch 2 is soaked again and the rollout completes.
             start_router(procs, flags, healthy_workers=REPLICAS, timeout_s=30)
-            resumed = at_v1.cli("rollout", "--resume", "--json", fast=True)
+            resumed = fast.cli("rollout", "--resume", "--json")
     finally:
         if procs.read("router") is None:  # leave a running router for the next test, pass or fail
             start_router(procs, flags, healthy_workers=REPLICAS, timeout_s=30)
-    assert resumed.returncode == 0 and contract(resumed)["outcome"] == "completed", resumed.stderr
+    assert resumed.returncode == 0 and json_object(resumed)["outcome"] == "completed", resumed.stderr
     assert set(at_v1.versions().values()) == {"v2"}
     assert list(at_v1.workers().values()) == [True] * REPLICAS
     assert load.report is not None and load.report.ok > 0
 
 
 def test_sigint_pauses_with_every_replica_in_the_router_and_rollback_undoes_the_touched_batches(
-    at_v1: Sandbox,
+    at_v1: Sandbox, fast: Sandbox
 ) -> None:
     with Load(at_v1.router_url) as load:
-        rollout = at_v1.start("rollout", "--to", "v2", "--json", fast=True)
+        rollout = fast.start("rollout", "--to", "v2", "--json")
         wait_for_event(at_v1, "v2", Phase.DRAIN, 1)
         rollout.send_signal(signal.SIGINT)  # batch 1 is out of the router: the pause must wait for it
         out, err = rollout.communicate(timeout=60)
@@ -383,7 +315,7 @@ def test_sigint_pauses_with_every_replica_in_the_router_and_rollback_undoes_the_
         assert list(at_v1.workers().values()) == [True] * REPLICAS, "paused with a batch out of the router"
         on_v2 = {r for r, v in doc["final_versions"].items() if v == "v2"}
         assert on_v2 == set(state.plan.batch(0).replicas) | set(state.plan.batch(1).replicas)
-        back = at_v1.cli("rollback", "--json", fast=True)
-    assert back.returncode == 0 and contract(back)["outcome"] == "rolled_back", back.stderr
+        back = fast.cli("rollback", "--json")
+    assert back.returncode == 0 and json_object(back)["outcome"] == "rolled_back", back.stderr
     assert set(at_v1.versions().values()) == {"v1"} and len(at_v1.workers()) == REPLICAS
     assert load.report is not None and load.report.errors == 0, load.report.summary()

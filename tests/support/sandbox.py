@@ -1,0 +1,114 @@
+"""The one sandbox fixture builder: a copy of the repository's sandbox stack on free ports, brought up with the real
+``exaserve sandbox up --stack-file … --json`` and torn down with ``exaserve sandbox down``.
+
+What a :class:`Sandbox` exposes is what was observed, not what was asked for: the router and metrics URLs and
+the worker URLs come from ``sandbox up``'s JSON, the workers' configurations from the process records it wrote.
+Test modules wrap :func:`running_sandbox` in a session- or module-scoped fixture.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from serving.rollout.journal import StackState
+from serving.router.client import RouterClient
+from serving.sandbox.backend import worker_name
+from serving.sandbox.processes import StateDir, free_port_block
+from serving.sandbox.worker import WorkerConfig, parse_config
+from serving.spec.schema import FleetSpec
+from serving.spec.stack import load_stack_file, spec_document
+from tests.support.cli import exaserve, exaserve_started, json_object
+from tests.support.stacks import sandbox_stack_file, stack_doc, with_changes, write_stack
+
+_WORKER_ENTRY = 3  # a worker record's argv: python -m serving.sandbox.worker FLAGS…
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """A running sandbox: the real router on loopback in front of one simulated worker per replica."""
+
+    stack_file: Path
+    state_dir: Path  # --state-dir of every command (EXASERVE_STATE_DIR)
+    paths: StackState  # the stack's journal, lock and process records under state_dir
+    spec: FleetSpec
+    router_url: str
+    metrics_url: str
+    worker_urls: tuple[str, ...]  # replica order
+    configs: tuple[WorkerConfig, ...]  # as the workers were started, same order
+
+    @property
+    def processes(self) -> StateDir:
+        """The process records of the sandbox (for ``start_worker``/``restart_worker``/``stop_process``)."""
+        return StateDir(self.paths.sandbox_dir)
+
+    def _env(self) -> dict[str, str]:
+        return {"EXASERVE_STATE_DIR": str(self.state_dir)}
+
+    def cli(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+        """``exaserve ARGS --stack-file STACK`` with this sandbox's state directory."""
+        return exaserve(*args, "--stack-file", str(self.stack_file), env=self._env(), timeout_s=timeout_s)
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        """:meth:`cli` in the background (to signal it mid-run)."""
+        return exaserve_started(*args, "--stack-file", str(self.stack_file), env=self._env())
+
+    def variant(self, name: str, changes: Mapping[str, Any]) -> Sandbox:
+        """The same sandbox (processes, state, ports) driven through a stack file with dotted ``changes`` written
+        beside this one, e.g. shorter rollout windows; changes to ports or replicas are not for a variant."""
+        doc = spec_document(yaml.safe_load(self.stack_file.read_text())["config"], str(self.stack_file))
+        directory = self.stack_file.parent.parent / name
+        directory.mkdir(parents=True, exist_ok=True)
+        path = write_stack(directory / self.stack_file.name, with_changes(doc, changes))
+        return replace(self, stack_file=path, spec=load_stack_file(path).spec)
+
+    def client(self) -> RouterClient:
+        return RouterClient(self.router_url, self.metrics_url)
+
+    def workers(self) -> dict[str, bool]:
+        """URL → healthy, as the router lists its workers."""
+        body = httpx.get(self.router_url + "/workers", timeout=5).json()
+        return {w["url"]: w["is_healthy"] for w in body["workers"]}
+
+    def versions(self) -> dict[str, str]:
+        """Worker URL → the version the worker itself reports."""
+        return {url: httpx.get(url + "/model_info", timeout=5).json()["weight_version"] for url in self.worker_urls}
+
+
+@contextmanager
+def running_sandbox(
+    directory: Path, *, replicas: int | None = None, changes: Mapping[str, Any] | None = None
+) -> Iterator[Sandbox]:
+    """``sandbox up`` on a copy of the repository's sandbox stack (``replicas`` and dotted ``changes``) on a free
+    port block, the stack file in ``directory/stack`` and the state in ``directory/state``; ``sandbox down`` after,
+    which must leave no process record behind."""
+    count = replicas if replicas is not None else int(stack_doc("sandbox")["serving"]["replicas"])
+    stack_file = sandbox_stack_file(
+        directory / "stack", ports_base=free_port_block(count + 2), replicas=replicas, changes=changes
+    )
+    stack = load_stack_file(stack_file)
+    state_dir = directory / "state"
+    paths = StackState.for_stack(stack.name, state_dir)
+    env = {"EXASERVE_STATE_DIR": str(state_dir)}
+    up = exaserve("sandbox", "up", "--json", "--stack-file", str(stack_file), env=env)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        doc = json_object(up)
+        urls = tuple(url for url, _version in doc["workers"].values())
+        processes = StateDir(paths.sandbox_dir)
+        records = [processes.read(worker_name(int(url.rsplit(":", 1)[1]))) for url in urls]
+        configs = tuple(parse_config(r.argv[_WORKER_ENTRY:]) for r in records if r is not None)
+        assert [c.url for c in configs] == list(urls), f"process records in {processes.root} do not match {urls}"
+        yield Sandbox(stack_file, state_dir, paths, stack.spec, doc["router_url"], doc["metrics_url"], urls, configs)
+    finally:
+        down = exaserve("sandbox", "down", "--json", "--stack-file", str(stack_file), env=env)
+        assert down.returncode == 0, down.stdout + down.stderr
+        leftover = [r.name for r in StateDir(paths.sandbox_dir).records()]
+        assert leftover == [], f"sandbox down left processes behind: {leftover}"
