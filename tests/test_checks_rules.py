@@ -10,6 +10,7 @@ import pytest
 from serving.checks import rules
 from serving.checks.result import CheckResult, Status
 from serving.plan import planner
+from serving.plan.memory import LOAD_OVERHEAD_GIB
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack, load_stack_file
 from tests.support.stacks import SOURCE_PLAN, spec_from
@@ -49,7 +50,12 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "stranding 4 GPUs",
     ),
     ("prod", {"serving__replicas": 2049}, "placement.fleet-capacity", "hold at most 2,048"),
-    ("prod", {"model__precision": "fp8", "model__quantization": "fp8"}, "memory.per-gpu", "only 68.00 GB is usable"),
+    (
+        "prod",
+        {"model__precision": "fp16", "model__quantization": None},
+        "memory.per-gpu",
+        "that is less than one sequence of 4,096 tokens",
+    ),
     (
         "dev",
         {
@@ -105,12 +111,21 @@ def test_warnings_do_not_fail_the_plan(changes: dict[str, Any], rule: str) -> No
 
 
 def test_memory_rule_passes_when_quantised_and_fails_at_fp16_tp1() -> None:
+    """SGLang's arithmetic (the default model): 70B in fp16 on one 80 GB GPU leaves a negative KV pool."""
     assert "memory.per-gpu" not in errors(load_stack("prod").spec)
     fp16 = spec_from("prod", model__precision="fp16", model__quantization=None)
     msg = errors(fp16)["memory.per-gpu"].message
+    weights_gib = 70_553_706_496 * 2 / 2**30 + LOAD_OVERHEAD_GIB  # every parameter in 16 bit, plus the load overhead
+    assert f"{weights_gib:,.2f} GiB weights" in msg and "less than one sequence of 4,096 tokens" in msg
+
+
+def test_memory_rule_under_the_source_model_quotes_the_source_budget() -> None:
+    """The source plan's heuristic (``--memory-model source``): weights × 1.15 + KV + 5 GB, then 15 % margin."""
+    fp16 = spec_from("prod", model__precision="fp16", model__quantization=None)
+    [result] = [r for r in rules.check(fp16, planner.plan(fp16, "source")) if r.check == "memory.per-gpu"]
     need = (70_553_706_496 * 2 * 1.15 + 327_680 * 4096 * 8 + 5e9) * 1.15
-    assert f"Each GPU needs {need / 1e9:,.2f} GB" in msg and "only 68.00 GB is usable" in msg
-    assert planner.memory_plan(fp16).per_gpu["weights"].value == 70_553_706_496 * 2
+    assert f"Each GPU needs {need / 1e9:,.2f} GB" in result.message and "only 68.00 GB is usable" in result.message
+    assert planner.memory_plan(fp16, "source").per_gpu["weights"].value == 70_553_706_496 * 2
 
 
 def test_every_rule_reports_under_its_registered_name() -> None:

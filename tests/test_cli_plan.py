@@ -47,12 +47,20 @@ def test_plan_json_contract() -> None:
     assert cap["heartbeat_messages_per_second"] == {"direct": 409.6, "aggregated": 51.2}
     assert set(cap["per_gpu_memory_bytes"]) == {
         "weights",
+        "load_overhead",
         "kv_cache",
-        "activations",
-        "framework_overhead",
-        "safety_margin",
+        "activations_and_graphs",
+        "cuda_context",
         "total",
     }
+    # SGLang's memory model (issue 12): the static fraction, the KV pool in tokens and in bytes.
+    assert cap["memory_model"] == "sglang"
+    assert 0 < cap["mem_fraction_static"] < 1
+    pool_tokens, pool_bytes = cap["kv_pool_tokens_per_replica"], cap["kv_pool_bytes_per_gpu"]
+    assert pool_tokens == int(pool_bytes // 327_680), (
+        "the pool in tokens is the pool in bytes over the KV bytes per token"
+    )
+    assert cap["max_concurrent_sequences_per_replica"] == pool_tokens // 4096  # sequences the KV pool admits
     assert (cap["failure_detection_s"], cap["recovery_s"]) == (18, 28)
     assert doc["memory"]["kv_per_token"]["formula"].startswith("2 × 80 layers × 8 KV heads")
 

@@ -45,8 +45,26 @@ def test_mla_kv_per_token_is_the_compressed_latent() -> None:
     assert planner.kv_bytes_per_token(a, 2).value == by_hand == 70_272
     # MLA's latent is not split by TP: each of 8 ranks holds all of it.
     assert planner.kv_bytes_per_token_per_gpu(a, 2, tp=8, pp=1).value == by_hand
-    # An MHA model of the same shape would store 2 × 61 × 128 × 128 × 2 B — 57× more.
-    assert 2 * 61 * 128 * 128 * 2 / by_hand > 56
+    # An MHA model of the same shape (128 KV heads of 128) would store 2 × 61 × 128 × 128 × 2 B = 3,997,696 B: 57× more.
+    mha = a.model_copy(update={"mla": None, "num_kv_heads": 128, "head_dim": 128})
+    assert planner.kv_bytes_per_token(mha, 2).value == 3_997_696
+    assert round(3_997_696 / by_hand) == 57
+
+
+def test_uneven_pp_split_sizes_the_fullest_stage() -> None:
+    """DeepSeek-V3's 61 layers at PP 2 split 31 + 30: a GPU of the first stage holds 31 layers of KV, so the
+    per-GPU figure is ⌈61/2⌉ = 31 layers × (512 + 64) × 2 B = 35,712 B per token (the floor, 30, gives 34,560 B
+    and under-sizes the fullest stage). GQA: Llama-3-70B's 80 layers at PP 3 split 27 + 27 + 26, TP 8 leaves one of
+    8 KV heads per rank: 2 × 27 × 1 × 128 × 2 B = 13,824 B."""
+    a = spec_from(
+        "dev",
+        model__hf_config="models/deepseek-v3/config.json",
+        model__architecture={"parameter_count": 671_000_000_000},
+    ).model.architecture
+    assert a.num_layers == 61
+    assert planner.kv_bytes_per_token_per_gpu(a, 2, tp=8, pp=2).value == 35_712
+    llama = load_stack("prod").spec.model.architecture
+    assert planner.kv_bytes_per_token_per_gpu(llama, 2, tp=8, pp=3).value == 13_824
 
 
 def test_moe_model_weights_count_every_expert_and_kv_uses_gqa() -> None:
@@ -58,7 +76,7 @@ def test_moe_model_weights_count_every_expert_and_kv_uses_gqa() -> None:
         model__architecture={"parameter_count": 46_702_792_704},
         parallelism__tp=2,
     )
-    m = planner.memory_plan(spec)
+    m = planner.memory_plan(spec, "source")
     assert spec.model.architecture.moe is not None
     assert m.weights.value == 46_702_792_704 * 2  # all experts are resident, not just the 2 active
     assert m.kv_per_token.value == 2 * 32 * 8 * 128 * 2
@@ -79,10 +97,22 @@ def test_source_replica_budget_369_gb_is_reproduced() -> None:
     assert round(b["activations"].value / GB) == 30
     assert round(b["safety_margin"].value / GB) == 48
     assert round(b["total"].value / GB) == 369
+    assert (b["weights"].value, b["kv_cache"].value, b["framework_overhead"].value) == (200 * GB, 85.9 * GB, 5 * GB)
+    # Each figure shows its derivation: 15 % of 200 GB; 15 % of 200 + 85.9 + 30 + 5 = 320.9 GB.
+    assert {k: (f.formula, f.unit) for k, f in b.items()} == {
+        "weights": ("200.00 GB", "B"),
+        "kv_cache": ("85.90 GB", "B"),
+        "activations": ("15% × 200.00 GB = 30.00 GB", "B"),
+        "framework_overhead": ("5.00 GB", "B"),
+        "safety_margin": ("15% × 320.90 GB = 48.13 GB", "B"),
+        "total": ("320.90 GB + 48.13 GB = 369.04 GB", "B"),
+    }
 
 
 def test_prod_per_gpu_budget_by_hand() -> None:
-    m = planner.memory_plan(load_stack("prod").spec)
+    """The source heuristic, still available as ``--memory-model source``."""
+    m = planner.memory_plan(load_stack("prod").spec, "source")
+    assert m.model == "source"
     weights = LLAMA70_PARAMS * 0.5  # int4
     kv = 327_680 * 4096 * 8
     act = 0.15 * weights
@@ -182,7 +212,8 @@ def test_source_cost_range_and_power() -> None:
 def test_source_placement_is_infeasible_by_12x() -> None:
     p = planner.placement(load_stack_file(SOURCE_PLAN).spec)
     assert p.gpus_per_replica == 8 and p.max_replicas_per_node == 1 and p.max_replicas == 256
-    assert 12 * p.gpus_per_replica == 96
+    # The source asks for 12 replicas per node; one fits.
+    assert load_stack_file(SOURCE_PLAN).spec.serving.replicas_per_node / p.max_replicas_per_node == 12
 
 
 def test_spanning_replicas_place_on_whole_nodes() -> None:
@@ -223,3 +254,35 @@ def test_fleet_replicas_have_unique_ids_and_disjoint_gpus() -> None:
 def test_plan_reports_the_source_target_against_what_fits() -> None:
     p = planner.plan(load_stack("prod").spec)
     assert p.notes and "3,072" in p.notes[0] and "2,048" in p.notes[0] and "66.7%" in p.notes[0]
+
+
+def test_source_heuristic_on_the_source_config_by_hand() -> None:
+    """§4.2's heuristic on the source's own config (Llama-3-70B fp16, TP 2 × PP 4, 8 sequences × 4,096 tokens), each
+    figure derived here: 141.1 GB of weights over 8 GPUs; KV 2 × ⌈80/4⌉ × ⌈8/2⌉ × 128 × 2 B = 40,960 B per token."""
+    spec = load_stack_file(SOURCE_PLAN).spec
+    m = planner.memory_plan(spec, "source")
+    weights = LLAMA70_PARAMS * 2 / 8  # 17,638,426,624 B
+    kv = 40_960 * 4096 * 8  # 1,342,177,280 B
+    subtotal = weights + kv + 0.15 * weights + 5 * GB
+    total = subtotal * 1.15  # 30.62 GB per GPU
+    usable = 80 * GB * 0.85
+    pool = usable / 1.15 - (weights + 0.15 * weights + 5 * GB)  # 33.85 GB
+    assert m.per_gpu["weights"].value == weights and m.per_gpu["kv_cache"].value == kv
+    assert m.per_gpu["total"].value == pytest.approx(total)
+    assert m.per_replica_total.value == pytest.approx(total * 8)
+    assert m.usable_per_node.value == pytest.approx(544 * GB)  # the source's 544 GB per node
+    assert m.kv_per_token_per_gpu.value == 40_960
+    assert m.kv_pool_per_gpu.value == pytest.approx(pool)
+    assert m.max_concurrent_sequences.value == 201 == math.floor(pool / (40_960 * 4096))
+    assert m.max_total_tokens.value == 826_324 == math.floor(pool / 40_960)
+    assert m.mem_fraction_static.value == pytest.approx((weights + pool) / (80 * GB))
+    assert m.per_gpu["weights"].formula == "141.11 GB / (TP 2 × PP 4) = 17.64 GB"
+    assert set(m.per_gpu) == {"weights", "kv_cache", "activations", "framework_overhead", "safety_margin", "total"}
+    figures = [*m.per_gpu.values(), m.per_replica_total, m.usable_per_node, m.usable_per_gpu, m.kv_pool_per_gpu]
+    assert {f.unit for f in figures} == {"B"} and all(f.formula for f in figures)
+    assert (m.max_concurrent_sequences.unit, m.max_total_tokens.unit) == ("seqs", "tokens")
+    # Data parallel 2: each rank serves ⌈8/2⌉ = 4 sequences, and the replica holds twice the sequences.
+    dp2 = spec.model_copy(update={"parallelism": spec.parallelism.model_copy(update={"dp": 2})})
+    m2 = planner.memory_plan(dp2, "source")
+    assert m2.per_gpu["kv_cache"].value == 40_960 * 4096 * 4
+    assert m2.max_concurrent_sequences.value == 201 * 2

@@ -8,8 +8,12 @@ and messages per second; GB means 10^9 bytes, GiB 2^30.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from serving.spec.schema import GB, Node
+
+MemoryModel = Literal["sglang", "source"]
+MEMORY_MODELS: tuple[MemoryModel, ...] = ("sglang", "source")
 
 # The source's link-rate → expected GPU utilisation table (§3.3), Gb/s → (low, high) fraction.
 UTILISATION_BY_LINK_GBPS: tuple[tuple[int, float, float, str], ...] = (
@@ -41,6 +45,10 @@ def fmt_bytes(n: float) -> str:
 
 @dataclass(frozen=True)
 class MemoryPlan:
+    """Per-GPU memory of one replica. ``model`` says which arithmetic produced it: ``sglang`` (the pinned
+    SGLang's own, :mod:`serving.plan.memory`) or ``source`` (the source plan's heuristic budget)."""
+
+    model: MemoryModel
     weights: Figure
     per_gpu: dict[str, Figure]
     usable_per_gpu: Figure

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from serving.plan import memory as sgl
 from serving.plan.model import (
     HOURS_PER_MONTH,
     UTILISATION_BY_LINK_GBPS,
@@ -16,6 +17,7 @@ from serving.plan.model import (
     CostPlan,
     Figure,
     HeartbeatPlan,
+    MemoryModel,
     MemoryPlan,
     NetworkPlan,
     Placement,
@@ -23,7 +25,7 @@ from serving.plan.model import (
     Replica,
     fmt_bytes,
 )
-from serving.spec.schema import GB, Architecture, FleetSpec
+from serving.spec.schema import GB, GIB, Architecture, FleetSpec
 
 # ------------------------------------------------------------------------------------------ memory
 
@@ -59,22 +61,21 @@ def kv_bytes_per_token(arch: Architecture, bytes_per_element: int) -> Figure:
 def kv_bytes_per_token_per_gpu(arch: Architecture, bytes_per_element: int, tp: int, pp: int) -> Figure:
     """KV bytes per token held by one GPU of a TP×PP replica.
 
-    Layers split over PP stages; KV heads split over TP ranks but never below one head per rank
-    (with TP > KV heads each head is replicated). MLA's latent is not split by TP: every rank keeps it.
+    Layers split over PP stages (the fullest stage, ⌈layers / PP⌉); KV heads split over TP ranks but never
+    below one head per rank (with TP > KV heads each head is replicated). MLA's latent is not split by TP.
     """
     layers = math.ceil(arch.num_layers / pp)
+    v = sgl.kv_token_bytes_per_gpu(arch, bytes_per_element, tp, pp)
     if arch.mla is not None:
         width = arch.mla.kv_lora_rank + arch.mla.qk_rope_head_dim
-        v = layers * width * bytes_per_element
         return Figure(
             v, "B", f"MLA latent replicated per TP rank: {layers} layers × {width} × {bytes_per_element} B = {v:,} B"
         )
-    heads = math.ceil(arch.num_kv_heads / tp)
-    v = 2 * layers * heads * arch.head_dim * bytes_per_element
     return Figure(
         v,
         "B",
-        f"2 × ⌈{arch.num_layers}/{pp}⌉ layers × ⌈{arch.num_kv_heads}/{tp}⌉ KV heads × {arch.head_dim} × {bytes_per_element} B = {v:,} B",
+        f"2 × ⌈{arch.num_layers}/{pp}⌉ layers × max(1, {arch.num_kv_heads} // {tp}) KV heads × {arch.head_dim} × "
+        f"{bytes_per_element} B = {v:,} B",
     )
 
 
@@ -96,7 +97,95 @@ def replica_memory_budget(
     }
 
 
-def memory_plan(spec: FleetSpec) -> MemoryPlan:
+def gpu_product(spec: FleetSpec) -> sgl.GpuProduct:
+    """The cluster's GPU from the product table; an unknown product falls back on cluster.gpu.memory_gb."""
+    gpu = spec.cluster.gpu
+    try:
+        return sgl.gpu_product(gpu.product)
+    except sgl.UnknownGpuError:
+        return sgl.GpuProduct(gpu.product, round(gpu.memory_gb * GB / sgl.MIB), "cluster.gpu.memory_gb")
+
+
+def static_fraction(spec: FleetSpec) -> Figure:
+    """``serving.mem_fraction_static`` when set, else SGLang's default for this GPU, TP, PP and limits."""
+    par, lim, m = spec.parallelism, spec.limits, spec.model
+    default = sgl.sglang_mem_fraction_static(
+        gpu_product(spec).memory_total_mib,
+        par.tp,
+        par.pp,
+        lim.chunked_prefill_size,
+        lim.max_running_requests,
+        m.architecture.mla is not None,
+    )
+    if spec.serving.mem_fraction_static is not None:
+        v = spec.serving.mem_fraction_static
+        return Figure(v, "", f"serving.mem_fraction_static = {v:.3f} (SGLang's default here: {default.value:.3f})")
+    return Figure(default.value, "", f"SGLang default: {default.formula}")
+
+
+def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
+    """Per-GPU memory of one replica by SGLang's arithmetic (``model="source"``: the source's heuristic).
+
+    The replica's first rank: ⌈layers / PP⌉ layers (the fullest stage) and the embedding."""
+    if model == "source":
+        return source_memory_plan(spec)
+    m, par, ctx = spec.model, spec.parallelism, spec.limits.context_length
+    gpu = gpu_product(spec)
+    total = gpu.memory_total_mib * sgl.MIB
+    free = sgl.free_at_start_bytes(gpu)
+    mfs = static_fraction(spec)
+    share = sgl.weights_per_gpu(m.architecture, m.bytes_per_param, par.tp, par.pp)
+    weights = weights_bytes(m.architecture.parameter_count, m.bytes_per_param)
+    kv_tok = kv_bytes_per_token(m.architecture, m.kv_bytes_per_element)
+    kv_tok_gpu = kv_bytes_per_token_per_gpu(m.architecture, m.kv_bytes_per_element, par.tp, par.pp)
+    pool = sgl.kv_pool(free, mfs.value, share.total, int(kv_tok_gpu.value))
+    budget = max(0.0, pool.budget)
+    slack = free * (1 - mfs.value)
+    seqs = pool.tokens // ctx * par.dp
+    per_gpu = {
+        "weights": Figure(share.layer_bytes + share.embedding_bytes, "B", share.formula),
+        "load_overhead": Figure(
+            share.load_overhead_bytes, "B", f"{sgl.LOAD_OVERHEAD_GIB:.2f} GiB (mean of the calibration logs)"
+        ),
+        "kv_cache": Figure(budget, "B", pool.formula),
+        "activations_and_graphs": Figure(
+            slack, "B", f"{free / GIB:,.2f} GiB free at start × (1 − {mfs.value:.3f}) = {slack / GIB:,.2f} GiB"
+        ),
+        "cuda_context": Figure(
+            total - free, "B", f"{gpu.memory_total_mib:,} MiB − {free / GIB:,.2f} GiB free at start"
+        ),
+        "total": Figure(total, "B", f"{gpu.label}: {gpu.memory_total_mib:,} MiB ({gpu.source})"),
+    }
+    gpr = par.gpus_per_replica
+    static = free * mfs.value
+    return MemoryPlan(
+        model="sglang",
+        weights=weights,
+        per_gpu=per_gpu,
+        usable_per_gpu=Figure(
+            static,
+            "B",
+            f"{free / GIB:,.2f} GiB free at start × mem_fraction_static {mfs.value:.3f} = {static / GIB:,.2f} GiB",
+        ),
+        per_replica_total=Figure(total * gpr, "B", f"{fmt_bytes(total)} × {gpr} GPUs = {fmt_bytes(total * gpr)}"),
+        usable_per_node=Figure(
+            static * spec.cluster.gpu.count_per_node,
+            "B",
+            f"{fmt_bytes(static)} × {spec.cluster.gpu.count_per_node} GPUs",
+        ),
+        kv_per_token=kv_tok,
+        kv_per_token_per_gpu=kv_tok_gpu,
+        kv_pool_per_gpu=Figure(budget, "B", pool.formula),
+        max_concurrent_sequences=Figure(
+            seqs, "seqs", f"⌊{pool.tokens:,} pool tokens / {ctx:,} context⌋ × DP {par.dp} = {seqs}"
+        ),
+        mem_fraction_static=mfs,
+        max_total_tokens=Figure(pool.tokens, "tokens", pool.formula),
+    )
+
+
+def source_memory_plan(spec: FleetSpec) -> MemoryPlan:
+    """The source plan's heuristic (§4.2): activations 15 % of weights, 5 GB overhead, 15 % margin on all."""
     m, par, gpu = spec.model, spec.parallelism, spec.cluster.gpu
     shard = par.tp * par.pp
     weights = weights_bytes(m.architecture.parameter_count, m.bytes_per_param)
@@ -126,6 +215,7 @@ def memory_plan(spec: FleetSpec) -> MemoryPlan:
     static = (per_gpu["weights"].value + pool) / (gpu.memory_gb * GB)
     tokens = math.floor(pool / kv_tok_gpu.value) if kv_tok_gpu.value else 0
     return MemoryPlan(
+        model="source",
         weights=weights,
         per_gpu=per_gpu,
         usable_per_gpu=usable_f,
@@ -461,9 +551,9 @@ def restart_time(spec: FleetSpec) -> Figure:
     )
 
 
-def plan(spec: FleetSpec) -> Plan:
+def plan(spec: FleetSpec, memory_model: MemoryModel = "sglang") -> Plan:
     p = placement(spec)
-    mem = memory_plan(spec)
+    mem = memory_plan(spec, memory_model)
     deployable = min(spec.serving.replicas, p.max_replicas)
     lim = spec.limits
     per_rep = min(lim.p99_concurrency_per_replica, lim.max_running_requests, int(mem.max_concurrent_sequences.value))
@@ -478,6 +568,11 @@ def plan(spec: FleetSpec) -> Plan:
     replicas = fleet_replicas(spec)
     groups = rollout_groups(len(replicas), spec.rollout.batches)
     notes: list[str] = []
+    if mem.model == "sglang" and spec.cluster.gpu.product not in sgl.GPU_PRODUCTS:
+        notes.append(
+            f"GPU product {spec.cluster.gpu.product!r} is not in the memory model's table: sized from "
+            f"cluster.gpu.memory_gb = {spec.cluster.gpu.memory_gb:g} GB; use one of {', '.join(sorted(sgl.GPU_PRODUCTS))}"
+        )
     target = spec.serving.target_replicas
     if target is not None and target != spec.serving.replicas:
         gpus = p.nodes * p.gpus_per_node

@@ -1,0 +1,229 @@
+"""``exaserve fit``: every layout that serves a model on the cluster, ranked, by SGLang's memory arithmetic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from pydantic import ValidationError
+from rich.table import Table
+
+from serving.cli.options import (
+    EXIT_PROBLEM,
+    JsonOpt,
+    StackFileOpt,
+    StackOpt,
+    app,
+    console,
+    emit_json,
+    fail,
+    require_file,
+    resolve_stack,
+)
+from serving.plan import memory as sgl
+from serving.plan import planner
+from serving.spec.schema import GIB, Architecture, architecture_from_hf_config
+from serving.spec.stack import NAMESPACE, SpecError, load_stack_file, read_stack_document
+
+QUANTIZATION = {"bf16": None, "fp8": "fp8", "int8": "w8a8_int8", "int4": "awq"}
+
+
+def _architecture(path: Path, params: int | None) -> Architecture:
+    try:
+        cfg = json.loads(path.read_text())
+        if not isinstance(cfg, dict):
+            raise ValueError("it does not hold a JSON object")
+        fields = architecture_from_hf_config(cfg, str(path))
+        if params is not None:
+            fields["parameter_count"] = params
+        elif "parameter_count" not in fields:
+            fail(
+                f"--hf-config {path}: the parameter count cannot be counted from it (a layer shape such as "
+                "intermediate_size is missing); give it with --params"
+            )
+        return Architecture.model_validate(fields)
+    except (ValueError, ValidationError) as exc:
+        fail(f"--hf-config {path} is not a transformer config.json ({exc}); point it at the model's config.json")
+
+
+def _layout_json(lay: sgl.Layout, rps: float) -> dict[str, Any]:
+    return {
+        "precision": lay.precision,
+        "quantization": QUANTIZATION[lay.precision],
+        "kv_cache_dtype": lay.kv_cache_dtype,
+        "tp": lay.tp,
+        "pp": lay.pp,
+        "gpus_per_replica": lay.gpus_per_replica,
+        "replicas": lay.replicas,
+        "replicas_per_node": lay.replicas_per_node,
+        "nodes_per_replica": lay.nodes_per_replica,
+        "mem_fraction_static": lay.mem_fraction_static,
+        "weights_bytes_per_gpu": lay.weights_per_gpu,
+        "kv_pool_tokens_per_replica": lay.kv_pool_tokens,
+        "sequences_per_replica": lay.sequences_per_replica,
+        "served_sequences": lay.served_sequences,
+        "requests_per_second": round(rps, 3),
+        "breakdown": lay.breakdown,
+    }
+
+
+def _write_stack(out: Path, base: Path, lay: sgl.Layout, hf_config: Path, arch: Architecture, gpu: str) -> None:
+    """The chosen layout written over the base stack's model, parallelism, serving and GPU product."""
+    doc = read_stack_document(base)
+    model = dict(doc.get("model") or {})
+    model.update(
+        hf_config=str(hf_config.resolve()),
+        precision=lay.precision,
+        quantization=QUANTIZATION[lay.precision],
+        kv_cache_dtype=lay.kv_cache_dtype,
+        architecture={"parameter_count": arch.parameter_count},
+    )
+    serving = {**(doc.get("serving") or {}), "replicas": lay.replicas, "replicas_per_node": lay.replicas_per_node}
+    cluster = dict(doc.get("cluster") or {})
+    cluster["gpu"] = {**(cluster.get("gpu") or {}), "product": gpu}
+    doc.update(model=model, parallelism={"tp": lay.tp, "pp": lay.pp, "dp": 1}, serving=serving, cluster=cluster)
+    doc = {"config": {f"{NAMESPACE}:{section}": value for section, value in doc.items()}}
+    out.write_text(
+        f"# Written by `exaserve fit` from {base.name}: {lay.precision} TP {lay.tp} × PP {lay.pp}, "
+        f"{lay.replicas} replicas, {lay.sequences_per_replica} sequences each.\n"
+        + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
+    )
+    try:
+        load_stack_file(out)
+    except SpecError as exc:
+        fail(f"--write-stack {out}: the written stack does not load:\n{exc}")
+
+
+@app.command()
+def fit(
+    hf_config: Annotated[Path, typer.Option("--hf-config", help="The model's config.json.", dir_okay=False)],
+    params: Annotated[
+        int | None, typer.Option("--params", min=1, help="Parameter count (default: counted from config.json).")
+    ] = None,
+    gpu: Annotated[
+        str | None, typer.Option("--gpu", help="GPU product (nvidia.com/gpu.product); default: the stack's.")
+    ] = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", min=1, help="Nodes; default: the stack's.")] = None,
+    context_length: Annotated[int | None, typer.Option("--context-length", min=1)] = None,
+    concurrency: Annotated[
+        int | None, typer.Option("--concurrency", min=1, help="Target concurrent sequences across the fleet.")
+    ] = None,
+    rate: Annotated[
+        float | None, typer.Option("--rate", min=0.0, help="Target requests per second (the capacity chain).")
+    ] = None,
+    precision: Annotated[
+        list[str] | None,
+        typer.Option("--precision", help="Checkpoint precisions the model has (repeat; default bf16 and fp8)."),
+    ] = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="Layouts to show.")] = 10,
+    write_stack: Annotated[
+        Path | None, typer.Option("--write-stack", help="Write the best layout into this stack file.", dir_okay=False)
+    ] = None,
+    stack: StackOpt = None,
+    stack_file: StackFileOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Enumerate the layouts (precision, KV dtype, TP, PP, replicas per node) that serve a model on the
+    cluster by SGLang's memory arithmetic, ranked by served concurrent sequences. Exit 1 when none meets the
+    target. The stack (default prod) gives the cluster, the limits and the base for --write-stack."""
+    require_file(hf_config, "--hf-config", "point it at the model's config.json")
+    st = resolve_stack(stack, stack_file)
+    spec = st.spec
+    arch = _architecture(hf_config, params)
+    product = gpu or spec.cluster.gpu.product
+    try:
+        gpu_product = sgl.gpu_product(product)
+    except sgl.UnknownGpuError as exc:
+        fail(f"--gpu: {exc}")
+    precisions = tuple(precision or ("bf16", "fp8"))
+    unknown = sorted(set(precisions) - set(sgl.PRECISION_BYTES))
+    if unknown:
+        fail(f"--precision {unknown}: not a precision; use {', '.join(sgl.PRECISION_BYTES)}")
+    n = nodes or spec.cluster.node_count
+    lim = spec.limits
+    ctx = context_length or lim.context_length
+    layouts = sgl.enumerate_layouts(
+        arch,
+        gpu_product,
+        spec.cluster.gpu.count_per_node,
+        n,
+        ctx,
+        lim.max_running_requests,
+        lim.chunked_prefill_size,
+        precisions,
+    )
+    chains = [
+        planner.capacity_chain(
+            lay.sequences_per_replica,
+            lay.replicas,
+            lim.balance_efficiency,
+            lim.failure_reserve,
+            lim.burst_buffer,
+            lim.mean_request_s,
+        )
+        for lay in layouts
+    ]
+    meets = [
+        i
+        for i, c in enumerate(chains)
+        if (concurrency is None or c.sustained.value >= concurrency)
+        and (rate is None or c.requests_per_second.value >= rate)
+    ]
+    ok = bool(meets)
+    if write_stack is not None:
+        if not ok:
+            fail("--write-stack: no layout meets the target; nothing written", EXIT_PROBLEM)
+        if n != spec.cluster.node_count:
+            fail(f"--write-stack: --nodes {n} differs from the stack's {spec.cluster.node_count}; drop --nodes")
+        _write_stack(write_stack, st.path, layouts[meets[0]], hf_config, arch, gpu_product.label)
+    if as_json:
+        emit_json(
+            {
+                "gpu": gpu_product.label,
+                "nodes": n,
+                "context_length": ctx,
+                "parameter_count": arch.parameter_count,
+                "layouts": [_layout_json(layouts[i], chains[i].requests_per_second.value) for i in range(len(layouts))],
+                "meets_target": [_layout_json(layouts[i], chains[i].requests_per_second.value) for i in meets[:1]],
+                "written": str(write_stack) if write_stack else None,
+            },
+            stack=st.name,
+            ok=ok,
+        )
+    else:
+        table = Table(
+            title=f"{hf_config} ({arch.parameter_count / 1e9:,.1f} B params) on {n} × "
+            f"{spec.cluster.gpu.count_per_node} {gpu_product.label}, {ctx:,}-token context",
+            title_justify="left",
+        )
+        for col in ("precision", "kv", "TP×PP", "replicas", "mfs", "weights/GPU", "KV tokens", "seqs/rep", "served"):
+            table.add_column(col, justify="right")
+        table.add_column("req/s", justify="right")
+        for lay, chain in list(zip(layouts, chains, strict=True))[:top]:
+            table.add_row(
+                lay.precision,
+                lay.kv_cache_dtype,
+                f"{lay.tp}×{lay.pp}",
+                f"{lay.replicas:,}",
+                f"{lay.mem_fraction_static:.3f}",
+                f"{lay.weights_per_gpu / GIB:,.1f} GiB",
+                f"{lay.kv_pool_tokens:,}",
+                str(lay.sequences_per_replica),
+                f"{lay.served_sequences:,}",
+                f"{chain.requests_per_second.value:,.0f}",
+            )
+        console.print(table)
+        if layouts:
+            console.print(f"best: {layouts[0].breakdown}", soft_wrap=True)
+        console.print(
+            f"[green]{len(meets)} of {len(layouts)} layouts meet the target[/]"
+            if ok
+            else "[red]no layout meets the target[/]"
+        )
+        if write_stack is not None:
+            console.print(f"wrote {write_stack}")
+    if not ok:
+        raise typer.Exit(EXIT_PROBLEM)

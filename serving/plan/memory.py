@@ -1,0 +1,414 @@
+"""SGLang's memory model (the pinned 0.5.23), reproduced offline: what a replica's KV pool will hold.
+
+Three steps, each mirroring SGLang's own code (read in ``.venv-sglang``; ``docs/planner.md`` maps them):
+
+1. ``mem_fraction_static`` — ``sglang/srt/arg_groups/memory_hook.py: handle_gpu_memory_settings``: the
+   chunked-prefill size and CUDA-graph batch sizes follow the GPU's memory (nvidia-smi ``memory.total``,
+   MiB) and TP; ``reserved = 512 + max(chunked_prefill, 2048) × 1.5 + tp × pp / 8 × 1024 + graph reserve``
+   MiB, at least 10 GiB on GPUs over 60 GiB; ``(gpu_mem − reserved) / gpu_mem`` rounded to 3 decimals.
+2. The KV budget — ``mem_cache/kv_cache_configurator.py: _profile_available_bytes``: free memory after
+   the weights minus ``free_at_start × (1 − mem_fraction_static)``, i.e. ``free_at_start × mfs − weights``.
+3. Tokens — ``model_executor/pool_configurator.py: DefaultPoolConfigurator``: budget // bytes per token
+   on this GPU (KV heads split by TP, never below one; MLA's latent whole on every rank; layers by PP).
+
+The free-at-start figure and the weights' load-time overhead come from public start-up logs
+(:data:`CALIBRATION_LOGS`); every constant is derived from them here, none is typed in twice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from serving.spec.schema import GIB, Architecture, count_parameters
+
+MIB = 2**20
+
+# --------------------------------------------------------------------------------------- GPU products
+
+
+@dataclass(frozen=True)
+class GpuProduct:
+    """A GPU as SGLang sees it: ``memory.total`` in MiB (what ``get_nvgpu_memory_capacity`` reads)."""
+
+    label: str
+    memory_total_mib: int
+    source: str
+
+
+GPU_PRODUCTS: dict[str, GpuProduct] = {
+    g.label: g
+    for g in (
+        GpuProduct("NVIDIA-A100-SXM4-40GB", 40_960, "NVIDIA A100 datasheet: 40 GiB HBM2 (nvidia-smi 40960MiB)"),
+        GpuProduct("NVIDIA-A100-SXM4-80GB", 81_920, "NVIDIA A100 datasheet: 80 GiB HBM2e (nvidia-smi 81920MiB)"),
+        GpuProduct("NVIDIA-H100-80GB-HBM3", 81_559, "nvidia-smi on H100 SXM5: 81559MiB"),
+        GpuProduct("NVIDIA-H20", 97_871, "nvidia-smi on H20: 97871MiB"),
+        GpuProduct("NVIDIA-H200", 143_771, "nvidia-smi on H200 SXM: 143771MiB"),
+        GpuProduct("NVIDIA-B200", 183_359, "nvidia-smi on B200: 183359MiB"),
+        GpuProduct("NVIDIA-L40S", 46_068, "nvidia-smi in https://github.com/sgl-project/sglang/pull/13023: 46068MiB"),
+        GpuProduct("NVIDIA-L4", 23_034, "nvidia-smi on L4: 23034MiB"),
+        GpuProduct(
+            "NVIDIA-GeForce-RTX-4090",
+            24_564,
+            "https://github.com/sgl-project/sglang-omni/issues/1168: 'RTX 4090, 24,564 MiB'",
+        ),
+    )
+}
+
+
+class UnknownGpuError(ValueError):
+    """A GPU product the table does not know."""
+
+
+def gpu_product(label: str) -> GpuProduct:
+    try:
+        return GPU_PRODUCTS[label]
+    except KeyError:
+        raise UnknownGpuError(
+            f"unknown GPU product {label!r}; use one of {', '.join(sorted(GPU_PRODUCTS))} "
+            "(cluster.gpu.product, the nvidia.com/gpu.product label), or add it to "
+            "serving/plan/memory.py GPU_PRODUCTS with its nvidia-smi memory.total"
+        ) from None
+
+
+# ------------------------------------------------------------------------------------ calibration logs
+
+
+@dataclass(frozen=True)
+class StartupLog:
+    """One public SGLang start-up log: what the hardware and the checkpoint gave, and the pool it got."""
+
+    name: str
+    source: str
+    gpu: str
+    tp: int
+    mem_fraction_static: float
+    free_at_start_gib: float
+    """``Load weight begin. avail mem=`` (or ``Load weight end`` avail + mem usage)."""
+    weights_gib: float
+    """``Load weight end. … mem usage=``."""
+    kv_pool_tokens: int
+    """``KV Cache is allocated. #tokens:`` / ``max_total_num_tokens=``."""
+    config: dict[str, object]
+    """The checkpoint's config.json fields the model reads."""
+    weight_bits: int = 16
+
+
+CALIBRATION_LOGS: tuple[StartupLog, ...] = (
+    StartupLog(
+        name="QwQ-32B bf16, 4 × L4, TP 4",
+        source="exaserve issue 12 (log quoted there; QwQ-32B on 4 × L4 24 GB)",
+        gpu="NVIDIA-L4",
+        tp=4,
+        mem_fraction_static=0.85,
+        free_at_start_gib=21.63,
+        weights_gib=15.54,
+        kv_pool_tokens=46_611,
+        config={
+            "hidden_size": 5120,
+            "intermediate_size": 27648,
+            "num_attention_heads": 40,
+            "num_hidden_layers": 64,
+            "num_key_value_heads": 8,
+            "vocab_size": 152064,
+        },
+    ),
+    StartupLog(
+        name="Qwen3-14B bf16, 4 × RTX 4090, TP 4",
+        source="exaserve issue 12 (log quoted there; Qwen3-14B on 4 × RTX 4090)",
+        gpu="NVIDIA-GeForce-RTX-4090",
+        tp=4,
+        mem_fraction_static=0.80,
+        free_at_start_gib=16.00 + 7.08,
+        weights_gib=7.08,
+        kv_pool_tokens=298_447,
+        config={
+            "hidden_size": 5120,
+            "intermediate_size": 17408,
+            "num_attention_heads": 40,
+            "num_hidden_layers": 40,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "vocab_size": 151936,
+        },
+    ),
+)
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def runtime_overhead_gib() -> float:
+    """CUDA context + NCCL + allocator before the weights: memory.total − free at start, mean over the logs."""
+    return _mean([GPU_PRODUCTS[c.gpu].memory_total_mib * MIB / GIB - c.free_at_start_gib for c in CALIBRATION_LOGS])
+
+
+def load_overhead_gib() -> float:
+    """What SGLang's ``mem usage`` at load adds to the parameters' bytes (rotary caches, vocab padding,
+    allocator rounding): logged weights − counted parameter bytes per GPU, mean over the logs."""
+    deltas = []
+    for c in CALIBRATION_LOGS:
+        params = count_parameters(dict(c.config))
+        assert params is not None
+        deltas.append(c.weights_gib - params * c.weight_bits / 8 / c.tp / GIB)
+    return _mean(deltas)
+
+
+RUNTIME_OVERHEAD_GIB = runtime_overhead_gib()
+LOAD_OVERHEAD_GIB = load_overhead_gib()
+OBSERVED_FREE_AT_START_GIB = {c.gpu: c.free_at_start_gib for c in CALIBRATION_LOGS}
+
+
+def free_at_start_bytes(gpu: GpuProduct) -> float:
+    """Free memory when SGLang starts loading weights: logged where a log exists, else memory.total less
+    the mean runtime overhead of the logs."""
+    observed = OBSERVED_FREE_AT_START_GIB.get(gpu.label)
+    if observed is not None:
+        return observed * GIB
+    return gpu.memory_total_mib * MIB - RUNTIME_OVERHEAD_GIB * GIB
+
+
+# ---------------------------------------------------------------------- handle_gpu_memory_settings
+
+
+def _prefill_graph_sizes(max_bs: int) -> list[int]:
+    """``cuda_graph_hook.generate_prefill_cuda_graph_batch_sizes``."""
+    sizes = [
+        *range(4, 33, 4),
+        *range(48, 257, 16),
+        *range(288, 513, 32),
+        *range(576, 1024 + 1, 64),
+        *range(1280, 4096 + 1, 256),
+        *range(4608, max_bs + 1, 512),
+    ]
+    return [s for s in sizes if s <= max_bs]
+
+
+@dataclass(frozen=True)
+class StaticFraction:
+    """SGLang's default ``mem_fraction_static`` and the figures it came from (MiB)."""
+
+    gpu_memory_mib: float
+    chunked_prefill_size: int
+    decode_graph_max_bs: int
+    activation_mib: float
+    parallel_mib: float
+    graph_mib: float
+    reserved_mib: float
+    value: float
+
+    @property
+    def formula(self) -> str:
+        return (
+            f"(gpu {self.gpu_memory_mib:,.0f} MiB − reserved {self.reserved_mib:,.0f} MiB) / gpu = {self.value:.3f}; "
+            f"reserved = max(512 + {self.activation_mib:,.0f} activations (max(chunked prefill "
+            f"{self.chunked_prefill_size}, 2048) × 1.5) + {self.parallel_mib:,.0f} (tp × pp / 8 × 1024) + "
+            f"{self.graph_mib:,.0f} CUDA graphs (decode max bs {self.decode_graph_max_bs} × 2 + prefill), "
+            "10240 on GPUs over 60 GiB)"
+        )
+
+
+def sglang_mem_fraction_static(
+    gpu_memory_mib: float,
+    tp: int,
+    pp: int,
+    chunked_prefill_size: int | None,
+    max_running_requests: int | None,
+    mla: bool,
+) -> StaticFraction:
+    """``handle_gpu_memory_settings`` of SGLang 0.5.23 for a plain (not multimodal, no DP attention, no
+    DeepEP, no disaggregation, no speculative decoding) model on CUDA, where SGLang's defaults are decode
+    graphs ``full`` and prefill graphs ``breakable``, disabled by default when ``pp > 1``."""
+    gib = 1024
+    if gpu_memory_mib < 20 * gib:
+        cps, max_bs = 2048, 8
+    elif gpu_memory_mib < 35 * gib:
+        cps, max_bs = 4096, 48 if tp < 4 else 160
+    elif gpu_memory_mib < 60 * gib:
+        cps, max_bs = 4096, 32 if tp < 4 else 160
+    elif gpu_memory_mib < 160 * gib:
+        cps, max_bs = 8192, 256 if tp < 4 else 512
+    else:
+        cps, max_bs = 16384, 512
+    if chunked_prefill_size is not None:
+        cps = chunked_prefill_size
+    if max_running_requests is not None:
+        max_bs = min(max_bs, max_running_requests)
+    activation = max(cps, 2048) * 1.5
+    parallel = tp * pp / 8 * 1024
+    graph = max_bs * 2.0
+    if pp == 1:  # prefill CUDA graphs: breakable by default, off under PP
+        graph += 1.5 * 1024 if mla else len(_prefill_graph_sizes(cps)) * 8
+    reserved = 512 + activation + parallel + graph
+    if gpu_memory_mib > 60 * gib:
+        reserved = max(reserved, 10 * gib)
+    value = round((gpu_memory_mib - reserved) / gpu_memory_mib, 3)
+    return StaticFraction(gpu_memory_mib, cps, max_bs, activation, parallel, graph, reserved, value)
+
+
+# ------------------------------------------------------------------------------------------ weights
+
+
+@dataclass(frozen=True)
+class WeightShare:
+    """The weights on the replica's fullest GPU: quantised layers plus 16-bit embedding and LM head."""
+
+    layer_bytes: float
+    embedding_bytes: float
+    load_overhead_bytes: float
+    formula: str
+
+    @property
+    def total(self) -> float:
+        return self.layer_bytes + self.embedding_bytes + self.load_overhead_bytes
+
+
+def weights_per_gpu(arch: Architecture, bytes_per_param: float, tp: int, pp: int) -> WeightShare:
+    """Layers' parameters (everything but embedding and LM head, every expert included) in the checkpoint's
+    precision, split by TP and over ⌈layers / PP⌉ layers; the embedding and LM head (kept 16-bit by every
+    quantised checkpoint SGLang loads) split by TP, both on one GPU without PP, one per end stage with PP."""
+    table = arch.vocab_size * arch.hidden_size
+    tables = 1 if arch.tie_word_embeddings else 2
+    layer_params = arch.parameter_count - table * tables
+    layers = math.ceil(arch.num_layers / pp)
+    layer_bytes = layer_params * bytes_per_param * layers / arch.num_layers / tp
+    on_gpu = tables if pp == 1 else 1
+    emb = table * on_gpu * 2 / tp
+    load = LOAD_OVERHEAD_GIB * GIB
+    formula = (
+        f"{layer_params:,} layer params × {bytes_per_param:g} B × ⌈{arch.num_layers}/{pp}⌉/{arch.num_layers} / TP {tp} "
+        f"= {layer_bytes / GIB:,.2f} GiB + {on_gpu} × {table:,} embedding params × 2 B / TP {tp} = "
+        f"{emb / GIB:,.2f} GiB + {LOAD_OVERHEAD_GIB:.2f} GiB load overhead = {(layer_bytes + emb + load) / GIB:,.2f} GiB"
+    )
+    return WeightShare(layer_bytes, emb, load, formula)
+
+
+# ------------------------------------------------------------------------------------------ the pool
+
+
+@dataclass(frozen=True)
+class KvPool:
+    free_at_start: float
+    mem_fraction_static: float
+    weights: float
+    budget: float
+    tokens: int
+    formula: str
+
+
+def kv_pool(free_at_start: float, mem_fraction_static: float, weights: float, kv_bytes_per_token_gpu: int) -> KvPool:
+    """``_profile_available_bytes`` + ``DefaultPoolConfigurator.calculate_pool_sizes`` (page size 1)."""
+    budget = free_at_start * mem_fraction_static - weights
+    tokens = max(0, int(budget // kv_bytes_per_token_gpu)) if kv_bytes_per_token_gpu else 0
+    formula = (
+        f"{free_at_start / GIB:,.2f} GiB free at start × {mem_fraction_static:.3f} − {weights / GIB:,.2f} GiB weights "
+        f"= {budget / GIB:,.2f} GiB / {kv_bytes_per_token_gpu:,} B per token = {tokens:,} tokens"
+    )
+    return KvPool(free_at_start, mem_fraction_static, weights, budget, tokens, formula)
+
+
+# ------------------------------------------------------------------------------------------ fit
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to serve a model on the cluster, and what SGLang would make of it."""
+
+    precision: str
+    kv_cache_dtype: str
+    tp: int
+    pp: int
+    replicas: int
+    replicas_per_node: int | None
+    nodes_per_replica: int
+    mem_fraction_static: float
+    weights_per_gpu: float
+    kv_pool_tokens: int
+    sequences_per_replica: int
+    served_sequences: int
+    breakdown: str
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.pp
+
+
+PRECISION_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+KV_DTYPES: dict[str, int] = {"auto": 2, "fp8_e4m3": 1}
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, n = [], 1
+    while n <= limit:
+        out.append(n)
+        n *= 2
+    return out
+
+
+def enumerate_layouts(
+    arch: Architecture,
+    gpu: GpuProduct,
+    gpus_per_node: int,
+    nodes: int,
+    context_length: int,
+    max_running_requests: int,
+    chunked_prefill_size: int,
+    precisions: tuple[str, ...],
+) -> list[Layout]:
+    """Every precision × KV dtype × TP × PP (powers of two, a replica within a node or over whole nodes)
+    whose KV pool holds at least one full-length sequence, best served concurrency first."""
+    free = free_at_start_bytes(gpu)
+    out: list[Layout] = []
+    total_gpus = gpus_per_node * nodes
+    for precision in precisions:
+        bpp = PRECISION_BYTES[precision]
+        for tp in _powers_of_two(min(total_gpus, 64)):
+            for pp in _powers_of_two(min(total_gpus // tp, 16, arch.num_layers)):
+                gpr = tp * pp
+                if gpr > gpus_per_node and gpr % gpus_per_node:
+                    continue
+                fraction = sglang_mem_fraction_static(
+                    gpu.memory_total_mib, tp, pp, chunked_prefill_size, max_running_requests, arch.mla is not None
+                ).value
+                weights = weights_per_gpu(arch, bpp, tp, pp)
+                for kv_dtype, kv_bytes in KV_DTYPES.items():
+                    per_token = kv_token_bytes_per_gpu(arch, kv_bytes, tp, pp)
+                    pool = kv_pool(free, fraction, weights.total, per_token)
+                    seqs = min(max_running_requests, pool.tokens // context_length)
+                    if seqs < 1:
+                        continue
+                    if gpr <= gpus_per_node:
+                        rpn: int | None = gpus_per_node // gpr
+                        replicas, span = nodes * (gpus_per_node // gpr), 1
+                    else:
+                        rpn, span = None, gpr // gpus_per_node
+                        replicas = nodes // span
+                    out.append(
+                        Layout(
+                            precision,
+                            kv_dtype,
+                            tp,
+                            pp,
+                            replicas,
+                            rpn,
+                            span,
+                            fraction,
+                            weights.total,
+                            pool.tokens,
+                            seqs,
+                            seqs * replicas,
+                            f"weights {weights.formula}; KV pool {pool.formula}",
+                        )
+                    )
+    out.sort(key=lambda lay: (-lay.served_sequences, -PRECISION_BYTES[lay.precision], lay.tp * lay.pp))
+    return out
+
+
+def kv_token_bytes_per_gpu(arch: Architecture, bytes_per_element: int, tp: int, pp: int) -> int:
+    """SGLang's cell size: ⌈layers / PP⌉ layers (the fullest stage); MLA's latent whole on every TP rank,
+    else K and V of max(1, KV heads // TP) heads (``ModelConfig.get_num_kv_heads``)."""
+    layers = math.ceil(arch.num_layers / pp)
+    if arch.mla is not None:
+        return layers * (arch.mla.kv_lora_rank + arch.mla.qk_rope_head_dim) * bytes_per_element
+    return 2 * layers * max(1, arch.num_kv_heads // tp) * arch.head_dim * bytes_per_element

@@ -1,0 +1,79 @@
+"""Run the pinned SGLang's REAL ``handle_gpu_memory_settings`` over a grid; prints one JSON result per case.
+
+Runs inside `.venv-sglang` (standard library + the pinned SGLang only): reads a JSON list of cases on stdin,
+each ``{"gpu_mib", "tp", "pp", "chunked_prefill_size", "max_running_requests", "mla"}``, and prints the
+``mem_fraction_static``, chunked prefill size and decode CUDA-graph max batch size SGLang resolves.
+
+What is SGLang's own code: the argparse parser and ``ServerArgs.from_cli_args`` (the record), the resolution
+stash, ``cuda_graph_hook.handle_cuda_graph_config`` (CUDA-graph defaults, PP disabling prefill graphs), and
+``memory_hook.handle_gpu_memory_settings`` with its helpers (``reserve_for_graph_mb``, the batch-size
+generators). Stand-ins, because this machine has no GPU and `.venv-sglang` holds no transformers:
+- ``memory_hook.get_device_memory_capacity`` returns the case's MiB (SGLang reads nvidia-smi's memory.total);
+- ``sglang.srt.utils.is_cuda`` returns True, so the prefill CUDA-graph default is the CUDA one (breakable);
+- ``use_mla_backend`` / ``model_config_of`` answer from the case (they would build a transformers
+  ModelConfig): MLA or not, not multimodal;
+- ``disable_breakable_cudagraph_if_incompatible`` is skipped: its rules concern KDA, DeepSeek-V4,
+  context/decode-context parallelism, two-batch overlap, DeepEP and multimodal models, none of which the
+  grid (or the planner) covers, and they need the same ModelConfig;
+- ``safetensors`` (imported by a storage connector at import time) is an empty module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import types
+
+_st = types.ModuleType("safetensors")
+_stt = types.ModuleType("safetensors.torch")
+_stt.load = _stt.save = None  # type: ignore[attr-defined]
+_st.torch = _stt  # type: ignore[attr-defined]
+sys.modules.update({"safetensors": _st, "safetensors.torch": _stt})
+
+import sglang.srt.utils as sglang_utils  # noqa: E402
+
+sglang_utils.is_cuda = lambda: True
+from sglang.srt.arg_groups import cuda_graph_hook, memory_hook, overrides  # noqa: E402
+from sglang.srt.arg_groups.overrides import resolution_result  # noqa: E402
+from sglang.srt.server_args import ServerArgs  # noqa: E402
+
+_case: dict[str, object] = {}
+
+
+def _mla(server_args: object) -> bool:
+    return bool(_case["mla"])
+
+
+for _module in (memory_hook, overrides, cuda_graph_hook):
+    _module.use_mla_backend = _mla  # type: ignore[attr-defined]
+memory_hook.model_config_of = lambda server_args: types.SimpleNamespace(is_multimodal=False)
+cuda_graph_hook.disable_breakable_cudagraph_if_incompatible = lambda server_args: None
+memory_hook.get_device_memory_capacity = lambda device=None: _case["gpu_mib"]
+
+
+def resolve(case: dict[str, object]) -> dict[str, object]:
+    _case.clear()
+    _case.update(case)
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    argv = ["--model-path", "/models/m", "--device", "cuda", "--tp-size", str(case["tp"]), "--pp-size", str(case["pp"])]
+    if case["chunked_prefill_size"] is not None:
+        argv += ["--chunked-prefill-size", str(case["chunked_prefill_size"])]
+    if case["max_running_requests"] is not None:
+        argv += ["--max-running-requests", str(case["max_running_requests"])]
+    server_args = ServerArgs.from_cli_args(parser.parse_args(argv))
+    server_args._resolved_overrides = []  # type: ignore[attr-defined]
+    cuda_graph_hook.handle_cuda_graph_config(server_args)
+    memory_hook.handle_gpu_memory_settings(server_args)
+    graphs = resolution_result(server_args, "cuda_graph_config")
+    return {
+        **case,
+        "mem_fraction_static": resolution_result(server_args, "mem_fraction_static"),
+        "resolved_chunked_prefill_size": resolution_result(server_args, "chunked_prefill_size"),
+        "decode_graph_max_bs": graphs.decode.max_bs,
+    }
+
+
+if __name__ == "__main__":
+    json.dump([resolve(c) for c in json.load(sys.stdin)], sys.stdout)
