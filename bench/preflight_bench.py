@@ -1,137 +1,342 @@
-"""Benchmark: preflight wall time on 4 and 16 SSH test hosts, tuned vs Ansible's stock settings,
-and the paramiko fan-out on 16 hosts.
+"""Benchmark: preflight.yml at fleet scale - wall time, controller CPU and memory on 16, 32 and 64 SSH test hosts.
 
-    sudo .venv/bin/python bench/preflight_bench.py [--repeat N] [--json]
+    sudo .venv/bin/python bench/preflight_bench.py --hosts 16,32,64 [--repeat 2] [--configs ...] [--json]
 
-Tuned = ansible/ansible.cfg (forks sized to the fleet, pipelining, SSH multiplexing kept open,
-targeted probe modules instead of gathered facts). Stock = the same playbook and roles with
-forks 5, no pipelining, interpreter discovery and a full fact-gathering play first (ssh_args
-left at Ansible's default). Each figure is the median of --repeat runs. Needs root (network
-namespaces); the hosts are the test fixtures' (tests/hosts), the stand-ins those of the tests.
+One fleet of the largest host count is started (tests/hosts: one network namespace and real sshd per
+node, stub nvidia-smi/ibstat/chronyc as in the tests); each host count runs the first N nodes with
+``--limit``. Among them, always: one node that is unreachable (blackholed route) and one whose
+nvidia-smi hangs (a wedged GPU) - each must cost one timeout, not a serial wait. Every run's report
+is checked: the dead node unreachable, the hung node failing exactly its GPU checks, every other
+node passing; a wrong report aborts the benchmark.
+
+Configurations (``config`` in the output):
+
+- ``stock``: the playbook as it was before this change (BASELINE, one probe task per concern) with
+  Ansible's defaults - forks 5, no pipelining, interpreter discovery, linear strategy, a full
+  fact-gathering play first.
+- ``tuned``: the same BASELINE playbook with the project's ansible.cfg of that commit (forks 256,
+  pipelining, SSH multiplexing, interpreter pinned, no fact gathering).
+- ``one_probe``: today's playbook and ansible.cfg (one exaserve.fleet.preflight_facts round trip per
+  node reads every fact), its plays forced to the linear strategy.
+- ``one_probe_free``: today's playbook as shipped (free strategy where ordering does not matter).
+- ``mitogen``: today's playbook with Mitogen's ``mitogen_free`` strategy instead of ``free``; only when
+  ``ansible_mitogen`` is importable (install the pinned ``mitogen`` to evaluate it).
+
+Figures: ``wall_s`` (ansible-playbook start to exit), ``controller_cpu_s`` (user + system CPU of
+ansible-playbook and every process it waited for: workers, ssh clients; the test hosts' sshd and module
+Python are not included, though they run on this machine's cores too), ``peak_rss_mb`` (the largest
+sum of proportional set sizes of ansible-playbook and its descendants, sampled every 0.5 s). The
+256-node figure is projected from a least-squares line through each configuration's minimum wall
+times, and said to be a projection. Needs root.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
+import os
+import resource
 import statistics
+import subprocess
 import sys
+import tarfile
 import tempfile
+import threading
 import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from serving.remote.fanout import Target, fan_out
-from tests.hosts.netns import HostFleet, HostPool, unavailable_reason
+from tests.hosts.faults import HostFaults
+from tests.hosts.netns import HostPool, unavailable_reason
+from tests.support.paths import REPO
 from tests.support.preflight import (
     ANSIBLE_DIR,
+    VENV_BIN,
+    ansible_env,
     fleet_stack_doc,
     install_container_stubs,
     model_store,
     node_names,
-    run_playbook,
     write_inventory,
 )
 from tests.support.stacks import write_stack
 
-STOCK_CFG = f"""[defaults]
-roles_path = {ANSIBLE_DIR}/roles
-collections_path = {ANSIBLE_DIR}/collections
-forks = 5
+# The last commit with one probe task per concern (before exaserve.fleet.preflight_facts).
+BASELINE = "6240f2b"
+CONFIGS = ("stock", "tuned", "one_probe", "one_probe_free", "mitogen")
+PROJECT_TO = 256
+TIMEOUT_S = 10  # SSH connect timeout and probe timeout: what the dead and the hung node each cost
+UNREACHABLE, HUNG = "node15", "node16"  # inside the smallest host count
+RACKS = 4
+
+STOCK_CFG = """[defaults]
+roles_path = {ansible}/roles
+collections_path = {ansible}/collections
 host_key_checking = True
+timeout = {timeout}
 
 [inventory]
 enable_plugins = exaserve.fleet.exaserve
-
-[ssh_connection]
-pipelining = False
 """
 
-GATHER_FIRST = f"""- name: Gather facts (Ansible's stock behaviour)
+GATHER_FIRST = """- name: Gather facts (Ansible's stock behaviour)
   hosts: exaserve
   gather_facts: true
 
 - name: Preflight
-  ansible.builtin.import_playbook: {ANSIBLE_DIR}/preflight.yml
+  ansible.builtin.import_playbook: {ansible}/preflight.yml
 """
 
 
-def preflight_seconds(inventory: Path, limit: str, work: Path, *, stock: bool, repeat: int) -> list[float]:
-    times = []
-    for i in range(repeat):
-        control = Path(tempfile.mkdtemp(prefix="cp", dir="/tmp"))  # fresh SSH masters: a cold run each time
-        report = work / f"report-{'stock' if stock else 'tuned'}-{limit.count(',') + 1}-{i}.json"
-        env = {"ANSIBLE_CONFIG": str(work / "stock.cfg")} if stock else {}
-        playbook = str(work / "stock-preflight.yml") if stock else "preflight.yml"
-        run = run_playbook(playbook, inventory, control, "--limit", limit, "-e", f"preflight_report_path={report}",
-                           env=env, timeout_s=900)  # fmt: skip
-        if run.rc != 0:
-            raise SystemExit(f"preflight ({'stock' if stock else 'tuned'}) failed rc {run.rc}:\n{run.output[-3000:]}")
-        times.append(run.seconds)
-    return times
+@dataclass(frozen=True)
+class Run:
+    wall_s: float
+    controller_cpu_s: float
+    peak_rss_mb: float
 
 
-def fanout_seconds(fleet: HostFleet, argv: list[str], repeat: int, max_parallel: int) -> tuple[float, int]:
-    targets = [Target(h.name, h.address, h.port, "root") for h in fleet.hosts]
-    times, ok = [], 0
-    for _ in range(repeat):
-        started = time.monotonic()
-        results = fan_out(targets, argv, known_hosts=fleet.known_hosts, identity=fleet.client_key,
-                          max_parallel=max_parallel)  # fmt: skip
-        times.append(time.monotonic() - started)
-        ok = sum(r.ok for r in results)
-    return statistics.median(times), ok
+def baseline_tree(work: Path) -> Path:
+    """ansible/ as it was at BASELINE, extracted from git."""
+    archive = work / "baseline.tar"
+    with archive.open("wb") as out:
+        subprocess.run(["git", "-C", str(REPO), "archive", BASELINE, "ansible"], stdout=out, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(work / "baseline", filter="data")
+    return work / "baseline" / "ansible"
+
+
+def mitogen_strategies() -> Path | None:
+    spec = importlib.util.find_spec("ansible_mitogen")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / "plugins" / "strategy"
+
+
+def playbook_with_strategy(work: Path, strategy: str) -> Path:
+    """Today's preflight.yml with each `strategy: free` play set to `strategy` (roles from ansible/roles)."""
+    path = work / f"preflight-{strategy}.yml"
+    path.write_text((ANSIBLE_DIR / "preflight.yml").read_text().replace("strategy: free", f"strategy: {strategy}"))
+    return path
+
+
+def config_command(config: str, work: Path, baseline: Path) -> tuple[list[str], dict[str, str], Path]:
+    """(playbook and extra arguments, environment, working directory) of one configuration."""
+    # BASELINE bounded nvidia-smi by its role's timeout; today one probe timeout bounds every tool.
+    probe_timeout = "preflight_gpu_timeout_s" if config in ("stock", "tuned") else "preflight_ssh_probe_timeout_s"
+    # Pings between namespaces on a loaded 2-core machine take milliseconds: time is measured, not the network.
+    extra = ["-e", f"{probe_timeout}={TIMEOUT_S}", "-e", "preflight_connectivity_max_avg_rtt_ms=1000"]
+    env = {"ANSIBLE_TIMEOUT": str(TIMEOUT_S)}
+    if config == "stock":
+        cfg = work / "stock.cfg"
+        cfg.write_text(STOCK_CFG.format(ansible=baseline, timeout=TIMEOUT_S))
+        playbook = work / "stock-preflight.yml"
+        playbook.write_text(GATHER_FIRST.format(ansible=baseline))
+        return [str(playbook), *extra], {**env, "ANSIBLE_CONFIG": str(cfg)}, baseline
+    if config == "tuned":
+        return (
+            [str(baseline / "preflight.yml"), *extra],
+            {**env, "ANSIBLE_CONFIG": str(baseline / "ansible.cfg")},
+            baseline,
+        )
+    env |= {"ANSIBLE_CONFIG": str(ANSIBLE_DIR / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(ANSIBLE_DIR / "roles")}
+    if config == "one_probe":
+        return [str(playbook_with_strategy(work, "linear")), *extra], env, ANSIBLE_DIR
+    if config == "one_probe_free":
+        return [str(ANSIBLE_DIR / "preflight.yml"), *extra], env, ANSIBLE_DIR
+    strategies = mitogen_strategies()
+    assert strategies is not None
+    env["ANSIBLE_STRATEGY_PLUGINS"] = str(strategies)
+    return [str(playbook_with_strategy(work, "mitogen_free")), *extra], env, ANSIBLE_DIR
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def _pss_mb(pids: list[int]) -> float:
+    total_kb = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total_kb += int(line.split()[1])
+    return total_kb / 1024
+
+
+@contextlib.contextmanager
+def pss_sampler(pid: int, interval_s: float = 0.5) -> Iterator[list[float]]:
+    peak = [0.0]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], _pss_mb(_descendants(pid)))
+            stop.wait(interval_s)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield peak
+    finally:
+        stop.set()
+        thread.join()
+
+
+def run_once(args: list[str], env: Mapping[str, str], cwd: Path, inventory: Path, limit: str, report: Path) -> Run:
+    control = Path(tempfile.mkdtemp(prefix="cp", dir="/tmp"))  # fresh SSH masters: a cold run each time
+    command = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), *args, "--limit", limit,
+               "-e", f"preflight_report_path={report}"]  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    with open(report.with_suffix(".log"), "w") as log:
+        proc = subprocess.Popen(command, cwd=cwd, env={**ansible_env(control), **env}, stdout=log, stderr=log)
+        with pss_sampler(proc.pid) as peak:
+            rc = proc.wait(timeout=3600)
+    wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    # The dead and the hung node fail the run (2; 4 when a stock fact-gathering play marks the dead node
+    # unreachable); check_report then proves nothing else failed.
+    if rc not in (2, 4):
+        raise SystemExit(f"{' '.join(command)} exited {rc} (expected 2 or 4); log: {report.with_suffix('.log')}")
+    return Run(round(wall, 2), round(cpu, 2), round(peak[0], 1))
+
+
+def check_report(report: Path, names: Mapping[str, str], hosts: int) -> None:
+    """The run found exactly the two faults it was given."""
+    doc = json.loads(report.read_text())
+    by_host = {names[n]: e for n, e in doc["hosts"].items()}
+    assert len(by_host) == hosts, (report, len(by_host))
+    for host, entry in by_host.items():
+        if host == UNREACHABLE:
+            assert entry["status"] == "unreachable", (report, host, entry)
+        elif host == HUNG:
+            assert entry["failed_checks"] == ["gpu_count", "gpu_product", "gpu_memory", "driver", "cuda"], (
+                report,
+                entry["failed_checks"],
+            )
+        else:
+            assert entry["status"] == "pass", (report, host, entry["failed_checks"])
+
+
+def slope(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) through (hosts, seconds)."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
+    return my - b * mx, b
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeat", type=int, default=1, help="runs per figure (median)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--hosts", default="16,32,64", help="comma-separated host counts (each >= 16)")
+    p.add_argument("--repeat", type=int, default=2, help="runs per host count and configuration (min and median)")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {','.join(CONFIGS)}")
+    p.add_argument("--json", action="store_true", help="print a JSON list, one object per host count and configuration")
     args = p.parse_args()
+    counts = sorted({int(n) for n in args.hosts.split(",")})
+    configs = [c for c in args.configs.split(",") if c]
+    bad = [c for c in configs if c not in CONFIGS] + [str(n) for n in counts if n < 16]
+    if bad:
+        print(f"--configs/--hosts: {bad} not allowed; configs are {list(CONFIGS)}, host counts >= 16", file=sys.stderr)
+        return 2
+    if "mitogen" in configs and mitogen_strategies() is None:
+        print("mitogen: ansible_mitogen is not importable; install the pinned mitogen to evaluate it", file=sys.stderr)
+        configs.remove("mitogen")
     reason = unavailable_reason()
     if reason:
         print(f"cannot run: {reason}", file=sys.stderr)
         return 2
     work = Path(tempfile.mkdtemp(prefix="preflight-bench-"))
-    (work / "stock.cfg").write_text(STOCK_CFG)
-    (work / "stock-preflight.yml").write_text(GATHER_FIRST)
+    baseline = baseline_tree(work)
     pool = HostPool.acquire()
-    figures: dict[str, object] = {}
+    rows: list[dict[str, Any]] = []
     try:
         with model_store() as store:
-            fleet = pool.fleet(16)
+            faults = {UNREACHABLE: HostFaults(unreachable=True), HUNG: HostFaults(hangs=("nvidia-smi",))}
+            fleet = pool.fleet(max(counts), faults)
             install_container_stubs(fleet)
-            stack = write_stack(work / "Pulumi.bench.yaml", fleet_stack_doc(fleet, store, racks=2))
+            stack = write_stack(work / "Pulumi.bench.yaml", fleet_stack_doc(fleet, store, racks=RACKS))
             inventory = write_inventory(work, stack, fleet)
-            names = list(node_names(fleet, stack))
-            for n in (4, 16):
-                limit = ",".join(names[:n])
-                tuned = statistics.median(preflight_seconds(inventory, limit, work, stock=False, repeat=args.repeat))
-                stock = statistics.median(preflight_seconds(inventory, limit, work, stock=True, repeat=args.repeat))
-                figures[f"preflight_{n}_hosts"] = {"tuned_s": round(tuned, 1), "stock_s": round(stock, 1),
-                                                   "stock_over_tuned": round(stock / tuned, 2)}  # fmt: skip
-            query = ["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used", "--format=csv"]
-            parallel, ok = fanout_seconds(fleet, query, max(3, args.repeat), max_parallel=64)
-            serial, _ = fanout_seconds(fleet, query, 1, max_parallel=1)
-            figures["fanout_16_hosts"] = {"parallel_s": round(parallel, 3), "one_at_a_time_s": round(serial, 3),
-                                          "hosts_ok": ok, "command": " ".join(query)}  # fmt: skip
+            names = node_names(fleet, stack)
+            order = sorted(names, key=lambda n: names[n])  # node01, node02, ...
+            for n in counts:
+                limit = ",".join(order[:n])
+                for config in configs:
+                    command, env, cwd = config_command(config, work, baseline)
+                    runs = []
+                    for i in range(args.repeat):
+                        report = work / f"report-{config}-{n}-{i}.json"
+                        runs.append(run_once(command, env, cwd, inventory, limit, report))
+                        check_report(report, names, n)
+                    walls = sorted(r.wall_s for r in runs)
+                    row = {
+                        "hosts": n,
+                        "config": config,
+                        "wall_s": walls[0],
+                        "wall_median_s": round(statistics.median(walls), 2),
+                        "controller_cpu_s": min(r.controller_cpu_s for r in runs),
+                        "peak_rss_mb": max(r.peak_rss_mb for r in runs),
+                        "runs": len(runs),
+                    }
+                    rows.append(row)
+                    print(json.dumps(row), file=sys.stderr, flush=True)
     finally:
         pool.close()
+    projections = project(rows, counts)
     if args.json:
-        print(json.dumps(figures, indent=2))
+        print(json.dumps(rows + projections, indent=2))
         return 0
-    print(f"preflight.yml wall time (median of {args.repeat}; healthy hosts, every check but fabric)")
-    print(f"{'hosts':>6} {'tuned s':>9} {'stock s':>9} {'stock/tuned':>12}")
-    for n in (4, 16):
-        f = figures[f"preflight_{n}_hosts"]
-        assert isinstance(f, dict)
-        print(f"{n:>6} {f['tuned_s']:>9} {f['stock_s']:>9} {f['stock_over_tuned']:>12}")
-    f = figures["fanout_16_hosts"]
-    assert isinstance(f, dict)
-    print(f"paramiko fan-out, 16 hosts, `{f['command']}`: {f['parallel_s']} s all at once "
-          f"({f['hosts_ok']}/16 ok), {f['one_at_a_time_s']} s one at a time")  # fmt: skip
+    print_table(rows, projections, args.repeat)
     return 0
+
+
+def project(rows: list[dict[str, Any]], counts: list[int]) -> list[dict[str, Any]]:
+    """One projected row per configuration measured at two or more host counts (marked ``projected``)."""
+    out = []
+    for config in dict.fromkeys(r["config"] for r in rows):
+        mine = [r for r in rows if r["config"] == config]
+        if len({r["hosts"] for r in mine}) < 2:
+            continue
+        row: dict[str, Any] = {"hosts": PROJECT_TO, "config": config, "projected": True}
+        for key in ("wall_s", "controller_cpu_s", "peak_rss_mb"):
+            a, b = slope([(r["hosts"], r[key]) for r in mine])
+            row[key] = round(a + b * PROJECT_TO, 1)
+            row[f"{key}_per_host"] = round(b, 4)
+        out.append(row)
+    return out
+
+
+def print_table(rows: list[dict[str, Any]], projections: list[dict[str, Any]], repeat: int) -> None:
+    print(f"preflight.yml, one unreachable and one hung node among the hosts; {repeat} runs each (min / median wall)")
+    print(f"{'hosts':>6} {'config':<15} {'wall s':>8} {'median':>8} {'ctrl cpu s':>11} {'peak MB':>8} {'stock/x':>8}")
+    stock = {r["hosts"]: r["wall_s"] for r in rows if r["config"] == "stock"}
+    for r in rows:
+        ratio = f"{stock[r['hosts']] / r['wall_s']:.2f}" if r["hosts"] in stock else "-"
+        print(f"{r['hosts']:>6} {r['config']:<15} {r['wall_s']:>8} {r['wall_median_s']:>8} "
+              f"{r['controller_cpu_s']:>11} {r['peak_rss_mb']:>8} {ratio:>8}")  # fmt: skip
+    for r in projections:
+        print(f"{r['hosts']:>6} {r['config']:<15} {r['wall_s']:>8} {'':>8} {r['controller_cpu_s']:>11} "
+              f"{r['peak_rss_mb']:>8}   projected from the slope ({r['wall_s_per_host']} s/host wall, "
+              f"{r['controller_cpu_s_per_host']} CPU-s/host)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -49,7 +49,12 @@ SCENARIOS: dict[str, tuple[HostFaults, set[str], str | None]] = {
     "node06": (HostFaults(old_kernel=True), {"kernel"}, "Boot a kernel >= 5.15"),
     "node07": (HostFaults(unreachable=True), {"ssh"}, "does not answer SSH"),
     "node08": (HostFaults(), set(), None),
+    # One port of one HCA slow, the rest at the link rate: ib_rate must not pass on the fastest port.
+    "node09": (HostFaults(ib_port_rates=(("mlx5_2", 1, 200),)), {"ib_rate"}, "linked below 400 Gb/s"),
+    # nvidia-smi hangs (a wedged GPU): the probe kills it after its timeout, only the GPU checks fail.
+    "node10": (HostFaults(hangs=("nvidia-smi",)), {"gpu_count", "gpu_product", "gpu_memory", "driver", "cuda"}, "Xid"),
 }
+PROBE_TIMEOUT_S = 5
 CONNECT_TIMEOUT_S = 5
 # Every check a full run records on a reachable node (all but the fabric ones, which need --tags fabric).
 FULL_RUN_CHECKS = set(CHECKS) - {"play", "fabric_pair", "fabric_rack"}
@@ -105,6 +110,8 @@ def scenario_run(scenario: Deployed, tmp_path_factory: pytest.TempPathFactory) -
         out,
         "-e",
         f"preflight_report_path={out}/report.json",
+        "-e",
+        f"preflight_ssh_probe_timeout_s={PROBE_TIMEOUT_S}",
         env={"ANSIBLE_TIMEOUT": str(CONNECT_TIMEOUT_S)},
     )
     assert (out / "report.json").exists(), run.output[-4000:]
@@ -132,8 +139,7 @@ def test_each_fault_is_flagged_on_its_host_only_with_its_fix(
         assert result["status"] in ("pass", "fail", "skip")
         assert (result["fix"] is None) == (result["status"] != "fail"), (check, result)
     if fix_words:
-        (check,) = failing
-        assert fix_words in entry["checks"][check]["fix"]
+        assert all(fix_words in entry["checks"][check]["fix"] for check in failing), entry
 
 
 def test_scenario_observations_name_the_fault(scenario: Deployed, scenario_run: Outcome) -> None:
@@ -144,6 +150,15 @@ def test_scenario_observations_name_the_fault(scenario: Deployed, scenario_run: 
     assert checks["node04"]["ntp_offset"]["observed"] == "+250.000 ms"
     assert checks["node05"]["cgroup_v2"]["observed"].startswith("hybrid")
     assert checks["node06"]["kernel"]["observed"].startswith("2.6.")
+    # Only the slow port is named, not every port of the node.
+    assert checks["node09"]["ib_rate"]["observed"] == "mlx5_2 port 1 at 200 Gb/s"
+    # The hung tool cost one probe timeout and says so; the node's other checks were still read.
+    hung = checks["node10"]["gpu_count"]["observed"]
+    assert (
+        hung.startswith("nvidia-smi --query-gpu=")
+        and f"did not answer within {PROBE_TIMEOUT_S} s and was killed" in hung
+    )
+    assert checks["node10"]["ntp_sync"]["status"] == checks["node10"]["ib_rate"]["status"] == "pass"
     # The unreachable node is not anybody's peer: its rack mates still pass their ping checks.
     assert all(checks[h]["rack_peers"]["status"] == "pass" for h in ("node05", "node06", "node08"))
 
@@ -152,13 +167,13 @@ def test_run_fails_names_the_bad_hosts_and_ends_in_bounded_time(scenario: Deploy
     run = scenario_run.run
     assert run.rc == 2, run.output[-3000:]
     summary = scenario_run.report["summary"]
-    assert summary == {"hosts": 8, "passed": 2, "failed": 5, "unreachable": 1}
+    assert summary == {"hosts": 10, "passed": 2, "failed": 7, "unreachable": 1}
     assert scenario_run.report["ok"] is False
     # PLAY RECAP: exactly the six faulty nodes failed (the assert of the report role).
     for host, (_, failing, _) in SCENARIOS.items():
         recap = next(line for line in run.output.splitlines() if line.startswith(scenario.spec_name(host) + " "))
         assert ("failed=1" in recap) == bool(failing), recap
-    assert "EXASERVE SUMMARY: 8 hosts" in run.output
+    assert "EXASERVE SUMMARY: 10 hosts" in run.output
     # One connect timeout for the dead node, the rest runs in parallel; generous for 2 loaded cores.
     assert run.seconds < 150, run.seconds
 

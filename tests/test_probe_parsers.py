@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +19,16 @@ from tests.hosts.stubs import sample
 
 CONTAINER_DATA = Path(__file__).resolve().parent / "data" / "container"
 
-ibstat = load("ibstat_facts")
-nvidia = load("nvidia_smi_facts")
-chrony = load("chrony_facts")
-kernel = load("kernel_facts")
-container = load("container_gpu_facts")
+# The parsers live in module_utils (shared by the single-tool modules and preflight_facts).
+ibstat = load("ibstat", "module_utils")
+nvidia = load("nvidia_smi", "module_utils")
+chrony = load("chrony", "module_utils")
+kernel = load("kernel", "module_utils")
+container = load("container_gpu", "module_utils")
+storage = load("storage", "module_utils")
+os_release = load("os_release", "module_utils")
 ping = load("peer_ping_facts")
-storage = load("storage_facts")
 fabric_module = load("fabric_allreduce")
-os_release = load("os_release_facts")
 probe = load("probe", "module_utils")
 
 # --- ibstat -------------------------------------------------------------------------------------
@@ -480,3 +482,48 @@ def test_every_module_documents_itself_for_ansible_doc() -> None:
         for option, rules in spec.items():
             documented = {key: options[option].get(key) for key in rules}
             assert documented == rules, f"{name}.{option}: documented {documented}, argument_spec {rules}"
+
+
+# --- one-round-trip probe (preflight_facts) -----------------------------------------------------
+
+preflight_facts = load("preflight_facts")
+
+
+def test_ibstat_fault_one_slow_port_changes_that_port_only() -> None:
+    text = stubs.ibstat_with_faults(sample("ibstat_h100_node.txt"), port_rates=[("mlx5_2", 1, 200)])
+    rates = {(p["ca"], p["port"]): p["rate_gbps"] for p in ibstat.parse_ibstat(text)["ports"]}
+    assert rates.pop(("mlx5_2", 1)) == 200
+    assert {rate for (ca, _), rate in rates.items() if ca.startswith("mlx5_") and ca not in ("mlx5_8", "mlx5_9")} == {
+        400
+    }
+    with pytest.raises(ValueError, match="no such CA port"):
+        stubs.ibstat_with_faults(sample("ibstat_h100_node.txt"), port_rates=[("mlx5_2", 2, 200)])
+
+
+def test_preflight_facts_sections_follow_the_tags_asked_for() -> None:
+    params = {"sections": ["gpu", "ntp"], "container_runtime": "containerd", "mount_path": None,
+              "model_dir": None, "cache_path": None}  # fmt: skip
+    assert list(preflight_facts.readers(params)) == ["gpu", "ntp"]
+    assert preflight_facts.readers(params)["gpu"] is nvidia.read_nvidia_smi
+    every = preflight_facts.readers({**params, "sections": list(preflight_facts.SECTIONS)})
+    assert list(every) == ["os", "gpu", "rdma", "container", "ntp", "storage"]
+
+
+def test_preflight_facts_keeps_every_sections_facts_and_each_failure_apart() -> None:
+    """Sections run at once: a failing one and a hung one do not hide the facts of the others, and the
+    hung one costs the deadline once (its thread is abandoned, not waited for)."""
+
+    def hangs(_probe: Any) -> dict[str, Any]:
+        time.sleep(30)
+        return {}
+
+    def fails(_probe: Any) -> dict[str, Any]:
+        raise probe.ProbeFailure("chronyc tracking exited 1: 506 Cannot talk to daemon. Start chronyd")
+
+    readers = {"os": lambda _p: {"host_kernel": {"release": "6.1.0"}}, "ntp": fails, "gpu": hangs}
+    got = preflight_facts.read_sections(object(), readers, deadline_s=0.5)
+    assert got["host_kernel"] == {"release": "6.1.0"}
+    assert got["preflight_probe_errors"]["ntp"].startswith("chronyc tracking exited 1")
+    assert "did not finish within 0.5 s" in got["preflight_probe_errors"]["gpu"]
+    assert set(got["preflight_probe_errors"]) == {"ntp", "gpu"}
+    assert set(got["preflight_probe_seconds"]) == {"os", "ntp"}

@@ -168,9 +168,9 @@ def test_stub_tools_print_the_recorded_samples_with_faults_applied(mixed: HostFl
     rc, _, err = run(node01, "nvidia-smi -q")
     assert rc == 2 and "no recorded output" in err, "unrecorded arguments fail loudly"
 
-    ibstat = load("ibstat_facts").parse_ibstat(run(mixed["node02"], "ibstat")[1])
+    ibstat = load("ibstat", "module_utils").parse_ibstat(run(mixed["node02"], "ibstat")[1])
     assert {p["ca"] for p in ibstat["ports"] if p["state"] == "Down"} == {"mlx5_3", "mlx5_9"}
-    chrony = load("chrony_facts").parse_tracking_csv(run(mixed["node04"], "chronyc -c tracking")[1])
+    chrony = load("chrony", "module_utils").parse_tracking_csv(run(mixed["node04"], "chronyc -c tracking")[1])
     assert chrony["system_time_offset_s"] == 0.25
     rc, out, _ = run(mixed["node09"], "nvidia-smi")
     assert rc == 9 and "couldn't communicate with the NVIDIA driver" in out

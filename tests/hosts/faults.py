@@ -34,6 +34,10 @@ class HostFaults:
     ib_down: tuple[str, ...] = ()
     # ibstat: every other InfiniBand port reports this Rate (sample: 400).
     ib_rate_gbps: int | None = None
+    # ibstat: (CA, port, Gb/s) - that one port of that one CA reports this Rate, the others keep theirs.
+    ib_port_rates: tuple[tuple[str, int, int], ...] = ()
+    # These stub tools never answer (sleep until killed), as nvidia-smi does on a wedged GPU.
+    hangs: tuple[str, ...] = ()
     # chronyc: system clock minus NTP time in seconds, positive = ahead (sample: -0.000006523).
     clock_offset_s: float | None = None
     chrony: Literal["synchronised", "unsynchronised", "stopped"] = "synchronised"
@@ -48,9 +52,15 @@ class HostFaults:
         # Accept lists for the tuple fields; a HostFaults must stay hashable (fleets are cached by it).
         object.__setattr__(self, "missing_tools", tuple(self.missing_tools))
         object.__setattr__(self, "ib_down", tuple(self.ib_down))
-        unknown = sorted(set(self.missing_tools) - set(STUBBED_TOOLS))
-        if unknown:
-            raise ValueError(f"missing_tools={unknown}: only {list(STUBBED_TOOLS)} can be removed")
+        object.__setattr__(self, "ib_port_rates", tuple(tuple(rate) for rate in self.ib_port_rates))
+        object.__setattr__(self, "hangs", tuple(self.hangs))
+        for name, tools in (("missing_tools", self.missing_tools), ("hangs", self.hangs)):
+            unknown = sorted(set(tools) - set(STUBBED_TOOLS))
+            if unknown:
+                raise ValueError(f"{name}={unknown}: only {list(STUBBED_TOOLS)} are stubbed")
+        both = sorted(set(self.missing_tools) & set(self.hangs))
+        if both:
+            raise ValueError(f"{both} cannot be both missing and hanging")
         if self.gpu_count is not None and not 0 <= self.gpu_count <= 8:
             raise ValueError(f"gpu_count={self.gpu_count}: the sample node has 8 GPUs, use 0..8")
 

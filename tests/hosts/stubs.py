@@ -51,9 +51,16 @@ def sample(name: str) -> str:
 # --- ibstat -----------------------------------------------------------------------------------
 
 
-def ibstat_with_faults(text: str, *, down: Collection[str] = (), rate_gbps: int | None = None) -> str:
+def ibstat_with_faults(
+    text: str,
+    *,
+    down: Collection[str] = (),
+    rate_gbps: int | None = None,
+    port_rates: Collection[tuple[str, int, int]] = (),
+) -> str:
     """`ibstat` output with the ports of the CAs in `down` Down (Physical state Polling, Rate 10,
-    as an unplugged port reports) and every other InfiniBand port at `rate_gbps`."""
+    as an unplugged port reports), every other InfiniBand port at `rate_gbps`, and each
+    `(ca, port, gbps)` of `port_rates` at its own rate (that one port only)."""
     lines = text.splitlines(keepends=True)
     context: list[tuple[str, str]] = []  # (ca, port) of each line
     link_layer: dict[tuple[str, str], str] = {}
@@ -71,12 +78,18 @@ def ibstat_with_faults(text: str, *, down: Collection[str] = (), rate_gbps: int 
     unknown = sorted(set(down) - {c for c, _ in context})
     if unknown:
         raise ValueError(f"ib_down={unknown}: the sample has no such CA")
+    one_port = {(ca, f"Port {port}:"): gbps for ca, port, gbps in port_rates}
+    absent = sorted(key for key in one_port if key not in link_layer)
+    if absent:
+        raise ValueError(f"ib_port_rates names {absent}: the sample has no such CA port")
     out = []
     for line, (line_ca, line_port) in zip(lines, context, strict=True):
         indent, label = line[: len(line) - len(line.lstrip())], line.strip().partition(":")[0]
         if line_port and line_ca in down and label in ("State", "Physical state", "Rate"):
             value = {"State": "Down", "Physical state": "Polling", "Rate": "10"}[label]
             out.append(f"{indent}{label}: {value}\n")
+        elif label == "Rate" and (line_ca, line_port) in one_port:
+            out.append(f"{indent}Rate: {one_port[(line_ca, line_port)]}\n")
         elif (
             line_port
             and label == "Rate"
@@ -210,6 +223,12 @@ def shell_stub(tool: str, replies: Mapping[str, Reply], note: str) -> str:
     return "\n".join(script) + "\n"
 
 
+def hanging_stub(tool: str, note: str) -> str:
+    """A /bin/sh script that never answers, whatever its arguments: it becomes `sleep` (so killing
+    the tool's process ends it), like nvidia-smi on a wedged GPU or chronyc on a stuck socket."""
+    return f"#!/bin/sh\n# ExaServe test stub for {tool}: {note}\n# Not the real tool: it hangs.\nexec sleep 86400\n"
+
+
 def _query_args(fields: Sequence[str], fmt: str) -> str:
     return f"--query-gpu={','.join(fields)} --format={fmt}"
 
@@ -252,7 +271,9 @@ def nvidia_smi_replies(faults: HostFaults) -> dict[str, Reply]:
 
 def ibstat_replies(faults: HostFaults) -> dict[str, Reply]:
     """Every recorded `ibstat` invocation for a host with `faults`."""
-    text = ibstat_with_faults(sample(IBSTAT_SAMPLE), down=faults.ib_down, rate_gbps=faults.ib_rate_gbps)
+    text = ibstat_with_faults(
+        sample(IBSTAT_SAMPLE), down=faults.ib_down, rate_gbps=faults.ib_rate_gbps, port_rates=faults.ib_port_rates
+    )
     return {"": Reply(text)}
 
 
@@ -280,5 +301,6 @@ def write_stubs(directory: Path, node: str, faults: HostFaults) -> None:
         if tool in faults.missing_tools:
             continue
         path = directory / tool
-        path.write_text(shell_stub(tool, make(faults), f"host {node}, faults: {faults.describe()}"))
+        note = f"host {node}, faults: {faults.describe()}"
+        path.write_text(hanging_stub(tool, note) if tool in faults.hangs else shell_stub(tool, make(faults), note))
         path.chmod(0o755)

@@ -3,13 +3,20 @@
 Modelled on community.general's ``CmdRunner`` (``plugins/module_utils/cmd_runner.py``): one object owns
 the ``AnsibleModule`` (check mode always supported: probes only read), finds binaries, runs them under
 the C locale and turns each way of failing into one message that names the tool, what it printed and
-the fix. A probe module keeps only its parsers and its fixes. Runs on the managed node, so it imports
-nothing but Python's standard library and ``ansible.module_utils``.
+the fix. What a probe reads lives beside this file, one ``module_utils`` file per tool (its parsers and
+a ``read_*`` function returning facts), so a single-tool module and the one-round-trip
+``preflight_facts`` module share them. A failure inside a reader raises :class:`ProbeFailure`;
+``Probe.report`` turns it into the module's failure, ``preflight_facts`` into that section's error.
+Runs on the managed node, so it imports nothing but Python's standard library and
+``ansible.module_utils``.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
+import signal
+import subprocess
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
@@ -23,6 +30,18 @@ SEARCHED = "not found on PATH or in /sbin, /usr/sbin, /usr/local/sbin"
 
 class ProbeParseError(ValueError):
     """A tool printed something the module's parser does not recognise (the message says what)."""
+
+
+class ProbeFailure(Exception):
+    """A reader could not read what it reads; the message names the tool, what it said and the fix."""
+
+    def __init__(self, msg: str, **details: Any) -> None:
+        super().__init__(msg)
+        self.details = details
+
+
+# A reader: what one probe reads, as facts (fact name -> value); raises ProbeFailure.
+Reader = Callable[["Probe"], dict[str, Any]]
 
 
 def condense(output: str) -> str:
@@ -41,6 +60,15 @@ def exit_message(args: list[str], rc: int, output: str, fix: str) -> str:
     return f"{command} exited {rc}: {condense(output)}. {fix}"
 
 
+def hang_message(args: list[str], timeout_s: float) -> str:
+    """The failure when a tool does not answer within the probe's timeout (it was killed)."""
+    command = shlex.join([args[0].rsplit("/", 1)[-1], *args[1:]])
+    return (
+        f"{command} did not answer within {timeout_s:g} s and was killed. A tool that hangs is a wedged "
+        "device or daemon: look at dmesg and the tool's service log on the node"
+    )
+
+
 def parse_message(module: str, tool: str, error: Exception) -> str:
     """The failure when a tool's output does not parse."""
     return (
@@ -56,6 +84,9 @@ class Probe:
         self.name = name
         self.module = basic.AnsibleModule(argument_spec=dict(argument_spec), supports_check_mode=True)
         self.params: dict[str, Any] = self.module.params
+        # Seconds after which a tool started by `run` is killed (None: no limit; the task's
+        # `timeout` keyword bounds the whole module instead).
+        self.timeout_s: float | None = None
 
     def which(self, tool: str) -> str | None:
         """Path of ``tool``, or None (for probes that report a missing tool instead of failing)."""
@@ -70,9 +101,26 @@ class Probe:
         return path
 
     def run(self, args: list[str], fix: str | Callable[[int], str] | None = None) -> tuple[int, str, str]:
-        """Run ``args`` under ``LC_ALL=C``. With ``fix`` (text, or a function of the exit code when the
-        fix depends on it) a non-zero exit fails the module; without, the caller gets ``rc`` and records it."""
-        rc, out, err = self.module.run_command(args, environ_update={"LC_ALL": "C"})
+        """Run ``args`` under ``LC_ALL=C``, killed (with everything it started) after ``timeout_s``.
+        With ``fix`` (text, or a function of the exit code when the fix depends on it) a non-zero
+        exit fails the reader; without, the caller gets ``rc`` and records it."""
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            env={**os.environ, "LC_ALL": "C"},
+            start_new_session=True,  # its own process group, so a timeout kills what it started too
+        )
+        try:
+            out, err = proc.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            self.fail(hang_message(args, self.timeout_s or 0))
+        rc = proc.returncode
         if rc != 0 and fix is not None:
             text = fix(rc) if callable(fix) else fix
             self.fail(exit_message(args, rc, out + err, text), rc=rc, stdout=out, stderr=err)
@@ -86,7 +134,17 @@ class Probe:
             self.fail(parse_message(self.name, tool, exc), stdout=outputs[0] if outputs else "")
 
     def fail(self, msg: str, **details: Any) -> NoReturn:
-        self.module.fail_json(msg=msg, **details)
+        raise ProbeFailure(msg, **details)
+
+    def report(self, *readers: Reader) -> NoReturn:
+        """Exit with the facts of every reader; the first :class:`ProbeFailure` fails the module with its message."""
+        facts: dict[str, Any] = {}
+        try:
+            for read in readers:
+                facts.update(read(self))
+        except ProbeFailure as exc:
+            self.module.fail_json(msg=str(exc), **exc.details)
+        self.facts(**facts)
 
     def facts(self, **facts: Any) -> NoReturn:
         """Exit with ``facts`` as host facts; a probe never changes the node."""

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
-from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe, ProbeParseError
+from ansible_collections.exaserve.fleet.plugins.module_utils.os_release import read_os_release
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
 
 DOCUMENTATION = r"""
 ---
@@ -44,41 +44,12 @@ ansible_facts:
       sample: {id: ubuntu, version_id: "22.04", pretty_name: Ubuntu 22.04.4 LTS, id_like: debian}
 """
 
-PATHS = ("/etc/os-release", "/usr/lib/os-release")
 ARGUMENT_SPEC: dict[str, Any] = {}  # no options (DOCUMENTATION says so too)
-
-
-def parse_os_release(text: str) -> dict[str, str]:
-    """os-release(5): KEY=VALUE lines, values in shell quoting, comments and blank lines ignored."""
-    out: dict[str, str] = {}
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        if not sep or not key.replace("_", "").isalnum():
-            raise ProbeParseError(f"line {lineno}: {line!r} is not KEY=VALUE")
-        try:
-            words = shlex.split(value)
-        except ValueError as exc:
-            raise ProbeParseError(f"line {lineno}: {exc}") from exc
-        out[key.lower()] = " ".join(words)
-    out.setdefault("id", "linux")  # os-release(5) default
-    return out
 
 
 def main() -> None:
     probe = Probe("os_release_facts", ARGUMENT_SPEC)
-    for path in PATHS:
-        try:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
-            break
-        except FileNotFoundError:
-            continue
-    else:
-        probe.fail(f"none of {', '.join(PATHS)} exists; the node is not a systemd-era Linux")
-    probe.facts(os_release=probe.parse(path, parse_os_release, text))
+    probe.report(read_os_release)
 
 
 if __name__ == "__main__":

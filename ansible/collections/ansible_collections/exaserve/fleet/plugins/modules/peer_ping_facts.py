@@ -112,8 +112,8 @@ def describe(result: dict[str, Any]) -> str:
     return text
 
 
-def main() -> None:
-    probe = Probe("peer_ping_facts", ARGUMENT_SPEC)
+def read_peer_ping(probe: Probe) -> dict[str, Any]:
+    """The `peer_ping` fact: every target pinged at once."""
     p = probe.params
     ping = probe.find("ping", "Install iputils-ping ('apt-get install iputils-ping'), then re-run.")
     procs = []
@@ -162,7 +162,11 @@ def main() -> None:
         )
         summary["summary"] = describe(summary)
         results.append(summary)
-    probe.facts(peer_ping=results)
+    return {"peer_ping": results}
+
+
+def main() -> None:
+    Probe("peer_ping_facts", ARGUMENT_SPEC).report(read_peer_ping)
 
 
 if __name__ == "__main__":

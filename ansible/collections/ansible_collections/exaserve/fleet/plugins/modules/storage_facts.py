@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
+from ansible_collections.exaserve.fleet.plugins.module_utils.storage import read_storage
 
 DOCUMENTATION = r"""
 ---
@@ -68,8 +67,6 @@ ansible_facts:
         free_bytes: {description: Bytes available to unprivileged users there, type: int, sample: 2199023255552}
 """
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
-NOT_MOUNTED: dict[str, Any] = {"mounted": False, "source": None, "fstype": None}
 ARGUMENT_SPEC: dict[str, Any] = {
     "mount_path": {"type": "path", "required": True},
     "model_dir": {"type": "path", "required": True},
@@ -77,50 +74,9 @@ ARGUMENT_SPEC: dict[str, Any] = {
 }
 
 
-def nearest_existing(path: str) -> str:
-    """`path` itself or its closest existing parent."""
-    current = os.path.abspath(path)
-    while not os.path.exists(current) and current != os.path.dirname(current):
-        current = os.path.dirname(current)
-    return current
-
-
-def model_listing(names_and_sizes: list[tuple[str, int]]) -> dict[str, Any]:
-    """Summarise a model directory listing: config.json present, weight files and their bytes."""
-    weights = [(n, s) for n, s in names_and_sizes if n.endswith(WEIGHT_SUFFIXES)]
-    return {
-        "has_config": any(n == "config.json" for n, _ in names_and_sizes),
-        "weight_files": len(weights),
-        "weight_bytes": sum(s for _, s in weights),
-    }
-
-
-def parse_findmnt(text: str) -> dict[str, Any]:
-    """`findmnt --json --output TARGET,SOURCE,FSTYPE`: the last (visible) filesystem listed."""
-    filesystems = json.loads(text).get("filesystems") or []
-    if not filesystems:
-        return dict(NOT_MOUNTED)
-    fs = filesystems[-1]
-    return {"mounted": True, "source": fs.get("source"), "fstype": fs.get("fstype")}
-
-
 def main() -> None:
     probe = Probe("storage_facts", ARGUMENT_SPEC)
-    p = probe.params
-    facts: dict[str, Any] = {"mount_path": p["mount_path"], "model_dir": p["model_dir"], "cache_path": p["cache_path"]}
-    findmnt = probe.find("findmnt", "Install util-linux ('apt-get install util-linux'), then re-run.")
-    rc, out, _err = probe.run([findmnt, "--json", "--output", "TARGET,SOURCE,FSTYPE", "--mountpoint", p["mount_path"]])
-    facts.update(probe.parse("findmnt", parse_findmnt, out) if rc == 0 else NOT_MOUNTED)  # rc 1: nothing mounted
-    facts["model_dir_exists"] = os.path.isdir(p["model_dir"])
-    entries: list[tuple[str, int]] = []
-    if facts["model_dir_exists"]:
-        with os.scandir(p["model_dir"]) as listing:
-            entries = [(e.name, e.stat().st_size) for e in listing if e.is_file()]
-    facts.update(model_listing(entries))
-    facts["free_path"] = nearest_existing(p["cache_path"])
-    vfs = os.statvfs(facts["free_path"])
-    facts["free_bytes"] = vfs.f_bavail * vfs.f_frsize
-    probe.facts(model_storage=facts)
+    probe.report(lambda p: read_storage(p, p.params["mount_path"], p.params["model_dir"], p.params["cache_path"]))
 
 
 if __name__ == "__main__":
