@@ -1,0 +1,318 @@
+"""``exaserve controller run``, ``exaserve agent run`` and ``exaserve status``: the runtime layer (docs/runtime.md).
+
+A sandbox stack needs no URLs: routers, controllers and etcd sit on its loopback ports
+(:mod:`serving.sandbox.runtime`). Elsewhere pass each router (``--router``), each controller (``--controller``)
+and the coordination service (``--etcd`` or ``--election kubernetes``). ``status`` exits 1 when no controller
+answers, no leader is known, a node is suspect or a replica is out of rotation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import httpx
+import typer
+from rich.table import Table
+
+from serving.cli.options import (
+    DEFAULT_KNOWN_HOSTS,
+    DEFAULT_STACK,
+    EXIT_PROBLEM,
+    IdentityOpt,
+    JsonOpt,
+    KnownHostsOpt,
+    StackFileOpt,
+    StackOpt,
+    StateDirOpt,
+    app,
+    console,
+    emit_json,
+    fail,
+    resolve_stack,
+)
+from serving.cli.state import stack_state
+from serving.plan.planner import plan as plan_fleet
+from serving.render.router import server_selector
+from serving.rollout.backends import BackendError
+from serving.rollout.backends.kubernetes import KubeApi
+from serving.runtime.agent import Agent, AgentConfig
+from serving.runtime.discovery import NodePods
+from serving.runtime.leader import Election, EtcdElection, KubernetesLeaseElection
+from serving.runtime.membership import RouterSet
+from serving.runtime.service import STATUS_PATH, BackendRestarter, ControllerService, Restarter
+from serving.spec.stack import Stack
+
+controller_app = typer.Typer(
+    help="The fleet controller (one of scheduler.instances, one leader).", no_args_is_help=True
+)
+agent_app = typer.Typer(help="The node agent: one batched report per node per heartbeat.", no_args_is_help=True)
+app.add_typer(controller_app, name="controller")
+app.add_typer(agent_app, name="agent")
+
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+RouterOpt = Annotated[list[str] | None, typer.Option("--router", help="A router instance's API URL; repeat for each.")]
+ControllerOpt = Annotated[
+    list[str] | None, typer.Option("--controller", help="A controller instance's URL; repeat for each.")
+]
+RestartBackend = Literal["auto", "local", "ssh", "kubernetes", "none"]
+DiscoverOpt = Annotated[
+    Literal["plan", "kubernetes"],
+    typer.Option(
+        "--discover",
+        help="Replicas: the plan's placement (bare metal, sandbox) or, on Kubernetes, the serving pods per node.",
+    ),
+]
+
+
+def _sandbox_urls(st: Stack, what: Literal["routers", "controllers", "etcd"]) -> list[str]:
+    if st.spec.sandbox is None:
+        return []
+    from serving.sandbox import runtime as sandbox_runtime  # noqa: PLC0415 - sandbox stacks only
+
+    if what == "routers":
+        return sandbox_runtime.router_urls(st.spec)
+    if what == "controllers":
+        return sandbox_runtime.controller_urls(st.spec)
+    return [sandbox_runtime.etcd_url(st.spec)]
+
+
+def _restarter(
+    st: Stack, kind: RestartBackend, state_dir: Path | None, known_hosts: Path, identity: Path | None
+) -> Restarter | None:
+    if kind == "auto":
+        kind = "local" if st.spec.sandbox is not None else "none"
+    if kind == "none":
+        return None
+    fleet_plan = plan_fleet(st.spec)
+    if kind == "local":
+        if st.spec.sandbox is None:
+            fail("--backend local runs only sandbox stacks; use ssh or kubernetes")
+        from serving.sandbox.runtime import SandboxRestarter  # noqa: PLC0415
+
+        return SandboxRestarter(st.spec, fleet_plan, stack_state(st, state_dir).sandbox_dir)
+    from serving.cli.rollout import FleetOptions, _backend  # noqa: PLC0415 - one backend factory for both
+
+    opts = FleetOptions(backend_kind=kind, known_hosts=known_hosts, identity=identity)
+    return BackendRestarter(st.spec, fleet_plan, _backend(st, stack_state(st, state_dir), opts))
+
+
+def _election(st: Stack, kind: str, etcd: list[str] | None, identity: str) -> Election:
+    rt = st.spec.runtime
+    if kind == "kubernetes":
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        if not host or not (SA_DIR / "token").is_file():
+            fail("--election kubernetes runs inside a pod (KUBERNETES_SERVICE_HOST and a service-account token)")
+        return KubernetesLeaseElection(
+            f"https://{host}:{port}",
+            st.spec.kubernetes.namespace,
+            rt.lease_name,
+            identity,
+            rt.lease_ttl_s,
+            token=(SA_DIR / "token").read_text().strip(),
+            ca_path=str(SA_DIR / "ca.crt"),
+        )
+    endpoints = etcd or _sandbox_urls(st, "etcd") or list(rt.etcd_endpoints)
+    return EtcdElection(endpoints, f"/exaserve/{st.name}/{rt.lease_name}", identity, rt.lease_ttl_s)
+
+
+@controller_app.command("run")
+def controller_run(
+    stack: StackOpt = DEFAULT_STACK,
+    stack_file: StackFileOpt = None,
+    state_dir: StateDirOpt = None,
+    name: Annotated[str | None, typer.Option("--name", help="This instance's name (default host-pid).")] = None,
+    host: Annotated[str | None, typer.Option("--host", help="Listen address (sandbox: 127.0.0.1).")] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", min=1, max=65535, help="Default runtime.controller_port.")
+    ] = None,
+    routers: RouterOpt = None,
+    router_service: Annotated[
+        str | None,
+        typer.Option("--router-service", help="HOST:PORT of the routers' headless Service (every router pod)."),
+    ] = None,
+    election: Annotated[
+        Literal["etcd", "kubernetes"], typer.Option("--election", help="etcd (bare metal) or a Kubernetes Lease.")
+    ] = "etcd",
+    etcd: Annotated[list[str] | None, typer.Option("--etcd", help="etcd URL; default runtime.etcd_endpoints.")] = None,
+    backend: Annotated[
+        RestartBackend,
+        typer.Option("--backend", help="How to restart a migrated replica; auto: local in a sandbox, else none."),
+    ] = "auto",
+    known_hosts: KnownHostsOpt = DEFAULT_KNOWN_HOSTS,
+    ssh_identity: IdentityOpt = None,
+    discover: DiscoverOpt = "plan",
+    as_json: JsonOpt = False,
+) -> None:
+    """Run one controller instance until SIGTERM/Ctrl-C: apply reports, elect a leader, act when leader."""
+    del as_json  # a long-running service: logs go to stderr
+    st = resolve_stack(stack, stack_file)
+    router_list = routers or ([] if router_service else _sandbox_urls(st, "routers"))
+    if not router_list and not router_service:
+        fail("pass --router URL for each router instance or --router-service HOST:PORT")
+    name = name or f"{socket.gethostname()}-{os.getpid()}"
+    listen = host or ("127.0.0.1" if st.spec.sandbox is not None else "0.0.0.0")  # noqa: S104 - agents report in
+    service = ControllerService(
+        st.spec,
+        plan_fleet(st.spec),
+        identity=name,
+        election=_election(st, election, etcd, name),
+        routers=RouterSet(router_list, service=router_service, timeout_s=st.spec.serving.health_check_timeout_s),
+        restarter=_restarter(st, backend, state_dir, known_hosts, ssh_identity),
+        discovered=discover == "kubernetes",
+    )
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {name} %(levelname)s %(message)s")
+    asyncio.run(_serve(service, listen, port or st.spec.runtime.controller_port))
+
+
+async def _serve(service: ControllerService, host: str, port: int) -> None:
+    import signal  # noqa: PLC0415
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await service.run(host, port, stop)
+
+
+@agent_app.command("run")
+def agent_run(
+    node: Annotated[str, typer.Option("--node", help="The node this agent runs on (a node name of the stack).")],
+    stack: StackOpt = DEFAULT_STACK,
+    stack_file: StackFileOpt = None,
+    controllers: ControllerOpt = None,
+    dcgm_url: Annotated[
+        str | None, typer.Option("--dcgm-url", help="NVIDIA DCGM exporter metrics URL on this node.")
+    ] = None,
+    controller_service: Annotated[
+        str | None,
+        typer.Option("--controller-service", help="HOST:PORT of the controllers' headless Service (every address)."),
+    ] = None,
+    discover: DiscoverOpt = "plan",
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the node agent until SIGTERM/Ctrl-C: probe this node's replicas and report once per interval."""
+    del as_json
+    st = resolve_stack(stack, stack_file)
+    targets = controllers or ([] if controller_service else _sandbox_urls(st, "controllers"))
+    if not targets and not controller_service:
+        fail("pass --controller URL for each controller instance or --controller-service HOST:PORT")
+    if controller_service and not controller_service.rpartition(":")[2].isdigit():
+        fail(f"--controller-service {controller_service!r}: give HOST:PORT, e.g. exaserve-controller.exaserve.svc:9410")
+    try:
+        config = AgentConfig.for_node(st.spec, plan_fleet(st.spec), node, targets, dcgm_url, controller_service)
+    except ValueError as exc:
+        fail(f"--node {node}: {exc}")
+    pods = None
+    if discover == "kubernetes":
+        try:
+            api = KubeApi.in_cluster()
+        except (BackendError, OSError) as exc:
+            fail(f"--discover kubernetes: {exc}")
+        fleet_plan = plan_fleet(st.spec)
+        pods = NodePods(api, st.spec.kubernetes.namespace, server_selector(fleet_plan), node, st.spec.serving.port)
+    asyncio.run(_agent(Agent(config, pods)))
+
+
+async def _agent(agent: Agent) -> None:
+    import signal  # noqa: PLC0415
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await agent.run(stop)
+    finally:
+        await agent.aclose()
+
+
+async def _statuses(urls: list[str], timeout_s: float) -> dict[str, dict[str, Any] | str]:
+    async with httpx.AsyncClient(timeout=timeout_s) as http:
+
+        async def one(url: str) -> dict[str, Any] | str:
+            try:
+                response = await http.get(url.rstrip("/") + STATUS_PATH)
+                response.raise_for_status()
+                return dict(response.json())
+            except (httpx.HTTPError, ValueError) as exc:
+                return f"{type(exc).__name__}: {exc}"
+
+        found = await asyncio.gather(*(one(u) for u in urls))
+    return dict(zip(urls, found, strict=True))
+
+
+@app.command("status")
+def status(
+    stack: StackOpt = DEFAULT_STACK,
+    stack_file: StackFileOpt = None,
+    controllers: ControllerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Replicas by state with scores and load, the leader, each node's last report (from the controllers)."""
+    st = resolve_stack(stack, stack_file)
+    urls = controllers or _sandbox_urls(st, "controllers")
+    if not urls:
+        fail("pass --controller URL for each controller instance (a sandbox stack knows its own)")
+    found = asyncio.run(_statuses(urls, st.spec.serving.health_check_timeout_s))
+    answers = {u: s for u, s in found.items() if isinstance(s, dict)}
+    if not answers:
+        fail(f"no controller answered: {found}", EXIT_PROBLEM)
+    # the leader's view acts; any follower's is as fresh for scores (every instance applies every report)
+    view = next((s for s in answers.values() if s.get("is_leader")), next(iter(answers.values())))
+    leader = view.get("leader")
+    nodes = [{k: n[k] for k in ("name", "score", "state", "last_report_s")} for n in view["nodes"]]
+    replicas = [
+        {k: r[k] for k in ("id", "node", "url", "state", "score", "in_rotation", "load")} for r in view["replicas"]
+    ]
+    ok = bool(leader) and all(n["state"] != "suspect" for n in nodes) and all(r["in_rotation"] for r in replicas)
+    unreachable = {u: s for u, s in found.items() if isinstance(s, str)}
+    if as_json:
+        doc = {
+            "leader": leader,
+            "nodes": nodes,
+            "replicas": replicas,
+            "controllers": {
+                u: ("unreachable: " + s if isinstance(s, str) else ("leader" if s.get("is_leader") else "follower"))
+                for u, s in found.items()
+            },
+            "eviction_cap": view.get("eviction_cap"),
+            "move_candidates": view.get("move_candidates", []),
+            "reports": view.get("reports"),
+        }
+        emit_json(doc, stack=st.name, ok=ok)
+    else:
+        console.print(f"leader: {leader or 'none'}; controllers answering {len(answers)}/{len(found)}", highlight=False)
+        for url, why in unreachable.items():
+            console.print(f"  {url}: {why}", highlight=False)
+        table = Table(title=f"nodes of {st.name}")
+        for col in ("node", "score", "state", "last report (s)"):
+            table.add_column(col)
+        for n in nodes:
+            table.add_row(
+                n["name"],
+                str(n["score"]),
+                n["state"],
+                "-" if n["last_report_s"] is None else f"{n['last_report_s']:.1f}",
+            )
+        console.print(table)
+        table = Table(title="replicas")
+        for col in ("replica", "node", "url", "state", "score", "in rotation", "load"):
+            table.add_column(col)
+        for r in sorted(replicas, key=lambda r: (r["in_rotation"], r["id"])):
+            table.add_row(
+                r["id"],
+                r["node"],
+                r["url"],
+                r["state"],
+                str(r["score"]),
+                "yes" if r["in_rotation"] else "no",
+                f"{r['load']:.3f}",
+            )
+        console.print(table)
+    if not ok:
+        raise typer.Exit(EXIT_PROBLEM)

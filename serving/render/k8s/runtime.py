@@ -1,0 +1,418 @@
+"""The runtime layer on Kubernetes: the fleet controller (a Deployment of ``scheduler.instances``, leader elected on
+one ``coordination.k8s.io`` Lease), the node agent (a DaemonSet on the serving pools), their alert rules and scrape.
+
+RBAC is least privilege: the controller's Role may get and update only its own Lease (``resourceNames``); RBAC
+cannot limit ``create`` by name, so creating a Lease is allowed in the namespace (the first leader creates it).
+The agent may get and list pods in the namespace, nothing else: LeaderWorkerSet places the serving pods, not the
+plan, so each agent lists the serving pods on its node (``--discover kubernetes``) and reports them by pod name
+and pod URL, the URL the router's service discovery uses; the controllers take the replicas from those reports.
+Agents reach every controller pod through a headless Service, the controllers reach every router pod through
+another one (router membership is per instance).
+
+The stack travels as a ConfigMap (:func:`stack_document`); controller and agent read it like ``exaserve`` does.
+Migration on Kubernetes is left to the kubelet (the serving pod's liveness probe restarts a hung server): the
+controllers run with ``--backend none``, take a failing replica out of every router and readmit it after warm-up.
+The router's own discovery may re-add a pod it sees Ready; the controller removes it again while its score is low.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from serving.plan.model import Plan
+from serving.render.k8s import gateway
+from serving.render.k8s.common import (
+    LABEL_NAME,
+    ROUTER_APP,
+    SERVING_APP,
+    K8sObject,
+    await_annotations,
+    duration,
+    gpu_node_affinity,
+    image,
+    labels,
+    metadata,
+    pull_secrets,
+    serving_toleration,
+)
+from serving.render.k8s.netpol import NAMESPACE_NAME_LABEL
+from serving.spec.schema import FleetSpec
+
+COMPONENT = "runtime"
+CONTROLLER = "exaserve-controller"
+AGENT = "exaserve-agent"
+ROUTER_PODS = f"{ROUTER_APP}-pods"  # headless: one address per router pod
+RULE_NAME = "exaserve-runtime-alerts"
+STACK_CONFIGMAP = "exaserve-runtime-stack"
+STACK_DIR = "/etc/exaserve"
+STACK_FILE = "Pulumi.runtime.yaml"
+HTTP_PORT_NAME = "http"
+EXASERVE = "exaserve"
+RUNTIME_UID = 65532
+CONTROLLER_READY_S = 300
+
+# Recording the controllers' own series: every instance exports them, the leader's are the ones that act.
+LEADERS = "sum(exaserve_runtime_leader)"
+
+
+def stack_document(spec: FleetSpec) -> str:
+    """The spec as a stack file the runtime's ``--stack-file`` loads (the model's architecture inlined, so the
+    ``hf_config`` file the stack names on the workstation is not needed in the pod)."""
+    doc: dict[str, Any] = spec.model_dump(mode="json", exclude_none=True)
+    doc["model"].pop("hf_config", None)
+    return yaml.safe_dump({"config": {f"exaserve:{k}": v for k, v in doc.items()}}, sort_keys=False)
+
+
+def _security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "runAsUser": RUNTIME_UID,
+        "runAsGroup": RUNTIME_UID,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _stack_volume() -> tuple[dict[str, Any], dict[str, Any]]:
+    return (
+        {"name": "stack", "configMap": {"name": STACK_CONFIGMAP}},
+        {"name": "stack", "mountPath": STACK_DIR, "readOnly": True},
+    )
+
+
+def _policy(spec: FleetSpec, name: str, pod_selector: dict[str, str], ingress: list[dict[str, Any]]) -> K8sObject:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(name, spec.kubernetes.namespace, labels(COMPONENT, name)),
+        "spec": {"podSelector": {"matchLabels": pod_selector}, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
+def _svc(ns: str) -> str:
+    return f"{ns}.svc"
+
+
+def controller_command(spec: FleetSpec, plan: Plan) -> list[str]:
+    ns = spec.kubernetes.namespace
+    http_port, _ = gateway.router_ports(spec, plan)
+    return [
+        EXASERVE,
+        "controller",
+        "run",
+        "--stack-file",
+        f"{STACK_DIR}/{STACK_FILE}",
+        "--name",
+        "$(POD_NAME)",
+        "--host",
+        "0.0.0.0",  # noqa: S104 - agents in other pods report here
+        "--port",
+        str(spec.runtime.controller_port),
+        "--election",
+        "kubernetes",
+        "--backend",
+        "none",
+        "--router-service",
+        f"{ROUTER_PODS}.{_svc(ns)}:{http_port}",
+        "--discover",
+        "kubernetes",
+    ]
+
+
+def agent_command(spec: FleetSpec) -> list[str]:
+    ns = spec.kubernetes.namespace
+    return [
+        EXASERVE,
+        "agent",
+        "run",
+        "--stack-file",
+        f"{STACK_DIR}/{STACK_FILE}",
+        "--node",
+        "$(NODE_NAME)",
+        "--controller-service",
+        f"{CONTROLLER}.{_svc(ns)}:{spec.runtime.controller_port}",
+        "--discover",
+        "kubernetes",
+    ]
+
+
+def _alert(name: str, expr: str, for_: str, severity: str, summary: str, fix: str) -> dict[str, Any]:
+    return {
+        "alert": name,
+        "expr": expr,
+        "for": for_,
+        "labels": {"severity": severity},
+        "annotations": {"summary": summary, "fix": fix},
+    }
+
+
+def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
+    lease = duration(2 * spec.runtime.lease_ttl_s)
+    detect = duration(spec.serving.failure_threshold * spec.serving.heartbeat_interval_s)
+    return [
+        {
+            "name": "exaserve.runtime",
+            "rules": [
+                _alert(
+                    "ExaServeNoControllerLeader",
+                    f"{LEADERS} < 1",
+                    lease,
+                    "critical",
+                    "No fleet controller leads: failing replicas are not taken out of rotation",
+                    "Check the controller pods and the Lease runtime.lease_name (kubectl get lease).",
+                ),
+                _alert(
+                    "ExaServeControllerSplitBrain",
+                    f"{LEADERS} > 1",
+                    lease,
+                    "critical",
+                    "More than one controller believes it leads",
+                    "Fencing should prevent this: check the controllers' clocks and the coordination service.",
+                ),
+                _alert(
+                    "ExaServeNodeSuspect",
+                    "max by (node) (exaserve_runtime_node_suspect) == 1",
+                    detect,
+                    "warning",
+                    "A node agent stopped reporting; its replicas are left to the router's own checks",
+                    "Check the exaserve-agent pod on that node (kubectl logs).",
+                ),
+                _alert(
+                    "ExaServeNodeHealthLow",
+                    f"min by (node) (exaserve_runtime_node_score) < {spec.health.stop_routing_below}",
+                    "1m",
+                    "warning",
+                    "A node's health score is below the no-new-requests line: most of its replicas fail probes",
+                    "Check the node's network and GPUs; its replicas are out of rotation until it recovers.",
+                ),
+                _alert(
+                    "ExaServeEvictionCapReached",
+                    "max(exaserve_runtime_evicted_replicas) >= max(exaserve_runtime_eviction_cap)",
+                    "5m",
+                    "critical",
+                    "The eviction cap is reached: further failing replicas stay in rotation",
+                    "Find why so many replicas fail (exaserve status); raise runtime.max_eviction_share only knowingly.",
+                ),
+                _alert(
+                    "ExaServeReportsRejected",
+                    "sum(rate(exaserve_runtime_reports_rejected_total[5m])) > 0",
+                    "10m",
+                    "warning",
+                    "Controllers reject agent reports (malformed, unknown node, replayed, stale)",
+                    "See the reason label; a stale or future reason points at a node's clock (chrony).",
+                ),
+                _alert(
+                    "ExaServeRuntimeActionsFailing",
+                    "sum by (kind) (increase(exaserve_runtime_action_failures_total[15m])) > 0",
+                    "0m",
+                    "warning",
+                    "The controller's removals, migrations or warm-ups fail",
+                    "See the controller's log and `exaserve status`: a warm-up failing its error or latency gate "
+                    "keeps the replica out.",
+                ),
+            ],
+        }
+    ]
+
+
+def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
+    ns = spec.kubernetes.namespace
+    rt = spec.runtime
+    selected = spec.kubernetes.prometheus_selector_labels
+    c_lab, a_lab = labels(COMPONENT, CONTROLLER), labels(COMPONENT, AGENT)
+    c_sel, a_sel = {LABEL_NAME: CONTROLLER}, {LABEL_NAME: AGENT}
+    http_port, _ = gateway.router_ports(spec, plan)
+    volume, mount = _stack_volume()
+    monitoring = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: spec.kubernetes.monitoring_namespace}}}
+    controller_port = [{"protocol": "TCP", "port": rt.controller_port}]
+    probe = {
+        "httpGet": {"path": "/v1/status", "port": HTTP_PORT_NAME},
+        "periodSeconds": max(1, round(spec.serving.heartbeat_interval_s)),
+        "timeoutSeconds": max(1, round(spec.serving.health_check_timeout_s)),
+        "failureThreshold": spec.serving.failure_threshold,
+    }
+    controller: K8sObject = {
+        "name": "controller",
+        "image": image(spec, rt.image),
+        "command": controller_command(spec, plan),
+        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "ports": [{"name": HTTP_PORT_NAME, "containerPort": rt.controller_port, "protocol": "TCP"}],
+        "livenessProbe": probe,
+        "readinessProbe": probe,
+        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": _security(),
+        "volumeMounts": [mount],
+    }
+    agent: K8sObject = {
+        "name": "agent",
+        "image": image(spec, rt.image),
+        "command": agent_command(spec),
+        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+        "securityContext": _security(),
+        "volumeMounts": [mount],
+    }
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": metadata(STACK_CONFIGMAP, ns, labels(COMPONENT, STACK_CONFIGMAP)),
+            "data": {STACK_FILE: stack_document(spec)},
+        },
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(CONTROLLER, ns, c_lab)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": metadata(f"{CONTROLLER}-lease", ns, c_lab),
+            "rules": [
+                {
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "resourceNames": [rt.lease_name],
+                    "verbs": ["get", "update"],
+                },
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": metadata(f"{CONTROLLER}-lease", ns, c_lab),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{CONTROLLER}-lease"},
+            "subjects": [{"kind": "ServiceAccount", "name": CONTROLLER, "namespace": ns}],
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            # ready as soon as it serves /v1/status (it needs no model): a bounded wait
+            "metadata": metadata(CONTROLLER, ns, c_lab, await_annotations(timeout_s=CONTROLLER_READY_S)),
+            "spec": {
+                "replicas": spec.scheduler.instances,
+                "selector": {"matchLabels": c_sel},
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}},
+                "template": {
+                    "metadata": {"labels": c_lab},
+                    "spec": {
+                        "serviceAccountName": CONTROLLER,
+                        "enableServiceLinks": False,
+                        **pull_secrets(spec),
+                        "affinity": {
+                            "podAntiAffinity": {
+                                "preferredDuringSchedulingIgnoredDuringExecution": [
+                                    {
+                                        "weight": 100,
+                                        "podAffinityTerm": {
+                                            "labelSelector": {"matchLabels": c_sel},
+                                            "topologyKey": "kubernetes.io/hostname",
+                                        },
+                                    }
+                                ]
+                            }
+                        },
+                        "containers": [controller],
+                        "volumes": [volume],
+                    },
+                },
+            },
+        },
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": metadata(CONTROLLER, ns, c_lab),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": c_sel}},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata(CONTROLLER, ns, c_lab),
+            "spec": {
+                "clusterIP": "None",
+                "selector": c_sel,
+                "ports": [{"name": HTTP_PORT_NAME, "port": rt.controller_port, "targetPort": HTTP_PORT_NAME}],
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata(ROUTER_PODS, ns, labels(COMPONENT, ROUTER_PODS)),
+            "spec": {
+                "clusterIP": "None",
+                "selector": {LABEL_NAME: ROUTER_APP},
+                "ports": [{"name": gateway.HTTP_PORT_NAME, "port": http_port, "targetPort": gateway.HTTP_PORT_NAME}],
+            },
+        },
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(AGENT, ns, a_lab)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": metadata(f"{AGENT}-pods", ns, a_lab),
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": metadata(f"{AGENT}-pods", ns, a_lab),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{AGENT}-pods"},
+            "subjects": [{"kind": "ServiceAccount", "name": AGENT, "namespace": ns}],
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            # one pod per serving node: `pulumi up` does not wait for the last node's image pull
+            "metadata": metadata(AGENT, ns, a_lab, await_annotations(skip=True)),
+            "spec": {
+                "selector": {"matchLabels": a_sel},
+                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}},
+                "template": {
+                    "metadata": {"labels": a_lab},
+                    "spec": {
+                        "serviceAccountName": AGENT,
+                        "enableServiceLinks": False,
+                        **pull_secrets(spec),
+                        "affinity": gpu_node_affinity(spec),
+                        "tolerations": [serving_toleration()],
+                        "containers": [agent],
+                        "volumes": [volume],
+                    },
+                },
+            },
+        },
+        # ingress on top of the namespace's default deny (serving.render.k8s.netpol): policies add up
+        _policy(
+            spec,
+            CONTROLLER,
+            c_sel,
+            [{"from": [{"podSelector": {"matchLabels": a_sel}}, monitoring], "ports": controller_port}],
+        ),
+        _policy(
+            spec,
+            f"{SERVING_APP}-runtime-probes",
+            {LABEL_NAME: SERVING_APP},
+            [
+                {
+                    "from": [{"podSelector": {"matchLabels": a_sel}}, {"podSelector": {"matchLabels": c_sel}}],
+                    "ports": [{"protocol": "TCP", "port": spec.serving.port}],
+                }
+            ],
+        ),
+        {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "PrometheusRule",
+            "metadata": metadata(RULE_NAME, ns, labels(COMPONENT, RULE_NAME, **selected)),
+            "spec": {"groups": rule_groups(spec)},
+        },
+        {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "ServiceMonitor",
+            "metadata": metadata(CONTROLLER, ns, labels(COMPONENT, CONTROLLER, **selected)),
+            "spec": {
+                "selector": {"matchLabels": c_sel},
+                "namespaceSelector": {"matchNames": [ns]},
+                "endpoints": [{"port": HTTP_PORT_NAME, "path": "/metrics", "interval": "15s"}],
+            },
+        },
+    ]

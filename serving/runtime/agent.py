@@ -1,0 +1,221 @@
+"""The node agent: every heartbeat interval, probe this node's replicas and send ONE report for the node.
+
+Per replica: ``GET /health`` bounded by ``serving.health_check_timeout_s`` (the cheap call; a hung
+process times out), then ``GET /metrics`` for SGLang's load figures (``sglang:num_running_reqs``,
+``sglang:num_queue_reqs``, ``sglang:token_usage``, ``sglang:num_requests_total``). GPU utilisation,
+frame-buffer use and PCIe throughput come from NVIDIA's DCGM exporter when ``dcgm_url`` is given
+(averaged over the replica's GPUs); without it GPU utilisation is estimated as running requests over
+``limits.max_running_requests``, memory as SGLang's token usage and network as 0 (docs/runtime.md).
+
+The report goes to every controller instance (followers keep warm state); a controller that does not
+answer is skipped, the next interval's report supersedes this one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from serving.plan.model import Plan
+from serving.render.sglang import HEALTH_PATH
+from serving.router.client import WORKER_QUEUED, WORKER_RUNNING, MetricsSnapshot
+from serving.runtime.controller import replica_urls
+from serving.runtime.discovery import DiscoveryError, NodePods
+from serving.runtime.reports import REPORT_SCHEMA_VERSION, NodeReport, ReplicaProbe
+from serving.spec.schema import FleetSpec
+
+REPORTS_PATH = "/v1/reports"
+WORKER_TOKEN_USAGE = "sglang:token_usage"  # noqa: S105 - a metric name, not a secret
+WORKER_REQUESTS_TOTAL = "sglang:num_requests_total"
+DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # percent
+DCGM_FB_USED = "DCGM_FI_DEV_FB_USED"  # MiB
+DCGM_FB_FREE = "DCGM_FI_DEV_FB_FREE"  # MiB
+DCGM_PCIE_TX = "DCGM_FI_DEV_PCIE_TX_THROUGHPUT"  # KB/s
+DCGM_PCIE_RX = "DCGM_FI_DEV_PCIE_RX_THROUGHPUT"  # KB/s
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node: str
+    replicas: tuple[tuple[str, str, tuple[int, ...]], ...]  # (id, url, GPU indices)
+    controllers: tuple[str, ...]
+    interval_s: float
+    timeout_s: float
+    max_running_requests: int
+    link_rate_gbps: float
+    dcgm_url: str | None = None
+    controller_service: str | None = None  # HOST:PORT of a headless Service: every address it resolves to
+
+    @classmethod
+    def for_node(
+        cls,
+        spec: FleetSpec,
+        plan: Plan,
+        node: str,
+        controllers: Sequence[str],
+        dcgm_url: str | None = None,
+        controller_service: str | None = None,
+    ) -> AgentConfig:
+        urls = replica_urls(spec, plan)
+        mine = [r for r in plan.replicas if r.node.name == node]
+        if not mine:
+            known = sorted({r.node.name for r in plan.replicas})
+            raise ValueError(f"node {node!r} runs no replica of this stack; use one of {known[:8]}")
+        return cls(
+            node=node,
+            replicas=tuple((r.id, urls[r.id], r.gpu_ids) for r in mine),
+            controllers=tuple(c.rstrip("/") for c in controllers),
+            interval_s=spec.serving.heartbeat_interval_s,
+            timeout_s=spec.serving.health_check_timeout_s,
+            max_running_requests=spec.limits.max_running_requests,
+            link_rate_gbps=spec.cluster.fabric.link_rate_gbps,
+            dcgm_url=dcgm_url,
+            controller_service=controller_service,
+        )
+
+
+def _share(value: float) -> float:
+    return max(0.0, min(1.0, value))
+
+
+class Agent:
+    """One node's agent; :meth:`once` probes and reports, :meth:`run` repeats it every interval."""
+
+    def __init__(self, config: AgentConfig, pods: NodePods | None = None) -> None:
+        """``pods``: on Kubernetes, the node's serving pods replace the plan's replicas (listed every report)."""
+        self.config = config
+        self.pods = pods
+        self.started = time.time()
+        self.seq = 0
+        self._http = httpx.AsyncClient(timeout=config.timeout_s)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+        if self.pods is not None:
+            await self.pods.aclose()
+
+    async def _probe(self, rid: str, url: str, gpus: tuple[int, ...], dcgm: MetricsSnapshot | None) -> ReplicaProbe:
+        started = time.monotonic()
+        try:
+            health = await self._http.get(url + HEALTH_PATH)
+            latency = time.monotonic() - started
+            if health.status_code != 200:
+                return ReplicaProbe(id=rid, ok=False, latency_s=latency, error=f"{HEALTH_PATH} {health.status_code}")
+            metrics = await self._http.get(url + "/metrics")
+            snap = MetricsSnapshot.parse(metrics.text) if metrics.status_code == 200 else MetricsSnapshot(())
+        except httpx.HTTPError as exc:
+            return ReplicaProbe(id=rid, ok=False, latency_s=None, error=f"{type(exc).__name__}: {exc}"[:300])
+        running = snap.value(WORKER_RUNNING)
+        gpu, mem, net = self._gpu_figures(gpus, dcgm)
+        return ReplicaProbe(
+            id=rid,
+            ok=True,
+            latency_s=latency,
+            running=int(running),
+            queued=int(snap.value(WORKER_QUEUED)),
+            requests_total=snap.value(WORKER_REQUESTS_TOTAL),
+            gpu_utilization=_share(running / self.config.max_running_requests) if gpu is None else gpu,
+            memory_usage=_share(snap.value(WORKER_TOKEN_USAGE)) if mem is None else mem,
+            network_bandwidth=net or 0.0,
+        )
+
+    def _gpu_figures(
+        self, gpus: tuple[int, ...], dcgm: MetricsSnapshot | None
+    ) -> tuple[float | None, float | None, float | None]:
+        """(GPU utilisation, frame-buffer use, PCIe share of the link) averaged over ``gpus``, from DCGM."""
+        if dcgm is None or not gpus:
+            return None, None, None
+
+        def per_gpu(name: str) -> list[float]:
+            by_gpu = dcgm.by_label(name, "gpu")
+            return [by_gpu[str(g)] for g in gpus if str(g) in by_gpu]
+
+        util, used, free = per_gpu(DCGM_GPU_UTIL), per_gpu(DCGM_FB_USED), per_gpu(DCGM_FB_FREE)
+        pcie = [tx + rx for tx, rx in zip(per_gpu(DCGM_PCIE_TX), per_gpu(DCGM_PCIE_RX), strict=False)]
+        link_kbps = self.config.link_rate_gbps * 1e9 / 8 / 1e3
+        return (
+            _share(sum(util) / len(util) / 100) if util else None,
+            _share(sum(used) / (sum(used) + sum(free))) if used and free and sum(used) + sum(free) > 0 else None,
+            _share(sum(pcie) / len(pcie) / link_kbps) if pcie and link_kbps > 0 else None,
+        )
+
+    async def _dcgm(self) -> MetricsSnapshot | None:
+        if self.config.dcgm_url is None:
+            return None
+        try:
+            response = await self._http.get(self.config.dcgm_url)
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            log.warning("DCGM exporter %s: %s; falling back to SGLang's figures", self.config.dcgm_url, exc)
+            return None
+        return MetricsSnapshot.parse(response.text)
+
+    async def report(self) -> NodeReport:
+        """Probe every replica of the node once (concurrently) and build the node's report."""
+        dcgm = await self._dcgm()
+        replicas = self.config.replicas if self.pods is None else await self.pods.replicas()
+        probes = await asyncio.gather(*(self._probe(rid, url, g, dcgm) for rid, url, g in replicas))
+        if self.pods is not None:  # the controller learns the pods from the reports
+            probes = [p.model_copy(update={"url": url}) for p, (_rid, url, _g) in zip(probes, replicas, strict=True)]
+        self.seq += 1
+        return NodeReport(
+            schema_version=REPORT_SCHEMA_VERSION,
+            node=self.config.node,
+            seq=self.seq,
+            agent_start=self.started,
+            sent_at=time.time(),
+            replicas=tuple(probes),
+        )
+
+    async def send(self, report: NodeReport) -> Mapping[str, int]:
+        """POST the report to every controller; status per controller (0: unreachable)."""
+        body = report.model_dump_json()
+        headers = {"content-type": "application/json"}
+
+        async def one(controller: str) -> int:
+            try:
+                response = await self._http.post(controller + REPORTS_PATH, content=body, headers=headers)
+            except httpx.HTTPError:
+                return 0
+            return response.status_code
+
+        targets = [*self.config.controllers, *await self._resolved()]
+        codes = await asyncio.gather(*(one(c) for c in targets))
+        return dict(zip(targets, codes, strict=True))
+
+    async def _resolved(self) -> list[str]:
+        """Every address of the controllers' headless Service (one per controller pod), resolved per report."""
+        if self.config.controller_service is None:
+            return []
+        host, _, port = self.config.controller_service.rpartition(":")
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+        except OSError as exc:
+            log.warning("controller service %s: %s", self.config.controller_service, exc)
+            return []
+        addresses = sorted({str(info[4][0]) for info in infos})
+        return [f"http://[{a}]:{port}" if ":" in a else f"http://{a}:{port}" for a in addresses]
+
+    async def once(self) -> Mapping[str, int]:
+        return await self.send(await self.report())
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Report every ``interval_s`` (on a fixed schedule: a slow probe does not shift the next one)."""
+        due = time.monotonic()
+        while not stop.is_set():
+            try:
+                await self.once()
+            except DiscoveryError as exc:  # no report this interval: the controllers count it as missed
+                log.warning("%s: %s", self.config.node, exc)
+            due += self.config.interval_s
+            due = max(due, time.monotonic())  # after a stall, restart the schedule instead of bursting
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=due - time.monotonic())

@@ -1,0 +1,393 @@
+"""The fleet controller's state machine: pure, driven by agent reports and an injected clock.
+
+Per node and per replica it keeps the plan's health score (:mod:`serving.runtime.score`) and decides, on
+each :meth:`Controller.tick`, what the leader must do: take a replica out of rotation, migrate it (drain,
+restart through the deployment backend), or readmit it after warm-up. The side effects (router
+membership, restarts, warm-up traffic) belong to :mod:`serving.runtime.service`, which reports each
+action's outcome back with :meth:`Controller.complete`. Nothing here reads a clock or does I/O.
+
+Decisions (docs/runtime.md):
+
+* A replica's effective score is ``min(replica score, node score)``. The replica score moves with its
+  own probes; the node score moves per report: a failed heartbeat when more than half the node's
+  replicas failed their probes (a node-wide fault), a good one otherwise.
+* Missed reports do not move any score: after ``serving.failure_threshold`` intervals without a report
+  the node is *suspect* and its replicas keep their rotation state. A dead agent is no evidence against
+  replicas the router still reaches; the router's own health check (interval × failure threshold)
+  removes those that are really dead.
+* Eviction cap: at most ``max_evicted`` replicas out of rotation (out, migrating, warming) at once;
+  a removal past the cap is refused and counted.
+* A replica returns to rotation only through a passed warm-up (:attr:`Kind.READMIT`), and only once
+  its score is at least ``health.readmit_at`` (hysteresis); a restarted replica starts at ``health.start``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from serving.plan.model import Plan, Replica
+from serving.render.router import replica_url
+from serving.runtime.reports import NodeReport, Rejection, ReportRejected
+from serving.runtime.score import Band, above_mean, band, may_readmit, next_score, weighted_load
+from serving.spec.schema import FleetSpec, HealthScoreSpec, LoadMetric
+
+SANDBOX_HOST = "127.0.0.1"
+FUTURE_SKEW_S = 1.0  # accepted clock skew between agent and controller (chrony keeps nodes ≤ 100 ms apart)
+MIN_WARMUP_RATE_PER_S = 1.0  # a warm-up needs requests to judge, even when the fleet is idle
+
+
+def replica_urls(spec: FleetSpec, plan: Plan) -> dict[str, str]:
+    """Replica id → the URL the routers know it by: ``http://ADDRESS:PORT``, or, in a sandbox stack, the
+    simulated worker's loopback port (``sandbox.worker_base_port`` + index, as ``sandbox up`` starts it)."""
+    if spec.sandbox is None:
+        return {r.id: replica_url(r) for r in plan.replicas}
+    return {r.id: f"http://{SANDBOX_HOST}:{spec.sandbox.worker_base_port + r.index}" for r in plan.replicas}
+
+
+class ReplicaState(StrEnum):
+    SERVING = "serving"
+    OUT = "out"
+    MIGRATING = "migrating"
+    WARMING = "warming"
+
+
+class Kind(StrEnum):
+    REMOVE = "remove"
+    MIGRATE = "migrate"
+    READMIT = "readmit"
+
+
+_RUNNING = {Kind.MIGRATE: ReplicaState.MIGRATING, Kind.READMIT: ReplicaState.WARMING}
+
+
+@dataclass(frozen=True)
+class Action:
+    """What the leader must do to one replica; ``rate_per_s`` is the warm-up rate of a readmission."""
+
+    kind: Kind
+    replica: str
+    url: str
+    reason: str
+    rate_per_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    health: HealthScoreSpec
+    interval_s: float
+    missed_to_suspect: int
+    max_evicted: int
+    max_age_s: float
+    weights: Mapping[LoadMetric, float]
+    warmup_share: float
+    warmup_s: float
+    move_ratio: float
+
+    @classmethod
+    def from_spec(cls, spec: FleetSpec, replicas: int) -> ControllerConfig:
+        iv = spec.serving.heartbeat_interval_s
+        return cls(
+            health=spec.health,
+            interval_s=iv,
+            missed_to_suspect=spec.serving.failure_threshold,
+            max_evicted=max(1, math.floor(spec.runtime.max_eviction_share * replicas)),
+            max_age_s=spec.runtime.report_max_age_s or 3 * iv,
+            weights=dict(spec.scheduler.weights),
+            warmup_share=spec.serving.warmup_share,
+            warmup_s=spec.serving.warmup_duration_s,
+            move_ratio=spec.scheduler.migration_load_ratio,
+        )
+
+
+@dataclass
+class ReplicaRecord:
+    id: str
+    node: str
+    url: str
+    score: int
+    state: ReplicaState = ReplicaState.SERVING
+    pending: Kind | None = None
+    figures: dict[LoadMetric, float] = field(default_factory=dict)
+    requests_total: float | None = None
+    rate_per_s: float = 0.0
+
+    @property
+    def in_rotation(self) -> bool:
+        return self.state is ReplicaState.SERVING and self.pending not in (Kind.REMOVE, Kind.MIGRATE)
+
+
+@dataclass
+class NodeRecord:
+    name: str
+    score: int
+    last_report_at: float
+    replicas: tuple[str, ...]
+    last_key: tuple[float, int] | None = None
+    last_sent_at: float | None = None
+    missed: int = 0
+
+    def suspect(self, threshold: int) -> bool:
+        return self.missed >= threshold
+
+
+@dataclass
+class Counters:
+    accepted: int = 0
+    rejected: dict[Rejection, int] = field(default_factory=lambda: dict.fromkeys(Rejection, 0))
+    actions: dict[Kind, int] = field(default_factory=lambda: dict.fromkeys(Kind, 0))
+    capped: int = 0
+    failed: dict[Kind, int] = field(default_factory=lambda: dict.fromkeys(Kind, 0))
+
+
+class Controller:
+    """One controller instance's view of the fleet; every instance applies every report (warm followers)."""
+
+    def __init__(
+        self,
+        config: ControllerConfig,
+        replicas: Sequence[Replica],
+        urls: Mapping[str, str],
+        now: float,
+        *,
+        discovered: bool = False,
+    ) -> None:
+        """``replicas`` from the plan; with ``discovered`` (Kubernetes: pods are placed by the scheduler, not the
+        plan) the controller starts with the plan's nodes and no replica, and takes each node's replicas from its
+        agent's reports (pod name and URL)."""
+        self.config = config
+        self.discovered = discovered
+        by_node: dict[str, list[str]] = {}
+        for r in replicas:
+            by_node.setdefault(r.node.name, []).append(r.id)
+        self.replicas: dict[str, ReplicaRecord] = (
+            {}
+            if discovered
+            else {r.id: ReplicaRecord(r.id, r.node.name, urls[r.id], config.health.start) for r in replicas}
+        )
+        self.nodes = {
+            n: NodeRecord(n, config.health.start, now, () if discovered else tuple(ids)) for n, ids in by_node.items()
+        }
+        self.counters = Counters()
+
+    # ----- reports ---------------------------------------------------------------------------------
+    def receive(self, report: NodeReport, now: float) -> None:
+        """Apply one node's report, or raise :class:`ReportRejected` (counted, nothing applied)."""
+        try:
+            self._check(report, now)
+        except ReportRejected as exc:
+            self.counters.rejected[exc.reason] += 1
+            raise
+        node = self.nodes[report.node]
+        if self.discovered:
+            self._sync(node, report)
+        failed = 0
+        for probe in report.replicas:
+            rec = self.replicas[probe.id]
+            rec.score = next_score(rec.score, probe.ok, self.config.health)
+            failed += not probe.ok
+            rec.figures = {
+                "gpu_utilization": probe.gpu_utilization,
+                "memory_usage": probe.memory_usage,
+                "network_bandwidth": probe.network_bandwidth,
+            }
+            if probe.ok and rec.requests_total is not None and node.last_sent_at is not None:
+                dt = report.sent_at - node.last_sent_at
+                if dt > 0 and probe.requests_total >= rec.requests_total:
+                    rec.rate_per_s = (probe.requests_total - rec.requests_total) / dt
+            if probe.ok:
+                rec.requests_total = probe.requests_total
+        node.score = next_score(node.score, 2 * failed <= len(report.replicas), self.config.health)
+        node.last_key = (report.agent_start, report.seq)
+        node.last_sent_at = report.sent_at
+        node.last_report_at = now
+        node.missed = 0
+        self.counters.accepted += 1
+
+    def _sync(self, node: NodeRecord, report: NodeReport) -> None:
+        """Discovered replicas: the node's report lists its pods. A new pod starts serving (the router discovered it
+        Ready); a pod that moved here (LeaderWorkerSet pods keep their names) follows, with its new URL; a pod no
+        longer listed is forgotten unless an action on it is still running."""
+        present = {p.id: p.url for p in report.replicas if p.url}
+        for rid in node.replicas:
+            if rid not in present and rid in self.replicas and self.replicas[rid].pending is None:
+                del self.replicas[rid]
+        for rid, url in present.items():
+            rec = self.replicas.get(rid)
+            if rec is None:
+                self.replicas[rid] = ReplicaRecord(rid, node.name, url, self.config.health.start)
+            elif rec.pending is None and (rec.node, rec.url) != (node.name, url):
+                rec.node, rec.url = node.name, url
+        for n in self.nodes.values():
+            n.replicas = tuple(rid for rid, rec in self.replicas.items() if rec.node == n.name)
+
+    def reject_malformed(self) -> None:
+        """Count a body that did not parse (the service calls this; nothing else to apply)."""
+        self.counters.rejected[Rejection.MALFORMED] += 1
+
+    def _check(self, report: NodeReport, now: float) -> None:
+        node = self.nodes.get(report.node)
+        if node is None:
+            raise ReportRejected(Rejection.UNKNOWN_NODE, f"node {report.node!r} is not in the stack's fleet")
+        key = (report.agent_start, report.seq)
+        if node.last_key is not None and key <= node.last_key:
+            raise ReportRejected(
+                Rejection.REPLAYED,
+                f"node {report.node!r} seq {report.seq} (agent start {report.agent_start:.3f}) is not after the "
+                f"last applied seq {node.last_key[1]} (agent start {node.last_key[0]:.3f})",
+            )
+        if report.sent_at < now - self.config.max_age_s:
+            raise ReportRejected(
+                Rejection.STALE, f"sent {now - report.sent_at:.1f} s ago, more than {self.config.max_age_s:g} s"
+            )
+        if report.sent_at > now + FUTURE_SKEW_S:
+            raise ReportRejected(
+                Rejection.FUTURE, f"sent {report.sent_at - now:.1f} s in the future (check the node's clock)"
+            )
+        unknown = sorted({p.id for p in report.replicas} - set(node.replicas))
+        if self.discovered:
+            unknown = sorted(p.id for p in report.replicas if not p.url and p.id not in node.replicas)
+        if unknown:
+            raise ReportRejected(Rejection.UNKNOWN_REPLICA, f"replicas {unknown} do not run on node {report.node!r}")
+
+    # ----- decisions -------------------------------------------------------------------------------
+    def effective_score(self, replica_id: str) -> int:
+        rec = self.replicas[replica_id]
+        return min(rec.score, self.nodes[rec.node].score)
+
+    def evicted(self) -> int:
+        """Replicas out of rotation now or about to be (the eviction cap counts these)."""
+        return sum(not r.in_rotation for r in self.replicas.values())
+
+    def tick(self, now: float, *, acting: bool) -> list[Action]:
+        """Count missed reports; when ``acting`` (the leader), the actions to take now, in place."""
+        for node in self.nodes.values():
+            node.missed = int(max(0.0, now - node.last_report_at) // self.config.interval_s)
+        if not acting:
+            return []
+        actions = []
+        for rec in self.replicas.values():
+            if rec.pending is not None or self.nodes[rec.node].suspect(self.config.missed_to_suspect):
+                continue
+            action = self._decide(rec)
+            if action is not None:
+                rec.pending = action.kind
+                rec.state = _RUNNING.get(action.kind, rec.state)
+                self.counters.actions[action.kind] += 1
+                actions.append(action)
+        return actions
+
+    def _decide(self, rec: ReplicaRecord) -> Action | None:
+        score = self.effective_score(rec.id)
+        where = band(score, self.config.health)
+        reason = f"score {score} (replica {rec.score}, node {self.nodes[rec.node].score})"
+        if rec.state is ReplicaState.SERVING and where is not Band.OK:
+            if self.evicted() >= self.config.max_evicted:
+                self.counters.capped += 1
+                return None
+            kind = Kind.MIGRATE if where is Band.MIGRATE else Kind.REMOVE
+            return Action(kind, rec.id, rec.url, reason)
+        if rec.state is ReplicaState.OUT:
+            if where is Band.MIGRATE:
+                return Action(Kind.MIGRATE, rec.id, rec.url, reason)
+            if may_readmit(score, self.config.health):
+                return Action(Kind.READMIT, rec.id, rec.url, reason, self.warmup_rate())
+        return None
+
+    def complete(self, action: Action, ok: bool) -> None:
+        """The leader's report of what became of ``action``."""
+        rec = self.replicas[action.replica]
+        rec.pending = None
+        if not ok:
+            self.counters.failed[action.kind] += 1
+        if action.kind is Kind.REMOVE:
+            rec.state = ReplicaState.OUT if ok else rec.state
+        elif action.kind is Kind.MIGRATE:
+            rec.state = ReplicaState.OUT
+            if ok:  # a fresh process: its own history starts again, warm-up still stands between it and clients
+                rec.score = self.config.health.start
+                rec.requests_total = None
+        elif ok:
+            rec.state = ReplicaState.SERVING
+        else:  # failed warm-up: earn the hysteresis margin again before the next try
+            rec.state = ReplicaState.OUT
+            rec.score = min(rec.score, self.config.health.stop_routing_below - 1)
+
+    def adopt(self, registered: Iterable[str]) -> None:
+        """A new leader's start: what every router lists is in rotation, anything else is out."""
+        on_routers = set(registered)
+        for rec in self.replicas.values():
+            rec.pending = None
+            rec.state = ReplicaState.SERVING if rec.url in on_routers else ReplicaState.OUT
+
+    # ----- load ------------------------------------------------------------------------------------
+    def loads(self) -> dict[str, float]:
+        """Weighted load per replica from the latest reports (0.5 GPU + 0.3 memory + 0.2 network)."""
+        return {rid: weighted_load(rec.figures, self.config.weights) for rid, rec in self.replicas.items()}
+
+    def node_loads(self) -> dict[str, float]:
+        loads = self.loads()
+        return {
+            n: sum(loads[r] for r in node.replicas) / len(node.replicas)
+            for n, node in self.nodes.items()
+            if node.replicas
+        }
+
+    def move_candidates(self) -> list[str]:
+        """The most loaded serving replica of each node above ``move_ratio`` × the mean node load: what to
+        drain first when load must move."""
+        loads = self.loads()
+        out = []
+        for name in above_mean(self.node_loads(), self.config.move_ratio):
+            serving = [r for r in self.nodes[name].replicas if self.replicas[r].in_rotation]
+            if serving:
+                out.append(max(serving, key=lambda r: loads[r]))
+        return out
+
+    def warmup_rate(self) -> float:
+        """Warm-up traffic: ``serving.warmup_share`` of the mean per-replica request rate (at least 1/s)."""
+        rates = [r.rate_per_s for r in self.replicas.values() if r.in_rotation]
+        mean = sum(rates) / len(rates) if rates else 0.0
+        return max(MIN_WARMUP_RATE_PER_S, self.config.warmup_share * mean)
+
+    # ----- status ----------------------------------------------------------------------------------
+    def node_state(self, name: str) -> str:
+        node = self.nodes[name]
+        return "suspect" if node.suspect(self.config.missed_to_suspect) else band(node.score, self.config.health).value
+
+    def replica_state(self, replica_id: str) -> str:
+        rec = self.replicas[replica_id]
+        if rec.pending is Kind.REMOVE:
+            return "removing"
+        if self.nodes[rec.node].suspect(self.config.missed_to_suspect):
+            return f"suspect/{rec.state.value}"
+        return rec.state.value
+
+    def snapshot(self, now: float) -> dict[str, object]:
+        """``nodes`` and ``replicas`` as ``exaserve status --json`` shows them."""
+        loads = self.loads()
+        return {
+            "nodes": [
+                {
+                    "name": n.name,
+                    "score": n.score,
+                    "state": self.node_state(n.name),
+                    "last_report_s": round(now - n.last_report_at, 3) if n.last_key is not None else None,
+                }
+                for n in self.nodes.values()
+            ],
+            "replicas": [
+                {
+                    "id": r.id,
+                    "node": r.node,
+                    "url": r.url,
+                    "state": self.replica_state(r.id),
+                    "score": r.score,
+                    "in_rotation": r.in_rotation,
+                    "load": round(loads[r.id], 4),
+                }
+                for r in self.replicas.values()
+            ],
+        }

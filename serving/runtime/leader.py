@@ -1,0 +1,271 @@
+"""Leader election for the controllers on an existing coordination service.
+
+* :class:`EtcdElection` — bare metal: etcd's v3 lease API through its JSON gateway (plain HTTP, keys and
+  values base64). The leader key is written in a transaction that succeeds only while the key does not
+  exist (``create_revision == 0``), attached to a lease of ``runtime.lease_ttl_s``: when the leader dies
+  its lease expires and the key goes with it. The fencing token is the key's ``create_revision``.
+* :class:`KubernetesLeaseElection` — in a cluster: a ``coordination.k8s.io/v1`` Lease, taken over when its
+  ``renewTime + leaseDurationSeconds`` has passed, every write guarded by ``resourceVersion``. The fencing
+  token is ``leaseTransitions``.
+
+A :class:`Term` is valid until its local deadline (the time the last renewal was *sent* plus the lease
+time), so a leader cut off from the coordination service stops acting before any follower can win the
+next term; :meth:`Election.verify` checks the token against the service before each batch of actions
+(a deposed leader stops at once, even when its clock lies).
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import httpx
+
+
+class ElectionError(RuntimeError):
+    """The coordination service answered something unexpected or could not be reached."""
+
+
+@dataclass(frozen=True)
+class Term:
+    """This instance's leadership: the fencing token and until when it may act without renewing."""
+
+    identity: str
+    token: int
+    deadline: float  # time.monotonic()
+    lease_id: str = ""
+
+    def valid(self, now: float | None = None) -> bool:
+        return (time.monotonic() if now is None else now) < self.deadline
+
+
+class Election(Protocol):
+    async def campaign(self) -> Term | None:
+        """Try once to become leader; the term if won, None if another instance holds it."""
+        ...
+
+    async def renew(self, term: Term) -> Term | None:
+        """Extend the term; None when it is lost (the caller stops acting at once)."""
+        ...
+
+    async def verify(self, term: Term) -> bool:
+        """The service still names this term's token as the leader's."""
+        ...
+
+    async def leader(self) -> str | None:
+        """The current leader's identity, if any."""
+        ...
+
+    async def resign(self, term: Term) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _unb64(text: str) -> str:
+    return base64.b64decode(text).decode()
+
+
+class EtcdElection:
+    """Election on etcd's v3 JSON gateway (``/v3/lease/*``, ``/v3/kv/*``)."""
+
+    def __init__(self, endpoints: list[str], key: str, identity: str, ttl_s: float, *, timeout_s: float = 2.0) -> None:
+        self.endpoints = [e.rstrip("/") for e in endpoints]
+        self.key = key
+        self.identity = identity
+        self.ttl_s = ttl_s
+        self._http = httpx.AsyncClient(timeout=timeout_s)
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        problems = []
+        for endpoint in self.endpoints:
+            try:
+                response = await self._http.post(endpoint + path, json=body)
+            except httpx.HTTPError as exc:
+                problems.append(f"{endpoint}: {exc!r}")
+                continue
+            if response.status_code != 200:
+                raise ElectionError(f"etcd {path} answered {response.status_code}: {response.text[:300]}")
+            data = response.json()
+            if "error" in data:
+                raise ElectionError(f"etcd {path}: {data['error']}")
+            return dict(data.get("result", data))
+        raise ElectionError(f"no etcd endpoint answered {path}: {'; '.join(problems)}")
+
+    async def campaign(self) -> Term | None:
+        sent = time.monotonic()
+        lease = await self._post("/v3/lease/grant", {"TTL": max(1, round(self.ttl_s))})
+        lease_id = str(lease["ID"])
+        key = _b64(self.key)
+        txn = await self._post(
+            "/v3/kv/txn",
+            {
+                "compare": [{"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+                "success": [{"request_put": {"key": key, "value": _b64(self.identity), "lease": lease_id}}],
+                "failure": [{"request_range": {"key": key}}],
+            },
+        )
+        if not txn.get("succeeded"):
+            await self._post("/v3/lease/revoke", {"ID": lease_id})
+            return None
+        return Term(self.identity, int(txn["header"]["revision"]), sent + self.ttl_s, lease_id)
+
+    async def renew(self, term: Term) -> Term | None:
+        sent = time.monotonic()
+        try:
+            result = await self._post("/v3/lease/keepalive", {"ID": term.lease_id})
+        except ElectionError:
+            return None
+        if int(result.get("TTL", 0)) <= 0 or not await self.verify(term):
+            return None
+        return Term(term.identity, term.token, sent + self.ttl_s, term.lease_id)
+
+    async def verify(self, term: Term) -> bool:
+        key = _b64(self.key)
+        try:
+            txn = await self._post(
+                "/v3/kv/txn",
+                {"compare": [{"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": str(term.token)}]},
+            )
+        except ElectionError:
+            return False
+        return bool(txn.get("succeeded"))
+
+    async def leader(self) -> str | None:
+        found = await self._post("/v3/kv/range", {"key": _b64(self.key)})
+        kvs = found.get("kvs") or []
+        return _unb64(kvs[0]["value"]) if kvs else None
+
+    async def resign(self, term: Term) -> None:
+        await self._post("/v3/lease/revoke", {"ID": term.lease_id})
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+def _micro_time(t: float) -> str:
+    """Kubernetes MicroTime: RFC 3339 with microseconds, UTC."""
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_time(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+class KubernetesLeaseElection:
+    """Election on one ``coordination.k8s.io/v1`` Lease (the controller's Role may touch only that one)."""
+
+    def __init__(
+        self,
+        api_url: str,
+        namespace: str,
+        name: str,
+        identity: str,
+        ttl_s: float,
+        *,
+        token: str | None = None,
+        ca_path: str | None = None,
+        timeout_s: float = 2.0,
+    ) -> None:
+        self.url = f"{api_url.rstrip('/')}/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.ttl_s = ttl_s
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(timeout=timeout_s, headers=headers, verify=ca_path or True)
+
+    async def _get(self) -> dict[str, Any] | None:
+        response = await self._http.get(f"{self.url}/{self.name}")
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise ElectionError(f"GET lease {self.name} answered {response.status_code}: {response.text[:300]}")
+        return dict(response.json())
+
+    def _spec(self, transitions: int, acquired: float, now: float) -> dict[str, Any]:
+        return {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": max(1, round(self.ttl_s)),
+            "acquireTime": _micro_time(acquired),
+            "renewTime": _micro_time(now),
+            "leaseTransitions": transitions,
+        }
+
+    async def campaign(self) -> Term | None:
+        sent, now = time.monotonic(), time.time()
+        lease = await self._get()
+        if lease is None:
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": self._spec(0, now, now),
+            }
+            response = await self._http.post(self.url, json=body)
+            if response.status_code == 409:
+                return None
+            if response.status_code not in (200, 201):
+                raise ElectionError(f"POST lease answered {response.status_code}: {response.text[:300]}")
+            return Term(self.identity, 0, sent + self.ttl_s)
+        spec = lease.get("spec", {})
+        holder = spec.get("holderIdentity")
+        renewed = _parse_time(spec["renewTime"]) if spec.get("renewTime") else 0.0
+        expired = renewed + float(spec.get("leaseDurationSeconds", self.ttl_s)) < now
+        if holder not in (None, "", self.identity) and not expired:
+            return None
+        transitions = int(spec.get("leaseTransitions", 0)) + (holder != self.identity)
+        if await self._put(lease, self._spec(transitions, now, now)):
+            return Term(self.identity, transitions, sent + self.ttl_s)
+        return None
+
+    async def _put(self, lease: dict[str, Any], spec: dict[str, Any]) -> bool:
+        body = {**lease, "spec": spec}
+        response = await self._http.put(f"{self.url}/{self.name}", json=body)
+        if response.status_code == 409:  # someone wrote since our read (resourceVersion)
+            return False
+        if response.status_code != 200:
+            raise ElectionError(f"PUT lease {self.name} answered {response.status_code}: {response.text[:300]}")
+        return True
+
+    async def renew(self, term: Term) -> Term | None:
+        sent, now = time.monotonic(), time.time()
+        try:
+            lease = await self._get()
+        except (ElectionError, httpx.HTTPError):
+            return None
+        if lease is None or not self._holds(lease, term):
+            return None
+        spec = dict(lease["spec"])
+        if not await self._put(lease, {**spec, "renewTime": _micro_time(now)}):
+            return None
+        return Term(term.identity, term.token, sent + self.ttl_s)
+
+    def _holds(self, lease: dict[str, Any], term: Term) -> bool:
+        spec = lease.get("spec", {})
+        return spec.get("holderIdentity") == term.identity and int(spec.get("leaseTransitions", 0)) == term.token
+
+    async def verify(self, term: Term) -> bool:
+        try:
+            lease = await self._get()
+        except (ElectionError, httpx.HTTPError):
+            return False
+        return lease is not None and self._holds(lease, term)
+
+    async def leader(self) -> str | None:
+        lease = await self._get()
+        return None if lease is None else lease.get("spec", {}).get("holderIdentity") or None
+
+    async def resign(self, term: Term) -> None:
+        lease = await self._get()
+        if lease is not None and self._holds(lease, term):
+            await self._put(lease, {**lease["spec"], "holderIdentity": "", "renewTime": _micro_time(0)})
+
+    async def aclose(self) -> None:
+        await self._http.aclose()

@@ -1,0 +1,79 @@
+"""The agent → controller report: one batched message per node per heartbeat interval.
+
+Strict and versioned: unknown fields, wrong types and a schema version other than
+:data:`REPORT_SCHEMA_VERSION` are refused. Each report carries the node's name, a sequence number that
+grows by one per report of that agent process, and the agent's wall-clock send time, so that the
+controller can refuse a report from a node it does not know, a replayed or out-of-order one, and one
+too old or from too far in the future (:class:`Rejection`); every refusal is counted, none is applied.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+REPORT_SCHEMA_VERSION: Literal[1] = 1
+MAX_REPLICAS_PER_REPORT = 256
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ReplicaProbe(_Strict):
+    """What the agent saw of one replica this interval."""
+
+    id: str = Field(min_length=1, max_length=253, description="Replica id: from the plan, or the pod's name.")
+    url: str | None = Field(
+        default=None, max_length=300, description="The URL the routers know it by (agents that discover pods)."
+    )
+    ok: bool = Field(description="The health call answered 200 within serving.health_check_timeout_s.")
+    latency_s: float | None = Field(ge=0, description="Health call latency; None when it timed out or failed.")
+    error: str | None = Field(default=None, max_length=300, description="Why the probe failed.")
+    gpu_utilization: float = Field(default=0.0, ge=0, le=1, description="Share 0–1 (DCGM, or running/max).")
+    memory_usage: float = Field(default=0.0, ge=0, le=1, description="Share 0–1 (DCGM FB used, or token usage).")
+    network_bandwidth: float = Field(default=0.0, ge=0, le=1, description="Share 0–1 of the link (DCGM), else 0.")
+    running: int = Field(default=0, ge=0, description="sglang:num_running_reqs.")
+    queued: int = Field(default=0, ge=0, description="sglang:num_queue_reqs.")
+    requests_total: float = Field(default=0.0, ge=0, description="sglang:num_requests_total (counter).")
+
+
+class NodeReport(_Strict):
+    """One node's heartbeat: every replica of the node, probed once."""
+
+    schema_version: Literal[1] = Field(description="Report schema version; the controller takes only 1.")
+    node: str = Field(min_length=1, max_length=253, description="Node name from the stack.")
+    seq: int = Field(ge=0, description="Per-agent sequence number, +1 per report.")
+    agent_start: float = Field(gt=0, description="When the agent process started (Unix s): a restart resets seq.")
+    sent_at: float = Field(gt=0, description="Agent wall clock at send time (Unix s).")
+    replicas: tuple[ReplicaProbe, ...] = Field(max_length=MAX_REPLICAS_PER_REPORT)
+
+
+class Rejection(StrEnum):
+    """Why the controller refused a report (the ``reason`` label of its rejection counter)."""
+
+    MALFORMED = "malformed"
+    UNKNOWN_NODE = "unknown_node"
+    UNKNOWN_REPLICA = "unknown_replica"
+    REPLAYED = "replayed"
+    STALE = "stale"
+    FUTURE = "future"
+
+
+class ReportRejected(ValueError):
+    def __init__(self, reason: Rejection, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def parse_report(body: bytes | str) -> NodeReport:
+    """Validate a report body; raises :class:`ReportRejected` (``malformed``) naming the first problem."""
+    try:
+        return NodeReport.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise ReportRejected(Rejection.MALFORMED, f"{where}: {first['msg']}") from None

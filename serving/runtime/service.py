@@ -1,0 +1,379 @@
+"""The controller process: an HTTP endpoint for the agents' reports, the state machine's loops, leader
+election, the leader's actions (router membership on every instance, migration through the deployment
+backend, warm-up) and Prometheus metrics.
+
+Every instance applies every report and counts missed ones (warm followers); only the leader acts, and
+only while its term is valid and verified against the coordination service (:mod:`serving.runtime.leader`).
+Losing the term cancels the actions in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from typing import Any, Protocol
+
+import httpx
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from serving.plan.model import Plan
+from serving.rollout.backends import Backend, BackendError, ReplicaIndex
+from serving.router.client import RouterApiError, RouterClient
+from serving.router.loadgen import LoadSpec, run_load
+from serving.runtime.agent import REPORTS_PATH
+from serving.runtime.controller import Action, Controller, ControllerConfig, Kind, replica_urls
+from serving.runtime.leader import Election, ElectionError, Term
+from serving.runtime.membership import RouterSet
+from serving.runtime.reports import Rejection, ReportRejected, parse_report
+from serving.spec.schema import FleetSpec
+
+STATUS_PATH = "/v1/status"
+METRICS_PATH = "/metrics"
+_RECENT_ACTIONS = 50
+log = logging.getLogger(__name__)
+
+
+class Restarter(Protocol):
+    async def restart(self, replica_id: str, timeout_s: float) -> None:
+        """Stop the replica's process (a hung one too) and start it again; raises BackendError."""
+        ...
+
+
+class BackendRestarter(ReplicaIndex):
+    """Restart through a rollout backend (systemd over SSH, the pod on Kubernetes): re-apply the version the
+    stack says the replica's group runs."""
+
+    def __init__(self, spec: FleetSpec, plan: Plan, backend: Backend) -> None:
+        super().__init__(list(plan.replicas))
+        self.spec = spec
+        self.backend = backend
+
+    async def restart(self, replica_id: str, timeout_s: float) -> None:
+        replica = self._replica(replica_id)
+        await self.backend.update([replica_id], self.spec.group_version(replica.group), timeout_s)
+
+
+class Deposed(RuntimeError):
+    """This instance's term ended; it must not act."""
+
+
+def _warmup_passed(spec: FleetSpec, errors: float, p99_s: float, count: int) -> tuple[bool, str]:
+    ok = count > 0 and errors <= spec.rollout.max_error_rate and p99_s <= spec.limits.p99_target_s
+    return ok, (
+        f"{count} warm-up requests: error rate {errors:.3%} (max {spec.rollout.max_error_rate:.3%}), "
+        f"P99 {p99_s:.3f} s (max {spec.limits.p99_target_s:g} s)"
+    )
+
+
+class ControllerService:
+    """One controller instance."""
+
+    def __init__(
+        self,
+        spec: FleetSpec,
+        plan: Plan,
+        *,
+        identity: str,
+        election: Election,
+        routers: RouterSet,
+        restarter: Restarter | None,
+        discovered: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.spec = spec
+        self.identity = identity
+        self.election = election
+        self.routers = routers
+        self.restarter = restarter
+        self.clock = clock
+        self.controller = Controller(
+            ControllerConfig.from_spec(spec, len(plan.replicas)),
+            plan.replicas,
+            replica_urls(spec, plan),
+            clock(),
+            discovered=discovered,
+        )
+        self.term: Term | None = None
+        self.leader: str | None = None
+        self.recent: deque[dict[str, Any]] = deque(maxlen=_RECENT_ACTIONS)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loads: dict[str, float] = {}
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_Collector(self))
+
+    # ----- HTTP ------------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=1 << 20)
+        app.router.add_post(REPORTS_PATH, self._on_report)
+        app.router.add_get(STATUS_PATH, self._on_status)
+        app.router.add_get(METRICS_PATH, self._on_metrics)
+        return app
+
+    async def _on_report(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        try:
+            report = parse_report(body)
+        except ReportRejected as exc:
+            self.controller.reject_malformed()
+            return web.json_response({"rejected": exc.reason.value, "detail": exc.detail}, status=400)
+        try:
+            self.controller.receive(report, self.clock())
+        except ReportRejected as exc:
+            status = 404 if exc.reason in (Rejection.UNKNOWN_NODE, Rejection.UNKNOWN_REPLICA) else 409
+            return web.json_response({"rejected": exc.reason.value, "detail": exc.detail}, status=status)
+        return web.json_response({"accepted": True}, status=202)
+
+    def status(self) -> dict[str, Any]:
+        c = self.controller.counters
+        return {
+            "identity": self.identity,
+            "leader": self.leader,
+            "is_leader": self.acting(),
+            "term": self.term.token if self.term else None,
+            **self.controller.snapshot(self.clock()),
+            "eviction_cap": self.controller.config.max_evicted,
+            "move_candidates": self.controller.move_candidates(),
+            "reports": {"accepted": c.accepted, "rejected": {k.value: v for k, v in c.rejected.items()}},
+            "actions": list(self.recent),
+        }
+
+    async def _on_status(self, _request: web.Request) -> web.Response:
+        return web.json_response(self.status())
+
+    async def _on_metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # ----- loops -----------------------------------------------------------------------------------
+    def acting(self) -> bool:
+        return self.term is not None and self.term.valid()
+
+    async def run(self, host: str, port: int, stop: asyncio.Event) -> None:
+        runner = web.AppRunner(self.app(), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
+        loops = [
+            asyncio.create_task(self._lease_loop(stop)),
+            asyncio.create_task(self._tick_loop(stop)),
+            asyncio.create_task(self._load_loop(stop)),
+        ]
+        try:
+            await stop.wait()
+        finally:
+            for task in loops:
+                task.cancel()
+            self._cancel_actions()
+            if self.term is not None:
+                with contextlib.suppress(ElectionError, httpx.HTTPError):
+                    await self.election.resign(self.term)
+            await runner.cleanup()
+            await self.election.aclose()
+
+    async def _lease_loop(self, stop: asyncio.Event) -> None:
+        period = self.spec.runtime.lease_ttl_s / 3
+        while not stop.is_set():
+            try:
+                await self._lease_step()
+            except (ElectionError, RouterApiError, httpx.HTTPError, OSError) as exc:
+                log.warning("%s: election: %s", self.identity, exc)
+            if self.term is not None and not self.term.valid():
+                self._depose("term expired without renewal")
+            await _sleep(stop, period)
+
+    async def _lease_step(self) -> None:
+        if self.term is None:
+            term = await self.election.campaign()
+            if term is not None:
+                try:
+                    registered = await self.routers.registered()
+                except (RouterApiError, httpx.HTTPError, OSError):
+                    await self.election.resign(term)  # cannot see the routers: let another instance lead
+                    raise
+                self.controller.adopt(registered)
+                self.term = term
+                log.warning("%s: leader (term %d), %d replicas registered", self.identity, term.token, len(registered))
+        else:
+            renewed = await self.election.renew(self.term)
+            if renewed is None:
+                self._depose("lease lost")
+            else:
+                self.term = renewed
+        self.leader = await self.election.leader()
+
+    def _depose(self, why: str) -> None:
+        log.warning("%s: no longer leader: %s", self.identity, why)
+        self.term = None
+        self._cancel_actions()
+
+    def _cancel_actions(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def _tick_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            term = self.term if self.acting() else None
+            actions = self.controller.tick(self.clock(), acting=term is not None)
+            if term is not None:
+                for action in actions:
+                    task = asyncio.create_task(self._execute(action, term))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+            await _sleep(stop, self.spec.serving.heartbeat_interval_s / 2)
+
+    async def _load_loop(self, stop: asyncio.Event) -> None:
+        """The weighted load from the latest reports, every ``scheduler.period_ms``."""
+        while not stop.is_set():
+            self._loads = self.controller.loads()
+            await _sleep(stop, self.spec.scheduler.period_ms / 1000)
+
+    # ----- actions ---------------------------------------------------------------------------------
+    async def _fence(self, term: Term) -> None:
+        if self.term is not term and (self.term is None or self.term.token != term.token):
+            raise Deposed("term ended")
+        if not self.term.valid() or not await self.election.verify(self.term):
+            self._depose("fencing token no longer current")
+            raise Deposed("fencing token no longer current")
+
+    async def _execute(self, action: Action, term: Term) -> None:
+        started = time.monotonic()
+        entry: dict[str, Any] = {**asdict(action), "term": term.token, "at": self.clock()}
+        ok = False
+        try:
+            await self._fence(term)
+            entry["detail"] = await self._perform(action, term)
+            ok = True
+        except asyncio.CancelledError:
+            entry["detail"] = "cancelled: leadership lost"
+            raise
+        except (Deposed, RouterApiError, httpx.HTTPError, TimeoutError, BackendError, ElectionError, OSError) as exc:
+            entry["detail"] = f"{type(exc).__name__}: {exc}"
+            log.warning("%s: %s %s failed: %s", self.identity, action.kind.value, action.replica, exc)
+        finally:
+            entry.update(ok=ok, seconds=round(time.monotonic() - started, 3))
+            self.recent.append(entry)
+            self.controller.complete(action, ok)
+
+    async def _perform(self, action: Action, term: Term) -> Any:
+        timeout = self.spec.rollout.drain_timeout_s
+        if action.kind is Kind.REMOVE:
+            return asdict(await self.routers.remove(action.url, timeout_s=timeout))
+        if action.kind is Kind.MIGRATE:
+            removed = await self.routers.remove(action.url, timeout_s=timeout)
+            await self._drain(action.url)
+            if self.restarter is None:
+                raise BackendError("no deployment backend given to this controller; cannot restart the replica")
+            await self._fence(term)
+            await self.restarter.restart(action.replica, self.spec.serving.startup_budget_s)
+            return {"removed": asdict(removed), "restarted": True}
+        warm = await self._warm_up(action)
+        await self._fence(term)
+        added = await self.routers.add(action.url, timeout_s=self.spec.serving.startup_budget_s)
+        return {"warmup": warm, "added": asdict(added)}
+
+    async def _drain(self, url: str) -> None:
+        """Wait for in-flight requests (bounded by the health timeout: a dead or hung replica has none to
+        give back, and its clients' retries land elsewhere)."""
+        async with RouterClient(url, url + METRICS_PATH, timeout_s=self.spec.serving.health_check_timeout_s) as c:
+            with contextlib.suppress(httpx.HTTPError, TimeoutError):
+                await c.wait_until_idle(url, timeout_s=self.spec.rollout.drain_timeout_s)
+
+    async def _warm_up(self, action: Action) -> str:
+        """Synthetic requests straight to the replica at ``serving.warmup_share`` of the mean rate for
+        ``serving.warmup_duration_s`` (the router cannot ramp real traffic to one worker)."""
+        # wait for the replica to answer its health check first (a restarted process is still loading)
+        deadline = time.monotonic() + self.spec.serving.startup_budget_s
+        async with httpx.AsyncClient(timeout=self.spec.serving.health_check_timeout_s) as http:
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get(action.url + "/health")).status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{action.url} not healthy within serving.startup_budget_s")
+                await asyncio.sleep(min(1.0, self.spec.serving.heartbeat_interval_s))
+        duration = max(self.spec.serving.warmup_duration_s, 1.0 / action.rate_per_s)
+        report = await run_load(LoadSpec(url=action.url, rate_per_s=action.rate_per_s, duration_s=duration))
+        passed, detail = _warmup_passed(self.spec, report.error_rate, report.p99_s, report.count)
+        if not passed:
+            raise BackendError(f"warm-up failed: {detail}")
+        return detail
+
+
+async def _sleep(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=max(0.0, seconds))
+
+
+class _Collector:
+    """Prometheus view of one controller, read at scrape time."""
+
+    def __init__(self, service: ControllerService) -> None:
+        self.s = service
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        ctl = self.s.controller
+        node_score = GaugeMetricFamily("exaserve_runtime_node_score", "Node health score (0-100).", labels=["node"])
+        node_suspect = GaugeMetricFamily(
+            "exaserve_runtime_node_suspect", "1 when the node's agent missed its reports.", labels=["node"]
+        )
+        node_last = GaugeMetricFamily(
+            "exaserve_runtime_node_last_report_age_seconds", "Seconds since the node's last report.", labels=["node"]
+        )
+        now = self.s.clock()
+        for name, node in ctl.nodes.items():
+            node_score.add_metric([name], node.score)
+            node_suspect.add_metric([name], float(node.suspect(ctl.config.missed_to_suspect)))
+            node_last.add_metric([name], now - node.last_report_at)
+        score = GaugeMetricFamily(
+            "exaserve_runtime_replica_score", "Replica health score (0-100).", labels=["replica", "node"]
+        )
+        rotation = GaugeMetricFamily(
+            "exaserve_runtime_replica_in_rotation", "1 while the replica takes new requests.", labels=["replica"]
+        )
+        state = GaugeMetricFamily(
+            "exaserve_runtime_replica_state", "1 for the replica's current state.", labels=["replica", "state"]
+        )
+        load = GaugeMetricFamily(
+            "exaserve_runtime_replica_load", "Weighted load 0.5 GPU + 0.3 memory + 0.2 network.", labels=["replica"]
+        )
+        loads = self.s._loads
+        for rid, rec in ctl.replicas.items():
+            score.add_metric([rid, rec.node], rec.score)
+            rotation.add_metric([rid], float(rec.in_rotation))
+            state.add_metric([rid, ctl.replica_state(rid)], 1.0)
+            load.add_metric([rid], loads.get(rid, 0.0))
+        yield from (node_score, node_suspect, node_last, score, rotation, state, load)
+        evicted = GaugeMetricFamily("exaserve_runtime_evicted_replicas", "Replicas out of rotation now.")
+        evicted.add_metric([], ctl.evicted())
+        cap = GaugeMetricFamily("exaserve_runtime_eviction_cap", "Most replicas the controller may evict.")
+        cap.add_metric([], ctl.config.max_evicted)
+        capped = CounterMetricFamily("exaserve_runtime_evictions_capped", "Evictions refused by the cap.")
+        capped.add_metric([], ctl.counters.capped)
+        accepted = CounterMetricFamily("exaserve_runtime_reports_accepted", "Agent reports applied.")
+        accepted.add_metric([], ctl.counters.accepted)
+        rejected = CounterMetricFamily(
+            "exaserve_runtime_reports_rejected", "Agent reports refused, by reason.", labels=["reason"]
+        )
+        for reason, n in ctl.counters.rejected.items():
+            rejected.add_metric([reason.value], n)
+        actions = CounterMetricFamily("exaserve_runtime_actions", "Actions started, by kind.", labels=["kind"])
+        failures = CounterMetricFamily("exaserve_runtime_action_failures", "Actions failed, by kind.", labels=["kind"])
+        for kind in Kind:
+            actions.add_metric([kind.value], ctl.counters.actions[kind])
+            failures.add_metric([kind.value], ctl.counters.failed[kind])
+        leader = GaugeMetricFamily(
+            "exaserve_runtime_leader", "1 while this instance is the leader.", labels=["identity"]
+        )
+        leader.add_metric([self.s.identity], float(self.s.acting()))
+        term = GaugeMetricFamily("exaserve_runtime_leader_term", "Fencing token of this instance's term (0: none).")
+        term.add_metric([], float(self.s.term.token) if self.s.term else 0.0)
+        yield from (evicted, cap, capped, accepted, rejected, actions, failures, leader, term)

@@ -1,0 +1,489 @@
+"""The runtime layer's pure core on fake time (score, controller state machine, report checks) and leader election
+against a real etcd and a Kubernetes API-server stand-in.
+
+The stand-in (an aiohttp app serving one ``coordination.k8s.io/v1`` Lease with ``resourceVersion`` conflicts) is
+used because no API server can run here; etcd is the real Debian ``etcd-server``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from serving.plan.planner import plan
+from serving.rollout.backends.kubernetes import KubeApi
+from serving.runtime.controller import Action, Controller, ControllerConfig, Kind, ReplicaState, replica_urls
+from serving.runtime.discovery import NodePods
+from serving.runtime.leader import EtcdElection, KubernetesLeaseElection
+from serving.runtime.reports import NodeReport, Rejection, ReplicaProbe, ReportRejected, parse_report
+from serving.runtime.score import above_mean, band, next_score, weighted_load
+from serving.sandbox.processes import free_port
+from serving.spec.schema import FleetSpec, HealthScoreSpec
+from tests.support.etcd import running_etcd
+from tests.support.stacks import spec_from
+
+HEALTH = HealthScoreSpec()
+T0 = 1_800_000_000.0
+
+
+def two_node_spec(**changes: Any) -> FleetSpec:
+    """The sandbox stack on 2 nodes × 4 replicas, heartbeat 5 s (the source's), eviction cap 25 % (2 replicas)."""
+    return spec_from(
+        "sandbox",
+        cluster__pools__0__count=2,
+        serving__replicas_per_node=4,
+        serving__heartbeat_interval_s=5,
+        runtime__max_eviction_share=0.25,
+        **changes,
+    )
+
+
+SPEC = two_node_spec()
+PLAN = plan(SPEC)
+NODES = sorted({r.node.name for r in PLAN.replicas})
+
+
+def controller(spec: FleetSpec = SPEC) -> Controller:
+    fleet = plan(spec)
+    return Controller(
+        ControllerConfig.from_spec(spec, len(fleet.replicas)), fleet.replicas, replica_urls(spec, fleet), T0
+    )
+
+
+class Agents:
+    """Reports as the agents would send them, one sequence per node."""
+
+    def __init__(self) -> None:
+        self.seq = dict.fromkeys(NODES, 0)
+
+    def report(self, node: str, now: float, failing: set[str] = frozenset(), **figures: float) -> NodeReport:  # type: ignore[assignment]
+        self.seq[node] += 1
+        probes = tuple(
+            ReplicaProbe(id=r.id, ok=r.id not in failing, latency_s=None if r.id in failing else 0.01, **figures)
+            for r in PLAN.replicas
+            if r.node.name == node
+        )
+        return NodeReport(
+            schema_version=1, node=node, seq=self.seq[node], agent_start=T0 - 1, sent_at=now, replicas=probes
+        )
+
+
+def run_actions(ctl: Controller, now: float, ok: bool = True) -> list[Action]:
+    actions = ctl.tick(now, acting=True)
+    for a in actions:
+        ctl.complete(a, ok)
+    return actions
+
+
+# ----- score -------------------------------------------------------------------------------------------
+@given(st.lists(st.booleans(), max_size=400), st.integers(0, 100))
+def test_score_stays_within_0_and_cap(events: list[bool], start: int) -> None:
+    score = start
+    for ok in events:
+        score = next_score(score, ok, HEALTH)
+        assert 0 <= score <= HEALTH.cap
+
+
+def test_score_follows_the_source_arithmetic() -> None:
+    """−5 per timeout, +1 per success: 9 timeouts (45 s at 5 s) to fall below 60, 15 to fall below 30 — while the
+    router's own check (3 × 5 s) already failed the replica at 15 s: the plan's inconsistency, kept visible."""
+    score, timeouts = HEALTH.start, 0
+    while band(score, HEALTH).value == "ok":
+        score, timeouts = next_score(score, False, HEALTH), timeouts + 1
+    assert (timeouts, score) == (9, 55)
+    while band(score, HEALTH).value != "migrate":
+        score, timeouts = next_score(score, False, HEALTH), timeouts + 1
+    assert (timeouts, score) == (15, 25)
+    assert next_score(100, True, HEALTH) == 100
+
+
+def test_weighted_load_and_what_to_move() -> None:
+    assert weighted_load(
+        {"gpu_utilization": 1.0, "memory_usage": 0.5, "network_bandwidth": 0.0}, SPEC.scheduler.weights
+    ) == pytest.approx(0.65)
+    assert above_mean({"a": 0.9, "b": 0.3, "c": 0.3}, 1.5) == ["a"]
+    assert above_mean({"a": 0.0, "b": 0.0}, 1.5) == []
+
+
+# ----- the state machine on fake time ----------------------------------------------------------------
+def test_killed_replica_timeline_on_fake_time() -> None:
+    """Heartbeat 5 s: out of rotation at the 9th failed probe (45 s), migrated at the 15th (75 s), back after its
+    warm-up passes; the other replicas stay in rotation throughout."""
+    ctl, agents = controller(), Agents()
+    dead = PLAN.replicas[0].id
+    removed_at = migrated_at = None
+    for i in range(1, 16):
+        now = T0 + 5 * i
+        for node in NODES:
+            ctl.receive(agents.report(node, now, failing={dead}), now)
+        for a in run_actions(ctl, now):
+            if a.kind is Kind.REMOVE:
+                removed_at = now - T0
+            if a.kind is Kind.MIGRATE:
+                migrated_at = now - T0
+    assert (removed_at, migrated_at) == (45, 75)
+    assert ctl.replicas[dead].state is ReplicaState.OUT and ctl.replicas[dead].score == HEALTH.start
+    now = T0 + 80
+    for node in NODES:
+        ctl.receive(agents.report(node, now), now)
+    [readmit] = run_actions(ctl, now)
+    assert readmit.kind is Kind.READMIT and ctl.replicas[dead].in_rotation
+    assert all(r.in_rotation for r in ctl.replicas.values())
+
+
+def test_dead_agent_makes_its_node_suspect_and_evicts_nothing() -> None:
+    ctl, agents = controller(), Agents()
+    silent, other = NODES
+    for i in range(1, 4):
+        ctl.receive(agents.report(other, T0 + 5 * i), T0 + 5 * i)
+        assert run_actions(ctl, T0 + 5 * i) == []
+    assert ctl.node_state(silent) == "suspect" and ctl.node_state(other) == "ok"
+    assert all(r.in_rotation for r in ctl.replicas.values())
+    ctl.receive(agents.report(silent, T0 + 16), T0 + 16)
+    assert ctl.node_state(silent) == "ok"
+
+
+def test_node_wide_failure_drags_the_node_score_and_the_cap_holds() -> None:
+    """Every replica of one node fails: its node score falls with them, but at most the cap (2 of 8) leave at once."""
+    ctl, agents = controller(), Agents()
+    bad = {r.id for r in PLAN.replicas if r.node.name == NODES[0]}
+    for i in range(1, 12):
+        now = T0 + 5 * i
+        for node in NODES:
+            ctl.receive(agents.report(node, now, failing=bad), now)
+        run_actions(ctl, now)
+        assert ctl.evicted() <= ctl.config.max_evicted == 2
+    assert ctl.nodes[NODES[0]].score < HEALTH.stop_routing_below
+    assert ctl.counters.capped > 0
+
+
+def test_failed_warmup_sends_the_replica_back_below_the_hysteresis_line() -> None:
+    ctl, agents = controller(), Agents()
+    rid = PLAN.replicas[0].id
+    now = T0
+    for i in range(1, 10):
+        now = T0 + 5 * i
+        ctl.receive(agents.report(NODES[0], now, failing={rid}), now)
+        ctl.receive(agents.report(NODES[1], now), now)
+        run_actions(ctl, now)
+    assert ctl.replicas[rid].state is ReplicaState.OUT and ctl.replicas[rid].score == 55
+    readmits = []
+    for i in range(10, 40):
+        now = T0 + 5 * i
+        ctl.receive(agents.report(NODES[0], now), now)
+        ctl.receive(agents.report(NODES[1], now), now)
+        actions = ctl.tick(now, acting=True)
+        for a in actions:
+            readmits.append((ctl.replicas[rid].score, a.kind))
+            ctl.complete(a, ok=False)  # the warm-up fails every time
+    assert readmits and all(kind is Kind.READMIT and score >= HEALTH.readmit_at for score, kind in readmits)
+    assert not ctl.replicas[rid].in_rotation
+
+
+Event = tuple[str, int, bool]  # (kind, replica index or node index, ok)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["report", "tick", "miss"]), st.integers(0, 7), st.booleans()),
+        max_size=120,
+    ),
+    st.lists(st.booleans(), min_size=1, max_size=20),
+)
+def test_state_machine_invariants(events: list[Event], outcomes: list[bool]) -> None:
+    """Random reports, missed reports, ticks and action outcomes: the eviction cap is never exceeded, nothing is
+    removed at or above the stop line, nothing is readmitted below the hysteresis line, and a replica returns to
+    rotation only through a passed warm-up."""
+    ctl, agents = controller(), Agents()
+    now, k = T0, 0
+    ids = [r.id for r in PLAN.replicas]
+    for kind, index, ok in events:
+        now += 2.5
+        if kind == "report":
+            failing = {ids[index]} if not ok else set()
+            if index % 3 == 0:  # sometimes a node-wide fault
+                failing = set(ids[:4]) if not ok else set()
+            for node in NODES:
+                ctl.receive(agents.report(node, now, failing=failing), now)
+        elif kind == "miss":
+            now += 5 * index
+        before = {rid: r.in_rotation for rid, r in ctl.replicas.items()}
+        for a in ctl.tick(now, acting=True):
+            score = ctl.effective_score(a.replica)
+            if a.kind is Kind.REMOVE:
+                assert score < HEALTH.stop_routing_below
+            if a.kind is Kind.READMIT:
+                assert score >= HEALTH.readmit_at
+            assert ctl.evicted() <= ctl.config.max_evicted or a.kind is not Kind.REMOVE
+            done = outcomes[k % len(outcomes)]
+            k += 1
+            ctl.complete(a, done)
+            if not before[a.replica] and ctl.replicas[a.replica].in_rotation:
+                assert a.kind is Kind.READMIT and done
+        assert ctl.evicted() <= ctl.config.max_evicted
+        for rid, rec in ctl.replicas.items():
+            assert 0 <= rec.score <= HEALTH.cap
+            assert before[rid] or not rec.in_rotation or rec.state is ReplicaState.SERVING
+
+
+def test_follower_tracks_scores_but_never_acts() -> None:
+    ctl, agents = controller(), Agents()
+    dead = PLAN.replicas[0].id
+    for i in range(1, 16):
+        for node in NODES:
+            ctl.receive(agents.report(node, T0 + 5 * i, failing={dead}), T0 + 5 * i)
+        assert ctl.tick(T0 + 5 * i, acting=False) == []
+    assert ctl.replicas[dead].score == 25 and ctl.replicas[dead].in_rotation
+    ctl.adopt(url for rid, url in replica_urls(SPEC, PLAN).items() if rid != dead)
+    assert not ctl.replicas[dead].in_rotation
+
+
+# ----- bad reports -----------------------------------------------------------------------------------
+def _body(**changes: Any) -> str:
+    doc = json.loads(Agents().report(NODES[0], T0).model_dump_json())
+    doc.update(changes)
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ("{not json", "body"),
+        (_body(schema_version=2), "schema_version"),
+        (_body(seq="1"), "seq"),
+        (_body(extra=1), "extra"),
+        (_body(replicas=[{"id": "x", "ok": "yes", "latency_s": None}]), "replicas.0.ok"),
+    ],
+)
+def test_malformed_reports_name_the_field(body: str, where: str) -> None:
+    with pytest.raises(ReportRejected, match=where) as info:
+        parse_report(body)
+    assert info.value.reason is Rejection.MALFORMED
+
+
+def test_unknown_replayed_stale_and_future_reports_are_rejected_counted_and_not_applied() -> None:
+    ctl, agents = controller(), Agents()
+    rid = PLAN.replicas[0].id
+    first = agents.report(NODES[0], T0 + 1, failing={rid})
+    ctl.receive(first, T0 + 1)
+    score = ctl.replicas[rid].score
+    bad: list[tuple[NodeReport, Rejection]] = [
+        (first, Rejection.REPLAYED),
+        (first.model_copy(update={"seq": 0}), Rejection.REPLAYED),
+        (first.model_copy(update={"node": "nowhere", "seq": 9}), Rejection.UNKNOWN_NODE),
+        (first.model_copy(update={"seq": 10, "sent_at": T0 - 60}), Rejection.STALE),
+        (first.model_copy(update={"seq": 11, "sent_at": T0 + 60}), Rejection.FUTURE),
+        (agents.report(NODES[1], T0 + 1).model_copy(update={"node": NODES[0], "seq": 12}), Rejection.UNKNOWN_REPLICA),
+    ]
+    for report, reason in bad:
+        with pytest.raises(ReportRejected) as info:
+            ctl.receive(report, T0 + 2)
+        assert info.value.reason is reason
+    assert ctl.replicas[rid].score == score
+    assert ctl.counters.accepted == 1
+    assert {k: v for k, v in ctl.counters.rejected.items() if v} == {
+        Rejection.REPLAYED: 2,
+        Rejection.UNKNOWN_NODE: 1,
+        Rejection.STALE: 1,
+        Rejection.FUTURE: 1,
+        Rejection.UNKNOWN_REPLICA: 1,
+    }
+    restarted = first.model_copy(update={"agent_start": T0, "seq": 1, "sent_at": T0 + 2})
+    ctl.receive(restarted, T0 + 2)  # an agent restart resets its sequence
+    assert ctl.counters.accepted == 2
+
+
+# ----- leader election ------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def etcd_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with running_etcd(tmp_path_factory.mktemp("etcd")) as url:
+        yield url
+
+
+def test_etcd_election_one_leader_takeover_after_the_lease_and_fencing(etcd_url: str) -> None:
+    """A wins; B cannot while A renews; A stops renewing (crash): B wins once A's 2 s lease expires, with a higher
+    fencing token, and A's term no longer verifies (a deposed leader stops acting)."""
+
+    async def scenario() -> None:
+        key = f"/exaserve/test/{time.monotonic_ns()}"
+        a, b = (EtcdElection([etcd_url], key, name, 2.0) for name in ("a", "b"))
+        term_a = await a.campaign()
+        assert term_a is not None and await b.campaign() is None
+        assert await a.leader() == "a"
+        renewed = await a.renew(term_a)
+        assert renewed is not None and renewed.token == term_a.token
+        assert await b.campaign() is None
+        started = time.monotonic()
+        term_b = None
+        while term_b is None:
+            assert time.monotonic() - started < 10, "B never took over"
+            await asyncio.sleep(0.2)
+            term_b = await b.campaign()
+        waited = time.monotonic() - started
+        assert waited >= 1.0  # not before A's lease ran out
+        assert term_b.token > term_a.token
+        assert await b.verify(term_b) and not await a.verify(renewed)
+        assert await a.renew(renewed) is None
+        assert await b.leader() == "b"
+        await b.resign(term_b)
+        assert await b.leader() is None
+        await asyncio.gather(a.aclose(), b.aclose())
+
+    asyncio.run(scenario())
+
+
+class LeaseApi:
+    """Kubernetes API-server stand-in for one namespace's Leases: GET, POST (409 if it exists), PUT (409 on a stale
+    resourceVersion), as the real API server answers them."""
+
+    def __init__(self) -> None:
+        self.leases: dict[str, dict[str, Any]] = {}
+        self.version = 0
+        self.requests: list[str] = []
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        base = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+        app.router.add_get(base + "/{name}", self.get)
+        app.router.add_post(base, self.post)
+        app.router.add_put(base + "/{name}", self.put)
+        return app
+
+    def _stamp(self, lease: dict[str, Any]) -> dict[str, Any]:
+        self.version += 1
+        lease["metadata"]["resourceVersion"] = str(self.version)
+        self.leases[lease["metadata"]["name"]] = lease
+        return lease
+
+    async def get(self, request: web.Request) -> web.Response:
+        self.requests.append(request.headers.get("Authorization", ""))
+        lease = self.leases.get(request.match_info["name"])
+        return web.json_response(lease) if lease else web.json_response({"reason": "NotFound"}, status=404)
+
+    async def post(self, request: web.Request) -> web.Response:
+        lease = await request.json()
+        if lease["metadata"]["name"] in self.leases:
+            return web.json_response({"reason": "AlreadyExists"}, status=409)
+        return web.json_response(self._stamp(lease), status=201)
+
+    async def put(self, request: web.Request) -> web.Response:
+        lease = await request.json()
+        current = self.leases.get(request.match_info["name"])
+        if current is None or lease["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            return web.json_response({"reason": "Conflict"}, status=409)
+        return web.json_response(self._stamp(lease))
+
+
+def test_kubernetes_lease_election_against_an_api_server_stand_in() -> None:
+    async def scenario() -> None:
+        api = LeaseApi()
+        runner = web.AppRunner(api.app())
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        url = f"http://127.0.0.1:{port}"
+        a, b = (
+            KubernetesLeaseElection(url, "exaserve", "exaserve-controller", name, 1.0, token="tok")
+            for name in ("a", "b")
+        )
+        term_a = await a.campaign()
+        assert term_a is not None and term_a.token == 0
+        assert await b.campaign() is None
+        renewed = await a.renew(term_a)
+        assert renewed is not None and await a.verify(renewed)
+        await asyncio.sleep(1.3)  # A stops renewing; its 1 s lease runs out
+        term_b = await b.campaign()
+        assert term_b is not None and term_b.token == 1  # leaseTransitions is the fencing token
+        assert not await a.verify(renewed) and await a.renew(renewed) is None
+        assert await a.leader() == "b"
+        assert api.leases["exaserve-controller"]["spec"]["leaseTransitions"] == 1
+        assert set(api.requests) == {"Bearer tok"}
+        await asyncio.gather(a.aclose(), b.aclose())
+        await runner.cleanup()
+
+    asyncio.run(scenario())
+
+
+# ----- Kubernetes: replicas discovered per node ----------------------------------------------------------------
+def test_discovered_replicas_follow_the_agents_reports() -> None:
+    """On Kubernetes the pods are placed by LeaderWorkerSet: the controller starts with the plan's nodes and takes each
+    node's replicas (pod name, pod URL) from its agent's reports; a pod that moves follows, one that goes is dropped."""
+    ctl = Controller(
+        ControllerConfig.from_spec(SPEC, len(PLAN.replicas)),
+        PLAN.replicas,
+        replica_urls(SPEC, PLAN),
+        T0,
+        discovered=True,
+    )
+    assert ctl.replicas == {}
+
+    def report(node: str, seq: int, pods: dict[str, str | None]) -> NodeReport:
+        probes = tuple(ReplicaProbe(id=p, url=u, ok=True, latency_s=0.01) for p, u in pods.items())
+        return NodeReport(schema_version=1, node=node, seq=seq, agent_start=T0, sent_at=T0 + seq, replicas=probes)
+
+    ctl.receive(
+        report(NODES[0], 1, {"sglang-g0-0": "http://10.1.0.5:30000", "sglang-g1-0": "http://10.1.0.6:30000"}), T0 + 1
+    )
+    assert {r.id: (r.node, r.url, r.in_rotation) for r in ctl.replicas.values()} == {
+        "sglang-g0-0": (NODES[0], "http://10.1.0.5:30000", True),
+        "sglang-g1-0": (NODES[0], "http://10.1.0.6:30000", True),
+    }
+    with pytest.raises(ReportRejected) as info:  # a pod the agent did not give a URL for is not taken on trust
+        ctl.receive(report(NODES[1], 1, {"sglang-g2-0": None}), T0 + 1)
+    assert info.value.reason is Rejection.UNKNOWN_REPLICA
+    with pytest.raises(ReportRejected) as info:
+        ctl.receive(report("not-a-node", 1, {"x": "http://10.9.9.9:30000"}), T0 + 1)
+    assert info.value.reason is Rejection.UNKNOWN_NODE
+    ctl.receive(report(NODES[0], 2, {"sglang-g0-0": "http://10.1.0.5:30000"}), T0 + 2)
+    ctl.receive(report(NODES[1], 2, {"sglang-g1-0": "http://10.1.0.9:30000"}), T0 + 2)  # rescheduled
+    assert {r.id: (r.node, r.url) for r in ctl.replicas.values()} == {
+        "sglang-g0-0": (NODES[0], "http://10.1.0.5:30000"),
+        "sglang-g1-0": (NODES[1], "http://10.1.0.9:30000"),
+    }
+    assert ctl.nodes[NODES[0]].replicas == ("sglang-g0-0",) and ctl.nodes[NODES[1]].replicas == ("sglang-g1-0",)
+    assert ctl.node_loads().keys() == set(NODES)
+
+
+def test_node_pods_lists_running_serving_pods_on_its_node_through_an_api_server_stand_in() -> None:
+    """The agent's pod listing against a stand-in for ``GET /api/v1/namespaces/NS/pods`` (no API server runs here)."""
+    seen: list[dict[str, str]] = []
+
+    async def pods(request: web.Request) -> web.Response:
+        seen.append(dict(request.query) | {"auth": request.headers.get("Authorization", "")})
+        items = [
+            {"metadata": {"name": "sglang-g0-1"}, "status": {"phase": "Running", "podIP": "10.1.0.7"}},
+            {"metadata": {"name": "sglang-g0-0"}, "status": {"phase": "Running", "podIP": "fd00::5"}},
+            {"metadata": {"name": "sglang-g1-0"}, "status": {"phase": "Pending"}},
+        ]
+        return web.json_response({"kind": "PodList", "items": items})
+
+    async def scenario() -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+        app = web.Application()
+        app.router.add_get("/api/v1/namespaces/exaserve/pods", pods)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        lister = NodePods(
+            KubeApi(f"http://127.0.0.1:{port}", "tok"), "exaserve", {"app": "sglang", "role": "server"}, "gpu-7", 30000
+        )
+        try:
+            return await lister.replicas()
+        finally:
+            await lister.aclose()
+            await runner.cleanup()
+
+    found = asyncio.run(scenario())
+    assert found == (("sglang-g0-0", "http://[fd00::5]:30000", ()), ("sglang-g0-1", "http://10.1.0.7:30000", ()))
+    assert seen == [
+        {"labelSelector": "app=sglang,role=server", "fieldSelector": "spec.nodeName=gpu-7", "auth": "Bearer tok"}
+    ]

@@ -1,0 +1,393 @@
+"""The runtime layer live on loopback: `exaserve sandbox up` with the runtime on starts the REAL router (3 instances),
+simulated SGLang workers (2 nodes × 4), one agent per node, 3 controllers and a REAL etcd; faults are real signals
+to real processes (SIGKILL, SIGSTOP/SIGCONT).
+
+Stack settings (the sandbox stack with the changes below): heartbeat 1 s, health timeout 0.5 s, 3 failures, health
+score −5/+1 (stop routing below 60, migrate below 30, readmit at 75), warm-up 1 s, lease 3 s, eviction cap 25 % (2).
+Expected timelines follow from them:
+
+* killed or hung replica: the router's own check marks it unhealthy after 3 failed checks (≈ 3–4 s, interval 1 s,
+  timeout 1 s); the controller removes it from every router at its 9th failed probe (≈ 9 s) and migrates it at the
+  15th (≈ 15 s): killed, restarted, warmed up, readmitted on every router; clients see 0 errors (the router
+  retries, and ``--request-timeout-secs`` = 3 × 1 s cuts requests stuck on a hung replica);
+* flapping replica (stopped half the time): out once its score falls below 60 (≈ 20 s at −4 per 2 s), never back
+  while it flaps, back only after ≥ 15 good probes once it is steady (score 60 → 75) and a warm-up;
+* dead agent: its node is suspect after 3 missed reports (3 s); nothing is evicted;
+* killed leader: a follower leads within the lease (3 s) plus one campaign period (1 s), with a higher fencing token.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from serving.router.loadgen import LoadReport, LoadSpec, run_load_sync
+from serving.sandbox.processes import ProcessRecord, StateDir, free_port_block, start_service, stop_process
+from serving.sandbox.runtime import controller_urls, etcd_url, router_urls
+from serving.spec.stack import file_stack_name
+from tests.support.etcd import require_etcd
+from tests.support.sandbox import Sandbox, running_sandbox
+
+INTERVAL_S = 1.0
+PENALTY, REWARD = 5, 1
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    require_etcd()
+    base = free_port_block(40)
+    changes = {
+        "sandbox.worker_base_port": base,
+        "sandbox.router_port": base + 8,
+        "sandbox.prometheus_port": base + 9,
+        "sandbox.runtime": True,
+        "sandbox.runtime_base_port": base + 10,
+        "cluster.pools.0.count": 2,
+        "serving.replicas_per_node": 4,
+        "serving.heartbeat_interval_s": INTERVAL_S,
+        "serving.health_check_timeout_s": 0.5,
+        "scheduler.instances": 3,
+        "runtime.lease_ttl_s": 3,
+        "runtime.max_eviction_share": 0.25,
+    }
+    with running_sandbox(tmp_path_factory.mktemp("runtime"), replicas=8, changes=changes) as sb:
+        yield sb
+
+
+def statuses(sb: Sandbox) -> list[dict[str, Any] | None]:
+    out: list[dict[str, Any] | None] = []
+    for url in controller_urls(sb.spec):
+        try:
+            out.append(httpx.get(url + "/v1/status", timeout=2).json())
+        except httpx.HTTPError:
+            out.append(None)
+    return out
+
+
+def leader_status(sb: Sandbox, timeout_s: float = 15) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = [s for s in statuses(sb) if s and s["is_leader"]]
+        if found:
+            return found[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no controller leads after {timeout_s} s: {statuses(sb)}")
+
+
+def replica(status: dict[str, Any], rid: str) -> dict[str, Any]:
+    return next(r for r in status["replicas"] if r["id"] == rid)
+
+
+def on_routers(sb: Sandbox, url: str) -> list[bool | None]:
+    """Per router instance: None when the URL is not registered, else its health."""
+    out = []
+    for router in router_urls(sb.spec):
+        workers = httpx.get(router + "/workers", timeout=2).json()["workers"]
+        out.append(next((w["is_healthy"] for w in workers if w["url"] == url), None))
+    return out
+
+
+@dataclass
+class Timeline:
+    """(seconds since the fault, replica state, score, in rotation, per-router registration) at each change."""
+
+    events: list[tuple[float, str, int, bool, tuple[bool | None, ...]]]
+    actions: list[dict[str, Any]] = field(default_factory=list)  # the leader's record of its actions on the replica
+
+    def first(self, pred: Callable[[str, int, bool, tuple[bool | None, ...]], bool]) -> float:
+        found = [t for t, *rest in self.events if pred(*rest)]
+        assert found, f"not observed in {self.events}"
+        return found[0]
+
+
+def watch(sb: Sandbox, rid: str, until: Callable[[Timeline], bool], timeout_s: float, t0: float) -> Timeline:
+    url = replica(leader_status(sb), rid)["url"]
+    tl = Timeline([])
+    last: tuple[Any, ...] | None = None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = leader_status(sb)
+        rep = replica(status, rid)
+        now = (rep["state"], rep["score"], rep["in_rotation"], tuple(on_routers(sb, url)))
+        tl.actions = [a for a in status["actions"] if a["replica"] == rid]
+        if now != last:
+            tl.events.append((round(time.monotonic() - t0, 2), *now))
+            last = now
+        if until(tl):
+            return tl
+        time.sleep(0.15)
+    raise AssertionError(f"{rid}: condition not reached in {timeout_s} s; timeline {tl.events}")
+
+
+def worker_record(sb: Sandbox, rid: str) -> ProcessRecord:
+    url = replica(leader_status(sb), rid)["url"]
+    rec = sb.processes.read(f"worker-{url.rsplit(':', 1)[1]}")
+    assert rec is not None
+    return rec
+
+
+class Load:
+    """Bounded client load through router 0 in a thread."""
+
+    def __init__(self, sb: Sandbox, duration_s: float) -> None:
+        self.report: LoadReport | None = None
+        spec = LoadSpec(url=sb.router_url, rate_per_s=20, duration_s=duration_s, timeout_s=10)
+        self.thread = threading.Thread(target=lambda: setattr(self, "report", run_load_sync(spec)))
+        self.thread.start()
+
+    def join(self) -> LoadReport:
+        self.thread.join()
+        assert self.report is not None
+        return self.report
+
+
+def healthy_fleet(sb: Sandbox) -> None:
+    """Every replica serving and registered healthy on every router (the previous test left it so)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status = leader_status(sb)
+        if all(r["in_rotation"] and r["state"] == "serving" for r in status["replicas"]) and all(
+            all(on_routers(sb, url)) for url in sb.worker_urls
+        ):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"the fleet did not settle: {leader_status(sb)['replicas']}")
+
+
+def back(tl: Timeline) -> bool:
+    """Migrated and readmitted: the leader's last actions on the replica are remove, migrate, readmit, all done, and
+    it is serving and healthy on every router again."""
+    _t, state, _score, rotation, routers = tl.events[-1]
+    kinds = [a["kind"] for a in tl.actions if a["ok"]][-3:]
+    return (
+        kinds == ["remove", "migrate", "readmit"]
+        and state == "serving"
+        and rotation
+        and all(r is True for r in routers)
+    )
+
+
+@pytest.mark.parametrize("fault", ["kill", "hang"])
+def test_dead_or_hung_replica_is_removed_from_every_router_migrated_and_readmitted(
+    sandbox: Sandbox, fault: str
+) -> None:
+    healthy_fleet(sandbox)
+    rid = "sandbox-0-s1" if fault == "kill" else "sandbox-1-s2"
+    old = worker_record(sandbox, rid)
+    load = Load(sandbox, duration_s=28)
+    time.sleep(2)
+    t0 = time.monotonic()
+    os.kill(old.pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+    wall0 = time.time()
+    tl = watch(sandbox, rid, back, timeout_s=60, t0=t0)
+    report = load.join()
+    remove, migrate, readmit = tl.actions[-3:]
+    at = {a["kind"]: round(a["at"] - wall0, 2) for a in (remove, migrate, readmit)}
+    print(f"{fault}: actions at {at}; timeline {tl.events}\nload: {report.summary()}")
+    router_unhealthy = tl.first(lambda _s, _sc, _r, routers: False in routers)
+    removed = tl.first(lambda _s, _sc, rotation, routers: not rotation and all(r is None for r in routers))
+    # the router's check first (3 failed checks), then the score: ≥ 8 more failed probes below 60, ≥ 14 below 30
+    assert router_unhealthy < removed
+    assert at["remove"] < at["migrate"] < at["readmit"]
+    assert at["remove"] >= 8 * INTERVAL_S and at["migrate"] >= 14 * INTERVAL_S
+    assert remove["reason"].startswith("score 5")  # 55: the first score below 60
+    new = worker_record(sandbox, rid)
+    assert new.pid != old.pid  # restarted through the sandbox backend
+    assert report.errors == 0, report.status_counts
+    assert len(remove["detail"]["seconds_by_router"]) == 3  # the removal was observed on each instance
+    assert len(readmit["detail"]["added"]["seconds_by_router"]) == 3
+    assert "warm-up requests" in readmit["detail"]["warmup"]
+
+
+def test_flapping_replica_stays_out_until_it_is_steady(sandbox: Sandbox) -> None:
+    healthy_fleet(sandbox)
+    rid = "sandbox-0-s3"
+    rec = worker_record(sandbox, rid)
+    stop = threading.Event()
+
+    def flap() -> None:
+        """Stopped 1.5 s, running 0.5 s: of the two probes (1 s apart) in each 2 s cycle exactly one starts with more
+        than the probe timeout (0.5 s) of the stop left, so one probe in two fails whatever the phase."""
+        while not stop.is_set():
+            os.kill(rec.pid, signal.SIGSTOP)
+            time.sleep(1.5)
+            os.kill(rec.pid, signal.SIGCONT)
+            time.sleep(0.5)
+
+    t0 = time.monotonic()
+    flapper = threading.Thread(target=flap)
+    flapper.start()
+    try:
+        # out of rotation, and the removal recorded as done (its action record is written when it completes)
+        tl = watch(sandbox, rid, lambda t: any(a["kind"] == "remove" and a["ok"] for a in t.actions), 60, t0)
+        removed_at = tl.events[-1][0]
+        removal = next(a for a in reversed(tl.actions) if a["kind"] == "remove")
+        during = watch(sandbox, rid, lambda _t: time.monotonic() - t0 > removed_at + 6, timeout_s=30, t0=t0)
+    finally:
+        stop.set()
+        flapper.join()
+        os.kill(rec.pid, signal.SIGCONT)
+    steady_at = time.monotonic() - t0
+    after = watch(sandbox, rid, lambda t: t.events[-1][1] == "serving" and t.events[-1][3], timeout_s=60, t0=t0)
+    print(f"flap: removed at {removed_at} s ({removal['reason']}); {during.events}; {after.events}")
+    assert removal["reason"].startswith("score 5") and removed_at >= 8 * INTERVAL_S
+    assert not any(e[3] for e in during.events if e[0] > removed_at)  # never back while flapping
+    readmitted_at = after.events[-1][0]
+    score_when_steady = during.events[-1][2]
+    assert score_when_steady < 75
+    # hysteresis: from the score it had when the flapping stopped to 75 at +1 per good probe (2 probes' slack for
+    # the sampling), plus the warm-up
+    assert readmitted_at - steady_at >= (75 - score_when_steady - 2) * INTERVAL_S
+    assert worker_record(sandbox, rid).pid == rec.pid  # flapping but never below 30: not migrated
+    assert all(on_routers(sandbox, replica(leader_status(sandbox), rid)["url"]))
+
+
+def test_dead_agent_makes_its_node_suspect_and_evicts_nothing(sandbox: Sandbox) -> None:
+    healthy_fleet(sandbox)
+    agent = sandbox.processes.read("agent-sandbox-1")
+    assert agent is not None
+    os.kill(agent.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    while True:
+        status = leader_status(sandbox)
+        node = next(n for n in status["nodes"] if n["name"] == "sandbox-1")
+        if node["state"] == "suspect":
+            break
+        assert time.monotonic() - t0 < 15, status["nodes"]
+        time.sleep(0.2)
+    suspect_after = time.monotonic() - t0
+    time.sleep(3 * INTERVAL_S)
+    status = leader_status(sandbox)
+    print(f"dead agent: suspect after {suspect_after:.1f} s")
+    assert suspect_after >= 2 * INTERVAL_S  # 3 missed reports, the last one sent up to an interval before the kill
+    assert all(r["in_rotation"] for r in status["replicas"])
+    assert all(r["state"].startswith("suspect/") for r in status["replicas"] if r["node"] == "sandbox-1")
+    assert all(all(on_routers(sandbox, url)) for url in sandbox.worker_urls)
+    cli = sandbox.cli("status", "--json")
+    doc = json.loads(cli.stdout)
+    assert cli.returncode == 1 and doc["ok"] is False
+    assert {n["name"]: n["state"] for n in doc["nodes"]}["sandbox-1"] == "suspect"
+    # bring it back as sandbox up started it
+    state = StateDir(sandbox.paths.sandbox_dir)
+    stop_process(state, "agent-sandbox-1", timeout_s=1)
+    start_service(state, "agent-sandbox-1", "agent", list(agent.argv), "", lambda: True, 10)
+    deadline = time.monotonic() + 15
+    while next(n for n in leader_status(sandbox)["nodes"] if n["name"] == "sandbox-1")["state"] != "ok":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+def test_status_json_and_bad_reports_over_http(sandbox: Sandbox) -> None:
+    healthy_fleet(sandbox)
+    cli = sandbox.cli("status", "--json")
+    doc = json.loads(cli.stdout)
+    assert cli.returncode == 0 and doc["ok"] is True, cli.stdout + cli.stderr
+    assert doc["stack"] == "sandbox" and doc["leader"] in {"controller-0", "controller-1", "controller-2"}
+    assert {n["name"] for n in doc["nodes"]} == {"sandbox-0", "sandbox-1"}
+    assert all(set(n) >= {"name", "score", "state", "last_report_s"} for n in doc["nodes"])
+    assert all(set(r) >= {"id", "node", "url", "state", "in_rotation", "load"} for r in doc["replicas"])
+    assert len(doc["replicas"]) == 8
+    url = controller_urls(sandbox.spec)[0]
+    good = {
+        "schema_version": 1,
+        "node": "sandbox-0",
+        "seq": 1,
+        "agent_start": 1.0,
+        "sent_at": time.time(),
+        "replicas": [],
+    }
+    before = leader_status(sandbox)
+    cases = [
+        (b"{", 400, "malformed"),
+        (json.dumps({**good, "schema_version": 7}).encode(), 400, "malformed"),
+        (json.dumps({**good, "node": "elsewhere"}).encode(), 404, "unknown_node"),
+        (json.dumps(good).encode(), 409, "replayed"),  # agent_start 1.0 is older than the running agent's
+    ]
+    for body, code, reason in cases:
+        response = httpx.post(url + "/v1/reports", content=body, headers={"content-type": "application/json"})
+        assert (response.status_code, response.json()["rejected"]) == (code, reason)
+    metrics = httpx.get(url + "/metrics").text
+    counted = {
+        line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("exaserve_runtime_reports_rejected_total{")
+    }
+    assert counted["malformed"] >= 2 and counted["unknown_node"] >= 1 and counted["replayed"] >= 1
+    after = leader_status(sandbox)
+    assert [n["score"] for n in after["nodes"]] >= [min(n["score"], 99) for n in before["nodes"]]
+
+
+def test_killed_leader_is_replaced_within_the_lease_with_a_higher_token(sandbox: Sandbox) -> None:
+    healthy_fleet(sandbox)
+    first = leader_status(sandbox)
+    name = first["identity"]
+    record = sandbox.processes.read(name)
+    assert record is not None
+    os.kill(record.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    second = leader_status(sandbox, timeout_s=20)
+    failover = time.monotonic() - t0
+    print(
+        f"leader {name} (term {first['term']}) killed; {second['identity']} leads (term {second['term']}) after {failover:.2f} s"
+    )
+    assert second["identity"] != name and second["term"] > first["term"]
+    # the new leader adopted the routers' membership and keeps the fleet: all in rotation
+    assert all(r["in_rotation"] for r in second["replicas"])
+    state = StateDir(sandbox.paths.sandbox_dir)
+    stop_process(state, name, timeout_s=1)
+    url = record.url
+    start_service(state, name, "controller", list(record.argv), url, lambda: _ok(url + "/v1/status"), 20)
+    assert not next(s for s in statuses(sandbox) if s and s["identity"] == name)["is_leader"]  # back as a follower
+
+
+def test_a_deposed_leader_stops_acting_at_once(sandbox: Sandbox) -> None:
+    """The leader key disappears from etcd (an operator, a compaction, a partition healed): the leader's next renewal
+    fails its fencing check, it stops leading, and whoever wins next holds a higher fencing token."""
+    healthy_fleet(sandbox)
+    first = leader_status(sandbox)
+    key = base64.b64encode(
+        f"/exaserve/{file_stack_name(sandbox.stack_file)}/{sandbox.spec.runtime.lease_name}".encode()
+    ).decode()
+    etcd = etcd_url(sandbox.spec)
+    assert httpx.post(etcd + "/v3/kv/deleterange", json={"key": key}, timeout=5).json().get("deleted") == "1"
+    t0 = time.monotonic()
+    while True:
+        current = [s for s in statuses(sandbox) if s and s["is_leader"]]
+        if current and current[0]["term"] != first["term"]:
+            break
+        assert time.monotonic() - t0 < 20, current
+        time.sleep(0.1)
+    print(
+        f"deposed {first['identity']} (term {first['term']}); {current[0]['identity']} leads (term "
+        f"{current[0]['term']}) after {time.monotonic() - t0:.2f} s"
+    )
+    assert current[0]["term"] > first["term"]
+    assert sum(1 for s in statuses(sandbox) if s and s["is_leader"]) == 1
+
+
+def _ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_sandbox_up_started_the_runtime(sandbox: Sandbox) -> None:
+    """One agent per node, scheduler.instances controllers and routers, one etcd, all recorded for sandbox down."""
+    kinds: dict[str, list[str]] = {}
+    for rec in sandbox.processes.records():
+        kinds.setdefault(rec.kind, []).append(rec.name)
+    assert sorted(kinds["agent"]) == ["agent-sandbox-0", "agent-sandbox-1"]
+    assert sorted(kinds["controller"]) == ["controller-0", "controller-1", "controller-2"]
+    assert sorted(kinds["router"]) == ["router", "router-1", "router-2"] and kinds["etcd"] == ["etcd"]
+    assert len(kinds["worker"]) == 8
