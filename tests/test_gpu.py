@@ -1,4 +1,5 @@
-"""GPU-only checks (marked ``gpu``): run on a lent GPU machine; skipped where no CUDA device exists.
+"""GPU-only checks (marked ``gpu``): they run wherever torch sees a CUDA device (tests/conftest.py: skipped locally
+without one, deselected by scripts/test.sh in CI without one, never skipped on a GPU machine).
 
 The same fabric-check code path preflight uses, with the ``nccl`` backend on real GPUs: one rank per
 GPU (``CUDA_VISIBLE_DEVICES`` per process, as one rank per node does in preflight), up to two.
@@ -14,13 +15,9 @@ import sys
 
 import pytest
 
+from tests.support.gpu import cuda_device_count
+
 pytestmark = pytest.mark.gpu
-
-
-def _gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _free_port() -> int:
@@ -29,9 +26,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.skipif(_gpu_count() == 0, reason="gpu: no CUDA device on this machine")
 def test_nccl_allreduce_on_real_gpus_reports_nccl_tests_figures() -> None:
-    world = min(2, _gpu_count())
+    world = min(2, cuda_device_count())
     master = f"127.0.0.1:{_free_port()}"
     procs = [
         subprocess.Popen(

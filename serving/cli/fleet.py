@@ -31,7 +31,8 @@ from serving.cli.options import (
     require_file,
     resolve_stack,
 )
-from serving.remote.fanout import FanoutError, HostResult, Target, check_read_only, fan_out
+from serving.remote.fanout import HostResult, Target, fan_out
+from serving.remote.probes import FanoutError, check_read_only
 from serving.render.inventory import limit_nodes, unmatched_limit_patterns
 
 fleet_app = typer.Typer(help="Act on every node of the fleet at once over SSH.", no_args_is_help=True)

@@ -5,15 +5,15 @@ source's per-node monitoring loop run in parallel. Safety rules, all enforced he
 
 * host keys are verified against known_hosts (:class:`paramiko.RejectPolicy`); an unknown or changed
   key is that host's error, never silently accepted;
-* only read-only probe programs run (:data:`READ_ONLY_PROGRAMS`); the argv is quoted, so shell
-  operators in it are literal arguments, not pipelines or redirections;
+* only read-only probes run (:mod:`serving.remote.probes`: each program in the shapes in which it only reads,
+  ``date +%s`` but not ``date MMDDhhmm``, ``ip addr show`` but not ``ip -b FILE``); the argv is quoted,
+  so shell operators in it are literal arguments, not pipelines or redirections;
 * every host has a connect timeout and an overall deadline; at most ``max_parallel`` connections
   are open at once; one host's failure is reported for that host and never stops the others.
 """
 
 from __future__ import annotations
 
-import shlex
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,90 +23,10 @@ from typing import Literal
 
 import paramiko
 
+from serving.remote.probes import FanoutError, check_read_only
 from serving.spec.schema import Node
 
-# Probes that only read state. `cat`, `ls` and friends read files; the GPU/RDMA/NTP tools are
-# the source's preflight and monitoring commands.
-READ_ONLY_PROGRAMS: frozenset[str] = frozenset(
-    {
-        "nvidia-smi",
-        "ibstat",
-        "ibstatus",
-        "ibv_devinfo",
-        "chronyc",
-        "uptime",
-        "uname",
-        "hostname",
-        "date",
-        "cat",
-        "ls",
-        "stat",
-        "df",
-        "free",
-        "findmnt",
-        "lsblk",
-        "nproc",
-        "ip",
-        "ss",
-        "ping",
-        "timedatectl",
-        "nvidia-container-cli",
-        "true",
-        "echo",
-    }
-)
-# Sub-commands that change state even though the program is otherwise a probe.
-_WRITE_SUBCOMMANDS: dict[str, frozenset[str]] = {
-    "nvidia-smi": frozenset(
-        {
-            "-r",
-            "--gpu-reset",
-            "-pm",
-            "--persistence-mode",
-            "-pl",
-            "--power-limit",
-            "-c",
-            "--compute-mode",
-            "-e",
-            "--ecc-config",
-            "-lgc",
-            "-rgc",
-            "-mig",
-            "--multi-instance-gpu",
-        }
-    ),
-    "ip": frozenset({"add", "del", "delete", "set", "change", "replace", "flush", "append"}),
-    "chronyc": frozenset(
-        {
-            "makestep",
-            "settime",
-            "burst",
-            "offline",
-            "online",
-            "local",
-            "manual",
-            "reload",
-            "shutdown",
-            "add",
-            "delete",
-            "dump",
-            "writertc",
-            "trimrtc",
-            "reselect",
-            "reset",
-        }
-    ),
-    "timedatectl": frozenset({"set-time", "set-timezone", "set-ntp", "set-local-rtc"}),
-    "ss": frozenset({"-K", "--kill"}),
-    "hostname": frozenset({"-b", "-F", "--file", "--boot"}),
-    "date": frozenset({"-s", "--set"}),
-}
-
 Status = Literal["ok", "exit", "timeout", "unreachable", "host-key", "auth", "ssh-error"]
-
-
-class FanoutError(ValueError):
-    """The command is not a read-only probe (message names the program and the rule)."""
 
 
 @dataclass(frozen=True)
@@ -135,25 +55,6 @@ class HostResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
-
-
-def check_read_only(argv: Sequence[str]) -> str:
-    """Return the remote command line for ``argv`` or raise :class:`FanoutError` if it can write."""
-    if not argv:
-        raise FanoutError("no command given; put the probe after '--', e.g. -- nvidia-smi -L")
-    program = argv[0]
-    if program not in READ_ONLY_PROGRAMS:
-        raise FanoutError(
-            f"command {program!r} is not a read-only probe; fleet exec runs only "
-            f"{', '.join(sorted(READ_ONLY_PROGRAMS))}. Make changes with the Ansible roles (ansible/site.yml)."
-        )
-    writes = _WRITE_SUBCOMMANDS.get(program, frozenset()) & set(argv[1:])
-    if writes:
-        raise FanoutError(
-            f"{program} {' '.join(sorted(writes))} changes the node; fleet exec only reads. "
-            "Make changes with the Ansible roles (ansible/site.yml)."
-        )
-    return shlex.join(argv)
 
 
 def _error(target: Target, status: Status, message: str, started: float) -> HostResult:

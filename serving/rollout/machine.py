@@ -226,12 +226,13 @@ def _start_rollback(state: RolloutState, reason: str) -> RolloutState:
 
 
 def _after_restore(state: RolloutState) -> RolloutState:
-    """The current restore is over (done or failed): next queued batch, or the end."""
+    """The current restore is over (done or failed): next queued batch, or the end. A batch whose restore failed
+    stays out of the router, so nothing more is removed: pause (``exaserve rollback`` retries, newest first)."""
+    if state.failed_restores:
+        return replace(state, step=None, outcome=Outcome.PAUSED, resume_step=None)
     if state.rollback_queue:
         nxt, *rest = state.rollback_queue
         return replace(state, step=Step(Phase.REMOVE, nxt, rollback=True), rollback_queue=tuple(rest))
-    if state.failed_restores:
-        return replace(state, step=None, outcome=Outcome.PAUSED, resume_step=None)
     return replace(state, step=None, outcome=Outcome.ROLLED_BACK)
 
 

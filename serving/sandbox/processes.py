@@ -29,7 +29,7 @@ from sglang_router.launch_router import parse_router_args
 from serving.router.client import parse_workers
 from serving.sandbox.worker import LOOPBACK, WorkerConfig
 
-Kind = Literal["worker", "router"]
+Kind = Literal["worker", "router", "etcd", "controller", "agent"]
 WaitFor = Literal["healthy", "listening", "started"]
 RouterPolicy = Literal["random", "round_robin", "cache_aware", "power_of_two", "manual"]
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
@@ -109,10 +109,31 @@ def free_port(host: str = LOOPBACK) -> int:
     return free_ports(1, host)[0]
 
 
-def free_port_block(count: int, host: str = LOOPBACK, start: int = 41000) -> int:
-    """A base port with ``count`` consecutive free ports after it (a sandbox's workers listen on
-    base + index). The search starts at a per-process offset so concurrent runs rarely collide."""
-    for base in range(start + os.getpid() % 500 * 20, 60000, 37):
+EPHEMERAL_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LINUX_EPHEMERAL_DEFAULT = (32768, 60999)
+FIRST_SANDBOX_PORT = 20000  # below this: well-known and commonly registered service ports
+
+
+def ephemeral_port_range(path: Path = EPHEMERAL_PORT_RANGE) -> tuple[int, int]:
+    """The kernel's ephemeral port range, both ends included: every outgoing connection takes its source port
+    from it, so a listener placed there can find its port taken. Linux's default if ``path`` cannot be read."""
+    try:
+        low, high = (int(v) for v in path.read_text().split())
+    except (OSError, ValueError):
+        return LINUX_EPHEMERAL_DEFAULT
+    return low, high
+
+
+def free_port_block(count: int, host: str = LOOPBACK) -> int:
+    """A base port with ``count`` consecutive free ports after it (a sandbox's workers listen on base + index),
+    outside the kernel's ephemeral range (:func:`ephemeral_port_range`), so no outgoing connection of this or any
+    other process can take one of them between this check and the bind. The search starts at a per-process offset
+    so concurrent runs rarely pick the same block."""
+    low, high = ephemeral_port_range()
+    spans = [(FIRST_SANDBOX_PORT, min(low, 65536)), (max(high + 1, FIRST_SANDBOX_PORT), 65536)]
+    bases = [base for lo, hi in spans for base in range(lo, hi - count + 1)]
+    for step in range(0, len(bases), 37):
+        base = bases[(os.getpid() % 500 * 20 + step) % len(bases)]
         with contextlib.ExitStack() as stack:
             try:
                 for port in range(base, base + count):
@@ -120,7 +141,11 @@ def free_port_block(count: int, host: str = LOOPBACK, start: int = 41000) -> int
             except OSError:
                 continue
             return base
-    raise SandboxError(f"no block of {count} consecutive free ports on {host} between {start} and 60000")
+    raise SandboxError(
+        f"no block of {count} consecutive free ports on {host} outside the ephemeral range {low}-{high} "
+        f"(from {FIRST_SANDBOX_PORT} to 65535); stop other sandboxes (exaserve sandbox down) or narrow "
+        f"{EPHEMERAL_PORT_RANGE}"
+    )
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
@@ -248,6 +273,17 @@ def stop_all(state: StateDir, *, timeout_s: float = 30.0) -> list[str]:
     """Stop every recorded process, routers first so no new traffic reaches stopping workers."""
     records = sorted(state.records(), key=lambda r: (r.kind != "router", r.name))
     return [r.name for r in records if stop_process(state, r.name, timeout_s=timeout_s)]
+
+
+def start_service(
+    state: StateDir, name: str, kind: Kind, argv: Sequence[str], url: str, ready: Callable[[], bool], timeout_s: float
+) -> ProcessRecord:
+    """Start a runtime process (etcd, a controller, an agent) and wait until ``ready`` holds."""
+    pid, ticks, log = _spawn(state, name, argv)
+    record = ProcessRecord(name, kind, pid, ticks, tuple(argv), url, url, log)
+    state.write(record)
+    _wait(state, record, ready, "ready", timeout_s)
+    return record
 
 
 # ----- workers ----------------------------------------------------------------------------------
