@@ -1,6 +1,6 @@
 """Benchmark: wall time and peak RSS of `exaserve render --stack prod`, next to the program shape it avoids.
 
-The avoided shape (bench/avoided_program) is the real program with one StatefulSet per replica — 2,048 in
+The avoided shape (bench/avoided_program) is the real program with one LeaderWorkerSet per replica — 2,048 in
 prod — instead of one per update group. Both run the full command (the Pulumi program under mocks, schema
 validation of every object, YAML output) in a fresh process; peak RSS is that process's own (wait4).
 Goal: the prod render under 3 s and 300 MB on this machine.

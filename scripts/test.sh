@@ -11,4 +11,6 @@ echo "== yamllint";      yamllint -s .
 echo "== ansible-lint (production profile)"; (cd ansible && ansible-lint)
 echo "== ansible-playbook --syntax-check"
 (cd ansible && ansible-playbook --syntax-check -i inventory/prod.exaserve.yml preflight.yml site.yml)
-echo "== pytest";        pytest -q -p no:cacheprovider "$@"
+gpu=()  # gpu-marked tests run where torch sees a CUDA device; elsewhere they are deselected, and said so
+if [[ $(python -m tests.support.gpu 2>/dev/null) == 0 ]]; then gpu=(-m "not gpu"); echo "== no CUDA device: gpu tests deselected"; fi
+echo "== pytest";        pytest -q -p no:cacheprovider "${gpu[@]}" "$@"

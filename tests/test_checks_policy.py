@@ -34,10 +34,11 @@ from pulumi_policy import (
 from serving.checks import policy
 from serving.pulumi.program import RenderedObject, kubernetes_objects, run_program
 from serving.render.k8s.common import ANNOTATION_ALLOW_LOAD_BALANCER, ANNOTATION_PRIVILEGED_REASON
+from serving.spec.stack import load_stack_file
 from tests.support.cli import exaserve
-from tests.support.k8s import policy_pack
+from tests.support.k8s import policy_pack, render_file
 from tests.support.paths import REPO
-from tests.support.stacks import write_variant
+from tests.support.stacks import MULTI_NODE, write_variant
 
 Mutation = Callable[[dict[str, Any]], None]
 
@@ -80,8 +81,17 @@ def _validate(name: str, obj: RenderedObject, props: dict[str, Any] | None = Non
     return messages
 
 
+def _pod(props: dict[str, Any]) -> dict[str, Any]:
+    """The pod template of a workload (a LeaderWorkerSet group of one runs its leader from workerTemplate)."""
+    spec = props["spec"]
+    template: dict[str, Any] = (
+        spec["leaderWorkerTemplate"]["workerTemplate"] if "leaderWorkerTemplate" in spec else spec["template"]
+    )
+    return template
+
+
 def _container(props: dict[str, Any]) -> dict[str, Any]:
-    container: dict[str, Any] = props["spec"]["template"]["spec"]["containers"][0]
+    container: dict[str, Any] = _pod(props)["spec"]["containers"][0]
     return container
 
 
@@ -105,23 +115,94 @@ def _privileged(p: dict[str, Any]) -> None:
     _container(p)["securityContext"]["privileged"] = True
 
 
-def _no_reason(p: dict[str, Any]) -> None:
-    del p["metadata"]["annotations"][ANNOTATION_PRIVILEGED_REASON]
-
-
 def _load_balancer(p: dict[str, Any]) -> None:
     p["spec"]["type"] = "LoadBalancer"
 
 
+def _no_cache_wait(p: dict[str, Any]) -> None:
+    del _pod(p)["spec"]["initContainers"]
+
+
+def _awaited(p: dict[str, Any]) -> None:
+    p["metadata"]["annotations"] = {"pulumi.com/timeoutSeconds": "600"}
+
+
+def _clock_daemon(p: dict[str, Any]) -> None:
+    _container(p)["securityContext"]["capabilities"]["add"] = ["SYS_TIME"]
+
+
+def _statefulset_surge(p: dict[str, Any]) -> None:
+    p.update(kind="StatefulSet", spec={"replicas": 4, "updateStrategy": {"rollingUpdate": {"maxUnavailable": 4}}})
+
+
+def _node_taints(p: dict[str, Any]) -> None:
+    p["spec"] = {"taints": [{"key": "exaserve.io/reserved", "value": "serving", "effect": "NoSchedule"}]}
+
+
+def _custom_taint(p: dict[str, Any]) -> None:
+    _pod(p)["spec"]["tolerations"] = [{"key": "exaserve.io/reserved", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def _fabric_on_one_gpu(p: dict[str, Any]) -> None:
+    _container(p)["resources"]["limits"]["rdma/hca_shared_devices_a"] = "1"
+
+
+def _ipc_lock_non_root(p: dict[str, Any]) -> None:
+    _container(p)["securityContext"]["capabilities"]["add"] = ["IPC_LOCK"]
+
+
+def _generating_liveness(p: dict[str, Any]) -> None:
+    _container(p)["livenessProbe"]["httpGet"]["path"] = "/health"
+
+
+def _burstable(p: dict[str, Any]) -> None:
+    del _container(p)["resources"]["requests"]["cpu"]
+
+
+def _slow_awq(p: dict[str, Any]) -> None:
+    args = _container(p)["args"]
+    args[args.index("--quantization") + 1] = "awq"
+
+
+def _hard_spread(p: dict[str, Any]) -> None:
+    for c in _pod(p)["spec"]["topologySpreadConstraints"]:
+        c["maxSkew"] = 1
+        c.pop("nodeTaintsPolicy", None)
+
+
+def _no_pre_stop(p: dict[str, Any]) -> None:
+    del _container(p)["lifecycle"]
+
+
+def _offset_after_parens(p: dict[str, Any]) -> None:
+    rule = p["spec"]["groups"][0]["rules"][0]
+    rule["expr"] = "sum(rate(x[5m])) < 0.8 * (sum(rate(x[5m])) offset 25m)"
+
+
 RESOURCE_CASES: list[tuple[str, str, str, Mutation, str]] = [
-    ("images-pinned", "StatefulSet", "sglang-g0", _image_latest, "'lmsysorg/sglang:latest': not pinned"),
-    ("images-pinned", "DaemonSet", "chrony", lambda p: _container(p).update(image="cturra/ntp"), "not pinned"),
-    ("serving-resource-limits", "StatefulSet", "sglang-g1", _no_gpu_limit, "has no nvidia.com/gpu"),
-    ("probes-timeout", "StatefulSet", "sglang-g2", _short_timeout, "readinessProbe is set with timeoutSeconds=1"),
+    ("images-pinned", "LeaderWorkerSet", "sglang-g0", _image_latest, "'lmsysorg/sglang:latest': not pinned"),
+    ("images-pinned", "Deployment", "sglang-router", lambda p: _container(p).update(image="r/x"), "not pinned"),
+    ("serving-resource-limits", "LeaderWorkerSet", "sglang-g1", _no_gpu_limit, "has no nvidia.com/gpu"),
+    ("probes-timeout", "LeaderWorkerSet", "sglang-g2", _short_timeout, "readinessProbe is set with timeoutSeconds=1"),
     ("probes-timeout", "Deployment", "sglang-router", _no_liveness, "livenessProbe is missing"),
-    ("no-privileged-containers", "StatefulSet", "sglang-g3", _privileged, "runs privileged"),
-    ("no-privileged-containers", "DaemonSet", "rdma-shared-device-plugin", _no_reason, ANNOTATION_PRIVILEGED_REASON),
+    ("no-privileged-containers", "LeaderWorkerSet", "sglang-g3", _privileged, "runs privileged"),
     ("no-unannotated-load-balancer", "Service", "sglang-router", _load_balancer, "spec.type is LoadBalancer"),
+    # Issue 10: one case per finding, the defective shape each rule exists to refuse.
+    ("serving-waits-for-node-cache", "LeaderWorkerSet", "sglang-g0", _no_cache_wait, "no init container waiting"),
+    ("await-decided", "LeaderWorkerSet", "sglang-g1", _awaited, "pulumi.com/timeoutSeconds=600 on pods"),
+    ("await-decided", "DaemonSet", "model-cache-warmer", lambda p: p["metadata"].pop("annotations"), "neither"),
+    ("no-clock-daemons", "Deployment", "sglang-router", _clock_daemon, "adds SYS_TIME"),
+    ("no-ignored-statefulset-surge", "LeaderWorkerSet", "sglang-g2", _statefulset_surge, "maxUnavailable=4"),
+    ("node-patch-labels-only", "Node", "gpu-r00-n00", _node_taints, "spec.taints is patched"),
+    ("gpu-taint-convention", "LeaderWorkerSet", "sglang-g3", _custom_taint, "does not tolerate"),
+    ("fabric-only-across-nodes", "LeaderWorkerSet", "sglang-g4", _fabric_on_one_gpu, "requests rdma/"),
+    ("ipc-lock-runs-as-root", "LeaderWorkerSet", "sglang-g0", _ipc_lock_non_root, "runs as uid 1000"),
+    ("liveness-is-cheap", "LeaderWorkerSet", "sglang-g1", _generating_liveness, "livenessProbe calls /health"),
+    ("serving-guaranteed-cpu", "LeaderWorkerSet", "sglang-g2", _burstable, "requests cpu=None"),
+    ("no-slow-awq-kernel", "LeaderWorkerSet", "sglang-g3", _slow_awq, "passes --quantization awq"),
+    ("spread-satisfiable", "LeaderWorkerSet", "sglang-g4", _hard_spread, "maxSkew=1"),
+    ("hardened-pods", "LeaderWorkerSet", "sglang-g0", _no_pre_stop, "no preStop hook"),
+    ("alert-offset-placement", "PrometheusRule", "exaserve-alerts", _offset_after_parens, "offset after"),
 ]
 
 
@@ -136,12 +217,18 @@ def test_resource_policy_passes_the_render_and_fails_the_defect(
     messages = _validate(rule, obj, bad)
     assert len(messages) == 1, messages
     assert expected in messages[0]
-    assert messages[0].startswith(f"{kind} ") and "(expected " in messages[0] and "). Fix: " in messages[0]
+    assert (
+        messages[0].startswith(f"{bad.get('kind', kind)} ")
+        and "(expected " in messages[0]
+        and "). Fix: " in messages[0]
+    )
 
 
 def test_every_policy_is_covered_and_mandatory() -> None:
     policies = policy_pack().policies()
-    assert {p.name for p in policies} == {c[0] for c in RESOURCE_CASES} | set(policy.STACK_RULES)
+    assert {p.name for p in policies} == {c[0] for c in RESOURCE_CASES} | {"replica-in-one-rack"} | set(
+        policy.STACK_RULES
+    )
     assert all(p.enforcement_level == EnforcementLevel.MANDATORY for p in policies)
 
 
@@ -157,12 +244,39 @@ def test_annotated_load_balancer_and_non_kubernetes_resources_pass(prod: list[Re
     assert messages == []
 
 
-def test_privileged_is_refused_outside_the_named_daemonsets(prod: list[RenderedObject]) -> None:
-    ds = _find(prod, "DaemonSet", "rdma-shared-device-plugin")
+@pytest.fixture(scope="module")
+def multi_node(tmp_path_factory: pytest.TempPathFactory) -> list[RenderedObject]:
+    """TP 16 on 8-GPU nodes: replicas span two nodes, so the fabric (RDMA plugin, IPC_LOCK) is rendered."""
+    return render_file(write_variant(tmp_path_factory.mktemp("mn"), "tp16", changes=MULTI_NODE))
+
+
+def test_privileged_is_refused_outside_the_named_daemonsets(multi_node: list[RenderedObject]) -> None:
+    ds = _find(multi_node, "DaemonSet", "rdma-shared-device-plugin")
+    assert _validate("no-privileged-containers", ds) == []
     renamed = copy.deepcopy(ds.obj)
     renamed["metadata"]["name"] = "debug-tools"
     messages = _validate("no-privileged-containers", ds, renamed)
     assert len(messages) == 1 and "reserved for the DaemonSets ['rdma-shared-device-plugin']" in messages[0]
+    unexplained = copy.deepcopy(ds.obj)
+    del unexplained["metadata"]["annotations"][ANNOTATION_PRIVILEGED_REASON]
+    assert ANNOTATION_PRIVILEGED_REASON in _validate("no-privileged-containers", ds, unexplained)[0]
+
+
+def test_multi_node_replicas_stay_in_one_rack_and_lock_memory_as_root(multi_node: list[RenderedObject]) -> None:
+    """Finding 8: the rendered multi-node group passes; without the rack affinity, or with IPC_LOCK for uid 1000,
+    it fails; and the fabric rule lets a group that spans nodes use RDMA."""
+    lws = _find(multi_node, "LeaderWorkerSet", "sglang-g0")
+    for rule in ("replica-in-one-rack", "ipc-lock-runs-as-root", "fabric-only-across-nodes", "hardened-pods"):
+        assert _validate(rule, lws) == [], rule
+    split = copy.deepcopy(lws.obj)
+    del split["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["affinity"]["podAffinity"]
+    messages = _validate("replica-in-one-rack", lws, split)
+    assert len(messages) == 1 and "workerTemplate has no required pod affinity" in messages[0]
+    non_root = copy.deepcopy(lws.obj)
+    non_root["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["securityContext"][
+        "runAsUser"
+    ] = 1000
+    assert "runs as uid 1000" in _validate("ipc-lock-runs-as-root", lws, non_root)[0]
 
 
 def _stack_args(objects: list[dict[str, Any]]) -> StackValidationArgs:
@@ -191,8 +305,8 @@ def test_pdb_per_serving_group(prod: list[RenderedObject], monkeypatch: pytest.M
     assert len(reported) == 1
     message, urn = reported[0]
     assert (
-        message.startswith("StatefulSet exaserve/sglang-g4: no PodDisruptionBudget")
-        and urn == "urn:StatefulSet:sglang-g4"
+        message.startswith("LeaderWorkerSet exaserve/sglang-g4: no PodDisruptionBudget")
+        and urn == "urn:LeaderWorkerSet:sglang-g4"
     )
     # A budget selecting other pods does not count.
     moved = copy.deepcopy(objects)
@@ -200,7 +314,7 @@ def test_pdb_per_serving_group(prod: list[RenderedObject], monkeypatch: pytest.M
         if o["kind"] == "PodDisruptionBudget" and o["metadata"]["name"] == "sglang-g1":
             o["spec"]["selector"]["matchLabels"]["exaserve.io/group"] = "7"
     reported = _validate_stack("pdb-per-serving-group", moved)
-    assert [m.split(":")[0] for m, _ in reported] == ["StatefulSet exaserve/sglang-g1"]
+    assert [m.split(":")[0] for m, _ in reported] == ["LeaderWorkerSet exaserve/sglang-g1"]
 
 
 def test_group_replicas_equal_the_spec(prod: list[RenderedObject], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -209,19 +323,54 @@ def test_group_replicas_equal_the_spec(prod: list[RenderedObject], monkeypatch: 
     assert _validate_stack("serving-group-replicas", objects) == []
     edited = copy.deepcopy(objects)
     for o in edited:
-        if o["kind"] == "StatefulSet" and o["metadata"]["name"] == "sglang-g0":
+        if o["kind"] == "LeaderWorkerSet" and o["metadata"]["name"] == "sglang-g0":
             o["spec"]["replicas"] = 500
     reported = _validate_stack("serving-group-replicas", edited)
     assert [m for m, _ in reported] == [
-        "StatefulSet exaserve/sglang-g0: spec.replicas is 500.0 (expected 410 replicas, update group 0's share of "
+        "LeaderWorkerSet exaserve/sglang-g0: spec.replicas is 500.0 (expected 410 replicas, update group 0's share of "
         "the spec's plan (2,048 in 5 groups)). Fix: Change serving.replicas or rollout.batches in the stack, never "
         "the object's replica count."
     ]
-    missing = [o for o in objects if not (o["kind"] == "StatefulSet" and o["metadata"]["name"] == "sglang-g3")]
+    missing = [o for o in objects if not (o["kind"] == "LeaderWorkerSet" and o["metadata"]["name"] == "sglang-g3")]
     assert any(
         "0 serving objects carry exaserve.io/group=3" in m
         for m, _ in _validate_stack("serving-group-replicas", missing)
     )
+
+
+def test_monitoring_objects_carry_the_prometheus_selector_labels(
+    prod: list[RenderedObject], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding 13: kube-prometheus-stack selects its `release` label; an object without it is never loaded."""
+    monkeypatch.setenv("PULUMI_STACK", "prod")
+    objects = [o.obj for o in prod]
+    assert _validate_stack("monitoring-selected", objects) == []
+    unlabelled = copy.deepcopy(objects)
+    for o in unlabelled:
+        if o["kind"] == "PrometheusRule":
+            del o["metadata"]["labels"]["release"]
+    reported = _validate_stack("monitoring-selected", unlabelled)
+    assert [m.split(":")[0] for m, _ in reported] == ["PrometheusRule exaserve/exaserve-alerts"]
+    assert "lack {'release': 'kube-prometheus-stack'}" in reported[0][0]
+
+
+def test_a_stack_with_a_mirror_pulls_every_image_through_it(tmp_path: Path) -> None:
+    """Finding 16: a registry mirror and a pull-secret name in the stack reach every pod; an image that bypasses
+    them fails `images-through-mirror`."""
+    path = write_variant(
+        tmp_path,
+        "mirrored",
+        base="dev",
+        changes={"kubernetes.image_registry": "mirror.internal:5000/proxy", "kubernetes.image_pull_secret": "pull"},
+    )
+    objects = [o.obj for o in render_file(path)]
+    spec = load_stack_file(path).spec
+    assert policy.images_through_mirror([(f"kubernetes:x:{o['kind']}", o) for o in objects], spec) == []
+    router = next(o for o in objects if o["kind"] == "Deployment")
+    _container(router)["image"] = "lmsysorg/sgl-model-gateway:v0.3.2"
+    del router["spec"]["template"]["spec"]["imagePullSecrets"]
+    found = policy.images_through_mirror([(f"kubernetes:x:{o['kind']}", o) for o in objects], spec)
+    assert len(found) == 1 and "bypasses the mirror" in found[0].observed and "lacks 'pull'" in found[0].observed
 
 
 def test_stack_policy_without_a_stack_name_reports_instead_of_passing(
@@ -254,16 +403,16 @@ def test_check_fails_a_stack_with_a_1s_health_timeout(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stdout + result.stderr
     # Three probes on each of 5 groups, readiness and liveness on the router.
     assert result.stdout.count("✗ fail [probes-timeout]") == 5 * 3 + 2
-    assert "✗ fail [probes-timeout] StatefulSet exaserve/sglang-g0\n" in result.stdout
+    assert "✗ fail [probes-timeout] LeaderWorkerSet exaserve/sglang-g0\n" in result.stdout
     assert "    expected: a readinessProbe with timeoutSeconds ≥ 3\n" in result.stdout
     assert "    fix:      Add readinessProbe with timeoutSeconds ≥ 3" in result.stdout
     assert "17 violation(s)" in result.stdout
     as_json = json.loads(exaserve("check", "--stack-file", str(path), "--json").stdout)
     assert as_json["ok"] is False and len(as_json["violations"]) == 17
-    g0 = [v for v in as_json["violations"] if v["subject"] == "StatefulSet exaserve/sglang-g0"]
+    g0 = [v for v in as_json["violations"] if v["subject"] == "LeaderWorkerSet exaserve/sglang-g0"]
     assert {(v["check"], v["status"]) for v in g0} == {("probes-timeout", "fail")}
     assert [v["observed"] for v in g0] == [
-        f"spec.template.containers[sglang].{probe} is set with timeoutSeconds=1"
+        f"spec.leaderWorkerTemplate.workerTemplate.containers[sglang].{probe} is set with timeoutSeconds=1"
         for probe in ("readinessProbe", "livenessProbe", "startupProbe")
     ]
 
@@ -294,7 +443,7 @@ def test_policy_pack_serves_the_rules_over_grpc(prod: list[RenderedObject]) -> N
             assert {p.name for p in info.policies} == set(policy.RESOURCE_RULES) | set(policy.STACK_RULES)
             assert {p.enforcementLevel for p in info.policies} == {analyzer_pb2.MANDATORY}
 
-            sts = _find(prod, "StatefulSet", "sglang-g0")
+            sts = _find(prod, "LeaderWorkerSet", "sglang-g0")
             clean = stub.Analyze(
                 analyzer_pb2.AnalyzeRequest(
                     type=sts.resource_type, properties=_struct(sts.obj), urn="u", name=sts.name
@@ -321,7 +470,7 @@ def test_policy_pack_serves_the_rules_over_grpc(prod: list[RenderedObject]) -> N
             ]
             stack = stub.AnalyzeStack(analyzer_pb2.AnalyzeStackRequest(resources=resources), timeout=60)
             assert [(d.policyName, d.urn) for d in stack.diagnostics] == [
-                ("pdb-per-serving-group", "urn:StatefulSet:sglang-g0")
+                ("pdb-per-serving-group", "urn:LeaderWorkerSet:sglang-g0")
             ]
     finally:
         proc.kill()

@@ -58,6 +58,8 @@ EXTRA: dict[Command, list[str]] = {
     ("diff",): ["--base", "HEAD"],
     ("units",): ["--router"],
     ("fleet", "exec"): ["--", "uptime"],
+    ("agent", "run"): ["--node", "gpu-r00-n00"],
+    ("fit",): ["--hf-config", "models/llama-3-70b/config.json"],
 }
 # How each command runs with --json offline: its arguments and its exit code. Commands that need live hosts run
 # into a bad-input error before any connection (a missing known_hosts, a stack without a sandbox) and print the
@@ -77,6 +79,10 @@ JSON_CASES: dict[Command, tuple[list[str], int]] = {
     ("sandbox", "load"): (["--stack", "dev"], 2),
     ("rollout",): (["--stack", "sandbox", "--to", "v2", "--dry-run"], 0),
     ("rollback",): (["--stack", "sandbox"], 0),
+    ("controller", "run"): (["--stack", "dev"], 2),  # no --router: refused before anything starts
+    ("agent", "run"): (["--stack", "dev", "--node", "nowhere", "--controller", "http://127.0.0.1:9"], 2),
+    ("status",): (["--stack", "dev"], 2),  # no --controller
+    ("fit",): (["--stack", "dev", "--hf-config", "models/llama-3-70b/config.json"], 0),
 }
 
 BAD_STACKS: dict[str, tuple[bytes | None, str]] = {
@@ -107,6 +113,7 @@ def test_the_app_has_the_commands_the_docs_list() -> None:
     assert set(COMMANDS) == {
         ("plan",), ("audit-source",), ("schema",), ("render",), ("check",), ("diff",), ("units",), ("preflight",),
         ("fleet", "exec"), ("sandbox", "up"), ("sandbox", "down"), ("sandbox", "load"), ("rollout",), ("rollback",),
+        ("controller", "run"), ("agent", "run"), ("status",), ("fit",),
     }  # fmt: skip
     assert set(COMMANDS) - set(STACK_COMMANDS) == {("schema",)}
 

@@ -25,6 +25,8 @@ from serving.pulumi.diff import (
     text_report,
 )
 from tests.support.cli import exaserve, json_object
+from tests.support.k8s import render_file
+from tests.support.paths import REPO
 from tests.support.repo import working_tree_repo
 from tests.support.stacks import SOURCE_PLAN
 
@@ -160,17 +162,23 @@ def test_diff_shows_one_group_version_change_as_exactly_that(repo: Path) -> None
     doc = json_object(result)
     assert doc["stack"] == "prod" and doc["ok"] is True
     assert doc["added"] == [] and doc["removed"] == [] and doc["capacity"] == []
-    assert doc["base"]["objects"] == doc["head"]["objects"] == 288
-    assert [(c["kind"], c["name"], c["component"]) for c in doc["changed"]] == [("StatefulSet", "sglang-g2", "fleet")]
+    assert doc["base"]["objects"] == doc["head"]["objects"] == len(render_file(REPO / "Pulumi.prod.yaml"))
+    # The group's workload, and the stack the runtime controllers read (a ConfigMap of the stack file).
+    assert [(c["kind"], c["name"], c["component"]) for c in doc["changed"]] == [
+        ("LeaderWorkerSet", "sglang-g2", "fleet"),
+        ("ConfigMap", "exaserve-runtime-stack", "runtime"),
+    ]
     fields = {f["path"]: (f["base"], f["head"]) for f in doc["changed"][0]["fields"]}
+    pod = "spec.leaderWorkerTemplate.workerTemplate"
     assert fields == {
         'metadata.labels["exaserve.io/version"]': ("v1", "v2"),
-        'spec.template.metadata.labels["exaserve.io/version"]': ("v1", "v2"),
-        "spec.template.spec.containers[sglang].env[EXASERVE_RELEASE].value": ("v1", "v2"),
-        "spec.template.spec.containers[sglang].image": ("lmsysorg/sglang:v0.5.23-cu126", NEW_IMAGE),
+        f'{pod}.metadata.labels["exaserve.io/version"]': ("v1", "v2"),
+        f"{pod}.spec.containers[sglang].env[EXASERVE_RELEASE].value": ("v1", "v2"),
+        f"{pod}.spec.containers[sglang].image": ("lmsysorg/sglang:v0.5.23-cu126", NEW_IMAGE),
+        f"{pod}.spec.initContainers[wait-for-cache].image": ("lmsysorg/sglang:v0.5.23-cu126", NEW_IMAGE),
     }
     assert markdown.returncode == 0, markdown.stderr
-    assert "**1 changed, 0 added, 0 removed**" in markdown.stdout
+    assert "**2 changed, 0 added, 0 removed**" in markdown.stdout
     assert '| `metadata.labels["exaserve.io/version"]` | `v1` | `v2` |' in markdown.stdout
     assert "No capacity figure changed." in markdown.stdout
 
@@ -183,8 +191,10 @@ def test_diff_reports_capacity_deltas_and_group_sizes(repo: Path) -> None:
         (repo / "Pulumi.dev.yaml").write_text(original)
     assert result.returncode == 0, result.stderr
     text = result.stdout
-    assert "objects: 9 changed, 0 added, 0 removed (45 at base, 45 now)" in text
-    assert "~ StatefulSet exaserve/sglang-g0  [fleet]\n      spec.replicas: 26 → 20\n" in text
+    objects = len(render_file(REPO / "Pulumi.dev.yaml"))
+    assert f"objects: 11 changed, 0 added, 0 removed ({objects} at base, {objects} now)" in text
+    assert "~ LeaderWorkerSet exaserve/sglang-g0  [fleet]\n" in text and "spec.replicas: 26 → 20\n" in text
+    assert "topologySpreadConstraints[0].maxSkew: 13 → 10" in text, "the rack spread follows the group size"
     assert "~ PodDisruptionBudget exaserve/sglang-g1  [fleet]\n      spec.maxUnavailable: 2 → 1\n" in text
     assert "PodDisruptionBudget exaserve/sglang-g0" not in text, "group 0 keeps its budget of 2"
     assert "  replicas: 128 → 96 -32 (-25.0%)" in text
@@ -192,8 +202,8 @@ def test_diff_reports_capacity_deltas_and_group_sizes(repo: Path) -> None:
 
 
 def test_diff_markdown_names_flags_groups_update_groups_and_shows_units(repo: Path) -> None:
-    """A longer context on dev: the five update groups' StatefulSets change alike, flag by flag; the KV cache
-    per GPU doubles, in GiB."""
+    """A longer context on dev: the five update groups' workloads change alike, flag by flag; the sequences a
+    replica's KV pool admits halve (SGLang sizes the pool from memory, not from the context)."""
     original = _edit_stack(repo, "dev", "limits", {"context_length": 8192})
     try:
         result = _exaserve(repo, "diff", "--stack", "dev", "--base", "main", "--markdown")
@@ -202,13 +212,12 @@ def test_diff_markdown_names_flags_groups_update_groups_and_shows_units(repo: Pa
     assert result.returncode == 0, result.stderr
     md = result.stdout
     assert (
-        "<code>StatefulSet exaserve/sglang-g0, sglang-g1, sglang-g2, sglang-g3, sglang-g4</code> (fleet): "
-        "2 field(s), the same in 5 objects"
+        "<code>LeaderWorkerSet exaserve/sglang-g0, sglang-g1, sglang-g2, sglang-g3, sglang-g4</code> (fleet): "
+        "1 field(s), the same in 5 objects"
     ) in md
     assert "| `--context-length` in `containers[sglang].args` | `4096` | `8192` |" in md
-    assert "| `--max-running-requests` in `containers[sglang].args` | `8` | `5` |" in md
     assert "args[" not in md.replace("args[--", "")
-    assert "| `per_gpu_memory_bytes.kv_cache` | `10.00 GiB` | `20.00 GiB` | +10.00 GiB (+100.0%) |" in md
+    assert "| `max_concurrent_sequences_per_replica` | `26` | `13` | -13 (-50.0%) |" in md
 
 
 def test_diff_of_a_stack_file_compares_it_with_its_copy_at_the_base(repo: Path, tmp_path: Path) -> None:
@@ -219,9 +228,9 @@ def test_diff_of_a_stack_file_compares_it_with_its_copy_at_the_base(repo: Path, 
         (repo / "Pulumi.dev.yaml").write_text(original)
     assert result.returncode == 0, result.stderr
     doc = json_object(result)
-    assert doc["stack"] == "dev" and len(doc["changed"]) == 5
+    assert doc["stack"] == "dev" and len(doc["changed"]) == 6  # the five groups and the runtime's stack
     flags = {f["flag"] for f in doc["changed"][0]["fields"]}
-    assert flags == {"--context-length", "--max-running-requests"}
+    assert flags == {"--context-length"}
 
     outside = tmp_path / "Pulumi.source.yaml"
     outside.write_text(SOURCE_PLAN.read_text())

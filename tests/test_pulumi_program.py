@@ -8,6 +8,7 @@ content each concern renders from the spec; and that the entry point Pulumi runs
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -16,13 +17,12 @@ import pytest
 
 from serving.plan.planner import placement, plan
 from serving.pulumi.program import ProgramRun, kubernetes_objects, run_program
-from serving.render.chrony import chrony_conf
 from serving.render.k8s import fabric, fleet, gateway, storage
 from serving.render.k8s.common import LABEL_GROUP, LABEL_RACK, LABEL_VERSION, TAINT_KEY
-from serving.render.k8s.container import pod_container
+from serving.render.k8s.container import WAIT_FOR_CACHE, pod_container
 from serving.render.router import router_argv
 from serving.render.sglang import model_dir
-from serving.spec.stack import load_stack, load_stack_file
+from serving.spec.stack import load_stack, load_stack_file, pulumi_config, spec_from_config
 from tests.support.k8s import of_kind, one, render_file
 from tests.support.paths import REPO
 from tests.support.stacks import MULTI_NODE, write_variant
@@ -32,12 +32,12 @@ COMPONENTS = {
     "namespace": "exaserve:core:Namespace",
     "nodes": "exaserve:cluster:Nodes",
     "fabric": "exaserve:fabric:RdmaFabric",
-    "ntp": "exaserve:cluster:Ntp",
     "storage": "exaserve:storage:ModelStorage",
     "fleet": "exaserve:serving:ServingFleet",
     "gateway": "exaserve:serving:Gateway",
     "monitoring": "exaserve:observability:Monitoring",
     "network-policy": "exaserve:security:NetworkPolicies",
+    "runtime": "exaserve:runtime:Runtime",
 }
 
 
@@ -81,17 +81,17 @@ def test_every_kubernetes_object_is_a_child_of_a_component_and_uses_the_explicit
 def test_object_counts_follow_nodes_and_batches(runs: dict[str, ProgramRun], stack: str) -> None:
     spec = load_stack(stack).spec
     counts = Counter(o.component for o in kubernetes_objects(runs[stack]))
-    rdma = fabric.has_rdma(spec)
+    rdma = fabric.has_rdma(spec, plan(spec))
     expected = {
         "namespace": 1,
         "nodes": spec.cluster.node_count,
         "fabric": (2 + spec.cluster.fabric.secondary_network) if rdma else 0,
-        "ntp": 2,
         "storage": 3,
         "fleet": 2 * spec.rollout.batches + 1,
         "gateway": 6,
         "monitoring": 3,
         "network-policy": 3,
+        "runtime": 16,  # fixed: controller, agent, their RBAC, 2 headless Services, 2 policies, rule, monitor, stack
     }
     assert {k: counts.get(k, 0) for k in expected} == expected
     assert sum(counts.values()) == sum(expected.values())
@@ -116,7 +116,7 @@ def test_stack_exports(runs: dict[str, ProgramRun]) -> None:
     assert out["group_sizes"] == {fleet.group_name(g): n for g, n in enumerate(plan(spec).rollout_group_sizes)}
     assert out["group_versions"] == {fleet.group_name(g): "v1" for g in range(5)}
     assert out["router_endpoint"] == "http://sglang-router.exaserve.svc:30000"
-    assert out["rdma_resource"] == "rdma/hca_shared_devices_a"
+    assert out.get("rdma_resource") is None, "one-GPU replicas use no fabric"
     assert "ExaServeClockOffset" in out["alerts"]
 
 
@@ -125,11 +125,11 @@ def test_resource_count_does_not_grow_with_replicas(tmp_path: Path, runs: dict[s
     half = render_file(write_variant(tmp_path, "half", changes={"serving.replicas": 1024}))
     full = kubernetes_objects(runs["prod"])
     assert sorted(o.key for o in half) == sorted(o.key for o in full)
-    assert sum(s["spec"]["replicas"] for s in of_kind(half, "StatefulSet")) == 1024
-    assert sum(s["spec"]["replicas"] for s in of_kind(full, "StatefulSet")) == 2048
+    assert sum(s["spec"]["replicas"] for s in of_kind(half, "LeaderWorkerSet")) == 1024
+    assert sum(s["spec"]["replicas"] for s in of_kind(full, "LeaderWorkerSet")) == 2048
 
 
-def test_node_patches_carry_inventory_labels_and_the_serving_taint(runs: dict[str, ProgramRun]) -> None:
+def test_node_patches_carry_inventory_labels_only(runs: dict[str, ProgramRun]) -> None:
     spec = load_stack("prod").spec
     nodes = {o.name: o.obj for o in kubernetes_objects(runs["prod"]) if o.kind == "Node"}
     assert set(nodes) == {n.name for n in spec.cluster.nodes}
@@ -139,7 +139,7 @@ def test_node_patches_carry_inventory_labels_and_the_serving_taint(runs: dict[st
         assert (labels[LABEL_RACK], labels["exaserve.io/leaf"], labels["exaserve.io/pool"]) == (n.rack, n.leaf, n.pool)
         assert labels["exaserve.io/gpu-product"] == "NVIDIA-A100-SXM4-80GB"
         assert labels["exaserve.io/fabric"] == "infiniband"
-        assert patch["spec"]["taints"] == [{"key": TAINT_KEY, "value": "serving", "effect": "NoSchedule"}]
+        assert "spec" not in patch, "taints are the kubelet's (Ansible role kubelet): spec.taints is an atomic list"
     assert len({p["metadata"]["labels"][LABEL_RACK] for p in nodes.values()}) == 16
 
 
@@ -150,43 +150,88 @@ def test_fleet_groups_carry_their_own_versions(tmp_path: Path) -> None:
         changes={"serving.releases.v2": "lmsysorg/sglang:v0.5.24-cu126", "rollout.group_versions": {0: "v2"}},
     )
     objects = render_file(path)
-    sets = sorted(of_kind(objects, "StatefulSet"), key=lambda s: s["metadata"]["name"])
+    sets = sorted(of_kind(objects, "LeaderWorkerSet"), key=lambda s: s["metadata"]["name"])
     assert [s["metadata"]["name"] for s in sets] == [fleet.group_name(g) for g in range(5)]
     versions = [s["metadata"]["labels"][LABEL_VERSION] for s in sets]
     assert versions == ["v2", "v1", "v1", "v1", "v1"]
     for g, s in enumerate(sets):
-        template = s["spec"]["template"]
+        template = s["spec"]["leaderWorkerTemplate"]["workerTemplate"]
         assert template["metadata"]["labels"][LABEL_VERSION] == versions[g]
         assert template["metadata"]["labels"][LABEL_GROUP] == str(g)
         container = template["spec"]["containers"][0]
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["EXASERVE_RELEASE"] == versions[g]
         assert container["image"] == ("lmsysorg/sglang:v0.5.24-cu126" if g == 0 else "lmsysorg/sglang:v0.5.23-cu126")
-        assert s["spec"]["selector"]["matchLabels"] == fleet.group_selector(g)
-        assert LABEL_VERSION not in s["spec"]["selector"]["matchLabels"], (
-            "a version change must not change the selector"
-        )
+        assert s["metadata"]["annotations"] == {"pulumi.com/skipAwait": "true"}
 
 
-def test_fleet_pods_spread_across_racks_with_gpu_rdma_and_shm(runs: dict[str, ProgramRun]) -> None:
+def test_fleet_pods_wait_for_their_cache_and_spread_satisfiably(runs: dict[str, ProgramRun]) -> None:
+    """Findings 1, 7, 10, 12: each pod waits for its own node's cache; one-GPU replicas get no fabric; whole CPUs;
+    shared memory sized per GPU; a rack spread one rack's share wide that ignores cordoned nodes."""
     spec = load_stack("prod").spec
+    pl = plan(spec)
     objects = kubernetes_objects(runs["prod"])
-    s = one(objects, "StatefulSet", "sglang-g0")
-    pod = s["spec"]["template"]["spec"]
-    assert pod["containers"] == [pod_container(spec, plan(spec), 0)]
+    s = one(objects, "LeaderWorkerSet", "sglang-g0")
+    assert s["spec"]["leaderWorkerTemplate"]["size"] == 1 and "leaderTemplate" not in s["spec"]["leaderWorkerTemplate"]
+    assert s["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"] == {"maxUnavailable": 41, "maxSurge": 0}
+    template = s["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    pod = template["spec"]
+    assert pod["containers"] == [pod_container(spec, pl, 0)]
+    (wait,) = pod["initContainers"]
+    assert wait["name"] == WAIT_FOR_CACHE and f"{model_dir(spec)}/{storage.COMPLETE_MARKER}" in wait["command"][-1]
     spread = {c["topologyKey"]: c for c in pod["topologySpreadConstraints"]}
-    assert spread[LABEL_RACK]["whenUnsatisfiable"] == "DoNotSchedule"
-    assert spread[LABEL_RACK]["labelSelector"]["matchLabels"] == fleet.group_selector(0)
-    limits = pod["containers"][0]["resources"]["limits"]
-    assert limits["nvidia.com/gpu"] == "1" and limits["rdma/hca_shared_devices_a"] == "1"
+    assert spread[LABEL_RACK] == {
+        "maxSkew": 26,  # ceil(410 / 16 racks)
+        "topologyKey": LABEL_RACK,
+        "whenUnsatisfiable": "DoNotSchedule",
+        "nodeTaintsPolicy": "Honor",
+        "labelSelector": {"matchLabels": fleet.group_selector(0)},
+    }
+    resources = pod["containers"][0]["resources"]
+    assert resources["requests"] == resources["limits"] == {"cpu": "8", "memory": "43Gi", "nvidia.com/gpu": "1"}
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
-    assert s["spec"]["template"]["metadata"]["annotations"] == {fabric.NETWORKS_ANNOTATION: fabric.NETWORK}
-    assert {"key": TAINT_KEY, "operator": "Equal", "value": "serving", "effect": "NoSchedule"} in pod["tolerations"]
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}
+    assert "annotations" not in template["metadata"], "no Multus network for a replica inside one node"
+    assert [o for o in objects if o.component == "fabric"] == []
+    assert (
+        pod["tolerations"]
+        == [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+        == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    )
     budgets = {p["metadata"]["name"]: p for p in of_kind(objects, "PodDisruptionBudget")}
-    for g, size in enumerate(plan(spec).rollout_group_sizes):
+    for g, size in enumerate(pl.rollout_group_sizes):
         assert budgets[fleet.group_name(g)]["spec"]["selector"]["matchLabels"] == fleet.group_selector(g)
         assert budgets[fleet.group_name(g)]["spec"]["maxUnavailable"] == int(size * 0.10)
+
+
+def test_the_fleet_never_waits_for_the_cache_warmer(runs: dict[str, ProgramRun]) -> None:
+    """Finding 1: the fleet component does not depend on storage (Pulumi would wait for every node's copy); storage
+    follows the node labels its warmer selects on. Finding 15: the CRDs are read before the custom resources."""
+    run = runs["prod"]
+    components = {r.name: r for r in run.registrations if r.is_component}
+    deps = {name: {d.rsplit("::", 1)[-1] for d in run.dependencies.get(r.urn, [])} for name, r in components.items()}
+    # depends_on a component means on each of its objects (the SDK expands it): the warmer is not among them.
+    assert not {storage.WARMER, storage.CLAIM} & deps["fleet"]
+    assert {"exaserve", "gpu-r00-n00", "gpu-r15-n15"} <= deps["fleet"] & deps["storage"]
+    assert {"crd-leaderworkersets.leaderworkerset.x-k8s.io"} <= deps["fleet"]
+    assert {"crd-prometheusrules.monitoring.coreos.com", "crd-servicemonitors.monitoring.coreos.com"} <= deps[
+        "monitoring"
+    ]
+
+
+def test_pulumi_config_and_the_stack_file_give_the_same_spec() -> None:
+    """Finding 14: under `pulumi up` the program reads `pulumi.Config("exaserve")`; the offline tools read the file.
+    The file's keys, fed to Pulumi's config as the engine would pass them, parse to the very spec load_stack gives."""
+    for name in STACKS:
+        stack = load_stack(name)
+        config = pulumi_config(stack.path)
+        assert set(config) == {k for k in config if k.startswith("exaserve:")} != set()
+        via_config = spec_from_config(
+            lambda k, c=config: json.loads(c[f"exaserve:{k}"]) if f"exaserve:{k}" in c else None, "config", REPO
+        )
+        # The one difference: model.hf_config, made absolute so the program finds it from any working directory.
+        hf = {"model": {"hf_config"}}
+        assert via_config.model_dump(exclude=hf) == stack.spec.model_dump(exclude=hf), name
 
 
 def test_multi_node_replicas_become_leader_worker_sets(tmp_path: Path) -> None:
@@ -199,7 +244,6 @@ def test_multi_node_replicas_become_leader_worker_sets(tmp_path: Path) -> None:
     objects = render_file(path)
     spec = load_stack_file(path).spec
     assert placement(spec).nodes_per_replica == 2
-    assert of_kind(objects, "StatefulSet") == []
     sets = sorted(of_kind(objects, "LeaderWorkerSet"), key=lambda s: s["metadata"]["name"])
     assert [s["spec"]["replicas"] for s in sets] == plan(spec).rollout_group_sizes
     lwt = sets[0]["spec"]["leaderWorkerTemplate"]
@@ -208,6 +252,20 @@ def test_multi_node_replicas_become_leader_worker_sets(tmp_path: Path) -> None:
     worker = lwt["workerTemplate"]["spec"]["containers"][0]
     assert "readinessProbe" in leader and "readinessProbe" not in worker
     assert "$(LWS_WORKER_INDEX)" in worker["args"] and leader["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    # Finding 7/8: the fabric goes to replicas that span nodes; NCCL pins memory as root with IPC_LOCK only; the
+    # group's pods stay in their leader's rack.
+    assert leader["resources"]["limits"]["rdma/hca_shared_devices_a"] == "1"
+    assert leader["securityContext"]["runAsUser"] == 0 and leader["securityContext"]["capabilities"] == {
+        "drop": ["ALL"],
+        "add": ["IPC_LOCK"],
+    }
+    affinity = lwt["workerTemplate"]["spec"]["affinity"]["podAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert affinity[0]["topologyKey"] == LABEL_RACK and affinity[0]["matchLabelKeys"] == [fleet.LWS_GROUP_KEY]
+    assert one(objects, "DaemonSet", fabric.DAEMONSET)["spec"]["template"]["spec"]["tolerations"] == [
+        {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+    ]
     workers_policy = one(objects, "NetworkPolicy", fleet.WORKERS_SERVICE)
     assert {"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "sglang"}}}]} in workers_policy["spec"][
         "ingress"
@@ -233,17 +291,13 @@ def test_gateway_discovers_workers_with_least_privilege(runs: dict[str, ProgramR
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"http": 30000, "metrics": 29000}
 
 
-def test_chrony_daemonset_holds_only_sys_time(runs: dict[str, ProgramRun]) -> None:
-    spec = load_stack("prod").spec
+def test_time_sync_stays_on_the_host(runs: dict[str, ProgramRun]) -> None:
+    """Finding 3: no clock daemon in the cluster (the host's chronyd keeps time); the cluster alerts on offsets and
+    on unsynchronised clocks from node exporter's timex metrics."""
     objects = kubernetes_objects(runs["prod"])
-    ds = one(objects, "DaemonSet", "chrony")["spec"]["template"]["spec"]
-    assert ds["hostNetwork"] is True
-    sc = ds["containers"][0]["securityContext"]
-    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_TIME"]} and sc["privileged"] is False
-    assert ds["tolerations"] == [{"operator": "Exists"}], "chrony runs on every node"
-    conf = one(objects, "ConfigMap", "chrony-conf")["data"]["chrony.conf"]
-    assert conf == chrony_conf(spec)
-    assert all(f"server {s} iburst" in conf for s in spec.cluster.ntp.servers)
+    assert not [o for o in objects if o.kind == "DaemonSet" and "chrony" in o.name]
+    alerts = runs["prod"].stack_outputs()["alerts"]
+    assert {"ExaServeClockOffset", "ExaServeClockUnsynchronised"} <= set(alerts)
 
 
 def test_model_store_is_read_only_many_on_nfs_or_csi(tmp_path: Path, runs: dict[str, ProgramRun]) -> None:
@@ -346,7 +400,7 @@ def test_alerts_take_thresholds_from_the_spec(tmp_path: Path) -> None:
 def test_ethernet_stack_has_no_rdma_objects(runs: dict[str, ProgramRun]) -> None:
     objects = kubernetes_objects(runs["dev"])
     assert [o for o in objects if o.component == "fabric"] == []
-    pod = one(objects, "StatefulSet", "sglang-g0")["spec"]["template"]
+    pod = one(objects, "LeaderWorkerSet", "sglang-g0")["spec"]["leaderWorkerTemplate"]["workerTemplate"]
     assert "annotations" not in pod["metadata"]
     assert "rdma/hca_shared_devices_a" not in pod["spec"]["containers"][0]["resources"]["limits"]
 

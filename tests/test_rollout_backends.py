@@ -200,6 +200,16 @@ def _revision(obj: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
 
 
+def _serving_pod(obj: dict[str, Any]) -> dict[str, Any]:
+    """The pod template that serves HTTP: a StatefulSet's template, a LeaderWorkerSet's leader template, or its
+    worker template when the group has one pod (size 1: LWS renders no separate leader template)."""
+    spec = obj["spec"]
+    if "template" in spec:
+        return dict(spec["template"])
+    lwt = spec["leaderWorkerTemplate"]
+    return dict(lwt.get("leaderTemplate") or lwt["workerTemplate"])
+
+
 class ApiServerStandIn:
     """STAND-IN for the API server and the StatefulSet/LeaderWorkerSet controllers (see module doc).
 
@@ -271,8 +281,7 @@ class ApiServerStandIn:
         strategy = obj["spec"].get("updateStrategy") or obj["spec"]["rolloutStrategy"]
         config = strategy.get("rollingUpdate") or strategy.get("rollingUpdateConfiguration")
         step = int(config["maxUnavailable"])
-        template = obj["spec"].get("template") or obj["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
-        env = {e["name"]: e.get("value") for e in template["spec"]["containers"][0]["env"]}
+        env = {e["name"]: e.get("value") for e in _serving_pod(obj)["spec"]["containers"][0]["env"]}
         stuck = str(env.get("EXASERVE_RELEASE", "")).endswith("-stuck")
         updated = 0
         while updated < n:
@@ -315,7 +324,7 @@ def k8s_spec(multi: bool) -> FleetSpec:
     return spec_from("dev", **changes)
 
 
-@pytest.mark.parametrize("multi", [False, True], ids=["statefulset", "leaderworkerset"])
+@pytest.mark.parametrize("multi", [False, True], ids=["one-node-replicas", "two-node-replicas"])
 def test_kubernetes_backend_against_an_api_server_stand_in_moves_one_group_and_waits_for_rollout(
     multi: bool,
 ) -> None:
@@ -345,8 +354,7 @@ def test_kubernetes_backend_against_an_api_server_stand_in_moves_one_group_and_w
         True,
         f"{obj['spec']['replicas']} of {obj['spec']['replicas']} replicas updated and ready",
     )
-    template = obj["spec"].get("template") or obj["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
-    container = template["spec"]["containers"][0]
+    container = _serving_pod(obj)["spec"]["containers"][0]
     assert container["image"] == RELEASES["v2"]
     assert {"name": "EXASERVE_RELEASE", "value": "v2"} in container["env"]
     # The patched object is exactly what the Pulumi program renders once the stack says group 1 runs v2.
@@ -384,5 +392,6 @@ def test_kubernetes_worker_urls_are_stable_pod_dns_names() -> None:
     spec = k8s_spec(False)
     backend = KubernetesBackend(spec, plan(spec), KubeApi("http://127.0.0.1:1"))
     group0 = sorted((r for r in fleet_replicas(spec) if r.group == 0), key=lambda r: r.index)
-    assert backend.worker_url(group0[2].id) == "http://sglang-g0-2.sglang-workers.exaserve.svc:30000"
+    # Each group is a LeaderWorkerSet: its third group's leader pod, through the set's own headless Service.
+    assert backend.worker_url(group0[2].id) == "http://sglang-g0-2.sglang-g0.exaserve.svc:30000"
     asyncio.run(backend.aclose())

@@ -1,4 +1,4 @@
-"""The program shape ExaServe avoids, for the render benchmark only: one StatefulSet per replica (2,048 in prod)
+"""The program shape ExaServe avoids, for the render benchmark only: one LeaderWorkerSet per replica (2,048 in prod)
 instead of one per update group. Everything else is the real program (serving/pulumi/components/stack.py)."""
 
 import copy
@@ -15,7 +15,6 @@ from serving.pulumi.components import (
     Namespace,
     NetworkPolicies,
     Nodes,
-    Ntp,
     RdmaFabric,
 )
 from serving.pulumi.components.base import KubernetesComponent
@@ -25,12 +24,12 @@ from serving.spec.schema import FleetSpec
 
 
 class PerReplicaFleet(KubernetesComponent):
-    """Each group's StatefulSet split into one single-replica StatefulSet per replica."""
+    """Each group's LeaderWorkerSet split into one single-replica LeaderWorkerSet per replica."""
 
     def __init__(self, name: str, spec: FleetSpec, pl: Plan, opts: pulumi.ResourceOptions | None = None) -> None:
         objects = []
         for obj in fleet.render(spec, pl):
-            if obj["kind"] != "StatefulSet":
+            if obj["kind"] != "LeaderWorkerSet":
                 objects.append(obj)
                 continue
             for i in range(obj["spec"]["replicas"]):
@@ -39,7 +38,7 @@ class PerReplicaFleet(KubernetesComponent):
                 single["spec"]["replicas"] = 1
                 objects.append(single)
         super().__init__("exaserve:serving:ServingFleet", name, objects, opts)
-        self.register_outputs({"statefulsets": len(self.names("StatefulSet"))})
+        self.register_outputs({"groups": len(self.names("LeaderWorkerSet"))})
 
 
 spec = program_stack().spec
@@ -49,10 +48,10 @@ cluster = pulumi.ResourceOptions(provider=provider)
 namespace = Namespace("namespace", spec, opts=cluster)
 in_namespace = pulumi.ResourceOptions(provider=provider, depends_on=[namespace])
 nodes = Nodes("nodes", spec, opts=cluster)
-RdmaFabric("fabric", spec, opts=in_namespace)
-Ntp("ntp", spec, opts=in_namespace)
-storage = ModelStorage("storage", spec, opts=in_namespace)
-PerReplicaFleet("fleet", spec, pl, opts=pulumi.ResourceOptions(provider=provider, depends_on=[namespace, nodes, storage]))
+after_nodes = pulumi.ResourceOptions(provider=provider, depends_on=[namespace, nodes])
+RdmaFabric("fabric", spec, pl, opts=after_nodes)
+ModelStorage("storage", spec, opts=after_nodes)
+PerReplicaFleet("fleet", spec, pl, opts=after_nodes)
 Gateway("gateway", spec, pl, opts=in_namespace)
-Monitoring("monitoring", spec, opts=in_namespace)
+Monitoring("monitoring", spec, pl, opts=in_namespace)
 NetworkPolicies("network-policy", spec, pl, opts=in_namespace)

@@ -9,9 +9,11 @@ spec. Each result names the rule (``check``), the resource (``subject``), what i
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from serving.checks.result import CheckResult, Status
@@ -20,11 +22,21 @@ from serving.plan.planner import plan
 from serving.render.k8s.common import (
     ANNOTATION_ALLOW_LOAD_BALANCER,
     ANNOTATION_PRIVILEGED_REASON,
+    ANNOTATION_SKIP_AWAIT,
+    ANNOTATION_TIMEOUT_S,
+    HOSTNAME_LABEL,
     LABEL_GROUP,
     LABEL_NAME,
+    LABEL_RACK,
+    PREFIX,
     ROUTER_APP,
     SERVING_APP,
+    TAINT_KEY,
 )
+from serving.render.k8s.container import GENERATING_PATHS, LIVENESS_PATH
+from serving.render.k8s.fabric import NETWORKS_ANNOTATION
+from serving.render.k8s.fleet import LWS_GROUP_KEY
+from serving.render.k8s.storage import COMPLETE_MARKER, WARMER
 from serving.spec.schema import FleetSpec, pinned_image
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -32,6 +44,11 @@ GPU_RESOURCE = "nvidia.com/gpu"
 PRIVILEGED_DAEMONSETS = frozenset({"rdma-shared-device-plugin"})
 WORKLOAD_KINDS = frozenset({"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"})
 SERVING_GROUP_KINDS = frozenset({"StatefulSet", "LeaderWorkerSet"})
+# Workloads whose readiness follows model loading (or the cache copy): `pulumi up` must not wait for them.
+NOT_AWAITED_APPS = frozenset({SERVING_APP, ROUTER_APP, WARMER})
+# A group this small may keep a rack spread of 1: one rack's share is a single pod.
+RACK_SHARE_FLOOR = 16
+OFFSET_AFTER_PARENS = re.compile(r"\)\s*offset\s")
 
 
 Props = Mapping[str, Any]
@@ -170,6 +187,8 @@ def serving_resource_limits(resource_type: str, props: Props) -> list[CheckResul
         if _app(template) != SERVING_APP:
             continue
         for cwhere, c in containers(template):
+            if cwhere.startswith("initContainers"):
+                continue  # the cache wait holds no GPU
             limits = (c.get("resources") or {}).get("limits") or {}
             missing = [r for r in (GPU_RESOURCE, "memory") if not str(limits.get(r) or "").strip("0")]
             if missing:
@@ -195,8 +214,9 @@ def probes_timeout(resource_type: str, props: Props) -> list[CheckResult]:
     out: list[CheckResult] = []
     for where, template in pod_templates(resource_type, props):
         app = _app(template)
-        if app not in (SERVING_APP, ROUTER_APP) or where.endswith("workerTemplate"):
-            continue  # non-leader pods of a multi-node replica serve no HTTP
+        lwt = (props.get("spec") or {}).get("leaderWorkerTemplate") or {}
+        if app not in (SERVING_APP, ROUTER_APP) or (where.endswith("workerTemplate") and lwt.get("leaderTemplate")):
+            continue  # non-leader pods of a multi-node replica serve no HTTP (a group of one runs its leader from it)
         needed = ["readinessProbe", "livenessProbe"] + (["startupProbe"] if app == SERVING_APP else [])
         for cwhere, c in containers(template):
             if cwhere.startswith("initContainers"):
@@ -368,3 +388,509 @@ def check(resources: Sequence[tuple[str, Props]], spec: FleetSpec) -> list[Check
     findings = [f for t, p in resources for _, fn in RESOURCE_RULES.values() for f in fn(t, p)]
     findings += [f for _, fn in STACK_RULES.values() for f in fn(resources, spec)]
     return findings
+
+
+# ------------------------------------------------------------------------------------------ `pulumi up` on a real cluster
+# One rule per finding of issue 10 (docs/infra.md, "Findings"): each fails the shape that broke day one.
+
+
+def _containers_of(resource_type: str, props: Props, *, init: bool = False) -> Iterator[tuple[str, Props, Props]]:
+    """``(where, pod template, container)`` for every (non-init, unless ``init``) container the resource runs."""
+    for where, template in pod_templates(resource_type, props):
+        for cwhere, c in containers(template):
+            if init or not cwhere.startswith("initContainers"):
+                yield f"{where}.{cwhere}", template, c
+
+
+def _serving_leader_templates(resource_type: str, props: Props) -> list[tuple[str, Props]]:
+    """Serving pod templates that serve HTTP: every template except a multi-node group's ``workerTemplate`` (a
+    LeaderWorkerSet without ``leaderTemplate`` runs its leader from ``workerTemplate``)."""
+    lwt = (props.get("spec") or {}).get("leaderWorkerTemplate") or {}
+    out = []
+    for where, template in pod_templates(resource_type, props):
+        if _app(template) != SERVING_APP:
+            continue
+        if where.endswith("workerTemplate") and lwt.get("leaderTemplate"):
+            continue
+        out.append((where, template))
+    return out
+
+
+def _finding(rule: str, resource_type: str, props: Props, observed: str, expected: str, fix: str) -> CheckResult:
+    return violation(rule, describe(resource_type, props), observed, expected, fix)
+
+
+@resource_rule(
+    "serving-waits-for-node-cache",
+    "Serving pods wait for their own node's model cache in an init container (never the fleet for the warmer).",
+)
+def serving_waits_for_node_cache(resource_type: str, props: Props) -> list[CheckResult]:
+    out = []
+    for where, template in pod_templates(resource_type, props):
+        if _app(template) != SERVING_APP:
+            continue
+        inits = (template.get("spec") or {}).get("initContainers") or []
+        if not any(COMPLETE_MARKER in " ".join(map(str, c.get("command") or [])) for c in inits):
+            out.append(
+                _finding(
+                    "serving-waits-for-node-cache",
+                    resource_type,
+                    props,
+                    f"{where} has no init container waiting for the cache marker {COMPLETE_MARKER}",
+                    "an init container that holds each serving pod until its node's cache is complete",
+                    "Add serving.render.k8s.container.cache_init_container; never make the fleet depend on the "
+                    "cache warmer DaemonSet (Pulumi would wait for every node's copy).",
+                )
+            )
+    return out
+
+
+@resource_rule(
+    "await-decided",
+    "Every workload says what `pulumi up` waits for (pulumi.com/skipAwait or pulumi.com/timeoutSeconds); serving "
+    "groups, the router and the cache warmer are not awaited.",
+)
+def await_decided(resource_type: str, props: Props) -> list[CheckResult]:
+    kind = kind_of(resource_type, props)
+    if kind not in WORKLOAD_KINDS | SERVING_GROUP_KINDS:
+        return []
+    skip = _annotation(props, ANNOTATION_SKIP_AWAIT) == "true"
+    timeout = _annotation(props, ANNOTATION_TIMEOUT_S)
+    apps = {_app(t) for _, t in pod_templates(resource_type, props)}
+    must_skip = bool(apps & NOT_AWAITED_APPS)
+    if skip or (timeout and not must_skip):
+        return []
+    observed = (
+        f"{ANNOTATION_TIMEOUT_S}={timeout} on pods whose readiness follows model loading ({sorted(a for a in apps if a)})"
+        if timeout
+        else f"neither {ANNOTATION_SKIP_AWAIT} nor {ANNOTATION_TIMEOUT_S}: `pulumi up` waits for every pod"
+    )
+    return [
+        _finding(
+            "await-decided",
+            resource_type,
+            props,
+            observed,
+            f"{ANNOTATION_SKIP_AWAIT}: 'true' on serving groups, the router and the cache warmer; a "
+            f"{ANNOTATION_TIMEOUT_S} or skip on every other workload",
+            "Render it with serving.render.k8s.common.await_annotations (docs/infra.md, 'What up waits for').",
+        )
+    ]
+
+
+@resource_rule(
+    "no-clock-daemons", "No container may set the clock (SYS_TIME): time sync belongs to the host's chronyd."
+)
+def no_clock_daemons(resource_type: str, props: Props) -> list[CheckResult]:
+    return [
+        _finding(
+            "no-clock-daemons",
+            resource_type,
+            props,
+            f"{where} adds SYS_TIME: a second daemon disciplining the host's clock",
+            "no SYS_TIME capability in any container",
+            "Remove the container; chronyd runs on the host (Ansible role ntp) and the ExaServeClock* alerts "
+            "observe node_timex metrics.",
+        )
+        for where, _, c in _containers_of(resource_type, props, init=True)
+        if "SYS_TIME" in (((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or [])
+    ]
+
+
+@resource_rule(
+    "no-ignored-statefulset-surge",
+    "No StatefulSet relies on rollingUpdate.maxUnavailable (alpha through Kubernetes 1.33, ignored without its gate).",
+)
+def no_ignored_statefulset_surge(resource_type: str, props: Props) -> list[CheckResult]:
+    if kind_of(resource_type, props) != "StatefulSet":
+        return []
+    rolling = ((props.get("spec") or {}).get("updateStrategy") or {}).get("rollingUpdate") or {}
+    if "maxUnavailable" not in rolling:
+        return []
+    return [
+        _finding(
+            "no-ignored-statefulset-surge",
+            resource_type,
+            props,
+            f"spec.updateStrategy.rollingUpdate.maxUnavailable={rolling['maxUnavailable']}: the API server drops it "
+            "without the MaxUnavailableStatefulSet gate, so pods update one at a time",
+            "an update budget the target Kubernetes honours",
+            "Use a LeaderWorkerSet (rollingUpdateConfiguration.maxUnavailable, v1) as serving.render.k8s.fleet does.",
+        )
+    ]
+
+
+@resource_rule(
+    "node-patch-labels-only", "Node patches carry labels only; taints are set by the kubelet at registration."
+)
+def node_patch_labels_only(resource_type: str, props: Props) -> list[CheckResult]:
+    if kind_of(resource_type, props) != "Node" or "taints" not in (props.get("spec") or {}):
+        return []
+    return [
+        _finding(
+            "node-patch-labels-only",
+            resource_type,
+            props,
+            "spec.taints is patched: an atomic list, so the apply conflicts with every other taint (cordon, NotReady, "
+            "the kubelet's) and forcing it wipes them",
+            "a labels-only node patch",
+            "Drop spec.taints; the Ansible role kubelet registers nodes with --register-with-taints.",
+        )
+    ]
+
+
+@resource_rule(
+    "gpu-taint-convention",
+    f"Pods tolerate the GPU operator's {TAINT_KEY} taint, never a custom key NVIDIA's DaemonSets do not tolerate.",
+)
+def gpu_taint_convention(resource_type: str, props: Props) -> list[CheckResult]:
+    out = []
+    for where, template in pod_templates(resource_type, props):
+        keys = [str(t.get("key") or "") for t in (template.get("spec") or {}).get("tolerations") or []]
+        custom = [k for k in keys if k.startswith(f"{PREFIX}/")]
+        gpus = any(GPU_RESOURCE in (((c.get("resources") or {}).get("limits")) or {}) for _, c in containers(template))
+        if custom or (gpus and TAINT_KEY not in keys):
+            out.append(
+                _finding(
+                    "gpu-taint-convention",
+                    resource_type,
+                    props,
+                    f"{where} tolerates {keys}"
+                    + (f": {custom} is a taint NVIDIA's device plugin does not tolerate" if custom else ""),
+                    f"GPU pods tolerate {TAINT_KEY} (NoSchedule) and no {PREFIX}/ taint",
+                    "Use serving.render.k8s.common.serving_toleration (the GPU operator's convention).",
+                )
+            )
+    return out
+
+
+@resource_rule(
+    "fabric-only-across-nodes",
+    "RDMA resources, IPC_LOCK and the Multus secondary network go only to replicas that span nodes.",
+)
+def fabric_only_across_nodes(resource_type: str, props: Props) -> list[CheckResult]:
+    size = ((props.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("size", 1)
+    if kind_of(resource_type, props) == "LeaderWorkerSet" and int(size) > 1:
+        return []
+    out = []
+    for where, template in pod_templates(resource_type, props):
+        if _app(template) != SERVING_APP:
+            continue
+        found = (
+            [f"network annotation {NETWORKS_ANNOTATION}"]
+            if NETWORKS_ANNOTATION in ((template.get("metadata") or {}).get("annotations") or {})
+            else []
+        )
+        for cwhere, c in containers(template):
+            found += [
+                f"{cwhere} requests {r}"
+                for r in ((c.get("resources") or {}).get("limits") or {})
+                if r.startswith("rdma/")
+            ]
+            if "IPC_LOCK" in (((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or []):
+                found.append(f"{cwhere} adds IPC_LOCK")
+        if found:
+            out.append(
+                _finding(
+                    "fabric-only-across-nodes",
+                    resource_type,
+                    props,
+                    f"{where} of a replica inside one node: {'; '.join(found)}",
+                    "the RDMA fabric only on pods of replicas that span nodes (LeaderWorkerSet size > 1)",
+                    "Drop them: a replica inside one node does its collectives over NVLink/PCIe "
+                    "(serving.render.k8s.fabric.has_rdma).",
+                )
+            )
+    return out
+
+
+@resource_rule(
+    "ipc-lock-runs-as-root",
+    "A container adding IPC_LOCK runs as root: a non-root process gets no ambient capabilities.",
+)
+def ipc_lock_runs_as_root(resource_type: str, props: Props) -> list[CheckResult]:
+    out = []
+    for where, template, c in _containers_of(resource_type, props):
+        sc = c.get("securityContext") or {}
+        pod_sc = (template.get("spec") or {}).get("securityContext") or {}
+        uid = sc.get("runAsUser", pod_sc.get("runAsUser"))
+        if "IPC_LOCK" in ((sc.get("capabilities") or {}).get("add") or []) and (uid is None or int(uid) != 0):
+            out.append(
+                _finding(
+                    "ipc-lock-runs-as-root",
+                    resource_type,
+                    props,
+                    f"{where} adds IPC_LOCK but runs as uid {uid}: the capability never reaches the process and NCCL's "
+                    "RDMA registration hits RLIMIT_MEMLOCK",
+                    "runAsUser 0 (with runAsNonRoot false) wherever IPC_LOCK is added",
+                    "Run the multi-node serving container as root with only IPC_LOCK added "
+                    "(serving.render.k8s.container.pod_container).",
+                )
+            )
+    return out
+
+
+@resource_rule(
+    "replica-in-one-rack",
+    "The pods of one multi-node replica stay in one rack (pod affinity on the LeaderWorkerSet group key).",
+)
+def replica_in_one_rack(resource_type: str, props: Props) -> list[CheckResult]:
+    lwt = (props.get("spec") or {}).get("leaderWorkerTemplate") or {}
+    if kind_of(resource_type, props) != "LeaderWorkerSet" or int(lwt.get("size", 1)) <= 1:
+        return []
+    out = []
+    for where, template in pod_templates(resource_type, props):
+        terms = (((template.get("spec") or {}).get("affinity") or {}).get("podAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ) or []
+        if not any(
+            t.get("topologyKey") == LABEL_RACK and LWS_GROUP_KEY in (t.get("matchLabelKeys") or []) for t in terms
+        ):
+            out.append(
+                _finding(
+                    "replica-in-one-rack",
+                    resource_type,
+                    props,
+                    f"{where} has no required pod affinity keeping the group in one {LABEL_RACK}",
+                    f"requiredDuringScheduling pod affinity, matchLabelKeys [{LWS_GROUP_KEY}], topologyKey {LABEL_RACK}",
+                    "Render the group with serving.render.k8s.fleet (a rack spread alone splits leader and workers).",
+                )
+            )
+    return out
+
+
+@resource_rule(
+    "liveness-is-cheap",
+    f"Liveness probes of serving and router containers never call a generating endpoint ({sorted(GENERATING_PATHS)}).",
+)
+def liveness_is_cheap(resource_type: str, props: Props) -> list[CheckResult]:
+    out = []
+    for where, template, c in _containers_of(resource_type, props):
+        path = (((c.get("livenessProbe") or {}).get("httpGet")) or {}).get("path")
+        if _app(template) in (SERVING_APP, ROUTER_APP) and path in GENERATING_PATHS:
+            out.append(
+                _finding(
+                    "liveness-is-cheap",
+                    resource_type,
+                    props,
+                    f"{where}.livenessProbe calls {path}, which runs a one-token generation: a scheduler stall "
+                    "restarts a replica that then reloads for minutes",
+                    f"a liveness path that generates nothing ({LIVENESS_PATH}); readiness may generate",
+                    f"Probe {LIVENESS_PATH} for liveness (serving.render.k8s.container.LIVENESS_PATH).",
+                )
+            )
+    return out
+
+
+@resource_rule(
+    "serving-guaranteed-cpu",
+    "Serving containers request whole CPUs and memory equal to their limits (Guaranteed QoS, pinned CPUs).",
+)
+def serving_guaranteed_cpu(resource_type: str, props: Props) -> list[CheckResult]:
+    out = []
+    for where, template, c in _containers_of(resource_type, props):
+        if _app(template) != SERVING_APP:
+            continue
+        res = c.get("resources") or {}
+        req, lim = res.get("requests") or {}, res.get("limits") or {}
+        cpu = str(req.get("cpu") or "")
+        if not (
+            cpu.isdigit() and int(cpu) > 0 and str(lim.get("cpu")) == cpu and req.get("memory") == lim.get("memory")
+        ):
+            out.append(
+                _finding(
+                    "serving-guaranteed-cpu",
+                    resource_type,
+                    props,
+                    f"{where} requests cpu={req.get('cpu')!r}, memory={req.get('memory')!r} with limits "
+                    f"cpu={lim.get('cpu')!r}, memory={lim.get('memory')!r}",
+                    "whole CPUs, request = limit for cpu and memory",
+                    "Set serving.cpus_per_gpu in the stack; serving.render.k8s.container sizes both.",
+                )
+            )
+    return out
+
+
+@resource_rule("no-slow-awq-kernel", "Serving containers never force SGLang's slow AWQ kernel (--quantization awq).")
+def no_slow_awq_kernel(resource_type: str, props: Props) -> list[CheckResult]:
+    out = []
+    for where, template, c in _containers_of(resource_type, props):
+        args = [str(a) for a in [*(c.get("command") or []), *(c.get("args") or [])]]
+        forced = any(a == "--quantization=awq" for a in args) or any(
+            a == "--quantization" and b == "awq" for a, b in pairwise(args)
+        )
+        if _app(template) == SERVING_APP and forced:
+            out.append(
+                _finding(
+                    "no-slow-awq-kernel",
+                    resource_type,
+                    props,
+                    f"{where} passes --quantization awq: SGLang runs the slow AWQ kernel instead of awq_marlin",
+                    "--quantization awq_marlin (or no flag: SGLang picks the kernel from the checkpoint)",
+                    "Keep model.quantization: awq in the stack; serving.render.sglang renders awq_marlin.",
+                )
+            )
+    return out
+
+
+@resource_rule(
+    "spread-satisfiable",
+    "A hard (DoNotSchedule) spread of serving pods over racks lets one rack fall a whole share behind and ignores "
+    "tainted (cordoned, NotReady) nodes, so a full or lost rack does not strand the rest of a group Pending.",
+)
+def spread_satisfiable(resource_type: str, props: Props) -> list[CheckResult]:
+    out = []
+    replicas = int((props.get("spec") or {}).get("replicas") or 1)
+    for where, template in _serving_leader_templates(resource_type, props):
+        for c in (template.get("spec") or {}).get("topologySpreadConstraints") or []:
+            if c.get("topologyKey") != LABEL_RACK or c.get("whenUnsatisfiable") != "DoNotSchedule":
+                continue
+            skew = int(c.get("maxSkew") or 1)
+            if c.get("nodeTaintsPolicy") != "Honor" or (replicas > RACK_SHARE_FLOOR and skew <= 1):
+                out.append(
+                    _finding(
+                        "spread-satisfiable",
+                        resource_type,
+                        props,
+                        f"{where} spreads {replicas} replicas over racks with maxSkew={skew}, nodeTaintsPolicy="
+                        f"{c.get('nodeTaintsPolicy')!r}: once one rack is full or cordoned the rest stays Pending",
+                        "maxSkew of one rack's share of the group and nodeTaintsPolicy Honor",
+                        "Render the spread with serving.render.k8s.fleet.rack_max_skew.",
+                    )
+                )
+    return out
+
+
+@resource_rule(
+    "hardened-pods",
+    "Serving and router containers run as non-root where they can, under the RuntimeDefault seccomp profile, and "
+    "serving containers have a preStop hook; a Deployment with required host anti-affinity does not surge.",
+)
+def hardened_pods(resource_type: str, props: Props) -> list[CheckResult]:
+    out = []
+    for where, template, c in _containers_of(resource_type, props):
+        app = _app(template)
+        if app not in (SERVING_APP, ROUTER_APP):
+            continue
+        sc = c.get("securityContext") or {}
+        problems = []
+        if (sc.get("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
+            problems.append("no seccomp profile")
+        adds = ((sc.get("capabilities") or {}).get("add")) or []
+        if not sc.get("runAsNonRoot") and "IPC_LOCK" not in adds:
+            problems.append("runAsNonRoot is not set")
+        if app == SERVING_APP and not ((c.get("lifecycle") or {}).get("preStop")):
+            problems.append("no preStop hook (requests are routed to it while it shuts down)")
+        if problems:
+            out.append(
+                _finding(
+                    "hardened-pods",
+                    resource_type,
+                    props,
+                    f"{where}: {', '.join(problems)}",
+                    "runAsNonRoot (unless the container needs IPC_LOCK), seccompProfile RuntimeDefault, a preStop hook",
+                    "Render the containers with serving.render.k8s.container / gateway.",
+                )
+            )
+    spec = props.get("spec") or {}
+    surge = ((spec.get("strategy") or {}).get("rollingUpdate") or {}).get("maxSurge", 0)
+    anti = ((((spec.get("template") or {}).get("spec") or {}).get("affinity") or {}).get("podAntiAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or []
+    if (
+        kind_of(resource_type, props) == "Deployment"
+        and str(surge) not in ("0", "0%")
+        and any(t.get("topologyKey") == HOSTNAME_LABEL for t in anti)
+    ):
+        out.append(
+            _finding(
+                "hardened-pods",
+                resource_type,
+                props,
+                f"maxSurge={surge} with required one-per-node anti-affinity: a rollout needs a node beyond the replicas'",
+                "maxSurge 0 (and maxUnavailable 1) when pods must sit on distinct nodes",
+                "Roll one pod at a time (serving.render.k8s.gateway).",
+            )
+        )
+    return out
+
+
+@resource_rule(
+    "alert-offset-placement",
+    "Alert expressions put `offset` after a selector or subquery (promtool rejects `(…) offset 25m`).",
+)
+def alert_offset_placement(resource_type: str, props: Props) -> list[CheckResult]:
+    if kind_of(resource_type, props) != "PrometheusRule":
+        return []
+    return [
+        _finding(
+            "alert-offset-placement",
+            resource_type,
+            props,
+            f"alert {r.get('alert')}: {str(r.get('expr'))!r} puts offset after a parenthesised expression",
+            "offset directly after a vector or range selector (rate(x[5m] offset 25m))",
+            "Render the rule with serving.render.k8s.monitoring; `exaserve render` runs promtool check rules.",
+        )
+        for g in (props.get("spec") or {}).get("groups") or []
+        for r in g.get("rules") or []
+        if OFFSET_AFTER_PARENS.search(str(r.get("expr") or ""))
+    ]
+
+
+@stack_rule(
+    "monitoring-selected",
+    "PrometheusRules and ServiceMonitors carry kubernetes.prometheus_selector_labels, so the cluster's Prometheus "
+    "loads them.",
+)
+def monitoring_selected(resources: Sequence[tuple[str, Props]], spec: FleetSpec) -> list[CheckResult]:
+    wanted = spec.kubernetes.prometheus_selector_labels
+    out = []
+    for t, p in resources:
+        if kind_of(t, p) not in ("PrometheusRule", "ServiceMonitor"):
+            continue
+        have = (p.get("metadata") or {}).get("labels") or {}
+        missing = {k: v for k, v in wanted.items() if have.get(k) != v}
+        if missing:
+            out.append(
+                _finding(
+                    "monitoring-selected",
+                    t,
+                    p,
+                    f"metadata.labels lack {missing}: the Prometheus operator's ruleSelector/serviceMonitorSelector "
+                    "never picks it up",
+                    f"the labels {wanted}",
+                    "Set kubernetes.prometheus_selector_labels to what the cluster's Prometheus selects.",
+                )
+            )
+    return out
+
+
+@stack_rule(
+    "images-through-mirror",
+    "When the stack names a registry mirror or a pull secret, every pod pulls through it.",
+)
+def images_through_mirror(resources: Sequence[tuple[str, Props]], spec: FleetSpec) -> list[CheckResult]:
+    mirror, secret = spec.kubernetes.image_registry, spec.kubernetes.image_pull_secret
+    out = []
+    for t, p in resources:
+        for where, template in pod_templates(t, p):
+            pod = template.get("spec") or {}
+            problems = [
+                f"{cwhere}.image {c.get('image')!r} bypasses the mirror"
+                for cwhere, c in containers(template)
+                if mirror and not str(c.get("image") or "").startswith(f"{mirror}/")
+            ]
+            if secret and {"name": secret} not in (pod.get("imagePullSecrets") or []):
+                problems.append(f"imagePullSecrets lacks {secret!r}")
+            if problems:
+                out.append(
+                    _finding(
+                        "images-through-mirror",
+                        t,
+                        p,
+                        f"{where}: {'; '.join(problems)}",
+                        f"images under {mirror}/ and imagePullSecrets naming {secret!r}",
+                        "Render images with serving.render.k8s.common.image and pull_secrets.",
+                    )
+                )
+    return out

@@ -99,8 +99,25 @@ def _fleet_capacity(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
 
 @rule("memory.per-gpu")
 def _memory(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
-    """The per-GPU memory budget (weights + KV + activations + overhead + margin) must fit usable memory."""
+    """The KV pool must hold at least one full-length sequence per DP rank. By SGLang's arithmetic (the default
+    memory model): free at start × mem_fraction_static − weights, per token of this GPU; by the source's
+    heuristic: weights + KV + activations + overhead + margin within the usable memory."""
     m = plan.memory
+    ctx = spec.limits.context_length
+    fix = "Raise tp/pp, quantise (model.precision), use fp8 KV (model.kv_cache_dtype), or lower limits.context_length."
+    if m.model == "sglang":
+        if m.max_total_tokens.value < ctx:
+            yield CheckResult(
+                "memory.per-gpu",
+                Status.FAIL,
+                f"SGLang's KV pool on the replica's first GPU: {m.kv_pool_per_gpu.formula}, with weights "
+                f"{m.per_gpu['weights'].formula} and mem_fraction_static {m.mem_fraction_static.formula}; "
+                f"that is less than one sequence of {ctx:,} tokens",
+                f"a KV pool of at least {ctx:,} tokens per GPU",
+                fix,
+                "model",
+            )
+        return
     need, have = m.per_gpu["total"].value, m.usable_per_gpu.value
     if need > have:
         yield CheckResult(
@@ -108,9 +125,9 @@ def _memory(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
             Status.FAIL,
             f"Each GPU needs {fmt_bytes(need)} ({m.per_gpu['total'].formula}) but only {fmt_bytes(have)} is usable "
             f"({m.usable_per_gpu.formula}); the KV pool admits {int(m.max_concurrent_sequences.value)} sequences of "
-            f"{spec.limits.context_length:,} tokens against max_running_requests {spec.limits.max_running_requests}",
+            f"{ctx:,} tokens against max_running_requests {spec.limits.max_running_requests}",
             f"at most {fmt_bytes(have)} per GPU",
-            "Raise tp/pp, quantise (model.precision), or lower limits.max_running_requests/context_length.",
+            fix,
             "model",
         )
 

@@ -20,6 +20,10 @@ COMMAND_MODULES: dict[str, str] = {
     "sandbox": "sandbox",
     "rollout": "rollout",
     "rollback": "rollout",
+    "fit": "fit",
+    "controller": "runtime",
+    "agent": "runtime",
+    "status": "runtime",
 }
 BUILTIN = frozenset({"plan", "schema", "audit-source"})
 

@@ -13,7 +13,8 @@ from typing import Annotated
 
 import typer
 
-from serving.checks import policy, rules
+from serving.checks import policy, promtool, rules
+from serving.checks.result import Status
 from serving.cli import report
 from serving.cli.options import (
     DEFAULT_STACK,
@@ -100,6 +101,7 @@ def render(
             fail(str(exc))
         problems = validator.validate_all(o.obj for o in objects)
         unvalidated = validator.unvalidated
+    rules_check = promtool.check_rules(o.obj for o in objects)
     try:
         index = output.write(out, objects)
     except output.OutputError as exc:
@@ -116,9 +118,10 @@ def render(
                 "crd_dir": str(crds) if crds else None,
                 "problems": [{"resource": p.resource, "path": p.path, "message": p.message} for p in problems],
                 "unvalidated": unvalidated,
+                "promtool": rules_check.to_json(),
             },
             stack=st.name,
-            ok=not problems,
+            ok=not problems and rules_check.status is not Status.FAIL,
         )
     else:
         counts: dict[str, int] = {}
@@ -148,7 +151,13 @@ def render(
                 markup=False,
                 soft_wrap=True,
             )
-    if problems:
+        if rules_check.status is Status.SKIP:
+            console.print(f"warning: {rules_check.observed}", highlight=False, markup=False, soft_wrap=True)
+        else:
+            console.print(f"{rules_check.check}: {rules_check.status}", highlight=False, soft_wrap=True)
+            if rules_check.status is Status.FAIL:
+                console.print(f"  ✗ {rules_check.message}", highlight=False, markup=False, soft_wrap=True)
+    if problems or rules_check.status is Status.FAIL:
         raise typer.Exit(EXIT_PROBLEM)
 
 

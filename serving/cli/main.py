@@ -9,6 +9,7 @@ import json
 import sys
 from dataclasses import asdict
 from importlib.resources import as_file
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -27,18 +28,37 @@ from serving.cli.options import (
     console,
     emit_json,
     err_console,
+    fail,
     resolve_stack,
 )
 from serving.plan import audit as sourcecheck
 from serving.plan import planner
+from serving.plan.model import MEMORY_MODELS, MemoryModel
 from serving.spec.schema import json_schema
+
+MemoryModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--memory-model",
+        help="Memory arithmetic: 'sglang' (the pinned SGLang's own, default) or 'source' (the source plan's "
+        "heuristic: activations 15 % of weights, 5 GB overhead, 15 % margin).",
+    ),
+]
 
 
 @app.command()
-def plan(stack: StackOpt = DEFAULT_STACK, stack_file: StackFileOpt = None, as_json: JsonOpt = False) -> None:
+def plan(
+    stack: StackOpt = DEFAULT_STACK,
+    stack_file: StackFileOpt = None,
+    as_json: JsonOpt = False,
+    memory_model: MemoryModelOpt = "sglang",
+) -> None:
     """Compute the capacity plan and check it against the rules. Exit 1 on any error-level violation."""
+    if memory_model not in MEMORY_MODELS:
+        fail(f"--memory-model {memory_model!r} is not a memory model; use one of {', '.join(MEMORY_MODELS)}")
+    model: MemoryModel = "source" if memory_model == "source" else "sglang"
     st = resolve_stack(stack, stack_file)
-    pl = planner.plan(st.spec)
+    pl = planner.plan(st.spec, model)
     violations = rules.check(st.spec, pl)
     ok = not failures(violations)
     if as_json:

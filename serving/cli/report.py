@@ -69,6 +69,10 @@ def plan_json(stack: Stack, plan: Plan, violations: Sequence[CheckResult]) -> di
             "nodes": p.nodes,
             "per_gpu_memory_bytes": {k: f.value for k, f in m.per_gpu.items()},
             "usable_gpu_memory_bytes": m.usable_per_gpu.value,
+            "memory_model": m.model,
+            "mem_fraction_static": m.mem_fraction_static.value,
+            "kv_pool_tokens_per_replica": int(m.max_total_tokens.value),
+            "kv_pool_bytes_per_gpu": m.kv_pool_per_gpu.value,
             "max_concurrent_sequences_per_replica": int(m.max_concurrent_sequences.value),
             "sustained_concurrency": round(plan.capacity.sustained.value, 3),
             "requests_per_second": round(plan.capacity.requests_per_second.value, 3),
@@ -161,13 +165,14 @@ def print_plan(console: Console, stack: Stack, plan: Plan, violations: Sequence[
     )
     console.print(
         _table(
-            "Memory budget per GPU",
+            f"Memory per GPU ({'SGLang 0.5.23 arithmetic' if m.model == 'sglang' else 'source heuristic'})",
             [
                 *((k.replace("_", " "), fmt_bytes(f.value), f.formula) for k, f in m.per_gpu.items()),
                 ("usable", fmt_bytes(m.usable_per_gpu.value), m.usable_per_gpu.formula),
                 ("per replica", fmt_bytes(m.per_replica_total.value), m.per_replica_total.formula),
                 ("KV bytes / token", f"{m.kv_per_token.value:,.0f} B", m.kv_per_token.formula),
                 ("KV pool / GPU", fmt_bytes(m.kv_pool_per_gpu.value), m.kv_pool_per_gpu.formula),
+                ("KV pool tokens", f"{int(m.max_total_tokens.value):,}", m.max_total_tokens.formula),
                 ("max sequences", f"{int(m.max_concurrent_sequences.value):,}", m.max_concurrent_sequences.formula),
                 ("mem-fraction-static", f"{m.mem_fraction_static.value:.3f}", m.mem_fraction_static.formula),
             ],

@@ -57,13 +57,15 @@ def sandbox_up(
     with locked(paths, "sandbox up"):
         processes.stop_all(processes.StateDir(paths.sandbox_dir))
         try:
-            urls = asyncio.run(_start_sandbox(st, paths))
+            urls, runtime = asyncio.run(_start_sandbox(st, paths))
         except (processes.SandboxError, BackendError, TimeoutError) as exc:
             processes.stop_all(processes.StateDir(paths.sandbox_dir))
             fail(f"sandbox did not start: {exc}", EXIT_PROBLEM)
     ep = sandbox_endpoints(st.spec)
     if as_json:
         doc = {"router_url": ep.router_url, "metrics_url": ep.metrics_url, "workers": urls}
+        if runtime:
+            doc["runtime"] = runtime
         emit_json(doc, stack=st.name, ok=True)
         return
     table = Table(title=f"sandbox {st.name}: router {ep.router_url} (metrics {ep.metrics_url})")
@@ -72,9 +74,13 @@ def sandbox_up(
     for rid, (url, version) in urls.items():
         table.add_row(rid, url, version)
     console.print(table)
+    if runtime:
+        console.print("runtime: " + "; ".join(f"{k} {', '.join(v)}" for k, v in runtime.items()), highlight=False)
 
 
-async def _start_sandbox(st: Stack, paths: StackState) -> dict[str, tuple[str, str]]:
+async def _start_sandbox(
+    st: Stack, paths: StackState
+) -> tuple[dict[str, tuple[str, str]], dict[str, list[str]] | None]:
     from serving.sandbox import processes  # noqa: PLC0415
     from serving.sandbox.backend import router_flags, worker_config, worker_name  # noqa: PLC0415
 
@@ -107,7 +113,22 @@ async def _start_sandbox(st: Stack, paths: StackState) -> dict[str, tuple[str, s
     ready = sum(not c.never_ready for c in configs)
     flags = router_flags(spec, fleet_plan, [c.url for c in configs])
     await asyncio.to_thread(processes.start_router, state, flags, healthy_workers=ready, timeout_s=budget)
-    return out
+    if spec.sandbox is None or not spec.sandbox.runtime:
+        return out, None
+    from serving.sandbox.runtime import start_runtime  # noqa: PLC0415
+
+    runtime = await asyncio.to_thread(
+        start_runtime,
+        state,
+        spec,
+        fleet_plan,
+        [c.url for c in configs],
+        stack_file=st.path,
+        state_dir=paths.root.parent,
+        healthy=ready,
+        timeout_s=budget,
+    )
+    return out, runtime
 
 
 @sandbox_app.command("down")

@@ -11,6 +11,7 @@ cross the mock boundary as floats and are turned back into integers here.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import runpy
 import threading
@@ -25,11 +26,11 @@ from pulumi.runtime import rpc
 from pulumi.runtime.mocks import MockMonitor, MockResourceArgs, Mocks
 from pulumi.runtime.settings import ROOT
 from pulumi.runtime.stack import run_in_stack
-from pulumi.runtime.sync_await import _sync_await
 
+from serving.paths import ProjectNotFoundError, project_dir
 from serving.pulumi.components import fleet_stack
 from serving.render.k8s.common import K8sObject
-from serving.spec.stack import Stack, load_stack, load_stack_file
+from serving.spec.stack import NAMESPACE, SpecError, Stack, pulumi_config, spec_from_config, stack_path
 
 PROJECT = "exaserve"
 # `exaserve render --stack-file FILE` tells the program which file to read (Pulumi itself always
@@ -41,9 +42,14 @@ K8S_PREFIX = "kubernetes:"
 
 
 def program_stack() -> Stack:
-    """The stack the Pulumi program deploys: ``Pulumi.<pulumi stack>.yaml``, or the file render was given."""
-    path = os.environ.get(STACK_FILE_ENV)
-    return load_stack_file(Path(path), pulumi.get_stack()) if path else load_stack(pulumi.get_stack())
+    """The stack the Pulumi program deploys, its spec read the Pulumi way (``pulumi.Config("exaserve")``): under
+    ``pulumi up`` that is the engine's resolved config (secrets, ESC environments, ``pulumi config set``); offline,
+    :func:`run_program` feeds the same keys from the stack file (:func:`~serving.spec.stack.pulumi_config`)."""
+    name = pulumi.get_stack()
+    env_path = os.environ.get(STACK_FILE_ENV)
+    path = Path(env_path) if env_path else stack_path(name, Path(pulumi.runtime.get_root_directory() or "."))
+    spec = spec_from_config(pulumi.Config(NAMESPACE).get_object, f"pulumi config of stack {name}", path.parent)
+    return Stack(name=name, path=path, spec=spec)
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,8 @@ class ProgramRun:
     stack: str
     registrations: list[Registration] = field(default_factory=list)
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    dependencies: dict[str, list[str]] = field(default_factory=dict)
+    """URN → the URNs it was registered ``depends_on`` (what `pulumi up` orders it after)."""
 
     def by_urn(self) -> dict[str, Registration]:
         return {r.urn: r for r in self.registrations}
@@ -133,6 +141,7 @@ class _RecordingMonitor(MockMonitor):
             inputs=normalise(registered.state) if registered is not None else {},
         )
         with self._lock:
+            self._run.dependencies[response.urn] = list(request.dependencies)
             # set_mocks and run_in_stack each register the root stack; keep one.
             if reg.type != STACK_TYPE or all(r.urn != reg.urn for r in self._run.registrations):
                 self._run.registrations.append(reg)
@@ -163,9 +172,10 @@ def run_program(stack: str, *, stack_file: Path | None = None, program_dir: Path
     package's :func:`fleet_stack`, or the entry point in ``program_dir``."""
     run = ProgramRun(stack=stack)
     monitor = _RecordingMonitor(run)
-    ROOT.set(None)  # a fresh root stack resource per run (set_mocks creates one only when none exists)
-    pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
-    ROOT.set(None)  # run_in_stack creates the root stack that collects pulumi.export()s, as the language host does
+    try:
+        config = pulumi_config(stack_file or stack_path(stack, project_dir()))
+    except ProjectNotFoundError as exc:
+        raise SpecError(f"--stack {stack}", [("", str(exc))]) from None
 
     def program() -> None:
         if program_dir is None:
@@ -173,8 +183,17 @@ def run_program(stack: str, *, stack_file: Path | None = None, program_dir: Path
         else:
             runpy.run_path(str(program_dir), run_name="__main__")
 
+    async def execute() -> None:
+        # Pulumi's runtime creates its futures on the current event loop; inside this coroutine that is the
+        # run's own loop, so the run never depends on a loop an earlier asyncio.run() (or test) left behind.
+        ROOT.set(None)  # a fresh root stack resource per run (set_mocks creates one only when none exists)
+        pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+        ROOT.set(None)  # run_in_stack creates the root stack that collects pulumi.export()s, as the language host does
+        pulumi.runtime.set_all_config(config)  # the engine's part: the stack's config, as `pulumi up` passes it
+        await run_in_stack(program)
+
     with _stack_file_env(stack_file):
-        _sync_await(run_in_stack(program))
+        asyncio.run(execute())
     return run
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from serving.node.fabric import utilisation_table
 from serving.render.chrony import chrony_conf
+from serving.render.k8s.common import node_taint
 from serving.render.sglang import model_dir
 from serving.spec.schema import FleetSpec, Node
 from serving.spec.stack import Stack
@@ -125,6 +126,7 @@ def fleet_vars(stack: Stack) -> dict[str, Any]:
         "exaserve_ntp_servers": list(c.ntp.servers),
         "exaserve_ntp_max_offset_ms": c.ntp.max_offset_ms,
         "exaserve_chrony_conf": chrony_conf(spec),
+        "exaserve_node_taint": node_taint(),
         "exaserve_model_store": {
             "kind": store.kind,
             "server": store.server,

@@ -6,6 +6,7 @@ pinned router parser's manifest (:mod:`serving.checks.flags`). See ``docs/units.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -82,6 +83,12 @@ def _interval(c: RouterContext) -> int:
     return whole_seconds(c.spec.serving.heartbeat_interval_s)
 
 
+def _abs_threshold(spec: FleetSpec) -> int:
+    """cache_aware also needs ``max − min > abs``: the router's 64 in-flight requests is 8 replicas' batches at
+    the source's 8; the plan's 1.5 × mean over one replica's batch is (ratio − 1) × batch in-flight requests."""
+    return max(1, math.ceil((spec.scheduler.migration_load_ratio - 1) * spec.limits.max_running_requests))
+
+
 ROUTER_FLAGS: Final[tuple[FlagRule[RouterContext], ...]] = (
     FlagRule("--host", f"0.0.0.0; sandbox: 127.0.0.1 (port {ROUTER_PORT}, sandbox.router_port)", lambda c: c.host),
     FlagRule("--port", f"{ROUTER_PORT}; sandbox.router_port in the sandbox", lambda c: str(c.port)),
@@ -95,6 +102,16 @@ ROUTER_FLAGS: Final[tuple[FlagRule[RouterContext], ...]] = (
         "--balance-rel-threshold",
         "scheduler.migration_load_ratio (cache_aware only)",
         lambda c: f"{c.spec.scheduler.migration_load_ratio:g}" if router_policy(c.spec) == "cache_aware" else None,
+    ),
+    FlagRule(
+        "--balance-abs-threshold",
+        "⌈(scheduler.migration_load_ratio − 1) × limits.max_running_requests⌉ (cache_aware only)",
+        lambda c: str(_abs_threshold(c.spec)) if router_policy(c.spec) == "cache_aware" else None,
+    ),
+    FlagRule(
+        "--worker-startup-check-interval",
+        "serving.heartbeat_interval_s (power_of_two's /get_load poll: fresh, not the 30 s default)",
+        lambda c: str(_interval(c)),
     ),
     FlagRule(
         "--worker-startup-timeout-secs",
@@ -138,6 +155,12 @@ ROUTER_FLAGS: Final[tuple[FlagRule[RouterContext], ...]] = (
     FlagRule(
         "--cb-window-duration-secs",
         "serving.failure_threshold × serving.heartbeat_interval_s",
+        lambda c: str(c.spec.serving.failure_threshold * _interval(c)),
+    ),
+    FlagRule(
+        "--request-timeout-secs",
+        "serving.failure_threshold × serving.heartbeat_interval_s (a request stuck on a hung replica longer than "
+        "the detection window is retried on another; default 1800 s)",
         lambda c: str(c.spec.serving.failure_threshold * _interval(c)),
     ),
     FlagRule(

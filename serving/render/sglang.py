@@ -79,6 +79,8 @@ def model_dir(spec: FleetSpec, root: str | None = None) -> str:
 
 
 _DTYPE: Final[Mapping[Precision, str]] = {Precision.FP16: "float16", Precision.BF16: "bfloat16"}
+# --quantization awq forces SGLang's slow AWQ kernel (it logs that awq_marlin would run); the checkpoint is the same.
+_KERNEL = {"awq": "awq_marlin"}
 
 
 def _fraction(value: float) -> str:
@@ -98,7 +100,11 @@ SERVER_FLAGS: Final[tuple[FlagRule[ServerContext], ...]] = (
         "model.precision (fp16 → float16, bf16 → bfloat16; quantised: SGLang's auto)",
         lambda c: _DTYPE.get(c.spec.model.precision),
     ),
-    FlagRule("--quantization", "model.quantization (when set)", lambda c: c.spec.model.quantization),
+    FlagRule(
+        "--quantization",
+        "model.quantization (when set; awq → awq_marlin, the kernel SGLang itself recommends over its slow AWQ one)",
+        lambda c: _KERNEL.get(c.spec.model.quantization or "", c.spec.model.quantization),
+    ),
     FlagRule("--kv-cache-dtype", "model.kv_cache_dtype", lambda c: c.spec.model.kv_cache_dtype),
     FlagRule("--host", "node address (bare metal); 0.0.0.0 in a pod", lambda c: c.host),
     FlagRule("--port", "serving.port + slot on the node (bare metal); serving.port in a pod", lambda c: str(c.port)),
@@ -128,12 +134,13 @@ SERVER_FLAGS: Final[tuple[FlagRule[ServerContext], ...]] = (
     ),
     FlagRule(
         "--max-total-tokens",
-        "planner memory_plan.max_total_tokens (KV pool per GPU)",
-        lambda c: str(int(c.memory.max_total_tokens.value)),
+        "planner memory_plan.max_total_tokens, only under --memory-model source (SGLang sizes its own pool "
+        "from --mem-fraction-static under the default model)",
+        lambda c: str(int(c.memory.max_total_tokens.value)) if c.memory.model == "source" else None,
     ),
     FlagRule(
         "--mem-fraction-static",
-        "planner memory_plan.mem_fraction_static (3 decimals, rounded down)",
+        "serving.mem_fraction_static, else SGLang's default for the GPU, TP and PP (planner; 3 decimals, rounded down)",
         lambda c: _fraction(c.memory.mem_fraction_static.value),
     ),
     FlagRule(

@@ -55,11 +55,12 @@ def unit_name(replica: Replica, node_rank: int = 0) -> str:
     return f"exaserve-sglang@{replica.id}{suffix}.service"
 
 
-def _exec_lines(argv: Sequence[str]) -> list[str]:
-    """The command as unit-file lines: the entry point, then one flag with its values per line."""
+def exec_lines(argv: Sequence[str], entry_words: int = len(SERVER_ENTRY)) -> list[str]:
+    """The command as unit-file lines: the entry point (``entry_words`` words), then one flag with its values per
+    line."""
     lines: list[list[str]] = [[]]
     for i, word in enumerate(argv):
-        if word.startswith("--") and i >= len(SERVER_ENTRY):
+        if word.startswith("--") and i >= entry_words:
             lines.append([])
         lines[-1].append(systemd_word(word, exec_line=True))
     return [" ".join(words) for words in lines]
@@ -96,7 +97,7 @@ def systemd_unit(spec: FleetSpec, plan: Plan, replica: Replica, node_rank: int =
         environment=[
             systemd_word(f"{k}={v}", exec_line=False) for k, v in server_env(spec, plan, replica, node_rank).items()
         ],
-        exec_start=_exec_lines(argv),
+        exec_start=exec_lines(argv),
         health_check=" ".join(systemd_word(w, exec_line=True) for w in health_check),
         start_timeout_s=start_timeout,
         stop_timeout_s=whole_seconds(spec.rollout.drain_timeout_s),

@@ -350,7 +350,14 @@ class Architecture(_Model):
     )
     head_dim: int = Field(default=128, gt=0)
     vocab_size: int = Field(default=128_256, gt=0)
-    parameter_count: int = Field(default=70_553_706_496, gt=0, description="Total parameters.")
+    parameter_count: int = Field(
+        default=70_553_706_496,
+        gt=0,
+        description="Total parameters (counted from config.json when the stack gives none and it can be).",
+    )
+    tie_word_embeddings: bool = Field(
+        default=False, description="The LM head shares the input embedding's weights (config.json)."
+    )
     mla: MlaSpec | None = Field(default=None)
     moe: MoeSpec | None = Field(default=None)
 
@@ -368,7 +375,8 @@ class Architecture(_Model):
 def architecture_from_hf_config(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     """Map a Hugging Face ``config.json`` to :class:`Architecture` fields.
 
-    ``parameter_count`` is not in config.json; it must come from the stack (or the model card).
+    ``parameter_count`` is not in config.json: it is counted from the layer shapes when they are all there
+    (:func:`count_parameters`); otherwise it must come from the stack (or the model card).
     """
 
     def need(*keys: str) -> Any:
@@ -392,7 +400,52 @@ def architecture_from_hf_config(cfg: dict[str, Any], source: str) -> dict[str, A
     experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts")
     if experts:
         out["moe"] = {"num_experts": int(experts), "experts_per_token": int(need("num_experts_per_tok"))}
+    out["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
+    counted = count_parameters(cfg)
+    if counted is not None:
+        out["parameter_count"] = counted
     return out
+
+
+def count_parameters(cfg: dict[str, Any]) -> int | None:
+    """Parameters of a decoder-only transformer from its config.json, or None when a shape is missing.
+
+    Embedding (+ LM head unless tied), per layer attention (GQA: q, k, v, o; MLA: the q/kv low-rank
+    projections of DeepSeek-V2/V3), MLP (dense: gate, up, down; MoE: every routed and shared expert plus
+    the router; the first ``first_k_dense_replace`` layers dense) and RMSNorm weights. Biases and
+    multi-token-prediction layers are not counted (well under 0.1 % of any model here).
+    """
+    try:
+        h, layers, heads, vocab = (
+            int(cfg["hidden_size"]),
+            int(cfg["num_hidden_layers"]),
+            int(cfg["num_attention_heads"]),
+            int(cfg["vocab_size"]),
+        )
+        dense_i = int(cfg["intermediate_size"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    kv = int(cfg.get("num_key_value_heads") or heads)
+    hd = int(cfg.get("head_dim") or h // heads)
+    if cfg.get("kv_lora_rank"):
+        nope, rope = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])
+        v, lora, q_lora = int(cfg["v_head_dim"]), int(cfg["kv_lora_rank"]), int(cfg.get("q_lora_rank") or 0)
+        q = h * q_lora + q_lora + q_lora * heads * (nope + rope) if q_lora else h * heads * (nope + rope)
+        attn = q + h * (lora + rope) + lora + lora * heads * (nope + v) + heads * v * h
+    else:
+        attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
+    experts = int(cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+    dense_layers = layers
+    moe = 0
+    if experts:
+        moe_i = int(cfg.get("moe_intermediate_size") or dense_i)
+        shared = int(cfg.get("n_shared_experts") or 0)
+        moe = (experts + shared) * 3 * h * moe_i + h * experts
+        dense_layers = int(cfg.get("first_k_dense_replace") or 0)
+    per_layer_norms = 2 * h
+    body = layers * (attn + per_layer_norms) + dense_layers * 3 * h * dense_i + (layers - dense_layers) * moe
+    embed = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
+    return body + embed + h
 
 
 class ModelSpec(_Model):
@@ -530,7 +583,26 @@ class ServingSpec(_Model):
     )
     log_level: LogLevel = Field(default=LogLevel.WARNING, description="Serving log level (source: WARN).")
     watchdog_timeout_s: float = Field(default=300.0, gt=0, description="SGLang --watchdog-timeout.")
-    shm_size_gb: float = Field(default=64.0, gt=0, description="Shared-memory (shm) size for serving pods.")
+    mem_fraction_static: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="SGLang --mem-fraction-static; None = SGLang's own default for the GPU, TP and PP "
+        "(the planner reproduces handle_gpu_memory_settings).",
+    )
+    shm_gb_per_gpu: float = Field(
+        default=2.0,
+        gt=0,
+        description="Shared memory (the /dev/shm mount) per GPU of a serving pod, in GB: NCCL's shared-memory transport between the pod's "
+        "GPUs and the tokenizer/scheduler IPC. Counted in the pod's memory request (memory-backed).",
+    )
+    cpus_per_gpu: int = Field(
+        default=8,
+        gt=0,
+        le=64,
+        description="Whole CPUs per GPU of a serving pod (request = limit: Guaranteed QoS, so the kubelet's static "
+        "CPU manager pins them) for SGLang's scheduler, tokenizer and detokenizer processes.",
+    )
 
     @field_validator("releases")
     @classmethod
@@ -602,6 +674,12 @@ class HealthScoreSpec(_Model):
     cap: int = Field(default=100, gt=0)
     stop_routing_below: int = Field(default=60, ge=0, description="No new requests below this score.")
     migrate_below: int = Field(default=30, ge=0, description="Migrate replicas below this score.")
+    readmit_at: int = Field(
+        default=75,
+        gt=0,
+        description="Hysteresis: a replica taken out below stop_routing_below returns (after warm-up) only at this "
+        "score or more: 15 straight successes above the 60 line, so one failure in six (net drift 0) cannot flap it.",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -611,7 +689,53 @@ class HealthScoreSpec(_Model):
                 f"need migrate_below ({self.migrate_below}) < stop_routing_below ({self.stop_routing_below}) "
                 f"<= start ({self.start}) <= cap ({self.cap})"
             )
+        if not self.stop_routing_below < self.readmit_at <= self.cap:
+            raise ValueError(
+                f"readmit_at ({self.readmit_at}) must lie above stop_routing_below ({self.stop_routing_below}) and "
+                f"at most cap ({self.cap}), or a replica flaps in and out of rotation"
+            )
         return self
+
+
+class RuntimeSpec(_Model):
+    """Node agents and the fleet controller (docs/runtime.md)."""
+
+    max_eviction_share: float = Field(
+        default=0.10,
+        gt=0,
+        le=1,
+        description="Eviction cap: at most this share of the replicas out of rotation at once (Envoy's max "
+        "ejection percent, 10 %); at least one.",
+    )
+    lease_ttl_s: float = Field(
+        default=10.0, gt=0, description="Leader lease time; a follower takes over at most this long after a crash."
+    )
+    lease_name: str = Field(
+        default="exaserve-controller",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="etcd key suffix / Kubernetes Lease name of the controllers' election.",
+    )
+    etcd_endpoints: list[str] = Field(
+        default_factory=lambda: ["http://127.0.0.1:2379"],
+        min_length=1,
+        description="etcd v3 JSON gateway URLs (bare metal).",
+    )
+    controller_port: int = Field(
+        default=9410, gt=0, lt=65536, description="Controller HTTP port (reports, status, metrics)."
+    )
+    report_max_age_s: float | None = Field(
+        default=None, gt=0, description="Reject reports older than this; default 3 × serving.heartbeat_interval_s."
+    )
+    image: str = Field(
+        default="exaserve/exaserve-deploy:0.1.0",
+        description="Container image with this package (the exaserve command) for the controller and the agents.",
+    )
+
+    @field_validator("image")
+    @classmethod
+    def _pinned(cls, v: str) -> str:
+        """The runtime image is pinned like the serving image."""
+        return pinned_image(v)
 
 
 class RolloutSpec(_Model):
@@ -643,6 +767,29 @@ class KubernetesSpec(_Model):
     rdma_resource: str = Field(default="rdma/hca_shared_devices_a", description="RDMA extended resource.")
     router_image: str = Field(default="lmsysorg/sgl-model-gateway:v0.3.2")
     monitoring_namespace: str = Field(default="monitoring")
+    prometheus_selector_labels: dict[str, str] = Field(
+        default_factory=lambda: {"release": "kube-prometheus-stack"},
+        description="Labels put on the PrometheusRule and ServiceMonitors so the cluster's Prometheus selects them "
+        "(kube-prometheus-stack selects its Helm release name under 'release').",
+    )
+    image_registry: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*$",
+        description="Registry mirror every image is pulled through ('mirror.example:5000/proxy'); "
+        "None pulls each image by its own name.",
+    )
+    image_pull_secret: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="Name of an existing docker-registry Secret in the namespace for pulling images (a name "
+        "only: the secret itself is created outside this program and never rendered).",
+    )
+    prerequisites: Literal["check", "skip"] = Field(
+        default="check",
+        description="'check': `pulumi up` reads the CRDs the stack needs (LeaderWorkerSet, prometheus-operator, "
+        "NetworkAttachmentDefinition when used) before creating anything that uses them and fails naming the "
+        "missing one; 'skip': trust the cluster (docs/infra.md lists every prerequisite with its version).",
+    )
 
     @field_validator("router_image")
     @classmethod
@@ -667,6 +814,15 @@ class SandboxSpec(_Model):
     versions: dict[str, SandboxVersion] = Field(
         default_factory=lambda: {"v1": SandboxVersion()}, description="Simulated releases."
     )
+    runtime: bool = Field(
+        default=False, description="`sandbox up` also starts etcd, one agent per node and the controllers."
+    )
+    runtime_base_port: int = Field(
+        default=39050,
+        gt=1024,
+        lt=65000,
+        description="etcd client/peer on base, base+1; controller i on base+2+i; extra router i on base+20+2i.",
+    )
 
 
 class FleetSpec(_Model):
@@ -680,6 +836,7 @@ class FleetSpec(_Model):
     serving: ServingSpec = Field(default_factory=ServingSpec)
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     health: HealthScoreSpec = Field(default_factory=HealthScoreSpec)
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
     sandbox: SandboxSpec | None = Field(default=None)

@@ -7,6 +7,8 @@ into :class:`SpecError` messages that name the file, the field path, the value a
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,8 +135,9 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return f"not valid YAML: {where}{problem}{opened}; close every bracket and quote"
 
 
-def load_stack_file(path: Path, name: str | None = None) -> Stack:
-    """Read and validate one stack file; every way it can be unreadable is a :class:`SpecError` naming the file."""
+def read_stack_document(path: Path) -> dict[str, Any]:
+    """The ``exaserve:`` document of one stack file (not yet validated); every way the file can be unreadable is a
+    :class:`SpecError` naming it."""
     source = str(path)
     try:
         data = path.read_bytes()
@@ -148,7 +151,12 @@ def load_stack_file(path: Path, name: str | None = None) -> Stack:
         line = data[: exc.start].count(b"\n") + 1
         raise SpecError(
             source,
-            [("", f"not UTF-8 text: byte 0x{data[exc.start]:02x} at line {line} (offset {exc.start}); save it as UTF-8")],
+            [
+                (
+                    "",
+                    f"not UTF-8 text: byte 0x{data[exc.start]:02x} at line {line} (offset {exc.start}); save it as UTF-8",
+                )
+            ],
         ) from None
     try:
         raw = yaml.safe_load(text)
@@ -160,8 +168,33 @@ def load_stack_file(path: Path, name: str | None = None) -> Stack:
         )
     if not isinstance(raw, dict) or not isinstance(raw.get("config"), dict):
         raise SpecError(source, [("config", "a Pulumi stack file needs a top-level 'config:' mapping")])
-    doc = spec_document(raw["config"], source)
-    return Stack(name=name or file_stack_name(path), path=path, spec=parse_spec(doc, source, path.parent))
+    return spec_document(raw["config"], source)
+
+
+def load_stack_file(path: Path, name: str | None = None) -> Stack:
+    """Read and validate one stack file; every way it can be unreadable is a :class:`SpecError` naming the file."""
+    doc = read_stack_document(path)
+    return Stack(name=name or file_stack_name(path), path=path, spec=parse_spec(doc, str(path), path.parent))
+
+
+def pulumi_config(path: Path) -> dict[str, str]:
+    """The stack file's ``exaserve:`` keys as the Pulumi engine hands config to a program: one JSON string per key
+    (structured config), a relative ``model.hf_config`` made absolute against the file's directory. The offline
+    runner feeds these to ``pulumi.runtime.set_all_config``, so the program reads config one way in both paths."""
+    doc = read_stack_document(path)
+    model = doc.get("model")
+    if isinstance(model, dict) and model.get("hf_config") and not Path(str(model["hf_config"])).is_absolute():
+        doc = {**doc, "model": {**model, "hf_config": str(path.parent / str(model["hf_config"]))}}
+    return {f"{NAMESPACE}:{section}": json.dumps(value) for section, value in doc.items()}
+
+
+def spec_from_config(get_object: Callable[[str], Any], source: str, base_dir: Path) -> FleetSpec:
+    """The spec from Pulumi's config, section by section (``pulumi.Config("exaserve").get_object``): what
+    ``pulumi config set --path``, secrets and ESC environments put there, as ``pulumi up`` resolves it."""
+    doc = {section: value for section in FleetSpec.model_fields if (value := get_object(section)) is not None}
+    if not doc:
+        raise SpecError(source, [("config", f"no '{NAMESPACE}:' keys; add e.g. '{NAMESPACE}:cluster:'")])
+    return parse_spec(doc, source, base_dir)
 
 
 def load_stack(name: str, root: Path | None = None) -> Stack:

@@ -1,11 +1,11 @@
-"""Cluster-level concerns: the namespace, node labels and taints, time synchronisation."""
+"""Cluster-level concerns: the namespace and the node labels (taints and time keeping belong to the hosts: Ansible)."""
 
 from __future__ import annotations
 
 import pulumi
 
 from serving.pulumi.components.base import KubernetesComponent
-from serving.render.k8s import namespace, nodes, ntp
+from serving.render.k8s import namespace, nodes
 from serving.spec.schema import FleetSpec
 
 
@@ -19,19 +19,10 @@ class Namespace(KubernetesComponent):
 
 
 class Nodes(KubernetesComponent):
-    """One NodePatch per node: pool, rack, leaf switch, GPU product and fabric labels; the serving taint."""
+    """One labels-only NodePatch per node: pool, rack, leaf switch, GPU product and fabric."""
 
     def __init__(self, name: str, spec: FleetSpec, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("exaserve:cluster:Nodes", name, nodes.render(spec), opts)
         self.node_names: list[str] = self.names("Node")
         self.racks: list[str] = sorted({n.rack for n in spec.cluster.nodes})
         self.register_outputs({"nodes": len(self.node_names), "racks": self.racks})
-
-
-class Ntp(KubernetesComponent):
-    """chrony on every node (host network, SYS_TIME only), configured from the spec's NTP servers."""
-
-    def __init__(self, name: str, spec: FleetSpec, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("exaserve:cluster:Ntp", name, ntp.render(spec), opts)
-        self.servers: list[str] = list(spec.cluster.ntp.servers)
-        self.register_outputs({"servers": self.servers})

@@ -11,8 +11,8 @@ from serving.spec.schema import FleetSpec
 
 
 class ServingFleet(KubernetesComponent):
-    """Exactly rollout.batches update groups (StatefulSet, or LeaderWorkerSet when a replica spans nodes),
-    a PodDisruptionBudget each, and the workers' headless Service."""
+    """Exactly rollout.batches update groups (one LeaderWorkerSet each), a PodDisruptionBudget each, and the
+    workers' headless Service."""
 
     def __init__(self, name: str, spec: FleetSpec, plan: Plan, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("exaserve:serving:ServingFleet", name, fleet.render(spec, plan), opts)

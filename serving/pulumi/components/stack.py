@@ -4,6 +4,10 @@ component per concern, the stack's outputs.
 ``infra/__main__.py`` (the entry point ``pulumi up`` runs) calls it with the stack's spec; ``exaserve render``,
 ``check`` and ``diff`` call the same function in-process under Pulumi's mocks (:mod:`serving.pulumi.program`), so
 an installed wheel renders exactly what ``pulumi up`` would deploy.
+
+Ordering is by what an object needs to exist, never by another concern's readiness: the serving fleet does not wait
+for the cache warmer (each pod waits for its own node's cache in an init container), the warmer follows the node
+labels it selects on, and custom resources follow the reads of their CRDs (``kubernetes.prerequisites: check``).
 """
 
 from __future__ import annotations
@@ -11,34 +15,50 @@ from __future__ import annotations
 import pulumi
 import pulumi_kubernetes as k8s
 
+from serving.plan.model import Plan
 from serving.plan.planner import plan
-from serving.pulumi.components.cluster import Namespace, Nodes, Ntp
+from serving.pulumi.components.cluster import Namespace, Nodes
 from serving.pulumi.components.fabric import RdmaFabric
 from serving.pulumi.components.observability import Monitoring
+from serving.pulumi.components.runtime import Runtime
 from serving.pulumi.components.security import NetworkPolicies
 from serving.pulumi.components.serving import Gateway, ServingFleet
 from serving.pulumi.components.storage import ModelStorage
+from serving.render.k8s.prerequisites import required_crds
 from serving.spec.schema import FleetSpec
+
+
+def _crd_reads(spec: FleetSpec, pl: Plan, provider: k8s.Provider) -> dict[str, list[pulumi.Resource]]:
+    """Read each CRD the stack's custom resources need, by concern: `pulumi up` fails on a missing one, naming it,
+    before it creates anything that uses it. Nothing is read when ``kubernetes.prerequisites`` is ``skip``."""
+    if spec.kubernetes.prerequisites == "skip":
+        return {}
+    opts = pulumi.ResourceOptions(provider=provider)
+    return {
+        concern: [k8s.apiextensions.v1.CustomResourceDefinition.get(f"crd-{n}", n, opts=opts) for n in names]
+        for concern, names in required_crds(spec, pl).items()
+    }
 
 
 def fleet_stack(spec: FleetSpec) -> None:
     """Create the fleet's resources for ``spec`` and export the stack outputs (inside a Pulumi program)."""
     pl = plan(spec)
     provider = k8s.Provider("k8s", context=spec.kubernetes.context)
+    crds = _crd_reads(spec, pl, provider)
     cluster = pulumi.ResourceOptions(provider=provider)
     namespace = Namespace("namespace", spec, opts=cluster)
-    in_namespace = pulumi.ResourceOptions(provider=provider, depends_on=[namespace])
+
+    def after(*needs: pulumi.Resource, concern: str = "") -> pulumi.ResourceOptions:
+        return pulumi.ResourceOptions(provider=provider, depends_on=[namespace, *needs, *crds.get(concern, [])])
 
     nodes = Nodes("nodes", spec, opts=cluster)
-    fabric = RdmaFabric("fabric", spec, opts=in_namespace)
-    Ntp("ntp", spec, opts=in_namespace)
-    storage = ModelStorage("storage", spec, opts=in_namespace)
-    fleet = ServingFleet(
-        "fleet", spec, pl, opts=pulumi.ResourceOptions(provider=provider, depends_on=[namespace, nodes, storage])
-    )
-    gateway = Gateway("gateway", spec, pl, opts=in_namespace)
-    monitoring = Monitoring("monitoring", spec, opts=in_namespace)
-    NetworkPolicies("network-policy", spec, pl, opts=in_namespace)
+    fabric = RdmaFabric("fabric", spec, pl, opts=after(nodes, concern="fabric"))
+    ModelStorage("storage", spec, opts=after(nodes))
+    fleet = ServingFleet("fleet", spec, pl, opts=after(nodes, concern="fleet"))
+    gateway = Gateway("gateway", spec, pl, opts=after())
+    monitoring = Monitoring("monitoring", spec, pl, opts=after(concern="monitoring"))
+    NetworkPolicies("network-policy", spec, pl, opts=after())
+    runtime = Runtime("runtime", spec, pl, opts=after(concern="monitoring"))  # its PrometheusRule, ServiceMonitor
 
     pulumi.export("namespace", namespace.namespace)
     pulumi.export("nodes", len(nodes.node_names))
@@ -47,4 +67,4 @@ def fleet_stack(spec: FleetSpec) -> None:
     pulumi.export("group_sizes", fleet.group_sizes)
     pulumi.export("replicas", fleet.replicas)
     pulumi.export("router_endpoint", gateway.endpoint)
-    pulumi.export("alerts", monitoring.alerts)
+    pulumi.export("alerts", monitoring.alerts + runtime.alerts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from serving.spec.schema import FleetSpec
@@ -26,9 +27,16 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 ANNOTATION_PRIVILEGED_REASON = f"{PREFIX}/privileged-reason"
 ANNOTATION_ALLOW_LOAD_BALANCER = f"{PREFIX}/allow-load-balancer"
 
-# GPU nodes are reserved for serving: only pods tolerating this taint land there.
-TAINT_KEY = f"{PREFIX}/reserved"
-TAINT_VALUE = "serving"
+# GPU nodes are reserved for GPU work with the GPU operator's own convention, so NVIDIA's device plugin, GPU feature
+# discovery and DCGM exporter DaemonSets (which tolerate nvidia.com/gpu) still land there. The kubelet sets it at
+# registration (Ansible role ``kubelet``); the node patches carry labels only.
+TAINT_KEY = "nvidia.com/gpu"
+TAINT_VALUE = "present"
+TAINT_EFFECT = "NoSchedule"
+
+# pulumi-kubernetes await annotations: what `pulumi up` waits for, per object (docs/infra.md, "What up waits for").
+ANNOTATION_SKIP_AWAIT = "pulumi.com/skipAwait"
+ANNOTATION_TIMEOUT_S = "pulumi.com/timeoutSeconds"
 
 # app.kubernetes.io/name of the serving pods and the router: selectors, policies and alerts use them.
 SERVING_APP = "sglang"
@@ -72,7 +80,34 @@ def gpu_node_affinity(spec: FleetSpec) -> dict[str, Any]:
 
 
 def serving_toleration() -> dict[str, str]:
-    return {"key": TAINT_KEY, "operator": "Equal", "value": TAINT_VALUE, "effect": "NoSchedule"}
+    """Tolerate the GPU nodes' taint as the GPU operator's own DaemonSets do (any value)."""
+    return {"key": TAINT_KEY, "operator": "Exists", "effect": TAINT_EFFECT}
+
+
+def node_taint() -> str:
+    """The kubelet's ``--register-with-taints`` value for a GPU node."""
+    return f"{TAINT_KEY}={TAINT_VALUE}:{TAINT_EFFECT}"
+
+
+def image(spec: FleetSpec, name: str) -> str:
+    """``name`` pulled through ``kubernetes.image_registry`` when the stack names a mirror."""
+    mirror = spec.kubernetes.image_registry
+    return f"{mirror}/{name}" if mirror else name
+
+
+def pull_secrets(spec: FleetSpec) -> dict[str, Any]:
+    """The pod spec's ``imagePullSecrets`` (a reference by name) when the stack names one."""
+    secret = spec.kubernetes.image_pull_secret
+    return {"imagePullSecrets": [{"name": secret}]} if secret else {}
+
+
+def await_annotations(*, skip: bool = False, timeout_s: float | None = None) -> dict[str, str]:
+    """What `pulumi up` waits for on one object: nothing (``skip``), or readiness within ``timeout_s``."""
+    if skip:
+        return {ANNOTATION_SKIP_AWAIT: "true"}
+    if timeout_s is None:
+        raise ValueError("await_annotations needs skip=True or a timeout")
+    return {ANNOTATION_TIMEOUT_S: str(max(1, math.ceil(timeout_s)))}
 
 
 def gigabytes(gb: float) -> str:

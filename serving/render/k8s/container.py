@@ -1,18 +1,24 @@
 """The serving container of a pod (camelCase, as the Kubernetes API takes it): the SGLang command of
 :mod:`serving.render.sglang` with per-pod values from the downward API and, for multi-node replicas, the
-LeaderWorkerSet environment; GPU, RDMA and memory resources; probes; least-privilege security context.
+LeaderWorkerSet environment; whole CPUs, GPU, memory and (only where a replica spans nodes) RDMA resources;
+probes; least-privilege security context; and the init container that holds the pod until its node's model
+cache is complete.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import shlex
 from collections.abc import Sequence
 from typing import Any, Final
 
 from serving.plan.model import Plan
 from serving.render import sglang
-from serving.render.common import RenderError, checked_memory, rdma, render_flags, whole_seconds
+from serving.render.common import RenderError, checked_memory, render_flags, whole_seconds
+from serving.render.k8s.common import image
+from serving.render.k8s.fabric import has_rdma
+from serving.render.k8s.storage import COMPLETE_MARKER, model_dirs
 from serving.render.sglang import (
     HEALTH_PATH,
     SERVER_ENTRY,
@@ -43,30 +49,53 @@ CONTAINER_NAME: Final = "sglang"
 VOLUME_SHM, VOLUME_MODELS, VOLUME_HOME = "dshm", "model-cache", "sglang-home"
 
 
+WAIT_FOR_CACHE = "wait-for-cache"
+
+
+# Liveness asks only "does the HTTP server answer": /model_info reads the tokenizer manager's state and runs no
+# generation. /health runs a one-token generation (SGLang 0.5.x), so a scheduler stall would fail it and a liveness
+# probe on it would restart a replica that then reloads for minutes; readiness and the router may generate.
+LIVENESS_PATH: Final = "/model_info"
+GENERATING_PATHS: Final = frozenset({HEALTH_PATH, "/health_generate"})
+
+
+# Seconds between two looks at the cache marker while a pod waits for its node's cache.
+CACHE_POLL_S: Final = 10
+
+
 def gpus_per_pod(plan: Plan) -> int:
     """A replica on one node is one pod; a multi-node replica has one pod per node, each with all GPUs."""
     p = plan.placement
     return p.gpus_per_replica if p.nodes_per_replica == 1 else p.gpus_per_node
 
 
+def shm_bytes(spec: FleetSpec, plan: Plan) -> int:
+    """Shared memory (the /dev/shm mount) of a serving pod: ``serving.shm_gb_per_gpu`` × the pod's GPUs, rounded up to whole GiB. NCCL's
+    shared-memory transport keeps buffers per pair of local GPUs, so the need grows with the GPUs in the pod."""
+    return math.ceil(spec.serving.shm_gb_per_gpu * GB * gpus_per_pod(plan) / GIB) * GIB
+
+
+def pod_cpus(spec: FleetSpec, plan: Plan) -> int:
+    """Whole CPUs of a serving pod (request = limit): ``serving.cpus_per_gpu`` × the pod's GPUs."""
+    return spec.serving.cpus_per_gpu * gpus_per_pod(plan)
+
+
 def pod_memory_bytes(spec: FleetSpec, plan: Plan) -> int:
-    """Host memory limit of a serving pod: its /dev/shm (memory-backed, counted against the limit),
-    the pod's share of the weights (staged through host memory while loading) and the framework
+    """Host memory of a serving pod (request = limit): its /dev/shm (memory-backed, counted against the
+    limit), the pod's share of the weights (staged through host memory while loading) and the framework
     overhead of each GPU process. Rounded up to whole GiB."""
     mp = plan.memory
     gpus = gpus_per_pod(plan)
-    total = (
-        spec.serving.shm_size_gb * GB
-        + mp.per_gpu["weights"].value * gpus
-        + spec.model.framework_overhead_gb * GB * gpus
-    )
+    total = shm_bytes(spec, plan) + mp.per_gpu["weights"].value * gpus + spec.model.framework_overhead_gb * GB * gpus
     return math.ceil(total / GIB) * GIB
 
 
-def _probe(spec: FleetSpec, failure_threshold: int, success_threshold: int = 1) -> dict[str, Any]:
+def _probe(
+    spec: FleetSpec, failure_threshold: int, success_threshold: int = 1, path: str = HEALTH_PATH
+) -> dict[str, Any]:
     s = spec.serving
     return {
-        "httpGet": {"path": HEALTH_PATH, "port": "http"},
+        "httpGet": {"path": path, "port": "http"},
         "periodSeconds": whole_seconds(s.heartbeat_interval_s),
         "timeoutSeconds": whole_seconds(s.health_check_timeout_s),
         "failureThreshold": failure_threshold,
@@ -74,13 +103,10 @@ def _probe(spec: FleetSpec, failure_threshold: int, success_threshold: int = 1) 
     }
 
 
-def pod_volumes(spec: FleetSpec) -> list[dict[str, Any]]:
+def pod_volumes(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
     """The pod-level volumes :func:`pod_container` mounts."""
     return [
-        {
-            "name": VOLUME_SHM,
-            "emptyDir": {"medium": "Memory", "sizeLimit": f"{math.ceil(spec.serving.shm_size_gb * GB / GIB)}Gi"},
-        },
+        {"name": VOLUME_SHM, "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_bytes(spec, plan) // GIB}Gi"}},
         {"name": VOLUME_MODELS, "hostPath": {"path": spec.storage.local_cache.path, "type": "Directory"}},
         {"name": VOLUME_HOME, "emptyDir": {}},
     ]
@@ -129,31 +155,39 @@ def pod_container(spec: FleetSpec, plan: Plan, group: int, *, leader: bool = Tru
         elif (value := rule.value(ctx)) is not None:
             env.append({"name": rule.name, "value": value})
     s = spec.serving
-    gpus = str(gpus_per_pod(plan))
-    memory = f"{pod_memory_bytes(spec, plan) // GIB}Gi"
-    resources: dict[str, str] = {"nvidia.com/gpu": gpus, "memory": memory}
-    capabilities: dict[str, list[str]] = {"drop": ["ALL"]}
-    if rdma(spec):
+    resources: dict[str, str] = {
+        "cpu": str(pod_cpus(spec, plan)),
+        "memory": f"{pod_memory_bytes(spec, plan) // GIB}Gi",
+        "nvidia.com/gpu": str(gpus_per_pod(plan)),
+    }
+    security: dict[str, Any] = {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "runAsGroup": 1000,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if has_rdma(spec, plan):  # only a replica that spans nodes talks over the fabric
         resources[spec.kubernetes.rdma_resource] = "1"
-        capabilities["add"] = ["IPC_LOCK"]  # pin RDMA buffers (ibv_reg_mr)
+        # NCCL registers (pins) its RDMA buffers with ibv_reg_mr. A capability reaches a process only when it runs
+        # as root: a non-root user gets no ambient capabilities, so IPC_LOCK would do nothing for uid 1000, and the
+        # container runtime's default RLIMIT_MEMLOCK (64 KiB) would fail the registration. Root with IPC_LOCK is
+        # exempt from RLIMIT_MEMLOCK; every other capability stays dropped and privilege escalation is off.
+        security.update(
+            runAsNonRoot=False, runAsUser=0, runAsGroup=0, capabilities={"drop": ["ALL"], "add": ["IPC_LOCK"]}
+        )
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
-        "image": spec.group_image(group),
+        "image": image(spec, spec.group_image(group)),
         "imagePullPolicy": "IfNotPresent",
         "command": list(SERVER_ENTRY),
         "args": flags,
         "env": env,
         "ports": [{"name": "http", "containerPort": s.port, "protocol": "TCP"}],
         "resources": {"requests": dict(resources), "limits": dict(resources)},
-        "securityContext": {
-            "privileged": False,
-            "allowPrivilegeEscalation": False,
-            "runAsNonRoot": True,
-            "runAsUser": 1000,
-            "runAsGroup": 1000,
-            "capabilities": capabilities,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": security,
         "volumeMounts": [
             {"name": VOLUME_SHM, "mountPath": "/dev/shm"},  # noqa: S108  (a mount point, not a temp file)
             {"name": VOLUME_MODELS, "mountPath": spec.storage.local_cache.path, "readOnly": True},
@@ -161,9 +195,44 @@ def pod_container(spec: FleetSpec, plan: Plan, group: int, *, leader: bool = Tru
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    # The router notices a terminating pod through its watch; keep serving one heartbeat interval before SIGTERM so
+    # no new request is routed to a process that is shutting down (then terminationGracePeriodSeconds drains).
+    container["lifecycle"] = {
+        "preStop": {"exec": {"command": ["/bin/sleep", str(whole_seconds(s.heartbeat_interval_s))]}}
+    }
     if leader:
         interval = whole_seconds(s.heartbeat_interval_s)
         container["startupProbe"] = _probe(spec, math.ceil(whole_seconds(s.startup_budget_s) / interval))
         container["readinessProbe"] = _probe(spec, s.failure_threshold, s.success_threshold)
-        container["livenessProbe"] = _probe(spec, s.failure_threshold)
+        container["livenessProbe"] = _probe(spec, s.failure_threshold, path=LIVENESS_PATH)
     return container
+
+
+def wait_script(spec: FleetSpec) -> str:
+    """Wait until the node's model cache holds the complete model (the cache warmer's marker)."""
+    marker = shlex.quote(f"{model_dirs(spec)[1]}/{COMPLETE_MARKER}")
+    return (
+        f"until [ -f {marker} ]; do echo waiting for the node's model cache: {marker}; sleep {CACHE_POLL_S}; done; "
+        "echo model cache complete"
+    )
+
+
+def cache_init_container(spec: FleetSpec, group: int) -> dict[str, Any]:
+    """Hold a serving pod until its own node's cache is warm: each pod waits for its node, not the fleet for every
+    node (the cache warmer DaemonSet fills the caches in the background, outside Pulumi's wait)."""
+    return {
+        "name": WAIT_FOR_CACHE,
+        "image": image(spec, spec.group_image(group)),
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["/bin/sh", "-c", wait_script(spec)],
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "100m", "memory": "32Mi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [{"name": VOLUME_MODELS, "mountPath": spec.storage.local_cache.path, "readOnly": True}],
+    }

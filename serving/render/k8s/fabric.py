@@ -2,8 +2,11 @@
 secondary network (NetworkAttachmentDefinition) for RDMA traffic.
 
 The device plugin exposes ``spec.kubernetes.rdma_resource`` (``<prefix>/<name>``); serving pods request one
-unit of it (:func:`serving.render.k8s.container.pod_container`, with the NCCL/IB environment). An Ethernet fabric has no
-HCAs: nothing is rendered here.
+unit of it (:func:`serving.render.k8s.container.pod_container`, with the NCCL/IB environment) only when a replica
+spans nodes: a replica inside one node does its collectives over NVLink/PCIe (a one-GPU replica does none), so
+nothing is rendered here then, nor on an Ethernet fabric, which has no HCAs. The secondary network needs Multus and
+whereabouts (docs/infra.md, prerequisites). The image is upstream's own (Mellanox/k8s-rdma-shared-dev-plugin's
+deployment manifest), pulled through ``kubernetes.image_registry`` when the stack names a mirror.
 """
 
 from __future__ import annotations
@@ -11,13 +14,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from serving.plan.model import Plan
 from serving.render.k8s.common import (
     ANNOTATION_PRIVILEGED_REASON,
     LABEL_NAME,
     K8sObject,
+    await_annotations,
     gpu_node_affinity,
+    image,
     labels,
     metadata,
+    pull_secrets,
     serving_toleration,
 )
 from serving.spec.schema import FabricKind, FleetSpec
@@ -29,6 +36,9 @@ CONFIGMAP = "rdma-devices"
 NETWORK = "exaserve-rdma"
 # Pinned upstream image of Mellanox/k8s-rdma-shared-dev-plugin (deployment/k8s/base/daemonset.yaml).
 IMAGE = "mellanox/k8s-rdma-shared-dev-plugin:v1.5.3"
+# `pulumi up` waits for the plugin on every GPU node: a small image and a registration, no model; a node that
+# cannot run it cannot run a multi-node replica either, so the bound is Pulumi's own default.
+AWAIT_S = 600
 MELLANOX_VENDOR_ID = "15b3"
 LINK_TYPES = {FabricKind.INFINIBAND: "infiniband", FabricKind.ROCE: "ether"}
 # The secondary network's parent netdev and address range are not (yet) spec fields: IPoIB on the first
@@ -38,8 +48,9 @@ SECONDARY_RANGE = "10.250.0.0/16"
 NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
 
 
-def has_rdma(spec: FleetSpec) -> bool:
-    return spec.cluster.fabric.kind is not FabricKind.ETHERNET
+def has_rdma(spec: FleetSpec, plan: Plan) -> bool:
+    """The fleet uses the RDMA fabric: an RDMA fabric and replicas that span nodes over it."""
+    return spec.cluster.fabric.kind is not FabricKind.ETHERNET and plan.multi_node
 
 
 def _resource_parts(spec: FleetSpec) -> tuple[str, str]:
@@ -65,8 +76,9 @@ def device_plugin_config(spec: FleetSpec) -> dict[str, Any]:
 
 
 def pod_annotations(spec: FleetSpec) -> dict[str, str]:
-    """Multus annotation attaching serving pods to the secondary network, when there is one."""
-    return {NETWORKS_ANNOTATION: NETWORK} if has_rdma(spec) and spec.cluster.fabric.secondary_network else {}
+    """Multus annotation attaching a replica's pods to the secondary network, when there is one (the caller
+    decides whether the replica uses the fabric at all)."""
+    return {NETWORKS_ANNOTATION: NETWORK} if spec.cluster.fabric.secondary_network else {}
 
 
 def _network_config(spec: FleetSpec) -> str:
@@ -84,8 +96,8 @@ def _network_config(spec: FleetSpec) -> str:
     )
 
 
-def render(spec: FleetSpec) -> list[K8sObject]:
-    if not has_rdma(spec):
+def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
+    if not has_rdma(spec, plan):
         return []
     ns = spec.kubernetes.namespace
     lab = labels(COMPONENT, APP)
@@ -106,7 +118,8 @@ def render(spec: FleetSpec) -> list[K8sObject]:
                 lab,
                 {
                     ANNOTATION_PRIVILEGED_REASON: "registers RDMA devices with the kubelet and exposes /dev/infiniband "
-                    "to pods; the device plugin API needs host device access"
+                    "to pods; the device plugin API needs host device access",
+                    **await_annotations(timeout_s=AWAIT_S),
                 },
             ),
             "spec": {
@@ -119,10 +132,11 @@ def render(spec: FleetSpec) -> list[K8sObject]:
                         "priorityClassName": "system-node-critical",
                         "affinity": gpu_node_affinity(spec),
                         "tolerations": [serving_toleration()],
+                        **pull_secrets(spec),
                         "containers": [
                             {
                                 "name": "device-plugin",
-                                "image": IMAGE,
+                                "image": image(spec, IMAGE),
                                 "imagePullPolicy": "IfNotPresent",
                                 "securityContext": {"privileged": True},
                                 "resources": {

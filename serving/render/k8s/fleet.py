@@ -1,13 +1,18 @@
-"""The serving fleet: exactly ``rollout.batches`` update groups, each one workload object carrying its own version.
+"""The serving fleet: exactly ``rollout.batches`` update groups, each one LeaderWorkerSet carrying its own version.
 
-A replica that fits on one node is one pod: a group is a StatefulSet of ``size`` pods. A replica that spans
-nodes is a LeaderWorkerSet group (leader + workers, one pod per node): a group is a LeaderWorkerSet of
-``size`` replicas. Either way the object count is the number of groups, never the number of replicas.
+Every group is a LeaderWorkerSet of ``size`` replicas: a replica that fits on one node is a group of one pod (the
+leader, from ``workerTemplate``), a replica that spans nodes is a leader and workers, one pod per node. Why not a
+StatefulSet: its ``rollingUpdate.maxUnavailable`` is alpha (MaxUnavailableStatefulSet) up to Kubernetes 1.33 and
+ignored without the gate, so a 410-pod group would update one pod at a time; LeaderWorkerSet's rolling update
+(``maxUnavailable``, ``maxSurge``, ``partition``) is the API's stable v1, pods keep stable names
+(``sglang-g0-3.sglang-g0``) for the updater, and the multi-node path uses the same object. The object count is
+the number of groups, never the number of replicas.
 
-The container comes from :func:`serving.render.k8s.container.pod_container` (command, environment, probes, GPU, RDMA and
-memory resources); this module adds the pod around it: placement on the serving pools (tolerating their
-taint), spread across racks, shared memory and model-cache volumes, the secondary network, a
-PodDisruptionBudget per group, and one headless Service over all workers for metrics scraping.
+The container comes from :func:`serving.render.k8s.container.pod_container`; this module adds the pod around it:
+an init container holding it until its node's model cache is complete, placement on the serving pools (tolerating
+the GPU taint), a satisfiable spread across racks (a multi-node replica stays inside one rack), shared memory and
+model-cache volumes, the secondary network, a PodDisruptionBudget per group, and one headless Service over all
+workers for metrics scraping.
 """
 
 from __future__ import annotations
@@ -25,11 +30,20 @@ from serving.render.k8s.common import (
     LABEL_RACK,
     LABEL_VERSION,
     K8sObject,
+    await_annotations,
     gpu_node_affinity,
     metadata,
+    pull_secrets,
     serving_toleration,
 )
-from serving.render.k8s.container import CONTAINER_NAME, SERVER_POD_LABELS, pod_container, pod_volumes
+from serving.render.k8s.container import (
+    CONTAINER_NAME,
+    LWS_LEADER_LABEL,
+    SERVER_POD_LABELS,
+    cache_init_container,
+    pod_container,
+    pod_volumes,
+)
 from serving.spec.schema import FleetSpec
 
 COMPONENT = "fleet"
@@ -37,6 +51,7 @@ WORKERS_SERVICE = "sglang-workers"
 HTTP_PORT_NAME = "http"
 SERVING_CONTAINER = CONTAINER_NAME
 LWS_API = "leaderworkerset.x-k8s.io/v1"
+LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
 
 
 def group_name(group: int) -> str:
@@ -57,67 +72,94 @@ def max_unavailable(spec: FleetSpec, size: int) -> int:
     return max(1, math.floor(size * spec.limits.failure_reserve))
 
 
-def pod_template(spec: FleetSpec, plan: Plan, group: int, *, leader: bool = True) -> dict[str, Any]:
-    selector = group_selector(group)
-    meta: dict[str, Any] = {"labels": group_labels(spec, group)}
-    if annotations := fabric.pod_annotations(spec):
-        meta["annotations"] = annotations
-    spread = [
-        # Racks first: losing a rack (leaf switch) takes at most its share of every group.
-        {"maxSkew": 1, "topologyKey": LABEL_RACK, "whenUnsatisfiable": "DoNotSchedule"},
-        {"maxSkew": 1, "topologyKey": HOSTNAME_LABEL, "whenUnsatisfiable": "ScheduleAnyway"},
-    ]
-    return {
-        "metadata": meta,
-        "spec": {
-            "affinity": gpu_node_affinity(spec),
-            "tolerations": [serving_toleration()],
-            "topologySpreadConstraints": [{**c, "labelSelector": {"matchLabels": selector}} for c in spread],
-            "terminationGracePeriodSeconds": whole_seconds(spec.rollout.drain_timeout_s),
-            "enableServiceLinks": False,
-            "containers": [pod_container(spec, plan, group, leader=leader)],
-            "volumes": pod_volumes(spec),
-        },
+def rack_max_skew(spec: FleetSpec, size: int) -> int:
+    """How unevenly a group may spread over racks (pods, or multi-node replicas' leaders): one rack's share of the
+    group. A rack that is full, cordoned or lost then holds the rest back by at most its share instead of stranding
+    them Pending, and still no rack holds more than about two shares of a group."""
+    return max(1, math.ceil(size / max(1, spec.cluster.rack_count)))
+
+
+def _spread(spec: FleetSpec, plan: Plan, group: int, size: int) -> list[dict[str, Any]]:
+    selector: dict[str, str] = dict(group_selector(group))
+    if plan.multi_node:  # spread the replicas (their leaders); a replica's own pods stay together in one rack
+        selector[LWS_LEADER_LABEL[0]] = LWS_LEADER_LABEL[1]
+    rack = {
+        "maxSkew": rack_max_skew(spec, size),
+        "topologyKey": LABEL_RACK,
+        "whenUnsatisfiable": "DoNotSchedule",
+        # Cordoned (tainted unschedulable) and NotReady nodes do not count as places the group could go.
+        "nodeTaintsPolicy": "Honor",
     }
+    host = {"maxSkew": 1, "topologyKey": HOSTNAME_LABEL, "whenUnsatisfiable": "ScheduleAnyway"}
+    return [{**c, "labelSelector": {"matchLabels": selector}} for c in (rack, host)]
+
+
+def _same_rack() -> dict[str, Any]:
+    """Every pod of one multi-node replica in its leader's rack (NCCL stays under one leaf switch). The first pod of
+    a group matches its own term, so the leader lands anywhere the spread allows and its workers follow it."""
+    return {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchExpressions": [{"key": LWS_GROUP_KEY, "operator": "Exists"}]},
+                    "matchLabelKeys": [LWS_GROUP_KEY],
+                    "topologyKey": LABEL_RACK,
+                }
+            ]
+        }
+    }
+
+
+def pod_template(spec: FleetSpec, plan: Plan, group: int, size: int, *, leader: bool = True) -> dict[str, Any]:
+    meta: dict[str, Any] = {"labels": group_labels(spec, group)}
+    if fabric.has_rdma(spec, plan) and (annotations := fabric.pod_annotations(spec)):
+        meta["annotations"] = annotations
+    affinity: dict[str, Any] = gpu_node_affinity(spec)
+    if plan.multi_node:
+        affinity = {**affinity, **_same_rack()}
+    pod: dict[str, Any] = {
+        "affinity": affinity,
+        "tolerations": [serving_toleration()],
+        "terminationGracePeriodSeconds": whole_seconds(spec.rollout.drain_timeout_s),
+        "enableServiceLinks": False,
+        "initContainers": [cache_init_container(spec, group)],
+        "containers": [pod_container(spec, plan, group, leader=leader)],
+        "volumes": pod_volumes(spec, plan),
+        **pull_secrets(spec),
+    }
+    if leader:
+        pod["topologySpreadConstraints"] = _spread(spec, plan, group, size)
+    return {"metadata": meta, "spec": pod}
 
 
 def _workload(spec: FleetSpec, plan: Plan, group: int, size: int) -> K8sObject:
     ns = spec.kubernetes.namespace
-    meta = metadata(group_name(group), ns, group_labels(spec, group))
-    budget = max_unavailable(spec, size)
+    # `pulumi up` does not wait for a group's pods: each waits for its node's cache and then loads for up to
+    # serving.startup_budget_s; the rolling updater and `kubectl rollout status` watch readiness instead.
+    meta = metadata(group_name(group), ns, group_labels(spec, group), await_annotations(skip=True))
     if plan.multi_node:
-        return {
-            "apiVersion": LWS_API,
-            "kind": "LeaderWorkerSet",
-            "metadata": meta,
-            "spec": {
-                "replicas": size,
-                "startupPolicy": "LeaderCreated",
-                "rolloutStrategy": {
-                    "type": "RollingUpdate",
-                    "rollingUpdateConfiguration": {"maxUnavailable": budget, "maxSurge": 0},
-                },
-                "leaderWorkerTemplate": {
-                    "size": plan.placement.nodes_per_replica,
-                    "restartPolicy": "RecreateGroupOnPodRestart",
-                    "leaderTemplate": pod_template(spec, plan, group, leader=True),
-                    "workerTemplate": pod_template(spec, plan, group, leader=False),
-                },
-            },
+        templates = {
+            "size": plan.placement.nodes_per_replica,
+            "restartPolicy": "RecreateGroupOnPodRestart",
+            "leaderTemplate": pod_template(spec, plan, group, size, leader=True),
+            "workerTemplate": pod_template(spec, plan, group, size, leader=False),
         }
+    else:  # a group of one pod: the leader, which takes workerTemplate when there is no leaderTemplate
+        templates = {"size": 1, "workerTemplate": pod_template(spec, plan, group, size, leader=True)}
     return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
+        "apiVersion": LWS_API,
+        "kind": "LeaderWorkerSet",
         "metadata": meta,
         "spec": {
             "replicas": size,
-            "serviceName": WORKERS_SERVICE,
-            # Pods of a group start together; an update replaces up to the group's disruption budget at once
-            # (maxUnavailable needs the MaxUnavailableStatefulSet feature; without it, one pod at a time).
-            "podManagementPolicy": "Parallel",
-            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": budget}},
-            "selector": {"matchLabels": group_selector(group)},
-            "template": pod_template(spec, plan, group),
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {
+                "type": "RollingUpdate",
+                # The group's disruption budget at once; no surge (a surge pod needs GPUs the reserve keeps free
+                # for failures).
+                "rollingUpdateConfiguration": {"maxUnavailable": max_unavailable(spec, size), "maxSurge": 0},
+            },
+            "leaderWorkerTemplate": templates,
         },
     }
 

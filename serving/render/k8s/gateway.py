@@ -15,8 +15,11 @@ from serving.render.k8s.common import (
     LABEL_NAME,
     ROUTER_APP,
     K8sObject,
+    await_annotations,
+    image,
     labels,
     metadata,
+    pull_secrets,
 )
 from serving.render.router import router_argv
 from serving.spec.schema import FleetSpec
@@ -61,7 +64,7 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
     }
     container: K8sObject = {
         "name": "router",
-        "image": spec.kubernetes.router_image,
+        "image": image(spec, spec.kubernetes.router_image),
         "command": router_argv(spec, plan, kubernetes=True),
         "ports": [
             {"name": HTTP_PORT_NAME, "containerPort": http_port, "protocol": "TCP"},
@@ -71,7 +74,14 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
         "livenessProbe": {"httpGet": {"path": "/liveness", "port": HTTP_PORT_NAME}, **probe},
         "readinessProbe": {"httpGet": {"path": "/readiness", "port": HTTP_PORT_NAME}, **probe},
         "resources": {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "runAsGroup": 65532,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
     }
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(NAME, ns, lab)},
@@ -91,16 +101,21 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": metadata(NAME, ns, lab),
+            # `pulumi up` does not wait for the router: it turns Ready only once a worker is healthy, and workers wait
+            # for their node's cache and load for minutes (docs/infra.md, "What up waits for").
+            "metadata": metadata(NAME, ns, lab, await_annotations(skip=True)),
             "spec": {
                 "replicas": router_replicas(spec),
                 "selector": {"matchLabels": selector},
-                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+                # One router per node (required anti-affinity): a surge pod would need a node beyond the replicas',
+                # so replace one at a time instead; the PodDisruptionBudget allows the same one.
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}},
                 "template": {
                     "metadata": {"labels": lab},
                     "spec": {
                         "serviceAccountName": NAME,
                         "enableServiceLinks": False,
+                        **pull_secrets(spec),
                         "affinity": {
                             "podAntiAffinity": {
                                 "requiredDuringSchedulingIgnoredDuringExecution": [

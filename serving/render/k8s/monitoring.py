@@ -1,16 +1,24 @@
 """Monitoring: a PrometheusRule with the rollout gates and the source's alert conditions, and ServiceMonitors for
-the router and the workers (prometheus-operator custom resources).
+the router and the workers (prometheus-operator custom resources), labelled so the cluster's Prometheus selects
+them (``kubernetes.prometheus_selector_labels``; kube-prometheus-stack selects its Helm ``release``).
 
-Metric sources: the SGLang router (``smg_*``, client-facing responses and latency, worker health), DCGM
-exporter (``DCGM_FI_DEV_GPU_UTIL``), node exporter's timex collector (``node_timex_offset_seconds``) and
-kube-state-metrics (container restarts). Thresholds come from the spec; the GPU-imbalance band (> 90 % on
-some nodes while others sit < 30 %) is the source's own observation (§5.2).
+Metric sources: the SGLang router (``smg_*``: requests and latency per path, client-facing responses, worker
+health), DCGM exporter (``DCGM_FI_DEV_GPU_UTIL``), node exporter's timex collector (``node_timex_offset_seconds``,
+``node_timex_sync_status``: the hosts' chronyd keeps time, the cluster only observes it) and kube-state-metrics
+(container restarts, the images the serving containers run). Thresholds come from the spec and the plan; the
+GPU-imbalance band (> 90 % on some nodes while others sit < 30 %) is the source's own observation (§5.2).
+
+Request rate and latency count the inference paths only (:data:`INFERENCE_PATHS`): the kubelet's probes of the
+router (``/liveness``, ``/readiness``) and scrapes would otherwise dilute both. ``exaserve render`` runs
+``promtool check rules`` on the rules; tests/promtool/ holds a ``promtool test rules`` file per group.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from serving.plan.model import Plan
 from serving.render.k8s import fleet, gateway
 from serving.render.k8s.common import LABEL_NAME, ROUTER_APP, SERVING_APP, K8sObject, duration, labels, metadata
 from serving.spec.schema import FleetSpec
@@ -22,6 +30,8 @@ GPU_BUSY_PCT = 90
 GPU_IDLE_PCT = 30
 RESTARTS_PER_HOUR = 3
 SCRAPE_INTERVAL = "15s"
+# The router's client-facing inference endpoints (sglang-router 0.3.2 labels its request metrics by path).
+INFERENCE_PATHS = ("/generate", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 
 
 def _alert(name: str, expr: str, for_: str, severity: str, summary: str, fix: str) -> dict[str, Any]:
@@ -34,41 +44,58 @@ def _alert(name: str, expr: str, for_: str, severity: str, summary: str, fix: st
     }
 
 
-def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
+def min_healthy_workers(spec: FleetSpec, plan: Plan) -> int:
+    """Healthy workers below which the failure reserve is used up: the plan's replicas less the reserve."""
+    return math.ceil(sum(plan.rollout_group_sizes) * (1 - spec.limits.failure_reserve))
+
+
+def rule_groups(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
     ns, r, lim = spec.kubernetes.namespace, spec.rollout, spec.limits
     router = f'namespace="{ns}",service="{ROUTER_APP}"'
-    ok = f'sum(rate(smg_http_responses_total{{{router},status_code=~"2.."}}[{RATE_WINDOW}]))'
-    total = f"sum(rate(smg_http_responses_total{{{router}}}[{RATE_WINDOW}]))"
+    paths = "|".join(INFERENCE_PATHS)
+    inference = f'{router},path=~"{paths}"'
+
+    def requests(offset: str = "") -> str:
+        return f"sum(rate(smg_http_requests_total{{{inference}}}[{RATE_WINDOW}]{offset}))"
+
+    def p99(offset: str = "") -> str:
+        buckets = f"smg_http_request_duration_seconds_bucket{{{inference}}}[{RATE_WINDOW}]{offset}"
+        return f"histogram_quantile(0.99, sum by (le) (rate({buckets})))"
+
     errors = f'sum(rate(smg_http_responses_total{{{router},status_code=~"5.."}}[{RATE_WINDOW}]))'
-    p99 = f"histogram_quantile(0.99, sum by (le) (rate(smg_http_request_duration_seconds_bucket{{{router}}}[{RATE_WINDOW}])))"
-    # Gates compare with the traffic before the rollout started: one whole rollout (all batches) ago.
-    baseline = duration(max(r.batches * r.interval_s, r.baseline_window_s))
+    # Gates compare with the traffic before the rollout started: one whole rollout (all batches) ago; they apply
+    # only while a rollout is under way (the serving containers run more than one image), so an ordinary dip in
+    # client traffic does not page anyone.
+    baseline = f" offset {duration(max(r.batches * r.interval_s, r.baseline_window_s))}"
+    rolling = f'count(count by (image) (kube_pod_container_info{{namespace="{ns}",container="{fleet.SERVING_CONTAINER}"}})) > 1'
     soak = duration(max(r.interval_s, 60))
     offset_limit = spec.cluster.ntp.max_offset_ms / 1000
-    serving_container = fleet.SERVING_CONTAINER
+    healthy_min = min_healthy_workers(spec, plan)
     return [
         {
             "name": "exaserve.rollout-gates",
             "rules": [
                 _alert(
                     "ExaServeRolloutQpsDrop",
-                    f"{ok} < {1 - r.max_qps_drop:g} * ({ok} offset {baseline})",
+                    f"{requests()} < {1 - r.max_qps_drop:g} * {requests(baseline)} and on () ({rolling})",
                     soak,
                     "critical",
-                    f"Successful QPS fell more than {r.max_qps_drop:.0%} below the pre-rollout baseline.",
+                    f"During a rollout, inference QPS fell more than {r.max_qps_drop:.0%} below the pre-rollout "
+                    "baseline.",
                     "Pause the rollout and roll back: exaserve rollback --stack STACK.",
                 ),
                 _alert(
                     "ExaServeRolloutP99Rise",
-                    f"{p99} > {1 + r.max_p99_rise:g} * ({p99} offset {baseline})",
+                    f"{p99()} > {1 + r.max_p99_rise:g} * {p99(baseline)} and on () ({rolling})",
                     soak,
                     "critical",
-                    f"P99 latency rose more than {r.max_p99_rise:.0%} above the pre-rollout baseline.",
+                    f"During a rollout, P99 latency rose more than {r.max_p99_rise:.0%} above the pre-rollout "
+                    "baseline.",
                     "Pause the rollout and roll back: exaserve rollback --stack STACK.",
                 ),
                 _alert(
                     "ExaServeErrorRate",
-                    f"{errors} / {total} > {r.max_error_rate:g}",
+                    f"{errors} / {requests()} > {r.max_error_rate:g}",
                     "2m",
                     "critical",
                     f"Client-facing error rate above {r.max_error_rate:.2%}.",
@@ -81,7 +108,7 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
             "rules": [
                 _alert(
                     "ExaServeP99LatencyHigh",
-                    f"{p99} > {lim.p99_target_s:g}",
+                    f"{p99()} > {lim.p99_target_s:g}",
                     "10m",
                     "warning",
                     f"P99 latency above the {lim.p99_target_s:g} s target.",
@@ -98,7 +125,7 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
                 ),
                 _alert(
                     "ExaServeReplicaRestarts",
-                    f'increase(kube_pod_container_status_restarts_total{{namespace="{ns}",container="{serving_container}"}}[1h]) '
+                    f'increase(kube_pod_container_status_restarts_total{{namespace="{ns}",container="{fleet.SERVING_CONTAINER}"}}[1h]) '
                     f"> {RESTARTS_PER_HOUR}",
                     "0m",
                     "warning",
@@ -107,12 +134,17 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
                     "then the model store.",
                 ),
                 _alert(
+                    # Counted against the plan, not against what the router has registered: a worker that discovery
+                    # never registered (Pending, stuck waiting for its cache, crash-looping) has no smg_worker_health
+                    # series at all. Each router instance sees every worker; the one seeing the fewest healthy counts.
                     "ExaServeWorkersUnhealthy",
-                    f"count(smg_worker_health{{{router}}} == 0) > {lim.failure_reserve:g} * count(smg_worker_health{{{router}}})",
+                    f"(min(sum by (pod) (smg_worker_health{{{router}}})) or on () vector(0)) < {healthy_min}",
                     "5m",
                     "critical",
-                    f"More workers are unhealthy than the {lim.failure_reserve:.0%} failure reserve covers.",
-                    "Find the failing nodes (exaserve.io/rack labels) and drain them; run the preflight playbook.",
+                    f"Fewer than {healthy_min} of the plan's {sum(plan.rollout_group_sizes)} workers are healthy: the "
+                    f"{lim.failure_reserve:.0%} failure reserve is used up.",
+                    "Find the missing workers (kubectl get pods -l app.kubernetes.io/name=sglang: Pending, Init, "
+                    "CrashLoopBackOff) and their nodes (exaserve.io/rack labels); run the preflight playbook.",
                 ),
             ],
         },
@@ -125,15 +157,24 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
                     "5m",
                     "warning",
                     f"A node's clock is more than {spec.cluster.ntp.max_offset_ms:g} ms off.",
-                    "Check the chrony pod on that node (chronyc tracking) and its NTP servers.",
+                    "On that node: chronyc tracking and chronyc sources (the host's chronyd, Ansible role ntp).",
+                ),
+                _alert(
+                    "ExaServeClockUnsynchronised",
+                    "max_over_time(node_timex_sync_status[5m]) == 0",
+                    "10m",
+                    "warning",
+                    "A node's kernel clock has not been synchronised for 10 minutes (chronyd not disciplining it).",
+                    "On that node: systemctl status chrony, chronyc sources; re-run the ntp role (site.yml --tags ntp).",
                 ),
             ],
         },
     ]
 
 
-def render(spec: FleetSpec) -> list[K8sObject]:
+def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
     ns = spec.kubernetes.namespace
+    selected = spec.kubernetes.prometheus_selector_labels
     monitors: list[tuple[str, str, str]] = [
         (ROUTER_APP, ROUTER_APP, gateway.METRICS_PORT_NAME),
         (fleet.WORKERS_SERVICE, SERVING_APP, fleet.HTTP_PORT_NAME),
@@ -142,15 +183,15 @@ def render(spec: FleetSpec) -> list[K8sObject]:
         {
             "apiVersion": "monitoring.coreos.com/v1",
             "kind": "PrometheusRule",
-            "metadata": metadata(RULE_NAME, ns, labels(COMPONENT, RULE_NAME)),
-            "spec": {"groups": rule_groups(spec)},
+            "metadata": metadata(RULE_NAME, ns, labels(COMPONENT, RULE_NAME, **selected)),
+            "spec": {"groups": rule_groups(spec, plan)},
         }
     ]
     objects += [
         {
             "apiVersion": "monitoring.coreos.com/v1",
             "kind": "ServiceMonitor",
-            "metadata": metadata(name, ns, labels(COMPONENT, name)),
+            "metadata": metadata(name, ns, labels(COMPONENT, name, **selected)),
             "spec": {
                 "selector": {"matchLabels": {LABEL_NAME: app}},
                 "namespaceSelector": {"matchNames": [ns]},

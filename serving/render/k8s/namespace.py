@@ -1,5 +1,7 @@
-"""The stack's namespace. Its pod-security level is ``privileged`` because the RDMA device plugin runs there;
-the policy pack (:mod:`serving.checks.policy`) keeps every other container unprivileged."""
+"""The stack's namespace. Its pod-security level is ``privileged``: the serving pods and the cache warmer mount the
+node-local model cache (hostPath, which even ``baseline`` forbids) and the RDMA device plugin, where a replica spans
+nodes, runs privileged. The policy pack (:mod:`serving.checks.policy`) is what keeps every other container
+unprivileged, non-root where it can be, and without host namespaces (docs/infra.md, finding 16)."""
 
 from __future__ import annotations
 

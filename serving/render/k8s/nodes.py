@@ -1,8 +1,10 @@
-"""Node patches: the inventory's placement facts as node labels, and a taint reserving GPU nodes for serving.
+"""Node patches: the inventory's placement facts as node labels.
 
-Applied as server-side-apply patches (Pulumi ``NodePatch``): the nodes themselves belong to the kubelet;
-we only own these labels and the taint. Labels use our own prefix, so that they never fight GPU
-feature discovery over ``nvidia.com/*`` labels.
+Applied as server-side-apply patches (Pulumi ``NodePatch``): the nodes themselves belong to the kubelet; we own
+only these labels. Labels use our own prefix, so that they never fight GPU feature discovery over ``nvidia.com/*``
+labels. No taints: ``spec.taints`` is an atomic list, so applying ours would conflict with every other taint on the
+node (cordon, NotReady, the kubelet's own) and forcing it would wipe them. The GPU taint is set by the kubelet at
+registration (Ansible role ``kubelet``, :func:`serving.render.k8s.common.node_taint`).
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ from serving.render.k8s.common import (
     LABEL_LEAF,
     LABEL_POOL,
     LABEL_RACK,
-    TAINT_KEY,
-    TAINT_VALUE,
     K8sObject,
 )
 from serving.spec.schema import FleetSpec, Node
@@ -31,13 +31,8 @@ def node_labels(spec: FleetSpec, node: Node) -> dict[str, str]:
 
 
 def render(spec: FleetSpec) -> list[K8sObject]:
-    """One patch per node of the inventory."""
+    """One labels-only patch per node of the inventory."""
     return [
-        {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": node.name, "labels": node_labels(spec, node)},
-            "spec": {"taints": [{"key": TAINT_KEY, "value": TAINT_VALUE, "effect": "NoSchedule"}]},
-        }
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name, "labels": node_labels(spec, node)}}
         for node in spec.cluster.nodes
     ]

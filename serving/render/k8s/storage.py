@@ -4,7 +4,10 @@ cache warmer, so that a restarted replica loads its weights from local disk (sou
 The warmer is a DaemonSet on the serving nodes: an init container copies the model from the store into the
 node's cache directory (into a staging directory, renamed when complete, so a half-copied model is never
 used), then a small container keeps the pod running so the DaemonSet reports the node as warmed. It uses the
-serving image, which every serving node pulls anyway.
+serving image, which every serving node pulls anyway. Nothing waits for the warmer as a whole: each serving pod
+waits for the marker in its own node's cache (:func:`serving.render.k8s.container.cache_init_container`), and
+`pulumi up` does not wait for the DaemonSet (every node copying the model from one store takes far longer than
+Pulumi's wait, docs/infra.md).
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ from typing import Any
 from serving.render.k8s.common import (
     LABEL_NAME,
     K8sObject,
+    await_annotations,
     gigabytes,
     gpu_node_affinity,
+    image,
     labels,
     metadata,
+    pull_secrets,
     serving_toleration,
 )
 from serving.render.sglang import model_dir
@@ -95,7 +101,7 @@ def render(spec: FleetSpec) -> list[K8sObject]:
     warmer: K8sObject = {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
-        "metadata": metadata(WARMER, ns, warmer_labels),
+        "metadata": metadata(WARMER, ns, warmer_labels, await_annotations(skip=True)),
         "spec": {
             "selector": {"matchLabels": {LABEL_NAME: WARMER}},
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%"}},
@@ -105,10 +111,11 @@ def render(spec: FleetSpec) -> list[K8sObject]:
                     "affinity": gpu_node_affinity(spec),
                     "tolerations": [serving_toleration()],
                     "enableServiceLinks": False,
+                    **pull_secrets(spec),
                     "initContainers": [
                         {
                             "name": "warm",
-                            "image": spec.serving.image,
+                            "image": image(spec, spec.serving.image),
                             "command": ["/bin/sh", "-c", warm_script(spec)],
                             "securityContext": security,
                             "resources": {
@@ -124,7 +131,7 @@ def render(spec: FleetSpec) -> list[K8sObject]:
                     "containers": [
                         {
                             "name": "hold",
-                            "image": spec.serving.image,
+                            "image": image(spec, spec.serving.image),
                             "command": ["/bin/sleep", "infinity"],
                             "securityContext": security,
                             "resources": {

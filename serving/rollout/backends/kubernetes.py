@@ -1,6 +1,6 @@
 """Kubernetes: move the batch's update group to the new release on its StatefulSet / LeaderWorkerSet.
 
-A batch is update group ``g`` — the workload ``sglang-g<g>`` that the Pulumi program creates
+A batch is update group ``g`` — the LeaderWorkerSet ``sglang-g<g>`` that the Pulumi program creates
 (:mod:`serving.render.k8s.fleet`). The update renders that workload from the stack with group ``g`` at the
 new version (image from ``serving.releases``, ``EXASERVE_RELEASE``, the version label) and sends its
 labels and pod template as a JSON merge patch — the same object ``pulumi up`` would apply once the
@@ -31,7 +31,7 @@ import httpx
 
 from serving.plan.model import Plan
 from serving.render.k8s.common import LABEL_VERSION, K8sObject
-from serving.render.k8s.fleet import LWS_API, WORKERS_SERVICE, group_name, render
+from serving.render.k8s.fleet import LWS_API, group_name, render
 from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.rollout.plan import with_group_version
 from serving.spec.schema import FleetSpec
@@ -76,10 +76,9 @@ def _loopback(host: str) -> bool:
 
 
 def workload_path(spec: FleetSpec, fleet_plan: Plan, group: int) -> str:
-    ns = spec.kubernetes.namespace
-    if fleet_plan.multi_node:
-        return f"/apis/{LWS_API}/namespaces/{ns}/leaderworkersets/{group_name(group)}"
-    return f"/apis/apps/v1/namespaces/{ns}/statefulsets/{group_name(group)}"
+    """Every update group is a LeaderWorkerSet (a group of one-pod replicas too: serving.render.k8s.fleet)."""
+    del fleet_plan  # the workload kind no longer depends on the placement
+    return f"/apis/{LWS_API}/namespaces/{spec.kubernetes.namespace}/leaderworkersets/{group_name(group)}"
 
 
 def workload(spec: FleetSpec, fleet_plan: Plan, group: int) -> K8sObject:
@@ -144,7 +143,7 @@ class KubernetesBackend(ReplicaIndex):
         """The replica's pod (the leader pod of a multi-node replica) by its stable DNS name."""
         replica = self._replica(replica_id)
         pod = f"{group_name(replica.group)}-{self._ordinal[replica_id]}"
-        service = group_name(replica.group) if self.fleet_plan.multi_node else WORKERS_SERVICE
+        service = group_name(replica.group)  # LeaderWorkerSet pods' subdomain: the group's own headless Service
         return f"http://{pod}.{service}.{self.spec.kubernetes.namespace}.svc:{self.spec.serving.port}"
 
     def known_versions(self) -> None:

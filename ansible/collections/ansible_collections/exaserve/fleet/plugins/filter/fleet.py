@@ -16,11 +16,13 @@ from ansible_collections.exaserve.fleet.plugins.plugin_utils.controller import c
 
 def preflight_report(results: Mapping[str, Any], stack: str, aborted: Sequence[str] = ()) -> dict[str, Any]:
     """``{host: preflight_results}`` -> the preflight report (serving.checks.preflight.build_report);
-    ``aborted`` are hosts that left the play on an unexpected task error."""
+    ``aborted`` are hosts that left the play early. Those that left at a failed ``ssh`` check (stopped on
+    purpose: unreachable, or cannot run modules) are reported by that check; the others left on an
+    unexpected task error."""
     preflight = controller("serving.checks.preflight", "filter exaserve.fleet.preflight_report")
-    return dict(
-        preflight.build_report(stack, {h: (dict(r) if r else None) for h, r in results.items()}, aborted=aborted)
-    )
+    recorded = {h: (dict(r) if r else None) for h, r in results.items()}
+    unexpected = [h for h in aborted if ((recorded.get(h) or {}).get("ssh") or {}).get("status") != "fail"]
+    return dict(preflight.build_report(stack, recorded, aborted=unexpected))
 
 
 def preflight_summary(report: Mapping[str, Any]) -> list[str]:

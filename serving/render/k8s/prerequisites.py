@@ -1,0 +1,22 @@
+"""What the cluster must already run for a stack: the CRDs its custom resources need (checked by `pulumi up` when
+``kubernetes.prerequisites`` is ``check``) and the operators and DaemonSets it relies on (docs/infra.md has the
+table with versions). Pure: the Pulumi program turns :func:`required_crds` into reads of the live CRDs."""
+
+from __future__ import annotations
+
+from serving.plan.model import Plan
+from serving.render.k8s import fabric
+from serving.spec.schema import FleetSpec
+
+LWS_CRD = "leaderworkersets.leaderworkerset.x-k8s.io"
+PROMETHEUS_RULE_CRD = "prometheusrules.monitoring.coreos.com"
+SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
+NAD_CRD = "network-attachment-definitions.k8s.cni.cncf.io"
+
+
+def required_crds(spec: FleetSpec, plan: Plan) -> dict[str, list[str]]:
+    """CRD names each concern's custom resources need, by concern (``fleet``, ``monitoring``, ``fabric``)."""
+    needed = {"fleet": [LWS_CRD], "monitoring": [PROMETHEUS_RULE_CRD, SERVICE_MONITOR_CRD]}
+    if fabric.has_rdma(spec, plan) and spec.cluster.fabric.secondary_network:
+        needed["fabric"] = [NAD_CRD]
+    return needed
