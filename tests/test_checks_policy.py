@@ -350,7 +350,10 @@ def test_monitoring_objects_carry_the_prometheus_selector_labels(
         if o["kind"] == "PrometheusRule":
             del o["metadata"]["labels"]["release"]
     reported = _validate_stack("monitoring-selected", unlabelled)
-    assert [m.split(":")[0] for m, _ in reported] == ["PrometheusRule exaserve/exaserve-alerts"]
+    assert [m.split(":")[0] for m, _ in reported] == [
+        "PrometheusRule exaserve/exaserve-alerts",
+        "PrometheusRule exaserve/exaserve-runtime-alerts",  # the runtime layer's alerts (controller, agents)
+    ]
     assert "lack {'release': 'kube-prometheus-stack'}" in reported[0][0]
 
 
