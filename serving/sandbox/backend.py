@@ -32,7 +32,7 @@ def sandbox_of(spec: FleetSpec) -> SandboxSpec:
 
 
 def worker_name(port: int) -> str:
-    """Process name of a sandbox worker (the name :func:`serving.sandbox.processes.start_fleet` uses)."""
+    """Process name of a sandbox worker in the state directory (``worker-<port>``)."""
     return f"worker-{port}"
 
 

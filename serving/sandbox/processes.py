@@ -19,7 +19,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -434,19 +434,3 @@ def start_router(
         timeout_s,
     )
     return record
-
-
-@dataclass(frozen=True)
-class Fleet:
-    router: ProcessRecord
-    workers: tuple[ProcessRecord, ...]
-
-
-def start_fleet(
-    state: StateDir, workers: Sequence[WorkerConfig], router: RouterSpec, *, timeout_s: float = 60.0
-) -> Fleet:
-    """Start ``workers`` (named ``worker-<port>``), then a router in front of all of them."""
-    started = [start_worker(state, f"worker-{c.port}", c, timeout_s=timeout_s) for c in workers]
-    spec = replace(router, worker_urls=tuple(c.url for c in workers))
-    record = start_router(state, spec.to_argv(), healthy_workers=len(workers), timeout_s=timeout_s)
-    return Fleet(record, tuple(started))
