@@ -11,25 +11,32 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SGLANG_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
 
 
-def real_parse(kind: str, argvs: list[list[str]]) -> list[dict[str, object]]:
-    """Run the real parser (server: in .venv-sglang; router: here) over each argv, in one process."""
-    python = SGLANG_PYTHON if kind == "server" else Path(sys.executable)
+def run_json_script_args(python: Path, argv: list[str], payload: list[Any], timeout_s: float = 300) -> list[Any]:
+    """Run ``python ARGV`` with ``payload`` as JSON on stdin; one JSON result per input item back.
+    SGLANG_* variables are dropped, so the caller's environment cannot change SGLang's defaults."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG")}
     proc = subprocess.run(
-        [str(python), str(ROOT / "scripts" / "argparse_flags.py"), "parse", kind],
-        input=json.dumps(argvs),
+        [str(python), *argv],
+        input=json.dumps(payload),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout_s,
         check=False,
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    results: list[dict[str, object]] = json.loads(proc.stdout)
-    assert len(results) == len(argvs)
+    results: list[Any] = json.loads(proc.stdout)
+    assert len(results) == len(payload)
     return results
+
+
+def real_parse(kind: str, argvs: list[list[str]]) -> list[dict[str, object]]:
+    """Run the real parser (server: in .venv-sglang; router: here) over each argv, in one process."""
+    python = SGLANG_PYTHON if kind == "server" else Path(sys.executable)
+    return run_json_script_args(python, [str(ROOT / "scripts" / "argparse_flags.py"), "parse", kind], argvs)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ from serving.plan import memory as sgl
 from serving.plan import planner
 from serving.spec.schema import GIB, count_parameters
 from serving.spec.stack import load_stack_file
-from tests.sglang_parsers import ROOT, SGLANG_PYTHON
+from tests.sglang_parsers import ROOT, SGLANG_PYTHON, run_json_script_args
 from tests.support.stacks import SOURCE_PLAN, spec_from
 
 GRID_GPUS_MIB = (16_384, 23_034, 24_564, 40_960, 46_068, 81_559, 81_920, 97_871, 143_771, 183_359)
@@ -27,20 +25,8 @@ GRID_RUNNING = (None, 8, 64)
 
 
 def _sglang_resolves(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG")}
-    proc = subprocess.run(
-        [str(SGLANG_PYTHON), str(ROOT / "tests" / "support" / "sglang_mem_fraction.py")],
-        input=json.dumps(cases),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out: list[dict[str, Any]] = json.loads(proc.stdout)
-    assert len(out) == len(cases)
-    return out
+    script = ROOT / "tests" / "support" / "sglang_mem_fraction.py"
+    return run_json_script_args(SGLANG_PYTHON, [str(script)], cases, timeout_s=600)
 
 
 def test_mem_fraction_static_equals_sglangs_handle_gpu_memory_settings(regenerated: Path) -> None:
