@@ -1,1 +1,2 @@
-"""TODO"""
+"""Pure renderers: ``(spec, plan)`` to SGLang and router command lines, systemd units, chrony.conf, the Ansible
+inventory and Kubernetes objects (``k8s/``). They never call the planner."""
