@@ -112,6 +112,11 @@ def scenario_run(scenario: Deployed, tmp_path_factory: pytest.TempPathFactory) -
         f"preflight_report_path={out}/report.json",
         "-e",
         f"preflight_ssh_probe_timeout_s={PROBE_TIMEOUT_S}",
+        # The test hosts are veths on one 2-core machine that runs all their probes at once: pings there average
+        # 2–4 ms with 20 ms spikes, above the 2 ms a rack's fabric must meet. These scenarios attribute faults
+        # (no host here adds latency), so the average-RTT limit is the machine's, not the datacentre's.
+        "-e",
+        "preflight_connectivity_max_avg_rtt_ms=50",
         env={"ANSIBLE_TIMEOUT": str(CONNECT_TIMEOUT_S)},
     )
     assert (out / "report.json").exists(), run.output[-4000:]
