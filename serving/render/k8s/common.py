@@ -62,6 +62,40 @@ def metadata(
     return meta
 
 
+def alert(name: str, expr: str, for_: str, severity: str, summary: str, fix: str) -> dict[str, Any]:
+    """One Prometheus alerting rule; every alert says what to do in its ``fix`` annotation."""
+    return {
+        "alert": name,
+        "expr": expr,
+        "for": for_,
+        "labels": {"severity": severity},
+        "annotations": {"summary": summary, "fix": fix},
+    }
+
+
+def service_account_with_role(
+    account: str, role: str, namespace: str, lab: dict[str, str], rules: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """A ServiceAccount ``account``, a namespaced Role ``role`` holding exactly ``rules``, and the RoleBinding
+    that grants it to the account: least privilege for a pod that calls the API server."""
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(account, namespace, lab)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": metadata(role, namespace, lab),
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": metadata(role, namespace, lab),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+        },
+    ]
+
+
 def serving_pools(spec: FleetSpec) -> list[str]:
     return [p.name for p in spec.cluster.pools]
 

@@ -20,6 +20,7 @@ from serving.render.k8s.common import (
     labels,
     metadata,
     pull_secrets,
+    service_account_with_role,
 )
 from serving.render.router import router_argv
 from serving.spec.schema import FleetSpec
@@ -84,20 +85,7 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
         },
     }
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(NAME, ns, lab)},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": metadata(f"{NAME}-discovery", ns, lab),
-            "rules": DISCOVERY_RULES,
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": metadata(f"{NAME}-discovery", ns, lab),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{NAME}-discovery"},
-            "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": ns}],
-        },
+        *service_account_with_role(NAME, f"{NAME}-discovery", ns, lab, DISCOVERY_RULES),
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",

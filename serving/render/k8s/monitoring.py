@@ -20,7 +20,7 @@ from typing import Any
 
 from serving.plan.model import Plan
 from serving.render.k8s import fleet, gateway
-from serving.render.k8s.common import LABEL_NAME, ROUTER_APP, SERVING_APP, K8sObject, duration, labels, metadata
+from serving.render.k8s.common import LABEL_NAME, ROUTER_APP, SERVING_APP, K8sObject, alert, duration, labels, metadata
 from serving.spec.schema import FleetSpec
 
 COMPONENT = "monitoring"
@@ -32,16 +32,6 @@ RESTARTS_PER_HOUR = 3
 SCRAPE_INTERVAL = "15s"
 # The router's client-facing inference endpoints (sglang-router 0.3.2 labels its request metrics by path).
 INFERENCE_PATHS = ("/generate", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
-
-
-def _alert(name: str, expr: str, for_: str, severity: str, summary: str, fix: str) -> dict[str, Any]:
-    return {
-        "alert": name,
-        "expr": expr,
-        "for": for_,
-        "labels": {"severity": severity},
-        "annotations": {"summary": summary, "fix": fix},
-    }
 
 
 def min_healthy_workers(spec: FleetSpec, plan: Plan) -> int:
@@ -75,7 +65,7 @@ def rule_groups(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
         {
             "name": "exaserve.rollout-gates",
             "rules": [
-                _alert(
+                alert(
                     "ExaServeRolloutQpsDrop",
                     f"{requests()} < {1 - r.max_qps_drop:g} * {requests(baseline)} and on () ({rolling})",
                     soak,
@@ -84,7 +74,7 @@ def rule_groups(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
                     "baseline.",
                     "Pause the rollout and roll back: exaserve rollback --stack STACK.",
                 ),
-                _alert(
+                alert(
                     "ExaServeRolloutP99Rise",
                     f"{p99()} > {1 + r.max_p99_rise:g} * {p99(baseline)} and on () ({rolling})",
                     soak,
@@ -93,7 +83,7 @@ def rule_groups(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
                     "baseline.",
                     "Pause the rollout and roll back: exaserve rollback --stack STACK.",
                 ),
-                _alert(
+                alert(
                     "ExaServeErrorRate",
                     f"{errors} / {requests()} > {r.max_error_rate:g}",
                     "2m",
@@ -106,7 +96,7 @@ def rule_groups(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
         {
             "name": "exaserve.serving",
             "rules": [
-                _alert(
+                alert(
                     "ExaServeP99LatencyHigh",
                     f"{p99()} > {lim.p99_target_s:g}",
                     "10m",
@@ -114,7 +104,7 @@ def rule_groups(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
                     f"P99 latency above the {lim.p99_target_s:g} s target.",
                     "Check queue depth (sglang:num_queue_reqs) and GPU imbalance; add replicas or shed load.",
                 ),
-                _alert(
+                alert(
                     "ExaServeGpuUtilisationImbalance",
                     f"max(avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)) > {GPU_BUSY_PCT} "
                     f"and min(avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)) < {GPU_IDLE_PCT}",
@@ -123,7 +113,7 @@ def rule_groups(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
                     f"Some nodes run GPUs above {GPU_BUSY_PCT} % while others sit below {GPU_IDLE_PCT} %.",
                     "Spread long- and short-sequence traffic across nodes; check the router policy and worker health.",
                 ),
-                _alert(
+                alert(
                     "ExaServeReplicaRestarts",
                     f'increase(kube_pod_container_status_restarts_total{{namespace="{ns}",container="{fleet.SERVING_CONTAINER}"}}[1h]) '
                     f"> {RESTARTS_PER_HOUR}",
@@ -133,7 +123,7 @@ def rule_groups(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
                     "Check its logs for 'CUDA out of memory', then the health-check timeout (≥ 3 s), "
                     "then the model store.",
                 ),
-                _alert(
+                alert(
                     # Counted against the plan, not against what the router has registered: a worker that discovery
                     # never registered (Pending, stuck waiting for its cache, crash-looping) has no smg_worker_health
                     # series at all. Each router instance sees every worker; the one seeing the fewest healthy counts.
@@ -151,7 +141,7 @@ def rule_groups(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
         {
             "name": "exaserve.nodes",
             "rules": [
-                _alert(
+                alert(
                     "ExaServeClockOffset",
                     f"abs(node_timex_offset_seconds) > {offset_limit:g}",
                     "5m",
@@ -159,7 +149,7 @@ def rule_groups(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
                     f"A node's clock is more than {spec.cluster.ntp.max_offset_ms:g} ms off.",
                     "On that node: chronyc tracking and chronyc sources (the host's chronyd, Ansible role ntp).",
                 ),
-                _alert(
+                alert(
                     "ExaServeClockUnsynchronised",
                     "max_over_time(node_timex_sync_status[5m]) == 0",
                     "10m",

@@ -28,6 +28,7 @@ from serving.render.k8s.common import (
     ROUTER_APP,
     SERVING_APP,
     K8sObject,
+    alert,
     await_annotations,
     duration,
     gpu_node_affinity,
@@ -35,6 +36,7 @@ from serving.render.k8s.common import (
     labels,
     metadata,
     pull_secrets,
+    service_account_with_role,
     serving_toleration,
 )
 from serving.render.k8s.netpol import NAMESPACE_NAME_LABEL
@@ -140,16 +142,6 @@ def agent_command(spec: FleetSpec) -> list[str]:
     ]
 
 
-def _alert(name: str, expr: str, for_: str, severity: str, summary: str, fix: str) -> dict[str, Any]:
-    return {
-        "alert": name,
-        "expr": expr,
-        "for": for_,
-        "labels": {"severity": severity},
-        "annotations": {"summary": summary, "fix": fix},
-    }
-
-
 def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
     lease = duration(2 * spec.runtime.lease_ttl_s)
     detect = duration(spec.serving.failure_threshold * spec.serving.heartbeat_interval_s)
@@ -157,7 +149,7 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
         {
             "name": "exaserve.runtime",
             "rules": [
-                _alert(
+                alert(
                     "ExaServeNoControllerLeader",
                     f"{LEADERS} < 1",
                     lease,
@@ -165,7 +157,7 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
                     "No fleet controller leads: failing replicas are not taken out of rotation",
                     "Check the controller pods and the Lease runtime.lease_name (kubectl get lease).",
                 ),
-                _alert(
+                alert(
                     "ExaServeControllerSplitBrain",
                     f"{LEADERS} > 1",
                     lease,
@@ -173,7 +165,7 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
                     "More than one controller believes it leads",
                     "Fencing should prevent this: check the controllers' clocks and the coordination service.",
                 ),
-                _alert(
+                alert(
                     "ExaServeNodeSuspect",
                     "max by (node) (exaserve_runtime_node_suspect) == 1",
                     detect,
@@ -181,7 +173,7 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
                     "A node agent stopped reporting; its replicas are left to the router's own checks",
                     "Check the exaserve-agent pod on that node (kubectl logs).",
                 ),
-                _alert(
+                alert(
                     "ExaServeNodeHealthLow",
                     f"min by (node) (exaserve_runtime_node_score) < {spec.health.stop_routing_below}",
                     "1m",
@@ -189,7 +181,7 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
                     "A node's health score is below the no-new-requests line: most of its replicas fail probes",
                     "Check the node's network and GPUs; its replicas are out of rotation until it recovers.",
                 ),
-                _alert(
+                alert(
                     "ExaServeEvictionCapReached",
                     "max(exaserve_runtime_evicted_replicas) >= max(exaserve_runtime_eviction_cap)",
                     "5m",
@@ -197,7 +189,7 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
                     "The eviction cap is reached: further failing replicas stay in rotation",
                     "Find why so many replicas fail (exaserve status); raise runtime.max_eviction_share only knowingly.",
                 ),
-                _alert(
+                alert(
                     "ExaServeReportsRejected",
                     "sum(rate(exaserve_runtime_reports_rejected_total[5m])) > 0",
                     "10m",
@@ -205,7 +197,7 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
                     "Controllers reject agent reports (malformed, unknown node, replayed, stale)",
                     "See the reason label; a stale or future reason points at a node's clock (chrony).",
                 ),
-                _alert(
+                alert(
                     "ExaServeRuntimeActionsFailing",
                     "sum by (kind) (increase(exaserve_runtime_action_failures_total[15m])) > 0",
                     "0m",
@@ -263,12 +255,12 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
             "metadata": metadata(STACK_CONFIGMAP, ns, labels(COMPONENT, STACK_CONFIGMAP)),
             "data": {STACK_FILE: stack_document(spec)},
         },
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(CONTROLLER, ns, c_lab)},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": metadata(f"{CONTROLLER}-lease", ns, c_lab),
-            "rules": [
+        *service_account_with_role(
+            CONTROLLER,
+            f"{CONTROLLER}-lease",
+            ns,
+            c_lab,
+            [
                 {
                     "apiGroups": ["coordination.k8s.io"],
                     "resources": ["leases"],
@@ -277,14 +269,7 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
                 },
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
             ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": metadata(f"{CONTROLLER}-lease", ns, c_lab),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{CONTROLLER}-lease"},
-            "subjects": [{"kind": "ServiceAccount", "name": CONTROLLER, "namespace": ns}],
-        },
+        ),
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
@@ -345,20 +330,9 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
                 "ports": [{"name": gateway.HTTP_PORT_NAME, "port": http_port, "targetPort": gateway.HTTP_PORT_NAME}],
             },
         },
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(AGENT, ns, a_lab)},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": metadata(f"{AGENT}-pods", ns, a_lab),
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": metadata(f"{AGENT}-pods", ns, a_lab),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{AGENT}-pods"},
-            "subjects": [{"kind": "ServiceAccount", "name": AGENT, "namespace": ns}],
-        },
+        *service_account_with_role(
+            AGENT, f"{AGENT}-pods", ns, a_lab, [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]
+        ),
         {
             "apiVersion": "apps/v1",
             "kind": "DaemonSet",
