@@ -1,6 +1,6 @@
 """Benchmark: wall time and peak RSS of `exaserve plan --stack prod` (256 nodes expanded) and of the planner alone.
 
-Run: .venv/bin/python bench/plan_bench.py [--runs N]
+Run: .venv/bin/python bench/plan_bench.py [--runs N] [--fit-only]
 Prints figures; asserts nothing about time (these machines are shared and noisy).
 """
 
@@ -32,9 +32,13 @@ def cli_run(stack: str, as_json: bool) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=5, help="CLI runs per figure (median and min are printed)")
+    ap.add_argument("--fit-only", action="store_true", help="only the `exaserve fit` benchmark (671 B MoE, 256 nodes)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
+    if args.fit_only:
+        fit_bench(args.runs)
+        return
     from serving.checks import rules
     from serving.plan import planner
     from serving.spec.stack import load_stack

@@ -13,7 +13,8 @@ from serving.checks import rules
 from serving.checks.result import Status, failures
 from serving.plan import memory as sgl
 from serving.plan import planner
-from serving.spec.schema import GIB, count_parameters
+from serving.render.sglang import server_argv
+from serving.spec.schema import GIB, FleetSpec, count_parameters
 from serving.spec.stack import load_stack_file
 from tests.sglang_parsers import ROOT, SGLANG_PYTHON, run_json_script_args
 from tests.support.stacks import SOURCE_PLAN, spec_from
@@ -55,37 +56,103 @@ def test_mem_fraction_static_equals_sglangs_handle_gpu_memory_settings(regenerat
     assert len({r["mem_fraction_static"] for r in resolved}) > 200
 
 
-@pytest.mark.parametrize("log", sgl.CALIBRATION_LOGS, ids=lambda c: c.name)
-def test_startup_log_kv_pool_reproduced_within_5_percent(log: sgl.StartupLog, tmp_path: Path) -> None:
-    """The whole chain through the planner: GPU product → free at start, config.json → parameters → weights
-    per GPU, SGLang's pool arithmetic → tokens; within 5 % of the tokens the log reports."""
+def _planner_predicts(log: sgl.StartupLog, tmp_path: Path) -> tuple[int, float, float]:
+    """The whole chain through the planner for a log's hardware and checkpoint: GPU product → free at start,
+    config.json → parameters → weights per GPU (load overhead included), SGLang's pool arithmetic → tokens.
+    Returns (pool tokens, weights GiB, free-at-start GiB)."""
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(log.config))
+    gpu = sgl.GPU_PRODUCTS[log.gpu]
     spec = spec_from(
         "dev",
-        cluster__gpu={"product": log.gpu, "memory_gb": 24},
+        cluster__gpu={"product": log.gpu, "memory_gb": round(gpu.memory_total_mib / 1024)},
         model__hf_config=str(cfg),
         model__architecture={},
-        model__precision="bf16",
-        model__quantization=None,
+        model__precision=log.precision,
+        model__quantization="fp8" if log.precision == "fp8" else None,
         parallelism__tp=log.tp,
         serving__mem_fraction_static=log.mem_fraction_static,
         serving__replicas_per_node=None,
     )
     m = planner.memory_plan(spec)
     assert m.model == "sglang"
-    tokens = m.max_total_tokens.value
+    weights = m.per_gpu["weights"].value + m.per_gpu["load_overhead"].value
+    return int(m.max_total_tokens.value), weights / GIB, sgl.free_at_start_bytes(gpu) / GIB
+
+
+@pytest.mark.parametrize("log", sgl.CALIBRATION_LOGS, ids=lambda c: c.name)
+def test_startup_log_kv_pool_reproduced_within_5_percent(log: sgl.StartupLog, tmp_path: Path) -> None:
+    """The logs the constants are fitted on: tokens within 5 %, weights within 2 % (consistency, not accuracy:
+    the held-out test below measures that)."""
+    tokens, weights, _ = _planner_predicts(log, tmp_path)
     err = tokens / log.kv_pool_tokens - 1
     print(f"{log.name}: planner {tokens:,} tokens, log {log.kv_pool_tokens:,} ({err:+.2%}); source: {log.source}")
-    assert abs(err) < 0.05, m.max_total_tokens.formula
-    # The weights the planner puts on a GPU are the log's within 2 %.
-    weights = m.per_gpu["weights"].value + m.per_gpu["load_overhead"].value
-    assert weights / GIB == pytest.approx(log.weights_gib, rel=0.02)
+    assert abs(err) < 0.05
+    assert log.weights_gib is not None and weights == pytest.approx(log.weights_gib, rel=0.02)
+
+
+HELD_OUT_TOKENS_TOLERANCE = 0.05
+HELD_OUT_WEIGHTS_TOLERANCE = 0.02
+HELD_OUT_FREE_TOLERANCE = 0.01
+# A held-out log the model misses, with the band its error is pinned to; docs/planner.md reports it and why.
+# Fixing the model (a TP- and interconnect-aware runtime overhead) moves the error out of the band and fails
+# this test on purpose: then the entry goes and the docs change.
+KNOWN_MISSES = {"Qwen3-235B-A22B-FP8 (MoE), 4 × H100 80 GB, TP 4": (0.05, 0.12)}
+
+
+@pytest.mark.parametrize("log", sgl.HELD_OUT_LOGS, ids=lambda c: c.name)
+def test_held_out_log_predicted_by_the_planner(log: sgl.StartupLog, tmp_path: Path) -> None:
+    """Public logs the constants were NOT fitted on, predicted from the GPU table (free at start is memory.total
+    less the fitted overhead, not the log's figure), config.json and the log's mem_fraction_static: KV pool
+    tokens within 5 %, weights within 2 % and free at start within 1 % where the log gives them. A case the
+    model misses is listed in KNOWN_MISSES with its measured error, never by widening these tolerances."""
+    tokens, weights, free = _planner_predicts(log, tmp_path)
+    err = tokens / log.kv_pool_tokens - 1
+    print(f"{log.name}: planner {tokens:,} tokens, log {log.kv_pool_tokens:,} ({err:+.2%}); source: {log.source}")
+    if log.name in KNOWN_MISSES:
+        low, high = KNOWN_MISSES[log.name]
+        assert low <= err < high, f"the documented miss moved to {err:+.2%}: update KNOWN_MISSES and docs/planner.md"
+    else:
+        assert abs(err) < HELD_OUT_TOKENS_TOLERANCE
+    if log.weights_gib is not None:
+        print(
+            f"  weights: planner {weights:.2f} GiB, log {log.weights_gib:.2f} GiB ({weights / log.weights_gib - 1:+.2%})"
+        )
+        assert weights == pytest.approx(log.weights_gib, rel=HELD_OUT_WEIGHTS_TOLERANCE)
+    if log.free_at_start_gib is not None:
+        print(f"  free at start: planner {free:.2f} GiB, log {log.free_at_start_gib:.2f} GiB")
+        assert free == pytest.approx(log.free_at_start_gib, rel=HELD_OUT_FREE_TOLERANCE)
+
+
+def test_held_out_logs_stay_out_of_the_fit() -> None:
+    """No held-out GPU has a logged free-at-start figure (the planner must predict it), no held-out log is a
+    calibration log, and every one carries a public address and a version."""
+    names = {c.name for c in sgl.CALIBRATION_LOGS}
+    assert len(sgl.HELD_OUT_LOGS) >= 2
+    for log in sgl.HELD_OUT_LOGS:
+        assert log.name not in names and log.gpu not in sgl.OBSERVED_FREE_AT_START_GIB
+        assert log.source.startswith("https://github.com/") and log.sglang
+    for log in sgl.CALIBRATION_LOGS:
+        assert "exaserve issue" not in log.source
+
+
+def test_a_recent_log_carries_the_pinned_formulas_fraction() -> None:
+    """The 2026-08 Qwen3-30B-A3B-FP8 log ran a SGLang whose graph defaults match the pin (decode 'full',
+    prefill 'breakable'): its mem_fraction_static, 0.83, is what the planner's formula gives an H100 at TP 1;
+    the 0.4.4 log's 0.88 is that version's flat TP-1 default, which the current formula no longer gives."""
+    recent, old = sgl.HELD_OUT_LOGS[1], sgl.HELD_OUT_LOGS[0]
+    h100 = sgl.GPU_PRODUCTS["NVIDIA-H100-80GB-HBM3"].memory_total_mib
+    assert recent.gpu == old.gpu == "NVIDIA-H100-80GB-HBM3"
+    assert sgl.sglang_mem_fraction_static(h100, recent.tp, 1, None, None, False).value == recent.mem_fraction_static
+    assert sgl.sglang_mem_fraction_static(h100, old.tp, 1, None, None, False).value != old.mem_fraction_static
 
 
 def test_constants_derive_from_the_logs() -> None:
     """The runtime overhead (memory.total − free at start) and the load overhead are means over the logs."""
-    gaps = [sgl.GPU_PRODUCTS[c.gpu].memory_total_mib / 1024 - c.free_at_start_gib for c in sgl.CALIBRATION_LOGS]
+    gaps = []
+    for c in sgl.CALIBRATION_LOGS:
+        assert c.free_at_start_gib is not None and c.weights_gib is not None
+        gaps.append(sgl.GPU_PRODUCTS[c.gpu].memory_total_mib / 1024 - c.free_at_start_gib)
     assert min(gaps) <= sgl.RUNTIME_OVERHEAD_GIB <= max(gaps)
     assert 0 < sgl.LOAD_OVERHEAD_GIB < 0.5
     # An unlogged product: memory.total less the mean overhead.
@@ -104,7 +171,7 @@ def test_parameters_counted_from_config_json(name: str, params: int) -> None:
     assert count_parameters({"hidden_size": 8}) is None  # shapes missing: the stack must give the count
 
 
-def _flagship(**changes: Any) -> tuple[planner.Plan, list[rules.CheckResult]]:
+def _flagship(**changes: Any) -> tuple[FleetSpec, planner.Plan, list[rules.CheckResult]]:
     base = {
         "cluster__gpu": {"product": "NVIDIA-H100-80GB-HBM3", "memory_gb": 80},
         "cluster__fabric": {"kind": "infiniband", "link_rate_gbps": 400, "hcas": ["mlx5_0"]},
@@ -115,7 +182,7 @@ def _flagship(**changes: Any) -> tuple[planner.Plan, list[rules.CheckResult]]:
     }
     spec = spec_from("dev", **{**base, **changes})
     p = planner.plan(spec)
-    return p, rules.check(spec, p)
+    return spec, p, rules.check(spec, p)
 
 
 FLAGSHIPS = {
@@ -136,6 +203,15 @@ FLAGSHIPS = {
         "serving__replicas": 8,
         "serving__replicas_per_node": None,
     },
+    "llama-3.1-405b bf16, TP 16 over two nodes (--nnodes 2)": {
+        "model__hf_config": "models/llama-3.1-405b/config.json",
+        "model__precision": "bf16",
+        "model__quantization": None,
+        "parallelism__tp": 16,
+        "parallelism__pp": 1,
+        "serving__replicas": 8,
+        "serving__replicas_per_node": None,
+    },
     "qwen3-235b-a22b fp8, TP 4": {
         "model__hf_config": "models/qwen3-235b-a22b/config.json",
         "model__precision": "fp8",
@@ -150,7 +226,7 @@ FLAGSHIPS = {
 @pytest.mark.parametrize("name", FLAGSHIPS)
 def test_standard_recipes_plan_as_feasible_with_sglang_like_concurrency(name: str) -> None:
     """The recipes SGLang runs every day: feasible, tens of concurrent 4k sequences per replica."""
-    p, found = _flagship(**FLAGSHIPS[name])
+    _, p, found = _flagship(**FLAGSHIPS[name])
     m = p.memory
     seqs = int(m.max_concurrent_sequences.value)
     print(
@@ -161,6 +237,21 @@ def test_standard_recipes_plan_as_feasible_with_sglang_like_concurrency(name: st
     assert not [r for r in found if r.check == "memory.per-gpu"], found
     assert not failures(found), [(r.check, r.observed) for r in failures(found)]
     assert 16 <= seqs <= 1024, m.max_concurrent_sequences.formula
+
+
+def test_tp16_recipe_renders_one_server_per_node_joined_by_nnodes_2() -> None:
+    """SGLang's documented 405B BF16 recipe, TP 16 across ``--nnodes 2``: each replica spans two whole nodes and
+    both nodes' server command lines (checked against the pinned SGLang's flag manifest by ``server_argv``)
+    carry ``--tp-size 16 --nnodes 2``, their own ``--node-rank`` and the first node as ``--dist-init-addr``."""
+    spec, p, _ = _flagship(**FLAGSHIPS["llama-3.1-405b bf16, TP 16 over two nodes (--nnodes 2)"])
+    replica = p.replicas[0]
+    assert len(replica.nodes) == 2 and replica.nodes[0] != replica.nodes[1]
+    argvs = [server_argv(spec, p, replica, rank) for rank in (0, 1)]
+    for rank, argv in enumerate(argvs):
+        flags = dict(itertools.pairwise(argv))
+        assert (flags["--tp-size"], flags["--nnodes"], flags["--node-rank"]) == ("16", "2", str(rank))
+        assert flags["--dist-init-addr"].startswith(f"{replica.nodes[0].address}:")
+    assert len({a[a.index("--dist-init-addr") + 1] for a in argvs}) == 1
 
 
 def test_source_heuristic_rejects_what_sglang_serves() -> None:
