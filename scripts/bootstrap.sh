@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(python3 python3-venv python3-dev gcc git openssh-server openssh-client chrony iproute2
   iputils-ping util-linux procps systemd
-  prometheus  # promtool: `exaserve render` checks the alert rules, tests run `promtool test rules`
+  prometheus  # promtool checks the rendered rules; the sandbox's Prometheus server (sandbox.prometheus)
   etcd-server  # the controllers' leader election on bare metal; tests/test_runtime_* run a real etcd
   python3-apt python3-debian)  # Ansible's apt and deb822_repository modules on the SSH test hosts
 

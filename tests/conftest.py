@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
@@ -12,12 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.hosts.netns import HostPool, unavailable_reason
+from tests.support.ci import unavailable
 from tests.support.gpu import cuda_device_count
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
 
 # --- GPU tests (marked gpu) ----------------------------------------------------------------------
 
@@ -28,10 +23,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     ``gpu`` marker on a machine without a device and prints that it did, so nothing is skipped silently."""
     if item.get_closest_marker("gpu") is None or cuda_device_count() > 0:
         return
-    reason = "gpu: no CUDA device on this machine (torch.cuda.is_available() is False)"
-    if in_ci():
-        pytest.fail(f"CI=true but {reason}; scripts/test.sh deselects gpu tests there (-m 'not gpu')", pytrace=False)
-    pytest.skip(reason)
+    unavailable(
+        "gpu: no CUDA device on this machine (torch.cuda.is_available() is False); "
+        "scripts/test.sh deselects gpu tests there (-m 'not gpu')"
+    )
 
 
 # --- SSH test hosts (tests/hosts) --------------------------------------------------------------
@@ -48,9 +43,7 @@ def ssh_hosts() -> Iterator[HostPool]:
     """
     reason = unavailable_reason()
     if reason is not None:
-        if in_ci():
-            pytest.fail(f"CI=true but {reason}", pytrace=False)
-        pytest.skip(reason)
+        unavailable(reason)
     pool = HostPool.acquire()
     try:
         yield pool

@@ -60,6 +60,7 @@ EXTRA: dict[Command, list[str]] = {
     ("fleet", "exec"): ["--", "uptime"],
     ("agent", "run"): ["--node", "gpu-r00-n00"],
     ("fit",): ["--hf-config", "models/llama-3-70b/config.json"],
+    ("drill",): ["--list"],
 }
 # How each command runs with --json offline: its arguments and its exit code. Commands that need live hosts run
 # into a bad-input error before any connection (a missing known_hosts, a stack without a sandbox) and print the
@@ -77,12 +78,14 @@ JSON_CASES: dict[Command, tuple[list[str], int]] = {
     ("sandbox", "up"): (["--stack", "dev"], 2),
     ("sandbox", "down"): (["--stack", "sandbox"], 0),
     ("sandbox", "load"): (["--stack", "dev"], 2),
-    ("rollout",): (["--stack", "sandbox", "--to", "v2", "--dry-run"], 0),
+    # Offline, every replica of the sandbox is down: the plan from the fleet refuses without --allow-degraded.
+    ("rollout",): (["--stack", "sandbox", "--to", "v2", "--dry-run"], 2),
     ("rollback",): (["--stack", "sandbox"], 0),
     ("controller", "run"): (["--stack", "dev"], 2),  # no --router: refused before anything starts
     ("agent", "run"): (["--stack", "dev", "--node", "nowhere", "--controller", "http://127.0.0.1:9"], 2),
     ("status",): (["--stack", "dev"], 2),  # no --controller
     ("fit",): (["--stack", "dev", "--hf-config", "models/llama-3-70b/config.json"], 0),
+    ("drill",): (["--stack", "dev", "--list"], 0),
 }
 
 BAD_STACKS: dict[str, tuple[bytes | None, str]] = {
@@ -113,7 +116,7 @@ def test_the_app_has_the_commands_the_docs_list() -> None:
     assert set(COMMANDS) == {
         ("plan",), ("audit-source",), ("schema",), ("render",), ("check",), ("diff",), ("units",), ("preflight",),
         ("fleet", "exec"), ("sandbox", "up"), ("sandbox", "down"), ("sandbox", "load"), ("rollout",), ("rollback",),
-        ("controller", "run"), ("agent", "run"), ("status",), ("fit",),
+        ("controller", "run"), ("agent", "run"), ("status",), ("fit",), ("drill",),
     }  # fmt: skip
     assert set(COMMANDS) - set(STACK_COMMANDS) == {("schema",)}
 

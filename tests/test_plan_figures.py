@@ -23,11 +23,11 @@ from serving.plan.model import Figure, MemoryModel, Plan
 from serving.plan.planner import plan
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack, load_stack_file
+from tests.support.ci import in_ci
 from tests.support.stacks import SOURCE_PLAN, spec_from
 
 GOLDEN = Path(__file__).parent / "golden" / "plan"
 UPDATE_GOLDEN = os.environ.get("EXASERVE_UPDATE_GOLDEN") == "1"
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 CASES: dict[str, tuple[Callable[[], FleetSpec], MemoryModel]] = {
     "prod": (lambda: load_stack("prod").spec, "sglang"),
@@ -78,7 +78,7 @@ def test_plan_figures_match_the_golden_files(case: str) -> None:
     got = json.dumps(figures(plan(make_spec(), memory_model)), indent=1, ensure_ascii=False, sort_keys=True) + "\n"
     path = GOLDEN / f"{case}.json"
     if UPDATE_GOLDEN:
-        assert not IN_CI, "EXASERVE_UPDATE_GOLDEN=1 under CI=true: golden files are refreshed by a person, not CI"
+        assert not in_ci(), "EXASERVE_UPDATE_GOLDEN=1 under CI=true: golden files are refreshed by a person, not CI"
         GOLDEN.mkdir(parents=True, exist_ok=True)
         path.write_text(got)
     assert path.is_file(), f"no golden file {path}; create it with EXASERVE_UPDATE_GOLDEN=1 and review it"

@@ -38,6 +38,7 @@ COMPONENTS = {
     "monitoring": "exaserve:observability:Monitoring",
     "network-policy": "exaserve:security:NetworkPolicies",
     "runtime": "exaserve:runtime:Runtime",
+    "updater": "exaserve:rollout:Updater",
 }
 
 
@@ -88,10 +89,12 @@ def test_object_counts_follow_nodes_and_batches(runs: dict[str, ProgramRun], sta
         "fabric": (2 + spec.cluster.fabric.secondary_network) if rdma else 0,
         "storage": 3,
         "fleet": 2 * spec.rollout.batches + 1,
-        "gateway": 6,
+        "gateway": 7,  # with the headless Service of the router pods (membership is per router instance)
         "monitoring": 3,
         "network-policy": 3,
-        "runtime": 16,  # fixed: controller, agent, their RBAC, 2 headless Services, 2 policies, rule, monitor, stack
+        "runtime": 15,  # fixed: controller, agent, their RBAC, the controllers' headless Service, 2 policies, rule,
+        # monitor, stack
+        "updater": 3,  # the rolling updater's ServiceAccount, Role, RoleBinding (tests/test_render_updater.py)
     }
     assert {k: counts.get(k, 0) for k in expected} == expected
     assert sum(counts.values()) == sum(expected.values())
@@ -116,6 +119,7 @@ def test_stack_exports(runs: dict[str, ProgramRun]) -> None:
     assert out["group_sizes"] == {fleet.group_name(g): n for g, n in enumerate(plan(spec).rollout_group_sizes)}
     assert out["group_versions"] == {fleet.group_name(g): "v1" for g in range(5)}
     assert out["router_endpoint"] == "http://sglang-router.exaserve.svc:30000"
+    assert out["updater_service_account"] == "exaserve-updater"
     assert out.get("rdma_resource") is None, "one-GPU replicas use no fabric"
     assert "ExaServeClockOffset" in out["alerts"]
 
@@ -351,7 +355,7 @@ def test_cache_warmer_script_copies_once_and_atomically(tmp_path: Path, model_pa
     assert "already warm" in second.stdout
 
 
-def test_network_policies_admit_only_router_and_monitoring(runs: dict[str, ProgramRun]) -> None:
+def test_network_policies_admit_only_router_updater_and_monitoring(runs: dict[str, ProgramRun]) -> None:
     objects = kubernetes_objects(runs["prod"])
     deny = one(objects, "NetworkPolicy", "default-deny-ingress")["spec"]
     assert deny == {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": []}
@@ -360,6 +364,7 @@ def test_network_policies_admit_only_router_and_monitoring(runs: dict[str, Progr
         {
             "from": [
                 {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "sglang-router"}}},
+                {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "exaserve-updater"}}},
                 {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
             ],
             "ports": [{"protocol": "TCP", "port": 30000}],
@@ -369,7 +374,10 @@ def test_network_policies_admit_only_router_and_monitoring(runs: dict[str, Progr
     metrics = [r for r in router if r["ports"] == [{"protocol": "TCP", "port": 29000}]]
     assert metrics == [
         {
-            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+            "from": [
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+                {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "exaserve-updater"}}},
+            ],
             "ports": [{"protocol": "TCP", "port": 29000}],
         }
     ]

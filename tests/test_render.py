@@ -56,6 +56,7 @@ def test_render_writes_and_validates_every_object(tmp_path: Path, stack: str) ->
     assert first == "apiVersion", "objects start with apiVersion, kind, metadata"
     kinds = {e["kind"] for e in index}
     assert {"LeaderWorkerSet", "PrometheusRule", "ServiceMonitor", "Node", "NetworkPolicy"} <= kinds
+    assert ("Role", "exaserve-updater-rollout", "updater") in {(e["kind"], e["name"], e["component"]) for e in index}
 
 
 def test_render_replaces_a_previous_render_and_refuses_other_directories(tmp_path: Path) -> None:
@@ -273,7 +274,7 @@ def test_render_runs_promtool_check_rules(tmp_path: Path, stack: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     checked = json.loads(result.stdout)["promtool"]
     assert checked["status"] == "pass", checked
-    assert "SUCCESS: 16 rules found" in checked["observed"]  # 9 monitoring + 7 runtime (serving.render.k8s.runtime)
+    assert "SUCCESS: 18 rules found" in checked["observed"]  # 10 monitoring + 8 runtime (serving.render.k8s.runtime)
 
 
 def test_promtool_rejects_offset_after_parentheses_and_render_fails(prod_rules: dict[str, Any]) -> None:

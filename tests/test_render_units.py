@@ -62,13 +62,13 @@ from serving.render.systemd import CURL, RESTART_SEC, START_LIMIT_BURST, systemd
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack
 from tests.sglang_parsers import real_parse
+from tests.support.ci import in_ci
 from tests.support.cli import exaserve
 from tests.support.paths import REPO
 from tests.support.stacks import spec_from
 
 GOLDEN = Path(__file__).parent / "golden" / "units"
 UPDATE_GOLDEN = os.environ.get("EXASERVE_UPDATE_GOLDEN") == "1"
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 def first(spec: FleetSpec) -> Replica:
@@ -131,7 +131,7 @@ def test_rendered_units_match_the_golden_files(stack: str) -> None:
     folder = GOLDEN / stack
     files = rendered_files(stack)
     if UPDATE_GOLDEN:
-        assert not IN_CI, "EXASERVE_UPDATE_GOLDEN=1 under CI=true: golden files are refreshed by a person, not CI"
+        assert not in_ci(), "EXASERVE_UPDATE_GOLDEN=1 under CI=true: golden files are refreshed by a person, not CI"
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         for name, text in files.items():
@@ -391,14 +391,20 @@ def test_the_real_router_parser_reads_the_rendered_flags_back() -> None:
         3,
     )
     assert (static.health_failure_threshold, static.health_success_threshold) == (3, 2)
-    assert (static.retry_max_retries, static.cb_failure_threshold, static.cb_timeout_duration_secs) == (3, 3, 10)
+    assert (static.retry_max_retries, static.cb_failure_threshold, static.cb_timeout_duration_secs) == (5, 3, 10)
+    assert static.retry_max_retries > static.cb_failure_threshold  # one dead replica cannot use up a request's attempts
     assert (static.prometheus_port, static.log_level) == (ROUTER_METRICS_PORT, "warn")
     k8s = parse_router_args(
         router_argv(multi_node_spec(), plan(multi_node_spec()), kubernetes=True)[len(ROUTER_ENTRY) :]
     )
     k8s._validate_router_args()
     assert k8s.service_discovery and k8s.worker_urls == []
-    assert k8s.selector == {**SERVER_POD_LABELS, "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+    # the serving pods' labels, the LWS leader's index, and the updater's admission (rollout membership)
+    assert k8s.selector == {
+        **SERVER_POD_LABELS,
+        "leaderworkerset.sigs.k8s.io/worker-index": "0",
+        "exaserve.io/admitted": "true",
+    }
     assert (k8s.service_discovery_namespace, k8s.service_discovery_port) == ("exaserve", 30000)
 
 

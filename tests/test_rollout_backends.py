@@ -7,7 +7,9 @@
 * Kubernetes: there is no API server here. `ApiServerStandIn` is a STAND-IN speaking the API's REST
   paths, JSON merge patch (RFC 7386) and generation/status bookkeeping of the StatefulSet and
   LeaderWorkerSet controllers; every patched object is validated with the real Kubernetes OpenAPI
-  schema (kubernetes-validate) or the upstream LeaderWorkerSet CRD, as an API server would.
+  schema (kubernetes-validate) or the upstream LeaderWorkerSet CRD, as an API server would. Its pods are
+  made from the workload's templates the way the LeaderWorkerSet controller names and labels them
+  (`sglang-g1-3`, `sglang-g1-3-1` for a second node), listed by label selector, patched by merge patch.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ RELEASES = {
 
 SYSTEMCTL_STAND_IN = """#!/bin/sh
 # TEST STAND-IN for systemctl: the SSH test hosts have no systemd as PID 1.
-# Units are read from UNIT_DIR only at daemon-reload (into LOADED), like systemd.
+# Units are read from UNIT_DIR only at daemon-reload (into LOADED), like systemd; a unit is active from its
+# restart until its stop (ActiveState), like a simple service that keeps running.
 UNIT_DIR={unit_dir}
 LOADED={state}/loaded
 echo "$*" >> {state}/calls.log
@@ -64,11 +67,15 @@ case "$cmd" in
     for u in "$@"; do
       [ -f "$LOADED/$u" ] || {{ echo "Failed to restart $u: Unit $u not found." >&2; exit 5; }}
       echo "$u" >> {state}/restarted
+      touch "{state}/active-$u"
     done; exit 0 ;;
+  stop)
+    for u in "$@"; do rm -f "{state}/active-$u"; done; exit 0 ;;
   show)
     [ "${{1#--property=}}" != "$1" ] && shift
     for u in "$@"; do
       echo "Id=$u"
+      if [ -e "{state}/active-$u" ]; then echo "ActiveState=active"; else echo "ActiveState=inactive"; fi
       env=""
       if [ -f "$LOADED/$u" ]; then
         env=$(sed -n 's/^Environment=//p' "$LOADED/$u" | tr '\\n' ' ')
@@ -135,13 +142,13 @@ def test_ssh_backend_installs_the_rendered_units_reloads_and_restarts_over_real_
         await backend.update(batch0, "v2", timeout_s=20)
         return before, at_v1, await backend.versions(every)
 
+    replicas = {r.id: r for r in fleet_replicas(spec)}
     before, at_v1, after = asyncio.run(scenario())
     assert set(before.values()) == {None}  # no unit installed yet
     assert set(at_v1.values()) == {"v1"}
     assert {r: v for r, v in after.items() if v == "v2"} == dict.fromkeys(batch0, "v2")
     assert {v for r, v in after.items() if r not in batch0} == {"v1"}
     # The unit on the node is byte for byte what the stack renders for group 0 at v2.
-    replicas = {r.id: r for r in fleet_replicas(spec)}
     r0 = replicas[batch0[0]]
     text = (state / "units" / unit_name(r0)).read_text()
     assert text == systemd_unit(with_group_version(spec, 0, "v2"), plan(with_group_version(spec, 0, "v2")), r0)
@@ -152,6 +159,11 @@ def test_ssh_backend_installs_the_rendered_units_reloads_and_restarts_over_real_
     assert calls[-3].startswith("daemon-reload") and calls[-2].startswith("restart --no-block")
     assert unit_name(r0) in calls[-2]
     assert backend.worker_url(r0.id) == f"http://{r0.node.address}:{r0.port}"
+    # A unit that stops (crashed, stopped by hand) is down, whatever release it has loaded.
+    victim = replicas[every[-1]]
+    stopped = backend._run(victim.node, f"systemctl stop {unit_name(victim)}", 10)
+    assert stopped.ok, stopped.error
+    assert asyncio.run(backend.versions(every)) == {**after, victim.id: None}
 
 
 def test_ssh_backend_refuses_a_node_whose_host_key_changed(
@@ -200,6 +212,39 @@ def _revision(obj: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
 
 
+LWS_NAME, LWS_GROUP_INDEX, LWS_WORKER_INDEX = (
+    f"leaderworkerset.sigs.k8s.io/{k}" for k in ("name", "group-index", "worker-index")
+)
+
+
+def make_pod(obj: dict[str, Any], ordinal: int, worker: int = 0, *, ready: bool = True) -> dict[str, Any]:
+    """Pod ``worker`` of replica ``ordinal`` of a LeaderWorkerSet as its controller creates it from the templates,
+    running (its serving container started; Ready unless ``ready`` is false)."""
+    lwt = obj["spec"]["leaderWorkerTemplate"]
+    leader = worker == 0 and "leaderTemplate" in lwt
+    template = copy.deepcopy(lwt["leaderTemplate"] if leader else lwt["workerTemplate"])
+    name = obj["metadata"]["name"]
+    lws = {LWS_NAME: name, LWS_GROUP_INDEX: str(ordinal), LWS_WORKER_INDEX: str(worker)}
+    group = int(name.removeprefix("sglang-g"))
+    containers = template["spec"]["containers"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {**template.get("metadata", {}), "name": f"{name}-{ordinal}" + (f"-{worker}" if worker else ""),
+                     "namespace": obj["metadata"]["namespace"],
+                     "labels": {**template.get("metadata", {}).get("labels", {}), **lws}},
+        "spec": template["spec"],
+        "status": {
+            "phase": "Running",
+            "podIP": f"10.{group}.{ordinal}.{worker + 1}",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [
+                {"name": c["name"], "ready": ready, "image": c["image"], "state": {"running": {}}} for c in containers
+            ],
+        },
+    }  # fmt: skip
+
+
 def _serving_pod(obj: dict[str, Any]) -> dict[str, Any]:
     """The pod template that serves HTTP: a StatefulSet's template, a LeaderWorkerSet's leader template, or its
     worker template when the group has one pod (size 1: LWS renders no separate leader template)."""
@@ -221,6 +266,9 @@ class ApiServerStandIn:
         self.validator = Validator(spec.kubernetes.version, CRD_DIR)
         self.objects: dict[str, dict[str, Any]] = {}
         self.patches: list[tuple[str, dict[str, Any]]] = []
+        self.pods_path = f"/api/v1/namespaces/{spec.kubernetes.namespace}/pods"
+        self.pods: dict[str, dict[str, Any]] = {}  # name → pod
+        self.pod_patches: list[tuple[str, dict[str, Any]]] = []  # (pod name, merge patch); workloads' in patches
         for rendered in render(spec, plan(spec)):
             if rendered["kind"] in ("StatefulSet", "LeaderWorkerSet"):
                 group = int(rendered["metadata"]["name"].removeprefix("sglang-g"))
@@ -229,6 +277,8 @@ class ApiServerStandIn:
                 n = obj["spec"]["replicas"]
                 obj["status"] = self._status(obj, updated=n, ready=n, current=_revision(obj))
                 self.objects[workload_path(spec, plan(spec), group)] = obj
+                for ordinal in range(n):
+                    self._create_pods(obj, ordinal, ready=True)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self.url = ""
@@ -248,7 +298,17 @@ class ApiServerStandIn:
             ]
         return status
 
+    def _create_pods(self, obj: dict[str, Any], ordinal: int, *, ready: bool) -> None:
+        """(Re)create replica ``ordinal``'s pods from the workload's current templates (LWS recreates the group)."""
+        for worker in range(int(obj["spec"]["leaderWorkerTemplate"]["size"])):
+            pod = make_pod(obj, ordinal, worker, ready=ready)
+            self.pods[pod["metadata"]["name"]] = pod
+
     async def _get(self, request: web.Request) -> web.Response:
+        if request.path == self.pods_path:
+            wanted = dict(t.split("=", 1) for t in request.query.get("labelSelector", "").split(",") if t)
+            items = [p for p in self.pods.values() if wanted.items() <= p["metadata"]["labels"].items()]
+            return web.json_response({"apiVersion": "v1", "kind": "PodList", "items": items})
         obj = self.objects.get(request.path)
         if obj is None:
             return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
@@ -257,6 +317,13 @@ class ApiServerStandIn:
     async def _patch(self, request: web.Request) -> web.Response:
         if request.content_type != "application/merge-patch+json":
             return web.json_response({"kind": "Status", "code": 415}, status=415)
+        if request.path.startswith(self.pods_path + "/"):
+            name = request.path.rsplit("/", 1)[1]
+            if name not in self.pods:
+                return web.json_response({"kind": "Status", "code": 404}, status=404)
+            self.pod_patches.append((name, await request.json()))
+            self.pods[name] = merge_patch(self.pods[name], self.pod_patches[-1][1])
+            return web.json_response(self.pods[name])
         obj = self.objects.get(request.path)
         if obj is None:
             return web.json_response({"kind": "Status", "code": 404}, status=404)
@@ -286,6 +353,8 @@ class ApiServerStandIn:
         updated = 0
         while updated < n:
             await asyncio.sleep(0.02)
+            for ordinal in range(updated, min(n, updated + step)):
+                self._create_pods(obj, ordinal, ready=not stuck)
             updated = min(n, updated + step)
             ready = n - min(step, updated) if stuck else n
             obj["status"] = self._status(obj, updated=updated, ready=ready, current=old_revision)

@@ -177,8 +177,10 @@ def test_healthy_rollout_completes_in_5_batches_with_no_client_errors_then_one_c
     starts = [b["started_at"] for b in doc["batches"]]
     assert starts == sorted(starts)
     for b in doc["batches"]:
+        # The canary against its peers over the same window. One replica's share of traffic is the router's split
+        # (power_of_two on loads polled every 5 s): its point QPS drop can be large by chance; the verdict decides.
         g = b["gates"]
-        assert g["error_rate"] == 0 and g["qps_drop"] <= 0.20 and g["p99_rise"] <= 0.30, b
+        assert b["verdict"]["decision"] == "pass" and g["error_rate"] == 0 and g["p99_rise"] <= 0.30, b
     assert doc["client_errors"] == 0
     assert load.report.errors == 0, load.report.summary()
     assert load.report.count > 1500, load.report.summary()

@@ -14,7 +14,7 @@ from typer.main import get_command
 from serving.cli.commands import register
 from serving.cli.options import app
 from serving.plan.planner import plan
-from serving.render.k8s import runtime
+from serving.render.k8s import gateway, runtime
 from serving.render.router import router_argv
 from serving.render.runtime_units import (
     AGENT_UNIT,
@@ -84,7 +84,7 @@ def test_agent_daemonset_runs_on_the_serving_nodes_and_may_only_read_pods(object
     parses([a.replace("$(NODE_NAME)", "gpu-r00-n00") for a in command[1:]])
     headless = one(objects, "Service", runtime.CONTROLLER)
     assert headless["spec"]["clusterIP"] == "None"
-    assert one(objects, "Service", runtime.ROUTER_PODS)["spec"]["clusterIP"] == "None"
+    assert one(objects, "Service", gateway.PODS_SERVICE)["spec"]["clusterIP"] == "None"
 
 
 def test_the_stack_configmap_loads_back_to_the_same_spec(tmp_path: Path, objects: list) -> None:  # type: ignore[type-arg]

@@ -24,6 +24,7 @@ COMMAND_MODULES: dict[str, str] = {
     "controller": "runtime",
     "agent": "runtime",
     "status": "runtime",
+    "drill": "drill",
 }
 BUILTIN = frozenset({"plan", "schema", "audit-source"})
 

@@ -19,6 +19,7 @@ from serving.cli import report
 from serving.cli.options import (
     DEFAULT_STACK,
     EXIT_PROBLEM,
+    CrdDirOpt,
     JsonOpt,
     StackFileOpt,
     StackOpt,
@@ -39,16 +40,6 @@ from serving.pulumi.validate import SchemaSetupError, Validator
 from serving.spec.stack import Stack
 
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Directory for the YAML files and index.json.")]
-CrdDirOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--crd-dir",
-        help="Directory of upstream CRD YAML files for custom resources, checked against the pinned sha256s "
-        "(default: ../shared/crds beside the Pulumi project when present, else the cache that "
-        "`python -m serving.pulumi.crds fetch` fills).",
-        file_okay=False,
-    ),
-]
 ProgramDirOpt = Annotated[
     Path | None,
     typer.Option(

@@ -106,6 +106,17 @@ IdentityOpt = Annotated[
         callback=_expand_user,
     ),
 ]
+CrdDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--crd-dir",
+        help="Directory of the upstream CRD YAML files (LeaderWorkerSet, Prometheus operator, Multus, Chaos "
+        "Mesh), checked against the pinned sha256s (default: ../shared/crds beside the Pulumi project when present, "
+        "else the cache that `python -m serving.pulumi.crds fetch` fills).",
+        file_okay=False,
+        callback=_expand_user,
+    ),
+]
 StateDirOpt = Annotated[
     Path | None,
     typer.Option(

@@ -1,17 +1,20 @@
 """``exaserve rollout`` and ``exaserve rollback``: batch by batch, with metric gates, on a backend.
 
-Both take the same :class:`FleetOptions`, declared once. Exit codes as in :mod:`serving.cli.options`: 0 completed
-(for ``rollback``: the fleet is on the stable version); 1 rolled back or paused; 2 bad input (unknown version,
-nothing to resume, another updater holds the lock, …).
+Both take the same :class:`FleetOptions`, declared once. A new rollout or revert first reads what every replica
+runs and plans from that (:func:`serving.rollout.session.plan_from_fleet`); ``--resume`` follows the journal.
+Exit codes as in :mod:`serving.cli.options`: 0 completed (for ``rollback``: the fleet is on the stable version);
+1 rolled back or paused; 2 bad input (unknown version, nothing to resume, another updater holds the lock, a
+replica down without ``--allow-degraded``, …).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, NoReturn
+from typing import Annotated, Any, Literal, NoReturn, TypeVar
 
 import httpx
 import typer
@@ -41,25 +44,30 @@ from serving.cli.options import (
     shared_options,
 )
 from serving.cli.state import locked, stack_state
+from serving.plan.model import Plan
 from serving.plan.planner import plan as plan_fleet
+from serving.render.k8s import gateway
 from serving.rollout.backends import Backend, BackendError
 from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend
 from serving.rollout.backends.ssh import SshBackend
 from serving.rollout.journal import JournalError, StackState, load_state
 from serving.rollout.machine import Outcome, RolloutState
-from serving.rollout.plan import RolloutPlan, plan_rollout
+from serving.rollout.plan import PlanKind
 from serving.rollout.runner import Progress
 from serving.rollout.session import (
     Endpoints,
+    FleetView,
     RolloutInputError,
     RunResult,
-    check_fleet,
+    Scope,
     check_version,
+    listed,
+    observe,
+    plan_from_fleet,
     run,
-    stable_version,
     unfinished_message,
 )
-from serving.sandbox.endpoints import sandbox_endpoints
+from serving.sandbox.endpoints import sandbox_endpoints, sandbox_routers
 from serving.spec.stack import Stack
 
 BackendKind = Literal["auto", "local", "ssh", "kubernetes"]
@@ -67,9 +75,32 @@ BackendOpt = Annotated[
     BackendKind,
     typer.Option("--backend", help="auto: local processes for a sandbox stack, kubernetes otherwise."),
 ]
-RouterUrlOpt = Annotated[str | None, typer.Option("--router-url", help="Router API URL (sandbox: from the stack).")]
-MetricsUrlOpt = Annotated[
-    str | None, typer.Option("--metrics-url", help="Router Prometheus URL (sandbox: from the stack).")
+RoutersOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--router",
+        help="Every router instance's API URL, repeated (ssh: one per scheduler.instances): membership changes go to "
+        "each and are proved on each, and the gates sum each one's metrics (sandbox default: its routers; "
+        "kubernetes default: --router-service).",
+    ),
+]
+RouterServiceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--router-service",
+        help="HOST:PORT of the routers' headless Service, one address per router pod (kubernetes default: the "
+        "gateway's sglang-router-pods Service).",
+    ),
+]
+MetricsPortOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--router-metrics-port",
+        min=1,
+        max=65535,
+        help="Port of every router instance's Prometheus listener, on the instance's own host (default: the port the "
+        "stack renders for the router; sandbox: each of its routers' own).",
+    ),
 ]
 GraceOpt = Annotated[
     float, typer.Option("--router-grace-s", min=1.0, help="Pause if the router does not answer for this long.")
@@ -79,6 +110,15 @@ KubeServerOpt = Annotated[
 ]
 KubeTokenOpt = Annotated[Path | None, typer.Option("--kube-token-file", help="kubernetes: bearer token file.")]
 KubeCaOpt = Annotated[Path | None, typer.Option("--kube-ca-file", help="kubernetes: CA bundle of the API server.")]
+AllowDegradedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-degraded",
+        help="Start even though replicas are down: leave them as they are (on Kubernetes: their update groups) "
+        "and update the rest; the report names them under held.",
+    ),
+]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -90,8 +130,9 @@ class FleetOptions:
     stack_file: StackFileOpt = None
     as_json: JsonOpt = False
     state_dir: StateDirOpt = None
-    router_url: RouterUrlOpt = None
-    metrics_url: MetricsUrlOpt = None
+    routers: RoutersOpt = None
+    router_metrics_port: MetricsPortOpt = None
+    router_service: RouterServiceOpt = None
     router_grace_s: GraceOpt = 30.0
     backend_kind: BackendOpt = "auto"
     known_hosts: KnownHostsOpt = DEFAULT_KNOWN_HOSTS
@@ -99,38 +140,69 @@ class FleetOptions:
     kube_server: KubeServerOpt = None
     kube_token_file: KubeTokenOpt = None
     kube_ca_file: KubeCaOpt = None
+    allow_degraded: AllowDegradedOpt = False
 
 
-def _backend(stack: Stack, paths: StackState, opts: FleetOptions) -> Backend:
-    kind = opts.backend_kind
-    if kind == "auto":
-        kind = "local" if stack.spec.sandbox is not None else "kubernetes"
+def _kind(stack: Stack, opts: FleetOptions) -> BackendKind:
+    if opts.backend_kind == "auto":
+        return "local" if stack.spec.sandbox is not None else "kubernetes"
+    return opts.backend_kind
+
+
+def _backend(stack: Stack, paths: StackState, opts: FleetOptions, fleet_plan: Plan | None = None) -> Backend:
+    """The backend ``opts`` names, over ``fleet_plan`` (default: the stack's plan)."""
+    fleet_plan = fleet_plan or plan_fleet(stack.spec)
+    kind = _kind(stack, opts)
     try:
         if kind == "local":
             from serving.sandbox.backend import LocalBackend  # noqa: PLC0415 - loads the router launcher
 
-            return LocalBackend(stack.spec, plan_fleet(stack.spec), paths.sandbox_dir)
+            return LocalBackend(stack.spec, fleet_plan, paths.sandbox_dir)
         if kind == "ssh":
             require_file(opts.known_hosts, "--known-hosts", "the SSH backend verifies every host key")
             require_file(opts.identity, "--identity", "pass an existing private key, or none to use your agent")
-            return SshBackend(stack.spec, plan_fleet(stack.spec), known_hosts=opts.known_hosts, identity=opts.identity)
+            return SshBackend(stack.spec, fleet_plan, known_hosts=opts.known_hosts, identity=opts.identity)
         if opts.kube_server is None:
             api = KubeApi.in_cluster()
         else:
             token = opts.kube_token_file.read_text().strip() if opts.kube_token_file else None
             api = KubeApi(opts.kube_server, token, opts.kube_ca_file)
-        return KubernetesBackend(stack.spec, plan_fleet(stack.spec), api)
+        return KubernetesBackend(stack.spec, fleet_plan, api)
     except (BackendError, OSError) as exc:
         fail(f"--backend {kind}: {exc}")
 
 
-def _endpoints(stack: Stack, router_url: str | None, metrics_url: str | None) -> Endpoints:
-    if router_url and metrics_url:
-        return Endpoints(router_url.rstrip("/"), metrics_url)
-    try:
-        return sandbox_endpoints(stack.spec)
-    except RolloutInputError as exc:
-        fail(str(exc))
+def _endpoints(stack: Stack, opts: FleetOptions) -> Endpoints:
+    """Every router instance: ``--router`` and/or ``--router-service``; on Kubernetes the gateway's headless Service by
+    default, in a sandbox its routers. Their metrics: ``--router-metrics-port`` on each instance's host, by default
+    the port the stack renders (a sandbox's routers: each one's own port, from the stack)."""
+    spec = stack.spec
+    kind = _kind(stack, opts)
+    routers = tuple(r.rstrip("/") for r in opts.routers or ())
+    service = opts.router_service
+    if spec.sandbox is not None and opts.router_metrics_port is None:
+        if not routers and service is None:
+            return sandbox_endpoints(spec)
+        known = dict(sandbox_routers(spec))
+        if unknown := [r for r in routers if r not in known]:
+            fail(
+                f"--router {unknown[0]} is not a router of sandbox {stack.name!r} (its routers listen on "
+                f"{', '.join(known)}): name those, or give --router-metrics-port for routers of your own"
+            )
+        return Endpoints(routers, tuple(known[r] for r in routers), service)
+    if kind == "ssh" and service is None and len(routers) < spec.scheduler.instances:
+        fail(
+            f"{len(routers)} --router given, but the stack runs scheduler.instances = {spec.scheduler.instances} router "
+            "instances: each must be told of every membership change and the gates must read every one's metrics. "
+            "Pass --router http://HOST:PORT once for each router instance"
+        )
+    if service is None and not routers and kind == "kubernetes":
+        http_port, _ = gateway.router_ports(spec, plan_fleet(spec))
+        service = f"{gateway.PODS_SERVICE}.{spec.kubernetes.namespace}.svc:{http_port}"
+    if not routers and service is None:
+        fail("no router instance given: pass --router http://HOST:PORT for each router instance")
+    metrics_port = opts.router_metrics_port or gateway.router_ports(spec, plan_fleet(spec))[1]
+    return Endpoints(routers, router_service=service, metrics_port=metrics_port)
 
 
 def _latest(paths: StackState) -> RolloutState | None:
@@ -144,10 +216,10 @@ def _latest(paths: StackState) -> RolloutState | None:
 
 
 class Display:
-    """Live progress (batch, phase, gate values) on a terminal; plain event lines otherwise."""
+    """Live progress (batch, phase, gate values) on a terminal; plain event lines otherwise. The plan is the
+    one the run reports (planned from the fleet once the run has started)."""
 
-    def __init__(self, plan: RolloutPlan, backend: Backend, *, quiet_stdout: bool) -> None:
-        self.plan = plan
+    def __init__(self, backend: Backend, *, quiet_stdout: bool) -> None:
         self.backend = backend
         self.out = err_console if quiet_stdout else console
         self.live: Live | None = None
@@ -166,6 +238,10 @@ class Display:
             self.live.update(self._render())
             self.live.__exit__(None, None, None)
 
+    def note(self, text: str) -> None:
+        """A line for the operator before the run (what the fleet runs, where the journal disagrees)."""
+        self.out.print(f"{time.strftime('%H:%M:%S')} {text}", highlight=False, markup=False)
+
     def __call__(self, p: Progress) -> None:
         self.state, self.message = p.state, p.message
         step = p.state.step
@@ -177,7 +253,10 @@ class Display:
             self.live.update(self._render())
 
     def _render(self) -> Group:
-        plan, s = self.plan, self.state
+        s = self.state
+        if s is None:
+            return Group(Text(self.message or "reading what the fleet runs"))
+        plan = s.plan
         lim = plan.limits
         table = Table(
             title=f"{plan.kind} {plan.stack}: {plan.from_version} → {plan.to_version} via {self.backend.name}",
@@ -187,10 +266,10 @@ class Display:
         for col in ("batch", "replicas", "racks", "phase", "QPS drop", "P99 rise", "error rate", "passed"):
             table.add_column(col)
         for b in plan.batches:
-            rec = s.batches[b.index] if s else None
-            gates = (rec.gates if rec and rec.gates else None) or self.gates.get(b.index)
+            rec = s.batches[b.index]
+            gates = rec.gates or self.gates.get(b.index)
             phase = ""
-            if s and s.step and s.step.batch == b.index:
+            if s.step and s.step.batch == b.index:
                 phase = ("rollback " if s.step.rollback else "") + s.step.phase.value
             table.add_row(
                 str(b.index),
@@ -200,7 +279,7 @@ class Display:
                 _pct(gates.qps_drop if gates else None),
                 _pct(gates.p99_rise if gates else None),
                 _pct(gates.error_rate if gates else None, 3),
-                {True: "yes", False: "NO", None: ""}[rec.passed if rec else None],
+                {True: "yes", False: "NO", None: ""}[rec.passed],
             )
         return Group(table, Text(self.message))
 
@@ -226,24 +305,71 @@ def _print_report(result: RunResult) -> None:
     )
     if result.state.reason:
         console.print(f"reason: {result.state.reason}", markup=False, highlight=False)
-    counts: dict[str, int] = {}
-    for v in rep["final_versions"].values():
-        counts[str(v)] = counts.get(str(v), 0) + 1
-    console.print("final versions: " + ", ".join(f"{n} × {v}" for v, n in sorted(counts.items())))
+    if rep["held"]:
+        console.print(f"held (left as they were): {listed(list(rep['held']))}", markup=False, highlight=False)
+    console.print("final versions: " + FleetView(rep["final_versions"]).summary(), markup=False, highlight=False)
 
 
-def _run(
-    paths: StackState, backend: Backend, endpoints: Endpoints, display: Display, opts: FleetOptions, **kwargs: Any
-) -> RunResult:
+def _sync(display: Display, work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work`` (one event loop for the backend's connections) under the display; bad input exits 2, a
+    platform that fails exits 1."""
     try:
         with display:
-            return asyncio.run(
-                run(paths, backend, endpoints, progress=display, router_grace_s=opts.router_grace_s, **kwargs)
-            )
+            return asyncio.run(work)
     except RolloutInputError as exc:
         fail(str(exc))
     except (httpx.HTTPError, BackendError) as exc:
         fail(str(exc), EXIT_PROBLEM)
+
+
+def _continue(
+    paths: StackState, backend: Backend, endpoints: Endpoints, opts: FleetOptions, fleet: Sequence[str], event: str
+) -> RunResult:
+    """Continue the journal's rollout with an operator event (``resume`` or ``rollback``): the journal drives."""
+    display = Display(backend, quiet_stdout=opts.as_json)
+    work = run(paths, backend, endpoints, fleet=fleet, operator_event="resume" if event == "resume" else "rollback",
+               progress=display, router_grace_s=opts.router_grace_s)  # fmt: skip
+    return _sync(display, work)
+
+
+def _from_fleet(
+    st: Stack,
+    paths: StackState,
+    backend: Backend,
+    endpoints: Endpoints,
+    opts: FleetOptions,
+    fleet_plan: Plan,
+    decide: Callable[[FleetView], Scope],
+    latest: RolloutState | None,
+) -> NoReturn:
+    """Read what the fleet runs, plan from it with ``decide``, and run that plan (or say there is nothing to do)."""
+    display = Display(backend, quiet_stdout=opts.as_json)
+    fleet = [r.id for r in fleet_plan.replicas]
+
+    async def work() -> tuple[Scope, RunResult | None]:
+        scope = decide(await observe(backend, fleet, latest))
+        for line in scope.notes():
+            display.note(line)
+        if scope.plan is None:
+            return scope, None
+        result = await run(paths, backend, endpoints, fleet=fleet, plan=scope.plan, scope=scope, progress=display,
+                           router_grace_s=opts.router_grace_s)  # fmt: skip
+        return scope, result
+
+    scope, result = _sync(display, work())
+    if result is None:
+        _nothing_to_do(st, scope, opts.as_json)
+    _finish(result, opts.as_json, ok={Outcome.COMPLETED})
+
+
+def _decide(
+    st: Stack, fleet_plan: Plan, backend: Backend, opts: FleetOptions, to: str, kind: PlanKind
+) -> Callable[[FleetView], Scope]:
+    def decide(view: FleetView) -> Scope:
+        return plan_from_fleet(st.spec, fleet_plan, st.name, view, to, kind=kind, allow_degraded=opts.allow_degraded,
+                               whole_groups=backend.updates_whole_groups)  # fmt: skip
+
+    return decide
 
 
 # ----------------------------------------------------------------------------------------- rollout
@@ -257,75 +383,82 @@ def rollout(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; touch nothing.")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the unfinished rollout of the stack.")] = False,
 ) -> None:
-    """Roll the fleet to a new version in rollout.batches batches with metric gates; roll back on a breach."""
+    """Roll the fleet to a new version in rollout.batches batches with metric gates; roll back on a breach.
+    Plans from what each replica runs: replicas already on the version are left alone."""
     st = resolve_stack(opts.stack, opts.stack_file)
     if resume == (to is not None):
         fail("give either --to VERSION (a new rollout) or --resume (continue the unfinished one)")
     if dry_run and to is None:
         fail("--dry-run plans a new rollout: give --to VERSION instead of --resume")
     paths = stack_state(st, opts.state_dir)
-    backend = _backend(st, paths, opts)
+    fleet_plan = plan_fleet(st.spec)
+    backend = _backend(st, paths, opts, fleet_plan)
+    if to is not None:
+        try:
+            check_version(to, st.spec, backend)
+        except RolloutInputError as exc:
+            fail(str(exc))
     if dry_run and to is not None:
-        _dry_run(st, paths, backend, to, opts.as_json)
+        _dry_run(st, paths, backend, _decide(st, fleet_plan, backend, opts, to, "rollout"), fleet_plan, opts.as_json)
         return
-    endpoints = _endpoints(st, opts.router_url, opts.metrics_url)
+    endpoints = _endpoints(st, opts)
     with locked(paths, f"rollout {'--resume' if resume else '--to ' + str(to)}"):
         latest = _latest(paths)
         if to is None:  # --resume
             if latest is None or latest.finished:
                 fail(f"nothing to resume on stack {st.name!r}: no unfinished rollout in {paths.journal_path}")
-            display = Display(latest.plan, backend, quiet_stdout=opts.as_json)
-            _finish(_run(paths, backend, endpoints, display, opts, operator_event="resume"), opts.as_json,
-                    ok={Outcome.COMPLETED})  # fmt: skip
+            fleet = [r.id for r in fleet_plan.replicas]
+            _finish(_continue(paths, backend, endpoints, opts, fleet, "resume"), opts.as_json, ok={Outcome.COMPLETED})
         if latest is not None and not latest.finished:
             fail(unfinished_message(latest, st.name))
-        plan = _new_plan(st, backend, latest, to)
-        if plan is None:
-            _nothing_to_do(st, to, opts.as_json)
-        display = Display(plan, backend, quiet_stdout=opts.as_json)
-        result = _run(
-            paths, backend, endpoints, display, opts, plan=plan,
-            before_start=lambda: check_fleet(backend, plan, plan.from_version),
-        )  # fmt: skip
-        _finish(result, opts.as_json, ok={Outcome.COMPLETED})
+        decide = _decide(st, fleet_plan, backend, opts, to, "rollout")
+        _from_fleet(st, paths, backend, endpoints, opts, fleet_plan, decide, latest)
 
 
-def _new_plan(st: Stack, backend: Backend, latest: RolloutState | None, to: str) -> RolloutPlan | None:
-    try:
-        check_version(to, st.spec, backend)
-    except RolloutInputError as exc:
-        fail(str(exc))
-    stable = stable_version(latest, st.spec.serving.version)
-    if to == stable:
-        return None
-    return plan_rollout(st.spec, plan_fleet(st.spec), st.name, from_version=stable, to_version=to)
-
-
-def _nothing_to_do(st: Stack, version: str, as_json: bool) -> NoReturn:
+def _nothing_to_do(st: Stack, scope: Scope, as_json: bool) -> NoReturn:
+    version, view = scope.to_version, scope.view
     if as_json:
         emit_json(
             {"from_version": version, "to_version": version, "outcome": "completed", "batches": [],
-             "client_errors": 0, "final_versions": {}},
+             "client_errors": 0, "final_versions": view.final_versions(), **scope.report()},
             stack=st.name, ok=True,
         )  # fmt: skip
     else:
-        console.print(f"stack {st.name} is on {version}, its last stable version: nothing to do")
+        for line in scope.notes():
+            console.print(line, markup=False, highlight=False)
+        which = "every replica" if not scope.held else f"every replica not held ({len(scope.held)} held)"
+        console.print(f"nothing to do: on stack {st.name} {which} runs {version} ({view.summary()})")
     raise typer.Exit(EXIT_OK)
 
 
-def _dry_run(st: Stack, paths: StackState, backend: Backend, to: str, as_json: bool) -> None:
+def _dry_run(
+    st: Stack,
+    paths: StackState,
+    backend: Backend,
+    decide: Callable[[FleetView], Scope],
+    fleet_plan: Plan,
+    as_json: bool,
+) -> None:
     latest = _latest(paths)
-    plan = _new_plan(st, backend, latest, to)
+    fleet = [r.id for r in fleet_plan.replicas]
+
+    async def work() -> Scope:
+        return decide(await observe(backend, fleet, latest))
+
+    scope = _sync(Display(backend, quiet_stdout=True), work())
+    plan = scope.plan
     if plan is None:
-        _nothing_to_do(st, to, as_json)
+        _nothing_to_do(st, scope, as_json)
     t = plan.timings
     if as_json:
         emit_json(
             {**plan.to_json(), "dry_run": True, "configured_wait_s": plan.configured_wait_s(),
-             "worst_case_s": plan.worst_case_s()},
+             "worst_case_s": plan.worst_case_s(), **scope.report()},
             stack=st.name, ok=True,
         )  # fmt: skip
         return
+    for line in scope.notes():
+        console.print(line, markup=False, highlight=False)
     table = Table(
         title=f"rollout plan {st.name}: {plan.from_version} → {plan.to_version} ({len(plan.batches)} batches)"
     )
@@ -350,30 +483,25 @@ def _dry_run(st: Stack, paths: StackState, backend: Backend, to: str, as_json: b
 @app.command()
 @shared_options(FleetOptions, "opts")
 def rollback(opts: FleetOptions) -> None:
-    """Return the fleet to the last stable version: undo an unfinished or paused rollout, or revert
-    the last completed one, batch by batch with the same drain discipline."""
+    """Return the fleet to the last stable version: undo an unfinished or paused rollout, or bring every replica
+    that runs something else back to the version the journal's last rollout started from (a completed one is
+    reverted), batch by batch with the same drain discipline."""
     st = resolve_stack(opts.stack, opts.stack_file)
     paths = stack_state(st, opts.state_dir)
-    backend = _backend(st, paths, opts)
-    endpoints = _endpoints(st, opts.router_url, opts.metrics_url)
-    as_json = opts.as_json
+    fleet_plan = plan_fleet(st.spec)
+    backend = _backend(st, paths, opts, fleet_plan)
+    endpoints = _endpoints(st, opts)
     with locked(paths, "rollback"):
         latest = _latest(paths)
-        if latest is None or latest.outcome is Outcome.ROLLED_BACK or (latest.finished and not latest.plan.gated):
-            _nothing_to_do(st, stable_version(latest, st.spec.serving.version), as_json)
-        if not latest.finished:
-            display = Display(latest.plan, backend, quiet_stdout=as_json)
+        if latest is not None and not latest.finished:
+            fleet = [r.id for r in fleet_plan.replicas]
             event = "resume" if not latest.plan.gated else "rollback"
-            result = _run(paths, backend, endpoints, display, opts, operator_event=event)
-            _finish(result, as_json, ok={Outcome.ROLLED_BACK, Outcome.COMPLETED})
-        plan = plan_rollout(
-            st.spec,
-            plan_fleet(st.spec),
-            st.name,
-            from_version=latest.plan.to_version,
-            to_version=latest.plan.from_version,
-            kind="revert",
-        )
-        display = Display(plan, backend, quiet_stdout=as_json)
-        result = _run(paths, backend, endpoints, display, opts, plan=plan)
-        _finish(result, as_json, ok={Outcome.COMPLETED})
+            result = _continue(paths, backend, endpoints, opts, fleet, event)
+            _finish(result, opts.as_json, ok={Outcome.ROLLED_BACK, Outcome.COMPLETED})
+        if latest is None:
+            decide: Callable[[FleetView], Scope] = lambda view: Scope(st.spec.serving.version, None, {}, view)  # noqa: E731
+        else:
+            # A gated rollout's stable version is its from-version (a completed one is reverted); a revert's, its target.
+            stable = latest.plan.from_version if latest.plan.gated else latest.plan.to_version
+            decide = _decide(st, fleet_plan, backend, opts, stable, "revert")
+        _from_fleet(st, paths, backend, endpoints, opts, fleet_plan, decide, latest)

@@ -40,10 +40,10 @@ from serving.plan.planner import plan as plan_fleet
 from serving.render.router import server_selector
 from serving.rollout.backends import BackendError
 from serving.rollout.backends.kubernetes import KubeApi
+from serving.router.membership import RouterSet
 from serving.runtime.agent import Agent, AgentConfig
 from serving.runtime.discovery import NodePods
 from serving.runtime.leader import Election, EtcdElection, KubernetesLeaseElection
-from serving.runtime.membership import RouterSet
 from serving.runtime.service import STATUS_PATH, BackendRestarter, ControllerService, Restarter
 from serving.spec.stack import Stack
 

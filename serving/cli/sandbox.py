@@ -47,11 +47,13 @@ def sandbox_up(
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Start the real router on loopback and one simulated worker per replica at the stack's version."""
+    """Start the real router on loopback and one simulated worker per replica at the stack's version; with
+    sandbox.runtime the runtime layer, with sandbox.prometheus a real Prometheus server (started last)."""
     st = resolve_stack(stack, stack_file)
     if st.spec.sandbox is None:
         fail(f"stack {st.name!r} has no sandbox: section; `exaserve sandbox` runs only sandbox stacks")
     from serving.sandbox import processes  # noqa: PLC0415 - loads the router launcher (≈ 1 s): on use only
+    from serving.sandbox.prometheus import prometheus_url  # noqa: PLC0415
 
     paths = stack_state(st, state_dir)
     with locked(paths, "sandbox up"):
@@ -62,10 +64,13 @@ def sandbox_up(
             processes.stop_all(processes.StateDir(paths.sandbox_dir))
             fail(f"sandbox did not start: {exc}", EXIT_PROBLEM)
     ep = sandbox_endpoints(st.spec)
+    prom_url = prometheus_url(st.spec) if st.spec.sandbox.prometheus else None
     if as_json:
         doc = {"router_url": ep.router_url, "metrics_url": ep.metrics_url, "workers": urls}
         if runtime:
             doc["runtime"] = runtime
+        if prom_url:
+            doc["prometheus_url"] = prom_url
         emit_json(doc, stack=st.name, ok=True)
         return
     table = Table(title=f"sandbox {st.name}: router {ep.router_url} (metrics {ep.metrics_url})")
@@ -76,6 +81,8 @@ def sandbox_up(
     console.print(table)
     if runtime:
         console.print("runtime: " + "; ".join(f"{k} {', '.join(v)}" for k, v in runtime.items()), highlight=False)
+    if prom_url:
+        console.print(f"prometheus: {prom_url} (alerts: {prom_url}/alerts)", highlight=False)
 
 
 async def _start_sandbox(
@@ -113,21 +120,25 @@ async def _start_sandbox(
     ready = sum(not c.never_ready for c in configs)
     flags = router_flags(spec, fleet_plan, [c.url for c in configs])
     await asyncio.to_thread(processes.start_router, state, flags, healthy_workers=ready, timeout_s=budget)
-    if spec.sandbox is None or not spec.sandbox.runtime:
-        return out, None
-    from serving.sandbox.runtime import start_runtime  # noqa: PLC0415
+    runtime = None
+    if spec.sandbox is not None and spec.sandbox.runtime:
+        from serving.sandbox.runtime import start_runtime  # noqa: PLC0415
 
-    runtime = await asyncio.to_thread(
-        start_runtime,
-        state,
-        spec,
-        fleet_plan,
-        [c.url for c in configs],
-        stack_file=st.path,
-        state_dir=paths.root.parent,
-        healthy=ready,
-        timeout_s=budget,
-    )
+        runtime = await asyncio.to_thread(
+            start_runtime,
+            state,
+            spec,
+            fleet_plan,
+            [c.url for c in configs],
+            stack_file=st.path,
+            state_dir=paths.root.parent,
+            healthy=ready,
+            timeout_s=budget,
+        )
+    if spec.sandbox is not None and spec.sandbox.prometheus:  # last: its first scrapes find everything up
+        from serving.sandbox.prometheus import start_prometheus  # noqa: PLC0415
+
+        await asyncio.to_thread(start_prometheus, state, spec, fleet_plan, timeout_s=budget)
     return out, runtime
 
 
@@ -138,7 +149,7 @@ def sandbox_down(
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Stop the sandbox's router and workers (the router first)."""
+    """Stop every process of the sandbox (the routers first), Prometheus and the runtime layer included."""
     st = resolve_stack(stack, stack_file)
     paths = stack_state(st, state_dir)
     from serving.sandbox import processes  # noqa: PLC0415

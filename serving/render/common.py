@@ -38,6 +38,25 @@ class FlagRule(Generic[Ctx]):
     value: Callable[[Ctx], FlagValue]
 
 
+def duration_buckets(spec: FleetSpec) -> list[float]:
+    """Latency buckets fine enough to resolve the P99 gate, for the router and for every SGLang server.
+
+    The router's default buckets jump 25 ms → 50 ms → 100 ms … 1 s → 2.5 s and SGLang's e2e buckets
+    0.1 → 0.2 → 0.4 … 1 → 2 → 4 s: a 30 % P99 rise inside one bucket is invisible to
+    ``histogram_quantile``. Geometric buckets with ratio ``1 + max_p99_rise / 3`` put at least three
+    buckets inside the gate, from 1 ms to 10 × the P99 target. Rendered as the router's
+    ``--prometheus-duration-buckets`` and the server's ``--bucket-e2e-request-latency``: the rollout's
+    canary gate reads each replica's own histogram.
+    """
+    ratio = 1 + spec.rollout.max_p99_rise / 3
+    top = 10 * spec.limits.p99_target_s
+    out, b = [], 0.001
+    while b < top:
+        out.append(float(f"{b:.4g}"))
+        b *= ratio
+    return [*dict.fromkeys(out), top]
+
+
 def whole_seconds(seconds: float) -> int:
     """Seconds for tools that take whole seconds: rounded up, never below 1 (a timeout of 0 disables)."""
     return max(1, math.ceil(seconds))

@@ -13,7 +13,8 @@ from typing import Final
 
 from serving.checks.flags import FlagManifest, load_router_manifest
 from serving.plan.model import Plan, Replica
-from serving.render.common import FlagRule, check_entry, render_flags, whole_seconds
+from serving.render.common import FlagRule, check_entry, duration_buckets, render_flags, whole_seconds
+from serving.render.k8s.common import LABEL_ADMITTED
 from serving.render.k8s.container import LWS_LEADER_LABEL, SERVER_POD_LABELS
 from serving.render.sglang import HEALTH_PATH
 from serving.spec.schema import FleetSpec, LogLevel
@@ -48,23 +49,6 @@ def router_policy(spec: FleetSpec) -> str:
     """
     strategy = spec.scheduler.strategy
     return "power_of_two" if strategy == "weighted_round_robin" else strategy
-
-
-def duration_buckets(spec: FleetSpec) -> list[float]:
-    """Router latency buckets fine enough to resolve the P99 gate.
-
-    The router's default buckets jump 25 ms → 50 ms → 100 ms … 1 s → 2.5 s: a 30 % P99 rise inside
-    one bucket is invisible to ``histogram_quantile``. Geometric buckets with ratio
-    ``1 + max_p99_rise / 3`` put at least three buckets inside the gate, from 1 ms to 10 × the P99
-    target. Rendered as the router's ``--prometheus-duration-buckets``; the rollout gates read them.
-    """
-    ratio = 1 + spec.rollout.max_p99_rise / 3
-    top = 10 * spec.limits.p99_target_s
-    out, b = [], 0.001
-    while b < top:
-        out.append(float(f"{b:.4g}"))
-        b *= ratio
-    return [*dict.fromkeys(out), top]
 
 
 @dataclass(frozen=True)
@@ -185,7 +169,7 @@ ROUTER_FLAGS: Final[tuple[FlagRule[RouterContext], ...]] = (
     FlagRule("--service-discovery", "kubernetes mode", lambda c: c.kubernetes),
     FlagRule(
         "--selector",
-        "serving pod labels (+ LWS leader index when a replica spans nodes)",
+        "serving pod labels (+ LWS leader index when a replica spans nodes) + exaserve.io/admitted=true",
         lambda c: c.selector if c.kubernetes else None,
     ),
     FlagRule(
@@ -229,7 +213,7 @@ def router_argv(
         metrics_port=spec.sandbox.prometheus_port if spec.sandbox else ROUTER_METRICS_PORT,
         worker_urls=tuple(worker_urls),
         kubernetes=kubernetes,
-        selector=tuple(f"{k}={v}" for k, v in server_selector(plan).items()),
+        selector=tuple(f"{k}={v}" for k, v in {**server_selector(plan), LABEL_ADMITTED: "true"}.items()),
     )
     argv = [*ROUTER_ENTRY, *render_flags(ROUTER_FLAGS, ctx)]
     check_router_argv(argv)

@@ -16,7 +16,16 @@ from typing import Final
 
 from serving.checks.flags import FlagManifest, load_server_manifest
 from serving.plan.model import MemoryPlan, Plan, Replica
-from serving.render.common import FlagRule, RenderError, check_entry, checked_memory, rdma, render_flags, whole_seconds
+from serving.render.common import (
+    FlagRule,
+    RenderError,
+    check_entry,
+    checked_memory,
+    duration_buckets,
+    rdma,
+    render_flags,
+    whole_seconds,
+)
 from serving.spec.schema import FabricKind, FleetSpec, Precision
 
 # `sglang serve` is the entry point SGLang 0.5.23 documents (`python -m sglang.launch_server` warns
@@ -147,6 +156,11 @@ SERVER_FLAGS: Final[tuple[FlagRule[ServerContext], ...]] = (
         "--chunked-prefill-size", "limits.chunked_prefill_size", lambda c: str(c.spec.limits.chunked_prefill_size)
     ),
     FlagRule("--enable-metrics", "always (Prometheus /metrics on the server port)", lambda c: True),
+    FlagRule(
+        "--bucket-e2e-request-latency",
+        "the router's latency buckets (ratio 1 + rollout.max_p99_rise / 3): the canary gate's per-replica P99",
+        lambda c: tuple(f"{b:g}" for b in duration_buckets(c.spec)),
+    ),
     FlagRule("--log-level", "serving.log_level", lambda c: c.spec.serving.log_level.value),
     FlagRule("--watchdog-timeout", "serving.watchdog_timeout_s", lambda c: f"{c.spec.serving.watchdog_timeout_s:g}"),
 )

@@ -1,40 +1,120 @@
-"""Gate arithmetic: router metrics over a window, compared with the pre-update baseline — pure.
+"""Gate arithmetic: each batch (the canary) judged against replicas that were not updated, over the same window — pure.
 
-What is measured (names checked against the real ``sglang-router`` 0.3.2, see FIELD-NOTES.md):
+Why the same window. Comparing the fleet after a batch with the fleet before the rollout blames the new
+version for everything that happens meanwhile: a replica outside the batch failing, a traffic dip, a slow
+hour. Kayenta and Argo Rollouts' analysis compare a canary with a baseline *running at the same time*; so
+does :func:`judge`. The thresholds stay the source's (§ 4.4): QPS −20 %, P99 +30 %, errors 0.1 %.
 
-* **QPS**: inference requests the router answered without a server error, per second —
-  ``smg_router_requests_total`` (inference endpoints only; the updater's own ``/workers`` calls are
-  not in it) minus client-facing server errors.
-* **P99**: ``histogram_quantile(0.99)`` of ``smg_router_request_duration_seconds`` (inference only)
-  over the window: the latency clients see, retries included.
-* **Error rate**: the larger of two shares. *Client-facing*: ``smg_http_responses_total`` with a 5xx
-  or 429 status over inference requests. *Upstream*: ``smg_router_upstream_responses_total`` with a
-  5xx status over all upstream responses. The router retries a failed worker (5 times by default),
-  so a release that fails 5 % of its requests shows almost no client-facing errors — it shows as
-  upstream errors and ``smg_worker_retries_total``. Gating on client errors alone would promote it.
+Per-replica figures, and where each comes from (names checked live against ``sglang-router`` 0.3.2 and
+the SGLang server's ``/metrics``):
 
-A window whose counters went *down* spans a router restart (counters start again at 0); it is not
-a measurement and :func:`window_stats` returns None so the caller measures again.
+* **Every router instance**: the fleet runs ``scheduler.instances`` routers and each sees only its share of the
+  clients, so every figure below that comes from a router is read from EVERY instance and summed
+  (:class:`RouterReading`, :func:`window_stats`). An instance that cannot be read stops the read (the runner
+  retries, then pauses): a window is never judged on part of the routers. One that went, came or restarted
+  between a window's two reads makes the window no measurement (:func:`window_break`); it is measured again.
+* **Requests and errors per replica**: the router's ``smg_worker_cb_outcomes_total{worker, outcome}``, one
+  count per upstream attempt, ``success`` or ``failure`` (HTTP 5xx, refused or cut connections — the
+  circuit breaker's own tally; the fleet's router runs with its breaker on, see ``--cb-failure-threshold``).
+  It is the one per-worker error signal there is: the router's retries (5 by default) hide a failing worker
+  from clients, ``smg_worker_retries_total`` and ``smg_router_upstream_responses_total`` are not per
+  worker, and a worker cannot count the connections it refused (a crashed worker counts nothing at all).
+  Successes per replica and second, divided by the group's replicas, is the group's **QPS per replica**.
+* **Latency per replica**: the worker's own ``sglang:e2e_request_latency_seconds`` histogram (the router
+  0.3.2 has no per-worker latency). SGLang's default buckets (0.1, 0.2, 0.4 … s) cannot show a 30 % rise
+  inside one bucket; the fleet renders ``--bucket-e2e-request-latency`` with the router's geometric
+  buckets (:func:`serving.render.common.duration_buckets`), so the group's **P99** resolves the gate.
+* **Down**: the worker's ``/metrics`` does not answer, its counters went back (it restarted), the router
+  marks it unhealthy (``smg_worker_health``) or its circuit breaker is open (``smg_worker_cb_state`` 1).
+
+The groups (the runner picks them from the rollout's state): the **canary** is the batch being soaked. Its
+**baseline** is, in order of preference: the replicas *not yet updated* (the old version, same window);
+for the last batch, where none remain, the replicas *updated earlier* whose batches already passed (same
+window; they were themselves judged against the old version, so a regression of the release was caught
+then and what is left to catch is one confined to this batch); for a single-batch rollout, where nobody
+else runs at all, the *pre-rollout* per-replica figures of the baseline window.
+
+The verdict (:class:`Verdict`):
+
+* **rollback** — a breach confined to the canary: its QPS per replica more than 20 % under the baseline's,
+  its P99 more than 30 % over the baseline's, its error rate over 0.1 %, or a canary replica down.
+* **pause** — evidence outside the batch, naming the replicas: a replica outside the canary down, failing
+  more than 0.1 % of its requests, or slower than its peers beyond the P99 limit; clients getting errors that no replica's failures explain; or traffic so thin that the batch
+  cannot be judged although the baseline window saw enough. A pause never rolls the new version back;
+  the operator fixes the fleet and resumes (the soak runs again), or rolls back.
+* **pass** — otherwise. Weather that hits canary and baseline alike (a traffic dip, a fleet-wide slowdown
+  since the rollout began) does not change a same-window comparison; the verdict names it as context.
+
+Small groups make noisy figures: a replica that served 50 requests has a "P99" that is its slowest one,
+and the router's own split of traffic is uneven (see :func:`qps_check`). A relative finding (QPS or P99)
+therefore needs both the size the source sets *and* significance: for QPS the test of the canary's share
+of successes with the variance the peers' own spread shows, for P99 the exact binomial test of how many of
+its requests were slower than 1.3 × the baseline's P99 (more than 1 % is a P99 over the limit); all relative
+tests of one verdict together have a 0.1 % chance of a false finding (:data:`FAMILY_ALPHA`, Bonferroni). The error gate stays strict, as
+the source wrote it. A window in which a router instance's counters went *down* spans its restart: it is not a
+measurement and :func:`window_stats` returns None so the caller measures again.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from serving.rollout.plan import GateLimits
 from serving.router.client import (
     ROUTER_RESPONSES,
     ROUTER_UPSTREAM_RESPONSES,
+    ROUTER_WORKER_CB_STATE,
+    ROUTER_WORKER_HEALTH,
     ROUTER_WORKER_RETRIES,
+    WORKER_E2E_LATENCY,
     HistogramSnapshot,
     MetricsSnapshot,
 )
 
 ROUTER_INFERENCE_REQUESTS = "smg_router_requests_total"
 ROUTER_INFERENCE_DURATION = "smg_router_request_duration_seconds"
-MIN_BASELINE_REQUESTS = 20  # fewer than this in the baseline window: QPS and P99 gates are not evaluated
+ROUTER_WORKER_OUTCOMES = "smg_worker_cb_outcomes_total"  # {worker, outcome="success"|"failure"}, per upstream attempt
+CIRCUIT_OPEN = 1.0  # smg_worker_cb_state: 0 closed, 1 open, 2 half-open
+MIN_REQUESTS = 20  # fewer than this expected: QPS and P99 are not evaluated
+FAMILY_ALPHA = 0.001  # chance that any relative finding of one verdict is due to chance alone
+P99 = 0.99
+
+Basis = Literal["not-updated", "updated", "pre-rollout"]
+Decision = Literal["pass", "rollback", "pause"]
+BASIS_WORDS: Mapping[Basis, str] = {
+    "not-updated": "the replicas not yet updated, same window",
+    "updated": "the replicas updated in earlier batches, which passed, same window (none is left on the old version)",
+    "pre-rollout": "the fleet's per-replica figures before the rollout (no other replica runs now)",
+}
+
+
+ROUTER_GATE_METRICS = (
+    ROUTER_INFERENCE_REQUESTS,
+    ROUTER_RESPONSES,
+    ROUTER_UPSTREAM_RESPONSES,
+    ROUTER_WORKER_RETRIES,
+    ROUTER_INFERENCE_DURATION,
+    ROUTER_WORKER_OUTCOMES,
+    ROUTER_WORKER_HEALTH,
+    ROUTER_WORKER_CB_STATE,
+)
+WORKER_GATE_METRICS = (WORKER_E2E_LATENCY,)
+
+
+def parse_only(text: str, names: tuple[str, ...]) -> MetricsSnapshot:
+    """The samples of the families whose names start with one of ``names`` (their ``# TYPE`` lines kept). The
+    router's listener carries ~500 lines, most of them per-path HTTP histograms the gates never read; parsing only
+    what they read takes 6 ms instead of 21 here, and a soak reads the router four times a second."""
+    kept = []
+    for line in text.splitlines():
+        words = line.split(maxsplit=3)
+        name = words[2] if line.startswith("#") and len(words) > 2 else line
+        if name.startswith(names):
+            kept.append(line)
+    return MetricsSnapshot.parse("\n".join(kept) + "\n")
 
 
 def _is_error(status: str) -> bool:
@@ -43,7 +123,7 @@ def _is_error(status: str) -> bool:
 
 @dataclass(frozen=True)
 class Counters:
-    """The cumulative router counters the gates need, read from one scrape."""
+    """The cumulative router-wide counters, read from one scrape."""
 
     requests: float
     client_errors: float
@@ -66,9 +146,243 @@ class Counters:
         )
 
 
+# ----------------------------------------------------------------------------------------- per replica
+
+
+@dataclass(frozen=True)
+class RouterReading:
+    """One router instance at one instant: its router-wide counters and, per worker URL, its cumulative upstream
+    outcomes and whether it marks the worker unhealthy or holds its circuit breaker open."""
+
+    counters: Counters
+    outcomes: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # worker URL → (successes, failures)
+    unhealthy: frozenset[str] = frozenset()
+    circuit_open: frozenset[str] = frozenset()
+
+    @classmethod
+    def read(cls, snap: MetricsSnapshot, workers: Sequence[str]) -> RouterReading:
+        outcomes = {u: snap.by_label(ROUTER_WORKER_OUTCOMES, "outcome", worker=u) for u in workers}
+        return cls(
+            counters=Counters.read(snap),
+            outcomes={u: (o.get("success", 0.0), o.get("failure", 0.0)) for u, o in outcomes.items() if o},
+            unhealthy=frozenset(
+                u for u in workers if (h := snap.select(ROUTER_WORKER_HEALTH, worker=u)) and h[0].value < 1
+            ),
+            circuit_open=frozenset(u for u in workers if snap.value(ROUTER_WORKER_CB_STATE, worker=u) == CIRCUIT_OPEN),
+        )
+
+
+def window_break(before: Mapping[str, RouterReading], after: Mapping[str, RouterReading]) -> str | None:
+    """Why two reads of every router instance do not bound a measurement (None: they do): the instances are not the
+    same ones (one went or came: each sees only its share of the traffic), or one's counters — router-wide or per
+    worker — went down (it restarted)."""
+    if set(before) != set(after):
+        gone, new = sorted(set(before) - set(after)), sorted(set(after) - set(before))
+        return (
+            "router instances changed during the window"
+            + (f": gone {', '.join(gone)}" if gone else "")
+            + (f"; new {', '.join(new)}" if new else "")
+        )
+    for router in sorted(after):
+        b, a = before[router], after[router]
+        if _counters_delta(b.counters, a.counters) is None or any(
+            now < then
+            for u, pair in b.outcomes.items()
+            if u in a.outcomes
+            for now, then in zip(a.outcomes[u], pair, strict=True)
+        ):  # a worker's series missing now is one the instance dropped with the worker, not a restart
+            return f"router {router} restarted during the window (its counters went back)"
+    return None
+
+
+@dataclass(frozen=True)
+class ReplicaReading:
+    """One replica at one instant: the counts of every router instance for it, summed, and, when scraped, its own
+    latency histogram. ``healthy``: no instance marks it unhealthy; ``circuit_open``: one holds its breaker open.
+
+    ``worker`` is ``"scraped"``, ``"not scraped"`` (a router-only reading) or why its ``/metrics`` did not answer.
+    """
+
+    successes: float
+    failures: float
+    healthy: bool
+    circuit_open: bool
+    latency: HistogramSnapshot | None
+    worker: str = "scraped"
+
+    @classmethod
+    def read(
+        cls, routers: Mapping[str, RouterReading], url: str, worker: MetricsSnapshot | str | None
+    ) -> ReplicaReading:
+        """``routers``: every instance's reading (sums are exact only over a window :func:`window_break` accepts);
+        ``worker``: the replica's ``/metrics`` scrape, why it failed, or None when it was not scraped."""
+        latency = worker.histogram(WORKER_E2E_LATENCY) if isinstance(worker, MetricsSnapshot) else None
+        return cls(
+            successes=sum(r.outcomes.get(url, (0.0, 0.0))[0] for r in routers.values()),
+            failures=sum(r.outcomes.get(url, (0.0, 0.0))[1] for r in routers.values()),
+            healthy=not any(url in r.unhealthy for r in routers.values()),
+            circuit_open=any(url in r.circuit_open for r in routers.values()),
+            latency=latency if latency is not None and latency.buckets else None,
+            worker="not scraped" if worker is None else worker if isinstance(worker, str) else "scraped",
+        )
+
+
+@dataclass(frozen=True)
+class ReplicaWindow:
+    """One replica between two readings: upstream attempts the router made to it, its latency histogram over the
+    window (None: not measured), and why it counts as down (empty: it does not)."""
+
+    successes: float
+    failures: float
+    latency: HistogramSnapshot | None
+    problems: tuple[str, ...] = ()
+
+    @property
+    def requests(self) -> float:
+        return self.successes + self.failures
+
+    @property
+    def error_rate(self) -> float:
+        return self.failures / self.requests if self.requests else 0.0
+
+
+def replica_window(before: ReplicaReading, after: ReplicaReading) -> ReplicaWindow:
+    problems: list[str] = []
+    if after.worker not in ("scraped", "not scraped"):
+        problems.append(f"its /metrics does not answer ({after.worker})")
+    latency: HistogramSnapshot | None = None
+    if before.latency is not None and after.latency is not None:
+        if after.latency.count < before.latency.count:
+            problems.append("it restarted during the window (its counters went back)")
+        else:
+            latency = after.latency - before.latency
+    if not after.healthy:
+        problems.append("the router marks it unhealthy")
+    if after.circuit_open:
+        problems.append("the router's circuit breaker for it is open")
+    return ReplicaWindow(
+        successes=max(0.0, after.successes - before.successes),
+        failures=max(0.0, after.failures - before.failures),
+        latency=latency,
+        problems=tuple(problems),
+    )
+
+
+def replica_windows(
+    before: Mapping[str, ReplicaReading], after: Mapping[str, ReplicaReading]
+) -> dict[str, ReplicaWindow]:
+    return {r: replica_window(before[r], after[r]) for r in after if r in before}
+
+
+def _merge(histograms: Iterable[HistogramSnapshot | None]) -> HistogramSnapshot | None:
+    buckets: dict[float, float] = {}
+    count = total = 0.0
+    seen = False
+    for h in histograms:
+        if h is None:
+            continue
+        seen = True
+        for le, n in h.buckets:
+            buckets[le] = buckets.get(le, 0.0) + n
+        count, total = count + h.count, total + h.sum
+    return HistogramSnapshot(tuple(sorted(buckets.items())), count, total) if seen else None
+
+
+def _p99(h: HistogramSnapshot | None) -> float | None:
+    if h is None or h.count <= 0:
+        return None
+    q = h.quantile(P99)
+    return None if math.isnan(q) else q
+
+
+def _slower_than(h: HistogramSnapshot, bound_s: float) -> float:
+    """Observations above ``bound_s`` (linear inside the bucket holding it, as ``histogram_quantile`` reads it)."""
+    lower, below = 0.0, 0.0
+    for le, n in h.buckets:
+        if bound_s <= le:
+            if math.isinf(le) or n == below:
+                return max(0.0, h.buckets[-1][1] - below)
+            under = below + (n - below) * (bound_s - lower) / (le - lower)
+            return max(0.0, h.buckets[-1][1] - under)
+        lower, below = le, n
+    return 0.0
+
+
+# ----------------------------------------------------------------------------------------- groups
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """One group's figures over a window, as reported: replicas measured, upstream attempts and failures (router,
+    per worker), P99 of its workers' merged latency histograms; ``excluded`` names members left out and why."""
+
+    replicas: tuple[str, ...]
+    seconds: float
+    requests: float
+    errors: float
+    p99_s: float | None
+    excluded: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def successes(self) -> float:
+        return self.requests - self.errors
+
+    @property
+    def replica_seconds(self) -> float:
+        return len(self.replicas) * self.seconds
+
+    @property
+    def qps_per_replica(self) -> float:
+        return self.successes / self.replica_seconds if self.replica_seconds > 0 else 0.0
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "replicas": list(self.replicas),
+            "qps_per_replica": self.qps_per_replica,
+            "p99_s": self.p99_s,
+            "error_rate": self.error_rate,
+            "requests": self.requests,
+            "errors": self.errors,
+            "seconds": self.seconds,
+            "excluded": dict(self.excluded),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> GroupStats:
+        return cls(
+            replicas=tuple(data["replicas"]),
+            seconds=float(data["seconds"]),
+            requests=float(data["requests"]),
+            errors=float(data["errors"]),
+            p99_s=data["p99_s"],
+            excluded=dict(data.get("excluded", {})),
+        )
+
+
+def group_stats(
+    windows: Mapping[str, ReplicaWindow], seconds: float, excluded: Mapping[str, str] | None = None
+) -> GroupStats:
+    """The figures of ``windows``' replicas (those in ``excluded`` left out, named with the reason)."""
+    excluded = dict(excluded or {})
+    members = {r: w for r, w in windows.items() if r not in excluded}
+    return GroupStats(
+        replicas=tuple(sorted(members)),
+        seconds=seconds,
+        requests=sum(w.requests for w in members.values()),
+        errors=sum(w.failures for w in members.values()),
+        p99_s=_p99(_merge(w.latency for w in members.values())),
+        excluded=excluded,
+    )
+
+
 @dataclass(frozen=True)
 class WindowStats:
-    """Router traffic between two scrapes."""
+    """Router-wide traffic between two scrapes (what clients got); ``replicas``: the same window per replica (the
+    pre-rollout baseline keeps it, the reference of a single-batch rollout)."""
 
     seconds: float
     requests: float
@@ -77,6 +391,7 @@ class WindowStats:
     upstream_errors: float
     retries: float
     p99_s: float | None
+    replicas: GroupStats | None = None
 
     @property
     def qps(self) -> float:
@@ -103,15 +418,20 @@ class WindowStats:
             "upstream_errors": self.upstream_errors,
             "retries": self.retries,
             "p99_s": self.p99_s,
+            "replicas": self.replicas.to_json() if self.replicas else None,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WindowStats:
-        return cls(**data)
+        replicas = data.get("replicas")
+        return cls(
+            **{k: v for k, v in data.items() if k != "replicas"},
+            replicas=GroupStats.from_json(replicas) if replicas else None,
+        )
 
 
-def window_stats(before: Counters, after: Counters, seconds: float) -> WindowStats | None:
-    """Traffic between two reads; None if any counter went down (the router restarted)."""
+def _counters_delta(before: Counters, after: Counters) -> Counters | None:
+    """One instance's counts between two reads; None if any counter went down (the instance restarted)."""
     pairs = [
         (before.requests, after.requests),
         (before.client_errors, after.client_errors),
@@ -121,21 +441,202 @@ def window_stats(before: Counters, after: Counters, seconds: float) -> WindowSta
     duration = after.duration - before.duration
     if any(b > a for b, a in pairs) or any(n < 0 for _, n in duration.buckets):
         return None
-    p99 = duration.quantile(0.99)
-    return WindowStats(
-        seconds=seconds,
+    return Counters(
         requests=after.requests - before.requests,
         client_errors=after.client_errors - before.client_errors,
         upstream_responses=after.upstream_responses - before.upstream_responses,
         upstream_errors=after.upstream_errors - before.upstream_errors,
         retries=after.retries - before.retries,
-        p99_s=None if math.isnan(p99) else p99,
+        duration=duration,
     )
+
+
+def window_stats(
+    before: Mapping[str, RouterReading], after: Mapping[str, RouterReading], seconds: float
+) -> WindowStats | None:
+    """Traffic between two reads of every router instance, each instance's counts summed (each instance sees only
+    its share of the clients); None when :func:`window_break` finds a reason (an instance went, came or restarted)."""
+    if window_break(before, after) is not None:
+        return None
+    deltas = [d for r in sorted(after) if (d := _counters_delta(before[r].counters, after[r].counters)) is not None]
+    return WindowStats(
+        seconds=seconds,
+        requests=sum(d.requests for d in deltas),
+        client_errors=sum(d.client_errors for d in deltas),
+        upstream_responses=sum(d.upstream_responses for d in deltas),
+        upstream_errors=sum(d.upstream_errors for d in deltas),
+        retries=sum(d.retries for d in deltas),
+        p99_s=_p99(_merge(d.duration for d in deltas)),
+    )
+
+
+# ----------------------------------------------------------------------------------------- significance
+
+
+def _log_pmf(i: int, n: int, p: float) -> float:  # p strictly between 0 and 1
+    return math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * math.log(p) + (n - i) * math.log1p(-p)
+
+
+def _tail(start: int, stop: int, step: int, n: int, p: float) -> float:
+    """Sum of the binomial pmf from ``start`` towards ``stop`` (exclusive), away from the mean: the terms shrink
+    geometrically, so the sum stops once they no longer count."""
+    total = 0.0
+    for i in range(start, stop, step):
+        term = math.exp(_log_pmf(i, n, p))
+        total += term
+        if term < 1e-18 * total:
+            break
+    return min(1.0, total)
+
+
+def binom_sf(k: float, n: float, p: float) -> float:
+    """P(X ≥ k) for X ~ Binomial(n, p), counts rounded; exact (the tail is summed from its far side inwards)."""
+    k_i, n_i = round(k), round(n)
+    if k_i <= 0 or p >= 1.0:
+        return 1.0
+    if k_i > n_i or p <= 0.0:
+        return 0.0
+    if k_i > n_i * p:
+        return _tail(k_i, n_i + 1, 1, n_i, p)
+    return max(0.0, 1.0 - _tail(k_i - 1, -1, -1, n_i, p))
+
+
+# ----------------------------------------------------------------------------------------- comparisons
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One piece of evidence: the gate (``qps``, ``p99``, ``errors``, ``down``, ``clients``, ``traffic``), the
+    replicas it is about, and the sentence the verdict shows."""
+
+    gate: str
+    replicas: tuple[str, ...]
+    text: str
+
+
+def qps_check(
+    name: str,
+    members: Sequence[str],
+    windows: Mapping[str, ReplicaWindow],
+    seconds: float,
+    reference: GroupStats,
+    limits: GateLimits,
+    alpha: float,
+    dispersion: float,
+) -> tuple[float | None, Finding | None]:
+    """QPS per replica of ``members`` against ``reference``: the drop (None: too little traffic to evaluate) and a
+    finding when it is past the limit *and* p < ``alpha``. Every member counts: a replica that serves nothing is
+    the point.
+
+    The test is the conditional test of two Poisson rates, in its normal form with the variance times
+    ``dispersion`` — how much more the other replicas' counts vary than chance (quasi-Poisson): the router splits
+    traffic unevenly by itself (``power_of_two`` compares loads it polls once per heartbeat — 5 s in the sandbox,
+    longer than its soak — so a replica that looked busy at the poll gets little until the next one; seen live:
+    healthy replicas at a third to half of their peers' rate for a whole 4 s window). For the same reason one
+    replica outside the batch is never judged on its share: that is the router's choice, not evidence about the
+    replica (a replica that is down, failing or slow says so in its own figures)."""
+    successes = sum(windows[r].successes for r in members)
+    exposure = len(members) * seconds
+    ref_rate = reference.qps_per_replica
+    if reference.successes < MIN_REQUESTS or ref_rate * exposure < MIN_REQUESTS:
+        return None, None
+    rate = successes / exposure
+    drop = (ref_rate - rate) / ref_rate
+    share = exposure / (exposure + reference.replica_seconds)
+    total = successes + reference.successes
+    p = 0.5 * math.erfc((total * share - successes) / math.sqrt(2 * total * share * (1 - share) * dispersion))
+    if drop <= limits.max_qps_drop or p >= alpha:
+        return drop, None
+    text = (
+        f"{name} QPS per replica {rate:.2f}/s vs {ref_rate:.2f}/s: {drop:.1%} lower > {limits.max_qps_drop:.0%} "
+        f"(p = {p:.1g})"
+    )
+    return drop, Finding("qps", tuple(members), text)
+
+
+def p99_check(
+    name: str,
+    members: Sequence[str],
+    windows: Mapping[str, ReplicaWindow],
+    reference_p99_s: float | None,
+    limits: GateLimits,
+    alpha: float,
+) -> tuple[float | None, Finding | None]:
+    """P99 of ``members``' merged latency against ``reference_p99_s``: the rise (None: not evaluated) and a finding
+    when it is past the limit *and* more of their requests than 1 % are slower than the bound, with p < ``alpha``
+    (exact binomial)."""
+    latency = _merge(windows[r].latency for r in members)
+    p99 = _p99(latency)
+    if latency is None or p99 is None or not reference_p99_s or latency.count < MIN_REQUESTS:
+        return None, None
+    rise = (p99 - reference_p99_s) / reference_p99_s
+    bound = (1 + limits.max_p99_rise) * reference_p99_s
+    slow = _slower_than(latency, bound)
+    p = binom_sf(math.floor(slow + 1e-9), latency.count, 1 - P99)
+    if rise <= limits.max_p99_rise or p >= alpha:
+        return rise, None
+    text = (
+        f"{name} P99 {p99 * 1000:.1f} ms vs {reference_p99_s * 1000:.1f} ms: {rise:+.1%} > +{limits.max_p99_rise:.0%} "
+        f"({slow:.0f} of {latency.count:.0f} requests over {bound * 1000:.1f} ms, p = {p:.1g})"
+    )
+    return rise, Finding("p99", tuple(members), text)
+
+
+def _errors(
+    name: str, members: Sequence[str], windows: Mapping[str, ReplicaWindow], limits: GateLimits
+) -> Finding | None:
+    failures = sum(windows[r].failures for r in members)
+    requests = sum(windows[r].requests for r in members)
+    if not requests or failures / requests <= limits.max_error_rate:
+        return None
+    failing = tuple(r for r in members if windows[r].failures)
+    per = ", ".join(f"{r} {windows[r].failures:.0f}/{windows[r].requests:.0f}" for r in failing)
+    return Finding(
+        "errors",
+        failing,
+        f"{name} error rate {failures / requests:.2%} > {limits.max_error_rate:.2%} "
+        f"({failures:.0f} of {requests:.0f} upstream attempts failed: {per})",
+    )
+
+
+def _down(windows: Mapping[str, ReplicaWindow], members: Iterable[str]) -> list[Finding]:
+    return [
+        Finding("down", (r,), f"{r} down: {'; '.join(windows[r].problems)}") for r in members if windows[r].problems
+    ]
+
+
+# ----------------------------------------------------------------------------------------- verdict
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the soak decided, on what basis, with every piece of evidence and the replicas it names."""
+
+    decision: Decision
+    basis: Basis
+    evidence: tuple[str, ...]
+    replicas: tuple[str, ...]
+
+    def summary(self) -> str:
+        return "; ".join(self.evidence)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "decision": self.decision,
+            "basis": self.basis,
+            "evidence": list(self.evidence),
+            "replicas": list(self.replicas),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Verdict:
+        return cls(data["decision"], data["basis"], tuple(data["evidence"]), tuple(data["replicas"]))
 
 
 @dataclass(frozen=True)
 class Gates:
-    """One evaluation: the three gate values (None = not evaluable) and the breaches, worded."""
+    """One evaluation: the canary's three gate values (None = not evaluable), the router-wide context, the
+    decisive findings (``breaches``), and — for a soak — both groups' figures and the verdict."""
 
     qps_drop: float | None
     p99_rise: float | None
@@ -144,6 +645,9 @@ class Gates:
     upstream_error_rate: float
     retries: float
     breaches: tuple[str, ...]
+    canary: GroupStats | None = None
+    baseline: GroupStats | None = None
+    verdict: Verdict | None = None
 
     @property
     def passed(self) -> bool:
@@ -155,7 +659,7 @@ class Gates:
 
         return (
             f"QPS drop {pct(self.qps_drop)}, P99 rise {pct(self.p99_rise)}, error rate {self.error_rate:.3%} "
-            f"(upstream {self.upstream_error_rate:.3%}, {self.retries:.0f} retries)"
+            f"(clients {self.client_error_rate:.3%}, {self.retries:.0f} retries)"
         )
 
     def contract(self) -> dict[str, float | None]:
@@ -169,6 +673,9 @@ class Gates:
             "upstream_error_rate": self.upstream_error_rate,
             "retries": self.retries,
             "breaches": list(self.breaches),
+            "canary": self.canary.to_json() if self.canary else None,
+            "baseline": self.baseline.to_json() if self.baseline else None,
+            "verdict": self.verdict.to_json() if self.verdict else None,
         }
 
     @classmethod
@@ -181,54 +688,165 @@ class Gates:
             upstream_error_rate=float(data["upstream_error_rate"]),
             retries=float(data["retries"]),
             breaches=tuple(data["breaches"]),
+            canary=GroupStats.from_json(data["canary"]) if data.get("canary") else None,
+            baseline=GroupStats.from_json(data["baseline"]) if data.get("baseline") else None,
+            verdict=Verdict.from_json(data["verdict"]) if data.get("verdict") else None,
         )
 
 
-def evaluate(baseline: WindowStats, window: WindowStats, limits: GateLimits) -> Gates:
-    """Compare a window with the baseline. Drops and rises are signed (negative = better)."""
-    breaches: list[str] = []
-    qps_drop: float | None = None
-    p99_rise: float | None = None
-    if baseline.requests >= MIN_BASELINE_REQUESTS and baseline.qps > 0:
-        qps_drop = (baseline.qps - window.qps) / baseline.qps
-        if qps_drop > limits.max_qps_drop:
-            breaches.append(
-                f"QPS drop {qps_drop:.1%} > {limits.max_qps_drop:.0%} "
-                f"(baseline {baseline.qps:.1f}/s, now {window.qps:.1f}/s)"
+def judge(
+    canary: Sequence[str],
+    peers: Sequence[str],
+    windows: Mapping[str, ReplicaWindow],
+    *,
+    basis: Basis,
+    seconds: float,
+    fleet: WindowStats,
+    before: WindowStats | None,
+    limits: GateLimits,
+) -> Gates:
+    """The verdict on one soak window.
+
+    ``windows`` holds every replica measured (the canary, its ``peers`` — the baseline of ``basis`` — and any
+    other replica in the router, e.g. those updated earlier while old-version peers remain). ``fleet`` is the
+    router-wide window, ``before`` the pre-rollout baseline (its ``replicas`` is the reference of
+    ``pre-rollout`` and the fallback reference of a replica without peers)."""
+    outside_ids = [r for r in windows if r not in canary]
+    pre = before.replicas if before is not None else None
+    alpha = FAMILY_ALPHA / (2 + len(outside_ids))
+
+    # Evidence outside the batch: each replica that is not the canary, against its peers without it.
+    outside: list[Finding] = _down(windows, outside_ids)
+    outside += [f for r in outside_ids if (f := _errors(r, [r], windows, limits)) is not None]
+    broken = {r: "down" if windows[r].problems else "failing" for f in outside for r in f.replicas}
+    peer_windows = {r: windows[r] for r in peers if r in windows}
+    clean = {r: w for r, w in peer_windows.items() if r not in broken}
+    clean_latency = _merge(w.latency for w in clean.values())
+    for r in outside_ids:  # each against the clean peers without it: the peers' histogram minus its own
+        own = windows[r].latency
+        rest = clean_latency - own if r in clean and clean_latency is not None and own is not None else clean_latency
+        rest_p99 = _p99(rest) if len(clean) > (r in clean) else pre.p99_s if pre is not None else None
+        if r not in broken and (f := p99_check(r, [r], windows, rest_p99, limits, alpha)[1]) is not None:
+            outside.append(f)
+    flagged = {r for f in outside for r in f.replicas}
+
+    # The canary against the clean peers (or the pre-rollout figures).
+    reasons = {r: broken.get(r, "slower than its peers") for r in peer_windows if r in flagged}
+    reference = group_stats(peer_windows, seconds, reasons)
+    if basis == "pre-rollout" and pre is not None:
+        reference = pre
+    members = [r for r in canary if r in windows]
+    breaches: list[Finding] = _down(windows, members)
+    if (e := _errors("canary", members, windows, limits)) is not None:
+        breaches.append(e)
+    qps_drop = p99_rise = None
+    if members and reference.replicas:
+        qps_drop, qps = qps_check("canary", members, windows, seconds, reference, limits, alpha,
+                                  _dispersion([windows[r] for r in outside_ids if r not in flagged]))  # fmt: skip
+        p99_rise, p99 = p99_check("canary", members, windows, reference.p99_s, limits, alpha)
+        breaches += [f for f in (qps, p99) if f is not None]
+    canary_stats = group_stats({r: windows[r] for r in members}, seconds)
+
+    # Router-wide: client errors no replica's failures explain; traffic too thin to judge; weather alike.
+    context: list[str] = []
+    failures = sum(w.failures for w in windows.values())
+    if fleet.client_error_rate > limits.max_error_rate and failures == 0:
+        outside.append(
+            Finding(
+                "clients",
+                (),
+                f"clients got {fleet.client_errors:.0f} errors of {fleet.requests:.0f} requests "
+                f"({fleet.client_error_rate:.2%}) while no replica failed an upstream attempt: the router, not a replica",
             )
-        if baseline.p99_s and window.p99_s is not None:
-            p99_rise = (window.p99_s - baseline.p99_s) / baseline.p99_s
-            if p99_rise > limits.max_p99_rise:
-                breaches.append(
-                    f"P99 rise {p99_rise:.1%} > {limits.max_p99_rise:.0%} "
-                    f"(baseline {baseline.p99_s * 1000:.1f} ms, now {window.p99_s * 1000:.1f} ms)"
+        )
+    everyone = group_stats({r: windows[r] for r in outside_ids if r not in flagged}, seconds)  # the weather
+    if pre is not None and pre.qps_per_replica > 0 and everyone.replicas:
+        dip = (pre.qps_per_replica - everyone.qps_per_replica) / pre.qps_per_replica
+        expected_then = pre.qps_per_replica * len(members) * seconds
+        if qps_drop is None and members and expected_then >= MIN_REQUESTS and dip > limits.max_qps_drop:
+            outside.append(
+                Finding(
+                    "traffic",
+                    (),
+                    f"traffic dip: {everyone.qps_per_replica:.2f} requests/s per replica vs {pre.qps_per_replica:.2f}/s "
+                    f"before the rollout ({dip:.0%} less), too few for the canary to be judged",
                 )
-    if window.error_rate > limits.max_error_rate:
-        breaches.append(error_breach(window, limits))
+            )
+        elif dip > limits.max_qps_drop:
+            context.append(
+                f"traffic per replica outside the batch {dip:.0%} below the pre-rollout baseline: weather, not the batch"
+            )
+        if pre.p99_s and everyone.p99_s and everyone.p99_s > (1 + limits.max_p99_rise) * pre.p99_s:
+            rise = everyone.p99_s / pre.p99_s - 1
+            context.append(
+                f"the replicas outside the batch are {rise:+.0%} slower (P99) than before the rollout: weather, not the batch"
+            )
+
+    decision: Decision = "pause" if outside else "rollback" if breaches else "pass"
+    base_words = f"baseline: {BASIS_WORDS[basis]} — {_describe(reference)}"
+    canary_words = f"canary {_describe(canary_stats)}"
+    if decision == "pause":
+        head = ["evidence outside the batch, the new version is not blamed: " + "; ".join(f.text for f in outside)]
+        if breaches:
+            head.append("the canary also breached, not attributable while the fleet is like this: "
+                        + "; ".join(f.text for f in breaches))  # fmt: skip
+        named = outside
+    elif decision == "rollback":
+        head = ["breach confined to the canary: " + "; ".join(f.text for f in breaches)]
+        named = breaches
+    else:
+        head = ["canary within every gate"]
+        named = []
+    evidence = (*head, canary_words, base_words, *context)
+    replicas = tuple(dict.fromkeys(r for f in named for r in f.replicas))
     return Gates(
         qps_drop=qps_drop,
         p99_rise=p99_rise,
-        error_rate=window.error_rate,
-        client_error_rate=window.client_error_rate,
-        upstream_error_rate=window.upstream_error_rate,
-        retries=window.retries,
-        breaches=tuple(breaches),
+        error_rate=canary_stats.error_rate,
+        client_error_rate=fleet.client_error_rate,
+        upstream_error_rate=fleet.upstream_error_rate,
+        retries=fleet.retries,
+        breaches=tuple(f.text for f in (*outside, *breaches)),
+        canary=canary_stats,
+        baseline=reference,
+        verdict=Verdict(decision, basis, evidence, replicas),
     )
 
 
-def error_breach(window: WindowStats, limits: GateLimits) -> str:
+def _dispersion(windows: Sequence[ReplicaWindow]) -> float:
+    """Variance over mean of the per-replica success counts of every replica outside the canary that is up (the
+    same router split them in the same window), at least 1 (Poisson); 1 with fewer than 3 replicas."""
+    counts = [w.successes for w in windows]
+    if len(counts) < 3:
+        return 1.0
+    mean = sum(counts) / len(counts)
+    variance = sum((c - mean) ** 2 for c in counts) / (len(counts) - 1)
+    return max(1.0, variance / mean) if mean > 0 else 1.0
+
+
+def _describe(g: GroupStats) -> str:
+    p99 = "n/a" if g.p99_s is None else f"{g.p99_s * 1000:.1f} ms"
+    left = f", left out: {', '.join(f'{r} ({why})' for r, why in g.excluded.items())}" if g.excluded else ""
     return (
-        f"error rate {window.error_rate:.2%} > {limits.max_error_rate:.2%} "
-        f"(client-facing {window.client_errors:.0f}/{window.requests:.0f}, upstream "
-        f"{window.upstream_errors:.0f}/{window.upstream_responses:.0f}, {window.retries:.0f} retries)"
+        f"{len(g.replicas)} replicas ({', '.join(g.replicas[:4])}{', …' if len(g.replicas) > 4 else ''}): "
+        f"{g.qps_per_replica:.2f} req/s per replica, P99 {p99}, errors {g.errors:.0f}/{g.requests:.0f}{left}"
     )
 
 
-def error_budget_exhausted(baseline: WindowStats, window: WindowStats, limits: GateLimits, interval_s: float) -> bool:
-    """True once a soak window already holds more errors than the whole interval may, at baseline
-    traffic: the end-of-window error gate can no longer pass, so the updater need not wait for it.
+def canary_budget_spent(
+    canary: Sequence[str],
+    peers: Sequence[str],
+    windows: Mapping[str, ReplicaWindow],
+    expected_attempts: float,
+    limits: GateLimits,
+) -> bool:
+    """True once the canary's upstream failures exceed what the whole soak may hold (0.1 % of the attempts it
+    should get over the interval at pre-rollout traffic, or of those it already got) while its peers stay
+    within the limit: the end-of-window verdict can only be a rollback, so the soak need not wait for it.
     (A single early error in a large window does not end the soak: the budget is for the interval.)"""
-    expected_requests = max(baseline.qps * interval_s, window.requests)
-    expected_upstream = max(baseline.upstream_responses / baseline.seconds * interval_s, window.upstream_responses)
-    allowed = limits.max_error_rate
-    return window.client_errors > allowed * expected_requests or window.upstream_errors > allowed * expected_upstream
+    failures = sum(windows[r].failures for r in canary if r in windows)
+    attempts = sum(windows[r].requests for r in canary if r in windows)
+    peer_failures = sum(windows[r].failures for r in peers if r in windows)
+    peer_attempts = sum(windows[r].requests for r in peers if r in windows)
+    confined = peer_failures <= limits.max_error_rate * peer_attempts
+    return confined and failures > limits.max_error_rate * max(expected_attempts, attempts)

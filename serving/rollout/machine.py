@@ -54,7 +54,7 @@ RESTORE = (Phase.REMOVE, Phase.DRAIN, Phase.UPDATE, Phase.HEALTH, Phase.READMIT)
 # Phases during which a batch is (or may be) out of the router: after its removal began, before readmission.
 OUT_OF_ROUTER = frozenset({Phase.DRAIN, Phase.UPDATE, Phase.HEALTH, Phase.WARMUP, Phase.READMIT})
 
-EventKind = Literal["baseline", "done", "failed", "pause", "resume", "rollback", "router_lost"]
+EventKind = Literal["baseline", "done", "failed", "outside", "pause", "resume", "rollback", "router_lost"]
 
 
 @dataclass(frozen=True)
@@ -258,6 +258,8 @@ def advance(state: RolloutState, ev: Event) -> RolloutState:
         raise TransitionError(f"event for {ev.step} but the current step is {step}")
     if ev.kind == "router_lost":
         return _pause(state, step, f"router lost during {_where(step)}: {ev.detail}")
+    if ev.kind == "outside":
+        return _outside(state, step, ev)
     if ev.kind == "baseline":
         if step.phase is not Phase.BASELINE or ev.baseline is None:
             raise TransitionError("a baseline event needs the baseline step and its measurement")
@@ -272,6 +274,16 @@ def advance(state: RolloutState, ev: Event) -> RolloutState:
     if ev.kind == "failed":
         return _failed(state, step, step.batch, ev)
     raise TransitionError(f"unknown event kind {ev.kind!r}")
+
+
+def _outside(state: RolloutState, step: Step, ev: Event) -> RolloutState:
+    """A soak's verdict found evidence outside the batch: pause with the batch in the router and its verdict on
+    record, never roll back; ``--resume`` soaks it again, ``exaserve rollback`` undoes the touched batches."""
+    if step.phase is not Phase.SOAK or step.batch is None or step.rollback:
+        raise TransitionError(f"an 'outside' verdict needs a forward soak step, the current step is {step}")
+    b = step.batch
+    state = replace(state, batches=_set_batch(state, b, gates=ev.gates, notes=(*state.batches[b].notes, ev.detail)))
+    return _pause(state, step, f"{_where(step)} paused: {ev.detail}")
 
 
 def _where(step: Step) -> str:
@@ -365,6 +377,20 @@ def _operator_rollback(state: RolloutState, ev: Event) -> RolloutState:
     return _start_rollback(state, ev.detail or "rollback requested by the operator")
 
 
+def _judgement(rec: BatchRecord) -> dict[str, Any]:
+    """The batch's ``canary`` and ``baseline`` figures and its ``verdict`` (decision, basis, evidence, replicas): the
+    soak's own; for a batch that failed before its soak, a rollback naming the failed step; null when undecided."""
+    g = rec.gates
+    verdict = g.verdict.to_json() if g is not None and g.verdict is not None else None
+    if verdict is None and rec.passed is False:
+        verdict = {"decision": "rollback", "basis": None, "evidence": list(rec.notes[-1:]), "replicas": []}
+    return {
+        "canary": g.canary.to_json() if g is not None and g.canary is not None else None,
+        "baseline": g.baseline.to_json() if g is not None and g.baseline is not None else None,
+        "verdict": verdict,
+    }
+
+
 def contract(state: RolloutState, final_versions: dict[str, str | None]) -> dict[str, Any]:
     """The ``--json`` report of the issue's contract (timestamps ISO 8601, UTC)."""
 
@@ -388,6 +414,7 @@ def contract(state: RolloutState, final_versions: dict[str, str | None]) -> dict
                 if rec.gates
                 else {"qps_drop": None, "p99_rise": None, "error_rate": None},
                 "passed": rec.passed,
+                **_judgement(rec),
             }
             for rec in state.batches
         ],

@@ -3,13 +3,16 @@
 Batches are the planner's update groups (:func:`serving.plan.planner.rollout_groups` over
 :func:`serving.plan.planner.fleet_replicas`): exactly ``rollout.batches`` batches, every replica once,
 striding over the placement order so each batch is spread across racks and nodes. Batch ``i`` is
-update group ``i``, the same group the Pulumi program gives its own version.
+update group ``i``, the same group the Pulumi program gives its own version. A plan made from what the
+fleet runs (:func:`serving.rollout.session.plan_from_fleet`) keeps only the replicas that need the
+update: groups left empty are dropped and the rest renumbered in order.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from serving.plan.model import Plan
@@ -68,7 +71,11 @@ class BatchPlan:
 
 @dataclass(frozen=True)
 class RolloutPlan:
-    """Everything the state machine needs; recorded as the first line of the journal."""
+    """Everything the state machine needs; recorded as the first line of the journal.
+
+    ``observed`` is what every replica of the stack ran when the plan was made (None: down or unreachable),
+    planned or not: the journal's record of the fleet it started from.
+    """
 
     stack: str
     kind: PlanKind
@@ -77,6 +84,7 @@ class RolloutPlan:
     batches: tuple[BatchPlan, ...]
     timings: Timings
     limits: GateLimits
+    observed: Mapping[str, str | None] = field(default_factory=dict)
 
     @property
     def gated(self) -> bool:
@@ -116,6 +124,7 @@ class RolloutPlan:
             ],
             "timings": vars(self.timings),
             "limits": vars(self.limits),
+            "observed": dict(self.observed),
         }
 
     @classmethod
@@ -131,18 +140,22 @@ class RolloutPlan:
             ),
             timings=Timings(**data["timings"]),
             limits=GateLimits(**data["limits"]),
+            observed={str(r): None if v is None else str(v) for r, v in data.get("observed", {}).items()},
         )
 
 
-def plan_batches(fleet_plan: Plan) -> tuple[BatchPlan, ...]:
-    """``rollout.batches`` batches over the fleet's replicas (the plan's update groups), each spread across racks."""
+def plan_batches(fleet_plan: Plan, only: Collection[str] | None = None) -> tuple[BatchPlan, ...]:
+    """``rollout.batches`` batches over the fleet's replicas (the plan's update groups), each spread across racks;
+    with ``only``, each group keeps just those replicas and groups left empty are dropped (indices stay 0, 1, …)."""
     replicas = fleet_plan.replicas
-    out = []
-    for i, group in enumerate(fleet_plan.rollout_groups):
-        members = [replicas[j] for j in group]
+    out: list[BatchPlan] = []
+    for group in fleet_plan.rollout_groups:
+        members = [replicas[j] for j in group if only is None or replicas[j].id in only]
+        if not members:
+            continue
         out.append(
             BatchPlan(
-                index=i,
+                index=len(out),
                 replicas=tuple(r.id for r in members),
                 racks=tuple(sorted({r.node.rack for r in members})),
                 nodes=tuple(sorted({n.name for r in members for n in r.nodes})),
@@ -159,15 +172,19 @@ def plan_rollout(
     from_version: str,
     to_version: str,
     kind: PlanKind = "rollout",
+    only: Collection[str] | None = None,
+    observed: Mapping[str, str | None] | None = None,
 ) -> RolloutPlan:
+    """The plan over every replica, or over ``only`` (see :func:`plan_batches`), recording ``observed``."""
     return RolloutPlan(
         stack=stack,
         kind=kind,
         from_version=from_version,
         to_version=to_version,
-        batches=plan_batches(fleet_plan),
+        batches=plan_batches(fleet_plan, only),
         timings=Timings.from_spec(spec),
         limits=GateLimits.from_spec(spec),
+        observed=dict(observed or {}),
     )
 
 

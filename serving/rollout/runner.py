@@ -2,8 +2,10 @@
 
 For each step the runner does the I/O, turns the result into an :class:`~serving.rollout.machine.Event`,
 advances the pure state, and writes the event to the journal *before* it acts on the new state.
-Before each step it puts the router's worker list in line with the state (a restarted router comes
-back with its command-line workers, or none). Router calls that fail at the transport level are
+Membership goes through the backend's model (:mod:`serving.rollout.membership`) on EVERY router instance: a
+removal or readmission is done only when each instance shows it, and its event names each instance's seconds.
+Before each step the runner puts every instance in line with the state (a restarted router comes back with its
+command-line workers, or with what its discovery selects). Router calls that fail at the transport level are
 retried for ``router_grace_s``; after that the rollout pauses with the reason (``router_lost``).
 
 Warm-up. The source ramps a new replica at 10 % of traffic for 30 s. The SGLang router 0.3.2 has no
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TypeVar
@@ -29,27 +31,34 @@ import httpx
 
 from serving.rollout.backends import Backend, BackendError
 from serving.rollout.gates import (
-    Counters,
+    ROUTER_GATE_METRICS,
+    WORKER_GATE_METRICS,
+    Basis,
     Gates,
+    ReplicaReading,
+    ReplicaWindow,
+    RouterReading,
     WindowStats,
-    error_breach,
-    error_budget_exhausted,
-    evaluate,
+    canary_budget_spent,
+    group_stats,
+    judge,
+    parse_only,
+    replica_windows,
+    window_break,
     window_stats,
 )
 from serving.rollout.journal import Journal
 from serving.rollout.machine import Event, EventKind, Phase, RolloutState, Step, advance
+from serving.rollout.membership import Membership
 from serving.rollout.plan import warmup_requests
-from serving.router.client import (
-    WORKER_QUEUED,
-    WORKER_RUNNING,
-    RouterApiError,
-    RouterClient,
-)
+from serving.router.client import WORKER_QUEUED, WORKER_RUNNING, MetricsSnapshot, RouterApiError
 from serving.router.loadgen import DEFAULT_BODY, LoadSpec, run_load
+from serving.router.membership import MembershipTimeout, Observed
 
 T = TypeVar("T")
 MAX_WINDOW_RESTARTS = 3  # router restarts tolerated inside one measurement window
+SOAK_CHECK_S = 0.25  # router-only reads inside a soak, for the canary's error budget (the window's ends are exact)
+VERDICT_EVENT: Mapping[str, EventKind] = {"pass": "done", "rollback": "failed", "pause": "outside"}
 
 
 class RouterUnavailable(RuntimeError):
@@ -70,18 +79,35 @@ class Progress:
 ProgressFn = Callable[[Progress], None]
 
 
+@dataclass(frozen=True)
+class Reading:
+    """One read for the gates: every router instance's reading (by API URL), each replica's figures summed over
+    them, when (monotonic: the middle of the read, when the scrapes sampled the counters) and how long it took."""
+
+    routers: dict[str, RouterReading]
+    replicas: dict[str, ReplicaReading]
+    at: float
+    took: float
+
+    def due(self, seconds: float) -> float:
+        """When to start the read that ends a window of ``seconds`` from this one: its middle lands on the end,
+        so the window is ``seconds`` long and the reads' own time is not added to it."""
+        return self.at + seconds - self.took / 2
+
+
 class ErrorMeter:
-    """Cumulative client-facing router errors since the rollout began, across router restarts."""
+    """Cumulative client-facing errors of every router instance since the rollout began, across restarts."""
 
     def __init__(self, total: float) -> None:
         self.total = total
-        self._last: float | None = None
+        self._last: dict[str, float] = {}
 
-    def observe(self, counters: Counters) -> float:
-        now = counters.client_errors
-        if self._last is not None:
-            self.total += now - self._last if now >= self._last else now
-        self._last = now
+    def observe(self, routers: Mapping[str, RouterReading]) -> float:
+        for router, reading in routers.items():
+            now = reading.counters.client_errors
+            if (last := self._last.get(router)) is not None:
+                self.total += now - last if now >= last else now
+            self._last[router] = now
         return self.total
 
 
@@ -91,16 +117,16 @@ class Runner:
         state: RolloutState,
         journal: Journal,
         backend: Backend,
-        router: RouterClient,
+        membership: Membership,
         *,
         progress: ProgressFn | None = None,
         router_grace_s: float = 30.0,
-        poll_s: float = 0.25,
+        poll_s: float = 0.05,
     ) -> None:
         self.state = state
         self.journal = journal
         self.backend = backend
-        self.router = router
+        self.membership = membership  # every router instance: its worker list, and its metrics for the gates
         self.progress = progress or (lambda _p: None)
         self.router_grace_s = router_grace_s
         self.poll_s = poll_s
@@ -166,7 +192,12 @@ class Runner:
         where = f"batch {ev.step.batch} {ev.step.phase.value}" if ev.step and ev.step.batch is not None else ""
         if ev.step and ev.step.rollback:
             where = "rollback: " + where
-        text = {"done": "done", "failed": "FAILED", "baseline": "baseline measured"}.get(ev.kind, ev.kind)
+        text = {
+            "done": "done",
+            "failed": "FAILED",
+            "baseline": "baseline measured",
+            "outside": "PAUSED on evidence outside the batch:",
+        }.get(ev.kind, ev.kind)
         return " ".join(x for x in (where, text, ev.detail) if x)
 
     def _summary(self) -> str:
@@ -188,57 +219,111 @@ class Runner:
                     self._say(f"router not answering ({what}: {exc!r}); retrying for {self.router_grace_s:.0f} s")
                 if now >= deadline:
                     raise RouterUnavailable(
-                        f"{what}: no answer from {self.router.base_url} for {self.router_grace_s:.0f} s ({exc!r})"
+                        f"{what}: no answer from {_target(exc)} for {self.router_grace_s:.0f} s ({exc!r})"
                     ) from None
                 await asyncio.sleep(min(1.0, self.poll_s * 2))
 
-    async def _counters(self) -> Counters:
-        snap = await self._router_call("metrics", self.router.metrics)
-        counters = Counters.read(snap)
-        self.errors.observe(counters)
-        return counters
+    # ----- the gates' readings -------------------------------------------------------------------
+    async def _scrape(self, url: str, names: tuple[str, ...], timeout_s: float = 5.0) -> MetricsSnapshot:
+        """One Prometheus scrape, only the families the gates read (:func:`serving.rollout.gates.parse_only`)."""
+        response = await self._http.get(url, timeout=timeout_s)
+        response.raise_for_status()
+        return parse_only(response.text, names)
 
-    async def _registered(self) -> dict[str, str]:
-        """URL → worker id of the workers the router has registered."""
-        workers = await self._router_call("GET /workers", self.router.list_workers)
-        return {w.url: w.id for w in workers}
-
-    async def _remove_worker(self, worker_id: str) -> None:
-        """Queue a removal; an API refusal is reported and left to the caller's check of the list."""
+    async def _worker_scrape(self, url: str) -> MetricsSnapshot | str:
+        """A replica's own ``/metrics``, or why it did not answer; bounded by ``serving.health_check_timeout_s``
+        so that a hung worker cannot hold the end of a window."""
         try:
-            await self._router_call("DELETE /workers", partial(self.router.remove_worker, worker_id))
-        except RouterApiError as exc:
-            self._say(f"router refused the removal of {worker_id}: {exc}")
+            return await self._scrape(
+                url + "/metrics", WORKER_GATE_METRICS, self.state.plan.timings.health_check_timeout_s
+            )
+        except httpx.HTTPError as exc:
+            return type(exc).__name__
 
-    async def _add_worker(self, url: str) -> None:
-        try:
-            await self._router_call("POST /workers", partial(self.router.add_worker, url))
-        except RouterApiError as exc:
-            self._say(f"router refused to add {url}: {exc}")
+    async def _read(self, urls: Mapping[str, str], *, workers: bool) -> Reading:
+        """A scrape of EVERY router instance (all of them or none: one that does not answer is retried for the grace
+        period, then the rollout pauses) and, with ``workers``, every replica's own scrape at the same time."""
+        ids = list(urls)
+        routers = self.membership.routers
+        started = time.monotonic()
+
+        async def scrape_all() -> list[MetricsSnapshot | str]:
+            return list(await asyncio.gather(*(self._worker_scrape(urls[r]) for r in ids if workers)))
+
+        async def scrape_routers() -> dict[str, RouterReading]:
+            instances = await routers.urls()
+            snaps = await asyncio.gather(
+                *(self._scrape(routers.metrics_url(u), ROUTER_GATE_METRICS) for u in instances)
+            )
+            worker_urls = list(urls.values())
+            return {u: RouterReading.read(snap, worker_urls) for u, snap in zip(instances, snaps, strict=True)}
+
+        readings, scraped = await asyncio.gather(
+            self._router_call("metrics of every router instance", scrape_routers), scrape_all()
+        )
+        self.errors.observe(readings)
+        found: list[MetricsSnapshot | str | None] = list(scraped) if workers else [None] * len(ids)
+        replicas = {r: ReplicaReading.read(readings, urls[r], w) for r, w in zip(ids, found, strict=True)}
+        done = time.monotonic()
+        return Reading(readings, replicas, (started + done) / 2, done - started)
+
+    def _in_router(self, replicas: list[str]) -> dict[str, str]:
+        out = self.state.out_of_router()
+        return {r: self.backend.worker_url(r) for r in replicas if r not in out}
+
+    def _groups(self, batch: int) -> tuple[list[str], list[str], Basis, dict[str, str]]:
+        """The canary (the batch), its peers and their basis (see :mod:`serving.rollout.gates`), and the URL of
+        every replica measured: every one in the router, with those found on the target before the plan."""
+        s = self.state
+        plan = s.plan
+        canary = list(plan.batch(batch).replicas)
+        others = [rec for rec in s.batches if rec.index != batch]
+        old = [r for rec in others if rec.version in (None, plan.from_version) for r in plan.batch(rec.index).replicas]
+        updated = [
+            r for rec in others if rec.passed and rec.version == plan.to_version for r in plan.batch(rec.index).replicas
+        ]
+        before_plan = [r for r, v in plan.observed.items() if r not in set(plan.replicas) and v == plan.to_version]
+        urls = self._in_router([*canary, *(r for r in plan.replicas if r not in canary), *before_plan])
+        old = [r for r in old if r in urls]
+        updated = [r for r in (*updated, *before_plan) if r in urls]
+        if old:
+            return canary, old, "not-updated", urls
+        if updated:
+            return canary, updated, "updated", urls
+        return canary, [], "pre-rollout", urls
 
     def _urls(self, step: Step) -> dict[str, str]:
         assert step.batch is not None
         return {r: self.backend.worker_url(r) for r in self.state.plan.batch(step.batch).replicas}
 
+    def _ids(self, step: Step) -> list[str]:
+        assert step.batch is not None
+        return list(self.state.plan.batch(step.batch).replicas)
+
     async def _reconcile(self) -> None:
-        """Put the router's worker list in line with the state (the batch being removed or
-        readmitted is left as it is: that step moves it)."""
+        """Put every router instance in line with the state (the batch being removed or readmitted is left as it
+        is: that step moves it)."""
         s = self.state
-        out = s.out_of_router()
         moving: set[str] = set()
         if s.step is not None and s.step.batch is not None and s.step.phase in (Phase.REMOVE, Phase.READMIT):
             moving = set(s.plan.batch(s.step.batch).replicas)
-        registered = await self._registered()
-        for rid in s.plan.replicas:
-            if rid in moving:
-                continue
-            url = self.backend.worker_url(rid)
-            if rid in out and url in registered:
-                self._say(f"router lists {rid}, which must be out of it now: removing it again")
-                await self._remove_worker(registered[url])
-            elif rid not in out and url not in registered:
-                self._say(f"router lacks {rid}: adding it back")
-                await self._add_worker(url)
+        others = [r for r in s.plan.replicas if r not in moving]
+        fix = partial(self.membership.reconcile, others, s.out_of_router())
+        try:
+            notes = await self._router_call("reconcile", fix)
+        except (MembershipTimeout, RouterApiError, BackendError) as exc:
+            notes = [f"could not put every router in line yet: {exc}"]  # the next step's proof decides
+        for note in notes:
+            self._say(note)
+
+    async def _move(self, step: Step, what: str, change: Callable[[], Awaitable[Observed]]) -> Event:
+        """One membership change of the batch: done once every router instance shows it, its event naming each
+        instance's seconds; failed when one does not in time, or the platform refused the change."""
+        try:
+            seen = await self._router_call(what, change)
+        except (MembershipTimeout, RouterApiError, BackendError) as exc:
+            return self._event("failed", step, f"{what}: {exc}")
+        return self._event("done", step, seen.summary())
 
     # ----- steps ---------------------------------------------------------------------------------
     async def _execute(self, step: Step) -> Event | None:
@@ -265,46 +350,55 @@ class Runner:
         }
         return await handlers[step.phase](step)
 
-    async def _measure(self, seconds: float) -> WindowStats:
+    async def _measure(self, seconds: float, urls: Mapping[str, str]) -> tuple[WindowStats, dict[str, ReplicaWindow]]:
+        """Router-wide and per-replica figures over ``seconds`` (measured again if the router restarts)."""
         for _ in range(MAX_WINDOW_RESTARTS + 1):
-            before, t0 = await self._counters(), time.monotonic()
-            await asyncio.sleep(seconds)
-            after = await self._counters()
-            stats = window_stats(before, after, time.monotonic() - t0)
+            before = await self._read(urls, workers=True)
+            await asyncio.sleep(max(0.0, before.due(seconds) - time.monotonic()))
+            after = await self._read(urls, workers=True)
+            stats = window_stats(before.routers, after.routers, after.at - before.at)
             if stats is not None:
-                return stats
-            self._say("router counters went back to zero (router restarted): measuring the window again")
-        raise RouterUnavailable(f"router restarted {MAX_WINDOW_RESTARTS + 1} times while measuring")
+                return stats, replica_windows(before.replicas, after.replicas)
+            self._say(f"{window_break(before.routers, after.routers)}: measuring the window again")
+        raise RouterUnavailable(
+            f"router instances restarted or changed {MAX_WINDOW_RESTARTS + 1} times while measuring"
+        )
 
     async def _baseline(self, step: Step) -> Event:
+        """The fleet before the rollout, router-wide and per replica: the warm-up's request rate, the canary's
+        error budget, the reference of a single-batch rollout and the measure of later traffic dips."""
         seconds = self.state.plan.timings.baseline_window_s
         self._say(f"measuring the baseline over {seconds:g} s")
-        stats = await self._measure(seconds)
+        stats, windows = await self._measure(seconds, self._in_router(list(self.state.plan.replicas)))
+        down = {r: "; ".join(w.problems) for r, w in windows.items() if w.problems}
+        stats = replace(stats, replicas=group_stats(windows, stats.seconds, down))
+        per = stats.replicas
+        assert per is not None
         detail = (
-            f"{stats.qps:.1f} req/s, P99 {stats.p99_s * 1000:.1f} ms, error rate {stats.error_rate:.3%}"
+            f"{stats.qps:.1f} req/s ({per.qps_per_replica:.2f} per replica), P99 {stats.p99_s * 1000:.1f} ms "
+            f"(replicas' own {'n/a' if per.p99_s is None else f'{per.p99_s * 1000:.1f} ms'}), "
+            f"error rate {stats.error_rate:.3%}"
             if stats.p99_s is not None
             else f"no traffic in {seconds:g} s: QPS and P99 gates cannot be evaluated"
-        )
+        ) + (f"; down: {', '.join(f'{r} ({why})' for r, why in down.items())}" if down else "")
         return self._event("baseline", step, detail, baseline=stats)
 
     async def _remove(self, step: Step) -> Event:
-        urls = self._urls(step)
-        registered = await self._registered()
-        for url in urls.values():
-            if url in registered:
-                await self._remove_worker(registered[url])
-        deadline = time.monotonic() + self.state.plan.timings.drain_timeout_s
-        while still := set(urls.values()) & set(await self._registered()):
-            if time.monotonic() >= deadline:
-                return self._event("failed", step, f"router still lists {sorted(still)} after removal")
-            await asyncio.sleep(self.poll_s / 4)
-        return self._event("done", step)
+        ids = self._ids(step)
+        timeout = self.state.plan.timings.drain_timeout_s
+        return await self._move(step, "removal", partial(self.membership.take_out, ids, timeout))
 
-    async def _in_flight(self, url: str) -> float:
+    async def _in_flight(self, url: str) -> float | str:
+        """Running + queued requests as the worker itself reports them (SGLang's gauges), or why that is unknown:
+        a worker that does not answer, or answers without the gauges, is never counted as idle."""
         try:
-            snap = await self.router.worker_metrics(url)
-        except httpx.HTTPError:
-            return 0.0  # not listening: nothing in flight there
+            snap = await self._scrape(
+                url + "/metrics", (WORKER_RUNNING, WORKER_QUEUED), self.state.plan.timings.health_check_timeout_s
+            )
+        except httpx.HTTPError as exc:
+            return f"no answer from {url}/metrics ({type(exc).__name__})"
+        if not snap.select(WORKER_RUNNING):
+            return f"{url}/metrics has no {WORKER_RUNNING}"
         return snap.value(WORKER_RUNNING) + snap.value(WORKER_QUEUED)
 
     async def _drain(self, step: Step) -> Event:
@@ -312,23 +406,29 @@ class Runner:
 
         The router's per-worker ``smg_worker_requests_active`` stays 0 in sglang-router 0.3.2 (checked
         under load), so the workers' ``sglang:num_running_reqs`` + ``sglang:num_queue_reqs`` decide; the
-        router stopped sending new requests when the removal step saw the worker leave its list.
+        router stopped sending new requests when the removal step saw the worker leave every instance's list.
+        A count that cannot be read is unknown, not 0: the drain then runs to its timeout and says so.
         """
-        urls = list(self._urls(step).values())
+        urls = self._urls(step)
         timeout = self.state.plan.timings.drain_timeout_s
         t0 = time.monotonic()
         while True:
-            in_flight = sum(await asyncio.gather(*(self._in_flight(u) for u in urls)))
+            counts = dict(zip(urls, await asyncio.gather(*(self._in_flight(u) for u in urls.values())), strict=True))
+            busy = sum(n for n in counts.values() if isinstance(n, float))
+            unknown = {r: why for r, why in counts.items() if isinstance(why, str)}
             waited = time.monotonic() - t0
-            if in_flight <= 0:
+            if busy <= 0 and not unknown:
                 return self._event("done", step, f"drained in {waited:.2f} s")
+            also = f"; in flight unknown on {len(unknown)}: " + ", ".join(f"{r} ({w})" for r, w in unknown.items())
             if waited >= timeout:
                 return self._event(
                     "done",
                     step,
-                    f"drain timeout: {in_flight:.0f} requests still running after {timeout:g} s; updating anyway",
+                    f"drain timeout: {busy:.0f} requests still running after {timeout:g} s"
+                    + (also if unknown else "")
+                    + "; updating anyway",
                 )
-            self._say(f"draining: {in_flight:.0f} requests in flight on the batch's workers")
+            self._say(f"draining: {busy:.0f} requests in flight on the batch's workers" + (also if unknown else ""))
             await asyncio.sleep(self.poll_s)
 
     async def _update(self, step: Step, version: str) -> Event:
@@ -355,6 +455,7 @@ class Runner:
         t0 = time.monotonic()
         last: dict[str, str] = {}
         pending = set(urls)
+        last_reconcile = t0
         while pending:
             answers = await asyncio.gather(*(self._probe(urls[r]) for r in sorted(pending)))
             last.update(zip(sorted(pending), answers, strict=True))
@@ -366,7 +467,9 @@ class Runner:
                 worst = ", ".join(f"{r} ({last[r]})" for r in sorted(pending))
                 return self._event("failed", step, f"health timeout: {worst} not healthy after {timeout:g} s")
             self._say(f"waiting for /health_generate: {len(pending)} of {len(urls)} not healthy yet")
-            await self._reconcile()
+            if time.monotonic() - last_reconcile >= 1.0:
+                await self._reconcile()
+                last_reconcile = time.monotonic()
             await asyncio.sleep(self.poll_s)
         running = await self.backend.versions(list(urls))
         wrong = {r: v for r, v in running.items() if v != version}
@@ -404,59 +507,77 @@ class Runner:
         return self._event("done", step, f"warm-up: {sent} synthetic requests, 0 errors, P99 {p99 * 1000:.1f} ms")
 
     async def _readmit(self, step: Step) -> Event:
-        urls = self._urls(step)
-        registered = await self._registered()
-        for url in urls.values():
-            if url not in registered:
-                await self._add_worker(url)
+        ids = self._ids(step)
         timeout = self.state.plan.timings.health_timeout_s
-        t0 = time.monotonic()
-        while True:
-            workers = await self._router_call("GET /workers", self.router.list_workers)
-            healthy = {w.url for w in workers if w.is_healthy}
-            missing = sorted(r for r, u in urls.items() if u not in healthy)
-            if not missing:
-                break
-            if time.monotonic() - t0 >= timeout:
-                return self._event("failed", step, f"router did not admit {missing} within {timeout:g} s")
-            await asyncio.sleep(self.poll_s / 2)
-        if step.batch is not None and not step.rollback:
+        event = await self._move(step, "readmission", partial(self.membership.bring_back, ids, timeout))
+        if event.kind == "done" and step.batch is not None and not step.rollback:
             self.readmitted_at[step.batch] = time.time()
-        return self._event("done", step, f"readmitted in {time.monotonic() - t0:.2f} s")
+        return event
 
     async def _soak(self, step: Step) -> Event | None:
+        """Soak the batch for ``rollout.interval_s`` and judge it against its peers over the same window
+        (:func:`serving.rollout.gates.judge`): pass, roll back, or pause on evidence outside the batch. Between the
+        window's two full reads (router and every replica) only the router is read, every ``SOAK_CHECK_S``, to end
+        the soak at once when the canary's error budget is spent."""
         plan = self.state.plan
         interval = plan.timings.interval_s
-        baseline = self.state.baseline
-        if baseline is None or interval <= 0:
+        before = self.state.baseline
+        if before is None or interval <= 0 or step.batch is None:
             return self._event("done", step, "no soak (rollout.interval_s is 0 or no baseline)")
-        restarts = 0
+        canary, peers, basis, urls = self._groups(step.batch)
+        expected = _attempt_rate(before, len(plan.replicas)) * len(canary) * interval
         note = ""
-        start, t0 = await self._counters(), time.monotonic()
-        last_reconcile = t0
-        while True:
-            await asyncio.sleep(self.poll_s)
-            if self._pause.is_set():
-                return None
-            now_c, elapsed = await self._counters(), time.monotonic() - t0
-            stats = window_stats(start, now_c, elapsed)
-            if stats is None:
-                restarts += 1
-                if restarts > MAX_WINDOW_RESTARTS:
-                    raise RouterUnavailable(f"router restarted {restarts} times during the soak")
-                note = f"router restarted during the soak ({restarts}×): worker list re-checked, window re-measured; "
+        for restarts in range(1, MAX_WINDOW_RESTARTS + 2):
+            start = await self._read(urls, workers=True)
+            last_reconcile = start.at
+            while (left := start.due(interval) - time.monotonic()) > 0:
+                await asyncio.sleep(min(SOAK_CHECK_S, left))
+                if self._pause.is_set():
+                    return None
+                if start.due(interval) - time.monotonic() <= SOAK_CHECK_S / 2:
+                    continue  # too close to the end for a check: sleep the rest
+                now = await self._read(urls, workers=False)
+                if window_break(start.routers, now.routers) is not None:
+                    break  # a router instance restarted or changed: the full read below sees it
+                windows = replica_windows(start.replicas, now.replicas)
+                if canary_budget_spent(canary, peers, windows, expected, plan.limits):
+                    break
+                failed = sum(windows[r].failures for r in canary if r in windows)
+                tried = sum(windows[r].requests for r in canary if r in windows)
+                self._say(f"soak {now.at - start.at:.1f}/{interval:g} s: canary {failed:.0f}/{tried:.0f} failed")
+                if now.at - last_reconcile >= 1.0:
+                    await self._reconcile()
+                    last_reconcile = time.monotonic()
+            end = await self._read(urls, workers=True)
+            fleet = window_stats(start.routers, end.routers, end.at - start.at)
+            if fleet is None:
+                why = window_break(start.routers, end.routers)
+                note = f"router restarted during the soak ({restarts}×: {why}): worker lists re-checked, window re-measured; "
                 self._say(note)
                 await self._reconcile()
-                start, t0 = await self._counters(), time.monotonic()
                 continue
-            gates = evaluate(baseline, stats, plan.limits)
-            self._say(f"soak {elapsed:.1f}/{interval:g} s", gates)
-            if error_budget_exhausted(baseline, stats, plan.limits, interval):
-                gates = replace(gates, breaches=(error_breach(stats, plan.limits),))
-                return self._event("failed", step, note + "; ".join(gates.breaches), gates=gates)
-            if elapsed >= interval:
-                kind: EventKind = "done" if gates.passed else "failed"
-                return self._event(kind, step, note + ("; ".join(gates.breaches) or gates.summary()), gates=gates)
-            if time.monotonic() - last_reconcile >= 1.0:
-                await self._reconcile()
-                last_reconcile = time.monotonic()
+            gates = judge(
+                canary, peers, replica_windows(start.replicas, end.replicas), basis=basis,
+                seconds=end.at - start.at, fleet=fleet, before=before, limits=plan.limits,
+            )  # fmt: skip
+            assert gates.verdict is not None
+            return self._event(VERDICT_EVENT[gates.verdict.decision], step, note + gates.verdict.summary(), gates=gates)
+        raise RouterUnavailable(
+            f"router instances restarted or changed {MAX_WINDOW_RESTARTS + 1} times during the soak"
+        )
+
+
+def _attempt_rate(before: WindowStats, replicas: int) -> float:
+    """Upstream attempts per replica and second before the rollout (per replica when measured so)."""
+    per = before.replicas
+    if per is not None and per.replica_seconds > 0:
+        return per.requests / per.replica_seconds
+    return before.upstream_responses / before.seconds / replicas if before.seconds > 0 and replicas else 0.0
+
+
+def _target(exc: httpx.HTTPError) -> str:
+    """The URL a failed call went to (the router instance, or a worker)."""
+    try:
+        return str(exc.request.url)
+    except RuntimeError:  # an error raised without its request
+        return "the router"

@@ -28,10 +28,10 @@ from serving.plan.model import Plan
 from serving.rollout.backends import Backend, BackendError, ReplicaIndex
 from serving.router.client import RouterApiError, RouterClient
 from serving.router.loadgen import LoadSpec, run_load
+from serving.router.membership import RouterSet
 from serving.runtime.agent import REPORTS_PATH
 from serving.runtime.controller import Action, Controller, ControllerConfig, Kind, replica_urls
 from serving.runtime.leader import Election, ElectionError, Term
-from serving.runtime.membership import RouterSet
 from serving.runtime.reports import Rejection, ReportRejected, parse_report
 from serving.spec.schema import FleetSpec
 

@@ -16,8 +16,11 @@ from pathlib import Path
 import httpx
 
 from serving.plan.model import Plan, Replica
+from serving.render.common import duration_buckets
 from serving.render.router import ROUTER_ENTRY, router_argv
 from serving.rollout.backends import BackendError, ReplicaIndex
+from serving.rollout.membership import RouterApiMembership
+from serving.router.membership import RouterSet
 from serving.sandbox.processes import SandboxError, StateDir, restart_worker
 from serving.sandbox.worker import LOOPBACK, WorkerConfig
 from serving.spec.schema import FleetSpec, SandboxSpec
@@ -56,6 +59,7 @@ def worker_config(spec: FleetSpec, replica: Replica, version: str) -> WorkerConf
         never_ready=release.never_ready,
         served_model_name=spec.model.name,
         max_running_requests=spec.limits.max_running_requests,
+        bucket_e2e_request_latency=tuple(duration_buckets(spec)),
     )
 
 
@@ -86,7 +90,17 @@ class LocalBackend(ReplicaIndex):
     def known_versions(self) -> frozenset[str]:
         return frozenset(self.sandbox.versions)
 
+    def membership(self, routers: RouterSet) -> RouterApiMembership:
+        return RouterApiMembership(routers, self.worker_url)  # the routers know the replicas by these static URLs
+
+    @property
+    def updates_whole_groups(self) -> bool:
+        return False  # one process per replica
+
     async def _version(self, replica_id: str) -> str | None:
+        """The release the worker process was started with, as the process itself reports it (``/model_info``'s
+        ``weight_version``, from its ``--version``); None when nothing answers on its port (stopped, crashed,
+        still loading)."""
         try:
             response = await self._http.get(self.worker_url(replica_id) + "/model_info")
             return str(response.json()["weight_version"]) if response.status_code == 200 else None

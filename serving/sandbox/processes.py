@@ -29,7 +29,7 @@ from sglang_router.launch_router import parse_router_args
 from serving.router.client import parse_workers
 from serving.sandbox.worker import LOOPBACK, WorkerConfig
 
-Kind = Literal["worker", "router", "etcd", "controller", "agent"]
+Kind = Literal["worker", "router", "etcd", "controller", "agent", "prometheus"]
 WaitFor = Literal["healthy", "listening", "started"]
 RouterPolicy = Literal["random", "round_robin", "cache_aware", "power_of_two", "manual"]
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})

@@ -3,8 +3,9 @@ controllers, and one agent per simulated node, all on loopback.
 
 Ports, from ``sandbox.runtime_base_port`` (B): etcd client B, peer B+1; controller i on B+2+i; router 0
 is the sandbox's router (``sandbox.router_port``/``prometheus_port``), router i ≥ 1 on B+20+2(i−1) with
-its metrics on the next port. Controllers and agents run as ``exaserve controller run`` / ``exaserve
-agent run`` processes, recorded like the workers, so ``sandbox down`` stops them.
+its metrics on the next port; B+19 is the Prometheus server's (:mod:`serving.sandbox.prometheus`). Controllers
+and agents run as ``exaserve controller run`` / ``exaserve agent run`` processes, recorded like the workers, so
+``sandbox down`` stops them.
 """
 
 from __future__ import annotations

@@ -54,7 +54,8 @@ LOOPBACK = "127.0.0.1"
 SIMULATOR = "serving.sandbox.worker (SIMULATED SGLang worker, no model, no GPU)"
 SIMULATED_SGLANG_VERSION = "0.0.0+simulated"
 # SGLang's own e2e latency buckets start at 0.1 s; simulated latencies are milliseconds, so finer
-# buckets come first to keep quantiles meaningful.
+# buckets come first to keep quantiles meaningful. The default of ``--bucket-e2e-request-latency`` (SGLang's
+# flag, which the sandbox passes with the fleet's rendered buckets as the real server gets them).
 SGLANG_E2E_BUCKETS_S = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0)
 E2E_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, *SGLANG_E2E_BUCKETS_S)
 _UNKNOWN = "[UNK]"
@@ -81,6 +82,7 @@ class WorkerConfig:
     max_running_requests: int = 256
     shutdown_timeout_s: float = 30.0
     health_latency_ms: float = 0.0
+    bucket_e2e_request_latency: tuple[float, ...] = E2E_BUCKETS_S
 
     def __post_init__(self) -> None:
         problems = []
@@ -98,6 +100,11 @@ class WorkerConfig:
         ):
             if getattr(self, name) < 0:
                 problems.append(f"{name}={getattr(self, name)}: must be >= 0")
+        buckets = self.bucket_e2e_request_latency
+        if not buckets or any(b <= 0 for b in buckets) or list(buckets) != sorted(set(buckets)):
+            problems.append(
+                f"bucket_e2e_request_latency={list(buckets)}: give increasing positive bounds in seconds, e.g. 0.1 0.2 0.4"
+            )
         if self.max_running_requests < 1:
             problems.append(f"max_running_requests={self.max_running_requests}: must be >= 1")
         if not self.version:
@@ -118,6 +125,8 @@ class WorkerConfig:
             if isinstance(value, bool):
                 if value:
                     argv.append(flag)
+            elif isinstance(value, tuple):
+                argv += [flag, *(f"{v:g}" for v in value)]
             else:
                 argv += [flag, str(value)]
         return argv
@@ -139,6 +148,7 @@ _HELP = {
     "max_running_requests": "requests served at once; more wait in the queue (sglang:num_queue_reqs)",
     "shutdown_timeout_s": "on SIGTERM, how long in-flight requests may take to finish",
     "health_latency_ms": "delay of a ready /health answer (real SGLang: about 1000)",
+    "bucket_e2e_request_latency": "bounds of the sglang:e2e_request_latency_seconds histogram (SGLang's flag)",
 }
 
 
@@ -156,6 +166,8 @@ def _argument_parser() -> argparse.ArgumentParser:
             parser.add_argument(flag, type=int, required=True, help=help_text)
         elif isinstance(default, bool):
             parser.add_argument(flag, action="store_true", help=help_text)
+        elif isinstance(default, tuple):
+            parser.add_argument(flag, type=float, nargs="+", default=default, help=help_text)
         else:
             parser.add_argument(flag, type=type(default), default=default, help=f"{help_text} (default: {default})")
     return parser
@@ -163,7 +175,9 @@ def _argument_parser() -> argparse.ArgumentParser:
 
 def parse_config(argv: Sequence[str]) -> WorkerConfig:
     """Parse the worker's command line into a validated :class:`WorkerConfig`."""
-    return WorkerConfig(**vars(_argument_parser().parse_args(list(argv))))
+    args = vars(_argument_parser().parse_args(list(argv)))
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
+    return WorkerConfig(**fields)
 
 
 def tiny_tokenizer_json() -> str:
@@ -215,7 +229,7 @@ class SimulatedWorker:
             "sglang:e2e_request_latency_seconds",
             "Histogram of end-to-end request latency in seconds",
             list(labels),
-            buckets=E2E_BUCKETS_S,
+            buckets=config.bucket_e2e_request_latency,
             registry=self.registry,
         ).labels(**labels)
         self._running_gauge = Gauge(

@@ -653,7 +653,15 @@ class SchedulerSpec(_Model):
     max_direct_heartbeat_replicas: int = Field(
         default=1500, gt=0, description="Replicas a central scheduler handled before jitter (source: ≈ 1,500)."
     )
-    retries: int = Field(default=3, ge=0, description="Router retries of a failed upstream request.")
+    retries: int = Field(
+        default=5,
+        ge=0,
+        description="Attempts the router makes per request, the first included (its --retry-max-retries: 1 means no "
+        "retry; 0 renders --disable-retries). Above serving.failure_threshold, one dead replica cannot fail a "
+        "request: its circuit breaker opens after failure_threshold consecutive failures and the router picks only "
+        "among workers whose breaker is closed, so the next attempt lands elsewhere. At 3 (= the threshold) a request "
+        "whose three picks all hit the dead replica fails (seen once in 560 requests on a killed replica).",
+    )
 
     @field_validator("weights")
     @classmethod
@@ -736,6 +744,55 @@ class RuntimeSpec(_Model):
     def _pinned(cls, v: str) -> str:
         """The runtime image is pinned like the serving image."""
         return pinned_image(v)
+
+
+DrillName = Literal[
+    "replica-crash",
+    "replica-hang",
+    "replica-slow",
+    "error-burst",
+    "memory-pressure",
+    "network-jitter",
+    "node-loss",
+    "router-loss",
+    "leader-loss",
+    "double-fault",
+]
+"""The fault drills' scenarios (what each does: ``serving.drill.scenarios.SCENARIOS``, docs/drills.md)."""
+
+_CRON_FIELD = r"[0-9A-Za-z*?/,-]+"
+_CRON = rf"^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|@every [0-9]+[smh]|{_CRON_FIELD}( {_CRON_FIELD}){{4}})$"
+
+
+def _regular_drills() -> list[DrillName]:
+    return ["replica-crash", "network-jitter", "memory-pressure"]
+
+
+class DrillSpec(_Model):
+    """Fault drills (docs/drills.md): the regular ones a cluster runs as a Chaos Mesh Schedule."""
+
+    schedule: str = Field(
+        default="0 10 * * 2",
+        pattern=_CRON,
+        description="When the regular drills run: a cron expression (minute hour day-of-month month day-of-week, in "
+        "the Chaos Mesh controller's time zone) or a descriptor (@weekly, @every 168h). Default Tuesdays 10:00: a "
+        "working day, with people at hand.",
+    )
+    scheduled: list[DrillName] = Field(
+        default_factory=_regular_drills,
+        min_length=1,
+        description="Scenarios of the regular drills, run one after another, each followed by the plan's restoration "
+        "time (the source's drills: kill replicas, inject network jitter, create memory pressure).",
+    )
+
+    @field_validator("scheduled")
+    @classmethod
+    def _once_each(cls, v: list[str]) -> list[str]:
+        """A scenario runs once per drill window."""
+        twice = sorted(name for name, n in Counter(v).items() if n > 1)
+        if twice:
+            raise ValueError(f"scheduled names {twice} more than once; list each scenario once")
+        return v
 
 
 class RolloutSpec(_Model):
@@ -821,7 +878,13 @@ class SandboxSpec(_Model):
         default=39050,
         gt=1024,
         lt=65000,
-        description="etcd client/peer on base, base+1; controller i on base+2+i; extra router i on base+20+2i.",
+        description="etcd client/peer on base, base+1; controller i on base+2+i; Prometheus on base+19; extra router "
+        "i on base+20+2i.",
+    )
+    prometheus: bool = Field(
+        default=False,
+        description="`sandbox up` also starts a real Prometheus server (on runtime_base_port+19) that scrapes what the "
+        "rendered ServiceMonitors describe and evaluates the rendered alert rules every serving.heartbeat_interval_s.",
     )
 
 
@@ -837,6 +900,7 @@ class FleetSpec(_Model):
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     health: HealthScoreSpec = Field(default_factory=HealthScoreSpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    drills: DrillSpec = Field(default_factory=DrillSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
     sandbox: SandboxSpec | None = Field(default=None)

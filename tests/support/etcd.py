@@ -3,8 +3,6 @@ a failure under CI=true."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -12,19 +10,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-import pytest
 
 from serving.sandbox.processes import free_port_block
+from tests.support.ci import require_binaries
 
 
 def require_etcd() -> str:
-    binary = shutil.which("etcd")
-    if binary is None:
-        reason = "etcd is not installed (Debian package etcd-server, scripts/bootstrap.sh installs it)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"CI=true but {reason}", pytrace=False)
-        pytest.skip(reason)
-    return binary
+    return require_binaries("etcd", package="etcd-server")[0]
 
 
 @contextmanager

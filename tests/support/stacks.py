@@ -84,7 +84,11 @@ def sandbox_stack_file(
     directory: Path, *, ports_base: int, replicas: int | None = None, changes: Mapping[str, Any] | None = None
 ) -> Path:
     """``directory/Pulumi.sandbox.yaml``: the repository's sandbox stack on the port block at ``ports_base``
-    (workers from ``ports_base``, then the router and its metrics port), with ``replicas`` and dotted ``changes``."""
+    (workers from ``ports_base``, then the router and its metrics port), with ``replicas`` and dotted ``changes``.
+
+    The runtime layer and the Prometheus server (on in the shipped stack) are off unless ``changes`` turns them on:
+    their ports lie outside the block, and a test of the updater or the workers must not share the fleet with a
+    controller it did not ask for."""
     doc = stack_doc("sandbox")
     if replicas is not None:
         doc = with_changes(doc, {"serving.replicas": replicas})
@@ -95,6 +99,8 @@ def sandbox_stack_file(
             "sandbox.worker_base_port": ports_base,
             "sandbox.router_port": ports_base + count,
             "sandbox.prometheus_port": ports_base + count + 1,
+            "sandbox.runtime": False,
+            "sandbox.prometheus": False,
             **(changes or {}),
         },
     )

@@ -4,6 +4,7 @@
 from serving.pulumi.components.cluster import Namespace, Nodes
 from serving.pulumi.components.fabric import RdmaFabric
 from serving.pulumi.components.observability import Monitoring
+from serving.pulumi.components.rollout import Updater
 from serving.pulumi.components.runtime import Runtime
 from serving.pulumi.components.security import NetworkPolicies
 from serving.pulumi.components.serving import Gateway, ServingFleet
@@ -20,5 +21,6 @@ __all__ = [
     "RdmaFabric",
     "Runtime",
     "ServingFleet",
+    "Updater",
     "fleet_stack",
 ]

@@ -20,6 +20,7 @@ from serving.plan.planner import plan
 from serving.pulumi.components.cluster import Namespace, Nodes
 from serving.pulumi.components.fabric import RdmaFabric
 from serving.pulumi.components.observability import Monitoring
+from serving.pulumi.components.rollout import Updater
 from serving.pulumi.components.runtime import Runtime
 from serving.pulumi.components.security import NetworkPolicies
 from serving.pulumi.components.serving import Gateway, ServingFleet
@@ -59,6 +60,7 @@ def fleet_stack(spec: FleetSpec) -> None:
     monitoring = Monitoring("monitoring", spec, pl, opts=after(concern="monitoring"))
     NetworkPolicies("network-policy", spec, pl, opts=after())
     runtime = Runtime("runtime", spec, pl, opts=after(concern="monitoring"))  # its PrometheusRule, ServiceMonitor
+    updater = Updater("updater", spec, pl, opts=after())
 
     pulumi.export("namespace", namespace.namespace)
     pulumi.export("nodes", len(nodes.node_names))
@@ -67,4 +69,5 @@ def fleet_stack(spec: FleetSpec) -> None:
     pulumi.export("group_sizes", fleet.group_sizes)
     pulumi.export("replicas", fleet.replicas)
     pulumi.export("router_endpoint", gateway.endpoint)
+    pulumi.export("updater_service_account", updater.service_account)
     pulumi.export("alerts", monitoring.alerts + runtime.alerts)

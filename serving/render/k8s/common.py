@@ -17,6 +17,9 @@ LABEL_GPU_PRODUCT = f"{PREFIX}/gpu-product"
 LABEL_FABRIC = f"{PREFIX}/fabric"
 LABEL_GROUP = f"{PREFIX}/group"
 LABEL_VERSION = f"{PREFIX}/version"
+# "true" on every serving pod (the pod template's); the routers' discovery selects only those. The rolling updater
+# takes a batch out by setting "false" on its pods and brings it back with "true" (serving.rollout.backends.kubernetes).
+LABEL_ADMITTED = f"{PREFIX}/admitted"
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_PART_OF = "app.kubernetes.io/part-of"
@@ -38,9 +41,10 @@ TAINT_EFFECT = "NoSchedule"
 ANNOTATION_SKIP_AWAIT = "pulumi.com/skipAwait"
 ANNOTATION_TIMEOUT_S = "pulumi.com/timeoutSeconds"
 
-# app.kubernetes.io/name of the serving pods and the router: selectors, policies and alerts use them.
+# app.kubernetes.io/name of the serving pods, the router and the updater: selectors, policies and alerts use them.
 SERVING_APP = "sglang"
 ROUTER_APP = "sglang-router"
+UPDATER_APP = "exaserve-updater"  # the pod that runs `exaserve rollout` in the cluster, and its ServiceAccount
 
 
 def labels(component: str, app: str, **extra: str) -> dict[str, str]:

@@ -25,6 +25,7 @@ from serving.render.common import whole_seconds
 from serving.render.k8s import fabric
 from serving.render.k8s.common import (
     HOSTNAME_LABEL,
+    LABEL_ADMITTED,
     LABEL_GROUP,
     LABEL_PART_OF,
     LABEL_RACK,
@@ -111,7 +112,7 @@ def _same_rack() -> dict[str, Any]:
 
 
 def pod_template(spec: FleetSpec, plan: Plan, group: int, size: int, *, leader: bool = True) -> dict[str, Any]:
-    meta: dict[str, Any] = {"labels": group_labels(spec, group)}
+    meta: dict[str, Any] = {"labels": {**group_labels(spec, group), LABEL_ADMITTED: "true"}}
     if fabric.has_rdma(spec, plan) and (annotations := fabric.pod_annotations(spec)):
         meta["annotations"] = annotations
     affinity: dict[str, Any] = gpu_node_affinity(spec)

@@ -3,6 +3,12 @@
 The router's command comes from :func:`serving.render.router.router_argv` (``kubernetes=True``: discovery of the
 serving pods by label in the stack's namespace); its ports are read back from that argv, so they are
 defined once. Discovery needs to read pods and nothing else: the Role grants get/list/watch on pods.
+
+Clients reach the routers through one ClusterIP Service; membership is per router instance, so a headless Service
+(:data:`PODS_SERVICE`) gives one address per router pod: the rolling updater and the fleet controllers resolve it
+and prove each membership change on every instance. It names both ports, the API and the metrics listener: each
+instance counts only the requests it routed, so a reader of router metrics (the updater's gates) must reach every
+instance's own listener, which the ClusterIP Service (one instance per connection) cannot give.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from serving.spec.schema import FleetSpec
 
 COMPONENT = "gateway"
 NAME = ROUTER_APP
+PODS_SERVICE = f"{ROUTER_APP}-pods"  # headless: one address per router pod
 HTTP_PORT_NAME = "http"
 METRICS_PORT_NAME = "metrics"
 DISCOVERY_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
@@ -58,6 +65,10 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
     lab = labels(COMPONENT, NAME)
     selector = {LABEL_NAME: NAME}
     http_port, metrics_port = router_ports(spec, plan)
+    ports = [
+        {"name": HTTP_PORT_NAME, "port": http_port, "targetPort": HTTP_PORT_NAME, "protocol": "TCP"},
+        {"name": METRICS_PORT_NAME, "port": metrics_port, "targetPort": METRICS_PORT_NAME, "protocol": "TCP"},
+    ]
     probe = {
         "periodSeconds": max(1, round(spec.serving.heartbeat_interval_s)),
         "timeoutSeconds": max(1, round(spec.serving.health_check_timeout_s)),
@@ -126,18 +137,14 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
             "apiVersion": "v1",
             "kind": "Service",
             "metadata": metadata(NAME, ns, lab),
-            "spec": {
-                "type": "ClusterIP",
-                "selector": selector,
-                "ports": [
-                    {"name": HTTP_PORT_NAME, "port": http_port, "targetPort": HTTP_PORT_NAME, "protocol": "TCP"},
-                    {
-                        "name": METRICS_PORT_NAME,
-                        "port": metrics_port,
-                        "targetPort": METRICS_PORT_NAME,
-                        "protocol": "TCP",
-                    },
-                ],
-            },
+            "spec": {"type": "ClusterIP", "selector": selector, "ports": ports},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            # its own name label: the router's ServiceMonitor selects the ClusterIP Service, not this one too (each
+            # router would be scraped twice, every sum of router series doubled)
+            "metadata": metadata(PODS_SERVICE, ns, labels(COMPONENT, PODS_SERVICE)),
+            "spec": {"clusterIP": "None", "selector": selector, "ports": ports},
         },
     ]

@@ -61,6 +61,7 @@ def rule_groups(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
     soak = duration(max(r.interval_s, 60))
     offset_limit = spec.cluster.ntp.max_offset_ms / 1000
     healthy_min = min_healthy_workers(spec, plan)
+    routers = gateway.router_replicas(spec)
     return [
         {
             "name": "exaserve.rollout-gates",
@@ -135,6 +136,18 @@ def rule_groups(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
                     f"{lim.failure_reserve:.0%} failure reserve is used up.",
                     "Find the missing workers (kubectl get pods -l app.kubernetes.io/name=sglang: Pending, Init, "
                     "CrashLoopBackOff) and their nodes (exaserve.io/rack labels); run the preflight playbook.",
+                ),
+                alert(
+                    # A router pod that is gone or not Ready has no scrape target; one that hangs has up == 0. Longer
+                    # than the plan's recovery time: not a restart the Deployment is already healing.
+                    "ExaServeRouterInstanceDown",
+                    f"(count(up{{{router}}} == 1) or on () vector(0)) < {routers}",
+                    duration(plan.heartbeats.recovery_s.value),
+                    "warning",
+                    f"Fewer than {routers} router instances are up: clients of the lost one fail over and the fleet "
+                    "has lost router redundancy.",
+                    f"kubectl -n {ns} get pods -l {LABEL_NAME}={ROUTER_APP}: find the missing instance (Pending, "
+                    "CrashLoopBackOff, its node), then its logs.",
                 ),
             ],
         },

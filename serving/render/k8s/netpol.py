@@ -1,7 +1,12 @@
-"""NetworkPolicy: deny ingress by default; only the router reaches the workers' serving port, only the monitoring
-namespace reaches metrics ports.
+"""NetworkPolicy: deny ingress by default; only the router and the rolling updater reach the workers' serving port,
+only the monitoring namespace and the updater reach the router's metrics port.
 
-SGLang serves ``/metrics`` on its serving port, so the monitoring namespace is admitted to that port too.
+SGLang serves ``/metrics`` on its serving port, so the monitoring namespace is admitted to that port too. The rolling
+updater (``exaserve rollout`` run in a pod labelled ``app.kubernetes.io/name=exaserve-updater``, in the namespace)
+calls each replica directly — its health, its in-flight requests on ``/metrics`` while it drains, the warm-up
+requests — so its pods are admitted to the serving port and nothing else there. On the routers it calls the API
+(``/workers`` on every instance), which is open to every client anyway, and reads the router's ``/metrics`` for its
+gates, so it is admitted to the metrics port beside the monitoring namespace.
 Replicas that span nodes also admit their own peers (the distributed init and NCCL bootstrap between the
 pods of one replica). Host-network DaemonSets (RDMA plugin, chrony) are outside pod network policy.
 """
@@ -12,7 +17,7 @@ from typing import Any
 
 from serving.plan.model import Plan
 from serving.render.k8s import fleet, gateway
-from serving.render.k8s.common import LABEL_NAME, ROUTER_APP, SERVING_APP, K8sObject, labels, metadata
+from serving.render.k8s.common import LABEL_NAME, ROUTER_APP, SERVING_APP, UPDATER_APP, K8sObject, labels, metadata
 from serving.spec.schema import FleetSpec
 
 COMPONENT = "network-policy"
@@ -32,10 +37,11 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
     monitoring = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: spec.kubernetes.monitoring_namespace}}}
     router_pods = {"podSelector": {"matchLabels": {LABEL_NAME: ROUTER_APP}}}
     serving_pods = {"podSelector": {"matchLabels": {LABEL_NAME: SERVING_APP}}}
+    updater_pods = {"podSelector": {"matchLabels": {LABEL_NAME: UPDATER_APP}}}
     serving_port = [{"protocol": "TCP", "port": spec.serving.port}]
     http_port, metrics_port = gateway.router_ports(spec, plan)
     worker_ingress: list[dict[str, Any]] = [
-        {"from": [router_pods, monitoring], "ports": serving_port},
+        {"from": [router_pods, updater_pods, monitoring], "ports": serving_port},
     ]
     if plan.multi_node:
         worker_ingress.append({"from": [serving_pods]})
@@ -48,7 +54,7 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
             router_pods["podSelector"],
             [
                 {"ports": [{"protocol": "TCP", "port": http_port}]},
-                {"from": [monitoring], "ports": [{"protocol": "TCP", "port": metrics_port}]},
+                {"from": [monitoring, updater_pods], "ports": [{"protocol": "TCP", "port": metrics_port}]},
             ],
         ),
     ]

@@ -25,7 +25,6 @@ from serving.plan.model import Plan
 from serving.render.k8s import gateway
 from serving.render.k8s.common import (
     LABEL_NAME,
-    ROUTER_APP,
     SERVING_APP,
     K8sObject,
     alert,
@@ -45,7 +44,6 @@ from serving.spec.schema import FleetSpec
 COMPONENT = "runtime"
 CONTROLLER = "exaserve-controller"
 AGENT = "exaserve-agent"
-ROUTER_PODS = f"{ROUTER_APP}-pods"  # headless: one address per router pod
 RULE_NAME = "exaserve-runtime-alerts"
 STACK_CONFIGMAP = "exaserve-runtime-stack"
 STACK_DIR = "/etc/exaserve"
@@ -119,7 +117,7 @@ def controller_command(spec: FleetSpec, plan: Plan) -> list[str]:
         "--backend",
         "none",
         "--router-service",
-        f"{ROUTER_PODS}.{_svc(ns)}:{http_port}",
+        f"{gateway.PODS_SERVICE}.{_svc(ns)}:{http_port}",
         "--discover",
         "kubernetes",
     ]
@@ -182,6 +180,17 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
                     "Check the node's network and GPUs; its replicas are out of rotation until it recovers.",
                 ),
                 alert(
+                    # the leader's view (followers apply the same reports but do not act); for: the detection window
+                    "ExaServeReplicaOutOfRotation",
+                    "max by (replica) (exaserve_runtime_replica_in_rotation * on (instance) group_left () "
+                    "(exaserve_runtime_leader == 1)) == 0",
+                    detect,
+                    "warning",
+                    "The controller took a replica out of rotation (failing probes) or is migrating or warming it up",
+                    "See its score and the leader's actions (exaserve status); if it stays out, check the replica's "
+                    "log and its node.",
+                ),
+                alert(
                     "ExaServeEvictionCapReached",
                     "max(exaserve_runtime_evicted_replicas) >= max(exaserve_runtime_eviction_cap)",
                     "5m",
@@ -217,7 +226,6 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
     selected = spec.kubernetes.prometheus_selector_labels
     c_lab, a_lab = labels(COMPONENT, CONTROLLER), labels(COMPONENT, AGENT)
     c_sel, a_sel = {LABEL_NAME: CONTROLLER}, {LABEL_NAME: AGENT}
-    http_port, _ = gateway.router_ports(spec, plan)
     volume, mount = _stack_volume()
     monitoring = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: spec.kubernetes.monitoring_namespace}}}
     controller_port = [{"protocol": "TCP", "port": rt.controller_port}]
@@ -318,16 +326,6 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
                 "clusterIP": "None",
                 "selector": c_sel,
                 "ports": [{"name": HTTP_PORT_NAME, "port": rt.controller_port, "targetPort": HTTP_PORT_NAME}],
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": metadata(ROUTER_PODS, ns, labels(COMPONENT, ROUTER_PODS)),
-            "spec": {
-                "clusterIP": "None",
-                "selector": {LABEL_NAME: ROUTER_APP},
-                "ports": [{"name": gateway.HTTP_PORT_NAME, "port": http_port, "targetPort": gateway.HTTP_PORT_NAME}],
             },
         },
         *service_account_with_role(

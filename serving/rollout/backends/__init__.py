@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from serving.plan.model import Replica
+from serving.rollout.membership import Membership
+from serving.router.membership import RouterSet
 
 
 class BackendError(RuntimeError):
@@ -39,7 +41,12 @@ class Backend(Protocol):
         ...
 
     def worker_url(self, replica_id: str) -> str:
-        """The URL the router knows the replica by (``http://host:port``)."""
+        """The URL the router knows the replica by (``http://host:port``); the updater's health, metrics and
+        warm-up calls go there too."""
+        ...
+
+    def membership(self, routers: RouterSet) -> Membership:
+        """How a batch leaves and rejoins ``routers`` on this platform (:mod:`serving.rollout.membership`)."""
         ...
 
     def known_versions(self) -> frozenset[str] | None:
@@ -47,8 +54,16 @@ class Backend(Protocol):
         releases), or None when every release of the stack can run."""
         ...
 
+    @property
+    def updates_whole_groups(self) -> bool:
+        """True when an update moves a whole update group at once (a Kubernetes workload): a batch then keeps
+        every replica of its group, and a group with a replica down is held as a whole."""
+        ...
+
     async def versions(self, replica_ids: Sequence[str]) -> dict[str, str | None]:
-        """The version each replica runs now, as the platform reports it (None: unknown/down)."""
+        """The version each replica runs now, read from the replica itself or what runs it (the worker process,
+        the loaded systemd unit, the pod) — never from the updater's own records. None: the replica is down
+        (not running) or cannot be reached; the updater plans from these and names the down ones."""
         ...
 
     async def update(self, replica_ids: Sequence[str], version: str, timeout_s: float) -> None:

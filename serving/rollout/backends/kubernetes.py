@@ -7,9 +7,25 @@ labels and pod template as a JSON merge patch — the same object ``pulumi up`` 
 stack records the new version. Then it waits for the rollout status the way ``kubectl rollout status``
 judges it, bounded by the updater's health timeout.
 
-Replicas are addressed by their pods' stable DNS names through the headless service, so the router
-must know the workers by those URLs (static ``--worker-urls``): with Kubernetes service discovery the
-router readmits a pod as soon as it is Ready and the updater's warm-up hold cannot be enforced.
+Membership (:class:`DiscoveryMembership`): the routers run Kubernetes service discovery and know a worker as
+``http://POD_IP:serving.port``; discovery selects the serving pods labelled ``exaserve.io/admitted=true`` (every pod
+starts so: its template says it). That label is the one record of who is in: the updater takes a batch out by
+setting it to ``false`` on the batch's pods and brings it back with ``true``, and a router that starts, restarts or
+re-lists registers exactly the selected pods. sglang-router 0.3.2's discovery (checked live against the real
+binary) applies only part of a change to a running instance: it registers a Ready pod it has not registered before
+when the pod enters its selection, and removes a worker only when its pod is being deleted — a pod leaving the
+selection (or losing readiness) stays registered, and a pod it registered once is not registered again while it
+keeps its name, IP and readiness. So the updater carries each change to every running instance itself, with the
+exact URL discovery uses (``DELETE``/``POST /workers``; the router keeps one worker per URL, so the two paths cannot
+register a pod twice), and proves it on each. An update keeps the group's new pods out of the selection as they
+appear (``admitted=false``): through health and warm-up no router, restarted or not, takes them. That relies on the
+label being set before the new server is Ready (a real SGLang server loads for minutes; the updater polls every
+``POLL_S``); a pod that wins the race is evicted by the runner's next reconcile and registered again at readmission.
+
+The updater's own calls (health, ``/metrics`` while draining, warm-up) go to the pod's IP as well, from the latest
+pod listing (the runner refreshes it before every step); the NetworkPolicy admits the updater's pod to the serving
+port (:mod:`serving.render.k8s.netpol`). Its service account needs ``get``/``patch`` on the LeaderWorkerSets and
+``list``/``patch`` on pods in the namespace.
 
 The API client is deliberately small: a bearer token and a CA bundle (the in-cluster service account
 by default), JSON over HTTPS; plain HTTP only to a loopback address (a local proxy or test stand-in).
@@ -21,7 +37,7 @@ import asyncio
 import ipaddress
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,10 +46,11 @@ from urllib.parse import urlsplit
 import httpx
 
 from serving.plan.model import Plan
-from serving.render.k8s.common import LABEL_VERSION, K8sObject
-from serving.render.k8s.fleet import LWS_API, group_name, render
+from serving.render.k8s.common import LABEL_ADMITTED, LABEL_GROUP, LABEL_VERSION, K8sObject, image
+from serving.render.k8s.fleet import LWS_API, SERVING_CONTAINER, group_name, render
 from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.rollout.plan import with_group_version
+from serving.router.membership import Observed, RouterSet
 from serving.spec.schema import FleetSpec
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -122,6 +139,27 @@ def rollout_status(obj: K8sObject) -> tuple[bool, str]:
     return True, f"{ready} of {want} replicas updated and ready"
 
 
+def pod_version(spec: FleetSpec, pod: K8sObject) -> str | None:
+    """The release a pod runs: its version label (the pod template's, which the pod keeps from its creation; several
+    releases may share an image, so the label names it), checked against the serving container's image. None when
+    the pod is not running: terminating, not in phase Running, or its serving container not running (readiness is
+    not asked: the updater itself holds it while a batch is out). A label whose release has another image (a pod
+    changed by hand) reads ``unknown (image …, version label …)``: no release of the stack, so no rollback target."""
+    meta, status = pod.get("metadata", {}), pod.get("status") or {}
+    if meta.get("deletionTimestamp") or status.get("phase") != "Running":
+        return None
+    states = {c.get("name"): c.get("state") or {} for c in status.get("containerStatuses", [])}
+    if "running" not in states.get(SERVING_CONTAINER, {}):
+        return None
+    label = meta.get("labels", {}).get(LABEL_VERSION)
+    containers = pod.get("spec", {}).get("containers", [])
+    running = next((c.get("image") for c in containers if c.get("name") == SERVING_CONTAINER), None)
+    release = spec.serving.releases.get(label) if label else None
+    if release is not None and running == image(spec, release):
+        return str(label)
+    return f"unknown (image {running}, version label {label})"
+
+
 class KubernetesBackend(ReplicaIndex):
     """Patch update groups' workloads through the Kubernetes API and wait for their rollout."""
 
@@ -134,20 +172,55 @@ class KubernetesBackend(ReplicaIndex):
         # A group's replicas, in index order, are its workload's ordinals 0..size-1.
         self._ordinal = {r.id: sorted(x.index for x in replicas if x.group == r.group).index(r.index) for r in replicas}
         self._http = api.client()
+        self._pod_urls: dict[str, str] = {}  # replica → http://POD_IP:PORT from the latest listing
 
     @property
     def name(self) -> str:
         return f"kubernetes ({self.api.server}, namespace {self.spec.kubernetes.namespace})"
 
     def worker_url(self, replica_id: str) -> str:
-        """The replica's pod (the leader pod of a multi-node replica) by its stable DNS name."""
-        replica = self._replica(replica_id)
-        pod = f"{group_name(replica.group)}-{self._ordinal[replica_id]}"
-        service = group_name(replica.group)  # LeaderWorkerSet pods' subdomain: the group's own headless Service
+        """The replica's pod (the leader pod of a multi-node replica) by its IP, as the routers' discovery knows it,
+        from the latest pod listing; before the first listing, by its stable DNS name."""
+        if url := self._pod_urls.get(replica_id):
+            return url
+        pod = self._pod_name(replica_id)
+        service = group_name(self._replica(replica_id).group)  # LeaderWorkerSet pods' subdomain: the group's Service
         return f"http://{pod}.{service}.{self.spec.kubernetes.namespace}.svc:{self.spec.serving.port}"
+
+    def _pod_name(self, replica_id: str) -> str:
+        return f"{group_name(self._replica(replica_id).group)}-{self._ordinal[replica_id]}"
+
+    def membership(self, routers: RouterSet) -> DiscoveryMembership:
+        return DiscoveryMembership(self, routers)
+
+    async def leader_pods(self, replica_ids: Sequence[str]) -> dict[str, K8sObject | None]:
+        """Each replica's serving pod as the API server has it now (None: no pod, or it is being deleted); the
+        pod URLs :meth:`worker_url` returns are refreshed from it."""
+        groups = sorted({self._replica(r).group for r in replica_ids})
+        listed = dict(zip(groups, await asyncio.gather(*(self._pods(g) for g in groups)), strict=True))
+        out: dict[str, K8sObject | None] = {}
+        for rid in replica_ids:
+            pod = listed[self._replica(rid).group].get(self._pod_name(rid))
+            if pod is None or pod["metadata"].get("deletionTimestamp"):
+                out[rid] = None
+                continue
+            out[rid] = pod
+            if ip := (pod.get("status") or {}).get("podIP"):
+                self._pod_urls[rid] = f"http://{ip}:{self.spec.serving.port}"  # the URL discovery registers
+        return out
+
+    async def admit(self, pod: K8sObject, admitted: bool) -> None:
+        """Set the pod's ``exaserve.io/admitted`` label (a JSON merge patch of the pod's labels)."""
+        name = pod["metadata"]["name"]
+        path = f"/api/v1/namespaces/{self.spec.kubernetes.namespace}/pods/{name}"
+        await self._merge_patch(path, {"metadata": {"labels": {LABEL_ADMITTED: "true" if admitted else "false"}}})
 
     def known_versions(self) -> None:
         return None  # any release of serving.releases
+
+    @property
+    def updates_whole_groups(self) -> bool:
+        return True  # a batch is a whole workload: the update patches its pod template
 
     async def _get(self, group: int) -> K8sObject:
         path = workload_path(self.spec, self.fleet_plan, group)
@@ -160,18 +233,37 @@ class KubernetesBackend(ReplicaIndex):
         obj: K8sObject = response.json()
         return obj
 
+    async def _pods(self, group: int) -> dict[str, K8sObject]:
+        """Update group ``group``'s pods by name (one list call per group, by its ``exaserve.io/group`` label)."""
+        path = f"/api/v1/namespaces/{self.spec.kubernetes.namespace}/pods"
+        try:
+            response = await self._http.get(path, params={"labelSelector": f"{LABEL_GROUP}={group}"})
+        except httpx.HTTPError as exc:
+            raise BackendError(f"GET {path}: {exc!r}; is the API server reachable?") from None
+        if response.status_code != 200:
+            raise BackendError(f"GET {path} answered {response.status_code}: {response.text[:300]}")
+        return {p["metadata"]["name"]: p for p in response.json().get("items", [])}
+
     async def versions(self, replica_ids: Sequence[str]) -> dict[str, str | None]:
-        """Each replica's group version from its workload's version label — once its rollout is done;
-        while pods are still being replaced the version is unknown (None)."""
+        """What each replica's pods run (:func:`pod_version`): its leader pod ``sglang-g<group>-<ordinal>`` and, for
+        a multi-node replica, its worker pods ``…-<ordinal>-<n>``. None (down) when a pod is missing or not running,
+        or the replica's pods disagree (half recreated)."""
         groups = sorted({self._replica(r).group for r in replica_ids})
-        objects = await asyncio.gather(*(self._get(g) for g in groups))
-        found: dict[int, str | None] = {}
-        for g, obj in zip(groups, objects, strict=True):
-            done, _ = rollout_status(obj)
-            found[g] = obj["metadata"].get("labels", {}).get(LABEL_VERSION) if done else None
-        return {r: found[self._replica(r).group] for r in replica_ids}
+        listed = dict(zip(groups, await asyncio.gather(*(self._pods(g) for g in groups)), strict=True))
+        out: dict[str, str | None] = {}
+        for rid in replica_ids:
+            replica = self._replica(rid)
+            leader = f"{group_name(replica.group)}-{self._ordinal[rid]}"
+            names = [leader, *(f"{leader}-{n}" for n in range(1, len(replica.nodes)))]
+            pods = [listed[replica.group].get(name) for name in names]
+            found = {pod_version(self.spec, p) if p is not None else None for p in pods}
+            out[rid] = found.pop() if len(found) == 1 else None
+        return out
 
     async def update(self, replica_ids: Sequence[str], version: str, timeout_s: float) -> None:
+        """Patch the groups' workloads and wait for their rollout. The updater updates only replicas it took out of
+        the routers: every new pod is set ``admitted=false`` as it appears, so none joins the routers before the
+        updater's health check, warm-up and readmission."""
         groups = sorted({self._replica(r).group for r in replica_ids})
         for g in groups:
             members = {r.id for r in self.replicas.values() if r.group == g}
@@ -187,19 +279,23 @@ class KubernetesBackend(ReplicaIndex):
             await self._wait(g, deadline, timeout_s)
 
     async def _patch(self, group: int, patch: dict[str, Any]) -> None:
-        path = workload_path(self.spec, self.fleet_plan, group)
+        await self._merge_patch(workload_path(self.spec, self.fleet_plan, group), patch)
+
+    async def _merge_patch(self, path: str, patch: dict[str, Any]) -> None:
+        """A JSON merge patch of the object at ``path``; BackendError naming the path and the answer."""
         try:
             response = await self._http.patch(
                 path, json=patch, headers={"Content-Type": "application/merge-patch+json"}
             )
         except httpx.HTTPError as exc:
-            raise BackendError(f"PATCH {path}: {exc!r}") from None
+            raise BackendError(f"PATCH {path}: {exc!r}; is the API server reachable?") from None
         if response.status_code != 200:
             raise BackendError(f"PATCH {path} answered {response.status_code}: {response.text[:500]}")
 
     async def _wait(self, group: int, deadline: float, timeout_s: float) -> None:
         while True:
             done, left = rollout_status(await self._get(group))
+            await self._hold(group)  # after the status: once it says done, every new pod exists and is held
             if done:
                 return
             if time.monotonic() >= deadline:
@@ -209,5 +305,63 @@ class KubernetesBackend(ReplicaIndex):
                 )
             await asyncio.sleep(POLL_S)
 
+    async def _hold(self, group: int) -> None:
+        """Keep the group's serving pods out of the routers' selection (the new ones carry the template's ``true``)."""
+        members = [r.id for r in self.replicas.values() if r.group == group]
+        for pod in (await self.leader_pods(members)).values():
+            if pod is not None and pod["metadata"].get("labels", {}).get(LABEL_ADMITTED) != "false":
+                await self.admit(pod, admitted=False)
+
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+class DiscoveryMembership:
+    """Kubernetes membership: the routers' service discovery decides, the updater changes what it selects (module
+    docstring); every change proved on every router instance (the gateway's headless Service)."""
+
+    def __init__(self, backend: KubernetesBackend, routers: RouterSet) -> None:
+        self.backend = backend
+        self.routers = routers
+
+    async def _pods(self, replica_ids: Sequence[str]) -> dict[str, K8sObject]:
+        pods = await self.backend.leader_pods(replica_ids)
+        gone = sorted(r for r, p in pods.items() if p is None or not (p.get("status") or {}).get("podIP"))
+        if gone:
+            raise BackendError(
+                f"no running pod for {gone}: their pods are missing, being deleted or not scheduled; see "
+                f"`kubectl -n {self.backend.spec.kubernetes.namespace} get pods -o wide`"
+            )
+        return {r: p for r, p in pods.items() if p is not None}
+
+    async def take_out(self, replica_ids: Sequence[str], timeout_s: float) -> Observed:
+        """Out of the selection, then evicted from every instance (0.3.2's discovery does not drop a deselected pod)."""
+        pods = await self._pods(replica_ids)
+        await asyncio.gather(*(self.backend.admit(p, admitted=False) for p in pods.values()))
+        return await self.routers.remove(*map(self.backend.worker_url, pods), timeout_s=timeout_s)
+
+    async def bring_back(self, replica_ids: Sequence[str], timeout_s: float) -> Observed:
+        """Back in the selection, then registered on every instance that lacks them (0.3.2's discovery does not
+        re-register a pod it evicted earlier); done when each instance lists each pod healthy."""
+        pods = await self._pods(replica_ids)
+        await asyncio.gather(*(self.backend.admit(p, admitted=True) for p in pods.values()))
+        return await self.routers.add(*map(self.backend.worker_url, pods), timeout_s=timeout_s)
+
+    async def reconcile(self, replica_ids: Sequence[str], out: Set[str]) -> list[str]:
+        """Each pod's label as the state wants it (a pod re-created by its workload comes back ``true``), and no
+        instance listing a replica that is out."""
+        notes: list[str] = []
+        for rid, pod in (await self.backend.leader_pods(replica_ids)).items():
+            if pod is None:
+                continue
+            want = "false" if rid in out else "true"
+            have = pod["metadata"].get("labels", {}).get(LABEL_ADMITTED)
+            if have != want:
+                notes.append(f"pod {pod['metadata']['name']} of {rid} had {LABEL_ADMITTED}={have}: setting {want}")
+                await self.backend.admit(pod, admitted=want == "true")
+        out_urls = {self.backend.worker_url(r) for r in out if r in replica_ids}
+        listed = {url for workers in (await self.routers.listed()).values() for url in workers}
+        if stale := sorted(out_urls & listed):
+            seen = await self.routers.remove(*stale, timeout_s=self.routers.timeout_s)
+            notes.append(f"routers listed {stale}, which must be out now: evicted, {seen.summary()}")
+        return notes

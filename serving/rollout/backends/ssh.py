@@ -5,7 +5,8 @@ rendered by :func:`serving.render.systemd.systemd_unit` from the stack with the 
 version — so the unit on the node is exactly what the stack says that group runs (image release in
 ``EXASERVE_RELEASE``, command line, limits). Per node, one SSH session writes the units atomically,
 runs ``systemctl daemon-reload`` and ``systemctl restart --no-block`` (the updater's health step
-bounds the start, not systemd). The running release is read back from ``systemctl show``.
+bounds the start, not systemd). The running release is read back from ``systemctl show``: the loaded unit's
+``EXASERVE_RELEASE``, and only while the unit is active — a failed, stopped or still-starting unit is down.
 
 Connections go through :func:`serving.remote.fanout.run_one`: host keys verified against known_hosts
 (paramiko ``RejectPolicy``: an unknown or changed key fails that node with the fix), per-host
@@ -25,7 +26,9 @@ from serving.remote.fanout import HostResult, Target, run_one
 from serving.render.router import replica_url
 from serving.render.systemd import systemd_unit, unit_name
 from serving.rollout.backends import BackendError, ReplicaIndex
+from serving.rollout.membership import RouterApiMembership
 from serving.rollout.plan import with_group_version
+from serving.router.membership import RouterSet
 from serving.spec.schema import FleetSpec, Node
 
 UNIT_DIR = "/etc/systemd/system"
@@ -61,11 +64,12 @@ def install_script(files: Sequence[UnitFile], unit_dir: str = UNIT_DIR) -> str:
 
 
 def show_command(unit_names: Sequence[str]) -> str:
-    return "systemctl show --property=Id,Environment " + " ".join(shlex.quote(n) for n in unit_names)
+    return "systemctl show --property=Id,ActiveState,Environment " + " ".join(shlex.quote(n) for n in unit_names)
 
 
 def parse_show(text: str) -> dict[str, str | None]:
-    """``systemctl show --property=Id,Environment`` output → unit → its EXASERVE_RELEASE (None if unset).
+    """``systemctl show --property=Id,ActiveState,Environment`` output → unit → its EXASERVE_RELEASE (None if
+    unset, or when the block has an ``ActiveState`` other than ``active``: the unit is not running).
 
     systemd prints one block per unit, blocks separated by a blank line; ``Environment=`` holds the
     assignments separated by spaces, each one quoted if it contains spaces.
@@ -76,6 +80,9 @@ def parse_show(text: str) -> dict[str, str | None]:
         if "Id" not in fields:
             continue
         release = None
+        if fields.get("ActiveState", "active") != "active":
+            out[fields["Id"]] = None
+            continue
         for item in shlex.split(fields.get("Environment", "")):
             key, _, value = item.partition("=")
             if key == RELEASE_ENV:
@@ -115,6 +122,13 @@ class SshBackend(ReplicaIndex):
     def known_versions(self) -> None:
         return None  # any release of serving.releases
 
+    def membership(self, routers: RouterSet) -> RouterApiMembership:
+        return RouterApiMembership(routers, self.worker_url)  # the routers know the replicas by these static URLs
+
+    @property
+    def updates_whole_groups(self) -> bool:
+        return False  # one systemd unit per replica
+
     def _run(self, node: Node, command: str, timeout_s: float) -> HostResult:
         return run_one(
             Target.from_node(node),
@@ -131,19 +145,23 @@ class SshBackend(ReplicaIndex):
         return dict(zip(nodes, results, strict=True))
 
     async def versions(self, replica_ids: Sequence[str]) -> dict[str, str | None]:
-        """The release of each replica's first-node unit as systemd has it loaded."""
+        """The release of each replica's units as systemd has them loaded, on every node of the replica: one
+        release when every unit is active and they agree; None (down) when a unit is not active, its node does
+        not answer, or the nodes disagree (a multi-node replica half updated cannot serve)."""
         by_node: dict[Node, list[tuple[str, str]]] = {}
         for rid in replica_ids:
             replica = self._replica(rid)
-            by_node.setdefault(replica.node, []).append((rid, unit_name(replica, 0)))
+            for rank, node in enumerate(replica.nodes):
+                by_node.setdefault(node, []).append((rid, unit_name(replica, rank)))
         results = await self._per_node(
             {n: show_command([u for _, u in pairs]) for n, pairs in by_node.items()}, 2 * self.connect_timeout_s
         )
-        out: dict[str, str | None] = {}
+        seen: dict[str, set[str | None]] = {rid: set() for rid in replica_ids}
         for node, pairs in by_node.items():
             loaded = parse_show(results[node].stdout) if results[node].ok else {}
-            out.update({rid: loaded.get(unit) for rid, unit in pairs})
-        return {rid: out[rid] for rid in replica_ids}
+            for rid, unit in pairs:
+                seen[rid].add(loaded.get(unit))
+        return {rid: found.pop() if len(found) == 1 else None for rid, found in seen.items()}
 
     async def update(self, replica_ids: Sequence[str], version: str, timeout_s: float) -> None:
         files = unit_files(self.spec, self.fleet_plan, [self._replica(r) for r in replica_ids], version)

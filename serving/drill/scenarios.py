@@ -1,0 +1,364 @@
+"""The fault drills' catalogue: what each scenario breaks, what the plan promises about it, which alerts must fire
+and which must stay quiet. One source of truth for the drill engine (a running fleet) and for the Chaos Mesh
+renderer (:mod:`serving.render.k8s.chaos`); docs/drills.md explains it.
+
+The targets come from the plan, never from constants: **detection** is the plan's failure detection
+(``heartbeats.failure_detection_s``: misses × interval + the last probe's timeout), **recovery** the plan's recovery
+(``heartbeats.recovery_s``: detection + the migration budget), **restoration** the runtime's path back into rotation
+(the probe that takes the score below ``health.migrate_below`` starts the migration, which the migration budget
+bounds, then the warm-up), **takeover** a follower leading after the leader stopped (one lease, then at most one
+campaign period, a third of the lease). Client errors during a drill are judged against the rollout's error gate.
+
+Magnitudes come from the spec too (:func:`fault_sizes`): a slow replica answers later than the health-check
+timeout, jitter stays inside the timeout's margin, a held fault lasts the plan's restoration time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, get_args
+
+from serving.plan.model import Figure, Plan
+from serving.spec.schema import DrillName, FleetSpec
+
+# serving.runtime.service campaigns (and renews) every third of the lease.
+CAMPAIGNS_PER_LEASE = 3
+
+
+class Component(StrEnum):
+    """What a fault hits."""
+
+    REPLICA = "replica"
+    NODE = "node"  # the node agent and every replica on the node
+    ROUTER = "router"  # one router instance
+    CONTROLLER = "controller"  # the controller that leads
+
+
+class FaultKind(StrEnum):
+    SIGKILL = "sigkill"  # the process dies at once
+    SIGSTOP = "sigstop"  # the process stops; the kernel still accepts connections, nothing answers
+    LATENCY = "latency"  # every response arrives later than the health-check timeout
+    ERRORS = "errors"  # every response, health checks included, is an HTTP 500
+    MEMORY = "memory"  # memory pressure: high KV usage and slower answers; stress-ng in the cgroup on real nodes
+    JITTER = "jitter"  # network delay with jitter, inside the health-check timeout's margin
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    component: Component
+
+    def to_json(self) -> dict[str, str]:
+        return {"kind": self.kind.value, "component": self.component.value}
+
+
+class TargetName(StrEnum):
+    DETECTION = "detection_s"
+    RECOVERY = "recovery_s"
+    RESTORATION = "restoration_s"
+    TAKEOVER = "takeover_s"
+    CLIENT_ERRORS = "client_error_rate"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One figure a drill is judged against: the measured value must not exceed ``value``."""
+
+    name: TargetName
+    value: float
+    unit: str
+    formula: str
+    meaning: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name.value,
+            "value": self.value,
+            "unit": self.unit,
+            "formula": self.formula,
+            "meaning": self.meaning,
+        }
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One drill. ``targets`` are the plan's figures that apply; ``evicts`` says whether replicas should leave
+    rotation (when false, one that does is a false detection and fails the drill); ``alerts`` must fire while the
+    fault lasts and ``quiet`` must not fire at all; ``alert_note`` says why."""
+
+    name: DrillName
+    description: str
+    faults: tuple[Fault, ...]
+    targets: tuple[TargetName, ...]
+    evicts: bool
+    alerts: tuple[str, ...]
+    quiet: tuple[str, ...]
+    alert_note: str
+
+    @property
+    def components(self) -> tuple[Component, ...]:
+        return tuple(dict.fromkeys(f.component for f in self.faults))
+
+
+# Alert rules rendered by serving.render.k8s.monitoring and serving.render.k8s.runtime (a test checks each name).
+ERROR_RATE = "ExaServeErrorRate"
+WORKERS_UNHEALTHY = "ExaServeWorkersUnhealthy"
+REPLICA_RESTARTS = "ExaServeReplicaRestarts"
+NODE_SUSPECT = "ExaServeNodeSuspect"
+NODE_HEALTH_LOW = "ExaServeNodeHealthLow"
+NO_LEADER = "ExaServeNoControllerLeader"
+SPLIT_BRAIN = "ExaServeControllerSplitBrain"
+EVICTION_CAP = "ExaServeEvictionCapReached"
+ACTIONS_FAILING = "ExaServeRuntimeActionsFailing"
+ROUTER_DOWN = "ExaServeRouterInstanceDown"
+OUT_OF_ROTATION = "ExaServeReplicaOutOfRotation"
+
+_SELF_HEALED = (
+    "ExaServeReplicaOutOfRotation (a warning) fires while the controller holds the replica out. Nothing else: one "
+    "replica is inside the failure reserve, the router's retries keep client errors under the gate, the replica is "
+    "back long before ExaServeWorkersUnhealthy's 5 minutes, and the migration and warm-up succeed."
+)
+_REPLICA_QUIET = (ERROR_RATE, WORKERS_UNHEALTHY, ACTIONS_FAILING, EVICTION_CAP)
+_EVICTING = (TargetName.DETECTION, TargetName.RECOVERY, TargetName.RESTORATION)
+
+
+def _scenarios() -> dict[DrillName, Scenario]:
+    replica = Component.REPLICA
+    found = [
+        Scenario(
+            "replica-crash",
+            "SIGKILL one replica's server: it is gone at once, connections are refused.",
+            (Fault(FaultKind.SIGKILL, replica),),
+            _EVICTING,
+            True,
+            (OUT_OF_ROTATION,),
+            (*_REPLICA_QUIET, REPLICA_RESTARTS),
+            _SELF_HEALED + " One restart stays under ExaServeReplicaRestarts' 3 per hour.",
+        ),
+        Scenario(
+            "replica-hang",
+            "SIGSTOP one replica's server: connections open, nothing answers; requests on it wait for the router's "
+            "request timeout and are retried elsewhere.",
+            (Fault(FaultKind.SIGSTOP, replica),),
+            _EVICTING,
+            True,
+            (OUT_OF_ROTATION,),
+            _REPLICA_QUIET,
+            _SELF_HEALED,
+        ),
+        Scenario(
+            "replica-slow",
+            "One replica answers everything, health checks included, later than serving.health_check_timeout_s: "
+            "alive but too slow to serve, so it must be treated as failed.",
+            (Fault(FaultKind.LATENCY, replica),),
+            _EVICTING,
+            True,
+            (OUT_OF_ROTATION,),
+            _REPLICA_QUIET,
+            _SELF_HEALED,
+        ),
+        Scenario(
+            "error-burst",
+            "One replica answers every request, health checks included, with HTTP 500 for the length of the burst.",
+            (Fault(FaultKind.ERRORS, replica),),
+            _EVICTING,
+            True,
+            (OUT_OF_ROTATION,),
+            _REPLICA_QUIET,
+            _SELF_HEALED + " ExaServeErrorRate counts client-facing errors: it fires only if retries fail to hide "
+            "the burst.",
+        ),
+        Scenario(
+            "memory-pressure",
+            "One replica under memory pressure: it reports high KV-cache usage and slows (on real nodes stress-ng "
+            "in the replica's cgroup). Load-aware routing should move traffic to the others; it stays in rotation.",
+            (Fault(FaultKind.MEMORY, replica),),
+            (TargetName.RECOVERY,),
+            False,
+            (),
+            (OUT_OF_ROTATION, ERROR_RATE, WORKERS_UNHEALTHY),
+            "No rule watches memory pressure (no KV-cache saturation alert, no host-memory alert on the serving "
+            "cgroup): a replica that does not shed load under pressure shows only as ExaServeP99LatencyHigh after "
+            "10 minutes, or ExaServeReplicaRestarts once OOM kills repeat.",
+        ),
+        Scenario(
+            "network-jitter",
+            "Delay with jitter on one node's replicas, inside the health-check timeout's margin (the source's 1 s "
+            "timeout flapped under such jitter, 3 s fixed it): nothing may leave rotation.",
+            (Fault(FaultKind.JITTER, Component.NODE),),
+            (),
+            False,
+            (),
+            (OUT_OF_ROTATION, NODE_HEALTH_LOW, ERROR_RATE, EVICTION_CAP),
+            "Jitter inside the timeout is not a failure: every alert stays quiet; ExaServeNodeHealthLow firing means "
+            "the health-check timeout has no margin left.",
+        ),
+        Scenario(
+            "node-loss",
+            "SIGKILL one node's agent and every replica on it: a node gone at once.",
+            (Fault(FaultKind.SIGKILL, Component.NODE),),
+            _EVICTING,
+            True,
+            (NODE_SUSPECT,),
+            (ERROR_RATE, EVICTION_CAP, ACTIONS_FAILING),
+            "The node's agent stops reporting: ExaServeNodeSuspect fires after serving.failure_threshold missed "
+            "reports plus its 'for'. The router's own checks take the replicas out (a suspect node's scores freeze).",
+        ),
+        Scenario(
+            "router-loss",
+            "SIGKILL one router instance: clients of that instance fail over to the others; no replica leaves "
+            "rotation.",
+            (Fault(FaultKind.SIGKILL, Component.ROUTER),),
+            (TargetName.RECOVERY,),
+            False,
+            (ROUTER_DOWN,),
+            (OUT_OF_ROTATION, WORKERS_UNHEALTHY, ERROR_RATE),
+            "ExaServeRouterInstanceDown fires while fewer router instances are up than scheduler.instances for "
+            "longer than the plan's recovery time.",
+        ),
+        Scenario(
+            "leader-loss",
+            "SIGKILL the controller that leads: a follower must take over within the lease and act on nothing "
+            "before it does; serving is untouched.",
+            (Fault(FaultKind.SIGKILL, Component.CONTROLLER),),
+            (TargetName.TAKEOVER,),
+            False,
+            (),
+            (NO_LEADER, SPLIT_BRAIN, ACTIONS_FAILING, OUT_OF_ROTATION),
+            "A takeover within the lease pages nobody: ExaServeNoControllerLeader waits two leases, so it fires "
+            "only when no follower takes over.",
+        ),
+        Scenario(
+            "double-fault",
+            "replica-crash and leader-loss at the same instant: the routers take the replica out on their own, the "
+            "follower that takes over must migrate and readmit it.",
+            (Fault(FaultKind.SIGKILL, replica), Fault(FaultKind.SIGKILL, Component.CONTROLLER)),
+            (*_EVICTING, TargetName.TAKEOVER),
+            True,
+            (OUT_OF_ROTATION,),
+            (*_REPLICA_QUIET, NO_LEADER, SPLIT_BRAIN),
+            "As replica-crash (ExaServeReplicaOutOfRotation, once the new leader takes the replica out) and "
+            "leader-loss (no leaderless alert): both handled, nothing pages.",
+        ),
+    ]
+    return {s.name: s for s in found}
+
+
+SCENARIOS: dict[DrillName, Scenario] = _scenarios()
+NAMES: tuple[DrillName, ...] = get_args(DrillName)
+
+
+def plan_targets(spec: FleetSpec, plan: Plan) -> dict[TargetName, Target]:
+    """Every target a drill can be judged against, from the plan's heartbeat figures and the spec's budgets.
+
+    The spec is needed besides the plan for what the plan does not carry: the heartbeat interval and timeout (the
+    probe that starts a migration), the warm-up, the lease and the error gate."""
+    s, hb = spec.serving, plan.heartbeats
+    detect, recover = hb.failure_detection_s.value, hb.recovery_s.value
+    migrate = int(hb.timeouts_to_migrate.value)
+    start = migrate * s.heartbeat_interval_s + s.health_check_timeout_s
+    restore = start + s.migration_timeout_s + s.warmup_duration_s
+    ttl = spec.runtime.lease_ttl_s
+    campaign = ttl / CAMPAIGNS_PER_LEASE
+    gate = spec.rollout.max_error_rate
+    return {
+        TargetName.DETECTION: Target(
+            TargetName.DETECTION,
+            detect,
+            "s",
+            f"heartbeats.failure_detection_s: {hb.failure_detection_s.formula}",
+            "fault → the replica out of every router instance",
+        ),
+        TargetName.RECOVERY: Target(
+            TargetName.RECOVERY,
+            recover,
+            "s",
+            f"heartbeats.recovery_s: {hb.recovery_s.formula}",
+            "fault → traffic fully served by the others at the baseline rate and latency",
+        ),
+        TargetName.RESTORATION: Target(
+            TargetName.RESTORATION,
+            restore,
+            "s",
+            f"{migrate} timeouts to migrate × {s.heartbeat_interval_s:g} s + {s.health_check_timeout_s:g} s timeout "
+            f"of the last probe + {s.migration_timeout_s:g} s migration + {s.warmup_duration_s:g} s warm-up "
+            f"= {restore:g} s",
+            "fault → the replica back in rotation after its warm-up",
+        ),
+        TargetName.TAKEOVER: Target(
+            TargetName.TAKEOVER,
+            ttl + campaign,
+            "s",
+            f"{ttl:g} s lease + {campaign:.3g} s campaign period (a third of the lease) = {ttl + campaign:.3g} s",
+            "leader stopped → another controller leads",
+        ),
+        TargetName.CLIENT_ERRORS: Target(
+            TargetName.CLIENT_ERRORS,
+            gate,
+            "share",
+            f"rollout.max_error_rate: {gate:.2%} of client requests",
+            "client requests that failed during the drill",
+        ),
+    }
+
+
+def scenario_targets(scenario: Scenario, spec: FleetSpec, plan: Plan) -> tuple[Target, ...]:
+    """The targets that apply to ``scenario``, client errors always last. When the leader is lost together with a
+    replica, restoration waits for the takeover: the leader is what migrates and readmits."""
+    targets = plan_targets(spec, plan)
+    chosen = [targets[name] for name in scenario.targets]
+    if len(scenario.faults) > 1 and Component.CONTROLLER in scenario.components:
+        takeover = targets[TargetName.TAKEOVER]
+        chosen = [
+            Target(
+                t.name, t.value + takeover.value, t.unit, f"{t.formula} + {takeover.value:.3g} s takeover", t.meaning
+            )
+            if t.name is TargetName.RESTORATION
+            else t
+            for t in chosen
+        ]
+    return (*chosen, targets[TargetName.CLIENT_ERRORS])
+
+
+@dataclass(frozen=True)
+class FaultSizes:
+    """How big the faults are, from the spec: the same on every backend."""
+
+    hold_s: Figure
+    slow_latency_s: Figure
+    jitter_delay_s: Figure
+    jitter_s: Figure
+
+
+def fault_sizes(spec: FleetSpec, plan: Plan) -> FaultSizes:
+    timeout = spec.serving.health_check_timeout_s
+    restore = plan_targets(spec, plan)[TargetName.RESTORATION]
+    hold = math.ceil(restore.value)
+    third = timeout / 3
+    return FaultSizes(
+        hold_s=Figure(hold, "s", f"a held fault lasts the plan's restoration time: ⌈{restore.value:g} s⌉ = {hold} s"),
+        slow_latency_s=Figure(
+            2 * timeout, "s", f"2 × {timeout:g} s health-check timeout = {2 * timeout:g} s: every probe times out"
+        ),
+        jitter_delay_s=Figure(third, "s", f"{timeout:g} s health-check timeout / 3 = {third:g} s"),
+        jitter_s=Figure(
+            third,
+            "s",
+            f"± {third:g} s: at most {2 * third:g} s, a third of the {timeout:g} s timeout left as margin",
+        ),
+    )
+
+
+def scenario_json(scenario: Scenario, spec: FleetSpec, plan: Plan) -> dict[str, Any]:
+    """The scenario as ``exaserve drill --list --json`` prints it."""
+    return {
+        "name": scenario.name,
+        "description": scenario.description,
+        "faults": [f.to_json() for f in scenario.faults],
+        "components": [c.value for c in scenario.components],
+        "evicts": scenario.evicts,
+        "targets": [t.to_json() for t in scenario_targets(scenario, spec, plan)],
+        "alerts": {"fire": list(scenario.alerts), "quiet": list(scenario.quiet), "note": scenario.alert_note},
+    }

@@ -1,0 +1,57 @@
+"""The rolling updater's identity on Kubernetes: a ServiceAccount and a Role granting exactly the API calls
+:mod:`serving.rollout.backends.kubernetes` makes, nothing more.
+
+The backend's calls, and the rule that allows each:
+
+* ``GET`` and ``PATCH`` (JSON merge patch) of an update group's LeaderWorkerSet ``sglang-g<i>``: ``get``/``patch``
+  on ``leaderworkersets``, by name (the stack's ``rollout.batches`` groups);
+* ``GET /api/v1/namespaces/<ns>/pods?labelSelector=exaserve.io/group=<i>``: ``list`` on ``pods`` (RBAC cannot
+  narrow a list by name);
+* ``PATCH`` of a replica's serving pod (its ``exaserve.io/admitted`` label): ``patch`` on ``pods``, by name — the
+  leader pods ``sglang-g<i>-<ordinal>`` of the stack's replicas, so the account cannot touch the router's, the
+  controllers' or a multi-node replica's worker pods (a pod's image is patchable).
+
+The router instances are found through DNS (the headless Service :data:`serving.render.k8s.gateway.PODS_SERVICE`),
+not the API, so the account reads no Endpoints. The pod that runs ``exaserve rollout`` is not rendered here
+(docs/rollout.md, "In the cluster"): it runs as this account, labelled ``app.kubernetes.io/name=exaserve-updater``,
+which the NetworkPolicies admit to the workers' serving port and the routers' metrics port
+(:mod:`serving.render.k8s.netpol`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from serving.plan.model import Plan
+from serving.render.k8s.common import UPDATER_APP, K8sObject, labels, service_account_with_role
+from serving.render.k8s.fleet import LWS_API, group_name
+from serving.spec.schema import FleetSpec
+
+COMPONENT = "rollout"
+ROLE = f"{UPDATER_APP}-rollout"
+
+
+def leader_pods(plan: Plan) -> list[str]:
+    """Each replica's serving pod: the leader ``sglang-g<group>-<ordinal>`` that its LeaderWorkerSet names it."""
+    return [f"{group_name(g)}-{i}" for g, size in enumerate(plan.rollout_group_sizes) for i in range(size)]
+
+
+def rules(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
+    """The Role's rules: one per kind of call the backend makes (module docstring)."""
+    lws_group = LWS_API.split("/", 1)[0]
+    return [
+        {
+            "apiGroups": [lws_group],
+            "resources": ["leaderworkersets"],
+            "resourceNames": [group_name(g) for g in range(spec.rollout.batches)],
+            "verbs": ["get", "patch"],
+        },
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["pods"], "resourceNames": leader_pods(plan), "verbs": ["patch"]},
+    ]
+
+
+def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
+    return service_account_with_role(
+        UPDATER_APP, ROLE, spec.kubernetes.namespace, labels(COMPONENT, UPDATER_APP), rules(spec, plan)
+    )

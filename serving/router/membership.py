@@ -1,0 +1,159 @@
+"""Router membership on EVERY router instance, each change observed on each instance before it counts.
+
+The router's ``/workers`` API is asynchronous (202, then a job): a removal is done only when ``GET /workers`` on that
+instance no longer lists the URL, an addition only when it lists it healthy. The instances are given by URL, or
+(Kubernetes) as a headless Service resolved before each operation: one address per router pod. Every operation
+asks every instance at once; one instance that does not answer fails the operation (``httpx.HTTPError``), one that
+does not show the change in time raises :class:`MembershipTimeout` naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+from serving.router.client import RouterClient, WorkerInfo
+
+POLL_S = 0.05  # between two GET /workers on one instance while waiting for a change
+PerRouter = Callable[[RouterClient], Awaitable[float]]  # one instance's part of an operation → its seconds
+Missing = Callable[[dict[str, WorkerInfo]], set[str]]  # what an instance's worker list still lacks (or holds)
+
+
+class MembershipTimeout(TimeoutError):
+    """A router instance did not show a membership change in time; the message names the instance and the URLs."""
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One membership change as each router instance showed it: seconds from the request to the proof."""
+
+    change: str
+    urls: tuple[str, ...]
+    seconds_by_router: dict[str, float]
+
+    def summary(self) -> str:
+        """``removed on every router (3): http://r1 0.05 s, …`` — the evidence a journal event carries."""
+        each = ", ".join(f"{router} {s:.2f} s" for router, s in sorted(self.seconds_by_router.items()))
+        return f"{self.change} on every router ({len(self.seconds_by_router)}): {each}"
+
+
+class RouterSet:
+    """Every router instance of the fleet, by API URL, and where each one's Prometheus listener is: ``metrics`` (one
+    URL per entry of ``routers``, same order), else ``metrics_port`` on the instance's own host (the only form a
+    headless Service's addresses can take). The membership API needs no metrics; the gates need every instance's."""
+
+    def __init__(
+        self,
+        routers: Sequence[str],
+        *,
+        service: str | None = None,
+        metrics: Sequence[str] = (),
+        metrics_port: int | None = None,
+        timeout_s: float = 5.0,
+    ) -> None:
+        if not routers and not service:
+            raise ValueError("no router instance given; pass each router's URL or the routers' headless Service")
+        if metrics and len(metrics) != len(routers):
+            raise ValueError(f"{len(metrics)} metrics URLs for {len(routers)} routers: give one per router, in order")
+        self.routers = [r.rstrip("/") for r in routers]
+        self.service = service
+        self.metrics = dict(zip(self.routers, metrics, strict=True)) if metrics else {}
+        self.metrics_port = metrics_port
+        self.timeout_s = timeout_s
+
+    def __str__(self) -> str:
+        return ", ".join([*self.routers, *([f"every address of {self.service}"] if self.service else [])])
+
+    async def urls(self) -> list[str]:
+        if self.service is None:
+            return list(self.routers)
+        host, _, port = self.service.rpartition(":")
+        infos = await asyncio.get_running_loop().getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+        found = sorted({str(i[4][0]) for i in infos})
+        return [*self.routers, *(f"http://[{a}]:{port}" if ":" in a else f"http://{a}:{port}" for a in found)]
+
+    def metrics_url(self, router: str) -> str:
+        """The Prometheus URL of the instance at API URL ``router``."""
+        if router in self.metrics:
+            return self.metrics[router]
+        if self.metrics_port is None:
+            raise ValueError(f"router {router}: no metrics listener known; give the routers' metrics port")
+        return urlunsplit(urlsplit(router)._replace(netloc=f"{_host(router)}:{self.metrics_port}", path="/metrics"))
+
+    @contextlib.asynccontextmanager
+    async def clients(self) -> AsyncIterator[list[RouterClient]]:
+        """One client per instance (the Service resolved now), closed on exit."""
+        clients = [RouterClient(url, "", timeout_s=self.timeout_s) for url in await self.urls()]
+        try:
+            yield clients
+        finally:
+            await asyncio.gather(*(c.aclose() for c in clients))
+
+    async def listed(self) -> dict[str, dict[str, WorkerInfo]]:
+        """Router URL → (worker URL → worker) as each instance lists its workers now."""
+        async with self.clients() as clients:
+            lists = await asyncio.gather(*(c.list_workers() for c in clients))
+        return {c.base_url: {w.url: w for w in workers} for c, workers in zip(clients, lists, strict=True)}
+
+    async def registered(self) -> set[str]:
+        """Worker URLs registered on every instance."""
+        sets = [set(workers) for workers in (await self.listed()).values()]
+        return set.intersection(*sets) if sets else set()
+
+    async def remove(self, *urls: str, timeout_s: float) -> Observed:
+        """Remove ``urls`` from every instance that lists them; done when no instance lists any of them."""
+        wanted = {u.rstrip("/") for u in urls}
+
+        async def one(client: RouterClient) -> float:
+            started = time.monotonic()
+            for worker in await client.list_workers():
+                if worker.url in wanted:
+                    await client.remove_worker(worker.id)
+            await _until(client, started, timeout_s, lambda listed: wanted & set(listed), "still lists")
+            return time.monotonic() - started
+
+        return await self._each("removed", wanted, one)
+
+    async def add(self, *urls: str, timeout_s: float) -> Observed:
+        """Add ``urls`` on every instance that does not list them; done when each instance lists each one healthy."""
+        wanted = {u.rstrip("/") for u in urls}
+
+        async def one(client: RouterClient) -> float:
+            started = time.monotonic()
+            listed = {w.url for w in await client.list_workers()}
+            for url in sorted(wanted - listed):
+                await client.add_worker(url)
+            await _until(
+                client,
+                started,
+                timeout_s,
+                lambda listed: {u for u in wanted if u not in listed or not listed[u].is_healthy},
+                "does not list healthy",
+            )
+            return time.monotonic() - started
+
+        return await self._each("added", wanted, one)
+
+    async def _each(self, change: str, urls: set[str], one: PerRouter) -> Observed:
+        async with self.clients() as clients:
+            seconds = await asyncio.gather(*(one(c) for c in clients))
+        return Observed(change, tuple(sorted(urls)), {c.base_url: s for c, s in zip(clients, seconds, strict=True)})
+
+
+def _host(url: str) -> str:
+    """The host part of ``url`` as a netloc writes it (an IPv6 address in brackets)."""
+    host = urlsplit(url).hostname or ""
+    return f"[{host}]" if ":" in host else host
+
+
+async def _until(client: RouterClient, started: float, timeout_s: float, missing: Missing, what: str) -> None:
+    """Poll the instance's worker list until ``missing(list)`` is empty; past ``timeout_s`` raise, naming it."""
+    while left := missing({w.url: w for w in await client.list_workers()}):
+        if time.monotonic() - started >= timeout_s:
+            raise MembershipTimeout(f"router {client.base_url} {what} {sorted(left)} after {timeout_s:g} s")
+        await asyncio.sleep(POLL_S)

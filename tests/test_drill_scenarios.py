@@ -1,0 +1,220 @@
+"""The fault drills' catalogue (serving/drill/scenarios.py) and `exaserve drill --list`: the issue's scenarios under
+their names, targets derived from the plan (never constants), alerts that exist among the rendered rules, fault
+sizes inside or beyond the health-check timeout as each scenario needs, and the `drills` spec section."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import get_args
+
+import pytest
+from pydantic import ValidationError
+
+from serving.drill.scenarios import (
+    NAMES,
+    SCENARIOS,
+    Component,
+    TargetName,
+    fault_sizes,
+    plan_targets,
+    scenario_json,
+    scenario_targets,
+)
+from serving.plan.planner import plan
+from serving.render.k8s import monitoring, runtime
+from serving.spec.schema import DrillName, DrillSpec, FleetSpec
+from tests.support.cli import exaserve, flat, json_object
+from tests.support.stacks import spec_from
+
+ISSUE_NAMES = [
+    "replica-crash",
+    "replica-hang",
+    "replica-slow",
+    "error-burst",
+    "memory-pressure",
+    "network-jitter",
+    "node-loss",
+    "router-loss",
+    "leader-loss",
+    "double-fault",
+]
+
+
+def _rendered_alerts(spec: FleetSpec) -> set[str]:
+    groups = [*monitoring.rule_groups(spec, plan(spec)), *runtime.rule_groups(spec)]
+    return {rule["alert"] for group in groups for rule in group["rules"]}
+
+
+def test_the_catalogue_has_the_issues_scenarios_under_their_names() -> None:
+    assert list(SCENARIOS) == ISSUE_NAMES
+    assert list(NAMES) == list(get_args(DrillName)) == ISSUE_NAMES  # the spec's names are the catalogue's
+    assert all(s.name == name and s.description for name, s in SCENARIOS.items())
+    assert [c.value for c in SCENARIOS["node-loss"].components] == ["node"]
+    assert SCENARIOS["double-fault"].components == (Component.REPLICA, Component.CONTROLLER)
+
+
+@pytest.mark.parametrize("stack", ["prod", "dev", "sandbox"])
+def test_every_alert_a_scenario_names_is_a_rule_the_project_renders(stack: str) -> None:
+    rendered = _rendered_alerts(spec_from(stack))
+    for s in SCENARIOS.values():
+        assert set(s.alerts) <= rendered, f"{s.name}: {set(s.alerts) - rendered} are not rendered rules"
+        assert set(s.quiet) <= rendered, f"{s.name}: {set(s.quiet) - rendered} are not rendered rules"
+        assert not set(s.alerts) & set(s.quiet), f"{s.name}: an alert cannot both fire and stay quiet"
+        assert s.alert_note
+
+
+def test_a_scenario_judged_on_detection_is_one_that_takes_replicas_out_and_the_others_must_not() -> None:
+    """`evicts` and the targets agree: a scenario that should not take a replica out is not judged on detection or
+    restoration, and the controller's out-of-rotation alert must stay quiet in it (else: a false detection)."""
+    for s in SCENARIOS.values():
+        assert (TargetName.DETECTION in s.targets) is s.evicts, s.name
+        assert (TargetName.RESTORATION in s.targets) is s.evicts, s.name
+        assert ("ExaServeReplicaOutOfRotation" in s.quiet) is not s.evicts, s.name
+
+
+def test_targets_come_from_the_plans_heartbeat_figures_not_constants() -> None:
+    """The source's 15 s / 25 s are not written anywhere: a stack with other heartbeats gets other targets."""
+    spec = spec_from(
+        "prod",
+        serving__heartbeat_interval_s=2.0,
+        serving__failure_threshold=4,
+        serving__health_check_timeout_s=1.5,
+        serving__migration_timeout_s=7.0,
+        serving__warmup_duration_s=12.0,
+        runtime__lease_ttl_s=6.0,
+        rollout__max_error_rate=0.004,
+    )
+    p = plan(spec)
+    targets = plan_targets(spec, p)
+    assert targets[TargetName.DETECTION].value == p.heartbeats.failure_detection_s.value == 4 * 2.0 + 1.5
+    assert targets[TargetName.RECOVERY].value == p.heartbeats.recovery_s.value == 9.5 + 7.0
+    assert p.heartbeats.failure_detection_s.formula in targets[TargetName.DETECTION].formula
+    assert p.heartbeats.recovery_s.formula in targets[TargetName.RECOVERY].formula
+    migrate = int(p.heartbeats.timeouts_to_migrate.value)
+    assert targets[TargetName.RESTORATION].value == migrate * 2.0 + 1.5 + 7.0 + 12.0
+    assert targets[TargetName.RESTORATION].formula.endswith(f"= {migrate * 2.0 + 20.5:g} s")
+    assert targets[TargetName.TAKEOVER].value == pytest.approx(6.0 + 2.0)
+    assert targets[TargetName.CLIENT_ERRORS].value == 0.004
+    default = plan_targets(spec_from("prod"), plan(spec_from("prod")))
+    assert (default[TargetName.DETECTION].value, default[TargetName.RECOVERY].value) == (18.0, 28.0)
+
+
+def test_each_scenario_gets_its_targets_and_a_double_fault_restores_after_the_takeover() -> None:
+    spec = spec_from("prod")
+    p = plan(spec)
+    targets = plan_targets(spec, p)
+    crash = {t.name: t for t in scenario_targets(SCENARIOS["replica-crash"], spec, p)}
+    assert list(crash) == [TargetName.DETECTION, TargetName.RECOVERY, TargetName.RESTORATION, TargetName.CLIENT_ERRORS]
+    assert crash[TargetName.RESTORATION] == targets[TargetName.RESTORATION]
+    leader = [t.name for t in scenario_targets(SCENARIOS["leader-loss"], spec, p)]
+    assert leader == [TargetName.TAKEOVER, TargetName.CLIENT_ERRORS]
+    double = {t.name: t for t in scenario_targets(SCENARIOS["double-fault"], spec, p)}
+    takeover = targets[TargetName.TAKEOVER].value
+    assert double[TargetName.RESTORATION].value == pytest.approx(targets[TargetName.RESTORATION].value + takeover)
+    assert double[TargetName.RESTORATION].formula.endswith("s takeover")
+    assert double[TargetName.DETECTION] == targets[TargetName.DETECTION]  # the routers' own checks: no leader needed
+    jitter = [t.name for t in scenario_targets(SCENARIOS["network-jitter"], spec, p)]
+    assert jitter == [TargetName.CLIENT_ERRORS]
+
+
+@pytest.mark.parametrize("timeout_s", [1.0, 3.0, 4.5])
+def test_fault_sizes_put_a_slow_replica_past_the_timeout_and_jitter_inside_it(timeout_s: float) -> None:
+    spec = spec_from("prod", serving__health_check_timeout_s=timeout_s)
+    p = plan(spec)
+    sizes = fault_sizes(spec, p)
+    assert sizes.slow_latency_s.value > timeout_s  # every probe of the slow replica times out
+    assert sizes.jitter_delay_s.value + sizes.jitter_s.value < timeout_s  # the worst jittered probe still answers
+    assert sizes.hold_s.value == math.ceil(plan_targets(spec, p)[TargetName.RESTORATION].value)
+    assert f"{timeout_s:g} s" in sizes.jitter_s.formula
+
+
+def test_scenario_json_carries_what_the_list_promises() -> None:
+    spec = spec_from("sandbox")
+    doc = scenario_json(SCENARIOS["router-loss"], spec, plan(spec))
+    assert set(doc) == {"name", "description", "faults", "components", "evicts", "targets", "alerts"}
+    assert doc["faults"] == [{"kind": "sigkill", "component": "router"}]
+    assert doc["alerts"]["fire"] == ["ExaServeRouterInstanceDown"]
+    assert {t["name"] for t in doc["targets"]} == {"recovery_s", "client_error_rate"}
+    assert all({"value", "unit", "formula", "meaning"} <= set(t) for t in doc["targets"])
+
+
+# ------------------------------------------------------------------------------------------ the drills spec section
+
+
+def test_the_drills_section_defaults_to_the_sources_regular_drills() -> None:
+    drills = spec_from("prod").drills
+    assert drills.scheduled == ["replica-crash", "network-jitter", "memory-pressure"]
+    assert drills.schedule == "0 10 * * 2"
+    assert DrillSpec(schedule="@every 168h").schedule == "@every 168h"
+    assert DrillSpec(schedule="30 3 * * mon-fri").schedule == "30 3 * * mon-fri"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("scheduled", ["replica-crash", "meteor-strike"], "meteor-strike"),
+        ("scheduled", ["node-loss", "node-loss"], r"scheduled names \['node-loss'\] more than once"),
+        ("scheduled", [], "at least 1 item"),
+        ("schedule", "every tuesday", "should match pattern"),
+        ("schedule", "0 10 * *", "should match pattern"),
+    ],
+)
+def test_bad_drill_settings_are_refused_naming_the_value(field: str, value: object, match: str) -> None:
+    with pytest.raises(ValidationError, match=match):
+        DrillSpec.model_validate({field: value})
+
+
+# ------------------------------------------------------------------------------------------ exaserve drill --list
+
+
+def test_drill_list_json_names_every_scenario_with_its_targets_formulas_and_alerts() -> None:
+    r = exaserve("drill", "--list", "--json", "--stack", "dev")
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json_object(r)
+    assert doc["stack"] == "dev" and doc["ok"] is True
+    assert [s["name"] for s in doc["scenarios"]] == ISSUE_NAMES
+    crash = doc["scenarios"][0]
+    detection = next(t for t in crash["targets"] if t["name"] == "detection_s")
+    assert detection["value"] == 18.0 and "3 misses × 5 s + 3 s timeout" in detection["formula"]
+    assert (
+        crash["alerts"]["fire"] == ["ExaServeReplicaOutOfRotation"] and "ExaServeErrorRate" in crash["alerts"]["quiet"]
+    )
+    assert crash["chaos_mesh"] == {
+        "rendered": True,
+        "experiment": "PodChaos container-kill",
+        "notes": [crash["chaos_mesh"]["notes"][0]],
+    }
+    burst = next(s for s in doc["scenarios"] if s["name"] == "error-burst")
+    assert burst["chaos_mesh"]["rendered"] is False and "HTTPChaos" in burst["chaos_mesh"]["reason"]
+    assert doc["fault_sizes"]["hold_s"]["value"] == math.ceil(crash["targets"][2]["value"])
+
+
+def test_drill_list_prints_a_table_and_the_formulas() -> None:
+    r = exaserve("drill", "--list", "--stack", "prod")
+    assert r.returncode == 0, r.stderr
+    assert all(name in r.stdout for name in ISSUE_NAMES), r.stdout
+    assert "recovery_s: heartbeats.recovery_s: 18 s detection + 10 s migration = 28 s" in flat(r.stdout)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--list", "--scenario", "meteor-strike"],
+            "--scenario meteor-strike: no such scenario; use one of replica-crash",
+        ),
+        (["--render-only"], "--render-only needs --out DIR"),
+        (["--out", "{tmp}"], "is only used with --render-only; add --render-only"),
+        (["--list", "--render-only", "--out", "{tmp}"], "--list and --render-only ask for two things"),
+        ([], "running a drill against a fleet is not available yet; use --list"),
+    ],
+    ids=["unknown-scenario", "render-without-out", "out-without-render", "list-and-render", "no-mode"],
+)
+def test_bad_drill_input_exits_2_naming_the_value_and_the_fix(args: list[str], message: str, tmp_path: Path) -> None:
+    r = exaserve("drill", "--stack", "dev", *[a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in flat(r.stderr) and "Traceback" not in r.stdout + r.stderr
+    j = exaserve("drill", "--json", "--stack", "dev", *[a.replace("{tmp}", str(tmp_path)) for a in args])
+    doc = json_object(j)
+    assert j.returncode == 2 and doc["ok"] is False and doc["exit_code"] == 2 and message in flat(doc["error"])

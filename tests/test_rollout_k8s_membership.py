@@ -1,0 +1,436 @@
+"""Kubernetes membership: the routers' own service discovery, driven by the pods the API server holds.
+
+What is REAL: three ``sglang-router`` 0.3.2 processes started with the fleet's rendered Kubernetes command
+(``--service-discovery``, the rendered ``--selector`` with ``exaserve.io/admitted=true``, namespace and port), each
+discovering pods through its own Kubernetes client (kube-rs, from ``KUBECONFIG``: plain HTTP to a loopback server);
+one simulated SGLang worker process per serving pod (``serving.sandbox.worker``), listening on the pod's IP (a
+127.x.y.z loopback address) at ``serving.port``, as the discovered URL ``http://POD_IP:PORT`` expects; the
+updater's runner, the Kubernetes backend and its :class:`DiscoveryMembership`, unchanged.
+
+What STANDS IN: the API server and the LeaderWorkerSet controller and kubelet behind it — ``ApiServerStandIn``
+(tests/test_rollout_backends.py) with a pod watch (list, then ``watch=true`` from the list's resourceVersion, one
+JSON event per line, as the router's client asks for it), and a kubelet that starts a pod's worker process, marks the
+pod Ready once the worker answers ``/health`` and, when a template change replaces a pod, first marks it terminating
+(``deletionTimestamp``), stops its process (SIGTERM, the worker's graceful exit) and then deletes it. Pods carry
+the templates' labels; the router never sees anything but these pods.
+
+Router flags the test changes: loopback listeners on free ports and ``--log-level info`` (the log names each pod
+discovery adds). Checked with the real binary: discovery registers a Ready pod entering its selection that it has not
+registered before, and removes a worker only when its pod is being deleted; a pod leaving the selection stays
+registered, and a pod evicted through ``/workers`` is not registered again while it keeps its name and IP. That is
+why the updater carries each change of the selection to every running instance itself (module
+:mod:`serving.rollout.backends.kubernetes`), while the selection decides what a (re)starting router registers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+
+from serving.plan.planner import plan
+from serving.render.k8s.common import LABEL_ADMITTED
+from serving.render.router import ROUTER_ENTRY, router_argv
+from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend
+from serving.rollout.journal import Journal
+from serving.rollout.machine import Event, Phase, initial
+from serving.rollout.plan import plan_rollout
+from serving.rollout.runner import Progress, Runner
+from serving.router.loadgen import LoadGenerator, LoadSpec
+from serving.router.membership import Observed, RouterSet
+from serving.sandbox.processes import (
+    ProcessRecord,
+    StateDir,
+    free_port,
+    free_ports,
+    start_router,
+    start_worker,
+    stop_process,
+)
+from serving.sandbox.worker import WorkerConfig
+from serving.spec.schema import FleetSpec
+from tests.support.stacks import spec_from
+from tests.test_rollout_backends import RELEASES, ApiServerStandIn
+
+ROUTERS = 3
+NEW_POD_LOAD_S = 2.0  # a new pod's "model load": its worker listens only after this (a real one: minutes)
+WATCH_POLL_S = 0.02
+
+
+def membership_spec(port: int) -> FleetSpec:
+    """The sandbox stack on Kubernetes: 4 one-GPU replicas in 2 update groups, 3 router instances, 1 s heartbeats."""
+    return spec_from(
+        "sandbox",
+        **{
+            "sandbox": None,
+            "serving.replicas": 4,
+            "serving.port": port,
+            "serving.releases": RELEASES,
+            "serving.heartbeat_interval_s": 1,
+            "serving.health_check_timeout_s": 1,
+            "rollout.batches": 2,
+            "rollout.interval_s": 2,
+            "rollout.baseline_window_s": 2,
+            "scheduler.instances": ROUTERS,
+        },
+    )
+
+
+class Kubelet:
+    """Runs each serving pod's container as a simulated worker process on the pod's IP."""
+
+    def __init__(self, spec: FleetSpec, state: StateDir) -> None:
+        self.spec = spec
+        self.state = state
+        self._ips = (f"127.77.{i // 250}.{i % 250 + 1}" for i in itertools.count())
+
+    def config(self, pod: dict[str, Any], *, load_s: float) -> WorkerConfig:
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        return WorkerConfig(
+            port=self.spec.serving.port,
+            host=pod["status"]["podIP"],
+            version=str(env["EXASERVE_RELEASE"]),
+            latency_ms=20.0,
+            jitter_ms=2.0,
+            startup_delay_s=load_s,
+            served_model_name=self.spec.model.name,
+        )
+
+    def next_ip(self) -> str:
+        return next(self._ips)
+
+    @staticmethod
+    def process(pod: dict[str, Any]) -> str:
+        return f"pod-{pod['metadata']['name']}-{pod['status']['podIP']}"
+
+
+class DiscoveryApiServer(ApiServerStandIn):
+    """:class:`ApiServerStandIn` plus a pod watch and a kubelet (module docstring): pod changes are events."""
+
+    def __init__(self, spec: FleetSpec, kubelet: Kubelet) -> None:
+        self.kubelet = kubelet
+        self.events: list[tuple[int, str, dict[str, Any]]] = []  # (resourceVersion, type, object)
+        self.watches = 0
+        self.closing = False  # ends the watch streams, so the server can stop
+        super().__init__(spec)  # creates the first pods (their workers started and healthy: Ready)
+
+    def __exit__(self, *exc: object) -> None:
+        self.closing = True
+        time.sleep(2 * WATCH_POLL_S)
+        super().__exit__(*exc)
+
+    def _emit(self, kind: str, pod: dict[str, Any]) -> None:
+        rv = len(self.events) + 1
+        pod["metadata"]["resourceVersion"] = str(rv)
+        self.events.append((rv, kind, copy.deepcopy(pod)))
+
+    def _create_pods(self, obj: dict[str, Any], ordinal: int, *, ready: bool) -> None:
+        """Create replica ``ordinal``'s pod on a new IP (one pod per replica in this stack); its worker is started
+        by the caller. ``ready``: Ready at once (the first pods, whose workers already answer)."""
+        super()._create_pods(obj, ordinal, ready=ready)
+        pod = self.pods[f"{obj['metadata']['name']}-{ordinal}"]
+        pod["metadata"]["uid"] = f"{pod['metadata']['name']}-{len(self.events)}"
+        pod["status"]["podIP"] = self.kubelet.next_ip()
+        if ready:
+            start_worker(self.kubelet.state, Kubelet.process(pod), self.kubelet.config(pod, load_s=0))
+        self._emit("ADDED", pod)
+
+    async def _replace(self, obj: dict[str, Any], ordinal: int) -> None:
+        """The controller and kubelet replacing one pod: terminating (deletionTimestamp), its process stopped
+        (SIGTERM), deleted; then the new pod, not Ready until its worker has loaded and answers ``/health``."""
+        name = f"{obj['metadata']['name']}-{ordinal}"
+        old = self.pods[name]
+        old["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        self._emit("MODIFIED", old)
+        await asyncio.to_thread(stop_process, self.kubelet.state, Kubelet.process(old), timeout_s=10)
+        del self.pods[name]
+        self._emit("DELETED", old)
+        self._create_pods(obj, ordinal, ready=False)
+        config = self.kubelet.config(self.pods[name], load_s=NEW_POD_LOAD_S)
+        await asyncio.to_thread(
+            start_worker, self.kubelet.state, Kubelet.process(self.pods[name]), config, timeout_s=30
+        )
+        pod = self.pods[name]  # as it is now: a patch (the updater's label) replaces the object
+        pod["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+        for c in pod["status"]["containerStatuses"]:
+            c["ready"] = True
+        self._emit("MODIFIED", pod)
+
+    async def _controller(self, path: str, old_revision: str) -> None:
+        """LeaderWorkerSet rolling update: ``maxUnavailable`` replicas at a time, each wave Ready before the next."""
+        obj = self.objects[path]
+        n = obj["spec"]["replicas"]
+        step = int(obj["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]["maxUnavailable"])
+        for first in range(0, n, step):
+            wave = range(first, min(n, first + step))
+            obj["status"] = self._status(obj, updated=first, ready=n - len(wave), current=old_revision)
+            await asyncio.gather(*(self._replace(obj, o) for o in wave))
+        obj["status"] = self._status(obj, updated=n, ready=n, current=old_revision)  # (a StatefulSet's only)
+
+    async def _get(self, request: web.Request) -> web.StreamResponse:  # type: ignore[override]  # a watch streams
+        if request.path != self.pods_path:
+            return await super()._get(request)
+        if request.query.get("watch") not in ("true", "1"):
+            wanted = dict(t.split("=", 1) for t in request.query.get("labelSelector", "").split(",") if t)
+            items = [p for p in self.pods.values() if wanted.items() <= p["metadata"]["labels"].items()]
+            listed = {"resourceVersion": str(len(self.events))}
+            return web.json_response({"apiVersion": "v1", "kind": "PodList", "metadata": listed, "items": items})
+        self.watches += 1
+        seen = int(request.query.get("resourceVersion") or 0)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        while not self.closing:
+            for rv, kind, pod in self.events[seen:]:
+                await response.write((json.dumps({"type": kind, "object": pod}) + "\n").encode())
+                seen = rv
+            await asyncio.sleep(WATCH_POLL_S)
+        return response
+
+    async def _patch(self, request: web.Request) -> web.Response:
+        response = await super()._patch(request)
+        if request.path.startswith(self.pods_path + "/") and response.status == 200:
+            self._emit("MODIFIED", self.pods[request.path.rsplit("/", 1)[1]])
+        return response
+
+
+@dataclass
+class Cluster:
+    spec: FleetSpec
+    api: DiscoveryApiServer
+    kubeconfig: Path
+    routers: list[str]  # API URLs
+    metrics: list[str]
+    logs: list[Path]
+    state: StateDir
+
+    def backend(self) -> KubernetesBackend:
+        return KubernetesBackend(self.spec, plan(self.spec), KubeApi(self.api.url))
+
+    def listed(self) -> list[dict[str, bool]]:
+        """Per router: worker URL → healthy."""
+        out = []
+        for url in self.routers:
+            body = httpx.get(url + "/workers", timeout=5).json()
+            out.append({w["url"]: w["is_healthy"] for w in body["workers"]})
+        return out
+
+    def pod_urls(self, group: int | None = None) -> dict[str, str]:
+        """Pod name → http://POD_IP:PORT of the serving pods (of ``group``) that are not terminating."""
+        return {
+            name: f"http://{p['status']['podIP']}:{self.spec.serving.port}"
+            for name, p in self.api.pods.items()
+            if not p["metadata"].get("deletionTimestamp") and (group is None or name.startswith(f"sglang-g{group}-"))
+        }
+
+    def start_router(self, name: str, flags: list[str], *, selected: int) -> ProcessRecord:
+        """A router process whose Kubernetes client reads this cluster's kubeconfig, once it lists ``selected``
+        workers healthy."""
+        previous = os.environ.get("KUBECONFIG")
+        os.environ["KUBECONFIG"] = str(self.kubeconfig)  # the process's environment at spawn
+        try:
+            return start_router(self.state, flags, name=name, healthy_workers=selected, timeout_s=60)
+        finally:
+            if previous is None:
+                del os.environ["KUBECONFIG"]
+            else:
+                os.environ["KUBECONFIG"] = previous
+
+
+def router_flags(spec: FleetSpec, api_port: int, metrics_port: int) -> list[str]:
+    """The fleet's rendered Kubernetes router command, with loopback listeners on free ports and info logs."""
+    flags = router_argv(spec, plan(spec), kubernetes=True)[len(ROUTER_ENTRY) :]
+    for flag, value in (("--host", "127.0.0.1"), ("--port", str(api_port)), ("--prometheus-host", "127.0.0.1"),
+                        ("--prometheus-port", str(metrics_port)), ("--log-level", "info")):  # fmt: skip
+        flags[flags.index(flag) + 1] = value
+    return flags
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("k8s-membership")
+    spec = membership_spec(free_port())
+    state = StateDir(root / "processes")
+    try:
+        api = DiscoveryApiServer(spec, Kubelet(spec, state))
+        with api:
+            kubeconfig = root / "kubeconfig"
+            kubeconfig.write_text(
+                json.dumps({
+                    "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
+                    "clusters": [{"name": "stand-in", "cluster": {"server": api.url}}],
+                    "users": [{"name": "router", "user": {"token": "stand-in"}}],
+                    "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "router"}}],
+                })
+            )  # fmt: skip
+            box = Cluster(spec, api, kubeconfig, [], [], [], state)
+            ports = free_ports(2 * ROUTERS)
+            for i in range(ROUTERS):
+                flags = router_flags(spec, ports[2 * i], ports[2 * i + 1])
+                record = box.start_router(f"router-{i}", flags, selected=spec.serving.replicas)
+                box.routers.append(record.url)
+                box.metrics.append(record.metrics_url)
+                box.logs.append(Path(record.log_path))
+            yield box
+    finally:
+        for record in state.records():
+            stop_process(state, record.name, timeout_s=10)
+
+
+def test_every_router_discovers_the_pods_it_selects_from_the_stand_in(cluster: Cluster) -> None:
+    """The starting point is discovery's own: each router watched the API and registered the four pods by IP."""
+    assert cluster.api.watches >= ROUTERS
+    expected = set(cluster.pod_urls().values())
+    assert len(expected) == cluster.spec.serving.replicas
+    assert [set(r) for r in cluster.listed()] == [expected] * ROUTERS
+    for log in cluster.logs:
+        added = [line for line in log.read_text().splitlines() if "Adding pod:" in line]
+        assert {line.rsplit("url: ", 1)[1].strip() for line in added} == expected, added
+
+
+def test_out_of_the_selection_on_every_router_and_a_restarted_router_keeps_it_out(cluster: Cluster) -> None:
+    """``take_out`` deselects group 0's pods and evicts them on every instance; a router restarted meanwhile lists
+    again what discovery selects, without group 0; ``bring_back`` selects them again and every instance lists them."""
+    members = [r.id for r in plan(cluster.spec).replicas if r.group == 0]
+    group0, others = set(cluster.pod_urls(0).values()), set(cluster.pod_urls(1).values())
+
+    async def change(out: bool) -> Observed:
+        backend = cluster.backend()
+        try:
+            membership = backend.membership(RouterSet(cluster.routers))
+            async with asyncio.timeout(60):
+                if out:
+                    return await membership.take_out(members, 10)
+                return await membership.bring_back(members, 30)
+        finally:
+            await backend.aclose()
+
+    removed = asyncio.run(change(out=True))
+    assert sorted(removed.seconds_by_router) == sorted(cluster.routers), removed
+    assert all(not (group0 & set(r)) and others <= set(r) for r in cluster.listed())
+    assert {cluster.api.pods[p]["metadata"]["labels"][LABEL_ADMITTED] for p in cluster.pod_urls(0)} == {"false"}
+
+    # Router 2 restarts: it lists and watches anew and registers exactly what the selection holds.
+    record = cluster.state.read("router-2")
+    assert record is not None
+    stop_process(cluster.state, "router-2", timeout_s=10)
+    cluster.start_router("router-2", list(record.argv[3:]), selected=len(others))  # argv: python -m … FLAGS
+    time.sleep(2 * cluster.spec.serving.heartbeat_interval_s)  # a late registration of group 0 would show by now
+    assert set(cluster.listed()[2]) == others
+
+    added = asyncio.run(change(out=False))
+    assert sorted(added.seconds_by_router) == sorted(cluster.routers), added
+    assert [set(r) for r in cluster.listed()] == [group0 | others] * ROUTERS
+
+
+def test_a_rollout_moves_each_group_through_discovery_on_every_router(cluster: Cluster, tmp_path: Path) -> None:
+    """A full gated rollout v1 → v2 under client load through router 0. For each batch: its pods leave every router
+    before the removal is recorded (proved on each, the journal names each); its pods are replaced; the new pods
+    stay out of every router through health and warm-up (held out of discovery's selection) and come back only once
+    readmitted, proved on each. At the end every router lists exactly the new pods, healthy: nothing stale, nothing
+    twice."""
+    spec = cluster.spec
+    rollout = plan_rollout(spec, plan(spec), "k8s", from_version="v1", to_version="v2")
+    began: dict[tuple[int, Phase], float] = {}  # when each step of the rollout began (wall clock)
+    events: list[Event] = []
+    samples: list[tuple[float, float, list[set[str]]]] = []  # (asked at, answered at, every router's worker URLs)
+    stop = threading.Event()
+
+    def sample() -> None:
+        with httpx.Client(timeout=5) as client:
+            while not stop.is_set():
+                asked = time.time()
+                lists = [{w["url"] for w in client.get(u + "/workers").json()["workers"]} for u in cluster.routers]
+                samples.append((asked, time.time(), lists))
+                time.sleep(0.05)
+
+    def progress(p: Progress) -> None:
+        if p.event is not None:
+            events.append(p.event)
+        step = p.state.step
+        if step is not None and step.batch is not None and not step.rollback:
+            began.setdefault((step.batch, step.phase), time.time())
+
+    async def run() -> Any:
+        backend = cluster.backend()
+        load = LoadGenerator(LoadSpec(url=cluster.routers[0], rate_per_s=20, duration_s=180, timeout_s=10))
+        halt = asyncio.Event()
+        sending = asyncio.create_task(load.run(halt))
+        try:
+            routers = RouterSet(cluster.routers, metrics=cluster.metrics)  # the gates sum every router's metrics
+            runner = Runner(initial(rollout), Journal.create(tmp_path / "journal.jsonl", rollout), backend,
+                            backend.membership(routers), progress=progress)  # fmt: skip
+            async with asyncio.timeout(240):
+                return await runner.run()
+        finally:
+            halt.set()
+            await sending
+            await backend.aclose()
+
+    before = {g: set(cluster.pod_urls(g).values()) for g in (0, 1)}
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        final = asyncio.run(run())
+    finally:
+        stop.set()
+        sampler.join(10)
+    assert final.outcome is not None and final.outcome.value == "completed", (final.reason, events[-5:])
+    after = {g: set(cluster.pod_urls(g).values()) for g in (0, 1)}
+    for batch in rollout.batches:
+        group = batch.index  # on Kubernetes a batch is one update group
+        assert before[group].isdisjoint(after[group]), "every pod of the group was replaced (new IPs)"
+        done: dict[Phase, float] = {}
+        for phase, change in ((Phase.REMOVE, "removed"), (Phase.READMIT, "added")):
+            ends = [e for e in events if e.step is not None and (e.step.batch, e.step.phase) == (batch.index, phase)]
+            assert [e.kind for e in ends] == ["done"], ends
+            assert ends[0].detail.startswith(f"{change} on every router ({ROUTERS}): "), ends[0].detail
+            assert all(url in ends[0].detail for url in cluster.routers), ends[0].detail
+            done[phase] = ends[0].at
+            print(f"batch {batch.index} {change}: {ends[0].detail}")  # the per-router evidence, as journalled
+        for i in range(ROUTERS):
+            # no answer given after the removal was recorded lists an old pod; none given before readmission began
+            # lists a new one (a pod held out through health and warm-up)
+            late = [s for s in samples if s[0] > done[Phase.REMOVE] and s[2][i] & before[group]]
+            early = [s for s in samples if s[1] < began[(batch.index, Phase.READMIT)] and s[2][i] & after[group]]
+            assert late == [] and early == [], (cluster.routers[i], late[:1], early[:1])
+            assert any(s[2][i] & after[group] for s in samples), "the sampler saw the readmission"
+    final_lists = cluster.listed()
+    assert [set(r) for r in final_lists] == [after[0] | after[1]] * ROUTERS
+    assert all(all(r.values()) for r in final_lists)
+
+
+def test_an_update_holds_the_new_pods_out_of_the_selection_and_pods_are_addressed_by_ip() -> None:
+    """No processes: the plain stand-in re-creates group 1's pods from the patched template (``admitted=true``, as
+    every new pod starts); the update leaves each of them ``false`` before it returns, and group 0 untouched. The
+    backend addresses a replica by its pod's DNS name until it has listed the pods, by the pod's IP after."""
+    spec = membership_spec(30000)
+    members = [r.id for r in plan(spec).replicas if r.group == 1]
+    with ApiServerStandIn(spec) as api:
+        backend = KubernetesBackend(spec, plan(spec), KubeApi(api.url))
+        assert backend.worker_url(members[0]) == "http://sglang-g1-0.sglang-g1.exaserve.svc:30000"
+
+        async def scenario() -> None:
+            try:
+                await backend.leader_pods(members)
+                await backend.update(members, "v2", timeout_s=10)
+            finally:
+                await backend.aclose()
+
+        asyncio.run(scenario())
+        labels = {name: pod["metadata"]["labels"][LABEL_ADMITTED] for name, pod in api.pods.items()}
+        patched = {name for name, _ in api.pod_patches}
+    assert labels == {"sglang-g0-0": "true", "sglang-g0-1": "true", "sglang-g1-0": "false", "sglang-g1-1": "false"}
+    assert patched == {"sglang-g1-0", "sglang-g1-1"}
+    assert backend.worker_url(members[0]) == f"http://{api.pods['sglang-g1-0']['status']['podIP']}:30000"
