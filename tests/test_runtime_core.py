@@ -64,10 +64,22 @@ class Agents:
     def __init__(self) -> None:
         self.seq = dict.fromkeys(NODES, 0)
 
-    def report(self, node: str, now: float, failing: set[str] = frozenset(), **figures: float) -> NodeReport:  # type: ignore[assignment]
+    def report(
+        self,
+        node: str,
+        now: float,
+        failing: set[str] = frozenset(),  # type: ignore[assignment]
+        loaded: dict[str, dict[str, float]] | None = None,  # replica id → its figures (the others: ``figures``)
+        **figures: float,
+    ) -> NodeReport:
         self.seq[node] += 1
         probes = tuple(
-            ReplicaProbe(id=r.id, ok=r.id not in failing, latency_s=None if r.id in failing else 0.01, **figures)
+            ReplicaProbe(
+                id=r.id,
+                ok=r.id not in failing,
+                latency_s=None if r.id in failing else 0.01,
+                **(loaded or {}).get(r.id, figures),
+            )
             for r in PLAN.replicas
             if r.node.name == node
         )
@@ -163,6 +175,51 @@ def test_node_wide_failure_drags_the_node_score_and_the_cap_holds() -> None:
         assert ctl.evicted() <= ctl.config.max_evicted == 2
     assert ctl.nodes[NODES[0]].score < HEALTH.stop_routing_below
     assert ctl.counters.capped > 0
+
+
+PRESSED = {"gpu_utilization": 0.125, "memory_usage": 0.95}  # 0.5 × 0.125 + 0.3 × 0.95 = 0.3475 ≥ the 0.25 floor
+IDLE = {"gpu_utilization": 0.01, "memory_usage": 0.01}  # 0.008
+
+
+def feed(ctl: Controller, agents: Agents, now: float, loaded: dict[str, dict[str, float]]) -> list[Action]:
+    for node in NODES:
+        ctl.receive(agents.report(node, now, loaded=loaded, **IDLE), now)
+    return run_actions(ctl, now)
+
+
+def test_an_overloaded_replica_is_shed_after_three_reports_and_back_under_half_the_floor() -> None:
+    """The source's "move load above 1.5 × the mean": a healthy replica whose load stays at or above
+    scheduler.shed_min_load (0.25) for serving.failure_threshold (3) reports and above 1.5 × the fleet's mean leaves
+    every router (no restart), stays out while its load is at or above half the floor, and returns through the
+    warm-up once under it."""
+    ctl, agents = controller(), Agents()
+    rid = PLAN.replicas[0].id
+    assert ctl.config.shed_min_load == 0.25 and ctl.config.shed_after == 3
+    assert feed(ctl, agents, T0 + 5, {rid: PRESSED}) == []
+    assert feed(ctl, agents, T0 + 10, {rid: PRESSED}) == []
+    [shed] = feed(ctl, agents, T0 + 15, {rid: PRESSED})
+    assert (shed.kind, shed.replica) == (Kind.REMOVE, rid) and "shed, not failed" in shed.reason
+    assert ctl.replica_state(rid) == "shed" and not ctl.replicas[rid].in_rotation
+    assert ctl.replicas[rid].score == HEALTH.start  # shed for load: its health is untouched
+    still = {"gpu_utilization": 0.0, "memory_usage": 0.5}  # no traffic, KV still half full: 0.15 ≥ 0.125
+    for i in range(4, 8):
+        assert feed(ctl, agents, T0 + 5 * i, {rid: still}) == []
+    [back] = feed(ctl, agents, T0 + 40, {rid: {"gpu_utilization": 0.0, "memory_usage": 0.4}})  # 0.12 < 0.125
+    assert back.kind is Kind.READMIT and back.rate_per_s > 0 and "back under 0.125" in back.reason
+    assert ctl.replicas[rid].in_rotation and not ctl.replicas[rid].shed
+
+
+def test_a_burst_or_an_evenly_loaded_fleet_sheds_nothing_and_the_cap_bounds_shedding() -> None:
+    ctl, agents = controller(), Agents()
+    rid = PLAN.replicas[0].id
+    for i, figures in enumerate([PRESSED, PRESSED, IDLE, PRESSED, PRESSED, IDLE], start=1):  # never 3 in a row
+        assert feed(ctl, agents, T0 + 5 * i, {rid: figures}) == []
+    busy = {r.id: {"gpu_utilization": 1.0, "memory_usage": 0.9} for r in PLAN.replicas}  # 0.77 each: the mean
+    for i in range(7, 12):
+        assert feed(ctl, agents, T0 + 5 * i, busy) == []
+    three = {r.id: PRESSED for r in PLAN.replicas[:3]}
+    shed = [a for i in range(12, 16) for a in feed(ctl, agents, T0 + 5 * i, three)]
+    assert len(shed) == ctl.config.max_evicted == 2 and ctl.evicted() == 2 and ctl.counters.capped > 0
 
 
 def test_failed_warmup_sends_the_replica_back_below_the_hysteresis_line() -> None:

@@ -41,7 +41,7 @@ from serving.sandbox.prometheus import (
 )
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack_file
-from tests.support.ci import require_binaries
+from tests.support.ci import require_prometheus
 from tests.support.cli import json_object
 from tests.support.etcd import require_etcd
 from tests.support.sandbox import Sandbox, running_sandbox
@@ -59,10 +59,6 @@ CHANGES = {
     "runtime.lease_ttl_s": 3,
     "runtime.max_eviction_share": 0.25,
 }
-
-
-def require_prometheus() -> None:
-    require_binaries("prometheus", "promtool", package="prometheus")
 
 
 @pytest.fixture(scope="module")

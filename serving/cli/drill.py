@@ -1,19 +1,26 @@
-"""``exaserve drill``: the fault drills' catalogue (``--list``) and the same drills as Chaos Mesh experiments for a
-cluster (``--render-only --out DIR``), validated against the pinned Chaos Mesh CRDs (docs/drills.md).
+"""``exaserve drill``: run one fault drill against a running fleet (``--scenario NAME``: the sandbox here), the
+catalogue (``--list``), and the same drills as Chaos Mesh experiments for a cluster (``--render-only --out DIR``),
+validated against the pinned Chaos Mesh CRDs (docs/drills.md).
 
-Exit codes (serving.cli.options): 0 listed or rendered and valid; 1 a rendered object fails its CRD schema (nothing
-is written); 2 bad input: an unknown scenario, ``--render-only`` without ``--out`` or the other way round,
-``--list`` with ``--render-only``, no CRD directory, an output directory that holds something else, a scheduled
-scenario Chaos Mesh cannot run, or a drill against a fleet (not available yet: list or render).
+Exit codes (serving.cli.options): 0 the drill met every target (or listed, or rendered and valid); 1 the drill
+missed a target, an alert that must fire did not or a quiet one fired, the fleet was not healthy before it, or a
+rendered object fails its CRD schema (nothing is written); 2 bad input: an unknown scenario, no scenario to run,
+``--render-only`` without ``--out`` or the other way round, ``--list`` with ``--render-only``, no CRD directory, an
+output directory that holds something else, a scheduled scenario Chaos Mesh cannot run, a stack with no sandbox to
+drill (SSH and Kubernetes fleets: ``--render-only``), a fleet that is not running, a drill the fleet cannot run
+(one router instance for router-loss), or another updater or drill holding the stack's lock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import math
 import shutil
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -25,17 +32,21 @@ from serving.cli.options import (
     JsonOpt,
     StackFileOpt,
     StackOpt,
+    StateDirOpt,
     app,
     console,
     emit_json,
+    err_console,
     fail,
     render_errors,
     resolve_stack,
 )
+from serving.cli.state import locked, stack_state
 from serving.drill.scenarios import (
     NAMES,
     SCENARIOS,
     Scenario,
+    TargetName,
     fault_sizes,
     plan_targets,
     scenario_json,
@@ -50,6 +61,9 @@ from serving.render.k8s.common import K8sObject
 from serving.spec.schema import DrillName
 from serving.spec.stack import Stack
 
+if TYPE_CHECKING:
+    from serving.drill.engine import Fleet
+
 INDEX = "drills.json"
 EXPERIMENTS = "experiments"
 SCHEDULE_FILE = "schedule.yaml"
@@ -62,6 +76,23 @@ ScenarioOpt = Annotated[
 RenderOnlyOpt = Annotated[
     bool,
     typer.Option("--render-only", help="Write the drills as Chaos Mesh experiments and a Schedule instead of running."),
+]
+ReportOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--report",
+        help="Directory for the drill's drill.json and timeline.png (default: <state-dir>/<stack>/drills/<time>-<scenario>).",
+        file_okay=False,
+    ),
+]
+RateOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--rate",
+        help="Client requests per second during the drill (default: enough that one failed request stays within "
+        "rollout.max_error_rate even if the drill ends at half its longest target, at least 10/s).",
+        min=0.1,
+    ),
 ]
 OutOpt = Annotated[
     Path | None,
@@ -117,7 +148,15 @@ def _list(st: Stack, plan: Plan, only: Scenario | None, as_json: bool) -> None:
     console.print(table)
     for t in plan_targets(spec, plan).values():
         console.print(f"{t.name}: {t.formula} ({t.meaning})", highlight=False, markup=False, soft_wrap=True)
-    for figure in (sizes.hold_s, sizes.slow_latency_s, sizes.jitter_delay_s, sizes.jitter_s):
+    for figure in (
+        sizes.hold_s,
+        sizes.slow_latency_s,
+        sizes.jitter_delay_s,
+        sizes.jitter_s,
+        sizes.memory_token_usage,
+        sizes.memory_admit,
+        sizes.memory_slowdown,
+    ):
         console.print(f"size: {figure.formula}", highlight=False, markup=False, soft_wrap=True)
 
 
@@ -216,6 +255,117 @@ def _render(st: Stack, plan: Plan, only: Scenario | None, out: Path, crd_dir: Pa
         raise typer.Exit(EXIT_PROBLEM)
 
 
+def _fleet(st: Stack, plan: Plan) -> Fleet:
+    """The sandbox fleet to drill and its injector; a stack with no sandbox cannot be drilled from here (exit 2)."""
+    spec = st.spec
+    if spec.sandbox is None:
+        fail(
+            f"stack {st.name!r} has no sandbox: section; drills run against the sandbox here (`exaserve sandbox up`). "
+            "For a cluster, write them as Chaos Mesh experiments: --render-only --out DIR (an SSH injector for bare "
+            "metal is not built)"
+        )
+    from serving.drill.engine import Fleet  # noqa: PLC0415 - loads httpx and the load generator: on use only
+    from serving.runtime.controller import replica_urls  # noqa: PLC0415
+    from serving.sandbox.endpoints import sandbox_endpoints  # noqa: PLC0415
+    from serving.sandbox.prometheus import prometheus_url  # noqa: PLC0415
+    from serving.sandbox.runtime import controller_urls  # noqa: PLC0415
+
+    nodes: dict[str, list[str]] = {}
+    for r in plan.replicas:
+        nodes.setdefault(r.node.name, []).append(r.id)
+    fleet = Fleet(
+        routers=sandbox_endpoints(spec).routers,
+        controllers=tuple(controller_urls(spec)) if spec.sandbox.runtime else (),
+        replicas=replica_urls(spec, plan),
+        nodes={n: tuple(ids) for n, ids in nodes.items()},
+        prometheus=prometheus_url(spec) if spec.sandbox.prometheus else None,
+    )
+    return fleet
+
+
+def _run(
+    st: Stack,
+    plan: Plan,
+    scenario: Scenario,
+    state_dir: Path | None,
+    report: Path | None,
+    rate: float | None,
+    as_json: bool,
+) -> None:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
+    from serving.drill.engine import DrillError, FleetDown, Settings, run_drill  # noqa: PLC0415
+    from serving.drill.measure import Gates  # noqa: PLC0415
+    from serving.drill.report import write_report  # noqa: PLC0415
+    from serving.sandbox.faults import SandboxFaults  # noqa: PLC0415
+    from serving.sandbox.processes import SandboxError  # noqa: PLC0415
+
+    fleet, spec = _fleet(st, plan), st.spec
+    paths = stack_state(st, state_dir)
+    sizes = fault_sizes(spec, plan)
+    targets = scenario_targets(scenario, spec, plan)
+    hold = sizes.hold_s.value
+    # the updater's baseline window, and at least 5 heartbeats: a short baseline on a busy machine sets a lax P99 limit
+    baseline = max(spec.rollout.baseline_window_s, 5 * spec.serving.heartbeat_interval_s)
+    gate = plan_targets(spec, plan)[TargetName.CLIENT_ERRORS].value
+    longest = max([hold, *(t.value for t in targets if t.unit == "s")])
+    settings = Settings(
+        rate_per_s=rate if rate is not None else max(10.0, math.ceil(2 / gate / (baseline + longest))),
+        baseline_s=baseline,
+        probe_s=min(0.1, spec.serving.heartbeat_interval_s / 10),
+        gates=Gates(
+            spec.rollout.max_qps_drop,
+            spec.rollout.max_p99_rise,
+            spec.serving.heartbeat_interval_s,
+            spec.serving.failure_threshold,
+        ),
+        hold_s=hold,
+        settle_s=plan_targets(spec, plan)[TargetName.RESTORATION].value + spec.serving.startup_budget_s,
+    )
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    directory = report if report is not None else paths.root / "drills" / f"{stamp}-{scenario.name}"
+    injector = SandboxFaults(spec, plan, paths.sandbox_dir)
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with locked(paths, f"drill {scenario.name}"), Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task(f"drill {scenario.name}", total=None)
+        try:
+            run = asyncio.run(
+                run_drill(
+                    scenario,
+                    targets,
+                    fleet,
+                    injector,
+                    sizes,
+                    settings,
+                    lambda what: bar.update(task, description=f"{scenario.name}: {what}"),
+                )
+            )
+        except FleetDown as exc:
+            fail(str(exc))
+        except DrillError as exc:
+            fail(str(exc), EXIT_PROBLEM)
+        except SandboxError as exc:
+            fail(f"{exc} (the drill needs the sandbox running: `exaserve sandbox up --stack {st.name}`)")
+        bar.update(task, description=f"{scenario.name}: writing the report to {directory}")
+        doc = write_report(run, st.name, directory)
+    if as_json:
+        emit_json(doc, stack=st.name, ok=run.ok)
+    else:
+        table = Table(title=f"drill {scenario.name}, stack {st.name}: {'passed' if run.ok else 'FAILED'}")
+        for column in ("check", "measured", "target", "verdict"):
+            table.add_column(column, overflow="fold")
+        for c in run.checks:
+            shown = "-" if c.measured is None else f"{c.measured:.4g} {c.unit}".strip()
+            target = f"≤ {c.target:g} {c.unit}".strip() if c.unit else ""
+            table.add_row(c.name, shown, target, ("✓ " if c.ok else "✗ ") + c.reason)
+        console.print(table)
+        console.print(f"injected: {'; '.join(run.injected)}", highlight=False, markup=False, soft_wrap=True)
+        console.print(f"healed: {'; '.join(run.healed) or 'by the runtime'}", highlight=False, markup=False)
+        console.print(f"report: {directory / 'drill.json'}, timeline: {doc['timeline']}", highlight=False)
+    if not run.ok:
+        raise typer.Exit(EXIT_PROBLEM)
+
+
 @app.command()
 def drill(
     stack: StackOpt = DEFAULT_STACK,
@@ -225,12 +375,18 @@ def drill(
     render_only: RenderOnlyOpt = False,
     out: OutOpt = None,
     crd_dir: CrdDirOpt = None,
+    report: ReportOpt = None,
+    rate: RateOpt = None,
+    state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Fault drills. --list names the scenarios with the plan's targets (and their formulas) and the alerts that
-    must fire or stay quiet; --render-only --out DIR writes them as Chaos Mesh experiments (one file per scenario,
-    applied on its own) and a Schedule for the regular drills (drills.schedule, drills.scheduled), each object
-    validated against the pinned Chaos Mesh CRDs. Exit 1 when an object fails validation, 2 on bad input."""
+    """Fault drills. --scenario NAME runs one against the running sandbox under bounded client load: inject, watch,
+    heal, measure detection, recovery, restoration and client errors against the plan's targets, check the alerts
+    in the sandbox's Prometheus, and write drill.json and a timeline.png (--report DIR). --list names the scenarios
+    with the plan's targets (and their formulas) and the alerts that must fire or stay quiet; --render-only --out
+    DIR writes them as Chaos Mesh experiments (one file per scenario, applied on its own) and a Schedule for the
+    regular drills (drills.schedule, drills.scheduled), each object validated against the pinned Chaos Mesh CRDs.
+    Exit 1 when a drill misses a target or an object fails validation, 2 on bad input."""
     st = resolve_stack(stack, stack_file)
     only = _scenario(scenario)
     if list_ and render_only:
@@ -239,13 +395,15 @@ def drill(
         fail("--render-only needs --out DIR: the directory the Chaos Mesh experiments are written to")
     if out is not None and not render_only:
         fail(f"--out {out} is only used with --render-only; add --render-only to write the Chaos Mesh experiments")
-    if not list_ and not render_only:
-        fail(
-            "running a drill against a fleet is not available yet; use --list to see the scenarios or "
-            "--render-only --out DIR to write them as Chaos Mesh experiments"
-        )
+    running = not list_ and not render_only
+    if running and only is None:
+        fail(f"name the drill to run: --scenario NAME ({', '.join(NAMES)}); --list shows what each does")
+    if not running and (report is not None or rate is not None):
+        fail("--report and --rate are for running a drill (--scenario NAME without --list or --render-only)")
     plan = plan_fleet(st.spec)
-    if list_:
+    if running and only is not None:
+        _run(st, plan, only, state_dir, report, rate, as_json)
+    elif list_:
         _list(st, plan, only, as_json)
     elif out is not None:
         _render(st, plan, only, out, crd_dir, as_json)

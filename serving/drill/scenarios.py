@@ -25,6 +25,13 @@ from serving.spec.schema import DrillName, FleetSpec
 
 # serving.runtime.service campaigns (and renews) every third of the lease.
 CAMPAIGNS_PER_LEASE = 3
+# etcd revokes expired leases (and deletes the leader key bound to one) in a loop that runs every 500 ms (its lessor's
+# runLoop), so a dead leader's key outlives its lease by up to that much; a Kubernetes Lease has no such step
+# (followers read renewTime + leaseDurationSeconds themselves): the target is the bare-metal one, kept for both.
+ETCD_EXPIRY_CHECK_S = 0.5
+# Memory pressure: the KV pool nearly full (SGLang queues new requests once it cannot admit them), and answers
+# slower by twice the P99 gate, a breach routing has to move traffic away from.
+MEMORY_TOKEN_USAGE = 0.95
 
 
 class Component(StrEnum):
@@ -172,16 +179,20 @@ def _scenarios() -> dict[DrillName, Scenario]:
         ),
         Scenario(
             "memory-pressure",
-            "One replica under memory pressure: it reports high KV-cache usage and slows (on real nodes stress-ng "
-            "in the replica's cgroup). Load-aware routing should move traffic to the others; it stays in rotation.",
+            "One replica under memory pressure: it reports its KV cache nearly full, admits only what fits (the rest "
+            "queues) and slows (on real nodes stress-ng in the replica's cgroup). The router's load-aware pick does "
+            "not see it in time; the controller sheds the replica's load (out of every router, no restart) and "
+            "readmits it after a warm-up once the pressure is gone.",
             (Fault(FaultKind.MEMORY, replica),),
-            (TargetName.RECOVERY,),
-            False,
-            (),
-            (OUT_OF_ROTATION, ERROR_RATE, WORKERS_UNHEALTHY),
-            "No rule watches memory pressure (no KV-cache saturation alert, no host-memory alert on the serving "
-            "cgroup): a replica that does not shed load under pressure shows only as ExaServeP99LatencyHigh after "
-            "10 minutes, or ExaServeReplicaRestarts once OOM kills repeat.",
+            (TargetName.DETECTION, TargetName.RECOVERY),
+            True,
+            (OUT_OF_ROTATION,),
+            _REPLICA_QUIET,
+            "ExaServeReplicaOutOfRotation (a warning) fires while the replica is shed. No rule watches memory pressure "
+            "itself (no KV-cache saturation alert, no host-memory alert on the serving cgroup): a replica the "
+            "controller cannot shed (eviction cap) shows only as ExaServeP99LatencyHigh after 10 minutes, or "
+            "ExaServeReplicaRestarts once OOM kills repeat. The drill holds the fault, so restoration is reported, "
+            "not judged.",
         ),
         Scenario(
             "network-jitter",
@@ -197,9 +208,11 @@ def _scenarios() -> dict[DrillName, Scenario]:
         ),
         Scenario(
             "node-loss",
-            "SIGKILL one node's agent and every replica on it: a node gone at once.",
+            "SIGKILL one node's agent and every replica on it: a node gone at once. It comes back (a reboot) "
+            "after the hold; its return is the node's repair, not the runtime's, so restoration is reported, not "
+            "judged.",
             (Fault(FaultKind.SIGKILL, Component.NODE),),
-            _EVICTING,
+            (TargetName.DETECTION, TargetName.RECOVERY),
             True,
             (NODE_SUSPECT,),
             (ERROR_RATE, EVICTION_CAP, ACTIONS_FAILING),
@@ -289,9 +302,10 @@ def plan_targets(spec: FleetSpec, plan: Plan) -> dict[TargetName, Target]:
         ),
         TargetName.TAKEOVER: Target(
             TargetName.TAKEOVER,
-            ttl + campaign,
+            ttl + ETCD_EXPIRY_CHECK_S + campaign,
             "s",
-            f"{ttl:g} s lease + {campaign:.3g} s campaign period (a third of the lease) = {ttl + campaign:.3g} s",
+            f"{ttl:g} s lease + {ETCD_EXPIRY_CHECK_S:g} s etcd's expiry check + {campaign:.3g} s campaign period (a "
+            f"third of the lease) = {ttl + ETCD_EXPIRY_CHECK_S + campaign:.3g} s",
             "leader stopped → another controller leads",
         ),
         TargetName.CLIENT_ERRORS: Target(
@@ -330,6 +344,9 @@ class FaultSizes:
     slow_latency_s: Figure
     jitter_delay_s: Figure
     jitter_s: Figure
+    memory_token_usage: Figure
+    memory_admit: Figure
+    memory_slowdown: Figure
 
 
 def fault_sizes(spec: FleetSpec, plan: Plan) -> FaultSizes:
@@ -337,6 +354,9 @@ def fault_sizes(spec: FleetSpec, plan: Plan) -> FaultSizes:
     restore = plan_targets(spec, plan)[TargetName.RESTORATION]
     hold = math.ceil(restore.value)
     third = timeout / 3
+    rise = spec.rollout.max_p99_rise
+    batch = spec.limits.max_running_requests
+    admit = max(1, math.floor((1 - MEMORY_TOKEN_USAGE) * batch))
     return FaultSizes(
         hold_s=Figure(hold, "s", f"a held fault lasts the plan's restoration time: ⌈{restore.value:g} s⌉ = {hold} s"),
         slow_latency_s=Figure(
@@ -347,6 +367,18 @@ def fault_sizes(spec: FleetSpec, plan: Plan) -> FaultSizes:
             third,
             "s",
             f"± {third:g} s: at most {2 * third:g} s, a third of the {timeout:g} s timeout left as margin",
+        ),
+        memory_token_usage=Figure(
+            MEMORY_TOKEN_USAGE, "share", f"sglang:token_usage {MEMORY_TOKEN_USAGE:g}: the KV pool nearly full"
+        ),
+        memory_admit=Figure(
+            admit,
+            "requests",
+            f"what fits the {1 - MEMORY_TOKEN_USAGE:.0%} of the pool left: max(1, ⌊{1 - MEMORY_TOKEN_USAGE:.2f} × "
+            f"{batch} limits.max_running_requests⌋) = {admit} running, the rest queued",
+        ),
+        memory_slowdown=Figure(
+            1 + 2 * rise, "×", f"1 + 2 × {rise:g} rollout.max_p99_rise = {1 + 2 * rise:g} × the generation latency"
         ),
     )
 

@@ -378,7 +378,16 @@ def heartbeat_plan(spec: FleetSpec, replicas: int, nodes: int) -> HeartbeatPlan:
     iv = s.heartbeat_interval_s
     limit = spec.scheduler.max_direct_heartbeat_replicas / iv
     active = replicas / iv if s.heartbeat_mode == "direct" else nodes / iv
-    detect = s.failure_threshold * iv + s.health_check_timeout_s
+    # The routers detect a dead replica, and their health checks take whole seconds (render.common.whole_seconds):
+    # --health-check-interval-secs and --health-check-timeout-secs round up.
+    router_iv, router_timeout = max(1, math.ceil(iv)), max(1, math.ceil(s.health_check_timeout_s))
+    detect = s.failure_threshold * router_iv + router_timeout
+    rounded = (
+        f" (the routers' checks take whole seconds: {iv:g} s → {router_iv} s, "
+        f"{s.health_check_timeout_s:g} s → {router_timeout} s)"
+        if (router_iv, router_timeout) != (iv, s.health_check_timeout_s)
+        else ""
+    )
     recover = detect + s.migration_timeout_s
     to_stop = math.floor((h.start - h.stop_routing_below) / h.timeout_penalty) + 1
     to_migrate = math.floor((h.start - h.migrate_below) / h.timeout_penalty) + 1
@@ -397,7 +406,8 @@ def heartbeat_plan(spec: FleetSpec, replicas: int, nodes: int) -> HeartbeatPlan:
         failure_detection_s=Figure(
             detect,
             "s",
-            f"{s.failure_threshold} misses × {iv:g} s + {s.health_check_timeout_s:g} s timeout of the last probe = {detect:g} s",
+            f"{s.failure_threshold} misses × {router_iv:g} s + {router_timeout:g} s timeout of the last probe "
+            f"= {detect:g} s{rounded}",
         ),
         recovery_s=Figure(
             recover, "s", f"{detect:g} s detection + {s.migration_timeout_s:g} s migration = {recover:g} s"

@@ -6,6 +6,11 @@ bounded three ways: ``duration_s``, ``max_requests`` and ``max_in_flight`` (when
 are outstanding the sender waits and the miss is counted in ``LoadReport.late``). Each request has its
 own timeout, so the run ends at most ``duration_s + timeout_s`` after it starts.
 
+``failover`` spreads the requests over more router instances: request ``i`` goes to instance ``i mod n``, and a
+request whose connection an instance refused or reset before any response came is sent once more to the next one,
+as behind a load balancer that retries on connect failure and reset (Envoy's ``retry_on: connect-failure,reset``):
+the fault drills' ``router-loss``.
+
 Use it in-process (``await LoadGenerator(spec).run()``, with :meth:`LoadGenerator.report` readable
 while it runs, e.g. for an updater's gates) or from a test (:func:`run_load_sync`).
 """
@@ -37,6 +42,7 @@ class LoadSpec:
     path: str = "/generate"
     body: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_BODY))
     timeout_s: float = 10.0
+    failover: tuple[str, ...] = ()  # more instances beside ``url``: round robin, refused or reset retried once
 
     def __post_init__(self) -> None:
         problems = [
@@ -46,6 +52,10 @@ class LoadSpec:
         ]
         if problems:
             raise ValueError("invalid load spec: " + "; ".join(problems))
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(u.rstrip("/") + self.path for u in (self.url, *self.failover))
 
     @property
     def planned_requests(self) -> int:
@@ -151,19 +161,25 @@ class LoadGenerator:
                 if slots.locked():
                     self._late += 1
                 await slots.acquire()
-                tasks.append(asyncio.create_task(self._one(session, slots)))
+                tasks.append(asyncio.create_task(self._one(session, slots, i)))
             await asyncio.gather(*tasks)
         return LoadReport(tuple(self._results), time.monotonic() - self._started, self._late)
 
-    async def _one(self, session: aiohttp.ClientSession, slots: asyncio.Semaphore) -> None:
+    async def _one(self, session: aiohttp.ClientSession, slots: asyncio.Semaphore, i: int) -> None:
         import aiohttp  # noqa: PLC0415 - already loaded by run()
 
+        targets = self.spec.targets
         sent = time.monotonic()
         status, error = TRANSPORT_ERROR, None
         try:
-            async with session.post(self.spec.url.rstrip("/") + self.spec.path, json=self.spec.body) as response:
-                await response.read()
-                status = response.status
+            for attempt in range(min(2, len(targets))):
+                try:
+                    async with session.post(targets[(i + attempt) % len(targets)], json=self.spec.body) as response:
+                        await response.read()
+                        status, error = response.status, None
+                    break
+                except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:  # refused or reset: next, once
+                    error = f"{type(exc).__name__}: {exc}"
         except (aiohttp.ClientError, TimeoutError) as exc:
             error = f"{type(exc).__name__}: {exc}"
         finally:

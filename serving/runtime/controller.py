@@ -19,6 +19,12 @@ Decisions (docs/runtime.md):
   a removal past the cap is refused and counted.
 * A replica returns to rotation only through a passed warm-up (:attr:`Kind.READMIT`), and only once
   its score is at least ``health.readmit_at`` (hysteresis); a restarted replica starts at ``health.start``.
+* Load moves (source §4.3, "migrate when load exceeds 1.5 × the mean"): a serving replica whose weighted load is
+  above ``scheduler.migration_load_ratio`` × the fleet's mean, and at least ``scheduler.shed_min_load`` in
+  ``serving.failure_threshold`` reports in a row (a burst is not an overload), is *shed*:
+  taken out of every router like a failing one (no restart: nothing is broken, SGLang cannot move its KV), and
+  readmitted through the warm-up once its load is under half the floor. The router cannot take a weight per worker,
+  so moving load means moving membership; per replica, not per node, because the router picks replicas.
 """
 
 from __future__ import annotations
@@ -85,6 +91,8 @@ class ControllerConfig:
     warmup_share: float
     warmup_s: float
     move_ratio: float
+    shed_min_load: float
+    shed_after: int  # reports in a row at or above shed_min_load before a replica is shed
 
     @classmethod
     def from_spec(cls, spec: FleetSpec, replicas: int) -> ControllerConfig:
@@ -99,6 +107,8 @@ class ControllerConfig:
             warmup_share=spec.serving.warmup_share,
             warmup_s=spec.serving.warmup_duration_s,
             move_ratio=spec.scheduler.migration_load_ratio,
+            shed_min_load=spec.scheduler.shed_min_load,
+            shed_after=spec.serving.failure_threshold,
         )
 
 
@@ -113,6 +123,8 @@ class ReplicaRecord:
     figures: dict[LoadMetric, float] = field(default_factory=dict)
     requests_total: float | None = None
     rate_per_s: float = 0.0
+    shed: bool = False  # out of rotation for its load, not for failing
+    hot: int = 0  # reports in a row with its load at or above the shed floor
 
     @property
     def in_rotation(self) -> bool:
@@ -193,6 +205,8 @@ class Controller:
                 "memory_usage": probe.memory_usage,
                 "network_bandwidth": probe.network_bandwidth,
             }
+            hot = weighted_load(rec.figures, self.config.weights) >= self.config.shed_min_load
+            rec.hot = rec.hot + 1 if hot else 0
             if probe.ok and rec.requests_total is not None and node.last_sent_at is not None:
                 dt = report.sent_at - node.last_sent_at
                 if dt > 0 and probe.requests_total >= rec.requests_total:
@@ -268,10 +282,12 @@ class Controller:
         if not acting:
             return []
         actions = []
+        loads = self.loads()
+        overloaded = set(self.shed_candidates(loads))
         for rec in self.replicas.values():
             if rec.pending is not None or self.nodes[rec.node].suspect(self.config.missed_to_suspect):
                 continue
-            action = self._decide(rec)
+            action = self._decide(rec, loads[rec.id], rec.id in overloaded)
             if action is not None:
                 rec.pending = action.kind
                 rec.state = _RUNNING.get(action.kind, rec.state)
@@ -279,21 +295,30 @@ class Controller:
                 actions.append(action)
         return actions
 
-    def _decide(self, rec: ReplicaRecord) -> Action | None:
+    def _decide(self, rec: ReplicaRecord, load: float, overloaded: bool) -> Action | None:
         score = self.effective_score(rec.id)
         where = band(score, self.config.health)
         reason = f"score {score} (replica {rec.score}, node {self.nodes[rec.node].score})"
-        if rec.state is ReplicaState.SERVING and where is not Band.OK:
+        if rec.state is ReplicaState.SERVING and (where is not Band.OK or overloaded):
             if self.evicted() >= self.config.max_evicted:
                 self.counters.capped += 1
                 return None
+            if where is Band.OK:  # healthy but overloaded: shed its load
+                rec.shed = True
+                reason = (
+                    f"load {load:.3f} above {self.config.move_ratio:g} × the mean and {self.config.shed_min_load:g}: "
+                    "shed, not failed"
+                )
             kind = Kind.MIGRATE if where is Band.MIGRATE else Kind.REMOVE
             return Action(kind, rec.id, rec.url, reason)
         if rec.state is ReplicaState.OUT:
             if where is Band.MIGRATE:
                 return Action(Kind.MIGRATE, rec.id, rec.url, reason)
+            if rec.shed and load >= self.config.shed_min_load / 2:
+                return None  # still loaded: stays out (hysteresis: back under half the floor)
             if may_readmit(score, self.config.health):
-                return Action(Kind.READMIT, rec.id, rec.url, reason, self.warmup_rate())
+                why = f"load {load:.3f} back under {self.config.shed_min_load / 2:g}" if rec.shed else reason
+                return Action(Kind.READMIT, rec.id, rec.url, why, self.warmup_rate())
         return None
 
     def complete(self, action: Action, ok: bool) -> None:
@@ -304,13 +329,16 @@ class Controller:
             self.counters.failed[action.kind] += 1
         if action.kind is Kind.REMOVE:
             rec.state = ReplicaState.OUT if ok else rec.state
+            rec.shed = rec.shed and ok
         elif action.kind is Kind.MIGRATE:
             rec.state = ReplicaState.OUT
             if ok:  # a fresh process: its own history starts again, warm-up still stands between it and clients
                 rec.score = self.config.health.start
                 rec.requests_total = None
+                rec.shed = False
         elif ok:
             rec.state = ReplicaState.SERVING
+            rec.shed = False
         else:  # failed warm-up: earn the hysteresis margin again before the next try
             rec.state = ReplicaState.OUT
             rec.score = min(rec.score, self.config.health.stop_routing_below - 1)
@@ -334,6 +362,16 @@ class Controller:
             for n, node in self.nodes.items()
             if node.replicas
         }
+
+    def shed_candidates(self, loads: Mapping[str, float] | None = None) -> list[str]:
+        """Serving replicas whose weighted load is above ``move_ratio`` × the fleet's mean, and at or above the floor
+        in ``shed_after`` reports in a row, most loaded first."""
+        loads = self.loads() if loads is None else loads
+        return [
+            rid
+            for rid in above_mean(loads, self.config.move_ratio)
+            if self.replicas[rid].hot >= self.config.shed_after and self.replicas[rid].in_rotation
+        ]
 
     def move_candidates(self) -> list[str]:
         """The most loaded serving replica of each node above ``move_ratio`` × the mean node load: what to
@@ -361,6 +399,8 @@ class Controller:
         rec = self.replicas[replica_id]
         if rec.pending is Kind.REMOVE:
             return "removing"
+        if rec.shed and rec.state is ReplicaState.OUT:
+            return "shed"
         if self.nodes[rec.node].suspect(self.config.missed_to_suspect):
             return f"suspect/{rec.state.value}"
         return rec.state.value

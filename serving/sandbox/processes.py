@@ -226,7 +226,7 @@ def _wait(state: StateDir, record: ProcessRecord, ready: Callable[[], bool], wha
         time.sleep(_POLL_S)
 
 
-def _http_ok(url: str) -> bool:
+def http_ok(url: str) -> bool:
     try:
         return httpx.get(url, timeout=1.0).status_code == 200
     except httpx.HTTPError:
@@ -286,6 +286,23 @@ def start_service(
     return record
 
 
+def running(record: ProcessRecord) -> bool:
+    """The process of ``record`` still runs (same pid and start time, not a zombie; a stopped one counts)."""
+    return _alive(record)
+
+
+def respawn(state: StateDir, record: ProcessRecord, ready: Callable[[], bool], timeout_s: float) -> ProcessRecord:
+    """Start ``record``'s command again under its name (after it died), keeping its kind, URLs and version, and wait
+    until ``ready`` holds: a node, router or controller coming back after a fault drill."""
+    pid, ticks, log = _spawn(state, record.name, record.argv)
+    again = ProcessRecord(
+        record.name, record.kind, pid, ticks, record.argv, record.url, record.metrics_url, log, record.version
+    )
+    state.write(again)
+    _wait(state, again, ready, "ready", timeout_s)
+    return again
+
+
 # ----- workers ----------------------------------------------------------------------------------
 def worker_argv(config: WorkerConfig) -> list[str]:
     return [sys.executable, "-m", "serving.sandbox.worker", *config.to_argv()]
@@ -308,7 +325,7 @@ def start_worker(
 
 def _worker_probe(config: WorkerConfig, wait: WaitFor) -> Callable[[], bool]:
     if wait == "healthy":
-        return lambda: _http_ok(config.url + "/health")
+        return lambda: http_ok(config.url + "/health")
     return lambda: _listening(config.host, config.port)
 
 
@@ -426,8 +443,8 @@ def start_router(
         state,
         record,
         lambda: (
-            _http_ok(endpoints.url + "/health")
-            and _http_ok(endpoints.metrics_url)
+            http_ok(endpoints.url + "/health")
+            and http_ok(endpoints.metrics_url)
             and _healthy_workers(endpoints.url) >= healthy_workers
         ),
         f"serving with {healthy_workers} healthy workers",

@@ -13,6 +13,12 @@ is still ``Starting`` (SGLang's warmup request) for ``--warmup-s``, and 200 afte
 endpoints answer 503 (SGLang's ``gracefully_exit``), the port closes and in-flight requests get up to
 ``--shutdown-timeout-s`` to finish.
 
+Fault drills (``exaserve drill`` on the sandbox) change a running worker through ``PUT /sim/fault`` (SIMULATION
+ONLY, no such route on a real server): added delay with jitter on every answer, health checks included (what
+``tc netem`` or an in-path proxy does to a real server's traffic; this kernel has no netem), HTTP 500 on every
+answer, or memory pressure (``sglang:token_usage`` reported high and generation slowed). ``DELETE /sim/fault``
+clears it; a restarted worker starts without one, as a restart clears a real replica's wedged state.
+
 A ready real server answers ``/health`` only after a one-token generation, polled once a second, so
 each probe takes at least ~1 s (``health_generate``); a router health-check timeout of 1 s fails
 against it. ``--health-latency-ms 1000`` reproduces that; the default 0 answers at once.
@@ -61,6 +67,7 @@ E2E_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.
 _UNKNOWN = "[UNK]"
 _VOCAB_WORDS = ("simulated", "output", "from", "worker", "version", "the", "a", "token", "hello", "world")
 Endpoint = Literal["generate", "completions", "chat"]
+MAX_TOTAL_TOKENS = 65536  # the simulated KV pool reported in /server_info and behind sglang:token_usage
 
 
 @dataclass(frozen=True)
@@ -211,6 +218,58 @@ def ensure_model_dir(path: Path) -> Path:
     return path
 
 
+FAULT_PATH = "/sim/fault"
+
+
+@dataclass(frozen=True)
+class InjectedFault:
+    """A fault a drill puts on a running simulated worker (``PUT /sim/fault``), SIMULATION ONLY.
+
+    ``delay_ms`` ± ``jitter_ms`` (uniform) delays every answer, health checks and metrics included; ``errors``
+    answers every request with HTTP 500; memory pressure: ``token_usage`` is the KV-cache usage reported as
+    ``sglang:token_usage``, ``admit`` the requests that still fit the pool (the rest wait in the queue, as SGLang's
+    scheduler holds what it cannot admit: ``num_queue_reqs`` and ``/get_load`` show them) and ``slowdown``
+    multiplies the generation latency."""
+
+    delay_ms: float = 0.0
+    jitter_ms: float = 0.0
+    errors: bool = False
+    token_usage: float | None = None
+    admit: int | None = None
+    slowdown: float = 1.0
+
+    def __post_init__(self) -> None:
+        problems = [f"{n}={getattr(self, n)}: must be >= 0" for n in ("delay_ms", "jitter_ms") if getattr(self, n) < 0]
+        if self.jitter_ms > self.delay_ms:
+            problems.append(f"jitter_ms={self.jitter_ms} > delay_ms={self.delay_ms}: a delay cannot go below 0")
+        if self.token_usage is not None and not 0.0 <= self.token_usage <= 1.0:
+            problems.append(f"token_usage={self.token_usage}: must be a share in [0, 1]")
+        if self.admit is not None and self.admit < 1:
+            problems.append(f"admit={self.admit}: must be >= 1 (requests running at once under the fault)")
+        if self.slowdown < 1.0:
+            problems.append(f"slowdown={self.slowdown}: must be >= 1 (a multiplier of the generation latency)")
+        if problems:
+            raise ValueError("invalid fault: " + "; ".join(problems))
+
+    @classmethod
+    def from_json(cls, data: Any) -> InjectedFault:
+        if not isinstance(data, dict):
+            raise ValueError(f'the fault is {type(data).__name__}; send a JSON object such as {{"errors": true}}')
+        known = {f.name for f in dataclasses.fields(cls)}
+        if unknown := sorted(set(data) - known):
+            raise ValueError(f"unknown fault field(s) {unknown}; use {sorted(known)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ValueError(f"invalid fault: {exc}") from exc
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+NO_FAULT = InjectedFault()
+
+
 class SimulatedWorker:
     """State and HTTP handlers of one simulated SGLang worker."""
 
@@ -223,6 +282,8 @@ class SimulatedWorker:
         self._running = 0
         self._waiting = 0
         self._tokens_in_flight = 0
+        self._finished = asyncio.Condition()  # a request ended: one held back by a fault's ``admit`` may start
+        self.fault = NO_FAULT
         labels = {"model_name": config.served_model_name}
         self.registry = CollectorRegistry(auto_describe=True)
         self._e2e = Histogram(
@@ -238,6 +299,12 @@ class SimulatedWorker:
         self._queue_gauge = Gauge(
             "sglang:num_queue_reqs",
             "The number of requests in the waiting queue.",
+            list(labels),
+            registry=self.registry,
+        ).labels(**labels)
+        self._token_usage = Gauge(
+            "sglang:token_usage",
+            "The token usage (share of the KV-cache pool in use).",
             list(labels),
             registry=self.registry,
         ).labels(**labels)
@@ -267,7 +334,10 @@ class SimulatedWorker:
 
     # ----- routes -------------------------------------------------------------------------------
     def build_app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._faulted])
+        app.router.add_get(FAULT_PATH, self.get_fault)
+        app.router.add_put(FAULT_PATH, self.put_fault)
+        app.router.add_delete(FAULT_PATH, self.delete_fault)
         app.router.add_get("/health", self.health)
         app.router.add_get("/health_generate", self.health)
         app.router.add_get("/server_info", self.server_info)
@@ -281,6 +351,40 @@ class SimulatedWorker:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         return app
+
+    @web.middleware
+    async def _faulted(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """The injected fault, on every route but the fault's own."""
+        fault = self.fault
+        if request.path == FAULT_PATH or fault == NO_FAULT:
+            response: web.StreamResponse = await handler(request)
+            return response
+        delay_ms = fault.delay_ms + self._rng.uniform(-1, 1) * fault.jitter_ms
+        if delay_ms > 0:
+            await asyncio.sleep(delay_ms / 1000)
+        if fault.errors:
+            self._injected_errors.inc()
+            return _error(500, "simulated fault: every request fails (exaserve drill error-burst)")
+        response = await handler(request)
+        return response
+
+    async def get_fault(self, _request: web.Request) -> web.Response:
+        return web.json_response(self.fault.to_json())
+
+    async def put_fault(self, request: web.Request) -> web.Response:
+        try:
+            self.fault = InjectedFault.from_json(await request.json())
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
+            return _error(400, str(exc))
+        async with self._finished:
+            self._finished.notify_all()  # a fault admitting more lets the held-back requests start
+        return web.json_response(self.fault.to_json())
+
+    async def delete_fault(self, _request: web.Request) -> web.Response:
+        self.fault = NO_FAULT
+        async with self._finished:
+            self._finished.notify_all()  # what the fault held back may start now
+        return web.json_response(self.fault.to_json())
 
     def begin_shutdown(self) -> None:
         self._shutting_down = True
@@ -310,7 +414,7 @@ class SimulatedWorker:
             "tp_size": 1,
             "dp_size": 1,
             "max_running_requests": c.max_running_requests,
-            "max_total_tokens": 65536,
+            "max_total_tokens": MAX_TOTAL_TOKENS,
             "status": "Up" if self.ready else "Starting",
             "internal_states": [{"dp_rank": 0, "num_running_reqs": self._running}],
         }
@@ -359,6 +463,8 @@ class SimulatedWorker:
     async def metrics(self, _request: web.Request) -> web.Response:
         self._running_gauge.set(self._running)
         self._queue_gauge.set(self._waiting)
+        usage = self.fault.token_usage
+        self._token_usage.set(usage if usage is not None else min(1.0, self._tokens_in_flight / MAX_TOTAL_TOKENS))
         return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def generate(self, request: web.Request) -> web.Response:
@@ -387,21 +493,30 @@ class SimulatedWorker:
             return _error(500, f"simulated engine failure (error_rate={self.config.error_rate})")
         max_tokens = _max_new_tokens(body, endpoint)
         prompt_tokens = _prompt_token_count(body, endpoint)
-        delay_s = max(0.0, self.config.latency_ms + self._rng.uniform(-1, 1) * self.config.jitter_ms) / 1000
+        latency_ms = self.config.latency_ms + self._rng.uniform(-1, 1) * self.config.jitter_ms
+        delay_s = max(0.0, latency_ms) * self.fault.slowdown / 1000
         started = time.monotonic()
         self._waiting += 1
         try:
             await self._slots.acquire()
+            try:
+                async with self._finished:
+                    await self._finished.wait_for(lambda: self.fault.admit is None or self._running < self.fault.admit)
+                    self._running += 1
+            except BaseException:
+                self._slots.release()
+                raise
         finally:
             self._waiting -= 1
-        self._running += 1
         self._tokens_in_flight += prompt_tokens + max_tokens
         try:
             await asyncio.sleep(delay_s)
         finally:
-            self._running -= 1
             self._tokens_in_flight -= prompt_tokens + max_tokens
             self._slots.release()
+            async with self._finished:
+                self._running -= 1
+                self._finished.notify_all()
         latency_s = time.monotonic() - started
         self._e2e.observe(latency_s)
         self._requests.inc()

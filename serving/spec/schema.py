@@ -649,6 +649,15 @@ class SchedulerSpec(_Model):
     )
     period_ms: int = Field(default=100, gt=0, description="Scheduling period (10 ms saturated the CPU).")
     migration_load_ratio: float = Field(default=1.5, gt=1, description="Migrate above this × mean node load.")
+    shed_min_load: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description="The controller sheds a replica's load (out of every router, no restart) when its weighted load "
+        "is above migration_load_ratio × the fleet's mean and at least this (a replica at half its batch, or a KV pool "
+        "83 % full: below it, 1.5 × an idle fleet's mean is noise); it returns, after a warm-up, once its load is "
+        "under half of it (the hysteresis).",
+    )
     instances: int = Field(default=3, gt=0, description="Scheduler/router instances with leader election.")
     max_direct_heartbeat_replicas: int = Field(
         default=1500, gt=0, description="Replicas a central scheduler handled before jitter (source: ≈ 1,500)."

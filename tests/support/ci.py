@@ -27,3 +27,8 @@ def require_binaries(*names: str, package: str) -> list[str]:
     if missing:
         unavailable(f"{', '.join(missing)} not installed (Debian package {package}, scripts/bootstrap.sh installs it)")
     return [p for p in found.values() if p is not None]
+
+
+def require_prometheus() -> None:
+    """Debian's prometheus: the server the sandbox runs and promtool."""
+    require_binaries("prometheus", "promtool", package="prometheus")

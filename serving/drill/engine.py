@@ -1,0 +1,428 @@
+"""Run one fault drill against a running fleet: settle, baseline, inject, watch, heal, measure.
+
+The engine is the same on every backend; what a fault does to the fleet is the :class:`Injector`'s (the sandbox's
+is :class:`serving.sandbox.faults.SandboxFaults`). Throughout, bounded client load goes through every router
+instance (round robin; a refused connection is retried once on the next instance, as behind a load balancer) and
+the fleet is probed every ``probe_s``: each router instance's ``GET /workers`` and every controller's status.
+
+Holds: a fault the runtime clears by itself (a crashed, hung, slow or failing replica: its migration restarts it)
+is left to it and healed at the end only if still in place; memory pressure, jitter, a lost node and a lost router
+are held for the plan's restoration time (:func:`serving.drill.scenarios.fault_sizes`), then healed (the node or
+router comes back); a lost leader is restarted, as a follower, once another controller leads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from serving.drill.measure import Check, Gates, Measured, Probe, judge, measure
+from serving.drill.scenarios import Component, Fault, FaultKind, FaultSizes, Scenario, Target
+from serving.prometheus_api import FiredAlert, PrometheusError, alerts_fired
+from serving.router.client import parse_workers
+from serving.router.loadgen import LoadGenerator, LoadReport, LoadSpec, RequestResult
+
+STATUS_PATH = "/v1/status"  # serving.runtime.service.STATUS_PATH (not imported: it loads aiohttp)
+Progress = Callable[[str], None]
+
+
+class DrillError(RuntimeError):
+    """The drill could not run (the fleet is not healthy before the fault); the message says what to do."""
+
+
+class FleetDown(DrillError):
+    """No router instance of the fleet answers: nothing to drill (bad input: start the fleet first)."""
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What a drill's faults hit."""
+
+    replicas: tuple[str, ...] = ()  # replica ids
+    urls: tuple[str, ...] = ()  # their URLs, as the routers know them
+    node: str | None = None
+    router: str | None = None  # API URL of the router instance
+    controller: str | None = None  # identity of the controller (the leader when the drill started)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "replicas": list(self.replicas),
+            "urls": list(self.urls),
+            "node": self.node,
+            "router": self.router,
+            "controller": self.controller,
+        }
+
+
+class Injector(Protocol):
+    """What a fault does on one backend. ``inject`` breaks, ``heal`` mends what is still broken and says what it
+    did (an empty list when the runtime had healed it already)."""
+
+    async def inject(self, fault: Fault, subject: Subject, sizes: FaultSizes) -> str: ...
+
+    async def heal(self, fault: Fault, subject: Subject) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """Where the fleet answers: every router instance, every controller, each replica's URL, Prometheus if any."""
+
+    routers: tuple[str, ...]
+    controllers: tuple[str, ...]
+    replicas: Mapping[str, str]  # replica id → URL
+    nodes: Mapping[str, tuple[str, ...]]  # node → its replica ids, in plan order
+    prometheus: str | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    rate_per_s: float
+    baseline_s: float
+    probe_s: float
+    gates: Gates
+    hold_s: float
+    settle_s: float
+
+
+@dataclass
+class Run:
+    """Everything one drill observed; :attr:`t0` is the fault's monotonic time, :attr:`wall0` its Unix time."""
+
+    scenario: Scenario
+    subject: Subject
+    targets: tuple[Target, ...]
+    settings: Settings
+    t0: float = 0.0
+    wall0: float = 0.0
+    probes: list[Probe] = field(default_factory=list)
+    load: LoadReport | None = None
+    load_started: float = 0.0
+    injected: list[str] = field(default_factory=list)
+    healed_at: float | None = None
+    healed: list[str] = field(default_factory=list)
+    drill_healed: list[Fault] = field(default_factory=list)  # the faults the drill ended itself (held, lost leader)
+    end: float = 0.0
+    settled: bool = False
+    alerts_checked: bool = False  # a Prometheus was there to ask
+    alerts: list[FiredAlert] = field(default_factory=list)
+    alerts_error: str | None = None
+    measured: Measured | None = None
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+
+# ----- observing the fleet -----------------------------------------------------------------------------------
+async def _json(http: httpx.AsyncClient, url: str) -> Any:
+    try:
+        response = await http.get(url)
+        return response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+async def look(http: httpx.AsyncClient, fleet: Fleet, t: float) -> Probe:
+    """One probe: every router instance's workers and every controller's status, at once."""
+    lists = await asyncio.gather(*(_json(http, r + "/workers") for r in fleet.routers))
+    statuses = await asyncio.gather(*(_json(http, c + STATUS_PATH) for c in fleet.controllers))
+    routers: dict[str, dict[str, bool] | None] = {}
+    for router, body in zip(fleet.routers, lists, strict=True):
+        routers[router] = None if body is None else {w.url: w.is_healthy for w in parse_workers(body)}
+    lead = next((s for s in statuses if isinstance(s, dict) and s.get("is_leader")), None)
+    if lead is None:
+        return Probe(t, routers)
+    reps = [r for r in lead.get("replicas", []) if isinstance(r, dict)]
+    return Probe(
+        t,
+        routers,
+        str(lead.get("identity")),
+        {r["url"]: bool(r["in_rotation"]) for r in reps},
+        {r["url"]: int(r["score"]) for r in reps},
+        {r["url"]: str(r["state"]) for r in reps},
+    )
+
+
+def _healthy_fleet(p: Probe, fleet: Fleet) -> list[str]:
+    """What keeps the fleet from being ready for a drill: empty when every router instance answers and lists every
+    replica healthy, a controller leads and has every replica in rotation."""
+    problems = [f"router {r} does not answer" for r, m in p.routers.items() if m is None]
+    urls = set(fleet.replicas.values())
+    for r, m in p.routers.items():
+        if m is not None and (missing := sorted(u for u in urls if not m.get(u, False))):
+            problems.append(f"router {r} does not list healthy {', '.join(missing)}")
+    if fleet.controllers:
+        if p.leader is None:
+            problems.append("no controller leads")
+        elif out := sorted(u for u in urls if not p.in_rotation.get(u, False)):
+            problems.append(f"the leader {p.leader} has {', '.join(out)} out of rotation")
+    return problems
+
+
+async def settle(fleet: Fleet, timeout_s: float, probe_s: float) -> list[str]:
+    """Wait until the fleet is ready for a drill; what still keeps it from that after ``timeout_s`` (empty: ready)."""
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=2.0) as http:
+        while True:
+            problems = _healthy_fleet(await look(http, fleet, 0.0), fleet)
+            if not problems or time.monotonic() >= deadline:
+                return problems
+            await asyncio.sleep(probe_s)
+
+
+async def leader_of(fleet: Fleet) -> str | None:
+    async with httpx.AsyncClient(timeout=2.0) as http:
+        return (await look(http, fleet, 0.0)).leader
+
+
+# ----- choosing what to break ---------------------------------------------------------------------------------
+def choose_subject(scenario: Scenario, fleet: Fleet, leader: str | None) -> Subject:
+    """The first node's first replica for a replica fault, the last node for a node fault, the last router
+    instance, the current leader. A drill the fleet cannot run (one router, no controllers) raises naming the fix."""
+    parts: dict[str, Any] = {}
+    nodes = list(fleet.nodes)
+    for component in scenario.components:
+        if component is Component.REPLICA:
+            rid = fleet.nodes[nodes[0]][0]
+            parts.update(replicas=(rid,), urls=(fleet.replicas[rid],))
+        elif component is Component.NODE:
+            node = nodes[-1]
+            ids = fleet.nodes[node]
+            parts.update(replicas=ids, urls=tuple(fleet.replicas[i] for i in ids), node=node)
+        elif component is Component.ROUTER:
+            if len(fleet.routers) < 2:
+                raise DrillError(
+                    f"{scenario.name} needs at least 2 router instances, the fleet has {len(fleet.routers)}; raise "
+                    "scheduler.instances (and sandbox.runtime: true in a sandbox stack)"
+                )
+            parts["router"] = fleet.routers[-1]
+        elif component is Component.CONTROLLER:
+            if len(fleet.controllers) < 2:
+                raise DrillError(
+                    f"{scenario.name} needs at least 2 controllers to take over, the fleet has "
+                    f"{len(fleet.controllers)}; raise scheduler.instances"
+                )
+            if leader is None:
+                raise DrillError(f"{scenario.name}: no controller leads, so there is no leader to lose")
+            parts["controller"] = leader
+    if (Component.REPLICA in scenario.components or Component.NODE in scenario.components) and not fleet.controllers:
+        raise DrillError(
+            f"{scenario.name} is judged on the runtime layer's recovery and this fleet runs no controller; start it "
+            "with the runtime (sandbox.runtime: true)"
+        )
+    return Subject(**parts)
+
+
+def _held(fault: Fault) -> bool:
+    """Faults the drill holds and then heals itself (the others the runtime clears by restarting the replica)."""
+    if fault.component is Component.REPLICA:
+        return fault.kind is FaultKind.MEMORY
+    return fault.component is not Component.CONTROLLER
+
+
+# ----- the drill --------------------------------------------------------------------------------------------
+def _exempt(subject: Subject) -> frozenset[str]:
+    return frozenset({subject.router}) if subject.router else frozenset()
+
+
+def _restored(run: Run) -> bool:
+    """The faulted replicas were seen out of every router instance and, after that, back in everywhere."""
+    urls, exempt = run.subject.urls, _exempt(run.subject)
+    after = [p for p in run.probes if p.t >= run.t0]
+    out = next((i for i, p in enumerate(after) if p.out_everywhere(urls, exempt)), None)
+    return out is not None and any(p.in_everywhere(urls, exempt) for p in after[out:])
+
+
+def _done(run: Run, now: float) -> bool:
+    """Everything the scenario is judged on (or reports) was observed and a short tail passed since the last heal
+    (the caller waits for the held faults' heals first)."""
+    if run.scenario.evicts and run.subject.urls and not _restored(run):
+        return False
+    since = run.healed_at if run.healed_at is not None else run.t0
+    return now - since >= 2 * run.settings.gates.window_s
+
+
+async def run_drill(
+    scenario: Scenario,
+    targets: Sequence[Target],
+    fleet: Fleet,
+    injector: Injector,
+    sizes: FaultSizes,
+    settings: Settings,
+    progress: Progress,
+) -> Run:
+    """One drill, start to end; raises :class:`DrillError` when the fleet is not ready for it."""
+    progress("settling: every replica in rotation on every router instance, a leader")
+    async with httpx.AsyncClient(timeout=2.0) as http:
+        first = await look(http, fleet, 0.0)
+    if all(m is None for m in first.routers.values()):
+        raise FleetDown(
+            f"no router instance answers ({', '.join(fleet.routers)}): the fleet is not running; start it first "
+            "(`exaserve sandbox up`)"
+        )
+    problems = await settle(fleet, settings.settle_s, settings.probe_s)
+    if problems:
+        raise DrillError(
+            f"the fleet is not ready for a drill after {settings.settle_s:g} s: {'; '.join(problems)}; "
+            "check `exaserve status` and the sandbox's logs"
+        )
+    subject = choose_subject(scenario, fleet, await leader_of(fleet))
+    run = Run(scenario, subject, tuple(targets), settings)
+    deadline_after = max([settings.hold_s, *(t.value for t in targets if t.unit == "s")]) * 1.5 + 10
+    spec = LoadSpec(
+        url=fleet.routers[0],
+        failover=fleet.routers[1:],
+        rate_per_s=settings.rate_per_s,
+        duration_s=settings.baseline_s + deadline_after + settings.hold_s + 60,
+        timeout_s=30.0,
+    )
+    loadgen = LoadGenerator(spec)
+    stop = asyncio.Event()
+    load = asyncio.create_task(loadgen.run(stop))
+    run.load_started = time.monotonic()
+    try:
+        async with httpx.AsyncClient(timeout=min(2.0, settings.probe_s * 4)) as http:
+            await _watch(run, fleet, injector, sizes, http, progress, deadline_after)
+    finally:
+        stop.set()
+        run.load = await load
+        # what is still broken at the end (the runtime heals the rest; usually nothing is left)
+        for fault in [f for f in scenario.faults if f not in run.drill_healed]:
+            if done := await injector.heal(fault, subject):
+                run.healed_at, run.healed = time.monotonic(), run.healed + done
+    progress("settling after the drill")
+    run.settled = not await settle(fleet, settings.settle_s, settings.probe_s)
+    if fleet.prometheus:
+        run.alerts_checked = True
+        run.alerts, run.alerts_error = _alerts(fleet.prometheus, run.wall0 - settings.baseline_s)
+    _judge(run)
+    return run
+
+
+async def _watch(
+    run: Run,
+    fleet: Fleet,
+    injector: Injector,
+    sizes: FaultSizes,
+    http: httpx.AsyncClient,
+    progress: Progress,
+    deadline_after: float,
+) -> None:
+    settings, scenario = run.settings, run.scenario
+    start = time.monotonic()
+    progress(f"baseline: {settings.baseline_s:g} s of client load at {settings.rate_per_s:g}/s")
+    while time.monotonic() - start < settings.baseline_s:
+        run.probes.append(await look(http, fleet, time.monotonic()))
+        await asyncio.sleep(settings.probe_s)
+    run.t0, run.wall0 = time.monotonic(), time.time()
+    run.injected = list(await asyncio.gather(*(injector.inject(f, run.subject, sizes) for f in scenario.faults)))
+    progress(f"fault injected: {'; '.join(run.injected)}")
+    pending = [f for f in scenario.faults if _held(f) or f.component is Component.CONTROLLER]
+    while True:
+        now = time.monotonic()
+        probe = await look(http, fleet, now)
+        run.probes.append(probe)
+        t = now - run.t0
+        takeover = run.subject.controller is not None and probe.leader not in (None, run.subject.controller)
+        due = [f for f in pending if (takeover if f.component is Component.CONTROLLER else t >= settings.hold_s)]
+        for fault in due:  # held faults after the hold, a lost leader once another one leads
+            pending.remove(fault)
+            run.drill_healed.append(fault)
+            done = await injector.heal(fault, run.subject)
+            run.healed_at, run.healed = time.monotonic(), run.healed + done
+            progress(f"healed at {t:.1f} s: {'; '.join(done) or 'nothing left to heal'}")
+        if (not pending and _done(run, now)) or t >= deadline_after:
+            run.end = time.monotonic()
+            return
+        progress(f"watching: {t:.1f} s after the fault{_status(probe, run.subject)}")
+        await asyncio.sleep(settings.probe_s)
+
+
+def _status(p: Probe, subject: Subject) -> str:
+    if not subject.urls:
+        return f", leader {p.leader}"
+    scores = [p.scores.get(u) for u in subject.urls]
+    routers = sum(m is not None and all(m.get(u, False) for u in subject.urls) for m in p.routers.values())
+    return f", {routers}/{len(p.routers)} routers route to it, score {scores}, leader {p.leader}"
+
+
+def _alerts(prometheus: str, since: float) -> tuple[list[FiredAlert], str | None]:
+    try:
+        return alerts_fired(prometheus, since), None
+    except PrometheusError as exc:
+        return [], str(exc)
+
+
+def _judge(run: Run) -> None:
+    """Turn the observation into figures and checks, times relative to the fault."""
+    assert run.load is not None
+    offset = run.t0 - run.load_started  # load results are relative to the load's start
+    results = [RequestResult(r.sent_at_s - offset, r.latency_s, r.status, r.error) for r in run.load.results]
+    probes = [Probe(p.t - run.t0, p.routers, p.leader, p.in_rotation, p.scores, p.states) for p in run.probes]
+    run.probes = probes
+    run.load = LoadReport(tuple(results), run.load.wall_s, run.load.late)
+    subject = run.subject
+    run.measured = measure(
+        probes,
+        results,
+        subjects=subject.urls,
+        baseline_s=run.settings.baseline_s,
+        gates=run.settings.gates,
+        end=run.end - run.t0,
+        healed=None if run.healed_at is None else run.healed_at - run.t0,
+        exempt_routers=_exempt(subject),
+        lost_leader=subject.controller,
+    )
+    run.checks = judge(run.scenario, run.targets, run.measured)
+    run.checks += alert_checks(run)
+    run.checks.append(
+        Check(
+            "settled",
+            None,
+            0.0,
+            "",
+            run.settled,
+            "the fleet was whole again after the drill" if run.settled else "the fleet did not settle after the drill",
+        )
+    )
+
+
+def relevant_alerts(run: Run) -> list[FiredAlert]:
+    """Alerts that became active at or after the fault (one already active before it is not the drill's)."""
+    return [a for a in run.alerts if a.active_at >= run.wall0 - run.settings.probe_s]
+
+
+def alert_checks(run: Run) -> list[Check]:
+    """The scenario's alerts that must fire did, and the quiet ones did not (nothing when no Prometheus runs)."""
+    if not run.alerts_checked:
+        return []
+    if run.alerts_error is not None:
+        return [Check("alerts", None, 0.0, "", False, f"alerts not read: {run.alerts_error}")]
+    fired = {a.alertname for a in relevant_alerts(run)}
+    missing = [a for a in run.scenario.alerts if a not in fired]
+    noisy = [a for a in run.scenario.quiet if a in fired]
+    due = ", ".join(run.scenario.alerts) or "none due"
+    return [
+        Check(
+            "alerts_fired",
+            float(len(run.scenario.alerts) - len(missing)),
+            float(len(run.scenario.alerts)),
+            "alerts",
+            not missing,
+            f"did not fire: {', '.join(missing)}" if missing else f"fired: {due}",
+        ),
+        Check(
+            "alerts_quiet",
+            float(len(noisy)),
+            0.0,
+            "alerts",
+            not noisy,
+            f"fired but must stay quiet: {', '.join(noisy)}" if noisy else "none of the quiet ones fired",
+        ),
+    ]

@@ -1,0 +1,290 @@
+"""What a drill measured, from what it observed: pure functions over the probes of the fleet and the client requests.
+
+Times are seconds since the fault (the baseline is before 0). The figures, as the plan defines them:
+
+* **detection** — the first probe at which every faulted replica is out of every router instance that answered
+  (not listed, or listed unhealthy: the router routes to neither);
+* **recovery** — traffic fully served by the others at the baseline rate and latency: the start of the first run
+  of ``stable`` good windows (``window_s`` long, counted from the fault) after which the fault's degradation did
+  not come back within the run; a window is bad when a client request failed in it, its P99 rose more than
+  ``rollout.max_p99_rise`` over the baseline's, or fewer requests succeeded than ``1 − rollout.max_qps_drop`` of
+  the baseline rate. 0 when the first ``stable`` windows are good; ``None`` when no such run came before the end of
+  the judged span (restoration, else the heal, else the end). A bad window after the run (a one-off slow request
+  on a busy machine) is counted in ``late_blips``, not taken as the fault's;
+* **restoration** — the first probe after detection at which every faulted replica is listed healthy on every
+  router instance that answered and the leading controller has it in rotation (after its warm-up);
+* **takeover** — the first probe at which a controller other than the lost leader leads;
+* **false detections** — replicas that were in rotation before the fault and left it on some router instance,
+  other than the faulted ones (and any replica at all in a scenario that takes none out).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from serving.drill.scenarios import Scenario, Target, TargetName
+from serving.router.loadgen import TRANSPORT_ERROR, RequestResult
+
+Membership = Mapping[str, bool]  # worker URL → healthy, as one router instance lists its workers
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One look at the fleet: what every router instance lists, and what the leading controller says."""
+
+    t: float
+    routers: Mapping[str, Membership | None]  # router API URL → its workers; None when it did not answer
+    leader: str | None = None  # the identity of the controller that leads; None when none answered as leader
+    in_rotation: Mapping[str, bool] = field(default_factory=dict)  # replica URL → in rotation (the leader's view)
+    scores: Mapping[str, int] = field(default_factory=dict)  # replica URL → health score (the leader's view)
+    states: Mapping[str, str] = field(default_factory=dict)  # replica URL → state (the leader's view)
+
+    def answering(self, exempt: frozenset[str]) -> dict[str, Membership]:
+        return {r: m for r, m in self.routers.items() if m is not None and r not in exempt}
+
+    def out_everywhere(self, urls: Sequence[str], exempt: frozenset[str]) -> bool:
+        routers = self.answering(exempt)
+        return bool(routers) and all(not m.get(u, False) for m in routers.values() for u in urls)
+
+    def in_everywhere(self, urls: Sequence[str], exempt: frozenset[str]) -> bool:
+        routers = self.answering(exempt)
+        return (
+            bool(routers)
+            and all(m.get(u, False) for m in routers.values() for u in urls)
+            and all(self.in_rotation.get(u, False) for u in urls)
+        )
+
+    def out_somewhere(self, urls: set[str], exempt: frozenset[str]) -> set[str]:
+        """Which of ``urls`` some answering router instance does not list healthy."""
+        routers = self.answering(exempt).values()
+        return {u for u in urls if any(not m.get(u, False) for m in routers)}
+
+    def healthy(self) -> set[str]:
+        """Worker URLs listed healthy on every router instance that answered."""
+        sets = [{u for u, h in m.items() if h} for m in self.routers.values() if m is not None]
+        return set.intersection(*sets) if sets else set()
+
+
+@dataclass(frozen=True)
+class Gates:
+    """The rollout's thresholds, reused to say when traffic is back to its baseline."""
+
+    max_qps_drop: float
+    max_p99_rise: float
+    window_s: float
+    stable: int = 3  # good windows in a row that make a recovery (serving.failure_threshold)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    requests: int
+    ok_per_s: float
+    p99_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"requests": self.requests, "ok_per_s": round(self.ok_per_s, 3), "p99_s": _round(self.p99_s)}
+
+
+@dataclass(frozen=True)
+class Window:
+    start: float
+    requests: int
+    ok: int
+    errors: int
+    p99_s: float
+    bad: str | None  # why the window counts as degraded, None when it is not
+
+
+@dataclass(frozen=True)
+class Check:
+    """One figure against its target: ``measured`` None when it was never observed."""
+
+    name: str
+    measured: float | None
+    target: float
+    unit: str
+    ok: bool
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "measured": _round(self.measured),
+            "target": self.target,
+            "unit": self.unit,
+            "ok": self.ok,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class Measured:
+    detection_s: float | None
+    recovery_s: float | None
+    restoration_s: float | None
+    takeover_s: float | None
+    client_requests: int
+    client_errors: int
+    baseline: Baseline
+    windows: tuple[Window, ...]
+    false_detections: tuple[str, ...]
+    late_blips: int = 0  # bad windows after the recovery
+
+    @property
+    def client_error_rate(self) -> float:
+        return self.client_errors / self.client_requests if self.client_requests else 0.0
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None or math.isnan(x) else round(x, 3)
+
+
+def _ok(r: RequestResult) -> bool:
+    return 200 <= r.status < 300
+
+
+def _failed(r: RequestResult) -> bool:
+    return r.status >= 500 or r.status == TRANSPORT_ERROR
+
+
+def p99(results: Sequence[RequestResult]) -> float:
+    """Nearest-rank P99 of the successful requests' latency (as :class:`serving.router.loadgen.LoadReport`)."""
+    latencies = sorted(r.latency_s for r in results if _ok(r))
+    if not latencies:
+        return math.nan
+    return latencies[min(len(latencies) - 1, max(0, math.ceil(0.99 * len(latencies)) - 1))]
+
+
+def baseline_of(results: Sequence[RequestResult], seconds: float) -> Baseline:
+    """The client figures of the ``seconds`` before the fault (requests sent at t < 0)."""
+    before = [r for r in results if -seconds <= r.sent_at_s < 0]
+    return Baseline(len(before), sum(map(_ok, before)) / seconds if seconds > 0 else 0.0, p99(before))
+
+
+def windows(results: Sequence[RequestResult], base: Baseline, gates: Gates, until: float) -> list[Window]:
+    """The requests sent in ``[0, until)``, in windows of ``gates.window_s``, each judged against the baseline."""
+    w = gates.window_s
+    count = max(0, math.ceil(until / w))
+    buckets: list[list[RequestResult]] = [[] for _ in range(count)]
+    for r in results:
+        if 0 <= r.sent_at_s < until:
+            buckets[min(count - 1, int(r.sent_at_s // w))].append(r)
+    out = []
+    limit = base.p99_s * (1 + gates.max_p99_rise)
+    least = (1 - gates.max_qps_drop) * base.ok_per_s * w
+    for i, bucket in enumerate(buckets):
+        ok, errors, latency = sum(map(_ok, bucket)), sum(map(_failed, bucket)), p99(bucket)
+        bad = None
+        if errors:
+            bad = f"{errors} of {len(bucket)} requests failed"
+        elif not math.isnan(latency) and not math.isnan(limit) and latency > limit:
+            bad = f"P99 {latency * 1000:.0f} ms > {limit * 1000:.0f} ms (baseline × {1 + gates.max_p99_rise:g})"
+        elif i < count - 1 and ok < least:  # the last window may be cut short
+            bad = f"{ok} requests served < {least:.1f} ({1 - gates.max_qps_drop:.0%} of the baseline rate)"
+        out.append(Window(round(i * w, 3), len(bucket), ok, errors, latency, bad))
+    return out
+
+
+def recovered(judged: Sequence[Window], gates: Gates) -> tuple[float | None, int]:
+    """(recovery, bad windows after it): the start of the first run of ``gates.stable`` good windows, or of the
+    good windows that end the span when it is shorter than that; None when the span ends bad."""
+    run = 0
+    for i, w in enumerate(judged):
+        run = 0 if w.bad else run + 1
+        if run == gates.stable or (run and i == len(judged) - 1):
+            start = i - run + 1
+            return judged[start].start, sum(1 for later in judged[i + 1 :] if later.bad)
+    return (0.0, 0) if not judged else (None, 0)
+
+
+def _first(probes: Sequence[Probe], after: float, holds: Any) -> float | None:
+    return next((p.t for p in probes if p.t >= after and holds(p)), None)
+
+
+def measure(
+    probes: Sequence[Probe],
+    results: Sequence[RequestResult],
+    *,
+    subjects: Sequence[str],
+    baseline_s: float,
+    gates: Gates,
+    end: float,
+    healed: float | None,
+    exempt_routers: frozenset[str] = frozenset(),
+    lost_leader: str | None = None,
+) -> Measured:
+    """The drill's figures. ``subjects``: URLs of the faulted replicas (none for a router or controller fault);
+    ``exempt_routers``: router instances the fault itself took down; ``lost_leader``: the identity of the killed
+    leader; ``healed``: when the drill ended the fault (None when the fleet healed itself)."""
+    after = [p for p in probes if p.t >= 0]
+    detection = restoration = None
+    if subjects:
+        detection = _first(after, 0.0, lambda p: p.out_everywhere(subjects, exempt_routers))
+        if detection is not None:
+            restoration = _first(after, detection, lambda p: p.in_everywhere(subjects, exempt_routers))
+    takeover = None
+    if lost_leader is not None:
+        takeover = _first(after, 0.0, lambda p: p.leader is not None and p.leader != lost_leader)
+    before = [p for p in probes if p.t < 0]
+    serving_before = before[-1].healthy() - set(subjects) if before else set()
+    false = sorted({u for p in after for u in p.out_somewhere(serving_before, exempt_routers)})
+    until = restoration if restoration is not None else healed if healed is not None else end
+    base = baseline_of(results, baseline_s)
+    judged = windows(results, base, gates, until)
+    recovery, blips = recovered(judged, gates)
+    during = [r for r in results if r.sent_at_s >= -baseline_s]
+    return Measured(
+        detection,
+        None if recovery is None else round(min(recovery, until), 3),
+        restoration,
+        takeover,
+        len(during),
+        sum(map(_failed, during)),
+        base,
+        tuple(judged),
+        tuple(false),
+        blips,
+    )
+
+
+def judge(scenario: Scenario, targets: Sequence[Target], m: Measured) -> list[Check]:
+    """Every target of the scenario against what was measured, plus the false detections."""
+    found: dict[TargetName, float | None] = {
+        TargetName.DETECTION: m.detection_s,
+        TargetName.RECOVERY: m.recovery_s,
+        TargetName.RESTORATION: m.restoration_s,
+        TargetName.TAKEOVER: m.takeover_s,
+        TargetName.CLIENT_ERRORS: m.client_error_rate,
+    }
+    checks = []
+    for t in targets:
+        value = found[t.name]
+        if value is None:
+            why = (
+                "traffic was still degraded when the judged span ended (restoration, the heal or the drill's end)"
+                if t.name is TargetName.RECOVERY
+                else f"not observed ({t.meaning})"
+            )
+            checks.append(Check(t.name.value, None, t.value, t.unit, False, why))
+            continue
+        ok = value <= t.value
+        shown = f"{value:.2%}" if t.unit == "share" else f"{value:.2f} {t.unit}"
+        limit = f"{t.value:.2%}" if t.unit == "share" else f"{t.value:g} {t.unit}"
+        detail = f" ({m.client_errors} of {m.client_requests} requests)" if t.name is TargetName.CLIENT_ERRORS else ""
+        checks.append(Check(t.name.value, value, t.value, t.unit, ok, f"{shown}{detail} {'≤' if ok else '>'} {limit}"))
+    false = list(m.false_detections)
+    what = "replicas outside the fault" if scenario.evicts else "replicas (this fault must take none out)"
+    checks.append(
+        Check(
+            "false_detections",
+            float(len(false)),
+            0.0,
+            "replicas",
+            not false,
+            f"{what} left rotation: {', '.join(false)}" if false else "no other replica left rotation",
+        )
+    )
+    return checks

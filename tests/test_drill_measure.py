@@ -1,0 +1,162 @@
+"""The drill's figures from what it observed (serving/drill/measure.py): pure functions over probes of the fleet and
+client requests, checked on timelines written out by hand, each figure derived here from its definition."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from serving.drill.measure import Gates, Probe, baseline_of, judge, measure, windows
+from serving.drill.scenarios import SCENARIOS, plan_targets, scenario_targets
+from serving.plan.planner import plan
+from serving.router.loadgen import TRANSPORT_ERROR, RequestResult
+from tests.support.stacks import spec_from
+
+A, B, C = "http://r-a", "http://r-b", "http://r-c"  # router instances
+W1, W2, W3 = "http://w1", "http://w2", "http://w3"  # replicas
+GATES = Gates(max_qps_drop=0.2, max_p99_rise=0.3, window_s=1.0)
+
+
+def probe(t: float, routers: dict[str, dict[str, bool] | None], leader: str | None = "c0", out: tuple[str, ...] = ()):
+    urls = {u for m in routers.values() if m for u in m} | {W1, W2, W3}
+    return Probe(t, routers, leader, {u: u not in out for u in urls})
+
+
+def everyone(healthy: bool = True, **overrides: bool) -> dict[str, bool]:
+    states = {W1: healthy, W2: True, W3: True}
+    return {**states, **{globals()[k]: v for k, v in overrides.items()}}
+
+
+def steady(start: float, end: float, rate: float = 10.0, latency: float = 0.1, status: int = 200):
+    n = round((end - start) * rate)
+    return [RequestResult(start + i / rate, latency, status) for i in range(n)]
+
+
+def test_detection_is_the_first_probe_with_the_replica_out_of_every_answering_router() -> None:
+    """Out on A at 1 s (unhealthy), on B at 2 s (gone); C does not answer from 1.5 s: not waited for."""
+    probes = [
+        probe(-1.0, {A: everyone(), B: everyone(), C: everyone()}),
+        probe(1.0, {A: everyone(W1=False), B: everyone(), C: everyone()}),
+        probe(1.5, {A: everyone(W1=False), B: everyone(), C: None}),
+        probe(2.0, {A: everyone(W1=False), B: {W2: True, W3: True}, C: None}),
+        probe(3.0, {A: everyone(), B: everyone(), C: everyone()}, out=(W1,)),  # routers back, leader not yet
+        probe(4.0, {A: everyone(), B: everyone(), C: everyone()}),
+    ]
+    results = steady(-2, 5)
+    m = measure(probes, results, subjects=(W1,), baseline_s=2, gates=GATES, end=5, healed=None)
+    assert m.detection_s == 2.0
+    assert m.restoration_s == 4.0  # 3.0 was back on the routers but still out of rotation in the leader's view
+    assert m.false_detections == ()
+    assert m.recovery_s == 0.0  # no window after the fault was degraded
+
+
+def test_a_router_the_fault_took_down_is_exempt_and_none_answering_is_no_detection() -> None:
+    probes = [
+        probe(-1.0, {A: everyone(), B: everyone()}),
+        probe(1.0, {A: None, B: None}),  # nobody answered: nothing can be said
+        probe(2.0, {A: None, B: everyone(W1=False)}),
+    ]
+    m = measure(probes, steady(-2, 3), subjects=(W1,), baseline_s=2, gates=GATES, end=3, healed=None)
+    assert m.detection_s == 2.0
+    exempt = measure(
+        [*probes[:2], probe(2.0, {A: everyone(W1=False), B: everyone()})],
+        steady(-2, 3),
+        subjects=(W1,),
+        baseline_s=2,
+        gates=GATES,
+        end=3,
+        healed=None,
+        exempt_routers=frozenset({B}),
+    )
+    assert exempt.detection_s == 2.0  # B still routes to W1, but B is the router the fault hit
+
+
+def test_recovery_is_the_end_of_the_last_degraded_window_by_error_latency_or_rate() -> None:
+    base = steady(-3, 0)  # 10/s at 100 ms: P99 100 ms, limit 130 ms; at least 8 served per 1 s window
+    fault = [
+        *steady(0, 1, status=TRANSPORT_ERROR),  # window 0: errors
+        *steady(1, 2, latency=0.2),  # window 1: P99 200 ms > 130 ms
+        *steady(2, 3, rate=5),  # window 2: 5 served < 8
+        *steady(3, 6),  # back
+    ]
+    m = measure([], base + fault, subjects=(), baseline_s=3, gates=GATES, end=6, healed=None)
+    assert m.baseline.p99_s == pytest.approx(0.1)
+    assert m.baseline.ok_per_s == pytest.approx(10)
+    reasons = [w.bad for w in m.windows]
+    assert reasons[0] == "10 of 10 requests failed"
+    assert reasons[1] is not None and reasons[1].startswith("P99 200 ms > 130 ms")
+    assert reasons[2] is not None and reasons[2].startswith("5 requests served < 8.0")
+    assert reasons[3:] == [None, None, None]
+    assert m.recovery_s == 3.0
+    assert m.client_errors == 10 and m.client_requests == 30 + 10 + 10 + 5 + 30
+
+
+def test_still_degraded_at_the_end_is_not_recovered_and_the_judged_span_ends_at_the_heal() -> None:
+    base = steady(-2, 0)
+    slow = steady(0, 4, latency=0.3)
+    open_ended = measure([], base + slow, subjects=(), baseline_s=2, gates=GATES, end=4, healed=None)
+    assert open_ended.recovery_s is None
+    healed = measure([], base + slow, subjects=(), baseline_s=2, gates=GATES, end=4, healed=2.5)
+    assert healed.recovery_s is None  # degraded until the drill lifted the fault: traffic never recovered from it
+    assert [w.start for w in healed.windows] == [0.0, 1.0, 2.0]  # judged until the heal
+
+
+def test_a_one_off_slow_window_after_the_recovery_is_a_blip_not_the_faults() -> None:
+    """Recovery is the start of the first run of 3 good windows (serving.failure_threshold): a lone slow window
+    later (one slow request on a busy machine) is counted, not taken as the fault still acting."""
+    base = steady(-2, 0)
+    after = [*steady(0, 1, latency=0.5), *steady(1, 4), *steady(4, 5, latency=0.5), *steady(5, 7)]
+    m = measure([], base + after, subjects=(), baseline_s=2, gates=GATES, end=7, healed=None)
+    assert (m.recovery_s, m.late_blips) == (1.0, 1)
+    flapping = [*steady(0, 1, latency=0.5), *steady(1, 3), *steady(3, 4, latency=0.5), *steady(4, 7)]
+    m = measure([], base + flapping, subjects=(), baseline_s=2, gates=GATES, end=7, healed=None)
+    assert (m.recovery_s, m.late_blips) == (4.0, 0)  # 2 good windows were not yet a recovery
+
+
+def test_false_detections_are_other_replicas_that_left_rotation_on_some_router() -> None:
+    probes = [
+        probe(-1.0, {A: everyone(), B: everyone()}),
+        probe(1.0, {A: everyone(W1=False, W3=False), B: everyone(W1=False)}),
+    ]
+    m = measure(probes, steady(-2, 2), subjects=(W1,), baseline_s=2, gates=GATES, end=2, healed=None)
+    assert m.false_detections == (W3,)
+    none_may_leave = measure(probes, steady(-2, 2), subjects=(), baseline_s=2, gates=GATES, end=2, healed=None)
+    assert none_may_leave.false_detections == (W1, W3)
+
+
+def test_takeover_is_the_first_probe_led_by_another_controller() -> None:
+    probes = [
+        probe(-1.0, {A: everyone()}, leader="c0"),
+        probe(1.0, {A: everyone()}, leader=None),
+        probe(2.0, {A: everyone()}, leader="c0"),  # a stale answer from the old leader is not a takeover
+        probe(3.5, {A: everyone()}, leader="c2"),
+    ]
+    m = measure(probes, steady(-2, 4), subjects=(), baseline_s=2, gates=GATES, end=4, healed=None, lost_leader="c0")
+    assert m.takeover_s == 3.5
+
+
+def test_judge_compares_each_figure_with_the_plans_target_and_names_what_was_not_observed() -> None:
+    spec = spec_from("sandbox")
+    p = plan(spec)
+    crash = SCENARIOS["replica-crash"]
+    targets = scenario_targets(crash, spec, p)
+    detect = plan_targets(spec, p)
+    probes = [probe(-1.0, {A: everyone()}), probe(1.0, {A: everyone(W1=False)})]  # never back
+    results = [*steady(-2, 0), *steady(0, 3), RequestResult(2.5, 0.1, 500)]
+    m = measure(probes, results, subjects=(W1,), baseline_s=2, gates=GATES, end=3, healed=None)
+    checks = {c.name: c for c in judge(crash, targets, m)}
+    assert checks["detection_s"].ok and checks["detection_s"].measured == 1.0
+    assert checks["detection_s"].target == detect["detection_s"].value
+    assert not checks["restoration_s"].ok and checks["restoration_s"].reason.startswith("not observed")
+    errors = checks["client_error_rate"]
+    assert errors.measured == pytest.approx(1 / 51) and not errors.ok
+    assert "1 of 51 requests" in errors.reason and "> 0.10%" in errors.reason
+    assert checks["false_detections"].ok
+
+
+def test_windows_without_a_baseline_judge_errors_only() -> None:
+    base = baseline_of([], 2.0)
+    assert base.requests == 0 and math.isnan(base.p99_s)
+    judged = windows(steady(0, 2, latency=5.0), base, GATES, until=2.0)
+    assert [w.bad for w in judged] == [None, None]  # 5 s answers, but no baseline latency or rate to hold them to
