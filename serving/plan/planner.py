@@ -380,11 +380,12 @@ def heartbeat_plan(spec: FleetSpec, replicas: int, nodes: int) -> HeartbeatPlan:
     active = replicas / iv if s.heartbeat_mode == "direct" else nodes / iv
     # The routers detect a dead replica, and their health checks take whole seconds (render.common.whole_seconds):
     # --health-check-interval-secs and --health-check-timeout-secs round up.
-    router_iv, router_timeout = max(1, math.ceil(iv)), max(1, math.ceil(s.health_check_timeout_s))
+    router_iv = float(max(1, math.ceil(iv)))
+    router_timeout = float(max(1, math.ceil(s.health_check_timeout_s)))
     detect = s.failure_threshold * router_iv + router_timeout
     rounded = (
-        f" (the routers' checks take whole seconds: {iv:g} s → {router_iv} s, "
-        f"{s.health_check_timeout_s:g} s → {router_timeout} s)"
+        f" (the routers' checks take whole seconds: {iv:g} s → {router_iv:g} s, "
+        f"{s.health_check_timeout_s:g} s → {router_timeout:g} s)"
         if (router_iv, router_timeout) != (iv, s.health_check_timeout_s)
         else ""
     )
