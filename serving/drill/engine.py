@@ -14,6 +14,7 @@ router comes back); a lost leader is restarted, as a follower, once another cont
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from serving.drill.measure import Check, Gates, Measured, Probe, judge, measure
+from serving.drill.measure import Check, Gates, Measured, Probe, judge, measure, out_and_back
 from serving.drill.scenarios import Component, Fault, FaultKind, FaultSizes, Scenario, Target
 from serving.prometheus_api import FiredAlert, PrometheusError, alerts_fired
 from serving.router.client import parse_workers
@@ -233,10 +234,8 @@ def _exempt(subject: Subject) -> frozenset[str]:
 
 def _restored(run: Run) -> bool:
     """The faulted replicas were seen out of every router instance and, after that, back in everywhere."""
-    urls, exempt = run.subject.urls, _exempt(run.subject)
-    after = [p for p in run.probes if p.t >= run.t0]
-    out = next((i for i, p in enumerate(after) if p.out_everywhere(urls, exempt)), None)
-    return out is not None and any(p.in_everywhere(urls, exempt) for p in after[out:])
+    relative = [dataclasses.replace(p, t=p.t - run.t0) for p in run.probes]
+    return out_and_back(relative, run.subject.urls, _exempt(run.subject))[1] is not None
 
 
 def _done(run: Run, now: float) -> bool:
@@ -364,7 +363,7 @@ def _judge(run: Run) -> None:
     assert run.load is not None
     offset = run.t0 - run.load_started  # load results are relative to the load's start
     results = [RequestResult(r.sent_at_s - offset, r.latency_s, r.status, r.error) for r in run.load.results]
-    probes = [Probe(p.t - run.t0, p.routers, p.leader, p.in_rotation, p.scores, p.states) for p in run.probes]
+    probes = [dataclasses.replace(p, t=p.t - run.t0) for p in run.probes]
     run.probes = probes
     run.load = LoadReport(tuple(results), run.load.wall_s, run.load.late)
     subject = run.subject

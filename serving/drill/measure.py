@@ -200,6 +200,19 @@ def recovered(judged: Sequence[Window], gates: Gates) -> tuple[float | None, int
     return (0.0, 0) if not judged else (None, 0)
 
 
+def out_and_back(
+    probes: Sequence[Probe], subjects: Sequence[str], exempt: frozenset[str]
+) -> tuple[float | None, float | None]:
+    """(detection, restoration) of ``subjects`` over the probes from the fault on; None where not (yet) seen."""
+    after = [p for p in probes if p.t >= 0]
+    if not subjects:
+        return None, None
+    detection = _first(after, 0.0, lambda p: p.out_everywhere(subjects, exempt))
+    if detection is None:
+        return None, None
+    return detection, _first(after, detection, lambda p: p.in_everywhere(subjects, exempt))
+
+
 def _first(probes: Sequence[Probe], after: float, holds: Any) -> float | None:
     return next((p.t for p in probes if p.t >= after and holds(p)), None)
 
@@ -220,11 +233,7 @@ def measure(
     ``exempt_routers``: router instances the fault itself took down; ``lost_leader``: the identity of the killed
     leader; ``healed``: when the drill ended the fault (None when the fleet healed itself)."""
     after = [p for p in probes if p.t >= 0]
-    detection = restoration = None
-    if subjects:
-        detection = _first(after, 0.0, lambda p: p.out_everywhere(subjects, exempt_routers))
-        if detection is not None:
-            restoration = _first(after, detection, lambda p: p.in_everywhere(subjects, exempt_routers))
+    detection, restoration = out_and_back(probes, subjects, exempt_routers)
     takeover = None
     if lost_leader is not None:
         takeover = _first(after, 0.0, lambda p: p.leader is not None and p.leader != lost_leader)
