@@ -192,7 +192,10 @@ def test_diff_reports_capacity_deltas_and_group_sizes(repo: Path) -> None:
     assert result.returncode == 0, result.stderr
     text = result.stdout
     objects = len(render_file(REPO / "Pulumi.dev.yaml"))
-    assert f"objects: 11 changed, 0 added, 0 removed ({objects} at base, {objects} now)" in text
+    assert f"objects: 12 changed, 0 added, 0 removed ({objects} at base, {objects} now)" in text
+    assert "~ Role exaserve/exaserve-updater-rollout  [updater]\n      rules[2].resourceNames:" in text, (
+        "the updater may label exactly the fleet's pods: fewer replicas, fewer names"
+    )
     assert "~ LeaderWorkerSet exaserve/sglang-g0  [fleet]\n" in text and "spec.replicas: 26 → 20\n" in text
     assert "topologySpreadConstraints[0].maxSkew: 13 → 10" in text, "the rack spread follows the group size"
     assert "~ PodDisruptionBudget exaserve/sglang-g1  [fleet]\n      spec.maxUnavailable: 2 → 1\n" in text

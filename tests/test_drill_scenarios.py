@@ -72,8 +72,10 @@ def test_a_scenario_judged_on_detection_is_one_that_takes_replicas_out_and_the_o
     repaired, memory pressure when the drill lifts it: reported, not judged."""
     for s in SCENARIOS.values():
         assert (TargetName.DETECTION in s.targets) is s.evicts, s.name
-        restores = s.evicts and all(f.component is Component.REPLICA for f in s.faults[:1]) and not any(
-            f.kind is FaultKind.MEMORY for f in s.faults
+        restores = (
+            s.evicts
+            and all(f.component is Component.REPLICA for f in s.faults[:1])
+            and not any(f.kind is FaultKind.MEMORY for f in s.faults)
         )
         assert (TargetName.RESTORATION in s.targets) is restores, s.name
         assert ("ExaServeReplicaOutOfRotation" in s.quiet) is not s.evicts, s.name

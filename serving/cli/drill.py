@@ -311,6 +311,7 @@ def _run(
     longest = max([hold, *(t.value for t in targets if t.unit == "s")])
     settings = Settings(
         rate_per_s=rate if rate is not None else max(10.0, math.ceil(2 / gate / (baseline + longest))),
+        min_requests=math.ceil(1.2 / gate),
         baseline_s=baseline,
         probe_s=min(0.1, spec.serving.heartbeat_interval_s / 10),
         gates=Gates(

@@ -88,6 +88,7 @@ class Settings:
     gates: Gates
     hold_s: float
     settle_s: float
+    min_requests: int  # the client requests the error gate needs to be judged at all (1 / the gate, with margin)
 
 
 @dataclass
@@ -239,10 +240,12 @@ def _restored(run: Run) -> bool:
 
 
 def _done(run: Run, now: float) -> bool:
-    """Everything the scenario is judged on (or reports) was observed and a short tail passed since the last heal
-    (the caller waits for the held faults' heals first)."""
+    """Everything the scenario is judged on (or reports) was observed, the clients sent enough requests to judge
+    the error gate, and a short tail passed since the last heal (the caller waits for the held faults' heals first)."""
     if run.scenario.evicts and run.subject.urls and not _restored(run):
         return False
+    if (now - run.load_started) * run.settings.rate_per_s < run.settings.min_requests:
+        return False  # a fast takeover ends before 1 / gate requests were sent: keep the load on
     since = run.healed_at if run.healed_at is not None else run.t0
     return now - since >= 2 * run.settings.gates.window_s
 
@@ -273,7 +276,8 @@ async def run_drill(
         )
     subject = choose_subject(scenario, fleet, await leader_of(fleet))
     run = Run(scenario, subject, tuple(targets), settings)
-    deadline_after = max([settings.hold_s, *(t.value for t in targets if t.unit == "s")]) * 1.5 + 10
+    longest = max([settings.hold_s, *(t.value for t in targets if t.unit == "s")])
+    deadline_after = max(longest * 1.5 + 10, settings.min_requests / settings.rate_per_s - settings.baseline_s + 10)
     spec = LoadSpec(
         url=fleet.routers[0],
         failover=fleet.routers[1:],
