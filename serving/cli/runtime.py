@@ -181,7 +181,14 @@ async def _serve(service: ControllerService, host: str, port: int) -> None:
 
 @agent_app.command("run")
 def agent_run(
-    node: Annotated[str, typer.Option("--node", help="The node this agent runs on (a node name of the stack).")],
+    nodes: Annotated[
+        list[str],
+        typer.Option(
+            "--node",
+            help="The node this agent runs on (a node name of the stack); repeat it to run several nodes' agents in "
+            "one process, as the scale sandbox does.",
+        ),
+    ],
     stack: StackOpt = DEFAULT_STACK,
     stack_file: StackFileOpt = None,
     controllers: ControllerOpt = None,
@@ -203,22 +210,25 @@ def agent_run(
         fail("pass --controller URL for each controller instance or --controller-service HOST:PORT")
     if controller_service and not controller_service.rpartition(":")[2].isdigit():
         fail(f"--controller-service {controller_service!r}: give HOST:PORT, e.g. exaserve-controller.exaserve.svc:9410")
-    try:
-        config = AgentConfig.for_node(st.spec, plan_fleet(st.spec), node, targets, dcgm_url, controller_service)
-    except ValueError as exc:
-        fail(f"--node {node}: {exc}")
-    pods = None
+    fleet_plan = plan_fleet(st.spec)
+    configs = []
+    for node in nodes:
+        try:
+            configs.append(AgentConfig.for_node(st.spec, fleet_plan, node, targets, dcgm_url, controller_service))
+        except ValueError as exc:
+            fail(f"--node {node}: {exc}")
+    api = None
     if discover == "kubernetes":
         try:
             api = KubeApi.in_cluster()
         except (BackendError, OSError) as exc:
             fail(f"--discover kubernetes: {exc}")
-        fleet_plan = plan_fleet(st.spec)
-        pods = NodePods(api, st.spec.kubernetes.namespace, server_selector(fleet_plan), node, st.spec.serving.port)
-    asyncio.run(_agent(Agent(config, pods)))
+    selector, port, namespace = server_selector(fleet_plan), st.spec.serving.port, st.spec.kubernetes.namespace
+    agents = [Agent(c, None if api is None else NodePods(api, namespace, selector, c.node, port)) for c in configs]
+    asyncio.run(_agents(agents))
 
 
-async def _agent(agent: Agent) -> None:
+async def _agents(agents: list[Agent]) -> None:
     import signal  # noqa: PLC0415
 
     stop = asyncio.Event()
@@ -226,9 +236,9 @@ async def _agent(agent: Agent) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await agent.run(stop)
+        await asyncio.gather(*(a.run(stop) for a in agents))
     finally:
-        await agent.aclose()
+        await asyncio.gather(*(a.aclose() for a in agents))
 
 
 async def _statuses(urls: list[str], timeout_s: float) -> dict[str, dict[str, Any] | str]:

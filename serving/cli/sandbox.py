@@ -1,13 +1,16 @@
 """``exaserve sandbox up|down|load``: the local sandbox, the real SGLang router on loopback in front of simulated
 SGLang workers, one per replica of a stack with a ``sandbox:`` section; ``rollout`` and ``rollback`` drive it
-like a fleet. Exit codes as in :mod:`serving.cli.options`: 1 when the sandbox did not start or the load saw
-client errors.
+like a fleet. ``--simulate`` rehearses any other stack at its own size (``--stack prod``: 2,048 replicas): the
+sandbox section is derived from the stack and written as its own stack file (:mod:`serving.sandbox.scale`).
+Exit codes as in :mod:`serving.cli.options`: 2 when the machine lacks the file descriptors or memory the sandbox
+needs, 1 when the sandbox did not start or the load saw client errors.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from typing import Annotated
 
 import httpx
@@ -27,17 +30,27 @@ from serving.cli.options import (
     resolve_stack,
 )
 from serving.cli.state import locked, stack_state
+from serving.plan.model import Plan
 from serving.plan.planner import plan as plan_fleet
 from serving.rollout.backends import BackendError
 from serving.rollout.journal import StackState
 from serving.sandbox.endpoints import sandbox_endpoints
-from serving.spec.stack import Stack
+from serving.spec.stack import SpecError, Stack
 
 SANDBOX_STACK = "sandbox"
 sandbox_app = typer.Typer(
     help="The local sandbox: the real SGLang router in front of simulated SGLang workers.", no_args_is_help=True
 )
 app.add_typer(sandbox_app, name="sandbox")
+SimulateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--simulate",
+        help="Rehearse a stack without a sandbox: section at its own size: its replicas as simulated workers on "
+        "loopback (many per process), its routers, controllers and node agents, ports and shortened waits derived "
+        "and written to <state-dir>/<stack>-simulated/ (drive it with --stack-file there).",
+    ),
+]
 
 
 @sandbox_app.command("up")
@@ -45,101 +58,177 @@ def sandbox_up(
     stack: StackOpt = SANDBOX_STACK,
     stack_file: StackFileOpt = None,
     state_dir: StateDirOpt = None,
+    simulate: SimulateOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Start the real router on loopback and one simulated worker per replica at the stack's version; with
     sandbox.runtime the runtime layer, with sandbox.prometheus a real Prometheus server (started last)."""
     st = resolve_stack(stack, stack_file)
-    if st.spec.sandbox is None:
-        fail(f"stack {st.name!r} has no sandbox: section; `exaserve sandbox` runs only sandbox stacks")
-    from serving.sandbox import processes  # noqa: PLC0415 - loads the router launcher (≈ 1 s): on use only
+    if st.spec.sandbox is None and not simulate:
+        fail(
+            f"stack {st.name!r} has no sandbox: section; `exaserve sandbox` runs only sandbox stacks, or add "
+            "--simulate to rehearse this one's replicas as simulated workers on loopback"
+        )
+    if st.spec.sandbox is not None and simulate:
+        fail(f"stack {st.name!r} already has a sandbox: section; run `exaserve sandbox up` without --simulate")
+    from serving.sandbox import processes, scale  # noqa: PLC0415 - loads aiohttp and the router launcher: on use only
     from serving.sandbox.prometheus import prometheus_url  # noqa: PLC0415
 
-    paths = stack_state(st, state_dir)
+    paths = StackState.for_stack(scale.simulated_name(st.name), state_dir) if simulate else stack_state(st, state_dir)
     with locked(paths, "sandbox up"):
         processes.stop_all(processes.StateDir(paths.sandbox_dir))
+        if simulate:
+            try:
+                st = scale.write_simulated_stack(st, plan_fleet(st.spec), state_dir)
+            except (SpecError, ValueError, processes.SandboxError) as exc:
+                fail(f"cannot derive the simulated stack: {exc}")
+        fleet_plan = plan_fleet(st.spec)
         try:
-            urls, runtime = asyncio.run(_start_sandbox(st, paths))
+            scale.check_machine(st.spec, fleet_plan)
+        except scale.MachineTooSmall as exc:
+            fail(f"sandbox of {st.name!r} not started: {exc}")
+        try:
+            urls, runtime = asyncio.run(_start_sandbox(st, paths, fleet_plan))
         except (processes.SandboxError, BackendError, TimeoutError) as exc:
             processes.stop_all(processes.StateDir(paths.sandbox_dir))
             fail(f"sandbox did not start: {exc}", EXIT_PROBLEM)
+    assert st.spec.sandbox is not None
     ep = sandbox_endpoints(st.spec)
     prom_url = prometheus_url(st.spec) if st.spec.sandbox.prometheus else None
     if as_json:
         doc = {"router_url": ep.router_url, "metrics_url": ep.metrics_url, "workers": urls}
+        if simulate:
+            doc["stack_file"] = str(st.path)
         if runtime:
             doc["runtime"] = runtime
         if prom_url:
             doc["prometheus_url"] = prom_url
         emit_json(doc, stack=st.name, ok=True)
         return
-    table = Table(title=f"sandbox {st.name}: router {ep.router_url} (metrics {ep.metrics_url})")
-    for col in ("replica", "url", "version"):
-        table.add_column(col)
-    for rid, (url, version) in urls.items():
-        table.add_row(rid, url, version)
-    console.print(table)
+    console.print(_layout_table(st, fleet_plan, urls, ep.router_url, ep.metrics_url))
     if runtime:
         console.print("runtime: " + "; ".join(f"{k} {', '.join(v)}" for k, v in runtime.items()), highlight=False)
     if prom_url:
         console.print(f"prometheus: {prom_url} (alerts: {prom_url}/alerts)", highlight=False)
+    if simulate:
+        console.print(
+            f"stack file: {st.path} (pass --stack-file to rollout, status and sandbox load; sandbox down --stack "
+            f"{st.name.removesuffix(scale.SIMULATED_SUFFIX)} --simulate stops it)",
+            highlight=False,
+        )
+
+
+def _layout_table(st: Stack, fleet_plan: Plan, urls: dict[str, tuple[str, str]], router: str, metrics: str) -> Table:
+    """One row per worker, or in the scale layout one per worker process (its nodes, ports and control URL)."""
+    from serving.sandbox.backend import node_groups  # noqa: PLC0415
+
+    assert st.spec.sandbox is not None
+    table = Table(title=f"sandbox {st.name}: router {router} (metrics {metrics})")
+    if st.spec.sandbox.nodes_per_process is None:
+        for col in ("replica", "url", "version"):
+            table.add_column(col)
+        for rid, (url, version) in urls.items():
+            table.add_row(rid, url, version)
+        return table
+    for col in ("worker process", "nodes", "workers (ports)", "control"):
+        table.add_column(col)
+    for group in node_groups(st.spec, fleet_plan):
+        control = f"http://127.0.0.1:{st.spec.sandbox.control_base_port + group.index}"
+        nodes = f"{group.nodes[0]} … {group.nodes[-1]} ({len(group.nodes)})"
+        table.add_row(str(group.index), nodes, f"{len(group.ports)} ({group.ports[0]}-{group.ports[-1]})", control)
+    return table
 
 
 async def _start_sandbox(
-    st: Stack, paths: StackState
+    st: Stack, paths: StackState, fleet_plan: Plan
 ) -> tuple[dict[str, tuple[str, str]], dict[str, list[str]] | None]:
     from serving.sandbox import processes  # noqa: PLC0415
-    from serving.sandbox.backend import router_flags, worker_config, worker_name  # noqa: PLC0415
+    from serving.sandbox.backend import node_groups, router_flags, worker_config, worker_name  # noqa: PLC0415
+    from serving.sandbox.runtime import start_extra_routers, start_runtime  # noqa: PLC0415
+    from serving.sandbox.worker_host import start_host  # noqa: PLC0415
 
     spec = st.spec
+    assert spec.sandbox is not None
     state = processes.StateDir(paths.sandbox_dir)
     budget = spec.serving.startup_budget_s
-    out: dict[str, tuple[str, str]] = {}
-    configs = []
-    fleet_plan = plan_fleet(spec)
-    for replica in fleet_plan.replicas:
-        cfg = worker_config(spec, replica, spec.group_version(replica.group))
-        configs.append(cfg)
-        out[replica.id] = (cfg.url, cfg.version)
-    await asyncio.gather(
-        *(asyncio.to_thread(processes.start_worker, state, worker_name(c.port), c, wait="started") for c in configs)
-    )
-    deadline = time.monotonic() + budget
-    async with httpx.AsyncClient(timeout=1.0) as http:
-        pending = {c.url for c in configs if not c.never_ready}
-        while pending:
-            for url in sorted(pending):
-                try:
-                    if (await http.get(url + "/health")).status_code == 200:
-                        pending.discard(url)
-                except httpx.HTTPError:
-                    pass
-            if pending and time.monotonic() > deadline:
-                raise TimeoutError(f"workers {sorted(pending)} not healthy within serving.startup_budget_s={budget:g}")
-            await asyncio.sleep(0.1)
-    ready = sum(not c.never_ready for c in configs)
-    flags = router_flags(spec, fleet_plan, [c.url for c in configs])
-    await asyncio.to_thread(processes.start_router, state, flags, healthy_workers=ready, timeout_s=budget)
-    runtime = None
-    if spec.sandbox is not None and spec.sandbox.runtime:
-        from serving.sandbox.runtime import start_runtime  # noqa: PLC0415
-
-        runtime = await asyncio.to_thread(
-            start_runtime,
-            state,
-            spec,
-            fleet_plan,
-            [c.url for c in configs],
-            stack_file=st.path,
-            state_dir=paths.root.parent,
-            healthy=ready,
-            timeout_s=budget,
+    configs = {r.id: worker_config(spec, r, spec.group_version(r.group)) for r in fleet_plan.replicas}
+    if spec.sandbox.nodes_per_process is None:
+        await asyncio.gather(
+            *(
+                asyncio.to_thread(processes.start_worker, state, worker_name(c.port), c, wait="started")
+                for c in configs.values()
+            )
         )
-    if spec.sandbox is not None and spec.sandbox.prometheus:  # last: its first scrapes find everything up
+    else:
+        by_port = {c.port: c for c in configs.values()}
+        await asyncio.gather(
+            *(
+                asyncio.to_thread(
+                    start_host,
+                    state,
+                    g.index,
+                    [by_port[p] for p in g.ports],
+                    spec.sandbox.control_base_port + g.index,
+                    timeout_s=budget,
+                )
+                for g in node_groups(spec, fleet_plan)
+            )
+        )
+    await _healthy([c.url for c in configs.values() if not c.never_ready], budget)
+    ready = sum(not c.never_ready for c in configs.values())
+    worker_urls = [c.url for c in configs.values()]
+    flags = router_flags(spec, fleet_plan, worker_urls)
+    routers: list[Awaitable[object]] = [
+        asyncio.to_thread(processes.start_router, state, flags, healthy_workers=ready, timeout_s=budget)
+    ]
+    if spec.sandbox.runtime:  # every router at once: each one's registration of the workers takes its own CPU time
+        routers.append(
+            asyncio.to_thread(
+                start_extra_routers, state, spec, fleet_plan, worker_urls, healthy=ready, timeout_s=budget
+            )
+        )
+    await asyncio.gather(*routers)
+    runtime = None
+    if spec.sandbox.runtime:
+        runtime = await asyncio.to_thread(
+            start_runtime, state, spec, fleet_plan, stack_file=st.path, state_dir=paths.root.parent, timeout_s=budget
+        )
+    if spec.sandbox.prometheus:  # last: its first scrapes find everything up
         from serving.sandbox.prometheus import start_prometheus  # noqa: PLC0415
 
         await asyncio.to_thread(start_prometheus, state, spec, fleet_plan, timeout_s=budget)
-    return out, runtime
+    return {rid: (c.url, c.version) for rid, c in configs.items()}, runtime
+
+
+async def _healthy(urls: list[str], budget: float) -> None:
+    """Until every worker's ``/health`` answers 200; TimeoutError past ``serving.startup_budget_s``. At most
+    :data:`serving.sandbox.backend.PROBES_AT_ONCE` probes are in flight, so none waits for a pooled connection past
+    its timeout."""
+    from serving.sandbox.backend import PROBES_AT_ONCE  # noqa: PLC0415
+
+    deadline = time.monotonic() + budget
+    slots = asyncio.Semaphore(PROBES_AT_ONCE)
+    async with httpx.AsyncClient(timeout=1.0) as http:
+
+        async def ok(url: str) -> bool:
+            async with slots:
+                try:
+                    return (await http.get(url + "/health")).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+        pending = set(urls)
+        while pending:
+            order = sorted(pending)
+            answers = await asyncio.gather(*(ok(u) for u in order))
+            pending -= {u for u, good in zip(order, answers, strict=True) if good}
+            if pending and time.monotonic() > deadline:
+                shown = ", ".join(sorted(pending)[:8])
+                raise TimeoutError(
+                    f"{len(pending)} workers ({shown}, …) not healthy within serving.startup_budget_s={budget:g}"
+                )
+            if pending:
+                await asyncio.sleep(0.1)
 
 
 @sandbox_app.command("down")
@@ -147,17 +236,20 @@ def sandbox_down(
     stack: StackOpt = SANDBOX_STACK,
     stack_file: StackFileOpt = None,
     state_dir: StateDirOpt = None,
+    simulate: SimulateOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Stop every process of the sandbox (the routers first), Prometheus and the runtime layer included."""
+    """Stop every process of the sandbox (the routers first), Prometheus and the runtime layer included; with
+    --simulate, of the stack's simulated sandbox."""
     st = resolve_stack(stack, stack_file)
-    paths = stack_state(st, state_dir)
-    from serving.sandbox import processes  # noqa: PLC0415
+    from serving.sandbox import processes, scale  # noqa: PLC0415
 
+    name = scale.simulated_name(st.name) if simulate else st.name
+    paths = StackState.for_stack(name, state_dir)
     with locked(paths, "sandbox down"):
         stopped = processes.stop_all(processes.StateDir(paths.sandbox_dir))
     if as_json:
-        emit_json({"stopped": stopped}, stack=st.name, ok=True)
+        emit_json({"stopped": stopped}, stack=name, ok=True)
     else:
         console.print(f"stopped {len(stopped)} process(es): {', '.join(stopped) or 'none was running'}")
 

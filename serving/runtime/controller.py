@@ -148,6 +148,7 @@ class NodeRecord:
 @dataclass
 class Counters:
     accepted: int = 0
+    replicas: int = 0  # the replica probes the accepted reports carried (accepted × replicas per node when aggregated)
     rejected: dict[Rejection, int] = field(default_factory=lambda: dict.fromkeys(Rejection, 0))
     actions: dict[Kind, int] = field(default_factory=lambda: dict.fromkeys(Kind, 0))
     capped: int = 0
@@ -219,6 +220,7 @@ class Controller:
         node.last_report_at = now
         node.missed = 0
         self.counters.accepted += 1
+        self.counters.replicas += len(report.replicas)
 
     def _sync(self, node: NodeRecord, report: NodeReport) -> None:
         """Discovered replicas: the node's report lists its pods. A new pod starts serving (the router discovered it

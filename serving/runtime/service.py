@@ -141,7 +141,11 @@ class ControllerService:
             **self.controller.snapshot(self.clock()),
             "eviction_cap": self.controller.config.max_evicted,
             "move_candidates": self.controller.move_candidates(),
-            "reports": {"accepted": c.accepted, "rejected": {k.value: v for k, v in c.rejected.items()}},
+            "reports": {
+                "accepted": c.accepted,
+                "replicas": c.replicas,
+                "rejected": {k.value: v for k, v in c.rejected.items()},
+            },
             "actions": list(self.recent),
         }
 

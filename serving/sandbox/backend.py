@@ -1,16 +1,18 @@
 """Local processes: the sandbox's simulated SGLang workers behind the real router, on loopback.
 
 Replica ``i`` of the sandbox stack listens on ``sandbox.worker_base_port + i`` and runs the simulated
-release ``sandbox.versions[version]`` (latency, error rate, start-up time, never-ready). An update
-restarts its process with the new release through :mod:`serving.sandbox.processes`; the processes'
-records live in the stack's state directory, so ``sandbox up``, ``rollout`` and ``sandbox down`` can
-run as separate commands.
+release ``sandbox.versions[version]`` (latency, error rate, start-up time, never-ready). Two layouts
+(``sandbox.nodes_per_process``): one process per worker (:mod:`serving.sandbox.processes`), or the workers of
+several nodes in one process (:mod:`serving.sandbox.worker_host`, the scale sandbox). An update restarts the
+worker on its port with the new release, in either layout (:func:`restart_workers`); the processes' records live
+in the stack's state directory, so ``sandbox up``, ``rollout`` and ``sandbox down`` can run as separate commands.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -21,11 +23,15 @@ from serving.render.router import ROUTER_ENTRY, router_argv
 from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.rollout.membership import RouterApiMembership
 from serving.router.membership import RouterSet
-from serving.sandbox.processes import SandboxError, StateDir, restart_worker
+from serving.sandbox import worker_host
+from serving.sandbox.processes import SandboxError, StateDir, start_worker, stop_process
 from serving.sandbox.worker import LOOPBACK, WorkerConfig
 from serving.spec.schema import FleetSpec, SandboxSpec
 
 JITTER_SHARE = 0.1  # simulated latency varies ±10 % around each release's latency_ms
+# Requests in flight at once when every worker is asked (versions, health): httpx pools 100 connections and fails
+# the rest after its timeout, so 2,048 at once would read as 1,948 replicas down.
+PROBES_AT_ONCE = 32
 
 
 def sandbox_of(spec: FleetSpec) -> SandboxSpec:
@@ -37,6 +43,30 @@ def sandbox_of(spec: FleetSpec) -> SandboxSpec:
 def worker_name(port: int) -> str:
     """Process name of a sandbox worker in the state directory (``worker-<port>``)."""
     return f"worker-{port}"
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """Nodes whose simulated workers share one process in the scale layout, and whose agents share another (one
+    node per group in the default layout, where each worker has its own process)."""
+
+    index: int
+    nodes: tuple[str, ...]
+    ports: tuple[int, ...]
+
+
+def node_groups(spec: FleetSpec, plan: Plan) -> list[NodeGroup]:
+    """The plan's nodes in placement order, ``sandbox.nodes_per_process`` to a group (else one), with their
+    replicas' ports."""
+    sandbox = sandbox_of(spec)
+    nodes = list(dict.fromkeys(r.node.name for r in plan.replicas))
+    size = sandbox.nodes_per_process or 1
+    groups = []
+    for index, start in enumerate(range(0, len(nodes), size)):
+        members = tuple(nodes[start : start + size])
+        ports = tuple(sandbox.worker_base_port + r.index for r in plan.replicas if r.node.name in members)
+        groups.append(NodeGroup(index, members, ports))
+    return groups
 
 
 def worker_config(spec: FleetSpec, replica: Replica, version: str) -> WorkerConfig:
@@ -63,6 +93,34 @@ def worker_config(spec: FleetSpec, replica: Replica, version: str) -> WorkerConf
     )
 
 
+async def restart_workers(
+    spec: FleetSpec, state: StateDir, configs: Sequence[WorkerConfig], *, stop_timeout_s: float | None, timeout_s: float
+) -> None:
+    """Stop the simulated worker on each config's port (in-flight requests get ``stop_timeout_s``, None: the
+    worker's own ``shutdown_timeout_s`` + 5 s, as a SIGTERM gets) and start it again with the config, in the stack's
+    layout: its own process, or its port inside its worker host. Returns once every new worker is starting (health is
+    the caller's next step); raises :class:`SandboxError` naming each port that failed."""
+    if sandbox_of(spec).nodes_per_process is None:
+
+        def again(config: WorkerConfig) -> None:
+            name = worker_name(config.port)
+            stop_process(
+                state, name, timeout_s=config.shutdown_timeout_s + 5.0 if stop_timeout_s is None else stop_timeout_s
+            )
+            start_worker(state, name, config, wait="started", timeout_s=timeout_s)
+
+        results = await asyncio.gather(*(asyncio.to_thread(again, c) for c in configs), return_exceptions=True)
+    else:
+        stop = max((c.shutdown_timeout_s for c in configs), default=0.0) if stop_timeout_s is None else stop_timeout_s
+        results = await worker_host.restart_hosted(state, configs, stop_timeout_s=stop, timeout_s=timeout_s)
+    unexpected = [exc for exc in results if isinstance(exc, BaseException) and not isinstance(exc, SandboxError)]
+    if unexpected:
+        raise unexpected[0]
+    problems = [f"port {c.port}: {exc}" for c, exc in zip(configs, results, strict=True) if exc is not None]
+    if problems:
+        raise SandboxError("; ".join(problems))
+
+
 def router_flags(spec: FleetSpec, plan: Plan, worker_urls: Sequence[str]) -> list[str]:
     """The sandbox router's flags: the fleet's router command (:func:`serving.render.router.router_argv`, on
     loopback for a sandbox stack, with latency buckets fine enough for the P99 gate)."""
@@ -79,6 +137,7 @@ class LocalBackend(ReplicaIndex):
         self.state = StateDir(processes_dir)
         super().__init__(list(plan.replicas))
         self._http = httpx.AsyncClient(timeout=spec.serving.health_check_timeout_s)
+        self._slots = asyncio.Semaphore(PROBES_AT_ONCE)
 
     @property
     def name(self) -> str:
@@ -95,14 +154,15 @@ class LocalBackend(ReplicaIndex):
 
     @property
     def updates_whole_groups(self) -> bool:
-        return False  # one process per replica
+        return False  # one worker per replica, restarted on its own port in either layout
 
     async def _version(self, replica_id: str) -> str | None:
         """The release the worker process was started with, as the process itself reports it (``/model_info``'s
         ``weight_version``, from its ``--version``); None when nothing answers on its port (stopped, crashed,
         still loading)."""
         try:
-            response = await self._http.get(self.worker_url(replica_id) + "/model_info")
+            async with self._slots:
+                response = await self._http.get(self.worker_url(replica_id) + "/model_info")
             return str(response.json()["weight_version"]) if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError, KeyError):
             return None
@@ -113,23 +173,11 @@ class LocalBackend(ReplicaIndex):
 
     async def update(self, replica_ids: Sequence[str], version: str, timeout_s: float) -> None:
         current = await self.versions(replica_ids)
-        todo = [r for r in replica_ids if current[r] != version]
-        configs = [worker_config(self.spec, self._replica(r), version) for r in todo]
-        results = await asyncio.gather(
-            *(
-                asyncio.to_thread(
-                    restart_worker, self.state, worker_name(c.port), c, wait="started", timeout_s=timeout_s
-                )
-                for c in configs
-            ),
-            return_exceptions=True,
-        )
-        problems = [f"{r}: {exc}" for r, exc in zip(todo, results, strict=True) if isinstance(exc, BaseException)]
-        if problems:
-            bad = [exc for exc in results if isinstance(exc, BaseException) and not isinstance(exc, SandboxError)]
-            if bad:
-                raise bad[0]
-            raise BackendError("restarting simulated workers failed: " + "; ".join(problems))
+        configs = [worker_config(self.spec, self._replica(r), version) for r in replica_ids if current[r] != version]
+        try:
+            await restart_workers(self.spec, self.state, configs, stop_timeout_s=None, timeout_s=timeout_s)
+        except SandboxError as exc:
+            raise BackendError(f"restarting simulated workers failed: {exc}") from exc
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -24,16 +24,18 @@ from pathlib import Path
 from typing import Literal
 
 import httpx
-from sglang_router.launch_router import parse_router_args
 
 from serving.router.client import parse_workers
 from serving.sandbox.worker import LOOPBACK, WorkerConfig
 
-Kind = Literal["worker", "router", "etcd", "controller", "agent", "prometheus"]
+Kind = Literal["worker", "worker-host", "router", "etcd", "controller", "agent", "prometheus"]
 WaitFor = Literal["healthy", "listening", "started"]
 RouterPolicy = Literal["random", "round_robin", "cache_aware", "power_of_two", "manual"]
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 _POLL_S = 0.05
+# sglang-router 0.3.2 spends ≈ 50 µs of CPU per registered worker on each GET /workers (0.1 s at 2,048): polling it
+# every 1 ms per worker keeps a starting router's own registration work (which grows the same way) from waiting on it.
+_LIST_POLL_S_PER_WORKER = 0.001
 _KILL_WAIT_S = 10.0
 
 
@@ -54,11 +56,12 @@ class ProcessRecord:
     metrics_url: str
     log_path: str
     version: str | None = None
+    ports: tuple[int, ...] = ()  # a worker host's simulated workers (serving.sandbox.worker_host)
 
     @classmethod
     def from_json(cls, text: str) -> ProcessRecord:
         data = json.loads(text)
-        return cls(**{**data, "argv": tuple(data["argv"])})
+        return cls(**{**data, "argv": tuple(data["argv"]), "ports": tuple(data.get("ports", ()))})
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -207,8 +210,16 @@ def _spawn(state: StateDir, name: str, argv: Sequence[str]) -> tuple[int, int, s
     return pid, stat[1], log
 
 
-def _wait(state: StateDir, record: ProcessRecord, ready: Callable[[], bool], what: str, timeout_s: float) -> None:
-    """Poll ``ready`` until it holds. If the process dies, or ``timeout_s`` passes (then the process
+def _wait(
+    state: StateDir,
+    record: ProcessRecord,
+    ready: Callable[[], bool],
+    what: str,
+    timeout_s: float,
+    *,
+    poll_s: float = _POLL_S,
+) -> None:
+    """Poll ``ready`` every ``poll_s`` until it holds. If the process dies, or ``timeout_s`` passes (then the process
     is stopped), raise with the tail of its log."""
     deadline = time.monotonic() + timeout_s
     while not ready():
@@ -223,7 +234,7 @@ def _wait(state: StateDir, record: ProcessRecord, ready: Callable[[], bool], wha
                 f"{record.name} (pid {record.pid}) not {what} after {timeout_s:.0f} s, stopped it; "
                 f"see {record.log_path}:\n{_log_tail(record.log_path)}"
             )
-        time.sleep(_POLL_S)
+        time.sleep(poll_s)
 
 
 def http_ok(url: str) -> bool:
@@ -276,11 +287,20 @@ def stop_all(state: StateDir, *, timeout_s: float = 30.0) -> list[str]:
 
 
 def start_service(
-    state: StateDir, name: str, kind: Kind, argv: Sequence[str], url: str, ready: Callable[[], bool], timeout_s: float
+    state: StateDir,
+    name: str,
+    kind: Kind,
+    argv: Sequence[str],
+    url: str,
+    ready: Callable[[], bool],
+    timeout_s: float,
+    *,
+    ports: Sequence[int] = (),
 ) -> ProcessRecord:
-    """Start a runtime process (etcd, a controller, an agent) and wait until ``ready`` holds."""
+    """Start a runtime process (etcd, a controller, agents, a worker host serving ``ports``) and wait until ``ready``
+    holds."""
     pid, ticks, log = _spawn(state, name, argv)
-    record = ProcessRecord(name, kind, pid, ticks, tuple(argv), url, url, log)
+    record = ProcessRecord(name, kind, pid, ticks, tuple(argv), url, url, log, ports=tuple(ports))
     state.write(record)
     _wait(state, record, ready, "ready", timeout_s)
     return record
@@ -393,6 +413,8 @@ def router_endpoints(flags: Sequence[str]) -> RouterEndpoints:
     Rejects flags the router does not know and any listener not on loopback (the router's defaults
     are ``0.0.0.0`` for both the API and the Prometheus listener).
     """
+    from sglang_router.launch_router import parse_router_args  # noqa: PLC0415 - ≈ 1 s: only where a router starts
+
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
@@ -449,5 +471,6 @@ def start_router(
         ),
         f"serving with {healthy_workers} healthy workers",
         timeout_s,
+        poll_s=max(_POLL_S, healthy_workers * _LIST_POLL_S_PER_WORKER),
     )
     return record

@@ -5,15 +5,16 @@ Ports, from ``sandbox.runtime_base_port`` (B): etcd client B, peer B+1; controll
 is the sandbox's router (``sandbox.router_port``/``prometheus_port``), router i ≥ 1 on B+20+2(i−1) with
 its metrics on the next port; B+19 is the Prometheus server's (:mod:`serving.sandbox.prometheus`). Controllers
 and agents run as ``exaserve controller run`` / ``exaserve agent run`` processes, recorded like the workers, so
-``sandbox down`` stops them.
+``sandbox down`` stops them: one agent process per node, or in the scale layout (``sandbox.nodes_per_process``)
+one per group of nodes, the same groups whose workers share a process (:func:`serving.sandbox.backend.node_groups`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import sys
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,16 +23,8 @@ import httpx
 from serving.plan.model import Plan
 from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.runtime.service import STATUS_PATH
-from serving.sandbox.backend import router_flags, worker_config, worker_name
-from serving.sandbox.processes import (
-    ProcessRecord,
-    SandboxError,
-    StateDir,
-    start_router,
-    start_service,
-    start_worker,
-    stop_process,
-)
+from serving.sandbox.backend import node_groups, restart_workers, router_flags, worker_config
+from serving.sandbox.processes import ProcessRecord, SandboxError, StateDir, start_router, start_service
 from serving.sandbox.worker import LOOPBACK
 from serving.spec.schema import FleetSpec, SandboxSpec
 
@@ -120,14 +113,21 @@ def start_etcd(state: StateDir, spec: FleetSpec, *, timeout_s: float) -> Process
 def start_extra_routers(
     state: StateDir, spec: FleetSpec, plan: Plan, worker_urls: Sequence[str], *, healthy: int, timeout_s: float
 ) -> list[ProcessRecord]:
-    """Routers 1…n−1: the fleet's router command on their own ports."""
-    out = []
-    for i, (api, metrics) in enumerate(runtime_ports(spec).routers[1:], start=1):
+    """Routers 1…n−1: the fleet's router command on their own ports, started at once (each one's registration of
+    the workers takes its own CPU time, which grows with their number)."""
+
+    def one(i: int, api: int, metrics: int) -> ProcessRecord:
         flags = router_flags(spec, plan, worker_urls)
         flags[flags.index("--port") + 1] = str(api)
         flags[flags.index("--prometheus-port") + 1] = str(metrics)
-        out.append(start_router(state, flags, name=f"router-{i}", healthy_workers=healthy, timeout_s=timeout_s))
-    return out
+        return start_router(state, flags, name=f"router-{i}", healthy_workers=healthy, timeout_s=timeout_s)
+
+    extra = runtime_ports(spec).routers[1:]
+    if not extra:
+        return []
+    with ThreadPoolExecutor(len(extra)) as pool:
+        futures = [pool.submit(one, i, api, metrics) for i, (api, metrics) in enumerate(extra, start=1)]
+        return [f.result() for f in futures]
 
 
 def _ready(url: str) -> Callable[[], bool]:
@@ -155,37 +155,33 @@ def start_controllers(
     return out
 
 
-def start_agents(state: StateDir, stack_file: Path, plan: Plan, *, timeout_s: float) -> list[ProcessRecord]:
-    nodes = sorted({r.node.name for r in plan.replicas})
+def start_agents(
+    state: StateDir, stack_file: Path, spec: FleetSpec, plan: Plan, *, timeout_s: float
+) -> list[ProcessRecord]:
+    """``agent-<node>`` per node, or in the scale layout ``agents-<i>`` per group of nodes (``--node`` for each)."""
+    scale = _sandbox(spec).nodes_per_process is not None
     out = []
-    for node in nodes:
-        argv = [_exaserve(), "agent", "run", f"--stack-file={stack_file}", f"--node={node}"]
-        out.append(start_service(state, f"agent-{node}", "agent", argv, "", lambda: True, timeout_s))
+    for group in node_groups(spec, plan):
+        name = f"agents-{group.index}" if scale else f"agent-{group.nodes[0]}"
+        argv = [_exaserve(), "agent", "run", f"--stack-file={stack_file}", *(f"--node={n}" for n in group.nodes)]
+        out.append(start_service(state, name, "agent", argv, "", lambda: True, timeout_s))
     return out
 
 
 def start_runtime(
-    state: StateDir,
-    spec: FleetSpec,
-    plan: Plan,
-    worker_urls: Sequence[str],
-    *,
-    stack_file: Path,
-    state_dir: Path,
-    healthy: int,
-    timeout_s: float,
+    state: StateDir, spec: FleetSpec, plan: Plan, *, stack_file: Path, state_dir: Path, timeout_s: float
 ) -> dict[str, list[str]]:
-    """After ``sandbox up`` started router 0: the other routers, etcd, the controllers, then the agents."""
-    start_extra_routers(state, spec, plan, worker_urls, healthy=healthy, timeout_s=timeout_s)
+    """After ``sandbox up`` started the routers (:func:`start_extra_routers` beside router 0): etcd, the
+    controllers, then the agents."""
     start_etcd(state, spec, timeout_s=timeout_s)
     start_controllers(state, stack_file, state_dir, spec, timeout_s=timeout_s)
-    start_agents(state, stack_file, plan, timeout_s=timeout_s)
+    start_agents(state, stack_file, spec, plan, timeout_s=timeout_s)
     return {"routers": router_urls(spec), "controllers": controller_urls(spec), "etcd": [etcd_url(spec)]}
 
 
 class SandboxRestarter(ReplicaIndex):
-    """Migration in the sandbox: kill the simulated worker's process (a hung one too) and start it again at
-    the version the stack says its group runs."""
+    """Migration in the sandbox: kill the simulated worker (its process, a hung one too, or its port inside its
+    worker host) and start it again at the version the stack says its group runs."""
 
     def __init__(self, spec: FleetSpec, plan: Plan, processes_dir: Path) -> None:
         super().__init__(list(plan.replicas))
@@ -195,13 +191,7 @@ class SandboxRestarter(ReplicaIndex):
     async def restart(self, replica_id: str, timeout_s: float) -> None:
         replica = self._replica(replica_id)
         config = worker_config(self.spec, replica, self.spec.group_version(replica.group))
-        name = worker_name(config.port)
-
-        def again() -> None:
-            stop_process(self.state, name, timeout_s=_KILL_AFTER_S)
-            start_worker(self.state, name, config, wait="started", timeout_s=timeout_s)
-
         try:
-            await asyncio.to_thread(again)
+            await restart_workers(self.spec, self.state, [config], stop_timeout_s=_KILL_AFTER_S, timeout_s=timeout_s)
         except SandboxError as exc:
             raise BackendError(f"restarting {replica_id}: {exc}") from exc

@@ -895,6 +895,20 @@ class SandboxSpec(_Model):
         description="`sandbox up` also starts a real Prometheus server (on runtime_base_port+19) that scrapes what the "
         "rendered ServiceMonitors describe and evaluates the rendered alert rules every serving.heartbeat_interval_s.",
     )
+    nodes_per_process: int | None = Field(
+        default=None,
+        gt=0,
+        description="None: one process per simulated worker and per node agent. N (the scale layout of `sandbox up "
+        "--simulate`): the workers of N nodes share one process (one event loop, a loopback control endpoint on "
+        "control_base_port + its index) and the agents of the same N nodes another.",
+    )
+    control_base_port: int = Field(
+        default=39040,
+        gt=1024,
+        lt=65000,
+        description="The scale layout's worker processes: process i's control endpoint (restart or stop one port, "
+        "request counts) on this + i.",
+    )
 
 
 class FleetSpec(_Model):

@@ -1,0 +1,842 @@
+"""Benchmark: the rehearsal at the reference size — the prod stack's 2,048 replicas (256 nodes) as SIMULATED SGLang
+workers (256 per process) behind 3 REAL sglang-router instances, 3 REAL controllers on a REAL etcd and 256 node agents
+(``exaserve sandbox up --stack prod --simulate``), on one machine.
+
+    PYTHONPATH=. .venv/bin/python bench/scale_bench.py [--replicas 2048] [--steady-replicas 512] [--rate 100] [--json]
+
+1. The reference size: ``sandbox up``'s wall time, each router's CPU time to register the workers, then over four
+   heartbeats with everything running: each router's memory, open files, CPU share and health checks by result, the
+   healthy workers each router lists, controller-0's messages per second, every kind of process's CPU and memory, and
+   whether the worker processes still answer. Read from /proc, the routers and the controllers: on 2 cores the
+   workers' processes do not keep up at this size (docs/scale.md), so nothing waits on them.
+2. The same stack cut to ``--steady-replicas`` (heartbeat ``--steady-heartbeat-s``), the most this machine holds:
+   the routers' health-check load on the workers (requests per second, counted inside the worker processes by path
+   and client), heartbeats at controller-0 against the planner's ``aggregated_per_s``/``direct_per_s`` and the
+   replicas probed per message (the aggregation ratio), CPU per request on a worker and per agent probe.
+3. A 5-batch rollout there (``exaserve rollout --to rehearsal``, the stack's waits ÷ 60) under ``--rate`` client
+   requests per second: wall time, overhead ratio, router API calls per batch and their latency, client errors.
+4. Node loss there: one node's 8 workers stopped (in-flight requests cut, as by a kill) under ``--rate``: when the
+   routers mark them unhealthy, when the controller takes them out of every router and migrates them.
+5. The controller's scheduling period at the reference size: a controller instance (the same ``ControllerService``
+   ``exaserve controller run`` runs, a follower on the sandbox's etcd) in its own process, fed by real agents in two
+   others — one per node (aggregated) or one per replica (direct), for 1/4 … all of the reference size's replicas,
+   at ``scheduler.period_ms`` and at 10 ms: how late each period of its ``_load_loop`` runs (p50/p99/max), the work
+   per period, its CPU share, the messages it receives. The sandbox's own agents are stopped first.
+
+Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx
+
+from serving.plan.planner import plan as plan_fleet
+from serving.router.loadgen import LoadGenerator, LoadSpec
+from serving.router.membership import RouterSet
+from serving.runtime.agent import Agent, AgentConfig
+from serving.runtime.leader import EtcdElection
+from serving.runtime.service import ControllerService
+from serving.sandbox.processes import ProcessRecord, StateDir, free_port, stop_process
+from serving.sandbox.runtime import controller_urls, etcd_url, router_urls
+from serving.sandbox.worker_host import WORKERS_PATH, control, stop_hosted
+from serving.spec.schema import FleetSpec
+from serving.spec.stack import load_stack_file
+from tests.support.cli import exaserve, json_object
+from tests.support.paths import REPO
+from tests.support.stacks import stack_doc, write_variant
+
+TRIAL_S = 15.0  # measured, after one heartbeat interval (+ 1 s) from the probe's first report
+JITTER_SHARE = 0.10  # a period "jitters" when its p99 lateness exceeds this share of the period
+ROUTER_CLIENT = "-"  # the router sends no User-Agent; the agents and the updater are python-httpx
+AGENT_PROBE = "GET /health python-httpx"  # an agent's probe as a worker host counts it (method, path, client)
+
+
+# ----- process figures -------------------------------------------------------------------------------------------
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def open_files(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def machine() -> dict[str, Any]:
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    return {"cores": os.cpu_count(), "loadavg_1_5_15": [float(x) for x in load]}
+
+
+# ----- the sandbox -------------------------------------------------------------------------------------------------
+def source_stack(directory: Path, replicas: int, heartbeat_s: float | None = None) -> Path:
+    """The prod stack, or the prod stack cut to ``replicas`` (whole nodes, racks dividing them) and a heartbeat."""
+    doc = stack_doc("prod")
+    per_node = int(doc["serving"]["replicas_per_node"])
+    if replicas == int(doc["serving"]["replicas"]) and heartbeat_s is None:
+        return REPO / "Pulumi.prod.yaml"
+    nodes = math.ceil(replicas / per_node)
+    changes: dict[str, Any] = {
+        "cluster.pools.0.count": nodes,
+        "cluster.pools.0.racks": math.gcd(nodes, int(doc["cluster"]["pools"][0]["racks"])),
+        "serving.replicas": replicas,
+        "serving.target_replicas": replicas,
+    }
+    if heartbeat_s is not None:
+        changes["serving.heartbeat_interval_s"] = heartbeat_s
+    directory.mkdir(parents=True, exist_ok=True)
+    return write_variant(directory, "prod", changes=changes)
+
+
+class Scale:
+    """``sandbox up --simulate`` of ``source`` under ``state_dir``; ``sandbox down`` on exit."""
+
+    def __init__(self, source: Path, state_dir: Path) -> None:
+        self.source, self.env = source, {"EXASERVE_STATE_DIR": str(state_dir)}
+        self.state_dir = state_dir
+        self.up_s = 0.0
+
+    def __enter__(self) -> Scale:
+        t0 = time.monotonic()
+        up = exaserve(
+            "sandbox", "up", "--stack-file", str(self.source), "--simulate", "--json", env=self.env, timeout_s=1500
+        )
+        self.up_s = time.monotonic() - t0
+        if up.returncode != 0:
+            self.__exit__()
+            raise RuntimeError(f"sandbox up failed ({up.returncode}): {up.stderr[-3000:]}")
+        doc = json_object(up)
+        stack = load_stack_file(Path(doc["stack_file"]))
+        self.stack_file, self.spec, self.name = stack.path, stack.spec, stack.name
+        self.plan = plan_fleet(self.spec)
+        self.state = StateDir(state_dir_of(self.state_dir, stack.name))
+        self.router_url = doc["router_url"]
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        down = exaserve(
+            "sandbox", "down", "--stack-file", str(self.source), "--simulate", "--json", env=self.env, timeout_s=600
+        )
+        if down.returncode != 0:
+            print(f"sandbox down failed: {down.stderr[-2000:]}", file=sys.stderr)
+
+    def records(self, kind: str) -> list[ProcessRecord]:
+        return [r for r in self.state.records() if r.kind == kind]
+
+    def cli(self, *args: str, timeout_s: float = 1800) -> subprocess.CompletedProcess[str]:
+        return exaserve(*args, "--stack-file", str(self.stack_file), env=self.env, timeout_s=timeout_s)
+
+
+def state_dir_of(root: Path, stack: str) -> Path:
+    return root / stack / "sandbox"
+
+
+def status(url: str) -> dict[str, Any]:
+    return dict(httpx.get(url + "/v1/status", timeout=30).json())
+
+
+def leader(sc: Scale) -> dict[str, Any]:
+    for _ in range(60):
+        for url in controller_urls(sc.spec):
+            try:
+                s = status(url)
+            except httpx.HTTPError:
+                continue
+            if s["is_leader"]:
+                return s
+        time.sleep(0.5)
+    raise RuntimeError("no leader")
+
+
+def host_counts(sc: Scale) -> dict[str, float]:
+    """Requests every worker host counted, summed (``METHOD PATH CLIENT`` → count)."""
+
+    async def every() -> list[dict[str, Any]]:
+        return await asyncio.gather(*(control(h.url, WORKERS_PATH, None, 120) for h in sc.records("worker-host")))
+
+    total: dict[str, float] = {}
+    for answer in asyncio.run(every()):
+        for key, n in answer["requests"].items():
+            total[key] = total.get(key, 0) + n
+    return total
+
+
+def cpu_of(records: list[ProcessRecord]) -> float:
+    return sum(cpu_s(r.pid) for r in records)
+
+
+# ----- 1: the reference size -----------------------------------------------------------------------------------------
+_HEALTH_CHECKS = re.compile(r'^smg_worker_health_checks_total\{[^}]*result="(\w+)"[^}]*\} (\S+)$')
+
+
+def health_checks(metrics_url: str) -> dict[str, float]:
+    """A router's health checks so far by result (``success``, ``failure``)."""
+    out: dict[str, float] = {}
+    for line in httpx.get(metrics_url, timeout=120).text.splitlines():
+        if m := _HEALTH_CHECKS.match(line):
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
+
+
+def answers_within(url: str, timeout_s: float) -> float | None:
+    """Seconds ``url`` took to answer, None past ``timeout_s``."""
+    started = time.monotonic()
+    try:
+        httpx.get(url, timeout=timeout_s)
+    except httpx.HTTPError:
+        return None
+    return round(time.monotonic() - started, 2)
+
+
+def reference(sc: Scale, window_s: float) -> dict[str, Any]:
+    """Every process's CPU share and memory with the whole fleet registered, the routers' health checks by result,
+    what controller-0 receives, and whether the worker processes still answer (read from /proc and the routers and
+    controllers, which answer, not from the worker processes, which may not)."""
+    kinds = ("router", "worker-host", "agent", "controller", "etcd")
+    groups = {k: sc.records(k) for k in kinds}
+    routers, ctl = groups["router"], sc.state.read("controller-0")
+    assert ctl is not None
+    cpu0, each0 = {k: cpu_of(v) for k, v in groups.items()}, {r.name: cpu_s(r.pid) for r in routers}
+    checks0 = {r.name: health_checks(r.metrics_url) for r in routers}
+    accepted0, t0 = status(ctl.url)["reports"]["accepted"], time.monotonic()
+    time.sleep(window_s)
+    accepted1, t1 = status(ctl.url)["reports"]["accepted"], time.monotonic()
+    checks1 = {r.name: health_checks(r.metrics_url) for r in routers}
+    dt = t1 - t0
+    replicas, interval = len(sc.plan.replicas), sc.spec.serving.heartbeat_interval_s
+    healthy = [
+        sum(w["is_healthy"] for w in httpx.get(r.url + "/workers", timeout=120).json()["workers"]) for r in routers
+    ]
+    rows = []
+    for r in routers:
+        done = {k: checks1[r.name].get(k, 0.0) - checks0[r.name].get(k, 0.0) for k in ("success", "failure")}
+        rows.append({
+            "name": r.name, "rss_mib": round(rss_mib(r.pid), 1), "open_files": open_files(r.pid),
+            "cpu_share": round((cpu_s(r.pid) - each0[r.name]) / dt, 3),
+            "health_checks_per_s": round(sum(done.values()) / dt, 1),
+            "health_check_failures": round(done["failure"] / max(sum(done.values()), 1), 3),
+        })  # fmt: skip
+    hosts = groups["worker-host"]
+    return {
+        "window_s": round(dt, 1),
+        "routers": rows,
+        "healthy_workers_per_router": healthy,
+        "health_checks_expected_per_s": round(replicas / interval, 1),
+        "heartbeats_at_controller_per_s": round((accepted1 - accepted0) / dt, 1),
+        "heartbeats_planner_per_s": sc.plan.heartbeats.aggregated_per_s.value,
+        "cores": {k: round((cpu_of(v) - cpu0[k]) / dt, 2) for k, v in groups.items()},
+        "rss_mib": {k: round(sum(rss_mib(r.pid) for r in v), 1) for k, v in groups.items()},
+        "worker_processes_answering_in_5_s": sum(answers_within(h.url + WORKERS_PATH, 5.0) is not None for h in hosts),
+        "worker_processes": len(hosts),
+    }
+
+
+# ----- 2-3: the routers' load, heartbeats (at the steady size) -----------------------------------------------------
+def steady(sc: Scale, window_s: float) -> dict[str, Any]:
+    routers = sc.records("router")
+    kinds = ("router", "worker-host", "agent", "controller", "etcd")
+    groups = {k: sc.records(k) for k in kinds}
+    ctl = sc.state.read("controller-0")
+    assert ctl is not None
+    cpu0 = {k: cpu_of(v) for k, v in groups.items()}
+    per_router0 = {r.name: cpu_s(r.pid) for r in routers}
+    counts0, accepted0, t0 = host_counts(sc), status(ctl.url)["reports"]["accepted"], time.monotonic()
+    time.sleep(window_s)
+    counts1, accepted1, t1 = host_counts(sc), status(ctl.url)["reports"]["accepted"], time.monotonic()
+    dt = t1 - t0
+    cores = {k: (cpu_of(v) - cpu0[k]) / dt for k, v in groups.items()}
+    rates = {k: (counts1.get(k, 0) - counts0.get(k, 0)) / dt for k in counts1}
+    hb = sc.plan.heartbeats
+    replicas = len(sc.plan.replicas)
+    return {
+        "replicas": replicas,
+        "heartbeat_s": sc.spec.serving.heartbeat_interval_s,
+        "window_s": round(dt, 1),
+        "routers": [
+            {
+                "name": r.name,
+                "rss_mib": round(rss_mib(r.pid), 1),
+                "cpu_share": round((cpu_s(r.pid) - per_router0[r.name]) / dt, 3),
+                "open_files": open_files(r.pid),
+            }
+            for r in routers
+        ],
+        "worker_requests_per_s": {k: round(v, 1) for k, v in sorted(rates.items(), key=lambda kv: -kv[1]) if v > 0},
+        "health_checks_per_s": {
+            "routers": round(rates.get(f"GET /health {ROUTER_CLIENT}", 0.0), 1),
+            "routers_expected": round(len(routers) * replicas / sc.spec.serving.heartbeat_interval_s, 1),
+            "agents": round(rates.get(AGENT_PROBE, 0.0), 1),
+            "agents_expected": round(replicas / sc.spec.serving.heartbeat_interval_s, 1),
+        },
+        "heartbeats": {
+            "aggregated_measured_per_s": round((accepted1 - accepted0) / dt, 1),
+            "replicas_probed_per_message": round(
+                rates.get(AGENT_PROBE, 0.0) / max((accepted1 - accepted0) / dt, 1e-9), 2
+            ),
+            "aggregated_planner_per_s": hb.aggregated_per_s.value,
+            "direct_planner_per_s": hb.direct_per_s.value,
+        },
+        "cores": {k: round(v, 2) for k, v in cores.items()},
+        "worker_cpu_ms_per_request": round(cores["worker-host"] / max(sum(rates.values()), 1e-9) * 1000, 3),
+        "agent_cpu_ms_per_probe": round(cores["agent"] / max(rates.get(AGENT_PROBE, 0.0), 1e-9) * 1000, 2),
+        "host_rss_mib": [round(rss_mib(r.pid), 1) for r in groups["worker-host"]],
+        "agent_rss_mib": [round(rss_mib(r.pid), 1) for r in groups["agent"]],
+        "controller_rss_mib": [round(rss_mib(r.pid), 1) for r in groups["controller"]],
+    }
+
+
+# ----- 4: node loss --------------------------------------------------------------------------------------------------
+class Load:
+    """Open-loop client load through router 0 in a background thread."""
+
+    def __init__(self, url: str, rate: float) -> None:
+        self.gen = LoadGenerator(LoadSpec(url=url, rate_per_s=rate, duration_s=3600, timeout_s=30.0))
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        self._thread = threading.Thread(target=lambda: self._loop.run_until_complete(self.gen.run(self._stop)))
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(60)
+
+
+def node_loss(sc: Scale, rate: float) -> dict[str, Any]:
+    spec = sc.spec
+    assert spec.sandbox is not None
+    node = sc.plan.replicas[len(sc.plan.replicas) // 2].node.name
+    ports = [spec.sandbox.worker_base_port + r.index for r in sc.plan.replicas if r.node.name == node]
+    urls = {f"http://127.0.0.1:{p}" for p in ports}
+    iv = spec.serving.heartbeat_interval_s
+    window = (sc.plan.heartbeats.timeouts_to_migrate.value + 2) * iv + 10
+    unhealthy: dict[str, float] = {}
+    with Load(sc.router_url, rate) as load:
+        time.sleep(5)
+        wall0, t0 = time.time(), time.monotonic()
+        asyncio.run(stop_hosted(sc.state, ports, stop_timeout_s=0))
+        acts: list[dict[str, Any]] = []
+        while time.monotonic() - t0 < window:
+            for router in router_urls(spec):
+                workers = httpx.get(router + "/workers", timeout=30).json()["workers"]
+                if all(not w["is_healthy"] for w in workers if w["url"] in urls) and router not in unhealthy:
+                    unhealthy[router] = time.monotonic() - t0
+            lead = leader(sc)
+            acts = [a for a in lead["actions"] if a["url"] in urls and a["at"] >= wall0 and a["ok"]]
+            if {a["url"] for a in acts if a["kind"] == "migrate"} == urls and len(unhealthy) == len(router_urls(spec)):
+                break
+            time.sleep(2)  # each GET /workers of 2,048 costs a router ≈ 0.1 s of CPU
+        lead = leader(sc)
+        node_score = next(n["score"] for n in lead["nodes"] if n["name"] == node)
+        time.sleep(2)
+    report = load.gen.report()
+
+    def when(kind: str) -> list[float]:
+        return sorted(a["at"] - wall0 + (a["seconds"] if kind == "remove" else 0.0) for a in acts if a["kind"] == kind)
+
+    removed, migrated, readmitted = when("remove"), when("migrate"), when("readmit")
+    health = spec.health
+    return {
+        "node": node,
+        "replicas": len(ports),
+        "routers_all_unhealthy_s": sorted(round(v, 1) for v in unhealthy.values()),
+        "router_detection_bound_s": spec.serving.failure_threshold * iv + spec.serving.health_check_timeout_s,
+        "out_of_every_router_s": [round(removed[0], 1), round(removed[-1], 1)] if removed else None,
+        "planned_out_s": sc.plan.heartbeats.timeouts_to_stop_routing.value * iv,
+        "migrated_s": [round(migrated[0], 1), round(migrated[-1], 1)] if migrated else None,
+        "planned_migrate_s": sc.plan.heartbeats.timeouts_to_migrate.value * iv,
+        "readmitted": len({a["url"] for a in acts if a["kind"] == "readmit"}),
+        "readmitted_s": [round(readmitted[0], 1), round(readmitted[-1], 1)] if readmitted else None,
+        "node_score_at_end": node_score,
+        "readmission_needs_s": max(0, health.readmit_at - node_score) / health.success_reward * iv,
+        "client_rate_per_s": rate,
+        "client_requests": report.count,
+        "client_errors": report.errors,
+        "client_p99_ms": round(report.p99_s * 1000, 1),
+    }
+
+
+# ----- 5: the scheduling period --------------------------------------------------------------------------------------
+def trial_spec(spec: FleetSpec, replicas: int, period_ms: int) -> FleetSpec:
+    """The stack with ``replicas`` (the first ones of the fleet, whose workers run) and ``scheduler.period_ms``."""
+    return spec.model_copy(
+        update={
+            "serving": spec.serving.model_copy(update={"replicas": replicas}),
+            "scheduler": spec.scheduler.model_copy(update={"period_ms": period_ms}),
+        }
+    )
+
+
+def probe_controller(args: argparse.Namespace) -> None:
+    """Child process: one controller instance, its ``_load_loop``'s calls timed from outside, for the window."""
+    stack = load_stack_file(args.stack_file)
+    spec = trial_spec(stack.spec, args.trial_replicas, args.period_ms)
+    fleet = plan_fleet(spec)
+    election = EtcdElection(
+        [args.etcd], f"/exaserve/{stack.name}/{spec.runtime.lease_name}", "bench-probe", spec.runtime.lease_ttl_s
+    )
+    service = ControllerService(
+        spec, fleet, identity="bench-probe", election=election, routers=RouterSet([args.router]), restarter=None
+    )
+    calls: list[tuple[float, float]] = []
+    loads = service.controller.loads
+
+    def timed() -> dict[str, float]:
+        started = time.monotonic()
+        out = loads()
+        calls.append((started, time.monotonic()))
+        return out
+
+    service.controller.loads = timed  # type: ignore[method-assign]
+
+    async def run() -> dict[str, Any]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(service.run("127.0.0.1", args.port, stop))
+        counters = service.controller.counters
+        for _ in range(600):  # until the agents' first reports arrive (their processes start meanwhile)
+            if counters.accepted + sum(counters.rejected.values()):
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(args.warmup_s)  # every agent's first report in
+        first, got0, cpu0, t0 = (
+            len(calls),
+            counters.accepted + sum(counters.rejected.values()),
+            cpu_s(os.getpid()),
+            time.monotonic(),
+        )
+        await asyncio.sleep(args.seconds)
+        got1, cpu1, t1 = counters.accepted + sum(counters.rejected.values()), cpu_s(os.getpid()), time.monotonic()
+        window = calls[first:]
+        stop.set()
+        await task
+        period = args.period_ms / 1000
+        late = [(b[0] - a[1] - period) * 1000 for a, b in itertools.pairwise(window)]
+        work = [(b - a) * 1000 for a, b in window]
+        return {
+            "periods": len(late),
+            "late_ms": quantiles(late),
+            "work_ms": quantiles(work),
+            "messages_per_s": round((got1 - got0) / (t1 - t0), 1),
+            "cpu_share": round((cpu1 - cpu0) / (t1 - t0), 3),
+        }
+
+    Path(args.out).write_text(json.dumps(asyncio.run(run())))
+
+
+def quantiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": float("nan"), "p99": float("nan"), "max": float("nan")}
+    ordered = sorted(values)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"p50": round(pick(0.5), 2), "p99": round(pick(0.99), 2), "max": round(ordered[-1], 2)}
+
+
+def reporters(args: argparse.Namespace) -> None:
+    """Child process: real agents for the trial's replicas (shard ``args.shard`` of ``args.shards``), one per node
+    (aggregated) or one per replica (direct), reporting to the probe controller. Replica ``i`` is probed on the
+    running sandbox's worker ``i mod workers``; each agent probes once and then sends its report again every interval
+    with ``seq`` and ``sent_at`` advanced, its start spread over the interval as agents on separate nodes start: the
+    controller receives what agents send, without this machine paying for thousands of probes (section 1 does)."""
+    stack = load_stack_file(args.stack_file)
+    spec = trial_spec(stack.spec, args.trial_replicas, args.period_ms)
+    fleet = plan_fleet(spec)
+    urls = {r.id: f"http://127.0.0.1:{args.worker_base_port + r.index % args.workers}" for r in fleet.replicas}
+    nodes = list(dict.fromkeys(r.node.name for r in fleet.replicas))[args.shard :: args.shards]
+    agents = []
+    for node in nodes:
+        whole = AgentConfig.for_node(spec, fleet, node, [args.controller])
+        mine = tuple((rid, urls[rid], gpus) for rid, _url, gpus in whole.replicas)
+        singles = [(one,) for one in mine] if args.mode == "direct" else [mine]
+        agents += [Agent(AgentConfig(**{**whole.__dict__, "replicas": replicas})) for replicas in singles]
+    interval = spec.serving.heartbeat_interval_s
+
+    async def resend(i: int, agent: Agent, stop: asyncio.Event) -> None:
+        report = await agent.report()
+        due = time.monotonic() + interval * i / len(agents)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=max(0.0, due - time.monotonic()))
+            if stop.is_set():
+                break
+            await agent.send(report.model_copy(update={"seq": report.seq + 1, "sent_at": time.time()}))
+            report = report.model_copy(update={"seq": report.seq + 1})
+            due += interval
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await asyncio.gather(*(resend(i, a, stop) for i, a in enumerate(agents)))
+        await asyncio.gather(*(a.aclose() for a in agents))
+
+    asyncio.run(run())
+
+
+def trial(sc: Scale, full: Path, mode: str, replicas: int, period_ms: int, directory: Path) -> dict[str, Any]:
+    """One trial: the probe controller and two reporter processes for ``replicas`` of the full-size stack ``full``,
+    on the sandbox ``sc`` (its etcd, its workers probed)."""
+    assert sc.spec.sandbox is not None
+    spec = load_stack_file(full).spec
+    port = free_port()
+    warmup = spec.serving.heartbeat_interval_s + 1.0
+    out = directory / f"trial-{mode}-{replicas}-{period_ms}.json"
+    common = ["--stack-file", str(full), "--trial-replicas", str(replicas), "--period-ms", str(period_ms)]
+    me = [sys.executable, str(Path(__file__).resolve())]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    probe = subprocess.Popen(
+        [
+            *me,
+            "--probe-controller",
+            *common,
+            "--port",
+            str(port),
+            "--out",
+            str(out),
+            "--warmup-s",
+            str(warmup),
+            "--seconds",
+            str(TRIAL_S),
+            "--etcd",
+            etcd_url(sc.spec),
+            "--router",
+            sc.router_url,
+        ],
+        env=env,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    shards = 2
+    feeders = [
+        subprocess.Popen(
+            [
+                *me,
+                "--reporters",
+                *common,
+                "--mode",
+                mode,
+                "--controller",
+                f"http://127.0.0.1:{port}",
+                "--shard",
+                str(i),
+                "--shards",
+                str(shards),
+                "--worker-base-port",
+                str(sc.spec.sandbox.worker_base_port),
+                "--workers",
+                str(len(sc.plan.replicas)),
+            ],
+            env=env,
+        )
+        for i in range(shards)
+    ]
+    probe.wait(warmup + TRIAL_S + 120)
+    for f in feeders:
+        f.terminate()
+        f.wait(60)
+    result = json.loads(out.read_text())
+    hb = plan_fleet(trial_spec(spec, replicas, period_ms)).heartbeats
+    planned = hb.aggregated_per_s.value if mode == "aggregated" else hb.direct_per_s.value
+    return {"mode": mode, "replicas": replicas, "period_ms": period_ms, "planner_per_s": planned, **result}
+
+
+def scheduling(sc: Scale, full: Path, directory: Path) -> dict[str, Any]:
+    for agent in sc.records("agent"):  # give their CPU to the trials' own agents
+        stop_process(sc.state, agent.name, timeout_s=10)
+    period = sc.spec.scheduler.period_ms
+    size = len(plan_fleet(load_stack_file(full).spec).replicas)
+    counts = sorted({size // 4, size // 2, size * 3 // 4, size})
+    plan = [("aggregated", size, period), ("aggregated", size, 10)]
+    plan += [("direct", n, period) for n in counts] + [("direct", size, 10)]
+    trials = [trial(sc, full, mode, n, p, directory) for mode, n, p in plan]
+    direct = [t for t in trials if t["mode"] == "direct" and t["period_ms"] == period]
+    knee = next((t["replicas"] for t in direct if t["late_ms"]["p99"] > JITTER_SHARE * period), None)
+    return {
+        "trials": trials,
+        "jitter_rule": f"p99 lateness > {JITTER_SHARE:.0%} of the {period} ms period",
+        "knee_direct_replicas": knee,
+        "source_claim_replicas": sc.spec.scheduler.max_direct_heartbeat_replicas,
+    }
+
+
+# ----- 6: the rollout ------------------------------------------------------------------------------------------------
+_ROUTER_CALL = re.compile(
+    r'^(smg_http_requests_total|smg_http_request_duration_seconds_sum)\{method="(\w+)",path="([^"]*)"\} (\S+)$'
+)
+_PER_ROUTER = re.compile(r"(http://\S+) ([\d.]+) s")
+
+
+def router_calls(metrics_urls: list[str]) -> dict[str, list[float]]:
+    """``METHOD /path`` (worker ids as ``{id}``) → [calls, seconds in the router's handler], summed over routers."""
+    out: dict[str, list[float]] = {}
+    for url in metrics_urls:
+        for line in httpx.get(url, timeout=60).text.splitlines():
+            m = _ROUTER_CALL.match(line)
+            if m is None:
+                continue
+            name, method, path, value = m.groups()
+            key = f"{method} {re.sub(r'^/workers/.+', '/workers/{id}', path)}"
+            slot = out.setdefault(key, [0.0, 0.0])
+            slot[0 if name == "smg_http_requests_total" else 1] += float(value)
+    return out
+
+
+def rollout(sc: Scale, rate: float) -> dict[str, Any]:
+    metrics = [r.metrics_url for r in sc.records("router")]
+    with Load(sc.router_url, rate) as load:
+        time.sleep(10)
+        dry = json_object(sc.cli("rollout", "--to", "rehearsal", "--dry-run", "--json"))
+        before, started = router_calls(metrics), time.monotonic()
+        run = sc.cli("rollout", "--to", "rehearsal", "--json", timeout_s=3600)
+        wall = time.monotonic() - started
+        after = router_calls(metrics)
+        report = load.gen.report()
+    journal = sc.state.root.parent / "rollout" / "journal.jsonl"
+    if not journal.is_file():  # refused before its first batch: say why instead of timing nothing
+        return {
+            "replicas": len(sc.plan.replicas),
+            "outcome": f"did not start (exit {run.returncode})",
+            "error": (run.stderr or run.stdout)[-1500:],
+        }
+    outcome = json_object(run)
+    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    span = records[-1]["written_at"] - records[0]["written_at"]
+    batches = len(dry["batches"])
+    per_batch: list[dict[str, Any]] = []
+    for b in range(batches):
+        row: dict[str, Any] = {"batch": b}
+        for rec in records[1:]:  # the first record is the plan
+            ev = rec["event"]
+            step = ev.get("step") or {}
+            if step.get("batch") == b and not step.get("rollback") and step.get("phase") in ("remove", "readmit"):
+                seconds = [float(s) for _u, s in _PER_ROUTER.findall(ev["detail"])]
+                row[f"{step['phase']}_s_slowest_router"] = max(seconds) if seconds else None
+        per_batch.append(row)
+    calls = {
+        k: {
+            "per_batch": round((after[k][0] - before.get(k, [0, 0])[0]) / batches, 1),
+            "router_handler_ms": round(
+                (after[k][1] - before.get(k, [0, 0])[1]) / max(after[k][0] - before.get(k, [0, 0])[0], 1) * 1000, 2
+            ),
+        }
+        for k in after
+        if k.split()[1].startswith("/workers") and after[k][0] > before.get(k, [0, 0])[0]
+    }
+    return {
+        "replicas": len(sc.plan.replicas),
+        "routers": len(metrics),
+        "outcome": outcome.get("outcome"),
+        "batch_sizes": [len(b["replicas"]) for b in dry["batches"]],
+        "configured_wait_s": dry["configured_wait_s"],
+        "journal_span_s": round(span, 1),
+        "cli_wall_s": round(wall, 1),
+        "overhead_ratio": round(span / dry["configured_wait_s"], 2),
+        "per_batch": per_batch,
+        "router_api_calls": calls,
+        "client_requests": report.count,
+        "client_errors": report.errors,
+        "client_p99_ms": round(report.p99_s * 1000, 1),
+    }
+
+
+# ----- output ----------------------------------------------------------------------------------------------------------
+def print_table(f: dict[str, Any]) -> None:
+    a, ref, s, n, sch, r = (f[k] for k in ("bring_up", "reference", "steady", "node_loss", "scheduling", "rollout"))
+    print(
+        f"== {a['replicas']} replicas on {a['nodes']} nodes, {a['routers']} routers, {a['controllers']} controllers, "
+        f"{a['worker_processes']} worker and {a['agent_processes']} agent processes; machine {f['machine']}"
+    )
+    print(f"1. reference size: sandbox up {a['up_s']:.0f} s; over {ref['window_s']:.0f} s with everything registered:")
+    for row in ref["routers"]:
+        print(
+            f"   {row['name']:<9} RSS {row['rss_mib']:6.1f} MiB  open files {row['open_files']:5d}  registration CPU "
+            f"{row['registration_cpu_s']:6.1f} s  CPU now {row['cpu_share']:6.1%}  health checks "
+            f"{row['health_checks_per_s']:6.1f}/s (expected {ref['health_checks_expected_per_s']}), "
+            f"{row['health_check_failures']:.1%} failing"
+        )
+    print(
+        f"   healthy workers per router {ref['healthy_workers_per_router']}; worker processes answering within 5 s: "
+        f"{ref['worker_processes_answering_in_5_s']} of {ref['worker_processes']}; controller-0 "
+        f"{ref['heartbeats_at_controller_per_s']} msg/s (planner {ref['heartbeats_planner_per_s']})"
+    )
+    print(
+        "   cores: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in ref["cores"].items())
+        + "; RSS MiB: "
+        + ", ".join(f"{k} {v:.0f}" for k, v in ref["rss_mib"].items())
+    )
+    print(f"2. steady size {s['replicas']} replicas, heartbeat {s['heartbeat_s']:g} s, over {s['window_s']:.0f} s:")
+    for row in s["routers"]:
+        print(
+            f"   {row['name']:<9} RSS {row['rss_mib']:6.1f} MiB  CPU {row['cpu_share']:6.1%}  open files {row['open_files']:5d}"
+        )
+    hc = s["health_checks_per_s"]
+    print(
+        f"   health checks on the workers: routers {hc['routers']}/s (expected {hc['routers_expected']}), agents "
+        f"{hc['agents']}/s (expected {hc['agents_expected']})"
+    )
+    print(
+        "   all requests on the workers/s: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in list(s["worker_requests_per_s"].items())[:6])
+    )
+    hb = s["heartbeats"]
+    print(
+        f"   controller-0: aggregated {hb['aggregated_measured_per_s']} msg/s (planner {hb['aggregated_planner_per_s']:.1f}), "
+        f"{hb['replicas_probed_per_message']} replicas probed per message; direct would be {hb['direct_planner_per_s']:.1f} msg/s"
+    )
+    print(
+        "   cores: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in s["cores"].items())
+        + f"; CPU per request on a worker process {s['worker_cpu_ms_per_request']} ms, per agent probe "
+        f"{s['agent_cpu_ms_per_probe']} ms"
+    )
+    if "error" in r:
+        print(f"3. rollout of {r['replicas']} replicas: {r['outcome']}: {r['error']}")
+        r = {**r, "per_batch": [], "router_api_calls": {}}
+    else:
+        print(
+            f"3. rollout of {r['replicas']} replicas ({r['outcome']}), batches {r['batch_sizes']}, {r['routers']} routers, "
+            f"{f['rate']:g} req/s: journal {r['journal_span_s']} s (CLI {r['cli_wall_s']} s) against "
+            f"{r['configured_wait_s']} s configured: overhead ratio {r['overhead_ratio']}; client errors "
+            f"{r['client_errors']} of {r['client_requests']}, P99 {r['client_p99_ms']} ms"
+        )
+    for row in r["per_batch"]:
+        print(
+            f"   batch {row['batch']}: out of every router {row.get('remove_s_slowest_router')} s, back on every "
+            f"router {row.get('readmit_s_slowest_router')} s (slowest router)"
+        )
+    for key, c in r["router_api_calls"].items():
+        print(
+            f"   {key:<22} {c['per_batch']:8.1f} calls per batch (all routers), {c['router_handler_ms']:7.2f} ms in the "
+            "router's handler"
+        )
+    print(
+        f"4. node loss ({n['node']}, {n['replicas']} replicas, {n['client_rate_per_s']:g} req/s): routers all-unhealthy "
+        f"at {n['routers_all_unhealthy_s']} s (bound {n['router_detection_bound_s']:g} s); out of every router "
+        f"{n['out_of_every_router_s']} s (plan {n['planned_out_s']:g} s); migrated {n['migrated_s']} s (plan "
+        f"{n['planned_migrate_s']:g} s); readmitted {n['readmitted']} (node score {n['node_score_at_end']}, "
+        f"≥ {n['readmission_needs_s']:.0f} s more); client errors {n['client_errors']} of {n['client_requests']}, "
+        f"P99 {n['client_p99_ms']} ms"
+    )
+    knee = sch["knee_direct_replicas"]
+    most = max(t["replicas"] for t in sch["trials"])
+    where = f"at {knee} replicas" if knee else f"none up to {most} replicas"
+    print(
+        f"5. scheduling period, jitter = {sch['jitter_rule']}: knee of direct reports {where} "
+        f"(source: above {sch['source_claim_replicas']})"
+    )
+    print("   mode        replicas period  msg/s (planner)  late p50/p99/max ms      work p50/p99 ms  CPU")
+    for t in sch["trials"]:
+        late, work = t["late_ms"], t["work_ms"]
+        print(
+            f"   {t['mode']:<11} {t['replicas']:8d} {t['period_ms']:4d} ms {t['messages_per_s']:7.1f} "
+            f"({t['planner_per_s']:6.1f})  {late['p50']:6.2f}/{late['p99']:7.2f}/{late['max']:7.2f}   "
+            f"{work['p50']:6.2f}/{work['p99']:6.2f}   {t['cpu_share']:5.1%}"
+        )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--replicas", type=int, default=int(stack_doc("prod")["serving"]["replicas"]))
+    ap.add_argument(
+        "--steady-replicas", type=int, default=512, help="the size sections 2-5 run at (the most this machine holds)"
+    )
+    ap.add_argument("--steady-heartbeat-s", type=float, default=3.0, help="their heartbeat (prod: 5 s)")
+    ap.add_argument(
+        "--rate", type=float, default=100.0, help="client requests per second during the node loss and the rollout"
+    )
+    ap.add_argument("--json", action="store_true")
+    # the child processes of section 5
+    ap.add_argument("--probe-controller", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--reporters", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--stack-file", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--trial-replicas", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--period-ms", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--warmup-s", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--seconds", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=["aggregated", "direct"], help=argparse.SUPPRESS)
+    ap.add_argument("--controller", help=argparse.SUPPRESS)
+    ap.add_argument("--shard", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--shards", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--etcd", help=argparse.SUPPRESS)
+    ap.add_argument("--router", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-base-port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--workers", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.probe_controller:
+        probe_controller(args)
+        return 0
+    if args.reporters:
+        reporters(args)
+        return 0
+    figures: dict[str, Any] = {"machine": machine(), "rate": args.rate}
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        with Scale(source_stack(tmp / "stack", args.replicas), tmp / "state") as ref:
+            routers = ref.records("router")
+            registration = {r.name: round(cpu_s(r.pid), 1) for r in routers}
+            figures["bring_up"] = {
+                "replicas": len(ref.plan.replicas),
+                "nodes": len({r.node.name for r in ref.plan.replicas}),
+                "routers": len(routers),
+                "controllers": len(ref.records("controller")),
+                "worker_processes": len(ref.records("worker-host")),
+                "agent_processes": len(ref.records("agent")),
+                "up_s": round(ref.up_s, 1),
+            }
+            figures["reference"] = reference(ref, 4 * ref.spec.serving.heartbeat_interval_s)
+            for row in figures["reference"]["routers"]:
+                row["registration_cpu_s"] = registration[row["name"]]
+            full = ref.stack_file  # the derived full-size stack stays on disk for the trials
+        figures["machine"]["after_reference_loadavg"] = machine()["loadavg_1_5_15"]
+        small = source_stack(tmp / "steady-stack", args.steady_replicas, args.steady_heartbeat_s)
+        with Scale(small, tmp / "steady-state") as sc:
+            time.sleep(2 * sc.spec.serving.heartbeat_interval_s)  # the agents' first reports
+            figures["steady"] = steady(sc, 6 * sc.spec.serving.heartbeat_interval_s)
+            figures["rollout"] = rollout(sc, args.rate)
+            figures["node_loss"] = node_loss(sc, args.rate)
+            figures["scheduling"] = scheduling(sc, full, tmp)
+    figures["bench_wall_s"] = round(time.monotonic() - started, 1)
+    figures["machine"]["end_loadavg"] = machine()["loadavg_1_5_15"]
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        print_table(figures)
+        print(f"bench wall time {figures['bench_wall_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

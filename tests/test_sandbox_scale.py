@@ -1,0 +1,229 @@
+"""The scale sandbox at a reduced size: `exaserve sandbox up --simulate` on the prod stack cut to 64 nodes × 8 = 512
+replicas, with the REAL router (3 instances), 3 REAL controllers, a REAL etcd and 64 real node agents (2 agent
+processes); the workers are SIMULATED (serving.sandbox.worker, 256 per process in serving.sandbox.worker_host).
+
+The prod stack's timings stay but for the heartbeat, 3 s instead of 5 s so the node loss fits the test (3 failures,
+health timeout 3 s, score −5/+1): the controller receives one report per node per interval, ≈ 64 / 3 s = 21.3
+messages per second against 512 / 3 s = 170.7 direct, so the replicas probed per message received is 8 (the replicas
+per node) however far the agents fall behind on a loaded machine. After one node's 8 workers are stopped (inside
+their host, as a kill: in-flight requests cut) the routers' own checks take them out within 3 × 3 s + 3 s, the
+controller removes them at their 9th failed report (≈ 27 s) and migrates them at the 15th (≈ 45 s): each restarted
+on its port inside its host. Clients see no error throughout (the routers retry elsewhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from serving.plan.planner import plan as plan_fleet
+from serving.router.loadgen import LoadGenerator, LoadSpec
+from serving.sandbox import scale as scale_module
+from serving.sandbox.processes import StateDir
+from serving.sandbox.runtime import controller_urls
+from serving.sandbox.worker_host import WORKERS_PATH, control, stop_hosted
+from serving.spec.schema import FleetSpec
+from serving.spec.stack import load_stack, load_stack_file, parse_spec
+from tests.support.cli import exaserve, flat, json_object
+from tests.support.etcd import require_etcd
+from tests.support.paths import REPO
+from tests.support.stacks import write_variant
+
+NODES, PER_NODE = 64, 8
+REPLICAS = NODES * PER_NODE
+REDUCED = {
+    "cluster.pools.0.count": NODES,
+    "cluster.pools.0.racks": 4,
+    "serving.replicas": REPLICAS,
+    "serving.target_replicas": REPLICAS,
+    "serving.heartbeat_interval_s": 3,
+}
+CLIENT_RATE = 40.0
+AGENT_PROBE = "GET /health python-httpx"  # as a worker host counts it: method, path, client
+
+
+@dataclass(frozen=True)
+class Scale:
+    stack_file: Path  # the derived Pulumi.prod-simulated.yaml
+    spec: FleetSpec
+    state: StateDir
+    router_url: str
+    env: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def scale(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scale]:
+    require_etcd()
+    tmp = tmp_path_factory.mktemp("scale")
+    source = write_variant(tmp, "prod", changes=REDUCED)
+    env = {"EXASERVE_STATE_DIR": str(tmp / "state")}
+    up = exaserve("sandbox", "up", "--stack-file", str(source), "--simulate", "--json", env=env, timeout_s=420)
+    try:
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        doc = json_object(up)
+        stack = load_stack_file(Path(doc["stack_file"]))
+        assert doc["stack"] == stack.name == "prod-simulated" and len(doc["workers"]) == REPLICAS
+        state = StateDir(tmp / "state" / stack.name / "sandbox")
+        yield Scale(stack.path, stack.spec, state, doc["router_url"], env)
+    finally:
+        down = exaserve("sandbox", "down", "--stack-file", str(source), "--simulate", "--json", env=env)
+        assert down.returncode == 0, down.stdout + down.stderr
+        leftover = [r.name for r in StateDir(tmp / "state" / "prod-simulated" / "sandbox").records()]
+        assert leftover == [], f"sandbox down left processes behind: {leftover}"
+
+
+def leader(sc: Scale) -> dict[str, Any]:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for url in controller_urls(sc.spec):
+            try:
+                status = dict(httpx.get(url + "/v1/status", timeout=10).json())
+            except httpx.HTTPError:
+                continue
+            if status["is_leader"]:
+                return status
+        time.sleep(0.5)
+    raise AssertionError("no controller leads after 30 s")
+
+
+def agent_probes(sc: Scale) -> float:
+    """``GET /health`` requests from the agents (python-httpx) that the worker hosts counted, summed."""
+    hosts = [r for r in sc.state.records() if r.kind == "worker-host"]
+    return sum(asyncio.run(control(h.url, WORKERS_PATH, None, 10))["requests"].get(AGENT_PROBE, 0) for h in hosts)
+
+
+@pytest.mark.slow
+def test_the_derived_layout_hosts_whole_nodes_many_workers_per_process(scale: Scale) -> None:
+    sandbox = scale.spec.sandbox
+    assert sandbox is not None and sandbox.nodes_per_process == 32 and sandbox.runtime
+    records = {r.name: r for r in scale.state.records()}
+    hosts = sorted(n for n, r in records.items() if r.kind == "worker-host")
+    assert hosts == ["worker-host-0", "worker-host-1"]
+    assert sorted(p for h in hosts for p in records[h].ports) == [sandbox.worker_base_port + i for i in range(REPLICAS)]
+    assert sorted(n for n, r in records.items() if r.kind == "agent") == ["agents-0", "agents-1"]
+    assert (
+        sum(r.kind == "router" for r in records.values()) == sum(r.kind == "controller" for r in records.values()) == 3
+    )
+    # the rollout's waits are the stack's divided by 60; the heartbeat is the stack's own
+    assert (scale.spec.rollout.interval_s, scale.spec.serving.heartbeat_interval_s) == (5.0, 3.0)
+
+
+@pytest.mark.slow
+def test_one_report_per_node_reaches_the_controller_and_no_client_sees_a_node_loss(scale: Scale) -> None:
+    spec = scale.spec
+    interval = spec.serving.heartbeat_interval_s
+    probes0, reports0, t0 = agent_probes(scale), leader(scale)["reports"], time.monotonic()
+    time.sleep(6 * interval)
+    probes1, reports1, t1 = agent_probes(scale), leader(scale)["reports"], time.monotonic()
+    rate = (reports1["accepted"] - reports0["accepted"]) / (t1 - t0)
+    carried = (reports1["replicas"] - reports0["replicas"]) / (t1 - t0)
+    probed = (probes1 - probes0) / (t1 - t0)
+    print(
+        f"controller: {rate:.1f} msg/s carrying {carried:.1f} replica probes/s (the workers counted {probed:.1f}/s); "
+        f"direct: {REPLICAS / interval:.1f} msg/s"
+    )
+    # one message per node: what the controller received carries the replicas per node, however far the agents
+    # fall behind their interval on a loaded machine (docs/scale.md)
+    assert carried / rate == pytest.approx(PER_NODE), f"{carried:.1f} replica probes/s in {rate:.1f} msg/s"
+    assert NODES / interval * 0.25 <= rate <= NODES / interval * 1.1, f"{rate:.1f} msg/s from {NODES} agents"
+    # and the probes were made: the workers saw them (the two counters are read a moment apart, and a report the
+    # agent gave up on after probing reached no controller: hence the margin above, none below)
+    assert carried * 0.9 <= probed <= carried * 1.5, (
+        f"workers counted {probed:.1f} agent probes/s, reports {carried:.1f}"
+    )
+
+    victims = [r for r in plan_fleet(spec).replicas if r.node.name == "gpu-r01-n00"]
+    assert spec.sandbox is not None and len(victims) == PER_NODE
+    ports = [spec.sandbox.worker_base_port + r.index for r in victims]
+    urls = {f"http://127.0.0.1:{p}" for p in ports}
+    gen = LoadGenerator(LoadSpec(url=scale.router_url, rate_per_s=CLIENT_RATE, duration_s=600, timeout_s=30))
+    stop = asyncio.Event()
+    loop = asyncio.new_event_loop()
+    load = threading.Thread(target=lambda: loop.run_until_complete(gen.run(stop)))
+    load.start()
+    try:
+        time.sleep(3)
+        killed_at = time.time()
+        asyncio.run(stop_hosted(scale.state, ports, stop_timeout_s=0))
+        migrated: set[str] = set()
+        deadline = time.monotonic() + 20 * interval + 60
+        while migrated != urls and time.monotonic() < deadline:
+            acts = leader(scale)["actions"]
+            migrated = {a["url"] for a in acts if a["kind"] == "migrate" and a["ok"] and a["at"] >= killed_at}
+            time.sleep(2)
+        assert migrated == urls, f"migrated {sorted(migrated)} of {sorted(urls)}"
+        host = next(r for r in scale.state.records() if r.kind == "worker-host" and ports[0] in r.ports)
+        workers = asyncio.run(control(host.url, WORKERS_PATH, None, 10))["workers"]
+        assert {w["port"]: w["state"] for w in workers if w["port"] in ports} == dict.fromkeys(ports, "serving")
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        load.join(60)
+    report = gen.report()
+    print(report.summary())
+    assert report.count >= CLIENT_RATE * 20 * interval * 0.8
+    assert report.errors == 0, report.status_counts
+
+
+# ----- the derivation and the bounds, without starting anything -----------------------------------------------------
+def simulated_prod(ports_base: int = 21000) -> FleetSpec:
+    prod = load_stack("prod")
+    return parse_spec(scale_module.simulated_document(prod, plan_fleet(prod.spec), ports_base=ports_base), "prod", REPO)
+
+
+def test_the_sandbox_section_is_derived_from_the_stack() -> None:
+    prod, spec = load_stack("prod").spec, simulated_prod(21000)
+    sb = spec.sandbox
+    assert sb is not None and sb.runtime and not sb.prometheus
+    assert (sb.worker_base_port, sb.router_port, sb.prometheus_port, sb.runtime_base_port) == (
+        21000,
+        23048,
+        23049,
+        23050,
+    )
+    assert sb.control_base_port == 23050 + 20 + 2 * (prod.scheduler.instances - 1)
+    assert sb.nodes_per_process == scale_module.WORKERS_PER_PROCESS // 8
+    assert set(spec.serving.releases) == {*prod.serving.releases, scale_module.REHEARSAL_RELEASE}
+    assert spec.rollout.interval_s == prod.rollout.interval_s / scale_module.TIME_SCALE
+    assert spec.serving.warmup_duration_s == prod.serving.warmup_duration_s / scale_module.TIME_SCALE
+    # what the rehearsal measures stays the stack's own
+    assert spec.serving.heartbeat_interval_s == prod.serving.heartbeat_interval_s
+    assert spec.runtime.lease_ttl_s == prod.runtime.lease_ttl_s
+    assert plan_fleet(spec).replicas == plan_fleet(prod).replicas
+
+
+def test_a_machine_without_the_memory_is_refused_with_the_figure(tmp_path: Path) -> None:
+    spec = simulated_prod()
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:  2048000 kB\nMemAvailable:  1024000 kB\n")
+    with pytest.raises(scale_module.MachineTooSmall, match=r"needs about [\d,]+ MiB .*MemAvailable is 1,000 MiB"):
+        scale_module.check_machine(spec, plan_fleet(spec), meminfo=meminfo)
+
+
+def test_too_few_open_files_is_refused_with_the_figure_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = simulated_prod()
+    monkeypatch.setattr(scale_module.resource, "getrlimit", lambda _which: (1024, 4096))
+    with pytest.raises(
+        scale_module.MachineTooSmall, match=r"needs 6208 open files in one process \(a router .*allows 4096"
+    ):
+        scale_module.check_machine(spec, plan_fleet(spec))
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--stack", "dev"], "has no sandbox: section; `exaserve sandbox` runs only sandbox stacks, or add --simulate"),
+        (["--stack", "sandbox", "--simulate"], "already has a sandbox: section; run `exaserve sandbox up` without"),
+    ],
+)
+def test_sandbox_up_says_when_to_simulate(tmp_path: Path, args: list[str], says: str) -> None:
+    result = exaserve("sandbox", "up", *args, env={"EXASERVE_STATE_DIR": str(tmp_path)})
+    assert result.returncode == 2 and says in flat(result.stderr), result.stderr
+    assert "Traceback" not in result.stderr
