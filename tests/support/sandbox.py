@@ -8,6 +8,7 @@ Test modules wrap :func:`running_sandbox` in a session- or module-scoped fixture
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from serving.router.client import RouterClient
 from serving.sandbox.backend import worker_name
 from serving.sandbox.processes import StateDir, free_port_block
 from serving.sandbox.worker import WorkerConfig, parse_config
+from serving.sandbox.worker_host import config_from_json
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack_file, spec_document
 from tests.support.cli import exaserve, exaserve_started, json_object
@@ -82,6 +84,27 @@ class Sandbox:
         return {url: httpx.get(url + "/model_info", timeout=5).json()["weight_version"] for url in self.worker_urls}
 
 
+def _configs(processes: StateDir, urls: tuple[str, ...]) -> tuple[WorkerConfig, ...]:
+    """The workers' configurations as their processes were started: a worker's own record (its argv), or in the
+    scale layout (``sandbox.nodes_per_process``) the config file its worker host reads, in the order of ``urls``."""
+    hosted = {
+        c.url: c
+        for r in processes.records()
+        if r.kind == "worker-host"
+        for c in (
+            config_from_json(d) for d in json.loads(processes.record_path(r.name).with_suffix(".workers").read_text())
+        )
+    }
+    out = []
+    for url in urls:
+        record = processes.read(worker_name(int(url.rsplit(":", 1)[1])))
+        if record is not None:
+            out.append(parse_config(record.argv[_WORKER_ENTRY:]))
+        elif url in hosted:
+            out.append(hosted[url])
+    return tuple(out)
+
+
 @contextmanager
 def running_sandbox(
     directory: Path, *, replicas: int | None = None, changes: Mapping[str, Any] | None = None
@@ -103,8 +126,7 @@ def running_sandbox(
         doc = json_object(up)
         urls = tuple(url for url, _version in doc["workers"].values())
         processes = StateDir(paths.sandbox_dir)
-        records = [processes.read(worker_name(int(url.rsplit(":", 1)[1]))) for url in urls]
-        configs = tuple(parse_config(r.argv[_WORKER_ENTRY:]) for r in records if r is not None)
+        configs = _configs(processes, urls)
         assert [c.url for c in configs] == list(urls), f"process records in {processes.root} do not match {urls}"
         yield Sandbox(stack_file, state_dir, paths, stack.spec, doc["router_url"], doc["metrics_url"], urls, configs)
     finally:
