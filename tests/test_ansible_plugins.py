@@ -472,3 +472,47 @@ def test_mount_unit_name_matches_systemd_escape(path: str) -> None:
 def test_version_max_is_numeric() -> None:
     filters = load("fleet", "filter")
     assert filters.version_max(["12.1", "12.10", "12.6", ""]) == "12.10"
+
+
+def test_the_report_role_counts_a_node_that_recorded_nothing(tmp_path: Path) -> None:
+    """The preflight_report role over two nodes (local connections), one of which recorded no check at all, as a node
+    unreachable in a fact-gathering play first does: the report names it failed, and the role does not break on it
+    (a `default=none` in the role's map() was no default: the task failed and no report was written)."""
+    playbook = tmp_path / "report.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "name": "One node records its ssh check, the other nothing",
+                    "hosts": "all",
+                    "gather_facts": False,
+                    "tasks": [
+                        {
+                            "name": "Record",
+                            "when": "inventory_hostname == 'node-a'",
+                            "exaserve.fleet.preflight_record": {
+                                "checks": [
+                                    {"check": "ssh", "passed": True, "observed": "connected", "expected": "SSH"}
+                                ]
+                            },
+                        },
+                        {"name": "Report", "ansible.builtin.include_role": {"name": "preflight_report"}},
+                    ],
+                }
+            ]
+        )
+    )
+    report = tmp_path / "reports" / "preflight.json"
+    r = subprocess.run(
+        [str(VENV_BIN / "ansible-playbook"), "-i", "node-a,node-b,", "-c", "local", str(playbook),
+         "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"preflight_report_path={report}",
+         "-e", "exaserve_stack=test"],
+        cwd=ANSIBLE_DIR, env={**_ansible_env(), "ANSIBLE_ROLES_PATH": str(ANSIBLE_DIR / "roles")},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert report.is_file(), r.stdout[-3000:] + r.stderr[-2000:]
+    doc = json.loads(report.read_text())
+    assert doc["hosts"]["node-a"]["status"] == "pass", doc["hosts"]["node-a"]
+    assert doc["hosts"]["node-b"]["status"] != "pass", doc["hosts"]["node-b"]
+    assert doc["summary"]["hosts"] == 2 and not doc["ok"]
+    assert r.returncode == 2, "the node that recorded nothing fails its assert"
