@@ -491,9 +491,7 @@ def test_the_report_role_counts_a_node_that_recorded_nothing(tmp_path: Path) -> 
                             "name": "Record",
                             "when": "inventory_hostname == 'node-a'",
                             "exaserve.fleet.preflight_record": {
-                                "checks": [
-                                    {"check": "ssh", "passed": True, "observed": "connected", "expected": "SSH"}
-                                ]
+                                "checks": [{"check": "ssh", "passed": True, "observed": "connected", "expected": "SSH"}]
                             },
                         },
                         {"name": "Report", "ansible.builtin.include_role": {"name": "preflight_report"}},
