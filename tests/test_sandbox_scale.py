@@ -160,9 +160,17 @@ def test_one_report_per_node_reaches_the_controller_and_no_client_sees_a_node_lo
             migrated = {a["url"] for a in acts if a["kind"] == "migrate" and a["ok"] and a["at"] >= killed_at}
             time.sleep(2)
         assert migrated == urls, f"migrated {sorted(migrated)} of {sorted(urls)}"
+        # a migration is done when the restart is under way (the port reopened, the release loading); the host then
+        # says each one serving within the start-up budget, on a saturated machine too
         host = next(r for r in scale.state.records() if r.kind == "worker-host" and ports[0] in r.ports)
-        workers = asyncio.run(control(host.url, WORKERS_PATH, None, 10))["workers"]
-        assert {w["port"]: w["state"] for w in workers if w["port"] in ports} == dict.fromkeys(ports, "serving")
+        serving_by = time.monotonic() + spec.serving.startup_budget_s
+        while True:
+            workers = asyncio.run(control(host.url, WORKERS_PATH, None, 10))["workers"]
+            states = {w["port"]: w["state"] for w in workers if w["port"] in ports}
+            if states == dict.fromkeys(ports, "serving") or time.monotonic() > serving_by:
+                break
+            time.sleep(0.5)
+        assert states == dict.fromkeys(ports, "serving"), states
     finally:
         loop.call_soon_threadsafe(stop.set)
         load.join(60)
