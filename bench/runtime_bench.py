@@ -28,30 +28,17 @@ from aiohttp import web
 from serving.plan.planner import plan
 from serving.runtime.agent import REPORTS_PATH, Agent, AgentConfig
 from serving.sandbox.processes import free_port, free_port_block
-from serving.sandbox.runtime import controller_urls, router_urls
+from serving.sandbox.runtime import router_urls
 from serving.spec.stack import load_stack
+from tests.support.controllers import leading_controller, status
 from tests.support.sandbox import Sandbox, running_sandbox
 from tests.support.stacks import spec_from
 
 NODES, PER_NODE = 8, 8
 
 
-def status(url: str) -> dict[str, Any]:
-    return dict(httpx.get(url + "/v1/status", timeout=5).json())
-
-
 def leader(sb: Sandbox) -> dict[str, Any]:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for url in controller_urls(sb.spec):
-            try:
-                s = status(url)
-            except httpx.HTTPError:
-                continue
-            if s["is_leader"]:
-                return s | {"url": url}
-        time.sleep(0.1)
-    raise RuntimeError("no leader")
+    return leading_controller(sb.spec, request_timeout_s=5)
 
 
 def cpu_s(pid: int) -> float:
@@ -95,9 +82,9 @@ async def direct_rate(sb: Sandbox, window_s: float) -> float:
 def rates(sb: Sandbox, window_s: float) -> None:
     ctl = sb.processes.read("controller-0")
     assert ctl is not None
-    before, cpu0, t0 = status(ctl.url)["reports"]["accepted"], cpu_s(ctl.pid), time.monotonic()
+    before, cpu0, t0 = status(ctl.url, 5)["reports"]["accepted"], cpu_s(ctl.pid), time.monotonic()
     time.sleep(window_s)
-    after, cpu1, t1 = status(ctl.url)["reports"]["accepted"], cpu_s(ctl.pid), time.monotonic()
+    after, cpu1, t1 = status(ctl.url, 5)["reports"]["accepted"], cpu_s(ctl.pid), time.monotonic()
     aggregated = (after - before) / (t1 - t0)
     direct = asyncio.run(direct_rate(sb, window_s))
     hb = plan(sb.spec).heartbeats

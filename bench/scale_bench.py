@@ -56,11 +56,12 @@ from serving.runtime.agent import Agent, AgentConfig
 from serving.runtime.leader import EtcdElection
 from serving.runtime.service import ControllerService
 from serving.sandbox.processes import ProcessRecord, StateDir, free_port, stop_process
-from serving.sandbox.runtime import controller_urls, etcd_url, router_urls
+from serving.sandbox.runtime import etcd_url, router_urls
 from serving.sandbox.worker_host import WORKERS_PATH, control, stop_hosted
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack_file
 from tests.support.cli import exaserve, json_object
+from tests.support.controllers import leading_controller, status
 from tests.support.paths import REPO
 from tests.support.stacks import stack_doc, write_variant
 
@@ -155,21 +156,8 @@ def state_dir_of(root: Path, stack: str) -> Path:
     return root / stack / "sandbox"
 
 
-def status(url: str) -> dict[str, Any]:
-    return dict(httpx.get(url + "/v1/status", timeout=30).json())
-
-
 def leader(sc: Scale) -> dict[str, Any]:
-    for _ in range(60):
-        for url in controller_urls(sc.spec):
-            try:
-                s = status(url)
-            except httpx.HTTPError:
-                continue
-            if s["is_leader"]:
-                return s
-        time.sleep(0.5)
-    raise RuntimeError("no leader")
+    return leading_controller(sc.spec, timeout_s=30, request_timeout_s=30)
 
 
 def host_counts(sc: Scale) -> dict[str, float]:
@@ -222,9 +210,9 @@ def reference(sc: Scale, window_s: float) -> dict[str, Any]:
     assert ctl is not None
     cpu0, each0 = {k: cpu_of(v) for k, v in groups.items()}, {r.name: cpu_s(r.pid) for r in routers}
     checks0 = {r.name: health_checks(r.metrics_url) for r in routers}
-    accepted0, t0 = status(ctl.url)["reports"]["accepted"], time.monotonic()
+    accepted0, t0 = status(ctl.url, 30)["reports"]["accepted"], time.monotonic()
     time.sleep(window_s)
-    accepted1, t1 = status(ctl.url)["reports"]["accepted"], time.monotonic()
+    accepted1, t1 = status(ctl.url, 30)["reports"]["accepted"], time.monotonic()
     checks1 = {r.name: health_checks(r.metrics_url) for r in routers}
     dt = t1 - t0
     replicas, interval = len(sc.plan.replicas), sc.spec.serving.heartbeat_interval_s
@@ -264,9 +252,9 @@ def steady(sc: Scale, window_s: float) -> dict[str, Any]:
     assert ctl is not None
     cpu0 = {k: cpu_of(v) for k, v in groups.items()}
     per_router0 = {r.name: cpu_s(r.pid) for r in routers}
-    counts0, accepted0, t0 = host_counts(sc), status(ctl.url)["reports"]["accepted"], time.monotonic()
+    counts0, accepted0, t0 = host_counts(sc), status(ctl.url, 30)["reports"]["accepted"], time.monotonic()
     time.sleep(window_s)
-    counts1, accepted1, t1 = host_counts(sc), status(ctl.url)["reports"]["accepted"], time.monotonic()
+    counts1, accepted1, t1 = host_counts(sc), status(ctl.url, 30)["reports"]["accepted"], time.monotonic()
     dt = t1 - t0
     cores = {k: (cpu_of(v) - cpu0[k]) / dt for k, v in groups.items()}
     rates = {k: (counts1.get(k, 0) - counts0.get(k, 0)) / dt for k in counts1}

@@ -21,18 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from serving.plan.planner import plan as plan_fleet
 from serving.router.loadgen import LoadGenerator, LoadSpec
 from serving.sandbox import scale as scale_module
 from serving.sandbox.processes import StateDir
-from serving.sandbox.runtime import controller_urls
 from serving.sandbox.worker_host import WORKERS_PATH, control, stop_hosted
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack, load_stack_file, parse_spec
 from tests.support.cli import exaserve, flat, json_object
+from tests.support.controllers import leading_controller
 from tests.support.etcd import require_etcd
 from tests.support.paths import REPO
 from tests.support.stacks import write_variant
@@ -81,17 +80,7 @@ def scale(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scale]:
 
 
 def leader(sc: Scale) -> dict[str, Any]:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for url in controller_urls(sc.spec):
-            try:
-                status = dict(httpx.get(url + "/v1/status", timeout=10).json())
-            except httpx.HTTPError:
-                continue
-            if status["is_leader"]:
-                return status
-        time.sleep(0.5)
-    raise AssertionError("no controller leads after 30 s")
+    return leading_controller(sc.spec)
 
 
 def agent_probes(sc: Scale) -> float:
