@@ -4,7 +4,7 @@ workers (`serving.sandbox.worker`: no GPU here; each exposes SGLang's `sglang:e2
 rendered buckets), real client load from the open-loop load generator, `exaserve rollout` run as users run it.
 
 Faults are real processes: a bad release (the stack's `v2-broken`, `v2-slow`), a replica outside the batch killed
-with SIGKILL mid-soak, and one outside the batch restarted on the same release but 50 % slower (a slow node). A
+with SIGKILL mid-soak, and one outside the batch restarted on the same release at half speed (a slow node). A
 fault outside the batch must pause the rollout naming the replica and never roll the new version back; a bad
 release must still roll back, its verdict naming the canary. Heavy: run under the shared lock.
 """
@@ -142,18 +142,21 @@ def test_a_peer_crashing_mid_soak_pauses_names_it_and_rolls_nothing_back(at_v1: 
 
 
 def test_a_slow_peer_pauses_naming_it_and_resuming_once_it_is_fixed_completes(at_v1: Sandbox) -> None:
-    """One not-yet-updated replica on the same release but 50 % slower (a slow node) from before the rollout: batch
-    0's verdict names it and pauses; fixed, `--resume` soaks batch 0 again and the rollout completes."""
+    """One not-yet-updated replica on the same release at half speed (a slow node: twice the latency) from before
+    the rollout: batch 0's verdict names it and pauses; fixed, `--resume` soaks batch 0 again and the rollout
+    completes. Twice, not 1.5 times: the simulated latency is 100 ms, and on a busy CI machine scheduling adds
+    some 45 ms to everyone's tail (canary P99 155 ms seen), which can squeeze a 1.5 x slowdown below
+    the gate's +30 % at the P99 (one CI run passed such a peer): the gate cannot call what it cannot see."""
     plan_batches = batches(at_v1)
     victim = plan_batches[3][0]
     original = replica_config(at_v1, victim)
-    slow = dataclasses.replace(original, latency_ms=original.latency_ms * 1.5, jitter_ms=original.jitter_ms * 1.5)
+    slow = dataclasses.replace(original, latency_ms=original.latency_ms * 2, jitter_ms=original.jitter_ms * 2)
     with replaced_worker(at_v1, victim, slow), Load(at_v1.router_url):
         r = at_v1.cli("rollout", "--to", "v2", "--json")
     doc = json_object(r)
     assert r.returncode == 1 and doc["outcome"] == "paused", r.stderr
     verdict = doc["batches"][0]["verdict"]
-    assert verdict["decision"] == "pause" and verdict["replicas"] == [victim], verdict
+    assert verdict["decision"] == "pause" and verdict["replicas"] == [victim], doc["batches"][0]
     assert f"{victim} P99" in verdict["evidence"][0]
     assert not any(step.get("rollback") for _kind, step in journal_kinds(at_v1))
     with Load(at_v1.router_url):  # the node is fixed (the worker runs its configured latency again)
