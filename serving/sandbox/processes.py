@@ -33,9 +33,10 @@ WaitFor = Literal["healthy", "listening", "started"]
 RouterPolicy = Literal["random", "round_robin", "cache_aware", "power_of_two", "manual"]
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 _POLL_S = 0.05
-# sglang-router 0.3.2 spends ≈ 50 µs of CPU per registered worker on each GET /workers (0.1 s at 2,048): polling it
-# every 1 ms per worker keeps a starting router's own registration work (which grows the same way) from waiting on it.
-_LIST_POLL_S_PER_WORKER = 0.001
+# A GET /workers costs sglang-router 0.3.2 ≈ 80 µs per registered worker and this process about as much to read
+# (418 KB, 0.08 s + 0.1 s at 1,024 workers): polled every 5 ms per worker, three starting routers' lists take about
+# 10 % of a core (every 1 ms: half a core, taken from their own registration of the workers).
+_LIST_POLL_S_PER_WORKER = 0.005
 _KILL_WAIT_S = 10.0
 
 
@@ -461,14 +462,17 @@ def start_router(
     pid, ticks, log = _spawn(state, name, argv)
     record = ProcessRecord(name, "router", pid, ticks, tuple(argv), endpoints.url, endpoints.metrics_url, log)
     state.write(record)
+    listening = False  # its API and metrics listener, asked until both answer once; then only the workers' list
+
+    def ready() -> bool:
+        nonlocal listening
+        listening = listening or (http_ok(endpoints.url + "/health") and http_ok(endpoints.metrics_url))
+        return listening and _healthy_workers(endpoints.url) >= healthy_workers
+
     _wait(
         state,
         record,
-        lambda: (
-            http_ok(endpoints.url + "/health")
-            and http_ok(endpoints.metrics_url)
-            and _healthy_workers(endpoints.url) >= healthy_workers
-        ),
+        ready,
         f"serving with {healthy_workers} healthy workers",
         timeout_s,
         poll_s=max(_POLL_S, healthy_workers * _LIST_POLL_S_PER_WORKER),
