@@ -790,6 +790,24 @@ def main() -> int:
         return 0
     figures: dict[str, Any] = {"machine": machine(), "rate": args.rate}
     started = time.monotonic()
+    try:
+        measure(args, figures)
+    except BaseException:  # a section that fails must not lose the sections measured before it
+        print("scale_bench: stopped early; the figures measured so far:", file=sys.stderr)
+        print(json.dumps(figures, indent=2), file=sys.stderr)
+        raise
+    figures["bench_wall_s"] = round(time.monotonic() - started, 1)
+    figures["machine"]["end_loadavg"] = machine()["loadavg_1_5_15"]
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        print_table(figures)
+        print(f"bench wall time {figures['bench_wall_s']:.0f} s")
+    return 0
+
+
+def measure(args: argparse.Namespace, figures: dict[str, Any]) -> None:
+    """Sections 1-5 into ``figures``, each added as soon as it is measured."""
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp_name:
         tmp = Path(tmp_name)
         with Scale(source_stack(tmp / "stack", args.replicas), tmp / "state") as ref:
@@ -816,14 +834,6 @@ def main() -> int:
             figures["rollout"] = rollout(sc, args.rate)
             figures["node_loss"] = node_loss(sc, args.rate)
             figures["scheduling"] = scheduling(sc, full, tmp)
-    figures["bench_wall_s"] = round(time.monotonic() - started, 1)
-    figures["machine"]["end_loadavg"] = machine()["loadavg_1_5_15"]
-    if args.json:
-        print(json.dumps(figures, indent=2))
-    else:
-        print_table(figures)
-        print(f"bench wall time {figures['bench_wall_s']:.0f} s")
-    return 0
 
 
 if __name__ == "__main__":
