@@ -155,6 +155,24 @@ def test_judge_compares_each_figure_with_the_plans_target_and_names_what_was_not
     assert checks["false_detections"].ok
 
 
+def test_a_time_over_its_target_by_less_than_the_probe_resolution_passes_saying_so() -> None:
+    """Detection seen 0.05 s past the target by a probe every 0.1 s may have happened before it: a pass naming the
+    resolution; 0.15 s past it is a failure either way."""
+    spec = spec_from("sandbox")
+    p = plan(spec)
+    crash = SCENARIOS["replica-crash"]
+    targets = scenario_targets(crash, spec, p)
+    limit = plan_targets(spec, p)["detection_s"].value
+    results = [*steady(-2, 0), *steady(0, 3)]
+    for late, passes in ((0.05, True), (0.15, False)):
+        probes = [probe(-1.0, {A: everyone()}), probe(limit + late, {A: everyone(W1=False)})]
+        m = measure(probes, results, subjects=(W1,), baseline_s=2, gates=GATES, end=limit + 1, healed=None)
+        strict = {c.name: c for c in judge(crash, targets, m)}["detection_s"]
+        check = {c.name: c for c in judge(crash, targets, m, resolution_s=0.1)}["detection_s"]
+        assert not strict.ok and check.ok is passes, (late, check)
+        assert ("+ 0.1 s probe resolution" in check.reason) is passes, check.reason
+
+
 def test_windows_without_a_baseline_judge_errors_only() -> None:
     base = baseline_of([], 2.0)
     assert base.requests == 0 and math.isnan(base.p99_s)

@@ -382,7 +382,7 @@ def _judge(run: Run) -> None:
         exempt_routers=_exempt(subject),
         lost_leader=subject.controller,
     )
-    run.checks = judge(run.scenario, run.targets, run.measured)
+    run.checks = judge(run.scenario, run.targets, run.measured, run.settings.probe_s)
     run.checks += alert_checks(run)
     run.checks.append(
         Check(
