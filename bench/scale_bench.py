@@ -1,29 +1,27 @@
 """Benchmark: the rehearsal at the reference size — the prod stack's 2,048 replicas (256 nodes) as SIMULATED SGLang
 workers (256 per process) behind 3 REAL sglang-router instances, 3 REAL controllers on a REAL etcd and 256 node agents
-(``exaserve sandbox up --stack prod --simulate``), on one machine.
+(``exaserve sandbox up --stack prod --simulate``), on one machine, all four sections on one sandbox.
 
-    PYTHONPATH=. .venv/bin/python bench/scale_bench.py [--replicas 2048] [--steady-replicas 512] [--rate 100] [--json]
+    PYTHONPATH=. .venv/bin/python bench/scale_bench.py [--replicas 2048] [--rate 100] [--json]
 
-1. The reference size: ``sandbox up``'s wall time, each router's CPU time to register the workers, then over four
-   heartbeats with everything running: each router's memory, open files, CPU share and health checks by result, the
-   healthy workers each router lists, controller-0's messages per second, every kind of process's CPU and memory, and
-   whether the worker processes still answer. Read from /proc, the routers and the controllers: on 2 cores the
-   workers' processes do not keep up at this size (docs/scale.md), so nothing waits on them.
-2. The same stack cut to ``--steady-replicas`` (heartbeat ``--steady-heartbeat-s``), the most this machine holds:
-   the routers' health-check load on the workers (requests per second, counted inside the worker processes by path
-   and client), heartbeats at controller-0 against the planner's ``aggregated_per_s``/``direct_per_s`` and the
-   replicas probed per message (the aggregation ratio), CPU per request on a worker and per agent probe.
-3. A 5-batch rollout there (``exaserve rollout --to rehearsal``, the stack's waits ÷ 60) under ``--rate`` client
-   requests per second: wall time, overhead ratio, router API calls per batch and their latency, client errors.
-4. Node loss there: one node's 8 workers stopped (in-flight requests cut, as by a kill) under ``--rate``: when the
-   routers mark them unhealthy, when the controller takes them out of every router and migrates them.
-5. The controller's scheduling period at the reference size: a controller instance (the same ``ControllerService``
-   ``exaserve controller run`` runs, a follower on the sandbox's etcd) in its own process, fed by real agents in two
-   others — one per node (aggregated) or one per replica (direct), for 1/4 … all of the reference size's replicas,
-   at ``scheduler.period_ms`` and at 10 ms: how late each period of its ``_load_loop`` runs (p50/p99/max), the work
-   per period, its CPU share, the messages it receives. The sandbox's own agents are stopped first.
+1. ``sandbox up``'s wall time and each router's CPU time to register the workers; then over four heartbeats: each
+   router's memory, open files, CPU share and health checks by result, the healthy workers each router lists; the
+   requests the workers served (counted inside the worker processes by path and client: the routers' and the agents'
+   health checks against their intervals); controller-0's messages per second against the planner's
+   ``aggregated_per_s``/``direct_per_s`` and the replicas probed per message (the aggregation ratio); every kind of
+   process's CPU and memory, CPU per worker request and per agent probe.
+2. A 5-batch rollout of every replica (``exaserve rollout --to rehearsal``, the stack's waits ÷ 60) under ``--rate``
+   client requests per second: wall time, overhead ratio, each batch's removal from and readmission to every router,
+   router API calls per batch and their latency in the router, client errors.
+3. Node loss: one node's 8 workers stopped (in-flight requests cut, as by a kill) under ``--rate``: when the routers
+   mark them unhealthy, when the controller takes them out of every router and migrates them, client errors.
+4. The controller's scheduling period: a controller instance (the same ``ControllerService`` ``exaserve controller
+   run`` runs, a follower on the sandbox's etcd) in its own process, fed by real agents in two others — one per node
+   (aggregated) or one per replica (direct), for half and all of the replicas, at ``scheduler.period_ms`` and at
+   10 ms: how late each period of its ``_load_loop`` runs (p50/p99/max), the work per period, its CPU share, the
+   messages it receives. The sandbox's own agents are stopped first.
 
-Prints figures; asserts nothing.
+Prints figures; asserts nothing. A section that fails prints the figures measured before it.
 """
 
 from __future__ import annotations
@@ -67,8 +65,8 @@ from tests.support.stacks import stack_doc, write_variant
 
 TRIAL_S = 15.0  # measured, after one heartbeat interval (+ 1 s) from the probe's first report
 JITTER_SHARE = 0.10  # a period "jitters" when its p99 lateness exceeds this share of the period
-ROUTER_CLIENT = "-"  # the router sends no User-Agent; the agents and the updater are python-httpx
-AGENT_PROBE = "GET /health python-httpx"  # an agent's probe as a worker host counts it (method, path, client)
+ROUTER_CLIENT = "-"  # the router sends no User-Agent; the agents are exaserve-agent, the updater python-httpx
+AGENT_PROBE = "GET /health exaserve-agent"  # an agent's probe as a worker host counts it (method, path, client)
 
 
 # ----- process figures -------------------------------------------------------------------------------------------
@@ -190,31 +188,25 @@ def health_checks(metrics_url: str) -> dict[str, float]:
     return out
 
 
-def answers_within(url: str, timeout_s: float) -> float | None:
-    """Seconds ``url`` took to answer, None past ``timeout_s``."""
-    started = time.monotonic()
-    try:
-        httpx.get(url, timeout=timeout_s)
-    except httpx.HTTPError:
-        return None
-    return round(time.monotonic() - started, 2)
-
-
 def reference(sc: Scale, window_s: float) -> dict[str, Any]:
-    """Every process's CPU share and memory with the whole fleet registered, the routers' health checks by result,
-    what controller-0 receives, and whether the worker processes still answer (read from /proc and the routers and
-    controllers, which answer, not from the worker processes, which may not)."""
+    """With the whole fleet registered, over ``window_s``: each router's memory, open files, CPU share and health
+    checks by result, the healthy workers each router lists; what the workers served (by path and client, counted
+    inside the worker processes) against what the routers' and agents' intervals call for; controller-0's messages
+    against the planner's and the replicas probed per message (the aggregation ratio); every kind of process's CPU
+    and memory, and the CPU per worker request and per agent probe."""
     kinds = ("router", "worker-host", "agent", "controller", "etcd")
     groups = {k: sc.records(k) for k in kinds}
     routers, ctl = groups["router"], sc.state.read("controller-0")
     assert ctl is not None
     cpu0, each0 = {k: cpu_of(v) for k, v in groups.items()}, {r.name: cpu_s(r.pid) for r in routers}
     checks0 = {r.name: health_checks(r.metrics_url) for r in routers}
-    accepted0, t0 = status(ctl.url, 30)["reports"]["accepted"], time.monotonic()
+    counts0, accepted0, t0 = host_counts(sc), status(ctl.url, 30)["reports"]["accepted"], time.monotonic()
     time.sleep(window_s)
-    accepted1, t1 = status(ctl.url, 30)["reports"]["accepted"], time.monotonic()
+    counts1, accepted1, t1 = host_counts(sc), status(ctl.url, 30)["reports"]["accepted"], time.monotonic()
     checks1 = {r.name: health_checks(r.metrics_url) for r in routers}
     dt = t1 - t0
+    cores = {k: (cpu_of(v) - cpu0[k]) / dt for k, v in groups.items()}
+    rates = {k: (counts1.get(k, 0) - counts0.get(k, 0)) / dt for k in counts1}
     replicas, interval = len(sc.plan.replicas), sc.spec.serving.heartbeat_interval_s
     healthy = [
         sum(w["is_healthy"] for w in httpx.get(r.url + "/workers", timeout=120).json()["workers"]) for r in routers
@@ -228,72 +220,30 @@ def reference(sc: Scale, window_s: float) -> dict[str, Any]:
             "health_checks_per_s": round(sum(done.values()) / dt, 1),
             "health_check_failures": round(done["failure"] / max(sum(done.values()), 1), 3),
         })  # fmt: skip
-    hosts = groups["worker-host"]
+    messages = (accepted1 - accepted0) / dt
+    hb = sc.plan.heartbeats
     return {
         "window_s": round(dt, 1),
+        "heartbeat_s": interval,
         "routers": rows,
         "healthy_workers_per_router": healthy,
-        "health_checks_expected_per_s": round(replicas / interval, 1),
-        "heartbeats_at_controller_per_s": round((accepted1 - accepted0) / dt, 1),
-        "heartbeats_planner_per_s": sc.plan.heartbeats.aggregated_per_s.value,
-        "cores": {k: round((cpu_of(v) - cpu0[k]) / dt, 2) for k, v in groups.items()},
-        "rss_mib": {k: round(sum(rss_mib(r.pid) for r in v), 1) for k, v in groups.items()},
-        "worker_processes_answering_in_5_s": sum(answers_within(h.url + WORKERS_PATH, 5.0) is not None for h in hosts),
-        "worker_processes": len(hosts),
-    }
-
-
-# ----- 2-3: the routers' load, heartbeats (at the steady size) -----------------------------------------------------
-def steady(sc: Scale, window_s: float) -> dict[str, Any]:
-    routers = sc.records("router")
-    kinds = ("router", "worker-host", "agent", "controller", "etcd")
-    groups = {k: sc.records(k) for k in kinds}
-    ctl = sc.state.read("controller-0")
-    assert ctl is not None
-    cpu0 = {k: cpu_of(v) for k, v in groups.items()}
-    per_router0 = {r.name: cpu_s(r.pid) for r in routers}
-    counts0, accepted0, t0 = host_counts(sc), status(ctl.url, 30)["reports"]["accepted"], time.monotonic()
-    time.sleep(window_s)
-    counts1, accepted1, t1 = host_counts(sc), status(ctl.url, 30)["reports"]["accepted"], time.monotonic()
-    dt = t1 - t0
-    cores = {k: (cpu_of(v) - cpu0[k]) / dt for k, v in groups.items()}
-    rates = {k: (counts1.get(k, 0) - counts0.get(k, 0)) / dt for k in counts1}
-    hb = sc.plan.heartbeats
-    replicas = len(sc.plan.replicas)
-    return {
-        "replicas": replicas,
-        "heartbeat_s": sc.spec.serving.heartbeat_interval_s,
-        "window_s": round(dt, 1),
-        "routers": [
-            {
-                "name": r.name,
-                "rss_mib": round(rss_mib(r.pid), 1),
-                "cpu_share": round((cpu_s(r.pid) - per_router0[r.name]) / dt, 3),
-                "open_files": open_files(r.pid),
-            }
-            for r in routers
-        ],
-        "worker_requests_per_s": {k: round(v, 1) for k, v in sorted(rates.items(), key=lambda kv: -kv[1]) if v > 0},
         "health_checks_per_s": {
             "routers": round(rates.get(f"GET /health {ROUTER_CLIENT}", 0.0), 1),
-            "routers_expected": round(len(routers) * replicas / sc.spec.serving.heartbeat_interval_s, 1),
+            "routers_expected": round(len(routers) * replicas / interval, 1),
             "agents": round(rates.get(AGENT_PROBE, 0.0), 1),
-            "agents_expected": round(replicas / sc.spec.serving.heartbeat_interval_s, 1),
+            "agents_expected": round(replicas / interval, 1),
         },
+        "worker_requests_per_s": {k: round(v, 1) for k, v in sorted(rates.items(), key=lambda kv: -kv[1]) if v > 0},
         "heartbeats": {
-            "aggregated_measured_per_s": round((accepted1 - accepted0) / dt, 1),
-            "replicas_probed_per_message": round(
-                rates.get(AGENT_PROBE, 0.0) / max((accepted1 - accepted0) / dt, 1e-9), 2
-            ),
+            "aggregated_measured_per_s": round(messages, 1),
+            "replicas_probed_per_message": round(rates.get(AGENT_PROBE, 0.0) / max(messages, 1e-9), 2),
             "aggregated_planner_per_s": hb.aggregated_per_s.value,
             "direct_planner_per_s": hb.direct_per_s.value,
         },
         "cores": {k: round(v, 2) for k, v in cores.items()},
+        "rss_mib": {k: round(sum(rss_mib(r.pid) for r in v), 1) for k, v in groups.items()},
         "worker_cpu_ms_per_request": round(cores["worker-host"] / max(sum(rates.values()), 1e-9) * 1000, 3),
         "agent_cpu_ms_per_probe": round(cores["agent"] / max(rates.get(AGENT_PROBE, 0.0), 1e-9) * 1000, 2),
-        "host_rss_mib": [round(rss_mib(r.pid), 1) for r in groups["worker-host"]],
-        "agent_rss_mib": [round(rss_mib(r.pid), 1) for r in groups["agent"]],
-        "controller_rss_mib": [round(rss_mib(r.pid), 1) for r in groups["controller"]],
     }
 
 
@@ -562,7 +512,7 @@ def scheduling(sc: Scale, full: Path, directory: Path) -> dict[str, Any]:
         stop_process(sc.state, agent.name, timeout_s=10)
     period = sc.spec.scheduler.period_ms
     size = len(plan_fleet(load_stack_file(full).spec).replicas)
-    counts = sorted({size // 4, size // 2, size * 3 // 4, size})
+    counts = sorted({size // 2, size})
     plan = [("aggregated", size, period), ("aggregated", size, 10)]
     plan += [("direct", n, period) for n in counts] + [("direct", size, 10)]
     trials = [trial(sc, full, mode, n, p, directory) for mode, n, p in plan]
@@ -658,61 +608,50 @@ def rollout(sc: Scale, rate: float) -> dict[str, Any]:
 
 # ----- output ----------------------------------------------------------------------------------------------------------
 def print_table(f: dict[str, Any]) -> None:
-    a, ref, s, n, sch, r = (f[k] for k in ("bring_up", "reference", "steady", "node_loss", "scheduling", "rollout"))
+    a, ref, n, sch, r = (f[k] for k in ("bring_up", "reference", "node_loss", "scheduling", "rollout"))
     print(
         f"== {a['replicas']} replicas on {a['nodes']} nodes, {a['routers']} routers, {a['controllers']} controllers, "
         f"{a['worker_processes']} worker and {a['agent_processes']} agent processes; machine {f['machine']}"
     )
-    print(f"1. reference size: sandbox up {a['up_s']:.0f} s; over {ref['window_s']:.0f} s with everything registered:")
+    print(
+        f"1. sandbox up {a['up_s']:.0f} s; over {ref['window_s']:.0f} s with everything registered "
+        f"(heartbeat {ref['heartbeat_s']:g} s):"
+    )
     for row in ref["routers"]:
         print(
             f"   {row['name']:<9} RSS {row['rss_mib']:6.1f} MiB  open files {row['open_files']:5d}  registration CPU "
             f"{row['registration_cpu_s']:6.1f} s  CPU now {row['cpu_share']:6.1%}  health checks "
-            f"{row['health_checks_per_s']:6.1f}/s (expected {ref['health_checks_expected_per_s']}), "
-            f"{row['health_check_failures']:.1%} failing"
+            f"{row['health_checks_per_s']:6.1f}/s, {row['health_check_failures']:.1%} failing"
         )
+    hc = ref["health_checks_per_s"]
     print(
-        f"   healthy workers per router {ref['healthy_workers_per_router']}; worker processes answering within 5 s: "
-        f"{ref['worker_processes_answering_in_5_s']} of {ref['worker_processes']}; controller-0 "
-        f"{ref['heartbeats_at_controller_per_s']} msg/s (planner {ref['heartbeats_planner_per_s']})"
+        f"   healthy workers per router {ref['healthy_workers_per_router']}; /health on the workers: routers "
+        f"{hc['routers']}/s (expected {hc['routers_expected']}), agents {hc['agents']}/s (expected {hc['agents_expected']})"
+    )
+    print(
+        "   all requests on the workers/s: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in list(ref["worker_requests_per_s"].items())[:6])
+    )
+    hb = ref["heartbeats"]
+    print(
+        f"   controller-0: aggregated {hb['aggregated_measured_per_s']} msg/s (planner "
+        f"{hb['aggregated_planner_per_s']:.1f}), {hb['replicas_probed_per_message']} replicas probed per message; "
+        f"direct would be {hb['direct_planner_per_s']:.1f} msg/s"
     )
     print(
         "   cores: "
         + ", ".join(f"{k} {v:.2f}" for k, v in ref["cores"].items())
         + "; RSS MiB: "
         + ", ".join(f"{k} {v:.0f}" for k, v in ref["rss_mib"].items())
-    )
-    print(f"2. steady size {s['replicas']} replicas, heartbeat {s['heartbeat_s']:g} s, over {s['window_s']:.0f} s:")
-    for row in s["routers"]:
-        print(
-            f"   {row['name']:<9} RSS {row['rss_mib']:6.1f} MiB  CPU {row['cpu_share']:6.1%}  open files {row['open_files']:5d}"
-        )
-    hc = s["health_checks_per_s"]
-    print(
-        f"   health checks on the workers: routers {hc['routers']}/s (expected {hc['routers_expected']}), agents "
-        f"{hc['agents']}/s (expected {hc['agents_expected']})"
-    )
-    print(
-        "   all requests on the workers/s: "
-        + ", ".join(f"{k} {v:.1f}" for k, v in list(s["worker_requests_per_s"].items())[:6])
-    )
-    hb = s["heartbeats"]
-    print(
-        f"   controller-0: aggregated {hb['aggregated_measured_per_s']} msg/s (planner {hb['aggregated_planner_per_s']:.1f}), "
-        f"{hb['replicas_probed_per_message']} replicas probed per message; direct would be {hb['direct_planner_per_s']:.1f} msg/s"
-    )
-    print(
-        "   cores: "
-        + ", ".join(f"{k} {v:.2f}" for k, v in s["cores"].items())
-        + f"; CPU per request on a worker process {s['worker_cpu_ms_per_request']} ms, per agent probe "
-        f"{s['agent_cpu_ms_per_probe']} ms"
+        + f"; CPU per request on a worker process {ref['worker_cpu_ms_per_request']} ms, per agent probe "
+        f"{ref['agent_cpu_ms_per_probe']} ms"
     )
     if "error" in r:
-        print(f"3. rollout of {r['replicas']} replicas: {r['outcome']}: {r['error']}")
+        print(f"2. rollout of {r['replicas']} replicas: {r['outcome']}: {r['error']}")
         r = {**r, "per_batch": [], "router_api_calls": {}}
     else:
         print(
-            f"3. rollout of {r['replicas']} replicas ({r['outcome']}), batches {r['batch_sizes']}, {r['routers']} routers, "
+            f"2. rollout of {r['replicas']} replicas ({r['outcome']}), batches {r['batch_sizes']}, {r['routers']} routers, "
             f"{f['rate']:g} req/s: journal {r['journal_span_s']} s (CLI {r['cli_wall_s']} s) against "
             f"{r['configured_wait_s']} s configured: overhead ratio {r['overhead_ratio']}; client errors "
             f"{r['client_errors']} of {r['client_requests']}, P99 {r['client_p99_ms']} ms"
@@ -728,7 +667,7 @@ def print_table(f: dict[str, Any]) -> None:
             "router's handler"
         )
     print(
-        f"4. node loss ({n['node']}, {n['replicas']} replicas, {n['client_rate_per_s']:g} req/s): routers all-unhealthy "
+        f"3. node loss ({n['node']}, {n['replicas']} replicas, {n['client_rate_per_s']:g} req/s): routers all-unhealthy "
         f"at {n['routers_all_unhealthy_s']} s (bound {n['router_detection_bound_s']:g} s); out of every router "
         f"{n['out_of_every_router_s']} s (plan {n['planned_out_s']:g} s); migrated {n['migrated_s']} s (plan "
         f"{n['planned_migrate_s']:g} s); readmitted {n['readmitted']} (node score {n['node_score_at_end']}, "
@@ -739,7 +678,7 @@ def print_table(f: dict[str, Any]) -> None:
     most = max(t["replicas"] for t in sch["trials"])
     where = f"at {knee} replicas" if knee else f"none up to {most} replicas"
     print(
-        f"5. scheduling period, jitter = {sch['jitter_rule']}: knee of direct reports {where} "
+        f"4. scheduling period, jitter = {sch['jitter_rule']}: knee of direct reports {where} "
         f"(source: above {sch['source_claim_replicas']})"
     )
     print("   mode        replicas period  msg/s (planner)  late p50/p99/max ms      work p50/p99 ms  CPU")
@@ -755,10 +694,6 @@ def print_table(f: dict[str, Any]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--replicas", type=int, default=int(stack_doc("prod")["serving"]["replicas"]))
-    ap.add_argument(
-        "--steady-replicas", type=int, default=512, help="the size sections 2-5 run at (the most this machine holds)"
-    )
-    ap.add_argument("--steady-heartbeat-s", type=float, default=3.0, help="their heartbeat (prod: 5 s)")
     ap.add_argument(
         "--rate", type=float, default=100.0, help="client requests per second during the node loss and the rollout"
     )
@@ -807,33 +742,28 @@ def main() -> int:
 
 
 def measure(args: argparse.Namespace, figures: dict[str, Any]) -> None:
-    """Sections 1-5 into ``figures``, each added as soon as it is measured."""
+    """Sections 1-4 into ``figures``, each added as soon as it is measured, on one sandbox."""
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        with Scale(source_stack(tmp / "stack", args.replicas), tmp / "state") as ref:
-            routers = ref.records("router")
+        with Scale(source_stack(tmp / "stack", args.replicas), tmp / "state") as sc:
+            routers = sc.records("router")
             registration = {r.name: round(cpu_s(r.pid), 1) for r in routers}
             figures["bring_up"] = {
-                "replicas": len(ref.plan.replicas),
-                "nodes": len({r.node.name for r in ref.plan.replicas}),
+                "replicas": len(sc.plan.replicas),
+                "nodes": len({r.node.name for r in sc.plan.replicas}),
                 "routers": len(routers),
-                "controllers": len(ref.records("controller")),
-                "worker_processes": len(ref.records("worker-host")),
-                "agent_processes": len(ref.records("agent")),
-                "up_s": round(ref.up_s, 1),
+                "controllers": len(sc.records("controller")),
+                "worker_processes": len(sc.records("worker-host")),
+                "agent_processes": len(sc.records("agent")),
+                "up_s": round(sc.up_s, 1),
             }
-            figures["reference"] = reference(ref, 4 * ref.spec.serving.heartbeat_interval_s)
+            time.sleep(2 * sc.spec.serving.heartbeat_interval_s)  # every agent's first reports in
+            figures["reference"] = reference(sc, 4 * sc.spec.serving.heartbeat_interval_s)
             for row in figures["reference"]["routers"]:
                 row["registration_cpu_s"] = registration[row["name"]]
-            full = ref.stack_file  # the derived full-size stack stays on disk for the trials
-        figures["machine"]["after_reference_loadavg"] = machine()["loadavg_1_5_15"]
-        small = source_stack(tmp / "steady-stack", args.steady_replicas, args.steady_heartbeat_s)
-        with Scale(small, tmp / "steady-state") as sc:
-            time.sleep(2 * sc.spec.serving.heartbeat_interval_s)  # the agents' first reports
-            figures["steady"] = steady(sc, 6 * sc.spec.serving.heartbeat_interval_s)
             figures["rollout"] = rollout(sc, args.rate)
             figures["node_loss"] = node_loss(sc, args.rate)
-            figures["scheduling"] = scheduling(sc, full, tmp)
+            figures["scheduling"] = scheduling(sc, sc.stack_file, tmp)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ REDUCED = {
     "serving.heartbeat_interval_s": 3,
 }
 CLIENT_RATE = 40.0
-AGENT_PROBE = "GET /health python-httpx"  # as a worker host counts it: method, path, client
+AGENT_PROBE = "GET /health exaserve-agent"  # as a worker host counts it: method, path, client
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def leader(sc: Scale) -> dict[str, Any]:
 
 
 def agent_probes(sc: Scale) -> float:
-    """``GET /health`` requests from the agents (python-httpx) that the worker hosts counted, summed."""
+    """``GET /health`` requests from the agents (exaserve-agent) that the worker hosts counted, summed."""
     hosts = [r for r in sc.state.records() if r.kind == "worker-host"]
     return sum(asyncio.run(control(h.url, WORKERS_PATH, None, 10))["requests"].get(AGENT_PROBE, 0) for h in hosts)
 
@@ -190,7 +190,9 @@ def test_the_sandbox_section_is_derived_from_the_stack() -> None:
     assert set(spec.serving.releases) == {*prod.serving.releases, scale_module.REHEARSAL_RELEASE}
     assert spec.rollout.interval_s == prod.rollout.interval_s / scale_module.TIME_SCALE
     assert spec.serving.warmup_duration_s == prod.serving.warmup_duration_s / scale_module.TIME_SCALE
-    # what the rehearsal measures stays the stack's own
+    # what the rehearsal measures stays the stack's own, and so do the bounds: the drain bound also bounds a batch's
+    # removal from every router, the routers' own work at this size
+    assert spec.rollout.drain_timeout_s == prod.rollout.drain_timeout_s
     assert spec.serving.heartbeat_interval_s == prod.serving.heartbeat_interval_s
     assert spec.runtime.lease_ttl_s == prod.runtime.lease_ttl_s
     assert plan_fleet(spec).replicas == plan_fleet(prod).replicas

@@ -13,7 +13,6 @@ import time
 from collections.abc import Awaitable
 from typing import Annotated
 
-import httpx
 import typer
 from rich.table import Table
 
@@ -30,6 +29,7 @@ from serving.cli.options import (
     resolve_stack,
 )
 from serving.cli.state import locked, stack_state
+from serving.fleet_http import FleetHttp, HttpFailure
 from serving.plan.model import Plan
 from serving.plan.planner import plan as plan_fleet
 from serving.rollout.backends import BackendError
@@ -201,23 +201,18 @@ async def _start_sandbox(
 
 
 async def _healthy(urls: list[str], budget: float) -> None:
-    """Until every worker's ``/health`` answers 200; TimeoutError past ``serving.startup_budget_s``. At most
-    :data:`serving.sandbox.backend.PROBES_AT_ONCE` probes are in flight, so none waits for a pooled connection past
-    its timeout."""
-    from serving.sandbox.backend import PROBES_AT_ONCE  # noqa: PLC0415
-
+    """Until every worker's ``/health`` answers 200; TimeoutError past ``serving.startup_budget_s``."""
     deadline = time.monotonic() + budget
-    slots = asyncio.Semaphore(PROBES_AT_ONCE)
-    async with httpx.AsyncClient(timeout=1.0) as http:
+    http = FleetHttp(timeout_s=1.0)
 
-        async def ok(url: str) -> bool:
-            async with slots:
-                try:
-                    return (await http.get(url + "/health")).status_code == 200
-                except httpx.HTTPError:
-                    return False
+    async def ok(url: str) -> bool:
+        try:
+            return (await http.get(url + "/health")).status == 200
+        except HttpFailure:
+            return False
 
-        pending = set(urls)
+    pending = set(urls)
+    try:
         while pending:
             order = sorted(pending)
             answers = await asyncio.gather(*(ok(u) for u in order))
@@ -229,6 +224,8 @@ async def _healthy(urls: list[str], budget: float) -> None:
                 )
             if pending:
                 await asyncio.sleep(0.1)
+    finally:
+        await http.aclose()
 
 
 @sandbox_app.command("down")

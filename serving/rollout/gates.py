@@ -72,6 +72,7 @@ from serving.router.client import (
     WORKER_E2E_LATENCY,
     HistogramSnapshot,
     MetricsSnapshot,
+    Sample,
 )
 
 ROUTER_INFERENCE_REQUESTS = "smg_router_requests_total"
@@ -161,14 +162,21 @@ class RouterReading:
 
     @classmethod
     def read(cls, snap: MetricsSnapshot, workers: Sequence[str]) -> RouterReading:
-        outcomes = {u: snap.by_label(ROUTER_WORKER_OUTCOMES, "outcome", worker=u) for u in workers}
+        outcomes, health, breaker = (
+            snap.grouped(name, "worker")
+            for name in (ROUTER_WORKER_OUTCOMES, ROUTER_WORKER_HEALTH, ROUTER_WORKER_CB_STATE)
+        )
+
+        def outcome(samples: list[Sample], which: str) -> float:
+            return sum(s.value for s in samples if s.labels.get("outcome") == which)
+
         return cls(
             counters=Counters.read(snap),
-            outcomes={u: (o.get("success", 0.0), o.get("failure", 0.0)) for u, o in outcomes.items() if o},
-            unhealthy=frozenset(
-                u for u in workers if (h := snap.select(ROUTER_WORKER_HEALTH, worker=u)) and h[0].value < 1
-            ),
-            circuit_open=frozenset(u for u in workers if snap.value(ROUTER_WORKER_CB_STATE, worker=u) == CIRCUIT_OPEN),
+            outcomes={
+                u: (outcome(outcomes[u], "success"), outcome(outcomes[u], "failure")) for u in workers if u in outcomes
+            },
+            unhealthy=frozenset(u for u in workers if u in health and health[u][0].value < 1),
+            circuit_open=frozenset(u for u in workers if sum(s.value for s in breaker.get(u, ())) == CIRCUIT_OPEN),
         )
 
 

@@ -29,6 +29,7 @@ from typing import TypeVar
 
 import httpx
 
+from serving.fleet_http import FleetHttp, HttpFailure
 from serving.rollout.backends import Backend, BackendError
 from serving.rollout.gates import (
     ROUTER_GATE_METRICS,
@@ -135,7 +136,7 @@ class Runner:
         self._pause_recorded = False
         self.readmitted_at: dict[int, float] = {}  # batch → wall time its readmission finished
         self.rollback_started_at: float | None = None
-        self._http = httpx.AsyncClient()
+        self._http = FleetHttp(timeout_s=5.0)  # the replicas' and the routers' metrics, the batch's health probes
 
     # ----- driving the machine ------------------------------------------------------------------
     def request_pause(self) -> None:
@@ -212,7 +213,7 @@ class Runner:
         while True:
             try:
                 return await call()
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, HttpFailure) as exc:
                 now = time.monotonic()
                 if deadline is None:
                     deadline = now + self.router_grace_s
@@ -226,8 +227,9 @@ class Runner:
     # ----- the gates' readings -------------------------------------------------------------------
     async def _scrape(self, url: str, names: tuple[str, ...], timeout_s: float = 5.0) -> MetricsSnapshot:
         """One Prometheus scrape, only the families the gates read (:func:`serving.rollout.gates.parse_only`)."""
-        response = await self._http.get(url, timeout=timeout_s)
-        response.raise_for_status()
+        response = await self._http.get(url, timeout_s=timeout_s)
+        if response.status != 200:
+            raise HttpFailure(url, f"HTTP {response.status}")
         return parse_only(response.text, names)
 
     async def _worker_scrape(self, url: str) -> MetricsSnapshot | str:
@@ -237,8 +239,8 @@ class Runner:
             return await self._scrape(
                 url + "/metrics", WORKER_GATE_METRICS, self.state.plan.timings.health_check_timeout_s
             )
-        except httpx.HTTPError as exc:
-            return type(exc).__name__
+        except HttpFailure as exc:
+            return exc.why
 
     async def _read(self, urls: Mapping[str, str], *, workers: bool) -> Reading:
         """A scrape of EVERY router instance (all of them or none: one that does not answer is retried for the grace
@@ -395,8 +397,8 @@ class Runner:
             snap = await self._scrape(
                 url + "/metrics", (WORKER_RUNNING, WORKER_QUEUED), self.state.plan.timings.health_check_timeout_s
             )
-        except httpx.HTTPError as exc:
-            return f"no answer from {url}/metrics ({type(exc).__name__})"
+        except HttpFailure as exc:
+            return f"no answer from {url}/metrics ({exc.why})"
         if not snap.select(WORKER_RUNNING):
             return f"{url}/metrics has no {WORKER_RUNNING}"
         return snap.value(WORKER_RUNNING) + snap.value(WORKER_QUEUED)
@@ -443,11 +445,11 @@ class Runner:
     async def _probe(self, url: str) -> str:
         try:
             response = await self._http.get(
-                url + "/health_generate", timeout=self.state.plan.timings.health_check_timeout_s
+                url + "/health_generate", timeout_s=self.state.plan.timings.health_check_timeout_s
             )
-        except httpx.HTTPError as exc:
-            return type(exc).__name__
-        return str(response.status_code)
+        except HttpFailure as exc:
+            return exc.why
+        return str(response.status)
 
     async def _health(self, step: Step, version: str) -> Event:
         urls = self._urls(step)
@@ -575,8 +577,10 @@ def _attempt_rate(before: WindowStats, replicas: int) -> float:
     return before.upstream_responses / before.seconds / replicas if before.seconds > 0 and replicas else 0.0
 
 
-def _target(exc: httpx.HTTPError) -> str:
+def _target(exc: httpx.HTTPError | HttpFailure) -> str:
     """The URL a failed call went to (the router instance, or a worker)."""
+    if isinstance(exc, HttpFailure):
+        return exc.url
     try:
         return str(exc.request.url)
     except RuntimeError:  # an error raised without its request

@@ -133,6 +133,15 @@ class MetricsSnapshot:
             out[key] = out.get(key, 0.0) + s.value
         return out
 
+    def grouped(self, name: str, label: str) -> dict[str, list[Sample]]:
+        """Samples of ``name`` by the value of ``label`` (in scrape order), in one pass: a router with 2,048 workers
+        shows ~6,000 per-worker samples, and a lookup per worker with :meth:`select` took 8 s a read."""
+        out: dict[str, list[Sample]] = {}
+        for s in self.samples:
+            if s.name == name and label in s.labels:
+                out.setdefault(s.labels[label], []).append(s)
+        return out
+
     def histogram(self, name: str, **labels: str) -> HistogramSnapshot:
         """The histogram ``name`` (without suffix), buckets summed across other labels."""
         buckets: dict[float, float] = {}

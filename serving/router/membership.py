@@ -19,7 +19,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 from serving.router.client import RouterClient, WorkerInfo
 
-POLL_S = 0.05  # between two GET /workers on one instance while waiting for a change
+POLL_S = 0.05  # between two GET /workers on one instance while waiting for a change, at least
+# ... and at least this many times as long as the last list took: a router with 2,048 workers spends ~25 ms of CPU on
+# one list (sglang-router 0.3.2), so three of them polled every 50 ms while they work through a batch's 410 changes
+# would spend a core answering the polls instead of making the changes (docs/scale.md).
+POLL_COST_RATIO = 4.0
 PerRouter = Callable[[RouterClient], Awaitable[float]]  # one instance's part of an operation → its seconds
 Missing = Callable[[dict[str, WorkerInfo]], set[str]]  # what an instance's worker list still lacks (or holds)
 
@@ -152,8 +156,18 @@ def _host(url: str) -> str:
 
 
 async def _until(client: RouterClient, started: float, timeout_s: float, missing: Missing, what: str) -> None:
-    """Poll the instance's worker list until ``missing(list)`` is empty; past ``timeout_s`` raise, naming it."""
-    while left := missing({w.url: w for w in await client.list_workers()}):
-        if time.monotonic() - started >= timeout_s:
-            raise MembershipTimeout(f"router {client.base_url} {what} {sorted(left)} after {timeout_s:g} s")
-        await asyncio.sleep(POLL_S)
+    """Poll the instance's worker list until ``missing(list)`` is empty; past ``timeout_s`` raise, naming it. Polls
+    are :data:`POLL_S` apart, or :data:`POLL_COST_RATIO` times the last list's duration when that is longer."""
+    while True:
+        asked = time.monotonic()
+        left = missing({w.url: w for w in await client.list_workers()})
+        if not left:
+            return
+        now = time.monotonic()
+        if now - started >= timeout_s:
+            shown = sorted(left)
+            more = f" and {len(shown) - 8} more" if len(shown) > 8 else ""
+            raise MembershipTimeout(
+                f"router {client.base_url} {what} {len(shown)}: {shown[:8]}{more} after {timeout_s:g} s"
+            )
+        await asyncio.sleep(max(POLL_S, POLL_COST_RATIO * (now - asked)))

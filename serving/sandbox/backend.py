@@ -15,8 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
+from serving.fleet_http import FleetHttp, HttpFailure
 from serving.plan.model import Plan, Replica
 from serving.render.common import duration_buckets
 from serving.render.router import ROUTER_ENTRY, router_argv
@@ -29,9 +28,6 @@ from serving.sandbox.worker import LOOPBACK, WorkerConfig
 from serving.spec.schema import FleetSpec, SandboxSpec
 
 JITTER_SHARE = 0.1  # simulated latency varies ±10 % around each release's latency_ms
-# Requests in flight at once when every worker is asked (versions, health): httpx pools 100 connections and fails
-# the rest after its timeout, so 2,048 at once would read as 1,948 replicas down.
-PROBES_AT_ONCE = 32
 
 
 def sandbox_of(spec: FleetSpec) -> SandboxSpec:
@@ -136,8 +132,7 @@ class LocalBackend(ReplicaIndex):
         self.sandbox = sandbox_of(spec)
         self.state = StateDir(processes_dir)
         super().__init__(list(plan.replicas))
-        self._http = httpx.AsyncClient(timeout=spec.serving.health_check_timeout_s)
-        self._slots = asyncio.Semaphore(PROBES_AT_ONCE)
+        self._http = FleetHttp(timeout_s=spec.serving.health_check_timeout_s)
 
     @property
     def name(self) -> str:
@@ -161,10 +156,9 @@ class LocalBackend(ReplicaIndex):
         ``weight_version``, from its ``--version``); None when nothing answers on its port (stopped, crashed,
         still loading)."""
         try:
-            async with self._slots:
-                response = await self._http.get(self.worker_url(replica_id) + "/model_info")
-            return str(response.json()["weight_version"]) if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, KeyError):
+            response = await self._http.get(self.worker_url(replica_id) + "/model_info")
+            return str(response.json()["weight_version"]) if response.status == 200 else None
+        except (HttpFailure, ValueError, KeyError, TypeError):
             return None
 
     async def versions(self, replica_ids: Sequence[str]) -> dict[str, str | None]:

@@ -7,10 +7,12 @@ The sandbox section is derived from the stack, never copied into a stack file by
   :func:`serving.sandbox.runtime.runtime_ports`, then one control port per worker host);
 * the layout: :data:`WORKERS_PER_PROCESS` workers (whole nodes) share one event loop
   (:mod:`serving.sandbox.worker_host`), and the agents of the same nodes share one ``exaserve agent run``;
-* time: the rollout's waits (soak interval, baseline window, warm-up, drain bound) and a replica's restart from the
-  local cache (the simulated start-up) are the stack's divided by :data:`TIME_SCALE` — a minute becomes a second —
-  so a 5-batch rollout fits a CI run. Heartbeats, health-check timeouts, failure thresholds and the lease stay the
-  stack's: they are what the rehearsal measures;
+* time: the rollout's waits (soak interval, baseline window, warm-up) and a replica's restart from the local cache
+  (the simulated start-up) are the stack's divided by :data:`TIME_SCALE` — a minute becomes a second — so a 5-batch
+  rollout fits a CI run. Bounds stay the stack's: ``rollout.drain_timeout_s`` also bounds a batch's removal from
+  every router, which at the reference size is the routers' own work (410 changes at ~70 ms of router CPU each,
+  docs/scale.md), not a wait to shorten. Heartbeats, health-check timeouts, failure thresholds and the lease stay
+  the stack's too: they are what the rehearsal measures;
 * releases: every release of the stack is simulated (the defaults of ``SandboxVersion``), plus
   :data:`REHEARSAL_RELEASE` on the stable image so a rollout can be rehearsed (``--to rehearsal``).
 
@@ -105,7 +107,7 @@ def simulated_document(stack: Stack, plan: Plan, *, ports_base: int | None = Non
     serving["releases"] = {**spec.serving.releases, REHEARSAL_RELEASE: spec.serving.image}
     serving["warmup_duration_s"] = spec.serving.warmup_duration_s / TIME_SCALE
     rollout = doc.setdefault("rollout", {})
-    for key in ("interval_s", "baseline_window_s", "drain_timeout_s"):
+    for key in ("interval_s", "baseline_window_s"):
         rollout[key] = getattr(spec.rollout, key) / TIME_SCALE
     startup_s = plan.restart_from_cache_s.value / TIME_SCALE
     doc["sandbox"] = {

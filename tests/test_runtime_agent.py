@@ -1,0 +1,209 @@
+"""The node agent and its fleet-wide HTTP (serving.fleet_http) against real processes on loopback.
+
+The replicas are SIMULATED SGLang workers (serving.sandbox.worker_host, a real process serving real ports); the
+controllers' report endpoint and the DCGM exporter are stand-ins served here (no controller needed to read a report,
+no GPU for DCGM): the report is read back with the controller's own parser, the exporter's text is DCGM's format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+from aiohttp import web
+
+from serving.fleet_http import FleetHttp, HttpFailure
+from serving.runtime.agent import AGENT_USER_AGENT, Agent, AgentConfig
+from serving.runtime.reports import NodeReport, parse_report
+from serving.sandbox.processes import StateDir, free_port, free_port_block, stop_process
+from serving.sandbox.worker import WorkerConfig
+from serving.sandbox.worker_host import WORKERS_PATH, control, start_host
+
+DCGM_TEXT = """\
+# TYPE DCGM_FI_DEV_GPU_UTIL gauge
+DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a"} 40
+DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-b"} 60
+DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-c"} 100
+# TYPE DCGM_FI_DEV_FB_USED gauge
+DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-a"} 30000
+DCGM_FI_DEV_FB_USED{gpu="1",UUID="GPU-b"} 50000
+# TYPE DCGM_FI_DEV_FB_FREE gauge
+DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-a"} 50000
+DCGM_FI_DEV_FB_FREE{gpu="1",UUID="GPU-b"} 30000
+"""
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Three simulated workers in one worker-host process: ``ready``, ``warming`` (its /health answers 503 for ever)
+    and ``slow`` (every answer 1.5 s late, set through the simulator's fault route); ``closed``: a port nobody
+    listens on. Name → URL, plus ``control``: the host's control endpoint."""
+    base = free_port_block(3)
+    configs = [
+        WorkerConfig(port=base),
+        WorkerConfig(port=base + 1, never_ready=True),
+        WorkerConfig(port=base + 2),
+    ]
+    state = StateDir(tmp_path_factory.mktemp("agent-host"))
+    host = start_host(state, 0, configs, free_port(), timeout_s=30)
+    urls = {"ready": configs[0].url, "warming": configs[1].url, "slow": configs[2].url}
+    try:
+        deadline = time.monotonic() + 30
+        asyncio.run(_until_listening(list(urls.values()), deadline))
+        asyncio.run(_put_fault(urls["slow"], {"delay_ms": 1500.0}))
+        yield {**urls, "closed": f"http://127.0.0.1:{free_port()}", "control": host.url}
+    finally:
+        stop_process(state, host.name, timeout_s=10)
+
+
+async def _until_listening(urls: list[str], deadline: float) -> None:
+    http = FleetHttp(timeout_s=1.0)
+    try:
+        for url in urls:
+            while True:
+                try:
+                    await http.get(url + "/model_info")
+                    break
+                except HttpFailure:
+                    assert time.monotonic() < deadline, f"{url} never listened"
+                    await asyncio.sleep(0.1)
+    finally:
+        await http.aclose()
+
+
+async def _put_fault(url: str, fault: dict[str, float]) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s, s.put(url + "/sim/fault", json=fault) as r:
+        assert r.status == 200, await r.text()
+
+
+class Stand:
+    """A loopback server for the stand-ins: ``POST /v1/reports`` records bodies (202), ``GET /dcgm`` serves DCGM's
+    text, ``GET /slow`` answers after 0.3 s counting how many it serves at once."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.at_once = 0
+        self.most_at_once = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/reports", self._report)
+        app.router.add_get("/dcgm", self._dcgm)
+        app.router.add_get("/slow", self._slow)
+        return app
+
+    async def _report(self, request: web.Request) -> web.Response:
+        self.bodies.append(await request.read())
+        return web.json_response({"accepted": True}, status=202)
+
+    async def _dcgm(self, _request: web.Request) -> web.Response:
+        return web.Response(text=DCGM_TEXT)
+
+    async def _slow(self, _request: web.Request) -> web.Response:
+        self.at_once += 1
+        self.most_at_once = max(self.most_at_once, self.at_once)
+        await asyncio.sleep(0.3)
+        self.at_once -= 1
+        return web.Response(text="ok")
+
+
+async def _serving(stand: Stand) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(stand.app(), access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
+def test_one_report_per_node_says_what_each_replica_answered_and_reaches_every_controller(
+    workers: dict[str, str],
+) -> None:
+    async def run() -> tuple[NodeReport, dict[str, int], list[bytes], str]:
+        stand = Stand()
+        runner, base = await _serving(stand)
+        dead_controller = f"http://127.0.0.1:{free_port()}"
+        config = AgentConfig(
+            node="gpu-r00-n00",
+            replicas=tuple(
+                (name, workers[name], gpus)
+                for name, gpus in (("ready", (0, 1)), ("warming", (2,)), ("slow", ()), ("closed", ()))
+            ),
+            controllers=(base, dead_controller),
+            interval_s=5.0,
+            timeout_s=0.5,
+            max_running_requests=256,
+            link_rate_gbps=400.0,
+            dcgm_url=base + "/dcgm",
+        )
+        agent = Agent(config)
+        try:
+            report = await agent.report()
+            codes = await agent.send(report)
+        finally:
+            await agent.aclose()
+            await runner.cleanup()
+        return report, dict(codes), stand.bodies, dead_controller
+
+    report, codes, bodies, dead = asyncio.run(run())
+    probes = {p.id: p for p in report.replicas}
+    assert report.node == "gpu-r00-n00" and report.seq == 1 and list(probes) == ["ready", "warming", "slow", "closed"]
+    ready = probes["ready"]
+    assert ready.ok and ready.error is None and ready.latency_s is not None and ready.latency_s < 0.5
+    assert ready.gpu_utilization == pytest.approx(0.5)  # DCGM, averaged over its GPUs 0 and 1: (40 + 60) / 2 %
+    assert ready.memory_usage == pytest.approx(0.5)  # DCGM frame buffer: 80,000 used of 160,000 MiB
+    assert ready.running == 0 and ready.queued == 0
+    assert not probes["warming"].ok and probes["warming"].error == "/health 503"
+    assert probes["warming"].gpu_utilization == 0.0  # a failed probe reports no figures
+    assert not probes["slow"].ok and probes["slow"].error == "Timeout 0.5 s" and probes["slow"].latency_s is None
+    assert not probes["closed"].ok and probes["closed"].error == "ConnectError"
+    # every controller was sent the report; the one that does not listen is 0
+    assert codes == {next(c for c in codes if c != dead): 202, dead: 0}
+    assert len(bodies) == 1 and parse_report(bodies[0]) == report
+    # the workers saw the agent's probes under its own name
+    counted = asyncio.run(control(workers["control"], WORKERS_PATH, None, 10))["requests"]
+    client = AGENT_USER_AGENT.split("/", 1)[0]
+    assert client == "exaserve-agent"
+    assert counted.get(f"GET /health {client}", 0) >= 2 and counted.get(f"GET /metrics {client}", 0) >= 1
+
+
+def test_fleet_http_bounds_calls_in_flight_and_their_timeout_does_not_count_the_wait() -> None:
+    """Eight calls of 0.3 s with 2 in flight take four turns (1.2 s), each within its 0.5 s time-out."""
+
+    async def run() -> tuple[list[int], int, float]:
+        stand = Stand()
+        runner, base = await _serving(stand)
+        http = FleetHttp(timeout_s=0.5, at_once=2)
+        try:
+            started = time.monotonic()
+            answers = await asyncio.gather(*(http.get(base + "/slow") for _ in range(8)))
+            took = time.monotonic() - started
+        finally:
+            await http.aclose()
+            await runner.cleanup()
+        return [a.status for a in answers], stand.most_at_once, took
+
+    statuses, most, took = asyncio.run(run())
+    assert statuses == [200] * 8
+    assert most == 2
+    assert took >= 4 * 0.3
+
+
+def test_fleet_http_names_the_url_and_why_when_nothing_answers() -> None:
+    url = f"http://127.0.0.1:{free_port()}/metrics"
+
+    async def run() -> HttpFailure:
+        http = FleetHttp(timeout_s=1.0)
+        try:
+            await http.get(url)
+        except HttpFailure as exc:
+            return exc
+        finally:
+            await http.aclose()
+        raise AssertionError(f"{url} answered")
+
+    failure = asyncio.run(run())
+    assert failure.url == url and failure.why == "ConnectError" and str(failure) == f"{url}: ConnectError"
