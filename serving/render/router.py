@@ -67,6 +67,11 @@ def _interval(c: RouterContext) -> int:
     return whole_seconds(c.spec.serving.heartbeat_interval_s)
 
 
+def request_timeout_s(spec: FleetSpec) -> int:
+    """The routers' ``--request-timeout-secs``: the detection window, serving.failure_threshold × the heartbeat."""
+    return spec.serving.failure_threshold * whole_seconds(spec.serving.heartbeat_interval_s)
+
+
 def _abs_threshold(spec: FleetSpec) -> int:
     """cache_aware also needs ``max − min > abs``: the router's 64 in-flight requests is 8 replicas' batches at
     the source's 8; the plan's 1.5 × mean over one replica's batch is (ratio − 1) × batch in-flight requests."""
@@ -145,7 +150,7 @@ ROUTER_FLAGS: Final[tuple[FlagRule[RouterContext], ...]] = (
         "--request-timeout-secs",
         "serving.failure_threshold × serving.heartbeat_interval_s (a request stuck on a hung replica longer than "
         "the detection window is retried on another; default 1800 s)",
-        lambda c: str(c.spec.serving.failure_threshold * _interval(c)),
+        lambda c: str(request_timeout_s(c.spec)),
     ),
     FlagRule(
         "--shutdown-grace-period-secs",

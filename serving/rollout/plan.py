@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from serving.plan.model import Plan
+from serving.render.router import request_timeout_s
 from serving.spec.schema import FleetSpec
 
 PlanKind = Literal["rollout", "revert"]
@@ -32,6 +33,10 @@ class Timings:
     warmup_share: float
     interval_s: float
     health_check_timeout_s: float
+    # A warm-up request's bound: the routers' --request-timeout-secs (serving.failure_threshold ×
+    # serving.heartbeat_interval_s), so a synthetic request fails exactly when a client's would. Journals written
+    # before it bounded warm-up requests by the health-check timeout, which a saturated fleet's P99 can pass.
+    request_timeout_s: float = 0.0
 
     @classmethod
     def from_spec(cls, spec: FleetSpec) -> Timings:
@@ -44,6 +49,7 @@ class Timings:
             warmup_share=s.warmup_share,
             interval_s=r.interval_s,
             health_check_timeout_s=s.health_check_timeout_s,
+            request_timeout_s=request_timeout_s(spec),
         )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
@@ -53,7 +54,7 @@ from serving.rollout.machine import Event, EventKind, Phase, RolloutState, Step,
 from serving.rollout.membership import Membership
 from serving.rollout.plan import warmup_requests
 from serving.router.client import WORKER_QUEUED, WORKER_RUNNING, MetricsSnapshot, RouterApiError
-from serving.router.loadgen import DEFAULT_BODY, LoadSpec, run_load
+from serving.router.loadgen import DEFAULT_BODY, TRANSPORT_ERROR, LoadSpec, run_load
 from serving.router.membership import MembershipTimeout, Observed
 
 T = TypeVar("T")
@@ -491,7 +492,7 @@ class Runner:
         self._say(f"warm-up: {n} synthetic requests to each of {len(urls)} replicas over {t.warmup_s:g} s")
         specs = [
             LoadSpec(url=u, rate_per_s=n / t.warmup_s, duration_s=t.warmup_s, max_requests=n, max_in_flight=n,
-                     body=DEFAULT_BODY, timeout_s=max(t.health_check_timeout_s, 1.0))
+                     body=DEFAULT_BODY, timeout_s=max(t.request_timeout_s, t.health_check_timeout_s, 1.0))
             for u in urls.values()
         ]  # fmt: skip
         reports = await asyncio.gather(*(run_load(s) for s in specs))
@@ -500,9 +501,15 @@ class Runner:
         p99 = max((r.p99_s for r in reports if r.ok), default=float("nan"))
         if failed:
             rate = sum(failed.values()) / sent
+            statuses: Counter[int] = Counter()
+            for r in reports:
+                statuses.update(
+                    {code: k for code, k in r.status_counts.items() if code == TRANSPORT_ERROR or code >= 500}
+                )
             breach = (
                 f"warm-up error rate {rate:.2%} > {plan.limits.max_error_rate:.2%}: failed synthetic requests "
-                f"per replica {failed}, {n} sent to each"
+                f"per replica {failed}, {n} sent to each; by status {dict(statuses)} (0: no answer within "
+                f"{specs[0].timeout_s:g} s or the connection failed)"
             )
             gates = Gates(None, None, rate, rate, rate, 0.0, (breach,))
             return self._event("failed", step, breach, gates=gates)
