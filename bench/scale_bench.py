@@ -2,7 +2,9 @@
 workers (256 per process) behind 3 REAL sglang-router instances, 3 REAL controllers on a REAL etcd and 256 node agents
 (``exaserve sandbox up --stack prod --simulate``), on one machine, all four sections on one sandbox.
 
-    PYTHONPATH=. .venv/bin/python bench/scale_bench.py [--replicas 2048] [--rate 100] [--json]
+    PYTHONPATH=. .venv/bin/python bench/scale_bench.py [--replicas 2048] [--rate 100] [--sections S,…] [--json]
+
+``--sections`` picks of ``reference,rollout,node-loss,scheduling`` (default all; each runs after ``sandbox up``).
 
 1. ``sandbox up``'s wall time and each router's CPU time to register the workers; then over four heartbeats: each
    router's memory, open files, CPU share and health checks by result, the healthy workers each router lists; the
@@ -63,6 +65,7 @@ from tests.support.controllers import leading_controller, status
 from tests.support.paths import REPO
 from tests.support.stacks import stack_doc, write_variant
 
+SECTIONS = ("reference", "rollout", "node-loss", "scheduling")
 TRIAL_S = 15.0  # measured, after one heartbeat interval (+ 1 s) from the probe's first report
 JITTER_SHARE = 0.10  # a period "jitters" when its p99 lateness exceeds this share of the period
 ROUTER_CLIENT = "-"  # the router sends no User-Agent; the agents are exaserve-agent, the updater python-httpx
@@ -608,15 +611,24 @@ def rollout(sc: Scale, rate: float) -> dict[str, Any]:
 
 # ----- output ----------------------------------------------------------------------------------------------------------
 def print_table(f: dict[str, Any]) -> None:
-    a, ref, n, sch, r = (f[k] for k in ("bring_up", "reference", "node_loss", "scheduling", "rollout"))
+    a = f["bring_up"]
     print(
         f"== {a['replicas']} replicas on {a['nodes']} nodes, {a['routers']} routers, {a['controllers']} controllers, "
-        f"{a['worker_processes']} worker and {a['agent_processes']} agent processes; machine {f['machine']}"
+        f"{a['worker_processes']} worker and {a['agent_processes']} agent processes; machine {f['machine']}; "
+        f"sandbox up {a['up_s']:.0f} s"
     )
-    print(
-        f"1. sandbox up {a['up_s']:.0f} s; over {ref['window_s']:.0f} s with everything registered "
-        f"(heartbeat {ref['heartbeat_s']:g} s):"
-    )
+    for key, show in (
+        ("reference", print_reference),
+        ("rollout", print_rollout),
+        ("node_loss", print_node_loss),
+        ("scheduling", print_scheduling),
+    ):
+        if key in f:
+            show(f[key], f)
+
+
+def print_reference(ref: dict[str, Any], _f: dict[str, Any]) -> None:
+    print(f"1. over {ref['window_s']:.0f} s with everything registered (heartbeat {ref['heartbeat_s']:g} s):")
     for row in ref["routers"]:
         print(
             f"   {row['name']:<9} RSS {row['rss_mib']:6.1f} MiB  open files {row['open_files']:5d}  registration CPU "
@@ -646,6 +658,9 @@ def print_table(f: dict[str, Any]) -> None:
         + f"; CPU per request on a worker process {ref['worker_cpu_ms_per_request']} ms, per agent probe "
         f"{ref['agent_cpu_ms_per_probe']} ms"
     )
+
+
+def print_rollout(r: dict[str, Any], f: dict[str, Any]) -> None:
     if "error" in r:
         print(f"2. rollout of {r['replicas']} replicas: {r['outcome']}: {r['error']}")
         r = {**r, "per_batch": [], "router_api_calls": {}}
@@ -666,6 +681,9 @@ def print_table(f: dict[str, Any]) -> None:
             f"   {key:<22} {c['per_batch']:8.1f} calls per batch (all routers), {c['router_handler_ms']:7.2f} ms in the "
             "router's handler"
         )
+
+
+def print_node_loss(n: dict[str, Any], _f: dict[str, Any]) -> None:
     print(
         f"3. node loss ({n['node']}, {n['replicas']} replicas, {n['client_rate_per_s']:g} req/s): routers all-unhealthy "
         f"at {n['routers_all_unhealthy_s']} s (bound {n['router_detection_bound_s']:g} s); out of every router "
@@ -674,6 +692,9 @@ def print_table(f: dict[str, Any]) -> None:
         f"≥ {n['readmission_needs_s']:.0f} s more); client errors {n['client_errors']} of {n['client_requests']}, "
         f"P99 {n['client_p99_ms']} ms"
     )
+
+
+def print_scheduling(sch: dict[str, Any], _f: dict[str, Any]) -> None:
     knee = sch["knee_direct_replicas"]
     most = max(t["replicas"] for t in sch["trials"])
     where = f"at {knee} replicas" if knee else f"none up to {most} replicas"
@@ -696,6 +717,12 @@ def main() -> int:
     ap.add_argument("--replicas", type=int, default=int(stack_doc("prod")["serving"]["replicas"]))
     ap.add_argument(
         "--rate", type=float, default=100.0, help="client requests per second during the node loss and the rollout"
+    )
+    ap.add_argument(
+        "--sections",
+        type=lambda v: v.split(","),
+        default=list(SECTIONS),
+        help=f"comma-separated, of {','.join(SECTIONS)} (default: all, in that order, on one sandbox)",
     )
     ap.add_argument("--json", action="store_true")
     # the child processes of section 5
@@ -723,6 +750,8 @@ def main() -> int:
     if args.reporters:
         reporters(args)
         return 0
+    if unknown := sorted(set(args.sections) - set(SECTIONS)):
+        ap.error(f"--sections: unknown {unknown}; choose from {','.join(SECTIONS)}")
     figures: dict[str, Any] = {"machine": machine(), "rate": args.rate}
     started = time.monotonic()
     try:
@@ -758,12 +787,16 @@ def measure(args: argparse.Namespace, figures: dict[str, Any]) -> None:
                 "up_s": round(sc.up_s, 1),
             }
             time.sleep(2 * sc.spec.serving.heartbeat_interval_s)  # every agent's first reports in
-            figures["reference"] = reference(sc, 4 * sc.spec.serving.heartbeat_interval_s)
-            for row in figures["reference"]["routers"]:
-                row["registration_cpu_s"] = registration[row["name"]]
-            figures["rollout"] = rollout(sc, args.rate)
-            figures["node_loss"] = node_loss(sc, args.rate)
-            figures["scheduling"] = scheduling(sc, sc.stack_file, tmp)
+            if "reference" in args.sections:
+                figures["reference"] = reference(sc, 4 * sc.spec.serving.heartbeat_interval_s)
+                for row in figures["reference"]["routers"]:
+                    row["registration_cpu_s"] = registration[row["name"]]
+            if "rollout" in args.sections:
+                figures["rollout"] = rollout(sc, args.rate)
+            if "node-loss" in args.sections:
+                figures["node_loss"] = node_loss(sc, args.rate)
+            if "scheduling" in args.sections:
+                figures["scheduling"] = scheduling(sc, sc.stack_file, tmp)
 
 
 if __name__ == "__main__":

@@ -119,10 +119,11 @@ def test_one_report_per_node_reaches_the_controller_and_no_client_sees_a_node_lo
         f"controller: {rate:.1f} msg/s carrying {carried:.1f} replica probes/s (the workers counted {probed:.1f}/s); "
         f"direct: {REPLICAS / interval:.1f} msg/s"
     )
-    # one message per node: what the controller received carries the replicas per node, however far the agents
-    # fall behind their interval on a loaded machine (docs/scale.md)
+    # one message per node: what the controller received carries the replicas per node
     assert carried / rate == pytest.approx(PER_NODE), f"{carried:.1f} replica probes/s in {rate:.1f} msg/s"
-    assert NODES / interval * 0.25 <= rate <= NODES / interval * 1.1, f"{rate:.1f} msg/s from {NODES} agents"
+    # and the agents keep their interval: a probe costs them 0.3 ms of CPU (serving.fleet_http), 170 probes/s here;
+    # on httpx (7.3 ms a probe) they reached 67 % of it on 2 cores (docs/scale.md)
+    assert NODES / interval * 0.8 <= rate <= NODES / interval * 1.1, f"{rate:.1f} msg/s from {NODES} agents"
     # and the probes were made: the workers saw them (the two counters are read a moment apart, and a report the
     # agent gave up on after probing reached no controller: hence the margin above, none below)
     assert carried * 0.9 <= probed <= carried * 1.5, (
@@ -190,9 +191,10 @@ def test_the_sandbox_section_is_derived_from_the_stack() -> None:
     assert set(spec.serving.releases) == {*prod.serving.releases, scale_module.REHEARSAL_RELEASE}
     assert spec.rollout.interval_s == prod.rollout.interval_s / scale_module.TIME_SCALE
     assert spec.serving.warmup_duration_s == prod.serving.warmup_duration_s / scale_module.TIME_SCALE
-    # what the rehearsal measures stays the stack's own, and so do the bounds: the drain bound also bounds a batch's
-    # removal from every router, the routers' own work at this size
-    assert spec.rollout.drain_timeout_s == prod.rollout.drain_timeout_s
+    # what the rehearsal measures stays the stack's own, and so do the bounds, but the drain bound, which also bounds
+    # a batch's removal from three routers sharing two cores: a readmission's
+    assert spec.rollout.health_timeout_s == prod.rollout.health_timeout_s
+    assert spec.rollout.drain_timeout_s == max(prod.rollout.drain_timeout_s, prod.rollout.health_timeout_s) == 900
     assert spec.serving.heartbeat_interval_s == prod.serving.heartbeat_interval_s
     assert spec.runtime.lease_ttl_s == prod.runtime.lease_ttl_s
     assert plan_fleet(spec).replicas == plan_fleet(prod).replicas

@@ -9,10 +9,12 @@ The sandbox section is derived from the stack, never copied into a stack file by
   (:mod:`serving.sandbox.worker_host`), and the agents of the same nodes share one ``exaserve agent run``;
 * time: the rollout's waits (soak interval, baseline window, warm-up) and a replica's restart from the local cache
   (the simulated start-up) are the stack's divided by :data:`TIME_SCALE` — a minute becomes a second — so a 5-batch
-  rollout fits a CI run. Bounds stay the stack's: ``rollout.drain_timeout_s`` also bounds a batch's removal from
-  every router, which at the reference size is the routers' own work (410 changes at ~70 ms of router CPU each,
-  docs/scale.md), not a wait to shorten. Heartbeats, health-check timeouts, failure thresholds and the lease stay
-  the stack's too: they are what the rehearsal measures;
+  rollout fits a CI run. Bounds are not waits and stay the stack's, but one: ``rollout.drain_timeout_s`` also bounds
+  a batch's removal from every router, the routers' own work — sglang-router 0.3.2 rebuilds its hash ring over
+  every worker on each change, ~70 ms of CPU at 2,048 (docs/scale.md) — which a fleet's router gives a core of its
+  own (410 changes: 29 s) and the rehearsal's three routers share two cores for (150-180 s, past prod's 120 s). The
+  derived stack bounds it like a readmission, by ``rollout.health_timeout_s``. Heartbeats, health-check timeouts,
+  failure thresholds and the lease stay the stack's: they are what the rehearsal measures;
 * releases: every release of the stack is simulated (the defaults of ``SandboxVersion``), plus
   :data:`REHEARSAL_RELEASE` on the stable image so a rollout can be rehearsed (``--to rehearsal``).
 
@@ -109,6 +111,7 @@ def simulated_document(stack: Stack, plan: Plan, *, ports_base: int | None = Non
     rollout = doc.setdefault("rollout", {})
     for key in ("interval_s", "baseline_window_s"):
         rollout[key] = getattr(spec.rollout, key) / TIME_SCALE
+    rollout["drain_timeout_s"] = max(spec.rollout.drain_timeout_s, spec.rollout.health_timeout_s)
     startup_s = plan.restart_from_cache_s.value / TIME_SCALE
     doc["sandbox"] = {
         "worker_base_port": base,
