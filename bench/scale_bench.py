@@ -566,7 +566,7 @@ def rollout(sc: Scale, rate: float) -> dict[str, Any]:
         return {
             "replicas": len(sc.plan.replicas),
             "outcome": f"did not start (exit {run.returncode})",
-            "error": (run.stderr or run.stdout)[-1500:],
+            "error": (run.stdout[-1500:] + " | " + run.stderr[-1500:]).strip(" |"),
         }
     outcome = json_object(run)
     records = [json.loads(line) for line in journal.read_text().splitlines()]
