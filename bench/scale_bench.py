@@ -557,7 +557,9 @@ def rollout(sc: Scale, rate: float) -> dict[str, Any]:
         time.sleep(10)
         dry = json_object(sc.cli("rollout", "--to", "rehearsal", "--dry-run", "--json"))
         before, started = router_calls(metrics), time.monotonic()
-        run = sc.cli("rollout", "--to", "rehearsal", "--json", timeout_s=3600)
+        # a router working through a batch's ring rebuilds stalls its other handlers (blocking locks on its tokio
+        # threads): its metrics may not answer for longer than the default 30 s grace (docs/scale.md)
+        run = sc.cli("rollout", "--to", "rehearsal", "--json", "--router-grace-s", "600", timeout_s=7200)
         wall = time.monotonic() - started
         after = router_calls(metrics)
         report = load.gen.report()
@@ -596,6 +598,7 @@ def rollout(sc: Scale, rate: float) -> dict[str, Any]:
         "replicas": len(sc.plan.replicas),
         "routers": len(metrics),
         "outcome": outcome.get("outcome"),
+        "reason": outcome.get("reason"),
         "batch_sizes": [len(b["replicas"]) for b in dry["batches"]],
         "configured_wait_s": dry["configured_wait_s"],
         "journal_span_s": round(span, 1),
