@@ -313,6 +313,7 @@ def _print_report(result: RunResult) -> None:
 def _sync(display: Display, work: Coroutine[Any, Any, T]) -> T:
     """Run ``work`` (one event loop for the backend's connections) under the display; bad input exits 2, a
     platform that fails exits 1."""
+
     async def closing() -> T:  # the backend's connections close in the loop that opened them
         try:
             return await work
