@@ -20,7 +20,8 @@ from typing import Any
 
 import aiohttp
 
-USER_AGENT = f"exaserve/{version('exaserve-deploy')}"
+VERSION = version("exaserve-deploy")
+USER_AGENT = f"exaserve/{VERSION}"
 
 
 class HttpFailure(Exception):

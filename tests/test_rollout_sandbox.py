@@ -212,6 +212,7 @@ def test_broken_release_trips_the_error_gate_in_the_first_batch_and_everything_e
     assert load.report is not None and load.report.errors == 0, load.report.summary()
     state = load_state(at_v1.paths.journal_path)
     assert state is not None and "error rate" in state.reason
+    assert "by status {500: " in state.reason, state.reason  # the warm-up names what its failures were
 
 
 def test_fifty_percent_slower_release_trips_the_p99_gate(at_v1: Sandbox) -> None:

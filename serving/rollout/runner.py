@@ -503,12 +503,10 @@ class Runner:
             rate = sum(failed.values()) / sent
             statuses: Counter[int] = Counter()
             for r in reports:
-                statuses.update(
-                    {code: k for code, k in r.status_counts.items() if code == TRANSPORT_ERROR or code >= 500}
-                )
+                statuses.update(r.error_statuses)
             breach = (
                 f"warm-up error rate {rate:.2%} > {plan.limits.max_error_rate:.2%}: failed synthetic requests "
-                f"per replica {failed}, {n} sent to each; by status {dict(statuses)} (0: no answer within "
+                f"per replica {failed}, {n} sent to each; by status {dict(statuses)} ({TRANSPORT_ERROR}: no answer within "
                 f"{specs[0].timeout_s:g} s or the connection failed)"
             )
             gates = Gates(None, None, rate, rate, rate, 0.0, (breach,))

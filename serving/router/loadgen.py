@@ -89,9 +89,14 @@ class LoadReport:
         return sum(200 <= r.status < 300 for r in self.results)
 
     @property
+    def error_statuses(self) -> dict[int, int]:
+        """The statuses counted as errors, with their counts: server errors (5xx) and transport errors
+        (:data:`TRANSPORT_ERROR`); 4xx are the client's fault and not counted."""
+        return {code: n for code, n in self.status_counts.items() if code >= 500 or code == TRANSPORT_ERROR}
+
+    @property
     def errors(self) -> int:
-        """Server errors (5xx) and transport errors; 4xx are the client's fault and not counted."""
-        return sum(r.status >= 500 or r.status == TRANSPORT_ERROR for r in self.results)
+        return sum(self.error_statuses.values())
 
     @property
     def error_rate(self) -> float:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from serving.fleet_http import USER_AGENT, FleetHttp, HttpFailure
+from serving.fleet_http import VERSION, FleetHttp, HttpFailure
 from serving.plan.model import Plan
 from serving.render.sglang import HEALTH_PATH
 from serving.rollout.gates import parse_only
@@ -46,7 +46,7 @@ DCGM_PCIE_RX = "DCGM_FI_DEV_PCIE_RX_THROUGHPUT"  # KB/s
 # What a probe reads of the replica's /metrics: parsing only these families takes a tenth of the full text's time
 # (a server's latency histograms are most of it), which at 256 replicas per agent process is most of its CPU.
 PROBED_METRICS = (WORKER_RUNNING, WORKER_QUEUED, WORKER_TOKEN_USAGE, WORKER_REQUESTS_TOTAL)
-AGENT_USER_AGENT = USER_AGENT.replace("exaserve/", "exaserve-agent/", 1)
+AGENT_USER_AGENT = f"exaserve-agent/{VERSION}"
 log = logging.getLogger(__name__)
 
 

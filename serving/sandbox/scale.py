@@ -9,7 +9,7 @@ The sandbox section is derived from the stack, never copied into a stack file by
   (:mod:`serving.sandbox.worker_host`), and the agents of the same nodes share one ``exaserve agent run``;
 * time: the rollout's waits (soak interval, baseline window, warm-up) and a replica's restart from the local cache
   (the simulated start-up) are the stack's divided by :data:`TIME_SCALE` — a minute becomes a second — so a 5-batch
-  rollout fits a CI run. Bounds are not waits and stay the stack's, but one: ``rollout.drain_timeout_s`` also bounds
+  rollout's configured waits take 28.5 s instead of 28.5 min (its wall time at 2,048 is the routers', below). Bounds are not waits and stay the stack's, but one: ``rollout.drain_timeout_s`` also bounds
   a batch's removal from every router, the routers' own work — sglang-router 0.3.2 rebuilds its hash ring over
   every worker on each change, ~70 ms of CPU at 2,048 (docs/scale.md) — which a fleet's router gives a core of its
   own (410 changes: 29 s) and the rehearsal's three routers share two cores for (150-180 s, past prod's 120 s). The
