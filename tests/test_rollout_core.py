@@ -362,6 +362,29 @@ def test_the_routers_uneven_split_is_not_evidence_and_widens_the_canary_qps_test
     assert even.verdict is not None and even.verdict.decision == "rollback"
 
 
+def test_a_window_shorter_than_two_load_polls_shows_the_canary_qps_but_does_not_judge_it() -> None:
+    """As CI saw it (power_of_two, loads polled every 5 s, a 1.5 s soak): two healthy canaries that looked busiest
+    at the last poll got 3 requests while their peer got 35. Within one poll the split is the router's ranking."""
+    windows = {r: replica(ok=(2 if r in CANARY else 50) * 20) for r in CANARY + PEERS}
+    judged = verdict_of(windows)
+    assert judged.verdict is not None and judged.verdict.decision == "rollback" and judged.qps_drop is not None
+    short = verdict_of(windows, limits=replace(LIMITS, qps_window_min_s=SECONDS * 2))
+    assert short.verdict is not None and short.verdict.decision == "pass" and short.qps_drop is None
+    assert short.verdict.evidence[-1].startswith(
+        f"canary QPS per replica -96% against its baseline, not judged: the {SECONDS:.1f} s window is shorter than"
+    )
+    # What the window does show still counts: a failing canary rolls back however short the window.
+    failing = verdict_of(healthy(c0=replica(ok=45, failed=5)), limits=replace(LIMITS, qps_window_min_s=SECONDS * 2))
+    assert failing.verdict is not None and failing.verdict.decision == "rollback"
+
+
+def test_the_qps_window_is_two_load_polls_under_power_of_two_and_any_window_otherwise() -> None:
+    prod = load_stack("prod").spec
+    assert GateLimits.from_spec(prod).qps_window_min_s == 2 * prod.serving.heartbeat_interval_s == 10
+    cache = spec_from("prod", scheduler__strategy="cache_aware")
+    assert GateLimits.from_spec(cache).qps_window_min_s == 0
+
+
 def test_a_canary_replica_down_rolls_back() -> None:
     down = replica(ok=2, failed=3, problems=("its /metrics does not answer (ConnectError)",))
     g = verdict_of(healthy(c1=down))

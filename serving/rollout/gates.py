@@ -718,7 +718,8 @@ def judge(
     ``windows`` holds every replica measured (the canary, its ``peers`` — the baseline of ``basis`` — and any
     other replica in the router, e.g. those updated earlier while old-version peers remain). ``fleet`` is the
     router-wide window, ``before`` the pre-rollout baseline (its ``replicas`` is the reference of
-    ``pre-rollout`` and the fallback reference of a replica without peers)."""
+    ``pre-rollout`` and the fallback reference of a replica without peers). A window shorter than
+    ``limits.qps_window_min_s`` shows the canary's QPS but does not judge it: the router decided that split."""
     outside_ids = [r for r in windows if r not in canary]
     pre = before.replicas if before is not None else None
     alpha = FAMILY_ALPHA / (2 + len(outside_ids))
@@ -748,15 +749,26 @@ def judge(
     if (e := _errors("canary", members, windows, limits)) is not None:
         breaches.append(e)
     qps_drop = p99_rise = None
+    thin = True  # too little traffic for the QPS comparison (or nothing to compare)
+    context: list[str] = []
     if members and reference.replicas:
-        qps_drop, qps = qps_check("canary", members, windows, seconds, reference, limits, alpha,
-                                  _dispersion([windows[r] for r in outside_ids if r not in flagged]))  # fmt: skip
+        drop, qps = qps_check("canary", members, windows, seconds, reference, limits, alpha,
+                              _dispersion([windows[r] for r in outside_ids if r not in flagged]))  # fmt: skip
+        thin = drop is None
+        if seconds >= limits.qps_window_min_s:
+            qps_drop = drop
+            breaches += [qps] if qps is not None else []
+        elif drop is not None:  # the router's split, not the replicas': shown, not judged
+            context.append(
+                f"canary QPS per replica {-drop:+.0%} against its baseline, not judged: the {seconds:.1f} s window is "
+                f"shorter than {limits.qps_window_min_s:g} s, two of the router's load polls (power_of_two ranks "
+                "workers by the loads it polled last)"
+            )
         p99_rise, p99 = p99_check("canary", members, windows, reference.p99_s, limits, alpha)
-        breaches += [f for f in (qps, p99) if f is not None]
+        breaches += [p99] if p99 is not None else []
     canary_stats = group_stats({r: windows[r] for r in members}, seconds)
 
     # Router-wide: client errors no replica's failures explain; traffic too thin to judge; weather alike.
-    context: list[str] = []
     failures = sum(w.failures for w in windows.values())
     if fleet.client_error_rate > limits.max_error_rate and failures == 0:
         outside.append(
@@ -771,7 +783,7 @@ def judge(
     if pre is not None and pre.qps_per_replica > 0 and everyone.replicas:
         dip = (pre.qps_per_replica - everyone.qps_per_replica) / pre.qps_per_replica
         expected_then = pre.qps_per_replica * len(members) * seconds
-        if qps_drop is None and members and expected_then >= MIN_REQUESTS and dip > limits.max_qps_drop:
+        if thin and members and expected_then >= MIN_REQUESTS and dip > limits.max_qps_drop:
             outside.append(
                 Finding(
                     "traffic",
