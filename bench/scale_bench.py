@@ -12,9 +12,11 @@ workers (256 per process) behind 3 REAL sglang-router instances, 3 REAL controll
    health checks against their intervals); controller-0's messages per second against the planner's
    ``aggregated_per_s``/``direct_per_s`` and the replicas probed per message (the aggregation ratio); every kind of
    process's CPU and memory, CPU per worker request and per agent probe.
-2. A 5-batch rollout of every replica (``exaserve rollout --to rehearsal``, the stack's waits ÷ 60) under ``--rate``
-   client requests per second: wall time, overhead ratio, each batch's removal from and readmission to every router,
-   router API calls per batch and their latency in the router, client errors.
+2. The 5-batch rollout of every replica (``exaserve rollout --to rehearsal``, the stack's waits ÷ 60) under ``--rate``
+   client requests per second, paused (SIGINT) after ``--rollout-batches`` batches (default 1: at 2,048 a batch takes
+   ~7 min here, the routers' ring rebuilds, docs/scale.md; 0 runs all five) and the rest extrapolated from them: wall
+   time, overhead ratio, each batch's removal from and readmission to every router, router API calls per batch and
+   their latency in the router, client errors.
 3. Node loss: one node's 8 workers stopped (in-flight requests cut, as by a kill) under ``--rate``: when the routers
    mark them unhealthy, when the controller takes them out of every router and migrates them, client errors.
 4. The controller's scheduling period: a controller instance (the same ``ControllerService`` ``exaserve controller
@@ -60,7 +62,7 @@ from serving.sandbox.runtime import etcd_url, router_urls
 from serving.sandbox.worker_host import WORKERS_PATH, control, stop_hosted
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack_file
-from tests.support.cli import exaserve, json_object
+from tests.support.cli import exaserve, exaserve_started, json_object
 from tests.support.controllers import leading_controller, status
 from tests.support.paths import REPO
 from tests.support.stacks import stack_doc, write_variant
@@ -551,19 +553,46 @@ def router_calls(metrics_urls: list[str]) -> dict[str, list[float]]:
     return out
 
 
-def rollout(sc: Scale, rate: float) -> dict[str, Any]:
+def soaked(journal: Path, batch: int) -> bool:
+    """Whether the journal records ``batch``'s soak passed (its ``done`` event)."""
+    with contextlib.suppress(FileNotFoundError):
+        for line in journal.read_text().splitlines()[1:]:
+            with contextlib.suppress(ValueError):
+                ev = json.loads(line)["event"]
+                step = ev.get("step") or {}
+                if ev["kind"] == "done" and step.get("phase") == "soak" and step.get("batch") == batch:
+                    return True
+    return False
+
+
+def run_rollout(sc: Scale, journal: Path, batches: int | None) -> subprocess.CompletedProcess[str]:
+    """``exaserve rollout --to rehearsal``; with ``batches``, paused (SIGINT, as an operator's Ctrl-C) once that many
+    batches passed their soak: the pause takes effect before the next batch leaves the routers."""
+    # a router working through a batch's ring rebuilds stalls its other handlers (blocking locks on its tokio
+    # threads): its metrics may not answer for longer than the default 30 s grace (docs/scale.md)
+    args = ("rollout", "--to", "rehearsal", "--json", "--router-grace-s", "600", "--stack-file", str(sc.stack_file))
+    proc = exaserve_started(*args, env=sc.env)
+    paused = False
+    while proc.poll() is None:
+        if batches is not None and not paused and soaked(journal, batches - 1):
+            proc.send_signal(signal.SIGINT)
+            paused = True
+        time.sleep(0.5)
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def rollout(sc: Scale, rate: float, batches: int | None) -> dict[str, Any]:
     metrics = [r.metrics_url for r in sc.records("router")]
+    journal = sc.state.root.parent / "rollout" / "journal.jsonl"
     with Load(sc.router_url, rate) as load:
         time.sleep(10)
         dry = json_object(sc.cli("rollout", "--to", "rehearsal", "--dry-run", "--json"))
         before, started = router_calls(metrics), time.monotonic()
-        # a router working through a batch's ring rebuilds stalls its other handlers (blocking locks on its tokio
-        # threads): its metrics may not answer for longer than the default 30 s grace (docs/scale.md)
-        run = sc.cli("rollout", "--to", "rehearsal", "--json", "--router-grace-s", "600", timeout_s=7200)
+        run = run_rollout(sc, journal, batches)
         wall = time.monotonic() - started
         after = router_calls(metrics)
         report = load.gen.report()
-    journal = sc.state.root.parent / "rollout" / "journal.jsonl"
     if not journal.is_file():  # refused before its first batch: say why instead of timing nothing
         return {
             "replicas": len(sc.plan.replicas),
@@ -573,20 +602,27 @@ def rollout(sc: Scale, rate: float) -> dict[str, Any]:
     outcome = json_object(run)
     records = [json.loads(line) for line in journal.read_text().splitlines()]
     span = records[-1]["written_at"] - records[0]["written_at"]
-    batches = len(dry["batches"])
+    planned = len(dry["batches"])
     per_batch: list[dict[str, Any]] = []
-    for b in range(batches):
+    for b in range(planned):
         row: dict[str, Any] = {"batch": b}
+        times = []
         for rec in records[1:]:  # the first record is the plan
             ev = rec["event"]
             step = ev.get("step") or {}
-            if step.get("batch") == b and not step.get("rollback") and step.get("phase") in ("remove", "readmit"):
+            if step.get("batch") != b or step.get("rollback"):
+                continue
+            times.append(rec["written_at"])
+            if step.get("phase") in ("remove", "readmit"):
                 seconds = [float(s) for _u, s in _PER_ROUTER.findall(ev["detail"])]
                 row[f"{step['phase']}_s_slowest_router"] = max(seconds) if seconds else None
-        per_batch.append(row)
+        if times:
+            row["span_s"] = round(max(times) - min(times), 1)
+            per_batch.append(row)
+    ran = len(per_batch)
     calls = {
         k: {
-            "per_batch": round((after[k][0] - before.get(k, [0, 0])[0]) / batches, 1),
+            "per_batch": round((after[k][0] - before.get(k, [0, 0])[0]) / max(ran, 1), 1),
             "router_handler_ms": round(
                 (after[k][1] - before.get(k, [0, 0])[1]) / max(after[k][0] - before.get(k, [0, 0])[0], 1) * 1000, 2
             ),
@@ -594,16 +630,24 @@ def rollout(sc: Scale, rate: float) -> dict[str, Any]:
         for k in after
         if k.split()[1].startswith("/workers") and after[k][0] > before.get(k, [0, 0])[0]
     }
+    waits_per_batch = (dry["configured_wait_s"] - dry["timings"]["baseline_window_s"]) / planned
+    batch_s = [row["span_s"] for row in per_batch]
+    full = span if ran == planned else span + (planned - ran) * sum(batch_s) / ran if ran else None
     return {
         "replicas": len(sc.plan.replicas),
         "routers": len(metrics),
         "outcome": outcome.get("outcome"),
         "reason": outcome.get("reason"),
+        "batches_run": ran,
+        "batches_planned": planned,
         "batch_sizes": [len(b["replicas"]) for b in dry["batches"]],
         "configured_wait_s": dry["configured_wait_s"],
+        "configured_wait_per_batch_s": round(waits_per_batch, 1),
         "journal_span_s": round(span, 1),
         "cli_wall_s": round(wall, 1),
-        "overhead_ratio": round(span / dry["configured_wait_s"], 2),
+        "full_rollout_s": round(full, 1) if full is not None else None,
+        "full_rollout_extrapolated": ran < planned,
+        "overhead_ratio": round(full / dry["configured_wait_s"], 2) if full is not None else None,
         "per_batch": per_batch,
         "router_api_calls": calls,
         "client_requests": report.count,
@@ -668,16 +712,21 @@ def print_rollout(r: dict[str, Any], f: dict[str, Any]) -> None:
         print(f"2. rollout of {r['replicas']} replicas: {r['outcome']}: {r['error']}")
         r = {**r, "per_batch": [], "router_api_calls": {}}
     else:
+        full = "extrapolated from the batches run" if r["full_rollout_extrapolated"] else "measured"
         print(
-            f"2. rollout of {r['replicas']} replicas ({r['outcome']}), batches {r['batch_sizes']}, {r['routers']} routers, "
-            f"{f['rate']:g} req/s: journal {r['journal_span_s']} s (CLI {r['cli_wall_s']} s) against "
-            f"{r['configured_wait_s']} s configured: overhead ratio {r['overhead_ratio']}; client errors "
-            f"{r['client_errors']} of {r['client_requests']}, P99 {r['client_p99_ms']} ms"
+            f"2. rollout of {r['replicas']} replicas ({r['outcome']} after {r['batches_run']} of {r['batches_planned']} "
+            f"batches), batches {r['batch_sizes']}, {r['routers']} routers, {f['rate']:g} req/s: journal "
+            f"{r['journal_span_s']} s (CLI {r['cli_wall_s']} s); all {r['batches_planned']} batches {r['full_rollout_s']} s "
+            f"({full}) against {r['configured_wait_s']} s configured: overhead ratio {r['overhead_ratio']}; client "
+            f"errors {r['client_errors']} of {r['client_requests']}, P99 {r['client_p99_ms']} ms"
         )
+        if r["reason"]:
+            print(f"   {r['reason']}")
     for row in r["per_batch"]:
         print(
-            f"   batch {row['batch']}: out of every router {row.get('remove_s_slowest_router')} s, back on every "
-            f"router {row.get('readmit_s_slowest_router')} s (slowest router)"
+            f"   batch {row['batch']}: {row['span_s']} s ({r['configured_wait_per_batch_s']} s configured waits); out of "
+            f"every router {row.get('remove_s_slowest_router')} s, back on every router "
+            f"{row.get('readmit_s_slowest_router')} s (slowest router)"
         )
     for key, c in r["router_api_calls"].items():
         print(
@@ -726,6 +775,13 @@ def main() -> int:
         type=lambda v: v.split(","),
         default=list(SECTIONS),
         help=f"comma-separated, of {','.join(SECTIONS)} (default: all, in that order, on one sandbox)",
+    )
+    ap.add_argument(
+        "--rollout-batches",
+        type=int,
+        default=1,
+        help="batches the rollout runs before it is paused (SIGINT), the rest extrapolated from them; 0: all "
+        "(at 2,048 replicas each batch takes ~7 min on 2 cores: docs/scale.md)",
     )
     ap.add_argument("--json", action="store_true")
     # the child processes of section 5
@@ -795,7 +851,7 @@ def measure(args: argparse.Namespace, figures: dict[str, Any]) -> None:
                 for row in figures["reference"]["routers"]:
                     row["registration_cpu_s"] = registration[row["name"]]
             if "rollout" in args.sections:
-                figures["rollout"] = rollout(sc, args.rate)
+                figures["rollout"] = rollout(sc, args.rate, args.rollout_batches or None)
             if "node-loss" in args.sections:
                 figures["node_loss"] = node_loss(sc, args.rate)
             if "scheduling" in args.sections:
