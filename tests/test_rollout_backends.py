@@ -36,6 +36,8 @@ from serving.rollout.backends import BackendError
 from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend, rollout_status, workload_path
 from serving.rollout.backends.ssh import SshBackend, parse_show
 from serving.rollout.plan import plan_batches, with_group_version
+from serving.sandbox.backend import LocalBackend
+from serving.sandbox.processes import free_port_block
 from serving.spec.schema import FleetSpec
 from tests.hosts.netns import HostFleet, HostPool
 from tests.support.stacks import spec_from
@@ -464,3 +466,36 @@ def test_kubernetes_worker_urls_are_stable_pod_dns_names() -> None:
     # Each group is a LeaderWorkerSet: its third group's leader pod, through the set's own headless Service.
     assert backend.worker_url(group0[2].id) == "http://sglang-g0-2.sglang-g0.exaserve.svc:30000"
     asyncio.run(backend.aclose())
+
+
+def test_the_local_backend_asks_a_replica_that_did_not_answer_once_more_before_it_counts_as_down(
+    tmp_path: Path,
+) -> None:
+    """A worker whose first ``/model_info`` answers past the read's time-out (a worker host serving 256 ports on a
+    saturated machine) reads as its version; a port nobody listens on reads as down (None)."""
+    base = free_port_block(2)
+    spec = spec_from("sandbox", sandbox__worker_base_port=base, serving__health_check_timeout_s=0.5)
+    backend = LocalBackend(spec, plan(spec), tmp_path)
+    slow, gone = (r.id for r in plan(spec).replicas[:2])
+    calls: list[float] = []
+
+    async def model_info(_request: web.Request) -> web.Response:
+        calls.append(asyncio.get_running_loop().time())
+        if len(calls) == 1:
+            await asyncio.sleep(2)
+        return web.json_response({"weight_version": "v7"})
+
+    async def run() -> dict[str, str | None]:
+        app = web.Application()
+        app.router.add_get("/model_info", model_info)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", base).start()
+        try:
+            return await backend.versions([slow, gone])
+        finally:
+            await backend.aclose()
+            await runner.cleanup()
+
+    assert asyncio.run(run()) == {slow: "v7", gone: None}
+    assert len(calls) == 2 and calls[1] - calls[0] >= 0.5, calls

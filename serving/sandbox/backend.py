@@ -162,8 +162,12 @@ class LocalBackend(ReplicaIndex):
             return None
 
     async def versions(self, replica_ids: Sequence[str]) -> dict[str, str | None]:
-        found = await asyncio.gather(*(self._version(r) for r in replica_ids))
-        return dict(zip(replica_ids, found, strict=True))
+        """Every replica's release; those that did not answer are asked once more before they count as down: one
+        read past its time-out on a saturated machine (a worker host serving 256 ports) is not a replica down."""
+        found = dict(zip(replica_ids, await asyncio.gather(*(self._version(r) for r in replica_ids)), strict=True))
+        again = [r for r, v in found.items() if v is None]
+        found.update(zip(again, await asyncio.gather(*(self._version(r) for r in again)), strict=True))
+        return found
 
     async def update(self, replica_ids: Sequence[str], version: str, timeout_s: float) -> None:
         current = await self.versions(replica_ids)
