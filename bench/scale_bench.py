@@ -573,11 +573,19 @@ def run_rollout(sc: Scale, journal: Path, batches: int | None) -> subprocess.Com
     args = ("rollout", "--to", "rehearsal", "--json", "--router-grace-s", "600", "--stack-file", str(sc.stack_file))
     proc = exaserve_started(*args, env=sc.env)
     paused = False
-    while proc.poll() is None:
-        if batches is not None and not paused and soaked(journal, batches - 1):
+    try:
+        while proc.poll() is None:
+            if batches is not None and not paused and soaked(journal, batches - 1):
+                proc.send_signal(signal.SIGINT)
+                paused = True
+            time.sleep(0.5)
+    finally:  # the bench interrupted: the rollout holds the stack's lock, and `sandbox down` waits for no updater
+        if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
-            paused = True
-        time.sleep(0.5)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()  # its lock is an flock: released when the process dies
     out, err = proc.communicate(timeout=60)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
