@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx
 
 from serving.plan.planner import plan as plan_fleet
+from serving.rollout.journal import load_state
 from serving.router.loadgen import LoadGenerator, LoadSpec
 from serving.router.membership import RouterSet
 from serving.runtime.agent import Agent, AgentConfig
@@ -554,15 +555,9 @@ def router_calls(metrics_urls: list[str]) -> dict[str, list[float]]:
 
 
 def soaked(journal: Path, batch: int) -> bool:
-    """Whether the journal records ``batch``'s soak passed (its ``done`` event)."""
-    with contextlib.suppress(FileNotFoundError):
-        for line in journal.read_text().splitlines()[1:]:
-            with contextlib.suppress(ValueError):
-                ev = json.loads(line)["event"]
-                step = ev.get("step") or {}
-                if ev["kind"] == "done" and step.get("phase") == "soak" and step.get("batch") == batch:
-                    return True
-    return False
+    """Whether the journal records ``batch``'s soak passed."""
+    state = load_state(journal)
+    return state is not None and bool(state.batches[batch].passed)
 
 
 def run_rollout(sc: Scale, journal: Path, batches: int | None) -> subprocess.CompletedProcess[str]:
@@ -613,24 +608,31 @@ def rollout(sc: Scale, rate: float, batches: int | None) -> dict[str, Any]:
     planned = len(dry["batches"])
     per_batch: list[dict[str, Any]] = []
     for b in range(planned):
-        row: dict[str, Any] = {"batch": b}
-        times = []
-        for rec in records[1:]:  # the first record is the plan
-            ev = rec["event"]
-            step = ev.get("step") or {}
-            if step.get("batch") != b or step.get("rollback"):
-                continue
-            times.append(rec["written_at"])
-            if step.get("phase") in ("remove", "readmit"):
+        # the batch's own records (the first is the plan), forward path only; it began when the record before them
+        # was written (the baseline or the previous batch's soak) and its first record is its removal, done
+        mine = [i for i, rec in enumerate(records[1:], 1)
+                if (step := rec["event"].get("step") or {}).get("batch") == b and not step.get("rollback")]  # fmt: skip
+        if not mine:
+            continue
+        row: dict[str, Any] = {
+            "batch": b,
+            "span_s": round(records[mine[-1]]["written_at"] - records[mine[0] - 1]["written_at"], 1),
+            "ends_at": records[mine[-1]]["written_at"],
+            "passed": any(
+                records[i]["event"]["step"]["phase"] == "soak" and records[i]["event"]["kind"] == "done" for i in mine
+            ),
+        }
+        for i in mine:
+            ev = records[i]["event"]
+            if ev["step"]["phase"] in ("remove", "readmit"):
                 seconds = [float(s) for _u, s in _PER_ROUTER.findall(ev["detail"])]
-                row[f"{step['phase']}_s_slowest_router"] = max(seconds) if seconds else None
-        if times:
-            row["span_s"] = round(max(times) - min(times), 1)
-            per_batch.append(row)
-    ran = len(per_batch)
+                row[f"{ev['step']['phase']}_s_slowest_router"] = max(seconds) if seconds else None
+        per_batch.append(row)
+    passed = [row for row in per_batch if row["passed"]]  # a batch the pause cut short is shown, not extrapolated
+    ran = len(passed)
     calls = {
         k: {
-            "per_batch": round((after[k][0] - before.get(k, [0, 0])[0]) / max(ran, 1), 1),
+            "per_batch": round((after[k][0] - before.get(k, [0, 0])[0]) / max(len(per_batch), 1), 1),
             "router_handler_ms": round(
                 (after[k][1] - before.get(k, [0, 0])[1]) / max(after[k][0] - before.get(k, [0, 0])[0], 1) * 1000, 2
             ),
@@ -638,9 +640,11 @@ def rollout(sc: Scale, rate: float, batches: int | None) -> dict[str, Any]:
         for k in after
         if k.split()[1].startswith("/workers") and after[k][0] > before.get(k, [0, 0])[0]
     }
-    waits_per_batch = (dry["configured_wait_s"] - dry["timings"]["baseline_window_s"]) / planned
-    batch_s = [row["span_s"] for row in per_batch]
-    full = span if ran == planned else span + (planned - ran) * sum(batch_s) / ran if ran else None
+    timings = dry["timings"]
+    full: float | None = span  # every batch passed: measured
+    if ran < planned:  # paused after `ran` batches passed: up to the last one's soak, the rest at their mean
+        mean = sum(row["span_s"] for row in passed) / ran if ran else None
+        full = passed[-1]["ends_at"] - records[0]["written_at"] + (planned - ran) * mean if mean else None
     return {
         "replicas": len(sc.plan.replicas),
         "routers": len(metrics),
@@ -650,13 +654,13 @@ def rollout(sc: Scale, rate: float, batches: int | None) -> dict[str, Any]:
         "batches_planned": planned,
         "batch_sizes": [len(b["replicas"]) for b in dry["batches"]],
         "configured_wait_s": dry["configured_wait_s"],
-        "configured_wait_per_batch_s": round(waits_per_batch, 1),
+        "configured_wait_per_batch_s": timings["warmup_s"] + timings["interval_s"],
         "journal_span_s": round(span, 1),
         "cli_wall_s": round(wall, 1),
         "full_rollout_s": round(full, 1) if full is not None else None,
         "full_rollout_extrapolated": ran < planned,
         "overhead_ratio": round(full / dry["configured_wait_s"], 2) if full is not None else None,
-        "per_batch": per_batch,
+        "per_batch": [{k: v for k, v in row.items() if k != "ends_at"} for row in per_batch],
         "router_api_calls": calls,
         "client_requests": report.count,
         "client_errors": report.errors,
@@ -722,8 +726,8 @@ def print_rollout(r: dict[str, Any], f: dict[str, Any]) -> None:
     else:
         full = "extrapolated from the batches run" if r["full_rollout_extrapolated"] else "measured"
         print(
-            f"2. rollout of {r['replicas']} replicas ({r['outcome']} after {r['batches_run']} of {r['batches_planned']} "
-            f"batches), batches {r['batch_sizes']}, {r['routers']} routers, {f['rate']:g} req/s: journal "
+            f"2. rollout of {r['replicas']} replicas ({r['outcome']}, {r['batches_run']} of {r['batches_planned']} "
+            f"batches passed), batches {r['batch_sizes']}, {r['routers']} routers, {f['rate']:g} req/s: journal "
             f"{r['journal_span_s']} s (CLI {r['cli_wall_s']} s); all {r['batches_planned']} batches {r['full_rollout_s']} s "
             f"({full}) against {r['configured_wait_s']} s configured: overhead ratio {r['overhead_ratio']}; client "
             f"errors {r['client_errors']} of {r['client_requests']}, P99 {r['client_p99_ms']} ms"
@@ -732,7 +736,8 @@ def print_rollout(r: dict[str, Any], f: dict[str, Any]) -> None:
             print(f"   {r['reason']}")
     for row in r["per_batch"]:
         print(
-            f"   batch {row['batch']}: {row['span_s']} s ({r['configured_wait_per_batch_s']} s configured waits); out of "
+            f"   batch {row['batch']}{'' if row['passed'] else ' (cut short)'}: {row['span_s']} s "
+            f"({r['configured_wait_per_batch_s']} s configured waits); out of "
             f"every router {row.get('remove_s_slowest_router')} s, back on every router "
             f"{row.get('readmit_s_slowest_router')} s (slowest router)"
         )

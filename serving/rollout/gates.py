@@ -761,8 +761,8 @@ def judge(
         elif drop is not None:  # the router's split, not the replicas': shown, not judged
             context.append(
                 f"canary QPS per replica {-drop:+.0%} against its baseline, not judged: the {seconds:.1f} s window is "
-                f"shorter than {limits.qps_window_min_s:g} s, two of the router's load polls (power_of_two ranks "
-                "workers by the loads it polled last)"
+                f"shorter than {limits.qps_window_min_s:g} s, what the router's load polls need to average out "
+                "(power_of_two ranks workers by the loads it polled last)"
             )
         p99_rise, p99 = p99_check("canary", members, windows, reference.p99_s, limits, alpha)
         breaches += [p99] if p99 is not None else []
