@@ -105,6 +105,7 @@ class Run:
     load: LoadReport | None = None
     load_started: float = 0.0
     injected: list[str] = field(default_factory=list)
+    injection_s: float = 0.0  # how long injecting took: the fault took effect somewhere in [t0, t0 + this]
     healed_at: float | None = None
     healed: list[str] = field(default_factory=list)
     drill_healed: list[Fault] = field(default_factory=list)  # the faults the drill ended itself (held, lost leader)
@@ -325,8 +326,10 @@ async def _watch(
         await asyncio.sleep(settings.probe_s)
     run.t0, run.wall0 = time.monotonic(), time.time()
     run.injected = list(await asyncio.gather(*(injector.inject(f, run.subject, sizes) for f in scenario.faults)))
+    run.injection_s = time.monotonic() - run.t0
     progress(f"fault injected: {'; '.join(run.injected)}")
     pending = [f for f in scenario.faults if _held(f) or f.component is Component.CONTROLLER]
+    tick = run.t0
     while True:
         now = time.monotonic()
         probe = await look(http, fleet, now)
@@ -344,7 +347,9 @@ async def _watch(
             run.end = time.monotonic()
             return
         progress(f"watching: {t:.1f} s after the fault{_status(probe, run.subject)}")
-        await asyncio.sleep(settings.probe_s)
+        # a fixed cadence: a probe that took long (a busy machine) is followed at once, not a whole period later
+        tick = max(tick + settings.probe_s, time.monotonic())
+        await asyncio.sleep(tick - time.monotonic())
 
 
 def _status(p: Probe, subject: Subject) -> str:
@@ -381,6 +386,7 @@ def _judge(run: Run) -> None:
         healed=None if run.healed_at is None else run.healed_at - run.t0,
         exempt_routers=_exempt(subject),
         lost_leader=subject.controller,
+        injection_s=run.injection_s,
     )
     run.checks = judge(run.scenario, run.targets, run.measured, run.settings.probe_s)
     run.checks += alert_checks(run)

@@ -132,6 +132,9 @@ class Measured:
     windows: tuple[Window, ...]
     false_detections: tuple[str, ...]
     late_blips: int = 0  # bad windows after the recovery
+    # how much earlier than measured each probed time may have been: the change came after the probe before the one
+    # that saw it, and the fault took effect up to the injection's length after the time it is measured from
+    uncertainty: Mapping[TargetName, float] = field(default_factory=dict)
 
     @property
     def client_error_rate(self) -> float:
@@ -200,21 +203,30 @@ def recovered(judged: Sequence[Window], gates: Gates) -> tuple[float | None, int
     return (0.0, 0) if not judged else (None, 0)
 
 
+Seen = tuple[float, float]  # (the first probe's time at which something held, the time since the probe before it)
+
+
 def out_and_back(
     probes: Sequence[Probe], subjects: Sequence[str], exempt: frozenset[str]
-) -> tuple[float | None, float | None]:
+) -> tuple[Seen | None, Seen | None]:
     """(detection, restoration) of ``subjects`` over the probes from the fault on; None where not (yet) seen."""
-    after = [p for p in probes if p.t >= 0]
     if not subjects:
         return None, None
-    detection = _first(after, 0.0, lambda p: p.out_everywhere(subjects, exempt))
+    detection = _first(probes, 0.0, lambda p: p.out_everywhere(subjects, exempt))
     if detection is None:
         return None, None
-    return detection, _first(after, detection, lambda p: p.in_everywhere(subjects, exempt))
+    return detection, _first(probes, detection[0], lambda p: p.in_everywhere(subjects, exempt))
 
 
-def _first(probes: Sequence[Probe], after: float, holds: Any) -> float | None:
-    return next((p.t for p in probes if p.t >= after and holds(p)), None)
+def _first(probes: Sequence[Probe], after: float, holds: Any) -> Seen | None:
+    """The first probe at or after ``after`` (≥ 0, the fault) at which ``holds``, with how long before it the change
+    may have come: back to the probe before it, or to ``after`` when that probe came earlier."""
+    previous = after
+    for p in probes:
+        if p.t >= after and holds(p):
+            return p.t, p.t - previous
+        previous = max(p.t, after)
+    return None
 
 
 def measure(
@@ -228,15 +240,23 @@ def measure(
     healed: float | None,
     exempt_routers: frozenset[str] = frozenset(),
     lost_leader: str | None = None,
+    injection_s: float = 0.0,
 ) -> Measured:
     """The drill's figures. ``subjects``: URLs of the faulted replicas (none for a router or controller fault);
     ``exempt_routers``: router instances the fault itself took down; ``lost_leader``: the identity of the killed
-    leader; ``healed``: when the drill ended the fault (None when the fleet healed itself)."""
+    leader; ``healed``: when the drill ended the fault (None when the fleet healed itself); ``injection_s``: how long
+    injecting the fault took (times count from its start: the fault took effect somewhere in that span)."""
     after = [p for p in probes if p.t >= 0]
-    detection, restoration = out_and_back(probes, subjects, exempt_routers)
-    takeover = None
+    seen_out, seen_back = out_and_back(probes, subjects, exempt_routers)
+    seen_lead = None
     if lost_leader is not None:
-        takeover = _first(after, 0.0, lambda p: p.leader is not None and p.leader != lost_leader)
+        seen_lead = _first(probes, 0.0, lambda p: p.leader is not None and p.leader != lost_leader)
+    seen = {
+        TargetName.DETECTION: seen_out,
+        TargetName.RESTORATION: seen_back,
+        TargetName.TAKEOVER: seen_lead,
+    }
+    detection, restoration, takeover = (None if x is None else x[0] for x in seen.values())
     before = [p for p in probes if p.t < 0]
     serving_before = before[-1].healthy() - set(subjects) if before else set()
     false = sorted({u for p in after for u in p.out_somewhere(serving_before, exempt_routers)})
@@ -256,15 +276,18 @@ def measure(
         tuple(judged),
         tuple(false),
         blips,
+        {name: round(x[1] + injection_s, 3) for name, x in seen.items() if x is not None},
     )
 
 
 def judge(scenario: Scenario, targets: Sequence[Target], m: Measured, resolution_s: float = 0.0) -> list[Check]:
     """Every target of the scenario against what was measured, plus the false detections.
 
-    A time is known to ``resolution_s`` (the fleet is probed that often: the probe that sees a change comes up to one
-    period after it), so a time within its target plus that passes, and the reason says so: detection 4.05 s against
-    4 s, probed every 0.1 s, may have been 3.95 s. Shares (the client error rate) are counted exactly."""
+    A probed time may have been earlier by its :attr:`Measured.uncertainty` (the change came after the probe before
+    the one that saw it, and the fault took effect up to the injection's length after the time counts from), so a
+    time within its target plus that passes, and the reason says so: detection 4.12 s against 4 s, seen 0.11 s after
+    the probe before it, from an injection that took 0.02 s, may have been 3.99 s. A time from the client's windows
+    (recovery) is known to ``resolution_s``. Shares (the client error rate) are counted exactly."""
     found: dict[TargetName, float | None] = {
         TargetName.DETECTION: m.detection_s,
         TargetName.RECOVERY: m.recovery_s,
@@ -283,12 +306,12 @@ def judge(scenario: Scenario, targets: Sequence[Target], m: Measured, resolution
             )
             checks.append(Check(t.name.value, None, t.value, t.unit, False, why))
             continue
-        slack = resolution_s if t.unit == "s" else 0.0
+        slack = m.uncertainty.get(t.name, resolution_s) if t.unit == "s" else 0.0
         ok = value <= t.value + slack
         shown = f"{value:.2%}" if t.unit == "share" else f"{value:.2f} {t.unit}"
         limit = f"{t.value:.2%}" if t.unit == "share" else f"{t.value:g} {t.unit}"
         if ok and value > t.value:
-            limit += f" + {slack:g} s probe resolution"
+            limit += f" + {slack:g} s probe resolution (it may have come that much earlier)"
         detail = f" ({m.client_errors} of {m.client_requests} requests)" if t.name is TargetName.CLIENT_ERRORS else ""
         checks.append(Check(t.name.value, value, t.value, t.unit, ok, f"{shown}{detail} {'≤' if ok else '>'} {limit}"))
     false = list(m.false_detections)

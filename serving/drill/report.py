@@ -193,7 +193,11 @@ def drill_json(run: Run, stack: str, timeline: Path | None) -> dict[str, Any]:
         "settled": run.settled,
         "rate_per_s": run.settings.rate_per_s,
         "probes": len(run.probes),
-        "resolution_s": run.settings.probe_s,  # the fleet is probed this often: each time is that precise
+        "resolution_s": run.settings.probe_s,  # the fleet is probed this often
+        # how much earlier than measured each probed time may have been (the gap since the probe before the one that
+        # saw it, plus how long the injection took)
+        "uncertainty_s": {name.value: s for name, s in m.uncertainty.items()},
+        "injection_s": round(run.injection_s, 3),
         "fault_at": run.wall0,
     }
 
