@@ -5,6 +5,9 @@ workers (256 per process) behind 3 REAL sglang-router instances, 3 REAL controll
     PYTHONPATH=. .venv/bin/python bench/scale_bench.py [--replicas 2048] [--rate 100] [--sections S,…] [--json]
 
 ``--sections`` picks of ``reference,rollout,node-loss,scheduling`` (default all; each runs after ``sandbox up``).
+``sandbox up`` measures this machine's CPU costs first and refuses a size whose steady state needs more than
+``--cpu-share`` of the cores (default 0.5), naming the replicas the machine holds: the bench then runs at that size,
+less 10 %, and prints the refusal first (docs/scale.md, *The CPU bound*).
 
 1. ``sandbox up``'s wall time and each router's CPU time to register the workers; then over four heartbeats: each
    router's memory, open files, CPU share and health checks by result, the healthy workers each router lists; the
@@ -44,6 +47,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +62,12 @@ from serving.router.membership import RouterSet
 from serving.runtime.agent import Agent, AgentConfig
 from serving.runtime.leader import EtcdElection
 from serving.runtime.service import ControllerService
-from serving.sandbox.processes import ProcessRecord, StateDir, free_port, stop_process
+from serving.sandbox.processes import ProcessRecord, StateDir, cpu_seconds, free_port, stop_process
 from serving.sandbox.runtime import etcd_url, router_urls
 from serving.sandbox.worker_host import WORKERS_PATH, control, stop_hosted
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack_file
-from tests.support.cli import exaserve, exaserve_started, json_object
+from tests.support.cli import exaserve, exaserve_started, flat, json_object
 from tests.support.controllers import leading_controller, status
 from tests.support.paths import REPO
 from tests.support.stacks import stack_doc, write_variant
@@ -76,11 +80,6 @@ AGENT_PROBE = "GET /health exaserve-agent"  # an agent's probe as a worker host 
 
 
 # ----- process figures -------------------------------------------------------------------------------------------
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -117,22 +116,34 @@ def source_stack(directory: Path, replicas: int, heartbeat_s: float | None = Non
     return write_variant(directory, "prod", changes=changes)
 
 
+class TooSlow(RuntimeError):
+    """``sandbox up`` refused the size for CPU, naming the replicas this machine holds."""
+
+    def __init__(self, fits: int, message: str) -> None:
+        super().__init__(message)
+        self.fits = fits
+
+
 class Scale:
     """``sandbox up --simulate`` of ``source`` under ``state_dir``; ``sandbox down`` on exit."""
 
-    def __init__(self, source: Path, state_dir: Path) -> None:
+    def __init__(self, source: Path, state_dir: Path, cpu_share: float) -> None:
         self.source, self.env = source, {"EXASERVE_STATE_DIR": str(state_dir)}
-        self.state_dir = state_dir
+        self.state_dir, self.cpu_share = state_dir, cpu_share
         self.up_s = 0.0
+        self.cpu: dict[str, Any] = {}  # sandbox up's measured costs and the steady state's cores it predicts
 
     def __enter__(self) -> Scale:
         t0 = time.monotonic()
         up = exaserve(
-            "sandbox", "up", "--stack-file", str(self.source), "--simulate", "--json", env=self.env, timeout_s=1500
-        )
+            "sandbox", "up", "--stack-file", str(self.source), "--simulate", "--cpu-share", f"{self.cpu_share:g}",
+            "--json", env=self.env, timeout_s=1500,
+        )  # fmt: skip
         self.up_s = time.monotonic() - t0
         if up.returncode != 0:
             self.__exit__()
+            if up.returncode == 2 and (fits := re.search(r"holds about ([\d,]+) replicas", flat(up.stderr))):
+                raise TooSlow(int(fits[1].replace(",", "")), flat(up.stderr).split("error: ", 1)[-1])
             raise RuntimeError(f"sandbox up failed ({up.returncode}): {up.stderr[-3000:]}")
         doc = json_object(up)
         stack = load_stack_file(Path(doc["stack_file"]))
@@ -140,6 +151,7 @@ class Scale:
         self.plan = plan_fleet(self.spec)
         self.state = StateDir(state_dir_of(self.state_dir, stack.name))
         self.router_url = doc["router_url"]
+        self.cpu = doc["cpu"]
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -178,7 +190,7 @@ def host_counts(sc: Scale) -> dict[str, float]:
 
 
 def cpu_of(records: list[ProcessRecord]) -> float:
-    return sum(cpu_s(r.pid) for r in records)
+    return sum(cpu_seconds(r.pid) for r in records)
 
 
 # ----- 1: the reference size -----------------------------------------------------------------------------------------
@@ -204,7 +216,7 @@ def reference(sc: Scale, window_s: float) -> dict[str, Any]:
     groups = {k: sc.records(k) for k in kinds}
     routers, ctl = groups["router"], sc.state.read("controller-0")
     assert ctl is not None
-    cpu0, each0 = {k: cpu_of(v) for k, v in groups.items()}, {r.name: cpu_s(r.pid) for r in routers}
+    cpu0, each0 = {k: cpu_of(v) for k, v in groups.items()}, {r.name: cpu_seconds(r.pid) for r in routers}
     checks0 = {r.name: health_checks(r.metrics_url) for r in routers}
     counts0, accepted0, t0 = host_counts(sc), status(ctl.url, 30)["reports"]["accepted"], time.monotonic()
     time.sleep(window_s)
@@ -222,7 +234,7 @@ def reference(sc: Scale, window_s: float) -> dict[str, Any]:
         done = {k: checks1[r.name].get(k, 0.0) - checks0[r.name].get(k, 0.0) for k in ("success", "failure")}
         rows.append({
             "name": r.name, "rss_mib": round(rss_mib(r.pid), 1), "open_files": open_files(r.pid),
-            "cpu_share": round((cpu_s(r.pid) - each0[r.name]) / dt, 3),
+            "cpu_share": round((cpu_seconds(r.pid) - each0[r.name]) / dt, 3),
             "health_checks_per_s": round(sum(done.values()) / dt, 1),
             "health_check_failures": round(done["failure"] / max(sum(done.values()), 1), 3),
         })  # fmt: skip
@@ -371,11 +383,11 @@ def probe_controller(args: argparse.Namespace) -> None:
         first, got0, cpu0, t0 = (
             len(calls),
             counters.accepted + sum(counters.rejected.values()),
-            cpu_s(os.getpid()),
+            cpu_seconds(os.getpid()),
             time.monotonic(),
         )
         await asyncio.sleep(args.seconds)
-        got1, cpu1, t1 = counters.accepted + sum(counters.rejected.values()), cpu_s(os.getpid()), time.monotonic()
+        got1, cpu1, t1 = counters.accepted + sum(counters.rejected.values()), cpu_seconds(os.getpid()), time.monotonic()
         window = calls[first:]
         stop.set()
         await task
@@ -562,11 +574,13 @@ def soaked(journal: Path, batch: int) -> bool:
 
 def run_rollout(sc: Scale, journal: Path, batches: int | None) -> subprocess.CompletedProcess[str]:
     """``exaserve rollout --to rehearsal``; with ``batches``, paused (SIGINT, as an operator's Ctrl-C) once that many
-    batches passed their soak: the pause takes effect before the next batch leaves the routers."""
+    batches passed their soak. The updater pauses where every replica is in the router: when the next batch already
+    started leaving (it starts at once after the soak), it is brought back first, and shown as cut short."""
     # a router working through a batch's ring rebuilds stalls its other handlers (blocking locks on its tokio
     # threads): its metrics may not answer for longer than the default 30 s grace (docs/scale.md)
     args = ("rollout", "--to", "rehearsal", "--json", "--router-grace-s", "600", "--stack-file", str(sc.stack_file))
-    proc = exaserve_started(*args, env=sc.env)
+    output = sc.state_dir / "rollout-cli"  # files, not pipes: its progress at scale fills a pipe and blocks it
+    proc = exaserve_started(*args, env=sc.env, to=output)
     paused = False
     try:
         while proc.poll() is None:
@@ -581,7 +595,8 @@ def run_rollout(sc: Scale, journal: Path, batches: int | None) -> subprocess.Com
                 proc.wait(120)
             except subprocess.TimeoutExpired:
                 proc.kill()  # its lock is an flock: released when the process dies
-    out, err = proc.communicate(timeout=60)
+    proc.wait(60)
+    out, err = (output.with_suffix(suffix).read_text() for suffix in (".out", ".err"))
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
@@ -670,6 +685,8 @@ def rollout(sc: Scale, rate: float, batches: int | None) -> dict[str, Any]:
 
 # ----- output ----------------------------------------------------------------------------------------------------------
 def print_table(f: dict[str, Any]) -> None:
+    for refused in f.get("refused", []):
+        print(f"== {refused['replicas']} replicas refused by sandbox up: {refused['reason']}")
     a = f["bring_up"]
     print(
         f"== {a['replicas']} replicas on {a['nodes']} nodes, {a['routers']} routers, {a['controllers']} controllers, "
@@ -686,7 +703,7 @@ def print_table(f: dict[str, Any]) -> None:
             show(f[key], f)
 
 
-def print_reference(ref: dict[str, Any], _f: dict[str, Any]) -> None:
+def print_reference(ref: dict[str, Any], f: dict[str, Any]) -> None:
     print(f"1. over {ref['window_s']:.0f} s with everything registered (heartbeat {ref['heartbeat_s']:g} s):")
     for row in ref["routers"]:
         print(
@@ -716,6 +733,11 @@ def print_reference(ref: dict[str, Any], _f: dict[str, Any]) -> None:
         + ", ".join(f"{k} {v:.0f}" for k, v in ref["rss_mib"].items())
         + f"; CPU per request on a worker process {ref['worker_cpu_ms_per_request']} ms, per agent probe "
         f"{ref['agent_cpu_ms_per_probe']} ms"
+    )
+    cpu = f["bring_up"]["cpu"]
+    print(
+        f"   sandbox up's prediction from costs measured alone ({cpu['request_ms']} ms a request, {cpu['probe_ms']} ms "
+        "a probe): " + ", ".join(f"{k} {v:.2f}" for k, v in cpu["cores_needed"].items())
     )
 
 
@@ -796,6 +818,12 @@ def main() -> int:
         help="batches the rollout runs before it is paused (SIGINT), the rest extrapolated from them; 0: all "
         "(at 2,048 replicas each batch takes ~7 min on 2 cores: docs/scale.md)",
     )
+    ap.add_argument(
+        "--cpu-share",
+        type=float,
+        default=0.5,
+        help="passed to sandbox up: the most of the CPUs the sandbox's steady state may need (1.0: let it saturate)",
+    )
     ap.add_argument("--json", action="store_true")
     # the child processes of section 5
     ap.add_argument("--probe-controller", action="store_true", help=argparse.SUPPRESS)
@@ -842,13 +870,41 @@ def main() -> int:
     return 0
 
 
+FIT_MARGIN = 0.9  # below the size sandbox up said fits: its next measurement of the costs may come out higher
+
+
+@contextlib.contextmanager
+def largest_that_fits(args: argparse.Namespace, tmp: Path, figures: dict[str, Any]) -> Iterator[Scale]:
+    """``sandbox up`` at ``--replicas``, or, when it refuses for CPU, at the whole nodes it says this machine holds
+    (less :data:`FIT_MARGIN`); each refusal is kept in ``figures["refused"]``. ``sandbox down`` on exit."""
+    per_node = int(stack_doc("prod")["serving"]["replicas_per_node"])
+    replicas = args.replicas
+    while True:
+        sc = Scale(source_stack(tmp / f"stack-{replicas}", replicas), tmp / "state", args.cpu_share)
+        try:
+            sc.__enter__()
+        except TooSlow as exc:
+            figures.setdefault("refused", []).append({"replicas": replicas, "reason": str(exc)})
+            print(f"scale_bench: {replicas} replicas refused: {exc}", file=sys.stderr)
+            smaller = int(exc.fits * FIT_MARGIN) // per_node * per_node
+            if not 0 < smaller < replicas:
+                raise
+            replicas = smaller
+            continue
+        try:
+            yield sc
+        finally:
+            sc.__exit__()
+        return
+
+
 def measure(args: argparse.Namespace, figures: dict[str, Any]) -> None:
     """Sections 1-4 into ``figures``, each added as soon as it is measured, on one sandbox."""
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        with Scale(source_stack(tmp / "stack", args.replicas), tmp / "state") as sc:
+        with largest_that_fits(args, tmp, figures) as sc:
             routers = sc.records("router")
-            registration = {r.name: round(cpu_s(r.pid), 1) for r in routers}
+            registration = {r.name: round(cpu_seconds(r.pid), 1) for r in routers}
             figures["bring_up"] = {
                 "replicas": len(sc.plan.replicas),
                 "nodes": len({r.node.name for r in sc.plan.replicas}),
@@ -857,6 +913,7 @@ def measure(args: argparse.Namespace, figures: dict[str, Any]) -> None:
                 "worker_processes": len(sc.records("worker-host")),
                 "agent_processes": len(sc.records("agent")),
                 "up_s": round(sc.up_s, 1),
+                "cpu": sc.cpu,
             }
             time.sleep(2 * sc.spec.serving.heartbeat_interval_s)  # every agent's first reports in
             if "reference" in args.sections:

@@ -2,8 +2,8 @@
 SGLang workers, one per replica of a stack with a ``sandbox:`` section; ``rollout`` and ``rollback`` drive it
 like a fleet. ``--simulate`` rehearses any other stack at its own size (``--stack prod``: 2,048 replicas): the
 sandbox section is derived from the stack and written as its own stack file (:mod:`serving.sandbox.scale`).
-Exit codes as in :mod:`serving.cli.options`: 2 when the machine lacks the file descriptors or memory the sandbox
-needs, 1 when the sandbox did not start or the load saw client errors.
+Exit codes as in :mod:`serving.cli.options`: 2 when the machine lacks the file descriptors, memory or (``--simulate``,
+measured first) CPU the sandbox needs, 1 when the sandbox did not start or the load saw client errors.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from serving.cli.options import (
     app,
     console,
     emit_json,
+    err_console,
     fail,
     resolve_stack,
 )
@@ -52,6 +53,18 @@ SimulateOpt = Annotated[
     ),
 ]
 
+CpuShareOpt = Annotated[
+    float,
+    typer.Option(
+        "--cpu-share",
+        min=0.05,
+        max=1.0,
+        help="With --simulate: the most of this machine's CPUs the sandbox's steady state may need, from costs "
+        "measured here before it starts (the rest is for client load, a rollout's router changes and measuring). "
+        "1.0 lets it saturate the machine.",
+    ),
+]
+
 
 @sandbox_app.command("up")
 def sandbox_up(
@@ -59,6 +72,7 @@ def sandbox_up(
     stack_file: StackFileOpt = None,
     state_dir: StateDirOpt = None,
     simulate: SimulateOpt = False,
+    cpu_share: CpuShareOpt = 0.5,
     as_json: JsonOpt = False,
 ) -> None:
     """Start the real router on loopback and one simulated worker per replica at the stack's version; with
@@ -71,7 +85,7 @@ def sandbox_up(
         )
     if st.spec.sandbox is not None and simulate:
         fail(f"stack {st.name!r} already has a sandbox: section; run `exaserve sandbox up` without --simulate")
-    from serving.sandbox import processes, scale  # noqa: PLC0415 - loads aiohttp and the router launcher: on use only
+    from serving.sandbox import capacity, processes, scale  # noqa: PLC0415 - loads aiohttp, the router launcher
     from serving.sandbox.prometheus import prometheus_url  # noqa: PLC0415
 
     paths = StackState.for_stack(scale.simulated_name(st.name), state_dir) if simulate else stack_state(st, state_dir)
@@ -83,8 +97,19 @@ def sandbox_up(
             except (SpecError, ValueError, processes.SandboxError) as exc:
                 fail(f"cannot derive the simulated stack: {exc}")
         fleet_plan = plan_fleet(st.spec)
+        costs = None
+        if simulate:
+            err_console.print(
+                f"measuring this machine's CPU costs: {capacity.CALIBRATION_WORKERS} simulated workers, "
+                f"{capacity.CALIBRATION_PROBES:,} agent probes",
+                highlight=False,
+            )
+            try:
+                costs = capacity.measure_costs()
+            except processes.SandboxError as exc:
+                fail(f"sandbox of {st.name!r} not started: {exc}", EXIT_PROBLEM)
         try:
-            scale.check_machine(st.spec, fleet_plan)
+            need = scale.check_machine(st.spec, fleet_plan, costs=costs, cpu_share=cpu_share)
         except scale.MachineTooSmall as exc:
             fail(f"sandbox of {st.name!r} not started: {exc}")
         try:
@@ -99,6 +124,13 @@ def sandbox_up(
         doc = {"router_url": ep.router_url, "metrics_url": ep.metrics_url, "workers": urls}
         if simulate:
             doc["stack_file"] = str(st.path)
+        if need.cpu is not None:
+            doc["cpu"] = {
+                "cores_needed": {k: round(v, 3) for k, v in need.cpu.cores.items()},
+                "cores_available": round(need.cpu.available, 2),
+                "request_ms": round(need.cpu.costs.request_ms, 4),
+                "probe_ms": round(need.cpu.costs.probe_ms, 3),
+            }
         if runtime:
             doc["runtime"] = runtime
         if prom_url:
@@ -110,6 +142,13 @@ def sandbox_up(
         console.print("runtime: " + "; ".join(f"{k} {', '.join(v)}" for k, v in runtime.items()), highlight=False)
     if prom_url:
         console.print(f"prometheus: {prom_url} (alerts: {prom_url}/alerts)", highlight=False)
+    if need.cpu is not None:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in need.cpu.cores.items())
+        console.print(
+            f"cpu: the steady state needs about {need.cpu.total:.2f} of the {need.cpu.available:.2f} cores it may use "
+            f"({parts})",
+            highlight=False,
+        )
     if simulate:
         console.print(
             f"stack file: {st.path} (pass --stack-file to rollout, status and sandbox load; sandbox down --stack "

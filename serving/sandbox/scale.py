@@ -22,12 +22,14 @@ The derived stack is written to ``<state-dir>/<stack>-simulated/Pulumi.<stack>-s
 journal and locks never mix with the real stack's; every other command drives it with ``--stack-file``.
 
 Bounded: :func:`check_machine` refuses a sandbox the machine's file descriptors (``RLIMIT_NOFILE``, whose soft limit
-it raises up to the hard one) or memory (``MemAvailable``) cannot hold, naming the figure and the fix.
+it raises up to the hard one), memory (``MemAvailable``) or CPU (:mod:`serving.sandbox.capacity`: the steady state's
+cores from costs measured on this machine) cannot hold, naming the figure and the fix.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import resource
 from collections.abc import Mapping
@@ -40,6 +42,7 @@ import yaml
 from serving.plan.model import Plan
 from serving.rollout.journal import StackState
 from serving.sandbox.backend import node_groups
+from serving.sandbox.capacity import CPU_SHARE, Costs, CpuNeed, cpu_need, cpus
 from serving.sandbox.processes import free_port_block
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import NAMESPACE, Stack, load_stack_file, read_stack_document
@@ -144,12 +147,14 @@ def write_simulated_stack(stack: Stack, plan: Plan, state_dir: Path | None) -> S
 # ----- what the machine must hold ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Needs:
-    """The most file descriptors one process of the sandbox opens (and which), and the memory all of them take."""
+    """The most file descriptors one process of the sandbox opens (and which), the memory all of them take and, when
+    measured, the cores they keep busy."""
 
     fds: int
     fds_process: str
     memory_mib: float
     memory_parts: Mapping[str, float]
+    cpu: CpuNeed | None = None  # the steady state's cores, when the costs were measured
 
 
 def needs(spec: FleetSpec, plan: Plan) -> Needs:
@@ -193,9 +198,18 @@ def mem_available_mib(meminfo: Path = MEMINFO) -> float | None:
     return None
 
 
-def check_machine(spec: FleetSpec, plan: Plan, *, meminfo: Path = MEMINFO) -> Needs:
+def check_machine(
+    spec: FleetSpec,
+    plan: Plan,
+    *,
+    meminfo: Path = MEMINFO,
+    costs: Costs | None = None,
+    cpu_share: float = CPU_SHARE,
+) -> Needs:
     """Raise :class:`MachineTooSmall` unless this machine holds the sandbox; raises this process's soft
-    ``RLIMIT_NOFILE`` (which the sandbox's processes inherit) up to the hard limit when the sandbox needs more."""
+    ``RLIMIT_NOFILE`` (which the sandbox's processes inherit) up to the hard limit when the sandbox needs more.
+    With ``costs`` (measured here: :func:`serving.sandbox.capacity.measure_costs`) the steady state may need at most
+    ``cpu_share`` of the cores."""
     need = needs(spec, plan)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if need.fds > soft:
@@ -214,4 +228,27 @@ def check_machine(spec: FleetSpec, plan: Plan, *, meminfo: Path = MEMINFO) -> Ne
             f"headroom); MemAvailable is {available:,.0f} MiB. Free memory (`exaserve sandbox down` on other "
             "sandboxes) or simulate fewer replicas (serving.replicas)"
         )
+    if costs is not None:
+        nodes = len({r.node.name for r in plan.replicas})
+        cpu = cpu_need(spec, len(plan.replicas), nodes, costs, cpu_share)
+        if cpu.total > cpu.available:
+            raise MachineTooSmall(_too_slow(cpu, plan, cpu_share))
+        need = dataclasses.replace(need, cpu=cpu)
     return need
+
+
+def _too_slow(cpu: CpuNeed, plan: Plan, share: float) -> str:
+    """The CPU refusal: the figure, what it is made of, and the replicas (whole nodes) this machine holds."""
+    replicas = len(plan.replicas)
+    per_node = max(1, replicas // len({r.node.name for r in plan.replicas}))
+    fits = math.floor(replicas * cpu.available / cpu.total / per_node) * per_node
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in cpu.cores.items())
+    c = cpu.costs
+    return (
+        f"the sandbox needs about {cpu.total:.2f} cores in its steady state ({parts}; measured on this machine: "
+        f"{c.request_ms:.3f} ms of CPU per worker request and {c.probe_ms:.2f} ms per agent probe, {c.speed:.1f}× "
+        f"the reference machine's), more than {share:.0%} of its {cpus()} CPUs ({cpu.available:.2f} cores; the rest "
+        f"is for the client load, a rollout's router changes and the measurements). This machine holds about "
+        f"{fits:,} replicas: simulate fewer (serving.replicas; the scale bench: --replicas {fits}), use more or "
+        "faster cores, or raise --cpu-share (the rehearsal then measures a saturated machine)"
+    )

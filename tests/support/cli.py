@@ -29,12 +29,23 @@ def exaserve(
     )
 
 
-def exaserve_started(*args: str, cwd: Path = REPO, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+def exaserve_started(
+    *args: str, cwd: Path = REPO, env: Mapping[str, str] | None = None, to: Path | None = None
+) -> subprocess.Popen[str]:
     """``exaserve ARGS`` as :func:`exaserve` runs it, but started in the background with stdout and stderr piped,
-    for tests that signal it mid-run; collect it with ``communicate(timeout=...)``."""
-    return subprocess.Popen(
-        [str(EXASERVE), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=_env(env)
-    )
+    for tests that signal it mid-run; collect it with ``communicate(timeout=...)``. A long run that prints more than a
+    pipe holds (64 KiB) blocks on its next write until someone reads: pass ``to``, a path whose ``.out`` and ``.err``
+    files take stdout and stderr instead (read them once it ended)."""
+    if to is None:
+        out, err = subprocess.PIPE, subprocess.PIPE
+    else:
+        out, err = to.with_suffix(".out").open("w"), to.with_suffix(".err").open("w")
+    try:
+        return subprocess.Popen([str(EXASERVE), *args], stdout=out, stderr=err, text=True, cwd=cwd, env=_env(env))
+    finally:
+        if to is not None:  # the child holds its own copies
+            out.close()
+            err.close()
 
 
 def _env(env: Mapping[str, str] | None) -> dict[str, str]:
