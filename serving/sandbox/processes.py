@@ -152,19 +152,28 @@ def free_port_block(count: int, host: str = LOOPBACK) -> int:
     )
 
 
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, start time in clock ticks) from ``/proc/<pid>/stat``; None if there is no such pid."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (the state letter first); None if there is no such
+    pid."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    fields = raw[raw.rindex(")") + 2 :].split()  # the command name may contain spaces and ")"
-    return fields[0], int(fields[19])
+    return raw[raw.rindex(")") + 2 :].split()  # the command name may contain spaces and ")"
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks) from ``/proc/<pid>/stat``; None if there is no such pid."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (fields[0], int(fields[19]))
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) process ``pid`` has used, from ``/proc/<pid>/stat``."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    """CPU time (user + system) process ``pid`` has used, from ``/proc/<pid>/stat``; raises
+    :class:`SandboxError` if there is no such pid."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        raise SandboxError(f"no process {pid}: it exited before its CPU time was read")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

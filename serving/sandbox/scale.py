@@ -232,15 +232,14 @@ def check_machine(
         nodes = len({r.node.name for r in plan.replicas})
         cpu = cpu_need(spec, len(plan.replicas), nodes, costs, cpu_share)
         if cpu.total > cpu.available:
-            raise MachineTooSmall(_too_slow(cpu, plan, cpu_share))
+            raise MachineTooSmall(_too_slow(cpu, len(plan.replicas), nodes, cpu_share))
         need = dataclasses.replace(need, cpu=cpu)
     return need
 
 
-def _too_slow(cpu: CpuNeed, plan: Plan, share: float) -> str:
+def _too_slow(cpu: CpuNeed, replicas: int, nodes: int, share: float) -> str:
     """The CPU refusal: the figure, what it is made of, and the replicas (whole nodes) this machine holds."""
-    replicas = len(plan.replicas)
-    per_node = max(1, replicas // len({r.node.name for r in plan.replicas}))
+    per_node = max(1, replicas // nodes)
     fits = math.floor(replicas * cpu.available / cpu.total / per_node) * per_node
     parts = ", ".join(f"{k} {v:.2f}" for k, v in cpu.cores.items())
     c = cpu.costs
