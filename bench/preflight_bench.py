@@ -2,7 +2,7 @@
 
     sudo .venv/bin/python bench/preflight_bench.py --hosts 16,32,64 [--repeat 2] [--configs ...] [--json]
 
-One fleet of the largest host count is started (tests/hosts: one network namespace and real sshd per
+One fleet of the largest host count is started (tests/support/hosts: one network namespace and real sshd per
 node, stub nvidia-smi/ibstat/chronyc as in the tests); each host count runs the first N nodes with
 ``--limit``. Among them, always: one node that is unreachable (blackholed route) and one whose
 nvidia-smi hangs (a wedged GPU) - each must cost one timeout, not a serial wait. Every run's report
@@ -52,8 +52,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.hosts.faults import HostFaults
-from tests.hosts.netns import HostPool, unavailable_reason
+from tests.support.hosts.faults import HostFaults
+from tests.support.hosts.netns import HostPool, unavailable_reason
 from tests.support.paths import REPO
 from tests.support.preflight import (
     ANSIBLE_DIR,

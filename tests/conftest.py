@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.hosts.netns import HostPool, unavailable_reason
 from tests.support.ci import unavailable
 from tests.support.gpu import cuda_device_count
+from tests.support.hosts.netns import HostPool, unavailable_reason
+from tests.support.systemd import make_systemd_root
 
 # --- GPU tests (marked gpu) ----------------------------------------------------------------------
 
@@ -29,7 +30,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     )
 
 
-# --- SSH test hosts (tests/hosts) --------------------------------------------------------------
+# --- SSH test hosts (tests/support/hosts) --------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
@@ -79,3 +80,12 @@ def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert proc.returncode == 0, f"scripts/sglang-manifest.sh failed:\n{proc.stderr[-4000:]}"
     return out
+
+
+# --- systemd-analyze verify (tests/support/systemd.py) -------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def systemd_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A throwaway root for ``systemd-analyze verify --root`` (:func:`tests.support.systemd.make_systemd_root`)."""
+    return make_systemd_root(tmp_path_factory.mktemp("systemd-root"))

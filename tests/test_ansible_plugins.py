@@ -22,7 +22,7 @@ from serving.checks.preflight import CHECKS, ReportError, build_report, check_re
 from serving.node import fabric
 from serving.render import inventory
 from serving.spec.stack import load_stack
-from tests.hosts.collection import ANSIBLE_DIR, COLLECTION_DIR, COLLECTIONS_DIR, PROBES, load
+from tests.support.hosts.collection import ANSIBLE_DIR, COLLECTION_DIR, COLLECTIONS_DIR, PROBES, load
 
 VENV_BIN = Path(sys.executable).parent
 PLUGINS_DIR = COLLECTION_DIR / "plugins"

@@ -84,3 +84,45 @@ def test_importing_the_rollout_package_loads_no_http_server_tokenizer_or_torch()
     assert "aiohttp" in loaded  # the client of serving.fleet_http: the probe sees aiohttp's modules
     banned = {m for m in loaded if m.startswith("aiohttp.web")} | (loaded & {"tokenizers", "torch"})
     assert not banned, sorted(banned)
+
+
+def _test_module_imports(path: Path) -> list[str]:
+    """The test modules (``tests.test_*``) that ``path`` imports, absolute or relative, at any depth."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("tests.test_")]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            names = [module] if module else [a.name for a in node.names]
+            if node.level == 0:
+                found += [n for n in names if n.startswith("tests.test_")]
+            else:
+                found += ["." * node.level + n for n in names if n.split(".")[0].startswith("test_")]
+    return found
+
+
+def test_the_test_import_walker_sees_absolute_and_relative_imports(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from tests.test_a import X\nimport tests.test_b\ndef f():\n    from .test_c import Y\n    from . import test_d\n"
+    )
+    assert sorted(_test_module_imports(probe)) == [".test_c", ".test_d", "tests.test_a", "tests.test_b"]
+
+
+def test_no_test_module_imports_another_and_shared_stand_ins_live_in_tests_support() -> None:
+    """A helper two test modules share (a stand-in, a fixture, a constant) lives in ``tests/support/``; test modules
+    import nothing from each other, and nothing but test modules, conftest.py and packages sit in ``tests/``."""
+    files = sorted((ROOT / "tests").rglob("*.py"))
+    offenders = {str(p.relative_to(ROOT)): found for p in files if (found := _test_module_imports(p))}
+    assert offenders == {}, f"move what these import from a test module into tests/support/: {offenders}"
+    loose = [
+        str(p.relative_to(ROOT))
+        for p in files
+        if p.parent != ROOT / "tests" / "support"
+        and ROOT / "tests" / "support" not in p.parents
+        and not (
+            p.parent == ROOT / "tests" and (p.name.startswith("test_") or p.name in ("conftest.py", "__init__.py"))
+        )
+    ]
+    assert loose == [], f"helpers outside tests/support/: {loose}"

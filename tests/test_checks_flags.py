@@ -33,7 +33,7 @@ from serving.checks.flags import (
     validate_argv,
 )
 from serving.checks.result import Status
-from tests.sglang_parsers import real_parse
+from tests.support.sglang_parsers import real_parse
 
 ROOT = Path(__file__).resolve().parent.parent
 # What argparse lets through although our check rejects it; every other kind argparse rejects too.

@@ -16,7 +16,7 @@ from serving.plan import planner
 from serving.render.sglang import server_argv
 from serving.spec.schema import GIB, FleetSpec, count_parameters
 from serving.spec.stack import load_stack_file
-from tests.sglang_parsers import ROOT, SGLANG_PYTHON, run_json_script_args
+from tests.support.sglang_parsers import ROOT, SGLANG_PYTHON, run_json_script_args
 from tests.support.stacks import SOURCE_PLAN, spec_from
 
 GRID_GPUS_MIB = (16_384, 23_034, 24_564, 40_960, 46_068, 81_559, 81_920, 97_871, 143_771, 183_359)

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from serving.checks.preflight import CHECKS
-from tests.hosts.faults import HostFaults
-from tests.hosts.netns import HostFleet, HostPool
 from tests.support.cli import exaserve
+from tests.support.hosts.faults import HostFaults
+from tests.support.hosts.netns import HostFleet, HostPool
 from tests.support.preflight import (
     VENV_BIN,
     ModelStore,

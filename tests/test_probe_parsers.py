@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from tests.hosts import stubs
-from tests.hosts.collection import ANSIBLE_DIR, MODULES, PROBES, load
-from tests.hosts.stubs import sample
+from tests.support.hosts import stubs
+from tests.support.hosts.collection import ANSIBLE_DIR, MODULES, PROBES, load
+from tests.support.hosts.stubs import sample
 
 CONTAINER_DATA = Path(__file__).resolve().parent / "data" / "container"
 

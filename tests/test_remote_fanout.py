@@ -13,8 +13,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from serving.remote.fanout import Target, fan_out
-from tests.hosts.faults import HostFaults
-from tests.hosts.netns import HostFleet, HostPool
+from tests.support.hosts.faults import HostFaults
+from tests.support.hosts.netns import HostFleet, HostPool
 from tests.support.preflight import VENV_BIN, ModelStore, fleet_stack_doc
 from tests.support.stacks import write_stack
 

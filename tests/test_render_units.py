@@ -58,14 +58,15 @@ from serving.render.sglang import (
     server_argv,
     server_env,
 )
-from serving.render.systemd import CURL, RESTART_SEC, START_LIMIT_BURST, systemd_unit, systemd_word, unit_name
+from serving.render.systemd import RESTART_SEC, START_LIMIT_BURST, systemd_unit, systemd_word, unit_name
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack
-from tests.sglang_parsers import real_parse
 from tests.support.ci import in_ci
 from tests.support.cli import exaserve
 from tests.support.paths import REPO
+from tests.support.sglang_parsers import real_parse
 from tests.support.stacks import spec_from
+from tests.support.systemd import verify_unit
 
 GOLDEN = Path(__file__).parent / "golden" / "units"
 UPDATE_GOLDEN = os.environ.get("EXASERVE_UPDATE_GOLDEN") == "1"
@@ -429,29 +430,6 @@ def test_the_real_sglang_parser_accepts_every_rendered_server_command(regenerate
 
 
 # --- systemd-analyze verify, strict ----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def systemd_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A throwaway root for ``systemd-analyze verify --root``: systemd's own units, and an executable at
-    each path the units run. The stubs stand in for SGLang (a GPU install) and curl at their
-    production paths, so verify's "binary must exist" check runs against the exact ExecStart lines."""
-    root = tmp_path_factory.mktemp("systemd-root")
-    shutil.copytree("/usr/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
-    for binary in (SERVER_ENTRY[0], CURL):
-        stub = root / binary.lstrip("/")
-        stub.parent.mkdir(parents=True, exist_ok=True)
-        stub.write_text("#!/bin/sh\nexit 0\n")
-        stub.chmod(0o755)
-    (root / "etc/systemd/system").mkdir(parents=True)
-    return root
-
-
-def verify_unit(root: Path, name: str, text: str) -> subprocess.CompletedProcess[str]:
-    (root / "etc/systemd/system" / name).write_text(text)
-    return subprocess.run(
-        ["systemd-analyze", "verify", f"--root={root}", name], capture_output=True, text=True, timeout=60, check=False
-    )
 
 
 @pytest.mark.parametrize("case", ["dev", "prod", "multi-rank0", "multi-rank1"])

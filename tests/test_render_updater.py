@@ -27,9 +27,9 @@ from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend
 from serving.rollout.plan import plan_batches
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack
+from tests.support.apiserver import ApiServerStandIn, k8s_spec
 from tests.support.k8s import of_kind, one, render_file
 from tests.support.stacks import MULTI_NODE, write_variant
-from tests.test_rollout_backends import ApiServerStandIn, k8s_spec
 
 Rules = Sequence[Mapping[str, Any]]
 

@@ -17,8 +17,7 @@ from serving.plan.planner import plan
 from serving.sandbox.backend import worker_config, worker_name
 from serving.sandbox.processes import restart_worker, stop_process
 from tests.support.cli import flat, json_object
-from tests.support.sandbox import Sandbox, running_sandbox
-from tests.test_rollout_sandbox import Load
+from tests.support.sandbox import Load, Sandbox, running_sandbox
 
 REPLICAS = 6
 # Short windows, QPS and P99 gates opened wide: what these tests check is what gets planned, not gate values

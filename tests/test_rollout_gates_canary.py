@@ -29,8 +29,9 @@ from serving.sandbox.backend import worker_name
 from serving.sandbox.processes import restart_worker
 from serving.sandbox.worker import WorkerConfig
 from tests.support.cli import json_object
-from tests.support.sandbox import Sandbox, running_sandbox
-from tests.test_rollout_sandbox import GATED, REPLICAS, Load, wait_for_event
+from tests.support.sandbox import GATED, Load, Sandbox, running_sandbox, wait_for_event
+
+REPLICAS = 8
 
 
 @pytest.fixture(scope="module")

@@ -61,8 +61,8 @@ from serving.sandbox.processes import (
 )
 from serving.sandbox.worker import WorkerConfig
 from serving.spec.schema import FleetSpec
+from tests.support.apiserver import RELEASES, ApiServerStandIn
 from tests.support.stacks import spec_from
-from tests.test_rollout_backends import RELEASES, ApiServerStandIn
 
 ROUTERS = 3
 NEW_POD_LOAD_S = 2.0  # a new pod's "model load": its worker listens only after this (a real one: minutes)

@@ -25,8 +25,8 @@ from serving.rollout.machine import Outcome, RolloutState, initial
 from serving.rollout.plan import RolloutPlan, plan_rollout
 from serving.rollout.session import FleetView, RolloutInputError, Scope, journal_versions, plan_from_fleet
 from serving.spec.schema import FleetSpec
+from tests.support.apiserver import ApiServerStandIn, k8s_spec
 from tests.support.stacks import spec_from
-from tests.test_rollout_backends import ApiServerStandIn, k8s_spec
 
 SANDBOX = spec_from("sandbox")
 RELEASES = {

@@ -10,11 +10,8 @@ Every wait is bounded; the module takes about two and a half minutes.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,20 +23,12 @@ from serving.rollout.gates import ROUTER_INFERENCE_REQUESTS
 from serving.rollout.journal import load_state
 from serving.rollout.machine import Outcome, Phase
 from serving.router.client import MetricsSnapshot
-from serving.router.loadgen import LoadGenerator, LoadReport, LoadSpec
 from serving.sandbox.processes import start_router, stop_process
 from tests.support.cli import json_object
-from tests.support.sandbox import Sandbox, running_sandbox
+from tests.support.sandbox import GATED, Load, Sandbox, running_sandbox, wait_for_event
 
 REPLICAS = 8
 LOAD_RATE = 100.0
-# Windows of 4 s and a 5 s health timeout: the stack's simulated latencies, short enough rollouts.
-GATED: dict[str, Any] = {
-    "rollout.interval_s": 4,
-    "rollout.baseline_window_s": 4,
-    "rollout.health_timeout_s": 5,
-    "rollout.drain_timeout_s": 10,
-}
 # 1.5 s windows with the QPS and P99 gates opened wide, for the tests of crash and router-restart consistency
 # (gate values are not what they check; the error gate stays 0.1 %).
 FAST: dict[str, Any] = {
@@ -70,47 +59,6 @@ def at_v1(sandbox: Sandbox) -> Sandbox:
     assert set(sandbox.versions().values()) == {"v1"}
     assert len(sandbox.workers()) == REPLICAS
     return sandbox
-
-
-class Load:
-    """Bounded open-loop client load on the router, in a thread, for the length of a `with` block."""
-
-    def __init__(self, url: str, rate: float = LOAD_RATE, max_s: float = 120.0) -> None:
-        self.gen = LoadGenerator(LoadSpec(url=url, rate_per_s=rate, duration_s=max_s, timeout_s=10.0))
-        self._loop = asyncio.new_event_loop()
-        self._stop = asyncio.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self.report: LoadReport | None = None
-
-    def _run(self) -> None:
-        self.report = self._loop.run_until_complete(self.gen.run(self._stop))
-
-    def __enter__(self) -> Load:
-        self._thread.start()
-        time.sleep(1.5)  # let the offered load settle before the baseline window
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout=30)
-        assert self.report is not None, "load generator did not finish"
-
-
-def wait_for_event(sandbox: Sandbox, to: str, phase: Phase, batch: int, timeout: float = 60) -> None:
-    """Until the current journal (a rollout to `to`) records `phase` of `batch` done."""
-    deadline = time.monotonic() + timeout
-    path = sandbox.paths.journal_path
-    while time.monotonic() < deadline:
-        with contextlib.suppress(FileNotFoundError, ValueError, IndexError):
-            lines = path.read_text().splitlines()
-            if json.loads(lines[0])["plan"]["to_version"] == to:
-                for line in lines[1:]:
-                    ev = json.loads(line)["event"]
-                    step = ev.get("step") or {}
-                    if ev["kind"] == "done" and step.get("phase") == phase.value and step.get("batch") == batch:
-                        return
-        time.sleep(0.02)
-    pytest.fail(f"no '{phase.value} batch {batch}' event for the rollout to {to} within {timeout} s")
 
 
 # ----------------------------------------------------------------------------------------- input

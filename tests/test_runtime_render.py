@@ -29,7 +29,7 @@ from serving.spec.stack import load_stack, load_stack_file
 from tests.support.cli import exaserve, json_object
 from tests.support.k8s import of_kind, one, render_file
 from tests.support.paths import REPO
-from tests.test_render_units import systemd_root, verify_unit  # noqa: F401 - the session fixture, shared
+from tests.support.systemd import verify_unit
 
 PROD = load_stack("prod").spec
 
@@ -118,7 +118,7 @@ def test_render_and_check_validate_the_runtime_objects(tmp_path: Path) -> None:
     assert violations == [], json.dumps(violations)[:2000]
 
 
-def test_bare_metal_units_pass_strict_systemd_verify(systemd_root: Path) -> None:  # noqa: F811
+def test_bare_metal_units_pass_strict_systemd_verify(systemd_root: Path) -> None:
     stub = systemd_root / EXASERVE_BIN.lstrip("/")
     stub.parent.mkdir(parents=True, exist_ok=True)
     stub.write_text("#!/bin/sh\nexit 0\n")

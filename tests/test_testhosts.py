@@ -16,10 +16,10 @@ from typing import Any
 import paramiko
 import pytest
 
-from tests.hosts.collection import COLLECTIONS_DIR, load
-from tests.hosts.faults import HostFaults
-from tests.hosts.netns import HostFleet, HostPool, SshHost
-from tests.hosts.stubs import sample
+from tests.support.hosts.collection import COLLECTIONS_DIR, load
+from tests.support.hosts.faults import HostFaults
+from tests.support.hosts.netns import HostFleet, HostPool, SshHost
+from tests.support.hosts.stubs import sample
 
 MIXED_FAULTS = {
     "node02": HostFaults(ib_down=("mlx5_3",)),

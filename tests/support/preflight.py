@@ -1,4 +1,4 @@
-"""What preflight needs on the SSH test hosts beyond tests/hosts: a stack for the fleet, container
+"""What preflight needs on the SSH test hosts beyond tests/support/hosts: a stack for the fleet, container
 runtime stubs, a model store, and a way to run the playbook. Shared by the tests and the benchmark.
 
 Stand-ins (there is no containerd daemon, NVIDIA toolkit, NFS server or GPU here): `ctr`,
@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from tests.hosts.netns import HostFleet
+from tests.support.hosts.netns import HostFleet
 from tests.support.paths import REPO
 from tests.support.stacks import merge
 

@@ -8,8 +8,12 @@ Test modules wrap :func:`running_sandbox` in a session- or module-scoped fixture
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import subprocess
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -17,10 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 from serving.rollout.journal import StackState
+from serving.rollout.machine import Phase
 from serving.router.client import RouterClient
+from serving.router.loadgen import LoadGenerator, LoadReport, LoadSpec
 from serving.sandbox.backend import worker_name
 from serving.sandbox.processes import StateDir, free_port_block
 from serving.sandbox.worker import WorkerConfig, parse_config
@@ -134,3 +141,55 @@ def running_sandbox(
         assert down.returncode == 0, down.stdout + down.stderr
         leftover = [r.name for r in StateDir(paths.sandbox_dir).records()]
         assert leftover == [], f"sandbox down left processes behind: {leftover}"
+
+
+LOAD_RATE = 100.0  # requests/s: enough for the gates to judge 8 replicas' QPS and P99 in a 4 s window
+# Rollout windows of 4 s and a 5 s health timeout: long enough for the gates to judge the stack's simulated latencies
+# (100 ms; "50 % slower" = 150 ms), short enough rollouts.
+GATED: dict[str, Any] = {
+    "rollout.interval_s": 4,
+    "rollout.baseline_window_s": 4,
+    "rollout.health_timeout_s": 5,
+    "rollout.drain_timeout_s": 10,
+}
+
+
+class Load:
+    """Bounded open-loop client load on the router, in a thread, for the length of a `with` block."""
+
+    def __init__(self, url: str, rate: float = LOAD_RATE, max_s: float = 120.0) -> None:
+        self.gen = LoadGenerator(LoadSpec(url=url, rate_per_s=rate, duration_s=max_s, timeout_s=10.0))
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.report: LoadReport | None = None
+
+    def _run(self) -> None:
+        self.report = self._loop.run_until_complete(self.gen.run(self._stop))
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        time.sleep(1.5)  # let the offered load settle before the baseline window
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=30)
+        assert self.report is not None, "load generator did not finish"
+
+
+def wait_for_event(sandbox: Sandbox, to: str, phase: Phase, batch: int, timeout: float = 60) -> None:
+    """Until the current journal (a rollout to `to`) records `phase` of `batch` done."""
+    deadline = time.monotonic() + timeout
+    path = sandbox.paths.journal_path
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError, ValueError, IndexError):
+            lines = path.read_text().splitlines()
+            if json.loads(lines[0])["plan"]["to_version"] == to:
+                for line in lines[1:]:
+                    ev = json.loads(line)["event"]
+                    step = ev.get("step") or {}
+                    if ev["kind"] == "done" and step.get("phase") == phase.value and step.get("batch") == batch:
+                        return
+        time.sleep(0.02)
+    pytest.fail(f"no '{phase.value} batch {batch}' event for the rollout to {to} within {timeout} s")

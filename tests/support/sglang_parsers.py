@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import REPO
+
+ROOT = REPO
 SGLANG_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
 
 

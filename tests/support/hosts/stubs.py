@@ -14,9 +14,11 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.paths import REPO
+
 from .faults import STUBBED_TOOLS, HostFaults
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "probes"
+DATA_DIR = REPO / "tests" / "data" / "probes"
 
 IBSTAT_SAMPLE = "ibstat_h100_node.txt"
 CHRONY_TEXT_SAMPLE = "chronyc_tracking_manpage.txt"

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import importlib
 import sys
-from pathlib import Path
 from types import ModuleType
 
-ANSIBLE_DIR = Path(__file__).resolve().parents[2] / "ansible"
+from tests.support.paths import REPO
+
+ANSIBLE_DIR = REPO / "ansible"
 COLLECTIONS_DIR = ANSIBLE_DIR / "collections"
 COLLECTION_DIR = COLLECTIONS_DIR / "ansible_collections" / "exaserve" / "fleet"
 MODULES_DIR = COLLECTION_DIR / "plugins" / "modules"
