@@ -7,6 +7,9 @@ day it is added (and :data:`JSON_CASES` must say how to run it offline, or the t
   object carrying ``stack`` and ``ok: false``;
 * ``--json`` output carries ``stack`` and ``ok`` (true exactly when the exit code is 0), on success for every
   command that can run offline, and on the error path for those that need live hosts.
+
+The ``--json`` cases run the installed console script (one subprocess per command: what ships); the matrices of
+bad input run the same app in-process (:func:`tests.support.cli.exaserve_in_process`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import typer
 from serving.cli import main  # the module that defines plan, audit-source and schema
 from serving.cli.commands import register
 from serving.cli.options import app
-from tests.support.cli import exaserve, flat, json_object
+from tests.support.cli import exaserve, exaserve_in_process, flat, json_object
 from tests.support.repo import working_tree_repo
 
 Command = tuple[str, ...]
@@ -128,7 +131,7 @@ def test_every_command_has_json_and_an_offline_json_case() -> None:
 
 @pytest.mark.parametrize("cmd", list(COMMANDS), ids=_id)
 def test_an_unknown_flag_exits_2(cmd: Command) -> None:
-    r = exaserve(*cmd, "--no-such-flag")
+    r = exaserve_in_process(*cmd, "--no-such-flag")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "No such option: --no-such-flag" in flat(r.stderr)
     assert "Traceback" not in r.stdout + r.stderr
@@ -136,7 +139,7 @@ def test_an_unknown_flag_exits_2(cmd: Command) -> None:
 
 @pytest.mark.parametrize("cmd", [*GROUPS, *COMMANDS], ids=_id)
 def test_help_exits_0(cmd: Command) -> None:
-    r = exaserve(*cmd, "--help")
+    r = exaserve_in_process(*cmd, "--help")
     assert r.returncode == 0, r.stderr
     assert "Usage:" in r.stdout and "Traceback" not in r.stdout + r.stderr
 
@@ -150,7 +153,7 @@ def test_a_bad_stack_file_exits_2_naming_the_file_and_the_problem(
     path = tmp_path / f"Pulumi.{kind}.yaml"
     if content is not None:
         path.write_bytes(content)
-    r = exaserve(*cmd, "--stack-file", str(path), *_args(EXTRA.get(cmd, []), tmp_path), env=state_env)
+    r = exaserve_in_process(*cmd, "--stack-file", str(path), *_args(EXTRA.get(cmd, []), tmp_path), env=state_env)
     assert r.returncode == 2, r.stdout + r.stderr
     message = flat(r.stderr)
     assert f"error: {path}:" in message and problem in message, message
@@ -164,7 +167,7 @@ def test_a_bad_stack_file_with_json_prints_the_error_object(
     path = tmp_path / "Pulumi.broken.yaml"
     path.write_bytes(BAD_STACKS["tab-indented"][0] or b"")
     args = _with_json(cmd, ["--stack-file", str(path), *_args(EXTRA.get(cmd, []), tmp_path)])
-    r = exaserve(*args, env=state_env)
+    r = exaserve_in_process(*args, env=state_env)
     assert r.returncode == 2, r.stdout + r.stderr
     doc = json_object(r)
     assert doc["stack"] == "broken" and doc["ok"] is False and doc["exit_code"] == 2
