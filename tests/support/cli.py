@@ -22,6 +22,7 @@ from typing import Any
 
 from typer.testing import CliRunner
 
+from serving.cli import main  # defines plan, audit-source and schema
 from serving.cli.commands import register
 from serving.cli.options import app
 from tests.support.paths import REPO
@@ -45,6 +46,7 @@ def exaserve_in_process(
     """``exaserve ARGS`` in this interpreter (typer's ``CliRunner``, every command registered), in ``cwd`` with the
     environment plus ``env`` and a wide terminal: :func:`exaserve`'s result without a new process."""
     register(None)
+    assert main.plan.__module__ == "serving.cli.main"
     with contextlib.chdir(cwd):
         result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200", **(env or {})})
     stderr = result.stderr
