@@ -87,8 +87,9 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_wheel_ships_the_package_data_and_nothing_of_the_checkout(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for required in (
-        "serving/render/templates/sglang-replica.service.j2",
-        "serving/render/templates/chrony.conf.j2",
+        "serving/templates/sglang-replica.service.j2",
+        "serving/templates/chrony.conf.j2",
+        "serving/templates/exaserve-runtime.service.j2",
         "serving/data/crds.lock.json",
         "serving/data/source-plan.yaml",
         "serving/data/sglang-0.5.23-server-flags.json",
@@ -97,7 +98,7 @@ def test_the_wheel_ships_the_package_data_and_nothing_of_the_checkout(wheel: Pat
         "serving/py.typed",
     ):
         assert required in names, f"{required} is not in {wheel.name}"
-    assert not [n for n in names if n.split("/")[0] in ("tests", "infra", "policies", "ansible", "models")]
+    assert not [n for n in names if n.split("/")[0] in ("tests", "infra", "policies", "ansible", "models", "templates")]
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
     requires = [
         line

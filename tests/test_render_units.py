@@ -604,11 +604,11 @@ def test_weighted_round_robin_maps_to_the_load_aware_policy() -> None:
 def test_sandbox_router_listens_on_loopback_at_the_sandbox_ports() -> None:
     spec = load_stack("sandbox").spec
     assert spec.sandbox is not None
-    flags = flag_values(router_argv(spec, plan(spec), worker_urls=["http://127.0.0.1:39100"]), ROUTER_ENTRY)
+    flags = flag_values(router_argv(spec, plan(spec), worker_urls=["http://127.0.0.1:20100"]), ROUTER_ENTRY)
     assert (flags["--host"], flags["--port"]) == (("127.0.0.1",), (str(spec.sandbox.router_port),))
     assert flags["--prometheus-host"] == ("127.0.0.1",)
     assert flags["--prometheus-port"] == (str(spec.sandbox.prometheus_port),)
-    assert flags["--worker-urls"] == ("http://127.0.0.1:39100",)
+    assert flags["--worker-urls"] == ("http://127.0.0.1:20100",)
 
 
 # --- CLI --------------------------------------------------------------------------------------------------

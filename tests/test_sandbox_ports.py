@@ -1,5 +1,7 @@
-"""Sandbox port blocks lie outside the kernel's ephemeral range, so no outgoing connection (of this run or any
-other process) can take a port between the check and the worker's bind."""
+"""Sandbox ports lie outside the kernel's ephemeral range, so no outgoing connection (of this run or any other process)
+can take a port between the check and the worker's bind: the ports tests and benchmarks pick (free_port_block,
+free_ports), the sandbox stack's defaults, and ``sandbox up``, which refuses a stack whose ports lie inside this
+machine's range, naming the field, its value, the range and the fix."""
 
 from __future__ import annotations
 
@@ -9,12 +11,19 @@ from pathlib import Path
 
 import pytest
 
+from serving.plan.planner import plan
 from serving.sandbox.processes import (
     EPHEMERAL_PORT_RANGE,
+    FIRST_SANDBOX_PORT,
     LINUX_EPHEMERAL_DEFAULT,
     ephemeral_port_range,
     free_port_block,
+    free_ports,
 )
+from serving.sandbox.scale import MachineTooSmall, check_ports, sandbox_ports
+from serving.spec.stack import load_stack
+from tests.support.cli import exaserve, flat
+from tests.support.stacks import sandbox_stack_file
 
 
 def test_the_range_is_read_from_the_kernel(tmp_path: Path) -> None:
@@ -45,3 +54,54 @@ def test_a_taken_port_moves_the_block() -> None:
         held.listen()
         again = free_port_block(3)
     assert not again <= base + 1 < again + 3
+
+
+def test_free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() -> None:
+    low, high = ephemeral_port_range()
+    ports = free_ports(5)
+    assert len(set(ports)) == 5
+    assert all(FIRST_SANDBOX_PORT <= p <= 65535 and not low <= p <= high for p in ports), (ports, (low, high))
+    with contextlib.ExitStack() as stack:
+        for port in ports:
+            stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
+
+
+@pytest.mark.parametrize("instances", [1, 3])
+def test_the_sandbox_stacks_ports_lie_below_linuxs_range_and_apart_from_picked_blocks(instances: int) -> None:
+    """The shipped stack (runtime layer and Prometheus on), with one router and controller or three of each."""
+    spec = load_stack("sandbox").spec
+    spec = spec.model_copy(update={"scheduler": spec.scheduler.model_copy(update={"instances": instances})})
+    ports = [p for found in sandbox_ports(spec, plan(spec)).values() for p in found]
+    # 8 workers, router 0 and its metrics; etcd client and peer, the controllers, routers 1… with metrics, Prometheus
+    assert len(ports) == len(set(ports)) == 8 + 2 + 2 + instances + 2 * (instances - 1) + 1
+    assert all(20000 <= p < FIRST_SANDBOX_PORT < LINUX_EPHEMERAL_DEFAULT[0] for p in ports), sorted(ports)
+
+
+def test_ports_inside_the_ephemeral_range_are_refused_naming_field_value_range_and_fix(tmp_path: Path) -> None:
+    spec = load_stack("sandbox").spec
+    assert spec.sandbox is not None
+    port_range = tmp_path / "ip_local_port_range"
+    port_range.write_text("20050\t20100\n")  # the runtime block and the first worker
+    with pytest.raises(MachineTooSmall) as refused:
+        check_ports(spec, plan(spec), port_range)
+    message = str(refused.value)
+    assert message.startswith(
+        "sandbox.worker_base_port=20100 (port 20100); sandbox.runtime_base_port=20050 (4 ports from 20050 to 20069) "
+        f"inside this machine's ephemeral port range 20050-20100 ({port_range})"
+    ), message
+    assert "Move them below 20050 or above 20100" in message and "net.ipv4.ip_local_port_range" in message
+    port_range.write_text("32768\t60999\n")
+    check_ports(spec, plan(spec), port_range)
+
+
+def test_sandbox_up_refuses_a_stack_in_the_ephemeral_range_before_starting_anything(tmp_path: Path) -> None:
+    low, high = ephemeral_port_range()
+    stack = sandbox_stack_file(tmp_path / "stack", ports_base=low + 100)
+    result = exaserve("sandbox", "up", "--stack-file", str(stack), env={"EXASERVE_STATE_DIR": str(tmp_path / "state")})
+    assert result.returncode == 2, result.stdout + result.stderr
+    said = flat(result.stderr)
+    assert said.startswith(
+        f"error: sandbox of 'sandbox' not started: sandbox.worker_base_port={low + 100} (8 ports from {low + 100} to "
+        f"{low + 107}); sandbox.router_port={low + 108} (port {low + 108}); sandbox.prometheus_port={low + 109} "
+        f"(port {low + 109}) inside this machine's ephemeral port range {low}-{high}"
+    ), said

@@ -1,38 +1,151 @@
-"""Command modules of the ``exaserve`` CLI.
+"""The ``exaserve`` typer app and its command table.
 
-Each module does ``from serving.cli.options import app`` and decorates its commands. ``COMMAND_MODULES``
-maps each top-level command to its module so that ``exaserve plan`` does not pay for importing Pulumi,
-torch or aiohttp: :func:`register` imports only the module a command needs, or all of them for
-``--help`` and unknown commands. Add a line per new command.
+Each command module does ``from serving.cli.options import app`` and decorates its commands. :data:`COMMANDS` names
+every top-level command, the module that defines it and the help ``exaserve --help`` lists for it, so that the top
+level never imports a command module: ``--help`` lists the table (no spec, planner, Pulumi, torch or aiohttp loaded),
+and a command imports its own module when it is resolved to run (:class:`LazyGroup`). tests/test_cli_startup.py
+checks the table against the real commands. Add a line per new command.
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-COMMAND_MODULES: dict[str, str] = {
-    "render": "infra",
-    "check": "infra",
-    "diff": "infra",
-    "units": "unitscmd",
-    "preflight": "preflight",
-    "fleet": "fleet",
-    "sandbox": "sandbox",
-    "rollout": "rollout",
-    "rollback": "rollout",
-    "fit": "fit",
-    "controller": "runtime",
-    "agent": "runtime",
-    "status": "runtime",
-    "drill": "drill",
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+
+@dataclass(frozen=True)
+class Entry:
+    module: str  # serving.cli.<module> defines the command
+    help: str  # the first paragraph of the command's help, as `exaserve --help` lists it
+
+
+COMMANDS: dict[str, Entry] = {
+    "plan": Entry(
+        "plancmd", "Compute the capacity plan and check it against the rules. Exit 1 on any error-level violation."
+    ),
+    "fit": Entry(
+        "fit",
+        "Enumerate the layouts (precision, KV dtype, TP, PP, replicas per node) that serve a model on the cluster by "
+        "SGLang's memory arithmetic, ranked by served concurrent sequences. Exit 1 when none meets the target. The "
+        "stack (default prod) gives the cluster, the limits and the base for --write-stack.",
+    ),
+    "audit-source": Entry(
+        "plancmd",
+        "Recompute the source plan's own figures and say which are right, wrong or misleading, with the math.",
+    ),
+    "schema": Entry("plancmd", "Print the JSON Schema of the fleet spec (the exaserve: keys of a stack), for editors."),
+    "render": Entry(
+        "infra",
+        "Render every Kubernetes object of the stack (the Pulumi program under mocks) to YAML + index.json, and the "
+        "bare-metal units (systemd unit per replica, router argv/env, chrony.conf) to DIR/units/.",
+    ),
+    "check": Entry("infra", "Run the CrossGuard policy pack's rules on the stack offline. Exit 1 on any violation."),
+    "diff": Entry(
+        "infra",
+        "Objects added, removed and changed (with fields, SGLang and router flags by name) and capacity deltas "
+        "between --base and the working tree. A --stack-file must lie in the repository: it is compared with its own "
+        "copy at --base.",
+    ),
+    "units": Entry(
+        "unitscmd", "Print one replica's systemd unit, command and environment, or (--router) the router's command."
+    ),
+    "preflight": Entry(
+        "preflight", "Check every node against the spec (ansible/preflight.yml). Exit 1 when any node fails."
+    ),
+    "fleet": Entry("fleet", "Act on every node of the fleet at once over SSH."),
+    "sandbox": Entry("sandbox", "The local sandbox: the real SGLang router in front of simulated SGLang workers."),
+    "rollout": Entry(
+        "rollout",
+        "Roll the fleet to a new version in rollout.batches batches with metric gates; roll back on a breach. Plans "
+        "from what each replica runs: replicas already on the version are left alone.",
+    ),
+    "rollback": Entry(
+        "rollout",
+        "Return the fleet to the last stable version: undo an unfinished or paused rollout, or bring every replica "
+        "that runs something else back to the version the journal's last rollout started from (a completed one is "
+        "reverted), batch by batch with the same drain discipline.",
+    ),
+    "controller": Entry("runtime", "The fleet controller (one of scheduler.instances, one leader)."),
+    "agent": Entry("runtime", "The node agent: one batched report per node per heartbeat."),
+    "status": Entry(
+        "runtime",
+        "Replicas by state with scores and load, the leader, each node's last report (from the controllers).",
+    ),
+    "drill": Entry(
+        "drill",
+        "Fault drills. --scenario NAME runs one against the running sandbox under bounded client load: inject, "
+        "watch, heal, measure detection, recovery, restoration and client errors against the plan's targets, check "
+        "the alerts in the sandbox's Prometheus, and write drill.json and a timeline.png (--report DIR). --list "
+        "names the scenarios with the plan's targets (and their formulas) and the alerts that must fire or stay "
+        "quiet; --render-only --out DIR writes them as Chaos Mesh experiments (one file per scenario, applied on its "
+        "own) and a Schedule for the regular drills (drills.schedule, drills.scheduled), each object validated "
+        "against the pinned Chaos Mesh CRDs. Exit 1 when a drill misses a target or an object fails validation, 2 on "
+        "bad input.",
+    ),
 }
-BUILTIN = frozenset({"plan", "schema", "audit-source"})
 
 
-def register(command: str | None) -> None:
-    """Import the module that defines ``command`` (all modules when unknown or absent)."""
-    if command in BUILTIN:
-        return
-    wanted = [COMMAND_MODULES[command]] if command in COMMAND_MODULES else sorted(set(COMMAND_MODULES.values()))
-    for name in wanted:
-        importlib.import_module(f"serving.cli.{name}")
+def register(command: str | None = None) -> None:
+    """Import the module that defines ``command`` (every command module when None)."""
+    modules = [COMMANDS[command].module] if command is not None else sorted({e.module for e in COMMANDS.values()})
+    for module in modules:
+        importlib.import_module(f"serving.cli.{module}")
+
+
+class _Listed(TyperCommand):
+    """A command of :data:`COMMANDS` whose module is not imported: its name and help, for listings only."""
+
+
+class LazyGroup(TyperGroup):
+    """The top-level group: every command of :data:`COMMANDS` in the table's order, listed from the table until its
+    module is imported, which :meth:`resolve_command` does for the command being run."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        built = dict(self.commands)
+        listed = {
+            name: built.pop(name) if name in built else _Listed(name, help=entry.help)
+            for name, entry in COMMANDS.items()
+        }
+        self.commands = {**listed, **built}
+
+    # ctx: the Context of the click typer runs on (its own copy in recent typer), hence Any
+    def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)
+        if isinstance(command, _Listed) and name is not None:
+            register(name)
+            group = typer.main.get_command(app)
+            assert isinstance(group, TyperGroup)
+            command = self.commands[name] = group.commands[name]
+        return name, command, rest
+
+
+app = typer.Typer(
+    name="exaserve",
+    cls=LazyGroup,
+    help="ExaServe deploy: plan, render, check, preflight and roll out an SGLang serving fleet.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version  # noqa: PLC0415 - its import costs more than the rest of --version
+
+        typer.echo(f"exaserve {version('exaserve-deploy')}")
+        raise typer.Exit
+
+
+@app.callback()
+def _top_level(
+    version: Annotated[
+        bool, typer.Option("--version", help="Print the version and exit.", callback=_print_version, is_eager=True)
+    ] = False,
+) -> None:
+    """The options before the command (only --version)."""

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, get_type_hi
 import typer
 from rich.console import Console
 
+from serving.cli.commands import app  # defined with the command table, which --help reads without this module
 from serving.spec.stack import DEFAULT_STACK, SpecError, Stack, file_stack_name, load_stack, load_stack_file
 
 if TYPE_CHECKING:
@@ -46,13 +47,6 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT = 0, 1, 2
 
-app = typer.Typer(
-    name="exaserve",
-    help="ExaServe deploy: plan, render, check, preflight and roll out an SGLang serving fleet.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
 console = Console()
 err_console = Console(stderr=True)
 

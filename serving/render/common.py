@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Generic, TypeVar
 
 import jinja2
@@ -77,10 +78,24 @@ def render_flags(rules: Sequence[FlagRule[Ctx]], ctx: Ctx) -> list[str]:
     return argv
 
 
+def template_dir() -> Path:
+    """The Jinja2 templates of this ``serving`` package: ``serving/templates`` in an installed wheel
+    (package data), else ``templates/`` beside ``serving/`` in a source tree (the repository's layout: an editable
+    install, or a revision exported by ``exaserve diff``, whose code renders with its own templates)."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "templates", package.parent / "templates"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(
+        f"no templates/ in {package} nor beside it in {package.parent}: the installation is incomplete; reinstall "
+        "the package (its wheel carries serving/templates)"
+    )
+
+
 @cache
 def _templates() -> jinja2.Environment:
     return jinja2.Environment(  # noqa: S701  (unit files and configs, not HTML)
-        loader=jinja2.PackageLoader("serving.render", "templates"),
+        loader=jinja2.FileSystemLoader(template_dir()),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
@@ -89,7 +104,7 @@ def _templates() -> jinja2.Environment:
 
 
 def render_template(template: str, renderer: str, **context: object) -> str:
-    """Render ``templates/<template>`` (package data) with the do-not-edit header naming ``renderer``."""
+    """Render ``templates/<template>`` (:func:`template_dir`) with the do-not-edit header naming ``renderer``."""
     header = f"generated from templates/{template} by {renderer} — do not edit"
     return _templates().get_template(template).render(header=header, **context)
 

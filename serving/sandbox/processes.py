@@ -14,6 +14,7 @@ import contextlib
 import io
 import json
 import os
+import random
 import signal
 import socket
 import sys
@@ -100,22 +101,11 @@ class StateDir:
 
 
 # ----- ports and process identity --------------------------------------------------------------------
-def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
-    """``count`` distinct ports that were free a moment ago (held open together while choosing)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
-        for sock in socks:
-            sock.bind((host, 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    return free_ports(1, host)[0]
-
-
 EPHEMERAL_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LINUX_EPHEMERAL_DEFAULT = (32768, 60999)
-FIRST_SANDBOX_PORT = 20000  # below this: well-known and commonly registered service ports
+# Below: well-known and registered service ports, then the sandbox stack's own fixed ports (20000-20199, the
+# defaults of serving.spec.schema.SandboxSpec), which a chosen port must not take from a sandbox not yet started.
+FIRST_SANDBOX_PORT = 20200
 
 
 def ephemeral_port_range(path: Path = EPHEMERAL_PORT_RANGE) -> tuple[int, int]:
@@ -128,14 +118,51 @@ def ephemeral_port_range(path: Path = EPHEMERAL_PORT_RANGE) -> tuple[int, int]:
     return low, high
 
 
+def _outside_ephemeral() -> tuple[tuple[int, int], list[range]]:
+    """The ephemeral range and the spans of ports from :data:`FIRST_SANDBOX_PORT` up that lie outside it."""
+    low, high = ephemeral_port_range()
+    return (low, high), [range(FIRST_SANDBOX_PORT, min(low, 65536)), range(max(high + 1, FIRST_SANDBOX_PORT), 65536)]
+
+
+def _no_free_ports(what: str, host: str, ephemeral: tuple[int, int]) -> SandboxError:
+    low, high = ephemeral
+    return SandboxError(
+        f"no {what} on {host} outside the ephemeral range {low}-{high} (from {FIRST_SANDBOX_PORT} to 65535); stop "
+        f"other sandboxes (exaserve sandbox down) or narrow {EPHEMERAL_PORT_RANGE}"
+    )
+
+
+def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+    """``count`` distinct ports that were free a moment ago (held open together while choosing), outside the kernel's
+    ephemeral range like :func:`free_port_block`'s, from a random start so concurrent runs rarely pick the same."""
+    ephemeral, spans = _outside_ephemeral()
+    candidates = [port for span in spans for port in span]
+    start = random.randrange(len(candidates)) if candidates else 0
+    chosen: list[int] = []
+    with contextlib.ExitStack() as stack:
+        for port in candidates[start:] + candidates[:start]:
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+    raise _no_free_ports(f"{count} free ports", host, ephemeral)
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    return free_ports(1, host)[0]
+
+
 def free_port_block(count: int, host: str = LOOPBACK) -> int:
     """A base port with ``count`` consecutive free ports after it (a sandbox's workers listen on base + index),
     outside the kernel's ephemeral range (:func:`ephemeral_port_range`), so no outgoing connection of this or any
     other process can take one of them between this check and the bind. The search starts at a per-process offset
     so concurrent runs rarely pick the same block."""
-    low, high = ephemeral_port_range()
-    spans = [(FIRST_SANDBOX_PORT, min(low, 65536)), (max(high + 1, FIRST_SANDBOX_PORT), 65536)]
-    bases = [base for lo, hi in spans for base in range(lo, hi - count + 1)]
+    ephemeral, spans = _outside_ephemeral()
+    bases = [base for span in spans for base in range(span.start, span.stop - count + 1)]
     for step in range(0, len(bases), 37):
         base = bases[(os.getpid() % 500 * 20 + step) % len(bases)]
         with contextlib.ExitStack() as stack:
@@ -145,11 +172,7 @@ def free_port_block(count: int, host: str = LOOPBACK) -> int:
             except OSError:
                 continue
             return base
-    raise SandboxError(
-        f"no block of {count} consecutive free ports on {host} outside the ephemeral range {low}-{high} "
-        f"(from {FIRST_SANDBOX_PORT} to 65535); stop other sandboxes (exaserve sandbox down) or narrow "
-        f"{EPHEMERAL_PORT_RANGE}"
-    )
+    raise _no_free_ports(f"block of {count} consecutive free ports", host, ephemeral)
 
 
 def _stat_fields(pid: int) -> list[str] | None:

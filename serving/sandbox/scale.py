@@ -21,9 +21,10 @@ The sandbox section is derived from the stack, never copied into a stack file by
 The derived stack is written to ``<state-dir>/<stack>-simulated/Pulumi.<stack>-simulated.yaml``: its own name, so its
 journal and locks never mix with the real stack's; every other command drives it with ``--stack-file``.
 
-Bounded: :func:`check_machine` refuses a sandbox the machine's file descriptors (``RLIMIT_NOFILE``, whose soft limit
-it raises up to the hard one), memory (``MemAvailable``) or CPU (:mod:`serving.sandbox.capacity`: the steady state's
-cores from costs measured on this machine) cannot hold, naming the figure and the fix.
+Bounded: :func:`check_machine` refuses a sandbox with a port in the machine's ephemeral port range, or one the
+machine's file descriptors (``RLIMIT_NOFILE``, whose soft limit it raises up to the hard one), memory
+(``MemAvailable``) or CPU (:mod:`serving.sandbox.capacity`: the steady state's cores from costs measured on this
+machine) cannot hold, naming the figure and the fix.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ from serving.plan.model import Plan
 from serving.rollout.journal import StackState
 from serving.sandbox.backend import node_groups
 from serving.sandbox.capacity import CPU_SHARE, Costs, CpuNeed, cpu_need, cpus
-from serving.sandbox.processes import free_port_block
+from serving.sandbox.processes import EPHEMERAL_PORT_RANGE, ephemeral_port_range, free_port_block
+from serving.sandbox.prometheus import prometheus_port
+from serving.sandbox.runtime import runtime_ports
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import NAMESPACE, Stack, load_stack_file, read_stack_document
 
@@ -70,7 +73,8 @@ MEMORY_HEADROOM = 1.25
 
 
 class MachineTooSmall(ValueError):
-    """The machine cannot hold the sandbox; the message names the figure, what the machine has and the fix."""
+    """The machine cannot hold the sandbox (its ports, files, memory or cores); the message names the figure, what the
+    machine has and the fix."""
 
 
 def simulated_name(name: str) -> str:
@@ -198,18 +202,71 @@ def mem_available_mib(meminfo: Path = MEMINFO) -> float | None:
     return None
 
 
+def sandbox_ports(spec: FleetSpec, plan: Plan) -> dict[str, list[int]]:
+    """Every port ``sandbox up`` listens on, by the ``sandbox.`` field it derives from (the workers, router 0 and its
+    metrics; with ``runtime`` etcd, the controllers and the other routers; with ``prometheus`` its server; in the
+    scale layout the worker processes' control ports)."""
+    sandbox = spec.sandbox
+    if sandbox is None:
+        raise ValueError("this stack has no sandbox: section")
+    groups = node_groups(spec, plan)
+    ports = {
+        "worker_base_port": sorted(p for g in groups for p in g.ports),
+        "router_port": [sandbox.router_port],
+        "prometheus_port": [sandbox.prometheus_port],
+    }
+    runtime: list[int] = []
+    if sandbox.runtime:
+        rp = runtime_ports(spec)
+        runtime += [rp.etcd_client, rp.etcd_peer, *rp.controllers, *(p for pair in rp.routers[1:] for p in pair)]
+    if sandbox.prometheus:
+        runtime.append(prometheus_port(spec))
+    if runtime:
+        ports["runtime_base_port"] = sorted(runtime)
+    if sandbox.nodes_per_process is not None:
+        ports["control_base_port"] = [sandbox.control_base_port + g.index for g in groups]
+    return ports
+
+
+def check_ports(spec: FleetSpec, plan: Plan, port_range: Path = EPHEMERAL_PORT_RANGE) -> None:
+    """Raise :class:`MachineTooSmall` when a port of the sandbox lies in this machine's ephemeral port range, where
+    any outgoing connection may hold it when the sandbox binds it (a ``sandbox up`` failing on a port "in use" that
+    nothing listens on). The range is the machine's, so the check is here, not in the spec's validation."""
+    low, high = ephemeral_port_range(port_range)
+    inside = {field: [p for p in ports if low <= p <= high] for field, ports in sandbox_ports(spec, plan).items()}
+    named = [
+        f"sandbox.{field}={getattr(spec.sandbox, field)} ({_ports(found)})" for field, found in inside.items() if found
+    ]
+    if named:
+        raise MachineTooSmall(
+            f"{'; '.join(named)} inside this machine's ephemeral port range {low}-{high} ({port_range}), from which "
+            "outgoing connections take their source ports: one can hold a sandbox port when the sandbox binds it. "
+            f"Move them below {low} or above {high} (the sandbox's default ports, 20000-20199, lie below Linux's "
+            "default range: drop the port settings to use them), or narrow the range (sysctl "
+            "net.ipv4.ip_local_port_range)"
+        )
+
+
+def _ports(ports: list[int]) -> str:
+    if len(ports) == 1:
+        return f"port {ports[0]}"
+    return f"{len(ports)} ports from {ports[0]} to {ports[-1]}"
+
+
 def check_machine(
     spec: FleetSpec,
     plan: Plan,
     *,
     meminfo: Path = MEMINFO,
+    port_range: Path = EPHEMERAL_PORT_RANGE,
     costs: Costs | None = None,
     cpu_share: float = CPU_SHARE,
 ) -> Needs:
-    """Raise :class:`MachineTooSmall` unless this machine holds the sandbox; raises this process's soft
-    ``RLIMIT_NOFILE`` (which the sandbox's processes inherit) up to the hard limit when the sandbox needs more.
-    With ``costs`` (measured here: :func:`serving.sandbox.capacity.measure_costs`) the steady state may need at most
-    ``cpu_share`` of the cores."""
+    """Raise :class:`MachineTooSmall` unless this machine holds the sandbox: its ports outside the ephemeral range
+    (:func:`check_ports`), its file descriptors and memory; raises this process's soft ``RLIMIT_NOFILE`` (which the
+    sandbox's processes inherit) up to the hard limit when the sandbox needs more. With ``costs`` (measured here:
+    :func:`serving.sandbox.capacity.measure_costs`) the steady state may need at most ``cpu_share`` of the cores."""
+    check_ports(spec, plan, port_range)
     need = needs(spec, plan)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if need.fds > soft:

@@ -872,11 +872,21 @@ class SandboxVersion(_Model):
 
 
 class SandboxSpec(_Model):
-    """Local rehearsal: the real router in front of simulated SGLang workers on loopback."""
+    """Local rehearsal: the real router in front of simulated SGLang workers on loopback.
 
-    router_port: int = Field(default=39000, gt=1024, lt=65536)
-    prometheus_port: int = Field(default=39001, gt=1024, lt=65536)
-    worker_base_port: int = Field(default=39100, gt=1024, lt=65000)
+    The default ports lie in 20000-20199, below Linux's ephemeral port range (32768-60999 by default), from which
+    every outgoing connection of the machine takes its source port: a sandbox port inside it can be taken by a
+    connection before the sandbox binds it. The range is the machine's (``/proc/sys/net/ipv4/ip_local_port_range``),
+    so ``sandbox up`` checks the ports against it on the machine that binds them
+    (:func:`serving.sandbox.scale.check_machine`), not this model."""
+
+    router_port: int = Field(default=20000, gt=1024, lt=65536, description="Router 0's HTTP API port.")
+    prometheus_port: int = Field(
+        default=20001, gt=1024, lt=65536, description="Router 0's Prometheus metrics port (--prometheus-port)."
+    )
+    worker_base_port: int = Field(
+        default=20100, gt=1024, lt=65000, description="Replica i's simulated worker listens on this + i."
+    )
     versions: dict[str, SandboxVersion] = Field(
         default_factory=lambda: {"v1": SandboxVersion()}, description="Simulated releases."
     )
@@ -884,7 +894,7 @@ class SandboxSpec(_Model):
         default=False, description="`sandbox up` also starts etcd, one agent per node and the controllers."
     )
     runtime_base_port: int = Field(
-        default=39050,
+        default=20050,
         gt=1024,
         lt=65000,
         description="etcd client/peer on base, base+1; controller i on base+2+i; Prometheus on base+19; extra router "
@@ -903,7 +913,7 @@ class SandboxSpec(_Model):
         "control_base_port + its index) and the agents of the same N nodes another.",
     )
     control_base_port: int = Field(
-        default=39040,
+        default=20040,
         gt=1024,
         lt=65000,
         description="The scale layout's worker processes: process i's control endpoint (restart or stop one port, "
