@@ -1,6 +1,7 @@
 """The exaserve.fleet collection (ansible/collections/ansible_collections/exaserve/fleet): its layout
-rules (one probe skeleton, one read-only doc fragment, FQCN everywhere, the controller dependency kept
-to three plugins), its modules run through Ansible, and the controller-side logic its plugins call
+rules (roles and playbooks inside it and called by FQCN, ansible/*.yml only importing its playbooks, one
+probe skeleton, one read-only doc fragment, FQCN everywhere, the controller dependency kept to three
+plugins), its modules run through Ansible, and the controller-side logic its plugins call
 (the preflight report, fabric arithmetic, inventory variables, filters). The probe modules' parsers
 are tested in tests/test_probe_parsers.py."""
 
@@ -22,7 +23,15 @@ from serving.checks.preflight import CHECKS, ReportError, build_report, check_re
 from serving.node import fabric
 from serving.render import inventory
 from serving.spec.stack import load_stack
-from tests.hosts.collection import ANSIBLE_DIR, COLLECTION_DIR, COLLECTIONS_DIR, PROBES, load
+from tests.hosts.collection import (
+    ANSIBLE_DIR,
+    COLLECTION_DIR,
+    COLLECTIONS_DIR,
+    PLAYBOOKS_DIR,
+    PROBES,
+    ROLES_DIR,
+    load,
+)
 
 VENV_BIN = Path(sys.executable).parent
 PLUGINS_DIR = COLLECTION_DIR / "plugins"
@@ -139,8 +148,8 @@ TASK_KEYWORDS = {
 def test_every_task_calls_its_module_by_fully_qualified_name() -> None:
     """Roles and playbooks call ansible.builtin.* and exaserve.fleet.* by FQCN (ansible-lint's fqcn rule
     enforces it too; this test reads the files directly)."""
-    files = [*ANSIBLE_DIR.glob("*.yml"), *(ANSIBLE_DIR / "roles").glob("*/tasks/*.yml"),
-             *(ANSIBLE_DIR / "roles").glob("*/handlers/*.yml")]  # fmt: skip
+    files = [*ANSIBLE_DIR.glob("*.yml"), *PLAYBOOKS_DIR.glob("*.yml"), *ROLES_DIR.glob("*/tasks/*.yml"),
+             *ROLES_DIR.glob("*/handlers/*.yml")]  # fmt: skip
     seen: set[str] = set()
     for path in files:
         for task in _tasks(yaml.safe_load(path.read_text())):
@@ -170,6 +179,7 @@ def test_ansible_lint_enforces_fqcn_and_skips_nothing() -> None:
 def test_ansible_cfg_points_at_the_collection() -> None:
     cfg = (ANSIBLE_DIR / "ansible.cfg").read_text()
     assert "collections_path = collections" in cfg
+    assert "roles_path" not in cfg, "every role is the collection's, found by its FQCN"
     assert (ANSIBLE_DIR / "collections") == COLLECTIONS_DIR
     galaxy = yaml.safe_load((COLLECTION_DIR / "galaxy.yml").read_text())
     assert (galaxy["namespace"], galaxy["name"]) == ("exaserve", "fleet")
@@ -189,18 +199,39 @@ ROLE_PAIRS = {
 }
 
 
+def test_the_entry_points_only_import_the_collection_playbooks() -> None:
+    """ansible/preflight.yml and ansible/site.yml stay the user's entry points, and hold nothing but the
+    import of the collection's playbook of the same name; no role or playbook lives outside the collection."""
+    entry_points = sorted(path.name for path in ANSIBLE_DIR.glob("*.yml"))
+    assert entry_points == sorted(path.name for path in PLAYBOOKS_DIR.glob("*.yml")) == ["preflight.yml", "site.yml"]
+    for name in entry_points:
+        plays = yaml.safe_load((ANSIBLE_DIR / name).read_text())
+        imports = [{k: v for k, v in play.items() if k != "name"} for play in plays]
+        assert imports == [{"ansible.builtin.import_playbook": f"exaserve.fleet.{name.removesuffix('.yml')}"}], name
+    assert not (ANSIBLE_DIR / "roles").exists()
+
+
+def _playbook_roles(playbook: str) -> dict[str, set[str]]:
+    """Role short name -> tags, for every role the collection's ``playbook`` runs (each called by its FQCN)."""
+    roles = {}
+    for play in yaml.safe_load((PLAYBOOKS_DIR / playbook).read_text()):
+        for entry in play.get("roles", []):
+            assert entry["role"].startswith("exaserve.fleet."), f"{playbook}: role {entry['role']} is not an FQCN"
+            role = entry["role"].removeprefix("exaserve.fleet.")
+            assert (ROLES_DIR / role / "tasks" / "main.yml").is_file(), f"{playbook}: no role {role} in {ROLES_DIR}"
+            roles[role] = set(entry.get("tags") or [])
+    return roles
+
+
+def test_every_role_is_run_by_a_playbook_by_its_fqcn() -> None:
+    run = set(_playbook_roles("site.yml")) | set(_playbook_roles("preflight.yml"))
+    assert run == {path.name for path in ROLES_DIR.iterdir()}
+
+
 def test_provisioning_and_preflight_roles_pair_by_name_and_tag() -> None:
     """Each provisioning role in site.yml has the preflight role of the same concern in preflight.yml,
     named preflight_<role>, with a shared tag (so --tags ntp provisions or checks the same thing)."""
-
-    def roles(playbook: str) -> dict[str, set[str]]:
-        return {
-            entry["role"]: set(entry.get("tags") or [])
-            for play in yaml.safe_load((ANSIBLE_DIR / playbook).read_text())
-            for entry in play.get("roles", [])
-        }
-
-    site, preflight = roles("site.yml"), roles("preflight.yml")
+    site, preflight = _playbook_roles("site.yml"), _playbook_roles("preflight.yml")
     for role, check in ROLE_PAIRS.items():
         assert role in site and check in preflight, (role, check)
         assert check == f"preflight_{role}"
@@ -213,7 +244,7 @@ def test_provisioning_and_preflight_roles_pair_by_name_and_tag() -> None:
 
 
 def test_role_variables_carry_their_role_prefix() -> None:
-    for role_dir in sorted((ANSIBLE_DIR / "roles").iterdir()):
+    for role_dir in sorted(ROLES_DIR.iterdir()):
         defaults = yaml.safe_load((role_dir / "defaults" / "main.yml").read_text()) or {}
         specs = yaml.safe_load((role_dir / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]
         for name in [*defaults, *(specs.get("options") or {})]:
@@ -494,7 +525,7 @@ def test_the_report_role_counts_a_node_that_recorded_nothing(tmp_path: Path) -> 
                                 "checks": [{"check": "ssh", "passed": True, "observed": "connected", "expected": "SSH"}]
                             },
                         },
-                        {"name": "Report", "ansible.builtin.include_role": {"name": "preflight_report"}},
+                        {"name": "Report", "ansible.builtin.include_role": {"name": "exaserve.fleet.preflight_report"}},
                     ],
                 }
             ]
@@ -505,7 +536,7 @@ def test_the_report_role_counts_a_node_that_recorded_nothing(tmp_path: Path) -> 
         [str(VENV_BIN / "ansible-playbook"), "-i", "node-a,node-b,", "-c", "local", str(playbook),
          "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"preflight_report_path={report}",
          "-e", "exaserve_stack=test"],
-        cwd=ANSIBLE_DIR, env={**_ansible_env(), "ANSIBLE_ROLES_PATH": str(ANSIBLE_DIR / "roles")},
+        cwd=ANSIBLE_DIR, env=_ansible_env(),
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert report.is_file(), r.stdout[-3000:] + r.stderr[-2000:]
