@@ -3,13 +3,6 @@
 
 from __future__ import annotations
 
-import re
-import subprocess
-import time
-from typing import Any
-
-from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
-
 DOCUMENTATION = r"""
 ---
 module: peer_ping_facts
@@ -21,7 +14,7 @@ description:
   - Sends ICMP echo only.
   - Runs its pings itself (not through the probe skeleton's C(run)), all at once, each bounded by I(deadline_s).
 version_added: "0.1.0"
-author: ExaServe platform team
+author: ExaServe platform team (@exaserve-platform)
 extends_documentation_fragment: [exaserve.fleet.read_only]
 options:
   targets:
@@ -67,6 +60,13 @@ ansible_facts:
            rtt_min_ms: 0.041, rtt_avg_ms: 0.052, rtt_max_ms: 0.071, reachable: true, error: null,
            summary: "gpu-r00-n01 (10.40.0.12) 0.0 % loss, rtt avg/max 0.052/0.071 ms"}
 """
+
+import re
+import subprocess
+import time
+from typing import Any
+
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "targets": {"type": "list", "elements": "dict", "required": True},
