@@ -66,9 +66,8 @@ def _calls(path: Path) -> set[str]:
     return found
 
 
-# Probes that start processes themselves, and why (the skeleton's run() is one blocking call with no timeout).
+# Probes that start processes themselves, and why (the skeleton's run() fails the module on a timeout or a missing tool).
 OWN_PROCESSES = {
-    "peer_ping_facts": "one ping per target, all at once, each bounded by its deadline",
     "fabric_allreduce": "the all-reduce worker, killed after timeout_s plus interpreter start-up",
 }
 
@@ -254,12 +253,16 @@ def test_role_variables_carry_their_role_prefix() -> None:
 # ------------------------------------------------------------------------------------------ modules through Ansible
 
 
-def _adhoc(module: str, args: str) -> dict[str, Any]:
-    """``ansible localhost -c local -m <FQCN>``: the module packed with its module_utils as Ansible ships it."""
+def _adhoc(module: str, args: str, path_first: Path | None = None) -> dict[str, Any]:
+    """``ansible localhost -c local -m <FQCN>``: the module packed with its module_utils as Ansible ships it
+    (with ``path_first`` first on the module's PATH, for stub tools)."""
+    env = _ansible_env()
+    if path_first is not None:
+        env["PATH"] = f"{path_first}{os.pathsep}{env['PATH']}"
     r = subprocess.run(
         [str(VENV_BIN / "ansible"), "localhost", "-c", "local", "-i", "localhost,", "--check", "-o",
          "-e", f"ansible_python_interpreter={sys.executable}", "-m", f"exaserve.fleet.{module}", "-a", args],
-        cwd=ANSIBLE_DIR, env=_ansible_env(), capture_output=True, text=True, timeout=120, check=False,
+        cwd=ANSIBLE_DIR, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     line = next(line for line in r.stdout.splitlines() if line.startswith("localhost |"))
     status, payload = line.split(" => ", 1)
@@ -278,6 +281,38 @@ def test_a_probe_runs_through_ansible_with_its_module_utils(tmp_path: Path) -> N
         True,
         str(tmp_path),
     )
+
+
+# A ping that answers for 10.0.0.1 in iputils' format and hangs for anything else, past its -w deadline
+# (as a ping stuck in the kernel would); each start is logged, to see the pings start at once.
+STUB_PING = """#!/bin/sh
+addr=$(eval echo \\${$#})
+echo "$addr $(date +%s.%N)" >> "$(dirname "$0")/starts"
+if [ "$addr" = 10.0.0.1 ]; then
+  printf '%s\\n' "--- $addr ping statistics ---" "5 packets transmitted, 5 received, 0% packet loss, time 804ms" \\
+    "rtt min/avg/max/mdev = 0.041/0.052/0.071/0.010 ms"
+  exit 0
+fi
+exec sleep 60
+"""
+
+
+def test_peer_pings_run_at_once_and_a_hung_one_is_killed_past_its_deadline(tmp_path: Path) -> None:
+    """peer_ping_facts starts every ping through the probe skeleton's run_all: both hung pings start
+    together, are killed deadline + 2 s later and are reported unreachable, next to the one that answered."""
+    (tmp_path / "ping").write_text(STUB_PING)
+    (tmp_path / "ping").chmod(0o755)
+    targets = [{"name": "up", "address": "10.0.0.1"}, {"name": "hung1", "address": "10.0.0.2"},
+               {"name": "hung2", "address": "10.0.0.3"}]  # fmt: skip
+    result = _adhoc("peer_ping_facts", json.dumps({"targets": targets, "deadline_s": 1}), path_first=tmp_path)
+    assert result["status"] == "SUCCESS", result
+    up, *hung = result["ansible_facts"]["peer_ping"]
+    assert (up["name"], up["received"], up["rtt_avg_ms"], up["reachable"], up["error"]) == ("up", 5, 0.052, True, None)
+    for entry in hung:
+        assert (entry["reachable"], entry["loss_pct"], entry["error"]) == (False, 100.0, "(killed after 3 s)"), entry
+    starts = {line.split()[0]: float(line.split()[1]) for line in (tmp_path / "starts").read_text().splitlines()}
+    assert set(starts) == {"10.0.0.1", "10.0.0.2", "10.0.0.3"}
+    assert max(starts.values()) - min(starts.values()) < 2, f"the pings did not start at once: {starts}"
 
 
 def test_a_missing_tool_fails_with_the_skeletons_message_and_the_probes_fix() -> None:
