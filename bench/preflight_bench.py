@@ -52,6 +52,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.support.hosts.collection import PLAYBOOKS_DIR
 from tests.support.hosts.faults import HostFaults
 from tests.support.hosts.netns import HostPool, unavailable_reason
 from tests.support.paths import REPO
@@ -129,9 +130,10 @@ def mitogen_strategies() -> Path | None:
 
 
 def playbook_with_strategy(work: Path, strategy: str) -> Path:
-    """Today's preflight.yml with each `strategy: free` play set to `strategy` (roles from ansible/roles)."""
+    """Today's exaserve.fleet.preflight with each `strategy: free` play set to `strategy` (the roles are the
+    collection's, called by FQCN)."""
     path = work / f"preflight-{strategy}.yml"
-    path.write_text((ANSIBLE_DIR / "preflight.yml").read_text().replace("strategy: free", f"strategy: {strategy}"))
+    path.write_text((PLAYBOOKS_DIR / "preflight.yml").read_text().replace("strategy: free", f"strategy: {strategy}"))
     return path
 
 
@@ -154,7 +156,7 @@ def config_command(config: str, work: Path, baseline: Path) -> tuple[list[str], 
             {**env, "ANSIBLE_CONFIG": str(baseline / "ansible.cfg")},
             baseline,
         )
-    env |= {"ANSIBLE_CONFIG": str(ANSIBLE_DIR / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(ANSIBLE_DIR / "roles")}
+    env["ANSIBLE_CONFIG"] = str(ANSIBLE_DIR / "ansible.cfg")
     if config == "one_probe":
         return [str(playbook_with_strategy(work, "linear")), *extra], env, ANSIBLE_DIR
     if config == "one_probe_free":

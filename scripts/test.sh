@@ -9,6 +9,7 @@ echo "== ruff";          ruff check serving infra policies ansible tests bench s
 echo "== mypy (strict on serving/)"; mypy serving
 echo "== yamllint";      yamllint -s .
 echo "== ansible-lint (production profile)"; (cd ansible && ansible-lint)
+echo "== ansible-test sanity"; scripts/ansible-sanity.sh
 echo "== ansible-playbook --syntax-check"
 (cd ansible && ansible-playbook --syntax-check -i inventory/prod.exaserve.yml preflight.yml site.yml)
 gpu=()  # gpu-marked tests run where torch sees a CUDA device; elsewhere they are deselected, and said so

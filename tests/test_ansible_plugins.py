@@ -1,6 +1,7 @@
 """The exaserve.fleet collection (ansible/collections/ansible_collections/exaserve/fleet): its layout
-rules (one probe skeleton, one read-only doc fragment, FQCN everywhere, the controller dependency kept
-to three plugins), its modules run through Ansible, and the controller-side logic its plugins call
+rules (roles and playbooks inside it and called by FQCN, ansible/*.yml only importing its playbooks, one
+probe skeleton, one read-only doc fragment, FQCN everywhere, the controller dependency kept to three
+plugins), its modules run through Ansible, and the controller-side logic its plugins call
 (the preflight report, fabric arithmetic, inventory variables, filters). The probe modules' parsers
 are tested in tests/test_probe_parsers.py."""
 
@@ -22,7 +23,15 @@ from serving.checks.preflight import CHECKS, ReportError, build_report, check_re
 from serving.node import fabric
 from serving.render import inventory
 from serving.spec.stack import load_stack
-from tests.support.hosts.collection import ANSIBLE_DIR, COLLECTION_DIR, COLLECTIONS_DIR, PROBES, load
+from tests.support.hosts.collection import (
+    ANSIBLE_DIR,
+    COLLECTION_DIR,
+    COLLECTIONS_DIR,
+    PLAYBOOKS_DIR,
+    PROBES,
+    ROLES_DIR,
+    load,
+)
 
 VENV_BIN = Path(sys.executable).parent
 PLUGINS_DIR = COLLECTION_DIR / "plugins"
@@ -57,9 +66,8 @@ def _calls(path: Path) -> set[str]:
     return found
 
 
-# Probes that start processes themselves, and why (the skeleton's run() is one blocking call with no timeout).
+# Probes that start processes themselves, and why (the skeleton's run() fails the module on a timeout or a missing tool).
 OWN_PROCESSES = {
-    "peer_ping_facts": "one ping per target, all at once, each bounded by its deadline",
     "fabric_allreduce": "the all-reduce worker, killed after timeout_s plus interpreter start-up",
 }
 
@@ -139,8 +147,8 @@ TASK_KEYWORDS = {
 def test_every_task_calls_its_module_by_fully_qualified_name() -> None:
     """Roles and playbooks call ansible.builtin.* and exaserve.fleet.* by FQCN (ansible-lint's fqcn rule
     enforces it too; this test reads the files directly)."""
-    files = [*ANSIBLE_DIR.glob("*.yml"), *(ANSIBLE_DIR / "roles").glob("*/tasks/*.yml"),
-             *(ANSIBLE_DIR / "roles").glob("*/handlers/*.yml")]  # fmt: skip
+    files = [*ANSIBLE_DIR.glob("*.yml"), *PLAYBOOKS_DIR.glob("*.yml"), *ROLES_DIR.glob("*/tasks/*.yml"),
+             *ROLES_DIR.glob("*/handlers/*.yml")]  # fmt: skip
     seen: set[str] = set()
     for path in files:
         for task in _tasks(yaml.safe_load(path.read_text())):
@@ -170,6 +178,7 @@ def test_ansible_lint_enforces_fqcn_and_skips_nothing() -> None:
 def test_ansible_cfg_points_at_the_collection() -> None:
     cfg = (ANSIBLE_DIR / "ansible.cfg").read_text()
     assert "collections_path = collections" in cfg
+    assert "roles_path" not in cfg, "every role is the collection's, found by its FQCN"
     assert (ANSIBLE_DIR / "collections") == COLLECTIONS_DIR
     galaxy = yaml.safe_load((COLLECTION_DIR / "galaxy.yml").read_text())
     assert (galaxy["namespace"], galaxy["name"]) == ("exaserve", "fleet")
@@ -189,18 +198,39 @@ ROLE_PAIRS = {
 }
 
 
+def test_the_entry_points_only_import_the_collection_playbooks() -> None:
+    """ansible/preflight.yml and ansible/site.yml stay the user's entry points, and hold nothing but the
+    import of the collection's playbook of the same name; no role or playbook lives outside the collection."""
+    entry_points = sorted(path.name for path in ANSIBLE_DIR.glob("*.yml"))
+    assert entry_points == sorted(path.name for path in PLAYBOOKS_DIR.glob("*.yml")) == ["preflight.yml", "site.yml"]
+    for name in entry_points:
+        plays = yaml.safe_load((ANSIBLE_DIR / name).read_text())
+        imports = [{k: v for k, v in play.items() if k != "name"} for play in plays]
+        assert imports == [{"ansible.builtin.import_playbook": f"exaserve.fleet.{name.removesuffix('.yml')}"}], name
+    assert not (ANSIBLE_DIR / "roles").exists()
+
+
+def _playbook_roles(playbook: str) -> dict[str, set[str]]:
+    """Role short name -> tags, for every role the collection's ``playbook`` runs (each called by its FQCN)."""
+    roles = {}
+    for play in yaml.safe_load((PLAYBOOKS_DIR / playbook).read_text()):
+        for entry in play.get("roles", []):
+            assert entry["role"].startswith("exaserve.fleet."), f"{playbook}: role {entry['role']} is not an FQCN"
+            role = entry["role"].removeprefix("exaserve.fleet.")
+            assert (ROLES_DIR / role / "tasks" / "main.yml").is_file(), f"{playbook}: no role {role} in {ROLES_DIR}"
+            roles[role] = set(entry.get("tags") or [])
+    return roles
+
+
+def test_every_role_is_run_by_a_playbook_by_its_fqcn() -> None:
+    run = set(_playbook_roles("site.yml")) | set(_playbook_roles("preflight.yml"))
+    assert run == {path.name for path in ROLES_DIR.iterdir()}
+
+
 def test_provisioning_and_preflight_roles_pair_by_name_and_tag() -> None:
     """Each provisioning role in site.yml has the preflight role of the same concern in preflight.yml,
     named preflight_<role>, with a shared tag (so --tags ntp provisions or checks the same thing)."""
-
-    def roles(playbook: str) -> dict[str, set[str]]:
-        return {
-            entry["role"]: set(entry.get("tags") or [])
-            for play in yaml.safe_load((ANSIBLE_DIR / playbook).read_text())
-            for entry in play.get("roles", [])
-        }
-
-    site, preflight = roles("site.yml"), roles("preflight.yml")
+    site, preflight = _playbook_roles("site.yml"), _playbook_roles("preflight.yml")
     for role, check in ROLE_PAIRS.items():
         assert role in site and check in preflight, (role, check)
         assert check == f"preflight_{role}"
@@ -213,7 +243,7 @@ def test_provisioning_and_preflight_roles_pair_by_name_and_tag() -> None:
 
 
 def test_role_variables_carry_their_role_prefix() -> None:
-    for role_dir in sorted((ANSIBLE_DIR / "roles").iterdir()):
+    for role_dir in sorted(ROLES_DIR.iterdir()):
         defaults = yaml.safe_load((role_dir / "defaults" / "main.yml").read_text()) or {}
         specs = yaml.safe_load((role_dir / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]
         for name in [*defaults, *(specs.get("options") or {})]:
@@ -223,12 +253,16 @@ def test_role_variables_carry_their_role_prefix() -> None:
 # ------------------------------------------------------------------------------------------ modules through Ansible
 
 
-def _adhoc(module: str, args: str) -> dict[str, Any]:
-    """``ansible localhost -c local -m <FQCN>``: the module packed with its module_utils as Ansible ships it."""
+def _adhoc(module: str, args: str, path_first: Path | None = None) -> dict[str, Any]:
+    """``ansible localhost -c local -m <FQCN>``: the module packed with its module_utils as Ansible ships it
+    (with ``path_first`` first on the module's PATH, for stub tools)."""
+    env = _ansible_env()
+    if path_first is not None:
+        env["PATH"] = f"{path_first}{os.pathsep}{env['PATH']}"
     r = subprocess.run(
         [str(VENV_BIN / "ansible"), "localhost", "-c", "local", "-i", "localhost,", "--check", "-o",
          "-e", f"ansible_python_interpreter={sys.executable}", "-m", f"exaserve.fleet.{module}", "-a", args],
-        cwd=ANSIBLE_DIR, env=_ansible_env(), capture_output=True, text=True, timeout=120, check=False,
+        cwd=ANSIBLE_DIR, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     line = next(line for line in r.stdout.splitlines() if line.startswith("localhost |"))
     status, payload = line.split(" => ", 1)
@@ -247,6 +281,38 @@ def test_a_probe_runs_through_ansible_with_its_module_utils(tmp_path: Path) -> N
         True,
         str(tmp_path),
     )
+
+
+# A ping that answers for 10.0.0.1 in iputils' format and hangs for anything else, past its -w deadline
+# (as a ping stuck in the kernel would); each start is logged, to see the pings start at once.
+STUB_PING = """#!/bin/sh
+addr=$(eval echo \\${$#})
+echo "$addr $(date +%s.%N)" >> "$(dirname "$0")/starts"
+if [ "$addr" = 10.0.0.1 ]; then
+  printf '%s\\n' "--- $addr ping statistics ---" "5 packets transmitted, 5 received, 0% packet loss, time 804ms" \\
+    "rtt min/avg/max/mdev = 0.041/0.052/0.071/0.010 ms"
+  exit 0
+fi
+exec sleep 60
+"""
+
+
+def test_peer_pings_run_at_once_and_a_hung_one_is_killed_past_its_deadline(tmp_path: Path) -> None:
+    """peer_ping_facts starts every ping through the probe skeleton's run_all: both hung pings start
+    together, are killed deadline + 2 s later and are reported unreachable, next to the one that answered."""
+    (tmp_path / "ping").write_text(STUB_PING)
+    (tmp_path / "ping").chmod(0o755)
+    targets = [{"name": "up", "address": "10.0.0.1"}, {"name": "hung1", "address": "10.0.0.2"},
+               {"name": "hung2", "address": "10.0.0.3"}]  # fmt: skip
+    result = _adhoc("peer_ping_facts", json.dumps({"targets": targets, "deadline_s": 1}), path_first=tmp_path)
+    assert result["status"] == "SUCCESS", result
+    up, *hung = result["ansible_facts"]["peer_ping"]
+    assert (up["name"], up["received"], up["rtt_avg_ms"], up["reachable"], up["error"]) == ("up", 5, 0.052, True, None)
+    for entry in hung:
+        assert (entry["reachable"], entry["loss_pct"], entry["error"]) == (False, 100.0, "(killed after 3 s)"), entry
+    starts = {line.split()[0]: float(line.split()[1]) for line in (tmp_path / "starts").read_text().splitlines()}
+    assert set(starts) == {"10.0.0.1", "10.0.0.2", "10.0.0.3"}
+    assert max(starts.values()) - min(starts.values()) < 2, f"the pings did not start at once: {starts}"
 
 
 def test_a_missing_tool_fails_with_the_skeletons_message_and_the_probes_fix() -> None:
@@ -494,7 +560,7 @@ def test_the_report_role_counts_a_node_that_recorded_nothing(tmp_path: Path) -> 
                                 "checks": [{"check": "ssh", "passed": True, "observed": "connected", "expected": "SSH"}]
                             },
                         },
-                        {"name": "Report", "ansible.builtin.include_role": {"name": "preflight_report"}},
+                        {"name": "Report", "ansible.builtin.include_role": {"name": "exaserve.fleet.preflight_report"}},
                     ],
                 }
             ]
@@ -505,7 +571,7 @@ def test_the_report_role_counts_a_node_that_recorded_nothing(tmp_path: Path) -> 
         [str(VENV_BIN / "ansible-playbook"), "-i", "node-a,node-b,", "-c", "local", str(playbook),
          "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"preflight_report_path={report}",
          "-e", "exaserve_stack=test"],
-        cwd=ANSIBLE_DIR, env={**_ansible_env(), "ANSIBLE_ROLES_PATH": str(ANSIBLE_DIR / "roles")},
+        cwd=ANSIBLE_DIR, env=_ansible_env(),
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert report.is_file(), r.stdout[-3000:] + r.stderr[-2000:]

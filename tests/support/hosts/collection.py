@@ -1,5 +1,6 @@
-"""The exaserve.fleet collection (ansible/collections/ansible_collections/exaserve/fleet), imported as
-plain Python under its real name, for the parsers of its probe modules and its plugins' functions."""
+"""The exaserve.fleet collection (ansible/collections/ansible_collections/exaserve/fleet): where its roles,
+playbooks and plugins lie, and its plugins imported as plain Python under their real names, for the parsers
+of its probe modules and its plugins' functions."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from tests.support.paths import REPO
 ANSIBLE_DIR = REPO / "ansible"
 COLLECTIONS_DIR = ANSIBLE_DIR / "collections"
 COLLECTION_DIR = COLLECTIONS_DIR / "ansible_collections" / "exaserve" / "fleet"
+ROLES_DIR = COLLECTION_DIR / "roles"
+PLAYBOOKS_DIR = COLLECTION_DIR / "playbooks"
 MODULES_DIR = COLLECTION_DIR / "plugins" / "modules"
 # Every module of the collection, by short name (the FQCN is exaserve.fleet.<name>).
 MODULES = tuple(sorted(path.stem for path in MODULES_DIR.glob("*.py")))

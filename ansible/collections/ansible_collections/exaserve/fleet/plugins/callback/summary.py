@@ -7,16 +7,11 @@ hanging node shows up without re-running with profiling.
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
-from ansible.plugins.callback import CallbackBase
-
 DOCUMENTATION = r"""
 ---
 name: summary
 type: aggregate
-author: ExaServe platform team
+author: ExaServe platform team (@exaserve-platform)
 version_added: "0.1.0"
 short_description: Wall time, host outcome and slowest tasks at the end of a run
 description:
@@ -24,6 +19,11 @@ description:
 requirements:
   - enable it in callbacks_enabled (ansible/ansible.cfg does, as exaserve.fleet.summary)
 """
+
+import time
+from typing import Any
+
+from ansible.plugins.callback import CallbackBase
 
 
 class CallbackModule(CallbackBase):

@@ -9,17 +9,10 @@ with ``plugin: exaserve.fleet.exaserve``.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-from ansible.errors import AnsibleParserError
-from ansible.plugins.inventory import BaseInventoryPlugin
-from ansible_collections.exaserve.fleet.plugins.plugin_utils.controller import controller
-
 DOCUMENTATION = r"""
 ---
 name: exaserve
-author: ExaServe platform team
+author: ExaServe platform team (@exaserve-platform)
 version_added: "0.1.0"
 short_description: ExaServe fleet nodes, pools, racks and expected hardware from the typed stack
 description:
@@ -58,6 +51,13 @@ EXAMPLES = r"""
 plugin: exaserve.fleet.exaserve
 stack: prod
 """
+
+from pathlib import Path
+from typing import Any
+
+from ansible.errors import AnsibleParserError
+from ansible.plugins.inventory import BaseInventoryPlugin
+from ansible_collections.exaserve.fleet.plugins.plugin_utils.controller import controller
 
 
 class InventoryModule(BaseInventoryPlugin):

@@ -98,7 +98,7 @@ def parse_tracking_text(text: str) -> dict[str, Any]:
         if not sep or not label:
             continue
         if label == "Reference ID":
-            ref_id, _, name = value.partition(" ")
+            ref_id, _space, name = value.partition(" ")
             facts["reference_id"] = ref_id
             facts["reference_name"] = name.strip().removeprefix("(").removesuffix(")")
             continue

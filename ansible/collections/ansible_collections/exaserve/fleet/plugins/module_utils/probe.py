@@ -17,7 +17,8 @@ import os
 import shlex
 import signal
 import subprocess
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 # `basic.AnsibleModule` is looked up at call time (not imported by name) so that ansible-lint's args
@@ -100,31 +101,30 @@ class Probe:
             self.fail(missing_message(tool, fix))
         return path
 
+    # Commands run here rather than through AnsibleModule.run_command, which can neither bound a command's
+    # time (a wedged device hangs nvidia-smi or ibstat) nor start several at once.
+
     def run(self, args: list[str], fix: str | Callable[[int], str] | None = None) -> tuple[int, str, str]:
         """Run ``args`` under ``LC_ALL=C``, killed (with everything it started) after ``timeout_s``.
         With ``fix`` (text, or a function of the exit code when the fix depends on it) a non-zero
         exit fails the reader; without, the caller gets ``rc`` and records it."""
-        proc = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-            env={**os.environ, "LC_ALL": "C"},
-            start_new_session=True,  # its own process group, so a timeout kills what it started too
-        )
-        try:
-            out, err = proc.communicate(timeout=self.timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        rc, out, err = _finish(_start(args), self.timeout_s)
+        if rc is None:
             self.fail(hang_message(args, self.timeout_s or 0))
-        rc = proc.returncode
         if rc != 0 and fix is not None:
             text = fix(rc) if callable(fix) else fix
             self.fail(exit_message(args, rc, out + err, text), rc=rc, stdout=out, stderr=err)
         return rc, out, err
+
+    def run_all(self, commands: Sequence[list[str]]) -> list[tuple[int | None, str, str]]:
+        """Run every command at once, as ``run`` runs one, and return ``(rc, stdout, stderr)`` of each in
+        order. A command still running ``timeout_s`` after they all started is killed and gets ``rc``
+        None; nothing fails the reader, which records each outcome (for probes that ask many peers)."""
+        procs = [_start(args) for args in commands]
+        if self.timeout_s is None:
+            return [_finish(proc, None) for proc in procs]
+        deadline = time.monotonic() + self.timeout_s
+        return [_finish(proc, max(0.1, deadline - time.monotonic())) for proc in procs]
 
     def parse(self, tool: str, parser: Callable[..., Any], *outputs: str) -> Any:
         """``parser(*outputs)``; a :class:`ProbeParseError` (or any ValueError) fails the module."""
@@ -152,3 +152,28 @@ class Probe:
 
     def done(self, **result: Any) -> NoReturn:
         self.module.exit_json(changed=False, **result)
+
+
+def _start(args: list[str]) -> subprocess.Popen[str]:
+    """``args`` started under the C locale, in a process group of its own (so a kill reaches what it started)."""
+    return subprocess.Popen(
+        args,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        env={**os.environ, "LC_ALL": "C"},
+        start_new_session=True,
+    )
+
+
+def _finish(proc: subprocess.Popen[str], timeout_s: float | None) -> tuple[int | None, str, str]:
+    """``(rc, stdout, stderr)`` of ``proc``; still running after ``timeout_s``, its group is killed and rc is None."""
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return None, out, err
+    return proc.returncode, out, err

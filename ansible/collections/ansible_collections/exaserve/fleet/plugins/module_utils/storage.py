@@ -27,9 +27,9 @@ def model_listing(names_and_sizes: list[tuple[str, int]]) -> dict[str, Any]:
     """Summarise a model directory listing: config.json present, weight files and their bytes."""
     weights = [(n, s) for n, s in names_and_sizes if n.endswith(WEIGHT_SUFFIXES)]
     return {
-        "has_config": any(n == "config.json" for n, _ in names_and_sizes),
+        "has_config": any(n == "config.json" for n, _size in names_and_sizes),
         "weight_files": len(weights),
-        "weight_bytes": sum(s for _, s in weights),
+        "weight_bytes": sum(s for _name, s in weights),
     }
 
 

@@ -3,11 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from ansible_collections.exaserve.fleet.plugins.module_utils.chrony import read_chrony
-from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
-
 DOCUMENTATION = r"""
 ---
 module: chrony_facts
@@ -19,7 +14,7 @@ description:
     ahead of NTP time (chronyc says "fast"), negative when it is behind ("slow").
   - Fails with the fix when chronyc is missing or chronyd does not answer.
 version_added: "0.1.0"
-author: ExaServe platform team
+author: ExaServe platform team (@exaserve-platform)
 extends_documentation_fragment: [exaserve.fleet.read_only]
 options:
   output_format:
@@ -60,11 +55,11 @@ ansible_facts:
         reference_id: {description: Reference ID in hex, type: str, sample: CB00710F}
         reference_name: {description: Name or address of the reference, type: str, sample: foo.example.net}
         stratum: {description: NTP stratum, type: int, sample: 3}
-        ref_time_epoch_s: {description: Last measurement, seconds since the epoch (UTC), type: float, sample: 1485510557.0}
-        system_time_offset_s: {description: System clock minus NTP time, positive = ahead, type: float, sample: -6.523e-06}
+        ref_time_epoch_s: {description: "Last measurement, seconds since the epoch (UTC)", type: float, sample: 1485510557.0}
+        system_time_offset_s: {description: "System clock minus NTP time, positive = ahead", type: float, sample: -6.523e-06}
         last_offset_s: {description: Offset at the last clock update, type: float, sample: -6.747e-06}
         rms_offset_s: {description: Long-term average offset, type: float, sample: 3.5822e-05}
-        frequency_ppm: {description: Clock frequency error, positive = fast, type: float, sample: -3.225}
+        frequency_ppm: {description: "Clock frequency error, positive = fast", type: float, sample: -3.225}
         residual_freq_ppm: {description: Residual frequency, type: float, sample: -0.0}
         skew_ppm: {description: Estimated error bound on the frequency, type: float, sample: 0.129}
         root_delay_s: {description: Total network delay to the stratum-1 source, type: float, sample: 0.013639022}
@@ -73,6 +68,11 @@ ansible_facts:
         leap_status: {description: "Normal, Insert second, Delete second or Not synchronised", type: str, sample: Normal}
         synchronised: {description: True unless chronyd reports Not synchronised, type: bool, sample: true}
 """
+
+from typing import Any
+
+from ansible_collections.exaserve.fleet.plugins.module_utils.chrony import read_chrony
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "output_format": {"type": "str", "choices": ["csv", "text"], "default": "csv"},

@@ -3,11 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from ansible_collections.exaserve.fleet.plugins.module_utils.container_gpu import read_container_gpu
-from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
-
 DOCUMENTATION = r"""
 ---
 module: container_gpu_facts
@@ -20,7 +15,7 @@ description:
     into a container (the devices C(--gpus all) gets).
   - Never fails on a missing piece; it is reported in the fact so preflight can say what to fix.
 version_added: "0.1.0"
-author: ExaServe platform team
+author: ExaServe platform team (@exaserve-platform)
 extends_documentation_fragment: [exaserve.fleet.read_only]
 options:
   runtime:
@@ -57,7 +52,7 @@ ansible_facts:
       type: dict
       contains:
         runtime: {description: The runtime probed, type: str, sample: containerd}
-        server_version: {description: Daemon version, None when it does not answer, type: str, sample: v1.7.12}
+        server_version: {description: "Daemon version, None when it does not answer", type: str, sample: v1.7.12}
         runtime_error: {description: Why the daemon could not be read, type: str, sample: null}
         runtimes: {description: Configured runtime name -> binary, type: dict, sample: {nvidia: /usr/bin/nvidia-container-runtime, runc: null}}
         default_runtime: {description: Default runtime name, type: str, sample: nvidia}
@@ -66,8 +61,17 @@ ansible_facts:
         nvrm_version: {description: Driver version the toolkit sees, type: str, sample: 570.195.03}
         cuda_version: {description: CUDA version the toolkit reports, type: str, sample: "12.8"}
         device_count: {description: GPUs the toolkit would pass through, type: int, sample: 8}
-        devices: {description: One entry per GPU, type: list, elements: dict, sample: [{index: 0, model: NVIDIA H100 80GB HBM3, uuid: GPU-..., bus_location: "00000000:16:00.0", architecture: "9.0"}]}
+        devices:
+          description: One entry per GPU
+          type: list
+          elements: dict
+          sample: [{index: 0, model: NVIDIA H100 80GB HBM3, uuid: GPU-..., bus_location: "00000000:16:00.0", architecture: "9.0"}]
 """
+
+from typing import Any
+
+from ansible_collections.exaserve.fleet.plugins.module_utils.container_gpu import read_container_gpu
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "runtime": {"type": "str", "choices": ["containerd", "docker"], "default": "containerd"},

@@ -3,12 +3,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-from typing import Any
-
-from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
-
 DOCUMENTATION = r"""
 ---
 module: fabric_allreduce
@@ -23,7 +17,7 @@ description:
     result so preflight can report it. Bounded by I(timeout_s) plus the interpreter start-up.
   - Only measures (network traffic between the nodes of the group). Runs the worker itself, bounded by I(timeout_s), not through the probe skeleton's C(run).
 version_added: "0.1.0"
-author: ExaServe platform team
+author: ExaServe platform team (@exaserve-platform)
 extends_documentation_fragment: [exaserve.fleet.read_only]
 options:
   python:
@@ -56,6 +50,12 @@ fabric:
   type: dict
   sample: {backend: gloo, world_size: 2, rank: 0, size_bytes: 67108864, time_s: 0.07, busbw_gbps: 7.6, error: null}
 """
+
+import json
+import subprocess
+from typing import Any
+
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
 
 STARTUP_ALLOWANCE_S = 60
 ARGUMENT_SPEC: dict[str, Any] = {

@@ -3,11 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from ansible_collections.exaserve.fleet.plugins.module_utils.ibstat import read_ibstat
-from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
-
 DOCUMENTATION = r"""
 ---
 module: ibstat_facts
@@ -17,7 +12,7 @@ description:
     and every port it prints into the C(ibstat) fact.
   - Fails with the fix when C(ibstat) is not installed or exits non-zero.
 version_added: "0.1.0"
-author: ExaServe platform team
+author: ExaServe platform team (@exaserve-platform)
 extends_documentation_fragment: [exaserve.fleet.read_only]
 options: {}
 requirements:
@@ -84,6 +79,11 @@ ansible_facts:
               port_guid: "0xa088c203005e1000"
               link_layer: InfiniBand
 """
+
+from typing import Any
+
+from ansible_collections.exaserve.fleet.plugins.module_utils.ibstat import read_ibstat
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
 
 ARGUMENT_SPEC: dict[str, Any] = {}  # no options (DOCUMENTATION says so too)
 

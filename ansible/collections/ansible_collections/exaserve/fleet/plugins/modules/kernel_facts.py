@@ -3,11 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from ansible_collections.exaserve.fleet.plugins.module_utils.kernel import read_kernel
-from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
-
 DOCUMENTATION = r"""
 ---
 module: kernel_facts
@@ -20,7 +15,7 @@ description:
     /proc/self/mountinfo, the same thing C(stat -fc %T /sys/fs/cgroup) prints
     (C(cgroup2fs) on a unified v2 host, C(tmpfs) on a v1 or hybrid host).
 version_added: "0.1.0"
-author: ExaServe platform team
+author: ExaServe platform team (@exaserve-platform)
 extends_documentation_fragment: [exaserve.fleet.read_only]
 options: {}
 """
@@ -59,9 +54,18 @@ ansible_facts:
         version: {description: "2 (unified), 1 (legacy or hybrid) or 0 (nothing mounted)", type: int, sample: 2}
         mode: {description: "unified, hybrid, legacy or none", type: str, sample: unified}
         fstype: {description: Filesystem type at /sys/fs/cgroup, type: str, sample: cgroup2}
-        unified_mountpoint: {description: Where the v2 hierarchy is mounted, if anywhere, type: str, sample: /sys/fs/cgroup}
-        controllers: {description: Controllers available (v2 cgroup.controllers, or the v1 hierarchies), type: list, elements: str, sample: [cpu, io, memory, pids]}
+        unified_mountpoint: {description: "Where the v2 hierarchy is mounted, if anywhere", type: str, sample: /sys/fs/cgroup}
+        controllers:
+          description: Controllers available (v2 cgroup.controllers, or the v1 hierarchies)
+          type: list
+          elements: str
+          sample: [cpu, io, memory, pids]
 """
+
+from typing import Any
+
+from ansible_collections.exaserve.fleet.plugins.module_utils.kernel import read_kernel
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
 
 ARGUMENT_SPEC: dict[str, Any] = {}  # no options (DOCUMENTATION says so too)
 

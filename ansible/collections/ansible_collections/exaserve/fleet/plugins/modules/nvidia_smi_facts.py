@@ -3,11 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from ansible_collections.exaserve.fleet.plugins.module_utils.nvidia_smi import read_nvidia_smi
-from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
-
 DOCUMENTATION = r"""
 ---
 module: nvidia_smi_facts
@@ -20,7 +15,7 @@ description:
     summary header.
   - Fails with the fix when C(nvidia-smi) is missing or cannot talk to the driver.
 version_added: "0.1.0"
-author: ExaServe platform team
+author: ExaServe platform team (@exaserve-platform)
 extends_documentation_fragment: [exaserve.fleet.read_only]
 options: {}
 requirements:
@@ -77,6 +72,11 @@ ansible_facts:
               memory_used_mib: 0
               driver_version: "570.195.03"
 """
+
+from typing import Any
+
+from ansible_collections.exaserve.fleet.plugins.module_utils.nvidia_smi import read_nvidia_smi
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
 
 ARGUMENT_SPEC: dict[str, Any] = {}  # no options (DOCUMENTATION says so too)
 

@@ -3,11 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from ansible_collections.exaserve.fleet.plugins.module_utils.os_release import read_os_release
-from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
-
 DOCUMENTATION = r"""
 ---
 module: os_release_facts
@@ -17,7 +12,7 @@ description:
     C(os_release) fact. Much lighter than C(setup), so preflight also uses it as its
     reachability probe.
 version_added: "0.1.0"
-author: ExaServe platform team
+author: ExaServe platform team (@exaserve-platform)
 extends_documentation_fragment: [exaserve.fleet.read_only]
 options: {}
 """
@@ -43,6 +38,11 @@ ansible_facts:
       type: dict
       sample: {id: ubuntu, version_id: "22.04", pretty_name: Ubuntu 22.04.4 LTS, id_like: debian}
 """
+
+from typing import Any
+
+from ansible_collections.exaserve.fleet.plugins.module_utils.os_release import read_os_release
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
 
 ARGUMENT_SPEC: dict[str, Any] = {}  # no options (DOCUMENTATION says so too)
 

@@ -3,13 +3,6 @@
 
 from __future__ import annotations
 
-import re
-import subprocess
-import time
-from typing import Any
-
-from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
-
 DOCUMENTATION = r"""
 ---
 module: peer_ping_facts
@@ -19,9 +12,9 @@ description:
     parses each summary (packets sent and received, rtt min/avg/max).
   - Bounded time - every ping ends after I(deadline_s); the module returns after the slowest.
   - Sends ICMP echo only.
-  - Runs its pings itself (not through the probe skeleton's C(run)), all at once, each bounded by I(deadline_s).
+  - The pings run at once through the probe skeleton; one still running 2 s past I(deadline_s) is killed.
 version_added: "0.1.0"
-author: ExaServe platform team
+author: ExaServe platform team (@exaserve-platform)
 extends_documentation_fragment: [exaserve.fleet.read_only]
 options:
   targets:
@@ -67,6 +60,11 @@ ansible_facts:
            rtt_min_ms: 0.041, rtt_avg_ms: 0.052, rtt_max_ms: 0.071, reachable: true, error: null,
            summary: "gpu-r00-n01 (10.40.0.12) 0.0 % loss, rtt avg/max 0.052/0.071 ms"}
 """
+
+import re
+from typing import Any
+
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "targets": {"type": "list", "elements": "dict", "required": True},
@@ -116,49 +114,26 @@ def read_peer_ping(probe: Probe) -> dict[str, Any]:
     """The `peer_ping` fact: every target pinged at once."""
     p = probe.params
     ping = probe.find("ping", "Install iputils-ping ('apt-get install iputils-ping'), then re-run.")
-    procs = []
     for target in p["targets"]:
         if not isinstance(target, dict) or not target.get("address"):
             probe.fail(f"targets: every target needs an address, got {target!r}; give each as {{name, address}}")
-        args = [
-            ping,
-            "-n",
-            "-q",
-            "-c",
-            str(p["count"]),
-            "-i",
-            str(p["interval_s"]),
-            "-w",
-            str(p["deadline_s"]),
-            str(target["address"]),
+    probe.timeout_s = p["deadline_s"] + 2
+    outcomes = probe.run_all(
+        [
+            [ping, "-n", "-q", "-c", str(p["count"]), "-i", str(p["interval_s"]), "-w", str(p["deadline_s"]),
+             str(target["address"])]
+            for target in p["targets"]
         ]
-        procs.append(
-            (
-                target,
-                subprocess.Popen(
-                    args,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"},
-                ),
-            )
-        )
-    stop = time.monotonic() + p["deadline_s"] + 2
+    )  # fmt: skip
     results = []
-    for target, proc in procs:
-        try:
-            out, err = proc.communicate(timeout=max(0.1, stop - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-            err = (err or "") + f" (killed after {p['deadline_s'] + 2} s)"
+    for target, (rc, out, err) in zip(p["targets"], outcomes, strict=True):
+        killed = f" (killed after {probe.timeout_s} s)" if rc is None else ""
         summary = parse_ping_summary(out)
         summary.update(
             name=target.get("name", target["address"]),
             address=str(target["address"]),
             reachable=summary["received"] > 0,
-            error=(err or "").strip() or None,
+            error=(err + killed).strip() or None,
         )
         summary["summary"] = describe(summary)
         results.append(summary)

@@ -3,19 +3,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
-from typing import Any
-
-from ansible_collections.exaserve.fleet.plugins.module_utils.chrony import read_chrony
-from ansible_collections.exaserve.fleet.plugins.module_utils.container_gpu import read_container_gpu
-from ansible_collections.exaserve.fleet.plugins.module_utils.ibstat import read_ibstat
-from ansible_collections.exaserve.fleet.plugins.module_utils.kernel import read_kernel
-from ansible_collections.exaserve.fleet.plugins.module_utils.nvidia_smi import read_nvidia_smi
-from ansible_collections.exaserve.fleet.plugins.module_utils.os_release import read_os_release
-from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe, ProbeFailure, Reader
-from ansible_collections.exaserve.fleet.plugins.module_utils.storage import read_storage
-
 DOCUMENTATION = r"""
 ---
 module: preflight_facts
@@ -34,7 +21,7 @@ description:
   - Every tool is killed after I(timeout_s); sections run in parallel, so a hung tool costs one
     timeout, not one per tool.
 version_added: "0.2.0"
-author: ExaServe platform team
+author: ExaServe platform team (@exaserve-platform)
 extends_documentation_fragment: [exaserve.fleet.read_only]
 options:
   sections:
@@ -94,6 +81,19 @@ ansible_facts:
       type: dict
       sample: {os: 0.001, gpu: 0.05, ntp: 0.01}
 """
+
+import threading
+import time
+from typing import Any
+
+from ansible_collections.exaserve.fleet.plugins.module_utils.chrony import read_chrony
+from ansible_collections.exaserve.fleet.plugins.module_utils.container_gpu import read_container_gpu
+from ansible_collections.exaserve.fleet.plugins.module_utils.ibstat import read_ibstat
+from ansible_collections.exaserve.fleet.plugins.module_utils.kernel import read_kernel
+from ansible_collections.exaserve.fleet.plugins.module_utils.nvidia_smi import read_nvidia_smi
+from ansible_collections.exaserve.fleet.plugins.module_utils.os_release import read_os_release
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe, ProbeFailure, Reader
+from ansible_collections.exaserve.fleet.plugins.module_utils.storage import read_storage
 
 SECTIONS = ("os", "gpu", "rdma", "container", "ntp", "storage")
 ARGUMENT_SPEC: dict[str, Any] = {

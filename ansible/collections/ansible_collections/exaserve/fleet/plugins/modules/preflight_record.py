@@ -14,7 +14,7 @@ description:
   - Runs on the controller only; no connection to the node.
   - An unknown check name, a failing check without a fix, or a non-boolean C(passed) fails the task.
 version_added: "0.1.0"
-author: ExaServe platform team
+author: ExaServe platform team (@exaserve-platform)
 extends_documentation_fragment: [exaserve.fleet.read_only]
 options:
   checks:

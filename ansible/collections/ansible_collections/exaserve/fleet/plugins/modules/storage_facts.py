@@ -3,11 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
-from ansible_collections.exaserve.fleet.plugins.module_utils.storage import read_storage
-
 DOCUMENTATION = r"""
 ---
 module: storage_facts
@@ -19,7 +14,7 @@ description:
   - Reports the free space of the filesystem that holds I(cache_path) (its nearest existing
     parent when the cache directory does not exist yet).
 version_added: "0.1.0"
-author: ExaServe platform team
+author: ExaServe platform team (@exaserve-platform)
 extends_documentation_fragment: [exaserve.fleet.read_only]
 options:
   mount_path:
@@ -66,6 +61,11 @@ ansible_facts:
         free_path: {description: The existing path whose filesystem was measured, type: str, sample: /var/cache/exaserve/models}
         free_bytes: {description: Bytes available to unprivileged users there, type: int, sample: 2199023255552}
 """
+
+from typing import Any
+
+from ansible_collections.exaserve.fleet.plugins.module_utils.probe import Probe
+from ansible_collections.exaserve.fleet.plugins.module_utils.storage import read_storage
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "mount_path": {"type": "path", "required": True},
