@@ -32,8 +32,8 @@ stamp=.venv/.exaserve-installed
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-# Reinstall only when the dependency declaration changed since the last install.
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+# Reinstall only when the build declaration (pyproject.toml, setup.py) changed since the last install.
+want=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade "pip>=24"
   .venv/bin/python -m pip install -q -e '.[dev]'

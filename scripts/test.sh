@@ -1,17 +1,55 @@
 #!/usr/bin/env bash
 # The whole test suite: bootstrap (idempotent), then linters, type checks and every test.
 # CI runs exactly this (see .ci/run). Exit status: non-zero when any step fails.
+#
+#   scripts/test.sh [PYTEST_ARGS…]         everything (what CI runs)
+#   scripts/test.sh --fast [PYTEST_ARGS…]  the inner loop: ruff, mypy and the tests that start no sandbox, use no SSH
+#                                          test host and are not marked slow (a few minutes on 2 cores)
+#
+# pytest runs in two phases (pytest-xdist), so that the tests that wait on a running sandbox in real time do not share
+# the cores with the CPU-bound ones (a starved router or worker would read as a slow release to the gates):
+#   1. CPU-bound: every test not marked `sandbox`, one module per worker (--dist loadfile), a worker per core;
+#   2. wait-bound: the `sandbox` tests (tests/conftest.py marks them), one module — or one of a module's
+#      SANDBOX_GROUPS — per worker (--dist loadgroup), each worker with a sandbox of its own. They idle ~85 % of their
+#      wall time, so more workers than cores.
+# Each phase writes its JUnit XML (per-test times) to test-output/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+fast=0
+if [[ ${1:-} == --fast ]]; then
+  fast=1
+  shift
+fi
 bash scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
 echo "== ruff";          ruff check serving infra policies ansible tests bench scripts
 echo "== mypy (strict on serving/)"; mypy serving
-echo "== yamllint";      yamllint -s .
-echo "== ansible-lint (production profile)"; (cd ansible && ansible-lint)
-echo "== ansible-test sanity"; scripts/ansible-sanity.sh
-echo "== ansible-playbook --syntax-check"
-(cd ansible && ansible-playbook --syntax-check -i inventory/prod.exaserve.yml preflight.yml site.yml)
-gpu=()  # gpu-marked tests run where torch sees a CUDA device; elsewhere they are deselected, and said so
-if [[ $(python -m tests.support.gpu 2>/dev/null) == 0 ]]; then gpu=(-m "not gpu"); echo "== no CUDA device: gpu tests deselected"; fi
-echo "== pytest";        pytest -q -p no:cacheprovider "${gpu[@]}" "$@"
+if ((!fast)); then
+  echo "== yamllint";      yamllint -s .
+  echo "== ansible-lint (production profile)"; (cd ansible && ansible-lint)
+  echo "== ansible-test sanity"; scripts/ansible-sanity.sh
+  echo "== ansible-playbook --syntax-check"
+  (cd ansible && ansible-playbook --syntax-check -i inventory/prod.exaserve.yml preflight.yml site.yml)
+fi
+gpu=""  # gpu-marked tests run where torch sees a CUDA device; elsewhere they are deselected, and said so
+if [[ $(python -m tests.support.gpu 2>/dev/null) == 0 ]]; then gpu=" and not gpu"; echo "== no CUDA device: gpu tests deselected"; fi
+mkdir -p test-output
+ran=0
+phase() {  # phase NAME MARKERS WORKERS DIST [PYTEST_ARGS…]: exit 5 (nothing selected) is not a failure here
+  local name=$1 markers=$2 workers=$3 dist=$4 rc=0
+  shift 4
+  echo "== pytest: $name (-m '$markers', $workers workers)"
+  pytest -q -p no:cacheprovider -m "$markers" -n "$workers" --dist "$dist" --durations=10 \
+    --junitxml="test-output/pytest-$name.xml" "$@" || rc=$?
+  if ((rc == 0)); then ran=1; elif ((rc != 5)); then exit "$rc"; fi
+}
+if ((fast)); then
+  phase fast "not sandbox and not hosts and not slow$gpu" 2 loadfile "$@"
+else
+  phase cpu-bound "not sandbox$gpu" 2 loadfile "$@"
+  phase wait-bound "sandbox$gpu" 4 loadgroup "$@"
+fi
+if ((!ran)); then
+  echo "test.sh: no test was selected by: $*" >&2
+  exit 5
+fi

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -13,7 +14,38 @@ import pytest
 from tests.support.ci import unavailable
 from tests.support.gpu import cuda_device_count
 from tests.support.hosts.netns import HostPool, unavailable_reason
+from tests.support.sandbox import running_sandbox
 from tests.support.systemd import make_systemd_root
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark what scripts/test.sh schedules by:
+
+    * ``hosts``: the test uses the SSH test hosts (the ``ssh_hosts`` fixture);
+    * ``sandbox``: its module brings up a sandbox (it imports ``running_sandbox``): real routers, simulated workers,
+      etcd and Prometheus, waited on in real time. Each such module is one ``xdist_group``, so that one worker brings
+      its module-scoped sandbox up once; a module that sets ``SANDBOX_GROUPS = N`` is dealt round-robin into N groups,
+      each with a sandbox of its own on its own worker (its tests must not depend on each other's order).
+    """
+    position: dict[str, int] = {}
+    for item in items:
+        if "ssh_hosts" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.hosts)
+        module = getattr(item, "module", None)
+        if module is None or getattr(module, "running_sandbox", None) is not running_sandbox:
+            continue
+        item.add_marker(pytest.mark.sandbox)
+        name = module.__name__.rsplit(".", 1)[-1]
+        index = position[name] = position.get(name, -1) + 1
+        groups = int(getattr(module, "SANDBOX_GROUPS", 1))
+        item.add_marker(pytest.mark.xdist_group(name if groups == 1 else f"{name}-{index % groups}"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A wide terminal for the CLI run in-process (tests/support/cli.py), as the subprocesses get: rich reads
+    ``COLUMNS`` when a console is made, at the CLI's import, and would otherwise wrap messages at 80 columns."""
+    os.environ["COLUMNS"] = "200"
+
 
 # --- GPU tests (marked gpu) ----------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from tests.support.stacks import sandbox_stack_file
 
 OUTPUT = REPO / "test-output" / "drills"
 
+SANDBOX_GROUPS = 3  # ten drills of about a minute each: three sandboxes, three workers (tests/conftest.py)
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:

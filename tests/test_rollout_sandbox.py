@@ -38,6 +38,7 @@ FAST: dict[str, Any] = {
     "rollout.max_p99_rise": 5.0,
 }
 
+SANDBOX_GROUPS = 2  # each test starts from v1 through its own rollback (at_v1), so two sandboxes can share the tests (tests/conftest.py)
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:

@@ -22,9 +22,7 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from serving.cli import main  # defines plan, audit-source and schema
-from serving.cli.commands import register
-from serving.cli.options import app
+from serving.cli.commands import app
 from tests.support.paths import REPO
 
 EXASERVE = Path(sys.executable).parent / "exaserve"
@@ -43,10 +41,9 @@ def exaserve(
 def exaserve_in_process(
     *args: str, cwd: Path = REPO, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``exaserve ARGS`` in this interpreter (typer's ``CliRunner``, every command registered), in ``cwd`` with the
-    environment plus ``env`` and a wide terminal: :func:`exaserve`'s result without a new process."""
-    register(None)
-    assert main.plan.__module__ == "serving.cli.main"
+    """``exaserve ARGS`` in this interpreter (typer's ``CliRunner`` on the console script's app), in ``cwd`` with the
+    environment plus ``env``: :func:`exaserve`'s result without a new process. The terminal is as wide as the
+    subprocess's: conftest.py sets ``COLUMNS`` before the CLI's consoles are made."""
     with contextlib.chdir(cwd):
         result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200", **(env or {})})
     stderr = result.stderr
