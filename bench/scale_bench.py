@@ -288,8 +288,9 @@ def node_loss(sc: Scale, rate: float) -> dict[str, Any]:
     spec = sc.spec
     assert spec.sandbox is not None
     node = sc.plan.replicas[len(sc.plan.replicas) // 2].node.name
-    ports = [spec.sandbox.worker_base_port + r.index for r in sc.plan.replicas if r.node.name == node]
-    urls = {f"http://127.0.0.1:{p}" for p in ports}
+    victims = [r for r in sc.plan.replicas if r.node.name == node]
+    ports = [r.endpoint.port for r in victims]
+    urls = {r.url for r in victims}
     iv = spec.serving.heartbeat_interval_s
     window = (sc.plan.heartbeats.timeouts_to_migrate.value + 2) * iv + 10
     unhealthy: dict[str, float] = {}

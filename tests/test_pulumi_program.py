@@ -20,7 +20,7 @@ from serving.pulumi.program import ProgramRun, kubernetes_objects, run_program
 from serving.render.k8s import fabric, fleet, gateway, storage
 from serving.render.k8s.common import LABEL_GROUP, LABEL_RACK, LABEL_VERSION, TAINT_KEY
 from serving.render.k8s.container import WAIT_FOR_CACHE, pod_container
-from serving.render.router import router_argv
+from serving.render.router import router_args
 from serving.render.sglang import model_dir
 from serving.spec.stack import load_stack, load_stack_file, pulumi_config, spec_from_config
 from tests.support.k8s import of_kind, one, render_file
@@ -288,7 +288,7 @@ def test_gateway_discovers_workers_with_least_privilege(runs: dict[str, ProgramR
     pod = deploy["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "sglang-router"
     argv = pod["containers"][0]["command"]
-    assert argv == router_argv(spec, plan(spec), kubernetes=True)
+    assert argv == router_args(spec, plan(spec), kubernetes=True).to_argv()
     assert "--service-discovery" in argv
     service = one(objects, "Service", gateway.NAME)
     assert service["spec"]["type"] == "ClusterIP"

@@ -238,7 +238,7 @@ def test_render_includes_the_bare_metal_units(tmp_path: Path) -> None:
     a second render replaces them."""
     from serving.plan.planner import fleet_replicas, plan
     from serving.render.chrony import chrony_conf
-    from serving.render.router import router_argv
+    from serving.render.router import router_args
     from serving.render.systemd import systemd_unit
     from serving.spec.stack import load_stack
 
@@ -253,7 +253,7 @@ def test_render_includes_the_bare_metal_units(tmp_path: Path) -> None:
     assert written == sorted(f"{r.id}.service" for r in replicas)
     assert (out / "units" / f"{replicas[5].id}.service").read_text() == systemd_unit(spec, plan(spec), replicas[5])
     router = json.loads((out / "units" / "router.json").read_text())
-    assert router["argv"] == router_argv(spec, plan(spec))
+    assert router["argv"] == router_args(spec, plan(spec)).to_argv()
     assert (out / "units" / "chrony.conf").read_text() == chrony_conf(spec)
 
 

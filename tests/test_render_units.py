@@ -44,8 +44,7 @@ from serving.render.router import (
     ROUTER_ENTRY,
     ROUTER_FLAGS,
     ROUTER_METRICS_PORT,
-    replica_url,
-    router_argv,
+    router_args,
     router_env,
     router_policy,
 )
@@ -112,10 +111,10 @@ def rendered_files(stack: str) -> dict[str, str]:
     replicas = fleet_replicas(spec)
     files = {unit_name(r): systemd_unit(spec, plan(spec), r) for r in (replicas[0], replicas[-1])}
     files["router-kubernetes.json"] = (
-        json.dumps({"argv": router_argv(spec, plan(spec), kubernetes=True), "env": router_env(spec)}, indent=2) + "\n"
+        json.dumps({"argv": router_args(spec, plan(spec), kubernetes=True).to_argv(), "env": router_env(spec)}, indent=2) + "\n"
     )
     if len(replicas) <= 128:  # prod's 2,048 static worker URLs are left to the tests below
-        files["router-static.json"] = json.dumps({"argv": router_argv(spec, plan(spec))}, indent=2) + "\n"
+        files["router-static.json"] = json.dumps({"argv": router_args(spec, plan(spec)).to_argv()}, indent=2) + "\n"
     files["pod-container-group0.json"] = (
         json.dumps(
             {"container": pod_container(spec, plan(spec), 0), "volumes": pod_volumes(spec, plan(spec))}, indent=2
@@ -222,8 +221,8 @@ def test_one_field_changes_exactly_the_expected_flags(
     assert changed(server_env(base, plan(base), first(base)), server_env(new, plan(new), first(new))) == env
     assert (
         changed(
-            flag_values(router_argv(base, plan(base)), ROUTER_ENTRY),
-            flag_values(router_argv(new, plan(new)), ROUTER_ENTRY),
+            flag_values(router_args(base, plan(base)).to_argv(), ROUTER_ENTRY),
+            flag_values(router_args(new, plan(new)).to_argv(), ROUTER_ENTRY),
         )
         == router
     )
@@ -359,7 +358,7 @@ def test_an_abbreviated_router_flag_is_refused(monkeypatch: pytest.MonkeyPatch) 
         (*ROUTER_FLAGS, FlagRule("--request-timeout", "abbreviated", lambda c: "60")),
     )
     with pytest.raises(FlagValidationError) as err:
-        router_argv(load_stack("dev").spec, plan(load_stack("dev").spec))
+        router_args(load_stack("dev").spec, plan(load_stack("dev").spec)).to_argv()
     message = str(err.value)
     assert "'--request-timeout'" in message and "'--request-timeout-secs'" in message
     assert load_router_manifest().label in message
@@ -382,9 +381,9 @@ def test_cli_exits_1_naming_the_flag_when_the_pin_rejects_it(monkeypatch: pytest
 
 def test_the_real_router_parser_reads_the_rendered_flags_back() -> None:
     spec = load_stack("dev").spec
-    static = parse_router_args(router_argv(spec, plan(spec))[len(ROUTER_ENTRY) :])
+    static = parse_router_args(router_args(spec, plan(spec)).to_argv()[len(ROUTER_ENTRY) :])
     static._validate_router_args()
-    assert static.worker_urls == [replica_url(r) for r in fleet_replicas(spec)]
+    assert static.worker_urls == [r.url for r in fleet_replicas(spec)]
     assert (static.policy, static.health_check_interval_secs, static.health_check_timeout_secs) == (
         "power_of_two",
         5,
@@ -395,7 +394,7 @@ def test_the_real_router_parser_reads_the_rendered_flags_back() -> None:
     assert static.retry_max_retries > static.cb_failure_threshold  # one dead replica cannot use up a request's attempts
     assert (static.prometheus_port, static.log_level) == (ROUTER_METRICS_PORT, "warn")
     k8s = parse_router_args(
-        router_argv(multi_node_spec(), plan(multi_node_spec()), kubernetes=True)[len(ROUTER_ENTRY) :]
+        router_args(multi_node_spec(), plan(multi_node_spec()), kubernetes=True).to_argv()[len(ROUTER_ENTRY) :]
     )
     k8s._validate_router_args()
     assert k8s.service_discovery and k8s.worker_urls == []
@@ -626,7 +625,7 @@ def test_weighted_round_robin_maps_to_the_load_aware_policy() -> None:
 def test_sandbox_router_listens_on_loopback_at_the_sandbox_ports() -> None:
     spec = load_stack("sandbox").spec
     assert spec.sandbox is not None
-    flags = flag_values(router_argv(spec, plan(spec), worker_urls=["http://127.0.0.1:39100"]), ROUTER_ENTRY)
+    flags = flag_values(router_args(spec, plan(spec), worker_urls=["http://127.0.0.1:39100"]).to_argv(), ROUTER_ENTRY)
     assert (flags["--host"], flags["--port"]) == (("127.0.0.1",), (str(spec.sandbox.router_port),))
     assert flags["--prometheus-host"] == ("127.0.0.1",)
     assert flags["--prometheus-port"] == (str(spec.sandbox.prometheus_port),)
@@ -661,7 +660,7 @@ def test_cli_prints_the_router_as_json() -> None:
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert set(doc) == {"stack", "ok", "argv", "env"}
-    assert doc["argv"] == router_argv(load_stack("prod").spec, plan(load_stack("prod").spec))
+    assert doc["argv"] == router_args(load_stack("prod").spec, plan(load_stack("prod").spec)).to_argv()
     assert len(flag_values(doc["argv"], ROUTER_ENTRY)["--worker-urls"]) == 2048
     k8s = json.loads(exaserve("units", "--stack", "prod", "--router", "--kubernetes", "--json").stdout)
     assert "--service-discovery" in k8s["argv"] and "--worker-urls" not in k8s["argv"]

@@ -277,7 +277,8 @@ def test_the_updater_reaches_exactly_the_workers_serving_port_and_the_routers_ap
         "tenant": {NAMESPACE_NAME_LABEL: "tenant"},
     }
     pods = _pod_labels(objects)
-    http, metrics = gateway.router_ports(spec, plan(spec))
+    router = gateway.cluster_router(spec, plan(spec))
+    http, metrics = router.port, router.metrics_port
     candidates = {spec.serving.port, http, metrics, spec.runtime.controller_port, 5000, 29500, 40000}
     candidates |= {p["port"] for pol in policies for r in pol["spec"]["ingress"] for p in r.get("ports", [])}
 
@@ -302,7 +303,8 @@ def test_the_updater_reaches_exactly_the_workers_serving_port_and_the_routers_ap
 def test_the_routers_headless_service_names_the_api_and_metrics_ports(runs: dict[str, list[RenderedObject]]) -> None:
     objects = runs["prod"]
     spec = load_stack("prod").spec
-    http, metrics = gateway.router_ports(spec, plan(spec))
+    router = gateway.cluster_router(spec, plan(spec))
+    http, metrics = router.port, router.metrics_port
     headless = one(objects, "Service", gateway.PODS_SERVICE)["spec"]
     assert headless["clusterIP"] == "None"
     assert headless["selector"] == {LABEL_NAME: gateway.NAME}

@@ -40,10 +40,8 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
 
 
 def replica_urls(box: Sandbox) -> dict[str, str]:
-    """Replica id → its worker's URL (the worker listens on worker_base_port + the replica's index)."""
-    assert box.spec.sandbox is not None
-    base = box.spec.sandbox.worker_base_port
-    return {r.id: f"http://127.0.0.1:{base + r.index}" for r in plan(box.spec).replicas}
+    """Replica id → its worker's URL (the plan's endpoint of the replica)."""
+    return {r.id: r.url for r in plan(box.spec).replicas}
 
 
 def restart_on(box: Sandbox, replica_ids: list[str], version: str) -> None:

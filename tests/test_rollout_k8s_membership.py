@@ -42,7 +42,7 @@ from aiohttp import web
 
 from serving.plan.planner import plan
 from serving.render.k8s.common import LABEL_ADMITTED
-from serving.render.router import ROUTER_ENTRY, router_argv
+from serving.render.router import ROUTER_ENTRY, router_args
 from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend
 from serving.rollout.journal import Journal
 from serving.rollout.machine import Event, Phase, initial
@@ -250,7 +250,7 @@ class Cluster:
 
 def router_flags(spec: FleetSpec, api_port: int, metrics_port: int) -> list[str]:
     """The fleet's rendered Kubernetes router command, with loopback listeners on free ports and info logs."""
-    flags = router_argv(spec, plan(spec), kubernetes=True)[len(ROUTER_ENTRY) :]
+    flags = router_args(spec, plan(spec), kubernetes=True).to_argv()[len(ROUTER_ENTRY) :]
     for flag, value in (("--host", "127.0.0.1"), ("--port", str(api_port)), ("--prometheus-host", "127.0.0.1"),
                         ("--prometheus-port", str(metrics_port)), ("--log-level", "info")):  # fmt: skip
         flags[flags.index(flag) + 1] = value

@@ -30,7 +30,7 @@ import pytest
 from serving.cli.options import resolve_stack
 from serving.cli.rollout import FleetOptions, _endpoints
 from serving.plan.planner import plan
-from serving.render.k8s.gateway import PODS_SERVICE, router_ports
+from serving.render.k8s.gateway import PODS_SERVICE, cluster_router
 from serving.render.k8s.gateway import render as render_gateway
 from serving.rollout import session
 from serving.rollout.gates import RouterReading
@@ -281,7 +281,7 @@ def test_a_kubernetes_rollout_reaches_every_router_pod_through_the_gateways_head
     assert endpoints.router_service == f"{PODS_SERVICE}.exaserve.svc:{service['spec']['ports'][0]['port']}"
     routers = endpoints.router_set()
     assert routers.routers == []  # the Service's addresses only, resolved before each change and each read
-    metrics_port = router_ports(st.spec, plan(st.spec))[1]
+    metrics_port = cluster_router(st.spec, plan(st.spec)).metrics_port
     assert routers.metrics_url("http://10.1.2.3:30000") == f"http://10.1.2.3:{metrics_port}/metrics"
     assert routers.metrics_url("http://[fd00::7]:30000") == f"http://[fd00::7]:{metrics_port}/metrics"
     explicit = _endpoints(st, replace(opts, routers=["http://r0:30000", "http://r1:30000"], router_metrics_port=9100))

@@ -54,7 +54,7 @@ NODES = sorted({r.node.name for r in PLAN.replicas})
 def controller(spec: FleetSpec = SPEC) -> Controller:
     fleet = plan(spec)
     return Controller(
-        ControllerConfig.from_spec(spec, len(fleet.replicas)), fleet.replicas, replica_urls(spec, fleet), T0
+        ControllerConfig.from_spec(spec, len(fleet.replicas)), fleet.replicas, replica_urls(fleet), T0
     )
 
 
@@ -300,7 +300,7 @@ def test_follower_tracks_scores_but_never_acts() -> None:
             ctl.receive(agents.report(node, T0 + 5 * i, failing={dead}), T0 + 5 * i)
         assert ctl.tick(T0 + 5 * i, acting=False) == []
     assert ctl.replicas[dead].score == 25 and ctl.replicas[dead].in_rotation
-    ctl.adopt(url for rid, url in replica_urls(SPEC, PLAN).items() if rid != dead)
+    ctl.adopt(url for rid, url in replica_urls(PLAN).items() if rid != dead)
     assert not ctl.replicas[dead].in_rotation
 
 
@@ -477,7 +477,7 @@ def test_discovered_replicas_follow_the_agents_reports() -> None:
     ctl = Controller(
         ControllerConfig.from_spec(SPEC, len(PLAN.replicas)),
         PLAN.replicas,
-        replica_urls(SPEC, PLAN),
+        replica_urls(PLAN),
         T0,
         discovered=True,
     )

@@ -137,8 +137,8 @@ def test_one_report_per_node_reaches_the_controller_and_no_client_sees_a_node_lo
 
     victims = [r for r in plan_fleet(spec).replicas if r.node.name == "gpu-r01-n00"]
     assert spec.sandbox is not None and len(victims) == PER_NODE
-    ports = [spec.sandbox.worker_base_port + r.index for r in victims]
-    urls = {f"http://127.0.0.1:{p}" for p in ports}
+    ports = [r.endpoint.port for r in victims]
+    urls = {r.url for r in victims}
     gen = LoadGenerator(LoadSpec(url=scale.router_url, rate_per_s=CLIENT_RATE, duration_s=600, timeout_s=30))
     stop = asyncio.Event()
     loop = asyncio.new_event_loop()

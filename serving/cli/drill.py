@@ -276,7 +276,7 @@ def _fleet(st: Stack, plan: Plan) -> Fleet:
     fleet = Fleet(
         routers=sandbox_endpoints(spec).routers,
         controllers=tuple(controller_urls(spec)) if spec.sandbox.runtime else (),
-        replicas=replica_urls(spec, plan),
+        replicas=replica_urls(plan),
         nodes={n: tuple(ids) for n, ids in nodes.items()},
         prometheus=prometheus_url(spec) if spec.sandbox.prometheus else None,
     )

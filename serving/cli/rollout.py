@@ -197,11 +197,11 @@ def _endpoints(stack: Stack, opts: FleetOptions) -> Endpoints:
             "Pass --router http://HOST:PORT once for each router instance"
         )
     if service is None and not routers and kind == "kubernetes":
-        http_port, _ = gateway.router_ports(spec, plan_fleet(spec))
+        http_port = gateway.cluster_router(spec, plan_fleet(spec)).port
         service = f"{gateway.PODS_SERVICE}.{spec.kubernetes.namespace}.svc:{http_port}"
     if not routers and service is None:
         fail("no router instance given: pass --router http://HOST:PORT for each router instance")
-    metrics_port = opts.router_metrics_port or gateway.router_ports(spec, plan_fleet(spec))[1]
+    metrics_port = opts.router_metrics_port or gateway.cluster_router(spec, plan_fleet(spec)).metrics_port
     return Endpoints(routers, router_service=service, metrics_port=metrics_port)
 
 

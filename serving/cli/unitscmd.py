@@ -27,7 +27,7 @@ from serving.cli.options import (
 )
 from serving.plan.model import Replica
 from serving.plan.planner import plan as plan_fleet
-from serving.render.router import router_argv, router_env
+from serving.render.router import router_args, router_env
 from serving.render.sglang import server_argv, server_env
 from serving.render.systemd import systemd_unit, unit_name
 
@@ -82,7 +82,7 @@ def units(
     with render_errors(st.path):
         fleet_plan = plan_fleet(spec)
         if replica is None:  # --router
-            argv = router_argv(spec, fleet_plan, kubernetes=kubernetes)
+            argv = router_args(spec, fleet_plan, kubernetes=kubernetes).to_argv()
             env = router_env(spec)
             if as_json:
                 emit_json({"argv": argv, "env": env}, stack=st.name, ok=True)

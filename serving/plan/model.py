@@ -26,6 +26,9 @@ UTILISATION_BY_LINK_GBPS: tuple[tuple[int, float, float, str], ...] = (
 
 HOURS_PER_MONTH = 730.0  # 8,760 h / 12
 
+# Where a sandbox stack's simulated workers (and every other sandbox listener) serve.
+LOOPBACK = "127.0.0.1"
+
 
 @dataclass(frozen=True)
 class Figure:
@@ -79,8 +82,22 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class Endpoint:
+    """Where a replica's HTTP server answers: its first node's address and its ``port``, or, in a sandbox stack,
+    its simulated worker on loopback (``sandbox.worker_base_port`` + the replica's index)."""
+
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
 class Replica:
-    """One SGLang server of the fleet, where it runs and which update group it belongs to."""
+    """One SGLang server of the fleet, where it runs and which update group it belongs to. ``port`` is the
+    server's ``--port`` on its node; ``endpoint`` is where routers, agents and the updater reach it."""
 
     id: str
     index: int
@@ -88,10 +105,16 @@ class Replica:
     gpu_ids: tuple[int, ...]
     group: int
     port: int
+    endpoint: Endpoint
 
     @property
     def node(self) -> Node:
         return self.nodes[0]
+
+    @property
+    def url(self) -> str:
+        """The URL the routers know this replica by."""
+        return self.endpoint.url
 
 
 @dataclass(frozen=True)

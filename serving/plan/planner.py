@@ -12,9 +12,11 @@ import math
 from serving.plan import memory as sgl
 from serving.plan.model import (
     HOURS_PER_MONTH,
+    LOOPBACK,
     UTILISATION_BY_LINK_GBPS,
     CapacityChain,
     CostPlan,
+    Endpoint,
     Figure,
     HeartbeatPlan,
     MemoryModel,
@@ -25,7 +27,7 @@ from serving.plan.model import (
     Replica,
     fmt_bytes,
 )
-from serving.spec.schema import GB, GIB, Architecture, FleetSpec
+from serving.spec.schema import GB, GIB, Architecture, FleetSpec, Node
 
 # ------------------------------------------------------------------------------------------ memory
 
@@ -296,6 +298,14 @@ def rollout_groups(replicas: int, batches: int) -> list[list[int]]:
     return groups
 
 
+def replica_endpoint(spec: FleetSpec, node: Node, port: int, index: int) -> Endpoint:
+    """Where replica ``index`` answers: ``node``'s address and ``port``; in a sandbox stack its simulated worker on
+    loopback, ``sandbox.worker_base_port`` + index (as ``sandbox up`` starts it)."""
+    if spec.sandbox is not None:
+        return Endpoint(LOOPBACK, spec.sandbox.worker_base_port + index)
+    return Endpoint(str(node.address), port)
+
+
 def fleet_replicas(spec: FleetSpec) -> list[Replica]:
     """The replica inventory in placement order (node by node), at most what the nodes hold."""
     p = placement(spec)
@@ -319,6 +329,7 @@ def fleet_replicas(spec: FleetSpec) -> list[Replica]:
                     gpu_ids=tuple(range(slot * gpr, (slot + 1) * gpr)),
                     group=i % batches,
                     port=spec.serving.port + slot,
+                    endpoint=replica_endpoint(spec, node, spec.serving.port + slot, i),
                 )
             )
     else:
@@ -333,6 +344,7 @@ def fleet_replicas(spec: FleetSpec) -> list[Replica]:
                     gpu_ids=tuple(range(p.gpus_per_node)),
                     group=i % batches,
                     port=spec.serving.port,
+                    endpoint=replica_endpoint(spec, span[0], spec.serving.port, i),
                 )
             )
     return out

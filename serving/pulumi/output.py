@@ -19,7 +19,7 @@ from serving.plan.model import Plan
 from serving.pulumi.program import RenderedObject
 from serving.render.chrony import chrony_conf
 from serving.render.k8s.common import K8sObject
-from serving.render.router import router_argv, router_env
+from serving.render.router import router_args, router_env
 from serving.render.systemd import systemd_unit
 from serving.spec.schema import FleetSpec
 
@@ -114,7 +114,7 @@ def write_units(out: Path, spec: FleetSpec, plan: Plan) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     for replica in plan.replicas:
         (folder / f"{replica.id}.service").write_text(systemd_unit(spec, plan, replica))
-    router = {"argv": router_argv(spec, plan), "env": router_env(spec)}
+    router = {"argv": router_args(spec, plan).to_argv(), "env": router_env(spec)}
     (folder / "router.json").write_text(json.dumps(router, indent=2) + "\n")
     (folder / "chrony.conf").write_text(chrony_conf(spec))
     return len(plan.replicas)

@@ -72,7 +72,7 @@ class AgentConfig:
         dcgm_url: str | None = None,
         controller_service: str | None = None,
     ) -> AgentConfig:
-        urls = replica_urls(spec, plan)
+        urls = replica_urls(plan)
         mine = [r for r in plan.replicas if r.node.name == node]
         if not mine:
             known = sorted({r.node.name for r in plan.replicas})

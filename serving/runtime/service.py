@@ -97,7 +97,7 @@ class ControllerService:
         self.controller = Controller(
             ControllerConfig.from_spec(spec, len(plan.replicas)),
             plan.replicas,
-            replica_urls(spec, plan),
+            replica_urls(plan),
             clock(),
             discovered=discovered,
         )

@@ -32,7 +32,7 @@ class Gateway(KubernetesComponent):
 
     def __init__(self, name: str, spec: FleetSpec, plan: Plan, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("exaserve:serving:Gateway", name, gateway.render(spec, plan), opts)
-        http_port, metrics_port = gateway.router_ports(spec, plan)
-        self.endpoint: str = f"http://{gateway.NAME}.{spec.kubernetes.namespace}.svc:{http_port}"
-        self.metrics_port: int = metrics_port
+        router = gateway.cluster_router(spec, plan)
+        self.endpoint: str = f"http://{gateway.NAME}.{spec.kubernetes.namespace}.svc:{router.port}"
+        self.metrics_port: int = router.metrics_port
         self.register_outputs({"endpoint": self.endpoint, "metrics_port": self.metrics_port})

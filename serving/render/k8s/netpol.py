@@ -39,7 +39,8 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
     serving_pods = {"podSelector": {"matchLabels": {LABEL_NAME: SERVING_APP}}}
     updater_pods = {"podSelector": {"matchLabels": {LABEL_NAME: UPDATER_APP}}}
     serving_port = [{"protocol": "TCP", "port": spec.serving.port}]
-    http_port, metrics_port = gateway.router_ports(spec, plan)
+    router = gateway.cluster_router(spec, plan)
+    http_port, metrics_port = router.port, router.metrics_port
     worker_ingress: list[dict[str, Any]] = [
         {"from": [router_pods, updater_pods, monitoring], "ports": serving_port},
     ]

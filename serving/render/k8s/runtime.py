@@ -99,7 +99,7 @@ def _svc(ns: str) -> str:
 
 def controller_command(spec: FleetSpec, plan: Plan) -> list[str]:
     ns = spec.kubernetes.namespace
-    http_port, _ = gateway.router_ports(spec, plan)
+    http_port = gateway.cluster_router(spec, plan).port
     return [
         EXASERVE,
         "controller",

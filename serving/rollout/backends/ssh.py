@@ -23,7 +23,6 @@ from pathlib import Path
 
 from serving.plan.model import Plan, Replica
 from serving.remote.fanout import HostResult, Target, run_one
-from serving.render.router import replica_url
 from serving.render.systemd import systemd_unit, unit_name
 from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.rollout.membership import RouterApiMembership
@@ -117,7 +116,7 @@ class SshBackend(ReplicaIndex):
         return f"ssh ({len({n.name for r in self.replicas.values() for n in r.nodes})} nodes)"
 
     def worker_url(self, replica_id: str) -> str:
-        return replica_url(self._replica(replica_id))
+        return self._replica(replica_id).url
 
     def known_versions(self) -> None:
         return None  # any release of serving.releases
