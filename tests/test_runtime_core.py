@@ -18,7 +18,6 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.plan.planner import plan
 from serving.rollout.backends.kubernetes import KubeApi
 from serving.runtime.controller import Action, Controller, ControllerConfig, Kind, ReplicaState, replica_urls
 from serving.runtime.discovery import NodePods
@@ -28,7 +27,7 @@ from serving.runtime.score import above_mean, band, next_score, weighted_load
 from serving.sandbox.processes import free_port
 from serving.spec.schema import FleetSpec, HealthScoreSpec
 from tests.support.etcd import running_etcd
-from tests.support.stacks import spec_from
+from tests.support.stacks import fleet_of, spec_from
 
 HEALTH = HealthScoreSpec()
 T0 = 1_800_000_000.0
@@ -47,15 +46,13 @@ def two_node_spec(**changes: Any) -> FleetSpec:
 
 
 SPEC = two_node_spec()
-PLAN = plan(SPEC)
+PLAN = fleet_of(SPEC).plan
 NODES = sorted({r.node.name for r in PLAN.replicas})
 
 
 def controller(spec: FleetSpec = SPEC) -> Controller:
-    fleet = plan(spec)
-    return Controller(
-        ControllerConfig.from_spec(spec, len(fleet.replicas)), fleet.replicas, replica_urls(fleet), T0
-    )
+    pl = fleet_of(spec).plan
+    return Controller(ControllerConfig.from_spec(spec, len(pl.replicas)), pl.replicas, replica_urls(pl), T0)
 
 
 class Agents:

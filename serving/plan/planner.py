@@ -13,7 +13,6 @@ from serving.plan import memory as sgl
 from serving.plan.model import (
     HOURS_PER_MONTH,
     LOOPBACK,
-    UTILISATION_BY_LINK_GBPS,
     CapacityChain,
     CostPlan,
     Endpoint,
@@ -26,6 +25,7 @@ from serving.plan.model import (
     Plan,
     Replica,
     fmt_bytes,
+    utilisation_band,
 )
 from serving.spec.schema import GB, GIB, Architecture, FleetSpec, Node
 
@@ -444,19 +444,6 @@ def heartbeat_plan(spec: FleetSpec, replicas: int, nodes: int) -> HeartbeatPlan:
 
 
 # ------------------------------------------------------------------------------------------ network
-
-
-def utilisation_band(link_rate_gbps: float) -> tuple[float, float, str]:
-    """The source's table: the band of the fastest listed rate not above the link rate."""
-    band = (
-        0.0,
-        UTILISATION_BY_LINK_GBPS[0][1],
-        f"below {UTILISATION_BY_LINK_GBPS[0][0]} Gb/s: not in the source's table",
-    )
-    for rate, lo, hi, note in UTILISATION_BY_LINK_GBPS:
-        if link_rate_gbps >= rate:
-            band = (lo, hi, f"≥ {rate} Gb/s: {note}")
-    return band
 
 
 def network_plan(spec: FleetSpec) -> NetworkPlan:

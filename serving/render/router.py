@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from serving.checks.flags import FlagManifest, load_router_manifest
-from serving.plan.model import Plan
+from serving.plan.model import Fleet, Plan
 from serving.render.common import FlagRule, check_entry, duration_buckets, render_flags, whole_seconds
 from serving.render.k8s.common import LABEL_ADMITTED
 from serving.render.k8s.container import LWS_LEADER_LABEL, SERVER_POD_LABELS
@@ -210,23 +210,21 @@ def check_router_argv(argv: Sequence[str], manifest: FlagManifest | None = None)
     check_entry(argv, ROUTER_ENTRY, manifest or load_router_manifest())
 
 
-def router_args(
-    spec: FleetSpec, plan: Plan, *, worker_urls: Sequence[str] | None = None, kubernetes: bool = False
-) -> RouterArgs:
+def router_args(fleet: Fleet, *, worker_urls: Sequence[str] | None = None, kubernetes: bool = False) -> RouterArgs:
     """The SGLang router's settings; static worker URLs (by default the plan's replicas), Kubernetes discovery, or
     both. A sandbox stack's router listens on loopback, on ``sandbox.router_port`` and ``prometheus_port``."""
     if worker_urls is None:
-        worker_urls = [] if kubernetes else [r.url for r in plan.replicas]
-    loopback = spec.sandbox is not None
+        worker_urls = [] if kubernetes else [r.url for r in fleet.plan.replicas]
+    loopback = fleet.spec.sandbox is not None
     return RouterArgs(
-        spec=spec,
+        spec=fleet.spec,
         host="127.0.0.1" if loopback else "0.0.0.0",  # noqa: S104  (the gateway serves clients)
-        port=spec.sandbox.router_port if spec.sandbox else ROUTER_PORT,
+        port=fleet.spec.sandbox.router_port if fleet.spec.sandbox else ROUTER_PORT,
         metrics_host="127.0.0.1" if loopback else "0.0.0.0",  # noqa: S104  (scraped by Prometheus)
-        metrics_port=spec.sandbox.prometheus_port if spec.sandbox else ROUTER_METRICS_PORT,
+        metrics_port=fleet.spec.sandbox.prometheus_port if fleet.spec.sandbox else ROUTER_METRICS_PORT,
         worker_urls=tuple(worker_urls),
         kubernetes=kubernetes,
-        selector=tuple(f"{k}={v}" for k, v in {**server_selector(plan), LABEL_ADMITTED: "true"}.items()),
+        selector=tuple(f"{k}={v}" for k, v in {**server_selector(fleet.plan), LABEL_ADMITTED: "true"}.items()),
     )
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serving.fleet_http import FleetHttp, HttpFailure
-from serving.plan.model import Plan, Replica
+from serving.plan.model import Fleet, Replica
 from serving.render.common import duration_buckets
 from serving.render.router import ROUTER_ENTRY, router_args
 from serving.rollout.backends import BackendError, ReplicaIndex
@@ -52,16 +52,16 @@ class NodeGroup:
     ports: tuple[int, ...]
 
 
-def node_groups(spec: FleetSpec, plan: Plan) -> list[NodeGroup]:
+def node_groups(fleet: Fleet) -> list[NodeGroup]:
     """The plan's nodes in placement order, ``sandbox.nodes_per_process`` to a group (else one), with their
     replicas' ports."""
-    sandbox = sandbox_of(spec)
-    nodes = list(dict.fromkeys(r.node.name for r in plan.replicas))
+    sandbox = sandbox_of(fleet.spec)
+    nodes = list(dict.fromkeys(r.node.name for r in fleet.plan.replicas))
     size = sandbox.nodes_per_process or 1
     groups = []
     for index, start in enumerate(range(0, len(nodes), size)):
         members = tuple(nodes[start : start + size])
-        ports = tuple(r.endpoint.port for r in plan.replicas if r.node.name in members)
+        ports = tuple(r.endpoint.port for r in fleet.plan.replicas if r.node.name in members)
         groups.append(NodeGroup(index, members, ports))
     return groups
 
@@ -118,22 +118,22 @@ async def restart_workers(
         raise SandboxError("; ".join(problems))
 
 
-def router_flags(spec: FleetSpec, plan: Plan, worker_urls: Sequence[str]) -> list[str]:
+def router_flags(fleet: Fleet, worker_urls: Sequence[str]) -> list[str]:
     """The sandbox router's flags: the fleet's router command (:func:`serving.render.router.router_args`, on
     loopback for a sandbox stack, with latency buckets fine enough for the P99 gate)."""
-    sandbox_of(spec)
-    return router_args(spec, plan, worker_urls=worker_urls).to_argv()[len(ROUTER_ENTRY) :]
+    sandbox_of(fleet.spec)
+    return router_args(fleet, worker_urls=worker_urls).to_argv()[len(ROUTER_ENTRY) :]
 
 
 class LocalBackend(ReplicaIndex):
     """Restart sandbox workers as local processes."""
 
-    def __init__(self, spec: FleetSpec, plan: Plan, processes_dir: Path) -> None:
-        self.spec = spec
-        self.sandbox = sandbox_of(spec)
+    def __init__(self, fleet: Fleet, processes_dir: Path) -> None:
+        self.spec = fleet.spec
+        self.sandbox = sandbox_of(fleet.spec)
         self.state = StateDir(processes_dir)
-        super().__init__(list(plan.replicas))
-        self._http = FleetHttp(timeout_s=spec.serving.health_check_timeout_s)
+        super().__init__(list(fleet.plan.replicas))
+        self._http = FleetHttp(timeout_s=fleet.spec.serving.health_check_timeout_s)
 
     @property
     def name(self) -> str:

@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from serving.plan.model import Plan
+from serving.plan.model import Fleet, Plan
 from serving.rollout.journal import StackState
 from serving.sandbox.backend import node_groups
 from serving.sandbox.capacity import CPU_SHARE, Costs, CpuNeed, cpu_need, cpus
@@ -157,14 +157,14 @@ class Needs:
     cpu: CpuNeed | None = None  # the steady state's cores, when the costs were measured
 
 
-def needs(spec: FleetSpec, plan: Plan) -> Needs:
+def needs(fleet: Fleet) -> Needs:
     """File descriptors and memory of the sandbox of ``spec`` (figures measured here, module constants)."""
-    sandbox = spec.sandbox
+    sandbox = fleet.spec.sandbox
     if sandbox is None:
         raise ValueError("this stack has no sandbox: section")
-    replicas = len(plan.replicas)
-    routers = spec.scheduler.instances if sandbox.runtime else 1
-    groups = node_groups(spec, plan)
+    replicas = len(fleet.plan.replicas)
+    routers = fleet.spec.scheduler.instances if sandbox.runtime else 1
+    groups = node_groups(fleet)
     hosted = 1 if sandbox.nodes_per_process is None else max(len(g.ports) for g in groups)
     worker_side = hosted * (HOST_FDS_PER_WORKER + HOST_FDS_PER_WORKER_PER_ROUTER * routers)
     fds = {
@@ -181,7 +181,7 @@ def needs(spec: FleetSpec, plan: Plan) -> Needs:
     if sandbox.runtime:
         nodes = sum(len(g.nodes) for g in groups)
         parts["agents"] = len(groups) * AGENTS_MIB[0] + nodes * AGENTS_MIB[1]
-        parts["controllers"] = spec.scheduler.instances * (CONTROLLER_MIB[0] + replicas * CONTROLLER_MIB[1])
+        parts["controllers"] = fleet.spec.scheduler.instances * (CONTROLLER_MIB[0] + replicas * CONTROLLER_MIB[1])
         parts["etcd"] = ETCD_MIB
     return Needs(fds[which], which, sum(parts.values()) * MEMORY_HEADROOM, parts)
 
@@ -199,8 +199,7 @@ def mem_available_mib(meminfo: Path = MEMINFO) -> float | None:
 
 
 def check_machine(
-    spec: FleetSpec,
-    plan: Plan,
+    fleet: Fleet,
     *,
     meminfo: Path = MEMINFO,
     costs: Costs | None = None,
@@ -210,7 +209,7 @@ def check_machine(
     ``RLIMIT_NOFILE`` (which the sandbox's processes inherit) up to the hard limit when the sandbox needs more.
     With ``costs`` (measured here: :func:`serving.sandbox.capacity.measure_costs`) the steady state may need at most
     ``cpu_share`` of the cores."""
-    need = needs(spec, plan)
+    need = needs(fleet)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if need.fds > soft:
         if hard != resource.RLIM_INFINITY and need.fds > hard:
@@ -229,10 +228,10 @@ def check_machine(
             "sandboxes) or simulate fewer replicas (serving.replicas)"
         )
     if costs is not None:
-        nodes = len({r.node.name for r in plan.replicas})
-        cpu = cpu_need(spec, len(plan.replicas), nodes, costs, cpu_share)
+        nodes = len({r.node.name for r in fleet.plan.replicas})
+        cpu = cpu_need(fleet.spec, len(fleet.plan.replicas), nodes, costs, cpu_share)
         if cpu.total > cpu.available:
-            raise MachineTooSmall(_too_slow(cpu, len(plan.replicas), nodes, cpu_share))
+            raise MachineTooSmall(_too_slow(cpu, len(fleet.plan.replicas), nodes, cpu_share))
         need = dataclasses.replace(need, cpu=cpu)
     return need
 

@@ -12,7 +12,7 @@ instance's own listener, which the ClusterIP Service (one instance per connectio
 
 from __future__ import annotations
 
-from serving.plan.model import Plan
+from serving.plan.model import Fleet
 from serving.render.k8s.common import (
     HOSTNAME_LABEL,
     LABEL_NAME,
@@ -36,9 +36,9 @@ METRICS_PORT_NAME = "metrics"
 DISCOVERY_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
 
 
-def cluster_router(spec: FleetSpec, plan: Plan) -> RouterArgs:
+def cluster_router(fleet: Fleet) -> RouterArgs:
     """The cluster's routers: Kubernetes discovery of the serving pods, no static workers."""
-    return router_args(spec, plan, kubernetes=True)
+    return router_args(fleet, kubernetes=True)
 
 
 def router_replicas(spec: FleetSpec) -> int:
@@ -46,24 +46,24 @@ def router_replicas(spec: FleetSpec) -> int:
     return spec.scheduler.instances
 
 
-def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
-    ns = spec.kubernetes.namespace
+def render(fleet: Fleet) -> list[K8sObject]:
+    ns = fleet.spec.kubernetes.namespace
     lab = labels(COMPONENT, NAME)
     selector = {LABEL_NAME: NAME}
-    args = cluster_router(spec, plan)
+    args = cluster_router(fleet)
     http_port, metrics_port = args.port, args.metrics_port
     ports = [
         {"name": HTTP_PORT_NAME, "port": http_port, "targetPort": HTTP_PORT_NAME, "protocol": "TCP"},
         {"name": METRICS_PORT_NAME, "port": metrics_port, "targetPort": METRICS_PORT_NAME, "protocol": "TCP"},
     ]
     probe = {
-        "periodSeconds": max(1, round(spec.serving.heartbeat_interval_s)),
-        "timeoutSeconds": max(1, round(spec.serving.health_check_timeout_s)),
-        "failureThreshold": spec.serving.failure_threshold,
+        "periodSeconds": max(1, round(fleet.spec.serving.heartbeat_interval_s)),
+        "timeoutSeconds": max(1, round(fleet.spec.serving.health_check_timeout_s)),
+        "failureThreshold": fleet.spec.serving.failure_threshold,
     }
     container: K8sObject = {
         "name": "router",
-        "image": image(spec, spec.kubernetes.router_image),
+        "image": image(fleet.spec, fleet.spec.kubernetes.router_image),
         "command": args.to_argv(),
         "ports": [
             {"name": HTTP_PORT_NAME, "containerPort": http_port, "protocol": "TCP"},
@@ -91,7 +91,7 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
             # for their node's cache and load for minutes (docs/infra.md, "What up waits for").
             "metadata": metadata(NAME, ns, lab, await_annotations(skip=True)),
             "spec": {
-                "replicas": router_replicas(spec),
+                "replicas": router_replicas(fleet.spec),
                 "selector": {"matchLabels": selector},
                 # One router per node (required anti-affinity): a surge pod would need a node beyond the replicas',
                 # so replace one at a time instead; the PodDisruptionBudget allows the same one.
@@ -101,7 +101,7 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
                     "spec": {
                         "serviceAccountName": NAME,
                         "enableServiceLinks": False,
-                        **pull_secrets(spec),
+                        **pull_secrets(fleet.spec),
                         "affinity": {
                             "podAntiAffinity": {
                                 "requiredDuringSchedulingIgnoredDuringExecution": [
