@@ -2,7 +2,7 @@
 
 Resource policies see one Kubernetes resource at a time; stack policies see them all, plus the fleet (spec and
 plan) of the stack being deployed (the Pulumi CLI names it in ``PULUMI_STACK`` for the analyzer). Each violation is
-a :class:`~serving.checks.result.CheckResult`, reported as ``<resource>: <observed> (expected …). Fix: …``.
+a :class:`~serving.result.CheckResult`, reported as ``<resource>: <observed> (expected …). Fix: …``.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pulumi_policy import (
 )
 
 from serving.checks import policy
-from serving.checks.result import CheckResult, Status
 from serving.plan.loader import load_fleet
 from serving.plan.model import Fleet
+from serving.result import CheckResult, Status
 from serving.spec.stack import SpecError, load_stack
 
 K8S_PREFIX = "kubernetes:"

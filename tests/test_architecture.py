@@ -4,6 +4,7 @@
   benchmarks (`bench/`, which drive the sandbox on purpose) may import `serving.sandbox`.
 - Renderers and rollout backends take the `Plan` value and never call the planner: nothing under
   `serving/render/` or `serving/rollout/` imports `serving.plan.planner`.
+- Renderers never import a check (`serving.checks`); the flag manifests and the result record both use sit below both.
 - One `Fleet` per stack: the planner (`serving.plan.planner.plan`) is called by the stack loader
   (`serving/plan/loader.py`) alone; everything else, tests included, takes the `Fleet` it builds.
 - Importing the rollout package loads no HTTP server (aiohttp.web), tokenizers nor torch (checked in a fresh
@@ -94,6 +95,14 @@ def test_only_the_sandbox_cli_tests_and_benchmarks_import_the_simulator() -> Non
 def test_renderers_and_backends_take_the_plan_instead_of_calling_the_planner(package: str) -> None:
     offenders = _importers(_python_files(package), "serving.plan.planner")
     assert offenders == [], f"{offenders} call the planner; take a serving.plan.model.Plan argument instead"
+
+
+def test_render_and_checks_do_not_depend_on_each_other_both_ways() -> None:
+    """Checks read rendered objects (they may import the renderers); renderers never import a check: what both need
+    (the flag manifests and their argv check, the one result record) sits below them, importing neither."""
+    assert _importers(_python_files("serving/render"), "serving.checks") == []
+    floor = [ROOT / "serving" / "flags.py", ROOT / "serving" / "result.py"]
+    assert _importers(floor, "serving.checks") == _importers(floor, "serving.render") == []
 
 
 def test_the_call_walker_sees_the_planner_under_any_name(tmp_path: Path) -> None:

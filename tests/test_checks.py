@@ -1,4 +1,4 @@
-"""The one result record (serving.checks.result): its JSON shape and text, and that every checker produces it —
+"""The one result record (serving.result): its JSON shape and text, and that every checker produces it —
 plan rules, deployment policies (offline and as CrossGuard messages), preflight results and flag validation —
 and that the CLI renders and serialises it the same way for all of them."""
 
@@ -13,9 +13,9 @@ import pytest
 from rich.console import Console
 
 from serving.checks import policy, preflight, rules
-from serving.checks.flags import FlagValidationError, ProblemKind, check_argv, load_router_manifest, validate_argv
-from serving.checks.result import CheckResult, Status, failures
 from serving.cli import report
+from serving.flags import FlagValidationError, ProblemKind, check_argv, load_router_manifest, validate_argv
+from serving.result import CheckResult, Status, failures
 from serving.spec.stack import load_stack, load_stack_file
 from tests.support.k8s import policy_pack
 from tests.support.stacks import SOURCE_PLAN, fleet_of

@@ -1,5 +1,5 @@
 """Each rule fires on a targeted spec variant, with its arithmetic, and stays quiet on the shipped stacks.
-Every rule reports through the one result record (serving.checks.result.CheckResult)."""
+Every rule reports through the one result record (serving.result.CheckResult)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from serving.checks import rules
-from serving.checks.result import CheckResult, Status
 from serving.plan import planner
 from serving.plan.memory import LOAD_OVERHEAD_GIB
+from serving.result import CheckResult, Status
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack, load_stack_file
 from tests.support.stacks import SOURCE_PLAN, fleet_of, spec_from

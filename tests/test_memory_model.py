@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from serving.checks import rules
-from serving.checks.result import Status, failures
 from serving.plan import memory as sgl
 from serving.plan import planner
 from serving.plan.model import Fleet
 from serving.render.sglang import server_argv
+from serving.result import Status, failures
 from serving.spec.schema import GIB, count_parameters
 from serving.spec.stack import load_stack_file
 from tests.sglang_parsers import ROOT, SGLANG_PYTHON, run_json_script_args

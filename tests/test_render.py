@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from serving.checks import promtool
-from serving.checks.result import Status
 from serving.pulumi import output
 from serving.pulumi.program import kubernetes_objects, run_program
 from serving.pulumi.validate import SchemaSetupError, Validator
+from serving.result import Status
 from tests.support.cli import exaserve, flat
 from tests.support.k8s import crd_dir, render_file
 from tests.support.paths import REPO

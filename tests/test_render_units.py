@@ -25,9 +25,9 @@ import pytest
 from sglang_router.launch_router import parse_router_args
 from typer.testing import CliRunner
 
-from serving.checks.flags import FlagValidationError, load_router_manifest, load_server_manifest
 from serving.cli.commands import register
 from serving.cli.options import app
+from serving.flags import FlagValidationError, load_router_manifest, load_server_manifest
 from serving.plan.model import Replica
 from serving.plan.planner import fleet_replicas
 from serving.render.chrony import chrony_conf

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from serving.checks import rules
-from serving.checks.result import CheckResult, Status
+from serving.result import CheckResult, Status
 from serving.spec.stack import SpecError, parse_spec
 from tests.support.paths import REPO
 from tests.support.stacks import fleet_of, stack_doc, with_changes

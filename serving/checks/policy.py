@@ -2,7 +2,7 @@
 ``pulumi preview/up``) and ``exaserve check`` (run offline on the rendered stack).
 
 A resource rule takes the Pulumi resource type and the resource's properties (the camelCase object) and
-returns failing :class:`~serving.checks.result.CheckResult`s; a stack rule takes every resource and the fleet
+returns failing :class:`~serving.result.CheckResult`s; a stack rule takes every resource and the fleet
 (the spec and its plan). Each result names the rule (``check``), the resource (``subject``), what is wrong with the offending value
 (``observed``), what the rule asks for (``expected``) and the fix.
 """
@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-from serving.checks.result import CheckResult, Status
 from serving.checks.rules import MIN_HEALTH_TIMEOUT_S
 from serving.plan.model import Fleet
 from serving.render.k8s.common import (
@@ -37,6 +36,7 @@ from serving.render.k8s.container import GENERATING_PATHS, LIVENESS_PATH
 from serving.render.k8s.fabric import NETWORKS_ANNOTATION
 from serving.render.k8s.fleet import LWS_GROUP_KEY
 from serving.render.k8s.storage import COMPLETE_MARKER, WARMER
+from serving.result import CheckResult, Status
 from serving.spec.schema import pinned_image
 
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -1,7 +1,7 @@
 """Rules that reject infeasible or unsafe plans before merge.
 
 Each rule is a named pure function over the fleet (the spec and its computed plan) that yields a
-:class:`~serving.checks.result.CheckResult` for each problem: the rule (``check``), the spec path
+:class:`~serving.result.CheckResult` for each problem: the rule (``check``), the spec path
 (``subject``), what the plan computes with its arithmetic (``observed``), what the rule asks for
 (``expected``) and the fix. ``fail`` results make ``exaserve plan`` exit 1; ``warn`` results are shown
 but do not fail the plan.
@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 
-from serving.checks.result import CheckResult, Status
 from serving.plan.model import Fleet, fmt_bytes
+from serving.result import CheckResult, Status
 from serving.spec.schema import FabricKind, LogLevel
 
 MIN_HEALTH_TIMEOUT_S = 3.0

@@ -14,7 +14,6 @@ from typing import Annotated
 import typer
 
 from serving.checks import policy, promtool, rules
-from serving.checks.result import Status
 from serving.cli import report
 from serving.cli.options import (
     DEFAULT_STACK,
@@ -37,6 +36,7 @@ from serving.pulumi import output
 from serving.pulumi.crds import CrdError, NoCrdDirError, resolve_crd_dir
 from serving.pulumi.program import RenderedObject, render_stack
 from serving.pulumi.validate import SchemaSetupError, Validator
+from serving.result import Status
 from serving.spec.stack import Stack
 
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Directory for the YAML files and index.json.")]

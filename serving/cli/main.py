@@ -15,7 +15,6 @@ import typer
 from rich.table import Table
 
 from serving.checks import rules
-from serving.checks.result import failures
 from serving.cli import report
 from serving.cli.commands import register
 from serving.cli.options import (
@@ -34,6 +33,7 @@ from serving.cli.options import (
 from serving.plan import audit as sourcecheck
 from serving.plan.loader import load_fleet
 from serving.plan.model import MEMORY_MODELS, MemoryModel
+from serving.result import failures
 from serving.spec.schema import json_schema
 
 MemoryModelOpt = Annotated[

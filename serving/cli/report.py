@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from serving.checks.result import CheckResult, Status, failures
 from serving.plan.model import Figure, Fleet, fmt_bytes
+from serving.result import CheckResult, Status, failures
 
 
 def _fig(f: Figure) -> dict[str, Any]:

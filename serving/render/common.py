@@ -14,7 +14,7 @@ from typing import Generic, TypeVar
 
 import jinja2
 
-from serving.checks.flags import FlagManifest, check_argv
+from serving.flags import FlagManifest, check_argv
 from serving.plan.model import Fleet, MemoryPlan
 from serving.spec.schema import FabricKind, FleetSpec
 

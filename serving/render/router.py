@@ -1,7 +1,7 @@
 """The SGLang router (the gateway): its command line, environment, policy and latency buckets.
 
 Every spec → flag decision lives in :data:`ROUTER_FLAGS`; the command line is checked against the
-pinned router parser's manifest (:mod:`serving.checks.flags`). See ``docs/units.md`` for the policy choice.
+pinned router parser's manifest (:mod:`serving.flags`). See ``docs/units.md`` for the policy choice.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from serving.checks.flags import FlagManifest, load_router_manifest
+from serving.flags import FlagManifest, load_router_manifest
 from serving.plan.model import Fleet, Plan
 from serving.render.common import FlagRule, check_entry, duration_buckets, render_flags, whole_seconds
 from serving.render.k8s.common import LABEL_ADMITTED

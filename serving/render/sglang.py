@@ -1,7 +1,7 @@
 """The SGLang server: its command line and environment, from the spec and the plan.
 
 Every spec → flag decision lives in :data:`SERVER_FLAGS` and :data:`SERVER_ENV`; every command line leaves
-this module checked against the pinned parser's flag manifest (:mod:`serving.checks.flags`), so a flag the
+this module checked against the pinned parser's flag manifest (:mod:`serving.flags`), so a flag the
 pinned SGLang does not know fails at render time, naming the flag and the version. The systemd unit
 (:mod:`serving.render.systemd`) and the pod container (:mod:`serving.render.k8s.container`) wrap the same
 command. See ``docs/units.md`` for the mapping table.
@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from serving.checks.flags import FlagManifest, load_server_manifest
+from serving.flags import FlagManifest, load_server_manifest
 from serving.plan.model import Fleet, MemoryPlan, Replica
 from serving.render.common import (
     FlagRule,
