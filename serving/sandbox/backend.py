@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from serving.fleet_http import FleetHttp, HttpFailure
@@ -118,11 +118,15 @@ async def restart_workers(
         raise SandboxError("; ".join(problems))
 
 
-def router_flags(fleet: Fleet, worker_urls: Sequence[str]) -> list[str]:
+def router_flags(fleet: Fleet, worker_urls: Sequence[str], *, ports: tuple[int, int] | None = None) -> list[str]:
     """The sandbox router's flags: the fleet's router command (:func:`serving.render.router.router_args`, on
-    loopback for a sandbox stack, with latency buckets fine enough for the P99 gate)."""
+    loopback for a sandbox stack, with latency buckets fine enough for the P99 gate); ``ports`` (API, metrics): a
+    router of the runtime's own, on its own listeners."""
     sandbox_of(fleet.spec)
-    return router_args(fleet, worker_urls=worker_urls).to_argv()[len(ROUTER_ENTRY) :]
+    args = router_args(fleet, worker_urls=worker_urls)
+    if ports is not None:
+        args = replace(args, port=ports[0], metrics_port=ports[1])
+    return args.to_argv()[len(ROUTER_ENTRY) :]
 
 
 class LocalBackend(ReplicaIndex):

@@ -117,9 +117,7 @@ def start_extra_routers(
     the workers takes its own CPU time, which grows with their number)."""
 
     def one(i: int, api: int, metrics: int) -> ProcessRecord:
-        flags = router_flags(fleet, worker_urls)
-        flags[flags.index("--port") + 1] = str(api)
-        flags[flags.index("--prometheus-port") + 1] = str(metrics)
+        flags = router_flags(fleet, worker_urls, ports=(api, metrics))
         return start_router(state, flags, name=f"router-{i}", healthy_workers=healthy, timeout_s=timeout_s)
 
     extra = runtime_ports(fleet.spec).routers[1:]
