@@ -40,7 +40,7 @@ def main() -> None:
         fit_bench(args.runs)
         return
     from serving.checks import rules
-    from serving.plan import planner
+    from serving.plan.loader import load_fleet
     from serving.spec.stack import load_stack
 
     print(f"exaserve plan benchmark, {args.runs} runs each (median; min)")
@@ -55,15 +55,11 @@ def main() -> None:
     n = 50
     t0 = time.perf_counter()
     for _ in range(n):
-        p = planner.plan(stack.spec)
-        rules.check(stack.spec, p)
+        fleet = load_fleet(stack.name, stack.spec)
+        rules.check(fleet)
     plan_s = (time.perf_counter() - t0) / n
-    t0 = time.perf_counter()
-    reps = planner.fleet_replicas(stack.spec)
-    reps_s = time.perf_counter() - t0
     print(f"  load + validate prod stack (256 nodes)   {load_s * 1e3:.1f} ms")
     print(f"  planner + rules, in process              {plan_s * 1e3:.2f} ms per plan")
-    print(f"  replica inventory ({len(reps):,} replicas)      {reps_s * 1e3:.1f} ms")
     self_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"  in-process peak RSS                      {self_rss:.0f} MB")
     fit_bench(args.runs)

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 from aiohttp import web
 
-from serving.plan.planner import plan
+from serving.plan.loader import load_fleet
 from serving.runtime.agent import REPORTS_PATH, Agent, AgentConfig
 from serving.sandbox.processes import free_port, free_port_block
 from serving.sandbox.runtime import router_urls
@@ -61,10 +61,10 @@ async def direct_rate(sb: Sandbox, window_s: float) -> float:
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
-    fleet = plan(sb.spec)
+    fleet = load_fleet("sandbox", sb.spec)
     agents = []
-    for node in sorted({r.node.name for r in fleet.replicas}):
-        whole = AgentConfig.for_node(sb.spec, fleet, node, [f"http://127.0.0.1:{port}"])
+    for node in sorted({r.node.name for r in fleet.plan.replicas}):
+        whole = AgentConfig.for_node(fleet, node, [f"http://127.0.0.1:{port}"])
         agents += [Agent(AgentConfig(**{**whole.__dict__, "replicas": (one,)})) for one in whole.replicas]
     stop = asyncio.Event()
     tasks = [asyncio.create_task(a.run(stop)) for a in agents]
@@ -87,8 +87,8 @@ def rates(sb: Sandbox, window_s: float) -> None:
     after, cpu1, t1 = status(ctl.url, 5)["reports"]["accepted"], cpu_s(ctl.pid), time.monotonic()
     aggregated = (after - before) / (t1 - t0)
     direct = asyncio.run(direct_rate(sb, window_s))
-    hb = plan(sb.spec).heartbeats
-    prod = plan(load_stack("prod").spec).heartbeats
+    hb = load_fleet("sandbox", sb.spec).plan.heartbeats
+    prod = load_fleet("prod", load_stack("prod").spec).plan.heartbeats
     iv = sb.spec.serving.heartbeat_interval_s
     print(f"== messages at one controller: {NODES * PER_NODE} replicas on {NODES} agents, interval {iv:g} s")
     print(f"aggregated: measured {aggregated:6.1f} msg/s   planner {hb.aggregated_per_s.value:6.1f} msg/s")

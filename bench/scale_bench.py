@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
-from serving.plan.planner import plan as plan_fleet
+from serving.plan.loader import load_fleet
 from serving.rollout.journal import load_state
 from serving.router.loadgen import LoadGenerator, LoadSpec
 from serving.router.membership import RouterSet
@@ -148,7 +148,7 @@ class Scale:
         doc = json_object(up)
         stack = load_stack_file(Path(doc["stack_file"]))
         self.stack_file, self.spec, self.name = stack.path, stack.spec, stack.name
-        self.plan = plan_fleet(self.spec)
+        self.plan = load_fleet(stack.name, stack.spec).plan
         self.state = StateDir(state_dir_of(self.state_dir, stack.name))
         self.router_url = doc["router_url"]
         self.cpu = doc["cpu"]
@@ -288,8 +288,9 @@ def node_loss(sc: Scale, rate: float) -> dict[str, Any]:
     spec = sc.spec
     assert spec.sandbox is not None
     node = sc.plan.replicas[len(sc.plan.replicas) // 2].node.name
-    ports = [spec.sandbox.worker_base_port + r.index for r in sc.plan.replicas if r.node.name == node]
-    urls = {f"http://127.0.0.1:{p}" for p in ports}
+    victims = [r for r in sc.plan.replicas if r.node.name == node]
+    ports = [r.endpoint.port for r in victims]
+    urls = {r.url for r in victims}
     iv = spec.serving.heartbeat_interval_s
     window = (sc.plan.heartbeats.timeouts_to_migrate.value + 2) * iv + 10
     unhealthy: dict[str, float] = {}
@@ -353,12 +354,12 @@ def probe_controller(args: argparse.Namespace) -> None:
     """Child process: one controller instance, its ``_load_loop``'s calls timed from outside, for the window."""
     stack = load_stack_file(args.stack_file)
     spec = trial_spec(stack.spec, args.trial_replicas, args.period_ms)
-    fleet = plan_fleet(spec)
+    fleet = load_fleet(stack.name, spec)
     election = EtcdElection(
         [args.etcd], f"/exaserve/{stack.name}/{spec.runtime.lease_name}", "bench-probe", spec.runtime.lease_ttl_s
     )
     service = ControllerService(
-        spec, fleet, identity="bench-probe", election=election, routers=RouterSet([args.router]), restarter=None
+        fleet, identity="bench-probe", election=election, routers=RouterSet([args.router]), restarter=None
     )
     calls: list[tuple[float, float]] = []
     loads = service.controller.loads
@@ -421,12 +422,12 @@ def reporters(args: argparse.Namespace) -> None:
     controller receives what agents send, without this machine paying for thousands of probes (section 1 does)."""
     stack = load_stack_file(args.stack_file)
     spec = trial_spec(stack.spec, args.trial_replicas, args.period_ms)
-    fleet = plan_fleet(spec)
-    urls = {r.id: f"http://127.0.0.1:{args.worker_base_port + r.index % args.workers}" for r in fleet.replicas}
-    nodes = list(dict.fromkeys(r.node.name for r in fleet.replicas))[args.shard :: args.shards]
+    fleet = load_fleet(stack.name, spec)
+    urls = {r.id: f"http://127.0.0.1:{args.worker_base_port + r.index % args.workers}" for r in fleet.plan.replicas}
+    nodes = list(dict.fromkeys(r.node.name for r in fleet.plan.replicas))[args.shard :: args.shards]
     agents = []
     for node in nodes:
-        whole = AgentConfig.for_node(spec, fleet, node, [args.controller])
+        whole = AgentConfig.for_node(fleet, node, [args.controller])
         mine = tuple((rid, urls[rid], gpus) for rid, _url, gpus in whole.replicas)
         singles = [(one,) for one in mine] if args.mode == "direct" else [mine]
         agents += [Agent(AgentConfig(**{**whole.__dict__, "replicas": replicas})) for replicas in singles]
@@ -520,7 +521,7 @@ def trial(sc: Scale, full: Path, mode: str, replicas: int, period_ms: int, direc
         f.terminate()
         f.wait(60)
     result = json.loads(out.read_text())
-    hb = plan_fleet(trial_spec(spec, replicas, period_ms)).heartbeats
+    hb = load_fleet("trial", trial_spec(spec, replicas, period_ms)).plan.heartbeats
     planned = hb.aggregated_per_s.value if mode == "aggregated" else hb.direct_per_s.value
     return {"mode": mode, "replicas": replicas, "period_ms": period_ms, "planner_per_s": planned, **result}
 
@@ -529,7 +530,8 @@ def scheduling(sc: Scale, full: Path, directory: Path) -> dict[str, Any]:
     for agent in sc.records("agent"):  # give their CPU to the trials' own agents
         stop_process(sc.state, agent.name, timeout_s=10)
     period = sc.spec.scheduler.period_ms
-    size = len(plan_fleet(load_stack_file(full).spec).replicas)
+    full_stack = load_stack_file(full)
+    size = len(load_fleet(full_stack.name, full_stack.spec).plan.replicas)
     counts = sorted({size // 2, size})
     plan = [("aggregated", size, period), ("aggregated", size, 10)]
     plan += [("direct", n, period) for n in counts] + [("direct", size, 10)]

@@ -1,11 +1,11 @@
 """The ExaServe Pulumi program: `pulumi up --stack NAME` deploys the fleet Pulumi.<NAME>.yaml describes.
 
-The entry point only: it loads the stack and runs the program, `fleet_stack` (serving/pulumi/components/stack.py:
-one explicit Kubernetes provider, one component per concern, the outputs). `exaserve render`, `check` and `diff`
+The entry point only: it loads the stack's fleet and runs the program, `fleet_stack`
+(serving/pulumi/components/stack.py: one explicit Kubernetes provider, one component per concern, the outputs). `exaserve render`, `check` and `diff`
 run that same function in-process under Pulumi's mocks, from a checkout or an installed wheel alike.
 """
 
 from serving.pulumi.components import fleet_stack
-from serving.pulumi.program import program_stack
+from serving.pulumi.program import program_fleet
 
-fleet_stack(program_stack().spec)
+fleet_stack(program_fleet())

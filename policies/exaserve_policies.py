@@ -1,8 +1,8 @@
 """CrossGuard wrappers around the pure rules in :mod:`serving.checks.policy` (every policy mandatory).
 
-Resource policies see one Kubernetes resource at a time; stack policies see them all, plus the fleet spec of
-the stack being deployed (the Pulumi CLI names it in ``PULUMI_STACK`` for the analyzer). Each violation is a
-:class:`~serving.checks.result.CheckResult`, reported as ``<resource>: <observed> (expected …). Fix: …``.
+Resource policies see one Kubernetes resource at a time; stack policies see them all, plus the fleet (spec and
+plan) of the stack being deployed (the Pulumi CLI names it in ``PULUMI_STACK`` for the analyzer). Each violation is
+a :class:`~serving.result.CheckResult`, reported as ``<resource>: <observed> (expected …). Fix: …``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from pulumi_policy import (
 )
 
 from serving.checks import policy
-from serving.checks.result import CheckResult, Status
-from serving.spec.schema import FleetSpec
+from serving.plan.loader import load_fleet
+from serving.plan.model import Fleet
+from serving.result import CheckResult, Status
 from serving.spec.stack import SpecError, load_stack
 
 K8S_PREFIX = "kubernetes:"
@@ -49,12 +50,13 @@ def _resource_policy(rule: policy.Rule, fn: policy.ResourceRule) -> ResourceVali
     )
 
 
-def stack_spec(environ: Mapping[str, str] = os.environ) -> FleetSpec:
-    """The spec of the stack under deployment; SpecError when it cannot be determined or loaded."""
+def stack_fleet(environ: Mapping[str, str] = os.environ) -> Fleet:
+    """The fleet of the stack under deployment; SpecError when it cannot be determined or loaded."""
     name = environ.get("PULUMI_STACK", "")
     if not name:
         raise SpecError("PULUMI_STACK", [("", "not set; run the pack through `pulumi preview/up --policy-pack`")])
-    return load_stack(name.rsplit("/", 1)[-1]).spec
+    stack = load_stack(name.rsplit("/", 1)[-1])
+    return load_fleet(stack.name, stack.spec)
 
 
 def _stack_policy(rule: policy.Rule, fn: policy.StackRule) -> StackValidationPolicy:
@@ -66,7 +68,7 @@ def _stack_policy(rule: policy.Rule, fn: policy.StackRule) -> StackValidationPol
                 resources.append((r.resource_type, r.props))
                 urns[policy.describe(r.resource_type, r.props)] = r.urn
         try:
-            spec = stack_spec()
+            fleet = stack_fleet()
         except SpecError as exc:
             unchecked = CheckResult(
                 rule.name,
@@ -78,7 +80,7 @@ def _stack_policy(rule: policy.Rule, fn: policy.StackRule) -> StackValidationPol
             )
             report_violation(message(unchecked), None)
             return
-        for result in fn(resources, spec):
+        for result in fn(resources, fleet):
             report_violation(message(result), urns.get(result.subject or ""))
 
     return StackValidationPolicy(

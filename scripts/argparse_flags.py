@@ -2,7 +2,7 @@
 
 Standard library only: it runs inside whichever interpreter has the package installed, the
 throwaway `.venv-sglang` for the server (see scripts/sglang-manifest.sh) and the project's `.venv`
-for the router. `serving/checks/flags.py` loads what `dump` writes and checks rendered command
+for the router. `serving/flags.py` loads what `dump` writes and checks rendered command
 lines against it.
 
     python scripts/argparse_flags.py dump server --out-dir serving/data
@@ -142,7 +142,7 @@ def manifest(source: ParserSource) -> dict[str, object]:
     if positionals:
         raise SystemExit(
             f"{source.origin} now has positional arguments {positionals}; "
-            "serving/checks/flags.py validates options only and must learn them first"
+            "serving/flags.py validates options only and must learn them first"
         )
     flags = {option: _flag_record(parser, action) for action in parser._actions for option in action.option_strings}
     return {

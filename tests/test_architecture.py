@@ -4,6 +4,9 @@
   benchmarks (`bench/`, which drive the sandbox on purpose) may import `serving.sandbox`.
 - Renderers and rollout backends take the `Plan` value and never call the planner: nothing under
   `serving/render/` or `serving/rollout/` imports `serving.plan.planner`.
+- Renderers never import a check (`serving.checks`); the flag manifests and the result record both use sit below both.
+- One `Fleet` per stack: the planner (`serving.plan.planner.plan`) is called by the stack loader
+  (`serving/plan/loader.py`) alone; everything else, tests included, takes the `Fleet` it builds.
 - Importing the rollout package loads no HTTP server (aiohttp.web), tokenizers nor torch (checked in a fresh
   interpreter); aiohttp's client is the fleet-wide HTTP of :mod:`serving.fleet_http`.
 """
@@ -20,6 +23,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON_TREES = ("serving", "infra", "policies", "ansible", "bench", "scripts")
+PLANNER = "serving.plan.planner"
+STACK_LOADER = "serving/plan/loader.py"  # the one caller of the planner
 
 
 def _imports(path: Path) -> set[str]:
@@ -44,6 +49,36 @@ def _importers(files: list[Path], module: str) -> list[str]:
     ]
 
 
+def _planner_calls(path: Path) -> list[int]:
+    """Lines of ``path`` that call ``serving.plan.planner.plan`` under any name: the function imported (aliases
+    included), or the module imported (aliased or not) and its ``plan`` attribute called."""
+    tree = ast.parse(path.read_text(), str(path))
+    functions: set[str] = set()  # local names bound to the planner's `plan`
+    modules: set[str] = set()  # dotted local names bound to the planner module
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            for alias in node.names:
+                if node.module == PLANNER and alias.name == "plan":
+                    functions.add(alias.asname or alias.name)
+                elif node.module == PLANNER.rpartition(".")[0] and alias.name == PLANNER.rpartition(".")[2]:
+                    modules.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            modules.update(alias.asname or alias.name for alias in node.names if alias.name == PLANNER)
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (
+            (isinstance(node.func, ast.Name) and node.func.id in functions)
+            or (
+                isinstance(node.func, ast.Attribute)
+                and node.func.attr == "plan"
+                and ast.unparse(node.func.value) in modules
+            )
+        )
+    ]
+
+
 def test_the_walker_sees_imports_at_any_depth(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text("def f():\n    from serving.sandbox import worker\n    import serving.plan.planner\n")
@@ -60,6 +95,42 @@ def test_only_the_sandbox_cli_tests_and_benchmarks_import_the_simulator() -> Non
 def test_renderers_and_backends_take_the_plan_instead_of_calling_the_planner(package: str) -> None:
     offenders = _importers(_python_files(package), "serving.plan.planner")
     assert offenders == [], f"{offenders} call the planner; take a serving.plan.model.Plan argument instead"
+
+
+def test_render_and_checks_do_not_depend_on_each_other_both_ways() -> None:
+    """Checks read rendered objects (they may import the renderers); renderers never import a check: what both need
+    (the flag manifests and their argv check, the one result record) sits below them, importing neither."""
+    assert _importers(_python_files("serving/render"), "serving.checks") == []
+    floor = [ROOT / "serving" / "flags.py", ROOT / "serving" / "result.py"]
+    assert _importers(floor, "serving.checks") == _importers(floor, "serving.render") == []
+
+
+def test_the_call_walker_sees_the_planner_under_any_name(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from serving.plan.planner import plan as plan_fleet\n"
+        "from serving.plan import planner\n"
+        "import serving.plan.planner\n"
+        "def f(spec):\n"
+        "    from serving.plan.planner import plan\n"
+        "    return plan_fleet(spec), planner.plan(spec), serving.plan.planner.plan(spec), plan(spec)\n"
+    )
+    assert _planner_calls(probe) == [6, 6, 6, 6]
+    probe.write_text("from serving.plan import planner\nplanner.placement(None)\nplan = 1\n")
+    assert _planner_calls(probe) == []
+
+
+def test_only_the_stack_loader_calls_the_planner() -> None:
+    files = _python_files(*PYTHON_TREES, "tests")
+    offenders = [
+        f"{p.relative_to(ROOT)}:{line}"
+        for p in files
+        if p.relative_to(ROOT).as_posix() != STACK_LOADER
+        for line in _planner_calls(p)
+    ]
+    assert offenders == [], (
+        f"{offenders} call the planner; load the stack's Fleet through {STACK_LOADER} (load_fleet) and pass it on"
+    )
 
 
 def test_importing_the_rollout_package_loads_no_http_server_tokenizer_or_torch() -> None:

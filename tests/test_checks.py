@@ -1,4 +1,4 @@
-"""The one result record (serving.checks.result): its JSON shape and text, and that every checker produces it —
+"""The one result record (serving.result): its JSON shape and text, and that every checker produces it —
 plan rules, deployment policies (offline and as CrossGuard messages), preflight results and flag validation —
 and that the CLI renders and serialises it the same way for all of them."""
 
@@ -13,13 +13,12 @@ import pytest
 from rich.console import Console
 
 from serving.checks import policy, preflight, rules
-from serving.checks.flags import FlagValidationError, ProblemKind, check_argv, load_router_manifest, validate_argv
-from serving.checks.result import CheckResult, Status, failures
 from serving.cli import report
-from serving.plan import planner
+from serving.flags import FlagValidationError, ProblemKind, check_argv, load_router_manifest, validate_argv
+from serving.result import CheckResult, Status, failures
 from serving.spec.stack import load_stack, load_stack_file
 from tests.support.k8s import policy_pack
-from tests.support.stacks import SOURCE_PLAN
+from tests.support.stacks import SOURCE_PLAN, fleet_of
 
 FAILED = CheckResult(
     "health.check-timeout", Status.FAIL, "Got 1", "at least 3 s", "Use at least 3.", "serving.health_check_timeout_s"
@@ -83,7 +82,7 @@ def _all_records(results: list[Any]) -> None:
 
 def test_plan_rules_return_records() -> None:
     spec = load_stack_file(SOURCE_PLAN).spec
-    results = rules.check(spec, planner.plan(spec))
+    results = rules.check(fleet_of(spec))
     _all_records(results)
     assert {r.check for r in results} <= set(rules.RULES)
     assert all(r.subject for r in results)
@@ -101,7 +100,7 @@ def _pod(kind: str, name: str, image: str) -> dict[str, Any]:
 
 def test_policies_return_records_named_by_rule_and_resource() -> None:
     bad = _pod("Deployment", "tools", "busybox:latest")
-    results = policy.check([("kubernetes:apps/v1:Deployment", bad)], load_stack("dev").spec)
+    results = policy.check([("kubernetes:apps/v1:Deployment", bad)], fleet_of(load_stack("dev").spec))
     _all_records(results)
     by_check = {r.check: r for r in results}
     assert by_check["images-pinned"].subject == "Deployment exaserve/tools"
@@ -178,8 +177,8 @@ def test_flag_validation_returns_records_and_the_error_carries_them() -> None:
 
 def test_plan_json_violations_are_records_with_the_first_contracts_names() -> None:
     stack = load_stack_file(SOURCE_PLAN)
-    pl = planner.plan(stack.spec)
-    doc = report.plan_json(stack, pl, rules.check(stack.spec, pl))
+    fleet = fleet_of(stack.spec, stack.name)
+    doc = report.plan_json(fleet, stack.path, rules.check(fleet))
     assert doc["ok"] is False
     for v in doc["violations"]:
         assert set(v) == {

@@ -4,7 +4,7 @@ Everything here runs against the REAL parsers: the manifests are regenerated fro
 ``sglang.srt.server_args.ServerArgs.add_cli_args`` (in the throwaway ``.venv-sglang`` that
 ``scripts/sglang-manifest.sh`` builds, about a minute the first time) and from the installed
 ``sglang_router``, and ``validate_argv`` is checked flag by flag against what those parsers accept. Each
-problem is a failing check result (serving.checks.result): ``check`` the ProblemKind, ``subject`` the flag.
+problem is a failing check result (serving.result): ``check`` the ProblemKind, ``subject`` the flag.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from sglang_router.launch_router import parse_router_args
 
-from serving.checks.flags import (
+from serving.flags import (
     DATA_DIR,
     FlagManifest,
     FlagSpec,
@@ -32,7 +32,7 @@ from serving.checks.flags import (
     load_server_manifest,
     validate_argv,
 )
-from serving.checks.result import Status
+from serving.result import Status
 from tests.support.sglang_parsers import real_parse
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -38,7 +38,7 @@ from serving.spec.stack import load_stack_file
 from tests.support.cli import exaserve
 from tests.support.k8s import policy_pack, render_file
 from tests.support.paths import REPO
-from tests.support.stacks import MULTI_NODE, write_variant
+from tests.support.stacks import MULTI_NODE, fleet_of, write_variant
 
 Mutation = Callable[[dict[str, Any]], None]
 
@@ -367,12 +367,12 @@ def test_a_stack_with_a_mirror_pulls_every_image_through_it(tmp_path: Path) -> N
         changes={"kubernetes.image_registry": "mirror.internal:5000/proxy", "kubernetes.image_pull_secret": "pull"},
     )
     objects = [o.obj for o in render_file(path)]
-    spec = load_stack_file(path).spec
-    assert policy.images_through_mirror([(f"kubernetes:x:{o['kind']}", o) for o in objects], spec) == []
+    fleet = fleet_of(load_stack_file(path).spec)
+    assert policy.images_through_mirror([(f"kubernetes:x:{o['kind']}", o) for o in objects], fleet) == []
     router = next(o for o in objects if o["kind"] == "Deployment")
     _container(router)["image"] = "lmsysorg/sgl-model-gateway:v0.3.2"
     del router["spec"]["template"]["spec"]["imagePullSecrets"]
-    found = policy.images_through_mirror([(f"kubernetes:x:{o['kind']}", o) for o in objects], spec)
+    found = policy.images_through_mirror([(f"kubernetes:x:{o['kind']}", o) for o in objects], fleet)
     assert len(found) == 1 and "bypasses the mirror" in found[0].observed and "lacks 'pull'" in found[0].observed
 
 

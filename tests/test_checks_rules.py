@@ -1,5 +1,5 @@
 """Each rule fires on a targeted spec variant, with its arithmetic, and stays quiet on the shipped stacks.
-Every rule reports through the one result record (serving.checks.result.CheckResult)."""
+Every rule reports through the one result record (serving.result.CheckResult)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from typing import Any
 import pytest
 
 from serving.checks import rules
-from serving.checks.result import CheckResult, Status
 from serving.plan import planner
 from serving.plan.memory import LOAD_OVERHEAD_GIB
+from serving.result import CheckResult, Status
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack, load_stack_file
-from tests.support.stacks import SOURCE_PLAN, spec_from
+from tests.support.stacks import SOURCE_PLAN, fleet_of, spec_from
 
 
 def violations(spec: FleetSpec) -> list[CheckResult]:
-    return rules.check(spec, planner.plan(spec))
+    return rules.check(fleet_of(spec))
 
 
 def errors(spec: FleetSpec) -> dict[str, CheckResult]:
@@ -122,7 +122,7 @@ def test_memory_rule_passes_when_quantised_and_fails_at_fp16_tp1() -> None:
 def test_memory_rule_under_the_source_model_quotes_the_source_budget() -> None:
     """The source plan's heuristic (``--memory-model source``): weights × 1.15 + KV + 5 GB, then 15 % margin."""
     fp16 = spec_from("prod", model__precision="fp16", model__quantization=None)
-    [result] = [r for r in rules.check(fp16, planner.plan(fp16, "source")) if r.check == "memory.per-gpu"]
+    [result] = [r for r in rules.check(fleet_of(fp16, memory_model="source")) if r.check == "memory.per-gpu"]
     need = (70_553_706_496 * 2 * 1.15 + 327_680 * 4096 * 8 + 5e9) * 1.15
     assert f"Each GPU needs {need / 1e9:,.2f} GB" in result.message and "only 68.00 GB is usable" in result.message
     assert planner.memory_plan(fp16, "source").per_gpu["weights"].value == 70_553_706_496 * 2
@@ -132,7 +132,7 @@ def test_every_rule_reports_under_its_registered_name() -> None:
     """Each rule's results carry the name it is registered under (fired by the variants above)."""
     for stack, changes, rule, _ in CASES:
         spec = spec_from(stack, **changes)
-        assert {r.check for r in rules.RULES[rule](spec, planner.plan(spec))} == {rule}
+        assert {r.check for r in rules.RULES[rule](fleet_of(spec))} == {rule}
 
 
 def test_every_rule_has_a_docstring_naming_what_it_enforces() -> None:

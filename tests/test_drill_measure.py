@@ -9,9 +9,8 @@ import pytest
 
 from serving.drill.measure import Gates, Probe, baseline_of, judge, measure, windows
 from serving.drill.scenarios import SCENARIOS, TargetName, plan_targets, scenario_targets
-from serving.plan.planner import plan
 from serving.router.loadgen import TRANSPORT_ERROR, RequestResult
-from tests.support.stacks import spec_from
+from tests.support.stacks import fleet_of, spec_from
 
 A, B, C = "http://r-a", "http://r-b", "http://r-c"  # router instances
 W1, W2, W3 = "http://w1", "http://w2", "http://w3"  # replicas
@@ -138,10 +137,10 @@ def test_takeover_is_the_first_probe_led_by_another_controller() -> None:
 
 def test_judge_compares_each_figure_with_the_plans_target_and_names_what_was_not_observed() -> None:
     spec = spec_from("sandbox")
-    p = plan(spec)
+    fl = fleet_of(spec)
     crash = SCENARIOS["replica-crash"]
-    targets = scenario_targets(crash, spec, p)
-    detect = plan_targets(spec, p)
+    targets = scenario_targets(crash, fl)
+    detect = plan_targets(fl)
     probes = [probe(-1.0, {A: everyone()}), probe(1.0, {A: everyone(W1=False)})]  # never back
     results = [*steady(-2, 0), *steady(0, 3), RequestResult(2.5, 0.1, 500)]
     m = measure(probes, results, subjects=(W1,), baseline_s=2, gates=GATES, end=3, healed=None)
@@ -161,10 +160,10 @@ def test_a_time_over_its_target_by_less_than_its_uncertainty_passes_saying_so() 
     earlier, it may have been in time: a pass naming the slack; 0.15 s past with the same gap cannot have been;
     0.15 s past after a 0.2 s gap (a busy machine's late probe) or a 0.1 s injection again may have been."""
     spec = spec_from("sandbox")
-    p = plan(spec)
+    fl = fleet_of(spec)
     crash = SCENARIOS["replica-crash"]
-    targets = scenario_targets(crash, spec, p)
-    limit = plan_targets(spec, p)["detection_s"].value
+    targets = scenario_targets(crash, fl)
+    limit = plan_targets(fl)["detection_s"].value
     results = [*steady(-2, 0), *steady(0, 3)]
     for late, gap, injection, passes in (
         (0.05, 0.1, 0.0, True),

@@ -39,6 +39,7 @@ OUTPUT = REPO / "test-output" / "drills"
 
 SANDBOX_GROUPS = 3  # ten drills of about a minute each: three sandboxes, three workers (tests/conftest.py)
 
+
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     require_etcd()

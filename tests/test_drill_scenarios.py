@@ -22,11 +22,10 @@ from serving.drill.scenarios import (
     scenario_json,
     scenario_targets,
 )
-from serving.plan.planner import plan
 from serving.render.k8s import monitoring, runtime
 from serving.spec.schema import DrillName, DrillSpec, FleetSpec
 from tests.support.cli import exaserve, flat, json_object
-from tests.support.stacks import spec_from
+from tests.support.stacks import fleet_of, spec_from
 
 ISSUE_NAMES = [
     "replica-crash",
@@ -43,7 +42,7 @@ ISSUE_NAMES = [
 
 
 def _rendered_alerts(spec: FleetSpec) -> set[str]:
-    groups = [*monitoring.rule_groups(spec, plan(spec)), *runtime.rule_groups(spec)]
+    groups = [*monitoring.rule_groups(fleet_of(spec)), *runtime.rule_groups(spec)]
     return {rule["alert"] for group in groups for rule in group["rules"]}
 
 
@@ -93,8 +92,9 @@ def test_targets_come_from_the_plans_heartbeat_figures_not_constants() -> None:
         runtime__lease_ttl_s=6.0,
         rollout__max_error_rate=0.004,
     )
-    p = plan(spec)
-    targets = plan_targets(spec, p)
+    fleet = fleet_of(spec)
+    p = fleet.plan
+    targets = plan_targets(fleet)
     # the routers detect, and their checks take whole seconds: the 1.5 s timeout is rendered as 2 s
     assert targets[TargetName.DETECTION].value == p.heartbeats.failure_detection_s.value == 4 * 2.0 + 2
     assert "1.5 s → 2 s" in p.heartbeats.failure_detection_s.formula
@@ -106,42 +106,42 @@ def test_targets_come_from_the_plans_heartbeat_figures_not_constants() -> None:
     assert targets[TargetName.RESTORATION].formula.endswith(f"= {migrate * 2.0 + 20.5:g} s")
     assert targets[TargetName.TAKEOVER].value == pytest.approx(6.0 + 0.5 + 2.0)  # lease, etcd's expiry check, campaign
     assert targets[TargetName.CLIENT_ERRORS].value == 0.004
-    default = plan_targets(spec_from("prod"), plan(spec_from("prod")))
+    default = plan_targets(fleet_of(spec_from("prod")))
     assert (default[TargetName.DETECTION].value, default[TargetName.RECOVERY].value) == (18.0, 28.0)
 
 
 def test_each_scenario_gets_its_targets_and_a_double_fault_restores_after_the_takeover() -> None:
     spec = spec_from("prod")
-    p = plan(spec)
-    targets = plan_targets(spec, p)
-    crash = {t.name: t for t in scenario_targets(SCENARIOS["replica-crash"], spec, p)}
+    fleet = fleet_of(spec)
+    targets = plan_targets(fleet)
+    crash = {t.name: t for t in scenario_targets(SCENARIOS["replica-crash"], fleet)}
     assert list(crash) == [TargetName.DETECTION, TargetName.RECOVERY, TargetName.RESTORATION, TargetName.CLIENT_ERRORS]
     assert crash[TargetName.RESTORATION] == targets[TargetName.RESTORATION]
-    leader = [t.name for t in scenario_targets(SCENARIOS["leader-loss"], spec, p)]
+    leader = [t.name for t in scenario_targets(SCENARIOS["leader-loss"], fleet)]
     assert leader == [TargetName.TAKEOVER, TargetName.CLIENT_ERRORS]
-    double = {t.name: t for t in scenario_targets(SCENARIOS["double-fault"], spec, p)}
+    double = {t.name: t for t in scenario_targets(SCENARIOS["double-fault"], fleet)}
     takeover = targets[TargetName.TAKEOVER].value
     assert double[TargetName.RESTORATION].value == pytest.approx(targets[TargetName.RESTORATION].value + takeover)
     assert double[TargetName.RESTORATION].formula.endswith("s takeover")
     assert double[TargetName.DETECTION] == targets[TargetName.DETECTION]  # the routers' own checks: no leader needed
-    jitter = [t.name for t in scenario_targets(SCENARIOS["network-jitter"], spec, p)]
+    jitter = [t.name for t in scenario_targets(SCENARIOS["network-jitter"], fleet)]
     assert jitter == [TargetName.CLIENT_ERRORS]
 
 
 @pytest.mark.parametrize("timeout_s", [1.0, 3.0, 4.5])
 def test_fault_sizes_put_a_slow_replica_past_the_timeout_and_jitter_inside_it(timeout_s: float) -> None:
     spec = spec_from("prod", serving__health_check_timeout_s=timeout_s)
-    p = plan(spec)
-    sizes = fault_sizes(spec, p)
+    fleet = fleet_of(spec)
+    sizes = fault_sizes(fleet)
     assert sizes.slow_latency_s.value > timeout_s  # every probe of the slow replica times out
     assert sizes.jitter_delay_s.value + sizes.jitter_s.value < timeout_s  # the worst jittered probe still answers
-    assert sizes.hold_s.value == math.ceil(plan_targets(spec, p)[TargetName.RESTORATION].value)
+    assert sizes.hold_s.value == math.ceil(plan_targets(fleet)[TargetName.RESTORATION].value)
     assert f"{timeout_s:g} s" in sizes.jitter_s.formula
 
 
 def test_scenario_json_carries_what_the_list_promises() -> None:
     spec = spec_from("sandbox")
-    doc = scenario_json(SCENARIOS["router-loss"], spec, plan(spec))
+    doc = scenario_json(SCENARIOS["router-loss"], fleet_of(spec))
     assert set(doc) == {"name", "description", "faults", "components", "evicts", "targets", "alerts"}
     assert doc["faults"] == [{"kind": "sigkill", "component": "router"}]
     assert doc["alerts"]["fire"] == ["ExaServeRouterInstanceDown"]

@@ -10,14 +10,15 @@ from typing import Any
 import pytest
 
 from serving.checks import rules
-from serving.checks.result import Status, failures
 from serving.plan import memory as sgl
 from serving.plan import planner
+from serving.plan.model import Fleet
 from serving.render.sglang import server_argv
-from serving.spec.schema import GIB, FleetSpec, count_parameters
+from serving.result import Status, failures
+from serving.spec.schema import GIB, count_parameters
 from serving.spec.stack import load_stack_file
 from tests.support.sglang_parsers import ROOT, SGLANG_PYTHON, run_json_script_args
-from tests.support.stacks import SOURCE_PLAN, spec_from
+from tests.support.stacks import SOURCE_PLAN, fleet_of, spec_from
 
 GRID_GPUS_MIB = (16_384, 23_034, 24_564, 40_960, 46_068, 81_559, 81_920, 97_871, 143_771, 183_359)
 GRID_PARALLEL = ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (2, 4), (8, 2), (4, 4))
@@ -171,7 +172,7 @@ def test_parameters_counted_from_config_json(name: str, params: int) -> None:
     assert count_parameters({"hidden_size": 8}) is None  # shapes missing: the stack must give the count
 
 
-def _flagship(**changes: Any) -> tuple[FleetSpec, planner.Plan, list[rules.CheckResult]]:
+def _flagship(**changes: Any) -> tuple[Fleet, list[rules.CheckResult]]:
     base = {
         "cluster__gpu": {"product": "NVIDIA-H100-80GB-HBM3", "memory_gb": 80},
         "cluster__fabric": {"kind": "infiniband", "link_rate_gbps": 400, "hcas": ["mlx5_0"]},
@@ -181,8 +182,8 @@ def _flagship(**changes: Any) -> tuple[FleetSpec, planner.Plan, list[rules.Check
         "scheduler__instances": 3,
     }
     spec = spec_from("dev", **{**base, **changes})
-    p = planner.plan(spec)
-    return spec, p, rules.check(spec, p)
+    fleet = fleet_of(spec)
+    return fleet, rules.check(fleet)
 
 
 FLAGSHIPS = {
@@ -226,7 +227,8 @@ FLAGSHIPS = {
 @pytest.mark.parametrize("name", FLAGSHIPS)
 def test_standard_recipes_plan_as_feasible_with_sglang_like_concurrency(name: str) -> None:
     """The recipes SGLang runs every day: feasible, tens of concurrent 4k sequences per replica."""
-    _, p, found = _flagship(**FLAGSHIPS[name])
+    fleet, found = _flagship(**FLAGSHIPS[name])
+    p = fleet.plan
     m = p.memory
     seqs = int(m.max_concurrent_sequences.value)
     print(
@@ -243,10 +245,10 @@ def test_tp16_recipe_renders_one_server_per_node_joined_by_nnodes_2() -> None:
     """SGLang's documented 405B BF16 recipe, TP 16 across ``--nnodes 2``: each replica spans two whole nodes and
     both nodes' server command lines (checked against the pinned SGLang's flag manifest by ``server_argv``)
     carry ``--tp-size 16 --nnodes 2``, their own ``--node-rank`` and the first node as ``--dist-init-addr``."""
-    spec, p, _ = _flagship(**FLAGSHIPS["llama-3.1-405b bf16, TP 16 over two nodes (--nnodes 2)"])
-    replica = p.replicas[0]
+    fleet, _ = _flagship(**FLAGSHIPS["llama-3.1-405b bf16, TP 16 over two nodes (--nnodes 2)"])
+    replica = fleet.plan.replicas[0]
     assert len(replica.nodes) == 2 and replica.nodes[0] != replica.nodes[1]
-    argvs = [server_argv(spec, p, replica, rank) for rank in (0, 1)]
+    argvs = [server_argv(fleet, replica, rank) for rank in (0, 1)]
     for rank, argv in enumerate(argvs):
         flags = dict(itertools.pairwise(argv))
         assert (flags["--tp-size"], flags["--nnodes"], flags["--node-rank"]) == ("16", "2", str(rank))
@@ -257,16 +259,17 @@ def test_tp16_recipe_renders_one_server_per_node_joined_by_nnodes_2() -> None:
 def test_source_heuristic_rejects_what_sglang_serves() -> None:
     """The source's budget (15 % activations, 5 GB, 15 % margin) turns 405B FP8 on one node away."""
     spec = spec_from("dev", model__architecture={}, **FLAGSHIPS["llama-3.1-405b fp8, TP 8, one 8 × H100 node"])
-    src = planner.plan(spec, "source")
+    fleet = fleet_of(spec, memory_model="source")
+    src = fleet.plan
     assert src.memory.model == "source"
-    bad = [r for r in rules.check(spec, src) if r.check == "memory.per-gpu"]
+    bad = [r for r in rules.check(fleet) if r.check == "memory.per-gpu"]
     assert bad and bad[0].status is Status.FAIL
 
 
 def test_source_configuration_still_rejected_with_the_arithmetic() -> None:
     """fp16 70B, TP 2 × PP 4, 12 replicas per node: 96 GPUs wanted on an 8-GPU node."""
     spec = load_stack_file(SOURCE_PLAN).spec
-    found = failures(rules.check(spec, planner.plan(spec)))
+    found = failures(rules.check(fleet_of(spec)))
     gpus = [r for r in found if r.check == "placement.gpus-per-node"]
     assert gpus and "12 replicas × 8 GPUs each" in gpus[0].observed and "96 GPUs" in gpus[0].observed
 
@@ -279,6 +282,6 @@ def test_a_pool_smaller_than_one_sequence_is_rejected_quoting_sglangs_arithmetic
         model__quantization=None,
         cluster__gpu={"product": "NVIDIA-A100-SXM4-80GB", "memory_gb": 80},
     )
-    bad = [r for r in rules.check(spec, planner.plan(spec)) if r.check == "memory.per-gpu"]
+    bad = [r for r in rules.check(fleet_of(spec)) if r.check == "memory.per-gpu"]
     assert bad and bad[0].status is Status.FAIL
     assert "free at start ×" in bad[0].observed and "less than one sequence of 4,096 tokens" in bad[0].observed

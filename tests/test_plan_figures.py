@@ -20,11 +20,10 @@ from typing import Any
 import pytest
 
 from serving.plan.model import Figure, MemoryModel, Plan
-from serving.plan.planner import plan
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack, load_stack_file
 from tests.support.ci import in_ci
-from tests.support.stacks import SOURCE_PLAN, spec_from
+from tests.support.stacks import SOURCE_PLAN, fleet_of, spec_from
 
 GOLDEN = Path(__file__).parent / "golden" / "plan"
 UPDATE_GOLDEN = os.environ.get("EXASERVE_UPDATE_GOLDEN") == "1"
@@ -75,7 +74,12 @@ def figures(obj: Any) -> Any:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_plan_figures_match_the_golden_files(case: str) -> None:
     make_spec, memory_model = CASES[case]
-    got = json.dumps(figures(plan(make_spec(), memory_model)), indent=1, ensure_ascii=False, sort_keys=True) + "\n"
+    got = (
+        json.dumps(
+            figures(fleet_of(make_spec(), memory_model=memory_model).plan), indent=1, ensure_ascii=False, sort_keys=True
+        )
+        + "\n"
+    )
     path = GOLDEN / f"{case}.json"
     if UPDATE_GOLDEN:
         assert not in_ci(), "EXASERVE_UPDATE_GOLDEN=1 under CI=true: golden files are refreshed by a person, not CI"
@@ -87,10 +91,10 @@ def test_plan_figures_match_the_golden_files(case: str) -> None:
 
 def test_the_variants_take_the_branches_they_are_named_after() -> None:
     """Guards the golden cases themselves: each variant exercises the path its name claims."""
-    pp = plan(CASES["prod-pp-across-nodes"][0]())
-    tp = plan(CASES["prod-tp-across-nodes"][0]())
-    direct = plan(CASES["prod-direct-heartbeats"][0]())
-    prod = plan(CASES["prod"][0]())
+    pp = fleet_of(CASES["prod-pp-across-nodes"][0]()).plan
+    tp = fleet_of(CASES["prod-tp-across-nodes"][0]()).plan
+    direct = fleet_of(CASES["prod-direct-heartbeats"][0]()).plan
+    prod = fleet_of(CASES["prod"][0]()).plan
     assert pp.network.fabric_bytes_per_forward.formula.startswith("PP crosses nodes")
     assert tp.network.fabric_bytes_per_forward.formula.startswith("TP 16 crosses nodes")
     assert prod.network.fabric_bytes_per_forward.value == 0

@@ -9,9 +9,10 @@ from collections import Counter
 import pytest
 
 from serving.plan import planner
+from serving.plan.model import utilisation_band
 from serving.spec.schema import GB
 from serving.spec.stack import load_stack, load_stack_file
-from tests.support.stacks import SOURCE_PLAN, spec_from
+from tests.support.stacks import SOURCE_PLAN, fleet_of, spec_from
 
 LLAMA70_PARAMS = 70_553_706_496
 
@@ -195,7 +196,7 @@ def test_source_allreduce_volume_and_the_megatron_correction() -> None:
     ],
 )
 def test_utilisation_band_table(rate: int, band: tuple[float, float]) -> None:
-    assert planner.utilisation_band(rate)[:2] == band
+    assert utilisation_band(rate)[:2] == band
 
 
 def test_source_cost_range_and_power() -> None:
@@ -252,7 +253,7 @@ def test_fleet_replicas_have_unique_ids_and_disjoint_gpus() -> None:
 
 
 def test_plan_reports_the_source_target_against_what_fits() -> None:
-    p = planner.plan(load_stack("prod").spec)
+    p = fleet_of(load_stack("prod").spec).plan
     assert p.notes and "3,072" in p.notes[0] and "2,048" in p.notes[0] and "66.7%" in p.notes[0]
 
 

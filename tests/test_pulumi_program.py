@@ -15,17 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from serving.plan.planner import placement, plan
+from serving.plan.planner import placement
 from serving.pulumi.program import ProgramRun, kubernetes_objects, run_program
 from serving.render.k8s import fabric, fleet, gateway, storage
 from serving.render.k8s.common import LABEL_GROUP, LABEL_RACK, LABEL_VERSION, TAINT_KEY
 from serving.render.k8s.container import WAIT_FOR_CACHE, pod_container
-from serving.render.router import router_argv
+from serving.render.router import router_args
 from serving.render.sglang import model_dir
 from serving.spec.stack import load_stack, load_stack_file, pulumi_config, spec_from_config
 from tests.support.k8s import of_kind, one, render_file
 from tests.support.paths import REPO
-from tests.support.stacks import MULTI_NODE, write_variant
+from tests.support.stacks import MULTI_NODE, fleet_of, write_variant
 
 STACKS = ("prod", "dev", "sandbox")
 COMPONENTS = {
@@ -82,7 +82,7 @@ def test_every_kubernetes_object_is_a_child_of_a_component_and_uses_the_explicit
 def test_object_counts_follow_nodes_and_batches(runs: dict[str, ProgramRun], stack: str) -> None:
     spec = load_stack(stack).spec
     counts = Counter(o.component for o in kubernetes_objects(runs[stack]))
-    rdma = fabric.has_rdma(spec, plan(spec))
+    rdma = fabric.has_rdma(fleet_of(spec))
     expected = {
         "namespace": 1,
         "nodes": spec.cluster.node_count,
@@ -116,7 +116,7 @@ def test_stack_exports(runs: dict[str, ProgramRun]) -> None:
     assert out["namespace"] == "exaserve"
     assert out["nodes"] == 256
     assert out["replicas"] == 2048
-    assert out["group_sizes"] == {fleet.group_name(g): n for g, n in enumerate(plan(spec).rollout_group_sizes)}
+    assert out["group_sizes"] == {fleet.group_name(g): n for g, n in enumerate(fleet_of(spec).plan.rollout_group_sizes)}
     assert out["group_versions"] == {fleet.group_name(g): "v1" for g in range(5)}
     assert out["router_endpoint"] == "http://sglang-router.exaserve.svc:30000"
     assert out["updater_service_account"] == "exaserve-updater"
@@ -173,14 +173,15 @@ def test_fleet_pods_wait_for_their_cache_and_spread_satisfiably(runs: dict[str, 
     """Findings 1, 7, 10, 12: each pod waits for its own node's cache; one-GPU replicas get no fabric; whole CPUs;
     shared memory sized per GPU; a rack spread one rack's share wide that ignores cordoned nodes."""
     spec = load_stack("prod").spec
-    pl = plan(spec)
+    fl = fleet_of(spec)
+    pl = fl.plan
     objects = kubernetes_objects(runs["prod"])
     s = one(objects, "LeaderWorkerSet", "sglang-g0")
     assert s["spec"]["leaderWorkerTemplate"]["size"] == 1 and "leaderTemplate" not in s["spec"]["leaderWorkerTemplate"]
     assert s["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"] == {"maxUnavailable": 41, "maxSurge": 0}
     template = s["spec"]["leaderWorkerTemplate"]["workerTemplate"]
     pod = template["spec"]
-    assert pod["containers"] == [pod_container(spec, pl, 0)]
+    assert pod["containers"] == [pod_container(fl, 0)]
     (wait,) = pod["initContainers"]
     assert wait["name"] == WAIT_FOR_CACHE and f"{model_dir(spec)}/{storage.COMPLETE_MARKER}" in wait["command"][-1]
     spread = {c["topologyKey"]: c for c in pod["topologySpreadConstraints"]}
@@ -249,7 +250,7 @@ def test_multi_node_replicas_become_leader_worker_sets(tmp_path: Path) -> None:
     spec = load_stack_file(path).spec
     assert placement(spec).nodes_per_replica == 2
     sets = sorted(of_kind(objects, "LeaderWorkerSet"), key=lambda s: s["metadata"]["name"])
-    assert [s["spec"]["replicas"] for s in sets] == plan(spec).rollout_group_sizes
+    assert [s["spec"]["replicas"] for s in sets] == fleet_of(spec).plan.rollout_group_sizes
     lwt = sets[0]["spec"]["leaderWorkerTemplate"]
     assert lwt["size"] == 2
     leader = lwt["leaderTemplate"]["spec"]["containers"][0]
@@ -288,7 +289,7 @@ def test_gateway_discovers_workers_with_least_privilege(runs: dict[str, ProgramR
     pod = deploy["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "sglang-router"
     argv = pod["containers"][0]["command"]
-    assert argv == router_argv(spec, plan(spec), kubernetes=True)
+    assert argv == router_args(fleet_of(spec), kubernetes=True).to_argv()
     assert "--service-discovery" in argv
     service = one(objects, "Service", gateway.NAME)
     assert service["spec"]["type"] == "ClusterIP"

@@ -15,14 +15,14 @@ import pytest
 import yaml
 
 from serving.checks import promtool
-from serving.checks.result import Status
 from serving.pulumi import output
 from serving.pulumi.program import kubernetes_objects, run_program
 from serving.pulumi.validate import SchemaSetupError, Validator
+from serving.result import Status
 from tests.support.cli import exaserve, flat
 from tests.support.k8s import crd_dir, render_file
 from tests.support.paths import REPO
-from tests.support.stacks import MULTI_NODE, write_variant
+from tests.support.stacks import MULTI_NODE, fleet_of, write_variant
 
 INDEX_KEYS = {"apiVersion", "kind", "name", "namespace", "component"}
 
@@ -236,9 +236,9 @@ def test_yaml_round_trips_multiline_config() -> None:
 def test_render_includes_the_bare_metal_units(tmp_path: Path) -> None:
     """`render` writes each replica's systemd unit, the router's argv/env and chrony.conf beside the objects;
     a second render replaces them."""
-    from serving.plan.planner import fleet_replicas, plan
+    from serving.plan.planner import fleet_replicas
     from serving.render.chrony import chrony_conf
-    from serving.render.router import router_argv
+    from serving.render.router import router_args
     from serving.render.systemd import systemd_unit
     from serving.spec.stack import load_stack
 
@@ -251,9 +251,9 @@ def test_render_includes_the_bare_metal_units(tmp_path: Path) -> None:
     replicas = fleet_replicas(spec)
     written = sorted(p.name for p in (out / "units").glob("*.service"))
     assert written == sorted(f"{r.id}.service" for r in replicas)
-    assert (out / "units" / f"{replicas[5].id}.service").read_text() == systemd_unit(spec, plan(spec), replicas[5])
+    assert (out / "units" / f"{replicas[5].id}.service").read_text() == systemd_unit(fleet_of(spec), replicas[5])
     router = json.loads((out / "units" / "router.json").read_text())
-    assert router["argv"] == router_argv(spec, plan(spec))
+    assert router["argv"] == router_args(fleet_of(spec)).to_argv()
     assert (out / "units" / "chrony.conf").read_text() == chrony_conf(spec)
 
 

@@ -18,7 +18,6 @@ import pytest
 import yaml
 
 from serving.drill.scenarios import SCENARIOS, TargetName, fault_sizes, plan_targets
-from serving.plan.planner import plan
 from serving.pulumi.program import RenderedObject
 from serving.pulumi.validate import Validator
 from serving.render.k8s import chaos
@@ -29,15 +28,15 @@ from serving.spec.stack import load_stack
 from tests.support.cli import exaserve, flat, json_object
 from tests.support.k8s import crd_dir, render_file
 from tests.support.paths import REPO
-from tests.support.stacks import MULTI_NODE, spec_from, write_variant
+from tests.support.stacks import MULTI_NODE, fleet_of, spec_from, write_variant
 
 STACKS = ["prod", "dev", "sandbox"]
 
 
 def _objects(spec: FleetSpec) -> list[dict[str, Any]]:
-    p = plan(spec)
-    found = [o for e in chaos.experiments(spec, p) if isinstance(e, chaos.Experiment) for o in e.objects]
-    return [*found, chaos.schedule(spec, p)]
+    fl = fleet_of(spec)
+    found = [o for e in chaos.experiments(fl) if isinstance(e, chaos.Experiment) for o in e.objects]
+    return [*found, chaos.schedule(fl)]
 
 
 def _validator(spec: FleetSpec, crds: Path | None = None) -> Validator:
@@ -57,11 +56,12 @@ def test_every_experiment_and_the_schedule_pass_the_chaos_mesh_crds(stack: str) 
 
 def test_a_multi_node_fleet_and_a_scheduled_double_fault_validate_too(tmp_path: Path) -> None:
     spec = spec_from("prod", drills__scheduled=["double-fault", "node-loss"], **{k: v for k, v in MULTI_NODE.items()})
-    p = plan(spec)
+    fl = fleet_of(spec)
+    p = fl.plan
     assert p.multi_node
     objects = _objects(spec)
     assert _validator(spec).validate_all(objects) == []
-    crash = chaos.experiment(SCENARIOS["replica-crash"], spec, p)
+    crash = chaos.experiment(SCENARIOS["replica-crash"], fl)
     assert isinstance(crash, chaos.Experiment)
     # the server of a multi-node replica is its leader pod: a worker pod has no HTTP server to crash
     assert crash.objects[0]["spec"]["selector"]["labelSelectors"][LWS_LEADER_LABEL[0]] == LWS_LEADER_LABEL[1]
@@ -119,11 +119,11 @@ EXPECTED_WORKLOADS = {
 
 def test_each_experiment_selects_exactly_the_pods_the_renderers_label(prod_program: list[RenderedObject]) -> None:
     spec = load_stack("prod").spec
-    p = plan(spec)
+    fl = fleet_of(spec)
     workloads = _pod_templates(prod_program)
     nodes = {o.name: o.obj["metadata"]["labels"] for o in prod_program if o.kind == "Node"}
     for name, expected in EXPECTED_WORKLOADS.items():
-        found = chaos.experiment(SCENARIOS[name], spec, p)  # type: ignore[index]
+        found = chaos.experiment(SCENARIOS[name], fl)  # type: ignore[index]
         assert isinstance(found, chaos.Experiment), name
         hit = set()
         for obj in found.objects:
@@ -140,27 +140,27 @@ def test_each_experiment_selects_exactly_the_pods_the_renderers_label(prod_progr
 
 def test_held_faults_last_the_hold_and_instant_ones_have_no_duration() -> None:
     spec = load_stack("prod").spec
-    p = plan(spec)
-    sizes = fault_sizes(spec, p)
+    fl = fleet_of(spec)
+    sizes = fault_sizes(fl)
     hold = f"{sizes.hold_s.value:g}s"
     durations = {}
-    for e in chaos.experiments(spec, p):
+    for e in chaos.experiments(fl):
         if isinstance(e, chaos.Experiment):
             durations[e.scenario] = [o["spec"].get("duration") for o in e.objects]
     assert durations["replica-crash"] == [None] and durations["leader-loss"] == [None]
     assert durations["double-fault"] == [None, None]
     for held in ("replica-hang", "replica-slow", "memory-pressure", "network-jitter", "node-loss", "router-loss"):
         assert durations[held] == [hold], held
-    jitter = chaos.experiment(SCENARIOS["network-jitter"], spec, p)
+    jitter = chaos.experiment(SCENARIOS["network-jitter"], fl)
     assert isinstance(jitter, chaos.Experiment)
     assert jitter.objects[0]["spec"]["delay"] == {"latency": "1000ms", "jitter": "1000ms"}  # 3 s timeout / 3 each
-    slow = chaos.experiment(SCENARIOS["replica-slow"], spec, p)
+    slow = chaos.experiment(SCENARIOS["replica-slow"], fl)
     assert isinstance(slow, chaos.Experiment) and slow.objects[0]["spec"]["delay"] == {"latency": "6000ms"}
 
 
 def test_error_burst_is_not_rendered_and_says_why() -> None:
     spec = load_stack("prod").spec
-    found = chaos.experiment(SCENARIOS["error-burst"], spec, plan(spec))
+    found = chaos.experiment(SCENARIOS["error-burst"], fleet_of(spec))
     assert isinstance(found, chaos.NotRendered)
     assert "HTTPChaos" in found.reason and "not among the pinned CRDs" in found.reason
     assert not any(p.name.endswith("httpchaos.yaml") for p in crd_dir().iterdir())  # still true of the mirror
@@ -168,15 +168,15 @@ def test_error_burst_is_not_rendered_and_says_why() -> None:
 
 def test_the_schedule_runs_the_regular_drills_in_turn_with_time_to_restore() -> None:
     spec = load_stack("prod").spec
-    p = plan(spec)
-    schedule = chaos.schedule(spec, p)
+    fl = fleet_of(spec)
+    schedule = chaos.schedule(fl)
     assert schedule["spec"]["schedule"] == spec.drills.schedule and schedule["spec"]["type"] == "Workflow"
     assert schedule["spec"]["concurrencyPolicy"] == "Forbid"
     templates = {t["name"]: t for t in schedule["spec"]["workflow"]["templates"]}
     serial = templates[schedule["spec"]["workflow"]["entry"]]
     names = list(spec.drills.scheduled)
     assert serial["children"] == [n for name in names for n in (name, f"settle-{name}")]
-    restore = plan_targets(spec, p)[TargetName.RESTORATION].value
+    restore = plan_targets(fl)[TargetName.RESTORATION].value
     assert {templates[f"settle-{n}"]["deadline"] for n in names} == {f"{restore:g}s"}
     assert templates["network-jitter"]["networkChaos"]["action"] == "delay"
     assert "duration" not in templates["memory-pressure"]["stressChaos"]  # a workflow step lasts its deadline
@@ -198,7 +198,7 @@ def test_a_broken_object_is_rejected_naming_the_object_and_the_field(
     scenario: str, breaking: tuple[str, Any], path: str, message: str
 ) -> None:
     spec = load_stack("prod").spec
-    found = chaos.experiment(SCENARIOS[scenario], spec, plan(spec))  # type: ignore[index]
+    found = chaos.experiment(SCENARIOS[scenario], fleet_of(spec))  # type: ignore[index]
     assert isinstance(found, chaos.Experiment)
     broken = copy.deepcopy(found.objects[0])
     broken["spec"][breaking[0]] = breaking[1]
@@ -210,7 +210,7 @@ def test_a_broken_object_is_rejected_naming_the_object_and_the_field(
 
 def test_a_schedule_with_a_broken_workflow_step_is_rejected() -> None:
     spec = load_stack("prod").spec
-    schedule = chaos.schedule(spec, plan(spec))
+    schedule = chaos.schedule(fleet_of(spec))
     del schedule["spec"]["workflow"]["templates"][1]["templateType"]
     problems = _validator(spec).problems(schedule)
     assert [(p.path, p.message) for p in problems] == [
@@ -273,12 +273,12 @@ def test_render_only_writes_one_file_per_scenario_the_schedule_and_an_index(tmp_
     assert doc["ok"] is True and doc["problems"] == [] and doc["crd_dir"] == str(crd_dir())
     assert [e["scenario"] for e in doc["not_rendered"]] == ["error-burst"]
     spec = load_stack("prod").spec
-    p = plan(spec)
+    fl = fleet_of(spec)
     for entry in doc["experiments"]:
         written = list(yaml.safe_load_all((out / entry["file"]).read_text()))
-        rendered = chaos.experiment(SCENARIOS[entry["scenario"]], spec, p)
+        rendered = chaos.experiment(SCENARIOS[entry["scenario"]], fl)
         assert isinstance(rendered, chaos.Experiment) and written == list(rendered.objects), entry["scenario"]
-    assert yaml.safe_load((out / "schedule.yaml").read_text()) == chaos.schedule(spec, p)
+    assert yaml.safe_load((out / "schedule.yaml").read_text()) == chaos.schedule(fl)
     assert sorted(f.name for f in (out / "experiments").iterdir()) == sorted(
         f"{e['scenario']}.yaml" for e in doc["experiments"]
     )

@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from serving.plan.planner import plan
-from serving.render.router import ROUTER_ENTRY, router_argv
+from serving.render.router import ROUTER_ENTRY, router_args
 from serving.router.client import ROUTER_WORKER_HEALTH, RouterClient
 from serving.sandbox.processes import StateDir, free_ports, start_router, start_worker, stop_all, stop_process
 from serving.sandbox.worker import WorkerConfig
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack
-from tests.support.stacks import spec_from
+from tests.support.stacks import fleet_of, spec_from
 
 LOOPBACK = "127.0.0.1"
 
@@ -69,7 +68,7 @@ def override(flags: Sequence[str], values: Mapping[str, Sequence[str]]) -> list[
 
 
 def start_rendered_router(spec: FleetSpec, workers: Workers) -> RouterClient:
-    argv = router_argv(spec, plan(spec), worker_urls=[c.url for c in workers.configs])
+    argv = router_args(fleet_of(spec), worker_urls=[c.url for c in workers.configs]).to_argv()
     assert argv[: len(ROUTER_ENTRY)] == list(ROUTER_ENTRY)
     port, metrics_port = free_ports(2)
     flags = override(

@@ -25,11 +25,11 @@ import pytest
 from sglang_router.launch_router import parse_router_args
 from typer.testing import CliRunner
 
-from serving.checks.flags import FlagValidationError, load_router_manifest, load_server_manifest
 from serving.cli.commands import register
 from serving.cli.options import app
+from serving.flags import FlagValidationError, load_router_manifest, load_server_manifest
 from serving.plan.model import Replica
-from serving.plan.planner import fleet_replicas, plan
+from serving.plan.planner import fleet_replicas
 from serving.render.chrony import chrony_conf
 from serving.render.common import FlagRule, RenderError
 from serving.render.k8s.container import (
@@ -44,8 +44,7 @@ from serving.render.router import (
     ROUTER_ENTRY,
     ROUTER_FLAGS,
     ROUTER_METRICS_PORT,
-    replica_url,
-    router_argv,
+    router_args,
     router_env,
     router_policy,
 )
@@ -65,7 +64,7 @@ from tests.support.ci import in_ci
 from tests.support.cli import exaserve
 from tests.support.paths import REPO
 from tests.support.sglang_parsers import real_parse
-from tests.support.stacks import spec_from
+from tests.support.stacks import fleet_of, spec_from
 from tests.support.systemd import verify_unit
 
 GOLDEN = Path(__file__).parent / "golden" / "units"
@@ -111,16 +110,15 @@ def pod_args_with_lws_values(container: dict[str, Any]) -> list[str]:
 def rendered_files(stack: str) -> dict[str, str]:
     spec = load_stack(stack).spec
     replicas = fleet_replicas(spec)
-    files = {unit_name(r): systemd_unit(spec, plan(spec), r) for r in (replicas[0], replicas[-1])}
+    files = {unit_name(r): systemd_unit(fleet_of(spec), r) for r in (replicas[0], replicas[-1])}
     files["router-kubernetes.json"] = (
-        json.dumps({"argv": router_argv(spec, plan(spec), kubernetes=True), "env": router_env(spec)}, indent=2) + "\n"
+        json.dumps({"argv": router_args(fleet_of(spec), kubernetes=True).to_argv(), "env": router_env(spec)}, indent=2)
+        + "\n"
     )
     if len(replicas) <= 128:  # prod's 2,048 static worker URLs are left to the tests below
-        files["router-static.json"] = json.dumps({"argv": router_argv(spec, plan(spec))}, indent=2) + "\n"
+        files["router-static.json"] = json.dumps({"argv": router_args(fleet_of(spec)).to_argv()}, indent=2) + "\n"
     files["pod-container-group0.json"] = (
-        json.dumps(
-            {"container": pod_container(spec, plan(spec), 0), "volumes": pod_volumes(spec, plan(spec))}, indent=2
-        )
+        json.dumps({"container": pod_container(fleet_of(spec), 0), "volumes": pod_volumes(fleet_of(spec))}, indent=2)
         + "\n"
     )
     files["chrony.conf"] = chrony_conf(spec)
@@ -215,16 +213,16 @@ def test_one_field_changes_exactly_the_expected_flags(
     base, new = load_stack("dev").spec, spec_from("dev", **change)
     assert (
         changed(
-            flag_values(server_argv(base, plan(base), first(base)), SERVER_ENTRY),
-            flag_values(server_argv(new, plan(new), first(new)), SERVER_ENTRY),
+            flag_values(server_argv(fleet_of(base), first(base)), SERVER_ENTRY),
+            flag_values(server_argv(fleet_of(new), first(new)), SERVER_ENTRY),
         )
         == server
     )
-    assert changed(server_env(base, plan(base), first(base)), server_env(new, plan(new), first(new))) == env
+    assert changed(server_env(fleet_of(base), first(base)), server_env(fleet_of(new), first(new))) == env
     assert (
         changed(
-            flag_values(router_argv(base, plan(base)), ROUTER_ENTRY),
-            flag_values(router_argv(new, plan(new)), ROUTER_ENTRY),
+            flag_values(router_args(fleet_of(base)).to_argv(), ROUTER_ENTRY),
+            flag_values(router_args(fleet_of(new)).to_argv(), ROUTER_ENTRY),
         )
         == router
     )
@@ -238,7 +236,7 @@ def test_heartbeat_settings_drive_the_pod_probes() -> None:
         serving__health_check_timeout_s=2.5,
         serving__startup_budget_s=301,
     )
-    c = pod_container(spec, plan(spec), 0)
+    c = pod_container(fleet_of(spec), 0)
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         # Liveness generates nothing (issue 10, finding 9); startup and readiness may run SGLang's generating /health.
         path = "/model_info" if probe == "livenessProbe" else "/health"
@@ -250,16 +248,14 @@ def test_heartbeat_settings_drive_the_pod_probes() -> None:
 
 
 def test_fabric_decides_the_nccl_environment() -> None:
-    dev = server_env(
-        load_stack("dev").spec, plan(load_stack("dev").spec), first(load_stack("dev").spec)
-    )  # 100 Gb Ethernet
+    dev = server_env(fleet_of(load_stack("dev").spec), first(load_stack("dev").spec))  # 100 Gb Ethernet
     assert dev["NCCL_IB_DISABLE"] == "1" and "NCCL_IB_HCA" not in dev
     prod = load_stack("prod").spec  # InfiniBand, eight HCAs
-    env = server_env(prod, plan(prod), first(prod))
+    env = server_env(fleet_of(prod), first(prod))
     assert env["NCCL_IB_HCA"] == "=" + ",".join(f"mlx5_{i}" for i in range(8))
     assert "NCCL_IB_DISABLE" not in env and "NCCL_IB_GID_INDEX" not in env
     roce = spec_from("prod", cluster__fabric__kind="roce", cluster__fabric__nccl_ib_gid_index=3)
-    assert server_env(roce, plan(roce), first(roce))["NCCL_IB_GID_INDEX"] == "3"
+    assert server_env(fleet_of(roce), first(roce))["NCCL_IB_GID_INDEX"] == "3"
     assert env["HF_HUB_OFFLINE"] == "1" and env["SGLANG_HEALTH_CHECK_TIMEOUT"] == "3"
 
 
@@ -269,8 +265,8 @@ def test_replicas_on_one_node_get_their_own_gpus_and_ports() -> None:
     on_node = [r for r in replicas if r.node == replicas[0].node]
     seen = {
         (
-            server_env(spec, plan(spec), r)["CUDA_VISIBLE_DEVICES"],
-            flag_values(server_argv(spec, plan(spec), r), SERVER_ENTRY)["--port"],
+            server_env(fleet_of(spec), r)["CUDA_VISIBLE_DEVICES"],
+            flag_values(server_argv(fleet_of(spec), r), SERVER_ENTRY)["--port"],
         )
         for r in on_node
     }
@@ -282,7 +278,7 @@ def test_memory_flags_come_from_the_planner() -> None:
     from serving.plan.planner import memory_plan
 
     spec = load_stack("prod").spec
-    flags = flag_values(server_argv(spec, plan(spec), first(spec)), SERVER_ENTRY)
+    flags = flag_values(server_argv(fleet_of(spec), first(spec)), SERVER_ENTRY)
     mp = memory_plan(spec)
     # SGLang sizes its own pool from the static fraction: an estimate good to ±5 % must not cap it.
     assert "--max-total-tokens" not in flags
@@ -296,18 +292,18 @@ def test_a_replica_spanning_nodes_gets_nnodes_rank_and_rendezvous() -> None:
     spec = multi_node_spec()
     replica = first(spec)
     assert len(replica.nodes) == 2
-    flags = [flag_values(server_argv(spec, plan(spec), replica, rank), SERVER_ENTRY) for rank in (0, 1)]
+    flags = [flag_values(server_argv(fleet_of(spec), replica, rank), SERVER_ENTRY) for rank in (0, 1)]
     assert [f["--node-rank"] for f in flags] == [("0",), ("1",)]
     assert {f["--nnodes"] for f in flags} == {("2",)}
     assert {f["--dist-init-addr"] for f in flags} == {(f"{replica.nodes[0].address}:{DIST_INIT_PORT}",)}
     assert [f["--host"] for f in flags] == [(str(n.address),) for n in replica.nodes]
-    assert "ExecStartPost" in systemd_unit(spec, plan(spec), replica, 0)
-    assert "ExecStartPost" not in systemd_unit(spec, plan(spec), replica, 1)  # rank 1 serves no HTTP
+    assert "ExecStartPost" in systemd_unit(fleet_of(spec), replica, 0)
+    assert "ExecStartPost" not in systemd_unit(fleet_of(spec), replica, 1)  # rank 1 serves no HTTP
     with pytest.raises(RenderError, match=r"node_rank=2 is outside replica .* use 0\.\.1"):
-        server_argv(spec, plan(spec), replica, 2)
+        server_argv(fleet_of(spec), replica, 2)
     single = load_stack("prod").spec
     assert not {"--nnodes", "--node-rank", "--dist-init-addr"} & set(
-        flag_values(server_argv(single, plan(single), first(single)), SERVER_ENTRY)
+        flag_values(server_argv(fleet_of(single), first(single)), SERVER_ENTRY)
     )
 
 
@@ -318,7 +314,7 @@ def test_a_model_that_leaves_no_kv_cache_is_refused_naming_the_fields() -> None:
         match=r"model\.precision=fp16 .*limits\.context_length=4,096.*raise "
         r"parallelism\.tp",
     ):
-        server_argv(spec, plan(spec), first(spec))
+        server_argv(fleet_of(spec), first(spec))
 
 
 # --- flags the pinned version does not know ------------------------------------------------------------
@@ -332,12 +328,12 @@ def test_a_flag_unknown_to_the_pinned_sglang_fails_naming_flag_and_version(monke
     )
     spec = load_stack("dev").spec
     with pytest.raises(FlagValidationError) as err:
-        server_argv(spec, plan(spec), first(spec))
+        server_argv(fleet_of(spec), first(spec))
     message = str(err.value)
     assert "'--max-prefill-tokenz'" in message and f"sglang {version}" in message
     assert "'--max-prefill-tokens'" in message  # the closest real flag
     with pytest.raises(FlagValidationError, match="--max-prefill-tokenz"):
-        pod_container(spec, plan(spec), 0)
+        pod_container(fleet_of(spec), 0)
 
 
 def test_a_flag_missing_from_another_version_fails_naming_that_version() -> None:
@@ -347,7 +343,7 @@ def test_a_flag_missing_from_another_version_fails_naming_that_version() -> None
         update={"version": "0.4.0", "flags": {k: v for k, v in pinned.flags.items() if k != "--watchdog-timeout"}}
     )
     spec = load_stack("prod").spec
-    argv = server_argv(spec, plan(spec), first(spec))
+    argv = server_argv(fleet_of(spec), first(spec))
     check_server_argv(argv, pinned)
     with pytest.raises(FlagValidationError) as err:
         check_server_argv(argv, older)
@@ -360,7 +356,7 @@ def test_an_abbreviated_router_flag_is_refused(monkeypatch: pytest.MonkeyPatch) 
         (*ROUTER_FLAGS, FlagRule("--request-timeout", "abbreviated", lambda c: "60")),
     )
     with pytest.raises(FlagValidationError) as err:
-        router_argv(load_stack("dev").spec, plan(load_stack("dev").spec))
+        router_args(fleet_of(load_stack("dev").spec)).to_argv()
     message = str(err.value)
     assert "'--request-timeout'" in message and "'--request-timeout-secs'" in message
     assert load_router_manifest().label in message
@@ -383,9 +379,9 @@ def test_cli_exits_1_naming_the_flag_when_the_pin_rejects_it(monkeypatch: pytest
 
 def test_the_real_router_parser_reads_the_rendered_flags_back() -> None:
     spec = load_stack("dev").spec
-    static = parse_router_args(router_argv(spec, plan(spec))[len(ROUTER_ENTRY) :])
+    static = parse_router_args(router_args(fleet_of(spec)).to_argv()[len(ROUTER_ENTRY) :])
     static._validate_router_args()
-    assert static.worker_urls == [replica_url(r) for r in fleet_replicas(spec)]
+    assert static.worker_urls == [r.url for r in fleet_replicas(spec)]
     assert (static.policy, static.health_check_interval_secs, static.health_check_timeout_secs) == (
         "power_of_two",
         5,
@@ -395,9 +391,7 @@ def test_the_real_router_parser_reads_the_rendered_flags_back() -> None:
     assert (static.retry_max_retries, static.cb_failure_threshold, static.cb_timeout_duration_secs) == (5, 3, 10)
     assert static.retry_max_retries > static.cb_failure_threshold  # one dead replica cannot use up a request's attempts
     assert (static.prometheus_port, static.log_level) == (ROUTER_METRICS_PORT, "warn")
-    k8s = parse_router_args(
-        router_argv(multi_node_spec(), plan(multi_node_spec()), kubernetes=True)[len(ROUTER_ENTRY) :]
-    )
+    k8s = parse_router_args(router_args(fleet_of(multi_node_spec()), kubernetes=True).to_argv()[len(ROUTER_ENTRY) :])
     k8s._validate_router_args()
     assert k8s.service_discovery and k8s.worker_urls == []
     # the serving pods' labels, the LWS leader's index, and the updater's admission (rollout membership)
@@ -417,12 +411,12 @@ def test_the_real_sglang_parser_accepts_every_rendered_server_command(regenerate
     for stack in ("dev", "prod", "sandbox"):
         spec = load_stack(stack).spec
         argvs += [
-            server_argv(spec, plan(spec), first(spec)),
-            pod_args_with_lws_values(pod_container(spec, plan(spec), 0)),
+            server_argv(fleet_of(spec), first(spec)),
+            pod_args_with_lws_values(pod_container(fleet_of(spec), 0)),
         ]
     argvs += [
-        server_argv(multi, plan(multi), first(multi), 1),
-        pod_args_with_lws_values(pod_container(multi, plan(multi), 0)),
+        server_argv(fleet_of(multi), first(multi), 1),
+        pod_args_with_lws_values(pod_container(fleet_of(multi), 0)),
     ]
     results = real_parse("server", [a[len(SERVER_ENTRY) :] for a in argvs])
     assert [r["error"] for r in results] == [""] * len(argvs)
@@ -437,24 +431,24 @@ def test_systemd_analyze_verify_accepts_the_units_without_a_warning(systemd_root
     spec = multi_node_spec() if case.startswith("multi") else load_stack(case).spec
     rank = 1 if case == "multi-rank1" else 0
     replica = first(spec)
-    proc = verify_unit(systemd_root, unit_name(replica, rank), systemd_unit(spec, plan(spec), replica, rank))
+    proc = verify_unit(systemd_root, unit_name(replica, rank), systemd_unit(fleet_of(spec), replica, rank))
     assert (proc.returncode, proc.stderr, proc.stdout) == (0, "", "")
 
 
 def test_strict_verify_catches_what_systemd_only_warns_about(systemd_root: Path) -> None:
     """systemd-analyze exits 0 on an unknown directive; treating stderr as failure is what makes it strict."""
     spec = load_stack("dev").spec
-    bad = systemd_unit(spec, plan(spec), first(spec)).replace("RestartSec=", "RestartSecs=")
+    bad = systemd_unit(fleet_of(spec), first(spec)).replace("RestartSec=", "RestartSecs=")
     proc = verify_unit(systemd_root, "exaserve-sglang@typo.service", bad)
     assert proc.returncode == 0 and "Unknown key 'RestartSecs'" in proc.stderr
-    missing = systemd_unit(spec, plan(spec), first(spec)).replace(SERVER_ENTRY[0], "/opt/nowhere/sglang")
+    missing = systemd_unit(fleet_of(spec), first(spec)).replace(SERVER_ENTRY[0], "/opt/nowhere/sglang")
     proc = verify_unit(systemd_root, "exaserve-sglang@nobinary.service", missing)
     assert proc.returncode != 0 and "/opt/nowhere/sglang" in proc.stderr
 
 
 def test_the_unit_carries_the_spec_budgets() -> None:
     spec = spec_from("dev", serving__startup_budget_s=450, rollout__drain_timeout_s=90)
-    unit = systemd_unit(spec, plan(spec), first(spec))
+    unit = systemd_unit(fleet_of(spec), first(spec))
     assert "\nTimeoutStartSec=450\n" in unit and "\nTimeoutStopSec=90\n" in unit
     assert "\nRestart=on-failure\n" in unit and "\nEnvironment=CUDA_VISIBLE_DEVICES=0\n" in unit
     assert "--retry-max-time 450 " in unit and "--max-time 3 http://10.41.0.11:30000/health" in unit
@@ -525,8 +519,8 @@ def test_pod_with_the_container_passes_strict_kubernetes_schema(stack: str) -> N
             "kind": "Pod",
             "metadata": {"name": "sglang-0"},
             "spec": {
-                "containers": [pod_container(spec, plan(spec), 0, leader=leader)],
-                "volumes": pod_volumes(spec, plan(spec)),
+                "containers": [pod_container(fleet_of(spec), 0, leader=leader)],
+                "volumes": pod_volumes(fleet_of(spec)),
             },
         }
         kubernetes_validate.validate(pod, spec.kubernetes.version, strict=True)
@@ -534,12 +528,12 @@ def test_pod_with_the_container_passes_strict_kubernetes_schema(stack: str) -> N
 
 def test_pod_container_runs_the_same_command_least_privileged() -> None:
     spec = load_stack("prod").spec
-    c = pod_container(spec, plan(spec), 2)
-    bare = flag_values(server_argv(spec, plan(spec), first(spec)), SERVER_ENTRY)
+    c = pod_container(fleet_of(spec), 2)
+    bare = flag_values(server_argv(fleet_of(spec), first(spec)), SERVER_ENTRY)
     pod = flag_values([*c["command"], *c["args"]], SERVER_ENTRY)
     assert changed(bare, pod) == {"--host"} and pod["--host"] == ("0.0.0.0",)
     env = {e["name"]: e for e in c["env"]}
-    bare_env = server_env(spec, plan(spec), first(spec))
+    bare_env = server_env(fleet_of(spec), first(spec))
     assert set(bare_env) - set(env) == {"CUDA_VISIBLE_DEVICES"}  # the device plugin sets it in pods
     assert env["EXASERVE_REPLICA"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert all(
@@ -554,31 +548,31 @@ def test_pod_container_runs_the_same_command_least_privileged() -> None:
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     assert mounts["/dev/shm"]["name"] == VOLUME_SHM
     assert mounts[spec.storage.local_cache.path]["readOnly"] is True
-    ethernet = pod_container(load_stack("dev").spec, plan(load_stack("dev").spec), 0)
+    ethernet = pod_container(fleet_of(load_stack("dev").spec), 0)
     assert ethernet["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert not any(k.startswith("rdma/") for k in ethernet["resources"]["limits"])
 
 
 def test_pod_memory_limit_covers_shm_weights_and_overhead() -> None:
     spec = load_stack("prod").spec
-    limit = pod_memory_bytes(spec, plan(spec))
+    limit = pod_memory_bytes(fleet_of(spec))
     from serving.plan.planner import memory_plan
 
     floor = spec.serving.shm_gb_per_gpu * 1e9 + memory_plan(spec).per_gpu["weights"].value + 5e9
     assert floor <= limit < floor + 2**30
-    assert pod_container(spec, plan(spec), 0)["resources"]["limits"]["memory"] == f"{limit // 2**30}Gi"
+    assert pod_container(fleet_of(spec), 0)["resources"]["limits"]["memory"] == f"{limit // 2**30}Gi"
 
 
 def test_multi_node_pods_take_rank_and_rendezvous_from_leaderworkerset() -> None:
     spec = multi_node_spec()
-    leader, worker = pod_container(spec, plan(spec), 0), pod_container(spec, plan(spec), 0, leader=False)
+    leader, worker = pod_container(fleet_of(spec), 0), pod_container(fleet_of(spec), 0, leader=False)
     flags = flag_values([*leader["command"], *leader["args"]], SERVER_ENTRY)
     assert flags["--node-rank"] == ("$(LWS_WORKER_INDEX)",) and flags["--nnodes"] == ("2",)
     assert flags["--dist-init-addr"] == (f"$(LWS_LEADER_ADDRESS):{DIST_INIT_PORT}",)
     assert leader["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert "readinessProbe" in leader and not {"startupProbe", "readinessProbe", "livenessProbe"} & set(worker)
     with pytest.raises(RenderError, match=r"update group 5 does not exist; rollout\.batches=5"):
-        pod_container(spec, plan(spec), 5)
+        pod_container(fleet_of(spec), 5)
 
 
 def test_group_version_reaches_the_pod() -> None:
@@ -586,7 +580,7 @@ def test_group_version_reaches_the_pod() -> None:
     spec = spec_from(
         "prod", rollout__group_versions={1: "v2"}, serving__releases={"v1": "lmsysorg/sglang:v0.5.23-cu126", "v2": v2}
     )
-    pods = {g: pod_container(spec, plan(spec), g) for g in range(spec.rollout.batches)}
+    pods = {g: pod_container(fleet_of(spec), g) for g in range(spec.rollout.batches)}
     release = {g: next(e["value"] for e in c["env"] if e["name"] == "EXASERVE_RELEASE") for g, c in pods.items()}
     assert release == {0: "v1", 1: "v2", 2: "v1", 3: "v1", 4: "v1"}
     assert [c["image"] for c in pods.values()].count(v2) == 1 and pods[1]["image"] == v2
@@ -604,7 +598,7 @@ def test_weighted_round_robin_maps_to_the_load_aware_policy() -> None:
 def test_sandbox_router_listens_on_loopback_at_the_sandbox_ports() -> None:
     spec = load_stack("sandbox").spec
     assert spec.sandbox is not None
-    flags = flag_values(router_argv(spec, plan(spec), worker_urls=["http://127.0.0.1:20100"]), ROUTER_ENTRY)
+    flags = flag_values(router_args(fleet_of(spec), worker_urls=["http://127.0.0.1:20100"]).to_argv(), ROUTER_ENTRY)
     assert (flags["--host"], flags["--port"]) == (("127.0.0.1",), (str(spec.sandbox.router_port),))
     assert flags["--prometheus-host"] == ("127.0.0.1",)
     assert flags["--prometheus-port"] == (str(spec.sandbox.prometheus_port),)
@@ -627,9 +621,9 @@ def test_cli_prints_one_replica_as_json() -> None:
         "stack": "dev",
         "ok": True,
         "replica": replica.id,
-        "argv": server_argv(spec, plan(spec), replica),
-        "env": server_env(spec, plan(spec), replica),
-        "systemd_unit": systemd_unit(spec, plan(spec), replica),
+        "argv": server_argv(fleet_of(spec), replica),
+        "env": server_env(fleet_of(spec), replica),
+        "systemd_unit": systemd_unit(fleet_of(spec), replica),
     }
     assert doc["env"]["CUDA_VISIBLE_DEVICES"] == "7"
 
@@ -639,7 +633,7 @@ def test_cli_prints_the_router_as_json() -> None:
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert set(doc) == {"stack", "ok", "argv", "env"}
-    assert doc["argv"] == router_argv(load_stack("prod").spec, plan(load_stack("prod").spec))
+    assert doc["argv"] == router_args(fleet_of(load_stack("prod").spec)).to_argv()
     assert len(flag_values(doc["argv"], ROUTER_ENTRY)["--worker-urls"]) == 2048
     k8s = json.loads(exaserve("units", "--stack", "prod", "--router", "--kubernetes", "--json").stdout)
     assert "--service-discovery" in k8s["argv"] and "--worker-urls" not in k8s["argv"]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from serving.plan.planner import fleet_replicas, plan
+from serving.plan.planner import fleet_replicas
 from serving.pulumi.program import ProgramRun, RenderedObject, kubernetes_objects, run_program
 from serving.render.k8s import gateway, runtime, updater
 from serving.render.k8s.common import LABEL_NAME, SERVING_APP, UPDATER_APP
@@ -29,7 +29,7 @@ from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack
 from tests.support.apiserver import ApiServerStandIn, k8s_spec
 from tests.support.k8s import of_kind, one, render_file
-from tests.support.stacks import MULTI_NODE, write_variant
+from tests.support.stacks import MULTI_NODE, fleet_of, write_variant
 
 Rules = Sequence[Mapping[str, Any]]
 
@@ -54,7 +54,7 @@ def test_the_updater_role_is_exactly_the_backends_calls(runs: dict[str, list[Ren
         ("RoleBinding", "exaserve-updater-rollout"),
         ("ServiceAccount", "exaserve-updater"),
     ]
-    sizes = plan(spec).rollout_group_sizes
+    sizes = fleet_of(spec).plan.rollout_group_sizes
     assert sum(sizes) == 2048
     role = one(objects, "Role", "exaserve-updater-rollout")
     assert role["metadata"]["namespace"] == "exaserve"
@@ -146,7 +146,7 @@ class AuthorizingApiServer(ApiServerStandIn):
 
 
 def _updater_role(spec: FleetSpec) -> dict[str, Any]:
-    return one_object(updater.render(spec, plan(spec)), "Role")
+    return one_object(updater.render(fleet_of(spec)), "Role")
 
 
 def one_object(objects: Sequence[Mapping[str, Any]], kind: str) -> dict[str, Any]:
@@ -159,8 +159,8 @@ async def _a_batch_moved_and_readmitted(spec: FleetSpec, api: AuthorizingApiServ
     """What the runner asks of the backend for one batch: read every replica's version, update the batch (patch,
     wait, hold the new pods out), take the batch's pods back in; the versions after."""
     every = [r.id for r in fleet_replicas(spec)]
-    batch = list(plan_batches(plan(spec))[1].replicas)
-    backend = KubernetesBackend(spec, plan(spec), KubeApi(api.url))
+    batch = list(plan_batches(fleet_of(spec).plan)[1].replicas)
+    backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
     try:
         await backend.versions(every)
         await backend.update(batch, "v2", timeout_s=10)
@@ -186,7 +186,7 @@ def test_every_call_of_a_batch_is_allowed_and_every_grant_is_used(multi: bool) -
     granted = {(verb, resource) for r in role["rules"] for resource in r["resources"] for verb in r["verbs"]}
     assert used == granted, "each verb the Role grants is one the backend uses"
     patched_pods = {name for verb, _, resource, name, _ in api.decisions if (verb, resource) == ("patch", "pods")}
-    assert patched_pods and patched_pods <= set(updater.leader_pods(plan(spec)))
+    assert patched_pods and patched_pods <= set(updater.leader_pods(fleet_of(spec).plan))
 
 
 def test_a_role_without_the_pod_patch_fails_the_update_naming_the_answer() -> None:
@@ -277,7 +277,8 @@ def test_the_updater_reaches_exactly_the_workers_serving_port_and_the_routers_ap
         "tenant": {NAMESPACE_NAME_LABEL: "tenant"},
     }
     pods = _pod_labels(objects)
-    http, metrics = gateway.router_ports(spec, plan(spec))
+    router = gateway.cluster_router(fleet_of(spec))
+    http, metrics = router.port, router.metrics_port
     candidates = {spec.serving.port, http, metrics, spec.runtime.controller_port, 5000, 29500, 40000}
     candidates |= {p["port"] for pol in policies for r in pol["spec"]["ingress"] for p in r.get("ports", [])}
 
@@ -302,7 +303,8 @@ def test_the_updater_reaches_exactly_the_workers_serving_port_and_the_routers_ap
 def test_the_routers_headless_service_names_the_api_and_metrics_ports(runs: dict[str, list[RenderedObject]]) -> None:
     objects = runs["prod"]
     spec = load_stack("prod").spec
-    http, metrics = gateway.router_ports(spec, plan(spec))
+    router = gateway.cluster_router(fleet_of(spec))
+    http, metrics = router.port, router.metrics_port
     headless = one(objects, "Service", gateway.PODS_SERVICE)["spec"]
     assert headless["clusterIP"] == "None"
     assert headless["selector"] == {LABEL_NAME: gateway.NAME}

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from serving.plan.planner import fleet_replicas, plan
+from serving.plan.planner import fleet_replicas
 from serving.render.k8s.common import LABEL_VERSION
 from serving.render.k8s.fleet import group_name, render
 from serving.render.systemd import systemd_unit, unit_name
@@ -31,7 +31,7 @@ from serving.sandbox.processes import free_port_block
 from serving.spec.schema import FleetSpec
 from tests.support.apiserver import RELEASES, ApiServerStandIn, k8s_spec, serving_pod
 from tests.support.hosts.netns import HostFleet, HostPool
-from tests.support.stacks import spec_from
+from tests.support.stacks import fleet_of, spec_from
 
 # ----------------------------------------------------------------------------------------- SSH
 
@@ -115,10 +115,10 @@ def test_ssh_backend_installs_the_rendered_units_reloads_and_restarts_over_real_
 ) -> None:
     spec, fleet, state = bare_metal
     backend = SshBackend(
-        spec, plan(spec), known_hosts=fleet.known_hosts, identity=fleet.client_key, unit_dir=str(state / "units")
+        fleet_of(spec), known_hosts=fleet.known_hosts, identity=fleet.client_key, unit_dir=str(state / "units")
     )
     every = [r.id for r in fleet_replicas(spec)]
-    batch0 = list(plan_batches(plan(spec))[0].replicas)
+    batch0 = list(plan_batches(fleet_of(spec).plan)[0].replicas)
 
     async def scenario() -> tuple[dict[str, str | None], dict[str, str | None], dict[str, str | None]]:
         before = await backend.versions(every)
@@ -136,7 +136,7 @@ def test_ssh_backend_installs_the_rendered_units_reloads_and_restarts_over_real_
     # The unit on the node is byte for byte what the stack renders for group 0 at v2.
     r0 = replicas[batch0[0]]
     text = (state / "units" / unit_name(r0)).read_text()
-    assert text == systemd_unit(with_group_version(spec, 0, "v2"), plan(with_group_version(spec, 0, "v2")), r0)
+    assert text == systemd_unit(with_group_version(fleet_of(spec), 0, "v2"), r0)
     assert "EXASERVE_RELEASE=v2" in text
     # Only the batch's units were restarted in the second update, after a daemon-reload, without blocking.
     host = next(h for h in fleet.hosts if h.address == str(r0.node.address))
@@ -159,7 +159,7 @@ def test_ssh_backend_refuses_a_node_whose_host_key_changed(
     other = fleet.hosts[1].host_public_key  # node02's key listed for node01's address
     lines = [f"{h.address} {other if h is fleet.hosts[0] else h.host_public_key}" for h in fleet.hosts]
     wrong.write_text("\n".join(lines) + "\n")
-    backend = SshBackend(spec, plan(spec), known_hosts=wrong, identity=fleet.client_key, unit_dir=str(state / "units"))
+    backend = SshBackend(fleet_of(spec), known_hosts=wrong, identity=fleet.client_key, unit_dir=str(state / "units"))
     first = fleet.hosts[0]
     on_first = [r.id for r in fleet_replicas(spec) if str(r.node.address) == first.address]
     with pytest.raises(
@@ -183,11 +183,11 @@ def test_kubernetes_backend_against_an_api_server_stand_in_moves_one_group_and_w
     multi: bool,
 ) -> None:
     spec = k8s_spec(multi)
-    assert plan(spec).multi_node is multi
-    batch1 = list(plan_batches(plan(spec))[1].replicas)
+    assert fleet_of(spec).plan.multi_node is multi
+    batch1 = list(plan_batches(fleet_of(spec).plan)[1].replicas)
     every = [r.id for r in fleet_replicas(spec)]
     with ApiServerStandIn(spec) as api:
-        backend = KubernetesBackend(spec, plan(spec), KubeApi(api.url))
+        backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
 
         async def scenario() -> tuple[dict[str, str | None], dict[str, str | None]]:
             try:
@@ -198,7 +198,7 @@ def test_kubernetes_backend_against_an_api_server_stand_in_moves_one_group_and_w
                 await backend.aclose()
 
         before, after = asyncio.run(scenario())
-        path = workload_path(spec, plan(spec), 1)
+        path = workload_path(spec, 1)
         obj = api.objects[path]
     assert set(before.values()) == {"v1"}
     assert {r for r, v in after.items() if v == "v2"} == set(batch1)
@@ -213,7 +213,7 @@ def test_kubernetes_backend_against_an_api_server_stand_in_moves_one_group_and_w
     assert {"name": "EXASERVE_RELEASE", "value": "v2"} in container["env"]
     # The patched object is exactly what the Pulumi program renders once the stack says group 1 runs v2.
     rendered = next(
-        o for o in render(with_group_version(spec, 1, "v2"), plan(spec)) if o["metadata"]["name"] == group_name(1)
+        o for o in render(with_group_version(fleet_of(spec), 1, "v2")) if o["metadata"]["name"] == group_name(1)
     )
     assert {k: v for k, v in obj.items() if k != "status"} == {
         **rendered,
@@ -223,9 +223,9 @@ def test_kubernetes_backend_against_an_api_server_stand_in_moves_one_group_and_w
 
 def test_kubernetes_rollout_that_never_becomes_ready_times_out_naming_the_workload() -> None:
     spec = k8s_spec(False)
-    batch0 = list(plan_batches(plan(spec))[0].replicas)
+    batch0 = list(plan_batches(fleet_of(spec).plan)[0].replicas)
     with ApiServerStandIn(spec) as api:
-        backend = KubernetesBackend(spec, plan(spec), KubeApi(api.url))
+        backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
 
         async def scenario() -> None:
             try:
@@ -239,12 +239,12 @@ def test_kubernetes_rollout_that_never_becomes_ready_times_out_naming_the_worklo
 
 def test_kubernetes_backend_refuses_plain_http_to_a_remote_api_server() -> None:
     with pytest.raises(BackendError, match="plain HTTP is allowed only to a loopback"):
-        KubernetesBackend(k8s_spec(False), plan(k8s_spec(False)), KubeApi("http://10.0.0.1:8080"))
+        KubernetesBackend(fleet_of(k8s_spec(False)), KubeApi("http://10.0.0.1:8080"))
 
 
 def test_kubernetes_worker_urls_are_stable_pod_dns_names() -> None:
     spec = k8s_spec(False)
-    backend = KubernetesBackend(spec, plan(spec), KubeApi("http://127.0.0.1:1"))
+    backend = KubernetesBackend(fleet_of(spec), KubeApi("http://127.0.0.1:1"))
     group0 = sorted((r for r in fleet_replicas(spec) if r.group == 0), key=lambda r: r.index)
     # Each group is a LeaderWorkerSet: its third group's leader pod, through the set's own headless Service.
     assert backend.worker_url(group0[2].id) == "http://sglang-g0-2.sglang-g0.exaserve.svc:30000"
@@ -258,8 +258,8 @@ def test_the_local_backend_asks_a_replica_that_did_not_answer_once_more_before_i
     saturated machine) reads as its version; a port nobody listens on reads as down (None)."""
     base = free_port_block(2)
     spec = spec_from("sandbox", sandbox__worker_base_port=base, serving__health_check_timeout_s=0.5)
-    backend = LocalBackend(spec, plan(spec), tmp_path)
-    slow, gone = (r.id for r in plan(spec).replicas[:2])
+    backend = LocalBackend(fleet_of(spec), tmp_path)
+    slow, gone = (r.id for r in fleet_of(spec).plan.replicas[:2])
     calls: list[float] = []
 
     async def model_info(_request: web.Request) -> web.Response:

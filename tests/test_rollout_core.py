@@ -17,7 +17,6 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from serving.plan.planner import plan
 from serving.render.common import duration_buckets
 from serving.rollout.gates import (
     MIN_REQUESTS,
@@ -55,14 +54,14 @@ from serving.rollout.machine import (
 from serving.rollout.plan import GateLimits, RolloutPlan, plan_batches, plan_rollout
 from serving.router.client import HistogramSnapshot, MetricsSnapshot
 from serving.spec.stack import load_stack
-from tests.support.stacks import spec_from
+from tests.support.stacks import fleet_of, spec_from
 
 LIMITS = GateLimits(max_qps_drop=0.20, max_p99_rise=0.30, max_error_rate=0.001)
 
 
 def sandbox_plan(kind: str = "rollout") -> RolloutPlan:
     spec = load_stack("sandbox").spec
-    return plan_rollout(spec, plan(spec), "sandbox", from_version="v1", to_version="v2", kind=kind)  # type: ignore[arg-type]
+    return plan_rollout(fleet_of(spec, "sandbox"), from_version="v1", to_version="v2", kind=kind)  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------------------- plan
@@ -70,7 +69,7 @@ def sandbox_plan(kind: str = "rollout") -> RolloutPlan:
 
 def test_prod_batches_cover_every_replica_once_and_span_every_rack() -> None:
     spec = load_stack("prod").spec
-    batches = plan_batches(plan(spec))
+    batches = plan_batches(fleet_of(spec).plan)
     assert len(batches) == spec.rollout.batches == 5
     ids = [r for b in batches for r in b.replicas]
     assert len(ids) == len(set(ids)) == 2048
@@ -89,7 +88,7 @@ def test_prod_batches_cover_every_replica_once_and_span_every_rack() -> None:
 
 def test_batch_count_follows_the_spec() -> None:
     spec = spec_from("sandbox", **{"rollout.batches": 3})
-    assert [len(b.replicas) for b in plan_batches(plan(spec))] == [3, 3, 2]
+    assert [len(b.replicas) for b in plan_batches(fleet_of(spec).plan)] == [3, 3, 2]
 
 
 def test_plan_survives_the_journal_round_trip() -> None:

@@ -20,8 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving.plan.model import Plan
-from serving.plan.planner import plan
+from serving.plan.model import Fleet
 from serving.rollout.journal import Journal
 from serving.rollout.machine import Event, Phase, RolloutState, initial
 from serving.rollout.membership import Membership, RouterApiMembership
@@ -30,8 +29,8 @@ from serving.rollout.runner import Runner
 from serving.router.client import WORKER_QUEUED, WORKER_RUNNING, MetricsSnapshot
 from serving.router.membership import Observed, RouterSet
 from serving.sandbox.backend import LocalBackend, worker_name
-from serving.spec.schema import FleetSpec
 from tests.support.sandbox import Sandbox, running_sandbox
+from tests.support.stacks import fleet_of
 
 LONG_REQUEST_MS = 1500  # each request runs 1.5 s on a worker: removal always finds some in flight
 DRAIN_TIMEOUT_S = 10
@@ -59,8 +58,8 @@ class RestartRecorder(LocalBackend):
     """The real local backend (restarts the worker processes), recording what each worker was still running at
     the moment it was restarted, what the workers ran before the run and the clients' response statuses."""
 
-    def __init__(self, spec: FleetSpec, fleet_plan: Plan, processes_dir: Path) -> None:
-        super().__init__(spec, fleet_plan, processes_dir)
+    def __init__(self, fleet: Fleet, processes_dir: Path) -> None:
+        super().__init__(fleet, processes_dir)
         self.at_restart: dict[str, float] = {}
         self.before: dict[str, float] = {}
         self.statuses: list[int] = []
@@ -127,7 +126,7 @@ async def revert(
     committed events of the drain steps, each preceded by its batch's removal."""
     current = set(sb.versions().values())
     target = "v2" if current == {"v1"} else "v1"
-    rollout = plan_rollout(sb.spec, plan(sb.spec), sb.spec.cluster.name, from_version=current.pop(), to_version=target,
+    rollout = plan_rollout(fleet_of(sb.spec, sb.spec.cluster.name), from_version=current.pop(), to_version=target,
                            kind="revert")  # fmt: skip
     events: list[Event] = []
     stop = asyncio.Event()
@@ -147,7 +146,7 @@ async def revert(
 
 
 def test_in_flight_requests_on_a_removed_worker_finish_before_it_is_restarted(tmp_path: Path, sandbox: Sandbox) -> None:
-    backend = RestartRecorder(sandbox.spec, plan(sandbox.spec), sandbox.paths.sandbox_dir)
+    backend = RestartRecorder(fleet_of(sandbox.spec), sandbox.paths.sandbox_dir)
     final, moves = asyncio.run(revert(sandbox, backend, tmp_path / "journal.jsonl"))
     drains = moves[1::2]
     assert final.outcome is not None and final.outcome.value == "completed", final
@@ -162,7 +161,7 @@ def test_a_drain_that_cannot_finish_times_out_by_name(tmp_path: Path, sandbox: S
     """A removed worker whose requests outlast the drain timeout (0.5 s < 1.5 s requests): the step ends on the
     timeout and says so, how many requests after how long, rather than waiting on or claiming it drained."""
     short = sandbox.variant("short-drain", {"rollout.drain_timeout_s": 0.5})
-    backend = RestartRecorder(short.spec, plan(short.spec), short.paths.sandbox_dir)
+    backend = RestartRecorder(fleet_of(short.spec), short.paths.sandbox_dir)
     _final, moves = asyncio.run(revert(short, backend, tmp_path / "journal.jsonl"))
     drains = moves[1::2]
     assert drains, "no drain step ran"
@@ -179,7 +178,7 @@ def test_a_worker_that_does_not_answer_is_unknown_not_idle_and_the_drain_waits_i
     is unknown, not 0, so the drain never reports "drained": it runs to its timeout (2 s) and names the replica and
     why; the update then restarts the worker like the others and the revert completes."""
     short = sandbox.variant("unknown-drain", {"rollout.drain_timeout_s": 2})
-    backend = RestartRecorder(short.spec, plan(short.spec), short.paths.sandbox_dir)
+    backend = RestartRecorder(fleet_of(short.spec), short.paths.sandbox_dir)
     membership = KillAfterRemoval(short, backend)
     final, moves = asyncio.run(revert(short, backend, tmp_path / "journal.jsonl", membership))
     assert final.outcome is not None and final.outcome.value == "completed", final

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from serving.plan.planner import plan
 from serving.sandbox.backend import worker_config, worker_name
 from serving.sandbox.processes import restart_worker, stop_process
 from tests.support.cli import flat, json_object
 from tests.support.sandbox import Load, Sandbox, running_sandbox
+from tests.support.stacks import fleet_of
 
 REPLICAS = 6
 # Short windows, QPS and P99 gates opened wide: what these tests check is what gets planned, not gate values
@@ -39,15 +39,13 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
 
 
 def replica_urls(box: Sandbox) -> dict[str, str]:
-    """Replica id → its worker's URL (the worker listens on worker_base_port + the replica's index)."""
-    assert box.spec.sandbox is not None
-    base = box.spec.sandbox.worker_base_port
-    return {r.id: f"http://127.0.0.1:{base + r.index}" for r in plan(box.spec).replicas}
+    """Replica id → its worker's URL (the plan's endpoint of the replica)."""
+    return {r.id: r.url for r in fleet_of(box.spec).plan.replicas}
 
 
 def restart_on(box: Sandbox, replica_ids: list[str], version: str) -> None:
     """Restart replicas' worker processes on ``version`` behind the updater's back, through the process records."""
-    replicas = {r.id: r for r in plan(box.spec).replicas}
+    replicas = {r.id: r for r in fleet_of(box.spec).plan.replicas}
     for rid in replica_ids:
         config = worker_config(box.spec, replicas[rid], version)
         restart_worker(box.processes, worker_name(config.port), config, wait="healthy", timeout_s=30)

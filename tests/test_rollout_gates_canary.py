@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 
-from serving.plan.planner import plan
 from serving.rollout.journal import load_state
 from serving.rollout.machine import Outcome, Phase
 from serving.sandbox.backend import worker_name
@@ -30,6 +29,7 @@ from serving.sandbox.processes import restart_worker
 from serving.sandbox.worker import WorkerConfig
 from tests.support.cli import json_object
 from tests.support.sandbox import GATED, Load, Sandbox, running_sandbox, wait_for_event
+from tests.support.stacks import fleet_of
 
 REPLICAS = 8
 
@@ -51,7 +51,7 @@ def at_v1(sandbox: Sandbox) -> Sandbox:
 
 def replica_config(box: Sandbox, replica_id: str) -> WorkerConfig:
     """The worker of ``replica_id`` as the sandbox started it."""
-    index = next(r.index for r in plan(box.spec).replicas if r.id == replica_id)
+    index = next(r.index for r in fleet_of(box.spec).plan.replicas if r.id == replica_id)
     return box.configs[index]
 
 

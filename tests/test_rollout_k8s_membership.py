@@ -40,9 +40,8 @@ import httpx
 import pytest
 from aiohttp import web
 
-from serving.plan.planner import plan
 from serving.render.k8s.common import LABEL_ADMITTED
-from serving.render.router import ROUTER_ENTRY, router_argv
+from serving.render.router import ROUTER_ENTRY, router_args
 from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend
 from serving.rollout.journal import Journal
 from serving.rollout.machine import Event, Phase, initial
@@ -62,7 +61,7 @@ from serving.sandbox.processes import (
 from serving.sandbox.worker import WorkerConfig
 from serving.spec.schema import FleetSpec
 from tests.support.apiserver import RELEASES, ApiServerStandIn
-from tests.support.stacks import spec_from
+from tests.support.stacks import fleet_of, spec_from
 
 ROUTERS = 3
 NEW_POD_LOAD_S = 2.0  # a new pod's "model load": its worker listens only after this (a real one: minutes)
@@ -216,7 +215,7 @@ class Cluster:
     state: StateDir
 
     def backend(self) -> KubernetesBackend:
-        return KubernetesBackend(self.spec, plan(self.spec), KubeApi(self.api.url))
+        return KubernetesBackend(fleet_of(self.spec), KubeApi(self.api.url))
 
     def listed(self) -> list[dict[str, bool]]:
         """Per router: worker URL → healthy."""
@@ -250,7 +249,7 @@ class Cluster:
 
 def router_flags(spec: FleetSpec, api_port: int, metrics_port: int) -> list[str]:
     """The fleet's rendered Kubernetes router command, with loopback listeners on free ports and info logs."""
-    flags = router_argv(spec, plan(spec), kubernetes=True)[len(ROUTER_ENTRY) :]
+    flags = router_args(fleet_of(spec), kubernetes=True).to_argv()[len(ROUTER_ENTRY) :]
     for flag, value in (("--host", "127.0.0.1"), ("--port", str(api_port)), ("--prometheus-host", "127.0.0.1"),
                         ("--prometheus-port", str(metrics_port)), ("--log-level", "info")):  # fmt: skip
         flags[flags.index(flag) + 1] = value
@@ -302,7 +301,7 @@ def test_every_router_discovers_the_pods_it_selects_from_the_stand_in(cluster: C
 def test_out_of_the_selection_on_every_router_and_a_restarted_router_keeps_it_out(cluster: Cluster) -> None:
     """``take_out`` deselects group 0's pods and evicts them on every instance; a router restarted meanwhile lists
     again what discovery selects, without group 0; ``bring_back`` selects them again and every instance lists them."""
-    members = [r.id for r in plan(cluster.spec).replicas if r.group == 0]
+    members = [r.id for r in fleet_of(cluster.spec).plan.replicas if r.group == 0]
     group0, others = set(cluster.pod_urls(0).values()), set(cluster.pod_urls(1).values())
 
     async def change(out: bool) -> Observed:
@@ -341,7 +340,7 @@ def test_a_rollout_moves_each_group_through_discovery_on_every_router(cluster: C
     readmitted, proved on each. At the end every router lists exactly the new pods, healthy: nothing stale, nothing
     twice."""
     spec = cluster.spec
-    rollout = plan_rollout(spec, plan(spec), "k8s", from_version="v1", to_version="v2")
+    rollout = plan_rollout(fleet_of(spec, "k8s"), from_version="v1", to_version="v2")
     began: dict[tuple[int, Phase], float] = {}  # when each step of the rollout began (wall clock)
     events: list[Event] = []
     samples: list[tuple[float, float, list[set[str]]]] = []  # (asked at, answered at, every router's worker URLs)
@@ -420,9 +419,9 @@ def test_an_update_holds_the_new_pods_out_of_the_selection_and_pods_are_addresse
     every new pod starts); the update leaves each of them ``false`` before it returns, and group 0 untouched. The
     backend addresses a replica by its pod's DNS name until it has listed the pods, by the pod's IP after."""
     spec = membership_spec(30000)
-    members = [r.id for r in plan(spec).replicas if r.group == 1]
+    members = [r.id for r in fleet_of(spec).plan.replicas if r.group == 1]
     with ApiServerStandIn(spec) as api:
-        backend = KubernetesBackend(spec, plan(spec), KubeApi(api.url))
+        backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
         assert backend.worker_url(members[0]) == "http://sglang-g1-0.sglang-g1.exaserve.svc:30000"
 
         async def scenario() -> None:

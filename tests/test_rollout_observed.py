@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from serving.plan.model import Plan
-from serving.plan.planner import plan
 from serving.render.k8s.fleet import SERVING_CONTAINER, group_name, pod_template
 from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend, pod_version
 from serving.rollout.backends.ssh import parse_show
@@ -26,7 +25,7 @@ from serving.rollout.plan import RolloutPlan, plan_rollout
 from serving.rollout.session import FleetView, RolloutInputError, Scope, journal_versions, plan_from_fleet
 from serving.spec.schema import FleetSpec
 from tests.support.apiserver import ApiServerStandIn, k8s_spec
-from tests.support.stacks import spec_from
+from tests.support.stacks import fleet_of, spec_from
 
 SANDBOX = spec_from("sandbox")
 RELEASES = {
@@ -38,12 +37,12 @@ K8S = spec_from("dev", serving__releases=RELEASES)
 
 
 def ids(spec: FleetSpec) -> list[str]:
-    return [r.id for r in plan(spec).replicas]
+    return [r.id for r in fleet_of(spec).plan.replicas]
 
 
 def completed(spec: FleetSpec, frm: str, to: str, observed: dict[str, str | None] | None = None) -> RolloutState:
     """The journal's state after a completed rollout ``frm`` → ``to`` over every replica."""
-    p = plan_rollout(spec, plan(spec), "s", from_version=frm, to_version=to, observed=observed)
+    p = plan_rollout(fleet_of(spec, "s"), from_version=frm, to_version=to, observed=observed)
     state = initial(p)
     batches = tuple(replace(b, version=to, passed=True) for b in state.batches)
     return replace(state, step=None, outcome=Outcome.COMPLETED, batches=batches)
@@ -52,7 +51,7 @@ def completed(spec: FleetSpec, frm: str, to: str, observed: dict[str, str | None
 def scope_of(
     spec: FleetSpec, observed: dict[str, str | None], to: str, latest: RolloutState | None = None, **kw: Any
 ) -> Scope:
-    return plan_from_fleet(spec, plan(spec), "s", FleetView(observed, journal_versions(latest)), to, **kw)
+    return plan_from_fleet(fleet_of(spec, "s"), FleetView(observed, journal_versions(latest)), to, **kw)
 
 
 # ----------------------------------------------------------------------------------------- planning
@@ -113,7 +112,7 @@ def test_allow_degraded_holds_the_down_replica_and_plans_the_rest() -> None:
 
 def test_whole_groups_plan_a_group_with_any_replica_behind_and_hold_a_group_with_one_down() -> None:
     """On Kubernetes an update patches a whole workload: the plan keeps groups whole."""
-    p: Plan = plan(K8S)
+    p: Plan = fleet_of(K8S).plan
     group = {r.id: r.group for r in p.replicas}
     g1 = [r for r in group if group[r] == 1]
     g2 = [r for r in group if group[r] == 2]
@@ -168,7 +167,7 @@ def test_the_journal_accounts_for_replicas_it_did_not_plan_and_round_trips_throu
 
 
 def test_a_journal_written_before_observations_falls_back_to_its_from_version() -> None:
-    p = plan_rollout(SANDBOX, plan(SANDBOX), "s", from_version="v1", to_version="v2")
+    p = plan_rollout(fleet_of(SANDBOX, "s"), from_version="v1", to_version="v2")
     doc = p.to_json()
     del doc["observed"]
     old = RolloutPlan.from_json(doc)
@@ -193,7 +192,7 @@ def test_parse_show_reports_a_unit_that_is_not_active_as_down() -> None:
 def pod(spec: FleetSpec, group: int, ordinal: int, **status: Any) -> dict[str, Any]:
     """The leader pod ``sglang-g<group>-<ordinal>`` the LeaderWorkerSet controller creates from the rendered
     template, running (``status`` overrides)."""
-    template = copy.deepcopy(pod_template(spec, plan(spec), group, 1))
+    template = copy.deepcopy(pod_template(fleet_of(spec), group, 1))
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -243,12 +242,13 @@ def test_kubernetes_versions_read_every_pod_not_the_workload(multi: bool) -> Non
     """Against the API-server STAND-IN of tests/test_rollout_backends.py (no API server here): the workload says one
     thing, the pods another after the fleet changed behind it; versions() reports the pods."""
     spec = k8s_spec(multi)
-    p = plan(spec)
+    fl = fleet_of(spec)
+    p = fl.plan
     backend_ids = {r.id: r for r in p.replicas}
     every = list(backend_ids)
     g1 = [r for r in every if backend_ids[r].group == 1]
     with ApiServerStandIn(spec) as api:
-        backend = KubernetesBackend(spec, p, KubeApi(api.url))
+        backend = KubernetesBackend(fl, KubeApi(api.url))
 
         async def scenario() -> tuple[dict[str, str | None], dict[str, str | None], dict[str, str | None]]:
             try:

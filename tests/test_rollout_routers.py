@@ -29,8 +29,7 @@ import pytest
 
 from serving.cli.options import resolve_stack
 from serving.cli.rollout import FleetOptions, _endpoints
-from serving.plan.planner import plan
-from serving.render.k8s.gateway import PODS_SERVICE, router_ports
+from serving.render.k8s.gateway import PODS_SERVICE, cluster_router
 from serving.render.k8s.gateway import render as render_gateway
 from serving.rollout import session
 from serving.rollout.gates import RouterReading
@@ -45,7 +44,7 @@ from serving.sandbox.processes import free_port_block
 from serving.sandbox.runtime import router_urls, start_extra_routers
 from tests.support.cli import exaserve, json_object
 from tests.support.sandbox import Sandbox, running_sandbox
-from tests.support.stacks import spec_from
+from tests.support.stacks import fleet_of, spec_from
 
 REPLICAS = 4
 ROUTERS = 3
@@ -93,7 +92,7 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sandbox,
     changes = {**CHANGES, "sandbox.runtime_base_port": free_port_block(24)}
     with running_sandbox(tmp_path_factory.mktemp("routers"), replicas=REPLICAS, changes=changes) as sb:
         extra = start_extra_routers(
-            sb.processes, sb.spec, plan(sb.spec), sb.worker_urls, healthy=REPLICAS, timeout_s=60
+            sb.processes, fleet_of(sb.spec), sb.worker_urls, healthy=REPLICAS, timeout_s=60
         )  # stopped by `sandbox down` with the rest of the sandbox's processes
         yield sb, [sb.router_url, *(r.url for r in extra)]
 
@@ -140,7 +139,9 @@ def test_each_batch_leaves_and_rejoins_every_router_before_the_next_phase(
     lines = sb.paths.journal_path.read_text().splitlines()
     rollout = json.loads(lines[0])["plan"]
     events = [json.loads(line)["event"] for line in lines[1:]]
-    url_of = {r.id: url for r, url in zip(plan(sb.spec).replicas, sb.worker_urls, strict=True)}  # replica order
+    url_of = {
+        r.id: url for r, url in zip(fleet_of(sb.spec).plan.replicas, sb.worker_urls, strict=True)
+    }  # replica order
     evidence: dict[str, str] = {}
     for batch in rollout["batches"]:
         index, urls = batch["index"], {url_of[r] for r in batch["replicas"]}
@@ -198,9 +199,10 @@ def rollout_to(sb: Sandbox, routers: list[str], version: str, monkeypatch: pytes
     session.RunResult, Recording, list[Event]]:  # fmt: skip
     """A gated rollout of the whole fleet to ``version`` through :func:`serving.rollout.session.run` (what ``exaserve
     rollout`` runs) with every router instance given by API URL, under load spread over them."""
-    spec, fleet_plan = sb.spec, plan(sb.spec)
+    spec = sb.spec
+    fleet = fleet_of(spec, spec.cluster.name)
     (current,) = set(sb.versions().values())
-    rollout = plan_rollout(spec, fleet_plan, spec.cluster.name, from_version=current, to_version=version)
+    rollout = plan_rollout(fleet, from_version=current, to_version=version)
     known = dict(sandbox_routers(spec))
     endpoints = Endpoints(tuple(routers), tuple(known[r] for r in routers))
     made: list[Recording] = []
@@ -208,9 +210,9 @@ def rollout_to(sb: Sandbox, routers: list[str], version: str, monkeypatch: pytes
     monkeypatch.setattr(session, "Runner", lambda *a, **k: made.append(Recording(*a, **k)) or made[-1])
 
     async def run() -> session.RunResult:
-        backend = LocalBackend(spec, fleet_plan, sb.paths.sandbox_dir)
+        backend = LocalBackend(fleet, sb.paths.sandbox_dir)
         try:
-            return await session.run(sb.paths, backend, endpoints, fleet=[r.id for r in fleet_plan.replicas],
+            return await session.run(sb.paths, backend, endpoints, fleet=[r.id for r in fleet.plan.replicas],
                                      plan=rollout, progress=lambda p: events.append(p.event) if p.event else None)  # fmt: skip
         finally:
             await backend.aclose()
@@ -275,16 +277,19 @@ def test_a_kubernetes_rollout_reaches_every_router_pod_through_the_gateways_head
     on the port the gateway renders (or ``--router-metrics-port``)."""
     st = resolve_stack("dev", None)
     opts = FleetOptions(stack="dev", backend_kind="kubernetes")
-    endpoints = _endpoints(st, opts)
-    service = next(o for o in render_gateway(st.spec, plan(st.spec)) if o["metadata"]["name"] == PODS_SERVICE)
+    fleet = fleet_of(st.spec, st.name)
+    endpoints = _endpoints(fleet, opts)
+    service = next(o for o in render_gateway(fleet) if o["metadata"]["name"] == PODS_SERVICE)
     assert service["spec"]["clusterIP"] == "None"
     assert endpoints.router_service == f"{PODS_SERVICE}.exaserve.svc:{service['spec']['ports'][0]['port']}"
     routers = endpoints.router_set()
     assert routers.routers == []  # the Service's addresses only, resolved before each change and each read
-    metrics_port = router_ports(st.spec, plan(st.spec))[1]
+    metrics_port = cluster_router(fleet).metrics_port
     assert routers.metrics_url("http://10.1.2.3:30000") == f"http://10.1.2.3:{metrics_port}/metrics"
     assert routers.metrics_url("http://[fd00::7]:30000") == f"http://[fd00::7]:{metrics_port}/metrics"
-    explicit = _endpoints(st, replace(opts, routers=["http://r0:30000", "http://r1:30000"], router_metrics_port=9100))
+    explicit = _endpoints(
+        fleet, replace(opts, routers=["http://r0:30000", "http://r1:30000"], router_metrics_port=9100)
+    )
     assert (explicit.routers, explicit.router_service) == (("http://r0:30000", "http://r1:30000"), None)
     assert explicit.router_set().metrics_url("http://r1:30000") == "http://r1:9100/metrics"
 

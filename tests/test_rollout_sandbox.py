@@ -40,6 +40,7 @@ FAST: dict[str, Any] = {
 
 SANDBOX_GROUPS = 2  # each test starts from v1 through its own rollback (at_v1), so two sandboxes can share the tests (tests/conftest.py)
 
+
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     with running_sandbox(tmp_path_factory.mktemp("rollout"), replicas=REPLICAS, changes=GATED) as box:

@@ -18,7 +18,6 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.plan.planner import plan
 from serving.rollout.backends.kubernetes import KubeApi
 from serving.runtime.controller import Action, Controller, ControllerConfig, Kind, ReplicaState, replica_urls
 from serving.runtime.discovery import NodePods
@@ -28,7 +27,7 @@ from serving.runtime.score import above_mean, band, next_score, weighted_load
 from serving.sandbox.processes import free_port
 from serving.spec.schema import FleetSpec, HealthScoreSpec
 from tests.support.etcd import running_etcd
-from tests.support.stacks import spec_from
+from tests.support.stacks import fleet_of, spec_from
 
 HEALTH = HealthScoreSpec()
 T0 = 1_800_000_000.0
@@ -47,15 +46,13 @@ def two_node_spec(**changes: Any) -> FleetSpec:
 
 
 SPEC = two_node_spec()
-PLAN = plan(SPEC)
+PLAN = fleet_of(SPEC).plan
 NODES = sorted({r.node.name for r in PLAN.replicas})
 
 
 def controller(spec: FleetSpec = SPEC) -> Controller:
-    fleet = plan(spec)
-    return Controller(
-        ControllerConfig.from_spec(spec, len(fleet.replicas)), fleet.replicas, replica_urls(spec, fleet), T0
-    )
+    pl = fleet_of(spec).plan
+    return Controller(ControllerConfig.from_spec(spec, len(pl.replicas)), pl.replicas, replica_urls(pl), T0)
 
 
 class Agents:
@@ -300,7 +297,7 @@ def test_follower_tracks_scores_but_never_acts() -> None:
             ctl.receive(agents.report(node, T0 + 5 * i, failing={dead}), T0 + 5 * i)
         assert ctl.tick(T0 + 5 * i, acting=False) == []
     assert ctl.replicas[dead].score == 25 and ctl.replicas[dead].in_rotation
-    ctl.adopt(url for rid, url in replica_urls(SPEC, PLAN).items() if rid != dead)
+    ctl.adopt(url for rid, url in replica_urls(PLAN).items() if rid != dead)
     assert not ctl.replicas[dead].in_rotation
 
 
@@ -477,7 +474,7 @@ def test_discovered_replicas_follow_the_agents_reports() -> None:
     ctl = Controller(
         ControllerConfig.from_spec(SPEC, len(PLAN.replicas)),
         PLAN.replicas,
-        replica_urls(SPEC, PLAN),
+        replica_urls(PLAN),
         T0,
         discovered=True,
     )

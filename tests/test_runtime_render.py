@@ -13,9 +13,8 @@ from typer.main import get_command
 
 from serving.cli.commands import register
 from serving.cli.options import app
-from serving.plan.planner import plan
 from serving.render.k8s import gateway, runtime
-from serving.render.router import router_argv
+from serving.render.router import router_args
 from serving.render.runtime_units import (
     AGENT_UNIT,
     EXASERVE_BIN,
@@ -29,6 +28,7 @@ from serving.spec.stack import load_stack, load_stack_file
 from tests.support.cli import exaserve, json_object
 from tests.support.k8s import of_kind, one, render_file
 from tests.support.paths import REPO
+from tests.support.stacks import fleet_of
 from tests.support.systemd import verify_unit
 
 PROD = load_stack("prod").spec
@@ -139,7 +139,7 @@ def test_bare_metal_units_pass_strict_systemd_verify(systemd_root: Path) -> None
 def test_gateway_flags_meet_the_plan() -> None:
     """The router detects a dead or hung replica within interval × threshold (5 s × 3 = 15 s), cuts a request stuck on
     a hung one after the same 15 s, and polls the load power_of_two reads every interval, not every 30 s."""
-    argv = router_argv(PROD, plan(PROD), kubernetes=True)
+    argv = router_args(fleet_of(PROD), kubernetes=True).to_argv()
 
     def flag(name: str) -> str:
         return argv[argv.index(name) + 1]
@@ -150,7 +150,7 @@ def test_gateway_flags_meet_the_plan() -> None:
     assert flag("--request-timeout-secs") == "15"
     assert "--balance-abs-threshold" not in argv
     cache_aware = PROD.model_copy(update={"scheduler": PROD.scheduler.model_copy(update={"strategy": "cache_aware"})})
-    argv = router_argv(cache_aware, plan(cache_aware), kubernetes=True)
+    argv = router_args(fleet_of(cache_aware), kubernetes=True).to_argv()
     assert argv[argv.index("--balance-rel-threshold") + 1] == "1.5"
     assert argv[argv.index("--balance-abs-threshold") + 1] == "4"  # ⌈0.5 × 8 in-flight requests⌉
 

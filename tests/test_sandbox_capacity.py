@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from serving.plan.planner import plan as plan_fleet
 from serving.sandbox import capacity
 from serving.sandbox import scale as scale_module
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack, parse_spec
 from tests.support.cli import exaserve, flat
 from tests.support.paths import REPO
+from tests.support.stacks import fleet_of
 
 # The reference machine's own costs: a worker request of 0.12 ms and an agent probe of 0.5 ms in the fleet
 REFERENCE = capacity.Costs(request_ms=0.12 / capacity.IN_FLEET, probe_ms=capacity.REFERENCE_PROBE_MS)
@@ -24,7 +24,7 @@ REFERENCE = capacity.Costs(request_ms=0.12 / capacity.IN_FLEET, probe_ms=capacit
 
 def simulated_prod() -> FleetSpec:
     prod = load_stack("prod")
-    return parse_spec(scale_module.simulated_document(prod, plan_fleet(prod.spec), ports_base=21000), "prod", REPO)
+    return parse_spec(scale_module.simulated_document(prod, fleet_of(prod.spec).plan, ports_base=21000), "prod", REPO)
 
 
 def calibration_hosts() -> list[str]:
@@ -63,11 +63,11 @@ def test_at_the_reference_machines_costs_the_model_gives_its_measured_cores() ->
 
 def test_a_machine_too_slow_is_refused_naming_the_cores_and_the_replicas_it_holds() -> None:
     spec = simulated_prod()
-    fleet = plan_fleet(spec)
+    fl = fleet_of(spec)
     slow = capacity.Costs(REFERENCE.request_ms * 3, REFERENCE.probe_ms * 3)  # 2.5 cores at 2,048
     share = 0.5
     with pytest.raises(scale_module.MachineTooSmall) as refused:
-        scale_module.check_machine(spec, fleet, costs=slow, cpu_share=share)
+        scale_module.check_machine(fl, costs=slow, cpu_share=share)
     message = flat(str(refused.value))
     need = capacity.cpu_need(spec, 2048, 256, slow, share)
     assert f"needs about {need.total:.2f} cores in its steady state" in message
@@ -78,7 +78,7 @@ def test_a_machine_too_slow_is_refused_naming_the_cores_and_the_replicas_it_hold
     assert capacity.cpu_need(spec, fits, fits // 8, slow, share).total <= need.available
     assert capacity.cpu_need(spec, fits + 8, fits // 8 + 1, slow, share).total > need.available
     assert math.isclose(need.available, share * capacity.cpus())
-    fits_here = scale_module.check_machine(spec, fleet, costs=REFERENCE, cpu_share=1.0)  # 0.85 cores ≤ any CPU count
+    fits_here = scale_module.check_machine(fl, costs=REFERENCE, cpu_share=1.0)  # 0.85 cores ≤ any CPU count
     assert fits_here.cpu is not None and fits_here.cpu.total == pytest.approx(0.85, abs=0.01)
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from serving.plan.planner import plan
 from serving.sandbox.processes import (
     EPHEMERAL_PORT_RANGE,
     FIRST_SANDBOX_PORT,
@@ -23,7 +22,7 @@ from serving.sandbox.processes import (
 from serving.sandbox.scale import MachineTooSmall, check_ports, sandbox_ports
 from serving.spec.stack import load_stack
 from tests.support.cli import exaserve, flat
-from tests.support.stacks import sandbox_stack_file
+from tests.support.stacks import fleet_of, sandbox_stack_file
 
 
 def test_the_range_is_read_from_the_kernel(tmp_path: Path) -> None:
@@ -71,7 +70,7 @@ def test_the_sandbox_stacks_ports_lie_below_linuxs_range_and_apart_from_picked_b
     """The shipped stack (runtime layer and Prometheus on), with one router and controller or three of each."""
     spec = load_stack("sandbox").spec
     spec = spec.model_copy(update={"scheduler": spec.scheduler.model_copy(update={"instances": instances})})
-    ports = [p for found in sandbox_ports(spec, plan(spec)).values() for p in found]
+    ports = [p for found in sandbox_ports(fleet_of(spec)).values() for p in found]
     # 8 workers, router 0 and its metrics; etcd client and peer, the controllers, routers 1… with metrics, Prometheus
     assert len(ports) == len(set(ports)) == 8 + 2 + 2 + instances + 2 * (instances - 1) + 1
     assert all(20000 <= p < FIRST_SANDBOX_PORT < LINUX_EPHEMERAL_DEFAULT[0] for p in ports), sorted(ports)
@@ -83,7 +82,7 @@ def test_ports_inside_the_ephemeral_range_are_refused_naming_field_value_range_a
     port_range = tmp_path / "ip_local_port_range"
     port_range.write_text("20050\t20100\n")  # the runtime block and the first worker
     with pytest.raises(MachineTooSmall) as refused:
-        check_ports(spec, plan(spec), port_range)
+        check_ports(fleet_of(spec), port_range)
     message = str(refused.value)
     assert message.startswith(
         "sandbox.worker_base_port=20100 (port 20100); sandbox.runtime_base_port=20050 (4 ports from 20050 to 20069) "
@@ -91,7 +90,7 @@ def test_ports_inside_the_ephemeral_range_are_refused_naming_field_value_range_a
     ), message
     assert "Move them below 20050 or above 20100" in message and "net.ipv4.ip_local_port_range" in message
     port_range.write_text("32768\t60999\n")
-    check_ports(spec, plan(spec), port_range)
+    check_ports(fleet_of(spec), port_range)
 
 
 def test_sandbox_up_refuses_a_stack_in_the_ephemeral_range_before_starting_anything(tmp_path: Path) -> None:

@@ -24,7 +24,6 @@ from typing import Any
 import httpx
 import pytest
 
-from serving.plan.planner import plan
 from serving.prometheus_api import FiredAlert, PrometheusError, alerts_fired, query
 from serving.render.k8s import monitoring, runtime
 from serving.render.k8s.common import ROUTER_APP, SERVING_APP
@@ -45,7 +44,7 @@ from tests.support.ci import require_prometheus
 from tests.support.cli import json_object
 from tests.support.etcd import require_etcd
 from tests.support.sandbox import Sandbox, running_sandbox
-from tests.support.stacks import sandbox_stack_file
+from tests.support.stacks import fleet_of, sandbox_stack_file
 
 INTERVAL_S = 1.0
 CHANGES = {
@@ -83,7 +82,7 @@ def test_every_target_the_monitors_describe_is_scraped_and_up(sandbox: Sandbox) 
     prom = prometheus_url(sandbox.spec)
     ns = sandbox.spec.kubernetes.namespace
     up = {(s.labels["job"], s.labels["pod"]): s.value for s in query(prom, "up")}
-    replicas = [r.id for r in plan(sandbox.spec).replicas]
+    replicas = [r.id for r in fleet_of(sandbox.spec).plan.replicas]
     expected = {
         ("sglang-router", "router"),
         ("sglang-router", "router-1"),
@@ -101,7 +100,7 @@ def test_every_target_the_monitors_describe_is_scraped_and_up(sandbox: Sandbox) 
     assert [s.value for s in leaders] == [1.0]
     # every rendered rule group is loaded
     groups = httpx.get(prom + "/api/v1/rules", timeout=5).json()["data"]["groups"]
-    objects = rendered_objects(sandbox.spec, plan(sandbox.spec))
+    objects = rendered_objects(fleet_of(sandbox.spec))
     rendered = [g["name"] for o in objects if o["kind"] == "PrometheusRule" for g in o["spec"]["groups"]]
     assert sorted(g["name"] for g in groups) == sorted(rendered)
     assert all(r["health"] == "ok" for g in groups for r in g["rules"]), groups
@@ -109,7 +108,7 @@ def test_every_target_the_monitors_describe_is_scraped_and_up(sandbox: Sandbox) 
 
 def test_a_killed_worker_fires_the_out_of_rotation_alert_with_its_time(sandbox: Sandbox) -> None:
     prom = prometheus_url(sandbox.spec)
-    rid = plan(sandbox.spec).replicas[1].id  # the sandbox's configs are in replica order
+    rid = fleet_of(sandbox.spec).plan.replicas[1].id  # the sandbox's configs are in replica order
     record = sandbox.processes.read(worker_name(sandbox.configs[1].port))
     assert record is not None
     assert alerts_fired(prom, time.time() - 60) == []  # a settled fleet: nothing fired since it came up
@@ -174,8 +173,8 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
     require_prometheus()
     path = sandbox_stack_file(tmp_path_factory.mktemp("stack"), ports_base=41000, replicas=4, changes=CHANGES)
     spec = load_stack_file(path).spec
-    pl = plan(spec)
-    return spec, rendered_objects(spec, pl), sandbox_pods(spec, pl)
+    fl = fleet_of(spec)
+    return spec, rendered_objects(fl), sandbox_pods(fl)
 
 
 def test_scrape_jobs_follow_the_rendered_monitors(rendered: Rendered) -> None:

@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 
-from serving.plan.planner import plan as plan_fleet
 from serving.router.loadgen import LoadGenerator, LoadSpec
 from serving.sandbox import scale as scale_module
 from serving.sandbox.processes import StateDir
@@ -34,7 +33,7 @@ from tests.support.cli import exaserve, flat, json_object
 from tests.support.controllers import leading_controller
 from tests.support.etcd import require_etcd
 from tests.support.paths import REPO
-from tests.support.stacks import write_variant
+from tests.support.stacks import fleet_of, write_variant
 
 NODES, PER_NODE = 64, 8
 REPLICAS = NODES * PER_NODE
@@ -135,10 +134,10 @@ def test_one_report_per_node_reaches_the_controller_and_no_client_sees_a_node_lo
         f"workers counted {probed:.1f} agent probes/s, reports {carried:.1f}"
     )
 
-    victims = [r for r in plan_fleet(spec).replicas if r.node.name == "gpu-r01-n00"]
+    victims = [r for r in fleet_of(spec).plan.replicas if r.node.name == "gpu-r01-n00"]
     assert spec.sandbox is not None and len(victims) == PER_NODE
-    ports = [spec.sandbox.worker_base_port + r.index for r in victims]
-    urls = {f"http://127.0.0.1:{p}" for p in ports}
+    ports = [r.endpoint.port for r in victims]
+    urls = {r.url for r in victims}
     gen = LoadGenerator(LoadSpec(url=scale.router_url, rate_per_s=CLIENT_RATE, duration_s=600, timeout_s=30))
     stop = asyncio.Event()
     loop = asyncio.new_event_loop()
@@ -178,7 +177,9 @@ def test_one_report_per_node_reaches_the_controller_and_no_client_sees_a_node_lo
 # ----- the derivation and the bounds, without starting anything -----------------------------------------------------
 def simulated_prod(ports_base: int = 21000) -> FleetSpec:
     prod = load_stack("prod")
-    return parse_spec(scale_module.simulated_document(prod, plan_fleet(prod.spec), ports_base=ports_base), "prod", REPO)
+    return parse_spec(
+        scale_module.simulated_document(prod, fleet_of(prod.spec).plan, ports_base=ports_base), "prod", REPO
+    )
 
 
 def test_the_sandbox_section_is_derived_from_the_stack() -> None:
@@ -202,7 +203,7 @@ def test_the_sandbox_section_is_derived_from_the_stack() -> None:
     assert spec.rollout.drain_timeout_s == max(prod.rollout.drain_timeout_s, prod.rollout.health_timeout_s) == 900
     assert spec.serving.heartbeat_interval_s == prod.serving.heartbeat_interval_s
     assert spec.runtime.lease_ttl_s == prod.runtime.lease_ttl_s
-    assert plan_fleet(spec).replicas == plan_fleet(prod).replicas
+    assert fleet_of(spec).plan.replicas == fleet_of(prod).plan.replicas
 
 
 def test_a_machine_without_the_memory_is_refused_with_the_figure(tmp_path: Path) -> None:
@@ -210,7 +211,7 @@ def test_a_machine_without_the_memory_is_refused_with_the_figure(tmp_path: Path)
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:  2048000 kB\nMemAvailable:  1024000 kB\n")
     with pytest.raises(scale_module.MachineTooSmall, match=r"needs about [\d,]+ MiB .*MemAvailable is 1,000 MiB"):
-        scale_module.check_machine(spec, plan_fleet(spec), meminfo=meminfo)
+        scale_module.check_machine(fleet_of(spec), meminfo=meminfo)
 
 
 def test_too_few_open_files_is_refused_with_the_figure_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -219,7 +220,7 @@ def test_too_few_open_files_is_refused_with_the_figure_and_the_fix(monkeypatch: 
     with pytest.raises(
         scale_module.MachineTooSmall, match=r"needs 6208 open files in one process \(a router .*allows 4096"
     ):
-        scale_module.check_machine(spec, plan_fleet(spec))
+        scale_module.check_machine(fleet_of(spec))
 
 
 @pytest.mark.parametrize(

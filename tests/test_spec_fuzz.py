@@ -12,11 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from serving.checks import rules
-from serving.checks.result import CheckResult, Status
-from serving.plan import planner
+from serving.result import CheckResult, Status
 from serving.spec.stack import SpecError, parse_spec
 from tests.support.paths import REPO
-from tests.support.stacks import stack_doc, with_changes
+from tests.support.stacks import fleet_of, stack_doc, with_changes
 
 BASES = {name: stack_doc(name) for name in ("prod", "dev", "sandbox")}
 
@@ -114,8 +113,9 @@ def plan_or_fail_cleanly(base: str, changes: dict[str, Any]) -> str:
     except SpecError as exc:
         assert exc.problems and all(isinstance(m, str) and m for _, m in exc.problems)
         return "rejected"
-    pl = planner.plan(spec)
-    for v in rules.check(spec, pl):
+    fleet = fleet_of(spec)
+    pl = fleet.plan
+    for v in rules.check(fleet):
         assert isinstance(v, CheckResult) and v.check in rules.RULES and v.status in (Status.FAIL, Status.WARN)
         assert v.subject and v.observed and v.expected and v.fix
     assert pl.placement.gpus_per_replica >= 1 and pl.memory.per_gpu["total"].value >= 0

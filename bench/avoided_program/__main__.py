@@ -6,8 +6,7 @@ import copy
 import pulumi
 import pulumi_kubernetes as k8s
 
-from serving.plan.model import Plan
-from serving.plan.planner import plan
+from serving.plan.model import Fleet
 from serving.pulumi.components import (
     Gateway,
     ModelStorage,
@@ -18,17 +17,16 @@ from serving.pulumi.components import (
     RdmaFabric,
 )
 from serving.pulumi.components.base import KubernetesComponent
-from serving.pulumi.program import program_stack
-from serving.render.k8s import fleet
-from serving.spec.schema import FleetSpec
+from serving.pulumi.program import program_fleet
+from serving.render.k8s import fleet as serving_fleet
 
 
 class PerReplicaFleet(KubernetesComponent):
     """Each group's LeaderWorkerSet split into one single-replica LeaderWorkerSet per replica."""
 
-    def __init__(self, name: str, spec: FleetSpec, pl: Plan, opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(self, name: str, fleet: Fleet, opts: pulumi.ResourceOptions | None = None) -> None:
         objects = []
-        for obj in fleet.render(spec, pl):
+        for obj in serving_fleet.render(fleet):
             if obj["kind"] != "LeaderWorkerSet":
                 objects.append(obj)
                 continue
@@ -41,17 +39,17 @@ class PerReplicaFleet(KubernetesComponent):
         self.register_outputs({"groups": len(self.names("LeaderWorkerSet"))})
 
 
-spec = program_stack().spec
-pl = plan(spec)
+fleet = program_fleet()
+spec = fleet.spec
 provider = k8s.Provider("k8s", context=spec.kubernetes.context)
 cluster = pulumi.ResourceOptions(provider=provider)
 namespace = Namespace("namespace", spec, opts=cluster)
 in_namespace = pulumi.ResourceOptions(provider=provider, depends_on=[namespace])
 nodes = Nodes("nodes", spec, opts=cluster)
 after_nodes = pulumi.ResourceOptions(provider=provider, depends_on=[namespace, nodes])
-RdmaFabric("fabric", spec, pl, opts=after_nodes)
+RdmaFabric("fabric", fleet, opts=after_nodes)
 ModelStorage("storage", spec, opts=after_nodes)
-PerReplicaFleet("fleet", spec, pl, opts=after_nodes)
-Gateway("gateway", spec, pl, opts=in_namespace)
-Monitoring("monitoring", spec, pl, opts=in_namespace)
-NetworkPolicies("network-policy", spec, pl, opts=in_namespace)
+PerReplicaFleet("fleet", fleet, opts=after_nodes)
+Gateway("gateway", fleet, opts=in_namespace)
+Monitoring("monitoring", fleet, opts=in_namespace)
+NetworkPolicies("network-policy", fleet, opts=in_namespace)

@@ -2,8 +2,8 @@
 ``pulumi preview/up``) and ``exaserve check`` (run offline on the rendered stack).
 
 A resource rule takes the Pulumi resource type and the resource's properties (the camelCase object) and
-returns failing :class:`~serving.checks.result.CheckResult`s; a stack rule takes every resource and the fleet
-spec. Each result names the rule (``check``), the resource (``subject``), what is wrong with the offending value
+returns failing :class:`~serving.result.CheckResult`s; a stack rule takes every resource and the fleet
+(the spec and its plan). Each result names the rule (``check``), the resource (``subject``), what is wrong with the offending value
 (``observed``), what the rule asks for (``expected``) and the fix.
 """
 
@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-from serving.checks.result import CheckResult, Status
 from serving.checks.rules import MIN_HEALTH_TIMEOUT_S
-from serving.plan.planner import plan
+from serving.plan.model import Fleet
 from serving.render.k8s.common import (
     ANNOTATION_ALLOW_LOAD_BALANCER,
     ANNOTATION_PRIVILEGED_REASON,
@@ -37,7 +36,8 @@ from serving.render.k8s.container import GENERATING_PATHS, LIVENESS_PATH
 from serving.render.k8s.fabric import NETWORKS_ANNOTATION
 from serving.render.k8s.fleet import LWS_GROUP_KEY
 from serving.render.k8s.storage import COMPLETE_MARKER, WARMER
-from serving.spec.schema import FleetSpec, pinned_image
+from serving.result import CheckResult, Status
+from serving.spec.schema import pinned_image
 
 GPU_RESOURCE = "nvidia.com/gpu"
 # DaemonSets allowed a privileged container (still only with a reason in ANNOTATION_PRIVILEGED_REASON).
@@ -53,7 +53,7 @@ OFFSET_AFTER_PARENS = re.compile(r"\)\s*offset\s")
 
 Props = Mapping[str, Any]
 ResourceRule = Callable[[str, Props], list[CheckResult]]
-StackRule = Callable[[Sequence[tuple[str, Props]], FleetSpec], list[CheckResult]]
+StackRule = Callable[[Sequence[tuple[str, Props]], Fleet], list[CheckResult]]
 
 
 @dataclass(frozen=True)
@@ -309,8 +309,8 @@ def serving_groups(resources: Sequence[tuple[str, Props]]) -> list[tuple[str, Pr
 
 
 @stack_rule("pdb-per-serving-group", "Every serving update group has a PodDisruptionBudget selecting its pods.")
-def pdb_per_serving_group(resources: Sequence[tuple[str, Props]], spec: FleetSpec) -> list[CheckResult]:
-    del spec  # the rule reads only the resources
+def pdb_per_serving_group(resources: Sequence[tuple[str, Props]], fleet: Fleet) -> list[CheckResult]:
+    del fleet  # the rule reads only the resources
     budgets = [
         ((p.get("metadata") or {}).get("namespace"), (p.get("spec") or {}).get("selector") or {})
         for t, p in resources
@@ -338,8 +338,8 @@ def pdb_per_serving_group(resources: Sequence[tuple[str, Props]], spec: FleetSpe
     "serving-group-replicas",
     "There are exactly rollout.batches serving groups and each runs the replica count the spec's plan gives it.",
 )
-def serving_group_replicas(resources: Sequence[tuple[str, Props]], spec: FleetSpec) -> list[CheckResult]:
-    expected = plan(spec).rollout_group_sizes
+def serving_group_replicas(resources: Sequence[tuple[str, Props]], fleet: Fleet) -> list[CheckResult]:
+    spec, expected = fleet.spec, fleet.plan.rollout_group_sizes
     out: list[CheckResult] = []
     seen: Counter[int] = Counter()
     for t, p in serving_groups(resources):
@@ -383,10 +383,10 @@ def serving_group_replicas(resources: Sequence[tuple[str, Props]], spec: FleetSp
     return out
 
 
-def check(resources: Sequence[tuple[str, Props]], spec: FleetSpec) -> list[CheckResult]:
+def check(resources: Sequence[tuple[str, Props]], fleet: Fleet) -> list[CheckResult]:
     """Every rule over every resource; the offline twin of the CrossGuard pack."""
     findings = [f for t, p in resources for _, fn in RESOURCE_RULES.values() for f in fn(t, p)]
-    findings += [f for _, fn in STACK_RULES.values() for f in fn(resources, spec)]
+    findings += [f for _, fn in STACK_RULES.values() for f in fn(resources, fleet)]
     return findings
 
 
@@ -842,8 +842,8 @@ def alert_offset_placement(resource_type: str, props: Props) -> list[CheckResult
     "PrometheusRules and ServiceMonitors carry kubernetes.prometheus_selector_labels, so the cluster's Prometheus "
     "loads them.",
 )
-def monitoring_selected(resources: Sequence[tuple[str, Props]], spec: FleetSpec) -> list[CheckResult]:
-    wanted = spec.kubernetes.prometheus_selector_labels
+def monitoring_selected(resources: Sequence[tuple[str, Props]], fleet: Fleet) -> list[CheckResult]:
+    wanted = fleet.spec.kubernetes.prometheus_selector_labels
     out = []
     for t, p in resources:
         if kind_of(t, p) not in ("PrometheusRule", "ServiceMonitor"):
@@ -869,8 +869,8 @@ def monitoring_selected(resources: Sequence[tuple[str, Props]], spec: FleetSpec)
     "images-through-mirror",
     "When the stack names a registry mirror or a pull secret, every pod pulls through it.",
 )
-def images_through_mirror(resources: Sequence[tuple[str, Props]], spec: FleetSpec) -> list[CheckResult]:
-    mirror, secret = spec.kubernetes.image_registry, spec.kubernetes.image_pull_secret
+def images_through_mirror(resources: Sequence[tuple[str, Props]], fleet: Fleet) -> list[CheckResult]:
+    mirror, secret = fleet.spec.kubernetes.image_registry, fleet.spec.kubernetes.image_pull_secret
     out = []
     for t, p in resources:
         for where, template in pod_templates(t, p):

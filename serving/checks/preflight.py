@@ -5,7 +5,7 @@ plugin, through :func:`check_result`), and its last role turns them into the rep
 :func:`build_report` (through the ``exaserve.fleet.preflight_report`` filter) and writes it as JSON; ``exaserve
 preflight`` reads it back with :func:`load_report`. The format is documented in docs/preflight.md.
 
-Every recorded result is a :class:`~serving.checks.result.CheckResult` (the host is its ``subject``),
+Every recorded result is a :class:`~serving.result.CheckResult` (the host is its ``subject``),
 kept in the report as a :class:`CheckEntry` (the record without ``check`` and ``subject``, which are
 the report's keys); :func:`results` turns a report back into records.
 """
@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
-from serving.checks.result import CheckResult, Status
+from serving.result import CheckResult, Status
 
 REPORT_VERSION = 1
 CheckStatus = Literal["pass", "fail", "skip"]  # preflight never warns: a node is fit or it is not

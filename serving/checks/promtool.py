@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from serving.checks.result import CheckResult, Status
+from serving.result import CheckResult, Status
 
 CHECK = "promtool-check-rules"
 NOT_INSTALLED = (

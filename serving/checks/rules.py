@@ -1,7 +1,7 @@
 """Rules that reject infeasible or unsafe plans before merge.
 
-Each rule is a named pure function over the spec and its computed plan that yields a
-:class:`~serving.checks.result.CheckResult` for each problem: the rule (``check``), the spec path
+Each rule is a named pure function over the fleet (the spec and its computed plan) that yields a
+:class:`~serving.result.CheckResult` for each problem: the rule (``check``), the spec path
 (``subject``), what the plan computes with its arithmetic (``observed``), what the rule asks for
 (``expected``) and the fix. ``fail`` results make ``exaserve plan`` exit 1; ``warn`` results are shown
 but do not fail the plan.
@@ -12,10 +12,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 
-from serving.checks.result import CheckResult, Status
-from serving.plan.model import Plan, fmt_bytes
-from serving.plan.planner import rollout_groups
-from serving.spec.schema import FabricKind, FleetSpec, LogLevel
+from serving.plan.model import Fleet, fmt_bytes
+from serving.result import CheckResult, Status
+from serving.spec.schema import FabricKind, LogLevel
 
 MIN_HEALTH_TIMEOUT_S = 3.0
 MIN_TP_FABRIC_GBPS = 100
@@ -23,7 +22,7 @@ MIN_SCHEDULER_PERIOD_MS = 100
 MIN_HA_INSTANCES = 3
 MAX_RESTART_S = 30.0
 
-RuleFn = Callable[[FleetSpec, Plan], Iterator[CheckResult]]
+RuleFn = Callable[[Fleet], Iterator[CheckResult]]
 RULES: dict[str, RuleFn] = {}
 
 
@@ -36,16 +35,16 @@ def rule(name: str) -> Callable[[RuleFn], RuleFn]:
 
 
 @rule("placement.gpus-per-node")
-def _gpus_per_node(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
+def _gpus_per_node(fleet: Fleet) -> Iterator[CheckResult]:
     """GPUs per replica × replicas per node must fit in the node's GPUs."""
-    p = plan.placement
-    rpn = spec.serving.replicas_per_node
+    p = fleet.plan.placement
+    rpn = fleet.spec.serving.replicas_per_node
     if p.nodes_per_replica == 1 and rpn is not None and rpn * p.gpus_per_replica > p.gpus_per_node:
         yield CheckResult(
             "placement.gpus-per-node",
             Status.FAIL,
-            f"Got {rpn}: {rpn} replicas × {p.gpus_per_replica} GPUs each (TP {spec.parallelism.tp} × PP "
-            f"{spec.parallelism.pp} × DP {spec.parallelism.dp}) needs {rpn * p.gpus_per_replica} GPUs, the node has "
+            f"Got {rpn}: {rpn} replicas × {p.gpus_per_replica} GPUs each (TP {fleet.spec.parallelism.tp} × PP "
+            f"{fleet.spec.parallelism.pp} × DP {fleet.spec.parallelism.dp}) needs {rpn * p.gpus_per_replica} GPUs, the node has "
             f"{p.gpus_per_node}",
             f"at most {p.max_replicas_per_node} per node ({p.gpus_per_node} GPUs / {p.gpus_per_replica} GPUs per replica)",
             f"Use at most {p.max_replicas_per_node}, or lower tp/pp.",
@@ -64,9 +63,9 @@ def _gpus_per_node(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
 
 
 @rule("placement.whole-nodes")
-def _whole_nodes(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
+def _whole_nodes(fleet: Fleet) -> Iterator[CheckResult]:
     """A replica that spans nodes must use whole nodes (GPUs per replica a multiple of GPUs per node)."""
-    p = plan.placement
+    p = fleet.plan.placement
     if p.gpus_per_replica > p.gpus_per_node and p.gpus_per_replica % p.gpus_per_node:
         yield CheckResult(
             "placement.whole-nodes",
@@ -81,16 +80,16 @@ def _whole_nodes(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
 
 
 @rule("placement.fleet-capacity")
-def _fleet_capacity(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
+def _fleet_capacity(fleet: Fleet) -> Iterator[CheckResult]:
     """The cluster must hold every replica the spec asks for."""
-    p = plan.placement
+    p = fleet.plan.placement
     per_node = p.replicas_per_node if p.nodes_per_replica == 1 and p.replicas_per_node else p.max_replicas_per_node
     holds = p.nodes * min(per_node, p.max_replicas_per_node) if p.nodes_per_replica == 1 else p.max_replicas
-    if spec.serving.replicas > holds:
+    if fleet.spec.serving.replicas > holds:
         yield CheckResult(
             "placement.fleet-capacity",
             Status.FAIL,
-            f"Got {spec.serving.replicas:,}: {p.nodes} nodes hold at most {holds:,} replicas ({p.formula})",
+            f"Got {fleet.spec.serving.replicas:,}: {p.nodes} nodes hold at most {holds:,} replicas ({p.formula})",
             f"at most {holds:,} replicas",
             f"Use at most {holds:,} replicas, or add nodes.",
             "serving.replicas",
@@ -98,12 +97,12 @@ def _fleet_capacity(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
 
 
 @rule("memory.per-gpu")
-def _memory(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
+def _memory(fleet: Fleet) -> Iterator[CheckResult]:
     """The KV pool must hold at least one full-length sequence per DP rank. By SGLang's arithmetic (the default
     memory model): free at start × mem_fraction_static − weights, per token of this GPU; by the source's
     heuristic: weights + KV + activations + overhead + margin within the usable memory."""
-    m = plan.memory
-    ctx = spec.limits.context_length
+    m = fleet.plan.memory
+    ctx = fleet.spec.limits.context_length
     fix = "Raise tp/pp, quantise (model.precision), use fp8 KV (model.kv_cache_dtype), or lower limits.context_length."
     if m.model == "sglang":
         if m.max_total_tokens.value < ctx:
@@ -125,7 +124,7 @@ def _memory(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
             Status.FAIL,
             f"Each GPU needs {fmt_bytes(need)} ({m.per_gpu['total'].formula}) but only {fmt_bytes(have)} is usable "
             f"({m.usable_per_gpu.formula}); the KV pool admits {int(m.max_concurrent_sequences.value)} sequences of "
-            f"{ctx:,} tokens against max_running_requests {spec.limits.max_running_requests}",
+            f"{ctx:,} tokens against max_running_requests {fleet.spec.limits.max_running_requests}",
             f"at most {fmt_bytes(have)} per GPU",
             fix,
             "model",
@@ -133,25 +132,25 @@ def _memory(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
 
 
 @rule("network.tp-across-nodes")
-def _tp_fabric(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
+def _tp_fabric(fleet: Fleet) -> Iterator[CheckResult]:
     """Tensor parallelism across nodes needs at least 100 Gb/s (source §3.3)."""
-    rate = spec.cluster.fabric.link_rate_gbps
-    if plan.placement.tp_crosses_nodes and rate < MIN_TP_FABRIC_GBPS:
+    rate = fleet.spec.cluster.fabric.link_rate_gbps
+    if fleet.plan.placement.tp_crosses_nodes and rate < MIN_TP_FABRIC_GBPS:
         yield CheckResult(
             "network.tp-across-nodes",
             Status.FAIL,
-            f"Got {rate}: TP {spec.parallelism.tp} crosses nodes of {plan.placement.gpus_per_node} GPUs and moves "
-            f"{plan.network.fabric_bytes_per_forward.formula}; below {MIN_TP_FABRIC_GBPS} Gb/s that takes "
-            f"{plan.network.fabric_time_per_forward_s.formula}",
+            f"Got {rate}: TP {fleet.spec.parallelism.tp} crosses nodes of {fleet.plan.placement.gpus_per_node} GPUs and moves "
+            f"{fleet.plan.network.fabric_bytes_per_forward.formula}; below {MIN_TP_FABRIC_GBPS} Gb/s that takes "
+            f"{fleet.plan.network.fabric_time_per_forward_s.formula}",
             f"at least {MIN_TP_FABRIC_GBPS} Gb/s when TP crosses nodes",
-            f"Keep tp ≤ {plan.placement.gpus_per_node} or use ≥ {MIN_TP_FABRIC_GBPS} Gb/s RDMA.",
+            f"Keep tp ≤ {fleet.plan.placement.gpus_per_node} or use ≥ {MIN_TP_FABRIC_GBPS} Gb/s RDMA.",
             "cluster.fabric.link_rate_gbps",
         )
-    if plan.placement.tp_crosses_nodes and spec.cluster.fabric.kind is FabricKind.ETHERNET:
+    if fleet.plan.placement.tp_crosses_nodes and fleet.spec.cluster.fabric.kind is FabricKind.ETHERNET:
         yield CheckResult(
             "network.tp-across-nodes",
             Status.FAIL,
-            f"Got {spec.cluster.fabric.kind.value}: all-reduce over TCP adds far more than the tens of µs the source "
+            f"Got {fleet.spec.cluster.fabric.kind.value}: all-reduce over TCP adds far more than the tens of µs the source "
             "allows per collective",
             "InfiniBand or RoCE when TP crosses nodes",
             "Use InfiniBand/RoCE or keep TP inside a node.",
@@ -160,14 +159,14 @@ def _tp_fabric(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
 
 
 @rule("network.utilisation")
-def _utilisation(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
+def _utilisation(fleet: Fleet) -> Iterator[CheckResult]:
     """Warn where the link rate predicts a low GPU utilisation (source's link-rate table)."""
-    _, hi, _ = plan.network.utilisation_band
-    if hi <= 0.25 and plan.network.fabric_bytes_per_forward.value > 0:
+    _, hi, _ = fleet.plan.network.utilisation_band
+    if hi <= 0.25 and fleet.plan.network.fabric_bytes_per_forward.value > 0:
         yield CheckResult(
             "network.utilisation",
             Status.WARN,
-            f"{plan.network.utilisation_formula}; replicas that span nodes will idle their GPUs",
+            f"{fleet.plan.network.utilisation_formula}; replicas that span nodes will idle their GPUs",
             "a link rate that keeps GPU utilisation above 25 %",
             f"Use ≥ {MIN_TP_FABRIC_GBPS} Gb/s.",
             "cluster.fabric.link_rate_gbps",
@@ -175,14 +174,14 @@ def _utilisation(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
 
 
 @rule("heartbeat.central-jitter")
-def _jitter(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
+def _jitter(fleet: Fleet) -> Iterator[CheckResult]:
     """A central scheduler taking direct heartbeats jittered above ≈ 1,500 replicas (source §3.4)."""
-    hb = plan.heartbeats
+    hb = fleet.plan.heartbeats
     if hb.active_per_s.value > hb.central_limit_per_s.value:
         yield CheckResult(
             "heartbeat.central-jitter",
             Status.FAIL,
-            f"Got {spec.serving.heartbeat_mode!r}: the scheduler would take {hb.active_per_s.formula}, above the "
+            f"Got {fleet.spec.serving.heartbeat_mode!r}: the scheduler would take {hb.active_per_s.formula}, above the "
             f"jitter limit {hb.central_limit_per_s.formula}",
             f"at most {hb.central_limit_per_s.value:,.1f} heartbeats/s at the central scheduler",
             f"Use 'aggregated' (node agents: {hb.aggregated_per_s.formula}).",
@@ -191,9 +190,9 @@ def _jitter(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
 
 
 @rule("health.check-timeout")
-def _timeout(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
+def _timeout(fleet: Fleet) -> Iterator[CheckResult]:
     """A 1 s health-check timeout restarted replicas every 10 minutes; 3 s fixed it (source §3.4)."""
-    t = spec.serving.health_check_timeout_s
+    t = fleet.spec.serving.health_check_timeout_s
     if t < MIN_HEALTH_TIMEOUT_S:
         yield CheckResult(
             "health.check-timeout",
@@ -204,22 +203,22 @@ def _timeout(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
             f"Use at least {MIN_HEALTH_TIMEOUT_S:g}.",
             "serving.health_check_timeout_s",
         )
-    if t >= spec.serving.heartbeat_interval_s:
+    if t >= fleet.spec.serving.heartbeat_interval_s:
         yield CheckResult(
             "health.check-timeout",
             Status.FAIL,
-            f"Got {t:g}: a probe must end before the next one starts every {spec.serving.heartbeat_interval_s:g} s",
-            f"less than serving.heartbeat_interval_s, {spec.serving.heartbeat_interval_s:g} s",
+            f"Got {t:g}: a probe must end before the next one starts every {fleet.spec.serving.heartbeat_interval_s:g} s",
+            f"less than serving.heartbeat_interval_s, {fleet.spec.serving.heartbeat_interval_s:g} s",
             "Lower the timeout or lengthen heartbeat_interval_s.",
             "serving.health_check_timeout_s",
         )
 
 
 @rule("health.recovery-target")
-def _recovery(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
+def _recovery(fleet: Fleet) -> Iterator[CheckResult]:
     """Detection + migration must finish within the recovery target."""
-    hb = plan.heartbeats
-    target = spec.serving.recovery_target_s
+    hb = fleet.plan.heartbeats
+    target = fleet.spec.serving.recovery_target_s
     if hb.recovery_s.value > target:
         yield CheckResult(
             "health.recovery-target",
@@ -232,9 +231,9 @@ def _recovery(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
 
 
 @rule("storage.restart-time")
-def _restart(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
+def _restart(fleet: Fleet) -> Iterator[CheckResult]:
     """A restarted replica must reload from the local cache within 30 s (source §7)."""
-    r = plan.restart_from_cache_s
+    r = fleet.plan.restart_from_cache_s
     if r.value > MAX_RESTART_S:
         yield CheckResult(
             "storage.restart-time",
@@ -247,16 +246,16 @@ def _restart(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
 
 
 @rule("rollout.batches-cover")
-def _batches(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
+def _batches(fleet: Fleet) -> Iterator[CheckResult]:
     """Rollout batches must cover every replica exactly once, none empty."""
-    replicas = min(spec.serving.replicas, plan.placement.max_replicas)
-    groups = rollout_groups(replicas, spec.rollout.batches)
+    replicas = len(fleet.plan.replicas)
+    groups = fleet.plan.rollout_groups
     covered = sorted(i for g in groups for i in g)
     if covered != list(range(replicas)) or any(not g for g in groups):
         yield CheckResult(
             "rollout.batches-cover",
             Status.FAIL,
-            f"Got {spec.rollout.batches}: {replicas} replicas cannot fill {spec.rollout.batches} non-empty batches "
+            f"Got {fleet.spec.rollout.batches}: {replicas} replicas cannot fill {fleet.spec.rollout.batches} non-empty batches "
             f"(sizes {[len(g) for g in groups]})",
             "batches that cover every replica exactly once, none empty",
             f"Use at most {replicas} batches.",
@@ -265,9 +264,9 @@ def _batches(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
 
 
 @rule("rollout.gate-window")
-def _gate_window(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
+def _gate_window(fleet: Fleet) -> Iterator[CheckResult]:
     """A batch must soak at least as long as the warm-up, or the gates judge a half-warm batch."""
-    r, s = spec.rollout, spec.serving
+    r, s = fleet.spec.rollout, fleet.spec.serving
     if r.interval_s < s.warmup_duration_s:
         yield CheckResult(
             "rollout.gate-window",
@@ -281,10 +280,10 @@ def _gate_window(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
 
 
 @rule("scheduler.ha")
-def _ha(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
+def _ha(fleet: Fleet) -> Iterator[CheckResult]:
     """At least 3 scheduler instances with leader election (source §4.3); one alone is a single point of failure."""
-    n = spec.scheduler.instances
-    if n < MIN_HA_INSTANCES and plan.placement.nodes > 1:
+    n = fleet.spec.scheduler.instances
+    if n < MIN_HA_INSTANCES and fleet.plan.placement.nodes > 1:
         yield CheckResult(
             "scheduler.ha",
             Status.FAIL if n == 1 else Status.WARN,
@@ -296,9 +295,9 @@ def _ha(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
 
 
 @rule("scheduler.period")
-def _period(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
+def _period(fleet: Fleet) -> Iterator[CheckResult]:
     """A 10 ms scheduling period saturated the CPU; 100 ms balanced as well (source §4.3)."""
-    ms = spec.scheduler.period_ms
+    ms = fleet.spec.scheduler.period_ms
     if ms < MIN_SCHEDULER_PERIOD_MS:
         yield CheckResult(
             "scheduler.period",
@@ -312,13 +311,13 @@ def _period(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
 
 
 @rule("ops.log-level")
-def _log_level(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
+def _log_level(fleet: Fleet) -> Iterator[CheckResult]:
     """DEBUG only while debugging: thousands of replicas log tens of MB/s (source §5)."""
-    if spec.serving.log_level in (LogLevel.DEBUG, LogLevel.INFO) and plan.placement.replicas > 100:
+    if fleet.spec.serving.log_level in (LogLevel.DEBUG, LogLevel.INFO) and fleet.plan.placement.replicas > 100:
         yield CheckResult(
             "ops.log-level",
             Status.WARN,
-            f"Got {spec.serving.log_level.value!r} on {plan.placement.replicas:,} replicas",
+            f"Got {fleet.spec.serving.log_level.value!r} on {fleet.plan.placement.replicas:,} replicas",
             "'warning' or quieter above 100 replicas (thousands of replicas log tens of MB/s)",
             "Use 'warning' outside debugging.",
             "serving.log_level",
@@ -326,23 +325,28 @@ def _log_level(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
 
 
 @rule("health.score-consistency")
-def _score(spec: FleetSpec, plan: Plan) -> Iterator[CheckResult]:
+def _score(fleet: Fleet) -> Iterator[CheckResult]:
     """The health score must stop routing no later than the failure threshold marks a node unhealthy."""
-    hb = plan.heartbeats
-    if hb.timeouts_to_stop_routing.value > spec.serving.failure_threshold:
-        raise_to = math.ceil((spec.health.start - spec.health.stop_routing_below) / spec.serving.failure_threshold) + 1
+    hb = fleet.plan.heartbeats
+    if hb.timeouts_to_stop_routing.value > fleet.spec.serving.failure_threshold:
+        raise_to = (
+            math.ceil(
+                (fleet.spec.health.start - fleet.spec.health.stop_routing_below) / fleet.spec.serving.failure_threshold
+            )
+            + 1
+        )
         yield CheckResult(
             "health.score-consistency",
             Status.WARN,
             f"The score stops routing after {hb.timeouts_to_stop_routing.formula}, but "
-            f"{spec.serving.failure_threshold} misses already mark the replica unhealthy: the score only matters "
+            f"{fleet.spec.serving.failure_threshold} misses already mark the replica unhealthy: the score only matters "
             "for flapping nodes",
-            f"routing stopped within serving.failure_threshold = {spec.serving.failure_threshold} timeouts",
+            f"routing stopped within serving.failure_threshold = {fleet.spec.serving.failure_threshold} timeouts",
             f"Intended, or raise timeout_penalty to {raise_to}.",
             "health.timeout_penalty",
         )
 
 
-def check(spec: FleetSpec, plan: Plan) -> list[CheckResult]:
+def check(fleet: Fleet) -> list[CheckResult]:
     """Every rule's problems (``fail`` and ``warn`` results), in rule order; [] for a clean plan."""
-    return [r for fn in RULES.values() for r in fn(spec, plan)]
+    return [r for fn in RULES.values() for r in fn(fleet)]

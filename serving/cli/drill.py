@@ -52,8 +52,8 @@ from serving.drill.scenarios import (
     scenario_json,
     scenario_targets,
 )
-from serving.plan.model import Plan
-from serving.plan.planner import plan as plan_fleet
+from serving.plan.loader import load_fleet
+from serving.plan.model import Fleet
 from serving.pulumi.crds import CrdError, resolve_crd_dir
 from serving.pulumi.validate import SchemaSetupError, Validator
 from serving.render.k8s import chaos
@@ -62,7 +62,7 @@ from serving.spec.schema import DrillName
 from serving.spec.stack import Stack
 
 if TYPE_CHECKING:
-    from serving.drill.engine import Fleet
+    from serving.drill.engine import FleetUrls
 
 INDEX = "drills.json"
 EXPERIMENTS = "experiments"
@@ -117,17 +117,15 @@ def _chaos_json(found: chaos.Experiment | chaos.NotRendered) -> dict[str, Any]:
     return {"rendered": True, "experiment": found.summary(), "notes": list(found.notes)}
 
 
-def _list(st: Stack, plan: Plan, only: Scenario | None, as_json: bool) -> None:
-    spec, stack = st.spec, st.name
+def _list(fleet: Fleet, only: Scenario | None, as_json: bool) -> None:
+    stack = fleet.name
     chosen = [only] if only else list(SCENARIOS.values())
-    rendered = {s.name: chaos.experiment(s, spec, plan) for s in chosen}
-    sizes = fault_sizes(spec, plan)
+    rendered = {s.name: chaos.experiment(s, fleet) for s in chosen}
+    sizes = fault_sizes(fleet)
     if as_json:
         emit_json(
             {
-                "scenarios": [
-                    {**scenario_json(s, spec, plan), "chaos_mesh": _chaos_json(rendered[s.name])} for s in chosen
-                ],
+                "scenarios": [{**scenario_json(s, fleet), "chaos_mesh": _chaos_json(rendered[s.name])} for s in chosen],
                 "fault_sizes": dataclasses.asdict(sizes),
             },
             stack=stack,
@@ -139,14 +137,14 @@ def _list(st: Stack, plan: Plan, only: Scenario | None, as_json: bool) -> None:
         table.add_column(column, overflow="fold")
     for s in chosen:
         faults = " + ".join(f"{f.kind} {f.component}" for f in s.faults)
-        targets = "\n".join(f"{t.name} ≤ {t.value:.4g} {t.unit}" for t in scenario_targets(s, spec, plan))
+        targets = "\n".join(f"{t.name} ≤ {t.value:.4g} {t.unit}" for t in scenario_targets(s, fleet))
         eviction = "replicas leave rotation" if s.evicts else "nothing leaves rotation"
         alerts = f"fire: {', '.join(s.alerts) or 'none'}\nquiet: {', '.join(s.quiet)}"
         found = rendered[s.name]
         mesh = found.summary() if isinstance(found, chaos.Experiment) else "not rendered"
         table.add_row(s.name, f"{faults}\n{eviction}", targets, alerts, mesh)
     console.print(table)
-    for t in plan_targets(spec, plan).values():
+    for t in plan_targets(fleet).values():
         console.print(f"{t.name}: {t.formula} ({t.meaning})", highlight=False, markup=False, soft_wrap=True)
     for figure in (
         sizes.hold_s,
@@ -179,14 +177,14 @@ def _yaml(objects: tuple[K8sObject, ...] | list[K8sObject], header: str) -> str:
     return header + "---\n".join(to_yaml(o) for o in objects)
 
 
-def _render(st: Stack, plan: Plan, only: Scenario | None, out: Path, crd_dir: Path | None, as_json: bool) -> None:
-    spec, stack = st.spec, st.name
+def _render(st: Stack, fleet: Fleet, only: Scenario | None, out: Path, crd_dir: Path | None, as_json: bool) -> None:
+    spec, stack = fleet.spec, fleet.name
     chosen = [only] if only else list(SCENARIOS.values())
-    found = [chaos.experiment(s, spec, plan) for s in chosen]
+    found = [chaos.experiment(s, fleet) for s in chosen]
     experiments = [e for e in found if isinstance(e, chaos.Experiment)]
     skipped = [e for e in found if isinstance(e, chaos.NotRendered)]
     with render_errors(st.path):
-        regular = chaos.schedule(spec, plan)
+        regular = chaos.schedule(fleet)
     try:
         crds = resolve_crd_dir(crd_dir)
         validator = Validator(spec.kubernetes.version, crds)
@@ -255,16 +253,16 @@ def _render(st: Stack, plan: Plan, only: Scenario | None, out: Path, crd_dir: Pa
         raise typer.Exit(EXIT_PROBLEM)
 
 
-def _fleet(st: Stack, plan: Plan) -> Fleet:
-    """The sandbox fleet to drill and its injector; a stack with no sandbox cannot be drilled from here (exit 2)."""
-    spec = st.spec
+def _urls(fleet: Fleet) -> FleetUrls:
+    """Where the sandbox fleet to drill answers; a stack with no sandbox cannot be drilled from here (exit 2)."""
+    spec, plan = fleet.spec, fleet.plan
     if spec.sandbox is None:
         fail(
-            f"stack {st.name!r} has no sandbox: section; drills run against the sandbox here (`exaserve sandbox up`). "
+            f"stack {fleet.name!r} has no sandbox: section; drills run against the sandbox here (`exaserve sandbox up`). "
             "For a cluster, write them as Chaos Mesh experiments: --render-only --out DIR (an SSH injector for bare "
             "metal is not built)"
         )
-    from serving.drill.engine import Fleet  # noqa: PLC0415 - loads httpx and the load generator: on use only
+    from serving.drill.engine import FleetUrls  # noqa: PLC0415 - loads httpx and the load generator: on use only
     from serving.runtime.controller import replica_urls  # noqa: PLC0415
     from serving.sandbox.endpoints import sandbox_endpoints  # noqa: PLC0415
     from serving.sandbox.prometheus import prometheus_url  # noqa: PLC0415
@@ -273,19 +271,18 @@ def _fleet(st: Stack, plan: Plan) -> Fleet:
     nodes: dict[str, list[str]] = {}
     for r in plan.replicas:
         nodes.setdefault(r.node.name, []).append(r.id)
-    fleet = Fleet(
+    return FleetUrls(
         routers=sandbox_endpoints(spec).routers,
         controllers=tuple(controller_urls(spec)) if spec.sandbox.runtime else (),
-        replicas=replica_urls(spec, plan),
+        replicas=replica_urls(plan),
         nodes={n: tuple(ids) for n, ids in nodes.items()},
         prometheus=prometheus_url(spec) if spec.sandbox.prometheus else None,
     )
-    return fleet
 
 
 def _run(
     st: Stack,
-    plan: Plan,
+    fleet: Fleet,
     scenario: Scenario,
     state_dir: Path | None,
     report: Path | None,
@@ -300,14 +297,14 @@ def _run(
     from serving.sandbox.faults import SandboxFaults  # noqa: PLC0415
     from serving.sandbox.processes import SandboxError  # noqa: PLC0415
 
-    fleet, spec = _fleet(st, plan), st.spec
+    urls, spec = _urls(fleet), fleet.spec
     paths = stack_state(st, state_dir)
-    sizes = fault_sizes(spec, plan)
-    targets = scenario_targets(scenario, spec, plan)
+    sizes = fault_sizes(fleet)
+    targets = scenario_targets(scenario, fleet)
     hold = sizes.hold_s.value
     # the updater's baseline window, and at least 5 heartbeats: a short baseline on a busy machine sets a lax P99 limit
     baseline = max(spec.rollout.baseline_window_s, 5 * spec.serving.heartbeat_interval_s)
-    gate = plan_targets(spec, plan)[TargetName.CLIENT_ERRORS].value
+    gate = plan_targets(fleet)[TargetName.CLIENT_ERRORS].value
     longest = max([hold, *(t.value for t in targets if t.unit == "s")])
     settings = Settings(
         rate_per_s=rate if rate is not None else max(10.0, math.ceil(2 / gate / (baseline + longest))),
@@ -321,11 +318,11 @@ def _run(
             spec.serving.failure_threshold,
         ),
         hold_s=hold,
-        settle_s=plan_targets(spec, plan)[TargetName.RESTORATION].value + spec.serving.startup_budget_s,
+        settle_s=plan_targets(fleet)[TargetName.RESTORATION].value + spec.serving.startup_budget_s,
     )
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     directory = report if report is not None else paths.root / "drills" / f"{stamp}-{scenario.name}"
-    injector = SandboxFaults(spec, plan, paths.sandbox_dir)
+    injector = SandboxFaults(fleet, paths.sandbox_dir)
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
     with locked(paths, f"drill {scenario.name}"), Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task(f"drill {scenario.name}", total=None)
@@ -334,7 +331,7 @@ def _run(
                 run_drill(
                     scenario,
                     targets,
-                    fleet,
+                    urls,
                     injector,
                     sizes,
                     settings,
@@ -401,10 +398,10 @@ def drill(
         fail(f"name the drill to run: --scenario NAME ({', '.join(NAMES)}); --list shows what each does")
     if not running and (report is not None or rate is not None):
         fail("--report and --rate are for running a drill (--scenario NAME without --list or --render-only)")
-    plan = plan_fleet(st.spec)
+    fleet = load_fleet(st.name, st.spec)
     if running and only is not None:
-        _run(st, plan, only, state_dir, report, rate, as_json)
+        _run(st, fleet, only, state_dir, report, rate, as_json)
     elif list_:
-        _list(st, plan, only, as_json)
+        _list(fleet, only, as_json)
     elif out is not None:
-        _render(st, plan, only, out, crd_dir, as_json)
+        _render(st, fleet, only, out, crd_dir, as_json)

@@ -14,7 +14,6 @@ from typing import Annotated
 import typer
 
 from serving.checks import policy, promtool, rules
-from serving.checks.result import Status
 from serving.cli import report
 from serving.cli.options import (
     DEFAULT_STACK,
@@ -31,12 +30,13 @@ from serving.cli.options import (
     resolve_stack,
 )
 from serving.paths import ProjectNotFoundError, project_dir
-from serving.plan import planner
+from serving.plan.loader import load_fleet
 from serving.pulumi import diff as fleetdiff
 from serving.pulumi import output
 from serving.pulumi.crds import CrdError, NoCrdDirError, resolve_crd_dir
 from serving.pulumi.program import RenderedObject, render_stack
 from serving.pulumi.validate import SchemaSetupError, Validator
+from serving.result import Status
 from serving.spec.stack import Stack
 
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Directory for the YAML files and index.json.")]
@@ -97,7 +97,7 @@ def render(
         index = output.write(out, objects)
     except output.OutputError as exc:
         fail(str(exc))
-    replica_units = output.write_units(out, st.spec, planner.plan(st.spec))
+    replica_units = output.write_units(out, load_fleet(st.name, st.spec))
     if as_json:
         emit_json(
             {
@@ -157,7 +157,7 @@ def check(stack: StackOpt = DEFAULT_STACK, stack_file: StackFileOpt = None, as_j
     """Run the CrossGuard policy pack's rules on the stack offline. Exit 1 on any violation."""
     st = resolve_stack(stack, stack_file)
     objects = _objects(st, stack_file is not None)
-    findings = policy.check([(o.resource_type, o.obj) for o in objects], st.spec)
+    findings = policy.check([(o.resource_type, o.obj) for o in objects], load_fleet(st.name, st.spec))
     names = [*policy.RESOURCE_RULES, *policy.STACK_RULES]
     if as_json:
         emit_json(
@@ -213,8 +213,8 @@ def diff(
             fail(str(exc))
         base_objects = output.read(out)
     head = _objects(st, stack_file is not None)
-    pl = planner.plan(st.spec)
-    head_capacity = report.plan_json(st, pl, rules.check(st.spec, pl))["capacity"]
+    fleet = load_fleet(st.name, st.spec)
+    head_capacity = report.plan_json(fleet, st.path, rules.check(fleet))["capacity"]
     added, removed, changed = fleetdiff.diff_objects(base_objects, head)
     result = fleetdiff.FleetDiff(
         stack=st.name,

@@ -176,7 +176,7 @@ def _write(obj: object) -> None:
 def render_errors(source: Path) -> Iterator[None]:
     """Rendering problems as exit codes: 2 for a spec the renderers cannot serve, 1 for a rendered command
     line the pinned SGLang/router parser rejects (or a broken flag manifest). ``source`` is the stack file."""
-    from serving.checks.flags import FlagValidationError, ManifestError  # noqa: PLC0415 - only rendering commands
+    from serving.flags import FlagValidationError, ManifestError  # noqa: PLC0415 - only rendering commands
     from serving.render.common import RenderError  # noqa: PLC0415
 
     try:

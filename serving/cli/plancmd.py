@@ -13,7 +13,6 @@ import typer
 from rich.table import Table
 
 from serving.checks import rules
-from serving.checks.result import failures
 from serving.cli import report
 from serving.cli.options import (
     DEFAULT_STACK,
@@ -28,8 +27,9 @@ from serving.cli.options import (
     resolve_stack,
 )
 from serving.plan import audit as sourcecheck
-from serving.plan import planner
+from serving.plan.loader import load_fleet
 from serving.plan.model import MEMORY_MODELS, MemoryModel
+from serving.result import failures
 from serving.spec.schema import json_schema
 
 MemoryModelOpt = Annotated[
@@ -54,13 +54,13 @@ def plan(
         fail(f"--memory-model {memory_model!r} is not a memory model; use one of {', '.join(MEMORY_MODELS)}")
     model: MemoryModel = "source" if memory_model == "source" else "sglang"
     st = resolve_stack(stack, stack_file)
-    pl = planner.plan(st.spec, model)
-    violations = rules.check(st.spec, pl)
+    fleet = load_fleet(st.name, st.spec, model)
+    violations = rules.check(fleet)
     ok = not failures(violations)
     if as_json:
-        emit_json(report.plan_json(st, pl, violations), stack=st.name, ok=ok)
+        emit_json(report.plan_json(fleet, st.path, violations), stack=st.name, ok=ok)
     else:
-        report.print_plan(console, st, pl, violations)
+        report.print_plan(console, fleet, st.path, violations)
     if not ok:
         raise typer.Exit(EXIT_PROBLEM)
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import fields, is_dataclass
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from serving.checks.result import CheckResult, Status, failures
-from serving.plan.model import Figure, Plan, fmt_bytes
-from serving.spec.stack import Stack
+from serving.plan.model import Figure, Fleet, fmt_bytes
+from serving.result import CheckResult, Status, failures
 
 
 def _fig(f: Figure) -> dict[str, Any]:
@@ -44,8 +44,9 @@ def violation_json(result: CheckResult) -> dict[str, Any]:
     }
 
 
-def plan_json(stack: Stack, plan: Plan, violations: Sequence[CheckResult]) -> dict[str, Any]:
-    """The ``exaserve plan --json`` contract (documented in the README)."""
+def plan_json(fleet: Fleet, stack_file: Path, violations: Sequence[CheckResult]) -> dict[str, Any]:
+    """The ``exaserve plan --json`` contract (documented in the README); ``stack_file`` is the fleet's stack file."""
+    plan = fleet.plan
     m, p, hb = plan.memory, plan.placement, plan.heartbeats
     net = _section(plan.network)
     net["utilisation_band"] = {
@@ -54,8 +55,8 @@ def plan_json(stack: Stack, plan: Plan, violations: Sequence[CheckResult]) -> di
         "note": plan.network.utilisation_band[2],
     }
     return {
-        "stack": stack.name,
-        "stack_file": str(stack.path),
+        "stack": fleet.name,
+        "stack_file": str(stack_file),
         "ok": not failures(violations),
         "violations": [violation_json(v) for v in violations],
         "notes": plan.notes,
@@ -125,11 +126,11 @@ def print_results(console: Console, results: Sequence[CheckResult]) -> None:
                 console.print(Text(f"    {label + ':':<9} {value}"), soft_wrap=True)
 
 
-def print_plan(console: Console, stack: Stack, plan: Plan, violations: Sequence[CheckResult]) -> None:
-    spec = stack.spec
+def print_plan(console: Console, fleet: Fleet, stack_file: Path, violations: Sequence[CheckResult]) -> None:
+    spec, plan = fleet.spec, fleet.plan
     p, m, c, hb, n, cost = plan.placement, plan.memory, plan.capacity, plan.heartbeats, plan.network, plan.cost
     console.print(
-        f"[bold]ExaServe plan[/] — stack [cyan]{stack.name}[/] ({stack.path.name}): {spec.model.name} "
+        f"[bold]ExaServe plan[/] — stack [cyan]{fleet.name}[/] ({stack_file.name}): {spec.model.name} "
         f"{spec.model.precision.value}, TP {spec.parallelism.tp} × PP {spec.parallelism.pp} × DP {spec.parallelism.dp}, "
         f"{p.nodes} nodes × {p.gpus_per_node} GPUs"
     )

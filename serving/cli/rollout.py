@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn, TypeVar
@@ -44,8 +44,8 @@ from serving.cli.options import (
     shared_options,
 )
 from serving.cli.state import locked, stack_state
-from serving.plan.model import Plan
-from serving.plan.planner import plan as plan_fleet
+from serving.plan.loader import load_fleet
+from serving.plan.model import Fleet
 from serving.render.k8s import gateway
 from serving.rollout.backends import Backend, BackendError
 from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend
@@ -68,7 +68,6 @@ from serving.rollout.session import (
     unfinished_message,
 )
 from serving.sandbox.endpoints import sandbox_endpoints, sandbox_routers
-from serving.spec.stack import Stack
 
 BackendKind = Literal["auto", "local", "ssh", "kubernetes"]
 BackendOpt = Annotated[
@@ -143,41 +142,40 @@ class FleetOptions:
     allow_degraded: AllowDegradedOpt = False
 
 
-def _kind(stack: Stack, opts: FleetOptions) -> BackendKind:
+def _kind(fleet: Fleet, opts: FleetOptions) -> BackendKind:
     if opts.backend_kind == "auto":
-        return "local" if stack.spec.sandbox is not None else "kubernetes"
+        return "local" if fleet.spec.sandbox is not None else "kubernetes"
     return opts.backend_kind
 
 
-def _backend(stack: Stack, paths: StackState, opts: FleetOptions, fleet_plan: Plan | None = None) -> Backend:
-    """The backend ``opts`` names, over ``fleet_plan`` (default: the stack's plan)."""
-    fleet_plan = fleet_plan or plan_fleet(stack.spec)
-    kind = _kind(stack, opts)
+def _backend(fleet: Fleet, paths: StackState, opts: FleetOptions) -> Backend:
+    """The backend ``opts`` names, over ``fleet``."""
+    kind = _kind(fleet, opts)
     try:
         if kind == "local":
             from serving.sandbox.backend import LocalBackend  # noqa: PLC0415 - loads the router launcher
 
-            return LocalBackend(stack.spec, fleet_plan, paths.sandbox_dir)
+            return LocalBackend(fleet, paths.sandbox_dir)
         if kind == "ssh":
             require_file(opts.known_hosts, "--known-hosts", "the SSH backend verifies every host key")
             require_file(opts.identity, "--identity", "pass an existing private key, or none to use your agent")
-            return SshBackend(stack.spec, fleet_plan, known_hosts=opts.known_hosts, identity=opts.identity)
+            return SshBackend(fleet, known_hosts=opts.known_hosts, identity=opts.identity)
         if opts.kube_server is None:
             api = KubeApi.in_cluster()
         else:
             token = opts.kube_token_file.read_text().strip() if opts.kube_token_file else None
             api = KubeApi(opts.kube_server, token, opts.kube_ca_file)
-        return KubernetesBackend(stack.spec, fleet_plan, api)
+        return KubernetesBackend(fleet, api)
     except (BackendError, OSError) as exc:
         fail(f"--backend {kind}: {exc}")
 
 
-def _endpoints(stack: Stack, opts: FleetOptions) -> Endpoints:
+def _endpoints(fleet: Fleet, opts: FleetOptions) -> Endpoints:
     """Every router instance: ``--router`` and/or ``--router-service``; on Kubernetes the gateway's headless Service by
     default, in a sandbox its routers. Their metrics: ``--router-metrics-port`` on each instance's host, by default
     the port the stack renders (a sandbox's routers: each one's own port, from the stack)."""
-    spec = stack.spec
-    kind = _kind(stack, opts)
+    spec = fleet.spec
+    kind = _kind(fleet, opts)
     routers = tuple(r.rstrip("/") for r in opts.routers or ())
     service = opts.router_service
     if spec.sandbox is not None and opts.router_metrics_port is None:
@@ -186,7 +184,7 @@ def _endpoints(stack: Stack, opts: FleetOptions) -> Endpoints:
         known = dict(sandbox_routers(spec))
         if unknown := [r for r in routers if r not in known]:
             fail(
-                f"--router {unknown[0]} is not a router of sandbox {stack.name!r} (its routers listen on "
+                f"--router {unknown[0]} is not a router of sandbox {fleet.name!r} (its routers listen on "
                 f"{', '.join(known)}): name those, or give --router-metrics-port for routers of your own"
             )
         return Endpoints(routers, tuple(known[r] for r in routers), service)
@@ -197,11 +195,11 @@ def _endpoints(stack: Stack, opts: FleetOptions) -> Endpoints:
             "Pass --router http://HOST:PORT once for each router instance"
         )
     if service is None and not routers and kind == "kubernetes":
-        http_port, _ = gateway.router_ports(spec, plan_fleet(spec))
+        http_port = gateway.cluster_router(fleet).port
         service = f"{gateway.PODS_SERVICE}.{spec.kubernetes.namespace}.svc:{http_port}"
     if not routers and service is None:
         fail("no router instance given: pass --router http://HOST:PORT for each router instance")
-    metrics_port = opts.router_metrics_port or gateway.router_ports(spec, plan_fleet(spec))[1]
+    metrics_port = opts.router_metrics_port or gateway.cluster_router(fleet).metrics_port
     return Endpoints(routers, router_service=service, metrics_port=metrics_port)
 
 
@@ -330,50 +328,50 @@ def _sync(display: Display, work: Coroutine[Any, Any, T]) -> T:
 
 
 def _continue(
-    paths: StackState, backend: Backend, endpoints: Endpoints, opts: FleetOptions, fleet: Sequence[str], event: str
+    paths: StackState, backend: Backend, endpoints: Endpoints, opts: FleetOptions, fleet: Fleet, event: str
 ) -> RunResult:
     """Continue the journal's rollout with an operator event (``resume`` or ``rollback``): the journal drives."""
     display = Display(backend, quiet_stdout=opts.as_json)
-    work = run(paths, backend, endpoints, fleet=fleet, operator_event="resume" if event == "resume" else "rollback",
+    replica_ids = [r.id for r in fleet.plan.replicas]
+    work = run(paths, backend, endpoints, fleet=replica_ids, operator_event="resume" if event == "resume" else "rollback",
                progress=display, router_grace_s=opts.router_grace_s)  # fmt: skip
     return _sync(display, work)
 
 
 def _from_fleet(
-    st: Stack,
+    fleet: Fleet,
     paths: StackState,
     backend: Backend,
     endpoints: Endpoints,
     opts: FleetOptions,
-    fleet_plan: Plan,
     decide: Callable[[FleetView], Scope],
     latest: RolloutState | None,
 ) -> NoReturn:
     """Read what the fleet runs, plan from it with ``decide``, and run that plan (or say there is nothing to do)."""
     display = Display(backend, quiet_stdout=opts.as_json)
-    fleet = [r.id for r in fleet_plan.replicas]
+    replica_ids = [r.id for r in fleet.plan.replicas]
 
     async def work() -> tuple[Scope, RunResult | None]:
-        scope = decide(await observe(backend, fleet, latest))
+        scope = decide(await observe(backend, replica_ids, latest))
         for line in scope.notes():
             display.note(line)
         if scope.plan is None:
             return scope, None
-        result = await run(paths, backend, endpoints, fleet=fleet, plan=scope.plan, scope=scope, progress=display,
+        result = await run(paths, backend, endpoints, fleet=replica_ids, plan=scope.plan, scope=scope, progress=display,
                            router_grace_s=opts.router_grace_s)  # fmt: skip
         return scope, result
 
     scope, result = _sync(display, work())
     if result is None:
-        _nothing_to_do(st, scope, opts.as_json)
+        _nothing_to_do(fleet, scope, opts.as_json)
     _finish(result, opts.as_json, ok={Outcome.COMPLETED})
 
 
 def _decide(
-    st: Stack, fleet_plan: Plan, backend: Backend, opts: FleetOptions, to: str, kind: PlanKind
+    fleet: Fleet, backend: Backend, opts: FleetOptions, to: str, kind: PlanKind
 ) -> Callable[[FleetView], Scope]:
     def decide(view: FleetView) -> Scope:
-        return plan_from_fleet(st.spec, fleet_plan, st.name, view, to, kind=kind, allow_degraded=opts.allow_degraded,
+        return plan_from_fleet(fleet, view, to, kind=kind, allow_degraded=opts.allow_degraded,
                                whole_groups=backend.updates_whole_groups)  # fmt: skip
 
     return decide
@@ -398,76 +396,74 @@ def rollout(
     if dry_run and to is None:
         fail("--dry-run plans a new rollout: give --to VERSION instead of --resume")
     paths = stack_state(st, opts.state_dir)
-    fleet_plan = plan_fleet(st.spec)
-    backend = _backend(st, paths, opts, fleet_plan)
+    fleet = load_fleet(st.name, st.spec)
+    backend = _backend(fleet, paths, opts)
     if to is not None:
         try:
             check_version(to, st.spec, backend)
         except RolloutInputError as exc:
             fail(str(exc))
     if dry_run and to is not None:
-        _dry_run(st, paths, backend, _decide(st, fleet_plan, backend, opts, to, "rollout"), fleet_plan, opts.as_json)
+        _dry_run(fleet, paths, backend, _decide(fleet, backend, opts, to, "rollout"), opts.as_json)
         return
-    endpoints = _endpoints(st, opts)
+    endpoints = _endpoints(fleet, opts)
     with locked(paths, f"rollout {'--resume' if resume else '--to ' + str(to)}"):
         latest = _latest(paths)
         if to is None:  # --resume
             if latest is None or latest.finished:
                 fail(f"nothing to resume on stack {st.name!r}: no unfinished rollout in {paths.journal_path}")
-            fleet = [r.id for r in fleet_plan.replicas]
             _finish(_continue(paths, backend, endpoints, opts, fleet, "resume"), opts.as_json, ok={Outcome.COMPLETED})
         if latest is not None and not latest.finished:
             fail(unfinished_message(latest, st.name))
-        decide = _decide(st, fleet_plan, backend, opts, to, "rollout")
-        _from_fleet(st, paths, backend, endpoints, opts, fleet_plan, decide, latest)
+        decide = _decide(fleet, backend, opts, to, "rollout")
+        _from_fleet(fleet, paths, backend, endpoints, opts, decide, latest)
 
 
-def _nothing_to_do(st: Stack, scope: Scope, as_json: bool) -> NoReturn:
+def _nothing_to_do(fleet: Fleet, scope: Scope, as_json: bool) -> NoReturn:
     version, view = scope.to_version, scope.view
     if as_json:
         emit_json(
             {"from_version": version, "to_version": version, "outcome": "completed", "batches": [],
              "client_errors": 0, "final_versions": view.final_versions(), **scope.report()},
-            stack=st.name, ok=True,
+            stack=fleet.name, ok=True,
         )  # fmt: skip
     else:
         for line in scope.notes():
             console.print(line, markup=False, highlight=False)
         which = "every replica" if not scope.held else f"every replica not held ({len(scope.held)} held)"
-        console.print(f"nothing to do: on stack {st.name} {which} runs {version} ({view.summary()})")
+        console.print(f"nothing to do: on stack {fleet.name} {which} runs {version} ({view.summary()})")
     raise typer.Exit(EXIT_OK)
 
 
 def _dry_run(
-    st: Stack,
+    fleet: Fleet,
     paths: StackState,
     backend: Backend,
     decide: Callable[[FleetView], Scope],
-    fleet_plan: Plan,
     as_json: bool,
 ) -> None:
     latest = _latest(paths)
-    fleet = [r.id for r in fleet_plan.replicas]
+    replica_ids = [r.id for r in fleet.plan.replicas]
 
     async def work() -> Scope:
-        return decide(await observe(backend, fleet, latest))
+        return decide(await observe(backend, replica_ids, latest))
 
     scope = _sync(Display(backend, quiet_stdout=True), work())
     plan = scope.plan
     if plan is None:
-        _nothing_to_do(st, scope, as_json)
+        _nothing_to_do(fleet, scope, as_json)
     t = plan.timings
     if as_json:
         emit_json(
             {**plan.to_json(), "dry_run": True, "configured_wait_s": plan.configured_wait_s(),
              "worst_case_s": plan.worst_case_s(), **scope.report()},
-            stack=st.name, ok=True,
+            stack=fleet.name, ok=True,
         )  # fmt: skip
         return
     for line in scope.notes():
         console.print(line, markup=False, highlight=False)
     table = Table(
-        title=f"rollout plan {st.name}: {plan.from_version} → {plan.to_version} ({len(plan.batches)} batches)"
+        title=f"rollout plan {fleet.name}: {plan.from_version} → {plan.to_version} ({len(plan.batches)} batches)"
     )
     for col in ("batch", "replicas", "racks", "nodes", "first replicas"):
         table.add_column(col)
@@ -495,13 +491,12 @@ def rollback(opts: FleetOptions) -> None:
     reverted), batch by batch with the same drain discipline."""
     st = resolve_stack(opts.stack, opts.stack_file)
     paths = stack_state(st, opts.state_dir)
-    fleet_plan = plan_fleet(st.spec)
-    backend = _backend(st, paths, opts, fleet_plan)
-    endpoints = _endpoints(st, opts)
+    fleet = load_fleet(st.name, st.spec)
+    backend = _backend(fleet, paths, opts)
+    endpoints = _endpoints(fleet, opts)
     with locked(paths, "rollback"):
         latest = _latest(paths)
         if latest is not None and not latest.finished:
-            fleet = [r.id for r in fleet_plan.replicas]
             event = "resume" if not latest.plan.gated else "rollback"
             result = _continue(paths, backend, endpoints, opts, fleet, event)
             _finish(result, opts.as_json, ok={Outcome.ROLLED_BACK, Outcome.COMPLETED})
@@ -510,5 +505,5 @@ def rollback(opts: FleetOptions) -> None:
         else:
             # A gated rollout's stable version is its from-version (a completed one is reverted); a revert's, its target.
             stable = latest.plan.from_version if latest.plan.gated else latest.plan.to_version
-            decide = _decide(st, fleet_plan, backend, opts, stable, "revert")
-        _from_fleet(st, paths, backend, endpoints, opts, fleet_plan, decide, latest)
+            decide = _decide(fleet, backend, opts, stable, "revert")
+        _from_fleet(fleet, paths, backend, endpoints, opts, decide, latest)

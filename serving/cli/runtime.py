@@ -36,7 +36,8 @@ from serving.cli.options import (
     resolve_stack,
 )
 from serving.cli.state import stack_state
-from serving.plan.planner import plan as plan_fleet
+from serving.plan.loader import load_fleet
+from serving.plan.model import Fleet
 from serving.render.router import server_selector
 from serving.rollout.backends import BackendError
 from serving.rollout.backends.kubernetes import KubeApi
@@ -82,23 +83,27 @@ def _sandbox_urls(st: Stack, what: Literal["routers", "controllers", "etcd"]) ->
 
 
 def _restarter(
-    st: Stack, kind: RestartBackend, state_dir: Path | None, known_hosts: Path, identity: Path | None
+    st: Stack,
+    fleet: Fleet,
+    kind: RestartBackend,
+    state_dir: Path | None,
+    known_hosts: Path,
+    identity: Path | None,
 ) -> Restarter | None:
     if kind == "auto":
         kind = "local" if st.spec.sandbox is not None else "none"
     if kind == "none":
         return None
-    fleet_plan = plan_fleet(st.spec)
     if kind == "local":
         if st.spec.sandbox is None:
             fail("--backend local runs only sandbox stacks; use ssh or kubernetes")
         from serving.sandbox.runtime import SandboxRestarter  # noqa: PLC0415
 
-        return SandboxRestarter(st.spec, fleet_plan, stack_state(st, state_dir).sandbox_dir)
+        return SandboxRestarter(fleet, stack_state(st, state_dir).sandbox_dir)
     from serving.cli.rollout import FleetOptions, _backend  # noqa: PLC0415 - one backend factory for both
 
     opts = FleetOptions(backend_kind=kind, known_hosts=known_hosts, identity=identity)
-    return BackendRestarter(st.spec, fleet_plan, _backend(st, stack_state(st, state_dir), opts))
+    return BackendRestarter(fleet, _backend(fleet, stack_state(st, state_dir), opts))
 
 
 def _election(st: Stack, kind: str, etcd: list[str] | None, identity: str) -> Election:
@@ -156,13 +161,13 @@ def controller_run(
         fail("pass --router URL for each router instance or --router-service HOST:PORT")
     name = name or f"{socket.gethostname()}-{os.getpid()}"
     listen = host or ("127.0.0.1" if st.spec.sandbox is not None else "0.0.0.0")  # noqa: S104 - agents report in
+    fleet = load_fleet(st.name, st.spec)
     service = ControllerService(
-        st.spec,
-        plan_fleet(st.spec),
+        fleet,
         identity=name,
         election=_election(st, election, etcd, name),
         routers=RouterSet(router_list, service=router_service, timeout_s=st.spec.serving.health_check_timeout_s),
-        restarter=_restarter(st, backend, state_dir, known_hosts, ssh_identity),
+        restarter=_restarter(st, fleet, backend, state_dir, known_hosts, ssh_identity),
         discovered=discover == "kubernetes",
     )
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {name} %(levelname)s %(message)s")
@@ -210,11 +215,11 @@ def agent_run(
         fail("pass --controller URL for each controller instance or --controller-service HOST:PORT")
     if controller_service and not controller_service.rpartition(":")[2].isdigit():
         fail(f"--controller-service {controller_service!r}: give HOST:PORT, e.g. exaserve-controller.exaserve.svc:9410")
-    fleet_plan = plan_fleet(st.spec)
+    fleet = load_fleet(st.name, st.spec)
     configs = []
     for node in nodes:
         try:
-            configs.append(AgentConfig.for_node(st.spec, fleet_plan, node, targets, dcgm_url, controller_service))
+            configs.append(AgentConfig.for_node(fleet, node, targets, dcgm_url, controller_service))
         except ValueError as exc:
             fail(f"--node {node}: {exc}")
     api = None
@@ -223,7 +228,7 @@ def agent_run(
             api = KubeApi.in_cluster()
         except (BackendError, OSError) as exc:
             fail(f"--discover kubernetes: {exc}")
-    selector, port, namespace = server_selector(fleet_plan), st.spec.serving.port, st.spec.kubernetes.namespace
+    selector, port, namespace = server_selector(fleet.plan), st.spec.serving.port, st.spec.kubernetes.namespace
     agents = [Agent(c, None if api is None else NodePods(api, namespace, selector, c.node, port)) for c in configs]
     asyncio.run(_agents(agents))
 

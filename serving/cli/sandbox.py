@@ -31,8 +31,8 @@ from serving.cli.options import (
 )
 from serving.cli.state import locked, stack_state
 from serving.fleet_http import FleetHttp, HttpFailure
-from serving.plan.model import Plan
-from serving.plan.planner import plan as plan_fleet
+from serving.plan.loader import load_fleet
+from serving.plan.model import Fleet
 from serving.rollout.backends import BackendError
 from serving.rollout.journal import StackState
 from serving.sandbox.endpoints import sandbox_endpoints
@@ -91,12 +91,13 @@ def sandbox_up(
     paths = StackState.for_stack(scale.simulated_name(st.name), state_dir) if simulate else stack_state(st, state_dir)
     with locked(paths, "sandbox up"):
         processes.stop_all(processes.StateDir(paths.sandbox_dir))
+        fleet = load_fleet(st.name, st.spec)
         if simulate:
             try:
-                st = scale.write_simulated_stack(st, plan_fleet(st.spec), state_dir)
+                st = scale.write_simulated_stack(st, fleet.plan, state_dir)
             except (SpecError, ValueError, processes.SandboxError) as exc:
                 fail(f"cannot derive the simulated stack: {exc}")
-        fleet_plan = plan_fleet(st.spec)
+            fleet = load_fleet(st.name, st.spec)  # the derived stack's own fleet
         costs = None
         if simulate:
             err_console.print(
@@ -109,11 +110,11 @@ def sandbox_up(
             except processes.SandboxError as exc:
                 fail(f"sandbox of {st.name!r} not started: {exc}", EXIT_PROBLEM)
         try:
-            need = scale.check_machine(st.spec, fleet_plan, costs=costs, cpu_share=cpu_share)
+            need = scale.check_machine(fleet, costs=costs, cpu_share=cpu_share)
         except scale.MachineTooSmall as exc:
             fail(f"sandbox of {st.name!r} not started: {exc}")
         try:
-            urls, runtime = asyncio.run(_start_sandbox(st, paths, fleet_plan))
+            urls, runtime = asyncio.run(_start_sandbox(st, paths, fleet))
         except (processes.SandboxError, BackendError, TimeoutError) as exc:
             processes.stop_all(processes.StateDir(paths.sandbox_dir))
             fail(f"sandbox did not start: {exc}", EXIT_PROBLEM)
@@ -137,7 +138,7 @@ def sandbox_up(
             doc["prometheus_url"] = prom_url
         emit_json(doc, stack=st.name, ok=True)
         return
-    console.print(_layout_table(st, fleet_plan, urls, ep.router_url, ep.metrics_url))
+    console.print(_layout_table(fleet, urls, ep.router_url, ep.metrics_url))
     if runtime:
         console.print("runtime: " + "; ".join(f"{k} {', '.join(v)}" for k, v in runtime.items()), highlight=False)
     if prom_url:
@@ -157,13 +158,14 @@ def sandbox_up(
         )
 
 
-def _layout_table(st: Stack, fleet_plan: Plan, urls: dict[str, tuple[str, str]], router: str, metrics: str) -> Table:
+def _layout_table(fleet: Fleet, urls: dict[str, tuple[str, str]], router: str, metrics: str) -> Table:
     """One row per worker, or in the scale layout one per worker process (its nodes, ports and control URL)."""
     from serving.sandbox.backend import node_groups  # noqa: PLC0415
 
-    assert st.spec.sandbox is not None
-    table = Table(title=f"sandbox {st.name}: router {router} (metrics {metrics})")
-    if st.spec.sandbox.nodes_per_process is None:
+    sandbox = fleet.spec.sandbox
+    assert sandbox is not None
+    table = Table(title=f"sandbox {fleet.name}: router {router} (metrics {metrics})")
+    if sandbox.nodes_per_process is None:
         for col in ("replica", "url", "version"):
             table.add_column(col)
         for rid, (url, version) in urls.items():
@@ -171,26 +173,26 @@ def _layout_table(st: Stack, fleet_plan: Plan, urls: dict[str, tuple[str, str]],
         return table
     for col in ("worker process", "nodes", "workers (ports)", "control"):
         table.add_column(col)
-    for group in node_groups(st.spec, fleet_plan):
-        control = f"http://127.0.0.1:{st.spec.sandbox.control_base_port + group.index}"
+    for group in node_groups(fleet):
+        control = f"http://127.0.0.1:{sandbox.control_base_port + group.index}"
         nodes = f"{group.nodes[0]} … {group.nodes[-1]} ({len(group.nodes)})"
         table.add_row(str(group.index), nodes, f"{len(group.ports)} ({group.ports[0]}-{group.ports[-1]})", control)
     return table
 
 
 async def _start_sandbox(
-    st: Stack, paths: StackState, fleet_plan: Plan
+    st: Stack, paths: StackState, fleet: Fleet
 ) -> tuple[dict[str, tuple[str, str]], dict[str, list[str]] | None]:
     from serving.sandbox import processes  # noqa: PLC0415
     from serving.sandbox.backend import node_groups, router_flags, worker_config, worker_name  # noqa: PLC0415
     from serving.sandbox.runtime import start_extra_routers, start_runtime  # noqa: PLC0415
     from serving.sandbox.worker_host import start_host  # noqa: PLC0415
 
-    spec = st.spec
+    spec = fleet.spec
     assert spec.sandbox is not None
     state = processes.StateDir(paths.sandbox_dir)
     budget = spec.serving.startup_budget_s
-    configs = {r.id: worker_config(spec, r, spec.group_version(r.group)) for r in fleet_plan.replicas}
+    configs = {r.id: worker_config(spec, r, spec.group_version(r.group)) for r in fleet.plan.replicas}
     if spec.sandbox.nodes_per_process is None:
         await asyncio.gather(
             *(
@@ -210,32 +212,30 @@ async def _start_sandbox(
                     spec.sandbox.control_base_port + g.index,
                     timeout_s=budget,
                 )
-                for g in node_groups(spec, fleet_plan)
+                for g in node_groups(fleet)
             )
         )
     await _healthy([c.url for c in configs.values() if not c.never_ready], budget)
     ready = sum(not c.never_ready for c in configs.values())
     worker_urls = [c.url for c in configs.values()]
-    flags = router_flags(spec, fleet_plan, worker_urls)
+    flags = router_flags(fleet, worker_urls)
     routers: list[Awaitable[object]] = [
         asyncio.to_thread(processes.start_router, state, flags, healthy_workers=ready, timeout_s=budget)
     ]
     if spec.sandbox.runtime:  # every router at once: each one's registration of the workers takes its own CPU time
         routers.append(
-            asyncio.to_thread(
-                start_extra_routers, state, spec, fleet_plan, worker_urls, healthy=ready, timeout_s=budget
-            )
+            asyncio.to_thread(start_extra_routers, state, fleet, worker_urls, healthy=ready, timeout_s=budget)
         )
     await asyncio.gather(*routers)
     runtime = None
     if spec.sandbox.runtime:
         runtime = await asyncio.to_thread(
-            start_runtime, state, spec, fleet_plan, stack_file=st.path, state_dir=paths.root.parent, timeout_s=budget
+            start_runtime, state, fleet, stack_file=st.path, state_dir=paths.root.parent, timeout_s=budget
         )
     if spec.sandbox.prometheus:  # last: its first scrapes find everything up
         from serving.sandbox.prometheus import start_prometheus  # noqa: PLC0415
 
-        await asyncio.to_thread(start_prometheus, state, spec, fleet_plan, timeout_s=budget)
+        await asyncio.to_thread(start_prometheus, state, fleet, timeout_s=budget)
     return {rid: (c.url, c.version) for rid, c in configs.items()}, runtime
 
 

@@ -25,9 +25,9 @@ from serving.cli.options import (
     render_errors,
     resolve_stack,
 )
+from serving.plan.loader import load_fleet
 from serving.plan.model import Replica
-from serving.plan.planner import plan as plan_fleet
-from serving.render.router import router_argv, router_env
+from serving.render.router import router_args, router_env
 from serving.render.sglang import server_argv, server_env
 from serving.render.systemd import systemd_unit, unit_name
 
@@ -80,19 +80,19 @@ def units(
     st = resolve_stack(stack, stack_file)
     spec = st.spec
     with render_errors(st.path):
-        fleet_plan = plan_fleet(spec)
+        fleet = load_fleet(st.name, spec)
         if replica is None:  # --router
-            argv = router_argv(spec, fleet_plan, kubernetes=kubernetes)
+            argv = router_args(fleet, kubernetes=kubernetes).to_argv()
             env = router_env(spec)
             if as_json:
                 emit_json({"argv": argv, "env": env}, stack=st.name, ok=True)
             else:
                 _text({"router command": shlex.join(argv), "environment": _env_lines(env)})
             return
-        rep = _find(fleet_plan.replicas, replica)
-        argv = server_argv(spec, fleet_plan, rep, node_rank)
-        env = server_env(spec, fleet_plan, rep, node_rank)
-        unit = systemd_unit(spec, fleet_plan, rep, node_rank)
+        rep = _find(fleet.plan.replicas, replica)
+        argv = server_argv(fleet, rep, node_rank)
+        env = server_env(fleet, rep, node_rank)
+        unit = systemd_unit(fleet, rep, node_rank)
     if as_json:
         emit_json({"replica": rep.id, "argv": argv, "env": env, "systemd_unit": unit}, stack=st.name, ok=True)
     else:

@@ -70,7 +70,7 @@ class Injector(Protocol):
 
 
 @dataclass(frozen=True)
-class Fleet:
+class FleetUrls:
     """Where the fleet answers: every router instance, every controller, each replica's URL, Prometheus if any."""
 
     routers: tuple[str, ...]
@@ -131,7 +131,7 @@ async def _json(http: httpx.AsyncClient, url: str) -> Any:
         return None
 
 
-async def look(http: httpx.AsyncClient, fleet: Fleet, t: float) -> Probe:
+async def look(http: httpx.AsyncClient, fleet: FleetUrls, t: float) -> Probe:
     """One probe: every router instance's workers and every controller's status, at once."""
     lists = await asyncio.gather(*(_json(http, r + "/workers") for r in fleet.routers))
     statuses = await asyncio.gather(*(_json(http, c + STATUS_PATH) for c in fleet.controllers))
@@ -152,7 +152,7 @@ async def look(http: httpx.AsyncClient, fleet: Fleet, t: float) -> Probe:
     )
 
 
-def _healthy_fleet(p: Probe, fleet: Fleet) -> list[str]:
+def _healthy_fleet(p: Probe, fleet: FleetUrls) -> list[str]:
     """What keeps the fleet from being ready for a drill: empty when every router instance answers and lists every
     replica healthy, a controller leads and has every replica in rotation."""
     problems = [f"router {r} does not answer" for r, m in p.routers.items() if m is None]
@@ -168,7 +168,7 @@ def _healthy_fleet(p: Probe, fleet: Fleet) -> list[str]:
     return problems
 
 
-async def settle(fleet: Fleet, timeout_s: float, probe_s: float) -> list[str]:
+async def settle(fleet: FleetUrls, timeout_s: float, probe_s: float) -> list[str]:
     """Wait until the fleet is ready for a drill; what still keeps it from that after ``timeout_s`` (empty: ready)."""
     deadline = time.monotonic() + timeout_s
     async with httpx.AsyncClient(timeout=2.0) as http:
@@ -179,13 +179,13 @@ async def settle(fleet: Fleet, timeout_s: float, probe_s: float) -> list[str]:
             await asyncio.sleep(probe_s)
 
 
-async def leader_of(fleet: Fleet) -> str | None:
+async def leader_of(fleet: FleetUrls) -> str | None:
     async with httpx.AsyncClient(timeout=2.0) as http:
         return (await look(http, fleet, 0.0)).leader
 
 
 # ----- choosing what to break ---------------------------------------------------------------------------------
-def choose_subject(scenario: Scenario, fleet: Fleet, leader: str | None) -> Subject:
+def choose_subject(scenario: Scenario, fleet: FleetUrls, leader: str | None) -> Subject:
     """The first node's first replica for a replica fault, the last node for a node fault, the last router
     instance, the current leader. A drill the fleet cannot run (one router, no controllers) raises naming the fix."""
     parts: dict[str, Any] = {}
@@ -254,7 +254,7 @@ def _done(run: Run, now: float) -> bool:
 async def run_drill(
     scenario: Scenario,
     targets: Sequence[Target],
-    fleet: Fleet,
+    fleet: FleetUrls,
     injector: Injector,
     sizes: FaultSizes,
     settings: Settings,
@@ -311,7 +311,7 @@ async def run_drill(
 
 async def _watch(
     run: Run,
-    fleet: Fleet,
+    fleet: FleetUrls,
     injector: Injector,
     sizes: FaultSizes,
     http: httpx.AsyncClient,

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, get_args
 
-from serving.plan.model import Figure, Plan
-from serving.spec.schema import DrillName, FleetSpec
+from serving.plan.model import Figure, Fleet
+from serving.spec.schema import DrillName
 
 # serving.runtime.service campaigns (and renews) every third of the lease.
 CAMPAIGNS_PER_LEASE = 3
@@ -263,19 +263,19 @@ SCENARIOS: dict[DrillName, Scenario] = _scenarios()
 NAMES: tuple[DrillName, ...] = get_args(DrillName)
 
 
-def plan_targets(spec: FleetSpec, plan: Plan) -> dict[TargetName, Target]:
+def plan_targets(fleet: Fleet) -> dict[TargetName, Target]:
     """Every target a drill can be judged against, from the plan's heartbeat figures and the spec's budgets.
 
     The spec is needed besides the plan for what the plan does not carry: the heartbeat interval and timeout (the
     probe that starts a migration), the warm-up, the lease and the error gate."""
-    s, hb = spec.serving, plan.heartbeats
+    s, hb = fleet.spec.serving, fleet.plan.heartbeats
     detect, recover = hb.failure_detection_s.value, hb.recovery_s.value
     migrate = int(hb.timeouts_to_migrate.value)
     start = migrate * s.heartbeat_interval_s + s.health_check_timeout_s
     restore = start + s.migration_timeout_s + s.warmup_duration_s
-    ttl = spec.runtime.lease_ttl_s
+    ttl = fleet.spec.runtime.lease_ttl_s
     campaign = ttl / CAMPAIGNS_PER_LEASE
-    gate = spec.rollout.max_error_rate
+    gate = fleet.spec.rollout.max_error_rate
     return {
         TargetName.DETECTION: Target(
             TargetName.DETECTION,
@@ -318,10 +318,10 @@ def plan_targets(spec: FleetSpec, plan: Plan) -> dict[TargetName, Target]:
     }
 
 
-def scenario_targets(scenario: Scenario, spec: FleetSpec, plan: Plan) -> tuple[Target, ...]:
+def scenario_targets(scenario: Scenario, fleet: Fleet) -> tuple[Target, ...]:
     """The targets that apply to ``scenario``, client errors always last. When the leader is lost together with a
     replica, restoration waits for the takeover: the leader is what migrates and readmits."""
-    targets = plan_targets(spec, plan)
+    targets = plan_targets(fleet)
     chosen = [targets[name] for name in scenario.targets]
     if len(scenario.faults) > 1 and Component.CONTROLLER in scenario.components:
         takeover = targets[TargetName.TAKEOVER]
@@ -349,13 +349,13 @@ class FaultSizes:
     memory_slowdown: Figure
 
 
-def fault_sizes(spec: FleetSpec, plan: Plan) -> FaultSizes:
-    timeout = spec.serving.health_check_timeout_s
-    restore = plan_targets(spec, plan)[TargetName.RESTORATION]
+def fault_sizes(fleet: Fleet) -> FaultSizes:
+    timeout = fleet.spec.serving.health_check_timeout_s
+    restore = plan_targets(fleet)[TargetName.RESTORATION]
     hold = math.ceil(restore.value)
     third = timeout / 3
-    rise = spec.rollout.max_p99_rise
-    batch = spec.limits.max_running_requests
+    rise = fleet.spec.rollout.max_p99_rise
+    batch = fleet.spec.limits.max_running_requests
     admit = max(1, math.floor((1 - MEMORY_TOKEN_USAGE) * batch))
     return FaultSizes(
         hold_s=Figure(hold, "s", f"a held fault lasts the plan's restoration time: ⌈{restore.value:g} s⌉ = {hold} s"),
@@ -383,7 +383,7 @@ def fault_sizes(spec: FleetSpec, plan: Plan) -> FaultSizes:
     )
 
 
-def scenario_json(scenario: Scenario, spec: FleetSpec, plan: Plan) -> dict[str, Any]:
+def scenario_json(scenario: Scenario, fleet: Fleet) -> dict[str, Any]:
     """The scenario as ``exaserve drill --list --json`` prints it."""
     return {
         "name": scenario.name,
@@ -391,6 +391,6 @@ def scenario_json(scenario: Scenario, spec: FleetSpec, plan: Plan) -> dict[str, 
         "faults": [f.to_json() for f in scenario.faults],
         "components": [c.value for c in scenario.components],
         "evicts": scenario.evicts,
-        "targets": [t.to_json() for t in scenario_targets(scenario, spec, plan)],
+        "targets": [t.to_json() for t in scenario_targets(scenario, fleet)],
         "alerts": {"fire": list(scenario.alerts), "quiet": list(scenario.quiet), "note": scenario.alert_note},
     }

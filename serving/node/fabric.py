@@ -5,7 +5,7 @@ Three layers, each usable on its own:
 * pure arithmetic — :func:`bus_bandwidth` (``busbw = algbw × 2(n−1)/n``, the figure nccl-tests
   prints for all-reduce), :func:`fabric_groups` (which nodes test together: node pairs, then each
   rack) and :func:`assess` (measured busbw against the spec's link rate and the source's
-  link-rate → GPU-utilisation table, :func:`serving.plan.planner.utilisation_band`);
+  link-rate → GPU-utilisation table, :func:`serving.plan.model.utilisation_band`);
 * the worker — :func:`run_allreduce` runs one rank (``nccl`` on GPU nodes, ``gloo`` elsewhere);
 * ``python -m serving.node.fabric --rank R --world-size N --master ADDR:PORT …`` — what the preflight
   role ``preflight_fabric`` runs on every node of a group at once; it prints one JSON object.
@@ -28,8 +28,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
-from serving.plan.model import UTILISATION_BY_LINK_GBPS
-from serving.plan.planner import utilisation_band
+from serving.plan.model import UTILISATION_BY_LINK_GBPS, utilisation_band
 
 Backend = Literal["nccl", "gloo"]
 DEFAULT_SIZE_BYTES = 64 * 2**20

@@ -1,8 +1,10 @@
-"""The plan's value types: one immutable :class:`Plan` and the figures in it.
+"""The plan's value types: one immutable :class:`Plan` and the figures in it, and the :class:`Fleet` a command works
+on (a stack's name, spec and plan).
 
 Renderers, policies and rollout backends import these types only; the functions that compute them
-live in :mod:`serving.plan.planner` (an import-walking test keeps it that way). Units: bytes, seconds
-and messages per second; GB means 10^9 bytes, GiB 2^30.
+live in :mod:`serving.plan.planner`, called by the stack loader alone (:func:`serving.plan.loader.load_fleet`;
+import- and call-walking tests keep it that way). Units: bytes, seconds and messages per second; GB means 10^9
+bytes, GiB 2^30.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from serving.spec.schema import GB, Node
+from serving.spec.schema import GB, FleetSpec, Node
 
 MemoryModel = Literal["sglang", "source"]
 MEMORY_MODELS: tuple[MemoryModel, ...] = ("sglang", "source")
@@ -24,7 +26,23 @@ UTILISATION_BY_LINK_GBPS: tuple[tuple[int, float, float, str], ...] = (
 )
 
 
+def utilisation_band(link_rate_gbps: float) -> tuple[float, float, str]:
+    """The source's table: the band of the fastest listed rate not above the link rate."""
+    band = (
+        0.0,
+        UTILISATION_BY_LINK_GBPS[0][1],
+        f"below {UTILISATION_BY_LINK_GBPS[0][0]} Gb/s: not in the source's table",
+    )
+    for rate, lo, hi, note in UTILISATION_BY_LINK_GBPS:
+        if link_rate_gbps >= rate:
+            band = (lo, hi, f"≥ {rate} Gb/s: {note}")
+    return band
+
+
 HOURS_PER_MONTH = 730.0  # 8,760 h / 12
+
+# Where a sandbox stack's simulated workers (and every other sandbox listener) serve.
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -79,8 +97,22 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class Endpoint:
+    """Where a replica's HTTP server answers: its first node's address and its ``port``, or, in a sandbox stack,
+    its simulated worker on loopback (``sandbox.worker_base_port`` + the replica's index)."""
+
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
 class Replica:
-    """One SGLang server of the fleet, where it runs and which update group it belongs to."""
+    """One SGLang server of the fleet, where it runs and which update group it belongs to. ``port`` is the
+    server's ``--port`` on its node; ``endpoint`` is where routers, agents and the updater reach it."""
 
     id: str
     index: int
@@ -88,10 +120,16 @@ class Replica:
     gpu_ids: tuple[int, ...]
     group: int
     port: int
+    endpoint: Endpoint
 
     @property
     def node(self) -> Node:
         return self.nodes[0]
+
+    @property
+    def url(self) -> str:
+        """The URL the routers know this replica by."""
+        return self.endpoint.url
 
 
 @dataclass(frozen=True)
@@ -147,9 +185,10 @@ class CostPlan:
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything the planner derives from one spec, computed once by :func:`serving.plan.planner.plan`.
+    """Everything the planner derives from one spec, computed once by :func:`serving.plan.planner.plan` when a
+    command loads its stack (:func:`serving.plan.loader.load_fleet`).
 
-    Renderers, policies and rollout backends take ``(spec, plan)`` and never call the planner: one
+    Renderers, policies and rollout backends take it inside a :class:`Fleet` and never call the planner: one
     rollout step re-renders the fleet with other versions, and versions change nothing here.
     """
 
@@ -171,3 +210,14 @@ class Plan:
     def multi_node(self) -> bool:
         """A replica spans more than one node (one pod per node: a LeaderWorkerSet group)."""
         return self.placement.nodes_per_replica > 1
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """One stack as a command works on it: its name, its spec and the plan computed from that spec once, by the
+    stack loader (:func:`serving.plan.loader.load_fleet`). Renderers, backends, policies and the Pulumi program take
+    this value (or the one part they need); none plans again."""
+
+    name: str
+    spec: FleetSpec
+    plan: Plan

@@ -12,9 +12,10 @@ import math
 from serving.plan import memory as sgl
 from serving.plan.model import (
     HOURS_PER_MONTH,
-    UTILISATION_BY_LINK_GBPS,
+    LOOPBACK,
     CapacityChain,
     CostPlan,
+    Endpoint,
     Figure,
     HeartbeatPlan,
     MemoryModel,
@@ -24,8 +25,9 @@ from serving.plan.model import (
     Plan,
     Replica,
     fmt_bytes,
+    utilisation_band,
 )
-from serving.spec.schema import GB, GIB, Architecture, FleetSpec
+from serving.spec.schema import GB, GIB, Architecture, FleetSpec, Node
 
 # ------------------------------------------------------------------------------------------ memory
 
@@ -296,6 +298,14 @@ def rollout_groups(replicas: int, batches: int) -> list[list[int]]:
     return groups
 
 
+def replica_endpoint(spec: FleetSpec, node: Node, port: int, index: int) -> Endpoint:
+    """Where replica ``index`` answers: ``node``'s address and ``port``; in a sandbox stack its simulated worker on
+    loopback, ``sandbox.worker_base_port`` + index (as ``sandbox up`` starts it)."""
+    if spec.sandbox is not None:
+        return Endpoint(LOOPBACK, spec.sandbox.worker_base_port + index)
+    return Endpoint(str(node.address), port)
+
+
 def fleet_replicas(spec: FleetSpec) -> list[Replica]:
     """The replica inventory in placement order (node by node), at most what the nodes hold."""
     p = placement(spec)
@@ -319,6 +329,7 @@ def fleet_replicas(spec: FleetSpec) -> list[Replica]:
                     gpu_ids=tuple(range(slot * gpr, (slot + 1) * gpr)),
                     group=i % batches,
                     port=spec.serving.port + slot,
+                    endpoint=replica_endpoint(spec, node, spec.serving.port + slot, i),
                 )
             )
     else:
@@ -333,6 +344,7 @@ def fleet_replicas(spec: FleetSpec) -> list[Replica]:
                     gpu_ids=tuple(range(p.gpus_per_node)),
                     group=i % batches,
                     port=spec.serving.port,
+                    endpoint=replica_endpoint(spec, span[0], spec.serving.port, i),
                 )
             )
     return out
@@ -432,19 +444,6 @@ def heartbeat_plan(spec: FleetSpec, replicas: int, nodes: int) -> HeartbeatPlan:
 
 
 # ------------------------------------------------------------------------------------------ network
-
-
-def utilisation_band(link_rate_gbps: float) -> tuple[float, float, str]:
-    """The source's table: the band of the fastest listed rate not above the link rate."""
-    band = (
-        0.0,
-        UTILISATION_BY_LINK_GBPS[0][1],
-        f"below {UTILISATION_BY_LINK_GBPS[0][0]} Gb/s: not in the source's table",
-    )
-    for rate, lo, hi, note in UTILISATION_BY_LINK_GBPS:
-        if link_rate_gbps >= rate:
-            band = (lo, hi, f"≥ {rate} Gb/s: {note}")
-    return band
 
 
 def network_plan(spec: FleetSpec) -> NetworkPlan:

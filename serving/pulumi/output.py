@@ -15,13 +15,12 @@ from typing import Any
 
 import yaml
 
-from serving.plan.model import Plan
+from serving.plan.model import Fleet
 from serving.pulumi.program import RenderedObject
 from serving.render.chrony import chrony_conf
 from serving.render.k8s.common import K8sObject
-from serving.render.router import router_argv, router_env
+from serving.render.router import router_args, router_env
 from serving.render.systemd import systemd_unit
-from serving.spec.schema import FleetSpec
 
 INDEX = "index.json"
 UNITS = "units"
@@ -106,18 +105,18 @@ def write(out: Path, objects: Iterable[RenderedObject]) -> list[dict[str, Any]]:
     return entries
 
 
-def write_units(out: Path, spec: FleetSpec, plan: Plan) -> int:
+def write_units(out: Path, fleet: Fleet) -> int:
     """Bare-metal units beside the objects: ``units/<replica>.service`` (the systemd unit that runs the
     same command as the pod), ``units/router.json`` (the gateway's argv and env) and
     ``units/chrony.conf``. Returns the number of replica units."""
     folder = out / UNITS
     folder.mkdir(parents=True, exist_ok=True)
-    for replica in plan.replicas:
-        (folder / f"{replica.id}.service").write_text(systemd_unit(spec, plan, replica))
-    router = {"argv": router_argv(spec, plan), "env": router_env(spec)}
+    for replica in fleet.plan.replicas:
+        (folder / f"{replica.id}.service").write_text(systemd_unit(fleet, replica))
+    router = {"argv": router_args(fleet).to_argv(), "env": router_env(fleet.spec)}
     (folder / "router.json").write_text(json.dumps(router, indent=2) + "\n")
-    (folder / "chrony.conf").write_text(chrony_conf(spec))
-    return len(plan.replicas)
+    (folder / "chrony.conf").write_text(chrony_conf(fleet.spec))
+    return len(fleet.plan.replicas)
 
 
 def read(out: Path) -> list[RenderedObject]:

@@ -2,7 +2,7 @@
 
 The Pulumi engine cannot run here (FIELD-NOTES: no registry ships it); ``pulumi.runtime.set_mocks`` replaces
 it, so the program that ``pulumi up`` runs is the one executed here, unchanged: ``infra/__main__.py`` is one line,
-``fleet_stack(program_stack().spec)``, and this runner makes the same call from the package (so an installed
+``fleet_stack(program_fleet())``, and this runner makes the same call from the package (so an installed
 wheel renders without the checkout). ``program_dir`` runs another entry point directory via ``runpy`` instead, as
 Pulumi's Python language host starts one. Every registration is recorded with its parent and provider; custom
 Kubernetes resources carry the full camelCase object (``apiVersion``/``kind`` included) as their inputs. Numbers
@@ -28,6 +28,8 @@ from pulumi.runtime.settings import ROOT
 from pulumi.runtime.stack import run_in_stack
 
 from serving.paths import ProjectNotFoundError, project_dir
+from serving.plan.loader import load_fleet
+from serving.plan.model import Fleet
 from serving.pulumi.components import fleet_stack
 from serving.render.k8s.common import K8sObject
 from serving.spec.stack import NAMESPACE, SpecError, Stack, pulumi_config, spec_from_config, stack_path
@@ -41,15 +43,15 @@ STACK_TYPE = "pulumi:pulumi:Stack"
 K8S_PREFIX = "kubernetes:"
 
 
-def program_stack() -> Stack:
-    """The stack the Pulumi program deploys, its spec read the Pulumi way (``pulumi.Config("exaserve")``): under
+def program_fleet() -> Fleet:
+    """The fleet the Pulumi program deploys, its spec read the Pulumi way (``pulumi.Config("exaserve")``): under
     ``pulumi up`` that is the engine's resolved config (secrets, ESC environments, ``pulumi config set``); offline,
     :func:`run_program` feeds the same keys from the stack file (:func:`~serving.spec.stack.pulumi_config`)."""
     name = pulumi.get_stack()
     env_path = os.environ.get(STACK_FILE_ENV)
     path = Path(env_path) if env_path else stack_path(name, Path(pulumi.runtime.get_root_directory() or "."))
     spec = spec_from_config(pulumi.Config(NAMESPACE).get_object, f"pulumi config of stack {name}", path.parent)
-    return Stack(name=name, path=path, spec=spec)
+    return load_fleet(name, spec)
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,7 @@ def run_program(stack: str, *, stack_file: Path | None = None, program_dir: Path
 
     def program() -> None:
         if program_dir is None:
-            fleet_stack(program_stack().spec)
+            fleet_stack(program_fleet())
         else:
             runpy.run_path(str(program_dir), run_name="__main__")
 

@@ -1,7 +1,7 @@
 """What every renderer shares: the render error, flag tables, whole seconds and the Jinja2 templates.
 
-Renderers are pure: ``(spec, plan) → text or objects``. They take the :class:`~serving.plan.model.Plan`
-computed once by the planner and never call the planner themselves.
+Renderers are pure: ``fleet → text or objects``. They take the :class:`~serving.plan.model.Fleet` (the spec and
+the plan the stack loader computed once) or the one part they need, and never call the planner themselves.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Generic, TypeVar
 
 import jinja2
 
-from serving.checks.flags import FlagManifest, check_argv
-from serving.plan.model import MemoryPlan, Plan
+from serving.flags import FlagManifest, check_argv
+from serving.plan.model import Fleet, MemoryPlan
 from serving.spec.schema import FabricKind, FleetSpec
 
 
@@ -109,14 +109,14 @@ def render_template(template: str, renderer: str, **context: object) -> str:
     return _templates().get_template(template).render(header=header, **context)
 
 
-def checked_memory(spec: FleetSpec, plan: Plan) -> MemoryPlan:
+def checked_memory(fleet: Fleet) -> MemoryPlan:
     """The plan's memory budget, refused when the KV pool cannot hold one full-length sequence."""
-    mp = plan.memory
-    ctx = spec.limits.context_length
+    mp = fleet.plan.memory
+    ctx = fleet.spec.limits.context_length
     if mp.max_total_tokens.value < ctx:
         raise RenderError(
-            f"model.precision={spec.model.precision.value} with parallelism.tp={spec.parallelism.tp} × "
-            f"pp={spec.parallelism.pp} leaves a KV-cache pool of {int(mp.max_total_tokens.value):,} tokens per "
+            f"model.precision={fleet.spec.model.precision.value} with parallelism.tp={fleet.spec.parallelism.tp} × "
+            f"pp={fleet.spec.parallelism.pp} leaves a KV-cache pool of {int(mp.max_total_tokens.value):,} tokens per "
             f"GPU ({mp.kv_pool_per_gpu.formula}), less than one limits.context_length={ctx:,} sequence; "
             "raise parallelism.tp or pp, pick a quantised model.precision, or lower limits.context_length "
             "(see `exaserve plan`)"

@@ -1,7 +1,7 @@
 """The SGLang router (the gateway): its command line, environment, policy and latency buckets.
 
 Every spec → flag decision lives in :data:`ROUTER_FLAGS`; the command line is checked against the
-pinned router parser's manifest (:mod:`serving.checks.flags`). See ``docs/units.md`` for the policy choice.
+pinned router parser's manifest (:mod:`serving.flags`). See ``docs/units.md`` for the policy choice.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from serving.checks.flags import FlagManifest, load_router_manifest
-from serving.plan.model import Plan, Replica
+from serving.flags import FlagManifest, load_router_manifest
+from serving.plan.model import Fleet, Plan
 from serving.render.common import FlagRule, check_entry, duration_buckets, render_flags, whole_seconds
 from serving.render.k8s.common import LABEL_ADMITTED
 from serving.render.k8s.container import LWS_LEADER_LABEL, SERVER_POD_LABELS
@@ -23,7 +23,7 @@ from serving.spec.schema import FleetSpec, LogLevel
 ROUTER_ENTRY: Final = ("python3", "-m", "sglang_router.launch_router")
 
 
-# Router listeners without a spec field (a sandbox stack uses its own ports, see router_argv).
+# Router listeners without a spec field (a sandbox stack uses its own ports, see router_args).
 ROUTER_PORT: Final = 30000  # the router's own default
 
 
@@ -52,7 +52,11 @@ def router_policy(spec: FleetSpec) -> str:
 
 
 @dataclass(frozen=True)
-class RouterContext:
+class RouterArgs:
+    """One router's settings as a value (SGLang's own ``RouterArgs``): its listeners, the workers it starts with and
+    its discovery; every other flag follows the spec through :data:`ROUTER_FLAGS`. :meth:`to_argv` renders the
+    command line, checked against the pinned router parser."""
+
     spec: FleetSpec
     host: str
     port: int
@@ -62,8 +66,15 @@ class RouterContext:
     kubernetes: bool
     selector: tuple[str, ...]
 
+    def to_argv(self) -> list[str]:
+        """The router's command line (entry point included); raises FlagValidationError when the pinned router
+        parser would not take it."""
+        argv = [*ROUTER_ENTRY, *render_flags(ROUTER_FLAGS, self)]
+        check_router_argv(argv)
+        return argv
 
-def _interval(c: RouterContext) -> int:
+
+def _interval(c: RouterArgs) -> int:
     return whole_seconds(c.spec.serving.heartbeat_interval_s)
 
 
@@ -78,7 +89,7 @@ def _abs_threshold(spec: FleetSpec) -> int:
     return max(1, math.ceil((spec.scheduler.migration_load_ratio - 1) * spec.limits.max_running_requests))
 
 
-ROUTER_FLAGS: Final[tuple[FlagRule[RouterContext], ...]] = (
+ROUTER_FLAGS: Final[tuple[FlagRule[RouterArgs], ...]] = (
     FlagRule("--host", f"0.0.0.0; sandbox: 127.0.0.1 (port {ROUTER_PORT}, sandbox.router_port)", lambda c: c.host),
     FlagRule("--port", f"{ROUTER_PORT}; sandbox.router_port in the sandbox", lambda c: str(c.port)),
     FlagRule(
@@ -194,35 +205,27 @@ def server_selector(plan: Plan) -> dict[str, str]:
     return labels
 
 
-def replica_url(replica: Replica) -> str:
-    return f"http://{replica.node.address}:{replica.port}"
-
-
 def check_router_argv(argv: Sequence[str], manifest: FlagManifest | None = None) -> None:
     """Raise FlagValidationError when the pinned router parser (or ``manifest``) would not take ``argv``."""
     check_entry(argv, ROUTER_ENTRY, manifest or load_router_manifest())
 
 
-def router_argv(
-    spec: FleetSpec, plan: Plan, *, worker_urls: Sequence[str] | None = None, kubernetes: bool = False
-) -> list[str]:
-    """The SGLang router's command line; static worker URLs, Kubernetes discovery, or both."""
+def router_args(fleet: Fleet, *, worker_urls: Sequence[str] | None = None, kubernetes: bool = False) -> RouterArgs:
+    """The SGLang router's settings; static worker URLs (by default the plan's replicas), Kubernetes discovery, or
+    both. A sandbox stack's router listens on loopback, on ``sandbox.router_port`` and ``prometheus_port``."""
     if worker_urls is None:
-        worker_urls = [] if kubernetes else [replica_url(r) for r in plan.replicas]
-    loopback = spec.sandbox is not None
-    ctx = RouterContext(
-        spec=spec,
+        worker_urls = [] if kubernetes else [r.url for r in fleet.plan.replicas]
+    loopback = fleet.spec.sandbox is not None
+    return RouterArgs(
+        spec=fleet.spec,
         host="127.0.0.1" if loopback else "0.0.0.0",  # noqa: S104  (the gateway serves clients)
-        port=spec.sandbox.router_port if spec.sandbox else ROUTER_PORT,
+        port=fleet.spec.sandbox.router_port if fleet.spec.sandbox else ROUTER_PORT,
         metrics_host="127.0.0.1" if loopback else "0.0.0.0",  # noqa: S104  (scraped by Prometheus)
-        metrics_port=spec.sandbox.prometheus_port if spec.sandbox else ROUTER_METRICS_PORT,
+        metrics_port=fleet.spec.sandbox.prometheus_port if fleet.spec.sandbox else ROUTER_METRICS_PORT,
         worker_urls=tuple(worker_urls),
         kubernetes=kubernetes,
-        selector=tuple(f"{k}={v}" for k, v in {**server_selector(plan), LABEL_ADMITTED: "true"}.items()),
+        selector=tuple(f"{k}={v}" for k, v in {**server_selector(fleet.plan), LABEL_ADMITTED: "true"}.items()),
     )
-    argv = [*ROUTER_ENTRY, *render_flags(ROUTER_FLAGS, ctx)]
-    check_router_argv(argv)
-    return argv
 
 
 def router_env(spec: FleetSpec) -> dict[str, str]:

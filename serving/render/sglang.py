@@ -1,7 +1,7 @@
 """The SGLang server: its command line and environment, from the spec and the plan.
 
 Every spec → flag decision lives in :data:`SERVER_FLAGS` and :data:`SERVER_ENV`; every command line leaves
-this module checked against the pinned parser's flag manifest (:mod:`serving.checks.flags`), so a flag the
+this module checked against the pinned parser's flag manifest (:mod:`serving.flags`), so a flag the
 pinned SGLang does not know fails at render time, naming the flag and the version. The systemd unit
 (:mod:`serving.render.systemd`) and the pod container (:mod:`serving.render.k8s.container`) wrap the same
 command. See ``docs/units.md`` for the mapping table.
@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from serving.checks.flags import FlagManifest, load_server_manifest
-from serving.plan.model import MemoryPlan, Plan, Replica
+from serving.flags import FlagManifest, load_server_manifest
+from serving.plan.model import Fleet, MemoryPlan, Replica
 from serving.render.common import (
     FlagRule,
     RenderError,
@@ -211,15 +211,15 @@ SERVER_ENV: Final[tuple[EnvRule, ...]] = (
 )
 
 
-def _replica_context(spec: FleetSpec, plan: Plan, replica: Replica, node_rank: int) -> ServerContext:
+def _replica_context(fleet: Fleet, replica: Replica, node_rank: int) -> ServerContext:
     nnodes = len(replica.nodes)
     if not 0 <= node_rank < nnodes:
         raise RenderError(
             f"node_rank={node_rank} is outside replica {replica.id}, which spans {nnodes} node(s); use 0..{nnodes - 1}"
         )
     return ServerContext(
-        spec=spec,
-        memory=checked_memory(spec, plan),
+        spec=fleet.spec,
+        memory=checked_memory(fleet),
         host=str(replica.nodes[node_rank].address),
         port=replica.port,
         nnodes=nnodes,
@@ -227,7 +227,7 @@ def _replica_context(spec: FleetSpec, plan: Plan, replica: Replica, node_rank: i
         dist_init_host=str(replica.nodes[0].address),
         gpu_ids=replica.gpu_ids,
         replica_id=replica.id if nnodes == 1 else f"{replica.id}-rank{node_rank}",
-        release=spec.group_version(replica.group),
+        release=fleet.spec.group_version(replica.group),
     )
 
 
@@ -236,14 +236,14 @@ def check_server_argv(argv: Sequence[str], manifest: FlagManifest | None = None)
     check_entry(argv, SERVER_ENTRY, manifest or load_server_manifest())
 
 
-def server_argv(spec: FleetSpec, plan: Plan, replica: Replica, node_rank: int = 0) -> list[str]:
+def server_argv(fleet: Fleet, replica: Replica, node_rank: int = 0) -> list[str]:
     """The full command line of one SGLang server process (entry point first), checked against the pin."""
-    argv = [*SERVER_ENTRY, *render_flags(SERVER_FLAGS, _replica_context(spec, plan, replica, node_rank))]
+    argv = [*SERVER_ENTRY, *render_flags(SERVER_FLAGS, _replica_context(fleet, replica, node_rank))]
     check_server_argv(argv)
     return argv
 
 
-def server_env(spec: FleetSpec, plan: Plan, replica: Replica, node_rank: int = 0) -> dict[str, str]:
+def server_env(fleet: Fleet, replica: Replica, node_rank: int = 0) -> dict[str, str]:
     """The environment of one SGLang server process on bare metal."""
-    ctx = _replica_context(spec, plan, replica, node_rank)
+    ctx = _replica_context(fleet, replica, node_rank)
     return {rule.name: v for rule in SERVER_ENV if (v := rule.value(ctx)) is not None}

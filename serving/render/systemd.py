@@ -11,10 +11,9 @@ import re
 from collections.abc import Sequence
 from typing import Final
 
-from serving.plan.model import Plan, Replica
+from serving.plan.model import Fleet, Replica
 from serving.render.common import RenderError, rdma, render_template, whole_seconds
 from serving.render.sglang import HEALTH_PATH, SERVER_ENTRY, SERVICE_HOME, SERVICE_USER, server_argv, server_env
-from serving.spec.schema import FleetSpec
 
 CURL: Final = "/usr/bin/curl"
 
@@ -66,12 +65,12 @@ def exec_lines(argv: Sequence[str], entry_words: int = len(SERVER_ENTRY)) -> lis
     return [" ".join(words) for words in lines]
 
 
-def systemd_unit(spec: FleetSpec, plan: Plan, replica: Replica, node_rank: int = 0) -> str:
+def systemd_unit(fleet: Fleet, replica: Replica, node_rank: int = 0) -> str:
     """The systemd unit of one replica (one node of it, for a multi-node replica)."""
-    argv = server_argv(spec, plan, replica, node_rank)
+    argv = server_argv(fleet, replica, node_rank)
     host = str(replica.nodes[node_rank].address)
     nnodes = len(replica.nodes)
-    s = spec.serving
+    s = fleet.spec.serving
     interval = whole_seconds(s.heartbeat_interval_s)
     start_timeout = whole_seconds(s.startup_budget_s)
     health_check: list[str] = []
@@ -90,22 +89,22 @@ def systemd_unit(spec: FleetSpec, plan: Plan, replica: Replica, node_rank: int =
         replica_id=replica.id,
         node_rank=node_rank,
         nnodes=nnodes,
-        model=spec.model.name,
+        model=fleet.spec.model.name,
         gpu_ids=",".join(str(i) for i in replica.gpu_ids),
         user=SERVICE_USER,
         state_directory=SERVICE_HOME.removeprefix("/var/lib/"),
         environment=[
-            systemd_word(f"{k}={v}", exec_line=False) for k, v in server_env(spec, plan, replica, node_rank).items()
+            systemd_word(f"{k}={v}", exec_line=False) for k, v in server_env(fleet, replica, node_rank).items()
         ],
         exec_start=exec_lines(argv),
         health_check=" ".join(systemd_word(w, exec_line=True) for w in health_check),
         start_timeout_s=start_timeout,
-        stop_timeout_s=whole_seconds(spec.rollout.drain_timeout_s),
+        stop_timeout_s=whole_seconds(fleet.spec.rollout.drain_timeout_s),
         restart_s=RESTART_SEC,
         start_limit_burst=START_LIMIT_BURST,
         start_limit_interval_s=START_LIMIT_BURST * (start_timeout + RESTART_SEC),
         log_rate_interval_s=LOG_RATE_LIMIT_INTERVAL_S,
         log_rate_burst=LOG_RATE_LIMIT_BURST,
-        log_level=spec.serving.log_level.value,
-        rdma=rdma(spec),
+        log_level=fleet.spec.serving.log_level.value,
+        rdma=rdma(fleet.spec),
     )

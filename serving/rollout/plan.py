@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from serving.plan.model import Plan
+from serving.plan.model import Fleet, Plan
 from serving.render.router import request_timeout_s, router_policy
 from serving.spec.schema import FleetSpec
 
@@ -190,9 +190,7 @@ def plan_batches(fleet_plan: Plan, only: Collection[str] | None = None) -> tuple
 
 
 def plan_rollout(
-    spec: FleetSpec,
-    fleet_plan: Plan,
-    stack: str,
+    fleet: Fleet,
     *,
     from_version: str,
     to_version: str,
@@ -200,15 +198,16 @@ def plan_rollout(
     only: Collection[str] | None = None,
     observed: Mapping[str, str | None] | None = None,
 ) -> RolloutPlan:
-    """The plan over every replica, or over ``only`` (see :func:`plan_batches`), recording ``observed``."""
+    """The plan over every replica of ``fleet``, or over ``only`` (see :func:`plan_batches`), recording
+    ``observed``."""
     return RolloutPlan(
-        stack=stack,
+        stack=fleet.name,
         kind=kind,
         from_version=from_version,
         to_version=to_version,
-        batches=plan_batches(fleet_plan, only),
-        timings=Timings.from_spec(spec),
-        limits=GateLimits.from_spec(spec),
+        batches=plan_batches(fleet.plan, only),
+        timings=Timings.from_spec(fleet.spec),
+        limits=GateLimits.from_spec(fleet.spec),
         observed=dict(observed or {}),
     )
 
@@ -219,9 +218,9 @@ def warmup_requests(per_replica_qps: float, share: float, duration_s: float, flo
     return max(floor, math.ceil(per_replica_qps * share * duration_s))
 
 
-def with_group_version(spec: FleetSpec, group: int, version: str) -> FleetSpec:
-    """The stack with update group ``group`` moved to ``version``, validated like the stack file
-    (the version must be one of ``serving.releases``)."""
-    data = spec.model_dump()
-    data["rollout"]["group_versions"] = {**spec.rollout.group_versions, group: version}
-    return FleetSpec.model_validate(data)
+def with_group_version(fleet: Fleet, group: int, version: str) -> Fleet:
+    """The fleet with update group ``group`` moved to ``version``, its spec validated like the stack file (the
+    version must be one of ``serving.releases``); the plan is the same, versions change nothing in it."""
+    data = fleet.spec.model_dump()
+    data["rollout"]["group_versions"] = {**fleet.spec.rollout.group_versions, group: version}
+    return replace(fleet, spec=FleetSpec.model_validate(data))

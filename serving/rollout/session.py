@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from serving.plan.model import Plan
+from serving.plan.model import Fleet, Plan
 from serving.rollout.backends import Backend
 from serving.rollout.journal import Journal, StackState
 from serving.rollout.machine import EventKind, RolloutState, contract, initial, replay
@@ -193,9 +193,7 @@ class Scope:
 
 
 def plan_from_fleet(
-    spec: FleetSpec,
-    fleet_plan: Plan,
-    stack: str,
+    fleet: Fleet,
     view: FleetView,
     to_version: str,
     *,
@@ -214,12 +212,12 @@ def plan_from_fleet(
       as ``v2+v3``.
     """
     groups: dict[int, list[str]] = {}
-    for r in fleet_plan.replicas:
+    for r in fleet.plan.replicas:
         groups.setdefault(r.group if whole_groups else r.index, []).append(r.id)
     observed = view.observed
-    down = [r for r in (x.id for x in fleet_plan.replicas) if observed.get(r) is None]
+    down = [r for r in (x.id for x in fleet.plan.replicas) if observed.get(r) is None]
     if down and not allow_degraded:
-        raise RolloutInputError(_down_message(down, fleet_plan, whole_groups, kind))
+        raise RolloutInputError(_down_message(down, fleet.plan, whole_groups, kind))
     held: dict[str, str] = {}
     planned: list[str] = []
     for members in groups.values():
@@ -234,10 +232,10 @@ def plan_from_fleet(
     if not sources:
         return Scope(to_version, None, held, view)
     if kind == "rollout":
-        _check_source(sources, planned, observed, to_version, spec)
+        _check_source(sources, planned, observed, to_version, fleet.spec)
     from_version = "+".join(sorted(sources))
     plan = plan_rollout(
-        spec, fleet_plan, stack, from_version=from_version, to_version=to_version, kind=kind, only=set(planned),
+        fleet, from_version=from_version, to_version=to_version, kind=kind, only=set(planned),
         observed=observed,
     )  # fmt: skip
     return Scope(to_version, plan, held, view)

@@ -26,14 +26,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from serving.fleet_http import VERSION, FleetHttp, HttpFailure
-from serving.plan.model import Plan
+from serving.plan.model import Fleet
 from serving.render.sglang import HEALTH_PATH
 from serving.rollout.gates import parse_only
 from serving.router.client import WORKER_QUEUED, WORKER_RUNNING, MetricsSnapshot
 from serving.runtime.controller import replica_urls
 from serving.runtime.discovery import DiscoveryError, NodePods
 from serving.runtime.reports import REPORT_SCHEMA_VERSION, NodeReport, ReplicaProbe
-from serving.spec.schema import FleetSpec
 
 REPORTS_PATH = "/v1/reports"
 WORKER_TOKEN_USAGE = "sglang:token_usage"  # noqa: S105 - a metric name, not a secret
@@ -65,26 +64,25 @@ class AgentConfig:
     @classmethod
     def for_node(
         cls,
-        spec: FleetSpec,
-        plan: Plan,
+        fleet: Fleet,
         node: str,
         controllers: Sequence[str],
         dcgm_url: str | None = None,
         controller_service: str | None = None,
     ) -> AgentConfig:
-        urls = replica_urls(spec, plan)
-        mine = [r for r in plan.replicas if r.node.name == node]
+        urls = replica_urls(fleet.plan)
+        mine = [r for r in fleet.plan.replicas if r.node.name == node]
         if not mine:
-            known = sorted({r.node.name for r in plan.replicas})
+            known = sorted({r.node.name for r in fleet.plan.replicas})
             raise ValueError(f"node {node!r} runs no replica of this stack; use one of {known[:8]}")
         return cls(
             node=node,
             replicas=tuple((r.id, urls[r.id], r.gpu_ids) for r in mine),
             controllers=tuple(c.rstrip("/") for c in controllers),
-            interval_s=spec.serving.heartbeat_interval_s,
-            timeout_s=spec.serving.health_check_timeout_s,
-            max_running_requests=spec.limits.max_running_requests,
-            link_rate_gbps=spec.cluster.fabric.link_rate_gbps,
+            interval_s=fleet.spec.serving.heartbeat_interval_s,
+            timeout_s=fleet.spec.serving.health_check_timeout_s,
+            max_running_requests=fleet.spec.limits.max_running_requests,
+            link_rate_gbps=fleet.spec.cluster.fabric.link_rate_gbps,
             dcgm_url=dcgm_url,
             controller_service=controller_service,
         )

@@ -35,22 +35,17 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from serving.plan.model import Plan, Replica
-from serving.render.router import replica_url
 from serving.runtime.reports import NodeReport, Rejection, ReportRejected
 from serving.runtime.score import Band, above_mean, band, may_readmit, next_score, weighted_load
 from serving.spec.schema import FleetSpec, HealthScoreSpec, LoadMetric
 
-SANDBOX_HOST = "127.0.0.1"
 FUTURE_SKEW_S = 1.0  # accepted clock skew between agent and controller (chrony keeps nodes ≤ 100 ms apart)
 MIN_WARMUP_RATE_PER_S = 1.0  # a warm-up needs requests to judge, even when the fleet is idle
 
 
-def replica_urls(spec: FleetSpec, plan: Plan) -> dict[str, str]:
-    """Replica id → the URL the routers know it by: ``http://ADDRESS:PORT``, or, in a sandbox stack, the
-    simulated worker's loopback port (``sandbox.worker_base_port`` + index, as ``sandbox up`` starts it)."""
-    if spec.sandbox is None:
-        return {r.id: replica_url(r) for r in plan.replicas}
-    return {r.id: f"http://{SANDBOX_HOST}:{spec.sandbox.worker_base_port + r.index}" for r in plan.replicas}
+def replica_urls(plan: Plan) -> dict[str, str]:
+    """Replica id → the URL the routers know it by (the plan's :attr:`~serving.plan.model.Replica.url`)."""
+    return {r.id: r.url for r in plan.replicas}
 
 
 class ReplicaState(StrEnum):

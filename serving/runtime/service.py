@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from serving.plan.model import Plan
+from serving.plan.model import Fleet
 from serving.rollout.backends import Backend, BackendError, ReplicaIndex
 from serving.router.client import RouterApiError, RouterClient
 from serving.router.loadgen import LoadSpec, run_load
@@ -51,9 +51,9 @@ class BackendRestarter(ReplicaIndex):
     """Restart through a rollout backend (systemd over SSH, the pod on Kubernetes): re-apply the version the
     stack says the replica's group runs."""
 
-    def __init__(self, spec: FleetSpec, plan: Plan, backend: Backend) -> None:
-        super().__init__(list(plan.replicas))
-        self.spec = spec
+    def __init__(self, fleet: Fleet, backend: Backend) -> None:
+        super().__init__(list(fleet.plan.replicas))
+        self.spec = fleet.spec
         self.backend = backend
 
     async def restart(self, replica_id: str, timeout_s: float) -> None:
@@ -78,8 +78,7 @@ class ControllerService:
 
     def __init__(
         self,
-        spec: FleetSpec,
-        plan: Plan,
+        fleet: Fleet,
         *,
         identity: str,
         election: Election,
@@ -88,16 +87,16 @@ class ControllerService:
         discovered: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.spec = spec
+        self.spec = fleet.spec
         self.identity = identity
         self.election = election
         self.routers = routers
         self.restarter = restarter
         self.clock = clock
         self.controller = Controller(
-            ControllerConfig.from_spec(spec, len(plan.replicas)),
-            plan.replicas,
-            replica_urls(spec, plan),
+            ControllerConfig.from_spec(fleet.spec, len(fleet.plan.replicas)),
+            fleet.plan.replicas,
+            replica_urls(fleet.plan),
             clock(),
             discovered=discovered,
         )

@@ -1,30 +1,31 @@
 """Local processes: the sandbox's simulated SGLang workers behind the real router, on loopback.
 
-Replica ``i`` of the sandbox stack listens on ``sandbox.worker_base_port + i`` and runs the simulated
-release ``sandbox.versions[version]`` (latency, error rate, start-up time, never-ready). Two layouts
-(``sandbox.nodes_per_process``): one process per worker (:mod:`serving.sandbox.processes`), or the workers of
-several nodes in one process (:mod:`serving.sandbox.worker_host`, the scale sandbox). An update restarts the
-worker on its port with the new release, in either layout (:func:`restart_workers`); the processes' records live
-in the stack's state directory, so ``sandbox up``, ``rollout`` and ``sandbox down`` can run as separate commands.
+Each replica of the sandbox stack listens on its plan's endpoint (loopback, ``sandbox.worker_base_port`` + the
+replica's index) and runs the simulated release ``sandbox.versions[version]`` (latency, error rate, start-up time,
+never-ready). Two layouts (``sandbox.nodes_per_process``): one process per worker (:mod:`serving.sandbox.processes`),
+or the workers of several nodes in one process (:mod:`serving.sandbox.worker_host`, the scale sandbox). An update
+restarts the worker on its port with the new release, in either layout (:func:`restart_workers`); the processes'
+records live in the stack's state directory, so ``sandbox up``, ``rollout`` and ``sandbox down`` can run as separate
+commands.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from serving.fleet_http import FleetHttp, HttpFailure
-from serving.plan.model import Plan, Replica
+from serving.plan.model import Fleet, Replica
 from serving.render.common import duration_buckets
-from serving.render.router import ROUTER_ENTRY, router_argv
+from serving.render.router import ROUTER_ENTRY, router_args
 from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.rollout.membership import RouterApiMembership
 from serving.router.membership import RouterSet
 from serving.sandbox import worker_host
 from serving.sandbox.processes import SandboxError, StateDir, start_worker, stop_process
-from serving.sandbox.worker import LOOPBACK, WorkerConfig
+from serving.sandbox.worker import WorkerConfig
 from serving.spec.schema import FleetSpec, SandboxSpec
 
 JITTER_SHARE = 0.1  # simulated latency varies ±10 % around each release's latency_ms
@@ -51,16 +52,16 @@ class NodeGroup:
     ports: tuple[int, ...]
 
 
-def node_groups(spec: FleetSpec, plan: Plan) -> list[NodeGroup]:
+def node_groups(fleet: Fleet) -> list[NodeGroup]:
     """The plan's nodes in placement order, ``sandbox.nodes_per_process`` to a group (else one), with their
     replicas' ports."""
-    sandbox = sandbox_of(spec)
-    nodes = list(dict.fromkeys(r.node.name for r in plan.replicas))
+    sandbox = sandbox_of(fleet.spec)
+    nodes = list(dict.fromkeys(r.node.name for r in fleet.plan.replicas))
     size = sandbox.nodes_per_process or 1
     groups = []
     for index, start in enumerate(range(0, len(nodes), size)):
         members = tuple(nodes[start : start + size])
-        ports = tuple(sandbox.worker_base_port + r.index for r in plan.replicas if r.node.name in members)
+        ports = tuple(r.endpoint.port for r in fleet.plan.replicas if r.node.name in members)
         groups.append(NodeGroup(index, members, ports))
     return groups
 
@@ -74,9 +75,9 @@ def worker_config(spec: FleetSpec, replica: Replica, version: str) -> WorkerConf
             f"version {version!r} is not in sandbox.versions {sorted(sandbox.versions)}; add it to the stack"
         )
     return WorkerConfig(
-        port=sandbox.worker_base_port + replica.index,
+        port=replica.endpoint.port,
         version=version,
-        host=LOOPBACK,
+        host=replica.endpoint.host,
         latency_ms=release.latency_ms,
         jitter_ms=release.latency_ms * JITTER_SHARE,
         error_rate=release.error_rate,
@@ -117,29 +118,33 @@ async def restart_workers(
         raise SandboxError("; ".join(problems))
 
 
-def router_flags(spec: FleetSpec, plan: Plan, worker_urls: Sequence[str]) -> list[str]:
-    """The sandbox router's flags: the fleet's router command (:func:`serving.render.router.router_argv`, on
-    loopback for a sandbox stack, with latency buckets fine enough for the P99 gate)."""
-    sandbox_of(spec)
-    return router_argv(spec, plan, worker_urls=worker_urls)[len(ROUTER_ENTRY) :]
+def router_flags(fleet: Fleet, worker_urls: Sequence[str], *, ports: tuple[int, int] | None = None) -> list[str]:
+    """The sandbox router's flags: the fleet's router command (:func:`serving.render.router.router_args`, on
+    loopback for a sandbox stack, with latency buckets fine enough for the P99 gate); ``ports`` (API, metrics): a
+    router of the runtime's own, on its own listeners."""
+    sandbox_of(fleet.spec)
+    args = router_args(fleet, worker_urls=worker_urls)
+    if ports is not None:
+        args = replace(args, port=ports[0], metrics_port=ports[1])
+    return args.to_argv()[len(ROUTER_ENTRY) :]
 
 
 class LocalBackend(ReplicaIndex):
     """Restart sandbox workers as local processes."""
 
-    def __init__(self, spec: FleetSpec, plan: Plan, processes_dir: Path) -> None:
-        self.spec = spec
-        self.sandbox = sandbox_of(spec)
+    def __init__(self, fleet: Fleet, processes_dir: Path) -> None:
+        self.spec = fleet.spec
+        self.sandbox = sandbox_of(fleet.spec)
         self.state = StateDir(processes_dir)
-        super().__init__(list(plan.replicas))
-        self._http = FleetHttp(timeout_s=spec.serving.health_check_timeout_s)
+        super().__init__(list(fleet.plan.replicas))
+        self._http = FleetHttp(timeout_s=fleet.spec.serving.health_check_timeout_s)
 
     @property
     def name(self) -> str:
         return f"local processes ({len(self.replicas)} simulated workers)"
 
     def worker_url(self, replica_id: str) -> str:
-        return f"http://{LOOPBACK}:{self.sandbox.worker_base_port + self._replica(replica_id).index}"
+        return self._replica(replica_id).url
 
     def known_versions(self) -> frozenset[str]:
         return frozenset(self.sandbox.versions)

@@ -25,7 +25,7 @@ import httpx
 
 from serving.drill.engine import Subject
 from serving.drill.scenarios import Component, Fault, FaultKind, FaultSizes
-from serving.plan.model import Plan
+from serving.plan.model import Fleet
 from serving.sandbox.backend import worker_config, worker_name
 from serving.sandbox.processes import (
     ProcessRecord,
@@ -37,15 +37,14 @@ from serving.sandbox.processes import (
     start_worker,
 )
 from serving.sandbox.worker import FAULT_PATH
-from serving.spec.schema import FleetSpec
 
 
 class SandboxFaults:
     """Faults on the sandbox whose process records are in ``processes_dir``."""
 
-    def __init__(self, spec: FleetSpec, plan: Plan, processes_dir: Path) -> None:
-        self.spec = spec
-        self.replicas = {r.id: r for r in plan.replicas}
+    def __init__(self, fleet: Fleet, processes_dir: Path) -> None:
+        self.spec = fleet.spec
+        self.replicas = {r.id: r for r in fleet.plan.replicas}
         self.state = StateDir(processes_dir)
         self.stopped: dict[str, ProcessRecord] = {}  # SIGSTOPped worker records, by URL
         self.killed: dict[str, ProcessRecord] = {}  # SIGKILLed router, controller and agent records, by name

@@ -31,9 +31,10 @@ from typing import Any
 import yaml
 
 from serving.checks.promtool import rule_file
-from serving.plan.model import Plan
+from serving.plan.model import Fleet
 from serving.prometheus_api import PrometheusError, query
-from serving.render.k8s import fleet, gateway, monitoring, runtime
+from serving.render.k8s import fleet as serving_fleet
+from serving.render.k8s import gateway, monitoring, runtime
 from serving.render.k8s.common import LABEL_NAME, ROUTER_APP, SERVING_APP, K8sObject
 from serving.sandbox.backend import worker_config
 from serving.sandbox.processes import ProcessRecord, SandboxError, StateDir, start_service
@@ -67,14 +68,14 @@ def prometheus_url(spec: FleetSpec) -> str:
     return f"http://{LOOPBACK}:{prometheus_port(spec)}"
 
 
-def sandbox_pods(spec: FleetSpec, plan: Plan) -> dict[str, list[Pod]]:
+def sandbox_pods(fleet: Fleet) -> dict[str, list[Pod]]:
     """``app.kubernetes.io/name`` → the processes ``sandbox up`` runs for those pods: router 0 (all routers with the
     runtime on), one simulated worker per replica, the controllers (runtime on; none otherwise). Process names are
     those of the sandbox's records; the workers are named by replica id."""
-    if spec.sandbox is None:
+    if fleet.spec.sandbox is None:
         raise SandboxError("this stack has no sandbox: section")
-    on = spec.sandbox.runtime
-    ports = runtime_ports(spec)
+    on = fleet.spec.sandbox.runtime
+    ports = runtime_ports(fleet.spec)
     routers = ports.routers if on else ports.routers[:1]
     return {
         ROUTER_APP: [
@@ -82,8 +83,11 @@ def sandbox_pods(spec: FleetSpec, plan: Plan) -> dict[str, list[Pod]]:
             for i, (api, m) in enumerate(routers)
         ],
         SERVING_APP: [
-            Pod(r.id, {fleet.HTTP_PORT_NAME: worker_config(spec, r, spec.group_version(r.group)).port})
-            for r in plan.replicas
+            Pod(
+                r.id,
+                {serving_fleet.HTTP_PORT_NAME: worker_config(fleet.spec, r, fleet.spec.group_version(r.group)).port},
+            )
+            for r in fleet.plan.replicas
         ],
         runtime.CONTROLLER: [
             Pod(f"controller-{i}", {runtime.HTTP_PORT_NAME: p}) for i, p in enumerate(ports.controllers if on else ())
@@ -91,10 +95,10 @@ def sandbox_pods(spec: FleetSpec, plan: Plan) -> dict[str, list[Pod]]:
     }
 
 
-def rendered_objects(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
+def rendered_objects(fleet: Fleet) -> list[K8sObject]:
     """The objects the scrape configuration and the rules come from: the Services (fleet, gateway, runtime), the
     monitors and the PrometheusRules, exactly as ``exaserve render`` writes them."""
-    return [o for m in (fleet, gateway, monitoring, runtime) for o in m.render(spec, plan)]
+    return [o for m in (serving_fleet, gateway, monitoring, runtime) for o in m.render(fleet)]
 
 
 def _selected(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
@@ -234,7 +238,7 @@ def _scraped(url: str, expected: int) -> bool:
         return False
 
 
-def start_prometheus(state: StateDir, spec: FleetSpec, plan: Plan, *, timeout_s: float) -> ProcessRecord:
+def start_prometheus(state: StateDir, fleet: Fleet, *, timeout_s: float) -> ProcessRecord:
     """Write and check the configuration, start Prometheus on a fresh data directory and wait until it has scraped
     every target once."""
     binary = shutil.which(PROMETHEUS_BINARY)
@@ -243,13 +247,13 @@ def start_prometheus(state: StateDir, spec: FleetSpec, plan: Plan, *, timeout_s:
     directory = state.root / NAME
     data = directory / "data"
     shutil.rmtree(data, ignore_errors=True)
-    config = write_config(directory, spec, rendered_objects(spec, plan), sandbox_pods(spec, plan))
-    url = prometheus_url(spec)
+    config = write_config(directory, fleet.spec, rendered_objects(fleet), sandbox_pods(fleet))
+    url = prometheus_url(fleet.spec)
     argv = [
         binary,
         f"--config.file={config}",
         f"--storage.tsdb.path={data}",
-        f"--web.listen-address={LOOPBACK}:{prometheus_port(spec)}",
+        f"--web.listen-address={LOOPBACK}:{prometheus_port(fleet.spec)}",
         "--log.level=warn",
     ]
     expected = _target_count(config)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from serving.plan.model import Plan
+from serving.plan.model import Fleet
 from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.runtime.service import STATUS_PATH
 from serving.sandbox.backend import node_groups, restart_workers, router_flags, worker_config
@@ -111,18 +111,16 @@ def start_etcd(state: StateDir, spec: FleetSpec, *, timeout_s: float) -> Process
 
 
 def start_extra_routers(
-    state: StateDir, spec: FleetSpec, plan: Plan, worker_urls: Sequence[str], *, healthy: int, timeout_s: float
+    state: StateDir, fleet: Fleet, worker_urls: Sequence[str], *, healthy: int, timeout_s: float
 ) -> list[ProcessRecord]:
     """Routers 1…n−1: the fleet's router command on their own ports, started at once (each one's registration of
     the workers takes its own CPU time, which grows with their number)."""
 
     def one(i: int, api: int, metrics: int) -> ProcessRecord:
-        flags = router_flags(spec, plan, worker_urls)
-        flags[flags.index("--port") + 1] = str(api)
-        flags[flags.index("--prometheus-port") + 1] = str(metrics)
+        flags = router_flags(fleet, worker_urls, ports=(api, metrics))
         return start_router(state, flags, name=f"router-{i}", healthy_workers=healthy, timeout_s=timeout_s)
 
-    extra = runtime_ports(spec).routers[1:]
+    extra = runtime_ports(fleet.spec).routers[1:]
     if not extra:
         return []
     with ThreadPoolExecutor(len(extra)) as pool:
@@ -155,13 +153,11 @@ def start_controllers(
     return out
 
 
-def start_agents(
-    state: StateDir, stack_file: Path, spec: FleetSpec, plan: Plan, *, timeout_s: float
-) -> list[ProcessRecord]:
+def start_agents(state: StateDir, stack_file: Path, fleet: Fleet, *, timeout_s: float) -> list[ProcessRecord]:
     """``agent-<node>`` per node, or in the scale layout ``agents-<i>`` per group of nodes (``--node`` for each)."""
-    scale = _sandbox(spec).nodes_per_process is not None
+    scale = _sandbox(fleet.spec).nodes_per_process is not None
     out = []
-    for group in node_groups(spec, plan):
+    for group in node_groups(fleet):
         name = f"agents-{group.index}" if scale else f"agent-{group.nodes[0]}"
         argv = [_exaserve(), "agent", "run", f"--stack-file={stack_file}", *(f"--node={n}" for n in group.nodes)]
         out.append(start_service(state, name, "agent", argv, "", lambda: True, timeout_s))
@@ -169,23 +165,27 @@ def start_agents(
 
 
 def start_runtime(
-    state: StateDir, spec: FleetSpec, plan: Plan, *, stack_file: Path, state_dir: Path, timeout_s: float
+    state: StateDir, fleet: Fleet, *, stack_file: Path, state_dir: Path, timeout_s: float
 ) -> dict[str, list[str]]:
     """After ``sandbox up`` started the routers (:func:`start_extra_routers` beside router 0): etcd, the
     controllers, then the agents."""
-    start_etcd(state, spec, timeout_s=timeout_s)
-    start_controllers(state, stack_file, state_dir, spec, timeout_s=timeout_s)
-    start_agents(state, stack_file, spec, plan, timeout_s=timeout_s)
-    return {"routers": router_urls(spec), "controllers": controller_urls(spec), "etcd": [etcd_url(spec)]}
+    start_etcd(state, fleet.spec, timeout_s=timeout_s)
+    start_controllers(state, stack_file, state_dir, fleet.spec, timeout_s=timeout_s)
+    start_agents(state, stack_file, fleet, timeout_s=timeout_s)
+    return {
+        "routers": router_urls(fleet.spec),
+        "controllers": controller_urls(fleet.spec),
+        "etcd": [etcd_url(fleet.spec)],
+    }
 
 
 class SandboxRestarter(ReplicaIndex):
     """Migration in the sandbox: kill the simulated worker (its process, a hung one too, or its port inside its
     worker host) and start it again at the version the stack says its group runs."""
 
-    def __init__(self, spec: FleetSpec, plan: Plan, processes_dir: Path) -> None:
-        super().__init__(list(plan.replicas))
-        self.spec = spec
+    def __init__(self, fleet: Fleet, processes_dir: Path) -> None:
+        super().__init__(list(fleet.plan.replicas))
+        self.spec = fleet.spec
         self.state = StateDir(processes_dir)
 
     async def restart(self, replica_id: str, timeout_s: float) -> None:

@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from serving.plan.model import Plan
+from serving.plan.model import Fleet, Plan
 from serving.rollout.journal import StackState
 from serving.sandbox.backend import node_groups
 from serving.sandbox.capacity import CPU_SHARE, Costs, CpuNeed, cpu_need, cpus
@@ -161,14 +161,14 @@ class Needs:
     cpu: CpuNeed | None = None  # the steady state's cores, when the costs were measured
 
 
-def needs(spec: FleetSpec, plan: Plan) -> Needs:
+def needs(fleet: Fleet) -> Needs:
     """File descriptors and memory of the sandbox of ``spec`` (figures measured here, module constants)."""
-    sandbox = spec.sandbox
+    sandbox = fleet.spec.sandbox
     if sandbox is None:
         raise ValueError("this stack has no sandbox: section")
-    replicas = len(plan.replicas)
-    routers = spec.scheduler.instances if sandbox.runtime else 1
-    groups = node_groups(spec, plan)
+    replicas = len(fleet.plan.replicas)
+    routers = fleet.spec.scheduler.instances if sandbox.runtime else 1
+    groups = node_groups(fleet)
     hosted = 1 if sandbox.nodes_per_process is None else max(len(g.ports) for g in groups)
     worker_side = hosted * (HOST_FDS_PER_WORKER + HOST_FDS_PER_WORKER_PER_ROUTER * routers)
     fds = {
@@ -185,7 +185,7 @@ def needs(spec: FleetSpec, plan: Plan) -> Needs:
     if sandbox.runtime:
         nodes = sum(len(g.nodes) for g in groups)
         parts["agents"] = len(groups) * AGENTS_MIB[0] + nodes * AGENTS_MIB[1]
-        parts["controllers"] = spec.scheduler.instances * (CONTROLLER_MIB[0] + replicas * CONTROLLER_MIB[1])
+        parts["controllers"] = fleet.spec.scheduler.instances * (CONTROLLER_MIB[0] + replicas * CONTROLLER_MIB[1])
         parts["etcd"] = ETCD_MIB
     return Needs(fds[which], which, sum(parts.values()) * MEMORY_HEADROOM, parts)
 
@@ -202,14 +202,15 @@ def mem_available_mib(meminfo: Path = MEMINFO) -> float | None:
     return None
 
 
-def sandbox_ports(spec: FleetSpec, plan: Plan) -> dict[str, list[int]]:
+def sandbox_ports(fleet: Fleet) -> dict[str, list[int]]:
     """Every port ``sandbox up`` listens on, by the ``sandbox.`` field it derives from (the workers, router 0 and its
     metrics; with ``runtime`` etcd, the controllers and the other routers; with ``prometheus`` its server; in the
     scale layout the worker processes' control ports)."""
+    spec = fleet.spec
     sandbox = spec.sandbox
     if sandbox is None:
         raise ValueError("this stack has no sandbox: section")
-    groups = node_groups(spec, plan)
+    groups = node_groups(fleet)
     ports = {
         "worker_base_port": sorted(p for g in groups for p in g.ports),
         "router_port": [sandbox.router_port],
@@ -228,14 +229,14 @@ def sandbox_ports(spec: FleetSpec, plan: Plan) -> dict[str, list[int]]:
     return ports
 
 
-def check_ports(spec: FleetSpec, plan: Plan, port_range: Path = EPHEMERAL_PORT_RANGE) -> None:
+def check_ports(fleet: Fleet, port_range: Path = EPHEMERAL_PORT_RANGE) -> None:
     """Raise :class:`MachineTooSmall` when a port of the sandbox lies in this machine's ephemeral port range, where
     any outgoing connection may hold it when the sandbox binds it (a ``sandbox up`` failing on a port "in use" that
     nothing listens on). The range is the machine's, so the check is here, not in the spec's validation."""
     low, high = ephemeral_port_range(port_range)
-    inside = {field: [p for p in ports if low <= p <= high] for field, ports in sandbox_ports(spec, plan).items()}
+    inside = {field: [p for p in ports if low <= p <= high] for field, ports in sandbox_ports(fleet).items()}
     named = [
-        f"sandbox.{field}={getattr(spec.sandbox, field)} ({_ports(found)})" for field, found in inside.items() if found
+        f"sandbox.{field}={getattr(fleet.spec.sandbox, field)} ({_ports(found)})" for field, found in inside.items() if found
     ]
     if named:
         raise MachineTooSmall(
@@ -254,8 +255,7 @@ def _ports(ports: list[int]) -> str:
 
 
 def check_machine(
-    spec: FleetSpec,
-    plan: Plan,
+    fleet: Fleet,
     *,
     meminfo: Path = MEMINFO,
     port_range: Path = EPHEMERAL_PORT_RANGE,
@@ -266,8 +266,8 @@ def check_machine(
     (:func:`check_ports`), its file descriptors and memory; raises this process's soft ``RLIMIT_NOFILE`` (which the
     sandbox's processes inherit) up to the hard limit when the sandbox needs more. With ``costs`` (measured here:
     :func:`serving.sandbox.capacity.measure_costs`) the steady state may need at most ``cpu_share`` of the cores."""
-    check_ports(spec, plan, port_range)
-    need = needs(spec, plan)
+    check_ports(fleet, port_range)
+    need = needs(fleet)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if need.fds > soft:
         if hard != resource.RLIM_INFINITY and need.fds > hard:
@@ -286,10 +286,10 @@ def check_machine(
             "sandboxes) or simulate fewer replicas (serving.replicas)"
         )
     if costs is not None:
-        nodes = len({r.node.name for r in plan.replicas})
-        cpu = cpu_need(spec, len(plan.replicas), nodes, costs, cpu_share)
+        nodes = len({r.node.name for r in fleet.plan.replicas})
+        cpu = cpu_need(fleet.spec, len(fleet.plan.replicas), nodes, costs, cpu_share)
         if cpu.total > cpu.available:
-            raise MachineTooSmall(_too_slow(cpu, len(plan.replicas), nodes, cpu_share))
+            raise MachineTooSmall(_too_slow(cpu, len(fleet.plan.replicas), nodes, cpu_share))
         need = dataclasses.replace(need, cpu=cpu)
     return need
 

@@ -19,13 +19,12 @@ from typing import Any
 
 from aiohttp import web
 
-from serving.plan.planner import plan
 from serving.pulumi.validate import Validator
 from serving.render.k8s.fleet import render
 from serving.rollout.backends.kubernetes import workload_path
 from serving.spec.schema import FleetSpec
 from tests.support.k8s import crd_dir
-from tests.support.stacks import spec_from
+from tests.support.stacks import fleet_of, spec_from
 
 RELEASES = {
     "v1": "lmsysorg/sglang:v0.5.23-cu126",
@@ -110,14 +109,14 @@ class ApiServerStandIn:
         self.pods_path = f"/api/v1/namespaces/{spec.kubernetes.namespace}/pods"
         self.pods: dict[str, dict[str, Any]] = {}  # name → pod
         self.pod_patches: list[tuple[str, dict[str, Any]]] = []  # (pod name, merge patch); workloads' in patches
-        for rendered in render(spec, plan(spec)):
+        for rendered in render(fleet_of(spec)):
             if rendered["kind"] in ("StatefulSet", "LeaderWorkerSet"):
                 group = int(rendered["metadata"]["name"].removeprefix("sglang-g"))
                 obj = copy.deepcopy(rendered)
                 obj["metadata"]["generation"] = 1
                 n = obj["spec"]["replicas"]
                 obj["status"] = self._status(obj, updated=n, ready=n, current=_revision(obj))
-                self.objects[workload_path(spec, plan(spec), group)] = obj
+                self.objects[workload_path(spec, group)] = obj
                 for ordinal in range(n):
                     self._create_pods(obj, ordinal, ready=True)
         self._loop = asyncio.new_event_loop()

@@ -11,6 +11,8 @@ from typing import Any
 import yaml
 
 from serving.plan import audit
+from serving.plan.loader import load_fleet
+from serving.plan.model import Fleet, MemoryModel
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import parse_spec, spec_document
 from tests.support.paths import REPO
@@ -67,6 +69,11 @@ def spec_from(name: str, **changes: Any) -> FleetSpec:
     """Parse a stack with changes given as keyword arguments using ``__`` for dots."""
     doc = with_changes(stack_doc(name), {k.replace("__", "."): v for k, v in changes.items()})
     return parse_spec(doc, f"{name}+changes", REPO)
+
+
+def fleet_of(spec: FleetSpec, name: str = "test", memory_model: MemoryModel = "sglang") -> Fleet:
+    """``spec`` as stack ``name``'s fleet, planned by the stack loader as every command does."""
+    return load_fleet(name, spec, memory_model)
 
 
 def write_stack(path: Path, doc: Mapping[str, Any]) -> Path:

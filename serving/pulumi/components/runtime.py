@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import pulumi
 
-from serving.plan.model import Plan
+from serving.plan.model import Fleet
 from serving.pulumi.components.base import KubernetesComponent
 from serving.render.k8s import runtime
-from serving.spec.schema import FleetSpec
 
 
 class Runtime(KubernetesComponent):
     """Controller Deployment, agent DaemonSet, Lease RBAC, headless Services, PrometheusRule and ServiceMonitor."""
 
-    def __init__(self, name: str, spec: FleetSpec, plan: Plan, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("exaserve:runtime:Runtime", name, runtime.render(spec, plan), opts)
-        self.controllers: int = spec.scheduler.instances
-        self.alerts: list[str] = [r["alert"] for g in runtime.rule_groups(spec) for r in g["rules"]]
+    def __init__(self, name: str, fleet: Fleet, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("exaserve:runtime:Runtime", name, runtime.render(fleet), opts)
+        self.controllers: int = fleet.spec.scheduler.instances
+        self.alerts: list[str] = [r["alert"] for g in runtime.rule_groups(fleet.spec) for r in g["rules"]]
         self.register_outputs({"controllers": self.controllers, "alerts": self.alerts})

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import pulumi
 
-from serving.plan.model import Plan
+from serving.plan.model import Fleet
 from serving.pulumi.components.base import KubernetesComponent
-from serving.render.k8s import fleet, gateway
-from serving.spec.schema import FleetSpec
+from serving.render.k8s import fleet as serving_fleet
+from serving.render.k8s import gateway
 
 
 class ServingFleet(KubernetesComponent):
     """Exactly rollout.batches update groups (one LeaderWorkerSet each), a PodDisruptionBudget each, and the
     workers' headless Service."""
 
-    def __init__(self, name: str, spec: FleetSpec, plan: Plan, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("exaserve:serving:ServingFleet", name, fleet.render(spec, plan), opts)
-        sizes = plan.rollout_group_sizes
+    def __init__(self, name: str, fleet: Fleet, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("exaserve:serving:ServingFleet", name, serving_fleet.render(fleet), opts)
+        sizes = fleet.plan.rollout_group_sizes
         self.group_versions: dict[str, str] = {
-            fleet.group_name(g): spec.group_version(g) for g in range(spec.rollout.batches)
+            serving_fleet.group_name(g): fleet.spec.group_version(g) for g in range(fleet.spec.rollout.batches)
         }
-        self.group_sizes: dict[str, int] = {fleet.group_name(g): n for g, n in enumerate(sizes)}
+        self.group_sizes: dict[str, int] = {serving_fleet.group_name(g): n for g, n in enumerate(sizes)}
         self.replicas: int = sum(sizes)
         self.register_outputs(
             {"group_versions": self.group_versions, "group_sizes": self.group_sizes, "replicas": self.replicas}
@@ -30,9 +30,9 @@ class ServingFleet(KubernetesComponent):
 class Gateway(KubernetesComponent):
     """The SGLang router: Deployment with Kubernetes service discovery, least-privilege RBAC, a Service."""
 
-    def __init__(self, name: str, spec: FleetSpec, plan: Plan, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("exaserve:serving:Gateway", name, gateway.render(spec, plan), opts)
-        http_port, metrics_port = gateway.router_ports(spec, plan)
-        self.endpoint: str = f"http://{gateway.NAME}.{spec.kubernetes.namespace}.svc:{http_port}"
-        self.metrics_port: int = metrics_port
+    def __init__(self, name: str, fleet: Fleet, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("exaserve:serving:Gateway", name, gateway.render(fleet), opts)
+        router = gateway.cluster_router(fleet)
+        self.endpoint: str = f"http://{gateway.NAME}.{fleet.spec.kubernetes.namespace}.svc:{router.port}"
+        self.metrics_port: int = router.metrics_port
         self.register_outputs({"endpoint": self.endpoint, "metrics_port": self.metrics_port})

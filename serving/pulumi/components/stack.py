@@ -1,7 +1,7 @@
-"""The ExaServe Pulumi program as a function: the plan computed once, one explicit Kubernetes provider, one
-component per concern, the stack's outputs.
+"""The ExaServe Pulumi program as a function: one explicit Kubernetes provider, one component per concern, the
+stack's outputs, all from one :class:`~serving.plan.model.Fleet` (the plan computed once, by the stack loader).
 
-``infra/__main__.py`` (the entry point ``pulumi up`` runs) calls it with the stack's spec; ``exaserve render``,
+``infra/__main__.py`` (the entry point ``pulumi up`` runs) calls it with the stack's fleet; ``exaserve render``,
 ``check`` and ``diff`` call the same function in-process under Pulumi's mocks (:mod:`serving.pulumi.program`), so
 an installed wheel renders exactly what ``pulumi up`` would deploy.
 
@@ -15,8 +15,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_kubernetes as k8s
 
-from serving.plan.model import Plan
-from serving.plan.planner import plan
+from serving.plan.model import Fleet
 from serving.pulumi.components.cluster import Namespace, Nodes
 from serving.pulumi.components.fabric import RdmaFabric
 from serving.pulumi.components.observability import Monitoring
@@ -26,26 +25,25 @@ from serving.pulumi.components.security import NetworkPolicies
 from serving.pulumi.components.serving import Gateway, ServingFleet
 from serving.pulumi.components.storage import ModelStorage
 from serving.render.k8s.prerequisites import required_crds
-from serving.spec.schema import FleetSpec
 
 
-def _crd_reads(spec: FleetSpec, pl: Plan, provider: k8s.Provider) -> dict[str, list[pulumi.Resource]]:
+def _crd_reads(fleet: Fleet, provider: k8s.Provider) -> dict[str, list[pulumi.Resource]]:
     """Read each CRD the stack's custom resources need, by concern: `pulumi up` fails on a missing one, naming it,
     before it creates anything that uses it. Nothing is read when ``kubernetes.prerequisites`` is ``skip``."""
-    if spec.kubernetes.prerequisites == "skip":
+    if fleet.spec.kubernetes.prerequisites == "skip":
         return {}
     opts = pulumi.ResourceOptions(provider=provider)
     return {
         concern: [k8s.apiextensions.v1.CustomResourceDefinition.get(f"crd-{n}", n, opts=opts) for n in names]
-        for concern, names in required_crds(spec, pl).items()
+        for concern, names in required_crds(fleet).items()
     }
 
 
-def fleet_stack(spec: FleetSpec) -> None:
-    """Create the fleet's resources for ``spec`` and export the stack outputs (inside a Pulumi program)."""
-    pl = plan(spec)
+def fleet_stack(fleet: Fleet) -> None:
+    """Create ``fleet``'s resources and export the stack outputs (inside a Pulumi program)."""
+    spec = fleet.spec
     provider = k8s.Provider("k8s", context=spec.kubernetes.context)
-    crds = _crd_reads(spec, pl, provider)
+    crds = _crd_reads(fleet, provider)
     cluster = pulumi.ResourceOptions(provider=provider)
     namespace = Namespace("namespace", spec, opts=cluster)
 
@@ -53,21 +51,21 @@ def fleet_stack(spec: FleetSpec) -> None:
         return pulumi.ResourceOptions(provider=provider, depends_on=[namespace, *needs, *crds.get(concern, [])])
 
     nodes = Nodes("nodes", spec, opts=cluster)
-    fabric = RdmaFabric("fabric", spec, pl, opts=after(nodes, concern="fabric"))
+    fabric = RdmaFabric("fabric", fleet, opts=after(nodes, concern="fabric"))
     ModelStorage("storage", spec, opts=after(nodes))
-    fleet = ServingFleet("fleet", spec, pl, opts=after(nodes, concern="fleet"))
-    gateway = Gateway("gateway", spec, pl, opts=after())
-    monitoring = Monitoring("monitoring", spec, pl, opts=after(concern="monitoring"))
-    NetworkPolicies("network-policy", spec, pl, opts=after())
-    runtime = Runtime("runtime", spec, pl, opts=after(concern="monitoring"))  # its PrometheusRule, ServiceMonitor
-    updater = Updater("updater", spec, pl, opts=after())
+    serving = ServingFleet("fleet", fleet, opts=after(nodes, concern="fleet"))
+    gateway = Gateway("gateway", fleet, opts=after())
+    monitoring = Monitoring("monitoring", fleet, opts=after(concern="monitoring"))
+    NetworkPolicies("network-policy", fleet, opts=after())
+    runtime = Runtime("runtime", fleet, opts=after(concern="monitoring"))  # its PrometheusRule, ServiceMonitor
+    updater = Updater("updater", fleet, opts=after())
 
     pulumi.export("namespace", namespace.namespace)
     pulumi.export("nodes", len(nodes.node_names))
     pulumi.export("rdma_resource", fabric.rdma_resource)
-    pulumi.export("group_versions", fleet.group_versions)
-    pulumi.export("group_sizes", fleet.group_sizes)
-    pulumi.export("replicas", fleet.replicas)
+    pulumi.export("group_versions", serving.group_versions)
+    pulumi.export("group_sizes", serving.group_sizes)
+    pulumi.export("replicas", serving.replicas)
     pulumi.export("router_endpoint", gateway.endpoint)
     pulumi.export("updater_service_account", updater.service_account)
     pulumi.export("alerts", monitoring.alerts + runtime.alerts)

@@ -19,7 +19,7 @@ from typing import Any
 
 from serving.drill.scenarios import SCENARIOS, Component, Fault, FaultKind, Scenario, fault_sizes, plan_targets
 from serving.drill.scenarios import TargetName as T
-from serving.plan.model import Plan
+from serving.plan.model import Fleet, Plan
 from serving.render.common import RenderError
 from serving.render.k8s.common import (
     LABEL_NAME,
@@ -84,11 +84,11 @@ def _ms(seconds: float) -> str:
     return f"{round(seconds * 1000)}ms"
 
 
-def _serving(spec: FleetSpec, plan: Plan) -> dict[str, Any]:
+def _serving(fleet: Fleet) -> dict[str, Any]:
     selected = dict(SERVER_POD_LABELS)
-    if plan.multi_node:  # the server of a multi-node replica is its leader pod
+    if fleet.plan.multi_node:  # the server of a multi-node replica is its leader pod
         selected[LWS_LEADER_LABEL[0]] = LWS_LEADER_LABEL[1]
-    return {"namespaces": [spec.kubernetes.namespace], "labelSelectors": selected}
+    return {"namespaces": [fleet.spec.kubernetes.namespace], "labelSelectors": selected}
 
 
 def _by_name(spec: FleetSpec, app: str) -> dict[str, Any]:
@@ -100,16 +100,16 @@ def _node(plan: Plan) -> str:
     return plan.replicas[0].node.name
 
 
-def stress_bytes(spec: FleetSpec, plan: Plan) -> int:
+def stress_bytes(fleet: Fleet) -> int:
     """Memory the stressor takes in one serving container: half the host memory the pod holds for staging its
     weights, which a loaded replica no longer needs. Pressure inside the pod's limit, not an OOM kill."""
-    staging = plan.memory.per_gpu["weights"].value * gpus_per_pod(plan)
+    staging = fleet.plan.memory.per_gpu["weights"].value * gpus_per_pod(fleet.plan)
     return max(1, math.floor(staging / 2 / GIB)) * GIB
 
 
-def _step(fault: Fault, spec: FleetSpec, plan: Plan) -> Step | str:
-    sizes = fault_sizes(spec, plan)
-    one_replica: dict[str, Any] = {"mode": "one", "selector": _serving(spec, plan)}
+def _step(fault: Fault, fleet: Fleet) -> Step | str:
+    sizes = fault_sizes(fleet)
+    one_replica: dict[str, Any] = {"mode": "one", "selector": _serving(fleet)}
     match fault.kind, fault.component:
         case FaultKind.SIGKILL, Component.REPLICA:
             return Step(
@@ -137,7 +137,7 @@ def _step(fault: Fault, spec: FleetSpec, plan: Plan) -> Step | str:
                 note=f"every packet of one serving pod delayed {sizes.slow_latency_s.formula}",
             )
         case FaultKind.MEMORY, Component.REPLICA:
-            size = stress_bytes(spec, plan)
+            size = stress_bytes(fleet)
             return Step(
                 "StressChaos",
                 "memory",
@@ -152,13 +152,13 @@ def _step(fault: Fault, spec: FleetSpec, plan: Plan) -> Step | str:
             )
         case FaultKind.JITTER, Component.NODE:
             delay = {"latency": _ms(sizes.jitter_delay_s.value), "jitter": _ms(sizes.jitter_s.value)}
-            node = _node(plan)
+            node = _node(fleet.plan)
             return Step(
                 "NetworkChaos",
                 "delay",
                 {
                     "mode": "all",
-                    "selector": {**_serving(spec, plan), "nodes": [node]},
+                    "selector": {**_serving(fleet), "nodes": [node]},
                     "action": "delay",
                     "delay": delay,
                 },
@@ -167,23 +167,23 @@ def _step(fault: Fault, spec: FleetSpec, plan: Plan) -> Step | str:
             )
         case FaultKind.SIGKILL, Component.NODE:
             selector = {
-                "namespaces": [spec.kubernetes.namespace],
+                "namespaces": [fleet.spec.kubernetes.namespace],
                 "expressionSelectors": [{"key": LABEL_NAME, "operator": "In", "values": [SERVING_APP, AGENT]}],
-                "nodes": [_node(plan)],
+                "nodes": [_node(fleet.plan)],
             }
             return Step(
                 "PodChaos",
                 "pod-failure",
                 {"mode": "all", "selector": selector, "action": "pod-failure"},
                 held=True,
-                note=f"the agent and every serving pod on node {_node(plan)} fail for the hold (pod-kill would be "
+                note=f"the agent and every serving pod on node {_node(fleet.plan)} fail for the hold (pod-kill would be "
                 "re-created on the same node at once: a reboot, not a loss)",
             )
         case FaultKind.SIGKILL, Component.ROUTER:
             return Step(
                 "PodChaos",
                 "pod-failure",
-                {"mode": "one", "selector": _by_name(spec, ROUTER_APP), "action": "pod-failure"},
+                {"mode": "one", "selector": _by_name(fleet.spec, ROUTER_APP), "action": "pod-failure"},
                 held=True,
                 note="one router pod fails for the hold, so the failover and ExaServeRouterInstanceDown are "
                 "exercised (the Deployment would replace a killed pod within seconds)",
@@ -192,12 +192,12 @@ def _step(fault: Fault, spec: FleetSpec, plan: Plan) -> Step | str:
             return Step(
                 "PodChaos",
                 "pod-kill",
-                {"mode": "one", "selector": _by_name(spec, CONTROLLER), "action": "pod-kill"},
+                {"mode": "one", "selector": _by_name(fleet.spec, CONTROLLER), "action": "pod-kill"},
                 held=False,
                 note=f"Chaos Mesh selects by label and no label marks the leader: this kills one of the "
-                f"{spec.scheduler.instances} controllers, the leader one time in {spec.scheduler.instances}; to kill "
-                f"exactly the leader, delete the pod the Lease names: kubectl -n {spec.kubernetes.namespace} delete "
-                f"pod $(kubectl -n {spec.kubernetes.namespace} get lease {spec.runtime.lease_name} "
+                f"{fleet.spec.scheduler.instances} controllers, the leader one time in {fleet.spec.scheduler.instances}; to kill "
+                f"exactly the leader, delete the pod the Lease names: kubectl -n {fleet.spec.kubernetes.namespace} delete "
+                f"pod $(kubectl -n {fleet.spec.kubernetes.namespace} get lease {fleet.spec.runtime.lease_name} "
                 "-o jsonpath='{.spec.holderIdentity}')",
             )
         case FaultKind.ERRORS, _:
@@ -205,9 +205,9 @@ def _step(fault: Fault, spec: FleetSpec, plan: Plan) -> Step | str:
     return f"not rendered: Chaos Mesh has no experiment for {fault.kind} of a {fault.component}"
 
 
-def steps(scenario: Scenario, spec: FleetSpec, plan: Plan) -> tuple[Step, ...] | str:
+def steps(scenario: Scenario, fleet: Fleet) -> tuple[Step, ...] | str:
     """The scenario's faults as Chaos Mesh steps, or why it cannot be rendered."""
-    found = [_step(f, spec, plan) for f in scenario.faults]
+    found = [_step(f, fleet) for f in scenario.faults]
     reasons = [s for s in found if isinstance(s, str)]
     if reasons:
         return reasons[0]
@@ -219,12 +219,12 @@ def _name(scenario: Scenario, fault: Fault) -> str:
     return f"{base}-{fault.component}" if len(scenario.faults) > 1 else base
 
 
-def experiment(scenario: Scenario, spec: FleetSpec, plan: Plan) -> Experiment | NotRendered:
+def experiment(scenario: Scenario, fleet: Fleet) -> Experiment | NotRendered:
     """The scenario as Chaos Mesh objects to apply at once (a one-off drill), or why there are none."""
-    found = steps(scenario, spec, plan)
+    found = steps(scenario, fleet)
     if isinstance(found, str):
         return NotRendered(scenario.name, found)
-    hold = f"{fault_sizes(spec, plan).hold_s.value:g}s"
+    hold = f"{fault_sizes(fleet).hold_s.value:g}s"
     objects = []
     for fault, step in zip(scenario.faults, found, strict=True):
         name = _name(scenario, fault)
@@ -233,7 +233,7 @@ def experiment(scenario: Scenario, spec: FleetSpec, plan: Plan) -> Experiment | 
                 "apiVersion": API,
                 "kind": step.kind,
                 "metadata": metadata(
-                    name, spec.kubernetes.namespace, labels(COMPONENT, name, **{LABEL_DRILL: scenario.name})
+                    name, fleet.spec.kubernetes.namespace, labels(COMPONENT, name, **{LABEL_DRILL: scenario.name})
                 ),
                 "spec": {**step.spec, **({"duration": hold} if step.held else {})},
             }
@@ -243,21 +243,21 @@ def experiment(scenario: Scenario, spec: FleetSpec, plan: Plan) -> Experiment | 
     )
 
 
-def experiments(spec: FleetSpec, plan: Plan) -> list[Experiment | NotRendered]:
-    return [experiment(s, spec, plan) for s in SCENARIOS.values()]
+def experiments(fleet: Fleet) -> list[Experiment | NotRendered]:
+    return [experiment(s, fleet) for s in SCENARIOS.values()]
 
 
-def schedule(spec: FleetSpec, plan: Plan) -> K8sObject:
+def schedule(fleet: Fleet) -> K8sObject:
     """The regular drills: a Chaos Mesh ``Schedule`` of a workflow that runs ``drills.scheduled`` in turn on
     ``drills.schedule``, each fault for the hold, each followed by a pause of the plan's restoration time so the
     fleet is whole before the next one. Raises :class:`RenderError` for a scheduled scenario Chaos Mesh cannot run."""
-    hold = f"{fault_sizes(spec, plan).hold_s.value:g}s"
-    settle = f"{math.ceil(plan_targets(spec, plan)[T.RESTORATION].value)}s"
+    hold = f"{fault_sizes(fleet).hold_s.value:g}s"
+    settle = f"{math.ceil(plan_targets(fleet)[T.RESTORATION].value)}s"
     templates: list[dict[str, Any]] = []
     children: list[str] = []
-    for name in spec.drills.scheduled:
+    for name in fleet.spec.drills.scheduled:
         scenario = SCENARIOS[name]
-        found = steps(scenario, spec, plan)
+        found = steps(scenario, fleet)
         if isinstance(found, str):
             raise RenderError(
                 f"drills.scheduled names {name}, which Chaos Mesh cannot run ({found.removeprefix('not rendered: ')}); "
@@ -275,9 +275,9 @@ def schedule(spec: FleetSpec, plan: Plan) -> K8sObject:
     return {
         "apiVersion": API,
         "kind": "Schedule",
-        "metadata": metadata(SCHEDULE_NAME, spec.kubernetes.namespace, labels(COMPONENT, SCHEDULE_NAME)),
+        "metadata": metadata(SCHEDULE_NAME, fleet.spec.kubernetes.namespace, labels(COMPONENT, SCHEDULE_NAME)),
         "spec": {
-            "schedule": spec.drills.schedule,
+            "schedule": fleet.spec.drills.schedule,
             "type": "Workflow",
             "concurrencyPolicy": "Forbid",
             "historyLimit": SCHEDULE_HISTORY,

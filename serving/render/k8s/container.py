@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any, Final
 
-from serving.plan.model import Plan
+from serving.plan.model import Fleet, Plan
 from serving.render import sglang
 from serving.render.common import RenderError, checked_memory, render_flags, whole_seconds
 from serving.render.k8s.common import image
@@ -69,24 +69,24 @@ def gpus_per_pod(plan: Plan) -> int:
     return p.gpus_per_replica if p.nodes_per_replica == 1 else p.gpus_per_node
 
 
-def shm_bytes(spec: FleetSpec, plan: Plan) -> int:
+def shm_bytes(fleet: Fleet) -> int:
     """Shared memory (the /dev/shm mount) of a serving pod: ``serving.shm_gb_per_gpu`` × the pod's GPUs, rounded up to whole GiB. NCCL's
     shared-memory transport keeps buffers per pair of local GPUs, so the need grows with the GPUs in the pod."""
-    return math.ceil(spec.serving.shm_gb_per_gpu * GB * gpus_per_pod(plan) / GIB) * GIB
+    return math.ceil(fleet.spec.serving.shm_gb_per_gpu * GB * gpus_per_pod(fleet.plan) / GIB) * GIB
 
 
-def pod_cpus(spec: FleetSpec, plan: Plan) -> int:
+def pod_cpus(fleet: Fleet) -> int:
     """Whole CPUs of a serving pod (request = limit): ``serving.cpus_per_gpu`` × the pod's GPUs."""
-    return spec.serving.cpus_per_gpu * gpus_per_pod(plan)
+    return fleet.spec.serving.cpus_per_gpu * gpus_per_pod(fleet.plan)
 
 
-def pod_memory_bytes(spec: FleetSpec, plan: Plan) -> int:
+def pod_memory_bytes(fleet: Fleet) -> int:
     """Host memory of a serving pod (request = limit): its /dev/shm (memory-backed, counted against the
     limit), the pod's share of the weights (staged through host memory while loading) and the framework
     overhead of each GPU process. Rounded up to whole GiB."""
-    mp = plan.memory
-    gpus = gpus_per_pod(plan)
-    total = shm_bytes(spec, plan) + mp.per_gpu["weights"].value * gpus + spec.model.framework_overhead_gb * GB * gpus
+    mp = fleet.plan.memory
+    gpus = gpus_per_pod(fleet.plan)
+    total = shm_bytes(fleet) + mp.per_gpu["weights"].value * gpus + fleet.spec.model.framework_overhead_gb * GB * gpus
     return math.ceil(total / GIB) * GIB
 
 
@@ -103,11 +103,11 @@ def _probe(
     }
 
 
-def pod_volumes(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
+def pod_volumes(fleet: Fleet) -> list[dict[str, Any]]:
     """The pod-level volumes :func:`pod_container` mounts."""
     return [
-        {"name": VOLUME_SHM, "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_bytes(spec, plan) // GIB}Gi"}},
-        {"name": VOLUME_MODELS, "hostPath": {"path": spec.storage.local_cache.path, "type": "Directory"}},
+        {"name": VOLUME_SHM, "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_bytes(fleet) // GIB}Gi"}},
+        {"name": VOLUME_MODELS, "hostPath": {"path": fleet.spec.storage.local_cache.path, "type": "Directory"}},
         {"name": VOLUME_HOME, "emptyDir": {}},
     ]
 
@@ -120,29 +120,29 @@ def as_leader_pod(words: Sequence[str]) -> list[str]:
     return [refs.sub(lambda m: leader[m.group(0)], word) for word in words]
 
 
-def pod_container(spec: FleetSpec, plan: Plan, group: int, *, leader: bool = True) -> dict[str, Any]:
+def pod_container(fleet: Fleet, group: int, *, leader: bool = True) -> dict[str, Any]:
     """The serving container (camelCase, as the Kubernetes API takes it) of update group ``group``.
 
     Same command and environment as :func:`server_argv`/:func:`server_env`, with per-pod values from
     the downward API and, for multi-node replicas, the LeaderWorkerSet environment. ``leader=False``
     is a non-leader pod of a multi-node replica: it serves no HTTP, so it has no probes.
     """
-    if not 0 <= group < spec.rollout.batches:
+    if not 0 <= group < fleet.spec.rollout.batches:
         raise RenderError(
-            f"update group {group} does not exist; rollout.batches={spec.rollout.batches} gives 0..{spec.rollout.batches - 1}"
+            f"update group {group} does not exist; rollout.batches={fleet.spec.rollout.batches} gives 0..{fleet.spec.rollout.batches - 1}"
         )
-    p = plan.placement
+    p = fleet.plan.placement
     ctx = ServerContext(
-        spec=spec,
-        memory=checked_memory(spec, plan),
+        spec=fleet.spec,
+        memory=checked_memory(fleet),
         host="0.0.0.0",  # noqa: S104  (the pod's own network namespace)
-        port=spec.serving.port,
+        port=fleet.spec.serving.port,
         nnodes=p.nodes_per_replica,
         node_rank=LWS_WORKER_INDEX,
         dist_init_host=LWS_LEADER_ADDRESS,
         gpu_ids=(),
         replica_id="",
-        release=spec.group_version(group),
+        release=fleet.spec.group_version(group),
     )
     flags = render_flags(sglang.SERVER_FLAGS, ctx)
     check_server_argv([*SERVER_ENTRY, *as_leader_pod(flags)])
@@ -154,11 +154,11 @@ def pod_container(spec: FleetSpec, plan: Plan, group: int, *, leader: bool = Tru
             env.append({"name": rule.name, "valueFrom": {"fieldRef": {"fieldPath": rule.pod_field}}})
         elif (value := rule.value(ctx)) is not None:
             env.append({"name": rule.name, "value": value})
-    s = spec.serving
+    s = fleet.spec.serving
     resources: dict[str, str] = {
-        "cpu": str(pod_cpus(spec, plan)),
-        "memory": f"{pod_memory_bytes(spec, plan) // GIB}Gi",
-        "nvidia.com/gpu": str(gpus_per_pod(plan)),
+        "cpu": str(pod_cpus(fleet)),
+        "memory": f"{pod_memory_bytes(fleet) // GIB}Gi",
+        "nvidia.com/gpu": str(gpus_per_pod(fleet.plan)),
     }
     security: dict[str, Any] = {
         "privileged": False,
@@ -169,8 +169,8 @@ def pod_container(spec: FleetSpec, plan: Plan, group: int, *, leader: bool = Tru
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
-    if has_rdma(spec, plan):  # only a replica that spans nodes talks over the fabric
-        resources[spec.kubernetes.rdma_resource] = "1"
+    if has_rdma(fleet):  # only a replica that spans nodes talks over the fabric
+        resources[fleet.spec.kubernetes.rdma_resource] = "1"
         # NCCL registers (pins) its RDMA buffers with ibv_reg_mr. A capability reaches a process only when it runs
         # as root: a non-root user gets no ambient capabilities, so IPC_LOCK would do nothing for uid 1000, and the
         # container runtime's default RLIMIT_MEMLOCK (64 KiB) would fail the registration. Root with IPC_LOCK is
@@ -180,7 +180,7 @@ def pod_container(spec: FleetSpec, plan: Plan, group: int, *, leader: bool = Tru
         )
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
-        "image": image(spec, spec.group_image(group)),
+        "image": image(fleet.spec, fleet.spec.group_image(group)),
         "imagePullPolicy": "IfNotPresent",
         "command": list(SERVER_ENTRY),
         "args": flags,
@@ -190,7 +190,7 @@ def pod_container(spec: FleetSpec, plan: Plan, group: int, *, leader: bool = Tru
         "securityContext": security,
         "volumeMounts": [
             {"name": VOLUME_SHM, "mountPath": "/dev/shm"},  # noqa: S108  (a mount point, not a temp file)
-            {"name": VOLUME_MODELS, "mountPath": spec.storage.local_cache.path, "readOnly": True},
+            {"name": VOLUME_MODELS, "mountPath": fleet.spec.storage.local_cache.path, "readOnly": True},
             {"name": VOLUME_HOME, "mountPath": SERVICE_HOME},
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -202,9 +202,9 @@ def pod_container(spec: FleetSpec, plan: Plan, group: int, *, leader: bool = Tru
     }
     if leader:
         interval = whole_seconds(s.heartbeat_interval_s)
-        container["startupProbe"] = _probe(spec, math.ceil(whole_seconds(s.startup_budget_s) / interval))
-        container["readinessProbe"] = _probe(spec, s.failure_threshold, s.success_threshold)
-        container["livenessProbe"] = _probe(spec, s.failure_threshold, path=LIVENESS_PATH)
+        container["startupProbe"] = _probe(fleet.spec, math.ceil(whole_seconds(s.startup_budget_s) / interval))
+        container["readinessProbe"] = _probe(fleet.spec, s.failure_threshold, s.success_threshold)
+        container["livenessProbe"] = _probe(fleet.spec, s.failure_threshold, path=LIVENESS_PATH)
     return container
 
 

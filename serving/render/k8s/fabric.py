@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from serving.plan.model import Plan
+from serving.plan.model import Fleet
 from serving.render.k8s.common import (
     ANNOTATION_PRIVILEGED_REASON,
     LABEL_NAME,
@@ -48,9 +48,9 @@ SECONDARY_RANGE = "10.250.0.0/16"
 NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
 
 
-def has_rdma(spec: FleetSpec, plan: Plan) -> bool:
+def has_rdma(fleet: Fleet) -> bool:
     """The fleet uses the RDMA fabric: an RDMA fabric and replicas that span nodes over it."""
-    return spec.cluster.fabric.kind is not FabricKind.ETHERNET and plan.multi_node
+    return fleet.spec.cluster.fabric.kind is not FabricKind.ETHERNET and fleet.plan.multi_node
 
 
 def _resource_parts(spec: FleetSpec) -> tuple[str, str]:
@@ -96,10 +96,10 @@ def _network_config(spec: FleetSpec) -> str:
     )
 
 
-def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
-    if not has_rdma(spec, plan):
+def render(fleet: Fleet) -> list[K8sObject]:
+    if not has_rdma(fleet):
         return []
-    ns = spec.kubernetes.namespace
+    ns = fleet.spec.kubernetes.namespace
     lab = labels(COMPONENT, APP)
     selector = {LABEL_NAME: APP}
     objects: list[K8sObject] = [
@@ -107,7 +107,7 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": metadata(CONFIGMAP, ns, lab),
-            "data": {"config.json": json.dumps(device_plugin_config(spec), indent=2, sort_keys=True)},
+            "data": {"config.json": json.dumps(device_plugin_config(fleet.spec), indent=2, sort_keys=True)},
         },
         {
             "apiVersion": "apps/v1",
@@ -130,13 +130,13 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
                     "spec": {
                         "hostNetwork": True,
                         "priorityClassName": "system-node-critical",
-                        "affinity": gpu_node_affinity(spec),
+                        "affinity": gpu_node_affinity(fleet.spec),
                         "tolerations": [serving_toleration()],
-                        **pull_secrets(spec),
+                        **pull_secrets(fleet.spec),
                         "containers": [
                             {
                                 "name": "device-plugin",
-                                "image": image(spec, IMAGE),
+                                "image": image(fleet.spec, IMAGE),
                                 "imagePullPolicy": "IfNotPresent",
                                 "securityContext": {"privileged": True},
                                 "resources": {
@@ -168,13 +168,13 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
             },
         },
     ]
-    if spec.cluster.fabric.secondary_network:
+    if fleet.spec.cluster.fabric.secondary_network:
         objects.append(
             {
                 "apiVersion": "k8s.cni.cncf.io/v1",
                 "kind": "NetworkAttachmentDefinition",
                 "metadata": metadata(NETWORK, ns, labels(COMPONENT, NETWORK)),
-                "spec": {"config": _network_config(spec)},
+                "spec": {"config": _network_config(fleet.spec)},
             }
         )
     return objects

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from serving.plan.model import Plan
+from serving.plan.model import Fleet
 from serving.render.common import whole_seconds
 from serving.render.k8s import fabric
 from serving.render.k8s.common import (
@@ -80,12 +80,12 @@ def rack_max_skew(spec: FleetSpec, size: int) -> int:
     return max(1, math.ceil(size / max(1, spec.cluster.rack_count)))
 
 
-def _spread(spec: FleetSpec, plan: Plan, group: int, size: int) -> list[dict[str, Any]]:
+def _spread(fleet: Fleet, group: int, size: int) -> list[dict[str, Any]]:
     selector: dict[str, str] = dict(group_selector(group))
-    if plan.multi_node:  # spread the replicas (their leaders); a replica's own pods stay together in one rack
+    if fleet.plan.multi_node:  # spread the replicas (their leaders); a replica's own pods stay together in one rack
         selector[LWS_LEADER_LABEL[0]] = LWS_LEADER_LABEL[1]
     rack = {
-        "maxSkew": rack_max_skew(spec, size),
+        "maxSkew": rack_max_skew(fleet.spec, size),
         "topologyKey": LABEL_RACK,
         "whenUnsatisfiable": "DoNotSchedule",
         # Cordoned (tainted unschedulable) and NotReady nodes do not count as places the group could go.
@@ -111,42 +111,42 @@ def _same_rack() -> dict[str, Any]:
     }
 
 
-def pod_template(spec: FleetSpec, plan: Plan, group: int, size: int, *, leader: bool = True) -> dict[str, Any]:
-    meta: dict[str, Any] = {"labels": {**group_labels(spec, group), LABEL_ADMITTED: "true"}}
-    if fabric.has_rdma(spec, plan) and (annotations := fabric.pod_annotations(spec)):
+def pod_template(fleet: Fleet, group: int, size: int, *, leader: bool = True) -> dict[str, Any]:
+    meta: dict[str, Any] = {"labels": {**group_labels(fleet.spec, group), LABEL_ADMITTED: "true"}}
+    if fabric.has_rdma(fleet) and (annotations := fabric.pod_annotations(fleet.spec)):
         meta["annotations"] = annotations
-    affinity: dict[str, Any] = gpu_node_affinity(spec)
-    if plan.multi_node:
+    affinity: dict[str, Any] = gpu_node_affinity(fleet.spec)
+    if fleet.plan.multi_node:
         affinity = {**affinity, **_same_rack()}
     pod: dict[str, Any] = {
         "affinity": affinity,
         "tolerations": [serving_toleration()],
-        "terminationGracePeriodSeconds": whole_seconds(spec.rollout.drain_timeout_s),
+        "terminationGracePeriodSeconds": whole_seconds(fleet.spec.rollout.drain_timeout_s),
         "enableServiceLinks": False,
-        "initContainers": [cache_init_container(spec, group)],
-        "containers": [pod_container(spec, plan, group, leader=leader)],
-        "volumes": pod_volumes(spec, plan),
-        **pull_secrets(spec),
+        "initContainers": [cache_init_container(fleet.spec, group)],
+        "containers": [pod_container(fleet, group, leader=leader)],
+        "volumes": pod_volumes(fleet),
+        **pull_secrets(fleet.spec),
     }
     if leader:
-        pod["topologySpreadConstraints"] = _spread(spec, plan, group, size)
+        pod["topologySpreadConstraints"] = _spread(fleet, group, size)
     return {"metadata": meta, "spec": pod}
 
 
-def _workload(spec: FleetSpec, plan: Plan, group: int, size: int) -> K8sObject:
-    ns = spec.kubernetes.namespace
+def _workload(fleet: Fleet, group: int, size: int) -> K8sObject:
+    ns = fleet.spec.kubernetes.namespace
     # `pulumi up` does not wait for a group's pods: each waits for its node's cache and then loads for up to
     # serving.startup_budget_s; the rolling updater and `kubectl rollout status` watch readiness instead.
-    meta = metadata(group_name(group), ns, group_labels(spec, group), await_annotations(skip=True))
-    if plan.multi_node:
+    meta = metadata(group_name(group), ns, group_labels(fleet.spec, group), await_annotations(skip=True))
+    if fleet.plan.multi_node:
         templates = {
-            "size": plan.placement.nodes_per_replica,
+            "size": fleet.plan.placement.nodes_per_replica,
             "restartPolicy": "RecreateGroupOnPodRestart",
-            "leaderTemplate": pod_template(spec, plan, group, size, leader=True),
-            "workerTemplate": pod_template(spec, plan, group, size, leader=False),
+            "leaderTemplate": pod_template(fleet, group, size, leader=True),
+            "workerTemplate": pod_template(fleet, group, size, leader=False),
         }
     else:  # a group of one pod: the leader, which takes workerTemplate when there is no leaderTemplate
-        templates = {"size": 1, "workerTemplate": pod_template(spec, plan, group, size, leader=True)}
+        templates = {"size": 1, "workerTemplate": pod_template(fleet, group, size, leader=True)}
     return {
         "apiVersion": LWS_API,
         "kind": "LeaderWorkerSet",
@@ -158,15 +158,15 @@ def _workload(spec: FleetSpec, plan: Plan, group: int, size: int) -> K8sObject:
                 "type": "RollingUpdate",
                 # The group's disruption budget at once; no surge (a surge pod needs GPUs the reserve keeps free
                 # for failures).
-                "rollingUpdateConfiguration": {"maxUnavailable": max_unavailable(spec, size), "maxSurge": 0},
+                "rollingUpdateConfiguration": {"maxUnavailable": max_unavailable(fleet.spec, size), "maxSurge": 0},
             },
             "leaderWorkerTemplate": templates,
         },
     }
 
 
-def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
-    ns = spec.kubernetes.namespace
+def render(fleet: Fleet) -> list[K8sObject]:
+    ns = fleet.spec.kubernetes.namespace
     objects: list[K8sObject] = [
         {
             "apiVersion": "v1",
@@ -177,13 +177,18 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
                 "publishNotReadyAddresses": False,
                 "selector": dict(SERVER_POD_LABELS),
                 "ports": [
-                    {"name": HTTP_PORT_NAME, "port": spec.serving.port, "targetPort": HTTP_PORT_NAME, "protocol": "TCP"}
+                    {
+                        "name": HTTP_PORT_NAME,
+                        "port": fleet.spec.serving.port,
+                        "targetPort": HTTP_PORT_NAME,
+                        "protocol": "TCP",
+                    }
                 ],
             },
         }
     ]
-    for group, size in enumerate(plan.rollout_group_sizes):
-        objects.append(_workload(spec, plan, group, size))
+    for group, size in enumerate(fleet.plan.rollout_group_sizes):
+        objects.append(_workload(fleet, group, size))
         objects.append(
             {
                 "apiVersion": "policy/v1",
@@ -191,7 +196,7 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
                 # No version label: the budget stays put while the rolling updater moves the group's version.
                 "metadata": metadata(group_name(group), ns, {**group_selector(group), LABEL_PART_OF: "exaserve"}),
                 "spec": {
-                    "maxUnavailable": max_unavailable(spec, size),
+                    "maxUnavailable": max_unavailable(fleet.spec, size),
                     "selector": {"matchLabels": group_selector(group)},
                 },
             }

@@ -1,8 +1,7 @@
 """Gateway: the SGLang router as a Deployment with Kubernetes service discovery.
 
-The router's command comes from :func:`serving.render.router.router_argv` (``kubernetes=True``: discovery of the
-serving pods by label in the stack's namespace); its ports are read back from that argv, so they are
-defined once. Discovery needs to read pods and nothing else: the Role grants get/list/watch on pods.
+The router's command and its ports come from one :class:`serving.render.router.RouterArgs` value
+(``kubernetes=True``: discovery of the serving pods by label in the stack's namespace), so they are defined once. Discovery needs to read pods and nothing else: the Role grants get/list/watch on pods.
 
 Clients reach the routers through one ClusterIP Service; membership is per router instance, so a headless Service
 (:data:`PODS_SERVICE`) gives one address per router pod: the rolling updater and the fleet controllers resolve it
@@ -13,9 +12,7 @@ instance's own listener, which the ClusterIP Service (one instance per connectio
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from serving.plan.model import Plan
+from serving.plan.model import Fleet
 from serving.render.k8s.common import (
     HOSTNAME_LABEL,
     LABEL_NAME,
@@ -28,7 +25,7 @@ from serving.render.k8s.common import (
     pull_secrets,
     service_account_with_role,
 )
-from serving.render.router import router_argv
+from serving.render.router import RouterArgs, router_args
 from serving.spec.schema import FleetSpec
 
 COMPONENT = "gateway"
@@ -39,20 +36,9 @@ METRICS_PORT_NAME = "metrics"
 DISCOVERY_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
 
 
-def flag_value(argv: Sequence[str], flag: str) -> str:
-    """The value following ``flag`` in an argv (``--flag VALUE`` or ``--flag=VALUE``)."""
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    raise ValueError(f"router argv has no {flag}: {' '.join(argv)}")
-
-
-def router_ports(spec: FleetSpec, plan: Plan) -> tuple[int, int]:
-    """(HTTP port, Prometheus port) of the router, as its argv sets them."""
-    argv = router_argv(spec, plan, kubernetes=True)
-    return int(flag_value(argv, "--port")), int(flag_value(argv, "--prometheus-port"))
+def cluster_router(fleet: Fleet) -> RouterArgs:
+    """The cluster's routers: Kubernetes discovery of the serving pods, no static workers."""
+    return router_args(fleet, kubernetes=True)
 
 
 def router_replicas(spec: FleetSpec) -> int:
@@ -60,24 +46,25 @@ def router_replicas(spec: FleetSpec) -> int:
     return spec.scheduler.instances
 
 
-def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
-    ns = spec.kubernetes.namespace
+def render(fleet: Fleet) -> list[K8sObject]:
+    ns = fleet.spec.kubernetes.namespace
     lab = labels(COMPONENT, NAME)
     selector = {LABEL_NAME: NAME}
-    http_port, metrics_port = router_ports(spec, plan)
+    args = cluster_router(fleet)
+    http_port, metrics_port = args.port, args.metrics_port
     ports = [
         {"name": HTTP_PORT_NAME, "port": http_port, "targetPort": HTTP_PORT_NAME, "protocol": "TCP"},
         {"name": METRICS_PORT_NAME, "port": metrics_port, "targetPort": METRICS_PORT_NAME, "protocol": "TCP"},
     ]
     probe = {
-        "periodSeconds": max(1, round(spec.serving.heartbeat_interval_s)),
-        "timeoutSeconds": max(1, round(spec.serving.health_check_timeout_s)),
-        "failureThreshold": spec.serving.failure_threshold,
+        "periodSeconds": max(1, round(fleet.spec.serving.heartbeat_interval_s)),
+        "timeoutSeconds": max(1, round(fleet.spec.serving.health_check_timeout_s)),
+        "failureThreshold": fleet.spec.serving.failure_threshold,
     }
     container: K8sObject = {
         "name": "router",
-        "image": image(spec, spec.kubernetes.router_image),
-        "command": router_argv(spec, plan, kubernetes=True),
+        "image": image(fleet.spec, fleet.spec.kubernetes.router_image),
+        "command": args.to_argv(),
         "ports": [
             {"name": HTTP_PORT_NAME, "containerPort": http_port, "protocol": "TCP"},
             {"name": METRICS_PORT_NAME, "containerPort": metrics_port, "protocol": "TCP"},
@@ -104,7 +91,7 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
             # for their node's cache and load for minutes (docs/infra.md, "What up waits for").
             "metadata": metadata(NAME, ns, lab, await_annotations(skip=True)),
             "spec": {
-                "replicas": router_replicas(spec),
+                "replicas": router_replicas(fleet.spec),
                 "selector": {"matchLabels": selector},
                 # One router per node (required anti-affinity): a surge pod would need a node beyond the replicas',
                 # so replace one at a time instead; the PodDisruptionBudget allows the same one.
@@ -114,7 +101,7 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
                     "spec": {
                         "serviceAccountName": NAME,
                         "enableServiceLinks": False,
-                        **pull_secrets(spec),
+                        **pull_secrets(fleet.spec),
                         "affinity": {
                             "podAntiAffinity": {
                                 "requiredDuringSchedulingIgnoredDuringExecution": [

@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from serving.plan.model import Plan
-from serving.render.k8s import fleet, gateway
+from serving.plan.model import Fleet
+from serving.render.k8s import gateway
 from serving.render.k8s.common import LABEL_NAME, ROUTER_APP, SERVING_APP, K8sObject, alert, duration, labels, metadata
-from serving.spec.schema import FleetSpec
+from serving.render.k8s.fleet import HTTP_PORT_NAME, SERVING_CONTAINER, WORKERS_SERVICE
 
 COMPONENT = "monitoring"
 RULE_NAME = "exaserve-alerts"
@@ -34,13 +34,13 @@ SCRAPE_INTERVAL = "15s"
 INFERENCE_PATHS = ("/generate", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 
 
-def min_healthy_workers(spec: FleetSpec, plan: Plan) -> int:
+def min_healthy_workers(fleet: Fleet) -> int:
     """Healthy workers below which the failure reserve is used up: the plan's replicas less the reserve."""
-    return math.ceil(sum(plan.rollout_group_sizes) * (1 - spec.limits.failure_reserve))
+    return math.ceil(sum(fleet.plan.rollout_group_sizes) * (1 - fleet.spec.limits.failure_reserve))
 
 
-def rule_groups(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
-    ns, r, lim = spec.kubernetes.namespace, spec.rollout, spec.limits
+def rule_groups(fleet: Fleet) -> list[dict[str, Any]]:
+    ns, r, lim = fleet.spec.kubernetes.namespace, fleet.spec.rollout, fleet.spec.limits
     router = f'namespace="{ns}",service="{ROUTER_APP}"'
     paths = "|".join(INFERENCE_PATHS)
     inference = f'{router},path=~"{paths}"'
@@ -57,11 +57,13 @@ def rule_groups(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
     # only while a rollout is under way (the serving containers run more than one image), so an ordinary dip in
     # client traffic does not page anyone.
     baseline = f" offset {duration(max(r.batches * r.interval_s, r.baseline_window_s))}"
-    rolling = f'count(count by (image) (kube_pod_container_info{{namespace="{ns}",container="{fleet.SERVING_CONTAINER}"}})) > 1'
+    rolling = (
+        f'count(count by (image) (kube_pod_container_info{{namespace="{ns}",container="{SERVING_CONTAINER}"}})) > 1'
+    )
     soak = duration(max(r.interval_s, 60))
-    offset_limit = spec.cluster.ntp.max_offset_ms / 1000
-    healthy_min = min_healthy_workers(spec, plan)
-    routers = gateway.router_replicas(spec)
+    offset_limit = fleet.spec.cluster.ntp.max_offset_ms / 1000
+    healthy_min = min_healthy_workers(fleet)
+    routers = gateway.router_replicas(fleet.spec)
     return [
         {
             "name": "exaserve.rollout-gates",
@@ -116,7 +118,7 @@ def rule_groups(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
                 ),
                 alert(
                     "ExaServeReplicaRestarts",
-                    f'increase(kube_pod_container_status_restarts_total{{namespace="{ns}",container="{fleet.SERVING_CONTAINER}"}}[1h]) '
+                    f'increase(kube_pod_container_status_restarts_total{{namespace="{ns}",container="{SERVING_CONTAINER}"}}[1h]) '
                     f"> {RESTARTS_PER_HOUR}",
                     "0m",
                     "warning",
@@ -132,7 +134,7 @@ def rule_groups(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
                     f"(min(sum by (pod) (smg_worker_health{{{router}}})) or on () vector(0)) < {healthy_min}",
                     "5m",
                     "critical",
-                    f"Fewer than {healthy_min} of the plan's {sum(plan.rollout_group_sizes)} workers are healthy: the "
+                    f"Fewer than {healthy_min} of the plan's {sum(fleet.plan.rollout_group_sizes)} workers are healthy: the "
                     f"{lim.failure_reserve:.0%} failure reserve is used up.",
                     "Find the missing workers (kubectl get pods -l app.kubernetes.io/name=sglang: Pending, Init, "
                     "CrashLoopBackOff) and their nodes (exaserve.io/rack labels); run the preflight playbook.",
@@ -142,7 +144,7 @@ def rule_groups(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
                     # than the plan's recovery time: not a restart the Deployment is already healing.
                     "ExaServeRouterInstanceDown",
                     f"(count(up{{{router}}} == 1) or on () vector(0)) < {routers}",
-                    duration(plan.heartbeats.recovery_s.value),
+                    duration(fleet.plan.heartbeats.recovery_s.value),
                     "warning",
                     f"Fewer than {routers} router instances are up: clients of the lost one fail over and the fleet "
                     "has lost router redundancy.",
@@ -159,7 +161,7 @@ def rule_groups(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
                     f"abs(node_timex_offset_seconds) > {offset_limit:g}",
                     "5m",
                     "warning",
-                    f"A node's clock is more than {spec.cluster.ntp.max_offset_ms:g} ms off.",
+                    f"A node's clock is more than {fleet.spec.cluster.ntp.max_offset_ms:g} ms off.",
                     "On that node: chronyc tracking and chronyc sources (the host's chronyd, Ansible role ntp).",
                 ),
                 alert(
@@ -175,19 +177,19 @@ def rule_groups(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
     ]
 
 
-def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
-    ns = spec.kubernetes.namespace
-    selected = spec.kubernetes.prometheus_selector_labels
+def render(fleet: Fleet) -> list[K8sObject]:
+    ns = fleet.spec.kubernetes.namespace
+    selected = fleet.spec.kubernetes.prometheus_selector_labels
     monitors: list[tuple[str, str, str]] = [
         (ROUTER_APP, ROUTER_APP, gateway.METRICS_PORT_NAME),
-        (fleet.WORKERS_SERVICE, SERVING_APP, fleet.HTTP_PORT_NAME),
+        (WORKERS_SERVICE, SERVING_APP, HTTP_PORT_NAME),
     ]
     objects: list[K8sObject] = [
         {
             "apiVersion": "monitoring.coreos.com/v1",
             "kind": "PrometheusRule",
             "metadata": metadata(RULE_NAME, ns, labels(COMPONENT, RULE_NAME, **selected)),
-            "spec": {"groups": rule_groups(spec, plan)},
+            "spec": {"groups": rule_groups(fleet)},
         }
     ]
     objects += [

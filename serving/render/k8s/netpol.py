@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from serving.plan.model import Plan
-from serving.render.k8s import fleet, gateway
+from serving.plan.model import Fleet
+from serving.render.k8s import gateway
 from serving.render.k8s.common import LABEL_NAME, ROUTER_APP, SERVING_APP, UPDATER_APP, K8sObject, labels, metadata
+from serving.render.k8s.fleet import WORKERS_SERVICE
 from serving.spec.schema import FleetSpec
 
 COMPONENT = "network-policy"
@@ -33,23 +34,26 @@ def _policy(spec: FleetSpec, name: str, pod_selector: dict[str, Any], ingress: l
     }
 
 
-def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
-    monitoring = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: spec.kubernetes.monitoring_namespace}}}
+def render(fleet: Fleet) -> list[K8sObject]:
+    monitoring = {
+        "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: fleet.spec.kubernetes.monitoring_namespace}}
+    }
     router_pods = {"podSelector": {"matchLabels": {LABEL_NAME: ROUTER_APP}}}
     serving_pods = {"podSelector": {"matchLabels": {LABEL_NAME: SERVING_APP}}}
     updater_pods = {"podSelector": {"matchLabels": {LABEL_NAME: UPDATER_APP}}}
-    serving_port = [{"protocol": "TCP", "port": spec.serving.port}]
-    http_port, metrics_port = gateway.router_ports(spec, plan)
+    serving_port = [{"protocol": "TCP", "port": fleet.spec.serving.port}]
+    router = gateway.cluster_router(fleet)
+    http_port, metrics_port = router.port, router.metrics_port
     worker_ingress: list[dict[str, Any]] = [
         {"from": [router_pods, updater_pods, monitoring], "ports": serving_port},
     ]
-    if plan.multi_node:
+    if fleet.plan.multi_node:
         worker_ingress.append({"from": [serving_pods]})
     return [
-        _policy(spec, "default-deny-ingress", {}, []),
-        _policy(spec, fleet.WORKERS_SERVICE, serving_pods["podSelector"], worker_ingress),
+        _policy(fleet.spec, "default-deny-ingress", {}, []),
+        _policy(fleet.spec, WORKERS_SERVICE, serving_pods["podSelector"], worker_ingress),
         _policy(
-            spec,
+            fleet.spec,
             ROUTER_APP,
             router_pods["podSelector"],
             [

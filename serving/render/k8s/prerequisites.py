@@ -4,9 +4,8 @@ table with versions). Pure: the Pulumi program turns :func:`required_crds` into 
 
 from __future__ import annotations
 
-from serving.plan.model import Plan
+from serving.plan.model import Fleet
 from serving.render.k8s import fabric
-from serving.spec.schema import FleetSpec
 
 LWS_CRD = "leaderworkersets.leaderworkerset.x-k8s.io"
 PROMETHEUS_RULE_CRD = "prometheusrules.monitoring.coreos.com"
@@ -14,9 +13,9 @@ SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 NAD_CRD = "network-attachment-definitions.k8s.cni.cncf.io"
 
 
-def required_crds(spec: FleetSpec, plan: Plan) -> dict[str, list[str]]:
+def required_crds(fleet: Fleet) -> dict[str, list[str]]:
     """CRD names each concern's custom resources need, by concern (``fleet``, ``monitoring``, ``fabric``)."""
     needed = {"fleet": [LWS_CRD], "monitoring": [PROMETHEUS_RULE_CRD, SERVICE_MONITOR_CRD]}
-    if fabric.has_rdma(spec, plan) and spec.cluster.fabric.secondary_network:
+    if fabric.has_rdma(fleet) and fleet.spec.cluster.fabric.secondary_network:
         needed["fabric"] = [NAD_CRD]
     return needed

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from serving.plan.model import Plan
+from serving.plan.model import Fleet
 from serving.render.k8s import gateway
 from serving.render.k8s.common import (
     LABEL_NAME,
@@ -97,9 +97,9 @@ def _svc(ns: str) -> str:
     return f"{ns}.svc"
 
 
-def controller_command(spec: FleetSpec, plan: Plan) -> list[str]:
-    ns = spec.kubernetes.namespace
-    http_port, _ = gateway.router_ports(spec, plan)
+def controller_command(fleet: Fleet) -> list[str]:
+    ns = fleet.spec.kubernetes.namespace
+    http_port = gateway.cluster_router(fleet).port
     return [
         EXASERVE,
         "controller",
@@ -111,7 +111,7 @@ def controller_command(spec: FleetSpec, plan: Plan) -> list[str]:
         "--host",
         "0.0.0.0",  # noqa: S104 - agents in other pods report here
         "--port",
-        str(spec.runtime.controller_port),
+        str(fleet.spec.runtime.controller_port),
         "--election",
         "kubernetes",
         "--backend",
@@ -220,25 +220,27 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
     ]
 
 
-def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
-    ns = spec.kubernetes.namespace
-    rt = spec.runtime
-    selected = spec.kubernetes.prometheus_selector_labels
+def render(fleet: Fleet) -> list[K8sObject]:
+    ns = fleet.spec.kubernetes.namespace
+    rt = fleet.spec.runtime
+    selected = fleet.spec.kubernetes.prometheus_selector_labels
     c_lab, a_lab = labels(COMPONENT, CONTROLLER), labels(COMPONENT, AGENT)
     c_sel, a_sel = {LABEL_NAME: CONTROLLER}, {LABEL_NAME: AGENT}
     volume, mount = _stack_volume()
-    monitoring = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: spec.kubernetes.monitoring_namespace}}}
+    monitoring = {
+        "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: fleet.spec.kubernetes.monitoring_namespace}}
+    }
     controller_port = [{"protocol": "TCP", "port": rt.controller_port}]
     probe = {
         "httpGet": {"path": "/v1/status", "port": HTTP_PORT_NAME},
-        "periodSeconds": max(1, round(spec.serving.heartbeat_interval_s)),
-        "timeoutSeconds": max(1, round(spec.serving.health_check_timeout_s)),
-        "failureThreshold": spec.serving.failure_threshold,
+        "periodSeconds": max(1, round(fleet.spec.serving.heartbeat_interval_s)),
+        "timeoutSeconds": max(1, round(fleet.spec.serving.health_check_timeout_s)),
+        "failureThreshold": fleet.spec.serving.failure_threshold,
     }
     controller: K8sObject = {
         "name": "controller",
-        "image": image(spec, rt.image),
-        "command": controller_command(spec, plan),
+        "image": image(fleet.spec, rt.image),
+        "command": controller_command(fleet),
         "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
         "ports": [{"name": HTTP_PORT_NAME, "containerPort": rt.controller_port, "protocol": "TCP"}],
         "livenessProbe": probe,
@@ -249,8 +251,8 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
     }
     agent: K8sObject = {
         "name": "agent",
-        "image": image(spec, rt.image),
-        "command": agent_command(spec),
+        "image": image(fleet.spec, rt.image),
+        "command": agent_command(fleet.spec),
         "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
         "securityContext": _security(),
@@ -261,7 +263,7 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": metadata(STACK_CONFIGMAP, ns, labels(COMPONENT, STACK_CONFIGMAP)),
-            "data": {STACK_FILE: stack_document(spec)},
+            "data": {STACK_FILE: stack_document(fleet.spec)},
         },
         *service_account_with_role(
             CONTROLLER,
@@ -284,7 +286,7 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
             # ready as soon as it serves /v1/status (it needs no model): a bounded wait
             "metadata": metadata(CONTROLLER, ns, c_lab, await_annotations(timeout_s=CONTROLLER_READY_S)),
             "spec": {
-                "replicas": spec.scheduler.instances,
+                "replicas": fleet.spec.scheduler.instances,
                 "selector": {"matchLabels": c_sel},
                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}},
                 "template": {
@@ -292,7 +294,7 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
                     "spec": {
                         "serviceAccountName": CONTROLLER,
                         "enableServiceLinks": False,
-                        **pull_secrets(spec),
+                        **pull_secrets(fleet.spec),
                         "affinity": {
                             "podAntiAffinity": {
                                 "preferredDuringSchedulingIgnoredDuringExecution": [
@@ -344,8 +346,8 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
                     "spec": {
                         "serviceAccountName": AGENT,
                         "enableServiceLinks": False,
-                        **pull_secrets(spec),
-                        "affinity": gpu_node_affinity(spec),
+                        **pull_secrets(fleet.spec),
+                        "affinity": gpu_node_affinity(fleet.spec),
                         "tolerations": [serving_toleration()],
                         "containers": [agent],
                         "volumes": [volume],
@@ -355,19 +357,19 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
         },
         # ingress on top of the namespace's default deny (serving.render.k8s.netpol): policies add up
         _policy(
-            spec,
+            fleet.spec,
             CONTROLLER,
             c_sel,
             [{"from": [{"podSelector": {"matchLabels": a_sel}}, monitoring], "ports": controller_port}],
         ),
         _policy(
-            spec,
+            fleet.spec,
             f"{SERVING_APP}-runtime-probes",
             {LABEL_NAME: SERVING_APP},
             [
                 {
                     "from": [{"podSelector": {"matchLabels": a_sel}}, {"podSelector": {"matchLabels": c_sel}}],
-                    "ports": [{"protocol": "TCP", "port": spec.serving.port}],
+                    "ports": [{"protocol": "TCP", "port": fleet.spec.serving.port}],
                 }
             ],
         ),
@@ -375,7 +377,7 @@ def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
             "apiVersion": "monitoring.coreos.com/v1",
             "kind": "PrometheusRule",
             "metadata": metadata(RULE_NAME, ns, labels(COMPONENT, RULE_NAME, **selected)),
-            "spec": {"groups": rule_groups(spec)},
+            "spec": {"groups": rule_groups(fleet.spec)},
         },
         {
             "apiVersion": "monitoring.coreos.com/v1",

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from serving.plan.model import Plan
+from serving.plan.model import Fleet, Plan
 from serving.render.k8s.common import UPDATER_APP, K8sObject, labels, service_account_with_role
 from serving.render.k8s.fleet import LWS_API, group_name
-from serving.spec.schema import FleetSpec
 
 COMPONENT = "rollout"
 ROLE = f"{UPDATER_APP}-rollout"
@@ -36,22 +35,22 @@ def leader_pods(plan: Plan) -> list[str]:
     return [f"{group_name(g)}-{i}" for g, size in enumerate(plan.rollout_group_sizes) for i in range(size)]
 
 
-def rules(spec: FleetSpec, plan: Plan) -> list[dict[str, Any]]:
+def rules(fleet: Fleet) -> list[dict[str, Any]]:
     """The Role's rules: one per kind of call the backend makes (module docstring)."""
     lws_group = LWS_API.split("/", 1)[0]
     return [
         {
             "apiGroups": [lws_group],
             "resources": ["leaderworkersets"],
-            "resourceNames": [group_name(g) for g in range(spec.rollout.batches)],
+            "resourceNames": [group_name(g) for g in range(fleet.spec.rollout.batches)],
             "verbs": ["get", "patch"],
         },
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-        {"apiGroups": [""], "resources": ["pods"], "resourceNames": leader_pods(plan), "verbs": ["patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "resourceNames": leader_pods(fleet.plan), "verbs": ["patch"]},
     ]
 
 
-def render(spec: FleetSpec, plan: Plan) -> list[K8sObject]:
+def render(fleet: Fleet) -> list[K8sObject]:
     return service_account_with_role(
-        UPDATER_APP, ROLE, spec.kubernetes.namespace, labels(COMPONENT, UPDATER_APP), rules(spec, plan)
+        UPDATER_APP, ROLE, fleet.spec.kubernetes.namespace, labels(COMPONENT, UPDATER_APP), rules(fleet)
     )

@@ -45,7 +45,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from serving.plan.model import Plan
+from serving.plan.model import Fleet
 from serving.render.k8s.common import LABEL_ADMITTED, LABEL_GROUP, LABEL_VERSION, K8sObject, image
 from serving.render.k8s.fleet import LWS_API, SERVING_CONTAINER, group_name, render
 from serving.rollout.backends import BackendError, ReplicaIndex
@@ -92,24 +92,23 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def workload_path(spec: FleetSpec, fleet_plan: Plan, group: int) -> str:
+def workload_path(spec: FleetSpec, group: int) -> str:
     """Every update group is a LeaderWorkerSet (a group of one-pod replicas too: serving.render.k8s.fleet)."""
-    del fleet_plan  # the workload kind no longer depends on the placement
     return f"/apis/{LWS_API}/namespaces/{spec.kubernetes.namespace}/leaderworkersets/{group_name(group)}"
 
 
-def workload(spec: FleetSpec, fleet_plan: Plan, group: int) -> K8sObject:
+def workload(fleet: Fleet, group: int) -> K8sObject:
     """Group ``group``'s StatefulSet / LeaderWorkerSet as the Pulumi program renders it."""
     name = group_name(group)
-    for obj in render(spec, fleet_plan):
+    for obj in render(fleet):
         if obj["kind"] in ("StatefulSet", "LeaderWorkerSet") and obj["metadata"]["name"] == name:
             return obj
-    raise BackendError(f"the fleet has no workload {name}; rollout.batches={spec.rollout.batches}")
+    raise BackendError(f"the fleet has no workload {name}; rollout.batches={fleet.spec.rollout.batches}")
 
 
-def version_patch(spec: FleetSpec, fleet_plan: Plan, group: int, version: str) -> dict[str, Any]:
+def version_patch(fleet: Fleet, group: int, version: str) -> dict[str, Any]:
     """JSON merge patch moving group ``group`` to ``version``: its labels and pod template(s)."""
-    target = workload(with_group_version(spec, group, version), fleet_plan, group)
+    target = workload(with_group_version(fleet, group, version), group)
     templates = (
         {"leaderWorkerTemplate": target["spec"]["leaderWorkerTemplate"]}
         if target["kind"] == "LeaderWorkerSet"
@@ -163,11 +162,11 @@ def pod_version(spec: FleetSpec, pod: K8sObject) -> str | None:
 class KubernetesBackend(ReplicaIndex):
     """Patch update groups' workloads through the Kubernetes API and wait for their rollout."""
 
-    def __init__(self, spec: FleetSpec, fleet_plan: Plan, api: KubeApi) -> None:
-        self.spec = spec
-        self.fleet_plan = fleet_plan
+    def __init__(self, fleet: Fleet, api: KubeApi) -> None:
+        self.fleet = fleet
+        self.spec = fleet.spec
         self.api = api
-        replicas = list(fleet_plan.replicas)
+        replicas = list(fleet.plan.replicas)
         super().__init__(replicas)
         # A group's replicas, in index order, are its workload's ordinals 0..size-1.
         self._ordinal = {r.id: sorted(x.index for x in replicas if x.group == r.group).index(r.index) for r in replicas}
@@ -223,7 +222,7 @@ class KubernetesBackend(ReplicaIndex):
         return True  # a batch is a whole workload: the update patches its pod template
 
     async def _get(self, group: int) -> K8sObject:
-        path = workload_path(self.spec, self.fleet_plan, group)
+        path = workload_path(self.spec, group)
         try:
             response = await self._http.get(path)
         except httpx.HTTPError as exc:
@@ -274,12 +273,12 @@ class KubernetesBackend(ReplicaIndex):
                 )
         deadline = time.monotonic() + timeout_s
         for g in groups:
-            await self._patch(g, version_patch(self.spec, self.fleet_plan, g, version))
+            await self._patch(g, version_patch(self.fleet, g, version))
         for g in groups:
             await self._wait(g, deadline, timeout_s)
 
     async def _patch(self, group: int, patch: dict[str, Any]) -> None:
-        await self._merge_patch(workload_path(self.spec, self.fleet_plan, group), patch)
+        await self._merge_patch(workload_path(self.spec, group), patch)
 
     async def _merge_patch(self, path: str, patch: dict[str, Any]) -> None:
         """A JSON merge patch of the object at ``path``; BackendError naming the path and the answer."""

@@ -21,15 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from serving.plan.model import Plan, Replica
+from serving.plan.model import Fleet, Replica
 from serving.remote.fanout import HostResult, Target, run_one
-from serving.render.router import replica_url
 from serving.render.systemd import systemd_unit, unit_name
 from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.rollout.membership import RouterApiMembership
 from serving.rollout.plan import with_group_version
 from serving.router.membership import RouterSet
-from serving.spec.schema import FleetSpec, Node
+from serving.spec.schema import Node
 
 UNIT_DIR = "/etc/systemd/system"
 RELEASE_ENV = "EXASERVE_RELEASE"
@@ -42,13 +41,13 @@ class UnitFile:
     text: str
 
 
-def unit_files(spec: FleetSpec, fleet_plan: Plan, replicas: Sequence[Replica], version: str) -> list[UnitFile]:
+def unit_files(fleet: Fleet, replicas: Sequence[Replica], version: str) -> list[UnitFile]:
     """Every unit (all nodes of each replica) of ``replicas`` at ``version``."""
     out = []
     for replica in replicas:
-        moved = with_group_version(spec, replica.group, version)
+        moved = with_group_version(fleet, replica.group, version)
         for rank, node in enumerate(replica.nodes):
-            out.append(UnitFile(node, unit_name(replica, rank), systemd_unit(moved, fleet_plan, replica, rank)))
+            out.append(UnitFile(node, unit_name(replica, rank), systemd_unit(moved, replica, rank)))
     return out
 
 
@@ -96,28 +95,27 @@ class SshBackend(ReplicaIndex):
 
     def __init__(
         self,
-        spec: FleetSpec,
-        fleet_plan: Plan,
+        fleet: Fleet,
         *,
         known_hosts: Path,
         identity: Path | None = None,
         connect_timeout_s: float = 5.0,
         unit_dir: str = UNIT_DIR,
     ) -> None:
-        self.spec = spec
+        self.fleet = fleet
+        self.spec = fleet.spec
         self.known_hosts = known_hosts
         self.identity = identity
         self.connect_timeout_s = connect_timeout_s
         self.unit_dir = unit_dir
-        self.fleet_plan = fleet_plan
-        super().__init__(list(fleet_plan.replicas))
+        super().__init__(list(fleet.plan.replicas))
 
     @property
     def name(self) -> str:
         return f"ssh ({len({n.name for r in self.replicas.values() for n in r.nodes})} nodes)"
 
     def worker_url(self, replica_id: str) -> str:
-        return replica_url(self._replica(replica_id))
+        return self._replica(replica_id).url
 
     def known_versions(self) -> None:
         return None  # any release of serving.releases
@@ -164,7 +162,7 @@ class SshBackend(ReplicaIndex):
         return {rid: found.pop() if len(found) == 1 else None for rid, found in seen.items()}
 
     async def update(self, replica_ids: Sequence[str], version: str, timeout_s: float) -> None:
-        files = unit_files(self.spec, self.fleet_plan, [self._replica(r) for r in replica_ids], version)
+        files = unit_files(self.fleet, [self._replica(r) for r in replica_ids], version)
         by_node: dict[Node, list[UnitFile]] = {}
         for f in files:
             by_node.setdefault(f.node, []).append(f)

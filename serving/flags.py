@@ -7,7 +7,7 @@ checks the part of a command line after the entry point (``sglang serve`` or
 ``python -m sglang_router.launch_router``) the way argparse reads it, but stricter where argparse is
 lenient: abbreviations (``--tp 2`` silently becomes ``--tp-size 2``), repeated flags (the last one
 silently wins), deprecated flags and ``--help`` are all problems. Every problem is a failing
-:class:`~serving.checks.result.CheckResult`: its ``check`` is the :class:`ProblemKind`, its ``subject``
+:class:`~serving.result.CheckResult`: its ``check`` is the :class:`ProblemKind`, its ``subject``
 the flag, and it names the value, the pinned version and the fix.
 """
 
@@ -26,9 +26,9 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
-from serving.checks.result import CheckResult, Status
+from serving.result import CheckResult, Status
 
-DATA_DIR: Final = Path(__file__).resolve().parents[1] / "data"  # serving/data (package data)
+DATA_DIR: Final = Path(__file__).resolve().parent / "data"  # serving/data (package data)
 SERVER_MANIFEST_GLOB: Final = "sglang-*-server-flags.json"
 ROUTER_MANIFEST_GLOB: Final = "sglang-router-*-flags.json"
 _REGENERATE: Final = "regenerate it with scripts/sglang-manifest.sh (see docs/sglang-version-bump.md)"
@@ -143,7 +143,7 @@ class FlagManifest(_Frozen):
         )
         if unknown:
             raise ValueError(
-                f"{self.label} uses value types serving/checks/flags.py cannot check: {', '.join(unknown)}; "
+                f"{self.label} uses value types serving/flags.py cannot check: {', '.join(unknown)}; "
                 "add a checker mirroring the parser's type function to _VALUE_TYPES"
             )
         broken = sorted(
