@@ -15,11 +15,12 @@ collection=$root/ansible/collections/ansible_collections/exaserve/fleet
 # ansible-test gives every sanity test its own virtualenv, created without pip, and puts pip into it with a
 # get-pip.py that it downloads from its CI file host into ~/.ansible/test/cache, a host this project cannot
 # reach. scripts/ansible_test_get_pip.py stands in for that download (it installs the same pip through the
-# package index; see its docstring), in the cache under the name ansible-test looks for. A home of its own,
-# inside this checkout (build/ is ignored), keeps the stand-in out of the user's real cache and the
-# virtualenvs (reused from run to run while ansible-test's pins stay the same) out of other checkouts' way.
-# Keep the checkout's path short: pip writes the virtualenvs' paths into script shebangs (127 characters).
-export HOME=$root/build/ansible-test-home
+# package index; see its docstring), in the cache under the name ansible-test looks for. A home of its own in the
+# user's cache ($EXASERVE_ANSIBLE_TEST_HOME, default ${XDG_CACHE_HOME:-~/.cache}/exaserve/ansible-test-home) keeps
+# the stand-in out of the user's real ~/.ansible, and its virtualenvs (about 3 minutes to build; reused while
+# ansible-test's pins stay the same) survive a clean clone. Keep that path short: pip writes the virtualenvs' paths
+# into script shebangs (127 characters).
+export HOME=${EXASERVE_ANSIBLE_TEST_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/exaserve/ansible-test-home}
 pip_version=$("$venv_bin/python" -c '
 from types import SimpleNamespace
 from ansible_test._internal.python_requirements import get_venv_packages

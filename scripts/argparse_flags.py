@@ -1,7 +1,7 @@
 """Dump, or run, the REAL argparse parsers of SGLang's server and of the SGLang router.
 
 Standard library only: it runs inside whichever interpreter has the package installed, the
-throwaway `.venv-sglang` for the server (see scripts/sglang-manifest.sh) and the project's `.venv`
+throwaway SGLang venv for the server (see scripts/sglang-manifest.sh) and the project's `.venv`
 for the router. `serving/flags.py` loads what `dump` writes and checks rendered command
 lines against it.
 
@@ -42,7 +42,7 @@ class ParserSource:
 
 
 def _server_parser() -> argparse.ArgumentParser:
-    from sglang.srt.server_args import ServerArgs  # noqa: PLC0415  (only importable in .venv-sglang)
+    from sglang.srt.server_args import ServerArgs  # noqa: PLC0415  (only importable in the SGLang venv)
 
     # Built exactly as sglang.srt.server_args.prepare_server_args builds it for `sglang serve`.
     parser = argparse.ArgumentParser(prog="sglang serve")

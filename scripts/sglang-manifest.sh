@@ -2,9 +2,10 @@
 # Regenerate the pinned flag manifests from the REAL parsers:
 #   serving/data/sglang-<version>-server-flags.json  (sglang.srt.server_args.ServerArgs.add_cli_args)
 #   serving/data/sglang-router-<version>-flags.json  (sglang_router RouterArgs.add_cli_args)
-# The server parser runs in a throwaway venv, .venv-sglang/, holding just enough of SGLang to import
-# it (pinned in scripts/sglang-manifest-requirements.txt); it is built once and rebuilt only when that
-# file or the interpreter changes. The router parser runs in the project's .venv (bootstrap.sh).
+# The server parser runs in a throwaway venv holding just enough of SGLang to import it (pinned in
+# scripts/sglang-manifest-requirements.txt), in the user's cache ($EXASERVE_SGLANG_VENV, default
+# ${XDG_CACHE_HOME:-~/.cache}/exaserve/venv-sglang: about 2 GB, shared by every checkout and kept across
+# clean clones); it is built once and rebuilt only when that file or the interpreter changes. The router parser runs in the project's .venv (bootstrap.sh).
 #
 #   scripts/sglang-manifest.sh                  rewrite the committed manifests in serving/data
 #   scripts/sglang-manifest.sh --out-dir DIR    write them to DIR instead (what the tests compare)
@@ -24,12 +25,13 @@ if [ ! -x .venv/bin/python ]; then
   exit 2
 fi
 
-# One build at a time (two test runs may start together): lock this script's own file.
-exec 9<"$0"
+PY=${EXASERVE_PYTHON:-python3}
+venv=${EXASERVE_SGLANG_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/exaserve/venv-sglang}
+mkdir -p "$(dirname "$venv")"
+# One build at a time (test runs, of this checkout or another, may start together): a lock beside the venv.
+exec 9>"$venv.lock"
 flock 9
 
-PY=${EXASERVE_PYTHON:-python3}
-venv=.venv-sglang
 lock=scripts/sglang-manifest-requirements.txt
 stamp=$venv/.exaserve-installed
 want=$({ cat "$lock"; "$PY" -c 'import sys; print(sys.version)'; } | sha256sum | cut -d' ' -f1)

@@ -99,8 +99,8 @@ def ssh_control_dir() -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Manifests dumped now from the real parsers; builds .venv-sglang on first use (cached after).
-    Its interpreter, `.venv-sglang/bin/python`, then holds the pinned SGLang's real parser."""
+    """Manifests dumped now from the real parsers; builds the SGLang venv on first use (cached after).
+    Its interpreter, `~/.cache/exaserve/venv-sglang/bin/python`, then holds the pinned SGLang's real parser."""
     out = tmp_path_factory.mktemp("manifests")
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.run(

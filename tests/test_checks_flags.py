@@ -1,7 +1,7 @@
 """The pinned SGLang flag manifests and the strict command-line check built on them.
 
 Everything here runs against the REAL parsers: the manifests are regenerated from
-``sglang.srt.server_args.ServerArgs.add_cli_args`` (in the throwaway ``.venv-sglang`` that
+``sglang.srt.server_args.ServerArgs.add_cli_args`` (in the throwaway SGLang venv, ``~/.cache/exaserve/venv-sglang``, that
 ``scripts/sglang-manifest.sh`` builds, about a minute the first time) and from the installed
 ``sglang_router``, and ``validate_argv`` is checked flag by flag against what those parsers accept. Each
 problem is a failing check result (serving.result): ``check`` the ProblemKind, ``subject`` the flag.

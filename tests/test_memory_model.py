@@ -32,7 +32,7 @@ def _sglang_resolves(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_mem_fraction_static_equals_sglangs_handle_gpu_memory_settings(regenerated: Path) -> None:
-    """The pinned SGLang's REAL handle_gpu_memory_settings (run in .venv-sglang by
+    """The pinned SGLang's REAL handle_gpu_memory_settings (run in the SGLang venv by
     tests/support/sglang_mem_fraction.py, which documents the few stand-ins: the device-memory getter
     returns the grid's MiB, is_cuda is True, MLA/multimodal answered from the case) over GPU memory × TP × PP ×
     chunked prefill × max running requests × MLA: the planner's fraction is SGLang's, case for case."""

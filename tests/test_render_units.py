@@ -3,7 +3,7 @@
 Golden files live in ``tests/golden/units/<stack>/``. After an intended change, refresh them with
 ``EXASERVE_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_render_units.py`` and review the diff (refused under
 CI=true). The real parsers: the router's own ``parse_router_args``, SGLang's ``ServerArgs`` parser in
-the throwaway ``.venv-sglang`` (``scripts/sglang-manifest.sh --venv-only``), ``systemd-analyze
+the throwaway SGLang venv (``scripts/sglang-manifest.sh``), ``systemd-analyze
 verify`` (strict: any warning fails) and ``chronyd -p`` (chrony's own config parser).
 """
 
@@ -405,7 +405,7 @@ def test_the_real_router_parser_reads_the_rendered_flags_back() -> None:
 
 @pytest.mark.slow
 def test_the_real_sglang_parser_accepts_every_rendered_server_command(regenerated: Path) -> None:
-    """`regenerated` builds .venv-sglang, which holds the pinned SGLang's real parser."""
+    """`regenerated` builds the SGLang venv, which holds the pinned SGLang's real parser."""
     multi = multi_node_spec()
     argvs = []
     for stack in ("dev", "prod", "sandbox"):

@@ -1,6 +1,6 @@
 """SGLang's memory model (the pinned 0.5.23), reproduced offline: what a replica's KV pool will hold.
 
-Three steps, each mirroring SGLang's own code (read in ``.venv-sglang``; ``docs/planner.md`` maps them):
+Three steps, each mirroring SGLang's own code (read in the SGLang venv of ``scripts/sglang-manifest.sh``; ``docs/planner.md`` maps them):
 
 1. ``mem_fraction_static`` — ``sglang/srt/arg_groups/memory_hook.py: handle_gpu_memory_settings``: the
    chunked-prefill size and CUDA-graph batch sizes follow the GPU's memory (nvidia-smi ``memory.total``,

@@ -1,13 +1,13 @@
 """Run the pinned SGLang's REAL ``handle_gpu_memory_settings`` over a grid; prints one JSON result per case.
 
-Runs inside `.venv-sglang` (standard library + the pinned SGLang only): reads a JSON list of cases on stdin,
+Runs inside the SGLang venv (standard library + the pinned SGLang only): reads a JSON list of cases on stdin,
 each ``{"gpu_mib", "tp", "pp", "chunked_prefill_size", "max_running_requests", "mla"}``, and prints the
 ``mem_fraction_static``, chunked prefill size and decode CUDA-graph max batch size SGLang resolves.
 
 What is SGLang's own code: the argparse parser and ``ServerArgs.from_cli_args`` (the record), the resolution
 stash, ``cuda_graph_hook.handle_cuda_graph_config`` (CUDA-graph defaults, PP disabling prefill graphs), and
 ``memory_hook.handle_gpu_memory_settings`` with its helpers (``reserve_for_graph_mb``, the batch-size
-generators). Stand-ins, because this machine has no GPU and `.venv-sglang` holds no transformers:
+generators). Stand-ins, because this machine has no GPU and the SGLang venv holds no transformers:
 - ``memory_hook.get_device_memory_capacity`` returns the case's MiB (SGLang reads nvidia-smi's memory.total);
 - ``sglang.srt.utils.is_cuda`` returns True, so the prefill CUDA-graph default is the CUDA one (breakable);
 - ``use_mla_backend`` / ``model_config_of`` answer from the case (they would build a transformers

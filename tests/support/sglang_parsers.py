@@ -1,6 +1,6 @@
 """The pinned SGLang's and the router's REAL argument parsers, run over many argvs in one process.
 
-The server parser lives in `.venv-sglang` (built by the `regenerated` session fixture in conftest.py);
+The server parser lives in the SGLang venv (:data:`SGLANG_VENV`, built by the `regenerated` session fixture in conftest.py);
 the router's in this venv.
 """
 
@@ -16,7 +16,12 @@ from typing import Any
 from tests.support.paths import REPO
 
 ROOT = REPO
-SGLANG_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
+SGLANG_VENV = Path(
+    os.environ.get("EXASERVE_SGLANG_VENV")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "exaserve" / "venv-sglang"
+)
+"""Where scripts/sglang-manifest.sh builds the SGLang venv (the same default)."""
+SGLANG_PYTHON = SGLANG_VENV / "bin" / "python"
 
 
 def run_json_script_args(python: Path, argv: list[str], payload: list[Any], timeout_s: float = 300) -> list[Any]:
@@ -39,6 +44,6 @@ def run_json_script_args(python: Path, argv: list[str], payload: list[Any], time
 
 
 def real_parse(kind: str, argvs: list[list[str]]) -> list[dict[str, object]]:
-    """Run the real parser (server: in .venv-sglang; router: here) over each argv, in one process."""
+    """Run the real parser (server: in the SGLang venv; router: here) over each argv, in one process."""
     python = SGLANG_PYTHON if kind == "server" else Path(sys.executable)
     return run_json_script_args(python, [str(ROOT / "scripts" / "argparse_flags.py"), "parse", kind], argvs)
