@@ -11,7 +11,7 @@
 #   1. CPU-bound: every test not marked `sandbox`, one module per worker (--dist loadfile), a worker per core;
 #   2. wait-bound: the `sandbox` tests (tests/conftest.py marks them), one module — or one of a module's
 #      SANDBOX_GROUPS — per worker (--dist loadgroup), each worker with a sandbox of its own. They idle ~85 % of their
-#      wall time, so more workers than cores.
+#      wall time, so three workers a core.
 # Each phase writes its JUnit XML (per-test times) to test-output/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +47,7 @@ if ((fast)); then
   phase fast "not sandbox and not hosts and not slow$gpu" 2 loadfile "$@"
 else
   phase cpu-bound "not sandbox$gpu" 2 loadfile "$@"
-  phase wait-bound "sandbox$gpu" 4 loadgroup "$@"
+  phase wait-bound "sandbox$gpu" 6 loadgroup "$@"
 fi
 if ((!ran)); then
   echo "test.sh: no test was selected by: $*" >&2

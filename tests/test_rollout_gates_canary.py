@@ -33,6 +33,8 @@ from tests.support.stacks import fleet_of
 
 REPLICAS = 8
 
+SANDBOX_GROUPS = 2  # each test starts from v1 through its own rollback (at_v1): a sandbox each (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
