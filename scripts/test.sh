@@ -8,7 +8,8 @@
 #
 # pytest runs in two phases (pytest-xdist), so that the tests that wait on a running sandbox in real time do not share
 # the cores with the CPU-bound ones (a starved router or worker would read as a slow release to the gates):
-#   1. CPU-bound: every test not marked `sandbox`, one module per worker (--dist loadfile), a worker per core;
+#   1. CPU-bound: every test not marked `sandbox`, one module per worker (--dist loadfile), three workers (these
+#      tests wait on SSH hosts and subprocesses too: two workers kept 1.05 of the 2 cores busy);
 #   2. wait-bound: the `sandbox` tests (tests/conftest.py marks them), one module — or one of a module's
 #      SANDBOX_GROUPS — per worker (--dist loadgroup), each worker with a sandbox of its own. They idle ~85 % of their
 #      wall time, so three workers a core.
@@ -34,22 +35,26 @@ fi
 gpu=""  # gpu-marked tests run where torch sees a CUDA device; elsewhere they are deselected, and said so
 if [[ $(python -m tests.support.gpu 2>/dev/null) == 0 ]]; then gpu=" and not gpu"; echo "== no CUDA device: gpu tests deselected"; fi
 mkdir -p test-output
-ran=0
-phase() {  # phase NAME MARKERS WORKERS DIST [PYTEST_ARGS…]: exit 5 (nothing selected) is not a failure here
-  local name=$1 markers=$2 workers=$3 dist=$4 rc=0
+ran=0 failed=0
+phase() {  # phase NAME MARKERS WORKERS DIST [PYTEST_ARGS…]; exit 5 (nothing selected) is not a failure here, and a
+  # failed phase does not stop the next one (CI's log shows both); the script's status is the first failure's
+  local name=$1 markers=$2 workers=$3 dist=$4 rc=0 start=$SECONDS
   shift 4
   echo "== pytest: $name (-m '$markers', $workers workers)"
   pytest -q -p no:cacheprovider -m "$markers" -n "$workers" --dist "$dist" --durations=10 \
     --junitxml="test-output/pytest-$name.xml" "$@" || rc=$?
-  if ((rc == 0)); then ran=1; elif ((rc != 5)); then exit "$rc"; fi
+  echo "== pytest: $name: exit $rc after $((SECONDS - start)) s"
+  if ((rc == 0)); then ran=1; elif ((rc != 5)); then ran=1; ((failed)) || failed=$rc; fi
 }
 if ((fast)); then
   phase fast "not sandbox and not hosts and not slow$gpu" 2 loadfile "$@"
 else
-  phase cpu-bound "not sandbox$gpu" 2 loadfile "$@"
+  phase cpu-bound "not sandbox$gpu" 3 loadfile "$@"
   phase wait-bound "sandbox$gpu" 6 loadgroup "$@"
 fi
 if ((!ran)); then
   echo "test.sh: no test was selected by: $*" >&2
   exit 5
 fi
+echo "== test.sh: $SECONDS s in all"
+exit "$failed"

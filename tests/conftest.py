@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -98,19 +99,28 @@ def ssh_control_dir() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def regenerated(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """Manifests dumped now from the real parsers; builds the SGLang venv on first use (cached after).
-    Its interpreter, `~/.cache/exaserve/venv-sglang/bin/python`, then holds the pinned SGLang's real parser."""
-    out = tmp_path_factory.mktemp("manifests")
-    root = Path(__file__).resolve().parent.parent
-    proc = subprocess.run(
-        ["bash", str(root / "scripts" / "sglang-manifest.sh"), "--out-dir", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=540,
-        check=False,
-    )
-    assert proc.returncode == 0, f"scripts/sglang-manifest.sh failed:\n{proc.stderr[-4000:]}"
+    Its interpreter (tests/support/sglang_parsers.py SGLANG_PYTHON) then holds the pinned SGLang's real parser.
+    Dumped once per session: under pytest-xdist the first worker to ask dumps them into the session's shared
+    temporary root, under a lock, and the others read them there (the dump imports SGLang: about a minute of CPU)."""
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    out = shared / "regenerated-manifests"
+    with (shared / "regenerated-manifests.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / ".complete").is_file():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            root = Path(__file__).resolve().parent.parent
+            proc = subprocess.run(
+                ["bash", str(root / "scripts" / "sglang-manifest.sh"), "--out-dir", str(out)],
+                capture_output=True,
+                text=True,
+                timeout=540,
+                check=False,
+            )
+            assert proc.returncode == 0, f"scripts/sglang-manifest.sh failed:\n{proc.stderr[-4000:]}"
+            (out / ".complete").touch()
     return out
 
 

@@ -203,7 +203,11 @@ def test_the_sandbox_section_is_derived_from_the_stack() -> None:
     assert spec.rollout.drain_timeout_s == max(prod.rollout.drain_timeout_s, prod.rollout.health_timeout_s) == 900
     assert spec.serving.heartbeat_interval_s == prod.serving.heartbeat_interval_s
     assert spec.runtime.lease_ttl_s == prod.runtime.lease_ttl_s
-    assert fleet_of(spec).plan.replicas == fleet_of(prod).plan.replicas
+    # the same placement (ids, nodes, GPUs, groups, serving ports); each replica reached on loopback at its own port
+    simulated, source = fleet_of(spec).plan.replicas, fleet_of(prod).plan.replicas
+    placement = [(r.id, r.index, r.nodes, r.gpu_ids, r.group, r.port) for r in simulated]
+    assert placement == [(r.id, r.index, r.nodes, r.gpu_ids, r.group, r.port) for r in source]
+    assert [r.url for r in simulated] == [f"http://127.0.0.1:{21000 + r.index}" for r in source]
 
 
 def test_a_machine_without_the_memory_is_refused_with_the_figure(tmp_path: Path) -> None:
