@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,19 +28,28 @@ def simulated_prod() -> FleetSpec:
     return parse_spec(scale_module.simulated_document(prod, fleet_of(prod.spec).plan, ports_base=21000), "prod", REPO)
 
 
-def calibration_hosts() -> list[str]:
+def calibration_hosts(under: Path) -> list[str]:
+    """The calibration's worker hosts still running from a temporary directory under ``under`` (this test's own: a
+    calibration another test runs at the same time is not this one's)."""
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in ps.splitlines() if "serving.sandbox.worker_host" in line and "exaserve-calibrate" in line]
+    return [
+        line
+        for line in ps.splitlines()
+        if "serving.sandbox.worker_host" in line and f"{under}/exaserve-calibrate" in line
+    ]
 
 
-def test_costs_are_measured_with_the_real_worker_host_and_agent_which_are_gone_after() -> None:
+def test_costs_are_measured_with_the_real_worker_host_and_agent_which_are_gone_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the calibration's temporary directory goes here
     costs = capacity.measure_costs(workers=16, probes=400)
     assert 0 < costs.request_ms < 50 and 0 < costs.probe_ms < 200, costs
     # an agent's probe is two requests plus parsing /metrics on the agent's side: it costs more than one request
     # costs the worker host
     assert costs.probe_ms > costs.request_ms, costs
     assert costs.speed == pytest.approx(costs.probe_ms / capacity.REFERENCE_PROBE_MS)
-    assert calibration_hosts() == []
+    assert calibration_hosts(tmp_path) == []
 
 
 def test_at_the_reference_machines_costs_the_model_gives_its_measured_cores() -> None:
@@ -85,11 +95,11 @@ def test_a_machine_too_slow_is_refused_naming_the_cores_and_the_replicas_it_hold
 def test_sandbox_up_measures_then_refuses_a_sandbox_the_cores_cannot_hold(tmp_path: Path) -> None:
     """The whole prod stack at a 5 % CPU share: 2,048 replicas need ≥ 0.85 cores on the reference machine, more than
     5 % of 2 CPUs on any machine up to 8× faster; refused after the measurement, exit 2, nothing left running."""
-    env = {"EXASERVE_STATE_DIR": str(tmp_path / "state")}
+    env = {"EXASERVE_STATE_DIR": str(tmp_path / "state"), "TMPDIR": str(tmp_path)}  # the calibration's directory
     r = exaserve("sandbox", "up", "--stack", "prod", "--simulate", "--cpu-share", "0.05", env=env, timeout_s=180)
     err = flat(r.stderr)
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     assert "measuring this machine's CPU costs" in err and "Traceback" not in err
     assert "needs about" in err and "more than 5% of its" in err and "This machine holds about" in err, err
-    assert calibration_hosts() == []
+    assert calibration_hosts(tmp_path) == []
     assert not list((tmp_path / "state" / "prod-simulated" / "sandbox").glob("*.json"))  # no process records
