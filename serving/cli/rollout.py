@@ -42,7 +42,7 @@ from serving.cli.options import (
     shared_options,
 )
 from serving.plan.loader import load_fleet
-from serving.rollout.journal import JournalError, LockedError
+from serving.rollout.journal import JournalError, LockedError, StackState
 from serving.rollout.machine import RolloutState
 from serving.rollout.operation import (
     BackendConfig,
@@ -136,8 +136,9 @@ def _operation(st: Stack, opts: FleetOptions) -> RolloutOperation:
                             opts.kube_token_file, opts.kube_ca_file)  # fmt: skip
     routers = RouterTargets(tuple(opts.routers or ()), opts.router_service, opts.router_metrics_port)
     with _refusals():
-        return RolloutOperation.open(load_fleet(st.name, st.spec), opts.state_dir, backend, routers,
-                                     router_grace_s=opts.router_grace_s, allow_degraded=opts.allow_degraded)  # fmt: skip
+        return RolloutOperation.open(StackState.for_stack(st.name, opts.state_dir), load_fleet(st.name, st.spec),
+                                     backend, routers, router_grace_s=opts.router_grace_s,
+                                     allow_degraded=opts.allow_degraded)  # fmt: skip
 
 
 @contextmanager

@@ -198,17 +198,15 @@ class RolloutOperation:
     @classmethod
     def open(
         cls,
+        paths: StackState,
         fleet: Fleet,
-        state_dir: Path | None,
         config: BackendConfig,
         targets: RouterTargets = RouterTargets(),
         *,
         router_grace_s: float = 30.0,
         allow_degraded: bool = False,
     ) -> RolloutOperation:
-        """The operation over the backend ``config`` names (:func:`open_backend`), with the stack's state under
-        ``state_dir`` (its default: :func:`serving.paths.state_dir`)."""
-        paths = StackState.for_stack(fleet.name, state_dir)
+        """The operation over the backend ``config`` names (:func:`open_backend`)."""
         return cls(fleet, paths, open_backend(fleet, paths, config), kind=config.resolved(fleet), targets=targets,
                    router_grace_s=router_grace_s, allow_degraded=allow_degraded)  # fmt: skip
 
