@@ -1,7 +1,9 @@
 """``exaserve rollout`` and ``exaserve rollback``: batch by batch, with metric gates, on a backend.
 
-Both take the same :class:`FleetOptions`, declared once. A new rollout or revert first reads what every replica
-runs and plans from that (:func:`serving.rollout.session.plan_from_fleet`); ``--resume`` follows the journal.
+Both take the same :class:`FleetOptions`, declared once, and hand them to a
+:class:`~serving.rollout.operation.RolloutOperation`, which owns the flow: a new rollout or revert first reads what
+every replica runs and plans from that (:func:`serving.rollout.session.plan_from_fleet`); ``--resume`` follows the
+journal. This module parses, calls and presents (:class:`Display`, the report).
 Exit codes as in :mod:`serving.cli.options`: 0 completed (for ``rollback``: the fleet is on the stable version);
 1 rolled back or paused; 2 bad input (unknown version, nothing to resume, another updater holds the lock, a
 replica down without ``--allow-degraded``, …).

@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import httpx
 
+from serving.paths import MissingFileError, require_file
 from serving.plan.model import Fleet
 from serving.render.k8s import gateway
 from serving.rollout.backends import Backend, BackendError, local
@@ -69,11 +70,6 @@ class BackendConfig:
         return self.kind
 
 
-def _require_file(path: Path | None, flag: str, why: str) -> None:
-    if path is not None and not path.is_file():
-        raise RolloutInputError(f"{flag} {path}: no such file; {why}")
-
-
 def open_backend(fleet: Fleet, paths: StackState, config: BackendConfig) -> Backend:
     """The backend ``config`` names, over ``fleet``; :class:`RolloutInputError` when it cannot be opened."""
     kind = config.resolved(fleet)
@@ -81,8 +77,8 @@ def open_backend(fleet: Fleet, paths: StackState, config: BackendConfig) -> Back
         if kind == "local":
             return local.registered().open(fleet, paths.sandbox_dir)
         if kind == "ssh":
-            _require_file(config.known_hosts, "--known-hosts", "the SSH backend verifies every host key")
-            _require_file(config.identity, "--identity", "pass an existing private key, or none to use your agent")
+            require_file(config.known_hosts, "--known-hosts", "the SSH backend verifies every host key")
+            require_file(config.identity, "--identity", "pass an existing private key, or none to use your agent")
             if config.known_hosts is None:
                 raise RolloutInputError("--backend ssh: pass --known-hosts, the SSH backend verifies every host key")
             return SshBackend(fleet, known_hosts=config.known_hosts, identity=config.identity)
@@ -92,6 +88,8 @@ def open_backend(fleet: Fleet, paths: StackState, config: BackendConfig) -> Back
             token = config.kube_token_file.read_text().strip() if config.kube_token_file else None
             api = KubeApi(config.kube_server, token, config.kube_ca_file)
         return KubernetesBackend(fleet, api)
+    except MissingFileError as exc:
+        raise RolloutInputError(str(exc)) from None
     except (BackendError, OSError) as exc:
         raise RolloutInputError(f"--backend {kind}: {exc}") from None
 
