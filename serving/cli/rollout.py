@@ -50,13 +50,14 @@ from serving.rollout.operation import (
     BackendConfig,
     BackendKind,
     NothingToDo,
+    Planned,
     PlatformError,
     Ran,
     RolloutOperation,
     RouterTargets,
 )
 from serving.rollout.runner import Progress
-from serving.rollout.session import FleetView, RolloutInputError, RunResult, Scope, listed
+from serving.rollout.session import RolloutInputError
 from serving.sandbox.endpoints import register as register_sandbox
 from serving.spec.stack import Stack
 
@@ -234,27 +235,30 @@ def _pct(v: float | None, digits: int = 1) -> str:
     return "" if v is None else f"{v:.{digits}%}"
 
 
-def _finish(ran: Ran | NothingToDo, stack: str, as_json: bool) -> NoReturn:
-    if isinstance(ran, NothingToDo):
-        _nothing_to_do(stack, ran.scope, as_json)
-    if as_json:
-        emit_json(ran.result.report, stack=ran.result.report["stack"], ok=ran.done)
+def _finish(stack: str, outcome: Planned | Ran | NothingToDo, as_json: bool) -> NoReturn:
+    """Present what the operation did; exit 0 when it reached what was asked (a dry run, nothing to do), 1 if not."""
+    if isinstance(outcome, Planned):
+        _show_plan(stack, outcome, as_json)
+    elif isinstance(outcome, NothingToDo):
+        _nothing_to_do(stack, outcome, as_json)
+    elif as_json:
+        emit_json(outcome.result.report, stack=outcome.result.report["stack"], ok=outcome.done)
     else:
-        _print_report(ran.result)
-    raise typer.Exit(EXIT_OK if ran.done else EXIT_PROBLEM)
+        _print_report(outcome)
+    raise typer.Exit(EXIT_OK if not isinstance(outcome, Ran) or outcome.done else EXIT_PROBLEM)
 
 
-def _print_report(result: RunResult) -> None:
-    rep = result.report
+def _print_report(ran: Ran) -> None:
+    rep = ran.result.report
     console.print(
         f"[bold]{rep['outcome']}[/]: {rep['from_version']} → {rep['to_version']} on stack {rep['stack']}, "
         f"{rep['client_errors']} client-facing errors"
     )
-    if result.state.reason:
-        console.print(f"reason: {result.state.reason}", markup=False, highlight=False)
-    if rep["held"]:
-        console.print(f"held (left as they were): {listed(list(rep['held']))}", markup=False, highlight=False)
-    console.print("final versions: " + FleetView(rep["final_versions"]).summary(), markup=False, highlight=False)
+    if ran.result.state.reason:
+        console.print(f"reason: {ran.result.state.reason}", markup=False, highlight=False)
+    if ran.held:
+        console.print(f"held (left as they were): {ran.held}", markup=False, highlight=False)
+    console.print("final versions: " + ran.final_versions, markup=False, highlight=False)
 
 
 # ----------------------------------------------------------------------------------------- rollout
@@ -277,46 +281,31 @@ def rollout(
     if dry_run and to is None:
         fail("--dry-run plans a new rollout: give --to VERSION instead of --resume")
     op = _operation(st, opts)
+    outcome: Planned | Ran | NothingToDo
     with _refusals():
         if dry_run and to is not None:
-            scope = op.dry_run(to, display)
+            outcome = op.dry_run(to, display)
         else:
-            ran = op.start(to, display) if to is not None else op.resume(display)
-    if dry_run:
-        _show_plan(st.name, scope, opts.as_json)
-        return
-    _finish(ran, st.name, opts.as_json)
+            outcome = op.start(to, display) if to is not None else op.resume(display)
+    _finish(st.name, outcome, opts.as_json)
 
 
-def _nothing_to_do(stack: str, scope: Scope, as_json: bool) -> NoReturn:
-    version, view = scope.to_version, scope.view
+def _nothing_to_do(stack: str, nothing: NothingToDo, as_json: bool) -> None:
     if as_json:
-        emit_json(
-            {"from_version": version, "to_version": version, "outcome": "completed", "batches": [],
-             "client_errors": 0, "final_versions": view.final_versions(), **scope.report()},
-            stack=stack, ok=True,
-        )  # fmt: skip
-    else:
-        for line in scope.notes():
-            console.print(line, markup=False, highlight=False)
-        which = "every replica" if not scope.held else f"every replica not held ({len(scope.held)} held)"
-        console.print(f"nothing to do: on stack {stack} {which} runs {version} ({view.summary()})")
-    raise typer.Exit(EXIT_OK)
-
-
-def _show_plan(stack: str, scope: Scope, as_json: bool) -> None:
-    plan = scope.plan
-    if plan is None:
-        _nothing_to_do(stack, scope, as_json)
-    t = plan.timings
-    if as_json:
-        emit_json(
-            {**plan.to_json(), "dry_run": True, "configured_wait_s": plan.configured_wait_s(),
-             "worst_case_s": plan.worst_case_s(), **scope.report()},
-            stack=stack, ok=True,
-        )  # fmt: skip
+        emit_json(nothing.report, stack=stack, ok=True)
         return
-    for line in scope.notes():
+    for line in nothing.notes:
+        console.print(line, markup=False, highlight=False)
+    which = "every replica" if not nothing.held else f"every replica not held ({nothing.held} held)"
+    console.print(f"nothing to do: on stack {stack} {which} runs {nothing.to_version} ({nothing.versions})")
+
+
+def _show_plan(stack: str, planned: Planned, as_json: bool) -> None:
+    plan, t = planned.plan, planned.plan.timings
+    if as_json:
+        emit_json(planned.report, stack=stack, ok=True)
+        return
+    for line in planned.notes:
         console.print(line, markup=False, highlight=False)
     table = Table(title=f"rollout plan {stack}: {plan.from_version} → {plan.to_version} ({len(plan.batches)} batches)")
     for col in ("batch", "replicas", "racks", "nodes", "first replicas"):
@@ -329,8 +318,8 @@ def _show_plan(stack: str, scope: Scope, as_json: bool) -> None:
     console.print(
         f"per batch: remove → drain (≤ {t.drain_timeout_s:g} s) → update → health (≤ {t.health_timeout_s:g} s) → "
         f"warm-up {t.warmup_s:g} s at {t.warmup_share:.0%} → readmit → soak {t.interval_s:g} s; "
-        f"baseline {t.baseline_window_s:g} s first.\nconfigured waits {plan.configured_wait_s():g} s, "
-        f"worst case {plan.worst_case_s():g} s. Nothing was changed (--dry-run)."
+        f"baseline {t.baseline_window_s:g} s first.\nconfigured waits {planned.configured_wait_s:g} s, "
+        f"worst case {planned.worst_case_s:g} s. Nothing was changed (--dry-run)."
     )
 
 
@@ -347,5 +336,5 @@ def rollback(opts: FleetOptions) -> None:
     st = resolve_stack(opts.stack, opts.stack_file)
     op = _operation(st, opts)
     with _refusals():
-        ran = op.rollback(display)
-    _finish(ran, st.name, opts.as_json)
+        outcome = op.rollback(display)
+    _finish(st.name, outcome, opts.as_json)

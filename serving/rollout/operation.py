@@ -2,9 +2,9 @@
 
 :class:`RolloutOperation` owns that flow for one fleet, one backend and its routers; the command line parses its
 options into the values here (:class:`BackendConfig`, :class:`RouterTargets`), calls one method and presents the
-result (:class:`Ran`, or :class:`NothingToDo` with the scope). Progress goes to a :class:`Reporter`. A request the
-updater refuses raises :class:`RolloutInputError` (also :class:`LockedError`, :class:`JournalError`); a platform
-that fails during the run raises :class:`PlatformError`.
+result (:class:`Ran`, :class:`Planned` for a dry run, or :class:`NothingToDo`, each with its ``--json`` report).
+Progress goes to a :class:`Reporter`. A request the updater refuses raises :class:`RolloutInputError` (also
+:class:`LockedError`, :class:`JournalError`); a platform that fails during the run raises :class:`PlatformError`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend
 from serving.rollout.backends.ssh import SshBackend
 from serving.rollout.journal import StackLock, StackState, load_state
 from serving.rollout.machine import EventKind, Outcome, RolloutState
-from serving.rollout.plan import PlanKind
+from serving.rollout.plan import PlanKind, RolloutPlan
 from serving.rollout.runner import Progress
 from serving.rollout.session import (
     Endpoints,
@@ -34,6 +34,7 @@ from serving.rollout.session import (
     RunResult,
     Scope,
     check_version,
+    listed,
     observe,
     plan_from_fleet,
     run,
@@ -161,17 +162,59 @@ class Reporter(Protocol):
 
 @dataclass(frozen=True)
 class Ran:
-    """A run to its end: the runner's result, and whether it reached what was asked (exit 0 when ``done``)."""
+    """A run to its end: the runner's result, whether it reached what was asked (exit 0 when ``done``), what every
+    replica runs at the end (``8 × v2``) and the replicas held out of it (``a, b and 3 more``; empty: none)."""
 
     result: RunResult
     done: bool
+    final_versions: str
+    held: str
+
+    @classmethod
+    def of(cls, result: RunResult, done: bool) -> Ran:
+        report = result.report
+        return cls(result, done, FleetView(report["final_versions"]).summary(), listed(list(report["held"])))
 
 
 @dataclass(frozen=True)
 class NothingToDo:
-    """Every replica in scope already runs the version: nothing ran."""
+    """Every replica in scope already runs ``to_version``: nothing ran. What the operator reads (``notes``), the
+    fleet's versions (``8 × v2``), how many replicas were held, and the ``--json`` report."""
 
-    scope: Scope
+    to_version: str
+    notes: tuple[str, ...]
+    versions: str
+    held: int
+    report: dict[str, Any]
+
+    @classmethod
+    def of(cls, scope: Scope) -> NothingToDo:
+        version, view = scope.to_version, scope.view
+        report = {"from_version": version, "to_version": version, "outcome": "completed", "batches": [],
+                  "client_errors": 0, "final_versions": view.final_versions(), **scope.report()}  # fmt: skip
+        return cls(version, tuple(scope.notes()), view.summary(), len(scope.held), report)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A dry run's plan (nothing changed): what the operator reads before it (``notes``), its configured waits and
+    worst case, and the ``--json`` report."""
+
+    plan: RolloutPlan
+    notes: tuple[str, ...]
+    configured_wait_s: float
+    worst_case_s: float
+    report: dict[str, Any]
+
+    @classmethod
+    def of(cls, scope: Scope) -> Planned | NothingToDo:
+        plan = scope.plan
+        if plan is None:
+            return NothingToDo.of(scope)
+        waits, worst = plan.configured_wait_s(), plan.worst_case_s()
+        report = {**plan.to_json(), "dry_run": True, "configured_wait_s": waits, "worst_case_s": worst,
+                  **scope.report()}  # fmt: skip
+        return cls(plan, tuple(scope.notes()), waits, worst, report)
 
 
 class RolloutOperation:
@@ -208,13 +251,13 @@ class RolloutOperation:
         return cls(fleet, paths, open_backend(fleet, paths, config), kind=config.resolved(fleet), targets=targets,
                    router_grace_s=router_grace_s, allow_degraded=allow_degraded)  # fmt: skip
 
-    def dry_run(self, to: str, reporter: Reporter) -> Scope:
+    def dry_run(self, to: str, reporter: Reporter) -> Planned | NothingToDo:
         """Plan a rollout to ``to`` from what the fleet runs; touch nothing."""
         check_version(to, self.fleet.spec, self.backend)
         latest = self._latest()
 
-        async def work() -> Scope:
-            return self._decider(to, "rollout")(await observe(self.backend, self.replica_ids, latest))
+        async def work() -> Planned | NothingToDo:
+            return Planned.of(self._decider(to, "rollout")(await observe(self.backend, self.replica_ids, latest)))
 
         return self._sync(reporter, work())
 
@@ -284,10 +327,10 @@ class RolloutOperation:
             for line in scope.notes():
                 reporter.note(line)
             if scope.plan is None:
-                return NothingToDo(scope)
+                return NothingToDo.of(scope)
             result = await run(self.paths, self.backend, endpoints, fleet=self.replica_ids, plan=scope.plan,
                                scope=scope, progress=reporter, router_grace_s=self.router_grace_s)  # fmt: skip
-            return Ran(result, result.state.outcome == Outcome.COMPLETED)
+            return Ran.of(result, result.state.outcome == Outcome.COMPLETED)
 
         return self._sync(reporter, work())
 
@@ -297,7 +340,7 @@ class RolloutOperation:
         async def work() -> Ran:
             result = await run(self.paths, self.backend, endpoints, fleet=self.replica_ids, operator_event=event,
                                progress=reporter, router_grace_s=self.router_grace_s)  # fmt: skip
-            return Ran(result, result.state.outcome in ok)
+            return Ran.of(result, result.state.outcome in ok)
 
         return self._sync(reporter, work())
 
