@@ -24,6 +24,16 @@ class ProjectNotFoundError(Exception):
     """No Pulumi project directory; the message says where it looked and how to point at one."""
 
 
+class MissingFileError(ValueError):
+    """A file the user named does not exist; the message names the flag, the path and what the file is for."""
+
+
+def require_file(path: Path | None, flag: str, why: str) -> None:
+    """:class:`MissingFileError` unless ``path`` (when given) is an existing file; ``why`` says what it is for."""
+    if path is not None and not path.is_file():
+        raise MissingFileError(f"{flag} {path}: no such file; {why}")
+
+
 def _xdg(var: str, default: str) -> Path:
     """An XDG base directory: ``$var`` when set to an absolute path (the spec ignores relative ones), else the default."""
     value = os.environ.get(var, "")

@@ -20,7 +20,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +27,12 @@ import httpx
 import pytest
 
 from serving.cli.options import resolve_stack
-from serving.cli.rollout import FleetOptions, _endpoints
 from serving.render.k8s.gateway import PODS_SERVICE, cluster_router
 from serving.render.k8s.gateway import render as render_gateway
 from serving.rollout import session
 from serving.rollout.gates import RouterReading
 from serving.rollout.machine import Event, Outcome, Phase, Step
+from serving.rollout.operation import RouterTargets, resolve_endpoints
 from serving.rollout.plan import plan_rollout
 from serving.rollout.runner import Reading, Runner
 from serving.rollout.session import Endpoints
@@ -276,9 +275,8 @@ def test_a_kubernetes_rollout_reaches_every_router_pod_through_the_gateways_head
     router pod), never the ClusterIP Service that reaches one of them; the gates read each pod's Prometheus listener
     on the port the gateway renders (or ``--router-metrics-port``)."""
     st = resolve_stack("dev", None)
-    opts = FleetOptions(stack="dev", backend_kind="kubernetes")
     fleet = fleet_of(st.spec, st.name)
-    endpoints = _endpoints(fleet, opts)
+    endpoints = resolve_endpoints(fleet, "kubernetes", RouterTargets())
     service = next(o for o in render_gateway(fleet) if o["metadata"]["name"] == PODS_SERVICE)
     assert service["spec"]["clusterIP"] == "None"
     assert endpoints.router_service == f"{PODS_SERVICE}.exaserve.svc:{service['spec']['ports'][0]['port']}"
@@ -287,8 +285,8 @@ def test_a_kubernetes_rollout_reaches_every_router_pod_through_the_gateways_head
     metrics_port = cluster_router(fleet).metrics_port
     assert routers.metrics_url("http://10.1.2.3:30000") == f"http://10.1.2.3:{metrics_port}/metrics"
     assert routers.metrics_url("http://[fd00::7]:30000") == f"http://[fd00::7]:{metrics_port}/metrics"
-    explicit = _endpoints(
-        fleet, replace(opts, routers=["http://r0:30000", "http://r1:30000"], router_metrics_port=9100)
+    explicit = resolve_endpoints(
+        fleet, "kubernetes", RouterTargets(("http://r0:30000", "http://r1:30000"), metrics_port=9100)
     )
     assert (explicit.routers, explicit.router_service) == (("http://r0:30000", "http://r1:30000"), None)
     assert explicit.router_set().metrics_url("http://r1:30000") == "http://r1:9100/metrics"

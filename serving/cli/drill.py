@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import math
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,7 +45,6 @@ from serving.drill.scenarios import (
     NAMES,
     SCENARIOS,
     Scenario,
-    TargetName,
     fault_sizes,
     plan_targets,
     scenario_json,
@@ -255,29 +253,15 @@ def _render(st: Stack, fleet: Fleet, only: Scenario | None, out: Path, crd_dir: 
 
 def _urls(fleet: Fleet) -> FleetUrls:
     """Where the sandbox fleet to drill answers; a stack with no sandbox cannot be drilled from here (exit 2)."""
-    spec, plan = fleet.spec, fleet.plan
-    if spec.sandbox is None:
+    if fleet.spec.sandbox is None:
         fail(
             f"stack {fleet.name!r} has no sandbox: section; drills run against the sandbox here (`exaserve sandbox up`). "
             "For a cluster, write them as Chaos Mesh experiments: --render-only --out DIR (an SSH injector for bare "
             "metal is not built)"
         )
-    from serving.drill.engine import FleetUrls  # noqa: PLC0415 - loads httpx and the load generator: on use only
-    from serving.runtime.controller import replica_urls  # noqa: PLC0415
-    from serving.sandbox.endpoints import sandbox_endpoints  # noqa: PLC0415
-    from serving.sandbox.prometheus import prometheus_url  # noqa: PLC0415
-    from serving.sandbox.runtime import controller_urls  # noqa: PLC0415
+    from serving.sandbox.faults import fleet_urls  # noqa: PLC0415 - loads httpx and the load generator: on use only
 
-    nodes: dict[str, list[str]] = {}
-    for r in plan.replicas:
-        nodes.setdefault(r.node.name, []).append(r.id)
-    return FleetUrls(
-        routers=sandbox_endpoints(spec).routers,
-        controllers=tuple(controller_urls(spec)) if spec.sandbox.runtime else (),
-        replicas=replica_urls(plan),
-        nodes={n: tuple(ids) for n, ids in nodes.items()},
-        prometheus=prometheus_url(spec) if spec.sandbox.prometheus else None,
-    )
+    return fleet_urls(fleet)
 
 
 def _run(
@@ -292,34 +276,15 @@ def _run(
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
     from serving.drill.engine import DrillError, FleetDown, Settings, run_drill  # noqa: PLC0415
-    from serving.drill.measure import Gates  # noqa: PLC0415
     from serving.drill.report import write_report  # noqa: PLC0415
     from serving.sandbox.faults import SandboxFaults  # noqa: PLC0415
     from serving.sandbox.processes import SandboxError  # noqa: PLC0415
 
-    urls, spec = _urls(fleet), fleet.spec
+    urls = _urls(fleet)
     paths = stack_state(st, state_dir)
     sizes = fault_sizes(fleet)
     targets = scenario_targets(scenario, fleet)
-    hold = sizes.hold_s.value
-    # the updater's baseline window, and at least 5 heartbeats: a short baseline on a busy machine sets a lax P99 limit
-    baseline = max(spec.rollout.baseline_window_s, 5 * spec.serving.heartbeat_interval_s)
-    gate = plan_targets(fleet)[TargetName.CLIENT_ERRORS].value
-    longest = max([hold, *(t.value for t in targets if t.unit == "s")])
-    settings = Settings(
-        rate_per_s=rate if rate is not None else max(10.0, math.ceil(2 / gate / (baseline + longest))),
-        min_requests=math.ceil(1.2 / gate),
-        baseline_s=baseline,
-        probe_s=min(0.1, spec.serving.heartbeat_interval_s / 10),
-        gates=Gates(
-            spec.rollout.max_qps_drop,
-            spec.rollout.max_p99_rise,
-            spec.serving.heartbeat_interval_s,
-            spec.serving.failure_threshold,
-        ),
-        hold_s=hold,
-        settle_s=plan_targets(fleet)[TargetName.RESTORATION].value + spec.serving.startup_budget_s,
-    )
+    settings = Settings.for_drill(fleet, targets, sizes, rate)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     directory = report if report is not None else paths.root / "drills" / f"{stamp}-{scenario.name}"
     injector = SandboxFaults(fleet, paths.sandbox_dir)

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, get_type_hi
 import typer
 from rich.console import Console
 
+from serving import paths
 from serving.cli.commands import app  # defined with the command table, which --help reads without this module
 from serving.spec.stack import DEFAULT_STACK, SpecError, Stack, file_stack_name, load_stack, load_stack_file
 
@@ -137,8 +138,10 @@ def resolve_stack(stack: str | None, stack_file: Path | None) -> Stack:
 
 def require_file(path: Path | None, flag: str, why: str) -> None:
     """Exit 2 unless ``path`` (when given) is an existing file; ``why`` says what the file is for."""
-    if path is not None and not path.is_file():
-        fail(f"{flag} {path}: no such file; {why}")
+    try:
+        paths.require_file(path, flag, why)
+    except paths.MissingFileError as exc:
+        fail(str(exc))
 
 
 def _stack_label() -> str | None:

@@ -1,7 +1,9 @@
 """``exaserve rollout`` and ``exaserve rollback``: batch by batch, with metric gates, on a backend.
 
-Both take the same :class:`FleetOptions`, declared once. A new rollout or revert first reads what every replica
-runs and plans from that (:func:`serving.rollout.session.plan_from_fleet`); ``--resume`` follows the journal.
+Both take the same :class:`FleetOptions`, declared once, and hand them to a
+:class:`~serving.rollout.operation.RolloutOperation`, which owns the flow: a new rollout or revert first reads what
+every replica runs and plans from that (:func:`serving.rollout.session.plan_from_fleet`); ``--resume`` follows the
+journal. This module parses, calls and presents (:class:`Display`, the report).
 Exit codes as in :mod:`serving.cli.options`: 0 completed (for ``rollback``: the fleet is on the stable version);
 1 rolled back or paused; 2 bad input (unknown version, nothing to resume, another updater holds the lock, a
 replica down without ``--allow-degraded``, …).
@@ -9,14 +11,13 @@ replica down without ``--allow-degraded``, …).
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn
 
-import httpx
 import typer
 from rich.console import Group
 from rich.live import Live
@@ -39,37 +40,28 @@ from serving.cli.options import (
     emit_json,
     err_console,
     fail,
-    require_file,
     resolve_stack,
     shared_options,
 )
-from serving.cli.state import locked, stack_state
 from serving.plan.loader import load_fleet
-from serving.plan.model import Fleet
-from serving.render.k8s import gateway
-from serving.rollout.backends import Backend, BackendError
-from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend
-from serving.rollout.backends.ssh import SshBackend
-from serving.rollout.journal import JournalError, StackState, load_state
-from serving.rollout.machine import Outcome, RolloutState
-from serving.rollout.plan import PlanKind
-from serving.rollout.runner import Progress
-from serving.rollout.session import (
-    Endpoints,
-    FleetView,
-    RolloutInputError,
-    RunResult,
-    Scope,
-    check_version,
-    listed,
-    observe,
-    plan_from_fleet,
-    run,
-    unfinished_message,
+from serving.rollout.journal import JournalError, LockedError, StackState
+from serving.rollout.machine import RolloutState
+from serving.rollout.operation import (
+    BackendConfig,
+    BackendKind,
+    NothingToDo,
+    Planned,
+    PlatformError,
+    Ran,
+    RolloutOperation,
+    RouterTargets,
 )
-from serving.sandbox.endpoints import sandbox_endpoints, sandbox_routers
+from serving.rollout.runner import Progress
+from serving.rollout.session import RolloutInputError
+from serving.sandbox.endpoints import register as register_sandbox
+from serving.spec.stack import Stack
 
-BackendKind = Literal["auto", "local", "ssh", "kubernetes"]
+register_sandbox()  # --backend local, a sandbox stack's routers
 BackendOpt = Annotated[
     BackendKind,
     typer.Option("--backend", help="auto: local processes for a sandbox stack, kubernetes otherwise."),
@@ -117,7 +109,6 @@ AllowDegradedOpt = Annotated[
         "and update the rest; the report names them under held.",
     ),
 ]
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -142,72 +133,26 @@ class FleetOptions:
     allow_degraded: AllowDegradedOpt = False
 
 
-def _kind(fleet: Fleet, opts: FleetOptions) -> BackendKind:
-    if opts.backend_kind == "auto":
-        return "local" if fleet.spec.sandbox is not None else "kubernetes"
-    return opts.backend_kind
+def _operation(st: Stack, opts: FleetOptions) -> RolloutOperation:
+    """``st``'s rollout operation as ``opts`` describe it."""
+    backend = BackendConfig(opts.backend_kind, opts.known_hosts, opts.identity, opts.kube_server,
+                            opts.kube_token_file, opts.kube_ca_file)  # fmt: skip
+    routers = RouterTargets(tuple(opts.routers or ()), opts.router_service, opts.router_metrics_port)
+    with _refusals():
+        return RolloutOperation.open(StackState.for_stack(st.name, opts.state_dir), load_fleet(st.name, st.spec),
+                                     backend, routers, router_grace_s=opts.router_grace_s,
+                                     allow_degraded=opts.allow_degraded)  # fmt: skip
 
 
-def _backend(fleet: Fleet, paths: StackState, opts: FleetOptions) -> Backend:
-    """The backend ``opts`` names, over ``fleet``."""
-    kind = _kind(fleet, opts)
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """Bad input (a refused request, a held lock, an unreadable journal) exits 2; a platform that fails, 1."""
     try:
-        if kind == "local":
-            from serving.sandbox.backend import LocalBackend  # noqa: PLC0415 - loads the router launcher
-
-            return LocalBackend(fleet, paths.sandbox_dir)
-        if kind == "ssh":
-            require_file(opts.known_hosts, "--known-hosts", "the SSH backend verifies every host key")
-            require_file(opts.identity, "--identity", "pass an existing private key, or none to use your agent")
-            return SshBackend(fleet, known_hosts=opts.known_hosts, identity=opts.identity)
-        if opts.kube_server is None:
-            api = KubeApi.in_cluster()
-        else:
-            token = opts.kube_token_file.read_text().strip() if opts.kube_token_file else None
-            api = KubeApi(opts.kube_server, token, opts.kube_ca_file)
-        return KubernetesBackend(fleet, api)
-    except (BackendError, OSError) as exc:
-        fail(f"--backend {kind}: {exc}")
-
-
-def _endpoints(fleet: Fleet, opts: FleetOptions) -> Endpoints:
-    """Every router instance: ``--router`` and/or ``--router-service``; on Kubernetes the gateway's headless Service by
-    default, in a sandbox its routers. Their metrics: ``--router-metrics-port`` on each instance's host, by default
-    the port the stack renders (a sandbox's routers: each one's own port, from the stack)."""
-    spec = fleet.spec
-    kind = _kind(fleet, opts)
-    routers = tuple(r.rstrip("/") for r in opts.routers or ())
-    service = opts.router_service
-    if spec.sandbox is not None and opts.router_metrics_port is None:
-        if not routers and service is None:
-            return sandbox_endpoints(spec)
-        known = dict(sandbox_routers(spec))
-        if unknown := [r for r in routers if r not in known]:
-            fail(
-                f"--router {unknown[0]} is not a router of sandbox {fleet.name!r} (its routers listen on "
-                f"{', '.join(known)}): name those, or give --router-metrics-port for routers of your own"
-            )
-        return Endpoints(routers, tuple(known[r] for r in routers), service)
-    if kind == "ssh" and service is None and len(routers) < spec.scheduler.instances:
-        fail(
-            f"{len(routers)} --router given, but the stack runs scheduler.instances = {spec.scheduler.instances} router "
-            "instances: each must be told of every membership change and the gates must read every one's metrics. "
-            "Pass --router http://HOST:PORT once for each router instance"
-        )
-    if service is None and not routers and kind == "kubernetes":
-        http_port = gateway.cluster_router(fleet).port
-        service = f"{gateway.PODS_SERVICE}.{spec.kubernetes.namespace}.svc:{http_port}"
-    if not routers and service is None:
-        fail("no router instance given: pass --router http://HOST:PORT for each router instance")
-    metrics_port = opts.router_metrics_port or gateway.cluster_router(fleet).metrics_port
-    return Endpoints(routers, router_service=service, metrics_port=metrics_port)
-
-
-def _latest(paths: StackState) -> RolloutState | None:
-    try:
-        return load_state(paths.journal_path)
-    except JournalError as exc:
+        yield
+    except (RolloutInputError, LockedError, JournalError) as exc:
         fail(str(exc))
+    except PlatformError as exc:
+        fail(str(exc), EXIT_PROBLEM)
 
 
 # ----------------------------------------------------------------------------------------- display
@@ -217,8 +162,8 @@ class Display:
     """Live progress (batch, phase, gate values) on a terminal; plain event lines otherwise. The plan is the
     one the run reports (planned from the fleet once the run has started)."""
 
-    def __init__(self, backend: Backend, *, quiet_stdout: bool) -> None:
-        self.backend = backend
+    def __init__(self, *, quiet_stdout: bool) -> None:
+        self.backend_name = ""
         self.out = err_console if quiet_stdout else console
         self.live: Live | None = None
         self.message = ""
@@ -235,6 +180,10 @@ class Display:
         if self.live is not None:
             self.live.update(self._render())
             self.live.__exit__(None, None, None)
+
+    def via(self, backend: str) -> None:
+        """The backend the run goes through, for the table's title."""
+        self.backend_name = backend
 
     def note(self, text: str) -> None:
         """A line for the operator before the run (what the fleet runs, where the journal disagrees)."""
@@ -257,7 +206,7 @@ class Display:
         plan = s.plan
         lim = plan.limits
         table = Table(
-            title=f"{plan.kind} {plan.stack}: {plan.from_version} → {plan.to_version} via {self.backend.name}",
+            title=f"{plan.kind} {plan.stack}: {plan.from_version} → {plan.to_version} via {self.backend_name}",
             caption=f"gates: QPS drop ≤ {lim.max_qps_drop:.0%}, P99 rise ≤ {lim.max_p99_rise:.0%}, "
             f"error rate ≤ {lim.max_error_rate:.2%}",
         )
@@ -286,95 +235,30 @@ def _pct(v: float | None, digits: int = 1) -> str:
     return "" if v is None else f"{v:.{digits}%}"
 
 
-def _finish(result: RunResult, as_json: bool, *, ok: set[Outcome]) -> NoReturn:
-    done = result.state.outcome in ok
-    if as_json:
-        emit_json(result.report, stack=result.report["stack"], ok=done)
+def _finish(stack: str, outcome: Planned | Ran | NothingToDo, as_json: bool) -> NoReturn:
+    """Present what the operation did; exit 0 when it reached what was asked (a dry run, nothing to do), 1 if not."""
+    if isinstance(outcome, Planned):
+        _show_plan(stack, outcome, as_json)
+    elif isinstance(outcome, NothingToDo):
+        _nothing_to_do(stack, outcome, as_json)
+    elif as_json:
+        emit_json(outcome.result.report, stack=outcome.result.report["stack"], ok=outcome.done)
     else:
-        _print_report(result)
-    raise typer.Exit(EXIT_OK if done else EXIT_PROBLEM)
+        _print_report(outcome)
+    raise typer.Exit(EXIT_OK if not isinstance(outcome, Ran) or outcome.done else EXIT_PROBLEM)
 
 
-def _print_report(result: RunResult) -> None:
-    rep = result.report
+def _print_report(ran: Ran) -> None:
+    rep = ran.result.report
     console.print(
         f"[bold]{rep['outcome']}[/]: {rep['from_version']} → {rep['to_version']} on stack {rep['stack']}, "
         f"{rep['client_errors']} client-facing errors"
     )
-    if result.state.reason:
-        console.print(f"reason: {result.state.reason}", markup=False, highlight=False)
-    if rep["held"]:
-        console.print(f"held (left as they were): {listed(list(rep['held']))}", markup=False, highlight=False)
-    console.print("final versions: " + FleetView(rep["final_versions"]).summary(), markup=False, highlight=False)
-
-
-def _sync(display: Display, work: Coroutine[Any, Any, T]) -> T:
-    """Run ``work`` (one event loop for the backend's connections) under the display; bad input exits 2, a
-    platform that fails exits 1."""
-
-    async def closing() -> T:  # the backend's connections close in the loop that opened them
-        try:
-            return await work
-        finally:
-            await display.backend.aclose()
-
-    try:
-        with display:
-            return asyncio.run(closing())
-    except RolloutInputError as exc:
-        fail(str(exc))
-    except (httpx.HTTPError, BackendError) as exc:
-        fail(str(exc), EXIT_PROBLEM)
-
-
-def _continue(
-    paths: StackState, backend: Backend, endpoints: Endpoints, opts: FleetOptions, fleet: Fleet, event: str
-) -> RunResult:
-    """Continue the journal's rollout with an operator event (``resume`` or ``rollback``): the journal drives."""
-    display = Display(backend, quiet_stdout=opts.as_json)
-    replica_ids = [r.id for r in fleet.plan.replicas]
-    work = run(paths, backend, endpoints, fleet=replica_ids, operator_event="resume" if event == "resume" else "rollback",
-               progress=display, router_grace_s=opts.router_grace_s)  # fmt: skip
-    return _sync(display, work)
-
-
-def _from_fleet(
-    fleet: Fleet,
-    paths: StackState,
-    backend: Backend,
-    endpoints: Endpoints,
-    opts: FleetOptions,
-    decide: Callable[[FleetView], Scope],
-    latest: RolloutState | None,
-) -> NoReturn:
-    """Read what the fleet runs, plan from it with ``decide``, and run that plan (or say there is nothing to do)."""
-    display = Display(backend, quiet_stdout=opts.as_json)
-    replica_ids = [r.id for r in fleet.plan.replicas]
-
-    async def work() -> tuple[Scope, RunResult | None]:
-        scope = decide(await observe(backend, replica_ids, latest))
-        for line in scope.notes():
-            display.note(line)
-        if scope.plan is None:
-            return scope, None
-        result = await run(paths, backend, endpoints, fleet=replica_ids, plan=scope.plan, scope=scope, progress=display,
-                           router_grace_s=opts.router_grace_s)  # fmt: skip
-        return scope, result
-
-    scope, result = _sync(display, work())
-    if result is None:
-        _nothing_to_do(fleet, scope, opts.as_json)
-    _finish(result, opts.as_json, ok={Outcome.COMPLETED})
-
-
-def _decide(
-    fleet: Fleet, backend: Backend, opts: FleetOptions, to: str, kind: PlanKind
-) -> Callable[[FleetView], Scope]:
-    def decide(view: FleetView) -> Scope:
-        return plan_from_fleet(fleet, view, to, kind=kind, allow_degraded=opts.allow_degraded,
-                               whole_groups=backend.updates_whole_groups)  # fmt: skip
-
-    return decide
+    if ran.result.state.reason:
+        console.print(f"reason: {ran.result.state.reason}", markup=False, highlight=False)
+    if ran.held:
+        console.print(f"held (left as they were): {ran.held}", markup=False, highlight=False)
+    console.print("final versions: " + ran.final_versions, markup=False, highlight=False)
 
 
 # ----------------------------------------------------------------------------------------- rollout
@@ -390,81 +274,40 @@ def rollout(
 ) -> None:
     """Roll the fleet to a new version in rollout.batches batches with metric gates; roll back on a breach.
     Plans from what each replica runs: replicas already on the version are left alone."""
+    display = Display(quiet_stdout=opts.as_json or dry_run)
     st = resolve_stack(opts.stack, opts.stack_file)
     if resume == (to is not None):
         fail("give either --to VERSION (a new rollout) or --resume (continue the unfinished one)")
     if dry_run and to is None:
         fail("--dry-run plans a new rollout: give --to VERSION instead of --resume")
-    paths = stack_state(st, opts.state_dir)
-    fleet = load_fleet(st.name, st.spec)
-    backend = _backend(fleet, paths, opts)
-    if to is not None:
-        try:
-            check_version(to, st.spec, backend)
-        except RolloutInputError as exc:
-            fail(str(exc))
-    if dry_run and to is not None:
-        _dry_run(fleet, paths, backend, _decide(fleet, backend, opts, to, "rollout"), opts.as_json)
-        return
-    endpoints = _endpoints(fleet, opts)
-    with locked(paths, f"rollout {'--resume' if resume else '--to ' + str(to)}"):
-        latest = _latest(paths)
-        if to is None:  # --resume
-            if latest is None or latest.finished:
-                fail(f"nothing to resume on stack {st.name!r}: no unfinished rollout in {paths.journal_path}")
-            _finish(_continue(paths, backend, endpoints, opts, fleet, "resume"), opts.as_json, ok={Outcome.COMPLETED})
-        if latest is not None and not latest.finished:
-            fail(unfinished_message(latest, st.name))
-        decide = _decide(fleet, backend, opts, to, "rollout")
-        _from_fleet(fleet, paths, backend, endpoints, opts, decide, latest)
+    op = _operation(st, opts)
+    outcome: Planned | Ran | NothingToDo
+    with _refusals():
+        if dry_run and to is not None:
+            outcome = op.dry_run(to, display)
+        else:
+            outcome = op.start(to, display) if to is not None else op.resume(display)
+    _finish(st.name, outcome, opts.as_json)
 
 
-def _nothing_to_do(fleet: Fleet, scope: Scope, as_json: bool) -> NoReturn:
-    version, view = scope.to_version, scope.view
+def _nothing_to_do(stack: str, nothing: NothingToDo, as_json: bool) -> None:
     if as_json:
-        emit_json(
-            {"from_version": version, "to_version": version, "outcome": "completed", "batches": [],
-             "client_errors": 0, "final_versions": view.final_versions(), **scope.report()},
-            stack=fleet.name, ok=True,
-        )  # fmt: skip
-    else:
-        for line in scope.notes():
-            console.print(line, markup=False, highlight=False)
-        which = "every replica" if not scope.held else f"every replica not held ({len(scope.held)} held)"
-        console.print(f"nothing to do: on stack {fleet.name} {which} runs {version} ({view.summary()})")
-    raise typer.Exit(EXIT_OK)
-
-
-def _dry_run(
-    fleet: Fleet,
-    paths: StackState,
-    backend: Backend,
-    decide: Callable[[FleetView], Scope],
-    as_json: bool,
-) -> None:
-    latest = _latest(paths)
-    replica_ids = [r.id for r in fleet.plan.replicas]
-
-    async def work() -> Scope:
-        return decide(await observe(backend, replica_ids, latest))
-
-    scope = _sync(Display(backend, quiet_stdout=True), work())
-    plan = scope.plan
-    if plan is None:
-        _nothing_to_do(fleet, scope, as_json)
-    t = plan.timings
-    if as_json:
-        emit_json(
-            {**plan.to_json(), "dry_run": True, "configured_wait_s": plan.configured_wait_s(),
-             "worst_case_s": plan.worst_case_s(), **scope.report()},
-            stack=fleet.name, ok=True,
-        )  # fmt: skip
+        emit_json(nothing.report, stack=stack, ok=True)
         return
-    for line in scope.notes():
+    for line in nothing.notes:
         console.print(line, markup=False, highlight=False)
-    table = Table(
-        title=f"rollout plan {fleet.name}: {plan.from_version} → {plan.to_version} ({len(plan.batches)} batches)"
-    )
+    which = "every replica" if not nothing.held else f"every replica not held ({nothing.held} held)"
+    console.print(f"nothing to do: on stack {stack} {which} runs {nothing.to_version} ({nothing.versions})")
+
+
+def _show_plan(stack: str, planned: Planned, as_json: bool) -> None:
+    plan, t = planned.plan, planned.plan.timings
+    if as_json:
+        emit_json(planned.report, stack=stack, ok=True)
+        return
+    for line in planned.notes:
+        console.print(line, markup=False, highlight=False)
+    table = Table(title=f"rollout plan {stack}: {plan.from_version} → {plan.to_version} ({len(plan.batches)} batches)")
     for col in ("batch", "replicas", "racks", "nodes", "first replicas"):
         table.add_column(col)
     for b in plan.batches:
@@ -475,8 +318,8 @@ def _dry_run(
     console.print(
         f"per batch: remove → drain (≤ {t.drain_timeout_s:g} s) → update → health (≤ {t.health_timeout_s:g} s) → "
         f"warm-up {t.warmup_s:g} s at {t.warmup_share:.0%} → readmit → soak {t.interval_s:g} s; "
-        f"baseline {t.baseline_window_s:g} s first.\nconfigured waits {plan.configured_wait_s():g} s, "
-        f"worst case {plan.worst_case_s():g} s. Nothing was changed (--dry-run)."
+        f"baseline {t.baseline_window_s:g} s first.\nconfigured waits {planned.configured_wait_s:g} s, "
+        f"worst case {planned.worst_case_s:g} s. Nothing was changed (--dry-run)."
     )
 
 
@@ -489,21 +332,9 @@ def rollback(opts: FleetOptions) -> None:
     """Return the fleet to the last stable version: undo an unfinished or paused rollout, or bring every replica
     that runs something else back to the version the journal's last rollout started from (a completed one is
     reverted), batch by batch with the same drain discipline."""
+    display = Display(quiet_stdout=opts.as_json)
     st = resolve_stack(opts.stack, opts.stack_file)
-    paths = stack_state(st, opts.state_dir)
-    fleet = load_fleet(st.name, st.spec)
-    backend = _backend(fleet, paths, opts)
-    endpoints = _endpoints(fleet, opts)
-    with locked(paths, "rollback"):
-        latest = _latest(paths)
-        if latest is not None and not latest.finished:
-            event = "resume" if not latest.plan.gated else "rollback"
-            result = _continue(paths, backend, endpoints, opts, fleet, event)
-            _finish(result, opts.as_json, ok={Outcome.ROLLED_BACK, Outcome.COMPLETED})
-        if latest is None:
-            decide: Callable[[FleetView], Scope] = lambda view: Scope(st.spec.serving.version, None, {}, view)  # noqa: E731
-        else:
-            # A gated rollout's stable version is its from-version (a completed one is reverted); a revert's, its target.
-            stable = latest.plan.from_version if latest.plan.gated else latest.plan.to_version
-            decide = _decide(fleet, backend, opts, stable, "revert")
-        _from_fleet(fleet, paths, backend, endpoints, opts, decide, latest)
+    op = _operation(st, opts)
+    with _refusals():
+        outcome = op.rollback(display)
+    _finish(st.name, outcome, opts.as_json)

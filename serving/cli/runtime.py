@@ -100,10 +100,14 @@ def _restarter(
         from serving.sandbox.runtime import SandboxRestarter  # noqa: PLC0415
 
         return SandboxRestarter(fleet, stack_state(st, state_dir).sandbox_dir)
-    from serving.cli.rollout import FleetOptions, _backend  # noqa: PLC0415 - one backend factory for both
+    from serving.rollout.operation import BackendConfig, open_backend  # noqa: PLC0415 - loads the ssh client
+    from serving.rollout.session import RolloutInputError  # noqa: PLC0415
 
-    opts = FleetOptions(backend_kind=kind, known_hosts=known_hosts, identity=identity)
-    return BackendRestarter(fleet, _backend(fleet, stack_state(st, state_dir), opts))
+    config = BackendConfig(kind, known_hosts=known_hosts, identity=identity)
+    try:
+        return BackendRestarter(fleet, open_backend(fleet, stack_state(st, state_dir), config))
+    except RolloutInputError as exc:
+        fail(str(exc))
 
 
 def _election(st: Stack, kind: str, etcd: list[str] | None, identity: str) -> Election:

@@ -8,9 +8,6 @@ measured first) CPU the sandbox needs, 1 when the sandbox did not start or the l
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable
 from typing import Annotated
 
 import typer
@@ -29,14 +26,9 @@ from serving.cli.options import (
     fail,
     resolve_stack,
 )
-from serving.cli.state import locked, stack_state
-from serving.fleet_http import FleetHttp, HttpFailure
-from serving.plan.loader import load_fleet
 from serving.plan.model import Fleet
-from serving.rollout.backends import BackendError
-from serving.rollout.journal import StackState
+from serving.rollout.journal import LockedError
 from serving.sandbox.endpoints import sandbox_endpoints
-from serving.spec.stack import SpecError, Stack
 
 SANDBOX_STACK = "sandbox"
 sandbox_app = typer.Typer(
@@ -78,46 +70,16 @@ def sandbox_up(
     """Start the real router on loopback and one simulated worker per replica at the stack's version; with
     sandbox.runtime the runtime layer, with sandbox.prometheus a real Prometheus server (started last)."""
     st = resolve_stack(stack, stack_file)
-    if st.spec.sandbox is None and not simulate:
-        fail(
-            f"stack {st.name!r} has no sandbox: section; `exaserve sandbox` runs only sandbox stacks, or add "
-            "--simulate to rehearse this one's replicas as simulated workers on loopback"
-        )
-    if st.spec.sandbox is not None and simulate:
-        fail(f"stack {st.name!r} already has a sandbox: section; run `exaserve sandbox up` without --simulate")
-    from serving.sandbox import capacity, processes, scale  # noqa: PLC0415 - loads aiohttp, the router launcher
+    from serving.sandbox import lifecycle, scale  # noqa: PLC0415 - loads aiohttp, the router launcher
     from serving.sandbox.prometheus import prometheus_url  # noqa: PLC0415
 
-    paths = StackState.for_stack(scale.simulated_name(st.name), state_dir) if simulate else stack_state(st, state_dir)
-    with locked(paths, "sandbox up"):
-        processes.stop_all(processes.StateDir(paths.sandbox_dir))
-        fleet = load_fleet(st.name, st.spec)
-        if simulate:
-            try:
-                st = scale.write_simulated_stack(st, fleet.plan, state_dir)
-            except (SpecError, ValueError, processes.SandboxError) as exc:
-                fail(f"cannot derive the simulated stack: {exc}")
-            fleet = load_fleet(st.name, st.spec)  # the derived stack's own fleet
-        costs = None
-        if simulate:
-            err_console.print(
-                f"measuring this machine's CPU costs: {capacity.CALIBRATION_WORKERS} simulated workers, "
-                f"{capacity.CALIBRATION_PROBES:,} agent probes",
-                highlight=False,
-            )
-            try:
-                costs = capacity.measure_costs()
-            except processes.SandboxError as exc:
-                fail(f"sandbox of {st.name!r} not started: {exc}", EXIT_PROBLEM)
-        try:
-            need = scale.check_machine(fleet, costs=costs, cpu_share=cpu_share)
-        except scale.MachineTooSmall as exc:
-            fail(f"sandbox of {st.name!r} not started: {exc}")
-        try:
-            urls, runtime = asyncio.run(_start_sandbox(st, paths, fleet))
-        except (processes.SandboxError, BackendError, TimeoutError) as exc:
-            processes.stop_all(processes.StateDir(paths.sandbox_dir))
-            fail(f"sandbox did not start: {exc}", EXIT_PROBLEM)
+    try:
+        started = lifecycle.up(st, state_dir, simulate=simulate, cpu_share=cpu_share, note=_note)
+    except (lifecycle.SandboxInputError, LockedError) as exc:
+        fail(str(exc))
+    except lifecycle.SandboxStartError as exc:
+        fail(str(exc), EXIT_PROBLEM)
+    st, fleet, urls, runtime, need = started.stack, started.fleet, started.workers, started.runtime, started.needs
     assert st.spec.sandbox is not None
     ep = sandbox_endpoints(st.spec)
     prom_url = prometheus_url(st.spec) if st.spec.sandbox.prometheus else None
@@ -180,91 +142,8 @@ def _layout_table(fleet: Fleet, urls: dict[str, tuple[str, str]], router: str, m
     return table
 
 
-async def _start_sandbox(
-    st: Stack, paths: StackState, fleet: Fleet
-) -> tuple[dict[str, tuple[str, str]], dict[str, list[str]] | None]:
-    from serving.sandbox import processes  # noqa: PLC0415
-    from serving.sandbox.backend import node_groups, router_flags, worker_config, worker_name  # noqa: PLC0415
-    from serving.sandbox.runtime import start_extra_routers, start_runtime  # noqa: PLC0415
-    from serving.sandbox.worker_host import start_host  # noqa: PLC0415
-
-    spec = fleet.spec
-    assert spec.sandbox is not None
-    state = processes.StateDir(paths.sandbox_dir)
-    budget = spec.serving.startup_budget_s
-    configs = {r.id: worker_config(spec, r, spec.group_version(r.group)) for r in fleet.plan.replicas}
-    if spec.sandbox.nodes_per_process is None:
-        await asyncio.gather(
-            *(
-                asyncio.to_thread(processes.start_worker, state, worker_name(c.port), c, wait="started")
-                for c in configs.values()
-            )
-        )
-    else:
-        by_port = {c.port: c for c in configs.values()}
-        await asyncio.gather(
-            *(
-                asyncio.to_thread(
-                    start_host,
-                    state,
-                    g.index,
-                    [by_port[p] for p in g.ports],
-                    spec.sandbox.control_base_port + g.index,
-                    timeout_s=budget,
-                )
-                for g in node_groups(fleet)
-            )
-        )
-    await _healthy([c.url for c in configs.values() if not c.never_ready], budget)
-    ready = sum(not c.never_ready for c in configs.values())
-    worker_urls = [c.url for c in configs.values()]
-    flags = router_flags(fleet, worker_urls)
-    routers: list[Awaitable[object]] = [
-        asyncio.to_thread(processes.start_router, state, flags, healthy_workers=ready, timeout_s=budget)
-    ]
-    if spec.sandbox.runtime:  # every router at once: each one's registration of the workers takes its own CPU time
-        routers.append(
-            asyncio.to_thread(start_extra_routers, state, fleet, worker_urls, healthy=ready, timeout_s=budget)
-        )
-    await asyncio.gather(*routers)
-    runtime = None
-    if spec.sandbox.runtime:
-        runtime = await asyncio.to_thread(
-            start_runtime, state, fleet, stack_file=st.path, state_dir=paths.root.parent, timeout_s=budget
-        )
-    if spec.sandbox.prometheus:  # last: its first scrapes find everything up
-        from serving.sandbox.prometheus import start_prometheus  # noqa: PLC0415
-
-        await asyncio.to_thread(start_prometheus, state, fleet, timeout_s=budget)
-    return {rid: (c.url, c.version) for rid, c in configs.items()}, runtime
-
-
-async def _healthy(urls: list[str], budget: float) -> None:
-    """Until every worker's ``/health`` answers 200; TimeoutError past ``serving.startup_budget_s``."""
-    deadline = time.monotonic() + budget
-    http = FleetHttp(timeout_s=1.0)
-
-    async def ok(url: str) -> bool:
-        try:
-            return (await http.get(url + "/health")).status == 200
-        except HttpFailure:
-            return False
-
-    pending = set(urls)
-    try:
-        while pending:
-            order = sorted(pending)
-            answers = await asyncio.gather(*(ok(u) for u in order))
-            pending -= {u for u, good in zip(order, answers, strict=True) if good}
-            if pending and time.monotonic() > deadline:
-                shown = ", ".join(sorted(pending)[:8])
-                raise TimeoutError(
-                    f"{len(pending)} workers ({shown}, …) not healthy within serving.startup_budget_s={budget:g}"
-                )
-            if pending:
-                await asyncio.sleep(0.1)
-    finally:
-        await http.aclose()
+def _note(text: str) -> None:
+    err_console.print(text, highlight=False)
 
 
 @sandbox_app.command("down")
@@ -278,12 +157,12 @@ def sandbox_down(
     """Stop every process of the sandbox (the routers first), Prometheus and the runtime layer included; with
     --simulate, of the stack's simulated sandbox."""
     st = resolve_stack(stack, stack_file)
-    from serving.sandbox import processes, scale  # noqa: PLC0415
+    from serving.sandbox import lifecycle  # noqa: PLC0415
 
-    name = scale.simulated_name(st.name) if simulate else st.name
-    paths = StackState.for_stack(name, state_dir)
-    with locked(paths, "sandbox down"):
-        stopped = processes.stop_all(processes.StateDir(paths.sandbox_dir))
+    try:
+        name, stopped = lifecycle.down(st, state_dir, simulate=simulate)
+    except LockedError as exc:
+        fail(str(exc))
     if as_json:
         emit_json({"stopped": stopped}, stack=name, ok=True)
     else:

@@ -1,5 +1,6 @@
-"""The per-stack state directory and its lock, as the commands that change a fleet use them (``rollout``,
-``rollback``, ``sandbox up|down``): one updater per stack at a time, a held lock is bad input (exit 2)."""
+"""The per-stack state directory and its lock, as commands use them (``drill``; ``rollout``, ``rollback`` and
+``sandbox up|down`` hold it below the command line, in :mod:`serving.rollout.operation` and
+:mod:`serving.sandbox.lifecycle`): one updater per stack at a time, a held lock is bad input (exit 2)."""
 
 from __future__ import annotations
 

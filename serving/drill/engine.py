@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,17 @@ from typing import Any, Protocol
 import httpx
 
 from serving.drill.measure import Check, Gates, Measured, Probe, judge, measure, out_and_back
-from serving.drill.scenarios import Component, Fault, FaultKind, FaultSizes, Scenario, Target
+from serving.drill.scenarios import (
+    Component,
+    Fault,
+    FaultKind,
+    FaultSizes,
+    Scenario,
+    Target,
+    TargetName,
+    plan_targets,
+)
+from serving.plan.model import Fleet
 from serving.prometheus_api import FiredAlert, PrometheusError, alerts_fired
 from serving.router.client import parse_workers
 from serving.router.loadgen import LoadGenerator, LoadReport, LoadSpec, RequestResult
@@ -89,6 +100,34 @@ class Settings:
     hold_s: float
     settle_s: float
     min_requests: int  # the client requests the error gate needs to be judged at all (1 / the gate, with margin)
+
+    @classmethod
+    def for_drill(
+        cls, fleet: Fleet, targets: Sequence[Target], sizes: FaultSizes, rate_per_s: float | None = None
+    ) -> Settings:
+        """A drill's settings from the plan: client load enough for the error gate over the baseline and the
+        longest target (or ``rate_per_s``), the updater's baseline window, the fault's hold and the time a
+        restoration may take."""
+        spec = fleet.spec
+        hold = sizes.hold_s.value
+        # the updater's baseline window, and at least 5 heartbeats: a short baseline on a busy machine sets a lax P99 limit
+        baseline = max(spec.rollout.baseline_window_s, 5 * spec.serving.heartbeat_interval_s)
+        gate = plan_targets(fleet)[TargetName.CLIENT_ERRORS].value
+        longest = max([hold, *(t.value for t in targets if t.unit == "s")])
+        return cls(
+            rate_per_s=rate_per_s if rate_per_s is not None else max(10.0, math.ceil(2 / gate / (baseline + longest))),
+            min_requests=math.ceil(1.2 / gate),
+            baseline_s=baseline,
+            probe_s=min(0.1, spec.serving.heartbeat_interval_s / 10),
+            gates=Gates(
+                spec.rollout.max_qps_drop,
+                spec.rollout.max_p99_rise,
+                spec.serving.heartbeat_interval_s,
+                spec.serving.failure_threshold,
+            ),
+            hold_s=hold,
+            settle_s=plan_targets(fleet)[TargetName.RESTORATION].value + spec.serving.startup_budget_s,
+        )
 
 
 @dataclass

@@ -23,10 +23,12 @@ from pathlib import Path
 
 import httpx
 
-from serving.drill.engine import Subject
+from serving.drill.engine import FleetUrls, Subject
 from serving.drill.scenarios import Component, Fault, FaultKind, FaultSizes
 from serving.plan.model import Fleet
+from serving.runtime.controller import replica_urls
 from serving.sandbox.backend import worker_config, worker_name
+from serving.sandbox.endpoints import sandbox_endpoints
 from serving.sandbox.processes import (
     ProcessRecord,
     SandboxError,
@@ -36,6 +38,8 @@ from serving.sandbox.processes import (
     running,
     start_worker,
 )
+from serving.sandbox.prometheus import prometheus_url
+from serving.sandbox.runtime import controller_urls
 from serving.sandbox.worker import FAULT_PATH
 
 
@@ -165,3 +169,20 @@ class SandboxFaults:
             await asyncio.to_thread(start_worker, self.state, name, config, timeout_s=self._budget())
             done.append(f"started {rid} again")
         return done
+
+
+def fleet_urls(fleet: Fleet) -> FleetUrls:
+    """Where a sandbox fleet answers a drill: its routers, controllers (with ``sandbox.runtime``), replicas by node
+    and Prometheus (with ``sandbox.prometheus``)."""
+    spec = fleet.spec
+    assert spec.sandbox is not None  # callers drill sandbox stacks only
+    nodes: dict[str, list[str]] = {}
+    for r in fleet.plan.replicas:
+        nodes.setdefault(r.node.name, []).append(r.id)
+    return FleetUrls(
+        routers=sandbox_endpoints(spec).routers,
+        controllers=tuple(controller_urls(spec)) if spec.sandbox.runtime else (),
+        replicas=replica_urls(fleet.plan),
+        nodes={n: tuple(ids) for n, ids in nodes.items()},
+        prometheus=prometheus_url(spec) if spec.sandbox.prometheus else None,
+    )

@@ -1,6 +1,6 @@
 """Backends: how one batch's replicas get a new version. The updater's core never knows which one runs.
 
-* :mod:`.local` — the sandbox's simulated workers, restarted as local processes;
+* :mod:`.local` — local processes (the sandbox's simulated workers), registered by the sandbox;
 * :mod:`.ssh` — bare-metal nodes: the replica's systemd unit, over paramiko with host keys verified;
 * :mod:`.kubernetes` — the update group's StatefulSet/LeaderWorkerSet, patched through the API server.
 """
