@@ -31,10 +31,6 @@ FAST: dict[str, Any] = {
 }
 LOAD_RATE = 60.0
 
-SANDBOX_GROUPS = (
-    2  # two tests of a minute or more, each on a fleet it sets up itself: a sandbox each (tests/conftest.py)
-)
-
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:

@@ -43,9 +43,8 @@ from tests.support.sandbox import Sandbox, running_sandbox
 INTERVAL_S = 1.0
 PENALTY, REWARD = 5, 1
 
-SANDBOX_GROUPS = (
-    2  # each test waits for a whole, led fleet first (healthy_fleet, leader_status): a sandbox each (tests/conftest.py)
-)
+# each test waits for a whole, led fleet first (healthy_fleet, leader_status): a sandbox each (tests/conftest.py)
+SANDBOX_GROUPS = 2
 
 
 @pytest.fixture(scope="module")
