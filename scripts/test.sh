@@ -36,16 +36,22 @@ gpu=""  # gpu-marked tests run where torch sees a CUDA device; elsewhere they ar
 if [[ $(python -m tests.support.gpu 2>/dev/null) == 0 ]]; then gpu=" and not gpu"; echo "== no CUDA device: gpu tests deselected"; fi
 mkdir -p test-output
 ran=0 failed=0
-phase() {  # phase NAME MARKERS WORKERS DIST [PYTEST_ARGS…]; exit 5 (nothing selected) is not a failure here, and a
-  # failed phase does not stop the next one (CI's log shows both); the script's status is the first failure's
+phase() {  # phase NAME MARKERS WORKERS DIST [PYTEST_ARGS…]; exit 5 (nothing selected) is a failure only in a whole run
+  # (PYTEST_ARGS may select one phase's tests); a failed phase does not stop the next one (CI's log shows both); the
+  # script's status is the first failure's
   local name=$1 markers=$2 workers=$3 dist=$4 rc=0 start=$SECONDS
   shift 4
   echo "== pytest: $name (-m '$markers', $workers workers)"
   pytest -q -p no:cacheprovider -m "$markers" -n "$workers" --dist "$dist" --durations=10 \
     --junitxml="test-output/pytest-$name.xml" "$@" || rc=$?
   echo "== pytest: $name: exit $rc after $((SECONDS - start)) s"
+  if ((rc == 5 && !selecting)); then  # a whole run where a phase selects nothing: the markers broke, not a pass
+    echo "test.sh: phase $name selected no test (-m '$markers'); tests/conftest.py marks them" >&2
+    rc=1
+  fi
   if ((rc == 0)); then ran=1; elif ((rc != 5)); then ran=1; ((failed)) || failed=$rc; fi
 }
+selecting=$(($# > 0))  # PYTEST_ARGS may select tests of one phase only
 if ((fast)); then
   phase fast "not sandbox and not hosts and not slow$gpu" 2 loadfile "$@"
 else

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from serving.sandbox.processes import FIRST_SANDBOX_PORT, PORT_SEARCH_START, ephemeral_port_range
 from tests.support.ci import unavailable
 from tests.support.gpu import cuda_device_count
 from tests.support.hosts.netns import HostPool, unavailable_reason
@@ -19,12 +20,14 @@ from tests.support.sandbox import running_sandbox
 from tests.support.systemd import make_systemd_root
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker names each item's group from these markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark what scripts/test.sh schedules by:
 
     * ``hosts``: the test uses the SSH test hosts (the ``ssh_hosts`` fixture);
     * ``sandbox``: its module brings up a sandbox (it imports ``running_sandbox``): real routers, simulated workers,
-      etcd and Prometheus, waited on in real time. Each such module is one ``xdist_group``, so that one worker brings
+      etcd and Prometheus, waited on in real time; a module that starts such processes itself says so with
+      ``pytestmark = pytest.mark.sandbox``. Each such module is one ``xdist_group``, so that one worker brings
       its module-scoped sandbox up once; a module that sets ``SANDBOX_GROUPS = N`` is dealt round-robin into N groups,
       each with a sandbox of its own on its own worker (its tests must not depend on each other's order).
     """
@@ -33,9 +36,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "ssh_hosts" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.hosts)
         module = getattr(item, "module", None)
-        if module is None or getattr(module, "running_sandbox", None) is not running_sandbox:
+        if module is None:
             continue
-        item.add_marker(pytest.mark.sandbox)
+        if getattr(module, "running_sandbox", None) is running_sandbox:
+            item.add_marker(pytest.mark.sandbox)
+        elif item.get_closest_marker("sandbox") is None:
+            continue
         name = module.__name__.rsplit(".", 1)[-1]
         index = position[name] = position.get(name, -1) + 1
         groups = int(getattr(module, "SANDBOX_GROUPS", 1))
@@ -46,6 +52,20 @@ def pytest_configure(config: pytest.Config) -> None:
     """A wide terminal for the CLI run in-process (tests/support/cli.py), as the subprocesses get: rich reads
     ``COLUMNS`` when a console is made, at the CLI's import, and would otherwise wrap messages at 80 columns."""
     os.environ["COLUMNS"] = "200"
+    _own_ports()
+
+
+def _own_ports() -> None:
+    """Under pytest-xdist each worker searches for free ports from its own share of the ports outside the ephemeral
+    range (``$EXASERVE_PORT_SEARCH_START``, inherited by the sandboxes it starts): a port found free is bound only
+    later, by the process started on it, so two workers searching from nearby starts could pick overlapping blocks."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    low, high = ephemeral_port_range()
+    ports = [*range(FIRST_SANDBOX_PORT, min(low, 65536)), *range(max(high + 1, FIRST_SANDBOX_PORT), 65536)]
+    os.environ[PORT_SEARCH_START] = str(ports[len(ports) * int(worker.removeprefix("gw")) // max(count, 1)])
 
 
 # --- GPU tests (marked gpu) ----------------------------------------------------------------------

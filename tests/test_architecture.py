@@ -197,3 +197,35 @@ def test_no_test_module_imports_another_and_shared_stand_ins_live_in_tests_suppo
         )
     ]
     assert loose == [], f"helpers outside tests/support/: {loose}"
+
+
+def test_xdist_keeps_a_group_on_one_worker(tmp_path: Path) -> None:
+    """scripts/test.sh's wait-bound phase relies on ``--dist loadgroup``: the tests of one group (a module and its
+    sandbox; tests/conftest.py marks them in a collection hook, as here) run on one worker, in file order. pytest 9.2
+    broke it silently for pytest-xdist 3.8 (pyproject.toml pins pytest below it)."""
+    (tmp_path / "conftest.py").write_text(
+        "import pytest\n\n"
+        "@pytest.hookimpl(tryfirst=True)\n"
+        "def pytest_collection_modifyitems(config, items):\n"
+        "    for item in items:\n"
+        "        item.add_marker(pytest.mark.xdist_group(item.module.__name__))\n"
+    )
+    for name in ("a", "b"):
+        (tmp_path / f"test_{name}.py").write_text(
+            "import os, time\n"
+            + "".join(
+                f"def test_{i}():\n    time.sleep(0.2)\n    print('ran', os.environ['PYTEST_XDIST_WORKER'])\n"
+                for i in range(4)
+            )
+        )
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", "-v", str(tmp_path)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ran = [line.split() for line in proc.stdout.splitlines() if " PASSED " in line]
+    assert len(ran) == 8, proc.stdout[-2000:]
+    for module in ("test_a", "test_b"):
+        mine = [(r[0], r[-1]) for r in ran if f"{module}.py::" in r[-1]]
+        assert len({worker for worker, _ in mine}) == 1, f"{module}'s tests ran on several workers: {mine}"
+        assert [test.split("::")[1] for _, test in mine] == [f"test_{i}@{module}" for i in range(4)], mine

@@ -23,6 +23,9 @@ from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack
 from tests.support.stacks import fleet_of, spec_from
 
+# real routers, judged on how soon they detect a worker's failure: the wait-bound phase (tests/conftest.py)
+pytestmark = pytest.mark.sandbox
+
 LOOPBACK = "127.0.0.1"
 
 

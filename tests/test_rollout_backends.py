@@ -281,4 +281,6 @@ def test_the_local_backend_asks_a_replica_that_did_not_answer_once_more_before_i
             await runner.cleanup()
 
     assert asyncio.run(run()) == {slow: "v7", gone: None}
-    assert len(calls) == 2 and calls[1] - calls[0] >= 0.5, calls
+    # asked again once the first read timed out (0.5 s on the client's clock, which starts before the request reaches
+    # this server: here the gap reads up to the request's transit shorter, CI saw 0.499 s), not after the slow answer
+    assert len(calls) == 2 and 0.45 <= calls[1] - calls[0] < 2, calls

@@ -63,6 +63,9 @@ from serving.spec.schema import FleetSpec
 from tests.support.apiserver import RELEASES, ApiServerStandIn
 from tests.support.stacks import fleet_of, spec_from
 
+# real routers and workers, membership changes waited on in real time: the wait-bound phase (tests/conftest.py)
+pytestmark = pytest.mark.sandbox
+
 ROUTERS = 3
 NEW_POD_LOAD_S = 2.0  # a new pod's "model load": its worker listens only after this (a real one: minutes)
 WATCH_POLL_S = 0.02

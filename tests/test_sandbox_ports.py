@@ -15,6 +15,8 @@ from serving.sandbox.processes import (
     EPHEMERAL_PORT_RANGE,
     FIRST_SANDBOX_PORT,
     LINUX_EPHEMERAL_DEFAULT,
+    PORT_SEARCH_START,
+    SandboxError,
     ephemeral_port_range,
     free_port_block,
     free_ports,
@@ -53,6 +55,24 @@ def test_a_taken_port_moves_the_block() -> None:
         held.listen()
         again = free_port_block(3)
     assert not again <= base + 1 < again + 3
+
+
+def test_a_search_start_puts_blocks_and_ports_at_or_above_it_and_a_bad_one_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Parallel test workers (tests/conftest.py) give each its own start: what they pick never overlaps."""
+    low, _high = ephemeral_port_range()
+    starts = [FIRST_SANDBOX_PORT + 500, min(low, 65536) - 600]
+    picked = []
+    for start in starts:
+        monkeypatch.setenv(PORT_SEARCH_START, str(start))
+        base, single = free_port_block(40), free_ports(1)[0]
+        assert start <= base < start + 500 and start <= single < start + 500, (start, base, single)
+        picked.append(set(range(base, base + 40)))
+    assert not picked[0] & picked[1]
+    monkeypatch.setenv(PORT_SEARCH_START, "twenty")
+    with pytest.raises(SandboxError, match=f"{PORT_SEARCH_START}='twenty' is not a port number"):
+        free_port_block(4)
 
 
 def test_free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() -> None:

@@ -106,6 +106,10 @@ LINUX_EPHEMERAL_DEFAULT = (32768, 60999)
 # Below: well-known and registered service ports, then the sandbox stack's own fixed ports (20000-20199, the
 # defaults of serving.spec.schema.SandboxSpec), which a chosen port must not take from a sandbox not yet started.
 FIRST_SANDBOX_PORT = 20200
+# Where the searches for free ports start: a port number. Unset, a per-process offset (a block) or a random start (single
+# ports), so that concurrent runs rarely pick the same; sandboxes brought up side by side on purpose (parallel test
+# workers) give each its own start, since a port found free is bound only later, by the process started on it.
+PORT_SEARCH_START = "EXASERVE_PORT_SEARCH_START"
 
 
 def ephemeral_port_range(path: Path = EPHEMERAL_PORT_RANGE) -> tuple[int, int]:
@@ -124,6 +128,21 @@ def _outside_ephemeral() -> tuple[tuple[int, int], list[range]]:
     return (low, high), [range(FIRST_SANDBOX_PORT, min(low, 65536)), range(max(high + 1, FIRST_SANDBOX_PORT), 65536)]
 
 
+def _search_start(candidates: list[int], default: int) -> int:
+    """The index in ``candidates`` (ascending ports) where a search starts: the first at or above
+    ``$EXASERVE_PORT_SEARCH_START`` when that is set (wrapping to the first), else ``default``."""
+    wanted = os.environ.get(PORT_SEARCH_START)
+    if not wanted or not candidates:
+        return default
+    try:
+        port = int(wanted)
+    except ValueError:
+        raise SandboxError(
+            f"{PORT_SEARCH_START}={wanted!r} is not a port number; set a port (e.g. 24000) or unset it"
+        ) from None
+    return next((i for i, candidate in enumerate(candidates) if candidate >= port), 0)
+
+
 def _no_free_ports(what: str, host: str, ephemeral: tuple[int, int]) -> SandboxError:
     low, high = ephemeral
     return SandboxError(
@@ -137,7 +156,7 @@ def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
     ephemeral range like :func:`free_port_block`'s, from a random start so concurrent runs rarely pick the same."""
     ephemeral, spans = _outside_ephemeral()
     candidates = [port for span in spans for port in span]
-    start = random.randrange(len(candidates)) if candidates else 0
+    start = _search_start(candidates, random.randrange(len(candidates)) if candidates else 0)
     chosen: list[int] = []
     with contextlib.ExitStack() as stack:
         for port in candidates[start:] + candidates[:start]:
@@ -160,11 +179,12 @@ def free_port_block(count: int, host: str = LOOPBACK) -> int:
     """A base port with ``count`` consecutive free ports after it (a sandbox's workers listen on base + index),
     outside the kernel's ephemeral range (:func:`ephemeral_port_range`), so no outgoing connection of this or any
     other process can take one of them between this check and the bind. The search starts at a per-process offset
-    so concurrent runs rarely pick the same block."""
+    so concurrent runs rarely pick the same block (or at ``$EXASERVE_PORT_SEARCH_START``)."""
     ephemeral, spans = _outside_ephemeral()
     bases = [base for span in spans for base in range(span.start, span.stop - count + 1)]
+    start = _search_start(bases, os.getpid() % 500 * 20)
     for step in range(0, len(bases), 37):
-        base = bases[(os.getpid() % 500 * 20 + step) % len(bases)]
+        base = bases[(start + step) % len(bases)]
         with contextlib.ExitStack() as stack:
             try:
                 for port in range(base, base + count):
