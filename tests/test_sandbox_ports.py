@@ -75,6 +75,17 @@ def test_a_search_start_puts_blocks_and_ports_at_or_above_it_and_a_bad_one_is_re
         free_port_block(4)
 
 
+def test_ports_handed_out_are_not_handed_out_again_before_they_are_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block's ports are bound later, by the processes started on them: a single port found next (a worker host's
+    control port) must not be one of them, even from the same search start."""
+    monkeypatch.setenv(PORT_SEARCH_START, str(FIRST_SANDBOX_PORT + 3000))
+    base = free_port_block(16)
+    single = free_ports(4)
+    again = free_port_block(16)
+    assert not set(single) & set(range(base, base + 16)), (base, single)
+    assert not set(range(again, again + 16)) & set(range(base, base + 16)), (base, again)
+
+
 def test_free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() -> None:
     low, high = ephemeral_port_range()
     ports = free_ports(5)

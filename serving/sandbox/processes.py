@@ -110,6 +110,20 @@ FIRST_SANDBOX_PORT = 20200
 # ports), so that concurrent runs rarely pick the same; sandboxes brought up side by side on purpose (parallel test
 # workers) give each its own start, since a port found free is bound only later, by the process started on it.
 PORT_SEARCH_START = "EXASERVE_PORT_SEARCH_START"
+# Ports this process handed out lately (port -> when): found free, but bound only later by the process started on them,
+# so a search here must not find them free again meanwhile (a worker host's control port on its first worker's port).
+_handed_out: dict[int, float] = {}
+HANDED_OUT_S = 120.0  # long enough for what was started on them to bind them (or to have failed)
+
+
+def _taken_lately(ports: range | list[int]) -> bool:
+    now = time.monotonic()
+    return any(now - _handed_out.get(port, -HANDED_OUT_S) < HANDED_OUT_S for port in ports)
+
+
+def _hand_out(ports: range | list[int]) -> None:
+    now = time.monotonic()
+    _handed_out.update(dict.fromkeys(ports, now))
 
 
 def ephemeral_port_range(path: Path = EPHEMERAL_PORT_RANGE) -> tuple[int, int]:
@@ -160,6 +174,8 @@ def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
     chosen: list[int] = []
     with contextlib.ExitStack() as stack:
         for port in candidates[start:] + candidates[:start]:
+            if _taken_lately([port]):
+                continue
             sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
             try:
                 sock.bind((host, port))
@@ -167,6 +183,7 @@ def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
                 continue
             chosen.append(port)
             if len(chosen) == count:
+                _hand_out(chosen)
                 return chosen
     raise _no_free_ports(f"{count} free ports", host, ephemeral)
 
@@ -185,12 +202,15 @@ def free_port_block(count: int, host: str = LOOPBACK) -> int:
     start = _search_start(bases, os.getpid() % 500 * 20)
     for step in range(0, len(bases), 37):
         base = bases[(start + step) % len(bases)]
+        if _taken_lately(range(base, base + count)):
+            continue
         with contextlib.ExitStack() as stack:
             try:
                 for port in range(base, base + count):
                     stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)).bind((host, port))
             except OSError:
                 continue
+            _hand_out(range(base, base + count))
             return base
     raise _no_free_ports(f"block of {count} consecutive free ports", host, ephemeral)
 
