@@ -236,7 +236,9 @@ def check_ports(fleet: Fleet, port_range: Path = EPHEMERAL_PORT_RANGE) -> None:
     low, high = ephemeral_port_range(port_range)
     inside = {field: [p for p in ports if low <= p <= high] for field, ports in sandbox_ports(fleet).items()}
     named = [
-        f"sandbox.{field}={getattr(fleet.spec.sandbox, field)} ({_ports(found)})" for field, found in inside.items() if found
+        f"sandbox.{field}={getattr(fleet.spec.sandbox, field)} ({_ports(found)})"
+        for field, found in inside.items()
+        if found
     ]
     if named:
         raise MachineTooSmall(
