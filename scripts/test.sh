@@ -12,7 +12,7 @@
 #      tests wait on SSH hosts and subprocesses too: two workers kept 1.05 of the 2 cores busy);
 #   2. wait-bound: the `sandbox` tests (tests/conftest.py marks them), one module — or one of a module's
 #      SANDBOX_GROUPS — per worker (--dist loadgroup), each worker with a sandbox of its own. They idle ~85 % of their
-#      wall time, so three workers a core.
+#      wall time, so two workers a core (six starved the timing-sensitive drills and gates on 2 cores).
 # Each phase writes its JUnit XML (per-test times) to test-output/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,7 +56,7 @@ if ((fast)); then
   phase fast "not sandbox and not hosts and not slow$gpu" 2 loadfile "$@"
 else
   phase cpu-bound "not sandbox$gpu" 3 loadfile "$@"
-  phase wait-bound "sandbox$gpu" 6 loadgroup "$@"
+  phase wait-bound "sandbox$gpu" 4 loadgroup "$@"
 fi
 if ((!ran)); then
   echo "test.sh: no test was selected by: $*" >&2
