@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import subprocess
@@ -45,7 +46,9 @@ def exaserve_in_process(
     environment plus ``env``: :func:`exaserve`'s result without a new process. The terminal is as wide as the
     subprocess's: conftest.py sets ``COLUMNS`` before the CLI's consoles are made."""
     with contextlib.chdir(cwd):
-        result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200", **(env or {})})
+        # in a context of its own, as a new process starts: the CLI's context variables (the running command's, which
+        # fail() reads for --json) do not carry over from the previous invocation
+        result = contextvars.Context().run(CliRunner().invoke, app, list(args), env={"COLUMNS": "200", **(env or {})})
     stderr = result.stderr
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         stderr += "".join(traceback.format_exception(result.exception))
