@@ -348,13 +348,25 @@ class _Collector:
         load = GaugeMetricFamily(
             "exaserve_runtime_replica_load", "Weighted load 0.5 GPU + 0.3 memory + 0.2 network.", labels=["replica"]
         )
+        quarantined = GaugeMetricFamily(
+            "exaserve_runtime_replica_quarantined",
+            "1 while the replica is quarantined: runtime.quarantine_after restarts in a row did not bring it back.",
+            labels=["replica"],
+        )
+        restarts = GaugeMetricFamily(
+            "exaserve_runtime_replica_restarts_in_a_row",
+            "Restarts of the replica without stable service since (the back-off's exponent).",
+            labels=["replica"],
+        )
         loads = self.s._loads
         for rid, rec in ctl.replicas.items():
             score.add_metric([rid, rec.node], rec.score)
             rotation.add_metric([rid], float(rec.in_rotation))
             state.add_metric([rid, ctl.replica_state(rid)], 1.0)
             load.add_metric([rid], loads.get(rid, 0.0))
-        yield from (node_score, node_suspect, node_last, score, rotation, state, load)
+            quarantined.add_metric([rid], float(rec.quarantined))
+            restarts.add_metric([rid], rec.restarts)
+        yield from (node_score, node_suspect, node_last, score, rotation, state, load, quarantined, restarts)
         evicted = GaugeMetricFamily("exaserve_runtime_evicted_replicas", "Replicas out of rotation now.")
         evicted.add_metric([], ctl.evicted())
         cap = GaugeMetricFamily("exaserve_runtime_eviction_cap", "Most replicas the controller may evict.")

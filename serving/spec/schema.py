@@ -743,6 +743,24 @@ class RuntimeSpec(_Model):
     report_max_age_s: float | None = Field(
         default=None, gt=0, description="Reject reports older than this; default 3 × serving.heartbeat_interval_s."
     )
+    restart_backoff_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Wait before restarting a replica again after its first restart, doubled after each further "
+        "one (kubelet's crash-loop back-off starts at 10 s).",
+    )
+    restart_backoff_max_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Longest wait between two restarts of one replica (kubelet's MaxContainerBackOff, 300 s); a "
+        "replica serving for twice this long starts its back-off again.",
+    )
+    quarantine_after: int = Field(
+        default=3,
+        gt=0,
+        description="Restarts in a row that did not bring the replica back to stable service before it is "
+        "quarantined: out of rotation, no further restart, alert ExaServeReplicaQuarantined names it.",
+    )
     image: str = Field(
         default="exaserve/exaserve-deploy:0.1.0",
         description="Container image with this package (the exaserve command) for the controller and the agents.",
@@ -753,6 +771,15 @@ class RuntimeSpec(_Model):
     def _pinned(cls, v: str) -> str:
         """The runtime image is pinned like the serving image."""
         return pinned_image(v)
+
+    @model_validator(mode="after")
+    def _backoff_ordered(self) -> Self:
+        if self.restart_backoff_s > self.restart_backoff_max_s:
+            raise ValueError(
+                f"runtime.restart_backoff_s ({self.restart_backoff_s:g}) is above runtime.restart_backoff_max_s "
+                f"({self.restart_backoff_max_s:g}); set the first back-off at most the longest"
+            )
+        return self
 
 
 DrillName = Literal[

@@ -191,6 +191,18 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
                     "log and its node.",
                 ),
                 alert(
+                    # the leader's view: only the leader restarts, so only its count of restarts is real
+                    "ExaServeReplicaQuarantined",
+                    "max by (replica) (exaserve_runtime_replica_quarantined * on (instance) group_left () "
+                    "(exaserve_runtime_leader == 1)) == 1",
+                    "0m",
+                    "critical",
+                    "runtime.quarantine_after restarts in a row did not bring a replica back: the controller stopped "
+                    "restarting it",
+                    "Check the replica's log and its node (exaserve status shows its restarts); it returns by itself "
+                    "once it passes a warm-up.",
+                ),
+                alert(
                     "ExaServeEvictionCapReached",
                     "max(exaserve_runtime_evicted_replicas) >= max(exaserve_runtime_eviction_cap)",
                     "5m",
