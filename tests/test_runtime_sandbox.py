@@ -410,3 +410,48 @@ def test_sandbox_up_started_the_runtime(sandbox: Sandbox) -> None:
     assert sorted(kinds["controller"]) == ["controller-0", "controller-1", "controller-2"]
     assert sorted(kinds["router"]) == ["router", "router-1", "router-2"] and kinds["etcd"] == ["etcd"]
     assert len(kinds["worker"]) == 8
+
+
+def test_one_router_instance_down_does_not_stall_the_runtime(sandbox: Sandbox) -> None:
+    """Finding 2: RouterSet failed every operation when one instance did not answer, so with router 2 stopped a killed
+    replica was never removed, migrated nor readmitted (each removal failed on router 2's timeout). Now the leader
+    acts on the routers that answer, names router 2 unsynced (status, metric, alert), and when router 2 answers
+    again removes the replica the controller holds out from its worker list."""
+    healthy_fleet(sandbox)
+    routers = router_urls(sandbox.spec)
+    silent = sandbox.processes.read("router-2")
+    assert silent is not None
+    rid = "sandbox-1-s1"
+    url = replica(leader_status(sandbox), rid)["url"]
+    old = worker_record(sandbox, rid)
+    os.kill(silent.pid, signal.SIGSTOP)
+    stopped = True
+    try:
+        os.kill(old.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:
+            status = leader_status(sandbox)
+            removal = [a for a in status["actions"] if a["replica"] == rid and a["kind"] == "remove" and a["ok"]]
+            if removal:
+                break
+            assert time.monotonic() < deadline, [a for a in status["actions"] if a["replica"] == rid]
+            time.sleep(0.2)
+        os.kill(silent.pid, signal.SIGCONT)  # router 2 answers again while the replica is out
+        stopped = False
+        assert set(removal[-1]["detail"]["seconds_by_router"]) == set(routers[:2])
+        assert list(removal[-1]["detail"]["silent"]) == [routers[2]]
+        assert routers[2] in status["unsynced_routers"]
+        for router in routers[:2]:
+            assert url not in {w["url"] for w in httpx.get(router + "/workers", timeout=2).json()["workers"]}
+    finally:
+        if stopped:
+            os.kill(silent.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while routers[2] in (status := leader_status(sandbox))["unsynced_routers"]:
+        assert time.monotonic() < deadline, status["unsynced_routers"]
+        time.sleep(0.2)
+    [reconciled] = [r for r in status["reconciled_routers"] if r["router"] == routers[2]][-1:]
+    print(f"router down: removal {removal[-1]['detail']}; reconciled {reconciled}")
+    assert reconciled["removed"] == [url] and reconciled["added"] == []
+    tl = watch(sandbox, rid, back, timeout_s=60, t0=time.monotonic())
+    assert tl.events[-1][4] == (True, True, True)  # readmitted on every instance, router 2 included

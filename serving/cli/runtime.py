@@ -170,7 +170,12 @@ def controller_run(
         fleet,
         identity=name,
         election=_election(st, election, etcd, name),
-        routers=RouterSet(router_list, service=router_service, timeout_s=st.spec.serving.health_check_timeout_s),
+        routers=RouterSet(
+            router_list,
+            service=router_service,
+            timeout_s=st.spec.serving.health_check_timeout_s,
+            answering_only=True,  # one router instance down must not stall the runtime
+        ),
         restarter=_restarter(st, fleet, backend, state_dir, known_hosts, ssh_identity),
         discovered=discover == "kubernetes",
     )

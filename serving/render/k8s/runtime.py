@@ -203,6 +203,17 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
                     "once it passes a warm-up.",
                 ),
                 alert(
+                    "ExaServeRouterUnsynced",
+                    "max by (router) (exaserve_runtime_router_unsynced * on (instance) group_left () "
+                    "(exaserve_runtime_leader == 1)) == 1",
+                    detect,
+                    "warning",
+                    "A router instance missed the controller's membership changes: it may route to replicas the "
+                    "controller took out",
+                    "Check that router instance (ExaServeRouterInstanceDown); the leader reconciles its worker list "
+                    "as soon as it answers.",
+                ),
+                alert(
                     "ExaServeEvictionCapReached",
                     "max(exaserve_runtime_evicted_replicas) >= max(exaserve_runtime_eviction_cap)",
                     "5m",
