@@ -31,6 +31,8 @@ from tests.support.stacks import fleet_of, spec_from
 
 HEALTH = HealthScoreSpec()
 T0 = 1_800_000_000.0
+BOOT = "4f1c9a52-7d3e-4b8a-9c61-2e5d8f0a7b13"  # a node's boot id (/proc/sys/kernel/random/boot_id)
+REBOOTED = "0b6e2d94-13a7-4c5f-8e20-9d4a6c1f3e58"
 
 
 def two_node_spec(**changes: Any) -> FleetSpec:
@@ -80,9 +82,7 @@ class Agents:
             for r in PLAN.replicas
             if r.node.name == node
         )
-        return NodeReport(
-            schema_version=1, node=node, seq=self.seq[node], agent_start=T0 - 1, sent_at=now, replicas=probes
-        )
+        return NodeReport(schema_version=2, node=node, boot_id=BOOT, seq=self.seq[node], sent_at=now, replicas=probes)
 
 
 def run_actions(ctl: Controller, now: float, ok: bool = True) -> list[Action]:
@@ -312,7 +312,8 @@ def _body(**changes: Any) -> str:
     ("body", "where"),
     [
         ("{not json", "body"),
-        (_body(schema_version=2), "schema_version"),
+        (_body(schema_version=1), "schema_version"),  # version 1 ordered reports by the wall clock
+        (_body(boot_id="1"), "boot_id"),
         (_body(seq="1"), "seq"),
         (_body(extra=1), "extra"),
         (_body(replicas=[{"id": "x", "ok": "yes", "latency_s": None}]), "replicas.0.ok"),
@@ -351,9 +352,12 @@ def test_unknown_replayed_stale_and_future_reports_are_rejected_counted_and_not_
         Rejection.FUTURE: 1,
         Rejection.UNKNOWN_REPLICA: 1,
     }
-    restarted = first.model_copy(update={"agent_start": T0, "seq": 1, "sent_at": T0 + 2})
-    ctl.receive(restarted, T0 + 2)  # an agent restart resets its sequence
+    rebooted = first.model_copy(update={"boot_id": REBOOTED, "seq": 1, "sent_at": T0 + 2})
+    ctl.receive(rebooted, T0 + 2)  # a reboot starts the monotonic clock again, under a new boot id
     assert ctl.counters.accepted == 2
+    with pytest.raises(ReportRejected, match=f"boot {BOOT} is over") as info:  # a report of the earlier boot
+        ctl.receive(first.model_copy(update={"seq": 10**12, "sent_at": T0 + 2.5}), T0 + 2.5)
+    assert info.value.reason is Rejection.REPLAYED
 
 
 # ----- leader election ------------------------------------------------------------------------------
@@ -482,7 +486,7 @@ def test_discovered_replicas_follow_the_agents_reports() -> None:
 
     def report(node: str, seq: int, pods: dict[str, str | None]) -> NodeReport:
         probes = tuple(ReplicaProbe(id=p, url=u, ok=True, latency_s=0.01) for p, u in pods.items())
-        return NodeReport(schema_version=1, node=node, seq=seq, agent_start=T0, sent_at=T0 + seq, replicas=probes)
+        return NodeReport(schema_version=2, node=node, boot_id=BOOT, seq=seq, sent_at=T0 + seq, replicas=probes)
 
     ctl.receive(
         report(NODES[0], 1, {"sglang-g0-0": "http://10.1.0.5:30000", "sglang-g1-0": "http://10.1.0.6:30000"}), T0 + 1

@@ -89,3 +89,18 @@ def test_restarts_in_a_row_end_after_twice_the_longest_backoff_in_service() -> N
     [rid] = down
     assert sim.restarts[rid] == len(windows) > PROD.spec.runtime.quarantine_after
     assert rid in sim.serving() and not sim.ctl.replicas[rid].quarantined
+
+
+def test_clocks_an_agent_restarted_with_its_wall_clock_behind_is_not_refused() -> None:
+    """Finding 6 (clocks): reports were ordered by (agent_start, seq) with agent_start on the agent's wall clock, so an
+    agent restarted with its clock 5 s behind (inside the accepted skew and age) had every report refused as
+    replayed. Now they are ordered by the node's boot id and its monotonic clock, which a wall-clock step does not
+    move; only a report from an earlier boot, or not after the last one of this boot, is a replay."""
+    sim = node_fault(0)
+    sim.run(20)
+    node = sim.ctl.nodes[NODE]
+    boot, seq = node.last_key or ("", 0)
+    accepted = sim.ctl.counters.accepted
+    behind = sim._report(NODE).model_copy(update={"seq": seq + 10**9, "sent_at": sim.t0 + sim.now - 5})
+    sim.ctl.receive(behind, sim.t0 + sim.now)  # the restarted agent: same boot, its wall clock 5 s behind
+    assert sim.ctl.counters.accepted == accepted + 1 and node.last_key == (boot, seq + 10**9)

@@ -34,6 +34,7 @@ import httpx
 import pytest
 
 from serving.router.loadgen import LoadReport, LoadSpec, run_load_sync
+from serving.runtime.agent import boot_id
 from serving.sandbox.processes import ProcessRecord, StateDir, free_port_block, start_service, stop_process
 from serving.sandbox.runtime import controller_urls, etcd_url, router_urls
 from serving.spec.stack import file_stack_name
@@ -306,10 +307,10 @@ def test_status_json_and_bad_reports_over_http(sandbox: Sandbox) -> None:
     assert len(doc["replicas"]) == 8
     url = controller_urls(sandbox.spec)[0]
     good = {
-        "schema_version": 1,
+        "schema_version": 2,
         "node": "sandbox-0",
+        "boot_id": boot_id(),
         "seq": 1,
-        "agent_start": 1.0,
         "sent_at": time.time(),
         "replicas": [],
     }
@@ -318,7 +319,7 @@ def test_status_json_and_bad_reports_over_http(sandbox: Sandbox) -> None:
         (b"{", 400, "malformed"),
         (json.dumps({**good, "schema_version": 7}).encode(), 400, "malformed"),
         (json.dumps({**good, "node": "elsewhere"}).encode(), 404, "unknown_node"),
-        (json.dumps(good).encode(), 409, "replayed"),  # agent_start 1.0 is older than the running agent's
+        (json.dumps(good).encode(), 409, "replayed"),  # this boot's monotonic clock is far past 1 ns
     ]
     for body, code, reason in cases:
         response = httpx.post(url + "/v1/reports", content=body, headers={"content-type": "application/json"})

@@ -159,7 +159,8 @@ class NodeRecord:
     score: int
     last_report_at: float
     replicas: tuple[str, ...]
-    last_key: tuple[float, int] | None = None
+    last_key: tuple[str, int] | None = None  # (boot id, monotonic seq) of the last applied report
+    boots: set[str] = field(default_factory=set)  # boot ids the node reported from: an earlier boot is over
     last_sent_at: float | None = None
     missed: int = 0
 
@@ -244,7 +245,8 @@ class Controller:
         if band(node.score, self.config.health) is Band.OK:
             for rid in node.replicas:
                 self.replicas[rid].node_forgiven = False
-        node.last_key = (report.agent_start, report.seq)
+        node.last_key = (report.boot_id, report.seq)
+        node.boots.add(report.boot_id)
         node.last_sent_at = report.sent_at
         node.last_report_at = now
         node.missed = 0
@@ -276,13 +278,18 @@ class Controller:
         node = self.nodes.get(report.node)
         if node is None:
             raise ReportRejected(Rejection.UNKNOWN_NODE, f"node {report.node!r} is not in the stack's fleet")
-        key = (report.agent_start, report.seq)
-        if node.last_key is not None and key <= node.last_key:
-            raise ReportRejected(
-                Rejection.REPLAYED,
-                f"node {report.node!r} seq {report.seq} (agent start {report.agent_start:.3f}) is not after the "
-                f"last applied seq {node.last_key[1]} (agent start {node.last_key[0]:.3f})",
-            )
+        if node.last_key is not None:
+            boot, seq = node.last_key
+            if report.boot_id == boot and report.seq <= seq:
+                raise ReportRejected(
+                    Rejection.REPLAYED,
+                    f"node {report.node!r} seq {report.seq} is not after the last applied seq {seq} of boot {boot}",
+                )
+            if report.boot_id != boot and report.boot_id in node.boots:
+                raise ReportRejected(
+                    Rejection.REPLAYED,
+                    f"node {report.node!r} boot {report.boot_id} is over: the node reported since from boot {boot}",
+                )
         if report.sent_at < now - self.config.max_age_s:
             raise ReportRejected(
                 Rejection.STALE, f"sent {now - report.sent_at:.1f} s ago, more than {self.config.max_age_s:g} s"

@@ -59,10 +59,10 @@ class FleetSim:
             for ok in [self.answers(rid, self.now)]
         )
         return NodeReport(
-            schema_version=1,
+            schema_version=2,
             node=node,
             seq=self.seq,
-            agent_start=self.t0 - 1,
+            boot_id="4f1c9a52-7d3e-4b8a-9c61-2e5d8f0a7b13",
             sent_at=self.t0 + self.now,
             replicas=probes,
         )
