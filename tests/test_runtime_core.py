@@ -458,13 +458,46 @@ def test_kubernetes_lease_election_against_an_api_server_stand_in() -> None:
         assert await b.campaign() is None
         renewed = await a.renew(term_a)
         assert renewed is not None and await a.verify(renewed)
-        await asyncio.sleep(1.3)  # A stops renewing; its 1 s lease runs out
+        await asyncio.sleep(1.3)  # A stops renewing
+        assert await b.campaign() is None  # B first sees A's renewed record now: its lease runs from here, on B's clock
+        await asyncio.sleep(1.1)
         term_b = await b.campaign()
         assert term_b is not None and term_b.token == 1  # leaseTransitions is the fencing token
         assert not await a.verify(renewed) and await a.renew(renewed) is None
         assert await a.leader() == "b"
         assert api.leases["exaserve-controller"]["spec"]["leaseTransitions"] == 1
         assert set(api.requests) == {"Bearer tok"}
+        await asyncio.gather(a.aclose(), b.aclose())
+        await runner.cleanup()
+
+    asyncio.run(scenario())
+
+
+def test_clocks_a_follower_whose_wall_clock_runs_ahead_does_not_take_a_renewed_lease() -> None:
+    """Finding 6 (clocks): expiry compared the holder's renewTime with the follower's wall clock, so a follower 5 s
+    ahead took the 1 s Lease from a leader renewing it every 0.3 s (two leaders until the old one's verify). Now
+    expiry is timed from when the follower observed the record change, on its monotonic clock (client-go)."""
+
+    async def scenario() -> None:
+        api = LeaseApi()
+        runner = web.AppRunner(api.app())
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        url = f"http://127.0.0.1:{port}"
+        a = KubernetesLeaseElection(url, "exaserve", "exaserve-controller", "a", 1.0)
+        b = KubernetesLeaseElection(
+            url, "exaserve", "exaserve-controller", "b", 1.0, wall_clock=lambda: time.time() + 5
+        )
+        term = await a.campaign()
+        assert term is not None
+        for _ in range(8):  # 2.4 s: A renews every 0.3 s, B campaigns each time
+            await asyncio.sleep(0.3)
+            renewed = await a.renew(term)
+            assert renewed is not None, "A lost a lease it renews"
+            term = renewed
+            assert await b.campaign() is None
+        assert await a.verify(term) and await a.leader() == "a"
         await asyncio.gather(a.aclose(), b.aclose())
         await runner.cleanup()
 
