@@ -456,3 +456,28 @@ def test_one_router_instance_down_does_not_stall_the_runtime(sandbox: Sandbox) -
     assert reconciled["removed"] == [url] and reconciled["added"] == []
     tl = watch(sandbox, rid, back, timeout_s=60, t0=time.monotonic())
     assert tl.events[-1][4] == (True, True, True)  # readmitted on every instance, router 2 included
+
+
+def test_status_shows_what_each_router_does_beside_the_controllers_view(sandbox: Sandbox) -> None:
+    """Finding 5: a SIGKILLed replica leaves every router within their health checks (2 failed checks 1 s apart here),
+    while `status --json` said in_rotation: true until the controller's score crossed 60 (9 failed probes). Now each
+    replica carries what every router instance does with it, beside the controller's view, and status is not ok."""
+    healthy_fleet(sandbox)
+    rid = "sandbox-0-s2"
+    os.kill(worker_record(sandbox, rid).pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    while True:
+        cli = sandbox.cli("status", "--json")
+        doc = json.loads(cli.stdout)
+        rep = next(r for r in doc["replicas"] if r["id"] == rid)
+        if set(rep["routers"].values()) <= {"unhealthy", "absent"}:
+            break
+        assert time.monotonic() - t0 < 8 * INTERVAL_S, rep
+        time.sleep(0.3)
+    seen = time.monotonic() - t0
+    print(f"status: every router stopped routing to {rid} {seen:.1f} s after the kill; controller view {rep}")
+    assert set(rep["routers"]) == set(router_urls(sandbox.spec)) and set(doc["routers"].values()) == {"answering"}
+    assert rep["in_rotation"] is True  # the controller's score is still above 60: the two views disagree, both shown
+    assert cli.returncode == 1 and doc["ok"] is False
+    others = [r for r in doc["replicas"] if r["id"] != rid]
+    assert all(set(r["routers"].values()) == {"routes"} for r in others)

@@ -41,6 +41,7 @@ from serving.plan.model import Fleet
 from serving.render.router import server_selector
 from serving.rollout.backends import BackendError
 from serving.rollout.backends.kubernetes import KubeApi
+from serving.router.client import RouterApiError
 from serving.router.membership import RouterSet
 from serving.runtime.agent import Agent, AgentConfig
 from serving.runtime.discovery import NodePods
@@ -270,19 +271,44 @@ async def _statuses(urls: list[str], timeout_s: float) -> dict[str, dict[str, An
     return dict(zip(urls, found, strict=True))
 
 
+async def _router_views(routers: list[str], timeout_s: float) -> tuple[dict[str, dict[str, bool]], dict[str, str]]:
+    """Router URL → (worker URL → healthy) for the instances that answer, and why the others did not."""
+    if not routers:
+        return {}, {}
+    try:
+        listed, silent = await RouterSet(routers, timeout_s=timeout_s, answering_only=True).membership()
+    except (httpx.HTTPError, RouterApiError, OSError) as exc:
+        return {}, dict.fromkeys(routers, f"{type(exc).__name__}: {exc}")
+    return {r: {u: w.is_healthy for u, w in workers.items()} for r, workers in listed.items()}, silent
+
+
+def _on_routers(url: str, views: dict[str, dict[str, bool]], silent: dict[str, str]) -> dict[str, str]:
+    """What each router instance does with the replica at ``url``: routes (healthy), unhealthy, absent, or unknown
+    (the instance did not answer)."""
+    out = {r: "unknown" for r in silent}
+    for router, workers in views.items():
+        out[router] = "absent" if url not in workers else "routes" if workers[url] else "unhealthy"
+    return dict(sorted(out.items()))
+
+
 @app.command("status")
 def status(
     stack: StackOpt = DEFAULT_STACK,
     stack_file: StackFileOpt = None,
     controllers: ControllerOpt = None,
+    routers: RouterOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Replicas by state with scores and load, the leader, each node's last report (from the controllers)."""
+    """Replicas as every router instance routes them (routes, unhealthy, absent, unknown), beside the controllers'
+    view: state, score, rotation and load, the leader, each node's last report."""
     st = resolve_stack(stack, stack_file)
     urls = controllers or _sandbox_urls(st, "controllers")
     if not urls:
         fail("pass --controller URL for each controller instance (a sandbox stack knows its own)")
-    found = asyncio.run(_statuses(urls, st.spec.serving.health_check_timeout_s))
+    router_list = routers or _sandbox_urls(st, "routers")
+    timeout = st.spec.serving.health_check_timeout_s
+    found = asyncio.run(_statuses(urls, timeout))
+    views, silent = asyncio.run(_router_views(router_list, timeout))
     answers = {u: s for u, s in found.items() if isinstance(s, dict)}
     if not answers:
         fail(f"no controller answered: {found}", EXIT_PROBLEM)
@@ -291,9 +317,18 @@ def status(
     leader = view.get("leader")
     nodes = [{k: n[k] for k in ("name", "score", "state", "last_report_s")} for n in view["nodes"]]
     replicas = [
-        {k: r[k] for k in ("id", "node", "url", "state", "score", "in_rotation", "load")} for r in view["replicas"]
+        {
+            **{k: r[k] for k in ("id", "node", "url", "state", "score", "in_rotation", "load")},
+            "routers": _on_routers(r["url"], views, silent),
+        }
+        for r in view["replicas"]
     ]
-    ok = bool(leader) and all(n["state"] != "suspect" for n in nodes) and all(r["in_rotation"] for r in replicas)
+    ok = (
+        bool(leader)
+        and not silent
+        and all(n["state"] != "suspect" for n in nodes)
+        and all(r["in_rotation"] and set(r["routers"].values()) <= {"routes"} for r in replicas)
+    )
     unreachable = {u: s for u, s in found.items() if isinstance(s, str)}
     if as_json:
         doc = {
@@ -304,6 +339,7 @@ def status(
                 u: ("unreachable: " + s if isinstance(s, str) else ("leader" if s.get("is_leader") else "follower"))
                 for u, s in found.items()
             },
+            "routers": {r: ("unreachable: " + silent[r] if r in silent else "answering") for r in router_list},
             "eviction_cap": view.get("eviction_cap"),
             "move_candidates": view.get("move_candidates", []),
             "reports": view.get("reports"),
@@ -312,6 +348,9 @@ def status(
     else:
         console.print(f"leader: {leader or 'none'}; controllers answering {len(answers)}/{len(found)}", highlight=False)
         for url, why in unreachable.items():
+            console.print(f"  {url}: {why}", highlight=False)
+        console.print(f"routers answering {len(views)}/{len(router_list)}", highlight=False)
+        for url, why in silent.items():
             console.print(f"  {url}: {why}", highlight=False)
         table = Table(title=f"nodes of {st.name}")
         for col in ("node", "score", "state", "last report (s)"):
@@ -325,13 +364,14 @@ def status(
             )
         console.print(table)
         table = Table(title="replicas")
-        for col in ("replica", "node", "url", "state", "score", "in rotation", "load"):
+        for col in ("replica", "node", "url", "routers", "state", "score", "in rotation", "load"):
             table.add_column(col)
         for r in sorted(replicas, key=lambda r: (r["in_rotation"], r["id"])):
             table.add_row(
                 r["id"],
                 r["node"],
                 r["url"],
+                " ".join(r["routers"].values()),
                 r["state"],
                 str(r["score"]),
                 "yes" if r["in_rotation"] else "no",
