@@ -104,3 +104,17 @@ def test_clocks_an_agent_restarted_with_its_wall_clock_behind_is_not_refused() -
     behind = sim._report(NODE).model_copy(update={"seq": seq + 10**9, "sent_at": sim.t0 + sim.now - 5})
     sim.ctl.receive(behind, sim.t0 + sim.now)  # the restarted agent: same boot, its wall clock 5 s behind
     assert sim.ctl.counters.accepted == accepted + 1 and node.last_key == (boot, seq + 10**9)
+
+
+def test_restarts_that_worked_never_quarantine_a_replica_however_close_together() -> None:
+    """Seen in the drill suite: one replica crashed by four drills in a row (each restart readmitted it) was
+    quarantined by the fourth. Quarantine counts restarts that failed (no passed warm-up since); restarts that worked
+    only lengthen the back-off."""
+    down = {PROD.plan.replicas[6].id}
+    windows = [(FAULT_AT + 200 * i, FAULT_AT + 200 * i + 120) for i in range(5)]
+    sim = FleetSim(PROD, lambda rid, t: rid not in down or not any(a <= t < b for a, b in windows), load_s=30)
+    sim.run(1500)
+    [rid] = down
+    assert sim.restarts[rid] == len(windows) > PROD.spec.runtime.quarantine_after
+    assert rid in sim.serving() and not sim.ctl.replicas[rid].quarantined and sim.ctl.counters.quarantined == 0
+    assert sim.ctl.replicas[rid].restarts == len(windows)  # one run: it never served 600 s in between

@@ -18,10 +18,11 @@ Decisions (docs/runtime.md):
   ``/health``) move neither its score nor its node's; the warm-up, which waits up to
   ``serving.startup_budget_s`` for it, judges it.
 * Restarts back off: the n-th restart in a row waits ``runtime.restart_backoff_s`` × 2^(n−2) after the one
-  before (at most ``runtime.restart_backoff_max_s``; kubelet's crash-loop back-off), and a replica whose
-  ``runtime.quarantine_after`` restarts in a row did not bring it back to stable service is *quarantined*:
-  out of rotation, not restarted again, named by an alert; it returns only through a passed warm-up. The run
-  of restarts ends after the replica served for twice the longest back-off (client-go's back-off reset).
+  before (at most ``runtime.restart_backoff_max_s``; kubelet's crash-loop back-off); the run of restarts ends
+  after the replica served for twice the longest back-off (client-go's back-off reset). A replica whose
+  ``runtime.quarantine_after`` restarts since it last passed a warm-up failed to bring it back is
+  *quarantined*: out of rotation, not restarted again, named by an alert; it returns only through a passed
+  warm-up. A restart that worked (the warm-up passed) is no failure, however many came before it.
 * Missed reports do not move any score: after ``serving.failure_threshold`` intervals without a report
   the node is *suspect* and its replicas keep their rotation state. A dead agent is no evidence against
   replicas the router still reaches; the router's own health check (interval × failure threshold)
@@ -142,6 +143,7 @@ class ReplicaRecord:
     shed: bool = False  # out of rotation for its load, not for failing
     hot: int = 0  # reports in a row with its load at or above the shed floor
     restarts: int = 0  # restarts in a row without stable service since (the back-off's exponent)
+    unproven: int = 0  # restarts since the replica last passed a warm-up: failed ones (quarantine counts these)
     restarted_at: float | None = None
     serving_since: float | None = None
     loading: bool = False  # restarted, its warm-up not over: its probes move no score
@@ -333,6 +335,7 @@ class Controller:
                 self.counters.actions[action.kind] += 1
                 if action.kind is Kind.MIGRATE:
                     rec.restarts += 1
+                    rec.unproven += 1
                     rec.restarted_at = now
                 actions.append(action)
         return actions
@@ -348,8 +351,8 @@ class Controller:
 
     def _may_restart(self, rec: ReplicaRecord, now: float) -> bool:
         """Whether a restart may start now: not quarantined, its back-off over; puts the replica in quarantine when
-        its run of restarts reached ``quarantine_after``."""
-        if rec.restarts >= self.config.quarantine_after and not rec.quarantined:
+        ``quarantine_after`` restarts since it last passed a warm-up did not bring it back."""
+        if rec.unproven >= self.config.quarantine_after and not rec.quarantined:
             rec.quarantined = True
             self.counters.quarantined += 1
         if rec.quarantined:
@@ -404,6 +407,7 @@ class Controller:
             rec.state = ReplicaState.SERVING
             rec.shed = False
             rec.quarantined = False
+            rec.unproven = 0
         else:  # failed warm-up: earn the hysteresis margin again before the next try
             rec.state = ReplicaState.OUT
             rec.score = min(rec.score, self.config.health.stop_routing_below - 1)

@@ -758,7 +758,7 @@ class RuntimeSpec(_Model):
     quarantine_after: int = Field(
         default=3,
         gt=0,
-        description="Restarts in a row that did not bring the replica back to stable service before it is "
+        description="Restarts that did not bring the replica back (no passed warm-up since) before it is "
         "quarantined: out of rotation, no further restart, alert ExaServeReplicaQuarantined names it.",
     )
     image: str = Field(
