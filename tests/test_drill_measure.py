@@ -32,21 +32,25 @@ def steady(start: float, end: float, rate: float = 10.0, latency: float = 0.1, s
     return [RequestResult(start + i / rate, latency, status) for i in range(n)]
 
 
-def test_detection_is_the_first_probe_with_the_replica_out_of_every_answering_router() -> None:
-    """Out on A at 1 s (unhealthy), on B at 2 s (gone); C does not answer from 1.5 s: not waited for."""
+def test_drill_judge_a_silent_router_is_unknown_not_out() -> None:
+    """The drill judge's finding: two routers showing the replica out at 2.0 s while the third was silent (and still
+    routing to it at 2.5 s) passed as detected at 2.0 s. A router that does not answer is unknown: detection is the
+    first probe at which EVERY instance answers with the replica out (3.0 s), restoration the first at which every
+    instance answers with it back and the leader has it in rotation (5.0 s)."""
     probes = [
         probe(-1.0, {A: everyone(), B: everyone(), C: everyone()}),
         probe(1.0, {A: everyone(W1=False), B: everyone(), C: everyone()}),
         probe(1.5, {A: everyone(W1=False), B: everyone(), C: None}),
-        probe(2.0, {A: everyone(W1=False), B: {W2: True, W3: True}, C: None}),
-        probe(3.0, {A: everyone(), B: everyone(), C: everyone()}, out=(W1,)),  # routers back, leader not yet
-        probe(4.0, {A: everyone(), B: everyone(), C: everyone()}),
+        probe(2.0, {A: everyone(W1=False), B: {W2: True, W3: True}, C: None}),  # two out, one silent
+        probe(2.5, {A: everyone(W1=False), B: {W2: True, W3: True}, C: everyone()}),  # C still routes to W1
+        probe(3.0, {A: everyone(W1=False), B: {W2: True, W3: True}, C: everyone(W1=False)}),
+        probe(3.5, {A: everyone(), B: everyone(), C: None}),  # back on two, the third silent
+        probe(4.0, {A: everyone(), B: everyone(), C: everyone()}, out=(W1,)),  # routers back, leader not yet
+        probe(5.0, {A: everyone(), B: everyone(), C: everyone()}),
     ]
-    results = steady(-2, 5)
-    m = measure(probes, results, subjects=(W1,), baseline_s=2, gates=GATES, end=5, healed=None)
-    assert m.detection_s == 2.0
-    assert m.restoration_s == 4.0  # 3.0 was back on the routers but still out of rotation in the leader's view
-    assert m.false_detections == ()
+    m = measure(probes, steady(-2, 6), subjects=(W1,), baseline_s=2, gates=GATES, end=6, healed=None)
+    assert (m.detection_s, m.restoration_s) == (3.0, 5.0)
+    assert m.false_detections == ()  # a silent router takes no other replica out either
     assert m.recovery_s == 0.0  # no window after the fault was degraded
 
 
@@ -54,10 +58,10 @@ def test_a_router_the_fault_took_down_is_exempt_and_none_answering_is_no_detecti
     probes = [
         probe(-1.0, {A: everyone(), B: everyone()}),
         probe(1.0, {A: None, B: None}),  # nobody answered: nothing can be said
-        probe(2.0, {A: None, B: everyone(W1=False)}),
+        probe(2.0, {A: None, B: everyone(W1=False)}),  # A silent: unknown
     ]
     m = measure(probes, steady(-2, 3), subjects=(W1,), baseline_s=2, gates=GATES, end=3, healed=None)
-    assert m.detection_s == 2.0
+    assert m.detection_s is None
     exempt = measure(
         [*probes[:2], probe(2.0, {A: everyone(W1=False), B: everyone()})],
         steady(-2, 3),

@@ -2,8 +2,9 @@
 
 Times are seconds since the fault (the baseline is before 0). The figures, as the plan defines them:
 
-* **detection** — the first probe at which every faulted replica is out of every router instance that answered
-  (not listed, or listed unhealthy: the router routes to neither);
+* **detection** — the first probe at which every faulted replica is out of every router instance (not listed, or
+  listed unhealthy: the router routes to neither), each instance answering except one the fault itself took down: a
+  router that does not answer is *unknown*, it may still route to the replica;
 * **recovery** — traffic fully served by the others at the baseline rate and latency: the start of the first run
   of ``stable`` good windows (``window_s`` long, counted from the fault) after which the fault's degradation did
   not come back within the run; a window is bad when a client request failed in it, its P99 rose more than
@@ -12,7 +13,7 @@ Times are seconds since the fault (the baseline is before 0). The figures, as th
   the judged span (restoration, else the heal, else the end). A bad window after the run (a one-off slow request
   on a busy machine) is counted in ``late_blips``, not taken as the fault's;
 * **restoration** — the first probe after detection at which every faulted replica is listed healthy on every
-  router instance that answered and the leading controller has it in rotation (after its warm-up);
+  router instance (each answering) and the leading controller has it in rotation (after its warm-up);
 * **takeover** — the first probe at which a controller other than the lost leader leads;
 * **false detections** — replicas that were in rotation before the fault and left it on some router instance,
   other than the faulted ones (and any replica at all in a scenario that takes none out).
@@ -45,14 +46,21 @@ class Probe:
     def answering(self, exempt: frozenset[str]) -> dict[str, Membership]:
         return {r: m for r, m in self.routers.items() if m is not None and r not in exempt}
 
+    def known(self, exempt: frozenset[str]) -> dict[str, Membership] | None:
+        """Every instance's list but the exempt ones', or None when one of them did not answer (unknown)."""
+        routers = {r: m for r, m in self.routers.items() if r not in exempt}
+        if not routers or any(m is None for m in routers.values()):
+            return None
+        return {r: m for r, m in routers.items() if m is not None}
+
     def out_everywhere(self, urls: Sequence[str], exempt: frozenset[str]) -> bool:
-        routers = self.answering(exempt)
-        return bool(routers) and all(not m.get(u, False) for m in routers.values() for u in urls)
+        routers = self.known(exempt)
+        return routers is not None and all(not m.get(u, False) for m in routers.values() for u in urls)
 
     def in_everywhere(self, urls: Sequence[str], exempt: frozenset[str]) -> bool:
-        routers = self.answering(exempt)
+        routers = self.known(exempt)
         return (
-            bool(routers)
+            routers is not None
             and all(m.get(u, False) for m in routers.values() for u in urls)
             and all(self.in_rotation.get(u, False) for u in urls)
         )
