@@ -43,7 +43,9 @@ import tomllib
 print(next(p["version"] for p in tomllib.load(open("uv.lock", "rb"))["package"] if p["name"] == "torch"))')
   .venv/bin/python -m pip install -q --upgrade "pip>=24"
   .venv/bin/python -m pip install -q --require-hashes --no-deps -r requirements-dev.lock
-  .venv/bin/python -m pip install -q --no-deps --only-binary=:all: "torch==$torch"
+  # its pure-Python dependencies are already there from the lock; a machine without the CPU wheel gets PyPI's CUDA
+  # build and the nvidia-* wheels it requires, resolved by pip (unhashed: the one part outside the lock)
+  .venv/bin/python -m pip install -q --only-binary=:all: "torch==$torch"
   .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
   .venv/bin/python -m pip check
   echo "$want" >"$stamp"

@@ -6,7 +6,7 @@
 #   requirements-dev.lock  the dev extra (with the node extra's pure-Python dependencies): scripts/bootstrap.sh, CI
 # torch and its CUDA wheels (torch, triton, nvidia-*, cuda-*) are left out of requirements-dev.lock: the build is
 # chosen per machine (the CPU wheel here, the CUDA wheel on a GPU node), so no one hash fits; bootstrap installs
-# torch at uv.lock's version (--no-deps) and `pip check` proves its dependencies are in the lock.
+# torch at uv.lock's version after the lock (its pure-Python dependencies come from the lock) and runs `pip check`.
 #
 #   scripts/lock.sh              refresh: keep every pin that still satisfies pyproject.toml and resolve what changed
 #                                (after a pin change, e.g. sglang-router → smg); idempotent: a second run changes nothing
