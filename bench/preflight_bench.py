@@ -384,7 +384,7 @@ def print_table(rows: list[dict[str, Any]], projections: list[dict[str, Any]], r
           f"{'stock/x':>8} {'stock cpu/x':>12} {'tasks/host':>11} {'cpu/task':>9}")  # fmt: skip
     stock = {r["hosts"]: r for r in rows if r["config"] == "stock" and "wrong_report" not in r}
     for r in rows:
-        base = stock.get(r["hosts"])
+        base = stock.get(r["hosts"]) if "wrong_report" not in r else None  # no ratio for a wrong report
         ratio = f"{base['wall_s'] / r['wall_s']:.2f}" if base else "-"
         cpu_ratio = f"{base['controller_cpu_s'] / r['controller_cpu_s']:.2f}" if base else "-"
         print(f"{r['hosts']:>6} {r['config']:<15} {r['wall_s']:>8} {r['wall_median_s']:>8} "
