@@ -124,6 +124,10 @@ def test_false_detections_are_other_replicas_that_left_rotation_on_some_router()
     ]
     m = measure(probes, steady(-2, 2), subjects=(W1,), baseline_s=2, gates=GATES, end=2, healed=None)
     assert m.false_detections == (W3,)
+    # the evidence names when, where and what the leader made of it, so a failure in CI can be read from its log
+    assert m.false_seen[W3].startswith(f"out at 1.0-1.0 s (1 probes) on {A}; the leader had it ")
+    (check,) = [c for c in judge(SCENARIOS["replica-crash"], [], m) if c.name == "false_detections"]
+    assert not check.ok and m.false_seen[W3] in check.reason
     none_may_leave = measure(probes, steady(-2, 2), subjects=(), baseline_s=2, gates=GATES, end=2, healed=None)
     assert none_may_leave.false_detections == (W1, W3)
 

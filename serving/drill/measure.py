@@ -143,6 +143,8 @@ class Measured:
     # how much earlier than measured each probed time may have been: the change came after the probe before the one
     # that saw it, and the fault took effect up to the injection's length after the time it is measured from
     uncertainty: Mapping[TargetName, float] = field(default_factory=dict)
+    # false detection URL → where and when it was seen out, and what the leader made of it then (the evidence)
+    false_seen: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def client_error_rate(self) -> float:
@@ -267,7 +269,8 @@ def measure(
     detection, restoration, takeover = (None if x is None else x[0] for x in seen.values())
     before = [p for p in probes if p.t < 0]
     serving_before = before[-1].healthy() - set(subjects) if before else set()
-    false = sorted({u for p in after for u in p.out_somewhere(serving_before, exempt_routers)})
+    false_seen = _false_seen(after, serving_before, exempt_routers)
+    false = sorted(false_seen)
     until = restoration if restoration is not None else healed if healed is not None else end
     base = baseline_of(results, baseline_s)
     judged = windows(results, base, gates, until)
@@ -285,7 +288,28 @@ def measure(
         tuple(false),
         blips,
         {name: round(x[1] + injection_s, 3) for name, x in seen.items() if x is not None},
+        false_seen,
     )
+
+
+def _false_seen(after: Sequence[Probe], serving: set[str], exempt: frozenset[str]) -> dict[str, str]:
+    """Each replica of ``serving`` that some answering router instance did not list healthy after the fault: the
+    probes that saw it out (first and last time, how many), the routers, and the leader's state and score for it at
+    the first such probe."""
+    seen: dict[str, list[tuple[Probe, list[str]]]] = {}
+    for p in after:
+        for u in p.out_somewhere(serving, exempt):
+            routers = [r for r, m in p.answering(exempt).items() if not m.get(u, False)]
+            seen.setdefault(u, []).append((p, routers))
+    evidence = {}
+    for u, probes in seen.items():
+        first = probes[0][0]
+        routers = sorted({r for _, rs in probes for r in rs})
+        evidence[u] = (
+            f"out at {first.t:.1f}-{probes[-1][0].t:.1f} s ({len(probes)} probes) on {', '.join(routers)}; "
+            f"the leader had it {first.states.get(u, 'unknown')}, score {first.scores.get(u, 'unknown')}"
+        )
+    return evidence
 
 
 def judge(scenario: Scenario, targets: Sequence[Target], m: Measured, resolution_s: float = 0.0) -> list[Check]:
@@ -322,7 +346,7 @@ def judge(scenario: Scenario, targets: Sequence[Target], m: Measured, resolution
             limit += f" + {slack:g} s probe resolution (it may have come that much earlier)"
         detail = f" ({m.client_errors} of {m.client_requests} requests)" if t.name is TargetName.CLIENT_ERRORS else ""
         checks.append(Check(t.name.value, value, t.value, t.unit, ok, f"{shown}{detail} {'≤' if ok else '>'} {limit}"))
-    false = list(m.false_detections)
+    false = [f"{u} ({m.false_seen[u]})" if u in m.false_seen else u for u in m.false_detections]
     what = "replicas outside the fault" if scenario.evicts else "replicas (this fault must take none out)"
     checks.append(
         Check(
@@ -331,7 +355,7 @@ def judge(scenario: Scenario, targets: Sequence[Target], m: Measured, resolution
             0.0,
             "replicas",
             not false,
-            f"{what} left rotation: {', '.join(false)}" if false else "no other replica left rotation",
+            f"{what} left rotation: {'; '.join(false)}" if false else "no other replica left rotation",
         )
     )
     return checks
