@@ -23,7 +23,7 @@ import typer
 
 from serving.cli.commands import register
 from serving.cli.options import app
-from tests.support.cli import exaserve, exaserve_in_process, flat, json_object
+from tests.support.cli import exaserve, exaserve_in_process, exaserve_on_terminal, flat, json_object
 from tests.support.repo import working_tree_repo
 
 Command = tuple[str, ...]
@@ -190,3 +190,73 @@ def test_json_carries_stack_and_ok(cmd: Command, repo: Path, tmp_path: Path, sta
     assert doc["stack"] == expected_stack
     if code:
         assert doc["exit_code"] == code and doc["error"] and flat(doc["error"]) in flat(r.stderr)
+
+
+def _stack_default(cmd: Command) -> object:
+    group: Any = typer.main.get_command(app)
+    for name in cmd:
+        group = group.commands[name]
+    return next(p.default for p in group.params if p.name == "stack")
+
+
+# The commands that act on a fleet (issue 28): none of them picks a stack by default, as pulumi needs a selected one.
+FLEET_COMMANDS = [
+    ("rollout",), ("rollback",), ("preflight",), ("status",), ("fleet", "exec"), ("drill",), ("controller", "run"),
+    ("agent", "run"),
+]  # fmt: skip
+
+
+def test_only_the_fleet_commands_have_no_default_stack() -> None:
+    no_default = {c for c in STACK_COMMANDS if _stack_default(c) is None}
+    # audit-source's None is a choice of its own: without a stack it audits the source plan's config
+    assert no_default - {("audit-source",)} == set(FLEET_COMMANDS)
+
+
+@pytest.mark.parametrize("cmd", FLEET_COMMANDS, ids=_id)
+def test_a_fleet_command_without_a_named_stack_exits_2(cmd: Command, tmp_path: Path) -> None:
+    args = [*cmd, *_args(EXTRA.get(cmd, []), tmp_path)]
+    if cmd == ("rollout",):
+        args += ["--to", "v2"]
+    r = exaserve_in_process(*args, env={"EXASERVE_STACK": ""})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    message = flat(r.stderr)
+    assert "no stack named" in message and "--stack NAME" in message and "EXASERVE_STACK=NAME" in message
+    assert "dev, prod, sandbox" in message  # the stacks of the checkout, to choose from
+    # The same command with the stack in the environment reads it (and goes on to its own next error or result).
+    named = exaserve_in_process(*args, env={"EXASERVE_STACK": "dev", "EXASERVE_STATE_DIR": str(tmp_path / "s")})
+    assert "no stack named" not in flat(named.stderr), named.stderr
+
+
+def test_exaserve_stack_selects_the_stack_of_every_command() -> None:
+    r = exaserve_in_process("plan", "--json", env={"EXASERVE_STACK": "dev"})
+    assert r.returncode == 0, r.stderr
+    assert json_object(r)["stack"] == "dev"
+
+
+@pytest.mark.parametrize("args", [["rollout", "--to", "v2"], ["rollout", "--resume"], ["rollback"]], ids=" ".join)
+def test_changing_prod_without_a_terminal_needs_yes(args: list[str], tmp_path: Path) -> None:
+    env = {"EXASERVE_STATE_DIR": str(tmp_path)}
+    r = exaserve_in_process(*args, "--stack", "prod", env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "production stack 'prod'" in flat(r.stderr) and "pass --yes" in flat(r.stderr)
+    assert not (tmp_path / "prod").exists()  # refused before the state (journal, lock) was touched
+    # --yes confirms: the command goes on (here to the kubernetes backend, which has no cluster to reach)
+    confirmed = exaserve_in_process(*args, "--stack", "prod", "--yes", env=env)
+    assert "production stack" not in flat(confirmed.stderr), confirmed.stderr
+    # a dry run changes nothing and asks nothing; another stack is not asked about
+    if args[1:2] == ["--to"]:
+        dry = exaserve_in_process(*args, "--stack", "prod", "--dry-run", env=env)
+        assert "production stack" not in flat(dry.stderr), dry.stderr
+    other = exaserve_in_process(*args, "--stack", "dev", env=env)
+    assert "production stack" not in flat(other.stderr), other.stderr
+
+
+def test_changing_prod_on_a_terminal_asks_and_a_no_changes_nothing(tmp_path: Path) -> None:
+    r = exaserve_on_terminal(
+        "rollout", "--stack", "prod", "--to", "v2", answer="n", env={"EXASERVE_STATE_DIR": str(tmp_path)}
+    )
+    assert "rollout --to v2 changes the production stack 'prod'. Continue? [y/N]" in r.stdout, r.stdout
+    assert r.returncode == 1, r.stdout
+    assert "not confirmed: nothing was changed" in r.stdout
+    assert not (tmp_path / "prod").exists()

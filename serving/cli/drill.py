@@ -25,7 +25,6 @@ import typer
 from rich.table import Table
 
 from serving.cli.options import (
-    DEFAULT_STACK,
     EXIT_PROBLEM,
     CrdDirOpt,
     JsonOpt,
@@ -331,7 +330,7 @@ def _run(
 
 @app.command()
 def drill(
-    stack: StackOpt = DEFAULT_STACK,
+    stack: StackOpt = None,
     stack_file: StackFileOpt = None,
     list_: ListOpt = False,
     scenario: ScenarioOpt = None,

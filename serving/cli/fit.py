@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from serving.cli.options import (
+    DEFAULT_STACK,
     EXIT_PROBLEM,
     JsonOpt,
     StackFileOpt,
@@ -122,7 +123,7 @@ def fit(
     write_stack: Annotated[
         Path | None, typer.Option("--write-stack", help="Write the best layout into this stack file.", dir_okay=False)
     ] = None,
-    stack: StackOpt = None,
+    stack: StackOpt = DEFAULT_STACK,
     stack_file: StackFileOpt = None,
     as_json: JsonOpt = False,
 ) -> None:

@@ -67,8 +67,17 @@ def _record_invocation(ctx: typer.Context, value: bool) -> bool:
     return value
 
 
+STACK_ENV = "EXASERVE_STACK"
 StackOpt = Annotated[
-    str | None, typer.Option("--stack", "-s", help="Stack name: Pulumi.<stack>.yaml in the Pulumi project.")
+    str | None,
+    typer.Option(
+        "--stack",
+        "-s",
+        envvar=STACK_ENV,
+        show_envvar=True,
+        help="Stack name: Pulumi.<stack>.yaml in the Pulumi project (default: $EXASERVE_STACK; the commands that act "
+        "on a fleet — rollout, rollback, preflight, status, fleet, drill, controller, agent — have no other default).",
+    ),
 ]
 StackFileOpt = Annotated[
     Path | None,
@@ -125,15 +134,39 @@ StateDirOpt = Annotated[
 
 
 def resolve_stack(stack: str | None, stack_file: Path | None) -> Stack:
-    """Load ``--stack-file`` or else the named ``--stack``; exit 2 naming the file, the problem and the fix."""
+    """Load ``--stack-file`` or else the named ``--stack``; exit 2 naming the file, the problem and the fix. A
+    command that acts on a fleet has no default stack (its ``stack`` defaults to None): without ``--stack``,
+    ``$EXASERVE_STACK`` or ``--stack-file`` it exits 2, as ``pulumi`` does without a selected stack."""
     try:
-        st = load_stack_file(stack_file) if stack_file else load_stack(stack or DEFAULT_STACK)
+        st = _load_stack(stack, stack_file)
     except SpecError as exc:
         fail(str(exc))
     ctx = _invocation.get()
     if ctx is not None:
         ctx.meta[_STACK_META] = st.name
     return st
+
+
+def _load_stack(stack: str | None, stack_file: Path | None) -> Stack:
+    if stack_file is not None:
+        return load_stack_file(stack_file)
+    if stack is not None:
+        return load_stack(stack)
+    fail(
+        f"no stack named: this command acts on a fleet, so it has no default stack; pass --stack NAME or set "
+        f"{STACK_ENV}=NAME (stacks here: {_stack_names()}), or --stack-file PATH"
+    )
+
+
+def _stack_names() -> str:
+    """The stacks of the Pulumi project (``Pulumi.<name>.yaml``), for an error message."""
+    try:
+        names = sorted(
+            p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in paths.project_dir().glob("Pulumi.*.yaml")
+        )
+    except paths.ProjectNotFoundError:
+        return "no Pulumi project found from here"
+    return ", ".join(names) or "none"
 
 
 def require_file(path: Path | None, flag: str, why: str) -> None:

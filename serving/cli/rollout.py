@@ -5,12 +5,14 @@ Both take the same :class:`FleetOptions`, declared once, and hand them to a
 every replica runs and plans from that (:func:`serving.rollout.session.plan_from_fleet`); ``--resume`` follows the
 journal. This module parses, calls and presents (:class:`Display`, the report).
 Exit codes as in :mod:`serving.cli.options`: 0 completed (for ``rollback``: the fleet is on the stable version);
-1 rolled back or paused; 2 bad input (unknown version, nothing to resume, another updater holds the lock, a
-replica down without ``--allow-degraded``, …).
+1 rolled back or paused (or a prod change declined at the prompt); 2 bad input (no stack named, prod changed off a
+terminal without ``--yes``, unknown version, nothing to resume, another updater holds the lock, a replica down
+without ``--allow-degraded``, …).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +28,6 @@ from rich.text import Text
 
 from serving.cli.options import (
     DEFAULT_KNOWN_HOSTS,
-    DEFAULT_STACK,
     EXIT_OK,
     EXIT_PROBLEM,
     IdentityOpt,
@@ -59,7 +60,7 @@ from serving.rollout.operation import (
 from serving.rollout.runner import Progress
 from serving.rollout.session import RolloutInputError
 from serving.sandbox.endpoints import register as register_sandbox
-from serving.spec.stack import Stack
+from serving.spec.stack import PRODUCTION_STACK, Stack
 
 register_sandbox()  # --backend local, a sandbox stack's routers
 BackendOpt = Annotated[
@@ -101,6 +102,15 @@ KubeServerOpt = Annotated[
 ]
 KubeTokenOpt = Annotated[Path | None, typer.Option("--kube-token-file", help="kubernetes: bearer token file.")]
 KubeCaOpt = Annotated[Path | None, typer.Option("--kube-ca-file", help="kubernetes: CA bundle of the API server.")]
+YesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--yes",
+        "-y",
+        help=f"Change the {PRODUCTION_STACK} stack without asking: rollout and rollback ask for confirmation there "
+        "on a terminal and refuse without --yes when stdin is not one.",
+    ),
+]
 AllowDegradedOpt = Annotated[
     bool,
     typer.Option(
@@ -116,7 +126,7 @@ class FleetOptions:
     """The options ``rollout`` and ``rollback`` share, declared once: the stack, where its state lives, the
     router to watch and the backend that updates replicas (``--known-hosts``/``-i`` for ssh, ``--kube-*``)."""
 
-    stack: StackOpt = DEFAULT_STACK
+    stack: StackOpt = None
     stack_file: StackFileOpt = None
     as_json: JsonOpt = False
     state_dir: StateDirOpt = None
@@ -131,6 +141,21 @@ class FleetOptions:
     kube_token_file: KubeTokenOpt = None
     kube_ca_file: KubeCaOpt = None
     allow_degraded: AllowDegradedOpt = False
+    yes: YesOpt = False
+
+
+def _confirm_production(st: Stack, opts: FleetOptions, action: str) -> None:
+    """Changing the production stack is confirmed: on a terminal by a prompt, elsewhere by ``--yes`` (exit 2 without
+    it, naming the flag); a declined prompt exits 1 with nothing changed."""
+    if st.name != PRODUCTION_STACK or opts.yes:
+        return
+    if not sys.stdin.isatty():
+        fail(
+            f"{action} changes the production stack {st.name!r} and stdin is not a terminal to confirm on: pass --yes "
+            "to confirm (or --dry-run to see the plan first)"
+        )
+    if not typer.confirm(f"{action} changes the production stack {st.name!r}. Continue?", err=True):
+        fail(f"{action} on stack {st.name!r} not confirmed: nothing was changed", EXIT_PROBLEM)
 
 
 def _operation(st: Stack, opts: FleetOptions) -> RolloutOperation:
@@ -280,6 +305,8 @@ def rollout(
         fail("give either --to VERSION (a new rollout) or --resume (continue the unfinished one)")
     if dry_run and to is None:
         fail("--dry-run plans a new rollout: give --to VERSION instead of --resume")
+    if not dry_run:
+        _confirm_production(st, opts, f"rollout {'--resume' if resume else f'--to {to}'}")
     op = _operation(st, opts)
     outcome: Planned | Ran | NothingToDo
     with _refusals():
@@ -334,6 +361,7 @@ def rollback(opts: FleetOptions) -> None:
     reverted), batch by batch with the same drain discipline."""
     display = Display(quiet_stdout=opts.as_json)
     st = resolve_stack(opts.stack, opts.stack_file)
+    _confirm_production(st, opts, "rollback")
     op = _operation(st, opts)
     with _refusals():
         outcome = op.rollback(display)

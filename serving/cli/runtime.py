@@ -21,7 +21,6 @@ from rich.table import Table
 
 from serving.cli.options import (
     DEFAULT_KNOWN_HOSTS,
-    DEFAULT_STACK,
     EXIT_PROBLEM,
     IdentityOpt,
     JsonOpt,
@@ -131,7 +130,7 @@ def _election(st: Stack, kind: str, etcd: list[str] | None, identity: str) -> El
 
 @controller_app.command("run")
 def controller_run(
-    stack: StackOpt = DEFAULT_STACK,
+    stack: StackOpt = None,
     stack_file: StackFileOpt = None,
     state_dir: StateDirOpt = None,
     name: Annotated[str | None, typer.Option("--name", help="This instance's name (default host-pid).")] = None,
@@ -198,7 +197,7 @@ def agent_run(
             "one process, as the scale sandbox does.",
         ),
     ],
-    stack: StackOpt = DEFAULT_STACK,
+    stack: StackOpt = None,
     stack_file: StackFileOpt = None,
     controllers: ControllerOpt = None,
     dcgm_url: Annotated[
@@ -267,7 +266,7 @@ async def _statuses(urls: list[str], timeout_s: float) -> dict[str, dict[str, An
 
 @app.command("status")
 def status(
-    stack: StackOpt = DEFAULT_STACK,
+    stack: StackOpt = None,
     stack_file: StackFileOpt = None,
     controllers: ControllerOpt = None,
     as_json: JsonOpt = False,

@@ -20,7 +20,8 @@ from serving.paths import ProjectNotFoundError, project_dir
 from serving.spec.schema import FleetSpec, load_hf_config
 
 NAMESPACE = "exaserve"
-DEFAULT_STACK = "prod"
+PRODUCTION_STACK = "prod"  # rollout and rollback confirm before they change it
+DEFAULT_STACK = PRODUCTION_STACK  # the read-only commands' stack when none is named; the fleet commands have none
 
 
 class SpecError(Exception):
