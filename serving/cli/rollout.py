@@ -111,6 +111,15 @@ YesOpt = Annotated[
         "on a terminal and refuse without --yes when stdin is not one.",
     ),
 ]
+AcceptInconclusiveOpt = Annotated[
+    bool,
+    typer.Option(
+        "--accept-inconclusive",
+        help="Go on when there is too little traffic to judge a batch's gates (QPS, P99, error rate need "
+        "20 requests each): they pass unjudged, and the report says so. Without it such a rollout pauses, saying how "
+        "much traffic it needs.",
+    ),
+]
 AllowDegradedOpt = Annotated[
     bool,
     typer.Option(
@@ -158,7 +167,7 @@ def _confirm_production(st: Stack, opts: FleetOptions, action: str) -> None:
         fail(f"{action} on stack {st.name!r} not confirmed: nothing was changed", EXIT_PROBLEM)
 
 
-def _operation(st: Stack, opts: FleetOptions) -> RolloutOperation:
+def _operation(st: Stack, opts: FleetOptions, *, accept_inconclusive: bool = False) -> RolloutOperation:
     """``st``'s rollout operation as ``opts`` describe it."""
     backend = BackendConfig(opts.backend_kind, opts.known_hosts, opts.identity, opts.kube_server,
                             opts.kube_token_file, opts.kube_ca_file)  # fmt: skip
@@ -166,7 +175,8 @@ def _operation(st: Stack, opts: FleetOptions) -> RolloutOperation:
     with _refusals():
         return RolloutOperation.open(StackState.for_stack(st.name, opts.state_dir), load_fleet(st.name, st.spec),
                                      backend, routers, router_grace_s=opts.router_grace_s,
-                                     allow_degraded=opts.allow_degraded)  # fmt: skip
+                                     allow_degraded=opts.allow_degraded,
+                                     accept_inconclusive=accept_inconclusive)  # fmt: skip
 
 
 @contextmanager
@@ -296,6 +306,7 @@ def rollout(
     to: Annotated[str | None, typer.Option("--to", help="Version to roll out, e.g. v2.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; touch nothing.")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the unfinished rollout of the stack.")] = False,
+    accept_inconclusive: AcceptInconclusiveOpt = False,
 ) -> None:
     """Roll the fleet to a new version in rollout.batches batches with metric gates; roll back on a breach.
     Plans from what each replica runs: replicas already on the version are left alone."""
@@ -307,7 +318,7 @@ def rollout(
         fail("--dry-run plans a new rollout: give --to VERSION instead of --resume")
     if not dry_run:
         _confirm_production(st, opts, f"rollout {'--resume' if resume else f'--to {to}'}")
-    op = _operation(st, opts)
+    op = _operation(st, opts, accept_inconclusive=accept_inconclusive)
     outcome: Planned | Ran | NothingToDo
     with _refusals():
         if dry_run and to is not None:
