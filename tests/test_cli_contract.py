@@ -14,7 +14,11 @@ bad input run the same app in-process (:func:`tests.support.cli.exaserve_in_proc
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,7 @@ from serving.cli.commands import register
 from serving.cli.options import app
 from tests.support.cli import exaserve, exaserve_in_process, exaserve_on_terminal, flat, json_object
 from tests.support.repo import working_tree_repo
+from tests.support.stacks import write_variant
 
 Command = tuple[str, ...]
 
@@ -260,3 +265,54 @@ def test_changing_prod_on_a_terminal_asks_and_a_no_changes_nothing(tmp_path: Pat
     assert r.returncode == 1, r.stdout
     assert "not confirmed: nothing was changed" in r.stdout
     assert not (tmp_path / "prod").exists()
+
+
+@contextmanager
+def banner_breakers(addresses: list[str]) -> Iterator[int]:
+    """A TCP listener on the same port of each loopback address that accepts a connection and closes it at once:
+    an SSH client fails reading the protocol banner, as on a node whose sshd is overloaded or behind a broken proxy."""
+    sockets: list[socket.socket] = []
+    port = 0
+    for address in addresses:
+        s = socket.socket()
+        s.bind((address, port))
+        s.listen(64)
+        s.settimeout(0.2)
+        port = s.getsockname()[1]
+        sockets.append(s)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            for s in sockets:
+                with contextlib.suppress(OSError):
+                    s.accept()[0].close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield port
+    finally:
+        stop.set()
+        thread.join(5)
+        for s in sockets:
+            s.close()
+
+
+def test_unreachable_ssh_nodes_give_one_line_each_and_no_traceback(tmp_path: Path) -> None:
+    """Issue 28: `rollout --backend ssh --dry-run` against nodes that fail the SSH handshake wrote 5,383 lines to
+    stderr, paramiko's traceback of each failed banner read, before its one-line error."""
+    nodes = 4
+    addresses = [f"127.0.0.{11 + i}" for i in range(nodes)]
+    with banner_breakers(addresses) as port:
+        changes = {"cluster.pools.0.count": nodes, "cluster.pools.0.racks": 1, "cluster.pools.0.subnet": "127.0.0.0/24",
+                   "cluster.pools.0.first_address": addresses[0], "cluster.pools.0.ssh_port": port,
+                   "serving.replicas": nodes * 8, "serving.target_replicas": nodes * 8}  # fmt: skip
+        stack = write_variant(tmp_path, "ssh", "dev", changes)
+        known_hosts = tmp_path / "known_hosts"
+        known_hosts.write_text("")
+        r = exaserve("rollout", "--stack-file", str(stack), "--to", "v1", "--dry-run", "--backend", "ssh",
+                     "--known-hosts", str(known_hosts), env={"EXASERVE_STATE_DIR": str(tmp_path / "state")})  # fmt: skip
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and "Error reading SSH protocol banner" not in r.stderr, r.stderr[:2000]
+    assert len(r.stderr.splitlines()) <= nodes + 2, r.stderr
