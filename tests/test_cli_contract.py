@@ -15,7 +15,9 @@ bad input run the same app in-process (:func:`tests.support.cli.exaserve_in_proc
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +29,8 @@ import typer
 
 from serving.cli.commands import register
 from serving.cli.options import app
-from tests.support.cli import exaserve, exaserve_in_process, exaserve_on_terminal, flat, json_object
+from tests.support.cli import EXASERVE, exaserve, exaserve_in_process, exaserve_on_terminal, flat, json_object
+from tests.support.paths import REPO
 from tests.support.repo import working_tree_repo
 from tests.support.stacks import write_variant
 
@@ -316,3 +319,18 @@ def test_unreachable_ssh_nodes_give_one_line_each_and_no_traceback(tmp_path: Pat
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and "Error reading SSH protocol banner" not in r.stderr, r.stderr[:2000]
     assert len(r.stderr.splitlines()) <= nodes + 2, r.stderr
+
+
+def test_piped_output_is_not_cut_at_80_columns() -> None:
+    """Issue 28: piped, `fit`'s headers read `prec… repl… weig…` and `status` cut every replica name: rich gives a
+    console that is not a terminal 80 columns. Piped (and without COLUMNS) the tables are as wide as they need."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    args = ["fit", "--stack", "dev", "--hf-config", "models/llama-3-70b/config.json"]
+    r = subprocess.run(
+        [str(EXASERVE), *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=120, check=False
+    )
+    assert r.returncode in (0, 1), r.stderr
+    header = next(line for line in r.stdout.splitlines() if "TP×PP" in line)
+    assert "precision" in header and "replicas" in header and "weights/GPU" in header, header
+    assert "…" not in r.stdout
+    assert max(len(line) for line in r.stdout.splitlines()) > 80  # the full table, wider than a default terminal

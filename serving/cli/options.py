@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -48,8 +49,21 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT = 0, 1, 2
 
-console = Console()
-err_console = Console(stderr=True)
+PIPE_WIDTH = 1000  # columns of a console that is not a terminal: a table's full width, never cut at 80
+
+
+def _console(*, stderr: bool = False) -> Console:
+    """A console as wide as its terminal; piped or redirected (and without ``COLUMNS``), as wide as its content up
+    to :data:`PIPE_WIDTH`, not rich's 80 columns, which cut every replica name of ``status`` to ``sandbox-0-…`` and
+    ``fit``'s headers to ``prec…``. Tables are as wide as their content, so a wide console adds no padding."""
+    c = Console(stderr=stderr)
+    if not c.is_terminal and "COLUMNS" not in os.environ:
+        c.width = PIPE_WIDTH
+    return c
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 _STACK_META = "exaserve.stack"  # context meta key: the loaded stack's name, for the error JSON
