@@ -334,3 +334,19 @@ def test_piped_output_is_not_cut_at_80_columns() -> None:
     assert "precision" in header and "replicas" in header and "weights/GPU" in header, header
     assert "…" not in r.stdout
     assert max(len(line) for line in r.stdout.splitlines()) > 80  # the full table, wider than a default terminal
+
+
+def test_shell_completion_completes_commands_and_a_lazy_commands_options() -> None:
+    """Issue 28: no shell completion. The script installs with `--install-completion`; the commands complete from
+    the lazy table, and a command's options once its module is imported to resolve it."""
+    script = exaserve("--show-completion", "bash")
+    assert script.returncode == 0 and "_EXASERVE_COMPLETE=complete_bash" in script.stdout, script.stdout + script.stderr
+
+    def complete(words: str) -> list[str]:
+        env = {"_EXASERVE_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - 1)}
+        r = exaserve(env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split()
+
+    assert complete("exaserve roll") == ["rollout", "rollback"]
+    assert complete("exaserve rollout --acc") == ["--accept-inconclusive"]

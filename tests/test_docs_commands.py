@@ -131,6 +131,10 @@ def parse(argv: tuple[str, ...]) -> None:
     usage errors (:class:`typer.TyperException`; a bad value :class:`typer.BadParameter`)."""
     register(None)
     command: Any = typer.main.get_command(app)
+    if "--install-completion" in argv:  # its callback edits the shell's rc file: the option is looked up instead
+        assert argv == ("exaserve", "--install-completion")
+        assert any("--install-completion" in p.opts for p in command.params)
+        return
     ctx = command.make_context("exaserve", list(argv[1:]))
     args = _rest(ctx)
     while hasattr(command, "commands") and args:

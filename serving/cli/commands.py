@@ -130,7 +130,7 @@ app = typer.Typer(
     help="ExaServe deploy: plan, render, check, preflight and roll out an SGLang serving fleet.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
 )
 
 
