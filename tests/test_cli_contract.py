@@ -94,6 +94,7 @@ JSON_CASES: dict[Command, tuple[list[str], int]] = {
     ("agent", "run"): (["--stack", "dev", "--node", "nowhere", "--controller", "http://127.0.0.1:9"], 2),
     ("status",): (["--stack", "dev"], 2),  # no --controller
     ("fit",): (["--stack", "dev", "--hf-config", "models/llama-3-70b/config.json"], 0),
+    ("history",): (["--stack", "dev"], 0),
     ("drill",): (["--stack", "dev", "--list"], 0),
 }
 
@@ -125,7 +126,7 @@ def test_the_app_has_the_commands_the_docs_list() -> None:
     assert set(COMMANDS) == {
         ("plan",), ("audit-source",), ("schema",), ("render",), ("check",), ("diff",), ("units",), ("preflight",),
         ("fleet", "exec"), ("sandbox", "up"), ("sandbox", "down"), ("sandbox", "load"), ("rollout",), ("rollback",),
-        ("controller", "run"), ("agent", "run"), ("status",), ("fit",), ("drill",),
+        ("controller", "run"), ("agent", "run"), ("status",), ("fit",), ("drill",), ("history",),
     }  # fmt: skip
     assert set(COMMANDS) - set(STACK_COMMANDS) == {("schema",)}
 
@@ -210,7 +211,7 @@ def _stack_default(cmd: Command) -> object:
 # The commands that act on a fleet (issue 28): none of them picks a stack by default, as pulumi needs a selected one.
 FLEET_COMMANDS = [
     ("rollout",), ("rollback",), ("preflight",), ("status",), ("fleet", "exec"), ("drill",), ("controller", "run"),
-    ("agent", "run"),
+    ("agent", "run"), ("history",),
 ]  # fmt: skip
 
 

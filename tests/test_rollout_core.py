@@ -38,7 +38,7 @@ from serving.rollout.gates import (
     window_break,
     window_stats,
 )
-from serving.rollout.journal import Journal, JournalError, LockedError, StackLock, load_state
+from serving.rollout.journal import Journal, JournalError, LockedError, StackLock, StackState, load_state
 from serving.rollout.machine import (
     Event,
     Outcome,
@@ -54,6 +54,7 @@ from serving.rollout.machine import (
 from serving.rollout.plan import GateLimits, RolloutPlan, plan_batches, plan_rollout
 from serving.router.client import HistogramSnapshot, MetricsSnapshot
 from serving.spec.stack import load_stack
+from tests.support.cli import exaserve_in_process, json_object
 from tests.support.stacks import fleet_of, spec_from
 
 LIMITS = GateLimits(max_qps_drop=0.20, max_p99_rise=0.30, max_error_rate=0.001)
@@ -974,3 +975,36 @@ def test_second_updater_is_refused_and_a_killed_holder_leaves_no_stale_lock(tmp_
 def test_nan_free_p99_when_window_is_empty() -> None:
     w = window_stats(one(counters(100)), one(counters(100)), seconds=1.0)
     assert w is not None and w.p99_s is None and not math.isnan(w.qps)
+
+
+def test_history_lists_every_rollout_of_the_stack_from_its_journals(tmp_path: Path) -> None:
+    """Issue 28: there was no rollout history. `exaserve history` reads the journals: the earlier ones moved to
+    history/ when a new rollout started, then the latest, oldest first, each with its outcome and reason."""
+    journal_path = StackState.for_stack("sandbox", tmp_path).journal_path
+    journal_path.parent.mkdir(parents=True)
+    for outcome in ("completed", "rolled back", "paused"):
+        plan = sandbox_plan()
+        journal = Journal.create(journal_path, plan)
+        state = initial(plan)
+        while state.step is not None and state.active:
+            kind = "baseline" if state.step.phase is Phase.BASELINE else "done"
+            if outcome != "completed" and state.step == Step(Phase.HEALTH, 1):
+                kind = "failed" if outcome == "rolled back" else "router_lost"
+            event = Event(kind, time.time(), step=state.step, detail="x" if kind != "done" else "",  # type: ignore[arg-type]
+                          baseline=WindowStats(2.0, 200, 0, 200, 0, 0, 0.1) if kind == "baseline" else None)  # fmt: skip
+            journal.record(event)
+            state = advance(state, event)
+            if kind == "router_lost":
+                break
+        time.sleep(1.1)  # history files are named by the second they were moved
+    r = exaserve_in_process("history", "--stack", "sandbox", "--state-dir", str(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json_object(r)["rollouts"]
+    assert [row["outcome"] for row in rows] == ["completed", "rolled_back", "paused"]
+    assert [row["batches_passed"] for row in rows] == [5, 1, 1] and {row["batches"] for row in rows} == {5}
+    assert rows[2]["journal"] == str(journal_path) and "router lost during batch 1 (health)" in rows[2]["reason"]
+    assert all((row["from_version"], row["to_version"], row["kind"]) == ("v1", "v2", "rollout") for row in rows)
+    table = exaserve_in_process("history", "--stack", "sandbox", "--state-dir", str(tmp_path))
+    assert "v1 → v2" in table.stdout and "rolled_back" in table.stdout and "1/5" in table.stdout, table.stdout
+    empty = exaserve_in_process("history", "--stack", "dev", "--state-dir", str(tmp_path))
+    assert empty.returncode == 0 and "no rollout on stack dev yet" in empty.stdout

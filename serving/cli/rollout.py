@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -45,7 +46,7 @@ from serving.cli.options import (
     shared_options,
 )
 from serving.plan.loader import load_fleet
-from serving.rollout.journal import JournalError, LockedError, StackState
+from serving.rollout.journal import JournalError, LockedError, StackState, history
 from serving.rollout.machine import RolloutState
 from serving.rollout.operation import (
     BackendConfig,
@@ -377,3 +378,60 @@ def rollback(opts: FleetOptions) -> None:
     with _refusals():
         outcome = op.rollback(display)
     _finish(st.name, outcome, opts.as_json)
+
+
+# ----------------------------------------------------------------------------------------- history
+
+
+@app.command("history")
+def rollout_history(
+    stack: StackOpt = None, stack_file: StackFileOpt = None, state_dir: StateDirOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Every rollout, rollback and revert of the stack from its journals, oldest first: when, from and to which
+    version, the outcome, the batches that passed, client errors and the reason of a pause or rollback."""
+    st = resolve_stack(stack, stack_file)
+    paths = StackState.for_stack(st.name, state_dir)
+    try:
+        past = history(paths)
+    except JournalError as exc:
+        fail(str(exc))
+    rows: list[dict[str, Any]] = [
+        {
+            "journal": str(p.path),
+            "started_at": _iso(p.first_at),
+            "ended_at": _iso(p.last_at),
+            "kind": p.state.plan.kind,
+            "from_version": p.state.plan.from_version,
+            "to_version": p.state.plan.to_version,
+            "outcome": p.state.outcome.value if p.state.outcome else "unfinished",
+            "batches": len(p.state.batches),
+            "batches_passed": sum(rec.passed is True for rec in p.state.batches),
+            "client_errors": int(p.state.client_errors),
+            "reason": p.state.reason,
+        }
+        for p in past
+    ]
+    if as_json:
+        emit_json({"rollouts": rows}, stack=st.name, ok=True)
+        return
+    if not rows:
+        console.print(f"no rollout on stack {st.name} yet (no journal under {paths.root})", highlight=False)
+        return
+    table = Table(title=f"rollouts of {st.name} ({paths.root})")
+    for col in ("started (UTC)", "kind", "from → to", "outcome", "batches passed", "client errors", "reason"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(
+            (r["started_at"] or "")[:19].replace("T", " "),
+            r["kind"],
+            f"{r['from_version']} → {r['to_version']}",
+            r["outcome"],
+            f"{r['batches_passed']}/{r['batches']}",
+            str(r["client_errors"]),
+            r["reason"],
+        )
+    console.print(table)
+
+
+def _iso(t: float | None) -> str | None:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds") if t is not None else None
