@@ -15,6 +15,7 @@ bad input run the same app in-process (:func:`tests.support.cli.exaserve_in_proc
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import socket
 import subprocess
@@ -26,9 +27,10 @@ from typing import Any
 
 import pytest
 import typer
+from rich.console import Console
 
 from serving.cli.commands import register
-from serving.cli.options import app
+from serving.cli.options import ProgressLines, app
 from tests.support.cli import EXASERVE, exaserve, exaserve_in_process, exaserve_on_terminal, flat, json_object
 from tests.support.paths import REPO
 from tests.support.repo import working_tree_repo
@@ -351,3 +353,22 @@ def test_shell_completion_completes_commands_and_a_lazy_commands_options() -> No
 
     assert complete("exaserve roll") == ["rollout", "rollback"]
     assert complete("exaserve rollout --acc") == ["--accept-inconclusive"]
+
+
+def test_progress_lines_off_a_terminal_one_per_step_and_a_repeat_at_most_every_interval() -> None:
+    """Issue 28: piped, `drill` printed nothing for 1 m 46 s (its spinner shows nothing off a terminal). Off a
+    terminal each step is a line; a step that reports often (the drill's watch, several times a second) repeats at
+    most every interval. On a terminal nothing: the spinner shows it."""
+    now = [0.0]
+    piped = Console(file=io.StringIO(), force_terminal=False, width=200)
+    lines = ProgressLines(piped, every_s=10.0, clock=lambda: now[0])
+    for t, text in [(0, "baseline: 10 s of load"), (1, "fault injected: kill"), (1.5, "watching: 0.5 s after"),
+                    (2, "watching: 1.0 s after"), (11.6, "watching: 10.6 s after"), (12, "healed at 12 s: x")]:  # fmt: skip
+        now[0] = t
+        lines(text)
+    shown = [line.split(" ", 1)[1] for line in piped.file.getvalue().splitlines()]  # type: ignore[attr-defined]
+    assert shown == ["baseline: 10 s of load", "fault injected: kill", "watching: 0.5 s after",
+                     "watching: 10.6 s after", "healed at 12 s: x"]  # fmt: skip
+    terminal = Console(file=io.StringIO(), force_terminal=True)
+    ProgressLines(terminal)("baseline: 10 s")
+    assert terminal.file.getvalue() == ""  # type: ignore[attr-defined]

@@ -29,8 +29,10 @@ import dataclasses
 import functools
 import inspect
 import json
+import math
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -145,6 +147,27 @@ StateDirOpt = Annotated[
         callback=_expand_user,
     ),
 ]
+
+
+class ProgressLines:
+    """What a long command is doing, as plain timestamped lines on a console that is not a terminal (piped, in CI,
+    under nohup), where a spinner shows nothing: a line when the step changes (the text before its first ``:``),
+    and the same step again at most every ``every_s`` seconds. On a terminal it prints nothing (the spinner
+    shows it)."""
+
+    def __init__(self, out: Console, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.out, self.every_s, self.clock = out, every_s, clock
+        self._step: str | None = None
+        self._at = -math.inf
+
+    def __call__(self, text: str) -> None:
+        if self.out.is_terminal:
+            return
+        step, now = text.partition(":")[0], self.clock()
+        if step == self._step and now - self._at < self.every_s:
+            return
+        self._step, self._at = step, now
+        self.out.print(f"{time.strftime('%H:%M:%S')} {text}", highlight=False, markup=False, soft_wrap=True)
 
 
 def resolve_stack(stack: str | None, stack_file: Path | None) -> Stack:
@@ -282,6 +305,7 @@ __all__ = [
     "IdentityOpt",
     "JsonOpt",
     "KnownHostsOpt",
+    "ProgressLines",
     "StackFileOpt",
     "StackOpt",
     "StateDirOpt",
