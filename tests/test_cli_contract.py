@@ -342,7 +342,8 @@ def test_piped_output_is_not_cut_at_80_columns() -> None:
 def test_shell_completion_completes_commands_and_a_lazy_commands_options() -> None:
     """Issue 28: no shell completion. The script installs with `--install-completion`; the commands complete from
     the lazy table, and a command's options once its module is imported to resolve it."""
-    script = exaserve("--show-completion", "bash")
+    # typer detects the user's shell from the parent process; its test switch takes the shell as the value instead
+    script = exaserve("--show-completion", "bash", env={"_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"})
     assert script.returncode == 0 and "_EXASERVE_COMPLETE=complete_bash" in script.stdout, script.stdout + script.stderr
 
     def complete(words: str) -> list[str]:
