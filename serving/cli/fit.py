@@ -26,6 +26,7 @@ from serving.cli.options import (
 )
 from serving.plan import memory as sgl
 from serving.plan import planner
+from serving.plan.model import CapacityChain
 from serving.spec.schema import GIB, Architecture, architecture_from_hf_config
 from serving.spec.stack import NAMESPACE, SpecError, load_stack_file, read_stack_document
 
@@ -174,13 +175,14 @@ def fit(
         and (rate is None or c.requests_per_second.value >= rate)
     ]
     ok = bool(meets)
-    if write_stack is not None:
-        if not ok:
-            fail("--write-stack: no layout meets the target; nothing written", EXIT_PROBLEM)
+    if write_stack is not None and ok:
         if n != spec.cluster.node_count:
             fail(f"--write-stack: --nodes {n} differs from the stack's {spec.cluster.node_count}; drop --nodes")
         _write_stack(write_stack, st.path, layouts[meets[0]], hf_config, arch, gpu_product.label)
+    refused = f"--write-stack: no layout meets the target ({_short_of(chains, concurrency, rate)}); nothing written"
     if as_json:
+        if write_stack is not None and not ok:
+            fail(refused, EXIT_PROBLEM)  # the error object is the one JSON object
         emit_json(
             {
                 "gpu": gpu_product.label,
@@ -200,7 +202,8 @@ def fit(
             f"{spec.cluster.gpu.count_per_node} {gpu_product.label}, {ctx:,}-token context",
             title_justify="left",
         )
-        for col in ("precision", "kv", "TP×PP", "replicas", "mfs", "weights/GPU", "KV tokens", "seqs/rep", "served"):
+        for col in ("precision", "kv", "TP×PP", "replicas", "mfs", "weights/GPU", "KV tokens", "seqs/rep", "served",
+                    "sustained"):  # fmt: skip
             table.add_column(col, justify="right")
         table.add_column("req/s", justify="right")
         for lay, chain in list(zip(layouts, chains, strict=True))[:top]:
@@ -214,6 +217,7 @@ def fit(
                 f"{lay.kv_pool_tokens:,}",
                 str(lay.sequences_per_replica),
                 f"{lay.served_sequences:,}",
+                f"{chain.sustained.value:,.0f}",
                 f"{chain.requests_per_second.value:,.0f}",
             )
         console.print(table)
@@ -222,9 +226,29 @@ def fit(
         console.print(
             f"[green]{len(meets)} of {len(layouts)} layouts meet the target[/]"
             if ok
-            else "[red]no layout meets the target[/]"
+            else f"[red]no layout meets the target[/]: {_short_of(chains, concurrency, rate)}",
+            soft_wrap=True,
         )
-        if write_stack is not None:
+        if write_stack is not None and ok:
             console.print(f"wrote {write_stack}")
+    if write_stack is not None and not ok:
+        fail(refused, EXIT_PROBLEM)  # after the table: the layouts are what the operator needs to choose
     if not ok:
         raise typer.Exit(EXIT_PROBLEM)
+
+
+def _short_of(chains: list[CapacityChain], concurrency: int | None, rate: float | None) -> str:
+    """How far the best layout is from the target: the target is met on what a layout *sustains* (served
+    sequences after balance efficiency, the failure reserve and the burst buffer, limits.*), not what it serves."""
+    if not chains:
+        return "no layout fits the model on this cluster"
+    parts = []
+    if concurrency is not None:
+        c = max(chains, key=lambda c: c.sustained.value)
+        how = "; ".join(f.formula for f in (c.raw, c.balanced, c.after_reserve, c.sustained))
+        parts.append(f"the most any layout sustains is {c.sustained.value:,.0f} concurrent sequences ({how}) < "
+                     f"--concurrency {concurrency:,}")  # fmt: skip
+    if rate is not None:
+        top = max(c.requests_per_second.value for c in chains)
+        parts.append(f"the most any serves is {top:,.0f} req/s < --rate {rate:,.0f}")
+    return "; ".join(parts)
