@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 from serving.spec.stack import load_stack_file
 from tests.support.cli import exaserve, json_object
+from tests.support.paths import REPO
 
 
 def test_fit_ranks_layouts_and_writes_a_stack_that_plans(tmp_path: Path) -> None:
@@ -34,6 +37,12 @@ def test_fit_ranks_layouts_and_writes_a_stack_that_plans(tmp_path: Path) -> None
     spec = load_stack_file(out).spec
     assert (spec.parallelism.tp, spec.parallelism.pp) == (best["tp"], best["pp"])
     assert spec.cluster.gpu.product == "NVIDIA-H100-80GB-HBM3"
+    # Issue 28: hf_config was written absolute; it is relative to the written file, as the loader reads it
+    hf_config = yaml.safe_load(out.read_text())["config"]["exaserve:model"]["hf_config"]
+    assert (
+        not Path(hf_config).is_absolute()
+        and (out.parent / hf_config).resolve() == (REPO / "models/llama-3.1-405b/config.json").resolve()
+    ), hf_config
     plan = exaserve("plan", "--stack-file", str(out), "--json")
     assert json_object(plan)["capacity"]["kv_pool_tokens_per_replica"] == best["kv_pool_tokens_per_replica"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -77,7 +78,8 @@ def _write_stack(out: Path, base: Path, lay: sgl.Layout, hf_config: Path, arch: 
     doc = read_stack_document(base)
     model = dict(doc.get("model") or {})
     model.update(
-        hf_config=str(hf_config.resolve()),
+        # relative to the written file, as the stack loader reads it: the file moves with its checkout
+        hf_config=os.path.relpath(hf_config.resolve(), out.resolve().parent),
         precision=lay.precision,
         quantization=QUANTIZATION[lay.precision],
         kv_cache_dtype=lay.kv_cache_dtype,
