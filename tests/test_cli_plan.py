@@ -6,9 +6,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
+import yaml
 
 from tests.support.cli import exaserve as run
+from tests.support.paths import REPO
 from tests.support.stacks import SOURCE_PLAN
 
 
@@ -101,3 +104,26 @@ def test_schema_is_json_schema_of_the_spec() -> None:
     r = run("schema")
     doc = json.loads(r.stdout)
     assert r.returncode == 0 and doc["title"] == "FleetSpec" and "cluster" in doc["required"]
+
+
+def test_the_pulumi_file_schema_validates_the_stack_files_and_names_their_mistakes() -> None:
+    """Issue 28: validating Pulumi.prod.yaml against `schema` failed on its `config:` wrapper; `schema --pulumi-file`
+    is the schema of the file an editor opens."""
+    r = run("schema", "--pulumi-file")
+    assert r.returncode == 0, r.stderr
+    file_schema = json.loads(r.stdout)
+    validator = jsonschema.Draft202012Validator(file_schema)
+    for path in sorted(REPO.glob("Pulumi.*.yaml")):
+        if path.name == "Pulumi.yaml":
+            continue
+        doc = yaml.safe_load(path.read_text())
+        assert not list(validator.iter_errors(doc)), path.name
+    prod = yaml.safe_load((REPO / "Pulumi.prod.yaml").read_text())
+    assert list(jsonschema.Draft202012Validator(json.loads(run("schema").stdout)).iter_errors(prod))  # the old way
+    typo = {**prod, "config": {**prod["config"], "exaserve:rolout": {"batches": 5}}}
+    assert any("exaserve:rolout" in e.message for e in validator.iter_errors(typo))
+    wrong = yaml.safe_load((REPO / "Pulumi.prod.yaml").read_text())
+    wrong["config"]["exaserve:rollout"]["batches"] = "five"
+    assert [list(e.absolute_path) for e in validator.iter_errors(wrong)] == [["config", "exaserve:rollout", "batches"]]
+    other = {**prod, "config": {**prod["config"], "aws:region": "eu-west-1"}, "secretsprovider": "passphrase"}
+    assert not list(validator.iter_errors(other))  # other namespaces and Pulumi's own keys are not ours to judge

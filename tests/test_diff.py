@@ -82,6 +82,20 @@ def _diff(changed: list[ObjectChange], capacity: list[FieldChange] | None = None
     return FleetDiff("prod", "main", "0123456789abcdef", 10, 10, changed=changed, capacity=capacity or [])
 
 
+def test_a_changed_configmap_file_shows_the_keys_that_changed_inside_it() -> None:
+    """Issue 28: a ConfigMap holding the stack file showed as the same truncated prefix on both sides."""
+    stack = yaml.safe_load((REPO / "Pulumi.dev.yaml").read_text())
+    before = {"data": {"stack.yaml": yaml.safe_dump(stack)}}
+    stack["config"]["exaserve:rollout"]["interval_s"] = 60
+    after = {"data": {"stack.yaml": yaml.safe_dump(stack)}}
+    changes = field_changes(before, after)
+    assert changes == [FieldChange('data["stack.yaml"].config["exaserve:rollout"].interval_s', 120, 60)]
+    report = text_report(_diff([ObjectChange("ConfigMap", "exaserve", "exaserve-runtime-stack", "runtime", changes)]))
+    assert 'data["stack.yaml"].config["exaserve:rollout"].interval_s: 120 → 60' in report
+    # text that is not a mapping stays one change
+    assert field_changes({"data": {"a": "x\ny"}}, {"data": {"a": "x\nz"}}) == [FieldChange("data.a", "x\ny", "x\nz")]
+
+
 def test_identical_changes_across_update_groups_are_one_entry() -> None:
     flag = FieldChange(
         "spec.template.spec.containers[sglang].args[--context-length]", "4096", "8192", "--context-length"
@@ -254,3 +268,18 @@ def test_diff_rejects_an_unknown_base(repo: Path) -> None:
     assert result.returncode == 2
     assert "--base 'no-such-branch' is not a commit" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_detailed_exitcode_is_2_on_changes_and_0_without(repo: Path) -> None:
+    """Issue 28: `diff --detailed-exitcode`, as helm diff has it (there was no way to tell changes by the exit code)."""
+    same = _exaserve(repo, "diff", "--stack", "dev", "--base", "main", "--detailed-exitcode", "--json")
+    assert same.returncode == 0, same.stderr
+    assert json_object(same)["ok"] is True
+    original = _edit_stack(repo, "dev", "rollout", {"interval_s": 60})
+    try:
+        changed = _exaserve(repo, "diff", "--stack", "dev", "--base", "main", "--detailed-exitcode", "--json")
+    finally:
+        (repo / "Pulumi.dev.yaml").write_text(original)
+    assert changed.returncode == 2, changed.stderr
+    doc = json_object(changed)
+    assert doc["ok"] is False and doc["changed"], doc

@@ -368,8 +368,10 @@ def test_a_rollout_moves_each_group_through_discovery_on_every_router(cluster: C
         backend = cluster.backend()
         try:
             routers = RouterSet(cluster.routers, metrics=cluster.metrics)  # the gates sum every router's metrics
+            # 20 req/s over 4 replicas gives a 2-replica batch exactly the 20 requests its gates need in a 2 s soak:
+            # on the edge, and discovery (not the gates) is what this test checks, so inconclusive gates pass
             runner = Runner(initial(rollout), Journal.create(tmp_path / "journal.jsonl", rollout), backend,
-                            backend.membership(routers), progress=progress)  # fmt: skip
+                            backend.membership(routers), progress=progress, accept_inconclusive=True)  # fmt: skip
             async with asyncio.timeout(240):
                 return await runner.run()
         finally:

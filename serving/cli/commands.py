@@ -69,6 +69,11 @@ COMMANDS: dict[str, Entry] = {
         "that runs something else back to the version the journal's last rollout started from (a completed one is "
         "reverted), batch by batch with the same drain discipline.",
     ),
+    "history": Entry(
+        "rollout",
+        "Every rollout, rollback and revert of the stack from its journals, oldest first: when, from and to which "
+        "version, the outcome, the batches that passed, client errors and the reason of a pause or rollback.",
+    ),
     "controller": Entry("runtime", "The fleet controller (one of scheduler.instances, one leader)."),
     "agent": Entry("runtime", "The node agent: one batched report per node per heartbeat."),
     "status": Entry(
@@ -130,7 +135,7 @@ app = typer.Typer(
     help="ExaServe deploy: plan, render, check, preflight and roll out an SGLang serving fleet.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
 )
 
 

@@ -25,10 +25,10 @@ import typer
 from rich.table import Table
 
 from serving.cli.options import (
-    DEFAULT_STACK,
     EXIT_PROBLEM,
     CrdDirOpt,
     JsonOpt,
+    ProgressLines,
     StackFileOpt,
     StackOpt,
     StateDirOpt,
@@ -289,6 +289,12 @@ def _run(
     directory = report if report is not None else paths.root / "drills" / f"{stamp}-{scenario.name}"
     injector = SandboxFaults(fleet, paths.sandbox_dir)
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    lines = ProgressLines(err_console)  # piped: the spinner shows nothing, these lines say what the drill does
+
+    def step(what: str) -> None:
+        bar.update(task, description=f"{scenario.name}: {what}")
+        lines(what)
+
     with locked(paths, f"drill {scenario.name}"), Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task(f"drill {scenario.name}", total=None)
         try:
@@ -300,7 +306,7 @@ def _run(
                     injector,
                     sizes,
                     settings,
-                    lambda what: bar.update(task, description=f"{scenario.name}: {what}"),
+                    step,
                 )
             )
         except FleetDown as exc:
@@ -309,7 +315,7 @@ def _run(
             fail(str(exc), EXIT_PROBLEM)
         except SandboxError as exc:
             fail(f"{exc} (the drill needs the sandbox running: `exaserve sandbox up --stack {st.name}`)")
-        bar.update(task, description=f"{scenario.name}: writing the report to {directory}")
+        step(f"writing the report to {directory}")
         doc = write_report(run, st.name, directory)
     if as_json:
         emit_json(doc, stack=st.name, ok=run.ok)
@@ -331,7 +337,7 @@ def _run(
 
 @app.command()
 def drill(
-    stack: StackOpt = DEFAULT_STACK,
+    stack: StackOpt = None,
     stack_file: StackFileOpt = None,
     list_: ListOpt = False,
     scenario: ScenarioOpt = None,

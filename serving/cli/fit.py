@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,6 +13,7 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from serving.cli.options import (
+    DEFAULT_STACK,
     EXIT_PROBLEM,
     JsonOpt,
     StackFileOpt,
@@ -25,6 +27,7 @@ from serving.cli.options import (
 )
 from serving.plan import memory as sgl
 from serving.plan import planner
+from serving.plan.model import CapacityChain
 from serving.spec.schema import GIB, Architecture, architecture_from_hf_config
 from serving.spec.stack import NAMESPACE, SpecError, load_stack_file, read_stack_document
 
@@ -75,7 +78,8 @@ def _write_stack(out: Path, base: Path, lay: sgl.Layout, hf_config: Path, arch: 
     doc = read_stack_document(base)
     model = dict(doc.get("model") or {})
     model.update(
-        hf_config=str(hf_config.resolve()),
+        # relative to the written file, as the stack loader reads it: the file moves with its checkout
+        hf_config=os.path.relpath(hf_config.resolve(), out.resolve().parent),
         precision=lay.precision,
         quantization=QUANTIZATION[lay.precision],
         kv_cache_dtype=lay.kv_cache_dtype,
@@ -122,7 +126,7 @@ def fit(
     write_stack: Annotated[
         Path | None, typer.Option("--write-stack", help="Write the best layout into this stack file.", dir_okay=False)
     ] = None,
-    stack: StackOpt = None,
+    stack: StackOpt = DEFAULT_STACK,
     stack_file: StackFileOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -173,13 +177,14 @@ def fit(
         and (rate is None or c.requests_per_second.value >= rate)
     ]
     ok = bool(meets)
-    if write_stack is not None:
-        if not ok:
-            fail("--write-stack: no layout meets the target; nothing written", EXIT_PROBLEM)
+    if write_stack is not None and ok:
         if n != spec.cluster.node_count:
             fail(f"--write-stack: --nodes {n} differs from the stack's {spec.cluster.node_count}; drop --nodes")
         _write_stack(write_stack, st.path, layouts[meets[0]], hf_config, arch, gpu_product.label)
+    refused = f"--write-stack: no layout meets the target ({_short_of(chains, concurrency, rate)}); nothing written"
     if as_json:
+        if write_stack is not None and not ok:
+            fail(refused, EXIT_PROBLEM)  # the error object is the one JSON object
         emit_json(
             {
                 "gpu": gpu_product.label,
@@ -199,7 +204,8 @@ def fit(
             f"{spec.cluster.gpu.count_per_node} {gpu_product.label}, {ctx:,}-token context",
             title_justify="left",
         )
-        for col in ("precision", "kv", "TP×PP", "replicas", "mfs", "weights/GPU", "KV tokens", "seqs/rep", "served"):
+        for col in ("precision", "kv", "TP×PP", "replicas", "mfs", "weights/GPU", "KV tokens", "seqs/rep", "served",
+                    "sustained"):  # fmt: skip
             table.add_column(col, justify="right")
         table.add_column("req/s", justify="right")
         for lay, chain in list(zip(layouts, chains, strict=True))[:top]:
@@ -213,6 +219,7 @@ def fit(
                 f"{lay.kv_pool_tokens:,}",
                 str(lay.sequences_per_replica),
                 f"{lay.served_sequences:,}",
+                f"{chain.sustained.value:,.0f}",
                 f"{chain.requests_per_second.value:,.0f}",
             )
         console.print(table)
@@ -221,9 +228,29 @@ def fit(
         console.print(
             f"[green]{len(meets)} of {len(layouts)} layouts meet the target[/]"
             if ok
-            else "[red]no layout meets the target[/]"
+            else f"[red]no layout meets the target[/]: {_short_of(chains, concurrency, rate)}",
+            soft_wrap=True,
         )
-        if write_stack is not None:
+        if write_stack is not None and ok:
             console.print(f"wrote {write_stack}")
+    if write_stack is not None and not ok:
+        fail(refused, EXIT_PROBLEM)  # after the table: the layouts are what the operator needs to choose
     if not ok:
         raise typer.Exit(EXIT_PROBLEM)
+
+
+def _short_of(chains: list[CapacityChain], concurrency: int | None, rate: float | None) -> str:
+    """How far the best layout is from the target: the target is met on what a layout *sustains* (served
+    sequences after balance efficiency, the failure reserve and the burst buffer, limits.*), not what it serves."""
+    if not chains:
+        return "no layout fits the model on this cluster"
+    parts = []
+    if concurrency is not None:
+        c = max(chains, key=lambda c: c.sustained.value)
+        how = "; ".join(f.formula for f in (c.raw, c.balanced, c.after_reserve, c.sustained))
+        parts.append(f"the most any layout sustains is {c.sustained.value:,.0f} concurrent sequences ({how}) < "
+                     f"--concurrency {concurrency:,}")  # fmt: skip
+    if rate is not None:
+        top = max(c.requests_per_second.value for c in chains)
+        parts.append(f"the most any serves is {top:,.0f} req/s < --rate {rate:,.0f}")
+    return "; ".join(parts)

@@ -21,7 +21,6 @@ from rich.table import Table
 
 from serving.cli.options import (
     DEFAULT_KNOWN_HOSTS,
-    DEFAULT_STACK,
     EXIT_PROBLEM,
     IdentityOpt,
     JsonOpt,
@@ -132,7 +131,7 @@ def _election(st: Stack, kind: str, etcd: list[str] | None, identity: str) -> El
 
 @controller_app.command("run")
 def controller_run(
-    stack: StackOpt = DEFAULT_STACK,
+    stack: StackOpt = None,
     stack_file: StackFileOpt = None,
     state_dir: StateDirOpt = None,
     name: Annotated[str | None, typer.Option("--name", help="This instance's name (default host-pid).")] = None,
@@ -204,7 +203,7 @@ def agent_run(
             "one process, as the scale sandbox does.",
         ),
     ],
-    stack: StackOpt = DEFAULT_STACK,
+    stack: StackOpt = None,
     stack_file: StackFileOpt = None,
     controllers: ControllerOpt = None,
     dcgm_url: Annotated[
@@ -293,7 +292,7 @@ def _on_routers(url: str, views: dict[str, dict[str, bool]], silent: dict[str, s
 
 @app.command("status")
 def status(
-    stack: StackOpt = DEFAULT_STACK,
+    stack: StackOpt = None,
     stack_file: StackFileOpt = None,
     controllers: ControllerOpt = None,
     routers: RouterOpt = None,

@@ -656,6 +656,7 @@ class Gates:
     canary: GroupStats | None = None
     baseline: GroupStats | None = None
     verdict: Verdict | None = None
+    inconclusive: Mapping[str, str] = field(default_factory=dict)  # gate (a key of contract()) → why not judged
 
     @property
     def passed(self) -> bool:
@@ -684,7 +685,12 @@ class Gates:
             "canary": self.canary.to_json() if self.canary else None,
             "baseline": self.baseline.to_json() if self.baseline else None,
             "verdict": self.verdict.to_json() if self.verdict else None,
+            "inconclusive": dict(self.inconclusive),
         }
+
+    def inconclusive_json(self) -> dict[str, str | None]:
+        """Per gate of :meth:`contract`: why it was not judged, or None when it was."""
+        return {gate: self.inconclusive.get(gate) for gate in self.contract()}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Gates:
@@ -699,6 +705,7 @@ class Gates:
             canary=GroupStats.from_json(data["canary"]) if data.get("canary") else None,
             baseline=GroupStats.from_json(data["baseline"]) if data.get("baseline") else None,
             verdict=Verdict.from_json(data["verdict"]) if data.get("verdict") else None,
+            inconclusive=dict(data.get("inconclusive") or {}),
         )
 
 
@@ -712,6 +719,7 @@ def judge(
     fleet: WindowStats,
     before: WindowStats | None,
     limits: GateLimits,
+    accept_inconclusive: bool = False,
 ) -> Gates:
     """The verdict on one soak window.
 
@@ -719,7 +727,12 @@ def judge(
     other replica in the router, e.g. those updated earlier while old-version peers remain). ``fleet`` is the
     router-wide window, ``before`` the pre-rollout baseline (its ``replicas`` is the reference of
     ``pre-rollout`` and the fallback reference of a replica without peers). A window shorter than
-    ``limits.qps_window_min_s`` shows the canary's QPS but does not judge it: the router decided that split."""
+    ``limits.qps_window_min_s`` shows the canary's QPS but does not judge it: the router decided that split.
+
+    A gate that too little traffic leaves unjudged is *inconclusive* (as Argo Rollouts calls such an analysis): with
+    no breach and no evidence outside the batch the verdict is a pause that says how much traffic the soak needs,
+    never a pass; ``accept_inconclusive`` (the operator's ``--accept-inconclusive``) passes it, saying so. Every
+    unjudged gate is named in :attr:`Gates.inconclusive` with the reason."""
     outside_ids = [r for r in windows if r not in canary]
     pre = before.replicas if before is not None else None
     alpha = FAMILY_ALPHA / (2 + len(outside_ids))
@@ -750,12 +763,13 @@ def judge(
         breaches.append(e)
     qps_drop = p99_rise = None
     thin = True  # too little traffic for the QPS comparison (or nothing to compare)
+    short = seconds < limits.qps_window_min_s
     context: list[str] = []
     if members and reference.replicas:
         drop, qps = qps_check("canary", members, windows, seconds, reference, limits, alpha,
                               _dispersion([windows[r] for r in outside_ids if r not in flagged]))  # fmt: skip
         thin = drop is None
-        if seconds >= limits.qps_window_min_s:
+        if not short:
             qps_drop = drop
             breaches += [qps] if qps is not None else []
         elif drop is not None:  # the router's split, not the replicas': shown, not judged
@@ -780,36 +794,73 @@ def judge(
             )
         )
     everyone = group_stats({r: windows[r] for r in outside_ids if r not in flagged}, seconds)  # the weather
-    if pre is not None and pre.qps_per_replica > 0 and everyone.replicas:
-        dip = (pre.qps_per_replica - everyone.qps_per_replica) / pre.qps_per_replica
+    # The traffic: every replica up, the canary with them, as the pre-rollout baseline measured every replica. The
+    # replicas outside the batch alone are not the fleet's traffic: when the router sends the canary more than its
+    # share (power_of_two favours a replica readmitted with no load until its next poll) they see less, and read as
+    # a "dip" (issue 28: 4.33 requests/s per replica vs 6.25/s, while clients sent a steady 50/s).
+    traffic = group_stats({r: w for r, w in windows.items() if r not in flagged}, seconds)
+    thin_traffic = traffic.qps_per_replica * len(members) * seconds < MIN_REQUESTS  # too little for the canary
+    if pre is not None and pre.qps_per_replica > 0 and traffic.replicas:
+        dip = (pre.qps_per_replica - traffic.qps_per_replica) / pre.qps_per_replica
         expected_then = pre.qps_per_replica * len(members) * seconds
-        if thin and members and expected_then >= MIN_REQUESTS and dip > limits.max_qps_drop:
+        if thin_traffic and members and expected_then >= MIN_REQUESTS and dip > limits.max_qps_drop:
             outside.append(
                 Finding(
                     "traffic",
                     (),
-                    f"traffic dip: {everyone.qps_per_replica:.2f} requests/s per replica vs {pre.qps_per_replica:.2f}/s "
+                    f"traffic dip: {traffic.qps_per_replica:.2f} requests/s per replica vs {pre.qps_per_replica:.2f}/s "
                     f"before the rollout ({dip:.0%} less), too few for the canary to be judged",
                 )
             )
         elif dip > limits.max_qps_drop:
-            context.append(
-                f"traffic per replica outside the batch {dip:.0%} below the pre-rollout baseline: weather, not the batch"
-            )
-        if pre.p99_s and everyone.p99_s and everyone.p99_s > (1 + limits.max_p99_rise) * pre.p99_s:
+            context.append(f"traffic per replica {dip:.0%} below the pre-rollout baseline: weather, not the batch")
+        if (
+            everyone.replicas
+            and pre.p99_s
+            and everyone.p99_s
+            and everyone.p99_s > (1 + limits.max_p99_rise) * pre.p99_s
+        ):
             rise = everyone.p99_s / pre.p99_s - 1
             context.append(
                 f"the replicas outside the batch are {rise:+.0%} slower (P99) than before the rollout: weather, not the batch"
             )
 
-    decision: Decision = "pause" if outside else "rollback" if breaches else "pass"
+    inconclusive = _unjudged(members, windows, reference, seconds, limits, thin=thin, p99_judged=p99_rise is not None)
+    # Too little traffic is judged on what the canary should get at the fleet's rate in this window, not on what the
+    # router happened to send it or its peers: power_of_two can starve a healthy replica for a whole poll. A short
+    # soak, or a canary the router starved while traffic was ample, leaves the gates named inconclusive, not paused.
+    blind = list(inconclusive) if thin_traffic else []
+    undecided: list[Finding] = []
+    if blind and accept_inconclusive:
+        context.append(
+            "not judged, too little traffic, passed by --accept-inconclusive: "
+            + "; ".join(f"{GATE_WORDS[g]}: {inconclusive[g]}" for g in blind)
+        )
+    elif blind:
+        need = _traffic_needed(len(members), len(reference.replicas), len(windows), seconds)
+        undecided.append(
+            Finding(
+                "inconclusive",
+                (),
+                "inconclusive, too little traffic to judge the canary: "
+                + "; ".join(f"{GATE_WORDS[g]}: {inconclusive[g]}" for g in blind)
+                + f". The soak needs {need}: send traffic and resume (the batch is soaked again), or resume with "
+                "--accept-inconclusive to pass it unjudged, or roll back",
+            )
+        )
+
+    decision: Decision = "pause" if outside or (undecided and not breaches) else "rollback" if breaches else "pass"
     base_words = f"baseline: {BASIS_WORDS[basis]} — {_describe(reference)}"
     canary_words = f"canary {_describe(canary_stats)}"
-    if decision == "pause":
+    if decision == "pause" and not outside:
+        head = [f.text for f in undecided]
+        named = []
+    elif decision == "pause":
         head = ["evidence outside the batch, the new version is not blamed: " + "; ".join(f.text for f in outside)]
         if breaches:
             head.append("the canary also breached, not attributable while the fleet is like this: "
                         + "; ".join(f.text for f in breaches))  # fmt: skip
+        head += [f.text for f in undecided]
         named = outside
     elif decision == "rollback":
         head = ["breach confined to the canary: " + "; ".join(f.text for f in breaches)]
@@ -826,11 +877,71 @@ def judge(
         client_error_rate=fleet.client_error_rate,
         upstream_error_rate=fleet.upstream_error_rate,
         retries=fleet.retries,
-        breaches=tuple(f.text for f in (*outside, *breaches)),
+        breaches=tuple(f.text for f in (*outside, *breaches, *undecided)),
         canary=canary_stats,
         baseline=reference,
         verdict=Verdict(decision, basis, evidence, replicas),
+        inconclusive=inconclusive,
     )
+
+
+GATE_WORDS: Mapping[str, str] = {"qps_drop": "QPS", "p99_rise": "P99", "error_rate": "error rate"}
+
+
+def _unjudged(
+    members: Sequence[str],
+    windows: Mapping[str, ReplicaWindow],
+    reference: GroupStats,
+    seconds: float,
+    limits: GateLimits,
+    *,
+    thin: bool,
+    p99_judged: bool,
+) -> dict[str, str]:
+    """Why each of the canary's gates (the keys of :meth:`Gates.contract`) was not judged; empty when all were.
+    QPS and P99 need :data:`MIN_REQUESTS` (see :func:`qps_check`, :func:`p99_check`); so does the error rate: no
+    failure among a handful of attempts says little of a 0.1 % limit."""
+    if not members:
+        return {}
+    out: dict[str, str] = {}
+    if thin:
+        expected = reference.qps_per_replica * len(members) * seconds
+        out["qps_drop"] = (
+            "no replica beside the canary to compare with"
+            if not reference.replicas
+            else f"{expected:.0f} successes expected of the canary at its baseline's "
+            f"{reference.qps_per_replica:.2f} req/s per replica, {reference.successes:.0f} served by the baseline; "
+            f"the test needs {MIN_REQUESTS} of each"
+        )
+    elif seconds < limits.qps_window_min_s:
+        out["qps_drop"] = (
+            f"the {seconds:.1f} s soak is shorter than {limits.qps_window_min_s:g} s, the router load polls the QPS "
+            "split needs to average out (rollout.interval_s)"
+        )
+    if not p99_judged:
+        latency = _merge(windows[r].latency for r in members)
+        timed = latency.count if latency is not None else 0.0
+        out["p99_rise"] = (
+            f"{timed:.0f} of the canary's requests timed; the test needs {MIN_REQUESTS}"
+            if timed < MIN_REQUESTS
+            else "the baseline timed no request: no P99 to compare with"
+        )
+    attempts = sum(windows[r].requests for r in members)
+    if attempts < MIN_REQUESTS:
+        out["error_rate"] = f"{attempts:.0f} upstream attempts reached the canary; its error rate needs {MIN_REQUESTS}"
+    return out
+
+
+def traffic_needed(canary: int, replicas: int, seconds: float) -> tuple[float, float]:
+    """Requests per second per replica, and through the routers for ``replicas`` replicas, that give a canary of
+    ``canary`` replicas :data:`MIN_REQUESTS` over ``seconds`` — what its gates need to be judged."""
+    per = MIN_REQUESTS / (max(1, canary) * seconds) if seconds > 0 else math.inf
+    return per, per * replicas
+
+
+def _traffic_needed(canary: int, baseline: int, replicas: int, seconds: float) -> str:
+    per, total = traffic_needed(min(canary, baseline or canary), replicas, seconds)
+    return f"at least {per:.2f} req/s per replica ({total:.1f} req/s through the routers) over its {seconds:.1f} s"
 
 
 def _dispersion(windows: Sequence[ReplicaWindow]) -> float:

@@ -33,10 +33,12 @@ import httpx
 from serving.fleet_http import FleetHttp, HttpFailure
 from serving.rollout.backends import Backend, BackendError
 from serving.rollout.gates import (
+    MIN_REQUESTS,
     ROUTER_GATE_METRICS,
     WORKER_GATE_METRICS,
     Basis,
     Gates,
+    GroupStats,
     ReplicaReading,
     ReplicaWindow,
     RouterReading,
@@ -46,6 +48,7 @@ from serving.rollout.gates import (
     judge,
     parse_only,
     replica_windows,
+    traffic_needed,
     window_break,
     window_stats,
 )
@@ -124,6 +127,7 @@ class Runner:
         progress: ProgressFn | None = None,
         router_grace_s: float = 30.0,
         poll_s: float = 0.05,
+        accept_inconclusive: bool = False,
     ) -> None:
         self.state = state
         self.journal = journal
@@ -132,6 +136,7 @@ class Runner:
         self.progress = progress or (lambda _p: None)
         self.router_grace_s = router_grace_s
         self.poll_s = poll_s
+        self.accept_inconclusive = accept_inconclusive  # gates too little traffic leaves unjudged pass (said so)
         self.errors = ErrorMeter(state.client_errors)
         self._pause = asyncio.Event()
         self._pause_recorded = False
@@ -384,7 +389,27 @@ class Runner:
             if stats.p99_s is not None
             else f"no traffic in {seconds:g} s: QPS and P99 gates cannot be evaluated"
         ) + (f"; down: {', '.join(f'{r} ({why})' for r, why in down.items())}" if down else "")
+        blind = self._blind(per)
+        if blind:
+            return self._event("outside", step, f"{detail}. {blind}")
         return self._event("baseline", step, detail, baseline=stats)
+
+    def _blind(self, per: GroupStats) -> str:
+        """Why the first batch's soak could not be judged at the baseline's traffic (empty: it could, there is no
+        soak, or the operator accepts inconclusive gates): too few requests to reach :data:`MIN_REQUESTS`."""
+        plan = self.state.plan
+        interval = plan.timings.interval_s
+        canary = len(plan.batch(0).replicas)
+        expected = per.qps_per_replica * canary * interval
+        if self.accept_inconclusive or interval <= 0 or expected >= MIN_REQUESTS:
+            return ""
+        need, total = traffic_needed(canary, len(plan.replicas), interval)
+        return (
+            f"inconclusive: at this traffic batch 0 ({canary} replicas) would get {expected:.0f} requests in its "
+            f"{interval:g} s soak and its QPS, P99 and error gates need {MIN_REQUESTS}: send at least {need:.2f} req/s "
+            f"per replica ({total:.1f} req/s through the routers) and resume (the baseline is measured again), or "
+            "resume with --accept-inconclusive to roll out without judging the gates. Nothing was changed"
+        )
 
     async def _remove(self, step: Step) -> Event:
         ids = self._ids(step)
@@ -566,6 +591,7 @@ class Runner:
             gates = judge(
                 canary, peers, replica_windows(start.replicas, end.replicas), basis=basis,
                 seconds=end.at - start.at, fleet=fleet, before=before, limits=plan.limits,
+                accept_inconclusive=self.accept_inconclusive,
             )  # fmt: skip
             assert gates.verdict is not None
             return self._event(VERDICT_EVENT[gates.verdict.decision], step, note + gates.verdict.summary(), gates=gates)

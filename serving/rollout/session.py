@@ -295,9 +295,11 @@ async def run(
     operator_event: EventKind | None = None,
     progress: ProgressFn | None = None,
     router_grace_s: float = 30.0,
+    accept_inconclusive: bool = False,
 ) -> RunResult:
     """Start ``plan`` (a new journal) or continue the stack's journal with ``operator_event``
-    (``resume`` or ``rollback``); SIGINT/SIGTERM pause at the next safe point. The report's
+    (``resume`` or ``rollback``); SIGINT/SIGTERM pause at the next safe point; ``accept_inconclusive``: gates that
+    too little traffic leaves unjudged pass instead of pausing. The report's
     ``final_versions`` is what every replica of ``fleet`` runs at the end (``down`` if it does not answer),
     with ``scope``'s observation (journal disagreements, held replicas) when the plan came from one."""
     if plan is not None:
@@ -307,7 +309,8 @@ async def run(
         journal, old_plan, events = Journal.open(paths.journal_path)
         state = replay(old_plan, events)
     membership = backend.membership(endpoints.router_set())
-    runner = Runner(state, journal, backend, membership, progress=progress, router_grace_s=router_grace_s)
+    runner = Runner(state, journal, backend, membership, progress=progress, router_grace_s=router_grace_s,
+                    accept_inconclusive=accept_inconclusive)  # fmt: skip
     if operator_event is not None:
         runner.record(operator_event)
     loop = asyncio.get_running_loop()
