@@ -129,8 +129,8 @@ def test_resource_count_does_not_grow_with_replicas(tmp_path: Path, runs: dict[s
     half = render_file(write_variant(tmp_path, "half", changes={"serving.replicas": 1024}))
     full = kubernetes_objects(runs["prod"])
     assert sorted(o.key for o in half) == sorted(o.key for o in full)
-    assert sum(s["spec"]["replicas"] for s in of_kind(half, "LeaderWorkerSet")) == 1024
-    assert sum(s["spec"]["replicas"] for s in of_kind(full, "LeaderWorkerSet")) == 2048
+    assert sum(s["spec"]["replicas"] for s in of_kind(half, "StatefulSet")) == 1024
+    assert sum(s["spec"]["replicas"] for s in of_kind(full, "StatefulSet")) == 2048
 
 
 def test_node_patches_carry_inventory_labels_only(runs: dict[str, ProgramRun]) -> None:
@@ -154,12 +154,12 @@ def test_fleet_groups_carry_their_own_versions(tmp_path: Path) -> None:
         changes={"serving.releases.v2": "lmsysorg/sglang:v0.5.24-cu126", "rollout.group_versions": {0: "v2"}},
     )
     objects = render_file(path)
-    sets = sorted(of_kind(objects, "LeaderWorkerSet"), key=lambda s: s["metadata"]["name"])
+    sets = sorted(of_kind(objects, "StatefulSet"), key=lambda s: s["metadata"]["name"])
     assert [s["metadata"]["name"] for s in sets] == [fleet.group_name(g) for g in range(5)]
     versions = [s["metadata"]["labels"][LABEL_VERSION] for s in sets]
     assert versions == ["v2", "v1", "v1", "v1", "v1"]
     for g, s in enumerate(sets):
-        template = s["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+        template = s["spec"]["template"]
         assert template["metadata"]["labels"][LABEL_VERSION] == versions[g]
         assert template["metadata"]["labels"][LABEL_GROUP] == str(g)
         container = template["spec"]["containers"][0]
@@ -176,10 +176,12 @@ def test_fleet_pods_wait_for_their_cache_and_spread_satisfiably(runs: dict[str, 
     fl = fleet_of(spec)
     pl = fl.plan
     objects = kubernetes_objects(runs["prod"])
-    s = one(objects, "LeaderWorkerSet", "sglang-g0")
-    assert s["spec"]["leaderWorkerTemplate"]["size"] == 1 and "leaderTemplate" not in s["spec"]["leaderWorkerTemplate"]
-    assert s["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"] == {"maxUnavailable": 41, "maxSurge": 0}
-    template = s["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    s = one(objects, "StatefulSet", "sglang-g0")
+    # Issue 25: the updater replaces a batch's pods (OnDelete) and the controller creates them at once (Parallel).
+    assert (s["spec"]["updateStrategy"], s["spec"]["podManagementPolicy"]) == ({"type": "OnDelete"}, "Parallel")
+    assert s["spec"]["serviceName"] == fleet.WORKERS_SERVICE
+    assert s["spec"]["selector"] == {"matchLabels": fleet.group_selector(0)}
+    template = s["spec"]["template"]
     pod = template["spec"]
     assert pod["containers"] == [pod_container(fl, 0)]
     (wait,) = pod["initContainers"]
@@ -409,7 +411,7 @@ def test_alerts_take_thresholds_from_the_spec(tmp_path: Path) -> None:
 def test_ethernet_stack_has_no_rdma_objects(runs: dict[str, ProgramRun]) -> None:
     objects = kubernetes_objects(runs["dev"])
     assert [o for o in objects if o.component == "fabric"] == []
-    pod = one(objects, "LeaderWorkerSet", "sglang-g0")["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    pod = one(objects, "StatefulSet", "sglang-g0")["spec"]["template"]
     assert "annotations" not in pod["metadata"]
     assert "rdma/hca_shared_devices_a" not in pod["spec"]["containers"][0]["resources"]["limits"]
 

@@ -498,24 +498,48 @@ def no_clock_daemons(resource_type: str, props: Props) -> list[CheckResult]:
 
 
 @resource_rule(
-    "no-ignored-statefulset-surge",
-    "No StatefulSet relies on rollingUpdate.maxUnavailable (alpha through Kubernetes 1.33, ignored without its gate).",
+    "rollout-ga-only",
+    "No workload relies on a rollout budget Kubernetes 1.33 ignores: no StatefulSet rollingUpdate.maxUnavailable "
+    "(alpha MaxUnavailableStatefulSet), no LeaderWorkerSet maxUnavailable (copied onto its leader StatefulSet); a "
+    "serving StatefulSet is OnDelete and Parallel, so the updater replaces a batch's pods at once.",
 )
-def no_ignored_statefulset_surge(resource_type: str, props: Props) -> list[CheckResult]:
-    if kind_of(resource_type, props) != "StatefulSet":
-        return []
-    rolling = ((props.get("spec") or {}).get("updateStrategy") or {}).get("rollingUpdate") or {}
-    if "maxUnavailable" not in rolling:
+def rollout_ga_only(resource_type: str, props: Props) -> list[CheckResult]:
+    kind, spec = kind_of(resource_type, props), props.get("spec") or {}
+    problems: list[str] = []
+    if kind == "StatefulSet":
+        strategy = spec.get("updateStrategy") or {}
+        if "maxUnavailable" in (rolling := strategy.get("rollingUpdate") or {}):
+            problems.append(
+                f"spec.updateStrategy.rollingUpdate.maxUnavailable={rolling['maxUnavailable']}: ignored without the "
+                "alpha MaxUnavailableStatefulSet gate, so pods update one at a time"
+            )
+        if _app(spec.get("template") or {}) == SERVING_APP and (
+            strategy.get("type") != "OnDelete" or spec.get("podManagementPolicy") != "Parallel"
+        ):
+            problems.append(
+                f"a serving group with updateStrategy.type={strategy.get('type', 'RollingUpdate')}, "
+                f"podManagementPolicy={spec.get('podManagementPolicy', 'OrderedReady')}: its controller replaces "
+                "(or creates) one pod at a time"
+            )
+    elif kind == "LeaderWorkerSet":
+        config = (spec.get("rolloutStrategy") or {}).get("rollingUpdateConfiguration") or {}
+        if "maxUnavailable" in config:
+            problems.append(
+                f"spec.rolloutStrategy.rollingUpdateConfiguration.maxUnavailable={config['maxUnavailable']}: LWS "
+                "copies it onto its leader StatefulSet, where it is ignored without the alpha "
+                "MaxUnavailableStatefulSet gate, so replicas update one at a time"
+            )
+    if not problems:
         return []
     return [
         _finding(
-            "no-ignored-statefulset-surge",
+            "rollout-ga-only",
             resource_type,
             props,
-            f"spec.updateStrategy.rollingUpdate.maxUnavailable={rolling['maxUnavailable']}: the API server drops it "
-            "without the MaxUnavailableStatefulSet gate, so pods update one at a time",
-            "an update budget the target Kubernetes honours",
-            "Use a LeaderWorkerSet (rollingUpdateConfiguration.maxUnavailable, v1) as serving.render.k8s.fleet does.",
+            "; ".join(problems),
+            "a rollout the target Kubernetes performs: serving StatefulSets OnDelete + Parallel, no maxUnavailable",
+            "Render the group with serving.render.k8s.fleet (docs/infra.md, 'How a batch is rolled'): the updater "
+            "deletes a batch's pods and the StatefulSet recreates them at once.",
         )
     ]
 
