@@ -163,6 +163,14 @@ def _burstable(p: dict[str, Any]) -> None:
     del _container(p)["resources"]["requests"]["cpu"]
 
 
+def _burstable_init(p: dict[str, Any]) -> None:
+    _pod(p)["spec"]["initContainers"][0]["resources"]["requests"] = {"cpu": "10m", "memory": "16Mi"}
+
+
+def _commented_cache_wait(p: dict[str, Any]) -> None:
+    _pod(p)["spec"]["initContainers"][0]["command"] = ["/bin/sh", "-c", "true # .exaserve-complete"]
+
+
 def _slow_awq(p: dict[str, Any]) -> None:
     args = _container(p)["args"]
     args[args.index("--quantization") + 1] = "awq"
@@ -205,6 +213,9 @@ RESOURCE_CASES: list[tuple[str, str, str, Mutation, str]] = [
     ("ipc-lock-runs-as-root", "StatefulSet", "sglang-g0", _ipc_lock_non_root, "runs as uid 1000"),
     ("liveness-is-cheap", "StatefulSet", "sglang-g1", _generating_liveness, "livenessProbe calls /health"),
     ("serving-guaranteed-cpu", "StatefulSet", "sglang-g2", _burstable, "requests cpu=None"),
+    # Issue 25: both passed before (the rule skipped init containers; any command naming the marker counted).
+    ("serving-guaranteed-cpu", "StatefulSet", "sglang-g3", _burstable_init, "initContainers[wait-for-cache] requests"),
+    ("serving-waits-for-node-cache", "StatefulSet", "sglang-g1", _commented_cache_wait, "no init container waiting"),
     ("no-slow-awq-kernel", "StatefulSet", "sglang-g3", _slow_awq, "passes --quantization awq"),
     ("spread-satisfiable", "StatefulSet", "sglang-g4", _hard_spread, "maxSkew=1"),
     ("hardened-pods", "StatefulSet", "sglang-g0", _no_pre_stop, "no preStop hook"),

@@ -49,6 +49,8 @@ NOT_AWAITED_APPS = frozenset({SERVING_APP, ROUTER_APP, WARMER})
 # A group this small may keep a rack spread of 1: one rack's share is a single pod.
 RACK_SHARE_FLOOR = 16
 OFFSET_AFTER_PARENS = re.compile(r"\)\s*offset\s")
+# The cache wait as a shell really runs it: a loop until the marker file exists (a comment naming the marker is not).
+CACHE_WAIT = re.compile(r"^until \[ -f '?/[^' ]+/" + re.escape(COMPLETE_MARKER) + r"'? \]; do [^#]*; done\b")
 
 
 Props = Mapping[str, Any]
@@ -430,13 +432,15 @@ def serving_waits_for_node_cache(resource_type: str, props: Props) -> list[Check
         if _app(template) != SERVING_APP:
             continue
         inits = (template.get("spec") or {}).get("initContainers") or []
-        if not any(COMPLETE_MARKER in " ".join(map(str, c.get("command") or [])) for c in inits):
+        commands = [[str(w) for w in c.get("command") or []] for c in inits]
+        if not any(len(cmd) == 3 and cmd[1] == "-c" and CACHE_WAIT.match(cmd[2]) for cmd in commands):
             out.append(
                 _finding(
                     "serving-waits-for-node-cache",
                     resource_type,
                     props,
-                    f"{where} has no init container waiting for the cache marker {COMPLETE_MARKER}",
+                    f"{where} has no init container waiting for the cache marker {COMPLETE_MARKER} (commands: "
+                    f"{commands})",
                     "an init container that holds each serving pod until its node's cache is complete",
                     "Add serving.render.k8s.container.cache_init_container; never make the fleet depend on the "
                     "cache warmer DaemonSet (Pulumi would wait for every node's copy).",
@@ -708,28 +712,30 @@ def liveness_is_cheap(resource_type: str, props: Props) -> list[CheckResult]:
 
 @resource_rule(
     "serving-guaranteed-cpu",
-    "Serving containers request whole CPUs and memory equal to their limits (Guaranteed QoS, pinned CPUs).",
+    "Serving pods are Guaranteed: serving containers request whole CPUs, and every container, init containers "
+    "included, requests cpu and memory equal to its limits (QoS counts them all; only Guaranteed CPUs are pinned).",
 )
 def serving_guaranteed_cpu(resource_type: str, props: Props) -> list[CheckResult]:
     out = []
-    for where, template, c in _containers_of(resource_type, props):
+    for where, template, c in _containers_of(resource_type, props, init=True):
         if _app(template) != SERVING_APP:
             continue
         res = c.get("resources") or {}
         req, lim = res.get("requests") or {}, res.get("limits") or {}
         cpu = str(req.get("cpu") or "")
-        if not (
-            cpu.isdigit() and int(cpu) > 0 and str(lim.get("cpu")) == cpu and req.get("memory") == lim.get("memory")
-        ):
+        equal = all(req.get(k) and str(req.get(k)) == str(lim.get(k)) for k in ("cpu", "memory"))
+        whole = ".initContainers[" in where or (cpu.isdigit() and int(cpu) > 0)
+        if not (equal and whole):
             out.append(
                 _finding(
                     "serving-guaranteed-cpu",
                     resource_type,
                     props,
                     f"{where} requests cpu={req.get('cpu')!r}, memory={req.get('memory')!r} with limits "
-                    f"cpu={lim.get('cpu')!r}, memory={lim.get('memory')!r}",
-                    "whole CPUs, request = limit for cpu and memory",
-                    "Set serving.cpus_per_gpu in the stack; serving.render.k8s.container sizes both.",
+                    f"cpu={lim.get('cpu')!r}, memory={lim.get('memory')!r}: the pod is Burstable",
+                    "request = limit for cpu and memory in every container (whole CPUs in the serving container)",
+                    "Set serving.cpus_per_gpu in the stack; serving.render.k8s.container sizes the serving container "
+                    "and gives the cache wait WAIT_RESOURCES as both requests and limits.",
                 )
             )
     return out

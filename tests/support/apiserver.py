@@ -7,7 +7,7 @@ StatefulSet and LeaderWorkerSet controllers; every patched object is validated w
 workload's templates the way the controllers name and label them (`sglang-g1-3`, `sglang-g1-3-1` for a second node,
 `controller-revision-hash`), listed by label selector, patched by merge patch.
 
-No kinder than the controllers it stands for (tests/test_k8s_semantics.py reads the pinned sources):
+No kinder than the controllers it stands for (upstream file and line in docs/k8s-semantics.md):
 * an OnDelete StatefulSet replaces no pod when its template changes; a deleted pod is recreated from the template at
   ``status.updateRevision`` (Parallel: each at once); ``currentRevision`` never moves (kubernetes
   ``pkg/controller/statefulset/stateful_set_utils.go``, ``completeRollingUpdate`` acts on RollingUpdate only);
