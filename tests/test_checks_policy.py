@@ -159,6 +159,10 @@ def _generating_liveness(p: dict[str, Any]) -> None:
     _container(p)["livenessProbe"]["httpGet"]["path"] = "/health"
 
 
+def _unchecked_liveness(p: dict[str, Any]) -> None:
+    _container(p)["livenessProbe"]["httpGet"]["path"] = "/v1/models"
+
+
 def _burstable(p: dict[str, Any]) -> None:
     del _container(p)["resources"]["requests"]["cpu"]
 
@@ -212,6 +216,9 @@ RESOURCE_CASES: list[tuple[str, str, str, Mutation, str]] = [
     ("fabric-only-across-nodes", "StatefulSet", "sglang-g4", _fabric_on_one_gpu, "requests rdma/"),
     ("ipc-lock-runs-as-root", "StatefulSet", "sglang-g0", _ipc_lock_non_root, "runs as uid 1000"),
     ("liveness-is-cheap", "StatefulSet", "sglang-g1", _generating_liveness, "livenessProbe calls /health"),
+    # Issue 25: an allow-list; an unchecked path passed the old deny-list.
+    ("liveness-is-cheap", "StatefulSet", "sglang-g2", _unchecked_liveness, "not sglang's checked liveness endpoint"),
+    ("liveness-is-cheap", "Deployment", "sglang-router", _unchecked_liveness, "not sglang-router's checked liveness"),
     ("serving-guaranteed-cpu", "StatefulSet", "sglang-g2", _burstable, "requests cpu=None"),
     # Issue 25: both passed before (the rule skipped init containers; any command naming the marker counted).
     ("serving-guaranteed-cpu", "StatefulSet", "sglang-g3", _burstable_init, "initContainers[wait-for-cache] requests"),

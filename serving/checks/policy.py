@@ -35,6 +35,7 @@ from serving.render.k8s.common import (
 from serving.render.k8s.container import GENERATING_PATHS, LIVENESS_PATH
 from serving.render.k8s.fabric import NETWORKS_ANNOTATION
 from serving.render.k8s.fleet import LWS_GROUP_KEY
+from serving.render.k8s.gateway import LIVENESS_PATH as ROUTER_LIVENESS_PATH
 from serving.render.k8s.storage import COMPLETE_MARKER, WARMER
 from serving.result import CheckResult, Status
 from serving.spec.schema import pinned_image
@@ -687,24 +688,36 @@ def replica_in_one_rack(resource_type: str, props: Props) -> list[CheckResult]:
     return out
 
 
+# The liveness endpoints known to generate nothing (an allow-list: a new path is refused until it is checked).
+CHEAP_LIVENESS = {SERVING_APP: LIVENESS_PATH, ROUTER_APP: ROUTER_LIVENESS_PATH}
+
+
 @resource_rule(
     "liveness-is-cheap",
-    f"Liveness probes of serving and router containers never call a generating endpoint ({sorted(GENERATING_PATHS)}).",
+    f"Liveness probes of serving and router containers call only their cheap endpoint ({CHEAP_LIVENESS}); never a "
+    f"generating one ({sorted(GENERATING_PATHS)}) or an unchecked one.",
 )
 def liveness_is_cheap(resource_type: str, props: Props) -> list[CheckResult]:
     out = []
     for where, template, c in _containers_of(resource_type, props):
         path = (((c.get("livenessProbe") or {}).get("httpGet")) or {}).get("path")
-        if _app(template) in (SERVING_APP, ROUTER_APP) and path in GENERATING_PATHS:
+        app = _app(template)
+        if app in CHEAP_LIVENESS and path is not None and path != CHEAP_LIVENESS[app]:
             out.append(
                 _finding(
                     "liveness-is-cheap",
                     resource_type,
                     props,
-                    f"{where}.livenessProbe calls {path}, which runs a one-token generation: a scheduler stall "
-                    "restarts a replica that then reloads for minutes",
-                    f"a liveness path that generates nothing ({LIVENESS_PATH}); readiness may generate",
-                    f"Probe {LIVENESS_PATH} for liveness (serving.render.k8s.container.LIVENESS_PATH).",
+                    f"{where}.livenessProbe calls {path}"
+                    + (
+                        ", which runs a one-token generation: a scheduler stall restarts a replica that then reloads "
+                        "for minutes"
+                        if path in GENERATING_PATHS
+                        else f", which is not {app}'s checked liveness endpoint"
+                    ),
+                    f"the liveness path that generates nothing ({CHEAP_LIVENESS[app]}); readiness may generate",
+                    f"Probe {CHEAP_LIVENESS[app]} for liveness (serving.render.k8s.container.LIVENESS_PATH, "
+                    "serving.render.k8s.gateway.LIVENESS_PATH).",
                 )
             )
     return out

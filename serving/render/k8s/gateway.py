@@ -33,6 +33,7 @@ NAME = ROUTER_APP
 PODS_SERVICE = f"{ROUTER_APP}-pods"  # headless: one address per router pod
 HTTP_PORT_NAME = "http"
 METRICS_PORT_NAME = "metrics"
+LIVENESS_PATH = "/liveness"  # the router's own liveness: answers without asking any worker
 DISCOVERY_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
 
 
@@ -70,7 +71,7 @@ def render(fleet: Fleet) -> list[K8sObject]:
             {"name": METRICS_PORT_NAME, "containerPort": metrics_port, "protocol": "TCP"},
         ],
         # /liveness answers while the process serves; /readiness only once a healthy worker is known.
-        "livenessProbe": {"httpGet": {"path": "/liveness", "port": HTTP_PORT_NAME}, **probe},
+        "livenessProbe": {"httpGet": {"path": LIVENESS_PATH, "port": HTTP_PORT_NAME}, **probe},
         "readinessProbe": {"httpGet": {"path": "/readiness", "port": HTTP_PORT_NAME}, **probe},
         "resources": {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
         "securityContext": {
