@@ -190,6 +190,12 @@ def _no_pre_stop(p: dict[str, Any]) -> None:
     del _container(p)["lifecycle"]
 
 
+def _workers_through_service(p: dict[str, Any]) -> None:
+    p["metadata"]["name"] = "sglang-workers"
+    p["spec"]["selector"]["matchLabels"] = {"app.kubernetes.io/name": "sglang"}
+    p["spec"]["endpoints"][0]["port"] = "http"
+
+
 def _offset_after_parens(p: dict[str, Any]) -> None:
     rule = p["spec"]["groups"][0]["rules"][0]
     rule["expr"] = "sum(rate(x[5m])) < 0.8 * (sum(rate(x[5m])) offset 25m)"
@@ -227,6 +233,8 @@ RESOURCE_CASES: list[tuple[str, str, str, Mutation, str]] = [
     ("spread-satisfiable", "StatefulSet", "sglang-g4", _hard_spread, "maxSkew=1"),
     ("hardened-pods", "StatefulSet", "sglang-g0", _no_pre_stop, "no preStop hook"),
     ("alert-offset-placement", "PrometheusRule", "exaserve-alerts", _offset_after_parens, "offset after"),
+    # Issue 25, finding 4: the workers' monitor as it was (a ServiceMonitor on their 2,048-pod Service) is refused.
+    ("workers-scraped-as-pods", "ServiceMonitor", "sglang-router", _workers_through_service, "at most 1,000"),
 ]
 
 

@@ -20,6 +20,7 @@ from serving.pulumi.program import ProgramRun, kubernetes_objects, run_program
 from serving.render.k8s import fabric, fleet, gateway, storage
 from serving.render.k8s.common import LABEL_GROUP, LABEL_RACK, LABEL_VERSION, TAINT_KEY
 from serving.render.k8s.container import WAIT_FOR_CACHE, pod_container
+from serving.render.k8s.prerequisites import required_crds
 from serving.render.router import router_args
 from serving.render.sglang import model_dir
 from serving.spec.stack import load_stack, load_stack_file, pulumi_config, spec_from_config
@@ -220,10 +221,13 @@ def test_the_fleet_never_waits_for_the_cache_warmer(runs: dict[str, ProgramRun])
     # depends_on a component means on each of its objects (the SDK expands it): the warmer is not among them.
     assert not {storage.WARMER, storage.CLAIM} & deps["fleet"]
     assert {"exaserve", "gpu-r00-n00", "gpu-r15-n15"} <= deps["fleet"] & deps["storage"]
-    assert {"crd-leaderworkersets.leaderworkerset.x-k8s.io"} <= deps["fleet"]
-    assert {"crd-prometheusrules.monitoring.coreos.com", "crd-servicemonitors.monitoring.coreos.com"} <= deps[
-        "monitoring"
-    ]
+    # One-node replicas are StatefulSets: prod needs no LeaderWorkerSet CRD (a multi-node stack does: below).
+    assert not {d for d in deps["fleet"] if d.startswith("crd-")}
+    assert {
+        "crd-prometheusrules.monitoring.coreos.com",
+        "crd-servicemonitors.monitoring.coreos.com",
+        "crd-podmonitors.monitoring.coreos.com",
+    } <= deps["monitoring"]
 
 
 def test_pulumi_config_and_the_stack_file_give_the_same_spec() -> None:
@@ -251,6 +255,7 @@ def test_multi_node_replicas_become_leader_worker_sets(tmp_path: Path) -> None:
     objects = render_file(path)
     spec = load_stack_file(path).spec
     assert placement(spec).nodes_per_replica == 2
+    assert required_crds(fleet_of(spec))["fleet"] == ["leaderworkersets.leaderworkerset.x-k8s.io"]
     sets = sorted(of_kind(objects, "LeaderWorkerSet"), key=lambda s: s["metadata"]["name"])
     assert [s["spec"]["replicas"] for s in sets] == fleet_of(spec).plan.rollout_group_sizes
     lwt = sets[0]["spec"]["leaderWorkerTemplate"]
@@ -405,7 +410,11 @@ def test_alerts_take_thresholds_from_the_spec(tmp_path: Path) -> None:
     assert "kube_pod_container_status_restarts_total" in rules["ExaServeReplicaRestarts"]["expr"]
     monitors = {m["metadata"]["name"]: m["spec"] for m in of_kind(objects, "ServiceMonitor")}
     assert monitors["sglang-router"]["endpoints"][0]["port"] == "metrics"
-    assert monitors[fleet.WORKERS_SERVICE]["endpoints"][0]["port"] == "http"
+    # Workers: one target per pod (a PodMonitor), never the 1,000-address Endpoints of their Service (issue 25).
+    assert fleet.WORKERS_SERVICE not in monitors
+    (pods,) = of_kind(objects, "PodMonitor")
+    assert pods["spec"]["selector"] == {"matchLabels": {"app.kubernetes.io/name": "sglang"}}
+    assert pods["spec"]["podMetricsEndpoints"][0]["port"] == "http"
 
 
 def test_ethernet_stack_has_no_rdma_objects(runs: dict[str, ProgramRun]) -> None:

@@ -693,6 +693,30 @@ CHEAP_LIVENESS = {SERVING_APP: LIVENESS_PATH, ROUTER_APP: ROUTER_LIVENESS_PATH}
 
 
 @resource_rule(
+    "workers-scraped-as-pods",
+    "Serving pods are scraped by a PodMonitor, never through a Service's Endpoints (truncated at 1,000 addresses).",
+)
+def workers_scraped_as_pods(resource_type: str, props: Props) -> list[CheckResult]:
+    if kind_of(resource_type, props) != "ServiceMonitor":
+        return []
+    selector = ((props.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+    if selector.get(LABEL_NAME) != SERVING_APP:
+        return []
+    return [
+        _finding(
+            "workers-scraped-as-pods",
+            resource_type,
+            props,
+            f"spec.selector {dict(selector)} scrapes the serving pods through a Service: Prometheus discovers it "
+            "through its Endpoints, which hold at most 1,000 addresses, so the rest of the workers go unscraped",
+            "a PodMonitor selecting the serving pods (one target per pod)",
+            "Render the workers' monitor with serving.render.k8s.monitoring (a PodMonitor); or, only where every "
+            "Prometheus sets serviceDiscoveryRole: EndpointSlice, keep the ServiceMonitor.",
+        )
+    ]
+
+
+@resource_rule(
     "liveness-is-cheap",
     f"Liveness probes of serving and router containers call only their cheap endpoint ({CHEAP_LIVENESS}); never a "
     f"generating one ({sorted(GENERATING_PATHS)}) or an unchecked one.",
@@ -882,14 +906,14 @@ def alert_offset_placement(resource_type: str, props: Props) -> list[CheckResult
 
 @stack_rule(
     "monitoring-selected",
-    "PrometheusRules and ServiceMonitors carry kubernetes.prometheus_selector_labels, so the cluster's Prometheus "
+    "PrometheusRules, ServiceMonitors and PodMonitors carry kubernetes.prometheus_selector_labels, so the cluster's Prometheus "
     "loads them.",
 )
 def monitoring_selected(resources: Sequence[tuple[str, Props]], fleet: Fleet) -> list[CheckResult]:
     wanted = fleet.spec.kubernetes.prometheus_selector_labels
     out = []
     for t, p in resources:
-        if kind_of(t, p) not in ("PrometheusRule", "ServiceMonitor"):
+        if kind_of(t, p) not in ("PrometheusRule", "ServiceMonitor", "PodMonitor"):
             continue
         have = (p.get("metadata") or {}).get("labels") or {}
         missing = {k: v for k, v in wanted.items() if have.get(k) != v}
