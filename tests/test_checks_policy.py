@@ -213,6 +213,8 @@ RESOURCE_CASES: list[tuple[str, str, str, Mutation, str]] = [
     ("serving-waits-for-node-cache", "StatefulSet", "sglang-g0", _no_cache_wait, "no init container waiting"),
     ("await-decided", "StatefulSet", "sglang-g1", _awaited, "pulumi.com/timeoutSeconds=600 on pods"),
     ("await-decided", "DaemonSet", "model-cache-warmer", lambda p: p["metadata"].pop("annotations"), "neither"),
+    # Issue 25: the router's Service was awaited until a router turned Ready (after the fleet loads).
+    ("await-decided", "Service", "sglang-router", lambda p: p["metadata"].pop("annotations"), "waits until one"),
     ("no-clock-daemons", "Deployment", "sglang-router", _clock_daemon, "adds SYS_TIME"),
     # Issue 25: a batch replaced at once with GA semantics only.
     ("rollout-ga-only", "StatefulSet", "sglang-g2", _statefulset_surge, "rollingUpdate.maxUnavailable=4"),

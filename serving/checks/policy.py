@@ -457,6 +457,8 @@ def serving_waits_for_node_cache(resource_type: str, props: Props) -> list[Check
 )
 def await_decided(resource_type: str, props: Props) -> list[CheckResult]:
     kind = kind_of(resource_type, props)
+    if kind == "Service":
+        return _service_await_decided(resource_type, props)
     if kind not in WORKLOAD_KINDS | SERVING_GROUP_KINDS:
         return []
     skip = _annotation(props, ANNOTATION_SKIP_AWAIT) == "true"
@@ -479,6 +481,30 @@ def await_decided(resource_type: str, props: Props) -> list[CheckResult]:
             f"{ANNOTATION_SKIP_AWAIT}: 'true' on serving groups, the router and the cache warmer; a "
             f"{ANNOTATION_TIMEOUT_S} or skip on every other workload",
             "Render it with serving.render.k8s.common.await_annotations (docs/infra.md, 'What up waits for').",
+        )
+    ]
+
+
+def _service_await_decided(resource_type: str, props: Props) -> list[CheckResult]:
+    """A Service with a cluster IP and a selector is awaited until a selected pod is Ready (pulumi-kubernetes
+    ``provider/pkg/await/service.go``, ``shouldWaitForPods``; a headless one is not): one in front of pods whose
+    readiness follows model loading must not be."""
+    spec = props.get("spec") or {}
+    selected = (spec.get("selector") or {}).get(LABEL_NAME)
+    if spec.get("clusterIP") == "None" or selected not in NOT_AWAITED_APPS:
+        return []
+    if _annotation(props, ANNOTATION_SKIP_AWAIT) == "true":
+        return []
+    return [
+        _finding(
+            "await-decided",
+            resource_type,
+            props,
+            f"a Service selecting {LABEL_NAME}={selected} without {ANNOTATION_SKIP_AWAIT}: `pulumi up` waits until one "
+            "of those pods is Ready, which follows model loading",
+            f"{ANNOTATION_SKIP_AWAIT}: 'true' on a non-headless Service in front of {sorted(NOT_AWAITED_APPS)}",
+            "Render it with serving.render.k8s.common.await_annotations(skip=True) (docs/infra.md, 'What up waits "
+            "for').",
         )
     ]
 

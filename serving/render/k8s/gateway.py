@@ -124,7 +124,9 @@ def render(fleet: Fleet) -> list[K8sObject]:
         {
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": metadata(NAME, ns, lab),
+            # Not awaited either: `up` would wait for a Ready router behind it (pulumi-kubernetes
+            # provider/pkg/await/service.go:404, shouldWaitForPods), i.e. for the fleet to load.
+            "metadata": metadata(NAME, ns, lab, await_annotations(skip=True)),
             "spec": {"type": "ClusterIP", "selector": selector, "ports": ports},
         },
         {
