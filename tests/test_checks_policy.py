@@ -196,6 +196,10 @@ def _workers_through_service(p: dict[str, Any]) -> None:
     p["spec"]["endpoints"][0]["port"] = "http"
 
 
+def _default_grace(p: dict[str, Any]) -> None:
+    del _pod(p)["spec"]["terminationGracePeriodSeconds"]
+
+
 def _offset_after_parens(p: dict[str, Any]) -> None:
     rule = p["spec"]["groups"][0]["rules"][0]
     rule["expr"] = "sum(rate(x[5m])) < 0.8 * (sum(rate(x[5m])) offset 25m)"
@@ -234,6 +238,8 @@ RESOURCE_CASES: list[tuple[str, str, str, Mutation, str]] = [
     ("no-slow-awq-kernel", "StatefulSet", "sglang-g3", _slow_awq, "passes --quantization awq"),
     ("spread-satisfiable", "StatefulSet", "sglang-g4", _hard_spread, "maxSkew=1"),
     ("hardened-pods", "StatefulSet", "sglang-g0", _no_pre_stop, "no preStop hook"),
+    # Issue 25: the router had the default 30 s against its 120 s drain.
+    ("hardened-pods", "Deployment", "sglang-router", _default_grace, "terminationGracePeriodSeconds=30 < --shutdown"),
     ("alert-offset-placement", "PrometheusRule", "exaserve-alerts", _offset_after_parens, "offset after"),
     # Issue 25, finding 4: the workers' monitor as it was (a ServiceMonitor on their 2,048-pod Service) is refused.
     ("workers-scraped-as-pods", "ServiceMonitor", "sglang-router", _workers_through_service, "at most 1,000"),

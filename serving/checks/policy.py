@@ -874,6 +874,15 @@ def hardened_pods(resource_type: str, props: Props) -> list[CheckResult]:
             problems.append("runAsNonRoot is not set")
         if app == SERVING_APP and not ((c.get("lifecycle") or {}).get("preStop")):
             problems.append("no preStop hook (requests are routed to it while it shuts down)")
+        words = [str(w) for w in [*(c.get("command") or []), *(c.get("args") or [])]]
+        if "--shutdown-grace-period-secs" in words[:-1]:
+            drain = float(words[words.index("--shutdown-grace-period-secs") + 1])
+            grace = float((template.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+            if grace < drain:
+                problems.append(
+                    f"terminationGracePeriodSeconds={grace:g} < --shutdown-grace-period-secs {drain:g}: the kubelet "
+                    "kills it mid-drain"
+                )
         if problems:
             out.append(
                 _finding(
@@ -881,7 +890,8 @@ def hardened_pods(resource_type: str, props: Props) -> list[CheckResult]:
                     resource_type,
                     props,
                     f"{where}: {', '.join(problems)}",
-                    "runAsNonRoot (unless the container needs IPC_LOCK), seccompProfile RuntimeDefault, a preStop hook",
+                    "runAsNonRoot (unless the container needs IPC_LOCK), seccompProfile RuntimeDefault, a preStop hook "
+                    "(serving), a grace period covering the router's own drain",
                     "Render the containers with serving.render.k8s.container / gateway.",
                 )
             )
@@ -892,7 +902,7 @@ def hardened_pods(resource_type: str, props: Props) -> list[CheckResult]:
     ) or []
     if (
         kind_of(resource_type, props) == "Deployment"
-        and str(surge) not in ("0", "0%")
+        and str(surge).removesuffix(".0") not in ("0", "0%")  # the engine hands numbers over as floats
         and any(t.get("topologyKey") == HOSTNAME_LABEL for t in anti)
     ):
         out.append(

@@ -13,6 +13,7 @@ instance's own listener, which the ClusterIP Service (one instance per connectio
 from __future__ import annotations
 
 from serving.plan.model import Fleet
+from serving.render.common import whole_seconds
 from serving.render.k8s.common import (
     HOSTNAME_LABEL,
     LABEL_NAME,
@@ -102,6 +103,10 @@ def render(fleet: Fleet) -> list[K8sObject]:
                     "spec": {
                         "serviceAccountName": NAME,
                         "enableServiceLinks": False,
+                        # The kubelet's SIGKILL comes after the router's own drain (--shutdown-grace-period-secs), not
+                        # at the default 30 s; one heartbeat more for the endpoints to drop the pod first.
+                        "terminationGracePeriodSeconds": whole_seconds(fleet.spec.rollout.drain_timeout_s)
+                        + whole_seconds(fleet.spec.serving.heartbeat_interval_s),
                         **pull_secrets(fleet.spec),
                         "affinity": {
                             "podAntiAffinity": {
