@@ -714,10 +714,6 @@ def replica_in_one_rack(resource_type: str, props: Props) -> list[CheckResult]:
     return out
 
 
-# The liveness endpoints known to generate nothing (an allow-list: a new path is refused until it is checked).
-CHEAP_LIVENESS = {SERVING_APP: LIVENESS_PATH, ROUTER_APP: ROUTER_LIVENESS_PATH}
-
-
 @resource_rule(
     "workers-scraped-as-pods",
     "Serving pods are scraped by a PodMonitor, never through a Service's Endpoints (truncated at 1,000 addresses).",
@@ -740,6 +736,10 @@ def workers_scraped_as_pods(resource_type: str, props: Props) -> list[CheckResul
             "Prometheus sets serviceDiscoveryRole: EndpointSlice, keep the ServiceMonitor.",
         )
     ]
+
+
+# The liveness endpoints known to generate nothing (an allow-list: a new path is refused until it is checked).
+CHEAP_LIVENESS = {SERVING_APP: LIVENESS_PATH, ROUTER_APP: ROUTER_LIVENESS_PATH}
 
 
 @resource_rule(
