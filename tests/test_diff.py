@@ -179,11 +179,11 @@ def test_diff_shows_one_group_version_change_as_exactly_that(repo: Path) -> None
     assert doc["base"]["objects"] == doc["head"]["objects"] == len(render_file(REPO / "Pulumi.prod.yaml"))
     # The group's workload, and the stack the runtime controllers read (a ConfigMap of the stack file).
     assert [(c["kind"], c["name"], c["component"]) for c in doc["changed"]] == [
-        ("LeaderWorkerSet", "sglang-g2", "fleet"),
+        ("StatefulSet", "sglang-g2", "fleet"),
         ("ConfigMap", "exaserve-runtime-stack", "runtime"),
     ]
     fields = {f["path"]: (f["base"], f["head"]) for f in doc["changed"][0]["fields"]}
-    pod = "spec.leaderWorkerTemplate.workerTemplate"
+    pod = "spec.template"
     assert fields == {
         'metadata.labels["exaserve.io/version"]': ("v1", "v2"),
         f'{pod}.metadata.labels["exaserve.io/version"]': ("v1", "v2"),
@@ -210,7 +210,7 @@ def test_diff_reports_capacity_deltas_and_group_sizes(repo: Path) -> None:
     assert "~ Role exaserve/exaserve-updater-rollout  [updater]\n      rules[2].resourceNames:" in text, (
         "the updater may label exactly the fleet's pods: fewer replicas, fewer names"
     )
-    assert "~ LeaderWorkerSet exaserve/sglang-g0  [fleet]\n" in text and "spec.replicas: 26 → 20\n" in text
+    assert "~ StatefulSet exaserve/sglang-g0  [fleet]\n" in text and "spec.replicas: 26 → 20\n" in text
     assert "topologySpreadConstraints[0].maxSkew: 13 → 10" in text, "the rack spread follows the group size"
     assert "~ PodDisruptionBudget exaserve/sglang-g1  [fleet]\n      spec.maxUnavailable: 2 → 1\n" in text
     assert "PodDisruptionBudget exaserve/sglang-g0" not in text, "group 0 keeps its budget of 2"
@@ -229,7 +229,7 @@ def test_diff_markdown_names_flags_groups_update_groups_and_shows_units(repo: Pa
     assert result.returncode == 0, result.stderr
     md = result.stdout
     assert (
-        "<code>LeaderWorkerSet exaserve/sglang-g0, sglang-g1, sglang-g2, sglang-g3, sglang-g4</code> (fleet): "
+        "<code>StatefulSet exaserve/sglang-g0, sglang-g1, sglang-g2, sglang-g3, sglang-g4</code> (fleet): "
         "1 field(s), the same in 5 objects"
     ) in md
     assert "| `--context-length` in `containers[sglang].args` | `4096` | `8192` |" in md

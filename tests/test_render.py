@@ -55,7 +55,7 @@ def test_render_writes_and_validates_every_object(tmp_path: Path, stack: str) ->
     first = next(iter(yaml.safe_load(files[0].read_text())))
     assert first == "apiVersion", "objects start with apiVersion, kind, metadata"
     kinds = {e["kind"] for e in index}
-    assert {"LeaderWorkerSet", "PrometheusRule", "ServiceMonitor", "Node", "NetworkPolicy"} <= kinds
+    assert {"StatefulSet", "PrometheusRule", "ServiceMonitor", "Node", "NetworkPolicy"} <= kinds
     assert ("Role", "exaserve-updater-rollout", "updater") in {(e["kind"], e["name"], e["component"]) for e in index}
 
 
@@ -146,7 +146,7 @@ def prod_objects() -> dict[tuple[str, str], dict[str, Any]]:
             {},
             "'resourcs' was unexpected",
         ),
-        ("LeaderWorkerSet", "sglang-g0", ["spec", "replicas"], "410", "'410' is not of type 'integer'"),
+        ("StatefulSet", "sglang-g0", ["spec", "replicas"], "410", "'410' is not of type 'integer'"),
         (
             "Deployment",
             "sglang-router",
@@ -190,7 +190,7 @@ def test_leader_worker_set_defects_are_caught_by_its_crd(validator: Validator, t
     lws = next(o.obj for o in objects if o.kind == "LeaderWorkerSet")
     assert validator.problems(lws) == []
     bad = copy.deepcopy(lws)
-    bad["spec"]["rolloutStrategy"]["rollingUpdateConfig"] = {"maxSurge": 1}
+    bad["spec"]["rolloutStrategy"] = {"rollingUpdateConfig": {"maxSurge": 1}}
     bad["spec"]["leaderWorkerTemplate"]["restartPolicy"] = "Always"
     messages = [str(p) for p in validator.problems(bad)]
     assert any("'rollingUpdateConfig' was unexpected" in m for m in messages), messages

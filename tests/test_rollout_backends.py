@@ -23,7 +23,7 @@ from serving.render.k8s.common import LABEL_VERSION
 from serving.render.k8s.fleet import group_name, render
 from serving.render.systemd import systemd_unit, unit_name
 from serving.rollout.backends import BackendError
-from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend, rollout_status, workload_path
+from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend, rollout_status, workload, workload_path
 from serving.rollout.backends.ssh import SshBackend, parse_show
 from serving.rollout.plan import plan_batches, with_group_version
 from serving.sandbox.backend import LocalBackend
@@ -198,11 +198,18 @@ def test_kubernetes_backend_against_an_api_server_stand_in_moves_one_group_and_w
                 await backend.aclose()
 
         before, after = asyncio.run(scenario())
-        path = workload_path(spec, 1)
+        path = workload_path(workload(fleet_of(spec), 1))
         obj = api.objects[path]
+        deleted = list(api.deleted)
     assert set(before.values()) == {"v1"}
     assert {r for r, v in after.items() if v == "v2"} == set(batch1)
     assert [p for p, _ in api.patches] == [path], "exactly one object is patched: group 1's workload"
+    if multi:  # the LeaderWorkerSet's controller replaces the pods (one replica at a time); the updater deletes none
+        assert obj["kind"] == "LeaderWorkerSet" and deleted == []
+    else:  # OnDelete StatefulSet: the updater deleted each of the group's pods once, and nothing else
+        size = obj["spec"]["replicas"]
+        assert obj["kind"] == "StatefulSet" and obj["spec"]["updateStrategy"] == {"type": "OnDelete"}
+        assert sorted(deleted) == sorted(f"{group_name(1)}-{i}" for i in range(size))
     assert obj["metadata"]["labels"][LABEL_VERSION] == "v2"
     assert rollout_status(obj) == (
         True,
@@ -233,7 +240,9 @@ def test_kubernetes_rollout_that_never_becomes_ready_times_out_naming_the_worklo
             finally:
                 await backend.aclose()
 
-        with pytest.raises(BackendError, match=r"rollout of sglang-g0 not complete after 1.5 s: .* replicas updated"):
+        with pytest.raises(
+            BackendError, match=r"rollout of sglang-g0 not complete after 1.5 s: 0 of 26 updated replicas ready"
+        ):
             asyncio.run(scenario())
 
 
@@ -246,8 +255,8 @@ def test_kubernetes_worker_urls_are_stable_pod_dns_names() -> None:
     spec = k8s_spec(False)
     backend = KubernetesBackend(fleet_of(spec), KubeApi("http://127.0.0.1:1"))
     group0 = sorted((r for r in fleet_replicas(spec) if r.group == 0), key=lambda r: r.index)
-    # Each group is a LeaderWorkerSet: its third group's leader pod, through the set's own headless Service.
-    assert backend.worker_url(group0[2].id) == "http://sglang-g0-2.sglang-g0.exaserve.svc:30000"
+    # One-node replicas: group 0's StatefulSet names its third pod, under its governing headless Service.
+    assert backend.worker_url(group0[2].id) == "http://sglang-g0-2.sglang-workers.exaserve.svc:30000"
     asyncio.run(backend.aclose())
 
 

@@ -7,10 +7,10 @@ one simulated SGLang worker process per serving pod (``serving.sandbox.worker``)
 127.x.y.z loopback address) at ``serving.port``, as the discovered URL ``http://POD_IP:PORT`` expects; the
 updater's runner, the Kubernetes backend and its :class:`DiscoveryMembership`, unchanged.
 
-What STANDS IN: the API server and the LeaderWorkerSet controller and kubelet behind it — ``ApiServerStandIn``
+What STANDS IN: the API server and the StatefulSet controller and kubelet behind it — ``ApiServerStandIn``
 (tests/test_rollout_backends.py) with a pod watch (list, then ``watch=true`` from the list's resourceVersion, one
 JSON event per line, as the router's client asks for it), and a kubelet that starts a pod's worker process, marks the
-pod Ready once the worker answers ``/health`` and, when a template change replaces a pod, first marks it terminating
+pod Ready once the worker answers ``/health`` and, when the updater deletes a pod to replace it, first marks it terminating
 (``deletionTimestamp``), stops its process (SIGTERM, the worker's graceful exit) and then deletes it. Pods carry
 the templates' labels; the router never sees anything but these pods.
 
@@ -169,17 +169,6 @@ class DiscoveryApiServer(ApiServerStandIn):
         for c in pod["status"]["containerStatuses"]:
             c["ready"] = True
         self._emit("MODIFIED", pod)
-
-    async def _controller(self, path: str, old_revision: str) -> None:
-        """LeaderWorkerSet rolling update: ``maxUnavailable`` replicas at a time, each wave Ready before the next."""
-        obj = self.objects[path]
-        n = obj["spec"]["replicas"]
-        step = int(obj["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]["maxUnavailable"])
-        for first in range(0, n, step):
-            wave = range(first, min(n, first + step))
-            obj["status"] = self._status(obj, updated=first, ready=n - len(wave), current=old_revision)
-            await asyncio.gather(*(self._replace(obj, o) for o in wave))
-        obj["status"] = self._status(obj, updated=n, ready=n, current=old_revision)  # (a StatefulSet's only)
 
     async def _get(self, request: web.Request) -> web.StreamResponse:  # type: ignore[override]  # a watch streams
         if request.path != self.pods_path:
@@ -427,7 +416,7 @@ def test_an_update_holds_the_new_pods_out_of_the_selection_and_pods_are_addresse
     members = [r.id for r in fleet_of(spec).plan.replicas if r.group == 1]
     with ApiServerStandIn(spec) as api:
         backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
-        assert backend.worker_url(members[0]) == "http://sglang-g1-0.sglang-g1.exaserve.svc:30000"
+        assert backend.worker_url(members[0]) == "http://sglang-g1-0.sglang-workers.exaserve.svc:30000"
 
         async def scenario() -> None:
             try:

@@ -149,7 +149,9 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
             "rules": [
                 alert(
                     "ExaServeNoControllerLeader",
-                    f"{LEADERS} < 1",
+                    # absent(): with no controller scraped at all (none running, image never pulled) the sum is an
+                    # empty vector, which compares to nothing (issue 25).
+                    f"{LEADERS} < 1 or absent(exaserve_runtime_leader)",
                     lease,
                     "critical",
                     "No fleet controller leads: failing replicas are not taken out of rotation",
