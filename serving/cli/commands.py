@@ -78,7 +78,8 @@ COMMANDS: dict[str, Entry] = {
     "agent": Entry("runtime", "The node agent: one batched report per node per heartbeat."),
     "status": Entry(
         "runtime",
-        "Replicas by state with scores and load, the leader, each node's last report (from the controllers).",
+        "Replicas as every router instance routes them (routes, unhealthy, absent, unknown), beside the "
+        "controllers' view: state, score, rotation and load, the leader, each node's last report.",
     ),
     "drill": Entry(
         "drill",
