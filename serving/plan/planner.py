@@ -128,7 +128,8 @@ def static_fraction(spec: FleetSpec) -> Figure:
 def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
     """Per-GPU memory of one replica by SGLang's arithmetic (``model="source"``: the source's heuristic).
 
-    The replica's first rank: ⌈layers / PP⌉ layers (the fullest stage) and the embedding."""
+    The GPUs of the stage with the fewest pool tokens, whose count SGLang keeps for the replica: normally the
+    last stage, which gets the extra layers and holds the LM head (:func:`serving.plan.memory.replica_pool`)."""
     if model == "source":
         return source_memory_plan(spec)
     m, par, ctx = spec.model, spec.parallelism, spec.limits.context_length
@@ -136,11 +137,11 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
     total = gpu.memory_total_mib * sgl.MIB
     free = sgl.free_at_start_bytes(gpu)
     mfs = static_fraction(spec)
-    share = sgl.weights_per_gpu(m.architecture, m.bytes_per_param, par.tp, par.pp)
+    rp = sgl.replica_pool(m.architecture, m.bytes_per_param, m.kv_bytes_per_element, par.tp, par.pp, free, mfs.value)
+    share, pool = rp.weights, rp.pool
     weights = weights_bytes(m.architecture.parameter_count, m.bytes_per_param)
     kv_tok = kv_bytes_per_token(m.architecture, m.kv_bytes_per_element)
     kv_tok_gpu = kv_bytes_per_token_per_gpu(m.architecture, m.kv_bytes_per_element, par.tp, par.pp)
-    pool = sgl.kv_pool(free, mfs.value, share.total, int(kv_tok_gpu.value))
     budget = max(0.0, pool.budget)
     slack = free * (1 - mfs.value)
     seqs = pool.tokens // ctx * par.dp
@@ -149,7 +150,7 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
         "load_overhead": Figure(
             share.load_overhead_bytes, "B", f"{sgl.LOAD_OVERHEAD_GIB:.2f} GiB (mean of the calibration logs)"
         ),
-        "kv_cache": Figure(budget, "B", pool.formula),
+        "kv_cache": Figure(budget, "B", rp.formula),
         "activations_and_graphs": Figure(
             slack, "B", f"{free / GIB:,.2f} GiB free at start × (1 − {mfs.value:.3f}) = {slack / GIB:,.2f} GiB"
         ),
