@@ -37,7 +37,7 @@ def test_the_quoted_source_lines_are_sglangs() -> None:
     """Every check the planner cites is at the quoted line of the installed 0.5.23 source (a moved or changed
     check fails here, and the citations in the reasons with it)."""
     srt = next(SGLANG_VENV.glob("lib/python*/site-packages/sglang/srt"))
-    checks = (*div.SOURCE_CHECKS, sgl.PP_PARTITION, sgl.PP_MIN_TOKENS)
+    checks = (*div.SOURCE_CHECKS, sgl.PP_PARTITION, sgl.PP_MIN_TOKENS, sgl.GROUP_SCALES, sgl.GROUP_ZEROS)
     for check in checks:
         line = (srt / check.path).read_text().splitlines()[check.line - 1]
         assert check.fragment in line, f"{check.where}: {line.strip()!r} does not hold {check.fragment!r}"
@@ -143,3 +143,22 @@ def test_pipeline_stages_hold_their_own_layers_and_the_pool_is_their_minimum() -
     rp = sgl.replica_pool(arch, 1.0, 2, 1, 8, 140 * GIB, 0.9)
     assert rp.binding == 7 and rp.tokens == min(pool.tokens for _, _, pool in rp.stages)
     assert len({pool.tokens for _, _, pool in rp.stages}) > 1
+
+
+def test_int4_weights_carry_the_group_scales_and_zeros() -> None:
+    """AWQ/GPTQ store per group of g input rows one 16-bit scale and one 4-bit zero per output column
+    (awq_linear.py, quoted above): 0.5 + 2.5 / g bytes a parameter, +3.9 % at g = 128. Before, int4 layers
+    were counted at 0.5 B flat. The group size comes from config.json when it declares one."""
+    cfg = json.loads((ROOT / "models" / "llama-3-70b" / "config.json").read_text())
+    arch = Architecture.model_validate(architecture_from_hf_config(cfg, "llama-3-70b"))
+    assert arch.quant_group_size is None
+    flat = sgl.stage_weights(arch, 0.5, 1, 1)[0]
+    grouped = sgl.stage_weights(arch, 0.5, 1, 1, sgl.DEFAULT_GROUP_SIZE)[0]
+    assert grouped.layer_bytes == pytest.approx(flat.layer_bytes * (0.5 + 2.5 / 128) / 0.5)
+    assert grouped.layer_bytes / flat.layer_bytes - 1 == pytest.approx(0.039, abs=0.001)
+    assert "2.5 / group 128" in grouped.formula and sgl.GROUP_SCALES.where in grouped.formula
+    declared = {**cfg, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 64}}
+    arch64 = Architecture.model_validate(architecture_from_hf_config(declared, "awq"))
+    assert arch64.quant_group_size == 64
+    with pytest.raises(ValueError, match="group_size = 'x' is not a positive integer"):
+        architecture_from_hf_config({**cfg, "quantization_config": {"group_size": "x"}}, "bad")

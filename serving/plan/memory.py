@@ -388,6 +388,20 @@ def stage_parameters(arch: Architecture, layers: range) -> float:
     return (total + min(moe.dense_layers, n) * delta) * len(layers) / n - dense_here * delta
 
 
+GROUP_SCALES = SourceCheck("layers/quantization/awq/schemes/awq_linear.py", 80, "scales = GroupQuantScaleParameter(")
+GROUP_ZEROS = SourceCheck("layers/quantization/awq/schemes/awq_linear.py", 67, "qzeros = PackedvLLMParameter(")
+DEFAULT_GROUP_SIZE = 128
+"""The group size assumed for a 4-bit checkpoint whose config.json the planner has not read (AWQ's and GPTQ's
+usual one); a config.json's ``quantization_config.group_size`` replaces it."""
+
+
+def group_overhead_bytes_per_param(group_size: int) -> float:
+    """A 4-bit group-quantised linear layer (AWQ, GPTQ) stores, per group of ``group_size`` input rows and per output
+    column, one 16-bit scale (``scales``: [in / g, out] in the activations' dtype) and one 4-bit zero (``qzeros``:
+    [in / g, out / 8] int32), so 2.5 / g bytes per parameter on top of the 0.5 B of the weight itself."""
+    return 2.5 / group_size
+
+
 @dataclass(frozen=True)
 class WeightShare:
     """The weights on one GPU of a pipeline stage: quantised layers plus 16-bit embedding and LM head."""
@@ -404,25 +418,35 @@ class WeightShare:
         return self.layer_bytes + self.embedding_bytes + self.load_overhead_bytes
 
 
-def stage_weights(arch: Architecture, bytes_per_param: float, tp: int, pp: int) -> list[WeightShare]:
+def stage_weights(
+    arch: Architecture, bytes_per_param: float, tp: int, pp: int, group_size: int | None = None
+) -> list[WeightShare]:
     """Each stage's weights per GPU: its layers' parameters (every expert) in the checkpoint's precision over
-    TP; the embedding on the first stage and the LM head on the last (kept 16-bit by every quantised
+    TP, plus a group-quantised checkpoint's scales and zeros (``group_size``: 4-bit AWQ/GPTQ, see
+    :func:`group_overhead_bytes_per_param`); the embedding on the first stage and the LM head on the last (kept 16-bit by every quantised
     checkpoint SGLang loads), over TP. Without PP one GPU holds both tables (one when tied); with PP the last
     stage holds its own LM head even when tied (SGLang builds ``embed_tokens`` there to tie it)."""
     table = arch.vocab_size * arch.hidden_size
     load = LOAD_OVERHEAD_GIB * GIB
+    per_param, bpp = bytes_per_param, f"{bytes_per_param:g} B"
+    if group_size is not None:
+        per_param += group_overhead_bytes_per_param(group_size)
+        bpp = (
+            f"({bytes_per_param:g} + 2.5 / group {group_size} = {per_param:.4f}) B (scales and zeros, "
+            f"{GROUP_SCALES.where})"
+        )
     out = []
     stages = pp_stage_layers(arch.num_layers, pp)
     for rank, layers in enumerate(stages):
         params = stage_parameters(arch, layers)
-        layer_bytes = params * bytes_per_param / tp
+        layer_bytes = params * per_param / tp
         on_gpu = (1 if arch.tie_word_embeddings else 2) if pp == 1 else int(rank in (0, pp - 1))
         emb = table * on_gpu * 2 / tp
         stage = (
             f"stage {rank + 1}/{pp}, layers {layers.start}–{layers.stop - 1} ({PP_PARTITION.where}): " if pp > 1 else ""
         )
         formula = (
-            f"{stage}{params:,.0f} params × {bytes_per_param:g} B / TP {tp} = {layer_bytes / GIB:,.2f} GiB + {on_gpu} × "
+            f"{stage}{params:,.0f} params × {bpp} / TP {tp} = {layer_bytes / GIB:,.2f} GiB + {on_gpu} × "
             f"{table:,} embedding params × 2 B / TP {tp} = {emb / GIB:,.2f} GiB + {LOAD_OVERHEAD_GIB:.2f} GiB load "
             f"overhead = {(layer_bytes + emb + load) / GIB:,.2f} GiB"
         )
@@ -509,11 +533,12 @@ def replica_pool(
     pp: int,
     free_at_start: float,
     mem_fraction_static: float,
+    group_size: int | None = None,
 ) -> ReplicaPool:
     """Every stage's pool by its own weights and layers; the replica's token count is the minimum over the
     stages, as SGLang's PP ranks agree on it."""
     stages = []
-    for share in stage_weights(arch, bytes_per_param, tp, pp):
+    for share in stage_weights(arch, bytes_per_param, tp, pp, group_size):
         cell = kv_cell_bytes(arch, kv_bytes_per_element, tp, len(share.layers))
         stages.append((share, cell, kv_pool(free_at_start, mem_fraction_static, share.total, cell)))
     binding = min(range(len(stages)), key=lambda i: (stages[i][2].tokens, -i))
@@ -634,8 +659,9 @@ def enumerate_layouts(
                 fraction = sglang_mem_fraction_static(
                     gpu.memory_total_mib, tp, pp, chunked_prefill_size, max_running_requests, arch.mla is not None
                 ).value
+                group = (arch.quant_group_size or DEFAULT_GROUP_SIZE) if precision == "int4" else None
                 for kv_dtype, kv_bytes in KV_DTYPES.items():
-                    rp = replica_pool(arch, bpp, kv_bytes, tp, pp, free, fraction)
+                    rp = replica_pool(arch, bpp, kv_bytes, tp, pp, free, fraction, group)
                     seqs = min(max_running_requests, rp.tokens // context_length)
                     if seqs < 1:
                         continue

@@ -27,7 +27,7 @@ from serving.plan.model import (
     fmt_bytes,
     utilisation_band,
 )
-from serving.spec.schema import GB, GIB, Architecture, FleetSpec, Node
+from serving.spec.schema import GB, GIB, Architecture, FleetSpec, Node, Precision
 
 # ------------------------------------------------------------------------------------------ memory
 
@@ -137,7 +137,10 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
     total = gpu.memory_total_mib * sgl.MIB
     free = sgl.free_at_start_bytes(gpu)
     mfs = static_fraction(spec)
-    rp = sgl.replica_pool(m.architecture, m.bytes_per_param, m.kv_bytes_per_element, par.tp, par.pp, free, mfs.value)
+    group = (m.architecture.quant_group_size or sgl.DEFAULT_GROUP_SIZE) if m.precision == Precision.INT4 else None
+    rp = sgl.replica_pool(
+        m.architecture, m.bytes_per_param, m.kv_bytes_per_element, par.tp, par.pp, free, mfs.value, group
+    )
     share, pool = rp.weights, rp.pool
     weights = weights_bytes(m.architecture.parameter_count, m.bytes_per_param)
     kv_tok = kv_bytes_per_token(m.architecture, m.kv_bytes_per_element)

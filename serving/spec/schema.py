@@ -375,6 +375,11 @@ class Architecture(_Model):
         default=None,
         description="The checkpoint's block-FP8 block [n, k] (config.json quantization_config.weight_block_size).",
     )
+    quant_group_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="The 4-bit checkpoint's group size (config.json quantization_config.group_size / q_group_size).",
+    )
     mla: MlaSpec | None = Field(default=None)
     moe: MoeSpec | None = Field(default=None)
 
@@ -434,6 +439,11 @@ def architecture_from_hf_config(cfg: dict[str, Any], source: str) -> dict[str, A
                 f"{source}: quantization_config.weight_block_size = {block!r} is not two positive integers [n, k]"
             )
         out["weight_block_size"] = (block[0], block[1])
+    group = quant.get("group_size", quant.get("q_group_size")) if isinstance(quant, dict) else None
+    if group is not None and group != -1:
+        if not (isinstance(group, int) and group > 0):
+            raise ValueError(f"{source}: quantization_config.group_size = {group!r} is not a positive integer")
+        out["quant_group_size"] = group
     out["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
     counted = count_parameters(cfg)
     if counted is not None:
