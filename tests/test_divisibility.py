@@ -162,3 +162,17 @@ def test_int4_weights_carry_the_group_scales_and_zeros() -> None:
     assert arch64.quant_group_size == 64
     with pytest.raises(ValueError, match="group_size = 'x' is not a positive integer"):
         architecture_from_hf_config({**cfg, "quantization_config": {"group_size": "x"}}, "bad")
+
+
+def test_first_stage_weights_match_a_public_pp_log() -> None:
+    """https://github.com/sgl-project/sglang/issues/8337: Qwen3-235B-A22B bf16 at PP 4 × TP 8 on H200, rank TP0 PP0
+    logs ``Load weight end. … mem usage=13.73 GB``. SGLang's partition gives that stage 23 of the 94 layers (the
+    two extra ones go to the last stages) and the embedding: the planner's stage 1 is within 0.5 %, where ⌈94/4⌉ =
+    24 mean layers would be 4 % over."""
+    cfg = json.loads((ROOT / "models" / "qwen3-235b-a22b" / "config.json").read_text())
+    arch = Architecture.model_validate(architecture_from_hf_config(cfg, "qwen3-235b-a22b"))
+    stages = sgl.stage_weights(arch, 2.0, 8, 4)
+    assert [len(s.layers) for s in stages] == [23, 23, 24, 24]
+    logged = 13.73
+    assert stages[0].total / GIB == pytest.approx(logged, rel=0.005)
+    assert stages[-1].total / GIB > logged * 1.035  # the fullest stage is not the one that logged
