@@ -36,17 +36,24 @@ class GpuProduct:
     label: str
     memory_total_mib: int
     source: str
+    nvlink: bool = False
+    """The product's GPUs talk over NVLink inside a node (SXM/HGX boards): at TP > 1 SGLang's custom all-reduce
+    and NCCL's peer buffers are set up before the weights load (:data:`NVLINK_LOGS`)."""
 
 
 GPU_PRODUCTS: dict[str, GpuProduct] = {
     g.label: g
     for g in (
-        GpuProduct("NVIDIA-A100-SXM4-40GB", 40_960, "NVIDIA A100 datasheet: 40 GiB HBM2 (nvidia-smi 40960MiB)"),
-        GpuProduct("NVIDIA-A100-SXM4-80GB", 81_920, "NVIDIA A100 datasheet: 80 GiB HBM2e (nvidia-smi 81920MiB)"),
-        GpuProduct("NVIDIA-H100-80GB-HBM3", 81_559, "nvidia-smi on H100 SXM5: 81559MiB"),
-        GpuProduct("NVIDIA-H20", 97_871, "nvidia-smi on H20: 97871MiB"),
-        GpuProduct("NVIDIA-H200", 143_771, "nvidia-smi on H200 SXM: 143771MiB"),
-        GpuProduct("NVIDIA-B200", 183_359, "nvidia-smi on B200: 183359MiB"),
+        GpuProduct(
+            "NVIDIA-A100-SXM4-40GB", 40_960, "NVIDIA A100 datasheet: 40 GiB HBM2 (nvidia-smi 40960MiB)", nvlink=True
+        ),
+        GpuProduct(
+            "NVIDIA-A100-SXM4-80GB", 81_920, "NVIDIA A100 datasheet: 80 GiB HBM2e (nvidia-smi 81920MiB)", nvlink=True
+        ),
+        GpuProduct("NVIDIA-H100-80GB-HBM3", 81_559, "nvidia-smi on H100 SXM5: 81559MiB", nvlink=True),
+        GpuProduct("NVIDIA-H20", 97_871, "nvidia-smi on H20: 97871MiB", nvlink=True),
+        GpuProduct("NVIDIA-H200", 143_771, "nvidia-smi on H200 SXM: 143771MiB", nvlink=True),
+        GpuProduct("NVIDIA-B200", 183_359, "nvidia-smi on B200: 183359MiB", nvlink=True),
         GpuProduct("NVIDIA-L40S", 46_068, "nvidia-smi in https://github.com/sgl-project/sglang/pull/13023: 46068MiB"),
         GpuProduct("NVIDIA-L4", 23_034, "nvidia-smi on L4: 23034MiB"),
         GpuProduct(
@@ -262,13 +269,77 @@ LOAD_OVERHEAD_GIB = load_overhead_gib()
 OBSERVED_FREE_AT_START_GIB = {c.gpu: _logged(c)[0] for c in CALIBRATION_LOGS}
 
 
-def free_at_start_bytes(gpu: GpuProduct) -> float:
-    """Free memory when SGLang starts loading weights: logged where a log exists, else memory.total less
-    the mean runtime overhead of the logs."""
+@dataclass(frozen=True)
+class FreeAtStartLog:
+    """A public log of free memory before the weights load (``Load weight begin. avail mem=``, or ``Load weight
+    end`` avail + mem usage) on an NVLink node at TP > 1."""
+
+    name: str
+    source: str
+    sglang: str
+    gpu: str
+    tp: int
+    pp: int
+    free_at_start_gib: float
+
+
+NVLINK_LOGS: tuple[FreeAtStartLog, ...] = (
+    FreeAtStartLog(
+        name="8 × H200, TP 8",
+        source="https://github.com/sgl-project/sglang/pull/11716 (description: 'Init torch distributed ends. mem "
+        "usage=2.01 GB', 'Load weight begin. avail mem=137.29 GB' on six of the eight ranks, 137.34 and 137.52 on "
+        "the others; the pool takes the minimum over ranks)",
+        sglang="main of 2025-10-16",
+        gpu="NVIDIA-H200",
+        tp=8,
+        pp=1,
+        free_at_start_gib=137.29,
+    ),
+    FreeAtStartLog(
+        name="4 nodes × 8 H200, PP 4 × TP 8",
+        source="https://github.com/sgl-project/sglang/issues/8337 (description: TP0 PP0 'Load weight end. "
+        "type=Qwen3MoeForCausalLM, dtype=torch.bfloat16, avail mem=124.19 GB, mem usage=13.73 GB')",
+        sglang="0.4.9 era (2025-07-24)",
+        gpu="NVIDIA-H200",
+        tp=8,
+        pp=4,
+        free_at_start_gib=124.19 + 13.73,
+    ),
+)
+"""The NVLink TP > 1 logs :data:`NVLINK_TP_OVERHEAD_GIB` is fitted on."""
+
+
+def nvlink_tp_overhead_gib() -> float:
+    """What an NVLink node at TP > 1 takes before the weights beyond the PCIe/TP-1 runtime overhead: SGLang's
+    custom all-reduce (disabled on more than two PCIe-only GPUs, as the PCIe calibration logs say) and NCCL's
+    peer buffers, set up at distributed init, before ``measure_pre_model_load_memory``. Mean over the logs."""
+    gaps = [GPU_PRODUCTS[c.gpu].memory_total_mib * MIB / GIB - c.free_at_start_gib for c in NVLINK_LOGS]
+    return _mean(gaps) - RUNTIME_OVERHEAD_GIB
+
+
+NVLINK_TP_OVERHEAD_GIB = nvlink_tp_overhead_gib()
+
+
+def runtime_overhead_for(gpu: GpuProduct, tp: int) -> tuple[float, str]:
+    """Memory gone before the weights load, GiB, and why: the CUDA context and allocator (the PCIe logs' mean), plus
+    the NVLink all-reduce buffers when the product has NVLink and TP > 1."""
+    if gpu.nvlink and tp > 1:
+        v = RUNTIME_OVERHEAD_GIB + NVLINK_TP_OVERHEAD_GIB
+        return v, (
+            f"{RUNTIME_OVERHEAD_GIB:.2f} GiB runtime + {NVLINK_TP_OVERHEAD_GIB:.2f} GiB NVLink all-reduce buffers at "
+            f"TP {tp}, fitted on the NVLink logs"
+        )
+    why = "TP 1" if tp == 1 else "no NVLink"
+    return RUNTIME_OVERHEAD_GIB, f"{RUNTIME_OVERHEAD_GIB:.2f} GiB runtime; {why}, no all-reduce buffers"
+
+
+def free_at_start_bytes(gpu: GpuProduct, tp: int = 1) -> float:
+    """Free memory when SGLang starts loading weights: logged where a (PCIe) log of the product exists, else
+    memory.total less the runtime overhead for this product and TP (:func:`runtime_overhead_for`)."""
     observed = OBSERVED_FREE_AT_START_GIB.get(gpu.label)
     if observed is not None:
         return observed * GIB
-    return gpu.memory_total_mib * MIB - RUNTIME_OVERHEAD_GIB * GIB
+    return gpu.memory_total_mib * MIB - runtime_overhead_for(gpu, tp)[0] * GIB
 
 
 # ---------------------------------------------------------------------- handle_gpu_memory_settings
@@ -641,7 +712,6 @@ def enumerate_layouts(
     """Every precision × KV dtype × TP × PP (powers of two, a replica within a node or over whole nodes)
     that SGLang starts (:func:`serving.plan.divisibility.rejections`) and whose KV pool holds at least one
     full-length sequence, ranked (:class:`FitResult`); the TP sizes SGLang rejects with their reasons."""
-    free = free_at_start_bytes(gpu)
     out: list[Layout] = []
     excluded: list[Excluded] = []
     total_gpus = gpus_per_node * nodes
@@ -652,6 +722,7 @@ def enumerate_layouts(
             if reasons:
                 excluded.append(Excluded(precision, tp, tuple(reasons)))
                 continue
+            free = free_at_start_bytes(gpu, tp)
             for pp in _powers_of_two(min(total_gpus // tp, 16, arch.num_layers)):
                 gpr = tp * pp
                 if gpr > gpus_per_node and gpr % gpus_per_node:

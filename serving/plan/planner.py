@@ -135,7 +135,7 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
     m, par, ctx = spec.model, spec.parallelism, spec.limits.context_length
     gpu = gpu_product(spec)
     total = gpu.memory_total_mib * sgl.MIB
-    free = sgl.free_at_start_bytes(gpu)
+    free = sgl.free_at_start_bytes(gpu, par.tp)
     mfs = static_fraction(spec)
     group = (m.architecture.quant_group_size or sgl.DEFAULT_GROUP_SIZE) if m.precision == Precision.INT4 else None
     rp = sgl.replica_pool(
@@ -158,7 +158,15 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
             slack, "B", f"{free / GIB:,.2f} GiB free at start × (1 − {mfs.value:.3f}) = {slack / GIB:,.2f} GiB"
         ),
         "cuda_context": Figure(
-            total - free, "B", f"{gpu.memory_total_mib:,} MiB − {free / GIB:,.2f} GiB free at start"
+            total - free,
+            "B",
+            f"{gpu.memory_total_mib:,} MiB − {free / GIB:,.2f} GiB free at start ("
+            + (
+                "logged for this product"
+                if gpu.label in sgl.OBSERVED_FREE_AT_START_GIB
+                else sgl.runtime_overhead_for(gpu, par.tp)[1]
+            )
+            + ")",
         ),
         "total": Figure(total, "B", f"{gpu.label}: {gpu.memory_total_mib:,} MiB ({gpu.source})"),
     }
