@@ -52,6 +52,13 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("prod", {"serving__replicas": 2049}, "placement.fleet-capacity", "hold at most 2,048"),
     (
         "prod",
+        {"parallelism__tp": 3, "serving__replicas_per_node": 2},
+        "model.sglang-shapes",
+        "Got TP 3: SGLang 0.5.23 refuses to start llama-3-70b: 64 attention heads are not divisible by TP 3 "
+        "(sglang/srt/models/llama.py:183); 8 KV heads are not divisible by TP 3 (sglang/srt/models/llama.py:189)",
+    ),
+    (
+        "prod",
         {"model__precision": "fp16", "model__quantization": None},
         "memory.per-gpu",
         "that is less than one sequence of 4,096 tokens",

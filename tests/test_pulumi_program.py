@@ -196,7 +196,7 @@ def test_fleet_pods_wait_for_their_cache_and_spread_satisfiably(runs: dict[str, 
         "labelSelector": {"matchLabels": fleet.group_selector(0)},
     }
     resources = pod["containers"][0]["resources"]
-    assert resources["requests"] == resources["limits"] == {"cpu": "8", "memory": "43Gi", "nvidia.com/gpu": "1"}
+    assert resources["requests"] == resources["limits"] == {"cpu": "8", "memory": "44Gi", "nvidia.com/gpu": "1"}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}
     assert "annotations" not in template["metadata"], "no Multus network for a replica inside one node"

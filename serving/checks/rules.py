@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 
+from serving.plan.divisibility import rejections
 from serving.plan.model import Fleet, fmt_bytes
 from serving.result import CheckResult, Status
 from serving.rollout.plan import qps_window_min_s
@@ -129,6 +130,25 @@ def _memory(fleet: Fleet) -> Iterator[CheckResult]:
             f"at most {fmt_bytes(have)} per GPU",
             fix,
             "model",
+        )
+
+
+@rule("model.sglang-shapes")
+def _sglang_shapes(fleet: Fleet) -> Iterator[CheckResult]:
+    """SGLang must accept the model's shapes at this TP size: attention and KV heads divide (or are replicated
+    evenly over) the TP ranks, and a block-FP8 checkpoint's MLP and expert widths split into whole blocks
+    (:mod:`serving.plan.divisibility`, each reason citing the SGLang check it mirrors)."""
+    spec = fleet.spec
+    tp = spec.parallelism.tp
+    reasons = rejections(spec.model.architecture, tp, spec.model.precision.value)
+    if reasons:
+        yield CheckResult(
+            "model.sglang-shapes",
+            Status.FAIL,
+            f"Got TP {tp}: SGLang 0.5.23 refuses to start {spec.model.name}: {'; '.join(reasons)}",
+            "a TP size SGLang accepts for this model",
+            "Pick another parallelism.tp (`exaserve fit` lists the sizes SGLang accepts).",
+            "parallelism.tp",
         )
 
 

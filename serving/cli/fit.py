@@ -69,6 +69,7 @@ def _layout_json(lay: sgl.Layout, rps: float) -> dict[str, Any]:
         "sequences_per_replica": lay.sequences_per_replica,
         "served_sequences": lay.served_sequences,
         "requests_per_second": round(rps, 3),
+        "rank_reason": lay.rank_reason,
         "breakdown": lay.breakdown,
     }
 
@@ -111,6 +112,9 @@ def fit(
         str | None, typer.Option("--gpu", help="GPU product (nvidia.com/gpu.product); default: the stack's.")
     ] = None,
     nodes: Annotated[int | None, typer.Option("--nodes", min=1, help="Nodes; default: the stack's.")] = None,
+    gpus_per_node: Annotated[
+        int | None, typer.Option("--gpus-per-node", min=1, help="GPUs per node; default: the stack's.")
+    ] = None,
     context_length: Annotated[int | None, typer.Option("--context-length", min=1)] = None,
     concurrency: Annotated[
         int | None, typer.Option("--concurrency", min=1, help="Target concurrent sequences across the fleet.")
@@ -120,7 +124,11 @@ def fit(
     ] = None,
     precision: Annotated[
         list[str] | None,
-        typer.Option("--precision", help="Checkpoint precisions the model has (repeat; default bf16 and fp8)."),
+        typer.Option(
+            "--precision",
+            help="Checkpoint precisions the model has (repeat; default: fp8 for a config.json that declares FP8 "
+            "quantization, else bf16 and fp8).",
+        ),
     ] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Layouts to show.")] = 10,
     write_stack: Annotated[
@@ -142,23 +150,25 @@ def fit(
         gpu_product = sgl.gpu_product(product)
     except sgl.UnknownGpuError as exc:
         fail(f"--gpu: {exc}")
-    precisions = tuple(precision or ("bf16", "fp8"))
+    precisions = tuple(precision or (("fp8",) if arch.weight_block_size is not None else ("bf16", "fp8")))
     unknown = sorted(set(precisions) - set(sgl.PRECISION_BYTES))
     if unknown:
         fail(f"--precision {unknown}: not a precision; use {', '.join(sgl.PRECISION_BYTES)}")
     n = nodes or spec.cluster.node_count
+    gpn = gpus_per_node or spec.cluster.gpu.count_per_node
     lim = spec.limits
     ctx = context_length or lim.context_length
-    layouts = sgl.enumerate_layouts(
+    result = sgl.enumerate_layouts(
         arch,
         gpu_product,
-        spec.cluster.gpu.count_per_node,
+        gpn,
         n,
         ctx,
         lim.max_running_requests,
         lim.chunked_prefill_size,
         precisions,
     )
+    layouts = result.layouts
     chains = [
         planner.capacity_chain(
             lay.sequences_per_replica,
@@ -180,6 +190,11 @@ def fit(
     if write_stack is not None and ok:
         if n != spec.cluster.node_count:
             fail(f"--write-stack: --nodes {n} differs from the stack's {spec.cluster.node_count}; drop --nodes")
+        if gpn != spec.cluster.gpu.count_per_node:
+            fail(
+                f"--write-stack: --gpus-per-node {gpn} differs from the stack's {spec.cluster.gpu.count_per_node}; "
+                "drop --gpus-per-node"
+            )
         _write_stack(write_stack, st.path, layouts[meets[0]], hf_config, arch, gpu_product.label)
     refused = f"--write-stack: no layout meets the target ({_short_of(chains, concurrency, rate)}); nothing written"
     if as_json:
@@ -189,10 +204,14 @@ def fit(
             {
                 "gpu": gpu_product.label,
                 "nodes": n,
+                "gpus_per_node": gpn,
                 "context_length": ctx,
                 "parameter_count": arch.parameter_count,
                 "layouts": [_layout_json(layouts[i], chains[i].requests_per_second.value) for i in range(len(layouts))],
                 "meets_target": [_layout_json(layouts[i], chains[i].requests_per_second.value) for i in meets[:1]],
+                "excluded": [
+                    {"precision": e.precision, "tp": e.tp, "reasons": list(e.reasons)} for e in result.excluded
+                ],
                 "written": str(write_stack) if write_stack else None,
             },
             stack=st.name,
@@ -201,13 +220,14 @@ def fit(
     else:
         table = Table(
             title=f"{hf_config} ({arch.parameter_count / 1e9:,.1f} B params) on {n} × "
-            f"{spec.cluster.gpu.count_per_node} {gpu_product.label}, {ctx:,}-token context",
+            f"{gpn} {gpu_product.label}, {ctx:,}-token context",
             title_justify="left",
         )
         for col in ("precision", "kv", "TP×PP", "replicas", "mfs", "weights/GPU", "KV tokens", "seqs/rep", "served",
                     "sustained"):  # fmt: skip
             table.add_column(col, justify="right")
         table.add_column("req/s", justify="right")
+        table.add_column("why here")
         for lay, chain in list(zip(layouts, chains, strict=True))[:top]:
             table.add_row(
                 lay.precision,
@@ -221,10 +241,15 @@ def fit(
                 f"{lay.served_sequences:,}",
                 f"{chain.sustained.value:,.0f}",
                 f"{chain.requests_per_second.value:,.0f}",
+                lay.rank_reason,
             )
         console.print(table)
         if layouts:
             console.print(f"best: {layouts[0].breakdown}", soft_wrap=True)
+        for e in result.excluded:
+            console.print(
+                f"excluded {e.precision} TP {e.tp} (SGLang refuses it): {'; '.join(e.reasons)}", soft_wrap=True
+            )
         console.print(
             f"[green]{len(meets)} of {len(layouts)} layouts meet the target[/]"
             if ok

@@ -332,6 +332,16 @@ class MoeSpec(_Model):
     num_experts: int = Field(gt=1, description="Routed experts per MoE layer.")
     experts_per_token: int = Field(gt=0, description="Experts activated per token.")
     active_parameter_count: int | None = Field(default=None, gt=0, description="Parameters active per token.")
+    intermediate_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="One expert's MLP width (config.json moe_intermediate_size; intermediate_size where the experts "
+        "have no own field, as Mixtral's).",
+    )
+    shared_experts: int = Field(default=0, ge=0, description="Shared experts per MoE layer (n_shared_experts).")
+    dense_layers: int = Field(
+        default=0, ge=0, description="Leading layers with a dense MLP instead of experts (first_k_dense_replace)."
+    )
 
     @model_validator(mode="after")
     def _topk(self) -> Self:
@@ -357,6 +367,18 @@ class Architecture(_Model):
     )
     tie_word_embeddings: bool = Field(
         default=False, description="The LM head shares the input embedding's weights (config.json)."
+    )
+    intermediate_size: int | None = Field(
+        default=None, gt=0, description="The dense MLP's width (config.json intermediate_size); None when unknown."
+    )
+    weight_block_size: tuple[int, int] | None = Field(
+        default=None,
+        description="The checkpoint's block-FP8 block [n, k] (config.json quantization_config.weight_block_size).",
+    )
+    quant_group_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="The 4-bit checkpoint's group size (config.json quantization_config.group_size / q_group_size).",
     )
     mla: MlaSpec | None = Field(default=None)
     moe: MoeSpec | None = Field(default=None)
@@ -398,8 +420,30 @@ def architecture_from_hf_config(cfg: dict[str, Any], source: str) -> dict[str, A
     if cfg.get("kv_lora_rank"):
         out["mla"] = {"kv_lora_rank": int(cfg["kv_lora_rank"]), "qk_rope_head_dim": int(need("qk_rope_head_dim"))}
     experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts")
+    if cfg.get("intermediate_size"):
+        out["intermediate_size"] = int(cfg["intermediate_size"])
     if experts:
-        out["moe"] = {"num_experts": int(experts), "experts_per_token": int(need("num_experts_per_tok"))}
+        moe_i = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
+        out["moe"] = {
+            "num_experts": int(experts),
+            "experts_per_token": int(need("num_experts_per_tok")),
+            "shared_experts": int(cfg.get("n_shared_experts") or 0),
+            "dense_layers": int(cfg.get("first_k_dense_replace") or 0),
+            **({"intermediate_size": int(moe_i)} if moe_i else {}),
+        }
+    quant = cfg.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("weight_block_size"):
+        block = quant["weight_block_size"]
+        if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+            raise ValueError(
+                f"{source}: quantization_config.weight_block_size = {block!r} is not two positive integers [n, k]"
+            )
+        out["weight_block_size"] = (block[0], block[1])
+    group = quant.get("group_size", quant.get("q_group_size")) if isinstance(quant, dict) else None
+    if group is not None and group != -1:
+        if not (isinstance(group, int) and group > 0):
+            raise ValueError(f"{source}: quantization_config.group_size = {group!r} is not a positive integer")
+        out["quant_group_size"] = group
     out["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
     counted = count_parameters(cfg)
     if counted is not None:
