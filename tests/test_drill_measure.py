@@ -20,6 +20,7 @@ from serving.drill.measure import (
     Probe,
     baseline_of,
     cadence_bound,
+    counted_gaps,
     judge,
     measure,
     slipped,
@@ -278,6 +279,7 @@ def test_only_gaps_past_the_bound_after_the_fault_and_outside_the_drills_heal_co
     healing = [*before, probe(0.5, {A: everyone()}), probe(3.0, {A: everyone()}), probe(4.5, {A: everyone()})]
     assert slipped(healing, 0.1, [(0.6, 2.9)]) == [Gap(3.0, 1.5)]  # the heal's gap is the drill's own; the next not
     assert slipped(healing, 0.1) == [Gap(0.5, 2.5), Gap(3.0, 1.5)]
+    assert counted_gaps(healing, [(0.6, 2.9)]) == [Gap(0.0, 0.5), Gap(3.0, 1.5)]  # all the gaps, for the widest
 
 
 def test_a_probe_is_timed_when_its_calls_returned_and_uncertain_back_to_when_the_one_before_began() -> None:

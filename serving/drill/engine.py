@@ -29,6 +29,7 @@ from serving.drill.measure import (
     Gates,
     Measured,
     Probe,
+    counted_gaps,
     judge,
     measure,
     out_and_back,
@@ -168,6 +169,7 @@ class Run:
     measured: Measured | None = None
     checks: list[Check] = field(default_factory=list)
     gaps: list[Gap] = field(default_factory=list)  # probes further apart than the cadence bound: the run is invalid
+    longest_gap_s: float = 0.0  # the widest gap between probes after the fault (the drill's own heals left out)
 
     @property
     def verdict(self) -> str:
@@ -450,7 +452,9 @@ def _judge(run: Run) -> None:
         lost_leader=subject.controller,
         injection_s=run.injection_s,
     )
-    run.gaps = slipped(probes, run.settings.probe_s, [(a - run.t0, b - run.t0) for a, b in run.healing])
+    healing = [(a - run.t0, b - run.t0) for a, b in run.healing]
+    run.gaps = slipped(probes, run.settings.probe_s, healing)
+    run.longest_gap_s = max((g.gap_s for g in counted_gaps(probes, healing)), default=0.0)
     run.checks = judge(run.scenario, run.targets, run.measured, run.settings.probe_s)
     run.checks += alert_checks(run)
     run.checks.append(

@@ -271,17 +271,18 @@ class Gap:
         return {"after_s": round(self.after_s, 3), "gap_s": round(self.gap_s, 3)}
 
 
-def slipped(probes: Sequence[Probe], probe_s: float, paused: Sequence[tuple[float, float]] = ()) -> list[Gap]:
-    """The gaps wider than :func:`cadence_bound` from the fault (0) to the last probe, but those during which the
-    drill itself was healing the fault (``paused``: (start, end) spans): the probe loop waits for the drill's own
-    heal, and what it watches for then (the fault's replica or router back) cannot come before the heal began."""
-    bound = cadence_bound(probe_s)
+def counted_gaps(probes: Sequence[Probe], paused: Sequence[tuple[float, float]] = ()) -> list[Gap]:
+    """Every gap between probes from the fault (0) to the last probe, but those during which the drill itself was
+    healing the fault (``paused``: (start, end) spans): the probe loop waits for the drill's own heal, and what it
+    watches for then (the fault's replica or router back) cannot come before the heal began."""
     times = [0.0, *(p.t for p in probes if p.t >= 0)]
-    return [
-        Gap(a, b - a)
-        for a, b in pairwise(times)
-        if b - a > bound and not any(start < b and end > a for start, end in paused)
-    ]
+    return [Gap(a, b - a) for a, b in pairwise(times) if not any(start < b and end > a for start, end in paused)]
+
+
+def slipped(probes: Sequence[Probe], probe_s: float, paused: Sequence[tuple[float, float]] = ()) -> list[Gap]:
+    """The :func:`counted_gaps` wider than :func:`cadence_bound`."""
+    bound = cadence_bound(probe_s)
+    return [g for g in counted_gaps(probes, paused) if g.gap_s > bound]
 
 
 def measure(

@@ -155,7 +155,7 @@ def cadence_json(run: Run) -> dict[str, Any]:
         if run.gaps
         else f"every probe within {bound:g} s of the one before"
     )
-    return {"bound_s": bound, "gaps": gaps, "why": why}
+    return {"bound_s": bound, "longest_s": round(run.longest_gap_s, 3), "gaps": gaps, "why": why}
 
 
 def drill_json(run: Run, stack: str, timeline: Path | None) -> dict[str, Any]:
