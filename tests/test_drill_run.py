@@ -122,7 +122,9 @@ def test_each_drill_meets_the_plans_targets_on_the_sandbox(sandbox: Sandbox, sce
     if (report / "timeline.png").is_file():
         shutil.copy(report / "timeline.png", OUTPUT / f"{scenario}.png")
         shutil.copy(report / "drill.json", OUTPUT / f"{scenario}.json")
-    assert r.returncode == 0 and doc["ok"], f"{scenario} failed: {failed}\n{r.stderr[-2000:]}"
+    cadence = doc.get("cadence", {}).get("why")
+    assert r.returncode == 0 and doc["ok"], f"{scenario} {doc.get('verdict')}: {failed} {cadence}\n{r.stderr[-2000:]}"
+    assert doc["verdict"] == "passed" and doc["cadence"]["gaps"] == []
 
     s = SCENARIOS[scenario]
     assert doc["scenario"] == scenario and doc["stack"] == "sandbox"

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_INVALID = 3  # the measurement cannot be judged (a drill whose probes slipped): neither passed nor failed
 
 PIPE_WIDTH = 1000  # columns of a console that is not a terminal: a table's full width, never cut at 80
 
@@ -300,6 +301,7 @@ __all__ = [
     "DEFAULT_KNOWN_HOSTS",
     "DEFAULT_STACK",
     "EXIT_BAD_INPUT",
+    "EXIT_INVALID",
     "EXIT_OK",
     "EXIT_PROBLEM",
     "IdentityOpt",

@@ -1,6 +1,7 @@
 """What a drill measured, from what it observed: pure functions over the probes of the fleet and the client requests.
 
-Times are seconds since the fault (the baseline is before 0). The figures, as the plan defines them:
+Times are seconds since the fault (the baseline is before 0); a probe is timed when its calls returned (what it saw
+held by then), and also keeps when they began. The figures, as the plan defines them:
 
 * **detection** — the first probe at which every faulted replica is out of every router instance (not listed, or
   listed unhealthy: the router routes to neither), each instance answering except one the fault itself took down: a
@@ -24,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from serving.drill.scenarios import Scenario, Target, TargetName
@@ -42,6 +44,11 @@ class Probe:
     in_rotation: Mapping[str, bool] = field(default_factory=dict)  # replica URL → in rotation (the leader's view)
     scores: Mapping[str, int] = field(default_factory=dict)  # replica URL → health score (the leader's view)
     states: Mapping[str, str] = field(default_factory=dict)  # replica URL → state (the leader's view)
+    sent: float | None = None  # when its calls began; None: at ``t``
+
+    @property
+    def began(self) -> float:
+        return self.t if self.sent is None else self.sent
 
     def answering(self, exempt: frozenset[str]) -> dict[str, Membership]:
         return {r: m for r, m in self.routers.items() if m is not None and r not in exempt}
@@ -213,7 +220,9 @@ def recovered(judged: Sequence[Window], gates: Gates) -> tuple[float | None, int
     return (0.0, 0) if not judged else (None, 0)
 
 
-Seen = tuple[float, float]  # (the first probe's time at which something held, the time since the probe before it)
+Seen = tuple[
+    float, float
+]  # (when the first probe at which something held returned, the time since the one before it began)
 
 
 def out_and_back(
@@ -229,14 +238,51 @@ def out_and_back(
 
 
 def _first(probes: Sequence[Probe], after: float, holds: Any) -> Seen | None:
-    """The first probe at or after ``after`` (≥ 0, the fault) at which ``holds``, with how long before it the change
-    may have come: back to the probe before it, or to ``after`` when that probe came earlier."""
+    """The first probe returning at or after ``after`` (≥ 0, the fault) at which ``holds``, with how long before its
+    return the change may have come: back to when the probe before it began (it did not see the change), or to
+    ``after`` when that probe began earlier."""
     previous = after
     for p in probes:
         if p.t >= after and holds(p):
             return p.t, p.t - previous
-        previous = max(p.t, after)
+        previous = max(p.began, after)
     return None
+
+
+def cadence_bound(probe_s: float) -> float:
+    """The longest gap between probes a drill may judge: ``max(3 × probe_s, probe_s + 1 s)``. A probe loop keeping
+    its cadence returns every ``probe_s`` plus its calls' time (milliseconds); one instance that does not answer
+    holds a probe up to the probe client's timeout (``min(2 s, 4 × probe_s)``, 0.4 s at the sandbox's 0.1 s), which
+    the 1 s over the cadence takes in. A wider gap is the prober's own stall, not the fleet's: the judge allows a
+    probed time the gap since the probe before as slack (:func:`judge`), so a run with such a gap is invalid rather
+    than judged (the issue's probe loop stalled 2.4 s and passed a 5.9 s detection against 4 s)."""
+    return max(3 * probe_s, probe_s + 1.0)
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Probes that came further apart than :func:`cadence_bound`: from ``after_s`` (a probe's return, or 0, the
+    injection) to the next probe's return ``gap_s`` later."""
+
+    after_s: float
+    gap_s: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"after_s": round(self.after_s, 3), "gap_s": round(self.gap_s, 3)}
+
+
+def counted_gaps(probes: Sequence[Probe], paused: Sequence[tuple[float, float]] = ()) -> list[Gap]:
+    """Every gap between probes from the fault (0) to the last probe, but those during which the drill itself was
+    healing the fault (``paused``: (start, end) spans): the probe loop waits for the drill's own heal, and what it
+    watches for then (the fault's replica or router back) cannot come before the heal began."""
+    times = [0.0, *(p.t for p in probes if p.t >= 0)]
+    return [Gap(a, b - a) for a, b in pairwise(times) if not any(start < b and end > a for start, end in paused)]
+
+
+def slipped(probes: Sequence[Probe], probe_s: float, paused: Sequence[tuple[float, float]] = ()) -> list[Gap]:
+    """The :func:`counted_gaps` wider than :func:`cadence_bound`."""
+    bound = cadence_bound(probe_s)
+    return [g for g in counted_gaps(probes, paused) if g.gap_s > bound]
 
 
 def measure(
@@ -359,3 +405,11 @@ def judge(scenario: Scenario, targets: Sequence[Target], m: Measured, resolution
         )
     )
     return checks
+
+
+def verdict(checks: Sequence[Check], gaps: Sequence[Gap]) -> str:
+    """``invalid`` when the probes slipped (:func:`slipped`; whatever the checks say: never passed), else ``passed``
+    when every check holds, else ``failed``."""
+    if gaps:
+        return "invalid"
+    return "passed" if checks and all(c.ok for c in checks) else "failed"
