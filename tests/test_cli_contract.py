@@ -373,3 +373,5 @@ def test_progress_lines_off_a_terminal_one_per_step_and_a_repeat_at_most_every_i
     terminal = Console(file=io.StringIO(), force_terminal=True)
     ProgressLines(terminal)("baseline: 10 s")
     assert terminal.file.getvalue() == ""  # type: ignore[attr-defined]
+    ProgressLines(terminal, on_terminal=True)("starting 8 simulated workers")  # `sandbox up`: no spinner to show it
+    assert terminal.file.getvalue().endswith("starting 8 simulated workers\n")  # type: ignore[attr-defined]
