@@ -346,11 +346,11 @@ def status(
     timeout = st.spec.serving.health_check_timeout_s
     found = asyncio.run(_statuses(urls, timeout))
     views, silent = asyncio.run(_router_views(router_list, timeout))
-    fleet = load_fleet(st.name, st.spec)
-    versions, versions_unread = asyncio.run(_versions(st, fleet, backend, state_dir, known_hosts, identity))
     answers = {u: s for u, s in found.items() if isinstance(s, dict)}
     if not answers:
         fail(f"no controller answered: {found}", EXIT_PROBLEM)
+    fleet = load_fleet(st.name, st.spec)
+    versions, versions_unread = asyncio.run(_versions(st, fleet, backend, state_dir, known_hosts, identity))
     # the leader's view acts; any follower's is as fresh for scores (every instance applies every report)
     view = next((s for s in answers.values() if s.get("is_leader")), next(iter(answers.values())))
     leader = view.get("leader")
