@@ -307,7 +307,8 @@ def banner_breakers(addresses: list[str]) -> Iterator[int]:
 
 def test_unreachable_ssh_nodes_give_one_line_each_and_no_traceback(tmp_path: Path) -> None:
     """Issue 28: `rollout --backend ssh --dry-run` against nodes that fail the SSH handshake wrote 5,383 lines to
-    stderr, paramiko's traceback of each failed banner read, before its one-line error."""
+    stderr, paramiko's traceback of each failed banner read, before its one-line error, which named no node's cause
+    and did not say that --dry-run reads every node too."""
     nodes = 4
     addresses = [f"127.0.0.{11 + i}" for i in range(nodes)]
     with banner_breakers(addresses) as port:
@@ -320,8 +321,14 @@ def test_unreachable_ssh_nodes_give_one_line_each_and_no_traceback(tmp_path: Pat
         r = exaserve("rollout", "--stack-file", str(stack), "--to", "v1", "--dry-run", "--backend", "ssh",
                      "--known-hosts", str(known_hosts), env={"EXASERVE_STATE_DIR": str(tmp_path / "state")})  # fmt: skip
     assert r.returncode == 2, r.stdout + r.stderr
-    assert "Traceback" not in r.stderr and "Error reading SSH protocol banner" not in r.stderr, r.stderr[:2000]
-    assert len(r.stderr.splitlines()) <= nodes + 2, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr[:2000]
+    # each node's SSH cause, summarised (nodes failing alike share a line), and what --dry-run needs
+    causes = [line for line in r.stderr.splitlines() if "not reached: " in line]
+    assert 1 <= len(causes) <= nodes and all("Error reading SSH protocol banner" in line for line in causes), r.stderr
+    named = [a for line in causes for a in addresses if f"({a})" in line]
+    assert sorted(named) == addresses, r.stderr  # every node, in exactly one line
+    assert "--dry-run included, first reads what each replica runs over SSH" in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) <= nodes + 4, r.stderr  # the wrapped error, ≤ a line per node, the --dry-run note
 
 
 def test_piped_output_is_not_cut_at_80_columns() -> None:
@@ -373,3 +380,5 @@ def test_progress_lines_off_a_terminal_one_per_step_and_a_repeat_at_most_every_i
     terminal = Console(file=io.StringIO(), force_terminal=True)
     ProgressLines(terminal)("baseline: 10 s")
     assert terminal.file.getvalue() == ""  # type: ignore[attr-defined]
+    ProgressLines(terminal, on_terminal=True)("starting 8 simulated workers")  # `sandbox up`: no spinner to show it
+    assert terminal.file.getvalue().endswith("starting 8 simulated workers\n")  # type: ignore[attr-defined]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,23 @@ def test_plan_exits_0_on_shipped_stacks(stack: str) -> None:
     r = run("plan", "--stack", stack)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "plan OK" in r.stdout and "Capacity chain" in r.stdout
+
+
+@pytest.mark.parametrize("model", ["sglang", "source"])
+def test_every_memory_figure_is_shown_in_the_unit_its_formula_ends_in(model: str) -> None:
+    """Issue 28, item 7: the weights row showed 38.43 GB beside a formula ending "= 36.03 GiB" (a value in GB, the
+    arithmetic in GiB, and the load overhead, a row of its own, added in). Each row now shows the figure its formula
+    ends in, in that unit: GiB for SGLang's arithmetic, GB for the source heuristic."""
+    r = run("plan", "--stack", "prod", "--memory-model", model)
+    table = r.stdout.split("Memory per GPU", 1)[1].split("\n\n", 1)[0]
+    rows = [[c.strip() for c in line.strip("│ ").split("│")] for line in table.splitlines() if line.startswith("│")]
+    checked = 0
+    for name, value, how in (row for row in rows if len(row) == 3 and row[0]):
+        ends = re.search(r"= ([\d,.]+) (GiB|GB)$", how)
+        if ends is not None and re.fullmatch(r"[\d,.]+ (GiB|GB)", value):
+            assert value == " ".join(ends.groups()), f"{name}: {value} beside {how}"
+            checked += 1
+    assert checked >= 3, table
 
 
 def test_plan_json_contract() -> None:

@@ -11,6 +11,7 @@ Every wait is bounded; the module takes about two and a half minutes.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -108,6 +109,11 @@ def test_sandbox_load_command_reports_what_the_router_counted(sandbox: Sandbox) 
     before = MetricsSnapshot.parse(httpx.get(sandbox.metrics_url, timeout=5).text)
     r = sandbox.cli("sandbox", "load", "--rate", "40", "--duration-s", "2", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
+    # issue 28, item 9: piped, `sandbox load` and `sandbox up` said nothing until they ended (120 s, 14 s)
+    assert re.search(r"^\d\d:\d\d:\d\d load: \d+ requests in [\d.]+ s: ", r.stderr, re.M), r.stderr
+    steps = [line.split(" ", 1)[1].split(":")[0] for line in sandbox.up_stderr.splitlines()]
+    assert steps[0] == f"starting {len(sandbox.worker_urls)} simulated workers", sandbox.up_stderr
+    assert "workers healthy" in steps and steps[-1].startswith("starting 1 router(s)"), sandbox.up_stderr
     doc = json_object(r)
     after = MetricsSnapshot.parse(httpx.get(sandbox.metrics_url, timeout=5).text)
     assert doc["errors"] == 0 and doc["status_counts"] == {"200": doc["count"]}

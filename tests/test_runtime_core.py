@@ -11,6 +11,7 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from serving.cli.runtime import _versions
 from serving.rollout.backends.kubernetes import KubeApi
 from serving.runtime.controller import Action, Controller, ControllerConfig, Kind, ReplicaState, replica_urls
 from serving.runtime.discovery import NodePods
@@ -26,8 +28,9 @@ from serving.runtime.reports import NodeReport, Rejection, ReplicaProbe, ReportR
 from serving.runtime.score import above_mean, band, next_score, weighted_load
 from serving.sandbox.processes import free_port
 from serving.spec.schema import FleetSpec, HealthScoreSpec
+from serving.spec.stack import load_stack_file
 from tests.support.etcd import running_etcd
-from tests.support.stacks import fleet_of, spec_from
+from tests.support.stacks import fleet_of, spec_from, write_variant
 
 HEALTH = HealthScoreSpec()
 T0 = 1_800_000_000.0
@@ -578,3 +581,17 @@ def test_node_pods_lists_running_serving_pods_on_its_node_through_an_api_server_
     assert seen == [
         {"labelSelector": "app=sglang,role=server", "fieldSelector": "spec.nodeName=gpu-7", "auth": "Bearer tok"}
     ]
+
+
+def test_status_reads_versions_through_the_rollouts_backend_and_says_why_it_cannot(tmp_path: Path) -> None:
+    """Issue 28, item 8: `status` had no version column. It reads each replica's version as a rollout does; a
+    backend it cannot open leaves the column unknown with the reason (the flag to pass), never a traceback."""
+    stack = load_stack_file(write_variant(tmp_path, "bare", "dev"))
+    fleet = fleet_of(stack.spec, stack.name)
+    missing = tmp_path / "known_hosts"
+    versions, why = asyncio.run(_versions(stack, fleet, "ssh", tmp_path / "state", missing, None))
+    assert versions == {} and why is not None and "--known-hosts" in why and str(missing) in why, why
+    assert asyncio.run(_versions(stack, fleet, "none", tmp_path / "state", missing, None)) == (
+        {},
+        "not read (--backend none)",
+    )

@@ -305,6 +305,11 @@ def test_status_json_and_bad_reports_over_http(sandbox: Sandbox) -> None:
     assert all(set(n) >= {"name", "score", "state", "last_report_s"} for n in doc["nodes"])
     assert all(set(r) >= {"id", "node", "url", "state", "in_rotation", "load"} for r in doc["replicas"])
     assert len(doc["replicas"]) == 8
+    # issue 28, item 8: each replica's version as the rollout's backend reads it (the worker's own weight_version)
+    assert doc["versions_unread"] is None, doc["versions_unread"]
+    assert {r["version"] for r in doc["replicas"]} == {sandbox.spec.serving.version}
+    table = sandbox.cli("status")
+    assert table.returncode == 0 and "version" in table.stdout and sandbox.spec.serving.version in table.stdout
     url = controller_urls(sandbox.spec)[0]
     good = {
         "schema_version": 2,
@@ -477,6 +482,7 @@ def test_status_shows_what_each_router_does_beside_the_controllers_view(sandbox:
     seen = time.monotonic() - t0
     print(f"status: every router stopped routing to {rid} {seen:.1f} s after the kill; controller view {rep}")
     assert set(rep["routers"]) == set(router_urls(sandbox.spec)) and set(doc["routers"].values()) == {"answering"}
+    assert rep["version"] == "down"  # its worker answers nothing: down, as a rollout would read it
     assert rep["in_rotation"] is True  # the controller's score is still above 60: the two views disagree, both shown
     assert cli.returncode == 1 and doc["ok"] is False
     others = [r for r in doc["replicas"] if r["id"] != rid]

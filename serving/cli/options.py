@@ -154,15 +154,22 @@ class ProgressLines:
     """What a long command is doing, as plain timestamped lines on a console that is not a terminal (piped, in CI,
     under nohup), where a spinner shows nothing: a line when the step changes (the text before its first ``:``),
     and the same step again at most every ``every_s`` seconds. On a terminal it prints nothing (the spinner
-    shows it)."""
+    shows it) unless ``on_terminal`` (a command with no spinner)."""
 
-    def __init__(self, out: Console, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.out, self.every_s, self.clock = out, every_s, clock
+    def __init__(
+        self,
+        out: Console,
+        every_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        on_terminal: bool = False,
+    ) -> None:
+        self.out, self.every_s, self.clock, self.on_terminal = out, every_s, clock, on_terminal
         self._step: str | None = None
         self._at = -math.inf
 
     def __call__(self, text: str) -> None:
-        if self.out.is_terminal:
+        if self.out.is_terminal and not self.on_terminal:
             return
         step, now = text.partition(":")[0], self.clock()
         if step == self._step and now - self._at < self.every_s:

@@ -40,6 +40,7 @@ from serving.plan.model import Fleet
 from serving.render.router import server_selector
 from serving.rollout.backends import BackendError
 from serving.rollout.backends.kubernetes import KubeApi
+from serving.rollout.session import RolloutInputError, shown
 from serving.router.client import RouterApiError
 from serving.router.membership import RouterSet
 from serving.runtime.agent import Agent, AgentConfig
@@ -101,7 +102,6 @@ def _restarter(
 
         return SandboxRestarter(fleet, stack_state(st, state_dir).sandbox_dir)
     from serving.rollout.operation import BackendConfig, open_backend  # noqa: PLC0415 - loads the ssh client
-    from serving.rollout.session import RolloutInputError  # noqa: PLC0415
 
     config = BackendConfig(kind, known_hosts=known_hosts, identity=identity)
     try:
@@ -290,16 +290,54 @@ def _on_routers(url: str, views: dict[str, dict[str, bool]], silent: dict[str, s
     return dict(sorted(out.items()))
 
 
+async def _versions(
+    st: Stack, fleet: Fleet, kind: RestartBackend, state_dir: Path | None, known_hosts: Path, identity: Path | None
+) -> tuple[dict[str, str | None], str | None]:
+    """What each replica runs as its backend observes it (the reading a rollout plans from: None is down), or why
+    it could not be read."""
+    from serving.rollout.operation import BackendConfig, open_backend  # noqa: PLC0415 - loads the ssh client
+
+    if kind == "none":
+        return {}, "not read (--backend none)"
+    if st.spec.sandbox is not None:
+        from serving.sandbox.endpoints import register  # noqa: PLC0415 - sandbox stacks only
+
+        register()  # the sandbox's workers are --backend local
+    config = BackendConfig(kind, known_hosts=known_hosts, identity=identity)
+    try:
+        backend = open_backend(fleet, stack_state(st, state_dir), config)
+    except RolloutInputError as exc:
+        return {}, str(exc)
+    try:
+        return await backend.versions([r.id for r in fleet.plan.replicas]), None
+    except (BackendError, httpx.HTTPError, OSError) as exc:
+        return {}, f"--backend {config.resolved(fleet)}: {exc}"
+    finally:
+        await backend.aclose()
+
+
 @app.command("status")
 def status(
     stack: StackOpt = None,
     stack_file: StackFileOpt = None,
     controllers: ControllerOpt = None,
     routers: RouterOpt = None,
+    backend: Annotated[
+        RestartBackend,
+        typer.Option(
+            "--backend",
+            help="Where each replica's version is read, as a rollout reads it; auto: local processes for a sandbox "
+            "stack, kubernetes otherwise; none: no version column.",
+        ),
+    ] = "auto",
+    known_hosts: KnownHostsOpt = DEFAULT_KNOWN_HOSTS,
+    identity: IdentityOpt = None,
+    state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Replicas as every router instance routes them (routes, unhealthy, absent, unknown), beside the controllers'
-    view: state, score, rotation and load, the leader, each node's last report."""
+    view: state, score, rotation and load, the version each runs as its backend observes it, the leader, each
+    node's last report."""
     st = resolve_stack(stack, stack_file)
     urls = controllers or _sandbox_urls(st, "controllers")
     if not urls:
@@ -311,6 +349,8 @@ def status(
     answers = {u: s for u, s in found.items() if isinstance(s, dict)}
     if not answers:
         fail(f"no controller answered: {found}", EXIT_PROBLEM)
+    fleet = load_fleet(st.name, st.spec)
+    versions, versions_unread = asyncio.run(_versions(st, fleet, backend, state_dir, known_hosts, identity))
     # the leader's view acts; any follower's is as fresh for scores (every instance applies every report)
     view = next((s for s in answers.values() if s.get("is_leader")), next(iter(answers.values())))
     leader = view.get("leader")
@@ -319,6 +359,7 @@ def status(
         {
             **{k: r[k] for k in ("id", "node", "url", "state", "score", "in_rotation", "load")},
             "routers": _on_routers(r["url"], views, silent),
+            "version": None if versions_unread else shown(versions.get(r["id"])),
         }
         for r in view["replicas"]
     ]
@@ -342,6 +383,7 @@ def status(
             "eviction_cap": view.get("eviction_cap"),
             "move_candidates": view.get("move_candidates", []),
             "reports": view.get("reports"),
+            "versions_unread": versions_unread,
         }
         emit_json(doc, stack=st.name, ok=ok)
     else:
@@ -351,6 +393,8 @@ def status(
         console.print(f"routers answering {len(views)}/{len(router_list)}", highlight=False)
         for url, why in silent.items():
             console.print(f"  {url}: {why}", highlight=False)
+        if versions_unread:
+            console.print(f"versions unknown: {versions_unread}", highlight=False)
         table = Table(title=f"nodes of {st.name}")
         for col in ("node", "score", "state", "last report (s)"):
             table.add_column(col)
@@ -363,13 +407,14 @@ def status(
             )
         console.print(table)
         table = Table(title="replicas")
-        for col in ("replica", "node", "url", "routers", "state", "score", "in rotation", "load"):
+        for col in ("replica", "node", "url", "version", "routers", "state", "score", "in rotation", "load"):
             table.add_column(col)
         for r in sorted(replicas, key=lambda r: (r["in_rotation"], r["id"])):
             table.add_row(
                 r["id"],
                 r["node"],
                 r["url"],
+                r["version"] or "unknown",
                 " ".join(r["routers"].values()),
                 r["state"],
                 str(r["score"]),

@@ -488,6 +488,11 @@ class WeightShare:
     def total(self) -> float:
         return self.layer_bytes + self.embedding_bytes + self.load_overhead_bytes
 
+    @property
+    def loaded_formula(self) -> str:
+        """:attr:`formula` (the weights alone) with the load overhead added: what the KV pool's budget subtracts."""
+        return f"{self.formula} + {self.load_overhead_bytes / GIB:.2f} GiB load overhead = {self.total / GIB:,.2f} GiB"
+
 
 def stage_weights(
     arch: Architecture, bytes_per_param: float, tp: int, pp: int, group_size: int | None = None
@@ -518,8 +523,7 @@ def stage_weights(
         )
         formula = (
             f"{stage}{params:,.0f} params × {bpp} / TP {tp} = {layer_bytes / GIB:,.2f} GiB + {on_gpu} × "
-            f"{table:,} embedding params × 2 B / TP {tp} = {emb / GIB:,.2f} GiB + {LOAD_OVERHEAD_GIB:.2f} GiB load "
-            f"overhead = {(layer_bytes + emb + load) / GIB:,.2f} GiB"
+            f"{table:,} embedding params × 2 B / TP {tp} = {emb / GIB:,.2f} GiB = {(layer_bytes + emb) / GIB:,.2f} GiB"
         )
         out.append(WeightShare(rank, layers, layer_bytes, emb, load, formula))
     return out
@@ -557,7 +561,7 @@ def kv_pool(free_at_start: float, mem_fraction_static: float, weights: float, kv
     tokens = max(0, int(budget // kv_bytes_per_token_gpu)) if kv_bytes_per_token_gpu else 0
     formula = (
         f"{free_at_start / GIB:,.2f} GiB free at start × {mem_fraction_static:.3f} − {weights / GIB:,.2f} GiB weights "
-        f"= {budget / GIB:,.2f} GiB / {kv_bytes_per_token_gpu:,} B per token = {tokens:,} tokens"
+        f"and load overhead = {budget / GIB:,.2f} GiB / {kv_bytes_per_token_gpu:,} B per token = {tokens:,} tokens"
     )
     return KvPool(free_at_start, mem_fraction_static, weights, budget, tokens, formula)
 
@@ -756,7 +760,7 @@ def enumerate_layouts(
                             rp.tokens,
                             seqs,
                             seqs * replicas,
-                            f"weights {rp.weights.formula}; KV pool {rp.formula}",
+                            f"weights {rp.weights.loaded_formula}; KV pool {rp.formula}",
                         )
                     )
     out.sort(key=_rank_key)

@@ -25,6 +25,7 @@ from serving.plan.model import (
     Plan,
     Replica,
     fmt_bytes,
+    fmt_gib,
     utilisation_band,
 )
 from serving.spec.schema import GB, GIB, Architecture, FleetSpec, Node, Precision
@@ -181,11 +182,11 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
             "B",
             f"{free / GIB:,.2f} GiB free at start × mem_fraction_static {mfs.value:.3f} = {static / GIB:,.2f} GiB",
         ),
-        per_replica_total=Figure(total * gpr, "B", f"{fmt_bytes(total)} × {gpr} GPUs = {fmt_bytes(total * gpr)}"),
+        per_replica_total=Figure(total * gpr, "B", f"{fmt_gib(total)} × {gpr} GPUs = {fmt_gib(total * gpr)}"),
         usable_per_node=Figure(
             static * spec.cluster.gpu.count_per_node,
             "B",
-            f"{fmt_bytes(static)} × {spec.cluster.gpu.count_per_node} GPUs",
+            f"{fmt_gib(static)} × {spec.cluster.gpu.count_per_node} GPUs",
         ),
         kv_per_token=kv_tok,
         kv_per_token_per_gpu=kv_tok_gpu,

@@ -174,6 +174,9 @@ class LocalBackend(ReplicaIndex):
         found.update(zip(again, await asyncio.gather(*(self._version(r) for r in again)), strict=True))
         return found
 
+    def unreachable(self) -> dict[str, str]:
+        return {}  # a replica that does not answer is down; nothing in between fails on its own
+
     async def update(self, replica_ids: Sequence[str], version: str, timeout_s: float) -> None:
         current = await self.versions(replica_ids)
         configs = [worker_config(self.spec, self._replica(r), version) for r in replica_ids if current[r] != version]

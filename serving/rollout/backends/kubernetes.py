@@ -270,6 +270,9 @@ class KubernetesBackend(ReplicaIndex):
             out[rid] = found.pop() if len(found) == 1 else None
         return out
 
+    def unreachable(self) -> dict[str, str]:
+        return {}  # a replica that does not answer is down; nothing in between fails on its own
+
     async def update(self, replica_ids: Sequence[str], version: str, timeout_s: float) -> None:
         """Patch the groups' workloads and wait for their rollout. The updater updates only replicas it took out of
         the routers: every new pod is set ``admitted=false`` as it appears, so none joins the routers before the
