@@ -4,13 +4,15 @@ No API server runs here, so the admission step around the CEL is a STAND-IN (:fu
 upstream plugin (docs/k8s-semantics.md, "ValidatingAdmissionPolicy"): every ``matchConditions`` expression true
 (else the policy does not apply), then every ``validations`` expression true (else, with ``validationActions:
 [Deny]``, the request is refused), with ``object``, ``oldObject`` and ``request`` bound as the API server binds them.
-The stand-in is kinder than the API server in one way: cel-python reads a typed object as a map; the field lists
-(checked against the pinned schemas below) are what the API server's typed CEL needs instead.
+cel-python is kinder than the API server in one way: it reads a typed object as a map, where the API server
+type-checks each field against the schema; two fidelity tests below check every compared and every selected field
+against the pinned OpenAPI schemas and the LWS CRD instead.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -289,3 +291,36 @@ def test_the_guard_demands_the_policy_whenever_the_updater_may_patch() -> None:
     assert "differs from its render" in found.observed
     read_only = [o for o in without if o["kind"] != "Role"]
     assert policy.updater_admission_policy(_stack(fleet, read_only), fleet) == []
+
+
+def test_every_field_the_cel_selects_exists_in_the_schemas(fleet: Fleet) -> None:
+    """Fidelity: cel-python reads any name off a map and returns an error only when it is absent at run time, while
+    the API server type-checks each field selection against the schema. So every ``.name`` the policy selects (on
+    ``object``/``oldObject``, beyond the request's own ``resource``/``userInfo.username``) must be a property of the
+    pinned schemas it walks: a misspelt field fails here instead of being refused by the API server at ``up``."""
+    version = Validator(fleet.spec.kubernetes.version, None).k8s_version
+    known: set[str] = set()
+    for definition in (
+        "io.k8s.api.apps.v1.StatefulSet",
+        "io.k8s.api.apps.v1.StatefulSetSpec",
+        "io.k8s.api.core.v1.Pod",
+        "io.k8s.api.core.v1.PodTemplateSpec",
+        "io.k8s.api.core.v1.PodSpec",
+        "io.k8s.api.core.v1.Container",
+        "io.k8s.api.core.v1.EnvVar",
+        "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
+    ):
+        known |= _properties(definition, version)
+    lws = CrdCatalog(crd_dir()).schema("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
+    assert lws is not None
+    known |= set(lws["properties"]["spec"]["properties"])
+    known |= set(lws["properties"]["spec"]["properties"]["leaderWorkerTemplate"]["properties"])
+    vap = _policy(fleet)
+    expressions = [c["expression"] for c in vap["spec"]["matchConditions"]]
+    expressions += [v["expression"] for v in vap["spec"]["validations"]]
+    selected: set[str] = set()
+    for expression in expressions:
+        bare = re.sub(r"'[^']*'", "''", expression)  # string literals ('exaserve.io/version') select nothing
+        bare = bare.replace("request.resource.resource", "").replace("request.userInfo.username", "")
+        selected |= set(re.findall(r"\.([A-Za-z_]\w*)\b(?!\s*\()", bare))  # not a method call (.all(, .size()
+    assert selected and selected - known == set()
