@@ -195,6 +195,7 @@ def test_a_template_change_beyond_the_release_is_refused(fleet: Fleet, mutation:
 WORKLOAD_REFUSED: dict[str, Callable[[Obj], None]] = {
     "replicas": lambda o: o["spec"].update(replicas=o["spec"]["replicas"] + 1),
     "workload label": lambda o: o["metadata"]["labels"].update({"exaserve.io/group": "7"}),
+    "workload label removed": lambda o: o["metadata"]["labels"].pop("exaserve.io/group"),
     "workload annotation": lambda o: o["metadata"].setdefault("annotations", {}).update(x="y"),
 }
 

@@ -139,9 +139,14 @@ def _all_same(a: str, b: str, fields: tuple[str, ...]) -> str:
 
 
 def _labels_same_except(a: str, b: str, key: str) -> str:
-    """CEL: the label maps at ``a`` and ``b`` (each possibly absent) differ at most in ``key``."""
-    na, nb = f"(has({a}.labels) ? {a}.labels : {{}})", f"(has({b}.labels) ? {b}.labels : {{}})"
-    return f"({na}.all(k, k == '{key}' || (k in {nb} && {na}[k] == {nb}[k])) && {nb}.all(k, k == '{key}' || k in {na}))"
+    """CEL: the label maps at ``a`` and ``b`` differ at most in ``key``. Both must be present (every object the
+    policy matches is rendered with labels; no empty-map literal, whose type a ternary with the labels'
+    map(string, string) would have to unify)."""
+    na, nb = f"{a}.labels", f"{b}.labels"
+    return (
+        f"(has({na}) && has({nb}) && {na}.all(k, k == '{key}' || (k in {nb} && {na}[k] == {nb}[k]))"
+        f" && {nb}.all(k, k == '{key}' || k in {na}))"
+    )
 
 
 def _env_same(c: str, o: str) -> str:
