@@ -95,7 +95,9 @@ def test_object_counts_follow_nodes_and_batches(runs: dict[str, ProgramRun], sta
         "network-policy": 3,
         "runtime": 15,  # fixed: controller, agent, their RBAC, the controllers' headless Service, 2 policies, rule,
         # monitor, stack
-        "updater": 3,  # the rolling updater's ServiceAccount, Role, RoleBinding (tests/test_render_updater.py)
+        # the rolling updater's ServiceAccount, Role, RoleBinding (tests/test_render_updater.py), its admission policy
+        # and binding (tests/test_render_admission.py)
+        "updater": 5,
     }
     assert {k: counts.get(k, 0) for k in expected} == expected
     assert sum(counts.values()) == sum(expected.values())

@@ -53,6 +53,8 @@ def test_the_updater_role_is_exactly_the_backends_calls(runs: dict[str, list[Ren
         ("Role", "exaserve-updater-rollout"),
         ("RoleBinding", "exaserve-updater-rollout"),
         ("ServiceAccount", "exaserve-updater"),
+        ("ValidatingAdmissionPolicy", "exaserve-updater-release-only"),
+        ("ValidatingAdmissionPolicyBinding", "exaserve-updater-release-only"),
     ]
     sizes = fleet_of(spec).plan.rollout_group_sizes
     assert sum(sizes) == 2048

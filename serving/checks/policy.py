@@ -18,6 +18,7 @@ from typing import Any
 
 from serving.checks.rules import MIN_HEALTH_TIMEOUT_S
 from serving.plan.model import Fleet
+from serving.render.k8s import admission
 from serving.render.k8s.common import (
     ANNOTATION_ALLOW_LOAD_BALANCER,
     ANNOTATION_PRIVILEGED_REASON,
@@ -997,3 +998,60 @@ def images_through_mirror(resources: Sequence[tuple[str, Props]], fleet: Fleet) 
                     )
                 )
     return out
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as plain dicts and lists (the CrossGuard engine hands properties over as read-only proxies, which
+    do not compare equal to the rendered dicts and lists)."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [_plain(v) for v in value]
+    return value
+
+
+_WRITE_VERBS = {"patch", "update", "*"}
+_GUARDED = {"statefulsets", "leaderworkersets", "pods", "*"}
+
+
+@stack_rule(
+    "updater-admission-policy",
+    "Whenever a Role may patch or update serving workloads or pods, the updater's ValidatingAdmissionPolicy and its "
+    "Deny binding are present exactly as rendered (only images, the release and version labels may change).",
+)
+def updater_admission_policy(resources: Sequence[tuple[str, Props]], fleet: Fleet) -> list[CheckResult]:
+    writers = [
+        describe(t, p)
+        for t, p in resources
+        if kind_of(t, p) in ("Role", "ClusterRole")
+        and any(
+            _WRITE_VERBS & set(r.get("verbs") or []) and _GUARDED & set(r.get("resources") or [])
+            for r in p.get("rules") or []
+        )
+    ]
+    if not writers:
+        return []
+    want = {o["kind"]: o for o in admission.render(fleet)}
+    problems = []
+    for kind, rendered in want.items():
+        found = [
+            p
+            for t, p in resources
+            if kind_of(t, p) == kind and (p.get("metadata") or {}).get("name") == admission.POLICY
+        ]
+        if not found:
+            problems.append(f"no {kind} {admission.POLICY}")
+        elif _plain(found[0].get("spec")) != rendered["spec"]:
+            problems.append(f"{kind} {admission.POLICY} differs from its render (a weakened or stale policy)")
+    if not problems:
+        return []
+    return [
+        violation(
+            "updater-admission-policy",
+            ", ".join(writers),
+            f"{', '.join(writers)} may patch serving workloads or pods, but {'; '.join(problems)}",
+            f"the {admission.POLICY} ValidatingAdmissionPolicy and binding of serving.render.k8s.admission",
+            "Render the updater with serving.render.k8s.updater.render, which includes serving.render.k8s.admission: "
+            "RBAC cannot narrow a patch to fields, so without the policy the account can rewrite a pod template.",
+        )
+    ]

@@ -14,6 +14,10 @@ The backend's calls, and the rule that allows each:
 * ``DELETE`` of those same pods (StatefulSet groups only): ``delete`` on ``pods``, by name — an OnDelete StatefulSet
   replaces a pod only when it is deleted (:mod:`serving.rollout.backends.kubernetes`).
 
+RBAC cannot narrow a ``patch`` to fields; a ValidatingAdmissionPolicy bound to this account does
+(:mod:`serving.render.k8s.admission`): only images, the release and the version label of a workload, only the
+admitted label of a pod.
+
 The router instances are found through DNS (the headless Service :data:`serving.render.k8s.gateway.PODS_SERVICE`),
 not the API, so the account reads no Endpoints. The pod that runs ``exaserve rollout`` is not rendered here
 (docs/rollout.md, "In the cluster"): it runs as this account, labelled ``app.kubernetes.io/name=exaserve-updater``,
@@ -26,6 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from serving.plan.model import Fleet, Plan
+from serving.render.k8s import admission
 from serving.render.k8s.common import UPDATER_APP, K8sObject, labels, service_account_with_role
 from serving.render.k8s.fleet import group_name, workload_kind
 
@@ -60,6 +65,10 @@ def rules(fleet: Fleet) -> list[dict[str, Any]]:
 
 
 def render(fleet: Fleet) -> list[K8sObject]:
-    return service_account_with_role(
-        UPDATER_APP, ROLE, fleet.spec.kubernetes.namespace, labels(COMPONENT, UPDATER_APP), rules(fleet)
-    )
+    """The account, its Role and binding, and the admission policy narrowing its patches (:mod:`.admission`)."""
+    return [
+        *service_account_with_role(
+            UPDATER_APP, ROLE, fleet.spec.kubernetes.namespace, labels(COMPONENT, UPDATER_APP), rules(fleet)
+        ),
+        *admission.render(fleet),
+    ]
