@@ -19,6 +19,11 @@ ONLY, no such route on a real server): added delay with jitter on every answer, 
 answer, or memory pressure (``sglang:token_usage`` reported high and generation slowed). ``DELETE /sim/fault``
 clears it; a restarted worker starts without one, as a restart clears a real replica's wedged state.
 
+Like SGLang's ``emit_constants``, it exports its KV pool once: ``sglang:max_total_num_tokens`` (``--kv-pool-tokens``)
+and, when given, ``sglang:weight_memory_usage_gb`` and ``sglang:kv_cache_memory_usage_gb``; the sandbox gives each
+release the plan's figures, the pool off by the release's ``kv_skew`` (:func:`serving.sandbox.backend.worker_config`),
+for the rollout's check of the plan (:mod:`serving.rollout.kvpool`).
+
 A ready real server answers ``/health`` only after a one-token generation, polled once a second, so
 each probe takes at least ~1 s (``health_generate``); a router health-check timeout of 1 s fails
 against it. ``--health-latency-ms 1000`` reproduces that; the default 0 answers at once.
