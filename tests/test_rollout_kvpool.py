@@ -64,6 +64,22 @@ def test_the_metric_names_are_the_pinned_sglangs_and_set_from_what_the_check_ass
     assert "self.weight_load_mem_usage = before_avail_memory - after_avail_memory" in runner
 
 
+def test_the_reader_takes_the_smallest_ranks_pool_and_not_the_swa_pool() -> None:
+    """One series per scheduler (the collector's labels carry the ranks); the SWA pool is another family."""
+    text = (
+        "# TYPE sglang:max_total_num_tokens gauge\n"
+        'sglang:max_total_num_tokens{model_name="m",tp_rank="0"} 1000.0\n'
+        'sglang:max_total_num_tokens{model_name="m",tp_rank="1"} 990.0\n'
+        "# TYPE sglang:max_total_num_tokens_swa gauge\n"
+        'sglang:max_total_num_tokens_swa{model_name="m",tp_rank="0"} 10.0\n'
+        "# TYPE sglang:weight_memory_usage_gb gauge\n"
+        'sglang:weight_memory_usage_gb{model_name="m",tp_rank="0"} 1.5\n'
+    )
+    got = KvReading.read(MetricsSnapshot.parse(text))
+    assert got == KvReading(990, 1.5 * GIB, None)
+    assert KvReading.read(MetricsSnapshot.parse(text.replace("max_total_num_tokens{", "other{"))) is None
+
+
 def test_the_plan_figure_is_the_reports_kv_pool_tokens_per_replica() -> None:
     spec = spec_from("prod")
     report = plan_json(fleet_of(spec), Path("Pulumi.prod.yaml"), [])
