@@ -806,7 +806,7 @@ def test_contract_shape() -> None:
     assert set(doc) == {"stack", "from_version", "to_version", "outcome", "batches", "client_errors", "final_versions"}
     b0 = doc["batches"][0]
     assert set(b0) == {"index", "replicas", "started_at", "finished_at", "gates", "passed", "canary", "baseline",
-                       "verdict", "inconclusive"}  # fmt: skip
+                       "verdict", "inconclusive", "kv_pool"}  # fmt: skip
     assert set(b0["gates"]) == {"qps_drop", "p99_rise", "error_rate"} and b0["passed"] is True
     assert b0["started_at"].endswith("+00:00") and b0["finished_at"].endswith("+00:00")
     assert b0["started_at"] <= b0["finished_at"]

@@ -59,9 +59,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from serving.rollout.kvpool import KV_POOL_METRICS, KvCheck, KvReading
 from serving.rollout.plan import GateLimits
 from serving.router.client import (
     ROUTER_RESPONSES,
@@ -102,7 +103,7 @@ ROUTER_GATE_METRICS = (
     ROUTER_WORKER_HEALTH,
     ROUTER_WORKER_CB_STATE,
 )
-WORKER_GATE_METRICS = (WORKER_E2E_LATENCY,)
+WORKER_GATE_METRICS = (WORKER_E2E_LATENCY, *KV_POOL_METRICS)
 
 
 def parse_only(text: str, names: tuple[str, ...]) -> MetricsSnapshot:
@@ -217,6 +218,7 @@ class ReplicaReading:
     circuit_open: bool
     latency: HistogramSnapshot | None
     worker: str = "scraped"
+    kv: KvReading | None = None  # the KV pool the replica exports (serving.rollout.kvpool), when scraped
 
     @classmethod
     def read(
@@ -232,6 +234,7 @@ class ReplicaReading:
             circuit_open=any(url in r.circuit_open for r in routers.values()),
             latency=latency if latency is not None and latency.buckets else None,
             worker="not scraped" if worker is None else worker if isinstance(worker, str) else "scraped",
+            kv=KvReading.read(worker) if isinstance(worker, MetricsSnapshot) else None,
         )
 
 
@@ -657,6 +660,7 @@ class Gates:
     baseline: GroupStats | None = None
     verdict: Verdict | None = None
     inconclusive: Mapping[str, str] = field(default_factory=dict)  # gate (a key of contract()) → why not judged
+    kv_pool: KvCheck | None = None  # the canary's KV pool against the plan (serving.rollout.kvpool)
 
     @property
     def passed(self) -> bool:
@@ -686,6 +690,7 @@ class Gates:
             "baseline": self.baseline.to_json() if self.baseline else None,
             "verdict": self.verdict.to_json() if self.verdict else None,
             "inconclusive": dict(self.inconclusive),
+            "kv_pool": self.kv_pool.to_json() if self.kv_pool is not None else None,
         }
 
     def inconclusive_json(self) -> dict[str, str | None]:
@@ -706,6 +711,7 @@ class Gates:
             baseline=GroupStats.from_json(data["baseline"]) if data.get("baseline") else None,
             verdict=Verdict.from_json(data["verdict"]) if data.get("verdict") else None,
             inconclusive=dict(data.get("inconclusive") or {}),
+            kv_pool=KvCheck.from_json(data["kv_pool"]) if data.get("kv_pool") else None,
         )
 
 
@@ -882,6 +888,26 @@ def judge(
         baseline=reference,
         verdict=Verdict(decision, basis, evidence, replicas),
         inconclusive=inconclusive,
+    )
+
+
+def with_kv_pool(gates: Gates, kv: KvCheck) -> Gates:
+    """The soak's verdict with the canary's KV pool checked against the plan. A miss beyond the bound holds the rollout
+    (a pass becomes a pause, the check's sentence first; a rollback stays one, the check added); a miss beyond 5 %
+    is a warning in the evidence; within it, or not read, the check is a line of context."""
+    verdict = gates.verdict
+    assert verdict is not None, "the KV pool check follows a soak's verdict"
+    if kv.level != "hold":
+        return replace(gates, kv_pool=kv, verdict=replace(verdict, evidence=(*verdict.evidence, kv.text)))
+    decision: Decision = "rollback" if verdict.decision == "rollback" else "pause"
+    evidence = (*verdict.evidence, kv.text) if decision == "rollback" else (kv.text, *verdict.evidence)
+    if verdict.decision == "pass":
+        evidence = (kv.text, *verdict.evidence[1:])  # not "canary within every gate": this one it is not within
+    return replace(
+        gates,
+        kv_pool=kv,
+        breaches=(*gates.breaches, kv.text),
+        verdict=replace(verdict, decision=decision, evidence=evidence),
     )
 
 

@@ -382,8 +382,9 @@ def _operator_rollback(state: RolloutState, ev: Event) -> RolloutState:
 
 
 def _judgement(rec: BatchRecord) -> dict[str, Any]:
-    """The batch's ``canary`` and ``baseline`` figures and its ``verdict`` (decision, basis, evidence, replicas): the
-    soak's own; for a batch that failed before its soak, a rollback naming the failed step; null when undecided."""
+    """The batch's ``canary`` and ``baseline`` figures, its ``verdict`` (decision, basis, evidence, replicas) and its
+    ``kv_pool`` check (the canary's pool against the plan, :mod:`serving.rollout.kvpool`): the soak's own; for a
+    batch that failed before its soak, a rollback naming the failed step; null when undecided."""
     g = rec.gates
     verdict = g.verdict.to_json() if g is not None and g.verdict is not None else None
     if verdict is None and rec.passed is False:
@@ -392,6 +393,7 @@ def _judgement(rec: BatchRecord) -> dict[str, Any]:
         "canary": g.canary.to_json() if g is not None and g.canary is not None else None,
         "baseline": g.baseline.to_json() if g is not None and g.baseline is not None else None,
         "verdict": verdict,
+        "kv_pool": g.kv_pool.to_json() if g is not None and g.kv_pool is not None else None,
     }
 
 

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from serving.plan.model import Fleet, Plan
+from serving.plan.planner import memory_plan
 from serving.render.router import request_timeout_s, router_policy
+from serving.rollout.kvpool import KvPlan
 from serving.spec.schema import FleetSpec
 
 PlanKind = Literal["rollout", "revert"]
@@ -69,6 +71,21 @@ class GateLimits:
         return cls(r.max_qps_drop, r.max_p99_rise, r.max_error_rate, qps_window_min_s(spec))
 
 
+def kv_plan(spec: FleetSpec) -> KvPlan:
+    """The planner's KV pool of one replica and its inputs (:func:`serving.plan.planner.memory_plan`, per GPU of the
+    stage SGLang counts) for the canary to check (:mod:`serving.rollout.kvpool`)."""
+    m = memory_plan(spec)
+    gpu = m.per_gpu
+    return KvPlan(
+        tokens=int(m.max_total_tokens.value),
+        kv_bytes_per_token=m.kv_per_token_per_gpu.value,
+        weights_bytes=gpu["weights"].value + gpu["load_overhead"].value,
+        free_at_start_bytes=gpu["total"].value - gpu["cuda_context"].value,
+        mem_fraction_static=m.mem_fraction_static.value,
+        max_miss=spec.rollout.max_kv_pool_miss,
+    )
+
+
 LOAD_POLLS_PER_QPS_WINDOW = 2
 
 
@@ -110,6 +127,7 @@ class RolloutPlan:
     timings: Timings
     limits: GateLimits
     observed: Mapping[str, str | None] = field(default_factory=dict)
+    kv: KvPlan | None = None  # the pool the canaries are checked against (None in journals written before it)
 
     @property
     def gated(self) -> bool:
@@ -150,6 +168,7 @@ class RolloutPlan:
             "timings": vars(self.timings),
             "limits": vars(self.limits),
             "observed": dict(self.observed),
+            "kv": self.kv.to_json() if self.kv is not None else None,
         }
 
     @classmethod
@@ -166,6 +185,7 @@ class RolloutPlan:
             timings=Timings(**data["timings"]),
             limits=GateLimits(**data["limits"]),
             observed={str(r): None if v is None else str(v) for r, v in data.get("observed", {}).items()},
+            kv=KvPlan.from_json(data["kv"]) if data.get("kv") else None,
         )
 
 
@@ -209,6 +229,7 @@ def plan_rollout(
         timings=Timings.from_spec(fleet.spec),
         limits=GateLimits.from_spec(fleet.spec),
         observed=dict(observed or {}),
+        kv=kv_plan(fleet.spec),
     )
 
 

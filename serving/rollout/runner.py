@@ -51,8 +51,10 @@ from serving.rollout.gates import (
     traffic_needed,
     window_break,
     window_stats,
+    with_kv_pool,
 )
 from serving.rollout.journal import Journal
+from serving.rollout.kvpool import check as check_kv_pool
 from serving.rollout.machine import Event, EventKind, Phase, RolloutState, Step, advance
 from serving.rollout.membership import Membership
 from serving.rollout.plan import warmup_requests
@@ -593,6 +595,10 @@ class Runner:
                 seconds=end.at - start.at, fleet=fleet, before=before, limits=plan.limits,
                 accept_inconclusive=self.accept_inconclusive,
             )  # fmt: skip
+            if plan.kv is not None:  # the canary checks the plan: its KV pool against kv_pool_tokens_per_replica
+                gates = with_kv_pool(
+                    gates, check_kv_pool(plan.kv, {r: end.replicas[r].kv for r in canary if r in end.replicas})
+                )
             assert gates.verdict is not None
             return self._event(VERDICT_EVENT[gates.verdict.decision], step, note + gates.verdict.summary(), gates=gates)
         raise RouterUnavailable(

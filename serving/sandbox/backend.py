@@ -21,7 +21,9 @@ from serving.plan.model import Fleet, Replica
 from serving.render.common import duration_buckets
 from serving.render.router import ROUTER_ENTRY, router_args
 from serving.rollout.backends import BackendError, ReplicaIndex
+from serving.rollout.kvpool import GIB
 from serving.rollout.membership import RouterApiMembership
+from serving.rollout.plan import kv_plan
 from serving.router.membership import RouterSet
 from serving.sandbox import worker_host
 from serving.sandbox.processes import SandboxError, StateDir, start_worker, stop_process
@@ -74,6 +76,8 @@ def worker_config(spec: FleetSpec, replica: Replica, version: str) -> WorkerConf
         raise BackendError(
             f"version {version!r} is not in sandbox.versions {sorted(sandbox.versions)}; add it to the stack"
         )
+    kv = kv_plan(spec)  # what the real server exports: the plan's pool, off by the release's kv_skew
+    tokens = max(1, round(kv.tokens * (1 + release.kv_skew)))
     return WorkerConfig(
         port=replica.endpoint.port,
         version=version,
@@ -87,6 +91,9 @@ def worker_config(spec: FleetSpec, replica: Replica, version: str) -> WorkerConf
         served_model_name=spec.model.name,
         max_running_requests=spec.limits.max_running_requests,
         bucket_e2e_request_latency=tuple(duration_buckets(spec)),
+        kv_pool_tokens=tokens,
+        weight_memory_gb=kv.weights_bytes / GIB,
+        kv_cache_memory_gb=tokens * kv.kv_bytes_per_token / GIB,
     )
 
 

@@ -884,6 +884,14 @@ class RolloutSpec(_Model):
     drain_timeout_s: float = Field(default=120.0, gt=0, description="Wait for in-flight requests at most this.")
     health_timeout_s: float = Field(default=900.0, gt=0, description="Wait for an updated batch's health.")
     baseline_window_s: float = Field(default=60.0, gt=0, description="Window the baseline is measured over.")
+    max_kv_pool_miss: float = Field(
+        default=0.15,
+        gt=0,
+        lt=1,
+        description="Gate: a canary's KV pool (SGLang's sglang:max_total_num_tokens) off the plan's "
+        "kv_pool_tokens_per_replica by more than this share holds the rollout, naming the planner input likely wrong "
+        "(beyond 5 % it warns).",
+    )
     group_versions: dict[int, str] = Field(
         default_factory=dict, description="Per update group version overrides (group index → version)."
     )
@@ -940,6 +948,13 @@ class SandboxVersion(_Model):
     error_rate: float = Field(default=0.0, ge=0, le=1)
     startup_s: float = Field(default=0.5, ge=0)
     never_ready: bool = False
+    kv_skew: float = Field(
+        default=0.0,
+        gt=-1,
+        le=1,
+        description="The simulated worker's KV pool is the plan's × (1 + kv_skew), as if the planner's start-up "
+        "overhead were wrong by that much (-0.2: a pool 20 % smaller than planned).",
+    )
 
 
 class SandboxSpec(_Model):
