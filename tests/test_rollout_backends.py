@@ -293,3 +293,37 @@ def test_the_local_backend_asks_a_replica_that_did_not_answer_once_more_before_i
     # asked again once the first read timed out (0.5 s on the client's clock, which starts before the request reaches
     # this server: here the gap reads up to the request's transit shorter, CI saw 0.499 s), not after the slow answer
     assert len(calls) == 2 and 0.45 <= calls[1] - calls[0] < 2, calls
+
+
+def test_kubernetes_hold_skips_a_pod_its_leaderworkerset_deleted_after_the_listing() -> None:
+    """CI found the race: while a LeaderWorkerSet replaces a group's replicas one by one, the updater listed a pod,
+    the controller deleted it, and the label patch that holds it out of the routers' selection answered 404, failing
+    the batch. The replacement is held on the next poll, so a pod gone since the listing is no error there; any other
+    label patch still fails on a 404, naming the pod."""
+    spec = k8s_spec(True)
+    group1 = [r.id for r in fleet_replicas(spec) if r.group == 1]
+    with ApiServerStandIn(spec) as api:
+        backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
+
+        async def scenario() -> tuple[str, str]:
+            try:
+                listed = await backend.leader_pods(group1)
+                gone = {**next(p for p in listed.values() if p is not None)}
+                gone["metadata"] = {**gone["metadata"], "name": "sglang-g1-deleted-since"}
+                stale = {**listed, group1[0]: gone}
+
+                async def leader_pods(_: object) -> dict[str, object]:
+                    return stale
+
+                backend.leader_pods = leader_pods  # type: ignore[method-assign,assignment]
+                await backend._hold(1)  # before: BackendError, PATCH …/pods/sglang-g1-deleted-since answered 404
+                with pytest.raises(BackendError) as refused:
+                    await backend.admit(gone, admitted=True)
+                held = sorted(n for n, _ in api.pod_patches)
+                return str(refused.value), ",".join(held)
+            finally:
+                await backend.aclose()
+
+        refused, held = asyncio.run(scenario())
+    assert "pods/sglang-g1-deleted-since answered 404" in refused
+    assert held and "sglang-g1-deleted-since" not in held  # the pods still there were held out

@@ -191,7 +191,7 @@ def test_a_release_whose_kv_pool_misses_the_plan_by_20_percent_is_held_at_batch_
     assert r.returncode == 1 and doc["outcome"] == "paused", r.stderr
     first = doc["batches"][0]
     kv = first["kv_pool"]
-    planned = kv_plan(skewed.spec).tokens
+    planned = kv_plan(skewed.spec, fleet_of(skewed.spec).plan.memory).tokens
     assert kv["planned_tokens"] == planned and kv["level"] == "hold" and kv["suspect"] == "startup_overhead", kv
     assert kv["canary_tokens"] == {r: round(planned * 0.8) for r in first["replicas"]}
     assert kv["miss"] == pytest.approx(-0.2, abs=1 / planned)

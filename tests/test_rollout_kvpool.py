@@ -35,7 +35,8 @@ from serving.sandbox.worker import SimulatedWorker
 from tests.support.sglang_parsers import SGLANG_VENV
 from tests.support.stacks import fleet_of, spec_from
 
-PLAN = kv_plan(spec_from("prod"))
+_PROD = fleet_of(spec_from("prod"))
+PLAN = kv_plan(_PROD.spec, _PROD.plan.memory)
 
 
 def pinned(relative: str) -> str:
@@ -172,7 +173,7 @@ def test_the_simulated_worker_exports_the_plan_with_its_releases_skew() -> None:
     """The sandbox stack's workers export the plan's pool × (1 + kv_skew), read back by the rollout's own reader."""
     spec = spec_from("sandbox", **{"sandbox__versions__v2": {"latency_ms": 100, "kv_skew": -0.2}})
     fleet = fleet_of(spec)
-    planned = kv_plan(spec)
+    planned = kv_plan(spec, fleet.plan.memory)
     for version, skew in (("v1", 0.0), ("v2", -0.2)):
         worker = SimulatedWorker(worker_config(spec, fleet.plan.replicas[0], version))
         got = KvReading.read(MetricsSnapshot.parse(generate_latest(worker.registry).decode()))

@@ -79,7 +79,8 @@ COMMANDS: dict[str, Entry] = {
     "status": Entry(
         "runtime",
         "Replicas as every router instance routes them (routes, unhealthy, absent, unknown), beside the "
-        "controllers' view: state, score, rotation and load, the leader, each node's last report.",
+        "controllers' view: state, score, rotation and load, the version each runs as its backend observes it, the "
+        "leader, each node's last report.",
     ),
     "drill": Entry(
         "drill",

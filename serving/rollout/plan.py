@@ -15,8 +15,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from serving.plan.model import Fleet, Plan
-from serving.plan.planner import memory_plan
+from serving.plan.model import Fleet, MemoryPlan, Plan
 from serving.render.router import request_timeout_s, router_policy
 from serving.rollout.kvpool import KvPlan
 from serving.spec.schema import FleetSpec
@@ -71,10 +70,9 @@ class GateLimits:
         return cls(r.max_qps_drop, r.max_p99_rise, r.max_error_rate, qps_window_min_s(spec))
 
 
-def kv_plan(spec: FleetSpec) -> KvPlan:
-    """The planner's KV pool of one replica and its inputs (:func:`serving.plan.planner.memory_plan`, per GPU of the
+def kv_plan(spec: FleetSpec, m: MemoryPlan) -> KvPlan:
+    """The planner's KV pool of one replica and its inputs (the plan's memory by SGLang's arithmetic, per GPU of the
     stage SGLang counts) for the canary to check (:mod:`serving.rollout.kvpool`)."""
-    m = memory_plan(spec)
     gpu = m.per_gpu
     return KvPlan(
         tokens=int(m.max_total_tokens.value),
@@ -229,7 +227,7 @@ def plan_rollout(
         timings=Timings.from_spec(fleet.spec),
         limits=GateLimits.from_spec(fleet.spec),
         observed=dict(observed or {}),
-        kv=kv_plan(fleet.spec),
+        kv=kv_plan(fleet.spec, fleet.plan.memory),
     )
 
 

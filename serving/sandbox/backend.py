@@ -18,6 +18,7 @@ from pathlib import Path
 
 from serving.fleet_http import FleetHttp, HttpFailure
 from serving.plan.model import Fleet, Replica
+from serving.plan.planner import memory_plan
 from serving.render.common import duration_buckets
 from serving.render.router import ROUTER_ENTRY, router_args
 from serving.rollout.backends import BackendError, ReplicaIndex
@@ -76,7 +77,7 @@ def worker_config(spec: FleetSpec, replica: Replica, version: str) -> WorkerConf
         raise BackendError(
             f"version {version!r} is not in sandbox.versions {sorted(sandbox.versions)}; add it to the stack"
         )
-    kv = kv_plan(spec)  # what the real server exports: the plan's pool, off by the release's kv_skew
+    kv = kv_plan(spec, memory_plan(spec))  # what the real server exports: the plan's pool, off by the release's kv_skew
     tokens = max(1, round(kv.tokens * (1 + release.kv_skew)))
     return WorkerConfig(
         port=replica.endpoint.port,

@@ -219,11 +219,13 @@ class KubernetesBackend(ReplicaIndex):
                 self._pod_urls[rid] = f"http://{ip}:{self.spec.serving.port}"  # the URL discovery registers
         return out
 
-    async def admit(self, pod: K8sObject, admitted: bool) -> None:
-        """Set the pod's ``exaserve.io/admitted`` label (a JSON merge patch of the pod's labels)."""
+    async def admit(self, pod: K8sObject, admitted: bool, *, missing_ok: bool = False) -> None:
+        """Set the pod's ``exaserve.io/admitted`` label (a JSON merge patch of the pod's labels). ``missing_ok``: a pod
+        deleted since it was listed (its workload is replacing it) is no error."""
         name = pod["metadata"]["name"]
         path = f"/api/v1/namespaces/{self.spec.kubernetes.namespace}/pods/{name}"
-        await self._merge_patch(path, {"metadata": {"labels": {LABEL_ADMITTED: "true" if admitted else "false"}}})
+        patch = {"metadata": {"labels": {LABEL_ADMITTED: "true" if admitted else "false"}}}
+        await self._merge_patch(path, patch, missing_ok=missing_ok)
 
     def known_versions(self) -> None:
         return None  # any release of serving.releases
@@ -291,15 +293,16 @@ class KubernetesBackend(ReplicaIndex):
         for g in groups:
             await self._wait(g, deadline, timeout_s)
 
-    async def _merge_patch(self, path: str, patch: dict[str, Any]) -> None:
-        """A JSON merge patch of the object at ``path``; BackendError naming the path and the answer."""
+    async def _merge_patch(self, path: str, patch: dict[str, Any], *, missing_ok: bool = False) -> None:
+        """A JSON merge patch of the object at ``path``; BackendError naming the path and the answer (a 404 is none
+        with ``missing_ok``)."""
         try:
             response = await self._http.patch(
                 path, json=patch, headers={"Content-Type": "application/merge-patch+json"}
             )
         except httpx.HTTPError as exc:
             raise BackendError(f"PATCH {path}: {exc!r}; is the API server reachable?") from None
-        if response.status_code != 200:
+        if response.status_code != 200 and not (missing_ok and response.status_code == 404):
             raise BackendError(f"PATCH {path} answered {response.status_code}: {response.text[:500]}")
 
     async def _replace_outdated(self, group: int, obj: K8sObject) -> None:
@@ -345,11 +348,13 @@ class KubernetesBackend(ReplicaIndex):
             await asyncio.sleep(POLL_S)
 
     async def _hold(self, group: int) -> None:
-        """Keep the group's serving pods out of the routers' selection (the new ones carry the template's ``true``)."""
+        """Keep the group's serving pods out of the routers' selection (the new ones carry the template's ``true``).
+        A pod its workload deleted after the listing (a LeaderWorkerSet replaces a group's replicas one by one) is
+        skipped: its replacement is held on the next poll."""
         members = [r.id for r in self.replicas.values() if r.group == group]
         for pod in (await self.leader_pods(members)).values():
             if pod is not None and pod["metadata"].get("labels", {}).get(LABEL_ADMITTED) != "false":
-                await self.admit(pod, admitted=False)
+                await self.admit(pod, admitted=False, missing_ok=True)
 
     async def aclose(self) -> None:
         await self._http.aclose()
