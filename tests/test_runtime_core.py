@@ -444,14 +444,18 @@ class LeaseApi:
         return web.json_response(self._stamp(lease))
 
 
+async def _serve(api: LeaseApi) -> tuple[LeaseApi, web.AppRunner, str]:
+    """``api`` listening on a free loopback port: the API, its runner (to clean up) and its URL."""
+    runner = web.AppRunner(api.app())
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return api, runner, f"http://127.0.0.1:{port}"
+
+
 def test_kubernetes_lease_election_against_an_api_server_stand_in() -> None:
     async def scenario() -> None:
-        api = LeaseApi()
-        runner = web.AppRunner(api.app())
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        url = f"http://127.0.0.1:{port}"
+        api, runner, url = await _serve(LeaseApi())
         a, b = (
             KubernetesLeaseElection(url, "exaserve", "exaserve-controller", name, 1.0, token="tok")
             for name in ("a", "b")
@@ -482,12 +486,7 @@ def test_clocks_a_follower_whose_wall_clock_runs_ahead_does_not_take_a_renewed_l
     expiry is timed from when the follower observed the record change, on its monotonic clock (client-go)."""
 
     async def scenario() -> None:
-        api = LeaseApi()
-        runner = web.AppRunner(api.app())
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        url = f"http://127.0.0.1:{port}"
+        _, runner, url = await _serve(LeaseApi())
         a = KubernetesLeaseElection(url, "exaserve", "exaserve-controller", "a", 1.0)
         b = KubernetesLeaseElection(
             url, "exaserve", "exaserve-controller", "b", 1.0, wall_clock=lambda: time.time() + 5
