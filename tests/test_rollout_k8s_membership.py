@@ -45,7 +45,7 @@ from serving.render.router import ROUTER_ENTRY, router_args
 from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend
 from serving.rollout.journal import Journal
 from serving.rollout.machine import Event, Phase, initial
-from serving.rollout.plan import plan_rollout
+from serving.rollout.plan import kv_plan, plan_rollout
 from serving.rollout.runner import Progress, Runner
 from serving.router.loadgen import LoadGenerator, LoadSpec
 from serving.router.membership import Observed, RouterSet
@@ -96,6 +96,7 @@ class Kubelet:
     def __init__(self, spec: FleetSpec, state: StateDir) -> None:
         self.spec = spec
         self.state = state
+        self.kv_pool_tokens = kv_plan(spec, fleet_of(spec).plan.memory).tokens
         self._ips = (f"127.77.{i // 250}.{i % 250 + 1}" for i in itertools.count())
 
     def config(self, pod: dict[str, Any], *, load_s: float) -> WorkerConfig:
@@ -108,6 +109,7 @@ class Kubelet:
             jitter_ms=2.0,
             startup_delay_s=load_s,
             served_model_name=self.spec.model.name,
+            kv_pool_tokens=self.kv_pool_tokens,  # what a real pod's SGLang exports: the plan's pool (no skew)
         )
 
     def next_ip(self) -> str:
