@@ -211,6 +211,7 @@ async def look(http: httpx.AsyncClient, fleet: FleetUrls) -> Probe:
         {r["url"]: int(r["score"]) for r in reps},
         {r["url"]: str(r["state"]) for r in reps},
         sent,
+        {r["url"]: int(r.get("restarts", 0)) for r in reps},
     )
 
 
@@ -241,20 +242,28 @@ async def settle(fleet: FleetUrls, timeout_s: float, probe_s: float) -> list[str
             await asyncio.sleep(probe_s)
 
 
-async def leader_of(fleet: FleetUrls) -> str | None:
+async def look_once(fleet: FleetUrls) -> Probe:
     async with httpx.AsyncClient(timeout=2.0) as http:
-        return (await look(http, fleet)).leader
+        return await look(http, fleet)
 
 
 # ----- choosing what to break ---------------------------------------------------------------------------------
-def choose_subject(scenario: Scenario, fleet: FleetUrls, leader: str | None) -> Subject:
-    """The first node's first replica for a replica fault, the last node for a node fault, the last router
-    instance, the current leader. A drill the fleet cannot run (one router, no controllers) raises naming the fix."""
+def choose_subject(
+    scenario: Scenario, fleet: FleetUrls, leader: str | None, restarts: Mapping[str, int] | None = None
+) -> Subject:
+    """For a replica fault, the replica outside the last node with the fewest restarts in its current run as the
+    leader reports them (``restarts``: URL → count; the first in fleet order on a tie): the controller backs off
+    a replica restarted lately (until it has served 2 × ``runtime.restart_backoff_max_s``), and the restoration
+    target counts one restart, so drills run one after another must not all fault the same replica. The last node
+    for a node fault, the last router instance, the current leader. A drill the fleet cannot run (one router, no
+    controllers) raises naming the fix."""
     parts: dict[str, Any] = {}
     nodes = list(fleet.nodes)
+    counts = restarts or {}
     for component in scenario.components:
         if component is Component.REPLICA:
-            rid = fleet.nodes[nodes[0]][0]
+            spare = [r for n in nodes[:-1] or nodes for r in fleet.nodes[n]]
+            rid = min(spare, key=lambda r: counts.get(fleet.replicas[r], 0))
             parts.update(replicas=(rid,), urls=(fleet.replicas[rid],))
         elif component is Component.NODE:
             node = nodes[-1]
@@ -337,7 +346,8 @@ async def run_drill(
             f"the fleet is not ready for a drill after {settings.settle_s:g} s: {'; '.join(problems)}; "
             "check `exaserve status` and the sandbox's logs"
         )
-    subject = choose_subject(scenario, fleet, await leader_of(fleet))
+    seen = await look_once(fleet)
+    subject = choose_subject(scenario, fleet, seen.leader, seen.restarts)
     run = Run(scenario, subject, tuple(targets), settings)
     longest = max([settings.hold_s, *(t.value for t in targets if t.unit == "s")])
     deadline_after = max(longest * 1.5 + 10, settings.min_requests / settings.rate_per_s - settings.baseline_s + 10)

@@ -45,6 +45,7 @@ class Probe:
     scores: Mapping[str, int] = field(default_factory=dict)  # replica URL → health score (the leader's view)
     states: Mapping[str, str] = field(default_factory=dict)  # replica URL → state (the leader's view)
     sent: float | None = None  # when its calls began; None: at ``t``
+    restarts: Mapping[str, int] = field(default_factory=dict)  # replica URL → restarts in its current run (leader)
 
     @property
     def began(self) -> float:
