@@ -73,10 +73,13 @@ class Probe:
             and all(self.in_rotation.get(u, False) for u in urls)
         )
 
+    def out_on(self, url: str, exempt: frozenset[str]) -> list[str]:
+        """The answering router instances that do not list ``url`` healthy."""
+        return [r for r, m in self.answering(exempt).items() if not m.get(url, False)]
+
     def out_somewhere(self, urls: set[str], exempt: frozenset[str]) -> set[str]:
         """Which of ``urls`` some answering router instance does not list healthy."""
-        routers = self.answering(exempt).values()
-        return {u for u in urls if any(not m.get(u, False) for m in routers)}
+        return {u for u in urls if self.out_on(u, exempt)}
 
     def healthy(self) -> set[str]:
         """Worker URLs listed healthy on every router instance that answered."""
@@ -345,9 +348,9 @@ def _false_seen(after: Sequence[Probe], serving: set[str], exempt: frozenset[str
     the first such probe."""
     seen: dict[str, list[tuple[Probe, list[str]]]] = {}
     for p in after:
-        for u in p.out_somewhere(serving, exempt):
-            routers = [r for r, m in p.answering(exempt).items() if not m.get(u, False)]
-            seen.setdefault(u, []).append((p, routers))
+        for u in serving:
+            if routers := p.out_on(u, exempt):
+                seen.setdefault(u, []).append((p, routers))
     evidence = {}
     for u, probes in seen.items():
         first = probes[0][0]
