@@ -110,8 +110,17 @@ def check_timeline(doc: dict[str, Any]) -> None:
 @pytest.mark.parametrize("scenario", NAMES)
 def test_each_drill_meets_the_plans_targets_on_the_sandbox(sandbox: Sandbox, scenario: str, tmp_path: Path) -> None:
     report = tmp_path / scenario
-    r = sandbox.cli("drill", "--scenario", scenario, "--json", "--report", str(report), timeout_s=300)
-    doc = json_object(r)
+    for attempt in (1, 2):
+        r = sandbox.cli("drill", "--scenario", scenario, "--json", "--report", str(report), timeout_s=300)
+        doc = json_object(r)
+        # An `invalid` run (exit 3) is no result: the prober was starved (its probes came further apart than the
+        # judge's cadence bound), so a figure seen then may be late by the gap. It is measured again once, beside
+        # the other sandboxes of a parallel run; a second invalid run fails below. Never a pass on a slipped run.
+        if doc.get("verdict") != "invalid" or attempt == 2:
+            break
+        print(f"{scenario}: attempt {attempt} invalid ({doc['cadence'].get('why')}); measured again")
+        assert doc["settled"], "an invalid drill left the fleet not whole: it cannot be measured again"
+        shutil.rmtree(report, ignore_errors=True)
     failed = [f"{c['name']}: {c['reason']}" for c in doc.get("checks", []) if not c["ok"]]
     print(
         f"{scenario}: detection {doc.get('detection_s')} s, recovery {doc.get('recovery_s')} s, restoration "
