@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from serving.plan.planner import fleet_replicas
 from serving.pulumi.program import ProgramRun, RenderedObject, kubernetes_objects, run_program
@@ -27,11 +26,9 @@ from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend
 from serving.rollout.plan import plan_batches
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack
-from tests.support.apiserver import ApiServerStandIn, k8s_spec
+from tests.support.apiserver import AuthorizingApiServer, allowed, k8s_spec
 from tests.support.k8s import of_kind, one, render_file
 from tests.support.stacks import MULTI_NODE, fleet_of, write_variant
-
-Rules = Sequence[Mapping[str, Any]]
 
 
 @pytest.fixture(scope="module")
@@ -96,62 +93,6 @@ def test_a_multi_node_replicas_worker_pods_are_not_patchable(runs: dict[str, lis
     assert role["rules"][0]["resources"] == ["leaderworkersets"]
     assert not allowed(role["rules"], "patch", "", "pods", "sglang-router-7d9f-abcde")
     assert allowed(role["rules"], "patch", "", "pods", "sglang-g0-0")
-
-
-def allowed(rules: Rules, verb: str, group: str, resource: str, name: str | None) -> bool:
-    """STAND-IN for the API server's RBAC authorizer on one namespaced request: a rule allows it when the group,
-    resource and verb match and, if the rule names resources, the request names one of them (a list has no name)."""
-    return any(
-        group in r["apiGroups"]
-        and resource in r["resources"]
-        and verb in r["verbs"]
-        and (not r.get("resourceNames") or name in r["resourceNames"])
-        for r in rules
-    )
-
-
-def request_attributes(method: str, path: str) -> tuple[str, str, str, str, str | None]:
-    """(namespace, verb, API group, resource, name) of a namespaced request, as the API server derives them."""
-    parts = path.strip("/").split("/")
-    if parts[0] == "api":  # /api/v1/namespaces/NS/RESOURCE[/NAME[/SUB]]
-        group, rest = "", parts[2:]
-    else:  # /apis/GROUP/VERSION/namespaces/NS/RESOURCE[/NAME[/SUB]]
-        group, rest = parts[1], parts[3:]
-    assert rest[0] == "namespaces", f"not a namespaced request: {path}"
-    namespace, resource, name = rest[1], "/".join([rest[2], *rest[4:5]]), (rest[3] if len(rest) > 3 else None)
-    verb = {"GET": "get" if name else "list", "PATCH": "patch", "PUT": "update", "POST": "create", "DELETE": "delete"}[
-        method
-    ]
-    return namespace, verb, group, resource, name
-
-
-class AuthorizingApiServer(ApiServerStandIn):
-    """The API-server stand-in with RBAC in front: every request is authorized against one Role's rules (in its
-    namespace) and answered 403 like the API server when no rule allows it; each decision is recorded."""
-
-    def __init__(self, spec: FleetSpec, role: Mapping[str, Any]) -> None:
-        super().__init__(spec)
-        self.role = role
-        self.decisions: list[tuple[str, str, str, str | None, bool]] = []  # (verb, group, resource, name, allowed)
-
-    def _forbidden(self, request: web.Request) -> web.Response | None:
-        namespace, verb, group, resource, name = request_attributes(request.method, request.path)
-        ok = namespace == self.role["metadata"]["namespace"] and allowed(
-            self.role["rules"], verb, group, resource, name
-        )
-        self.decisions.append((verb, group, resource, name, ok))
-        if ok:
-            return None
-        return web.json_response({"kind": "Status", "code": 403, "reason": "Forbidden"}, status=403)
-
-    async def _get(self, request: web.Request) -> web.Response:
-        return self._forbidden(request) or await super()._get(request)
-
-    async def _patch(self, request: web.Request) -> web.Response:
-        return self._forbidden(request) or await super()._patch(request)
-
-    async def _delete(self, request: web.Request) -> web.Response:
-        return self._forbidden(request) or await super()._delete(request)
 
 
 def _updater_role(spec: FleetSpec) -> dict[str, Any]:

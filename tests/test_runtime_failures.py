@@ -79,6 +79,29 @@ def test_a_flapping_replica_is_quarantined_with_backoff() -> None:
     assert gaps == [10.0, 20.0, 40.0]
 
 
+def test_kubernetes_a_restart_its_disruption_budget_refuses_backs_off_and_never_quarantines() -> None:
+    """Finding 4: on Kubernetes a migration evicts the pod, and the Eviction API refuses (429) while the group's
+    PodDisruptionBudget allows no disruption (a node drain, a rollout batch). A refused restart is no failed restart:
+    the controller asks again after its back-off, the replica is not quarantined after runtime.quarantine_after
+    refusals, and it is restarted and readmitted once the budget allows."""
+    hung = PROD.plan.replicas[5].id
+    budget_free_at = FAULT_AT + 900.0  # 15 min of refusals: many more than quarantine_after
+    sim = FleetSim(
+        PROD,
+        lambda rid, t: rid != hung or t < FAULT_AT or rid in sim.restarts,  # hung until restarted
+        load_s=120,
+        refuse=lambda rid, t: t < budget_free_at,
+    )
+    sim.run(budget_free_at - 1)
+    assert sim.refused[hung] > PROD.spec.runtime.quarantine_after and sim.restarts[hung] == 0
+    assert not sim.ctl.replicas[hung].quarantined and sim.ctl.counters.refused == sim.refused[hung]
+    # backed off as restarts are (10 s doubling to 300 s): no more asks than fit in the 900 s of refusals
+    waits = [sum(sim.ctl.config.backoff_s(k) for k in range(1, n)) for n in range(1, 100)]
+    assert sim.refused[hung] <= sum(w <= budget_free_at - FAULT_AT for w in waits) == 7
+    sim.run(budget_free_at + 900)
+    assert sim.restarts[hung] == 1 and hung in sim.serving() and sim.ctl.counters.quarantined == 0
+
+
 def test_restarts_in_a_row_end_after_twice_the_longest_backoff_in_service() -> None:
     """A replica that served 2 × runtime.restart_backoff_max_s since its last restart starts its back-off again: two
     unrelated crashes a day apart are not a crash loop."""

@@ -53,7 +53,7 @@ def objects() -> list:  # type: ignore[type-arg]
 def test_controller_deployment_has_the_scheduler_instances_and_a_role_for_its_one_lease(objects: list) -> None:  # type: ignore[type-arg]
     deployment = one(objects, "Deployment", runtime.CONTROLLER)
     assert deployment["spec"]["replicas"] == PROD.scheduler.instances == 3
-    role = one(objects, "Role", f"{runtime.CONTROLLER}-lease")
+    role = one(objects, "Role", runtime.CONTROLLER_ROLE)
     named = [r for r in role["rules"] if r.get("resourceNames")]
     assert named == [
         {
@@ -64,12 +64,19 @@ def test_controller_deployment_has_the_scheduler_instances_and_a_role_for_its_on
         }
     ]
     unnamed = [r for r in role["rules"] if not r.get("resourceNames")]
-    assert unnamed == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}]
-    binding = one(objects, "RoleBinding", f"{runtime.CONTROLLER}-lease")
+    # a migration evicts the pod (within its budget) and reads it back: no delete, no list, nothing cluster-wide
+    assert unnamed == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+    ]
+    binding = one(objects, "RoleBinding", runtime.CONTROLLER_ROLE)
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": runtime.CONTROLLER, "namespace": "exaserve"}]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["securityContext"]["runAsNonRoot"] and container["securityContext"]["readOnlyRootFilesystem"]
     parses([a.replace("$(POD_NAME)", "controller-0") for a in container["command"][1:]])
+    command = container["command"]
+    assert command[command.index("--backend") + 1] == "kubernetes"  # issue 24: `none` left every migration failing
 
 
 def test_agent_daemonset_runs_on_the_serving_nodes_and_may_only_read_pods(objects: list) -> None:  # type: ignore[type-arg]

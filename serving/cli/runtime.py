@@ -45,6 +45,7 @@ from serving.router.client import RouterApiError
 from serving.router.membership import RouterSet
 from serving.runtime.agent import Agent, AgentConfig
 from serving.runtime.discovery import NodePods
+from serving.runtime.eviction import PodEvictionRestarter
 from serving.runtime.leader import Election, EtcdElection, KubernetesLeaseElection
 from serving.runtime.service import STATUS_PATH, BackendRestarter, ControllerService, Restarter
 from serving.spec.stack import Stack
@@ -101,6 +102,11 @@ def _restarter(
         from serving.sandbox.runtime import SandboxRestarter  # noqa: PLC0415
 
         return SandboxRestarter(fleet, stack_state(st, state_dir).sandbox_dir)
+    if kind == "kubernetes":  # a migration evicts the replica's pod, within its disruption budget
+        try:
+            return PodEvictionRestarter(KubeApi.in_cluster(), st.spec.kubernetes.namespace)
+        except BackendError as exc:
+            fail(f"--backend kubernetes: {exc}")
     from serving.rollout.operation import BackendConfig, open_backend  # noqa: PLC0415 - loads the ssh client
 
     config = BackendConfig(kind, known_hosts=known_hosts, identity=identity)
@@ -150,7 +156,10 @@ def controller_run(
     etcd: Annotated[list[str] | None, typer.Option("--etcd", help="etcd URL; default runtime.etcd_endpoints.")] = None,
     backend: Annotated[
         RestartBackend,
-        typer.Option("--backend", help="How to restart a migrated replica; auto: local in a sandbox, else none."),
+        typer.Option(
+            "--backend",
+            help="How to restart a migrated replica (kubernetes: evict its pod); auto: local in a sandbox, else none.",
+        ),
     ] = "auto",
     known_hosts: KnownHostsOpt = DEFAULT_KNOWN_HOSTS,
     ssh_identity: IdentityOpt = None,

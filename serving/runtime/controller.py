@@ -179,6 +179,7 @@ class Counters:
     capped: int = 0
     failed: dict[Kind, int] = field(default_factory=lambda: dict.fromkeys(Kind, 0))
     quarantined: int = 0  # replicas put in quarantine (each time)
+    refused: int = 0  # restarts the deployment refused to start (a disruption budget)
 
 
 class Controller:
@@ -385,13 +386,18 @@ class Controller:
                 return Action(Kind.READMIT, rec.id, rec.url, why, self.warmup_rate())
         return None
 
-    def complete(self, action: Action, ok: bool) -> None:
-        """The leader's report of what became of ``action``."""
+    def complete(self, action: Action, ok: bool, *, refused: bool = False) -> None:
+        """The leader's report of what became of ``action``. ``refused``: a migration whose restart the deployment
+        refused to start (Kubernetes: the pod's disruption budget allows none now); it backs off like a failed one
+        but is no failed restart of the replica, so it does not count towards quarantine."""
         rec = self.replicas[action.replica]
         rec.pending = None
         rec.loading = rec.loading and action.kind is not Kind.READMIT
         if not ok:
             self.counters.failed[action.kind] += 1
+        if refused and action.kind is Kind.MIGRATE:
+            rec.unproven = max(0, rec.unproven - 1)
+            self.counters.refused += 1
         if action.kind is Kind.REMOVE:
             rec.state = ReplicaState.OUT if ok else rec.state
             rec.shed = rec.shed and ok

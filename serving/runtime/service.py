@@ -37,6 +37,7 @@ from serving.router.loadgen import LoadSpec, run_load
 from serving.router.membership import Observed, RouterSet, Silent
 from serving.runtime.agent import REPORTS_PATH
 from serving.runtime.controller import Action, Controller, ControllerConfig, Kind, replica_urls
+from serving.runtime.eviction import RestartRefused
 from serving.runtime.leader import Election, ElectionError, Term
 from serving.runtime.reports import Rejection, ReportRejected, parse_report
 from serving.spec.schema import FleetSpec
@@ -54,8 +55,9 @@ class Restarter(Protocol):
 
 
 class BackendRestarter(ReplicaIndex):
-    """Restart through a rollout backend (systemd over SSH, the pod on Kubernetes): re-apply the version the
-    stack says the replica's group runs."""
+    """Restart through a rollout backend (systemd over SSH): re-apply the version the stack says the replica's group
+    runs. Kubernetes evicts the pod instead (:class:`serving.runtime.eviction.PodEvictionRestarter`): re-applying a
+    version the pod already runs would restart nothing."""
 
     def __init__(self, fleet: Fleet, backend: Backend) -> None:
         super().__init__(list(fleet.plan.replicas))
@@ -296,7 +298,7 @@ class ControllerService:
     async def _execute(self, action: Action, term: Term) -> None:
         started = time.monotonic()
         entry: dict[str, Any] = {**asdict(action), "term": term.token, "at": self.clock()}
-        ok = False
+        ok = refused = False
         try:
             await self._fence(term)
             entry["detail"] = await self._perform(action, term)
@@ -306,11 +308,12 @@ class ControllerService:
             raise
         except (Deposed, RouterApiError, httpx.HTTPError, TimeoutError, BackendError, ElectionError, OSError) as exc:
             entry["detail"] = f"{type(exc).__name__}: {exc}"
+            refused = isinstance(exc, RestartRefused)
             log.warning("%s: %s %s failed: %s", self.identity, action.kind.value, action.replica, exc)
         finally:
             entry.update(ok=ok, seconds=round(time.monotonic() - started, 3))
             self.recent.append(entry)
-            self.controller.complete(action, ok)
+            self.controller.complete(action, ok, refused=refused)
 
     async def _perform(self, action: Action, term: Term) -> Any:
         timeout = self.spec.rollout.drain_timeout_s
@@ -426,6 +429,11 @@ class _Collector:
         cap.add_metric([], ctl.config.max_evicted)
         capped = CounterMetricFamily("exaserve_runtime_evictions_capped", "Evictions refused by the cap.")
         capped.add_metric([], ctl.counters.capped)
+        refused = CounterMetricFamily(
+            "exaserve_runtime_restarts_refused",
+            "Restarts the deployment refused to start (Kubernetes: the pod's disruption budget allowed none).",
+        )
+        refused.add_metric([], ctl.counters.refused)
         accepted = CounterMetricFamily("exaserve_runtime_reports_accepted", "Agent reports applied.")
         accepted.add_metric([], ctl.counters.accepted)
         rejected = CounterMetricFamily(
@@ -451,4 +459,4 @@ class _Collector:
         )
         for router in sorted(self.s.routers_seen):
             unsynced.add_metric([router], float(router in self.s.unsynced))
-        yield from (evicted, cap, capped, accepted, rejected, actions, failures, leader, term, unsynced)
+        yield from (evicted, cap, capped, refused, accepted, rejected, actions, failures, leader, term, unsynced)

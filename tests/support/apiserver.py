@@ -1,7 +1,8 @@
 """STAND-IN for the Kubernetes API server and the StatefulSet/LeaderWorkerSet controllers, for the updater's and the
 runtime's Kubernetes tests (there is no API server here).
 
-It speaks the API's REST paths, JSON merge patch (RFC 7386), pod DELETE and the generation/status bookkeeping of the
+It speaks the API's REST paths, JSON merge patch (RFC 7386), pod DELETE, pod eviction (``policy/v1`` Eviction, judged
+against the rendered PodDisruptionBudgets as ``eviction.go`` judges it) and the generation/status bookkeeping of the
 StatefulSet and LeaderWorkerSet controllers; every patched object is validated with the real Kubernetes OpenAPI schema
 (kubernetes-validate) or the upstream LeaderWorkerSet CRD, as an API server would. Its pods are made from the
 workload's templates the way the controllers name and label them (`sglang-g1-3`, `sglang-g1-3-1` for a second node,
@@ -23,6 +24,8 @@ import copy
 import hashlib
 import json
 import threading
+import uuid
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -90,7 +93,7 @@ def make_pod(obj: dict[str, Any], ordinal: int, worker: int = 0, *, ready: bool 
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {**template.get("metadata", {}), "name": f"{name}-{ordinal}" + (f"-{worker}" if worker else ""),
-                     "namespace": obj["metadata"]["namespace"],
+                     "namespace": obj["metadata"]["namespace"], "uid": str(uuid.uuid4()),
                      "labels": {**template.get("metadata", {}).get("labels", {}), **extra}},
         "spec": template["spec"],
         "status": {
@@ -120,6 +123,19 @@ def _stuck(obj: dict[str, Any]) -> bool:
     return str(env.get("EXASERVE_RELEASE", "")).endswith("-stuck")
 
 
+def _status(code: int, reason: str, message: str, **extra: Any) -> web.Response:
+    """A ``Status`` failure as the API server answers it."""
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    return web.json_response(body | extra, status=code)
+
+
 def _ready(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
 
@@ -139,8 +155,12 @@ class ApiServerStandIn:
         self.pods: dict[str, dict[str, Any]] = {}  # name → pod
         self.pod_patches: list[tuple[str, dict[str, Any]]] = []  # (pod name, merge patch); workloads' in patches
         self.deleted: list[str] = []
+        self.evicted: list[str] = []  # pods the Eviction API deleted, in order (also in ``deleted``)
+        self.budgets: dict[str, dict[str, Any]] = {}  # PodDisruptionBudget name → object, as rendered
         self._tasks: set[asyncio.Task[None]] = set()
         for rendered in render(fleet_of(spec)):
+            if rendered["kind"] == "PodDisruptionBudget":
+                self.budgets[rendered["metadata"]["name"]] = copy.deepcopy(rendered)
             if rendered["kind"] in ("StatefulSet", "LeaderWorkerSet"):
                 obj = copy.deepcopy(rendered)
                 obj["metadata"]["generation"] = 1
@@ -200,10 +220,80 @@ class ApiServerStandIn:
             wanted = dict(t.split("=", 1) for t in request.query.get("labelSelector", "").split(",") if t)
             items = [p for p in self.pods.values() if wanted.items() <= p["metadata"]["labels"].items()]
             return web.json_response({"apiVersion": "v1", "kind": "PodList", "items": items})
+        if request.path.startswith(self.pods_path + "/"):
+            pod = self.pods.get(request.path.rsplit("/", 1)[1])
+            return web.json_response(pod) if pod is not None else _status(404, "NotFound", "pod not found")
         obj = self.objects.get(request.path)
         if obj is None:
             return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
         return web.json_response(obj)
+
+    def _owner(self, name: str) -> dict[str, Any]:
+        return next(o for o in self.objects.values() if name.startswith(o["metadata"]["name"] + "-"))
+
+    def _budget_verdict(self, pod: dict[str, Any]) -> tuple[int, str] | None:
+        """The Eviction API's answer for ``pod`` when it refuses (status code, Status message), None when it may go:
+        kubernetes ``pkg/registry/core/pod/storage/eviction.go`` (EvictionREST.Create, checkAndDecrement), with
+        the budget's status as the disruption controller computes it for ``maxUnavailable`` (desiredHealthy =
+        expected pods − maxUnavailable; disruptionsAllowed = currentHealthy − desiredHealthy)."""
+        if pod["status"].get("phase") in ("Pending", "Succeeded", "Failed") or pod["metadata"].get("deletionTimestamp"):
+            return None  # canIgnorePDB
+        labels = pod["metadata"]["labels"]
+        budgets = [b for b in self.budgets.values() if b["spec"]["selector"]["matchLabels"].items() <= labels.items()]
+        if len(budgets) > 1:
+            return (
+                500,
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+            )
+        if not budgets:
+            return None
+        budget = budgets[0]
+        selected = [
+            p
+            for p in self.pods.values()
+            if budget["spec"]["selector"]["matchLabels"].items() <= p["metadata"]["labels"].items()
+        ]
+        owner = self._owner(pod["metadata"]["name"])
+        expected = owner["spec"]["replicas"] * _pod_count(owner)
+        desired = max(0, expected - int(budget["spec"]["maxUnavailable"]))
+        healthy = sum(_ready(p) for p in selected)
+        if not _ready(pod):
+            if budget["spec"].get("unhealthyPodEvictionPolicy") == "AlwaysAllow":
+                return None
+            if healthy >= desired > 0:  # IfHealthyBudget (the default): the application is not disrupted now
+                return None
+        if healthy - desired <= 0:
+            return 429, (
+                f"Cannot evict pod as it would violate the pod's disruption budget.|The disruption budget "
+                f"{budget['metadata']['name']} needs {desired} healthy pods and has {healthy} currently"
+            )
+        return None
+
+    async def _evict(self, request: web.Request) -> web.Response:
+        """POST pods/NAME/eviction (policy/v1 Eviction): the pod goes, within its budget (:meth:`_budget_verdict`),
+        and its StatefulSet recreates it as after a DELETE; a UID precondition that no longer matches is 409."""
+        if not request.path.startswith(self.pods_path + "/") or not request.path.endswith("/eviction"):
+            return _status(404, "NotFound", "no such path")
+        name = request.path.removesuffix("/eviction").rsplit("/", 1)[1]
+        body = await request.json()
+        if body.get("apiVersion") not in ("policy/v1", "policy/v1beta1") or body.get("kind") != "Eviction":
+            return _status(400, "BadRequest", f"not an Eviction: {body.get('apiVersion')}/{body.get('kind')}")
+        pod = self.pods.get(name)
+        if pod is None:
+            return _status(404, "NotFound", f'pods "{name}" not found')
+        uid = ((body.get("deleteOptions") or {}).get("preconditions") or {}).get("uid")
+        if uid and uid != pod["metadata"]["uid"]:
+            return _status(409, "Conflict", f"the UID in the precondition ({uid}) does not match the UID in record")
+        verdict = self._budget_verdict(pod)
+        if verdict is not None:
+            code, text = verdict
+            message, _, cause = text.partition("|")
+            causes = {"details": {"causes": [{"reason": "DisruptionBudget", "message": cause}]}} if cause else {}
+            return _status(code, "TooManyRequests" if code == 429 else "InternalError", message, **causes)
+        self.evicted.append(name)
+        self.deleted.append(name)
+        self._spawn(self._recreate(self._owner(name), int(name.split("-")[2])))
+        return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success"}, status=201)
 
     async def _delete(self, request: web.Request) -> web.Response:
         """DELETE of a pod: its StatefulSet recreates it at the update revision; LeaderWorkerSet pods are not
@@ -270,6 +360,7 @@ class ApiServerStandIn:
         app.router.add_get("/{tail:.*}", self._get)
         app.router.add_patch("/{tail:.*}", self._patch)
         app.router.add_delete("/{tail:.*}", self._delete)
+        app.router.add_post("/{tail:.*}", self._evict)
         runner = web.AppRunner(app, access_log=None)
 
         async def start() -> int:
@@ -297,3 +388,65 @@ def k8s_spec(multi: bool) -> FleetSpec:
     if multi:  # 16 GPUs per replica: every replica spans two 8-GPU nodes → LeaderWorkerSets
         changes |= {"parallelism.tp": 8, "parallelism.pp": 2, "serving.replicas": 8, "serving.replicas_per_node": None}
     return spec_from("dev", **changes)
+
+
+Rules = Sequence[Mapping[str, Any]]
+
+
+def allowed(rules: Rules, verb: str, group: str, resource: str, name: str | None) -> bool:
+    """STAND-IN for the API server's RBAC authorizer on one namespaced request: a rule allows it when the group,
+    resource and verb match and, if the rule names resources, the request names one of them (a list has no name)."""
+    return any(
+        group in r["apiGroups"]
+        and resource in r["resources"]
+        and verb in r["verbs"]
+        and (not r.get("resourceNames") or name in r["resourceNames"])
+        for r in rules
+    )
+
+
+def request_attributes(method: str, path: str) -> tuple[str, str, str, str, str | None]:
+    """(namespace, verb, API group, resource, name) of a namespaced request, as the API server derives them."""
+    parts = path.strip("/").split("/")
+    if parts[0] == "api":  # /api/v1/namespaces/NS/RESOURCE[/NAME[/SUB]]
+        group, rest = "", parts[2:]
+    else:  # /apis/GROUP/VERSION/namespaces/NS/RESOURCE[/NAME[/SUB]]
+        group, rest = parts[1], parts[3:]
+    assert rest[0] == "namespaces", f"not a namespaced request: {path}"
+    namespace, resource, name = rest[1], "/".join([rest[2], *rest[4:5]]), (rest[3] if len(rest) > 3 else None)
+    verb = {"GET": "get" if name else "list", "PATCH": "patch", "PUT": "update", "POST": "create", "DELETE": "delete"}[
+        method
+    ]
+    return namespace, verb, group, resource, name
+
+
+class AuthorizingApiServer(ApiServerStandIn):
+    """The API-server stand-in with RBAC in front: every request is authorized against one Role's rules (in its
+    namespace) and answered 403 like the API server when no rule allows it; each decision is recorded."""
+
+    def __init__(self, spec: FleetSpec, role: Mapping[str, Any]) -> None:
+        super().__init__(spec)
+        self.role = role
+        self.decisions: list[tuple[str, str, str, str | None, bool]] = []  # (verb, group, resource, name, allowed)
+
+    def _forbidden(self, request: web.Request) -> web.Response | None:
+        namespace, verb, group, resource, name = request_attributes(request.method, request.path)
+        ok = namespace == self.role["metadata"]["namespace"] and allowed(
+            self.role["rules"], verb, group, resource, name
+        )
+        self.decisions.append((verb, group, resource, name, ok))
+        if ok:
+            return None
+        return web.json_response({"kind": "Status", "code": 403, "reason": "Forbidden"}, status=403)
+
+    async def _get(self, request: web.Request) -> web.Response:
+        return self._forbidden(request) or await super()._get(request)
+
+    async def _patch(self, request: web.Request) -> web.Response:
+        return self._forbidden(request) or await super()._patch(request)
+
+    async def _delete(self, request: web.Request) -> web.Response:
+        return self._forbidden(request) or await super()._delete(request)
+
+    async def _evict(self, request: web.Request) -> web.Response:
+        return self._forbidden(request) or await super()._evict(request)

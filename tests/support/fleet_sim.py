@@ -36,6 +36,8 @@ class FleetSim:
     t0: float = 1_800_000_000.0
     now: float = 0.0  # seconds since t0
     restarts: Counter[str] = field(default_factory=Counter)
+    refuse: Up | None = None  # (replica id, t) → the deployment refuses to restart it then (a disruption budget)
+    refused: Counter[str] = field(default_factory=Counter)
     ready_at: dict[str, float] = field(default_factory=dict)
     seq: int = 0
 
@@ -70,6 +72,9 @@ class FleetSim:
     def _start(self, action: Action) -> None:
         if action.kind is Kind.REMOVE:
             self.ctl.complete(action, ok=True)
+        elif action.kind is Kind.MIGRATE and self.refuse is not None and self.refuse(action.replica, self.now):
+            self.refused[action.replica] += 1
+            self.ctl.complete(action, ok=False, refused=True)
         elif action.kind is Kind.MIGRATE:
             self.restarts[action.replica] += 1
             self.ready_at[action.replica] = self.now + self.load_s

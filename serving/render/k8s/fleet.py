@@ -206,6 +206,10 @@ def render(fleet: Fleet) -> list[K8sObject]:
                 "spec": {
                     "maxUnavailable": max_unavailable(fleet.spec, size),
                     "selector": {"matchLabels": group_selector(group)},
+                    # A pod that is not Ready serves nobody: the controller's eviction of a hung replica goes through
+                    # even when the group is short of pods. Under the default IfHealthyBudget it would pin itself
+                    # (kubernetes pkg/registry/core/pod/storage/eviction.go, EvictionREST.Create; GA in 1.31).
+                    "unhealthyPodEvictionPolicy": "AlwaysAllow",
                 },
             }
         )

@@ -2,7 +2,9 @@
 one ``coordination.k8s.io`` Lease), the node agent (a DaemonSet on the serving pools), their alert rules and scrape.
 
 RBAC is least privilege: the controller's Role may get and update only its own Lease (``resourceNames``); RBAC
-cannot limit ``create`` by name, so creating a Lease is allowed in the namespace (the first leader creates it).
+cannot limit ``create`` by name, so creating a Lease is allowed in the namespace (the first leader creates it). To
+migrate a replica it may get pods and create ``pods/eviction``: never delete a pod, so every restart it makes stays
+within the group's PodDisruptionBudget (:mod:`serving.runtime.eviction`).
 The agent may get and list pods in the namespace, nothing else: LeaderWorkerSet places the serving pods, not the
 plan, so each agent lists the serving pods on its node (``--discover kubernetes``) and reports them by pod name
 and pod URL, the URL the router's service discovery uses; the controllers take the replicas from those reports.
@@ -10,9 +12,9 @@ Agents reach every controller pod through a headless Service, the controllers re
 another one (router membership is per instance).
 
 The stack travels as a ConfigMap (:func:`stack_document`); controller and agent read it like ``exaserve`` does.
-Migration on Kubernetes is left to the kubelet (the serving pod's liveness probe restarts a hung server): the
-controllers run with ``--backend none``, take a failing replica out of every router and readmit it after warm-up.
-The router's own discovery may re-add a pod it sees Ready; the controller removes it again while its score is low.
+Migration on Kubernetes: the controllers run with ``--backend kubernetes``: a failing replica is taken out of every
+router, its pod evicted (its StatefulSet or LeaderWorkerSet creates it again) and readmitted after warm-up. The
+router's own discovery may re-add a pod it sees Ready; the controller removes it again while its score is low.
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ def _policy(spec: FleetSpec, name: str, pod_selector: dict[str, str], ingress: l
     }
 
 
+CONTROLLER_ROLE = f"{CONTROLLER}-runtime"  # its Lease, and evicting serving pods
+
+
 def _svc(ns: str) -> str:
     return f"{ns}.svc"
 
@@ -115,7 +120,7 @@ def controller_command(fleet: Fleet) -> list[str]:
         "--election",
         "kubernetes",
         "--backend",
-        "none",
+        "kubernetes",
         "--router-service",
         f"{gateway.PODS_SERVICE}.{_svc(ns)}:{http_port}",
         "--discover",
@@ -292,7 +297,7 @@ def render(fleet: Fleet) -> list[K8sObject]:
         },
         *service_account_with_role(
             CONTROLLER,
-            f"{CONTROLLER}-lease",
+            CONTROLLER_ROLE,
             ns,
             c_lab,
             [
@@ -303,6 +308,9 @@ def render(fleet: Fleet) -> list[K8sObject]:
                     "verbs": ["get", "update"],
                 },
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+                # a migration evicts the replica's pod (within its disruption budget) and watches it come back
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+                {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
             ],
         ),
         {

@@ -1,0 +1,126 @@
+"""Issue 24, finding 4: on Kubernetes the controller restarts a migrated replica by evicting its pod.
+
+Before, the controllers ran with ``--backend none``: every migration failed (90 in a row against one pod hung for
+150 s) and ``ExaServeRuntimeActionsFailing`` fired. Now :class:`PodEvictionRestarter` evicts the pod through the
+``policy/v1`` Eviction API, authorized by the controller's rendered Role alone, and waits for its StatefulSet to
+create it again. The API server is the stand-in of ``tests/support/apiserver.py`` (there is none here), which judges
+an eviction against the rendered PodDisruptionBudgets the way ``eviction.go`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+
+from serving.render.k8s import runtime
+from serving.rollout.backends import BackendError
+from serving.rollout.backends.kubernetes import KubeApi
+from serving.runtime.eviction import PodEvictionRestarter, RestartRefused
+from serving.spec.schema import FleetSpec
+from tests.support.apiserver import AuthorizingApiServer, k8s_spec
+from tests.support.stacks import fleet_of
+
+SPEC: FleetSpec = k8s_spec(False)
+NS = SPEC.kubernetes.namespace
+
+
+def controller_role(spec: FleetSpec) -> dict[str, Any]:
+    roles = [o for o in runtime.render(fleet_of(spec)) if o["kind"] == "Role"]
+    return next(dict(r) for r in roles if r["metadata"]["name"] == runtime.CONTROLLER_ROLE)
+
+
+def restart(api: AuthorizingApiServer, pod: str, timeout_s: float = 5) -> None:
+    async def go() -> None:
+        restarter = PodEvictionRestarter(KubeApi(api.url), NS, poll_s=0.02)
+        try:
+            await restarter.restart(pod, timeout_s)
+        finally:
+            await restarter.aclose()
+
+    asyncio.run(go())
+
+
+def unready(api: AuthorizingApiServer, *pods: str) -> None:
+    """The pods fail their readiness probe (a hung SGLang, a pod still loading)."""
+    for name in pods:
+        api.pods[name]["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+
+
+def group_pods(api: AuthorizingApiServer, group: int) -> list[str]:
+    return sorted((n for n in api.pods if n.startswith(f"sglang-g{group}-")), key=lambda n: int(n.rsplit("-", 1)[1]))
+
+
+def budget_of(api: AuthorizingApiServer, group: int) -> dict[str, Any]:
+    return api.budgets[f"sglang-g{group}"]
+
+
+def test_a_migration_evicts_the_pod_with_the_controllers_role_and_waits_for_its_successor() -> None:
+    api = AuthorizingApiServer(SPEC, controller_role(SPEC))
+    with api:
+        pod = group_pods(api, 1)[0]
+        old_uid = api.pods[pod]["metadata"]["uid"]
+        restart(api, pod)
+        assert api.evicted == [pod] == api.deleted
+        assert api.pods[pod]["metadata"]["uid"] != old_uid, "a new pod of the same name, from the StatefulSet"
+    assert [d for d in api.decisions if not d[-1]] == []
+    used = {(verb, resource) for verb, _, resource, _, _ in api.decisions}
+    assert used == {("get", "pods"), ("create", "pods/eviction")}
+
+
+def test_a_role_without_the_eviction_grant_fails_the_restart_with_the_api_servers_403() -> None:
+    role = copy.deepcopy(controller_role(SPEC))
+    role["rules"] = [r for r in role["rules"] if r["resources"] != ["pods/eviction"]]
+    api = AuthorizingApiServer(SPEC, role)
+    with api, pytest.raises(BackendError, match=r"evicting pod exaserve/sglang-g1-0: HTTP 403"):
+        restart(api, "sglang-g1-0")
+    assert api.evicted == []
+
+
+def test_a_ready_pod_is_not_evicted_while_its_group_has_spent_its_budget() -> None:
+    """maxUnavailable pods of the group already not Ready: evicting a Ready one would break the budget, and the API
+    server answers 429; the restart is *refused* (the controller backs off, no quarantine) naming the budget."""
+    api = AuthorizingApiServer(SPEC, controller_role(SPEC))
+    with api:
+        pods = group_pods(api, 1)
+        spent = int(budget_of(api, 1)["spec"]["maxUnavailable"])
+        unready(api, *pods[:spent])
+        with pytest.raises(RestartRefused) as refused:
+            restart(api, pods[-1])
+        assert api.evicted == [] and api.pods[pods[-1]]["status"]["conditions"][0]["status"] == "True"
+    message = str(refused.value)
+    assert "Cannot evict pod as it would violate the pod's disruption budget." in message
+    assert (
+        f"The disruption budget sglang-g1 needs {len(pods) - spent} healthy pods and has {len(pods) - spent}" in message
+    )
+    assert "kubectl get pdb" in message
+
+
+def test_a_hung_pod_is_evicted_even_when_its_group_is_short_of_pods() -> None:
+    """The replica the controller migrates is itself not Ready. The rendered budgets say AlwaysAllow, so it goes
+    even when its group has spent its budget; under the default IfHealthyBudget the same eviction is refused: the
+    hung pod would pin itself (eviction.go)."""
+    api = AuthorizingApiServer(SPEC, controller_role(SPEC))
+    with api:
+        pods = group_pods(api, 1)
+        spent = int(budget_of(api, 1)["spec"]["maxUnavailable"])
+        assert budget_of(api, 1)["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+        unready(api, *pods[: spent + 1])
+        restart(api, pods[spent])
+        assert api.evicted == [pods[spent]]
+        unready(api, pods[spent])  # its successor loads: the group is one short of its budget again
+        del budget_of(api, 1)["spec"]["unhealthyPodEvictionPolicy"]
+        with pytest.raises(RestartRefused, match="needs"):
+            restart(api, pods[0])
+
+
+def test_a_pod_already_gone_is_waited_for_and_a_pod_never_recreated_times_out_naming_it() -> None:
+    api = AuthorizingApiServer(SPEC, controller_role(SPEC))
+    with api:
+        pod = group_pods(api, 2)[0]
+        api.pods.pop(pod)  # deleted by someone else; its StatefulSet has not created it again (and will not here)
+        with pytest.raises(BackendError, match=rf"pod exaserve/{pod} was evicted but after 0.3 s is not recreated"):
+            restart(api, pod, timeout_s=0.3)
+        assert api.evicted == []
