@@ -71,7 +71,9 @@ def _range(prom_url: str, expr: str, since: float, until: float, step_s: float, 
 
 
 def _key(metric: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in metric.items() if k not in _META))
+    """An alert's identity: its name and labels (``ALERTS`` carries ``alertstate`` too, ``ALERTS_FOR_STATE`` not).
+    Without the name, two alerts with the same labels (e.g. only ``severity``) would share one active time."""
+    return tuple(sorted((k, v) for k, v in metric.items() if k not in ("__name__", "alertstate")))
 
 
 def alerts_fired(
