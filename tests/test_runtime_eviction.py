@@ -14,6 +14,7 @@ import copy
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from serving.render.k8s import runtime
 from serving.rollout.backends import BackendError
@@ -64,7 +65,8 @@ def test_a_migration_evicts_the_pod_with_the_controllers_role_and_waits_for_its_
         old_uid = api.pods[pod]["metadata"]["uid"]
         restart(api, pod)
         assert api.evicted == [pod] == api.deleted
-        assert api.pods[pod]["metadata"]["uid"] != old_uid, "a new pod of the same name, from the StatefulSet"
+        # not before the evicted pod finished terminating: a new pod of the same name, from the StatefulSet
+        assert api.pods[pod]["metadata"]["uid"] != old_uid and "deletionTimestamp" not in api.pods[pod]["metadata"]
     assert [d for d in api.decisions if not d[-1]] == []
     used = {(verb, resource) for verb, _, resource, _, _ in api.decisions}
     assert used == {("get", "pods"), ("create", "pods/eviction")}
@@ -77,6 +79,14 @@ def test_a_role_without_the_eviction_grant_fails_the_restart_with_the_api_server
     with api, pytest.raises(BackendError, match=r"evicting pod exaserve/sglang-g1-0: HTTP 403"):
         restart(api, "sglang-g1-0")
     assert api.evicted == []
+
+
+def test_the_controller_may_evict_no_pod_but_the_serving_ones() -> None:
+    """The Role names the serving pods: the controller cannot evict its peers, an agent, or a router."""
+    api = AuthorizingApiServer(SPEC, controller_role(SPEC))
+    with api, pytest.raises(BackendError, match=r"exaserve/exaserve-controller-7d9f-x2x4z: HTTP 403"):
+        restart(api, "exaserve-controller-7d9f-x2x4z")
+    assert [d[-1] for d in api.decisions] == [False]
 
 
 def test_a_ready_pod_is_not_evicted_while_its_group_has_spent_its_budget() -> None:
@@ -116,11 +126,35 @@ def test_a_hung_pod_is_evicted_even_when_its_group_is_short_of_pods() -> None:
             restart(api, pods[0])
 
 
+class ReplacedBeforeTheEviction(AuthorizingApiServer):
+    """The pod is replaced (a new UID, Ready) between the restarter's read and its eviction, while its group has
+    spent its budget: the API server judges the budget before the UID precondition (eviction.go), so it answers 429
+    for a pod the restarter never meant to evict."""
+
+    async def _evict(self, request: web.Request) -> web.Response:
+        name = request.path.removesuffix("/eviction").rsplit("/", 1)[1]
+        self.pods[name]["metadata"]["uid"] = "replaced"
+        unready(
+            self, *[p for p in group_pods(self, 1) if p != name][: int(budget_of(self, 1)["spec"]["maxUnavailable"])]
+        )
+        return await super()._evict(request)
+
+
+def test_a_pod_replaced_since_it_was_read_is_a_restart_done_not_refused() -> None:
+    api = ReplacedBeforeTheEviction(SPEC, controller_role(SPEC))
+    with api:
+        pod = group_pods(api, 1)[0]
+        restart(api, pod)  # 429 for the new pod: no RestartRefused, it is the restart the controller wanted
+        assert api.evicted == [] and api.pods[pod]["metadata"]["uid"] == "replaced"
+
+
 def test_a_pod_already_gone_is_waited_for_and_a_pod_never_recreated_times_out_naming_it() -> None:
     api = AuthorizingApiServer(SPEC, controller_role(SPEC))
     with api:
         pod = group_pods(api, 2)[0]
         api.pods.pop(pod)  # deleted by someone else; its StatefulSet has not created it again (and will not here)
-        with pytest.raises(BackendError, match=rf"pod exaserve/{pod} was evicted but after 0.3 s is not recreated"):
+        with pytest.raises(
+            BackendError, match=rf"pod exaserve/{pod} was gone before the restart and after 0.3 s is not"
+        ):
             restart(api, pod, timeout_s=0.3)
         assert api.evicted == []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from serving.plan.model import Fleet
-from serving.runtime.controller import ReplicaState
+from serving.runtime.controller import Kind, ReplicaState
 from tests.support.fleet_sim import FleetSim
 from tests.support.stacks import fleet_of, spec_from
 
@@ -95,6 +95,7 @@ def test_kubernetes_a_restart_its_disruption_budget_refuses_backs_off_and_never_
     sim.run(budget_free_at - 1)
     assert sim.refused[hung] > PROD.spec.runtime.quarantine_after and sim.restarts[hung] == 0
     assert not sim.ctl.replicas[hung].quarantined and sim.ctl.counters.refused == sim.refused[hung]
+    assert sim.ctl.counters.failed[Kind.MIGRATE] == 0, "a refusal is no failed action (ActionsFailing stays quiet)"
     # backed off as restarts are (10 s doubling to 300 s): no more asks than fit in the 900 s of refusals
     waits = [sum(sim.ctl.config.backoff_s(k) for k in range(1, n)) for n in range(1, 100)]
     assert sim.refused[hung] <= sum(w <= budget_free_at - FAULT_AT for w in waits) == 7

@@ -55,21 +55,21 @@ def test_controller_deployment_has_the_scheduler_instances_and_a_role_for_its_on
     assert deployment["spec"]["replicas"] == PROD.scheduler.instances == 3
     role = one(objects, "Role", runtime.CONTROLLER_ROLE)
     named = [r for r in role["rules"] if r.get("resourceNames")]
+    # a migration evicts a serving pod (within its budget) and reads it back: those pods by name, no delete, no list
+    serving = [f"sglang-g{g}-{i}" for g, n in enumerate(fleet_of(PROD).plan.rollout_group_sizes) for i in range(n)]
+    assert len(serving) == 2048
     assert named == [
         {
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
             "resourceNames": [PROD.runtime.lease_name],
             "verbs": ["get", "update"],
-        }
+        },
+        {"apiGroups": [""], "resources": ["pods"], "resourceNames": serving, "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods/eviction"], "resourceNames": serving, "verbs": ["create"]},
     ]
     unnamed = [r for r in role["rules"] if not r.get("resourceNames")]
-    # a migration evicts the pod (within its budget) and reads it back: no delete, no list, nothing cluster-wide
-    assert unnamed == [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
-        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
-    ]
+    assert unnamed == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}]
     binding = one(objects, "RoleBinding", runtime.CONTROLLER_ROLE)
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": runtime.CONTROLLER, "namespace": "exaserve"}]
     container = deployment["spec"]["template"]["spec"]["containers"][0]

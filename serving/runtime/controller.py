@@ -393,11 +393,11 @@ class Controller:
         rec = self.replicas[action.replica]
         rec.pending = None
         rec.loading = rec.loading and action.kind is not Kind.READMIT
-        if not ok:
-            self.counters.failed[action.kind] += 1
-        if refused and action.kind is Kind.MIGRATE:
+        if refused and action.kind is Kind.MIGRATE:  # nothing failed: the back-off stands, the quarantine count not
             rec.unproven = max(0, rec.unproven - 1)
             self.counters.refused += 1
+        elif not ok:
+            self.counters.failed[action.kind] += 1
         if action.kind is Kind.REMOVE:
             rec.state = ReplicaState.OUT if ok else rec.state
             rec.shed = rec.shed and ok

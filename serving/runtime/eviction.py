@@ -74,25 +74,37 @@ class PodEvictionRestarter:
                 "deleteOptions": {"preconditions": {"uid": old}},
             }
             response = await self._call("POST", self._path(replica_id) + "/eviction", eviction)
-            if response.status_code == 429:
-                raise RestartRefused(
-                    f"evicting pod {self.namespace}/{replica_id} was refused: {_status_message(response)}; the "
-                    "controller asks again after its back-off. If it persists, find the group's missing pods "
-                    "(kubectl get pods, kubectl get pdb) — a rollout or a node drain may hold the budget"
-                )
-            if response.status_code not in (200, 201, 404, 409):  # 404: gone; 409: its UID changed, already replaced
+            # The budget is judged before the UID precondition (eviction.go): a pod replaced since it was read can
+            # still be answered 429. Only a refusal of the pod that was read is one.
+            if response.status_code == 429 and await self._uid(replica_id) == old:
+                raise RestartRefused(_refusal(f"{self.namespace}/{replica_id}", response))
+            if response.status_code not in (200, 201, 404, 409, 429):  # 404: gone; 409, 429: already replaced
                 _ok(response, f"evicting pod {self.namespace}/{replica_id}")
         while (uid := await self._uid(replica_id)) in (None, old):
             if time.monotonic() >= deadline:
-                state = "not recreated" if uid is None else "still the evicted one (terminating)"
+                state = "not recreated" if uid is None else "still the old one (terminating)"
+                what = "was evicted but" if old is not None else "was gone before the restart and"
                 raise BackendError(
-                    f"pod {self.namespace}/{replica_id} was evicted but after {timeout_s:g} s is {state}: check its "
+                    f"pod {self.namespace}/{replica_id} {what} after {timeout_s:g} s is {state}: check its "
                     "StatefulSet or LeaderWorkerSet (kubectl describe) and the namespace's events"
                 )
             await asyncio.sleep(self.poll_s)
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+def _refusal(pod: str, response: httpx.Response) -> str:
+    """Why the eviction of ``pod`` was refused (429), and what to do: the disruption budget (a ``DisruptionBudget``
+    cause), or the API server asking to retry (priority and fairness, a budget status not yet processed)."""
+    text = _status_message(response)
+    if "disruption budget" in text.lower():
+        return (
+            f"evicting pod {pod} was refused: {text}; the controller asks again after its back-off. If it persists, "
+            "find the group's pods that are not Ready (kubectl get pods, kubectl get pdb): a rollout, a node drain "
+            "or pods still loading hold the budget"
+        )
+    return f"evicting pod {pod}: the API server asked to retry later ({text}); the controller asks again after its back-off"
 
 
 def _status_message(response: httpx.Response) -> str:

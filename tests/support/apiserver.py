@@ -68,6 +68,7 @@ LWS_NAME, LWS_GROUP_INDEX, LWS_WORKER_INDEX = (
 )
 REVISION_LABEL = "controller-revision-hash"
 TICK_S = 0.02
+TERMINATING_TICKS = 10  # an evicted pod terminates this many ticks (terminationGracePeriodSeconds, scaled down)
 
 
 def _pod_count(obj: dict[str, Any]) -> int:
@@ -281,19 +282,27 @@ class ApiServerStandIn:
         pod = self.pods.get(name)
         if pod is None:
             return _status(404, "NotFound", f'pods "{name}" not found')
-        uid = ((body.get("deleteOptions") or {}).get("preconditions") or {}).get("uid")
-        if uid and uid != pod["metadata"]["uid"]:
-            return _status(409, "Conflict", f"the UID in the precondition ({uid}) does not match the UID in record")
-        verdict = self._budget_verdict(pod)
+        verdict = self._budget_verdict(pod)  # the budget first, the UID precondition at the delete (eviction.go)
         if verdict is not None:
             code, text = verdict
             message, _, cause = text.partition("|")
             causes = {"details": {"causes": [{"reason": "DisruptionBudget", "message": cause}]}} if cause else {}
             return _status(code, "TooManyRequests" if code == 429 else "InternalError", message, **causes)
-        self.evicted.append(name)
-        self.deleted.append(name)
-        self._spawn(self._recreate(self._owner(name), int(name.split("-")[2])))
+        uid = ((body.get("deleteOptions") or {}).get("preconditions") or {}).get("uid")
+        if uid and uid != pod["metadata"]["uid"]:
+            return _status(409, "Conflict", f"the UID in the precondition ({uid}) does not match the UID in record")
+        if not pod["metadata"].get("deletionTimestamp"):
+            self.evicted.append(name)
+            self.deleted.append(name)
+            pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+            self._spawn(self._terminate(self._owner(name), int(name.split("-")[2])))
         return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success"}, status=201)
+
+    async def _terminate(self, obj: dict[str, Any], ordinal: int) -> None:
+        """The evicted pod terminates (its old UID, a deletionTimestamp) for a while before its controller can
+        create the replacement under the same name."""
+        await asyncio.sleep(TERMINATING_TICKS * TICK_S)
+        await self._recreate(obj, ordinal)
 
     async def _delete(self, request: web.Request) -> web.Response:
         """DELETE of a pod: its StatefulSet recreates it at the update revision; LeaderWorkerSet pods are not

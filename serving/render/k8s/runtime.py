@@ -41,6 +41,7 @@ from serving.render.k8s.common import (
     serving_toleration,
 )
 from serving.render.k8s.netpol import NAMESPACE_NAME_LABEL
+from serving.render.k8s.updater import leader_pods
 from serving.spec.schema import FleetSpec
 
 COMPONENT = "runtime"
@@ -147,6 +148,7 @@ def agent_command(spec: FleetSpec) -> list[str]:
 
 def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
     lease = duration(2 * spec.runtime.lease_ttl_s)
+    refusal_window = duration(2 * spec.runtime.restart_backoff_max_s)
     detect = duration(spec.serving.failure_threshold * spec.serving.heartbeat_interval_s)
     return [
         {
@@ -237,6 +239,20 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
                     "See the reason label; a stale or future reason points at a node's clock (chrony).",
                 ),
                 alert(
+                    # A refused restart is asked again after the back-off, at most runtime.restart_backoff_max_s
+                    # later: refusals inside every window of twice that mean the group's budget stays spent (missing
+                    # pods, a drain or a rollout holding it). One refusal keeps the expression true for one window,
+                    # shorter than the 'for': it never fires.
+                    "ExaServeRestartsRefused",
+                    f"sum(increase(exaserve_runtime_restarts_refused_total[{refusal_window}])) > 0",
+                    duration(2 * spec.runtime.restart_backoff_max_s + 300),
+                    "warning",
+                    "The controller cannot restart a failing replica: its group's PodDisruptionBudget allows no "
+                    "eviction",
+                    "kubectl get pdb and kubectl get pods -l app.kubernetes.io/name=sglang: find the group's pods that "
+                    "are not Ready (Pending, loading, on a drained node); the replica stays out of rotation meanwhile.",
+                ),
+                alert(
                     "ExaServeRuntimeActionsFailing",
                     "sum by (kind) (increase(exaserve_runtime_action_failures_total[15m])) > 0",
                     "0m",
@@ -253,6 +269,7 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
 def render(fleet: Fleet) -> list[K8sObject]:
     ns = fleet.spec.kubernetes.namespace
     rt = fleet.spec.runtime
+    serving_pods = leader_pods(fleet.plan)  # each replica's pod (a LeaderWorkerSet's leader): what a migration evicts
     selected = fleet.spec.kubernetes.prometheus_selector_labels
     c_lab, a_lab = labels(COMPONENT, CONTROLLER), labels(COMPONENT, AGENT)
     c_sel, a_sel = {LABEL_NAME: CONTROLLER}, {LABEL_NAME: AGENT}
@@ -308,9 +325,10 @@ def render(fleet: Fleet) -> list[K8sObject]:
                     "verbs": ["get", "update"],
                 },
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
-                # a migration evicts the replica's pod (within its disruption budget) and watches it come back
-                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
-                {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+                # a migration evicts the replica's pod (within its disruption budget) and watches it come back:
+                # the serving pods by name (the eviction's name is in its URL, so RBAC can name it), none other
+                {"apiGroups": [""], "resources": ["pods"], "resourceNames": serving_pods, "verbs": ["get"]},
+                {"apiGroups": [""], "resources": ["pods/eviction"], "resourceNames": serving_pods, "verbs": ["create"]},
             ],
         ),
         {
