@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, replace
 
 from serving.plan.divisibility import SourceCheck, rejections
-from serving.spec.schema import GIB, Architecture, count_parameters
+from serving.spec.schema import GIB, Architecture, CheckpointWeights, count_parameters
 
 MIB = 2**20
 
@@ -494,8 +494,50 @@ class WeightShare:
         return f"{self.formula} + {self.load_overhead_bytes / GIB:.2f} GiB load overhead = {self.total / GIB:,.2f} GiB"
 
 
+def checkpoint_stage_bytes(
+    arch: Architecture, ckpt: CheckpointWeights, layers: range, tables: int
+) -> tuple[float, float, str]:
+    """A stage's bytes as the checkpoint declares them, before TP: its decoder layers and ``tables`` vocabulary
+    tables (embedding / LM head). From the shard headers each layer's own bytes (whatever it keeps in 16 bit, its
+    scales included) and the tables' own; from the index alone ``total_size`` less the tables (16 bit) split over
+    the checkpoint's layers, a stage taking its layers' share of the counted parameters (:func:`stage_parameters`).
+    Layers past ``num_hidden_layers`` (multi-token-prediction / draft layers) are not loaded with the model."""
+    n = arch.num_layers
+    extra = [i for i in ckpt.layer_indices if i >= n]
+    if ckpt.layers is not None:
+        layer_bytes = float(sum(ckpt.layers.get(i, 0) for i in layers))
+        emb, head = ckpt.embedding or 0, ckpt.lm_head or 0
+        # One table: the first stage's embedding, or the last stage's head (the embedding's copy when tied).
+        one = emb if layers.start == 0 else head or emb
+        table_bytes = float(0 if tables == 0 else one if tables == 1 else emb + head)
+        if layers.stop == n:
+            layer_bytes += ckpt.other or 0
+        skipped = float(sum(ckpt.layers.get(i, 0) for i in extra))
+        how = f"{ckpt.method} of {ckpt.source}: layers {layers.start}–{layers.stop - 1} {layer_bytes / GIB:,.2f} GiB"
+    else:
+        table = arch.vocab_size * arch.hidden_size * 2
+        body = ckpt.total_size - len(ckpt.table_tensors) * table
+        loaded = body * (len(ckpt.layer_indices) - len(extra)) / len(ckpt.layer_indices)
+        layer_bytes = loaded * stage_parameters(arch, layers) / stage_parameters(arch, range(n))
+        table_bytes = float(tables * table)
+        skipped = body - loaded
+        how = (
+            f"{ckpt.method} of {ckpt.source}: ({ckpt.total_size:,} B − {len(ckpt.table_tensors)} tables × "
+            f"{table:,} B) × {len(ckpt.layer_indices) - len(extra)}/{len(ckpt.layer_indices)} layers loaded, "
+            f"layers {layers.start}–{layers.stop - 1}'s share {layer_bytes / GIB:,.2f} GiB"
+        )
+    if extra:
+        how += f" (layers {extra[0]}–{extra[-1]}, {skipped / GIB:,.2f} GiB: MTP/draft, not loaded)"
+    return layer_bytes, table_bytes, how
+
+
 def stage_weights(
-    arch: Architecture, bytes_per_param: float, tp: int, pp: int, group_size: int | None = None
+    arch: Architecture,
+    bytes_per_param: float,
+    tp: int,
+    pp: int,
+    group_size: int | None = None,
+    checkpoint: CheckpointWeights | None = None,
 ) -> list[WeightShare]:
     """Each stage's weights per GPU: its layers' parameters (every expert) in the checkpoint's precision over
     TP, plus a group-quantised checkpoint's scales and zeros (``group_size``: 4-bit AWQ/GPTQ, see
@@ -514,13 +556,22 @@ def stage_weights(
     out = []
     stages = pp_stage_layers(arch.num_layers, pp)
     for rank, layers in enumerate(stages):
-        params = stage_parameters(arch, layers)
-        layer_bytes = params * per_param / tp
         on_gpu = (1 if arch.tie_word_embeddings else 2) if pp == 1 else int(rank in (0, pp - 1))
-        emb = table * on_gpu * 2 / tp
         stage = (
             f"stage {rank + 1}/{pp}, layers {layers.start}–{layers.stop - 1} ({PP_PARTITION.where}): " if pp > 1 else ""
         )
+        if checkpoint is not None:
+            ckpt_layers, ckpt_tables, how = checkpoint_stage_bytes(arch, checkpoint, layers, on_gpu)
+            layer_bytes, emb = ckpt_layers / tp, ckpt_tables / tp
+            formula = (
+                f"{stage}{how}; + {on_gpu} table(s) {ckpt_tables / GIB:,.2f} GiB; / TP {tp} = "
+                f"{(layer_bytes + emb) / GIB:,.2f} GiB"
+            )
+            out.append(WeightShare(rank, layers, layer_bytes, emb, load, formula))
+            continue
+        params = stage_parameters(arch, layers)
+        layer_bytes = params * per_param / tp
+        emb = table * on_gpu * 2 / tp
         formula = (
             f"{stage}{params:,.0f} params × {bpp} / TP {tp} = {layer_bytes / GIB:,.2f} GiB + {on_gpu} × "
             f"{table:,} embedding params × 2 B / TP {tp} = {emb / GIB:,.2f} GiB = {(layer_bytes + emb) / GIB:,.2f} GiB"
@@ -609,11 +660,12 @@ def replica_pool(
     free_at_start: float,
     mem_fraction_static: float,
     group_size: int | None = None,
+    checkpoint: CheckpointWeights | None = None,
 ) -> ReplicaPool:
-    """Every stage's pool by its own weights and layers; the replica's token count is the minimum over the
-    stages, as SGLang's PP ranks agree on it."""
+    """Every stage's pool by its own weights and layers (counted from ``checkpoint`` where the stack names one);
+    the replica's token count is the minimum over the stages, as SGLang's PP ranks agree on it."""
     stages = []
-    for share in stage_weights(arch, bytes_per_param, tp, pp, group_size):
+    for share in stage_weights(arch, bytes_per_param, tp, pp, group_size, checkpoint):
         cell = kv_cell_bytes(arch, kv_bytes_per_element, tp, len(share.layers))
         stages.append((share, cell, kv_pool(free_at_start, mem_fraction_static, share.total, cell)))
     binding = min(range(len(stages)), key=lambda i: (stages[i][2].tokens, -i))
