@@ -147,11 +147,13 @@ def _arch(cfg: dict[str, Any]) -> Architecture:
     return Architecture(**architecture_from_hf_config(cfg, "config.json"))
 
 
-def _plan_405b(tmp_path: Path, checkpoint: Path | None, tp: int = 8, pp: int = 1) -> tuple[float, str]:
+def _plan_405b(
+    tmp_path: Path, checkpoint: Path | None, tp: int = 8, pp: int = 1, hf_config: Path = LLAMA_405B
+) -> tuple[float, str]:
     spec = spec_from(
         "dev",
         cluster__gpu={"product": "NVIDIA-H100-80GB-HBM3", "memory_gb": 80},
-        model__hf_config=str(LLAMA_405B),
+        model__hf_config=str(hf_config),
         model__checkpoint=str(checkpoint) if checkpoint else None,
         model__architecture={},
         model__precision="fp8",
@@ -179,6 +181,23 @@ def test_llama_405b_fp8_weights_per_gpu_come_from_the_shard_headers(tmp_path: Pa
     assert abs(before / ISSUE_26_LOGGED_GIB - 1) > 0.15
     assert after == pytest.approx(ISSUE_26_LOGGED_GIB, rel=0.05)
     assert "shard headers" in formula and "/ TP 8" in formula
+
+
+def test_llama_405b_fp8_without_the_checkpoint_counts_the_modules_its_config_keeps_in_bf16(tmp_path: Path) -> None:
+    """Without index or shards, config.json's ``quantization_config.modules_to_not_convert`` (here: Meta's layout
+    as its cited rule produces it: every attention projection, the MLPs of layers 0 and n−1, the LM head) gives
+    the same weights as the shard headers, to the row scales (under 0.1 %)."""
+    cfg = json.loads(LLAMA_405B.read_text())
+    n = cfg["num_hidden_layers"]
+    keep = [f"model.layers.{i}.self_attn.{p}" for i in range(n) for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    keep += [f"model.layers.{i}.mlp.{p}" for i in (0, n - 1) for p in ("gate_proj", "up_proj", "down_proj")]
+    quantized = {**cfg, "quantization_config": {"quant_method": "fp8", "modules_to_not_convert": [*keep, "lm_head"]}}
+    (tmp_path / "config.json").write_text(json.dumps(quantized))
+    from_config, formula = _plan_405b(tmp_path, None, hf_config=tmp_path / "config.json")
+    from_headers, _ = _plan_405b(tmp_path, _meta_405b_fp8(tmp_path / "405b"))
+    assert from_config == pytest.approx(from_headers, rel=1e-3)
+    assert from_config == pytest.approx(ISSUE_26_LOGGED_GIB, rel=0.05)
+    assert f"projections the checkpoint keeps in 16 bit (quantization_config, {sgl.SKIPPED_LAYER.where})" in formula
 
 
 def test_index_alone_splits_total_size_over_the_layers(tmp_path: Path) -> None:

@@ -473,6 +473,64 @@ def group_overhead_bytes_per_param(group_size: int) -> float:
     return 2.5 / group_size
 
 
+SKIPPED_LAYER = SourceCheck(
+    "layers/quantization/utils.py", 48, "def _module_path_match(ignored: str, prefix: str) -> bool:"
+)
+"""How SGLang's ``is_layer_skipped`` matches a module against the checkpoint's ignored names (dotted boundaries)."""
+
+
+def module_path_match(ignored: str, prefix: str) -> bool:
+    """SGLang's ``_module_path_match`` (:data:`SKIPPED_LAYER`): ``ignored`` names ``prefix`` itself, a parent of it,
+    or a run of its dotted parts (``mlp.gate`` matches ``model.layers.3.mlp.gate`` but not ``mlp.gate_up_proj``)."""
+    ignored, prefix = ignored.rstrip("."), prefix.rstrip(".")
+    return ignored == prefix or prefix.startswith(ignored + ".") or f".{ignored}." in f".{prefix}."
+
+
+def is_layer_skipped(prefix: str, ignored: tuple[str, ...]) -> bool:
+    """SGLang's ``is_layer_skipped`` for one (unfused) projection or a MoE layer's ``experts``: an ignored name
+    matching it (:func:`module_path_match`), or, for the experts, any ignored name naming one of them."""
+    if any(module_path_match(m, prefix) for m in ignored):
+        return True
+    return prefix.endswith(".experts") and any(prefix in m for m in ignored if "experts" in m)
+
+
+def layer_linears(arch: Architecture, i: int) -> list[tuple[str, int]]:
+    """Layer ``i``'s quantisable linear projections as a checkpoint names them, with their parameters: attention
+    q, k, v, o (not MLA's, whose low-rank shapes the architecture does not carry) and the MLP (dense gate, up, down;
+    MoE: the routed experts as one module and the shared experts' projections)."""
+    h, p = arch.hidden_size, f"model.layers.{i}."
+    out: list[tuple[str, int]] = []
+    if arch.mla is None:
+        q, kv = arch.num_attention_heads * arch.head_dim * h, arch.num_kv_heads * arch.head_dim * h
+        out += [(p + "self_attn.q_proj", q), (p + "self_attn.k_proj", kv), (p + "self_attn.v_proj", kv)]
+        out.append((p + "self_attn.o_proj", q))
+    moe = arch.moe
+    if moe is not None and i >= moe.dense_layers and moe.intermediate_size is not None:
+        out.append((p + "mlp.experts", moe.num_experts * 3 * h * moe.intermediate_size))
+        out += [(f"{p}mlp.shared_experts.{n}", moe.shared_experts * h * moe.intermediate_size) for n in _MLP]
+    elif arch.intermediate_size is not None:
+        out += [(f"{p}mlp.{n}", h * arch.intermediate_size) for n in _MLP]
+    return out
+
+
+_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def unquantized_parameters(arch: Architecture, layers: range) -> tuple[int, list[str]]:
+    """Parameters of ``layers``' projections the checkpoint keeps in 16 bit (``arch.unquantized_modules``), and
+    which: each projection SGLang's ``is_layer_skipped`` would leave unquantised (:func:`module_path_match`)."""
+    names: list[str] = []
+    params = 0
+    if not arch.unquantized_modules:
+        return 0, names
+    for i in layers:
+        for prefix, n in layer_linears(arch, i):
+            if n and is_layer_skipped(prefix, arch.unquantized_modules):
+                names.append(prefix)
+                params += n
+    return params, names
+
+
 @dataclass(frozen=True)
 class WeightShare:
     """The weights on one GPU of a pipeline stage: quantised layers plus 16-bit embedding and LM head."""
@@ -570,10 +628,17 @@ def stage_weights(
             out.append(WeightShare(rank, layers, layer_bytes, emb, load, formula))
             continue
         params = stage_parameters(arch, layers)
-        layer_bytes = params * per_param / tp
+        kept, kept_names = unquantized_parameters(arch, layers) if per_param < 2 else (0, [])
+        layer_bytes = (params * per_param + kept * (2 - per_param)) / tp
         emb = table * on_gpu * 2 / tp
+        params_text = f"{params:,.0f} params × {bpp}"
+        if kept:
+            params_text = (
+                f"({params - kept:,.0f} params × {bpp} + {kept:,} params of {len(kept_names)} projections the "
+                f"checkpoint keeps in 16 bit (quantization_config, {SKIPPED_LAYER.where}) × 2 B)"
+            )
         formula = (
-            f"{stage}{params:,.0f} params × {bpp} / TP {tp} = {layer_bytes / GIB:,.2f} GiB + {on_gpu} × "
+            f"{stage}{params_text} / TP {tp} = {layer_bytes / GIB:,.2f} GiB + {on_gpu} × "
             f"{table:,} embedding params × 2 B / TP {tp} = {emb / GIB:,.2f} GiB = {(layer_bytes + emb) / GIB:,.2f} GiB"
         )
         out.append(WeightShare(rank, layers, layer_bytes, emb, load, formula))

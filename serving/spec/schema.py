@@ -380,6 +380,11 @@ class Architecture(_Model):
         gt=0,
         description="The 4-bit checkpoint's group size (config.json quantization_config.group_size / q_group_size).",
     )
+    unquantized_modules: tuple[str, ...] = Field(
+        default=(),
+        description="Modules a quantised checkpoint keeps in 16 bit (config.json quantization_config.ignored_layers "
+        "or modules_to_not_convert, with and without the 'model.' prefix, as SGLang's Fp8Config reads them).",
+    )
     mla: MlaSpec | None = Field(default=None)
     moe: MoeSpec | None = Field(default=None)
 
@@ -444,6 +449,17 @@ def architecture_from_hf_config(cfg: dict[str, Any], source: str) -> dict[str, A
         if not (isinstance(group, int) and group > 0):
             raise ValueError(f"{source}: quantization_config.group_size = {group!r} is not a positive integer")
         out["quant_group_size"] = group
+    skip = (
+        next((quant[k] for k in ("ignored_layers", "modules_to_not_convert") if quant.get(k)), None)
+        if isinstance(quant, dict)
+        else None
+    )
+    if skip is not None:
+        if not (isinstance(skip, list) and all(isinstance(m, str) for m in skip)):
+            raise ValueError(f"{source}: quantization_config's ignored modules {skip!r} are not a list of names")
+        # layers/quantization/fp8.py Fp8Config.from_config: each name with and without the "model." prefix.
+        names = (v for m in skip for v in (m.removeprefix("model."), f"model.{m.removeprefix('model.')}"))
+        out["unquantized_modules"] = tuple(dict.fromkeys(names))
     out["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
     counted = count_parameters(cfg)
     if counted is not None:
