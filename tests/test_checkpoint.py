@@ -17,7 +17,7 @@ from serving.spec.checkpoint import CheckpointError, read_checkpoint, read_heade
 from serving.spec.schema import GIB, Architecture, architecture_from_hf_config
 from serving.spec.stack import SpecError, parse_spec
 from tests.support.paths import REPO
-from tests.support.safetensors_files import llama_layer, write_checkpoint, write_safetensors
+from tests.support.safetensors_files import llama_layer, meta_fp8_checkpoint, write_checkpoint, write_safetensors
 from tests.support.stacks import spec_from, stack_doc
 
 LLAMA_405B = REPO / "models" / "llama-3.1-405b" / "config.json"
@@ -124,25 +124,6 @@ def test_an_index_naming_tensors_no_header_declares_is_refused(tmp_path: Path) -
 # ----------------------------------------------------------------------------------------- the planner
 
 
-def _meta_405b_fp8(directory: Path, *, write: bool = True) -> Path:
-    """Llama-3.1-405B in Meta's FP8 layout, headers only: Meta's quantizer converts the MLP (w1, w3, w2) of layers
-    1 … n−2 and keeps every attention projection, layers 0 and n−1, the embedding and the LM head in BF16
-    (meta-llama/llama-models ``models/llama3/quantization/loader.py: convert_to_fp8_quantized_model``, at
-    7798f83ab724dcafe86567cb995e353de2a564d0: ``if block.layer_id == 0 or block.layer_id == (model.n_layers - 1):
-    continue``). Shapes from ``models/llama-3.1-405b/config.json``; one F32 scale per FP8 output row. Not Meta's
-    published index (none could be found to cite): the layout its cited rule produces."""
-    cfg = json.loads(LLAMA_405B.read_text())
-    n, h, inter = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["intermediate_size"]
-    dims = {"hidden": h, "heads": cfg["num_attention_heads"], "kv_heads": cfg["num_key_value_heads"], "head_dim": 128}
-    table = ("BF16", [cfg["vocab_size"], h])
-    shards: list[dict[str, tuple[str, Any]]] = [{"model.embed_tokens.weight": table}]
-    for i in range(n):
-        fp8 = 0 < i < n - 1
-        shards.append(dict(llama_layer(i, **dims, inter=inter, mlp_dtype="F8_E4M3" if fp8 else "BF16")))
-    shards.append({"model.norm.weight": ("BF16", [h]), "lm_head.weight": table})
-    return write_checkpoint(directory, shards, data=False, write=write)
-
-
 def _arch(cfg: dict[str, Any]) -> Architecture:
     return Architecture(**architecture_from_hf_config(cfg, "config.json"))
 
@@ -176,7 +157,7 @@ def test_llama_405b_fp8_weights_per_gpu_come_from_the_shard_headers(tmp_path: Pa
     the issue's log shows (and the KV pool about twice the real one). From the checkpoint's headers the BF16
     attention and end layers count at 2 bytes: within 5 % of the log."""
     before, _ = _plan_405b(tmp_path, None)
-    after, formula = _plan_405b(tmp_path, _meta_405b_fp8(tmp_path / "405b"))
+    after, formula = _plan_405b(tmp_path, meta_fp8_checkpoint(tmp_path / "405b", LLAMA_405B))
     print(f"405B FP8 TP 8: config estimate {before:.2f} GiB, headers {after:.2f} GiB, log {ISSUE_26_LOGGED_GIB}")
     assert abs(before / ISSUE_26_LOGGED_GIB - 1) > 0.15
     assert after == pytest.approx(ISSUE_26_LOGGED_GIB, rel=0.05)
@@ -194,7 +175,7 @@ def test_llama_405b_fp8_without_the_checkpoint_counts_the_modules_its_config_kee
     quantized = {**cfg, "quantization_config": {"quant_method": "fp8", "modules_to_not_convert": [*keep, "lm_head"]}}
     (tmp_path / "config.json").write_text(json.dumps(quantized))
     from_config, formula = _plan_405b(tmp_path, None, hf_config=tmp_path / "config.json")
-    from_headers, _ = _plan_405b(tmp_path, _meta_405b_fp8(tmp_path / "405b"))
+    from_headers, _ = _plan_405b(tmp_path, meta_fp8_checkpoint(tmp_path / "405b", LLAMA_405B))
     assert from_config == pytest.approx(from_headers, rel=1e-3)
     assert from_config == pytest.approx(ISSUE_26_LOGGED_GIB, rel=0.05)
     assert f"projections the checkpoint keeps in 16 bit (quantization_config, {sgl.SKIPPED_LAYER.where})" in formula
@@ -204,8 +185,8 @@ def test_index_alone_splits_total_size_over_the_layers(tmp_path: Path) -> None:
     """Without the shards the index's total_size still counts: at PP 1 it gives the headers' figure (the same
     bytes); at PP 4 it spreads them by parameters, where the headers know layer 0 is heavier (BF16 MLP), so the
     first stage's figure moves between the two methods (the stages' sum does not)."""
-    full = _meta_405b_fp8(tmp_path / "full")
-    bare = _meta_405b_fp8(tmp_path / "bare", write=False)
+    full = meta_fp8_checkpoint(tmp_path / "full", LLAMA_405B)
+    bare = meta_fp8_checkpoint(tmp_path / "bare", LLAMA_405B, write=False)
     assert read_checkpoint(bare).method == "index total_size"
     (h1, _), (i1, formula) = _plan_405b(tmp_path, full), _plan_405b(tmp_path, bare)
     assert i1 == pytest.approx(h1, rel=1e-6) and "index total_size" in formula

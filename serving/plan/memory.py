@@ -829,10 +829,12 @@ def enumerate_layouts(
     max_running_requests: int,
     chunked_prefill_size: int,
     precisions: tuple[str, ...],
+    checkpoint: CheckpointWeights | None = None,
 ) -> FitResult:
     """Every precision × KV dtype × TP × PP (powers of two, a replica within a node or over whole nodes)
     that SGLang starts (:func:`serving.plan.divisibility.rejections`) and whose KV pool holds at least one
-    full-length sequence, ranked (:class:`FitResult`); the TP sizes SGLang rejects with their reasons."""
+    full-length sequence, ranked (:class:`FitResult`); the TP sizes SGLang rejects with their reasons. With
+    ``checkpoint`` the weights are that checkpoint's bytes (one precision)."""
     out: list[Layout] = []
     excluded: list[Excluded] = []
     total_gpus = gpus_per_node * nodes
@@ -853,7 +855,7 @@ def enumerate_layouts(
                 ).value
                 group = (arch.quant_group_size or DEFAULT_GROUP_SIZE) if precision == "int4" else None
                 for kv_dtype, kv_bytes in KV_DTYPES.items():
-                    rp = replica_pool(arch, bpp, kv_bytes, tp, pp, free, fraction, group)
+                    rp = replica_pool(arch, bpp, kv_bytes, tp, pp, free, fraction, group, checkpoint)
                     seqs = min(max_running_requests, rp.tokens // context_length)
                     if seqs < 1:
                         continue

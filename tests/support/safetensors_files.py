@@ -68,3 +68,28 @@ def llama_layer(i: int, hidden: int, heads: int, kv_heads: int, head_dim: int, i
         if mlp_dtype == "F8_E4M3":
             out[f"{p}mlp.{proj}.weight_scale"] = ("F32", [shape[0], 1])
     return out
+
+
+def meta_fp8_checkpoint(directory: Path, config: Path, *, write: bool = True) -> Path:
+    """A Llama (``config``: its config.json) in Meta's FP8 layout, headers only: Meta's quantizer converts the MLP
+    (w1, w3, w2) of layers 1 … n−2 and keeps every attention projection, layers 0 and n−1, the embedding and the LM
+    head in BF16 (meta-llama/llama-models ``models/llama3/quantization/loader.py: convert_to_fp8_quantized_model``,
+    at 7798f83ab724dcafe86567cb995e353de2a564d0: ``if block.layer_id == 0 or block.layer_id == (model.n_layers -
+    1): continue``). Shapes from ``config``; one F32 scale per FP8 output row. Not Meta's published index (none
+    could be found to cite): the layout its cited rule produces."""
+    cfg = json.loads(config.read_text())
+    n, h, inter = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["intermediate_size"]
+    heads = cfg["num_attention_heads"]
+    dims = {
+        "hidden": h,
+        "heads": heads,
+        "kv_heads": cfg["num_key_value_heads"],
+        "head_dim": cfg.get("head_dim", h // heads),
+    }
+    table = ("BF16", [cfg["vocab_size"], h])
+    shards: list[Spec] = [{"model.embed_tokens.weight": table}]
+    for i in range(n):
+        fp8 = 0 < i < n - 1
+        shards.append(llama_layer(i, **dims, inter=inter, mlp_dtype="F8_E4M3" if fp8 else "BF16"))
+    shards.append({"model.norm.weight": ("BF16", [h]), "lm_head.weight": table})
+    return write_checkpoint(directory, shards, data=False, write=write)
