@@ -559,7 +559,9 @@ def checkpoint_stage_bytes(
     tables (embedding / LM head). From the shard headers each layer's own bytes (whatever it keeps in 16 bit, its
     scales included) and the tables' own; from the index alone ``total_size`` less the tables (16 bit) split over
     the checkpoint's layers, a stage taking its layers' share of the counted parameters (:func:`stage_parameters`).
-    Layers past ``num_hidden_layers`` (multi-token-prediction / draft layers) are not loaded with the model."""
+    Layers past ``num_hidden_layers`` (multi-token-prediction / draft layers) are not loaded with the model
+    (deepseek-ai/DeepSeek-V3 ``README_WEIGHTS.md``, "Layer Loading Rules": the main model by ``num_hidden_layers``,
+    the MTP modules by ``num_nextn_predict_layers``)."""
     n = arch.num_layers
     extra = [i for i in ckpt.layer_indices if i >= n]
     if ckpt.layers is not None:
