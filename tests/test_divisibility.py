@@ -239,5 +239,8 @@ def test_unquantized_modules_are_the_layers_sglang_skips() -> None:
         (c["prefix"], c["ignored"][:2], m) for c, a, m in zip(cases, answers, mine, strict=True) if a["skipped"] != m
     ]
     assert not wrong, wrong[:5]
+    # SGLang's Fp8Config takes the first key present: an empty ignored_layers leaves modules_to_not_convert unread.
+    both = {"quant_method": "fp8", "ignored_layers": [], "modules_to_not_convert": ["self_attn"]}
+    assert "unquantized_modules" not in architecture_from_hf_config({**_SKIP_ARCH, "quantization_config": both}, "c")
     # Every list changes something, and some leave something quantised: the grid is not degenerate.
     assert sum(mine) and not all(mine)

@@ -518,7 +518,7 @@ _MLP = ("gate_proj", "up_proj", "down_proj")
 
 def unquantized_parameters(arch: Architecture, layers: range) -> tuple[int, list[str]]:
     """Parameters of ``layers``' projections the checkpoint keeps in 16 bit (``arch.unquantized_modules``), and
-    which: each projection SGLang's ``is_layer_skipped`` would leave unquantised (:func:`module_path_match`)."""
+    which: each projection SGLang's ``is_layer_skipped`` would leave unquantised (:func:`is_layer_skipped`)."""
     names: list[str] = []
     params = 0
     if not arch.unquantized_modules:

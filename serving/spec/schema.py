@@ -450,11 +450,12 @@ def architecture_from_hf_config(cfg: dict[str, Any], source: str) -> dict[str, A
             raise ValueError(f"{source}: quantization_config.group_size = {group!r} is not a positive integer")
         out["quant_group_size"] = group
     skip = (
-        next((quant[k] for k in ("ignored_layers", "modules_to_not_convert") if quant.get(k)), None)
+        # The first key present, as Fp8Config's get_from_keys_or takes it (an empty ignored_layers wins).
+        next((quant[k] for k in ("ignored_layers", "modules_to_not_convert") if k in quant), None)
         if isinstance(quant, dict)
         else None
     )
-    if skip is not None:
+    if skip:
         if not (isinstance(skip, list) and all(isinstance(m, str) for m in skip)):
             raise ValueError(f"{source}: quantization_config's ignored modules {skip!r} are not a list of names")
         # layers/quantization/fp8.py Fp8Config.from_config: each name with and without the "model." prefix.
