@@ -272,6 +272,12 @@ def _adhoc(module: str, args: str, path_first: Path | None = None) -> dict[str, 
 def test_a_probe_runs_through_ansible_with_its_module_utils(tmp_path: Path) -> None:
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "m" / "model-00001-of-00002.safetensors").write_bytes(b"\0" * 8)
+    index = {
+        "metadata": {"total_size": 99},
+        "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"},
+    }
+    (tmp_path / "m" / "model.safetensors.index.json").write_text(json.dumps(index))
     result = _adhoc("storage_facts", f"mount_path=/dev/shm model_dir={tmp_path}/m cache_path={tmp_path}/cache")
     assert result["status"] == "SUCCESS" and result["changed"] is False, result
     facts = result["ansible_facts"]["model_storage"]
@@ -280,6 +286,12 @@ def test_a_probe_runs_through_ansible_with_its_module_utils(tmp_path: Path) -> N
         "tmpfs",
         True,
         str(tmp_path),
+    )
+    # The store's safetensors index is recorded: its total and the shards it names that the store lacks.
+    assert (facts["index_total_size"], facts["index_shards"], facts["index_shards_missing"]) == (
+        99,
+        2,
+        ["model-00002-of-00002.safetensors"],
     )
 
 

@@ -37,7 +37,14 @@ def test_the_quoted_source_lines_are_sglangs() -> None:
     """Every check the planner cites is at the quoted line of the installed 0.5.23 source (a moved or changed
     check fails here, and the citations in the reasons with it)."""
     srt = next(SGLANG_VENV.glob("lib/python*/site-packages/sglang/srt"))
-    checks = (*div.SOURCE_CHECKS, sgl.PP_PARTITION, sgl.PP_MIN_TOKENS, sgl.GROUP_SCALES, sgl.GROUP_ZEROS)
+    checks = (
+        *div.SOURCE_CHECKS,
+        sgl.PP_PARTITION,
+        sgl.PP_MIN_TOKENS,
+        sgl.GROUP_SCALES,
+        sgl.GROUP_ZEROS,
+        sgl.SKIPPED_LAYER,
+    )
     for check in checks:
         line = (srt / check.path).read_text().splitlines()[check.line - 1]
         assert check.fragment in line, f"{check.where}: {line.strip()!r} does not hold {check.fragment!r}"
@@ -176,3 +183,64 @@ def test_first_stage_weights_match_a_public_pp_log() -> None:
     logged = 13.73
     assert stages[0].total / GIB == pytest.approx(logged, rel=0.005)
     assert stages[-1].total / GIB > logged * 1.035  # the fullest stage is not the one that logged
+
+
+_SKIP_ARCH = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "moe_intermediate_size": 128,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 4,
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "num_experts_per_tok": 2,
+    "vocab_size": 1000,
+}
+SKIP_LISTS: dict[str, list[str]] = {
+    "every attention projection and the end layers' MLPs (Meta's FP8 layout)": [
+        *(f"model.layers.{i}.self_attn.{p}" for i in range(4) for p in ("q_proj", "k_proj", "v_proj", "o_proj")),
+        *(f"model.layers.{i}.mlp.{p}" for i in (0, 3) for p in ("gate_proj", "up_proj", "down_proj")),
+        "lm_head",
+    ],
+    "a whole layer, without the model. prefix": ["layers.0"],
+    "the MoE router name that must not catch gate_up_proj": ["mlp.gate"],
+    "every attention block by a dotted run": ["self_attn"],
+    "one layer's MLP": ["model.layers.2.mlp"],
+    "one expert's projection": ["model.layers.1.mlp.experts.3.down_proj"],
+    "shared experts only": ["shared_experts"],
+    "nothing inside the layers": ["lm_head"],
+}
+FUSED = {"self_attn.qkv_proj": "self_attn.q_proj", "mlp.gate_up_proj": "mlp.gate_proj"}
+
+
+def test_unquantized_modules_are_the_layers_sglang_skips() -> None:
+    """For each ignore list (as config.json's quantization_config gives it, read like SGLang's ``Fp8Config``),
+    every projection SGLang builds (fused names, as its model code passes them) is left in 16 bit by SGLang's own
+    ``is_layer_skipped`` exactly when the planner counts it at 2 bytes."""
+    cases, mine = [], []
+    for ignored in SKIP_LISTS.values():
+        cfg = {**_SKIP_ARCH, "quantization_config": {"quant_method": "fp8", "ignored_layers": ignored}}
+        arch = Architecture.model_validate(architecture_from_hf_config(cfg, "config.json"))
+        for i in range(arch.num_layers):
+            planner_names = {p: n for p, n in sgl.layer_linears(arch, i)}
+            skipped = set(sgl.unquantized_parameters(arch, range(i, i + 1))[1])
+            for name in planner_names:
+                short = name.removeprefix(f"model.layers.{i}.")
+                fused = next((f for f, first in FUSED.items() if short.endswith(first)), None)
+                if short.endswith(("k_proj", "v_proj", "up_proj")):
+                    continue  # judged with their fused projection
+                sg_name = name.replace(short, short.replace(FUSED[fused], fused)) if fused else name
+                cases.append({"kind": "skipped", "prefix": sg_name, "ignored": list(arch.unquantized_modules)})
+                mine.append(name in skipped)
+    answers = _sglang(cases)
+    wrong = [
+        (c["prefix"], c["ignored"][:2], m) for c, a, m in zip(cases, answers, mine, strict=True) if a["skipped"] != m
+    ]
+    assert not wrong, wrong[:5]
+    # SGLang's Fp8Config takes the first key present: an empty ignored_layers leaves modules_to_not_convert unread.
+    both = {"quant_method": "fp8", "ignored_layers": [], "modules_to_not_convert": ["self_attn"]}
+    assert "unquantized_modules" not in architecture_from_hf_config({**_SKIP_ARCH, "quantization_config": both}, "c")
+    # Every list changes something, and some leave something quantised: the grid is not degenerate.
+    assert sum(mine) and not all(mine)

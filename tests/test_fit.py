@@ -11,6 +11,7 @@ import yaml
 from serving.spec.stack import load_stack_file
 from tests.support.cli import exaserve, json_object
 from tests.support.paths import REPO
+from tests.support.safetensors_files import meta_fp8_checkpoint
 
 
 def test_fit_ranks_layouts_and_writes_a_stack_that_plans(tmp_path: Path) -> None:
@@ -47,6 +48,31 @@ def test_fit_ranks_layouts_and_writes_a_stack_that_plans(tmp_path: Path) -> None
     ), hf_config
     plan = exaserve("plan", "--stack-file", str(out), "--json")
     assert json_object(plan)["capacity"]["kv_pool_tokens_per_replica"] == best["kv_pool_tokens_per_replica"]
+
+
+def test_fit_counts_the_weights_from_a_checkpoint_and_writes_it_into_the_stack(tmp_path: Path) -> None:
+    """--checkpoint: the weights per GPU are the checkpoint's (Llama-3.1-405B in Meta's FP8 layout: 47.98 GiB a GPU
+    at TP 8 from config.json, 56.96 from the shard headers); the written stack names the checkpoint relative to
+    itself and plans the same pool."""
+    index = meta_fp8_checkpoint(tmp_path / "ckpt", REPO / "models/llama-3.1-405b/config.json")
+    out = tmp_path / "stacks" / "Pulumi.fit.yaml"
+    out.parent.mkdir()
+    args = ["fit", "--hf-config", "models/llama-3.1-405b/config.json", "--gpu", "NVIDIA-H100-80GB-HBM3", "--stack",
+            "dev", "--precision", "fp8", "--json"]  # fmt: skip
+    before = json_object(exaserve(*args))["layouts"][0]
+    r = exaserve(*args, "--checkpoint", str(index.parent), "--write-stack", str(out))
+    assert r.returncode == 0, r.stderr
+    best = json_object(r)["layouts"][0]
+    assert (best["tp"], best["pp"]) == (before["tp"], before["pp"]) == (8, 1)
+    assert round(before["weights_bytes_per_gpu"] / 2**30, 2) == 47.98
+    assert round(best["weights_bytes_per_gpu"] / 2**30, 2) == 56.96
+    assert best["kv_pool_tokens_per_replica"] < before["kv_pool_tokens_per_replica"]
+    model = yaml.safe_load(out.read_text())["config"]["exaserve:model"]
+    assert model["checkpoint"] == "../ckpt" and "checkpoint_weights" not in model
+    plan = exaserve("plan", "--stack-file", str(out), "--json")
+    assert json_object(plan)["capacity"]["kv_pool_tokens_per_replica"] == best["kv_pool_tokens_per_replica"]
+    two = exaserve(*args[:-3], "--checkpoint", str(index), "--precision", "fp8", "--precision", "bf16")
+    assert two.returncode == 2 and "give its --precision once" in " ".join(two.stderr.split())  # rich wraps lines
 
 
 def test_fit_exits_1_when_no_layout_meets_the_target() -> None:

@@ -425,6 +425,10 @@ def test_storage_helpers(tmp_path: Path) -> None:
         "has_config": True, "weight_files": 1, "weight_bytes": 5,
     }  # fmt: skip
     assert m.nearest_existing(str(tmp_path / "a" / "b")) == str(tmp_path)
+    index = '{"metadata": {"total_size": 12}, "weight_map": {"a": "s-1.safetensors", "b": "s-2.safetensors"}}'
+    assert m.checkpoint_index(index, {"s-1.safetensors", "config.json"}) == {
+        "index_total_size": 12, "index_shards": 2, "index_shards_missing": ["s-2.safetensors"],
+    }  # fmt: skip
     shm = subprocess.run(["findmnt", "--json", "--output", "TARGET,SOURCE,FSTYPE", "--mountpoint", "/dev/shm"],
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert m.parse_findmnt(shm) == {"mounted": True, "source": "tmpfs", "fstype": "tmpfs"}

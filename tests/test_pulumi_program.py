@@ -25,6 +25,7 @@ from serving.render.k8s.container import WAIT_FOR_CACHE, pod_container
 from serving.render.k8s.prerequisites import required_crds
 from serving.render.router import router_args
 from serving.render.sglang import model_dir
+from serving.spec.checkpoint import INDEX_FILE
 from serving.spec.stack import load_stack, load_stack_file, pulumi_config, spec_from_config
 from tests.support.k8s import of_kind, one, render_file
 from tests.support.paths import REPO
@@ -365,6 +366,16 @@ def test_cache_warmer_script_copies_once_and_atomically(tmp_path: Path, model_pa
     assert str(dst) == model_dir(spec) == f"{cache}/org/m", "the warmer fills the directory the servers load from"
     second = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True)
     assert "already warm" in second.stdout
+    # The marker records the store's safetensors index; a checkpoint replaced under the same path re-warms.
+    (src / INDEX_FILE).write_text('{"metadata": {"total_size": 4096}, "weight_map": {"w": "sub/model.safetensors"}}')
+    third = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True)
+    assert "cache warmed" in third.stdout
+    assert (dst / storage.COMPLETE_MARKER).read_text() == (src / INDEX_FILE).read_text()
+    fourth = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True)
+    assert "already warm" in fourth.stdout
+    (src / INDEX_FILE).write_text('{"metadata": {"total_size": 8192}, "weight_map": {"w": "sub/model.safetensors"}}')
+    fifth = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True)
+    assert "cache warmed" in fifth.stdout and "8192" in (dst / storage.COMPLETE_MARKER).read_text()
 
 
 def test_network_policies_admit_only_router_updater_and_monitoring(runs: dict[str, ProgramRun]) -> None:

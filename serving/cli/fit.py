@@ -28,6 +28,7 @@ from serving.cli.options import (
 from serving.plan import memory as sgl
 from serving.plan import planner
 from serving.plan.model import CapacityChain
+from serving.spec.checkpoint import CheckpointError, read_checkpoint
 from serving.spec.schema import GIB, Architecture, architecture_from_hf_config
 from serving.spec.stack import NAMESPACE, SpecError, load_stack_file, read_stack_document
 
@@ -74,10 +75,14 @@ def _layout_json(lay: sgl.Layout, rps: float) -> dict[str, Any]:
     }
 
 
-def _write_stack(out: Path, base: Path, lay: sgl.Layout, hf_config: Path, arch: Architecture, gpu: str) -> None:
+def _write_stack(
+    out: Path, base: Path, lay: sgl.Layout, hf_config: Path, arch: Architecture, gpu: str, checkpoint: Path | None
+) -> None:
     """The chosen layout written over the base stack's model, parallelism, serving and GPU product."""
     doc = read_stack_document(base)
-    model = dict(doc.get("model") or {})
+    model = {k: v for k, v in (doc.get("model") or {}).items() if k not in ("checkpoint", "checkpoint_weights")}
+    if checkpoint is not None:
+        model["checkpoint"] = os.path.relpath(checkpoint.resolve(), out.resolve().parent)
     model.update(
         # relative to the written file, as the stack loader reads it: the file moves with its checkout
         hf_config=os.path.relpath(hf_config.resolve(), out.resolve().parent),
@@ -130,6 +135,14 @@ def fit(
             "quantization, else bf16 and fp8).",
         ),
     ] = None,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(
+            "--checkpoint",
+            help="The checkpoint's model.safetensors.index.json, .safetensors file or directory: weights are counted "
+            "from its shard headers (or the index's total_size) instead of config.json.",
+        ),
+    ] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Layouts to show.")] = 10,
     write_stack: Annotated[
         Path | None, typer.Option("--write-stack", help="Write the best layout into this stack file.", dir_okay=False)
@@ -154,6 +167,23 @@ def fit(
     unknown = sorted(set(precisions) - set(sgl.PRECISION_BYTES))
     if unknown:
         fail(f"--precision {unknown}: not a precision; use {', '.join(sgl.PRECISION_BYTES)}")
+    weights = None
+    if checkpoint is not None:
+        if len(precisions) != 1:
+            fail(
+                f"--checkpoint {checkpoint}: one checkpoint has one precision, not {list(precisions)}; give its "
+                "--precision once"
+            )
+        try:
+            weights = read_checkpoint(checkpoint)
+        except CheckpointError as exc:
+            fail(f"--checkpoint: {exc}")
+        missing = sorted(set(range(arch.num_layers)) - set(weights.layer_indices))
+        if missing:
+            fail(
+                f"--checkpoint {checkpoint} holds no tensors of layer {missing[0]} (of {arch.num_layers} in "
+                f"--hf-config {hf_config}); point both at the same checkpoint"
+            )
     n = nodes or spec.cluster.node_count
     gpn = gpus_per_node or spec.cluster.gpu.count_per_node
     lim = spec.limits
@@ -167,6 +197,7 @@ def fit(
         lim.max_running_requests,
         lim.chunked_prefill_size,
         precisions,
+        weights,
     )
     layouts = result.layouts
     chains = [
@@ -195,7 +226,7 @@ def fit(
                 f"--write-stack: --gpus-per-node {gpn} differs from the stack's {spec.cluster.gpu.count_per_node}; "
                 "drop --gpus-per-node"
             )
-        _write_stack(write_stack, st.path, layouts[meets[0]], hf_config, arch, gpu_product.label)
+        _write_stack(write_stack, st.path, layouts[meets[0]], hf_config, arch, gpu_product.label, checkpoint)
     refused = f"--write-stack: no layout meets the target ({_short_of(chains, concurrency, rate)}); nothing written"
     if as_json:
         if write_stack is not None and not ok:

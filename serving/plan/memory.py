@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, replace
 
 from serving.plan.divisibility import SourceCheck, rejections
-from serving.spec.schema import GIB, Architecture, count_parameters
+from serving.spec.schema import GIB, Architecture, CheckpointWeights, count_parameters
 
 MIB = 2**20
 
@@ -473,6 +473,64 @@ def group_overhead_bytes_per_param(group_size: int) -> float:
     return 2.5 / group_size
 
 
+SKIPPED_LAYER = SourceCheck(
+    "layers/quantization/utils.py", 48, "def _module_path_match(ignored: str, prefix: str) -> bool:"
+)
+"""How SGLang's ``is_layer_skipped`` matches a module against the checkpoint's ignored names (dotted boundaries)."""
+
+
+def module_path_match(ignored: str, prefix: str) -> bool:
+    """SGLang's ``_module_path_match`` (:data:`SKIPPED_LAYER`): ``ignored`` names ``prefix`` itself, a parent of it,
+    or a run of its dotted parts (``mlp.gate`` matches ``model.layers.3.mlp.gate`` but not ``mlp.gate_up_proj``)."""
+    ignored, prefix = ignored.rstrip("."), prefix.rstrip(".")
+    return ignored == prefix or prefix.startswith(ignored + ".") or f".{ignored}." in f".{prefix}."
+
+
+def is_layer_skipped(prefix: str, ignored: tuple[str, ...]) -> bool:
+    """SGLang's ``is_layer_skipped`` for one (unfused) projection or a MoE layer's ``experts``: an ignored name
+    matching it (:func:`module_path_match`), or, for the experts, any ignored name naming one of them."""
+    if any(module_path_match(m, prefix) for m in ignored):
+        return True
+    return prefix.endswith(".experts") and any(prefix in m for m in ignored if "experts" in m)
+
+
+def layer_linears(arch: Architecture, i: int) -> list[tuple[str, int]]:
+    """Layer ``i``'s quantisable linear projections as a checkpoint names them, with their parameters: attention
+    q, k, v, o (not MLA's, whose low-rank shapes the architecture does not carry) and the MLP (dense gate, up, down;
+    MoE: the routed experts as one module and the shared experts' projections)."""
+    h, p = arch.hidden_size, f"model.layers.{i}."
+    out: list[tuple[str, int]] = []
+    if arch.mla is None:
+        q, kv = arch.num_attention_heads * arch.head_dim * h, arch.num_kv_heads * arch.head_dim * h
+        out += [(p + "self_attn.q_proj", q), (p + "self_attn.k_proj", kv), (p + "self_attn.v_proj", kv)]
+        out.append((p + "self_attn.o_proj", q))
+    moe = arch.moe
+    if moe is not None and i >= moe.dense_layers and moe.intermediate_size is not None:
+        out.append((p + "mlp.experts", moe.num_experts * 3 * h * moe.intermediate_size))
+        out += [(f"{p}mlp.shared_experts.{n}", moe.shared_experts * h * moe.intermediate_size) for n in _MLP]
+    elif arch.intermediate_size is not None:
+        out += [(f"{p}mlp.{n}", h * arch.intermediate_size) for n in _MLP]
+    return out
+
+
+_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def unquantized_parameters(arch: Architecture, layers: range) -> tuple[int, list[str]]:
+    """Parameters of ``layers``' projections the checkpoint keeps in 16 bit (``arch.unquantized_modules``), and
+    which: each projection SGLang's ``is_layer_skipped`` would leave unquantised (:func:`is_layer_skipped`)."""
+    names: list[str] = []
+    params = 0
+    if not arch.unquantized_modules:
+        return 0, names
+    for i in layers:
+        for prefix, n in layer_linears(arch, i):
+            if n and is_layer_skipped(prefix, arch.unquantized_modules):
+                names.append(prefix)
+                params += n
+    return params, names
+
+
 @dataclass(frozen=True)
 class WeightShare:
     """The weights on one GPU of a pipeline stage: quantised layers plus 16-bit embedding and LM head."""
@@ -494,8 +552,52 @@ class WeightShare:
         return f"{self.formula} + {self.load_overhead_bytes / GIB:.2f} GiB load overhead = {self.total / GIB:,.2f} GiB"
 
 
+def checkpoint_stage_bytes(
+    arch: Architecture, ckpt: CheckpointWeights, layers: range, tables: int
+) -> tuple[float, float, str]:
+    """A stage's bytes as the checkpoint declares them, before TP: its decoder layers and ``tables`` vocabulary
+    tables (embedding / LM head). From the shard headers each layer's own bytes (whatever it keeps in 16 bit, its
+    scales included) and the tables' own; from the index alone ``total_size`` less the tables (16 bit) split over
+    the checkpoint's layers, a stage taking its layers' share of the counted parameters (:func:`stage_parameters`).
+    Layers past ``num_hidden_layers`` (multi-token-prediction / draft layers) are not loaded with the model
+    (deepseek-ai/DeepSeek-V3 ``README_WEIGHTS.md``, "Layer Loading Rules": the main model by ``num_hidden_layers``,
+    the MTP modules by ``num_nextn_predict_layers``)."""
+    n = arch.num_layers
+    extra = [i for i in ckpt.layer_indices if i >= n]
+    if ckpt.layers is not None:
+        layer_bytes = float(sum(ckpt.layers.get(i, 0) for i in layers))
+        emb, head = ckpt.embedding or 0, ckpt.lm_head or 0
+        # One table: the first stage's embedding, or the last stage's head (the embedding's copy when tied).
+        one = emb if layers.start == 0 else head or emb
+        table_bytes = float(0 if tables == 0 else one if tables == 1 else emb + head)
+        if layers.stop == n:
+            layer_bytes += ckpt.other or 0
+        skipped = float(sum(ckpt.layers.get(i, 0) for i in extra))
+        how = f"{ckpt.method} of {ckpt.source}: layers {layers.start}–{layers.stop - 1} {layer_bytes / GIB:,.2f} GiB"
+    else:
+        table = arch.vocab_size * arch.hidden_size * 2
+        body = ckpt.total_size - len(ckpt.table_tensors) * table
+        loaded = body * (len(ckpt.layer_indices) - len(extra)) / len(ckpt.layer_indices)
+        layer_bytes = loaded * stage_parameters(arch, layers) / stage_parameters(arch, range(n))
+        table_bytes = float(tables * table)
+        skipped = body - loaded
+        how = (
+            f"{ckpt.method} of {ckpt.source}: ({ckpt.total_size:,} B − {len(ckpt.table_tensors)} tables × "
+            f"{table:,} B) × {len(ckpt.layer_indices) - len(extra)}/{len(ckpt.layer_indices)} layers loaded, "
+            f"layers {layers.start}–{layers.stop - 1}'s share {layer_bytes / GIB:,.2f} GiB"
+        )
+    if extra:
+        how += f" (layers {extra[0]}–{extra[-1]}, {skipped / GIB:,.2f} GiB: MTP/draft, not loaded)"
+    return layer_bytes, table_bytes, how
+
+
 def stage_weights(
-    arch: Architecture, bytes_per_param: float, tp: int, pp: int, group_size: int | None = None
+    arch: Architecture,
+    bytes_per_param: float,
+    tp: int,
+    pp: int,
+    group_size: int | None = None,
+    checkpoint: CheckpointWeights | None = None,
 ) -> list[WeightShare]:
     """Each stage's weights per GPU: its layers' parameters (every expert) in the checkpoint's precision over
     TP, plus a group-quantised checkpoint's scales and zeros (``group_size``: 4-bit AWQ/GPTQ, see
@@ -514,15 +616,31 @@ def stage_weights(
     out = []
     stages = pp_stage_layers(arch.num_layers, pp)
     for rank, layers in enumerate(stages):
-        params = stage_parameters(arch, layers)
-        layer_bytes = params * per_param / tp
         on_gpu = (1 if arch.tie_word_embeddings else 2) if pp == 1 else int(rank in (0, pp - 1))
-        emb = table * on_gpu * 2 / tp
         stage = (
             f"stage {rank + 1}/{pp}, layers {layers.start}–{layers.stop - 1} ({PP_PARTITION.where}): " if pp > 1 else ""
         )
+        if checkpoint is not None:
+            ckpt_layers, ckpt_tables, how = checkpoint_stage_bytes(arch, checkpoint, layers, on_gpu)
+            layer_bytes, emb = ckpt_layers / tp, ckpt_tables / tp
+            formula = (
+                f"{stage}{how}; + {on_gpu} table(s) {ckpt_tables / GIB:,.2f} GiB; / TP {tp} = "
+                f"{(layer_bytes + emb) / GIB:,.2f} GiB"
+            )
+            out.append(WeightShare(rank, layers, layer_bytes, emb, load, formula))
+            continue
+        params = stage_parameters(arch, layers)
+        kept, kept_names = unquantized_parameters(arch, layers) if per_param < 2 else (0, [])
+        layer_bytes = (params * per_param + kept * (2 - per_param)) / tp
+        emb = table * on_gpu * 2 / tp
+        params_text = f"{params:,.0f} params × {bpp}"
+        if kept:
+            params_text = (
+                f"({params - kept:,.0f} params × {bpp} + {kept:,} params of {len(kept_names)} projections the "
+                f"checkpoint keeps in 16 bit (quantization_config, {SKIPPED_LAYER.where}) × 2 B)"
+            )
         formula = (
-            f"{stage}{params:,.0f} params × {bpp} / TP {tp} = {layer_bytes / GIB:,.2f} GiB + {on_gpu} × "
+            f"{stage}{params_text} / TP {tp} = {layer_bytes / GIB:,.2f} GiB + {on_gpu} × "
             f"{table:,} embedding params × 2 B / TP {tp} = {emb / GIB:,.2f} GiB = {(layer_bytes + emb) / GIB:,.2f} GiB"
         )
         out.append(WeightShare(rank, layers, layer_bytes, emb, load, formula))
@@ -609,11 +727,12 @@ def replica_pool(
     free_at_start: float,
     mem_fraction_static: float,
     group_size: int | None = None,
+    checkpoint: CheckpointWeights | None = None,
 ) -> ReplicaPool:
-    """Every stage's pool by its own weights and layers; the replica's token count is the minimum over the
-    stages, as SGLang's PP ranks agree on it."""
+    """Every stage's pool by its own weights and layers (counted from ``checkpoint`` where the stack names one);
+    the replica's token count is the minimum over the stages, as SGLang's PP ranks agree on it."""
     stages = []
-    for share in stage_weights(arch, bytes_per_param, tp, pp, group_size):
+    for share in stage_weights(arch, bytes_per_param, tp, pp, group_size, checkpoint):
         cell = kv_cell_bytes(arch, kv_bytes_per_element, tp, len(share.layers))
         stages.append((share, cell, kv_pool(free_at_start, mem_fraction_static, share.total, cell)))
     binding = min(range(len(stages)), key=lambda i: (stages[i][2].tokens, -i))
@@ -712,10 +831,12 @@ def enumerate_layouts(
     max_running_requests: int,
     chunked_prefill_size: int,
     precisions: tuple[str, ...],
+    checkpoint: CheckpointWeights | None = None,
 ) -> FitResult:
     """Every precision × KV dtype × TP × PP (powers of two, a replica within a node or over whole nodes)
     that SGLang starts (:func:`serving.plan.divisibility.rejections`) and whose KV pool holds at least one
-    full-length sequence, ranked (:class:`FitResult`); the TP sizes SGLang rejects with their reasons."""
+    full-length sequence, ranked (:class:`FitResult`); the TP sizes SGLang rejects with their reasons. With
+    ``checkpoint`` the weights are that checkpoint's bytes (one precision)."""
     out: list[Layout] = []
     excluded: list[Excluded] = []
     total_gpus = gpus_per_node * nodes
@@ -736,7 +857,7 @@ def enumerate_layouts(
                 ).value
                 group = (arch.quant_group_size or DEFAULT_GROUP_SIZE) if precision == "int4" else None
                 for kv_dtype, kv_bytes in KV_DTYPES.items():
-                    rp = replica_pool(arch, bpp, kv_bytes, tp, pp, free, fraction, group)
+                    rp = replica_pool(arch, bpp, kv_bytes, tp, pp, free, fraction, group, checkpoint)
                     seqs = min(max_running_requests, rp.tokens // context_length)
                     if seqs < 1:
                         continue

@@ -140,10 +140,23 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
     mfs = static_fraction(spec)
     group = (m.architecture.quant_group_size or sgl.DEFAULT_GROUP_SIZE) if m.precision == Precision.INT4 else None
     rp = sgl.replica_pool(
-        m.architecture, m.bytes_per_param, m.kv_bytes_per_element, par.tp, par.pp, free, mfs.value, group
+        m.architecture,
+        m.bytes_per_param,
+        m.kv_bytes_per_element,
+        par.tp,
+        par.pp,
+        free,
+        mfs.value,
+        group,
+        m.checkpoint_weights,
     )
     share, pool = rp.weights, rp.pool
-    weights = weights_bytes(m.architecture.parameter_count, m.bytes_per_param)
+    ckpt = m.checkpoint_weights
+    weights = (
+        Figure(ckpt.total_size, "B", f"{ckpt.source}: metadata.total_size = {fmt_bytes(ckpt.total_size)}")
+        if ckpt is not None
+        else weights_bytes(m.architecture.parameter_count, m.bytes_per_param)
+    )
     kv_tok = kv_bytes_per_token(m.architecture, m.kv_bytes_per_element)
     kv_tok_gpu = kv_bytes_per_token_per_gpu(m.architecture, m.kv_bytes_per_element, par.tp, par.pp)
     budget = max(0.0, pool.budget)

@@ -48,7 +48,7 @@ from serving.sandbox.processes import EPHEMERAL_PORT_RANGE, ephemeral_port_range
 from serving.sandbox.prometheus import prometheus_port
 from serving.sandbox.runtime import runtime_ports
 from serving.spec.schema import FleetSpec
-from serving.spec.stack import NAMESPACE, Stack, load_stack_file, read_stack_document
+from serving.spec.stack import NAMESPACE, Stack, absolute_model_paths, load_stack_file, read_stack_document
 
 SIMULATED_SUFFIX = "-simulated"
 TIME_SCALE = 60.0  # the stack's minutes become the sandbox's seconds
@@ -102,9 +102,8 @@ def simulated_document(stack: Stack, plan: Plan, *, ports_base: int | None = Non
             f"stack {stack.name!r} already has a sandbox: section; run `exaserve sandbox up` without --simulate"
         )
     doc = copy.deepcopy(read_stack_document(stack.path))
-    model = doc.get("model") or {}
-    if model.get("hf_config") and not Path(str(model["hf_config"])).is_absolute():
-        model["hf_config"] = str((stack.path.parent / str(model["hf_config"])).resolve())
+    if doc.get("model"):
+        doc["model"] = absolute_model_paths(doc["model"], stack.path.parent)
     replicas = len(plan.replicas)
     nodes = len({r.node.name for r in plan.replicas})
     per_node = math.ceil(replicas / nodes)

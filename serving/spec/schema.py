@@ -380,6 +380,11 @@ class Architecture(_Model):
         gt=0,
         description="The 4-bit checkpoint's group size (config.json quantization_config.group_size / q_group_size).",
     )
+    unquantized_modules: tuple[str, ...] = Field(
+        default=(),
+        description="Modules a quantised checkpoint keeps in 16 bit (config.json quantization_config.ignored_layers "
+        "or modules_to_not_convert, with and without the 'model.' prefix, as SGLang's Fp8Config reads them).",
+    )
     mla: MlaSpec | None = Field(default=None)
     moe: MoeSpec | None = Field(default=None)
 
@@ -444,6 +449,18 @@ def architecture_from_hf_config(cfg: dict[str, Any], source: str) -> dict[str, A
         if not (isinstance(group, int) and group > 0):
             raise ValueError(f"{source}: quantization_config.group_size = {group!r} is not a positive integer")
         out["quant_group_size"] = group
+    skip = (
+        # The first key present, as Fp8Config's get_from_keys_or takes it (an empty ignored_layers wins).
+        next((quant[k] for k in ("ignored_layers", "modules_to_not_convert") if k in quant), None)
+        if isinstance(quant, dict)
+        else None
+    )
+    if skip:
+        if not (isinstance(skip, list) and all(isinstance(m, str) for m in skip)):
+            raise ValueError(f"{source}: quantization_config's ignored modules {skip!r} are not a list of names")
+        # layers/quantization/fp8.py Fp8Config.from_config: each name with and without the "model." prefix.
+        names = (v for m in skip for v in (m.removeprefix("model."), f"model.{m.removeprefix('model.')}"))
+        out["unquantized_modules"] = tuple(dict.fromkeys(names))
     out["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
     counted = count_parameters(cfg)
     if counted is not None:
@@ -492,6 +509,33 @@ def count_parameters(cfg: dict[str, Any]) -> int | None:
     return body + embed + h
 
 
+class CheckpointWeights(_Model):
+    """A checkpoint's weights as its safetensors files declare them (``serving/spec/checkpoint.py`` reads them from
+    ``model.checkpoint``): ``layers`` maps each decoder layer index to its bytes when every shard header was read;
+    with the index alone it is None and only ``total_size`` and the tensor names are known."""
+
+    source: str = Field(description="The index (or single .safetensors file) read.")
+    total_size: int = Field(gt=0, description="Bytes of every tensor (index metadata.total_size).")
+    shards: int = Field(gt=0, description="Shard files the index names.")
+    headers_read: int = Field(ge=0, description="Shard headers read (all of them, or none).")
+    layer_indices: tuple[int, ...] = Field(
+        description="Every model.layers.N the checkpoint holds, past num_hidden_layers too (MTP/draft layers)."
+    )
+    table_tensors: tuple[str, ...] = Field(description="The vocabulary tables (embeddings and heads), wherever held.")
+    layers: dict[int, int] | None = Field(default=None, description="Bytes of each decoder layer (shard headers).")
+    embedding: int | None = Field(default=None, ge=0, description="Bytes of the input embedding (shard headers).")
+    lm_head: int | None = Field(default=None, ge=0, description="Bytes of the LM head; 0 when tied (shard headers).")
+    other: int | None = Field(default=None, ge=0, description="Bytes outside layers and tables: the final norm.")
+
+    @property
+    def method(self) -> str:
+        return "shard headers" if self.layers is not None else "index total_size"
+
+
+MODEL_PATH_FIELDS = ("hf_config", "checkpoint")
+"""The ``model:`` fields that name files (relative to the stack file), read when the stack loads."""
+
+
 class ModelSpec(_Model):
     name: str = Field(default="llama-3-70b", description="Model name (served model name).")
     path: str = Field(
@@ -507,6 +551,14 @@ class ModelSpec(_Model):
     )
     hf_config: str | None = Field(
         default=None, description="Path (relative to the stack file) of a HF config.json to read the architecture from."
+    )
+    checkpoint: str | None = Field(
+        default=None,
+        description="Path (relative to the stack file) of the checkpoint's model.safetensors.index.json, a single "
+        ".safetensors file or their directory: the weights are counted from it (shard headers where present).",
+    )
+    checkpoint_weights: CheckpointWeights | None = Field(
+        default=None, description="What the stack loader read from model.checkpoint (not written by hand)."
     )
     architecture: Architecture = Field(default_factory=Architecture)
     activation_fraction: float = Field(
@@ -528,6 +580,21 @@ class ModelSpec(_Model):
             raise ValueError(
                 f"model.quantization={self.quantization!r} contradicts precision {self.precision.value}; "
                 "drop quantization or pick a quantised precision"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _checkpoint_layers(self) -> Self:
+        """The checkpoint holds every decoder layer config.json declares."""
+        ckpt = self.checkpoint_weights
+        if ckpt is None:
+            return self
+        missing = sorted(set(range(self.architecture.num_layers)) - set(ckpt.layer_indices))
+        if missing:
+            raise ValueError(
+                f"model.checkpoint {ckpt.source} holds no tensors of layers {missing[0]}…{missing[-1]} "
+                f"({len(missing)} of the architecture's num_layers={self.architecture.num_layers}); point "
+                "model.checkpoint and model.hf_config at the same checkpoint"
             )
         return self
 

@@ -17,7 +17,8 @@ import yaml
 from pydantic import ValidationError
 
 from serving.paths import ProjectNotFoundError, project_dir
-from serving.spec.schema import FleetSpec, json_schema, load_hf_config
+from serving.spec.checkpoint import CheckpointError, read_checkpoint
+from serving.spec.schema import MODEL_PATH_FIELDS, FleetSpec, json_schema, load_hf_config
 
 NAMESPACE = "exaserve"
 PRODUCTION_STACK = "prod"  # rollout and rollback confirm before they change it
@@ -125,7 +126,8 @@ def spec_document(config: dict[str, Any], source: str) -> dict[str, Any]:
 
 
 def parse_spec(doc: dict[str, Any], source: str, base_dir: Path) -> FleetSpec:
-    """Validate a spec document; resolve ``model.hf_config`` relative to ``base_dir``."""
+    """Validate a spec document; resolve ``model.hf_config`` and ``model.checkpoint`` relative to ``base_dir`` and
+    read them (the architecture; the checkpoint's weights into ``model.checkpoint_weights``)."""
     model = doc.get("model")
     if isinstance(model, dict) and model.get("hf_config"):
         try:
@@ -138,7 +140,14 @@ def parse_spec(doc: dict[str, Any], source: str, base_dir: Path) -> FleetSpec:
                 source, [("model.architecture", f"got {arch!r}: expected a mapping of architecture fields")]
             )
         # Explicit architecture fields in the stack win over config.json.
-        doc = {**doc, "model": {**model, "architecture": {**from_hf, **arch}}}
+        model = {**model, "architecture": {**from_hf, **arch}}
+        doc = {**doc, "model": model}
+    if isinstance(model, dict) and model.get("checkpoint"):
+        try:
+            weights = read_checkpoint(base_dir / str(model["checkpoint"]))
+        except CheckpointError as exc:
+            raise SpecError(source, [("model.checkpoint", str(exc))]) from None
+        doc = {**doc, "model": {**model, "checkpoint_weights": weights.model_dump()}}
     try:
         return FleetSpec.model_validate(doc)
     except ValidationError as exc:
@@ -204,14 +213,23 @@ def load_stack_file(path: Path, name: str | None = None) -> Stack:
     return Stack(name=name or file_stack_name(path), path=path, spec=parse_spec(doc, str(path), path.parent))
 
 
+def absolute_model_paths(model: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """``model`` with its relative file fields (:data:`MODEL_PATH_FIELDS`) made absolute against ``base_dir``."""
+    out = dict(model)
+    for key in MODEL_PATH_FIELDS:
+        if out.get(key) and not Path(str(out[key])).is_absolute():
+            out[key] = str((base_dir / str(out[key])).resolve())
+    return out
+
+
 def pulumi_config(path: Path) -> dict[str, str]:
     """The stack file's ``exaserve:`` keys as the Pulumi engine hands config to a program: one JSON string per key
-    (structured config), a relative ``model.hf_config`` made absolute against the file's directory. The offline
+    (structured config), a relative ``model.hf_config`` or ``model.checkpoint`` made absolute against the file's directory. The offline
     runner feeds these to ``pulumi.runtime.set_all_config``, so the program reads config one way in both paths."""
     doc = read_stack_document(path)
     model = doc.get("model")
-    if isinstance(model, dict) and model.get("hf_config") and not Path(str(model["hf_config"])).is_absolute():
-        doc = {**doc, "model": {**model, "hf_config": str(path.parent / str(model["hf_config"]))}}
+    if isinstance(model, dict):
+        doc = {**doc, "model": absolute_model_paths(model, path.parent)}
     return {f"{NAMESPACE}:{section}": json.dumps(value) for section, value in doc.items()}
 
 

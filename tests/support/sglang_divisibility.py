@@ -13,8 +13,11 @@ What is SGLang's own code:
   ``print_warning_once`` is ``print``; the model config and the linear layer are plain namespaces carrying the
   fields the functions read (``hf_config.quantization_config``, ``hf_text_config.moe_intermediate_size``,
   ``tp_group.world_size``).
+- ``layers/quantization/utils.py: is_layer_skipped`` with ``_module_path_match`` and ``_FALLBACK_FUSED_SHARDS``:
+  their definitions, taken from the installed source and executed together (the module imports the FP8 kernels).
 
-Cases: ``{"kind": "pp", "layers", "pp"}``; ``{"kind": "moe", "tp", "ep", "moe_intermediate_size", "block"}``;
+Cases: ``{"kind": "skipped", "prefix", "ignored"}`` (answered ``{"skipped": bool}``); ``{"kind": "pp", "layers",
+"pp"}``; ``{"kind": "moe", "tp", "ep", "moe_intermediate_size", "block"}``;
 ``{"kind": "linear", "tp", "hidden", "intermediate", "block"}`` (gate/up column parallel, then down row parallel,
 as a Llama MLP builds them).
 """
@@ -25,7 +28,9 @@ import ast
 import json
 import sys
 import types
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 _st = types.ModuleType("safetensors")
@@ -62,8 +67,31 @@ def _function(path: str, name: str, cls: str | None = None) -> Any:
     return namespace[name]
 
 
+def _definitions(path: str, *names: str) -> dict[str, Any]:
+    """The top-level functions and constants ``names`` of an installed SGLang source file, executed together (they
+    call one another); the typing names they annotate with are supplied."""
+    tree = ast.parse((SRT / path).read_text())
+
+    def defines(n: ast.stmt) -> str | None:
+        if isinstance(n, ast.FunctionDef):
+            return n.name
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+            return n.target.id
+        return None
+
+    module = ast.Module(body=[n for n in tree.body if defines(n) in names], type_ignores=[])
+    namespace: dict[str, Any] = {"Mapping": Mapping, "MappingProxyType": MappingProxyType, "List": list}
+    exec(compile(module, str(SRT / path), "exec"), namespace)  # SGLang's own definitions
+    return namespace
+
+
 check_moe = _function("model_executor/model_runner_components/moe_ep_setup.py", "check_quantized_moe_compatibility")
 validate_linear = _function("layers/quantization/fp8.py", "validate_block_quant_shapes", cls="Fp8LinearMethod")
+
+
+is_layer_skipped = _definitions(
+    "layers/quantization/utils.py", "_module_path_match", "_FALLBACK_FUSED_SHARDS", "is_layer_skipped"
+)["is_layer_skipped"]
 
 
 def _linear(tp: int, hidden: int, intermediate: int, block: list[int]) -> None:
@@ -77,6 +105,8 @@ def _linear(tp: int, hidden: int, intermediate: int, block: list[int]) -> None:
 
 
 def answer(case: dict[str, Any]) -> dict[str, Any]:
+    if case["kind"] == "skipped":
+        return {"skipped": is_layer_skipped(case["prefix"], case["ignored"])}
     if case["kind"] == "pp":
         return {"stages": [list(get_pp_indices(case["layers"], r, case["pp"])) for r in range(case["pp"])]}
     try:

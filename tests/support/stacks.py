@@ -14,7 +14,7 @@ from serving.plan import audit
 from serving.plan.loader import load_fleet
 from serving.plan.model import Fleet, MemoryModel
 from serving.spec.schema import FleetSpec
-from serving.spec.stack import parse_spec, spec_document
+from serving.spec.stack import absolute_model_paths, parse_spec, spec_document
 from tests.support.paths import REPO
 
 # The source document's config: package data (a plain file in a checkout or an installed wheel).
@@ -29,13 +29,12 @@ MULTI_NODE: dict[str, Any] = {
 
 def stack_doc(name: str) -> dict[str, Any]:
     """The ``exaserve:`` document of a repository stack (``prod``, ``dev``, ``sandbox``) or YAML file, as plain
-    data; a relative ``model.hf_config`` is made absolute so the document can be written anywhere."""
+    data; a relative ``model.hf_config`` or ``model.checkpoint`` is made absolute so the document can be written anywhere."""
     path = REPO / f"Pulumi.{name}.yaml" if not name.endswith(".yaml") else REPO / name
     raw = yaml.safe_load(path.read_text())
     doc = spec_document(raw["config"], str(path))
-    model = doc.get("model") or {}
-    if model.get("hf_config") and not Path(model["hf_config"]).is_absolute():
-        model["hf_config"] = str(REPO / model["hf_config"])
+    if doc.get("model"):
+        doc["model"] = absolute_model_paths(doc["model"], REPO)
     return doc
 
 

@@ -42,7 +42,7 @@ from serving.render.k8s.common import (
 )
 from serving.render.k8s.netpol import NAMESPACE_NAME_LABEL
 from serving.render.k8s.updater import leader_pods
-from serving.spec.schema import FleetSpec
+from serving.spec.schema import MODEL_PATH_FIELDS, FleetSpec
 
 COMPONENT = "runtime"
 CONTROLLER = "exaserve-controller"
@@ -61,10 +61,12 @@ LEADERS = "sum(exaserve_runtime_leader)"
 
 
 def stack_document(spec: FleetSpec) -> str:
-    """The spec as a stack file the runtime's ``--stack-file`` loads (the model's architecture inlined, so the
-    ``hf_config`` file the stack names on the workstation is not needed in the pod)."""
+    """The spec as a stack file the runtime's ``--stack-file`` loads (the model's architecture and checkpoint weights
+    inlined, so the ``hf_config`` and ``checkpoint`` files the stack names on the workstation are not needed in the
+    pod)."""
     doc: dict[str, Any] = spec.model_dump(mode="json", exclude_none=True)
-    doc["model"].pop("hf_config", None)
+    for key in MODEL_PATH_FIELDS:
+        doc["model"].pop(key, None)
     return yaml.safe_dump({"config": {f"exaserve:{k}": v for k, v in doc.items()}}, sort_keys=False)
 
 

@@ -3,7 +3,7 @@ cache warmer, so that a restarted replica loads its weights from local disk (sou
 
 The warmer is a DaemonSet on the serving nodes: an init container copies the model from the store into the
 node's cache directory (into a staging directory, renamed when complete, so a half-copied model is never
-used), then a small container keeps the pod running so the DaemonSet reports the node as warmed. It uses the
+used; the completion marker records the checkpoint's safetensors index, and a changed index re-warms), then a small container keeps the pod running so the DaemonSet reports the node as warmed. It uses the
 serving image, which every serving node pulls anyway. Nothing waits for the warmer as a whole: each serving pod
 waits for the marker in its own node's cache (:func:`serving.render.k8s.container.cache_init_container`), and
 `pulumi up` does not wait for the DaemonSet (every node copying the model from one store takes far longer than
@@ -28,6 +28,7 @@ from serving.render.k8s.common import (
     serving_toleration,
 )
 from serving.render.sglang import model_dir
+from serving.spec.checkpoint import INDEX_FILE
 from serving.spec.schema import FleetSpec
 
 COMPONENT = "storage"
@@ -56,13 +57,18 @@ def model_dirs(spec: FleetSpec) -> tuple[str, str]:
 
 
 def warm_script(spec: FleetSpec) -> str:
-    """Copy the model into the cache once; a marker file says the copy is complete."""
+    """Copy the model into the cache once; a marker file says the copy is complete and records the checkpoint's
+    safetensors index it copied (:data:`~serving.spec.checkpoint.INDEX_FILE`, the bytes and shards the planner
+    counts from). A cache whose recorded index differs from the store's (the checkpoint was replaced under the same
+    path) is copied again; a checkpoint without an index is warm once the marker exists."""
     src, dst = (shlex.quote(p) for p in model_dirs(spec))
-    marker = shlex.quote(COMPLETE_MARKER)
+    marker, index = shlex.quote(COMPLETE_MARKER), shlex.quote(INDEX_FILE)
     return (
-        f"set -eu; if [ -f {dst}/{marker} ]; then echo cache already warm; exit 0; fi; "
+        f"set -eu; if [ -f {dst}/{marker} ] && {{ [ ! -f {src}/{index} ] || cmp -s {src}/{index} {dst}/{marker}; }}; "
+        "then echo cache already warm; exit 0; fi; "
         f"rm -rf {dst}.partial; mkdir -p {dst}.partial; cp -R {src}/. {dst}.partial/; "
-        f"touch {dst}.partial/{marker}; rm -rf {dst}; mv {dst}.partial {dst}; echo cache warmed"
+        f"if [ -f {src}/{index} ]; then cp {src}/{index} {dst}.partial/{marker}; else touch {dst}.partial/{marker}; fi; "
+        f"rm -rf {dst}; mv {dst}.partial {dst}; echo cache warmed"
     )
 
 

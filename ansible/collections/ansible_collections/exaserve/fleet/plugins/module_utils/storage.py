@@ -33,6 +33,23 @@ def model_listing(names_and_sizes: list[tuple[str, int]]) -> dict[str, Any]:
     }
 
 
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def checkpoint_index(text: str, present: set[str]) -> dict[str, Any]:
+    """The store's safetensors index (the file the planner counts weights from): its ``metadata.total_size``, the
+    shard files its ``weight_map`` names and those of them not in the model directory (``present``)."""
+    doc = json.loads(text)
+    total = doc.get("metadata", {}).get("total_size") if isinstance(doc, dict) else None
+    wmap = doc.get("weight_map") if isinstance(doc, dict) else None
+    shards = sorted(set(wmap.values())) if isinstance(wmap, dict) else []
+    return {
+        "index_total_size": total if isinstance(total, int) else None,
+        "index_shards": len(shards),
+        "index_shards_missing": [s for s in shards if s not in present],
+    }
+
+
 def parse_findmnt(text: str) -> dict[str, Any]:
     """`findmnt --json --output TARGET,SOURCE,FSTYPE`: the last (visible) filesystem listed."""
     filesystems = json.loads(text).get("filesystems") or []
@@ -54,6 +71,11 @@ def read_storage(probe: Probe, mount_path: str, model_dir: str, cache_path: str)
         with os.scandir(model_dir) as listing:
             entries = [(e.name, e.stat().st_size) for e in listing if e.is_file()]
     facts.update(model_listing(entries))
+    facts.update(index_total_size=None, index_shards=0, index_shards_missing=[])
+    if any(name == INDEX_FILE for name, _size in entries):
+        with open(os.path.join(model_dir, INDEX_FILE), encoding="utf-8") as index:
+            text = index.read()
+        facts.update(probe.parse(INDEX_FILE, lambda t: checkpoint_index(t, {n for n, _s in entries}), text))
     facts["free_path"] = nearest_existing(cache_path)
     vfs = os.statvfs(facts["free_path"])
     facts["free_bytes"] = vfs.f_bavail * vfs.f_frsize
