@@ -67,6 +67,42 @@ def test_sandbox_versions_must_define_every_version_the_fleet_runs() -> None:
         parse({"serving.version": "v9", "serving.releases.v9": "lmsysorg/sglang:v0.5.23-cu126"}, base="sandbox")
 
 
+@pytest.mark.parametrize(
+    ("changes", "least", "fixes"),
+    [
+        # issue 28: the sandbox's 2 s soak against 5 s load polls; no batch's QPS gate was judged
+        ({"rollout.interval_s": 2, "serving.warmup_duration_s": 1}, 10, "Set rollout.interval_s to at least 10, set "
+         "serving.heartbeat_interval_s to at most 1 (polls every 1 s), or choose a scheduler.strategy"),
+        # a 2.5 s heartbeat is rendered as a 3 s poll (--worker-startup-check-interval takes whole seconds)
+        ({"rollout.interval_s": 5.5, "serving.warmup_duration_s": 1, "serving.heartbeat_interval_s": 2.5}, 6,
+         "at most 2 (polls every 2 s)"),
+        ({"rollout.interval_s": 1.5, "serving.warmup_duration_s": 1}, 10, "at least 10, or choose"),
+    ],
+)  # fmt: skip
+def test_a_soak_shorter_than_two_load_polls_is_refused_at_load_time(
+    changes: dict[str, Any], least: float, fixes: str
+) -> None:
+    with pytest.raises(SpecError) as info:
+        parse(changes)
+    [(path, message)] = info.value.problems
+    assert path == "rollout.interval_s" and message.startswith(f"got {changes['rollout.interval_s']:g}: "), message
+    assert f"shorter than {least:g} s, 2 of the router's load polls" in message and fixes in message, message
+    assert "Traceback" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"rollout.interval_s": 10, "serving.warmup_duration_s": 1},  # exactly two polls
+        {"rollout.interval_s": 2, "serving.warmup_duration_s": 1, "serving.heartbeat_interval_s": 1},
+        {"rollout.interval_s": 2, "serving.warmup_duration_s": 1, "scheduler.strategy": "round_robin"},
+        {"rollout.interval_s": 0},  # no soak at all: nothing to judge
+    ],
+)
+def test_a_soak_of_two_load_polls_or_without_polls_loads(changes: dict[str, Any]) -> None:
+    assert parse(changes).rollout.interval_s == changes["rollout.interval_s"]
+
+
 def test_defaults_are_the_source_values() -> None:
     spec = load_stack_file(SOURCE_PLAN).spec
     s, sch, h, r = spec.serving, spec.scheduler, spec.health, spec.rollout
