@@ -16,12 +16,14 @@ from serving.cli.options import (
     DEFAULT_STACK,
     EXIT_PROBLEM,
     JsonOpt,
+    OutputOpt,
     StackFileOpt,
     StackOpt,
     app,
     console,
     emit_json,
     fail,
+    print_table,
     require_file,
     resolve_stack,
 )
@@ -136,6 +138,7 @@ def fit(
     ] = None,
     stack: StackOpt = DEFAULT_STACK,
     stack_file: StackFileOpt = None,
+    output: OutputOpt = "table",
     as_json: JsonOpt = False,
 ) -> None:
     """Enumerate the layouts (precision, KV dtype, TP, PP, replicas per node) that serve a model on the
@@ -243,7 +246,7 @@ def fit(
                 f"{chain.requests_per_second.value:,.0f}",
                 lay.rank_reason,
             )
-        console.print(table)
+        print_table(table, output)
         if layouts:
             console.print(f"best: {layouts[0].breakdown}", soft_wrap=True)
         for e in result.excluded:
