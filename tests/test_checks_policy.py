@@ -217,6 +217,8 @@ def _offset_after_parens(p: dict[str, Any]) -> None:
 RESOURCE_CASES: list[tuple[str, str, str, Mutation, str]] = [
     ("images-pinned", "StatefulSet", "sglang-g0", _image_latest, "'lmsysorg/sglang:latest': not pinned"),
     ("images-pinned", "Deployment", "sglang-router", lambda p: _container(p).update(image="r/x"), "not pinned"),
+    # issue 25: anything after '@' passed as a digest
+    ("images-pinned", "Deployment", "sglang-router", lambda p: _container(p).update(image="r/x@latest"), "not pinned"),
     ("serving-resource-limits", "StatefulSet", "sglang-g1", _no_gpu_limit, "has no nvidia.com/gpu"),
     ("probes-timeout", "StatefulSet", "sglang-g2", _short_timeout, "readinessProbe is set with timeoutSeconds=1"),
     ("probes-timeout", "Deployment", "sglang-router", _no_liveness, "livenessProbe is missing"),

@@ -23,6 +23,10 @@ def parse(changes: dict[str, Any], base: str = "prod") -> FleetSpec:
         ({"serving.replicas": 0}, "serving.replicas", "got 0: Input should be greater than 0"),
         ({"serving.releases": {"v1": "lmsysorg/sglang:latest"}}, "serving.releases", "release 'v1'.*not pinned"),
         ({"serving.releases": {"v1": "lmsysorg/sglang"}}, "serving.releases", "not pinned"),
+        # issue 25: anything after '@' passed as a digest, even `@latest` or a digest of no repository
+        ({"serving.releases": {"v1": "lmsysorg/sglang@latest"}}, "serving.releases", "'latest' after '@' is not a"),
+        ({"serving.releases": {"v1": "lmsysorg/sglang@sha256:abc"}}, "serving.releases", "not a sha256:<64 hex"),
+        ({"kubernetes.router_image": "@sha256:" + "0" * 64}, "kubernetes.router_image", "of a named repository"),
         ({"serving.version": "v2"}, "serving", "version 'v2' is not in releases"),
         ({"rollout.group_versions": {0: "v3"}}, "", "not in serving.releases"),
         (
@@ -53,6 +57,12 @@ def test_bad_input_names_field_value_and_fix(changes: dict[str, Any], path: str,
     paths = [p for p, _ in info.value.problems]
     assert path in paths, f"expected a problem at {path}, got {info.value.problems}"
     assert any(__import__("re").search(match, m) for p, m in info.value.problems if p == path), str(info.value)
+
+
+@pytest.mark.parametrize("image", ["lmsysorg/sglang@sha256:" + "0f" * 32, "lmsysorg/sglang:v0.5.23@sha256:" + "a" * 64])
+def test_an_image_by_digest_is_pinned(image: str) -> None:
+    """What the image workflow publishes (repo@sha256:<digest>, optionally with its tag) is accepted as pinned."""
+    assert parse({"serving.releases": {"v1": image}}).serving.releases["v1"] == image
 
 
 def test_model_validate_raises_validation_error_for_programmatic_use() -> None:
