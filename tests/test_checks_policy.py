@@ -200,6 +200,15 @@ def _default_grace(p: dict[str, Any]) -> None:
     del _pod(p)["spec"]["terminationGracePeriodSeconds"]
 
 
+def _grace_without_pre_stop(p: dict[str, Any]) -> None:
+    """A grace period that covers the router's drain (120 s) but not the preStop before it as well."""
+    _pod(p)["spec"]["terminationGracePeriodSeconds"] = 125
+
+
+def _short_pre_stop(p: dict[str, Any]) -> None:
+    _container(p)["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/sleep", "1"]}}}
+
+
 def _offset_after_parens(p: dict[str, Any]) -> None:
     rule = p["spec"]["groups"][0]["rules"][0]
     rule["expr"] = "sum(rate(x[5m])) < 0.8 * (sum(rate(x[5m])) offset 25m)"
@@ -208,6 +217,8 @@ def _offset_after_parens(p: dict[str, Any]) -> None:
 RESOURCE_CASES: list[tuple[str, str, str, Mutation, str]] = [
     ("images-pinned", "StatefulSet", "sglang-g0", _image_latest, "'lmsysorg/sglang:latest': not pinned"),
     ("images-pinned", "Deployment", "sglang-router", lambda p: _container(p).update(image="r/x"), "not pinned"),
+    # issue 25: anything after '@' passed as a digest
+    ("images-pinned", "Deployment", "sglang-router", lambda p: _container(p).update(image="r/x@latest"), "not pinned"),
     ("serving-resource-limits", "StatefulSet", "sglang-g1", _no_gpu_limit, "has no nvidia.com/gpu"),
     ("probes-timeout", "StatefulSet", "sglang-g2", _short_timeout, "readinessProbe is set with timeoutSeconds=1"),
     ("probes-timeout", "Deployment", "sglang-router", _no_liveness, "livenessProbe is missing"),
@@ -239,7 +250,17 @@ RESOURCE_CASES: list[tuple[str, str, str, Mutation, str]] = [
     ("spread-satisfiable", "StatefulSet", "sglang-g4", _hard_spread, "maxSkew=1"),
     ("hardened-pods", "StatefulSet", "sglang-g0", _no_pre_stop, "no preStop hook"),
     # Issue 25: the router had the default 30 s against its 120 s drain.
-    ("hardened-pods", "Deployment", "sglang-router", _default_grace, "terminationGracePeriodSeconds=30 < --shutdown"),
+    ("hardened-pods", "Deployment", "sglang-router", _default_grace, "terminationGracePeriodSeconds=30 < preStop 30 s"),
+    # Issue 25: the router had no preStop; SIGTERM came while kube-proxy and DNS still sent it requests.
+    ("hardened-pods", "Deployment", "sglang-router", _no_pre_stop, "no preStop hook"),
+    ("hardened-pods", "Deployment", "sglang-router", _short_pre_stop, "preStop holds it 1 s < 30 s, the DNS TTL"),
+    (
+        "hardened-pods",
+        "Deployment",
+        "sglang-router",
+        _grace_without_pre_stop,
+        "terminationGracePeriodSeconds=125 < preStop 30 s + --shutdown-grace-period-secs 120",
+    ),
     ("alert-offset-placement", "PrometheusRule", "exaserve-alerts", _offset_after_parens, "offset after"),
     # Issue 25, finding 4: the workers' monitor as it was (a ServiceMonitor on their 2,048-pod Service) is refused.
     ("workers-scraped-as-pods", "ServiceMonitor", "sglang-router", _workers_through_service, "at most 1,000"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -35,6 +36,8 @@ from tests.support.cli import EXASERVE, exaserve, exaserve_in_process, exaserve_
 from tests.support.paths import REPO
 from tests.support.repo import working_tree_repo
 from tests.support.stacks import write_variant
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # a terminal's colour and cursor codes
 
 Command = tuple[str, ...]
 
@@ -344,6 +347,23 @@ def test_piped_output_is_not_cut_at_80_columns() -> None:
     assert "precision" in header and "replicas" in header and "weights/GPU" in header, header
     assert "…" not in r.stdout
     assert max(len(line) for line in r.stdout.splitlines()) > 80  # the full table, wider than a default terminal
+
+
+def test_output_wide_prints_plain_full_width_columns_on_a_narrow_terminal() -> None:
+    """Issue 28: `--output wide`, as kubectl's: on an 80-column terminal the boxed table cuts `fit`'s columns to
+    `pre… rep…`; wide prints every column whole, unboxed, a layout a line (the terminal wraps, the table does not)."""
+    args = ["fit", "--stack", "dev", "--hf-config", "models/llama-3-70b/config.json"]
+    boxed = exaserve_on_terminal(*args, answer="", env={"COLUMNS": "80"})
+    wide = exaserve_on_terminal(*args, "--output", "wide", answer="", env={"COLUMNS": "80"})
+    assert boxed.returncode in (0, 1) and wide.returncode == boxed.returncode, wide.stdout
+    assert "…" in flat(boxed.stdout) and "┃" in boxed.stdout  # what an operator at a narrow terminal reads by default
+    text = ANSI.sub("", wide.stdout)
+    assert "…" not in text and not set("│┃━─") & set(text), text
+    header = next(line for line in text.splitlines() if "TP×PP" in line)
+    assert header.split()[:4] == ["precision", "kv", "TP×PP", "replicas"] and "weights/GPU" in header, header
+    rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["bf16"], ["fp8"])]
+    assert rows and all(len(row[2].split("×")) == 2 and row[6] == "GiB" for row in rows), text
+    assert max(len(line) for line in text.splitlines()) > 80
 
 
 def test_shell_completion_completes_commands_and_a_lazy_commands_options() -> None:

@@ -75,6 +75,38 @@ def test_fit_counts_the_weights_from_a_checkpoint_and_writes_it_into_the_stack(t
     assert two.returncode == 2 and "give its --precision once" in " ".join(two.stderr.split())  # rich wraps lines
 
 
+def test_write_stack_keeps_the_base_stacks_comments_quoting_and_other_keys(tmp_path: Path) -> None:
+    """Issue 28: `--write-stack` dropped the base file's comments (it re-serialised the parsed document). The base
+    is edited round-trip: every comment, quoted value, other namespace's key and the secrets provider stay; only the
+    layout's fields change."""
+    base = tmp_path / "Pulumi.base.yaml"
+    text = (REPO / "Pulumi.sandbox.yaml").read_text()
+    moved = text.replace("config:\n", "config:\n  aws:region: eu-west-1\n", 1).replace(
+        "hf_config: models/",
+        f"hf_config: {REPO}/models/",  # the base sits in tmp_path, its model in the repo
+    )
+    base.write_text("secretsprovider: passphrase\nencryptedkey: c2VjcmV0\n" + moved)
+    comments = [line.strip() for line in text.splitlines() if line.strip().startswith("#")]
+    assert len(comments) >= 10  # the sandbox stack explains its ports, versions and soak in comments
+    out = tmp_path / "Pulumi.fit.yaml"
+    r = exaserve("fit", "--stack-file", str(base), "--gpu", "NVIDIA-H100-80GB-HBM3",
+                 "--hf-config", "models/qwen2.5-0.5b/config.json", "--write-stack", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    written = out.read_text()
+    kept = [line.strip() for line in written.splitlines() if line.strip().startswith("#")]
+    assert [c for c in comments if c not in kept] == [], written
+    assert 'name_pattern: "sandbox-{index}"' in written  # quoted as the base quotes it
+    doc = yaml.safe_load(written)
+    assert (doc["secretsprovider"], doc["encryptedkey"], doc["config"]["aws:region"]) == (
+        "passphrase", "c2VjcmV0", "eu-west-1"
+    ), written  # fmt: skip
+    model = doc["config"]["exaserve:model"]
+    assert doc["config"]["exaserve:cluster"]["gpu"]["product"] == "NVIDIA-H100-80GB-HBM3"
+    assert "quantization: null" in written and model["quantization"] is None
+    spec = load_stack_file(out).spec
+    assert spec.sandbox is not None and spec.rollout == load_stack_file(REPO / "Pulumi.sandbox.yaml").spec.rollout
+
+
 def test_fit_exits_1_when_no_layout_meets_the_target() -> None:
     r = exaserve("fit", "--hf-config", "models/llama-3-70b/config.json", "--stack", "dev", "--concurrency", "10000000")
     assert r.returncode == 1 and "no layout meets the target" in r.stdout

@@ -28,7 +28,7 @@ from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack
 from tests.support.apiserver import AuthorizingApiServer, allowed, k8s_spec
 from tests.support.k8s import of_kind, one, render_file
-from tests.support.stacks import MULTI_NODE, fleet_of, write_variant
+from tests.support.stacks import MULTI_NODE, fleet_of, spec_from, write_variant
 
 
 @pytest.fixture(scope="module")
@@ -267,6 +267,24 @@ def test_the_routers_headless_service_names_the_api_and_metrics_ports(runs: dict
     }
     container = one(objects, "Deployment", gateway.NAME)["spec"]["template"]["spec"]["containers"][0]
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": http, "metrics": metrics}
+
+
+@pytest.mark.parametrize(("heartbeat_s", "drain_s", "pre_stop_s"), [(5, 120, 30), (0.5, 30, 30), (40, 60, 40)])
+def test_a_router_pod_keeps_serving_until_its_endpoints_are_gone_then_drains(
+    heartbeat_s: float, drain_s: float, pre_stop_s: int
+) -> None:
+    """Issue 25: the routers had no preStop, so SIGTERM came while kube-proxy and resolvers still sent them requests.
+    The kubelet's sleep holds a deleted router the 30 s kubeadm's CoreDNS may keep answering with its address (or a
+    heartbeat, if longer); the grace period counts that sleep, the router's drain (--shutdown-grace-period-secs) and
+    the kubelet's 2 s stop window."""
+    spec = spec_from("prod", serving__heartbeat_interval_s=heartbeat_s, rollout__drain_timeout_s=drain_s)
+    [deployment] = [o for o in gateway.render(fleet_of(spec)) if o["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": pre_stop_s}}}
+    flags = container["command"]
+    assert flags[flags.index("--shutdown-grace-period-secs") + 1] == str(drain_s)
+    assert pod["terminationGracePeriodSeconds"] == pre_stop_s + drain_s + 2
 
 
 def test_each_service_monitor_scrapes_one_service(runs: dict[str, list[RenderedObject]]) -> None:

@@ -52,6 +52,7 @@ from serving.rollout.machine import (
     replay,
 )
 from serving.rollout.plan import GateLimits, RolloutPlan, plan_batches, plan_rollout
+from serving.rollout.runner import Reading
 from serving.router.client import HistogramSnapshot, MetricsSnapshot
 from serving.spec.stack import load_stack
 from tests.support.cli import exaserve_in_process, json_object
@@ -383,6 +384,18 @@ def test_the_qps_window_is_two_load_polls_under_power_of_two_and_any_window_othe
     assert GateLimits.from_spec(prod).qps_window_min_s == 2 * prod.serving.heartbeat_interval_s == 10
     cache = spec_from("prod", scheduler__strategy="cache_aware")
     assert GateLimits.from_spec(cache).qps_window_min_s == 0
+    # the router polls every --worker-startup-check-interval, the heartbeat in whole seconds: 2.5 s polls every 3 s
+    assert GateLimits.from_spec(spec_from("prod", serving__heartbeat_interval_s=2.5)).qps_window_min_s == 6
+
+
+@given(st.floats(0, 2), st.floats(0, 2), st.floats(0.1, 600))
+@example(0.2, 0.0, 10.0)  # as the sandbox measured it: a 10 s soak read as 9.99 s, its QPS gate "not judged"
+def test_a_soak_window_is_never_shorter_than_the_soak_asked_for(start_took: float, end_took: float, s: float) -> None:
+    """Issue 28: the read ending a window started half the first read early, so a faster end read made the window
+    short of rollout.interval_s; at the minimum soak (two load polls) the QPS gate was then not judged."""
+    start = Reading({}, {}, at=0.0, took=start_took)  # at 0: float rounding of at + s - at is not the question
+    end_at = start.due(s) + end_took / 2  # a read's time is its middle
+    assert end_at - start.at >= s
 
 
 def test_a_canary_replica_down_rolls_back() -> None:

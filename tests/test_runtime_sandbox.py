@@ -310,6 +310,12 @@ def test_status_json_and_bad_reports_over_http(sandbox: Sandbox) -> None:
     assert {r["version"] for r in doc["replicas"]} == {sandbox.spec.serving.version}
     table = sandbox.cli("status")
     assert table.returncode == 0 and "version" in table.stdout and sandbox.spec.serving.version in table.stdout
+    # issue 28, item 8: `--output wide` prints plain columns, a replica a line, for awk and grep
+    wide = sandbox.cli("status", "--output", "wide")
+    assert wide.returncode == 0 and not set("│┃━─") & set(wide.stdout), wide.stdout
+    rows = {line.split()[0]: line.split() for line in wide.stdout.splitlines() if line.split()}
+    for r in doc["replicas"]:
+        assert rows[r["id"]][:4] == [r["id"], r["node"], r["url"], r["version"]], wide.stdout
     url = controller_urls(sandbox.spec)[0]
     good = {
         "schema_version": 2,

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from serving.rollout.plan import qps_window_min_s
 from serving.router.loadgen import LoadGenerator, LoadSpec
 from serving.sandbox import scale as scale_module
 from serving.sandbox.processes import StateDir
@@ -105,8 +106,9 @@ def test_the_derived_layout_hosts_whole_nodes_many_workers_per_process(scale: Sc
     assert (
         sum(r.kind == "router" for r in records.values()) == sum(r.kind == "controller" for r in records.values()) == 3
     )
-    # the rollout's waits are the stack's divided by 60; the heartbeat is the stack's own
-    assert (scale.spec.rollout.interval_s, scale.spec.serving.heartbeat_interval_s) == (5.0, 3.0)
+    # the rollout's waits are the stack's divided by 60 (300 s: 5 s), the soak no shorter than two of the router's
+    # load polls (2 × 3 s); the heartbeat is the stack's own
+    assert (scale.spec.rollout.interval_s, scale.spec.serving.heartbeat_interval_s) == (6.0, 3.0)
 
 
 @pytest.mark.slow
@@ -195,7 +197,9 @@ def test_the_sandbox_section_is_derived_from_the_stack() -> None:
     assert sb.control_base_port == 23050 + 20 + 2 * (prod.scheduler.instances - 1)
     assert sb.nodes_per_process == scale_module.WORKERS_PER_PROCESS // 8
     assert set(spec.serving.releases) == {*prod.serving.releases, scale_module.REHEARSAL_RELEASE}
-    assert spec.rollout.interval_s == prod.rollout.interval_s / scale_module.TIME_SCALE
+    # issue 28: prod's 300 s soak ÷ 60 is 5 s, shorter than two of its 5 s load polls; the stack loader refuses that
+    assert prod.rollout.interval_s / scale_module.TIME_SCALE < qps_window_min_s(prod) == spec.rollout.interval_s == 10
+    assert spec.rollout.baseline_window_s == prod.rollout.baseline_window_s / scale_module.TIME_SCALE
     assert spec.serving.warmup_duration_s == prod.serving.warmup_duration_s / scale_module.TIME_SCALE
     # what the rehearsal measures stays the stack's own, and so do the bounds, but the drain bound, which also bounds
     # a batch's removal from three routers sharing two cores: a readmission's

@@ -23,6 +23,10 @@ def parse(changes: dict[str, Any], base: str = "prod") -> FleetSpec:
         ({"serving.replicas": 0}, "serving.replicas", "got 0: Input should be greater than 0"),
         ({"serving.releases": {"v1": "lmsysorg/sglang:latest"}}, "serving.releases", "release 'v1'.*not pinned"),
         ({"serving.releases": {"v1": "lmsysorg/sglang"}}, "serving.releases", "not pinned"),
+        # issue 25: anything after '@' passed as a digest, even `@latest` or a digest of no repository
+        ({"serving.releases": {"v1": "lmsysorg/sglang@latest"}}, "serving.releases", "'latest' after '@' is not a"),
+        ({"serving.releases": {"v1": "lmsysorg/sglang@sha256:abc"}}, "serving.releases", "not a sha256:<64 hex"),
+        ({"kubernetes.router_image": "@sha256:" + "0" * 64}, "kubernetes.router_image", "of a named repository"),
         ({"serving.version": "v2"}, "serving", "version 'v2' is not in releases"),
         ({"rollout.group_versions": {0: "v3"}}, "", "not in serving.releases"),
         (
@@ -55,6 +59,12 @@ def test_bad_input_names_field_value_and_fix(changes: dict[str, Any], path: str,
     assert any(__import__("re").search(match, m) for p, m in info.value.problems if p == path), str(info.value)
 
 
+@pytest.mark.parametrize("image", ["lmsysorg/sglang@sha256:" + "0f" * 32, "lmsysorg/sglang:v0.5.23@sha256:" + "a" * 64])
+def test_an_image_by_digest_is_pinned(image: str) -> None:
+    """What the image workflow publishes (repo@sha256:<digest>, optionally with its tag) is accepted as pinned."""
+    assert parse({"serving.releases": {"v1": image}}).serving.releases["v1"] == image
+
+
 def test_model_validate_raises_validation_error_for_programmatic_use() -> None:
     with pytest.raises(ValidationError, match="experts_per_token=9 exceeds num_experts=8"):
         FleetSpec.model_validate(
@@ -65,6 +75,42 @@ def test_model_validate_raises_validation_error_for_programmatic_use() -> None:
 def test_sandbox_versions_must_define_every_version_the_fleet_runs() -> None:
     with pytest.raises(SpecError, match=r"version\(s\) \['v9'\] are not defined in sandbox.versions"):
         parse({"serving.version": "v9", "serving.releases.v9": "lmsysorg/sglang:v0.5.23-cu126"}, base="sandbox")
+
+
+@pytest.mark.parametrize(
+    ("changes", "least", "fixes"),
+    [
+        # issue 28: the sandbox's 2 s soak against 5 s load polls; no batch's QPS gate was judged
+        ({"rollout.interval_s": 2, "serving.warmup_duration_s": 1}, 10, "Set rollout.interval_s to at least 10, set "
+         "serving.heartbeat_interval_s to at most 1 (polls every 1 s), or choose a scheduler.strategy"),
+        # a 2.5 s heartbeat is rendered as a 3 s poll (--worker-startup-check-interval takes whole seconds)
+        ({"rollout.interval_s": 5.5, "serving.warmup_duration_s": 1, "serving.heartbeat_interval_s": 2.5}, 6,
+         "at most 2 (polls every 2 s)"),
+        ({"rollout.interval_s": 1.5, "serving.warmup_duration_s": 1}, 10, "at least 10, or choose"),
+    ],
+)  # fmt: skip
+def test_a_soak_shorter_than_two_load_polls_is_refused_at_load_time(
+    changes: dict[str, Any], least: float, fixes: str
+) -> None:
+    with pytest.raises(SpecError) as info:
+        parse(changes)
+    [(path, message)] = info.value.problems
+    assert path == "rollout.interval_s" and message.startswith(f"got {changes['rollout.interval_s']:g}: "), message
+    assert f"shorter than {least:g} s, 2 of the router's load polls" in message and fixes in message, message
+    assert "Traceback" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"rollout.interval_s": 10, "serving.warmup_duration_s": 1},  # exactly two polls
+        {"rollout.interval_s": 2, "serving.warmup_duration_s": 1, "serving.heartbeat_interval_s": 1},
+        {"rollout.interval_s": 2, "serving.warmup_duration_s": 1, "scheduler.strategy": "round_robin"},
+        {"rollout.interval_s": 0},  # no soak at all: nothing to judge
+    ],
+)
+def test_a_soak_of_two_load_polls_or_without_polls_loads(changes: dict[str, Any]) -> None:
+    assert parse(changes).rollout.interval_s == changes["rollout.interval_s"]
 
 
 def test_defaults_are_the_source_values() -> None:

@@ -36,6 +36,7 @@ from serving.render.k8s.common import (
 from serving.render.k8s.container import GENERATING_PATHS, LIVENESS_PATH
 from serving.render.k8s.fabric import NETWORKS_ANNOTATION
 from serving.render.k8s.fleet import LWS_GROUP_KEY
+from serving.render.k8s.gateway import DNS_TTL_S
 from serving.render.k8s.gateway import LIVENESS_PATH as ROUTER_LIVENESS_PATH
 from serving.render.k8s.storage import COMPLETE_MARKER, WARMER
 from serving.result import CheckResult, Status
@@ -858,7 +859,8 @@ def spread_satisfiable(resource_type: str, props: Props) -> list[CheckResult]:
 @resource_rule(
     "hardened-pods",
     "Serving and router containers run as non-root where they can, under the RuntimeDefault seccomp profile, and "
-    "serving containers have a preStop hook; a Deployment with required host anti-affinity does not surge.",
+    "serving and router containers have a preStop hook (the router's holds it at least the DNS TTL), the grace period "
+    "covers the preStop and the router's drain; a Deployment with required host anti-affinity does not surge.",
 )
 def hardened_pods(resource_type: str, props: Props) -> list[CheckResult]:
     out = []
@@ -873,16 +875,22 @@ def hardened_pods(resource_type: str, props: Props) -> list[CheckResult]:
         adds = ((sc.get("capabilities") or {}).get("add")) or []
         if not sc.get("runAsNonRoot") and "IPC_LOCK" not in adds:
             problems.append("runAsNonRoot is not set")
-        if app == SERVING_APP and not ((c.get("lifecycle") or {}).get("preStop")):
+        held = _pre_stop_s(c)
+        if held is None:
             problems.append("no preStop hook (requests are routed to it while it shuts down)")
+        elif app == ROUTER_APP and held < DNS_TTL_S:
+            problems.append(
+                f"preStop holds it {held:g} s < {DNS_TTL_S} s, the DNS TTL the updater and controllers may reuse its "
+                "address for: they reach a router that is shutting down"
+            )
         words = [str(w) for w in [*(c.get("command") or []), *(c.get("args") or [])]]
         if "--shutdown-grace-period-secs" in words[:-1]:
             drain = float(words[words.index("--shutdown-grace-period-secs") + 1])
             grace = float((template.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
-            if grace < drain:
+            if grace < (held or 0) + drain:
                 problems.append(
-                    f"terminationGracePeriodSeconds={grace:g} < --shutdown-grace-period-secs {drain:g}: the kubelet "
-                    "kills it mid-drain"
+                    f"terminationGracePeriodSeconds={grace:g} < preStop {held or 0:g} s + --shutdown-grace-period-secs "
+                    f"{drain:g}: the kubelet counts the preStop in the grace period and kills the router mid-drain"
                 )
         if problems:
             out.append(
@@ -892,7 +900,7 @@ def hardened_pods(resource_type: str, props: Props) -> list[CheckResult]:
                     props,
                     f"{where}: {', '.join(problems)}",
                     "runAsNonRoot (unless the container needs IPC_LOCK), seccompProfile RuntimeDefault, a preStop hook "
-                    "(serving), a grace period covering the router's own drain",
+                    f"(the router's at least {DNS_TTL_S} s), a grace period covering the preStop and the router's drain",
                     "Render the containers with serving.render.k8s.container / gateway.",
                 )
             )
@@ -917,6 +925,20 @@ def hardened_pods(resource_type: str, props: Props) -> list[CheckResult]:
             )
         )
     return out
+
+
+def _pre_stop_s(container: Mapping[str, Any]) -> float | None:
+    """How long a container's preStop hook holds it before its SIGTERM: the kubelet's sleep action or an exec of
+    ``sleep N`` (0: another hook, which holds it for no known time); None without a preStop hook."""
+    hook = (container.get("lifecycle") or {}).get("preStop")
+    if not hook:
+        return None
+    if isinstance(hook.get("sleep"), Mapping):
+        return float(hook["sleep"].get("seconds", 0))
+    command = [str(w) for w in ((hook.get("exec") or {}).get("command") or [])]
+    if len(command) == 2 and command[0].rsplit("/", 1)[-1] == "sleep" and command[1].isdigit():
+        return float(command[1])
+    return 0.0
 
 
 @resource_rule(

@@ -2,26 +2,30 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from pydantic import ValidationError
 from rich.table import Table
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap
 
 from serving.cli.options import (
     DEFAULT_STACK,
     EXIT_PROBLEM,
     JsonOpt,
+    OutputOpt,
     StackFileOpt,
     StackOpt,
     app,
     console,
     emit_json,
     fail,
+    print_table,
     require_file,
     resolve_stack,
 )
@@ -75,12 +79,35 @@ def _layout_json(lay: sgl.Layout, rps: float) -> dict[str, Any]:
     }
 
 
+def _null(representer: Any, _: None) -> Any:
+    """``null`` spelled out (ruamel's round trip writes an empty value), as the stack files write it."""
+    return representer.represent_scalar("tag:yaml.org,2002:null", "null")
+
+
 def _write_stack(
     out: Path, base: Path, lay: sgl.Layout, hf_config: Path, arch: Architecture, gpu: str, checkpoint: Path | None
 ) -> None:
-    """The chosen layout written over the base stack's model, parallelism, serving and GPU product."""
-    doc = read_stack_document(base)
-    model = {k: v for k, v in (doc.get("model") or {}).items() if k not in ("checkpoint", "checkpoint_weights")}
+    """The chosen layout written over the base stack's model, parallelism, serving and GPU product. The base file is
+    edited round-trip (ruamel.yaml), so its comments, key order and quoting stay; only the fields set here change."""
+    read_stack_document(base)  # a base that is no stack file fails here, naming the file and the fix
+    rt = YAML()  # round-trip: a CommentedMap keeps each comment beside its key
+    rt.preserve_quotes, rt.width = True, 4096  # the base's quoting; never fold a long value onto a second line
+    rt.indent(mapping=2, sequence=4, offset=2)  # the stack files' layout: a list's dash indented under its key
+    rt.representer.add_representer(type(None), _null)
+    # everything else of the base stays as it is, as `pulumi stack init --copy-config-from` copies a stack's config:
+    # other namespaces' keys, and the secrets provider their `secure:` values are encrypted for
+    raw = rt.load(base.read_text(encoding="utf-8"))
+    config = raw["config"]
+
+    def section(name: str, parent: Any = config) -> Any:
+        key = name if parent is not config else f"{NAMESPACE}:{name}"
+        if not isinstance(parent.get(key), dict):
+            parent[key] = CommentedMap()
+        return parent[key]
+
+    model = section("model")
+    for key in ("checkpoint", "checkpoint_weights"):  # the layout was counted from this checkpoint, or none
+        model.pop(key, None)
     if checkpoint is not None:
         model["checkpoint"] = os.path.relpath(checkpoint.resolve(), out.resolve().parent)
     model.update(
@@ -89,17 +116,17 @@ def _write_stack(
         precision=lay.precision,
         quantization=QUANTIZATION[lay.precision],
         kv_cache_dtype=lay.kv_cache_dtype,
-        architecture={"parameter_count": arch.parameter_count},
+        architecture=CommentedMap(parameter_count=arch.parameter_count),
     )
-    serving = {**(doc.get("serving") or {}), "replicas": lay.replicas, "replicas_per_node": lay.replicas_per_node}
-    cluster = dict(doc.get("cluster") or {})
-    cluster["gpu"] = {**(cluster.get("gpu") or {}), "product": gpu}
-    doc.update(model=model, parallelism={"tp": lay.tp, "pp": lay.pp, "dp": 1}, serving=serving, cluster=cluster)
-    doc = {"config": {f"{NAMESPACE}:{section}": value for section, value in doc.items()}}
+    section("parallelism").update(tp=lay.tp, pp=lay.pp, dp=1)
+    section("serving").update(replicas=lay.replicas, replicas_per_node=lay.replicas_per_node)
+    section("gpu", section("cluster"))["product"] = gpu
+    text = io.StringIO()
+    rt.dump(raw, text)
     out.write_text(
         f"# Written by `exaserve fit` from {base.name}: {lay.precision} TP {lay.tp} × PP {lay.pp}, "
-        f"{lay.replicas} replicas, {lay.sequences_per_replica} sequences each.\n"
-        + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
+        f"{lay.replicas} replicas, {lay.sequences_per_replica} sequences each.\n" + text.getvalue(),
+        encoding="utf-8",
     )
     try:
         load_stack_file(out)
@@ -149,6 +176,7 @@ def fit(
     ] = None,
     stack: StackOpt = DEFAULT_STACK,
     stack_file: StackFileOpt = None,
+    output: OutputOpt = "table",
     as_json: JsonOpt = False,
 ) -> None:
     """Enumerate the layouts (precision, KV dtype, TP, PP, replicas per node) that serve a model on the
@@ -274,7 +302,7 @@ def fit(
                 f"{chain.requests_per_second.value:,.0f}",
                 lay.rank_reason,
             )
-        console.print(table)
+        print_table(table, output)
         if layouts:
             console.print(f"best: {layouts[0].breakdown}", soft_wrap=True)
         for e in result.excluded:

@@ -37,10 +37,11 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, TypeVar, get_type_hints
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from serving import paths
 from serving.cli.commands import app  # defined with the command table, which --help reads without this module
@@ -67,6 +68,30 @@ def _console(*, stderr: bool = False) -> Console:
 
 console = _console()
 err_console = _console(stderr=True)
+
+OutputFormat = Literal["table", "wide"]
+OutputOpt = Annotated[
+    OutputFormat,
+    typer.Option(
+        "--output",
+        "-o",
+        help="table: boxed, fitted to a terminal (piped: full width); wide: plain columns at full width on a terminal "
+        "too, never cut, as kubectl's -o wide (for awk and grep).",
+    ),
+]
+
+
+def print_table(table: Table, output: OutputFormat) -> None:
+    """``table`` on stdout: boxed and fitted to the terminal (``table``), or as plain columns as wide as their content
+    whatever the terminal (``wide``): no border, no cell cut to ``…`` or folded."""
+    if output == "table":
+        console.print(table)
+        return
+    table.box, table.show_edge, table.pad_edge = None, False, False
+    for column in table.columns:
+        column.no_wrap = True
+    Console(width=PIPE_WIDTH).print(table)
+
 
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 _STACK_META = "exaserve.stack"  # context meta key: the loaded stack's name, for the error JSON

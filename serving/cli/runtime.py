@@ -25,6 +25,7 @@ from serving.cli.options import (
     IdentityOpt,
     JsonOpt,
     KnownHostsOpt,
+    OutputOpt,
     StackFileOpt,
     StackOpt,
     StateDirOpt,
@@ -32,6 +33,7 @@ from serving.cli.options import (
     console,
     emit_json,
     fail,
+    print_table,
     resolve_stack,
 )
 from serving.cli.state import stack_state
@@ -342,6 +344,7 @@ def status(
     known_hosts: KnownHostsOpt = DEFAULT_KNOWN_HOSTS,
     identity: IdentityOpt = None,
     state_dir: StateDirOpt = None,
+    output: OutputOpt = "table",
     as_json: JsonOpt = False,
 ) -> None:
     """Replicas as every router instance routes them (routes, unhealthy, absent, unknown), beside the controllers'
@@ -414,7 +417,7 @@ def status(
                 n["state"],
                 "-" if n["last_report_s"] is None else f"{n['last_report_s']:.1f}",
             )
-        console.print(table)
+        print_table(table, output)
         table = Table(title="replicas")
         for col in ("replica", "node", "url", "version", "routers", "state", "score", "in rotation", "load"):
             table.add_column(col)
@@ -430,6 +433,6 @@ def status(
                 "yes" if r["in_rotation"] else "no",
                 f"{r['load']:.3f}",
             )
-        console.print(table)
+        print_table(table, output)
     if not ok:
         raise typer.Exit(EXIT_PROBLEM)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from serving.plan.model import Fleet, MemoryPlan, Plan
+from serving.render.common import whole_seconds
 from serving.render.router import request_timeout_s, router_policy
 from serving.rollout.kvpool import KvPlan
 from serving.spec.schema import FleetSpec
@@ -91,14 +92,41 @@ def qps_window_min_s(spec: FleetSpec) -> float:
     """The shortest soak whose per-replica QPS says something about the replicas rather than the router.
 
     ``power_of_two`` picks the less loaded of two workers by the loads it polled last (``/get_load`` every
-    ``serving.heartbeat_interval_s``): between two polls the ranking is fixed, the worker that looked busiest gets
-    nothing and the least busy one 2/n of the traffic. Measured in the sandbox (6 replicas, 60 req/s, 5 s polls): a
-    healthy worker at 0 requests for 4.5 s while a peer served 3× its share. A window must span
+    ``--worker-startup-check-interval``: ``serving.heartbeat_interval_s`` rounded up to whole seconds,
+    :data:`serving.render.router.ROUTER_FLAGS`): between two polls the ranking is fixed, the worker that looked busiest
+    gets nothing and the least busy one 2/n of the traffic. Measured in the sandbox (6 replicas, 60 req/s, 5 s polls):
+    a healthy worker at 0 requests for 4.5 s while a peer served 3× its share. A window must span
     :data:`LOAD_POLLS_PER_QPS_WINDOW` polls for the split to average out; other policies route on the router's own
-    in-flight counts (0: any window)."""
+    in-flight counts (0: any window). The stack loader refuses a soak shorter than this
+    (:func:`serving.spec.stack.parse_spec`)."""
     if router_policy(spec) != "power_of_two":
         return 0.0
-    return LOAD_POLLS_PER_QPS_WINDOW * spec.serving.heartbeat_interval_s
+    return float(LOAD_POLLS_PER_QPS_WINDOW * whole_seconds(spec.serving.heartbeat_interval_s))
+
+
+def soak_problem(spec: FleetSpec) -> str | None:
+    """Why ``rollout.interval_s`` is too short for the QPS gate to judge any batch (None: it is not): a soak of
+    ``0 < interval_s <`` :func:`qps_window_min_s` leaves every batch's QPS gate inconclusive (issue 28: 4 of 5
+    sandbox batches had it "not judged"). The message names the fields, their values and the three fixes."""
+    r, s = spec.rollout, spec.serving
+    least = qps_window_min_s(spec)
+    if not 0 < r.interval_s < least:
+        return None
+    poll = whole_seconds(s.heartbeat_interval_s)
+    most_poll = math.floor(r.interval_s / LOAD_POLLS_PER_QPS_WINDOW)
+    shorter = (
+        f"set serving.heartbeat_interval_s to at most {most_poll} (polls every {most_poll} s), "
+        if most_poll >= 1
+        else ""
+    )
+    return (
+        f"shorter than {least:g} s, {LOAD_POLLS_PER_QPS_WINDOW} of the router's load polls: scheduler.strategy "
+        f"{spec.scheduler.strategy!r} routes with power_of_two, which polls every worker's /get_load every "
+        f"{poll} s (serving.heartbeat_interval_s {s.heartbeat_interval_s:g}, rounded up to whole seconds), and within "
+        "a poll its split is the router's ranking, not the replicas': no batch's QPS gate could be judged. "
+        f"Set rollout.interval_s to at least {least:g}, {shorter}or choose a scheduler.strategy that does not "
+        "poll loads (round_robin, cache_aware, random)"
+    )
 
 
 @dataclass(frozen=True)

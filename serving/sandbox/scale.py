@@ -8,8 +8,10 @@ The sandbox section is derived from the stack, never copied into a stack file by
 * the layout: :data:`WORKERS_PER_PROCESS` workers (whole nodes) share one event loop
   (:mod:`serving.sandbox.worker_host`), and the agents of the same nodes share one ``exaserve agent run``;
 * time: the rollout's waits (soak interval, baseline window, warm-up) and a replica's restart from the local cache
-  (the simulated start-up) are the stack's divided by :data:`TIME_SCALE` — a minute becomes a second — so a 5-batch
-  rollout's configured waits take 28.5 s instead of 28.5 min (its wall time at 2,048 is the routers', below). Bounds are not waits and stay the stack's, but one: ``rollout.drain_timeout_s`` also bounds
+  (the simulated start-up) are the stack's divided by :data:`TIME_SCALE` — a minute becomes a second — but the soak
+  never shorter than two of the router's load polls (:func:`serving.rollout.plan.qps_window_min_s`; prod: 10 s, not
+  5), so a 5-batch rollout's configured waits take 53.5 s instead of 28.5 min (its wall time at 2,048 is the
+  routers', below). Bounds are not waits and stay the stack's, but one: ``rollout.drain_timeout_s`` also bounds
   a batch's removal from every router, the routers' own work — sglang-router 0.3.2 rebuilds its hash ring over
   every worker on each change, ~70 ms of CPU at 2,048 (docs/scale.md) — which a fleet's router gives a core of its
   own (410 changes: 29 s) and the rehearsal's three routers share two cores for (150-180 s, past prod's 120 s). The
@@ -42,6 +44,7 @@ import yaml
 
 from serving.plan.model import Fleet, Plan
 from serving.rollout.journal import StackState
+from serving.rollout.plan import qps_window_min_s
 from serving.sandbox.backend import node_groups
 from serving.sandbox.capacity import CPU_SHARE, Costs, CpuNeed, cpu_need, cpus
 from serving.sandbox.processes import EPHEMERAL_PORT_RANGE, ephemeral_port_range, free_port_block
@@ -115,8 +118,9 @@ def simulated_document(stack: Stack, plan: Plan, *, ports_base: int | None = Non
     serving["releases"] = {**spec.serving.releases, REHEARSAL_RELEASE: spec.serving.image}
     serving["warmup_duration_s"] = spec.serving.warmup_duration_s / TIME_SCALE
     rollout = doc.setdefault("rollout", {})
-    for key in ("interval_s", "baseline_window_s"):
-        rollout[key] = getattr(spec.rollout, key) / TIME_SCALE
+    rollout["baseline_window_s"] = spec.rollout.baseline_window_s / TIME_SCALE
+    # no shorter than two of the router's load polls, whose heartbeat stays the stack's, or no QPS gate is judged
+    rollout["interval_s"] = max(spec.rollout.interval_s / TIME_SCALE, qps_window_min_s(spec))
     rollout["drain_timeout_s"] = max(spec.rollout.drain_timeout_s, spec.rollout.health_timeout_s)
     startup_s = plan.restart_from_cache_s.value / TIME_SCALE
     doc["sandbox"] = {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import string
 from collections import Counter
 from enum import StrEnum
@@ -651,9 +652,21 @@ class LogLevel(StrEnum):
 ReleaseName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
 
 
+IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # an OCI content digest, as a registry returns it on a push
+
+
 def pinned_image(v: str) -> str:
-    """Images are pinned: an explicit tag other than 'latest', or a digest."""
-    name, _, tag = v.rpartition(":") if "@" not in v else (v, "", "digest")
+    """Images are pinned: an explicit tag other than 'latest', or a digest: ``repo[:tag]@sha256:<64 hex digits>``,
+    as the image workflow publishes it (.github/workflows/image.yml)."""
+    if "@" in v:
+        name, _, digest = v.partition("@")
+        if name and IMAGE_DIGEST.fullmatch(digest):
+            return v
+        raise ValueError(
+            f"image {v!r} is not pinned: {digest!r} after '@' is not a sha256:<64 hex digits> digest of a named "
+            "repository; use repo@sha256:<digest> as the image workflow prints it, or an explicit tag"
+        )
+    name, _, tag = v.rpartition(":")
     if not name or not tag or tag == "latest" or "/" in tag:
         raise ValueError(f"image {v!r} is not pinned; use an explicit tag or @sha256 digest, never 'latest'")
     return v

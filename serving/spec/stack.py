@@ -17,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from serving.paths import ProjectNotFoundError, project_dir
+from serving.rollout.plan import soak_problem
 from serving.spec.checkpoint import CheckpointError, read_checkpoint
 from serving.spec.schema import MODEL_PATH_FIELDS, FleetSpec, json_schema, load_hf_config
 
@@ -149,9 +150,12 @@ def parse_spec(doc: dict[str, Any], source: str, base_dir: Path) -> FleetSpec:
             raise SpecError(source, [("model.checkpoint", str(exc))]) from None
         doc = {**doc, "model": {**model, "checkpoint_weights": weights.model_dump()}}
     try:
-        return FleetSpec.model_validate(doc)
+        spec = FleetSpec.model_validate(doc)
     except ValidationError as exc:
         raise SpecError(source, validation_problems(exc, doc)) from None
+    if (short := soak_problem(spec)) is not None:  # across sections: the soak against the router's load polls
+        raise SpecError(source, [("rollout.interval_s", f"got {spec.rollout.interval_s:g}: {short}")])
+    return spec
 
 
 def file_stack_name(path: Path) -> str:

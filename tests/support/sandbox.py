@@ -62,7 +62,7 @@ class Sandbox:
     def _env(self) -> dict[str, str]:
         return {"EXASERVE_STATE_DIR": str(self.state_dir)}
 
-    def cli(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    def cli(self, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
         """``exaserve ARGS --stack-file STACK`` with this sandbox's state directory."""
         return exaserve(*args, "--stack-file", str(self.stack_file), env=self._env(), timeout_s=timeout_s)
 
@@ -146,11 +146,12 @@ def running_sandbox(
         assert leftover == [], f"sandbox down left processes behind: {leftover}"
 
 
-LOAD_RATE = 100.0  # requests/s: enough for the gates to judge 8 replicas' QPS and P99 in a 4 s window
-# Rollout windows of 4 s and a 5 s health timeout: long enough for the gates to judge the stack's simulated latencies
-# (100 ms; "50 % slower" = 150 ms), short enough rollouts.
+LOAD_RATE = 100.0  # requests/s: enough for the gates to judge 8 replicas' QPS and P99 in a 10 s soak
+# A 4 s baseline, 10 s soaks (the stack's: two of the router's 5 s load polls, the shortest the stack loader accepts)
+# and a 5 s health timeout: long enough for the gates to judge the stack's simulated latencies (100 ms; "50 % slower"
+# = 150 ms), short enough rollouts.
 GATED: dict[str, Any] = {
-    "rollout.interval_s": 4,
+    "rollout.interval_s": 10,
     "rollout.baseline_window_s": 4,
     "rollout.health_timeout_s": 5,
     "rollout.drain_timeout_s": 10,
@@ -160,7 +161,7 @@ GATED: dict[str, Any] = {
 class Load:
     """Bounded open-loop client load on the router, in a thread, for the length of a `with` block."""
 
-    def __init__(self, url: str, rate: float = LOAD_RATE, max_s: float = 120.0) -> None:
+    def __init__(self, url: str, rate: float = LOAD_RATE, max_s: float = 300.0) -> None:
         self.gen = LoadGenerator(LoadSpec(url=url, rate_per_s=rate, duration_s=max_s, timeout_s=10.0))
         self._loop = asyncio.new_event_loop()
         self._stop = asyncio.Event()

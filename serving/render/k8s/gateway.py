@@ -36,6 +36,29 @@ HTTP_PORT_NAME = "http"
 METRICS_PORT_NAME = "metrics"
 LIVENESS_PATH = "/liveness"  # the router's own liveness: answers without asking any worker
 DISCOVERY_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+# How long cluster DNS may keep answering with a router pod's address: the Corefile kubeadm installs answers Service
+# records with `ttl 30` and caches them (`cache 30`) (kubernetes cmd/kubeadm/app/phases/addons/dns/manifests.go,
+# CoreDNSConfigMap; CoreDNS's own default is 5 s). The updater and the controllers resolve the headless Service before
+# each operation (serving.router.membership), so a deleted router can be named to them that long after it left the
+# EndpointSlice (docs/k8s-semantics.md).
+DNS_TTL_S = 30
+# The kubelet's minimumGracePeriodInSeconds: the least stop window it gives a container after its preStop.
+KUBELET_MIN_STOP_S = 2
+
+
+def drain_before_stop_s(spec: FleetSpec) -> int:
+    """The router's preStop: how long a deleted router pod keeps serving before its SIGTERM. The EndpointSlice
+    controller marks a terminating pod not ready at once; kube-proxy and DNS apply that later (a resolver may reuse an
+    answer for :data:`DNS_TTL_S`; kube-proxy syncs within its min-sync period). The DNS TTL, or one heartbeat interval
+    (the serving pods' preStop) if longer."""
+    return max(whole_seconds(spec.serving.heartbeat_interval_s), DNS_TTL_S)
+
+
+def termination_grace_s(spec: FleetSpec) -> int:
+    """The router pod's terminationGracePeriodSeconds. The kubelet counts the preStop within it and sends SIGTERM
+    only after (kuberuntime_container.go, killContainer), then the router drains its in-flight requests for
+    ``--shutdown-grace-period-secs`` (rollout.drain_timeout_s); :data:`KUBELET_MIN_STOP_S` more for it to exit."""
+    return drain_before_stop_s(spec) + whole_seconds(spec.rollout.drain_timeout_s) + KUBELET_MIN_STOP_S
 
 
 def cluster_router(fleet: Fleet) -> RouterArgs:
@@ -75,6 +98,8 @@ def render(fleet: Fleet) -> list[K8sObject]:
         "livenessProbe": {"httpGet": {"path": LIVENESS_PATH, "port": HTTP_PORT_NAME}, **probe},
         "readinessProbe": {"httpGet": {"path": "/readiness", "port": HTTP_PORT_NAME}, **probe},
         "resources": {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
+        # The kubelet's own sleep (PodLifecycleSleepAction, on by default since 1.30): no shell in the image needed.
+        "lifecycle": {"preStop": {"sleep": {"seconds": drain_before_stop_s(fleet.spec)}}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "runAsNonRoot": True,
@@ -103,10 +128,9 @@ def render(fleet: Fleet) -> list[K8sObject]:
                     "spec": {
                         "serviceAccountName": NAME,
                         "enableServiceLinks": False,
-                        # The kubelet's SIGKILL comes after the router's own drain (--shutdown-grace-period-secs), not
-                        # at the default 30 s; one heartbeat more for the endpoints to drop the pod first.
-                        "terminationGracePeriodSeconds": whole_seconds(fleet.spec.rollout.drain_timeout_s)
-                        + whole_seconds(fleet.spec.serving.heartbeat_interval_s),
+                        # The kubelet's SIGKILL comes after the preStop and the router's own drain, not at the
+                        # default 30 s.
+                        "terminationGracePeriodSeconds": termination_grace_s(fleet.spec),
                         **pull_secrets(fleet.spec),
                         "affinity": {
                             "podAntiAffinity": {
