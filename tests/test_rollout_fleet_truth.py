@@ -21,9 +21,11 @@ from tests.support.stacks import fleet_of
 
 REPLICAS = 6
 # A short baseline, QPS and P99 gates opened wide: what these tests check is what gets planned, not gate values
-# (the error gate stays 0.1 %). The soak is the shortest the stack loader accepts: two of the router's 5 s load polls.
+# (the error gate stays 0.1 %). The soak is the shortest the stack loader accepts: two of the router's load polls, at
+# a 1 s heartbeat.
 FAST: dict[str, Any] = {
-    "rollout.interval_s": 10,
+    "serving.heartbeat_interval_s": 1,
+    "rollout.interval_s": 2,
     "rollout.baseline_window_s": 1.5,
     "rollout.health_timeout_s": 10,
     "rollout.max_qps_drop": 0.9,

@@ -50,7 +50,8 @@ ROUTERS = 3
 CHANGES: dict[str, Any] = {
     "scheduler.instances": ROUTERS,
     "rollout.batches": 2,
-    "rollout.interval_s": 10,  # the shortest soak the stack loader accepts: two of the router's 5 s load polls
+    "serving.heartbeat_interval_s": 1,
+    "rollout.interval_s": 2,  # the shortest soak the stack loader accepts: two of the router's 1 s load polls
     "rollout.baseline_window_s": 1.5,
     "rollout.max_qps_drop": 0.9,  # QPS and P99 are not what this module checks (the error gate stays 0.1 %)
     "rollout.max_p99_rise": 20.0,  # CI saw one replica at 7× its P99 for a 1.5 s window (a starved process)

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from serving.rollout.gates import ROUTER_INFERENCE_REQUESTS
+from serving.rollout.gates import MIN_REQUESTS, ROUTER_INFERENCE_REQUESTS
 from serving.rollout.journal import load_state
 from serving.rollout.machine import Outcome, Phase
 from serving.router.client import MetricsSnapshot
@@ -31,11 +31,11 @@ from tests.support.sandbox import GATED, Load, Sandbox, running_sandbox, wait_fo
 REPLICAS = 8
 LOAD_RATE = 100.0
 # A 1.5 s baseline with the QPS and P99 gates opened wide, for the tests of crash and router-restart consistency
-# (gate values are not what they check; the error gate stays 0.1 %). The soak stays 10 s: the stack loader refuses one
-# shorter than two of the router's 5 s load polls (issue 28). These rollouts pass --accept-inconclusive (ACCEPT), as an
-# operator who knows it would: a soak re-measured after a router restart may see little traffic.
+# (gate values are not what they check; the error gate stays 0.1 %). The soak is 2 s: two of the router's 1 s load
+# polls (GATED's heartbeat), the shortest the stack loader accepts (issue 28). These rollouts pass --accept-inconclusive
+# (ACCEPT), as an operator who knows it would: a soak re-measured after a router restart may see little traffic.
 FAST: dict[str, Any] = {
-    "rollout.interval_s": 10,
+    "rollout.interval_s": 2,
     "rollout.baseline_window_s": 1.5,
     "rollout.max_qps_drop": 0.9,
     "rollout.max_p99_rise": 5.0,
@@ -77,7 +77,9 @@ def test_dry_run_prints_the_plan_and_touches_nothing(sandbox: Sandbox) -> None:
     assert r.returncode == 0, r.stderr
     doc = json_object(r)
     assert doc["dry_run"] is True and [len(b["replicas"]) for b in doc["batches"]] == [2, 2, 2, 1, 1]
-    assert doc["configured_wait_s"] == pytest.approx(4 + 5 * (1 + 10))
+    # the baseline, then per batch the warm-up (the stack's 1 s) and the soak
+    baseline, soak = GATED["rollout.baseline_window_s"], GATED["rollout.interval_s"]
+    assert doc["configured_wait_s"] == pytest.approx(baseline + 5 * (sandbox.spec.serving.warmup_duration_s + soak))
     assert (journal.read_text() if journal.exists() else None) == before
 
 
@@ -172,11 +174,17 @@ def test_a_rollout_without_traffic_pauses_as_inconclusive_before_changing_anythi
     state = load_state(at_v1.paths.journal_path)
     assert state is not None and state.outcome is Outcome.PAUSED and state.resume_step is not None
     assert state.resume_step.phase is Phase.BASELINE, "a resume measures the baseline again"
-    # GATED: a 10 s soak of batch 0's 2 replicas needs 20 requests: 1.00 req/s per replica, 8.0 through the router
+    # GATED: a soak of batch 0's 2 replicas needs MIN_REQUESTS (20) requests: 20 / (2 × soak) per replica
+    soak, per_replica = GATED["rollout.interval_s"], MIN_REQUESTS / (2 * GATED["rollout.interval_s"])
     reason = " ".join(state.reason.split())
-    assert reason.startswith("paused before the first batch: no traffic in 4 s"), reason
-    assert "batch 0 (2 replicas) would get 0 requests in its 10 s soak" in reason
-    assert "send at least 1.00 req/s per replica (8.0 req/s through the routers)" in reason
+    assert reason.startswith(f"paused before the first batch: no traffic in {GATED['rollout.baseline_window_s']} s"), (
+        reason
+    )
+    assert f"batch 0 (2 replicas) would get 0 requests in its {soak} s soak" in reason
+    assert (
+        f"send at least {per_replica:.2f} req/s per replica ({per_replica * REPLICAS:.1f} req/s through the routers)"
+        in reason
+    )
     assert "--accept-inconclusive" in reason and reason.endswith("Nothing was changed")
     # In plain text the reason is printed for the operator, with the exit code of a pause.
     resumed = at_v1.cli("rollout", "--resume")

@@ -146,12 +146,13 @@ def running_sandbox(
         assert leftover == [], f"sandbox down left processes behind: {leftover}"
 
 
-LOAD_RATE = 100.0  # requests/s: enough for the gates to judge 8 replicas' QPS and P99 in a 10 s soak
-# A 4 s baseline, 10 s soaks (the stack's: two of the router's 5 s load polls, the shortest the stack loader accepts)
-# and a 5 s health timeout: long enough for the gates to judge the stack's simulated latencies (100 ms; "50 % slower"
-# = 150 ms), short enough rollouts.
+LOAD_RATE = 100.0  # requests/s: enough for the gates to judge 8 replicas' QPS and P99 in a 4 s soak
+# A 1 s heartbeat (the router polls loads every second: a soak of two polls is 2 s, issue 28), a 4 s baseline, 4 s
+# soaks and a 5 s health timeout: long enough for the gates to judge the stack's simulated latencies (100 ms; "50 %
+# slower" = 150 ms), short enough rollouts (the stack's own 10 s soaks at its 5 s heartbeat would add 30 s to each).
 GATED: dict[str, Any] = {
-    "rollout.interval_s": 10,
+    "serving.heartbeat_interval_s": 1,
+    "rollout.interval_s": 4,
     "rollout.baseline_window_s": 4,
     "rollout.health_timeout_s": 5,
     "rollout.drain_timeout_s": 10,
