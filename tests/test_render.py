@@ -23,6 +23,7 @@ from tests.support.cli import exaserve, flat
 from tests.support.k8s import crd_dir, render_file
 from tests.support.paths import REPO
 from tests.support.stacks import MULTI_NODE, fleet_of, write_variant
+from tests.support.worker_health import worker_health_tests
 
 INDEX_KEYS = {"apiVersion", "kind", "name", "namespace", "component"}
 
@@ -293,11 +294,22 @@ def test_without_promtool_render_says_what_was_not_checked(monkeypatch: pytest.M
     assert "alert rules of the PrometheusRule objects were not checked" in skipped.observed
 
 
+def promtool_tests(group: str) -> dict[str, Any]:
+    """The group's promtool test file, with the per-worker ExaServeWorkersUnhealthy tests built from the prod plan
+    (tests/support/worker_health.py) added to exaserve.serving's."""
+    doc: dict[str, Any] = yaml.safe_load((PROMTOOL_TESTS / f"{group}.test.yaml").read_text())
+    if group == "exaserve.serving":
+        from serving.spec.stack import load_stack
+
+        doc["tests"] += worker_health_tests(fleet_of(load_stack("prod").spec))
+    return doc
+
+
 def test_every_rule_group_has_a_promtool_unit_test_naming_each_alert(prod_rules: dict[str, Any]) -> None:
     files = {f.name.removesuffix(".test.yaml") for f in PROMTOOL_TESTS.glob("*.test.yaml")}
     assert files == {g["name"] for g in prod_rules["groups"]}
     for group in prod_rules["groups"]:
-        tests = yaml.safe_load((PROMTOOL_TESTS / f"{group['name']}.test.yaml").read_text())["tests"]
+        tests = promtool_tests(group["name"])["tests"]
         checks = [c for t in tests for c in t["alert_rule_test"]]
         for rule in group["rules"]:
             fired = [c for c in checks if c["alertname"] == rule["alert"] and c["exp_alerts"]]
@@ -312,7 +324,7 @@ def test_promtool_unit_tests_fire_and_stay_quiet(tmp_path: Path, prod_rules: dic
     exe = shutil.which("promtool")
     assert exe, "promtool is not installed: run scripts/bootstrap.sh (apt package prometheus)"
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(prod_rules, sort_keys=False))
-    shutil.copy(PROMTOOL_TESTS / f"{group}.test.yaml", tmp_path)
+    (tmp_path / f"{group}.test.yaml").write_text(yaml.safe_dump(promtool_tests(group), sort_keys=False))
     proc = subprocess.run(
         [exe, "test", "rules", f"{group}.test.yaml"], cwd=tmp_path, capture_output=True, text=True, check=False
     )

@@ -130,8 +130,13 @@ def rule_groups(fleet: Fleet) -> list[dict[str, Any]]:
                     # Counted against the plan, not against what the router has registered: a worker that discovery
                     # never registered (Pending, stuck waiting for its cache, crash-looping) has no smg_worker_health
                     # series at all. Each router instance sees every worker; the one seeing the fewest healthy counts.
+                    # The healthy series are COUNTED (== 1), never summed: a series of a removed worker may stay
+                    # behind (sglang-router 0.3.2 kept -1 for every DELETEd worker; smg shows 0 while one drains), and
+                    # a sum would subtract each of them: after a full rollout the replaced pods' old addresses cancel
+                    # the new ones out. `== bool 1` turns each series into 1 (healthy) or 0 (anything else), so an
+                    # instance whose workers are all unhealthy counts 0 rather than dropping out of the min.
                     "ExaServeWorkersUnhealthy",
-                    f"(min(sum by (pod) (smg_worker_health{{{router}}})) or on () vector(0)) < {healthy_min}",
+                    f"(min(sum by (pod) (smg_worker_health{{{router}}} == bool 1)) or on () vector(0)) < {healthy_min}",
                     "5m",
                     "critical",
                     f"Fewer than {healthy_min} of the plan's {sum(fleet.plan.rollout_group_sizes)} workers are healthy: the "
