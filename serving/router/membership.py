@@ -1,10 +1,20 @@
 """Router membership on EVERY router instance, each change observed on each instance before it counts.
 
-The router's ``/workers`` API is asynchronous (202, then a job): a removal is done only when ``GET /workers`` on that
-instance no longer lists the URL, an addition only when it lists it healthy. The instances are given by URL, or
-(Kubernetes) as a headless Service resolved before each operation: one address per router pod. Every operation
-asks every instance at once; one instance that does not answer fails the operation (``httpx.HTTPError``), one that
-does not show the change in time raises :class:`MembershipTimeout` naming it.
+The gateway's (smg 1.13) ``/workers`` API is asynchronous (202, then a job), and each change is confirmed through the
+changed worker's own ``GET /workers/{id}``, never by polling the full list (1.5 MB at 2,048 workers):
+
+* an addition is done when the worker answers ``status: ready`` and healthy; a 404 means the router dropped the
+  registration job (the worker did not answer ``/health`` within ``--worker-startup-timeout-secs``);
+* a removal (``DELETE /workers/{id}``) is done when the worker answers ``status: draining`` (routed to no more, its
+  in-flight requests finishing: the updater's own drain waits for those on the worker) or 404 (already gone). smg
+  keeps the draining entry for the worker's ``drain_settle_secs`` (5 s) and refuses the same URL meanwhile (409), so
+  an addition first waits out a draining entry of its URL until it answers 404.
+
+One ``GET /workers`` per instance and operation maps the URLs to the instance's worker ids (the API has no lookup by
+URL). The instances are given by URL, or (Kubernetes) as a headless Service resolved before each operation: one
+address per router pod. Every operation asks every instance at once; one instance that does not answer fails the
+operation (``httpx.HTTPError``), one that does not show the change in time raises :class:`MembershipTimeout` naming
+it, and a registration the router dropped raises :class:`RegistrationFailed`.
 """
 
 from __future__ import annotations
@@ -19,17 +29,19 @@ from urllib.parse import urlsplit, urlunsplit
 
 from serving.router.client import RouterClient, WorkerInfo
 
-POLL_S = 0.05  # between two GET /workers on one instance while waiting for a change, at least
-# ... and at least this many times as long as the last list took: a router with 2,048 workers spends ~25 ms of CPU on
-# one list (sglang-router 0.3.2), so three of them polled every 50 ms while they work through a batch's 410 changes
-# would spend a core answering the polls instead of making the changes (docs/scale.md).
+POLL_S = 0.05  # between two rounds of GET /workers/{id} on one instance while waiting for a change, at least
+# ... and at least this many times as long as the last round took: a batch's 410 workers are 410 small reads per round
+# on each instance, which must not take the CPU the instances need to make the changes (docs/scale.md).
 POLL_COST_RATIO = 4.0
 PerRouter = Callable[[RouterClient], Awaitable[float]]  # one instance's part of an operation → its seconds
-Missing = Callable[[dict[str, WorkerInfo]], set[str]]  # what an instance's worker list still lacks (or holds)
 
 
 class MembershipTimeout(TimeoutError):
     """A router instance did not show a membership change in time; the message names the instance and the URLs."""
+
+
+class RegistrationFailed(RuntimeError):
+    """A router instance dropped a worker's registration job (``GET /workers/{id}`` is 404 before it was ready)."""
 
 
 @dataclass(frozen=True)
@@ -99,46 +111,45 @@ class RouterSet:
             await asyncio.gather(*(c.aclose() for c in clients))
 
     async def listed(self) -> dict[str, dict[str, WorkerInfo]]:
-        """Router URL → (worker URL → worker) as each instance lists its workers now."""
+        """Router URL → (worker URL → worker) as each instance lists its workers now (ready and draining ones)."""
         async with self.clients() as clients:
             lists = await asyncio.gather(*(c.list_workers() for c in clients))
         return {c.base_url: {w.url: w for w in workers} for c, workers in zip(clients, lists, strict=True)}
 
     async def registered(self) -> set[str]:
-        """Worker URLs registered on every instance."""
-        sets = [set(workers) for workers in (await self.listed()).values()]
+        """Worker URLs in rotation on every instance: listed and not draining."""
+        sets = [{u for u, w in workers.items() if w.status != DRAINING} for workers in (await self.listed()).values()]
         return set.intersection(*sets) if sets else set()
 
     async def remove(self, *urls: str, timeout_s: float) -> Observed:
-        """Remove ``urls`` from every instance that lists them; done when no instance lists any of them."""
+        """Take ``urls`` out of routing on every instance that lists them; done when each one's ``GET /workers/{id}``
+        answers draining or 404 on every instance."""
         wanted = {u.rstrip("/") for u in urls}
 
         async def one(client: RouterClient) -> float:
             started = time.monotonic()
-            for worker in await client.list_workers():
-                if worker.url in wanted:
-                    await client.remove_worker(worker.id)
-            await _until(client, started, timeout_s, lambda listed: wanted & set(listed), "still lists")
+            ids = {w.id: w.url for w in await client.list_workers() if w.url in wanted}
+            await asyncio.gather(*(client.remove_worker(i) for i in ids))
+            await _until_each(client, started, timeout_s, ids, _out, "still routes to")
             return time.monotonic() - started
 
         return await self._each("removed", wanted, one)
 
     async def add(self, *urls: str, timeout_s: float) -> Observed:
-        """Add ``urls`` on every instance that does not list them; done when each instance lists each one healthy."""
+        """Add ``urls`` on every instance that does not hold them; done when each one answers ready and healthy on
+        every instance. A URL still draining from an earlier removal is waited out first (smg refuses it with 409
+        until it is gone)."""
         wanted = {u.rstrip("/") for u in urls}
 
         async def one(client: RouterClient) -> float:
             started = time.monotonic()
-            listed = {w.url for w in await client.list_workers()}
-            for url in sorted(wanted - listed):
-                await client.add_worker(url)
-            await _until(
-                client,
-                started,
-                timeout_s,
-                lambda listed: {u for u in wanted if u not in listed or not listed[u].is_healthy},
-                "does not list healthy",
-            )
+            held = {w.url: w for w in await client.list_workers() if w.url in wanted}
+            draining = {w.id: w.url for w in held.values() if w.status == DRAINING}
+            await _until_each(client, started, timeout_s, draining, _gone, "still holds (draining)")
+            ids = {w.id: w.url for w in held.values() if w.status != DRAINING}
+            new = sorted(wanted - set(ids.values()))
+            ids.update(zip(await asyncio.gather(*(client.add_worker(u) for u in new)), new, strict=True))
+            await _until_each(client, started, timeout_s, ids, _ready, "does not answer ready and healthy")
             return time.monotonic() - started
 
         return await self._each("added", wanted, one)
@@ -155,17 +166,50 @@ def _host(url: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-async def _until(client: RouterClient, started: float, timeout_s: float, missing: Missing, what: str) -> None:
-    """Poll the instance's worker list until ``missing(list)`` is empty; past ``timeout_s`` raise, naming it. Polls
-    are :data:`POLL_S` apart, or :data:`POLL_COST_RATIO` times the last list's duration when that is longer."""
-    while True:
+DRAINING = "draining"  # smg's status of a removed worker whose in-flight requests are finishing
+
+
+def _gone(worker: WorkerInfo | None, url: str) -> bool:
+    del url
+    return worker is None
+
+
+def _out(worker: WorkerInfo | None, url: str) -> bool:
+    del url
+    return worker is None or worker.status == DRAINING
+
+
+def _ready(worker: WorkerInfo | None, url: str) -> bool:
+    if worker is None:
+        raise RegistrationFailed(
+            f"the router dropped the registration of {url} (GET /workers/{{id}} is 404): the worker did not answer "
+            "/health in time (--worker-startup-timeout-secs); its log and the router's name the failed check"
+        )
+    # ready, healthy and its registration job over (no job_status): the job's last steps put it into the policies
+    return worker.status == "ready" and worker.is_healthy and worker.job_status is None
+
+
+async def _until_each(
+    client: RouterClient,
+    started: float,
+    timeout_s: float,
+    ids: dict[str, str],
+    done: Callable[[WorkerInfo | None, str], bool],
+    what: str,
+) -> None:
+    """Poll each worker's ``GET /workers/{id}`` (id → URL in ``ids``) until ``done`` holds for every one; past
+    ``timeout_s`` raise, naming the instance and the URLs left. Rounds are :data:`POLL_S` apart, or
+    :data:`POLL_COST_RATIO` times the last round's duration when that is longer."""
+    left = dict(ids)
+    while left:
         asked = time.monotonic()
-        left = missing({w.url: w for w in await client.list_workers()})
+        workers = await asyncio.gather(*(client.get_worker(i) for i in left))
+        left = {i: u for (i, u), w in zip(left.items(), workers, strict=True) if not done(w, u)}
         if not left:
             return
         now = time.monotonic()
         if now - started >= timeout_s:
-            shown = sorted(left)
+            shown = sorted(left.values())
             more = f" and {len(shown) - 8} more" if len(shown) > 8 else ""
             raise MembershipTimeout(
                 f"router {client.base_url} {what} {len(shown)}: {shown[:8]}{more} after {timeout_s:g} s"
