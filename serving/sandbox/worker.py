@@ -1,6 +1,6 @@
 """SIMULATED SGLang worker for the sandbox. This is NOT SGLang and runs no model.
 
-It exists so the rolling updater and the *real* SGLang router (``sglang-router``) can be exercised on a
+It exists so the rolling updater and the *real* gateway (``smg`` 1.13, the SGLang router) can be exercised on a
 machine without GPUs: it speaks the HTTP surface the router and an updater call on an SGLang server,
 with the same paths, JSON shapes and Prometheus metric names, and it answers generation requests after a
 configurable simulated latency, failing a seeded share of them with HTTP 500.
