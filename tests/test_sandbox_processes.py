@@ -60,11 +60,9 @@ from serving.sandbox.processes import (
 from serving.sandbox.worker import WorkerConfig, parse_config
 from serving.spec.schema import FleetSpec
 from tests.support.sandbox import Sandbox, running_sandbox
+from tests.support.smg import DRAIN_SETTLE_S
 
 T = TypeVar("T")
-# smg's drain after DELETE /workers/{id}: default_drain_settle_secs() in crates/protocols/src/worker.rs (a per-worker
-# setting, WorkerSpec.health.drain_settle_secs, that the Python launcher does not expose: smg/router_args.py lines 3-5).
-DRAIN_SETTLE_S = 5
 INJECTED_ERRORS = "sim_worker_injected_errors_total"
 
 

@@ -3,8 +3,12 @@
 The gateway's (smg 1.13) ``/workers`` API is asynchronous (202, then a job), and each change is confirmed through the
 changed worker's own ``GET /workers/{id}``, never by polling the full list (1.5 MB at 2,048 workers):
 
-* an addition is done when the worker answers ``status: ready`` and healthy; a 404 means the router dropped the
-  registration job (the worker did not answer ``/health`` within ``--worker-startup-timeout-secs``);
+* an addition is done when the worker answers ``status: ready``, healthy and with no job left. A 404 proves
+  nothing before then: smg keeps job statuses by worker URL, and the removal job of the same URL, whose end smg
+  notices only on a backed-off poll up to 2 s later, erases the status of a registration submitted meanwhile
+  (``record_job_completion`` in ``model_gateway/src/workflow/job_queue.rs``, ``wait_for_completion`` in
+  ``crates/workflow/src/engine.rs``), so a registration still waiting for its worker answers 404. A registration smg
+  gave up (``--worker-startup-timeout-secs``) answers 404 too; the addition then times out naming it;
 * a removal (``DELETE /workers/{id}``) is done when the worker answers ``status: draining`` (routed to no more, its
   in-flight requests finishing: the updater's own drain waits for those on the worker) or 404 (already gone). smg
   keeps the draining entry for the worker's ``drain_settle_secs`` (5 s) and refuses the same URL meanwhile (409), so
@@ -14,7 +18,7 @@ One ``GET /workers`` per instance and operation maps the URLs to the instance's 
 URL). The instances are given by URL, or (Kubernetes) as a headless Service resolved before each operation: one
 address per router pod. Every operation asks every instance at once; one instance that does not answer fails the
 operation (``httpx.HTTPError``), one that does not show the change in time raises :class:`MembershipTimeout` naming
-it, and a registration the router dropped raises :class:`RegistrationFailed`.
+it and the URLs it holds no entry for.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
@@ -38,10 +42,6 @@ PerRouter = Callable[[RouterClient], Awaitable[float]]  # one instance's part of
 
 class MembershipTimeout(TimeoutError):
     """A router instance did not show a membership change in time; the message names the instance and the URLs."""
-
-
-class RegistrationFailed(RuntimeError):
-    """A router instance dropped a worker's registration job (``GET /workers/{id}`` is 404 before it was ready)."""
 
 
 @dataclass(frozen=True)
@@ -169,24 +169,18 @@ def _host(url: str) -> str:
 DRAINING = "draining"  # smg's status of a removed worker whose in-flight requests are finishing
 
 
-def _gone(worker: WorkerInfo | None, url: str) -> bool:
-    del url
+def _gone(worker: WorkerInfo | None) -> bool:
     return worker is None
 
 
-def _out(worker: WorkerInfo | None, url: str) -> bool:
-    del url
+def _out(worker: WorkerInfo | None) -> bool:
     return worker is None or worker.status == DRAINING
 
 
-def _ready(worker: WorkerInfo | None, url: str) -> bool:
-    if worker is None:
-        raise RegistrationFailed(
-            f"the router dropped the registration of {url} (GET /workers/{{id}} is 404): the worker did not answer "
-            "/health in time (--worker-startup-timeout-secs); its log and the router's name the failed check"
-        )
-    # ready, healthy and its registration job over (no job_status): the job's last steps put it into the policies
-    return worker.status == "ready" and worker.is_healthy and worker.job_status is None
+def _ready(worker: WorkerInfo | None) -> bool:
+    # ready, healthy and its registration job over (no job_status): the job's last steps put it into the policies.
+    # None (404) is not done and not failed: the job may still run with its status erased (module docstring).
+    return worker is not None and worker.status == "ready" and worker.is_healthy and worker.job_status is None
 
 
 async def _until_each(
@@ -194,24 +188,39 @@ async def _until_each(
     started: float,
     timeout_s: float,
     ids: dict[str, str],
-    done: Callable[[WorkerInfo | None, str], bool],
+    done: Callable[[WorkerInfo | None], bool],
     what: str,
 ) -> None:
     """Poll each worker's ``GET /workers/{id}`` (id → URL in ``ids``) until ``done`` holds for every one; past
-    ``timeout_s`` raise, naming the instance and the URLs left. Rounds are :data:`POLL_S` apart, or
-    :data:`POLL_COST_RATIO` times the last round's duration when that is longer."""
+    ``timeout_s`` raise, naming the instance, the URLs left and those it answered 404 for. Rounds are :data:`POLL_S`
+    apart, or :data:`POLL_COST_RATIO` times the last round's duration when that is longer."""
     left = dict(ids)
     while left:
         asked = time.monotonic()
-        workers = await asyncio.gather(*(client.get_worker(i) for i in left))
-        left = {i: u for (i, u), w in zip(left.items(), workers, strict=True) if not done(w, u)}
+        workers = dict(zip(left, await asyncio.gather(*(client.get_worker(i) for i in left)), strict=True))
+        left = {i: u for i, u in left.items() if not done(workers[i])}
         if not left:
             return
         now = time.monotonic()
         if now - started >= timeout_s:
-            shown = sorted(left.values())
-            more = f" and {len(shown) - 8} more" if len(shown) > 8 else ""
             raise MembershipTimeout(
-                f"router {client.base_url} {what} {len(shown)}: {shown[:8]}{more} after {timeout_s:g} s"
+                f"router {client.base_url} {what} {_some(left.values())} after {timeout_s:g} s"
+                + _unknown(sorted(u for i, u in left.items() if workers[i] is None))
             )
         await asyncio.sleep(max(POLL_S, POLL_COST_RATIO * (now - asked)))
+
+
+def _some(urls: Iterable[str]) -> str:
+    """``3: [url, …]``, the first eight URLs in order and how many more."""
+    shown = sorted(urls)
+    more = f" and {len(shown) - 8} more" if len(shown) > 8 else ""
+    return f"{len(shown)}: {shown[:8]}{more}"
+
+
+def _unknown(urls: list[str]) -> str:
+    if not urls:
+        return ""
+    return (
+        f"; it holds no entry (404) for {_some(urls)}: a registration it gave up after --worker-startup-timeout-secs "
+        "(its log names the failed health check) or a removal (the URL is not registered)"
+    )
