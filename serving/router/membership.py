@@ -128,8 +128,12 @@ class RouterSet:
 
         async def one(client: RouterClient) -> float:
             started = time.monotonic()
-            ids = {w.id: w.url for w in await client.list_workers() if w.url in wanted}
-            await asyncio.gather(*(client.remove_worker(i) for i in ids))
+            held = [w for w in await client.list_workers() if w.url in wanted]
+            # a draining worker is out already; a second DELETE would start a second removal job that takes it out
+            # of the registry at once, and the first job, still in its drain, would then remove the URL's next
+            # registration when its drain ends (remove_by_url, workflow/steps/local/remove_from_worker_registry.rs)
+            await asyncio.gather(*(client.remove_worker(w.id) for w in held if w.status != DRAINING))
+            ids = {w.id: w.url for w in held}
             await _until_each(client, started, timeout_s, ids, _out, "still routes to")
             return time.monotonic() - started
 
