@@ -78,8 +78,9 @@ def fit_bench(runs: int) -> None:
     n = 200
     t0 = time.perf_counter()
     for _ in range(n):
-        layouts = memory.enumerate_layouts(arch, gpu, 8, 256, 4096, 256, 4096, ("bf16", "fp8", "int4"))
+        result = memory.enumerate_layouts(arch, gpu, 8, 256, 4096, 256, 4096, ("bf16", "fp8", "int4"))
     per = (time.perf_counter() - t0) / n
+    layouts = result.layouts
     best = layouts[0]
     print(f"fit: {arch.parameter_count / 1e9:,.1f} B MoE on 256 nodes × 8 H200, bf16/fp8/int4 × KV auto/fp8")
     print(

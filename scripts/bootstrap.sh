@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent bootstrap for a fresh Debian 12 machine (as root) or an existing checkout:
-# apt packages the tests and tools need, a venv in .venv, the project with its dev and node extras (torch for the
-# fabric worker), and the upstream CRDs pinned in serving/data/crds.lock.json.
+# apt packages the tests and tools need, a venv in .venv with the locked dependencies (requirements-dev.lock: the dev
+# extra; torch for the fabric worker) and the project, and the upstream CRDs pinned in serving/data/crds.lock.json.
 # Re-running it is cheap: each step checks before it acts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,11 +32,22 @@ stamp=.venv/.exaserve-installed
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-# Reinstall only when the build declaration (pyproject.toml, setup.py) changed since the last install.
-want=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
+# The locked set (docs/dependencies.md): requirements-dev.lock with every hash checked, torch at uv.lock's version
+# (its wheel is per machine: the CPU build here, the CUDA build on a GPU node, so it has no hash in the lock),
+# then the checkout itself, editable, built offline by the locked setuptools; `pip check` proves the set complete.
+# Reinstall only when the build declaration or the lock changed since the last install.
+want=$(cat pyproject.toml setup.py uv.lock requirements-dev.lock | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  torch=$(.venv/bin/python -c '
+import tomllib
+print(next(p["version"] for p in tomllib.load(open("uv.lock", "rb"))["package"] if p["name"] == "torch"))')
   .venv/bin/python -m pip install -q --upgrade "pip>=24"
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  .venv/bin/python -m pip install -q --require-hashes --no-deps -r requirements-dev.lock
+  # its pure-Python dependencies are already there from the lock; a machine without the CPU wheel gets PyPI's CUDA
+  # build and the nvidia-* wheels it requires, resolved by pip (unhashed: the one part outside the lock)
+  .venv/bin/python -m pip install -q --only-binary=:all: "torch==$torch"
+  .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+  .venv/bin/python -m pip check
   echo "$want" >"$stamp"
 fi
 # The pinned CRDs: ../shared/crds (the offline mirror) or the cache is verified against the lock; only when

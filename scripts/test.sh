@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite: bootstrap (idempotent), then linters, type checks and every test.
+# The whole test suite: bootstrap (idempotent), then the lock check, linters, type checks and every test.
 # CI runs exactly this (see .ci/run). Exit status: non-zero when any step fails.
 #
 #   scripts/test.sh [PYTEST_ARGS…]         everything (what CI runs)
@@ -25,6 +25,7 @@ if [[ ${1:-} == --fast ]]; then
 fi
 bash scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
+echo "== lock (uv.lock and requirements*.lock agree with pyproject.toml; offline)"; scripts/lock.sh --check
 echo "== ruff";          ruff check serving infra policies ansible tests bench scripts
 echo "== mypy (strict on serving/)"; mypy serving
 if ((!fast)); then

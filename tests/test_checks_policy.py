@@ -132,7 +132,11 @@ def _clock_daemon(p: dict[str, Any]) -> None:
 
 
 def _statefulset_surge(p: dict[str, Any]) -> None:
-    p.update(kind="StatefulSet", spec={"replicas": 4, "updateStrategy": {"rollingUpdate": {"maxUnavailable": 4}}})
+    p["spec"]["updateStrategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 4}}
+
+
+def _ordered_ready(p: dict[str, Any]) -> None:
+    del p["spec"]["podManagementPolicy"]
 
 
 def _node_taints(p: dict[str, Any]) -> None:
@@ -155,8 +159,20 @@ def _generating_liveness(p: dict[str, Any]) -> None:
     _container(p)["livenessProbe"]["httpGet"]["path"] = "/health"
 
 
+def _unchecked_liveness(p: dict[str, Any]) -> None:
+    _container(p)["livenessProbe"]["httpGet"]["path"] = "/v1/models"
+
+
 def _burstable(p: dict[str, Any]) -> None:
     del _container(p)["resources"]["requests"]["cpu"]
+
+
+def _burstable_init(p: dict[str, Any]) -> None:
+    _pod(p)["spec"]["initContainers"][0]["resources"]["requests"] = {"cpu": "10m", "memory": "16Mi"}
+
+
+def _commented_cache_wait(p: dict[str, Any]) -> None:
+    _pod(p)["spec"]["initContainers"][0]["command"] = ["/bin/sh", "-c", "true # .exaserve-complete"]
 
 
 def _slow_awq(p: dict[str, Any]) -> None:
@@ -174,35 +190,59 @@ def _no_pre_stop(p: dict[str, Any]) -> None:
     del _container(p)["lifecycle"]
 
 
+def _workers_through_service(p: dict[str, Any]) -> None:
+    p["metadata"]["name"] = "sglang-workers"
+    p["spec"]["selector"]["matchLabels"] = {"app.kubernetes.io/name": "sglang"}
+    p["spec"]["endpoints"][0]["port"] = "http"
+
+
+def _default_grace(p: dict[str, Any]) -> None:
+    del _pod(p)["spec"]["terminationGracePeriodSeconds"]
+
+
 def _offset_after_parens(p: dict[str, Any]) -> None:
     rule = p["spec"]["groups"][0]["rules"][0]
     rule["expr"] = "sum(rate(x[5m])) < 0.8 * (sum(rate(x[5m])) offset 25m)"
 
 
 RESOURCE_CASES: list[tuple[str, str, str, Mutation, str]] = [
-    ("images-pinned", "LeaderWorkerSet", "sglang-g0", _image_latest, "'lmsysorg/sglang:latest': not pinned"),
+    ("images-pinned", "StatefulSet", "sglang-g0", _image_latest, "'lmsysorg/sglang:latest': not pinned"),
     ("images-pinned", "Deployment", "sglang-router", lambda p: _container(p).update(image="r/x"), "not pinned"),
-    ("serving-resource-limits", "LeaderWorkerSet", "sglang-g1", _no_gpu_limit, "has no nvidia.com/gpu"),
-    ("probes-timeout", "LeaderWorkerSet", "sglang-g2", _short_timeout, "readinessProbe is set with timeoutSeconds=1"),
+    ("serving-resource-limits", "StatefulSet", "sglang-g1", _no_gpu_limit, "has no nvidia.com/gpu"),
+    ("probes-timeout", "StatefulSet", "sglang-g2", _short_timeout, "readinessProbe is set with timeoutSeconds=1"),
     ("probes-timeout", "Deployment", "sglang-router", _no_liveness, "livenessProbe is missing"),
-    ("no-privileged-containers", "LeaderWorkerSet", "sglang-g3", _privileged, "runs privileged"),
+    ("no-privileged-containers", "StatefulSet", "sglang-g3", _privileged, "runs privileged"),
     ("no-unannotated-load-balancer", "Service", "sglang-router", _load_balancer, "spec.type is LoadBalancer"),
     # Issue 10: one case per finding, the defective shape each rule exists to refuse.
-    ("serving-waits-for-node-cache", "LeaderWorkerSet", "sglang-g0", _no_cache_wait, "no init container waiting"),
-    ("await-decided", "LeaderWorkerSet", "sglang-g1", _awaited, "pulumi.com/timeoutSeconds=600 on pods"),
+    ("serving-waits-for-node-cache", "StatefulSet", "sglang-g0", _no_cache_wait, "no init container waiting"),
+    ("await-decided", "StatefulSet", "sglang-g1", _awaited, "pulumi.com/timeoutSeconds=600 on pods"),
     ("await-decided", "DaemonSet", "model-cache-warmer", lambda p: p["metadata"].pop("annotations"), "neither"),
+    # Issue 25: the router's Service was awaited until a router turned Ready (after the fleet loads).
+    ("await-decided", "Service", "sglang-router", lambda p: p["metadata"].pop("annotations"), "waits until one"),
     ("no-clock-daemons", "Deployment", "sglang-router", _clock_daemon, "adds SYS_TIME"),
-    ("no-ignored-statefulset-surge", "LeaderWorkerSet", "sglang-g2", _statefulset_surge, "maxUnavailable=4"),
+    # Issue 25: a batch replaced at once with GA semantics only.
+    ("rollout-ga-only", "StatefulSet", "sglang-g2", _statefulset_surge, "rollingUpdate.maxUnavailable=4"),
+    ("rollout-ga-only", "StatefulSet", "sglang-g3", _ordered_ready, "podManagementPolicy=OrderedReady"),
     ("node-patch-labels-only", "Node", "gpu-r00-n00", _node_taints, "spec.taints is patched"),
-    ("gpu-taint-convention", "LeaderWorkerSet", "sglang-g3", _custom_taint, "does not tolerate"),
-    ("fabric-only-across-nodes", "LeaderWorkerSet", "sglang-g4", _fabric_on_one_gpu, "requests rdma/"),
-    ("ipc-lock-runs-as-root", "LeaderWorkerSet", "sglang-g0", _ipc_lock_non_root, "runs as uid 1000"),
-    ("liveness-is-cheap", "LeaderWorkerSet", "sglang-g1", _generating_liveness, "livenessProbe calls /health"),
-    ("serving-guaranteed-cpu", "LeaderWorkerSet", "sglang-g2", _burstable, "requests cpu=None"),
-    ("no-slow-awq-kernel", "LeaderWorkerSet", "sglang-g3", _slow_awq, "passes --quantization awq"),
-    ("spread-satisfiable", "LeaderWorkerSet", "sglang-g4", _hard_spread, "maxSkew=1"),
-    ("hardened-pods", "LeaderWorkerSet", "sglang-g0", _no_pre_stop, "no preStop hook"),
+    ("gpu-taint-convention", "StatefulSet", "sglang-g3", _custom_taint, "does not tolerate"),
+    ("fabric-only-across-nodes", "StatefulSet", "sglang-g4", _fabric_on_one_gpu, "requests rdma/"),
+    ("ipc-lock-runs-as-root", "StatefulSet", "sglang-g0", _ipc_lock_non_root, "runs as uid 1000"),
+    ("liveness-is-cheap", "StatefulSet", "sglang-g1", _generating_liveness, "livenessProbe calls /health"),
+    # Issue 25: an allow-list; an unchecked path passed the old deny-list.
+    ("liveness-is-cheap", "StatefulSet", "sglang-g2", _unchecked_liveness, "not sglang's checked liveness endpoint"),
+    ("liveness-is-cheap", "Deployment", "sglang-router", _unchecked_liveness, "not sglang-router's checked liveness"),
+    ("serving-guaranteed-cpu", "StatefulSet", "sglang-g2", _burstable, "requests cpu=None"),
+    # Issue 25: both passed before (the rule skipped init containers; any command naming the marker counted).
+    ("serving-guaranteed-cpu", "StatefulSet", "sglang-g3", _burstable_init, "initContainers[wait-for-cache] requests"),
+    ("serving-waits-for-node-cache", "StatefulSet", "sglang-g1", _commented_cache_wait, "no init container waiting"),
+    ("no-slow-awq-kernel", "StatefulSet", "sglang-g3", _slow_awq, "passes --quantization awq"),
+    ("spread-satisfiable", "StatefulSet", "sglang-g4", _hard_spread, "maxSkew=1"),
+    ("hardened-pods", "StatefulSet", "sglang-g0", _no_pre_stop, "no preStop hook"),
+    # Issue 25: the router had the default 30 s against its 120 s drain.
+    ("hardened-pods", "Deployment", "sglang-router", _default_grace, "terminationGracePeriodSeconds=30 < --shutdown"),
     ("alert-offset-placement", "PrometheusRule", "exaserve-alerts", _offset_after_parens, "offset after"),
+    # Issue 25, finding 4: the workers' monitor as it was (a ServiceMonitor on their 2,048-pod Service) is refused.
+    ("workers-scraped-as-pods", "ServiceMonitor", "sglang-router", _workers_through_service, "at most 1,000"),
 ]
 
 
@@ -262,6 +302,20 @@ def test_privileged_is_refused_outside_the_named_daemonsets(multi_node: list[Ren
     assert ANNOTATION_PRIVILEGED_REASON in _validate("no-privileged-containers", ds, unexplained)[0]
 
 
+def test_a_leaderworkerset_with_max_unavailable_fails_rollout_ga_only(multi_node: list[RenderedObject]) -> None:
+    """Issue 25, blocker 1 (this failed to fail before: the guard looked at StatefulSets only): the rendered
+    multi-node group leaves LWS's rollout at its default, and the same group with maxUnavailable is refused."""
+    lws = _find(multi_node, "LeaderWorkerSet", "sglang-g0")
+    assert _validate("rollout-ga-only", lws) == []
+    budget = copy.deepcopy(lws.obj)
+    budget["spec"]["rolloutStrategy"] = {
+        "type": "RollingUpdate",
+        "rollingUpdateConfiguration": {"maxUnavailable": 41, "maxSurge": 0},
+    }
+    messages = _validate("rollout-ga-only", lws, budget)
+    assert len(messages) == 1 and "rollingUpdateConfiguration.maxUnavailable=41" in messages[0], messages
+
+
 def test_multi_node_replicas_stay_in_one_rack_and_lock_memory_as_root(multi_node: list[RenderedObject]) -> None:
     """Finding 8: the rendered multi-node group passes; without the rack affinity, or with IPC_LOCK for uid 1000,
     it fails; and the fabric rule lets a group that spans nodes use RDMA."""
@@ -305,8 +359,8 @@ def test_pdb_per_serving_group(prod: list[RenderedObject], monkeypatch: pytest.M
     assert len(reported) == 1
     message, urn = reported[0]
     assert (
-        message.startswith("LeaderWorkerSet exaserve/sglang-g4: no PodDisruptionBudget")
-        and urn == "urn:LeaderWorkerSet:sglang-g4"
+        message.startswith("StatefulSet exaserve/sglang-g4: no PodDisruptionBudget")
+        and urn == "urn:StatefulSet:sglang-g4"
     )
     # A budget selecting other pods does not count.
     moved = copy.deepcopy(objects)
@@ -314,7 +368,7 @@ def test_pdb_per_serving_group(prod: list[RenderedObject], monkeypatch: pytest.M
         if o["kind"] == "PodDisruptionBudget" and o["metadata"]["name"] == "sglang-g1":
             o["spec"]["selector"]["matchLabels"]["exaserve.io/group"] = "7"
     reported = _validate_stack("pdb-per-serving-group", moved)
-    assert [m.split(":")[0] for m, _ in reported] == ["LeaderWorkerSet exaserve/sglang-g1"]
+    assert [m.split(":")[0] for m, _ in reported] == ["StatefulSet exaserve/sglang-g1"]
 
 
 def test_group_replicas_equal_the_spec(prod: list[RenderedObject], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -323,15 +377,15 @@ def test_group_replicas_equal_the_spec(prod: list[RenderedObject], monkeypatch: 
     assert _validate_stack("serving-group-replicas", objects) == []
     edited = copy.deepcopy(objects)
     for o in edited:
-        if o["kind"] == "LeaderWorkerSet" and o["metadata"]["name"] == "sglang-g0":
+        if o["kind"] == "StatefulSet" and o["metadata"]["name"] == "sglang-g0":
             o["spec"]["replicas"] = 500
     reported = _validate_stack("serving-group-replicas", edited)
     assert [m for m, _ in reported] == [
-        "LeaderWorkerSet exaserve/sglang-g0: spec.replicas is 500.0 (expected 410 replicas, update group 0's share of "
+        "StatefulSet exaserve/sglang-g0: spec.replicas is 500.0 (expected 410 replicas, update group 0's share of "
         "the spec's plan (2,048 in 5 groups)). Fix: Change serving.replicas or rollout.batches in the stack, never "
         "the object's replica count."
     ]
-    missing = [o for o in objects if not (o["kind"] == "LeaderWorkerSet" and o["metadata"]["name"] == "sglang-g3")]
+    missing = [o for o in objects if not (o["kind"] == "StatefulSet" and o["metadata"]["name"] == "sglang-g3")]
     assert any(
         "0 serving objects carry exaserve.io/group=3" in m
         for m, _ in _validate_stack("serving-group-replicas", missing)
@@ -370,7 +424,7 @@ def test_a_stack_with_a_mirror_pulls_every_image_through_it(tmp_path: Path) -> N
     fleet = fleet_of(load_stack_file(path).spec)
     assert policy.images_through_mirror([(f"kubernetes:x:{o['kind']}", o) for o in objects], fleet) == []
     router = next(o for o in objects if o["kind"] == "Deployment")
-    _container(router)["image"] = "lmsysorg/sgl-model-gateway:v0.3.2"
+    _container(router)["image"] = "lightseekorg/smg:1.13.0"
     del router["spec"]["template"]["spec"]["imagePullSecrets"]
     found = policy.images_through_mirror([(f"kubernetes:x:{o['kind']}", o) for o in objects], fleet)
     assert len(found) == 1 and "bypasses the mirror" in found[0].observed and "lacks 'pull'" in found[0].observed
@@ -406,16 +460,16 @@ def test_check_fails_a_stack_with_a_1s_health_timeout(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stdout + result.stderr
     # Three probes on each of 5 groups, readiness and liveness on the router.
     assert result.stdout.count("✗ fail [probes-timeout]") == 5 * 3 + 2
-    assert "✗ fail [probes-timeout] LeaderWorkerSet exaserve/sglang-g0\n" in result.stdout
+    assert "✗ fail [probes-timeout] StatefulSet exaserve/sglang-g0\n" in result.stdout
     assert "    expected: a readinessProbe with timeoutSeconds ≥ 3\n" in result.stdout
     assert "    fix:      Add readinessProbe with timeoutSeconds ≥ 3" in result.stdout
     assert "17 violation(s)" in result.stdout
     as_json = json.loads(exaserve("check", "--stack-file", str(path), "--json").stdout)
     assert as_json["ok"] is False and len(as_json["violations"]) == 17
-    g0 = [v for v in as_json["violations"] if v["subject"] == "LeaderWorkerSet exaserve/sglang-g0"]
+    g0 = [v for v in as_json["violations"] if v["subject"] == "StatefulSet exaserve/sglang-g0"]
     assert {(v["check"], v["status"]) for v in g0} == {("probes-timeout", "fail")}
     assert [v["observed"] for v in g0] == [
-        f"spec.leaderWorkerTemplate.workerTemplate.containers[sglang].{probe} is set with timeoutSeconds=1"
+        f"spec.template.containers[sglang].{probe} is set with timeoutSeconds=1"
         for probe in ("readinessProbe", "livenessProbe", "startupProbe")
     ]
 
@@ -446,7 +500,7 @@ def test_policy_pack_serves_the_rules_over_grpc(prod: list[RenderedObject]) -> N
             assert {p.name for p in info.policies} == set(policy.RESOURCE_RULES) | set(policy.STACK_RULES)
             assert {p.enforcementLevel for p in info.policies} == {analyzer_pb2.MANDATORY}
 
-            sts = _find(prod, "LeaderWorkerSet", "sglang-g0")
+            sts = _find(prod, "StatefulSet", "sglang-g0")
             clean = stub.Analyze(
                 analyzer_pb2.AnalyzeRequest(
                     type=sts.resource_type, properties=_struct(sts.obj), urn="u", name=sts.name
@@ -473,7 +527,7 @@ def test_policy_pack_serves_the_rules_over_grpc(prod: list[RenderedObject]) -> N
             ]
             stack = stub.AnalyzeStack(analyzer_pb2.AnalyzeStackRequest(resources=resources), timeout=60)
             assert [(d.policyName, d.urn) for d in stack.diagnostics] == [
-                ("pdb-per-serving-group", "urn:LeaderWorkerSet:sglang-g0")
+                ("pdb-per-serving-group", "urn:StatefulSet:sglang-g0")
             ]
     finally:
         proc.kill()

@@ -52,6 +52,13 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("prod", {"serving__replicas": 2049}, "placement.fleet-capacity", "hold at most 2,048"),
     (
         "prod",
+        {"parallelism__tp": 3, "serving__replicas_per_node": 2},
+        "model.sglang-shapes",
+        "Got TP 3: SGLang 0.5.23 refuses to start llama-3-70b: 64 attention heads are not divisible by TP 3 "
+        "(sglang/srt/models/llama.py:183); 8 KV heads are not divisible by TP 3 (sglang/srt/models/llama.py:189)",
+    ),
+    (
+        "prod",
         {"model__precision": "fp16", "model__quantization": None},
         "memory.per-gpu",
         "that is less than one sequence of 4,096 tokens",
@@ -101,6 +108,8 @@ def test_rule_fires_with_arithmetic(stack: str, changes: dict[str, Any], rule: s
         ({"scheduler__period_ms": 10}, "scheduler.period"),
         ({"serving__log_level": "debug"}, "ops.log-level"),
         ({"scheduler__instances": 2}, "scheduler.ha"),
+        # issue 28: the sandbox's 2 s soak against 5 s load polls judged no batch's QPS gate, silently
+        ({"rollout__interval_s": 5, "serving__warmup_duration_s": 5}, "rollout.qps-window"),
     ],
 )
 def test_warnings_do_not_fail_the_plan(changes: dict[str, Any], rule: str) -> None:

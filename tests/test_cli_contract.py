@@ -14,17 +14,27 @@ bad input run the same app in-process (:func:`tests.support.cli.exaserve_in_proc
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
+import socket
+import subprocess
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import typer
+from rich.console import Console
 
 from serving.cli.commands import register
-from serving.cli.options import app
-from tests.support.cli import exaserve, exaserve_in_process, flat, json_object
+from serving.cli.options import ProgressLines, app
+from tests.support.cli import EXASERVE, exaserve, exaserve_in_process, exaserve_on_terminal, flat, json_object
+from tests.support.paths import REPO
 from tests.support.repo import working_tree_repo
+from tests.support.stacks import write_variant
 
 Command = tuple[str, ...]
 
@@ -86,6 +96,7 @@ JSON_CASES: dict[Command, tuple[list[str], int]] = {
     ("agent", "run"): (["--stack", "dev", "--node", "nowhere", "--controller", "http://127.0.0.1:9"], 2),
     ("status",): (["--stack", "dev"], 2),  # no --controller
     ("fit",): (["--stack", "dev", "--hf-config", "models/llama-3-70b/config.json"], 0),
+    ("history",): (["--stack", "dev"], 0),
     ("drill",): (["--stack", "dev", "--list"], 0),
 }
 
@@ -117,7 +128,7 @@ def test_the_app_has_the_commands_the_docs_list() -> None:
     assert set(COMMANDS) == {
         ("plan",), ("audit-source",), ("schema",), ("render",), ("check",), ("diff",), ("units",), ("preflight",),
         ("fleet", "exec"), ("sandbox", "up"), ("sandbox", "down"), ("sandbox", "load"), ("rollout",), ("rollback",),
-        ("controller", "run"), ("agent", "run"), ("status",), ("fit",), ("drill",),
+        ("controller", "run"), ("agent", "run"), ("status",), ("fit",), ("drill",), ("history",),
     }  # fmt: skip
     assert set(COMMANDS) - set(STACK_COMMANDS) == {("schema",)}
 
@@ -190,3 +201,184 @@ def test_json_carries_stack_and_ok(cmd: Command, repo: Path, tmp_path: Path, sta
     assert doc["stack"] == expected_stack
     if code:
         assert doc["exit_code"] == code and doc["error"] and flat(doc["error"]) in flat(r.stderr)
+
+
+def _stack_default(cmd: Command) -> object:
+    group: Any = typer.main.get_command(app)
+    for name in cmd:
+        group = group.commands[name]
+    return next(p.default for p in group.params if p.name == "stack")
+
+
+# The commands that act on a fleet (issue 28): none of them picks a stack by default, as pulumi needs a selected one.
+FLEET_COMMANDS = [
+    ("rollout",), ("rollback",), ("preflight",), ("status",), ("fleet", "exec"), ("drill",), ("controller", "run"),
+    ("agent", "run"), ("history",),
+]  # fmt: skip
+
+
+def test_only_the_fleet_commands_have_no_default_stack() -> None:
+    no_default = {c for c in STACK_COMMANDS if _stack_default(c) is None}
+    # audit-source's None is a choice of its own: without a stack it audits the source plan's config
+    assert no_default - {("audit-source",)} == set(FLEET_COMMANDS)
+
+
+@pytest.mark.parametrize("cmd", FLEET_COMMANDS, ids=_id)
+def test_a_fleet_command_without_a_named_stack_exits_2(cmd: Command, tmp_path: Path) -> None:
+    args = [*cmd, *_args(EXTRA.get(cmd, []), tmp_path)]
+    if cmd == ("rollout",):
+        args += ["--to", "v2"]
+    r = exaserve_in_process(*args, env={"EXASERVE_STACK": ""})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    message = flat(r.stderr)
+    assert "no stack named" in message and "--stack NAME" in message and "EXASERVE_STACK=NAME" in message
+    assert "dev, prod, sandbox" in message  # the stacks of the checkout, to choose from
+    # The same command with the stack in the environment reads it (and goes on to its own next error or result).
+    named = exaserve_in_process(*args, env={"EXASERVE_STACK": "dev", "EXASERVE_STATE_DIR": str(tmp_path / "s")})
+    assert "no stack named" not in flat(named.stderr), named.stderr
+
+
+def test_exaserve_stack_selects_the_stack_of_every_command() -> None:
+    r = exaserve_in_process("plan", "--json", env={"EXASERVE_STACK": "dev"})
+    assert r.returncode == 0, r.stderr
+    assert json_object(r)["stack"] == "dev"
+
+
+@pytest.mark.parametrize("args", [["rollout", "--to", "v2"], ["rollout", "--resume"], ["rollback"]], ids=" ".join)
+def test_changing_prod_without_a_terminal_needs_yes(args: list[str], tmp_path: Path) -> None:
+    env = {"EXASERVE_STATE_DIR": str(tmp_path)}
+    r = exaserve_in_process(*args, "--stack", "prod", env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "production stack 'prod'" in flat(r.stderr) and "pass --yes" in flat(r.stderr)
+    assert not (tmp_path / "prod").exists()  # refused before the state (journal, lock) was touched
+    # --yes confirms: the command goes on (here to the kubernetes backend, which has no cluster to reach)
+    confirmed = exaserve_in_process(*args, "--stack", "prod", "--yes", env=env)
+    assert "production stack" not in flat(confirmed.stderr), confirmed.stderr
+    # a dry run changes nothing and asks nothing; another stack is not asked about
+    if args[1:2] == ["--to"]:
+        dry = exaserve_in_process(*args, "--stack", "prod", "--dry-run", env=env)
+        assert "production stack" not in flat(dry.stderr), dry.stderr
+    other = exaserve_in_process(*args, "--stack", "dev", env=env)
+    assert "production stack" not in flat(other.stderr), other.stderr
+
+
+def test_changing_prod_on_a_terminal_asks_and_a_no_changes_nothing(tmp_path: Path) -> None:
+    r = exaserve_on_terminal(
+        "rollout", "--stack", "prod", "--to", "v2", answer="n", env={"EXASERVE_STATE_DIR": str(tmp_path)}
+    )
+    assert "rollout --to v2 changes the production stack 'prod'. Continue? [y/N]" in r.stdout, r.stdout
+    assert r.returncode == 1, r.stdout
+    assert "not confirmed: nothing was changed" in r.stdout
+    assert not (tmp_path / "prod").exists()
+
+
+@contextmanager
+def banner_breakers(addresses: list[str]) -> Iterator[int]:
+    """A TCP listener on the same port of each loopback address that accepts a connection and closes it at once:
+    an SSH client fails reading the protocol banner, as on a node whose sshd is overloaded or behind a broken proxy."""
+    sockets: list[socket.socket] = []
+    port = 0
+    for address in addresses:
+        s = socket.socket()
+        s.bind((address, port))
+        s.listen(64)
+        s.settimeout(0.2)
+        port = s.getsockname()[1]
+        sockets.append(s)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            for s in sockets:
+                with contextlib.suppress(OSError):
+                    s.accept()[0].close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield port
+    finally:
+        stop.set()
+        thread.join(5)
+        for s in sockets:
+            s.close()
+
+
+def test_unreachable_ssh_nodes_give_one_line_each_and_no_traceback(tmp_path: Path) -> None:
+    """Issue 28: `rollout --backend ssh --dry-run` against nodes that fail the SSH handshake wrote 5,383 lines to
+    stderr, paramiko's traceback of each failed banner read, before its one-line error, which named no node's cause
+    and did not say that --dry-run reads every node too."""
+    nodes = 4
+    addresses = [f"127.0.0.{11 + i}" for i in range(nodes)]
+    with banner_breakers(addresses) as port:
+        changes = {"cluster.pools.0.count": nodes, "cluster.pools.0.racks": 1, "cluster.pools.0.subnet": "127.0.0.0/24",
+                   "cluster.pools.0.first_address": addresses[0], "cluster.pools.0.ssh_port": port,
+                   "serving.replicas": nodes * 8, "serving.target_replicas": nodes * 8}  # fmt: skip
+        stack = write_variant(tmp_path, "ssh", "dev", changes)
+        known_hosts = tmp_path / "known_hosts"
+        known_hosts.write_text("")
+        r = exaserve("rollout", "--stack-file", str(stack), "--to", "v1", "--dry-run", "--backend", "ssh",
+                     "--known-hosts", str(known_hosts), env={"EXASERVE_STATE_DIR": str(tmp_path / "state")})  # fmt: skip
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr, r.stderr[:2000]
+    # each node's SSH cause, summarised (nodes failing alike share a line), and what --dry-run needs
+    causes = [line for line in r.stderr.splitlines() if "not reached: " in line]
+    assert 1 <= len(causes) <= nodes and all("Error reading SSH protocol banner" in line for line in causes), r.stderr
+    named = [a for line in causes for a in addresses if f"({a})" in line]
+    assert sorted(named) == addresses, r.stderr  # every node, in exactly one line
+    assert "--dry-run included, first reads what each replica runs over SSH" in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) <= nodes + 4, r.stderr  # the wrapped error, ≤ a line per node, the --dry-run note
+
+
+def test_piped_output_is_not_cut_at_80_columns() -> None:
+    """Issue 28: piped, `fit`'s headers read `prec… repl… weig…` and `status` cut every replica name: rich gives a
+    console that is not a terminal 80 columns. Piped (and without COLUMNS) the tables are as wide as they need."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    args = ["fit", "--stack", "dev", "--hf-config", "models/llama-3-70b/config.json"]
+    r = subprocess.run(
+        [str(EXASERVE), *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=120, check=False
+    )
+    assert r.returncode in (0, 1), r.stderr
+    header = next(line for line in r.stdout.splitlines() if "TP×PP" in line)
+    assert "precision" in header and "replicas" in header and "weights/GPU" in header, header
+    assert "…" not in r.stdout
+    assert max(len(line) for line in r.stdout.splitlines()) > 80  # the full table, wider than a default terminal
+
+
+def test_shell_completion_completes_commands_and_a_lazy_commands_options() -> None:
+    """Issue 28: no shell completion. The script installs with `--install-completion`; the commands complete from
+    the lazy table, and a command's options once its module is imported to resolve it."""
+    # typer detects the user's shell from the parent process; its test switch takes the shell as the value instead
+    script = exaserve("--show-completion", "bash", env={"_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"})
+    assert script.returncode == 0 and "_EXASERVE_COMPLETE=complete_bash" in script.stdout, script.stdout + script.stderr
+
+    def complete(words: str) -> list[str]:
+        env = {"_EXASERVE_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - 1)}
+        r = exaserve(env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split()
+
+    assert complete("exaserve roll") == ["rollout", "rollback"]
+    assert complete("exaserve rollout --acc") == ["--accept-inconclusive"]
+
+
+def test_progress_lines_off_a_terminal_one_per_step_and_a_repeat_at_most_every_interval() -> None:
+    """Issue 28: piped, `drill` printed nothing for 1 m 46 s (its spinner shows nothing off a terminal). Off a
+    terminal each step is a line; a step that reports often (the drill's watch, several times a second) repeats at
+    most every interval. On a terminal nothing: the spinner shows it."""
+    now = [0.0]
+    piped = Console(file=io.StringIO(), force_terminal=False, width=200)
+    lines = ProgressLines(piped, every_s=10.0, clock=lambda: now[0])
+    for t, text in [(0, "baseline: 10 s of load"), (1, "fault injected: kill"), (1.5, "watching: 0.5 s after"),
+                    (2, "watching: 1.0 s after"), (11.6, "watching: 10.6 s after"), (12, "healed at 12 s: x")]:  # fmt: skip
+        now[0] = t
+        lines(text)
+    shown = [line.split(" ", 1)[1] for line in piped.file.getvalue().splitlines()]  # type: ignore[attr-defined]
+    assert shown == ["baseline: 10 s of load", "fault injected: kill", "watching: 0.5 s after",
+                     "watching: 10.6 s after", "healed at 12 s: x"]  # fmt: skip
+    terminal = Console(file=io.StringIO(), force_terminal=True)
+    ProgressLines(terminal)("baseline: 10 s")
+    assert terminal.file.getvalue() == ""  # type: ignore[attr-defined]
+    ProgressLines(terminal, on_terminal=True)("starting 8 simulated workers")  # `sandbox up`: no spinner to show it
+    assert terminal.file.getvalue().endswith("starting 8 simulated workers\n")  # type: ignore[attr-defined]

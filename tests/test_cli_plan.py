@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
+import yaml
 
 from tests.support.cli import exaserve as run
+from tests.support.paths import REPO
 from tests.support.stacks import SOURCE_PLAN
 
 
@@ -17,6 +21,23 @@ def test_plan_exits_0_on_shipped_stacks(stack: str) -> None:
     r = run("plan", "--stack", stack)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "plan OK" in r.stdout and "Capacity chain" in r.stdout
+
+
+@pytest.mark.parametrize("model", ["sglang", "source"])
+def test_every_memory_figure_is_shown_in_the_unit_its_formula_ends_in(model: str) -> None:
+    """Issue 28, item 7: the weights row showed 38.43 GB beside a formula ending "= 36.03 GiB" (a value in GB, the
+    arithmetic in GiB, and the load overhead, a row of its own, added in). Each row now shows the figure its formula
+    ends in, in that unit: GiB for SGLang's arithmetic, GB for the source heuristic."""
+    r = run("plan", "--stack", "prod", "--memory-model", model)
+    table = r.stdout.split("Memory per GPU", 1)[1].split("\n\n", 1)[0]
+    rows = [[c.strip() for c in line.strip("│ ").split("│")] for line in table.splitlines() if line.startswith("│")]
+    checked = 0
+    for name, value, how in (row for row in rows if len(row) == 3 and row[0]):
+        ends = re.search(r"= ([\d,.]+) (GiB|GB)$", how)
+        if ends is not None and re.fullmatch(r"[\d,.]+ (GiB|GB)", value):
+            assert value == " ".join(ends.groups()), f"{name}: {value} beside {how}"
+            checked += 1
+    assert checked >= 3, table
 
 
 def test_plan_json_contract() -> None:
@@ -101,3 +122,26 @@ def test_schema_is_json_schema_of_the_spec() -> None:
     r = run("schema")
     doc = json.loads(r.stdout)
     assert r.returncode == 0 and doc["title"] == "FleetSpec" and "cluster" in doc["required"]
+
+
+def test_the_pulumi_file_schema_validates_the_stack_files_and_names_their_mistakes() -> None:
+    """Issue 28: validating Pulumi.prod.yaml against `schema` failed on its `config:` wrapper; `schema --pulumi-file`
+    is the schema of the file an editor opens."""
+    r = run("schema", "--pulumi-file")
+    assert r.returncode == 0, r.stderr
+    file_schema = json.loads(r.stdout)
+    validator = jsonschema.Draft202012Validator(file_schema)
+    for path in sorted(REPO.glob("Pulumi.*.yaml")):
+        if path.name == "Pulumi.yaml":
+            continue
+        doc = yaml.safe_load(path.read_text())
+        assert not list(validator.iter_errors(doc)), path.name
+    prod = yaml.safe_load((REPO / "Pulumi.prod.yaml").read_text())
+    assert list(jsonschema.Draft202012Validator(json.loads(run("schema").stdout)).iter_errors(prod))  # the old way
+    typo = {**prod, "config": {**prod["config"], "exaserve:rolout": {"batches": 5}}}
+    assert any("exaserve:rolout" in e.message for e in validator.iter_errors(typo))
+    wrong = yaml.safe_load((REPO / "Pulumi.prod.yaml").read_text())
+    wrong["config"]["exaserve:rollout"]["batches"] = "five"
+    assert [list(e.absolute_path) for e in validator.iter_errors(wrong)] == [["config", "exaserve:rollout", "batches"]]
+    other = {**prod, "config": {**prod["config"], "aws:region": "eu-west-1"}, "secretsprovider": "passphrase"}
+    assert not list(validator.iter_errors(other))  # other namespaces and Pulumi's own keys are not ours to judge

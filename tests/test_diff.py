@@ -43,10 +43,10 @@ def _pod(args: list[str]) -> dict[str, Any]:
 
 def test_argv_flags_reads_values_switches_equals_and_lists() -> None:
     entry, flags = argv_flags(
-        ["python3", "-m", "sglang_router.launch_router", "--policy=cache_aware", "--worker-urls", "http://a", "http://b",
+        ["python3", "-m", "smg.launch_router", "--policy=cache_aware", "--worker-urls", "http://a", "http://b",
          "--log-json", "--port", "-1"]
     )  # fmt: skip
-    assert entry == ["python3", "-m", "sglang_router.launch_router"]
+    assert entry == ["python3", "-m", "smg.launch_router"]
     assert flags == {
         "--policy": "cache_aware",
         "--worker-urls": "http://a http://b",
@@ -69,10 +69,10 @@ def test_a_changed_flag_is_named_by_flag_not_by_position() -> None:
 
 
 def test_a_changed_entry_point_is_one_change_and_a_reordered_line_the_whole_list() -> None:
-    router = ["python3", "-m", "sglang_router.launch_router", "--port", "8000"]
-    moved = ["python3", "-m", "sglang_router.launch", "--port", "8000"]
+    router = ["python3", "-m", "smg.launch_router", "--port", "8000"]
+    moved = ["python3", "-m", "smg.launch", "--port", "8000"]
     assert field_changes({"command": router}, {"command": moved}) == [
-        FieldChange("command[entry]", "python3 -m sglang_router.launch_router", "python3 -m sglang_router.launch")
+        FieldChange("command[entry]", "python3 -m smg.launch_router", "python3 -m smg.launch")
     ]
     reordered = ["--tp-size", "8", *SERVER[:-2]]
     assert field_changes({"args": SERVER}, {"args": reordered}) == [FieldChange("args", SERVER, reordered)]
@@ -80,6 +80,20 @@ def test_a_changed_entry_point_is_one_change_and_a_reordered_line_the_whole_list
 
 def _diff(changed: list[ObjectChange], capacity: list[FieldChange] | None = None) -> FleetDiff:
     return FleetDiff("prod", "main", "0123456789abcdef", 10, 10, changed=changed, capacity=capacity or [])
+
+
+def test_a_changed_configmap_file_shows_the_keys_that_changed_inside_it() -> None:
+    """Issue 28: a ConfigMap holding the stack file showed as the same truncated prefix on both sides."""
+    stack = yaml.safe_load((REPO / "Pulumi.dev.yaml").read_text())
+    before = {"data": {"stack.yaml": yaml.safe_dump(stack)}}
+    stack["config"]["exaserve:rollout"]["interval_s"] = 60
+    after = {"data": {"stack.yaml": yaml.safe_dump(stack)}}
+    changes = field_changes(before, after)
+    assert changes == [FieldChange('data["stack.yaml"].config["exaserve:rollout"].interval_s', 120, 60)]
+    report = text_report(_diff([ObjectChange("ConfigMap", "exaserve", "exaserve-runtime-stack", "runtime", changes)]))
+    assert 'data["stack.yaml"].config["exaserve:rollout"].interval_s: 120 → 60' in report
+    # text that is not a mapping stays one change
+    assert field_changes({"data": {"a": "x\ny"}}, {"data": {"a": "x\nz"}}) == [FieldChange("data.a", "x\ny", "x\nz")]
 
 
 def test_identical_changes_across_update_groups_are_one_entry() -> None:
@@ -165,11 +179,11 @@ def test_diff_shows_one_group_version_change_as_exactly_that(repo: Path) -> None
     assert doc["base"]["objects"] == doc["head"]["objects"] == len(render_file(REPO / "Pulumi.prod.yaml"))
     # The group's workload, and the stack the runtime controllers read (a ConfigMap of the stack file).
     assert [(c["kind"], c["name"], c["component"]) for c in doc["changed"]] == [
-        ("LeaderWorkerSet", "sglang-g2", "fleet"),
+        ("StatefulSet", "sglang-g2", "fleet"),
         ("ConfigMap", "exaserve-runtime-stack", "runtime"),
     ]
     fields = {f["path"]: (f["base"], f["head"]) for f in doc["changed"][0]["fields"]}
-    pod = "spec.leaderWorkerTemplate.workerTemplate"
+    pod = "spec.template"
     assert fields == {
         'metadata.labels["exaserve.io/version"]': ("v1", "v2"),
         f'{pod}.metadata.labels["exaserve.io/version"]': ("v1", "v2"),
@@ -197,7 +211,7 @@ def test_diff_reports_capacity_deltas_and_group_sizes(repo: Path) -> None:
     assert "~ Role exaserve/exaserve-updater-rollout  [updater]\n      rules[2].resourceNames:" in text, (
         "the updater may label exactly the fleet's pods: fewer replicas, fewer names"
     )
-    assert "~ LeaderWorkerSet exaserve/sglang-g0  [fleet]\n" in text and "spec.replicas: 26 → 20\n" in text
+    assert "~ StatefulSet exaserve/sglang-g0  [fleet]\n" in text and "spec.replicas: 26 → 20\n" in text
     assert "topologySpreadConstraints[0].maxSkew: 13 → 10" in text, "the rack spread follows the group size"
     assert "~ PodDisruptionBudget exaserve/sglang-g1  [fleet]\n      spec.maxUnavailable: 2 → 1\n" in text
     assert "PodDisruptionBudget exaserve/sglang-g0" not in text, "group 0 keeps its budget of 2"
@@ -216,12 +230,13 @@ def test_diff_markdown_names_flags_groups_update_groups_and_shows_units(repo: Pa
     assert result.returncode == 0, result.stderr
     md = result.stdout
     assert (
-        "<code>LeaderWorkerSet exaserve/sglang-g0, sglang-g1, sglang-g2, sglang-g3, sglang-g4</code> (fleet): "
+        "<code>StatefulSet exaserve/sglang-g0, sglang-g1, sglang-g2, sglang-g3, sglang-g4</code> (fleet): "
         "1 field(s), the same in 5 objects"
     ) in md
     assert "| `--context-length` in `containers[sglang].args` | `4096` | `8192` |" in md
     assert "args[" not in md.replace("args[--", "")
-    assert "| `max_concurrent_sequences_per_replica` | `26` | `13` | -13 (-50.0%) |" in md
+    # 104,682 pool tokens (Llama-3-70B AWQ on one A100 80 GB, group scales counted): 25 sequences of 4,096, 12 of 8,192
+    assert "| `max_concurrent_sequences_per_replica` | `25` | `12` | -13 (-52.0%) |" in md
 
 
 def test_diff_of_a_stack_file_compares_it_with_its_copy_at_the_base(repo: Path, tmp_path: Path) -> None:
@@ -255,3 +270,18 @@ def test_diff_rejects_an_unknown_base(repo: Path) -> None:
     assert result.returncode == 2
     assert "--base 'no-such-branch' is not a commit" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_detailed_exitcode_is_2_on_changes_and_0_without(repo: Path) -> None:
+    """Issue 28: `diff --detailed-exitcode`, as helm diff has it (there was no way to tell changes by the exit code)."""
+    same = _exaserve(repo, "diff", "--stack", "dev", "--base", "main", "--detailed-exitcode", "--json")
+    assert same.returncode == 0, same.stderr
+    assert json_object(same)["ok"] is True
+    original = _edit_stack(repo, "dev", "rollout", {"interval_s": 60})
+    try:
+        changed = _exaserve(repo, "diff", "--stack", "dev", "--base", "main", "--detailed-exitcode", "--json")
+    finally:
+        (repo / "Pulumi.dev.yaml").write_text(original)
+    assert changed.returncode == 2, changed.stderr
+    doc = json_object(changed)
+    assert doc["ok"] is False and doc["changed"], doc

@@ -3,11 +3,30 @@ client requests, checked on timelines written out by hand, each figure derived h
 
 from __future__ import annotations
 
+import asyncio
 import math
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
 import pytest
 
-from serving.drill.measure import Gates, Probe, baseline_of, judge, measure, windows
+from serving.drill.engine import FleetUrls, look
+from serving.drill.measure import (
+    Check,
+    Gap,
+    Gates,
+    Probe,
+    baseline_of,
+    cadence_bound,
+    counted_gaps,
+    judge,
+    measure,
+    slipped,
+    verdict,
+    windows,
+)
 from serving.drill.scenarios import SCENARIOS, TargetName, plan_targets, scenario_targets
 from serving.router.loadgen import TRANSPORT_ERROR, RequestResult
 from tests.support.stacks import fleet_of, spec_from
@@ -32,21 +51,25 @@ def steady(start: float, end: float, rate: float = 10.0, latency: float = 0.1, s
     return [RequestResult(start + i / rate, latency, status) for i in range(n)]
 
 
-def test_detection_is_the_first_probe_with_the_replica_out_of_every_answering_router() -> None:
-    """Out on A at 1 s (unhealthy), on B at 2 s (gone); C does not answer from 1.5 s: not waited for."""
+def test_drill_judge_a_silent_router_is_unknown_not_out() -> None:
+    """The drill judge's finding: two routers showing the replica out at 2.0 s while the third was silent (and still
+    routing to it at 2.5 s) passed as detected at 2.0 s. A router that does not answer is unknown: detection is the
+    first probe at which EVERY instance answers with the replica out (3.0 s), restoration the first at which every
+    instance answers with it back and the leader has it in rotation (5.0 s)."""
     probes = [
         probe(-1.0, {A: everyone(), B: everyone(), C: everyone()}),
         probe(1.0, {A: everyone(W1=False), B: everyone(), C: everyone()}),
         probe(1.5, {A: everyone(W1=False), B: everyone(), C: None}),
-        probe(2.0, {A: everyone(W1=False), B: {W2: True, W3: True}, C: None}),
-        probe(3.0, {A: everyone(), B: everyone(), C: everyone()}, out=(W1,)),  # routers back, leader not yet
-        probe(4.0, {A: everyone(), B: everyone(), C: everyone()}),
+        probe(2.0, {A: everyone(W1=False), B: {W2: True, W3: True}, C: None}),  # two out, one silent
+        probe(2.5, {A: everyone(W1=False), B: {W2: True, W3: True}, C: everyone()}),  # C still routes to W1
+        probe(3.0, {A: everyone(W1=False), B: {W2: True, W3: True}, C: everyone(W1=False)}),
+        probe(3.5, {A: everyone(), B: everyone(), C: None}),  # back on two, the third silent
+        probe(4.0, {A: everyone(), B: everyone(), C: everyone()}, out=(W1,)),  # routers back, leader not yet
+        probe(5.0, {A: everyone(), B: everyone(), C: everyone()}),
     ]
-    results = steady(-2, 5)
-    m = measure(probes, results, subjects=(W1,), baseline_s=2, gates=GATES, end=5, healed=None)
-    assert m.detection_s == 2.0
-    assert m.restoration_s == 4.0  # 3.0 was back on the routers but still out of rotation in the leader's view
-    assert m.false_detections == ()
+    m = measure(probes, steady(-2, 6), subjects=(W1,), baseline_s=2, gates=GATES, end=6, healed=None)
+    assert (m.detection_s, m.restoration_s) == (3.0, 5.0)
+    assert m.false_detections == ()  # a silent router takes no other replica out either
     assert m.recovery_s == 0.0  # no window after the fault was degraded
 
 
@@ -54,10 +77,10 @@ def test_a_router_the_fault_took_down_is_exempt_and_none_answering_is_no_detecti
     probes = [
         probe(-1.0, {A: everyone(), B: everyone()}),
         probe(1.0, {A: None, B: None}),  # nobody answered: nothing can be said
-        probe(2.0, {A: None, B: everyone(W1=False)}),
+        probe(2.0, {A: None, B: everyone(W1=False)}),  # A silent: unknown
     ]
     m = measure(probes, steady(-2, 3), subjects=(W1,), baseline_s=2, gates=GATES, end=3, healed=None)
-    assert m.detection_s == 2.0
+    assert m.detection_s is None
     exempt = measure(
         [*probes[:2], probe(2.0, {A: everyone(W1=False), B: everyone()})],
         steady(-2, 3),
@@ -120,6 +143,10 @@ def test_false_detections_are_other_replicas_that_left_rotation_on_some_router()
     ]
     m = measure(probes, steady(-2, 2), subjects=(W1,), baseline_s=2, gates=GATES, end=2, healed=None)
     assert m.false_detections == (W3,)
+    # the evidence names when, where and what the leader made of it, so a failure in CI can be read from its log
+    assert m.false_seen[W3].startswith(f"out at 1.0-1.0 s (1 probes) on {A}; the leader had it ")
+    (check,) = [c for c in judge(SCENARIOS["replica-crash"], [], m) if c.name == "false_detections"]
+    assert not check.ok and m.false_seen[W3] in check.reason
     none_may_leave = measure(probes, steady(-2, 2), subjects=(), baseline_s=2, gates=GATES, end=2, healed=None)
     assert none_may_leave.false_detections == (W1, W3)
 
@@ -208,3 +235,101 @@ def test_windows_without_a_baseline_judge_errors_only() -> None:
     assert base.requests == 0 and math.isnan(base.p99_s)
     judged = windows(steady(0, 2, latency=5.0), base, GATES, until=2.0)
     assert [w.bad for w in judged] == [None, None]  # 5 s answers, but no baseline latency or rate to hold them to
+
+
+def test_the_cadence_bound_is_three_periods_or_a_second_over_one() -> None:
+    """max(3 × probe_s, probe_s + 1 s): the sandbox's 0.1 s probes may come 1.1 s apart (a probe that waited out a
+    silent instance's 0.4 s client timeout fits), slower probes three periods."""
+    assert cadence_bound(0.1) == pytest.approx(1.1)
+    assert cadence_bound(0.5) == pytest.approx(1.5)
+    assert cadence_bound(1.0) == pytest.approx(3.0)
+
+
+def test_drill_judge_a_run_whose_probes_slipped_is_invalid_never_passed() -> None:
+    """The drill judge's finding: a probe loop that stalled 2.4 s reported detection at 5.9 s against 4 s, and
+    passed (the gap since the probe before was its slack). With the bound, that run is invalid, the gap named,
+    whatever its checks say; before this change every such run was judged (no verdict but ok)."""
+    spec = spec_from("sandbox")
+    fl = fleet_of(spec)
+    crash = SCENARIOS["replica-crash"]
+    targets = scenario_targets(crash, fl)
+    limit = plan_targets(fl)["detection_s"].value
+    stalled_at = limit + 1.5 - 2.4  # the last probe before the stall
+    probes = [
+        probe(-0.1, {A: everyone()}),
+        *(probe(round(i * 0.1, 3), {A: everyone()}) for i in range(1, int(stalled_at * 10) + 1)),
+        probe(limit + 1.5, {A: everyone(W1=False)}),  # 2.4 s (and more) after the probe before
+    ]
+    m = measure(probes, steady(-2, limit + 3), subjects=(W1,), baseline_s=2, gates=GATES, end=limit + 3, healed=None)
+    checks = [c for c in judge(crash, targets, m) if c.name == "detection_s"]
+    assert checks[0].ok and "probe resolution" in checks[0].reason  # the slack alone lets it pass
+    gaps = slipped(probes, 0.1)
+    assert len(gaps) == 1 and gaps[0].after_s == probes[-2].t and gaps[0].gap_s == pytest.approx(2.4)
+    assert verdict(checks, gaps) == "invalid"
+    assert verdict(checks, []) == "passed"
+    assert verdict([*checks, Check("settled", None, 0.0, "", False, "did not settle")], []) == "failed"
+    assert verdict([], []) == "failed"  # nothing judged is no pass
+
+
+def test_only_gaps_past_the_bound_after_the_fault_and_outside_the_drills_heal_count() -> None:
+    before = [probe(-3.0, {A: everyone()}), probe(-0.2, {A: everyone()})]  # a baseline gap is not judged
+    assert slipped([*before, probe(1.1, {A: everyone()}), probe(2.2, {A: everyone()})], 0.1) == []  # at the bound
+    late_first = [*before, probe(1.2, {A: everyone()})]  # the injection plus the first probe took 1.2 s
+    assert slipped(late_first, 0.1) == [Gap(0.0, 1.2)]
+    healing = [*before, probe(0.5, {A: everyone()}), probe(3.0, {A: everyone()}), probe(4.5, {A: everyone()})]
+    assert slipped(healing, 0.1, [(0.6, 2.9)]) == [Gap(3.0, 1.5)]  # the heal's gap is the drill's own; the next not
+    assert slipped(healing, 0.1) == [Gap(0.5, 2.5), Gap(3.0, 1.5)]
+    assert counted_gaps(healing, [(0.6, 2.9)]) == [Gap(0.0, 0.5), Gap(3.0, 1.5)]  # all the gaps, for the widest
+
+
+def test_a_probe_is_timed_when_its_calls_returned_and_uncertain_back_to_when_the_one_before_began() -> None:
+    """The probe time was taken before its HTTP calls, biasing times low. Timed at the return (an upper bound),
+    the change it saw came after the probe before it began (it did not see the change then)."""
+    probes = [
+        Probe(-0.2, {A: everyone()}, sent=-0.3),
+        Probe(1.0, {A: everyone()}, "c0", {W1: True}, sent=0.6),
+        Probe(1.5, {A: everyone(W1=False)}, "c0", {W1: False}, sent=1.2),
+    ]
+    m = measure(probes, steady(-2, 3), subjects=(W1,), baseline_s=2, gates=GATES, end=3, healed=None)
+    assert m.detection_s == 1.5  # when the calls that saw it returned, not 1.2 when they began
+    assert m.uncertainty[TargetName.DETECTION] == pytest.approx(0.9)  # back to 0.6, not to 1.0
+
+
+def test_look_times_a_probe_when_a_slow_router_answered() -> None:
+    """The engine's probe against a real loopback HTTP server that answers ``/workers`` after 0.3 s: the probe's
+    time is after the answer (an upper bound), its start before the call. Timed before the call, as it was, ``t``
+    came 0.3 s early."""
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            time.sleep(0.3)
+            body = b'{"workers": []}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    router = f"http://127.0.0.1:{server.server_address[1]}"
+    fleet = FleetUrls(routers=(router,), controllers=(), replicas={}, nodes={})
+
+    async def one() -> tuple[float, Probe, float]:
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            before = time.monotonic()
+            p = await look(http, fleet)
+            return before, p, time.monotonic()
+
+    try:
+        before, p, after = asyncio.run(one())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert p.sent is not None and before <= p.sent <= before + 0.1
+    assert p.sent + 0.3 <= p.t <= after  # timed when the 0.3 s answer had come
+    assert p.routers == {router: {}}  # it answered (no workers), not silent

@@ -1,5 +1,5 @@
 """Every fault drill, run for real: `exaserve drill --scenario NAME --json --report DIR` against a sandbox started with
-the real `exaserve sandbox up` — 3 REAL sglang-router instances, simulated SGLang workers (2 nodes × 4; the worker
+the real `exaserve sandbox up` — 3 REAL smg 1.13 gateway instances, simulated SGLang workers (2 nodes × 4; the worker
 is the stand-in: no GPU here), one agent per node, 3 controllers on a REAL etcd and a REAL Prometheus loading the
 rendered alert rules. Faults are real signals to real processes (SIGKILL, SIGSTOP), except what a signal cannot do:
 slow answers, HTTP 500s, memory pressure and jitter go through the simulated worker's fault route (this kernel has
@@ -122,7 +122,9 @@ def test_each_drill_meets_the_plans_targets_on_the_sandbox(sandbox: Sandbox, sce
     if (report / "timeline.png").is_file():
         shutil.copy(report / "timeline.png", OUTPUT / f"{scenario}.png")
         shutil.copy(report / "drill.json", OUTPUT / f"{scenario}.json")
-    assert r.returncode == 0 and doc["ok"], f"{scenario} failed: {failed}\n{r.stderr[-2000:]}"
+    cadence = doc.get("cadence", {}).get("why")
+    assert r.returncode == 0 and doc["ok"], f"{scenario} {doc.get('verdict')}: {failed} {cadence}\n{r.stderr[-2000:]}"
+    assert doc["verdict"] == "passed" and doc["cadence"]["gaps"] == []
 
     s = SCENARIOS[scenario]
     assert doc["scenario"] == scenario and doc["stack"] == "sandbox"

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+import pytest
+import yaml
 
 from serving.spec.stack import load_stack_file
 from tests.support.cli import exaserve, json_object
+from tests.support.paths import REPO
 
 
 def test_fit_ranks_layouts_and_writes_a_stack_that_plans(tmp_path: Path) -> None:
@@ -34,6 +39,12 @@ def test_fit_ranks_layouts_and_writes_a_stack_that_plans(tmp_path: Path) -> None
     spec = load_stack_file(out).spec
     assert (spec.parallelism.tp, spec.parallelism.pp) == (best["tp"], best["pp"])
     assert spec.cluster.gpu.product == "NVIDIA-H100-80GB-HBM3"
+    # Issue 28: hf_config was written absolute; it is relative to the written file, as the loader reads it
+    hf_config = yaml.safe_load(out.read_text())["config"]["exaserve:model"]["hf_config"]
+    assert (
+        not Path(hf_config).is_absolute()
+        and (out.parent / hf_config).resolve() == (REPO / "models/llama-3.1-405b/config.json").resolve()
+    ), hf_config
     plan = exaserve("plan", "--stack-file", str(out), "--json")
     assert json_object(plan)["capacity"]["kv_pool_tokens_per_replica"] == best["kv_pool_tokens_per_replica"]
 
@@ -54,3 +65,78 @@ def test_fit_bad_input_exits_2_naming_the_fix(tmp_path: Path) -> None:
     assert r.returncode == 2 and "unknown GPU product 'TPU-v9'" in r.stderr and "GPU_PRODUCTS" in r.stderr
     r = exaserve("fit", "--hf-config", "models/deepseek-v3/config.json", "--precision", "fp4")
     assert r.returncode == 2 and "not a precision" in r.stderr
+
+
+def test_a_target_no_layout_sustains_shows_the_table_and_says_by_how_much(tmp_path: Path) -> None:
+    """Issue 28: with --concurrency 8000 the table showed layouts serving 8,192 and said "no layout meets the
+    target" without why (the target is what a layout sustains after balance, reserve and burst buffer); with
+    --write-stack the table disappeared and only the error was printed."""
+    out = tmp_path / "Pulumi.fit.yaml"
+    args = ["fit", "--stack", "prod", "--hf-config", "models/llama-3-70b/config.json", "--concurrency", "8000"]
+    r = exaserve(*args, "--write-stack", str(out))
+    assert r.returncode == 1 and not out.exists(), r.stdout + r.stderr
+    text = " ".join(r.stdout.split())
+    assert "sustained" in r.stdout and "8,192" in r.stdout  # the table is there, served and sustained side by side
+    assert "no layout meets the target: the most any layout sustains is 5,308 concurrent sequences" in text
+    assert "8,192 × 80% balance efficiency = 6,554" in text and "< --concurrency 8,000" in text
+    assert "--write-stack: no layout meets the target" in r.stderr and "nothing written" in r.stderr
+    j = exaserve(*args, "--write-stack", str(out), "--json")
+    doc = json_object(j)  # one JSON object: the error's
+    assert j.returncode == 1 and doc["ok"] is False and "5,308" in doc["error"]
+
+
+# Published recipes: the layout each model's serving guide (or a published SGLang run) gives for one node.
+# - DeepSeek-V3 on 8 × H200: sgl-project/sglang benchmark/deepseek_v3/README.md, "Hardware Recommendation: 8 x NVIDIA
+#   H200 GPUs" and `launch_server --model deepseek-ai/DeepSeek-V3 --tp 8`.
+# - Llama-3.1-405B FP8 on 8 × H100: sgl-project/sglang docs/references/llama_405B.md, "Run 405B (fp8) on a single
+#   node": `--model-path meta-llama/Meta-Llama-3.1-405B-Instruct-FP8 --tp 8`.
+# - Qwen3-235B-A22B-FP8 on 4 × H100: the SGLang command of https://github.com/vllm-project/vllm/issues/21348 (the
+#   held-out log of tests/test_memory_model.py), TP 4; TP 8 needs --ep-size (SGLang's block-FP8 MoE check, below).
+RECIPES = [
+    ("models/deepseek-v3/config.json", "NVIDIA-H200", 8, (8, 1)),
+    ("models/llama-3.1-405b/config.json", "NVIDIA-H100-80GB-HBM3", 8, (8, 1)),
+    ("models/qwen3-235b-a22b-fp8/config.json", "NVIDIA-H100-80GB-HBM3", 4, (4, 1)),
+]
+
+
+@pytest.mark.parametrize(("config", "gpu", "gpus", "recipe"), RECIPES, ids=[r[0].split("/")[1] for r in RECIPES])
+def test_fit_top_answer_is_the_published_recipe(config: str, gpu: str, gpus: int, recipe: tuple[int, int]) -> None:
+    """On one node, TP and PP layouts of the same GPUs tie on served sequences; TP ranks first (no pipeline
+    bubbles), and the table says so. Before: ties kept enumeration order, which put PP 8 × TP 1 first."""
+    r = exaserve(
+        "fit",
+        "--hf-config",
+        config,
+        "--gpu",
+        gpu,
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        str(gpus),
+        "--precision",
+        "fp8",
+        "--json",
+    )
+    assert r.returncode == 0, r.stderr
+    layouts = json_object(r)["layouts"]
+    best = layouts[0]
+    assert (best["tp"], best["pp"], best["precision"]) == (*recipe, "fp8"), best
+    assert best["rank_reason"].startswith("#1: most served sequences")
+    piped = [lay for lay in layouts if lay["pp"] > 1 and lay["served_sequences"] == best["served_sequences"]]
+    assert piped, "no pipeline layout ties the recipe: the tie-break is not exercised"
+    assert all(re.search(r"ties #\d+ at [\d,]+; (PP \d+ > PP \d+|FP8 KV)", lay["rank_reason"]) for lay in piped)
+
+
+def test_fit_excludes_what_sglang_refuses_naming_the_check() -> None:
+    """Qwen3-235B-A22B-FP8 at TP 8: 1536 / 8 = 192 is not a multiple of the 128-wide FP8 block, so SGLang
+    0.5.23 refuses to start (moe_ep_setup.py); fit lists no TP 8 layout and says why, with the EP that passes."""
+    qwen_fp8 = ("fit", "--hf-config", "models/qwen3-235b-a22b-fp8/config.json", "--gpu", "NVIDIA-H100-80GB-HBM3")
+    r = exaserve(*qwen_fp8, "--nodes", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json_object(r)
+    assert {lay["tp"] for lay in doc["layouts"]} == {1, 2, 4}
+    (excluded,) = doc["excluded"]
+    assert (excluded["precision"], excluded["tp"]) == ("fp8", 8)
+    (reason,) = excluded["reasons"]
+    assert "1536 / (TP 8 / EP 1) = 192" in reason and "moe_ep_setup.py:169" in reason and "--ep-size 2" in reason
+    assert "excluded fp8 TP 8 (SGLang refuses it)" in exaserve(*qwen_fp8, "--nodes", "1").stdout

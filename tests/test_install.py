@@ -144,7 +144,7 @@ def test_plan_render_and_check_from_an_empty_directory(venv: Path, tmp_path: Pat
     assert doc["problems"] == [] and doc["unvalidated"] == [] and doc["crd_dir"] == str(crd_dir())
     expected = len(render_file(stack))  # the same program run from the checkout, in this process
     assert doc["objects"] == len(index) == expected
-    assert {"LeaderWorkerSet", "PrometheusRule", "Node"} <= {e["kind"] for e in index}
+    assert {"StatefulSet", "PrometheusRule", "Node"} <= {e["kind"] for e in index}
     units = sorted((out / "units").glob("*.service"))  # the systemd template, read as package data
     assert len(units) == doc["replica_units"] == 2048
     assert units[0].read_text().startswith("# generated from")

@@ -8,8 +8,10 @@ content each concern renders from the spec; and that the entry point Pulumi runs
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from serving.pulumi.program import ProgramRun, kubernetes_objects, run_program
 from serving.render.k8s import fabric, fleet, gateway, storage
 from serving.render.k8s.common import LABEL_GROUP, LABEL_RACK, LABEL_VERSION, TAINT_KEY
 from serving.render.k8s.container import WAIT_FOR_CACHE, pod_container
+from serving.render.k8s.prerequisites import required_crds
 from serving.render.router import router_args
 from serving.render.sglang import model_dir
 from serving.spec.stack import load_stack, load_stack_file, pulumi_config, spec_from_config
@@ -94,7 +97,9 @@ def test_object_counts_follow_nodes_and_batches(runs: dict[str, ProgramRun], sta
         "network-policy": 3,
         "runtime": 15,  # fixed: controller, agent, their RBAC, the controllers' headless Service, 2 policies, rule,
         # monitor, stack
-        "updater": 3,  # the rolling updater's ServiceAccount, Role, RoleBinding (tests/test_render_updater.py)
+        # the rolling updater's ServiceAccount, Role, RoleBinding (tests/test_render_updater.py), its admission policy
+        # and binding (tests/test_render_admission.py)
+        "updater": 5,
     }
     assert {k: counts.get(k, 0) for k in expected} == expected
     assert sum(counts.values()) == sum(expected.values())
@@ -129,8 +134,8 @@ def test_resource_count_does_not_grow_with_replicas(tmp_path: Path, runs: dict[s
     half = render_file(write_variant(tmp_path, "half", changes={"serving.replicas": 1024}))
     full = kubernetes_objects(runs["prod"])
     assert sorted(o.key for o in half) == sorted(o.key for o in full)
-    assert sum(s["spec"]["replicas"] for s in of_kind(half, "LeaderWorkerSet")) == 1024
-    assert sum(s["spec"]["replicas"] for s in of_kind(full, "LeaderWorkerSet")) == 2048
+    assert sum(s["spec"]["replicas"] for s in of_kind(half, "StatefulSet")) == 1024
+    assert sum(s["spec"]["replicas"] for s in of_kind(full, "StatefulSet")) == 2048
 
 
 def test_node_patches_carry_inventory_labels_only(runs: dict[str, ProgramRun]) -> None:
@@ -154,12 +159,12 @@ def test_fleet_groups_carry_their_own_versions(tmp_path: Path) -> None:
         changes={"serving.releases.v2": "lmsysorg/sglang:v0.5.24-cu126", "rollout.group_versions": {0: "v2"}},
     )
     objects = render_file(path)
-    sets = sorted(of_kind(objects, "LeaderWorkerSet"), key=lambda s: s["metadata"]["name"])
+    sets = sorted(of_kind(objects, "StatefulSet"), key=lambda s: s["metadata"]["name"])
     assert [s["metadata"]["name"] for s in sets] == [fleet.group_name(g) for g in range(5)]
     versions = [s["metadata"]["labels"][LABEL_VERSION] for s in sets]
     assert versions == ["v2", "v1", "v1", "v1", "v1"]
     for g, s in enumerate(sets):
-        template = s["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+        template = s["spec"]["template"]
         assert template["metadata"]["labels"][LABEL_VERSION] == versions[g]
         assert template["metadata"]["labels"][LABEL_GROUP] == str(g)
         container = template["spec"]["containers"][0]
@@ -176,10 +181,12 @@ def test_fleet_pods_wait_for_their_cache_and_spread_satisfiably(runs: dict[str, 
     fl = fleet_of(spec)
     pl = fl.plan
     objects = kubernetes_objects(runs["prod"])
-    s = one(objects, "LeaderWorkerSet", "sglang-g0")
-    assert s["spec"]["leaderWorkerTemplate"]["size"] == 1 and "leaderTemplate" not in s["spec"]["leaderWorkerTemplate"]
-    assert s["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"] == {"maxUnavailable": 41, "maxSurge": 0}
-    template = s["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    s = one(objects, "StatefulSet", "sglang-g0")
+    # Issue 25: the updater replaces a batch's pods (OnDelete) and the controller creates them at once (Parallel).
+    assert (s["spec"]["updateStrategy"], s["spec"]["podManagementPolicy"]) == ({"type": "OnDelete"}, "Parallel")
+    assert s["spec"]["serviceName"] == fleet.WORKERS_SERVICE
+    assert s["spec"]["selector"] == {"matchLabels": fleet.group_selector(0)}
+    template = s["spec"]["template"]
     pod = template["spec"]
     assert pod["containers"] == [pod_container(fl, 0)]
     (wait,) = pod["initContainers"]
@@ -193,7 +200,7 @@ def test_fleet_pods_wait_for_their_cache_and_spread_satisfiably(runs: dict[str, 
         "labelSelector": {"matchLabels": fleet.group_selector(0)},
     }
     resources = pod["containers"][0]["resources"]
-    assert resources["requests"] == resources["limits"] == {"cpu": "8", "memory": "43Gi", "nvidia.com/gpu": "1"}
+    assert resources["requests"] == resources["limits"] == {"cpu": "8", "memory": "44Gi", "nvidia.com/gpu": "1"}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}
     assert "annotations" not in template["metadata"], "no Multus network for a replica inside one node"
@@ -218,10 +225,13 @@ def test_the_fleet_never_waits_for_the_cache_warmer(runs: dict[str, ProgramRun])
     # depends_on a component means on each of its objects (the SDK expands it): the warmer is not among them.
     assert not {storage.WARMER, storage.CLAIM} & deps["fleet"]
     assert {"exaserve", "gpu-r00-n00", "gpu-r15-n15"} <= deps["fleet"] & deps["storage"]
-    assert {"crd-leaderworkersets.leaderworkerset.x-k8s.io"} <= deps["fleet"]
-    assert {"crd-prometheusrules.monitoring.coreos.com", "crd-servicemonitors.monitoring.coreos.com"} <= deps[
-        "monitoring"
-    ]
+    # One-node replicas are StatefulSets: prod needs no LeaderWorkerSet CRD (a multi-node stack does: below).
+    assert not {d for d in deps["fleet"] if d.startswith("crd-")}
+    assert {
+        "crd-prometheusrules.monitoring.coreos.com",
+        "crd-servicemonitors.monitoring.coreos.com",
+        "crd-podmonitors.monitoring.coreos.com",
+    } <= deps["monitoring"]
 
 
 def test_pulumi_config_and_the_stack_file_give_the_same_spec() -> None:
@@ -249,6 +259,7 @@ def test_multi_node_replicas_become_leader_worker_sets(tmp_path: Path) -> None:
     objects = render_file(path)
     spec = load_stack_file(path).spec
     assert placement(spec).nodes_per_replica == 2
+    assert required_crds(fleet_of(spec))["fleet"] == ["leaderworkersets.leaderworkerset.x-k8s.io"]
     sets = sorted(of_kind(objects, "LeaderWorkerSet"), key=lambda s: s["metadata"]["name"])
     assert [s["spec"]["replicas"] for s in sets] == fleet_of(spec).plan.rollout_group_sizes
     lwt = sets[0]["spec"]["leaderWorkerTemplate"]
@@ -403,13 +414,17 @@ def test_alerts_take_thresholds_from_the_spec(tmp_path: Path) -> None:
     assert "kube_pod_container_status_restarts_total" in rules["ExaServeReplicaRestarts"]["expr"]
     monitors = {m["metadata"]["name"]: m["spec"] for m in of_kind(objects, "ServiceMonitor")}
     assert monitors["sglang-router"]["endpoints"][0]["port"] == "metrics"
-    assert monitors[fleet.WORKERS_SERVICE]["endpoints"][0]["port"] == "http"
+    # Workers: one target per pod (a PodMonitor), never the 1,000-address Endpoints of their Service (issue 25).
+    assert fleet.WORKERS_SERVICE not in monitors
+    (pods,) = of_kind(objects, "PodMonitor")
+    assert pods["spec"]["selector"] == {"matchLabels": {"app.kubernetes.io/name": "sglang"}}
+    assert pods["spec"]["podMetricsEndpoints"][0]["port"] == "http"
 
 
 def test_ethernet_stack_has_no_rdma_objects(runs: dict[str, ProgramRun]) -> None:
     objects = kubernetes_objects(runs["dev"])
     assert [o for o in objects if o.component == "fabric"] == []
-    pod = one(objects, "LeaderWorkerSet", "sglang-g0")["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    pod = one(objects, "StatefulSet", "sglang-g0")["spec"]["template"]
     assert "annotations" not in pod["metadata"]
     assert "rdma/hca_shared_devices_a" not in pod["spec"]["containers"][0]["resources"]["limits"]
 
@@ -418,6 +433,20 @@ def test_a_second_run_registers_the_same_resources(runs: dict[str, ProgramRun]) 
     """Nothing is created at import time or leaks between runs: re-running gives the same registrations."""
     again = run_program("sandbox")
     assert sorted(r.urn for r in again.registrations) == sorted(r.urn for r in runs["sandbox"].registrations)
+
+
+def test_a_run_leaves_no_event_loop_open() -> None:
+    """Pulumi's mock monitor makes an event loop in each executor thread and never closes it; left to the garbage
+    collector at exit, one can be finalised after its socket and print a traceback (CI: ``exaserve render`` exiting
+    2 with a ValueError from ``BaseEventLoop.__del__``). The run closes every loop it leaves behind: none is
+    finalised open (asyncio warns "unclosed event loop" for each that is)."""
+    gc.collect()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        run_program("dev")
+        gc.collect()
+    unclosed = [str(w.message) for w in caught if "unclosed event loop" in str(w.message)]
+    assert unclosed == [], f"{len(unclosed)} event loop(s) left open by the run: {unclosed[:2]}"
 
 
 def test_the_pulumi_entry_point_registers_what_the_package_program_does(runs: dict[str, ProgramRun]) -> None:

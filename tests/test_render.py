@@ -56,7 +56,7 @@ def test_render_writes_and_validates_every_object(tmp_path: Path, stack: str) ->
     first = next(iter(yaml.safe_load(files[0].read_text())))
     assert first == "apiVersion", "objects start with apiVersion, kind, metadata"
     kinds = {e["kind"] for e in index}
-    assert {"LeaderWorkerSet", "PrometheusRule", "ServiceMonitor", "Node", "NetworkPolicy"} <= kinds
+    assert {"StatefulSet", "PrometheusRule", "ServiceMonitor", "Node", "NetworkPolicy"} <= kinds
     assert ("Role", "exaserve-updater-rollout", "updater") in {(e["kind"], e["name"], e["component"]) for e in index}
 
 
@@ -147,7 +147,7 @@ def prod_objects() -> dict[tuple[str, str], dict[str, Any]]:
             {},
             "'resourcs' was unexpected",
         ),
-        ("LeaderWorkerSet", "sglang-g0", ["spec", "replicas"], "410", "'410' is not of type 'integer'"),
+        ("StatefulSet", "sglang-g0", ["spec", "replicas"], "410", "'410' is not of type 'integer'"),
         (
             "Deployment",
             "sglang-router",
@@ -191,7 +191,7 @@ def test_leader_worker_set_defects_are_caught_by_its_crd(validator: Validator, t
     lws = next(o.obj for o in objects if o.kind == "LeaderWorkerSet")
     assert validator.problems(lws) == []
     bad = copy.deepcopy(lws)
-    bad["spec"]["rolloutStrategy"]["rollingUpdateConfig"] = {"maxSurge": 1}
+    bad["spec"]["rolloutStrategy"] = {"rollingUpdateConfig": {"maxSurge": 1}}
     bad["spec"]["leaderWorkerTemplate"]["restartPolicy"] = "Always"
     messages = [str(p) for p in validator.problems(bad)]
     assert any("'rollingUpdateConfig' was unexpected" in m for m in messages), messages
@@ -275,7 +275,7 @@ def test_render_runs_promtool_check_rules(tmp_path: Path, stack: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     checked = json.loads(result.stdout)["promtool"]
     assert checked["status"] == "pass", checked
-    assert "SUCCESS: 18 rules found" in checked["observed"]  # 10 monitoring + 8 runtime (serving.render.k8s.runtime)
+    assert "SUCCESS: 20 rules found" in checked["observed"]  # 10 monitoring + 10 runtime (serving.render.k8s.runtime)
 
 
 def test_promtool_rejects_offset_after_parentheses_and_render_fails(prod_rules: dict[str, Any]) -> None:

@@ -81,7 +81,7 @@ def _pod_templates(objects: list[RenderedObject]) -> dict[tuple[str, str], tuple
     """(kind, name) of each workload → (namespace, its pods' labels), from the Pulumi program's objects."""
     out = {}
     for o in objects:
-        if o.kind in ("Deployment", "DaemonSet"):
+        if o.kind in ("Deployment", "DaemonSet", "StatefulSet"):
             out[(o.kind, o.name)] = (o.namespace or "", o.obj["spec"]["template"]["metadata"]["labels"])
         elif o.kind == "LeaderWorkerSet":
             template = o.obj["spec"]["leaderWorkerTemplate"]

@@ -53,6 +53,8 @@ def test_the_updater_role_is_exactly_the_backends_calls(runs: dict[str, list[Ren
         ("Role", "exaserve-updater-rollout"),
         ("RoleBinding", "exaserve-updater-rollout"),
         ("ServiceAccount", "exaserve-updater"),
+        ("ValidatingAdmissionPolicy", "exaserve-updater-release-only"),
+        ("ValidatingAdmissionPolicyBinding", "exaserve-updater-release-only"),
     ]
     sizes = fleet_of(spec).plan.rollout_group_sizes
     assert sum(sizes) == 2048
@@ -60,8 +62,8 @@ def test_the_updater_role_is_exactly_the_backends_calls(runs: dict[str, list[Ren
     assert role["metadata"]["namespace"] == "exaserve"
     assert role["rules"] == [
         {
-            "apiGroups": ["leaderworkerset.x-k8s.io"],
-            "resources": ["leaderworkersets"],
+            "apiGroups": ["apps"],
+            "resources": ["statefulsets"],
             "resourceNames": ["sglang-g0", "sglang-g1", "sglang-g2", "sglang-g3", "sglang-g4"],
             "verbs": ["get", "patch"],
         },
@@ -70,7 +72,7 @@ def test_the_updater_role_is_exactly_the_backends_calls(runs: dict[str, list[Ren
             "apiGroups": [""],
             "resources": ["pods"],
             "resourceNames": [f"sglang-g{g}-{i}" for g, n in enumerate(sizes) for i in range(n)],
-            "verbs": ["patch"],
+            "verbs": ["patch", "delete"],
         },
     ]
     binding = one(objects, "RoleBinding", "exaserve-updater-rollout")
@@ -90,6 +92,8 @@ def test_a_multi_node_replicas_worker_pods_are_not_patchable(runs: dict[str, lis
     names = set(role["rules"][2]["resourceNames"])
     assert names == {f"{g}-{i}" for g, s in lws.items() for i in range(s["replicas"])}, "leader pods, all of them"
     assert not allowed(role["rules"], "patch", "", "pods", "sglang-g0-0-1"), "worker pod of replica 0"
+    assert not allowed(role["rules"], "delete", "", "pods", "sglang-g0-0"), "LeaderWorkerSet replaces its own pods"
+    assert role["rules"][0]["resources"] == ["leaderworkersets"]
     assert not allowed(role["rules"], "patch", "", "pods", "sglang-router-7d9f-abcde")
     assert allowed(role["rules"], "patch", "", "pods", "sglang-g0-0")
 
@@ -115,7 +119,9 @@ def request_attributes(method: str, path: str) -> tuple[str, str, str, str, str 
         group, rest = parts[1], parts[3:]
     assert rest[0] == "namespaces", f"not a namespaced request: {path}"
     namespace, resource, name = rest[1], "/".join([rest[2], *rest[4:5]]), (rest[3] if len(rest) > 3 else None)
-    verb = {"GET": "get" if name else "list", "PATCH": "patch", "PUT": "update", "POST": "create"}[method]
+    verb = {"GET": "get" if name else "list", "PATCH": "patch", "PUT": "update", "POST": "create", "DELETE": "delete"}[
+        method
+    ]
     return namespace, verb, group, resource, name
 
 
@@ -143,6 +149,9 @@ class AuthorizingApiServer(ApiServerStandIn):
 
     async def _patch(self, request: web.Request) -> web.Response:
         return self._forbidden(request) or await super()._patch(request)
+
+    async def _delete(self, request: web.Request) -> web.Response:
+        return self._forbidden(request) or await super()._delete(request)
 
 
 def _updater_role(spec: FleetSpec) -> dict[str, Any]:
@@ -194,7 +203,7 @@ def test_a_role_without_the_pod_patch_fails_the_update_naming_the_answer() -> No
     refused with the API server's 403, which the backend reports with the path."""
     spec = k8s_spec(False)
     role = copy.deepcopy(_updater_role(spec))
-    role["rules"] = [r for r in role["rules"] if r["verbs"] != ["patch"] or r["resources"] != ["pods"]]
+    role["rules"] = [r for r in role["rules"] if "patch" not in r["verbs"] or r["resources"] != ["pods"]]
     api = AuthorizingApiServer(spec, role)
     with (
         api,
@@ -255,7 +264,10 @@ def admitted(
 def _pod_labels(objects: list[RenderedObject]) -> dict[str, dict[str, str]]:
     """Pod labels by app name, from the rendered pod templates (LeaderWorkerSets: leader and worker templates)."""
     templates = [
-        t for d in of_kind(objects, "Deployment") + of_kind(objects, "DaemonSet") for t in [d["spec"]["template"]]
+        t
+        for kind in ("Deployment", "DaemonSet", "StatefulSet")
+        for d in of_kind(objects, kind)
+        for t in [d["spec"]["template"]]
     ]
     for lws in of_kind(objects, "LeaderWorkerSet"):
         templates += [t for k, t in lws["spec"]["leaderWorkerTemplate"].items() if k.endswith("Template")]

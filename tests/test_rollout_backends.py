@@ -23,7 +23,7 @@ from serving.render.k8s.common import LABEL_VERSION
 from serving.render.k8s.fleet import group_name, render
 from serving.render.systemd import systemd_unit, unit_name
 from serving.rollout.backends import BackendError
-from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend, rollout_status, workload_path
+from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend, rollout_status, workload, workload_path
 from serving.rollout.backends.ssh import SshBackend, parse_show
 from serving.rollout.plan import plan_batches, with_group_version
 from serving.sandbox.backend import LocalBackend
@@ -198,11 +198,18 @@ def test_kubernetes_backend_against_an_api_server_stand_in_moves_one_group_and_w
                 await backend.aclose()
 
         before, after = asyncio.run(scenario())
-        path = workload_path(spec, 1)
+        path = workload_path(workload(fleet_of(spec), 1))
         obj = api.objects[path]
+        deleted = list(api.deleted)
     assert set(before.values()) == {"v1"}
     assert {r for r, v in after.items() if v == "v2"} == set(batch1)
     assert [p for p, _ in api.patches] == [path], "exactly one object is patched: group 1's workload"
+    if multi:  # the LeaderWorkerSet's controller replaces the pods (one replica at a time); the updater deletes none
+        assert obj["kind"] == "LeaderWorkerSet" and deleted == []
+    else:  # OnDelete StatefulSet: the updater deleted each of the group's pods once, and nothing else
+        size = obj["spec"]["replicas"]
+        assert obj["kind"] == "StatefulSet" and obj["spec"]["updateStrategy"] == {"type": "OnDelete"}
+        assert sorted(deleted) == sorted(f"{group_name(1)}-{i}" for i in range(size))
     assert obj["metadata"]["labels"][LABEL_VERSION] == "v2"
     assert rollout_status(obj) == (
         True,
@@ -233,7 +240,9 @@ def test_kubernetes_rollout_that_never_becomes_ready_times_out_naming_the_worklo
             finally:
                 await backend.aclose()
 
-        with pytest.raises(BackendError, match=r"rollout of sglang-g0 not complete after 1.5 s: .* replicas updated"):
+        with pytest.raises(
+            BackendError, match=r"rollout of sglang-g0 not complete after 1.5 s: 0 of 26 updated replicas ready"
+        ):
             asyncio.run(scenario())
 
 
@@ -246,8 +255,8 @@ def test_kubernetes_worker_urls_are_stable_pod_dns_names() -> None:
     spec = k8s_spec(False)
     backend = KubernetesBackend(fleet_of(spec), KubeApi("http://127.0.0.1:1"))
     group0 = sorted((r for r in fleet_replicas(spec) if r.group == 0), key=lambda r: r.index)
-    # Each group is a LeaderWorkerSet: its third group's leader pod, through the set's own headless Service.
-    assert backend.worker_url(group0[2].id) == "http://sglang-g0-2.sglang-g0.exaserve.svc:30000"
+    # One-node replicas: group 0's StatefulSet names its third pod, under its governing headless Service.
+    assert backend.worker_url(group0[2].id) == "http://sglang-g0-2.sglang-workers.exaserve.svc:30000"
     asyncio.run(backend.aclose())
 
 
@@ -284,3 +293,37 @@ def test_the_local_backend_asks_a_replica_that_did_not_answer_once_more_before_i
     # asked again once the first read timed out (0.5 s on the client's clock, which starts before the request reaches
     # this server: here the gap reads up to the request's transit shorter, CI saw 0.499 s), not after the slow answer
     assert len(calls) == 2 and 0.45 <= calls[1] - calls[0] < 2, calls
+
+
+def test_kubernetes_hold_skips_a_pod_its_leaderworkerset_deleted_after_the_listing() -> None:
+    """CI found the race: while a LeaderWorkerSet replaces a group's replicas one by one, the updater listed a pod,
+    the controller deleted it, and the label patch that holds it out of the routers' selection answered 404, failing
+    the batch. The replacement is held on the next poll, so a pod gone since the listing is no error there; any other
+    label patch still fails on a 404, naming the pod."""
+    spec = k8s_spec(True)
+    group1 = [r.id for r in fleet_replicas(spec) if r.group == 1]
+    with ApiServerStandIn(spec) as api:
+        backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
+
+        async def scenario() -> tuple[str, str]:
+            try:
+                listed = await backend.leader_pods(group1)
+                gone = {**next(p for p in listed.values() if p is not None)}
+                gone["metadata"] = {**gone["metadata"], "name": "sglang-g1-deleted-since"}
+                stale = {**listed, group1[0]: gone}
+
+                async def leader_pods(_: object) -> dict[str, object]:
+                    return stale
+
+                backend.leader_pods = leader_pods  # type: ignore[method-assign,assignment]
+                await backend._hold(1)  # before: BackendError, PATCH …/pods/sglang-g1-deleted-since answered 404
+                with pytest.raises(BackendError) as refused:
+                    await backend.admit(gone, admitted=True)
+                held = sorted(n for n, _ in api.pod_patches)
+                return str(refused.value), ",".join(held)
+            finally:
+                await backend.aclose()
+
+        refused, held = asyncio.run(scenario())
+    assert "pods/sglang-g1-deleted-since answered 404" in refused
+    assert held and "sglang-g1-deleted-since" not in held  # the pods still there were held out

@@ -1,4 +1,4 @@
-"""The fleet is the truth, the journal a log — end to end: the REAL sglang-router 0.3.2 in front of SIMULATED SGLang
+"""The fleet is the truth, the journal a log — end to end: the REAL smg 1.13 gateway in front of SIMULATED SGLang
 workers (`serving.sandbox.worker`: no GPU here), real worker processes, real client load, `exaserve` run as users
 run it. The fleet is changed behind the journal the way it happens to a real one: workers restarted on the old
 release through the sandbox's own process records (a node replaced, a partial `pulumi up`), the whole sandbox
@@ -30,6 +30,9 @@ FAST: dict[str, Any] = {
     "rollout.max_p99_rise": 20.0,  # CI saw one replica at 7× its P99 for a 1.5 s window (a starved process)
 }
 LOAD_RATE = 60.0
+# A one-replica batch expects 10 × 1.5 = 15 requests in its soak at LOAD_RATE, fewer than the gates need to judge it
+# (20): these rollouts go ahead with the gates inconclusive, explicitly.
+ACCEPT = "--accept-inconclusive"
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +67,7 @@ def test_a_fleet_changed_behind_a_completed_journal_is_planned_from_what_it_runs
     urls = replica_urls(sandbox)
     every = list(urls)
     with Load(sandbox.router_url, rate=LOAD_RATE) as load:
-        first = sandbox.cli("rollout", "--to", "v2", "--json")
+        first = sandbox.cli("rollout", "--to", "v2", "--json", ACCEPT)
     assert first.returncode == 0 and json_object(first)["outcome"] == "completed", first.stderr
     assert set(sandbox.versions().values()) == {"v2"}
     assert load.report is not None and load.report.errors == 0, load.report.summary()
@@ -78,7 +81,7 @@ def test_a_fleet_changed_behind_a_completed_journal_is_planned_from_what_it_runs
     assert doc["from_version"] == "v1" and sorted(r for b in doc["batches"] for r in b["replicas"]) == sorted(behind)
     assert doc["journal_disagreements"] == [{"replica": r, "journal": "v2", "observed": "v1"} for r in behind]
     with Load(sandbox.router_url, rate=LOAD_RATE) as load:
-        second = sandbox.cli("rollout", "--to", "v2", "--json")
+        second = sandbox.cli("rollout", "--to", "v2", "--json", ACCEPT)
     doc = json_object(second)
     assert second.returncode == 0 and doc["outcome"] == "completed", second.stderr
     assert sorted(r for b in doc["batches"] for r in b["replicas"]) == sorted(behind), "only those three are planned"
@@ -132,7 +135,7 @@ def test_a_rollout_refuses_to_start_with_a_replica_down_and_allow_degraded_proce
     assert journal.read_text() == before, "a refused start writes nothing"
 
     with Load(sandbox.router_url, rate=LOAD_RATE) as load:
-        degraded = sandbox.cli("rollout", "--to", "v2", "--allow-degraded", "--json")
+        degraded = sandbox.cli("rollout", "--to", "v2", "--allow-degraded", "--json", ACCEPT)
     doc = json_object(degraded)
     assert degraded.returncode == 0 and doc["outcome"] == "completed", degraded.stderr
     assert doc["held"] == {victim: "down"}

@@ -1,5 +1,5 @@
 """The canary gate live: each batch judged against the replicas not yet updated over the same window, with the REAL
-sglang-router 0.3.2 (its per-worker outcome counters, health and circuit-breaker gauges) in front of SIMULATED SGLang
+smg 1.13 gateway (its per-worker outcome counters, health and circuit-breaker gauges) in front of SIMULATED SGLang
 workers (`serving.sandbox.worker`: no GPU here; each exposes SGLang's `sglang:e2e_request_latency_seconds` on the
 rendered buckets), real client load from the open-loop load generator, `exaserve rollout` run as users run it.
 
@@ -24,6 +24,7 @@ import pytest
 
 from serving.rollout.journal import load_state
 from serving.rollout.machine import Outcome, Phase
+from serving.rollout.plan import kv_plan
 from serving.sandbox.backend import worker_name
 from serving.sandbox.processes import restart_worker
 from serving.sandbox.worker import WorkerConfig
@@ -169,3 +170,37 @@ def test_a_slow_peer_pauses_naming_it_and_resuming_once_it_is_fixed_completes(at
     assert [b["verdict"]["decision"] for b in done["batches"]] == ["pass"] * 5
     assert done["batches"][-1]["verdict"]["basis"] == "updated"
     assert set(at_v1.versions().values()) == {"v2"}
+
+
+def test_a_release_whose_kv_pool_misses_the_plan_by_20_percent_is_held_at_batch_0_naming_the_input(
+    at_v1: Sandbox,
+) -> None:
+    """The canary checks the plan (issue 26): `v2-kv` is v2 with a KV pool 20 % under the plan (`kv_skew: -0.2`, as a
+    start-up overhead the planner under-counts would leave it), its weights as planned. No client load: the traffic
+    gates are passed unjudged (--accept-inconclusive); the pool the canaries export holds the rollout at batch 0,
+    naming the start-up overhead, and nothing is rolled back."""
+    skewed = at_v1.variant(
+        "canary-kv-skew",
+        {
+            "serving.releases.v2-kv": at_v1.spec.serving.releases["v2"],
+            "sandbox.versions.v2-kv": {"latency_ms": 100, "kv_skew": -0.2},
+        },
+    )
+    r = skewed.cli("rollout", "--to", "v2-kv", "--accept-inconclusive", "--json")
+    doc = json_object(r)
+    assert r.returncode == 1 and doc["outcome"] == "paused", r.stderr
+    first = doc["batches"][0]
+    kv = first["kv_pool"]
+    planned = kv_plan(skewed.spec, fleet_of(skewed.spec).plan.memory).tokens
+    assert kv["planned_tokens"] == planned and kv["level"] == "hold" and kv["suspect"] == "startup_overhead", kv
+    assert kv["canary_tokens"] == {r: round(planned * 0.8) for r in first["replicas"]}
+    assert kv["miss"] == pytest.approx(-0.2, abs=1 / planned)
+    verdict = first["verdict"]
+    assert verdict["decision"] == "pause" and verdict["evidence"][0] == kv["text"], verdict
+    assert "rollout.max_kv_pool_miss 15%" in kv["text"] and "start-up overhead" in kv["text"]
+    assert {doc["final_versions"][r] for r in first["replicas"]} == {"v2-kv"}, "batch 0 stays on the new version"
+    steps = journal_kinds(skewed)
+    assert {step.get("batch") for _kind, step in steps} <= {None, 0} and not any(s.get("rollback") for _k, s in steps)
+    back = skewed.cli("rollback", "--json")
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert set(skewed.versions().values()) == {"v1"}

@@ -7,10 +7,10 @@ one simulated SGLang worker process per serving pod (``serving.sandbox.worker``)
 127.x.y.z loopback address) at ``serving.port``, as the discovered URL ``http://POD_IP:PORT`` expects; the
 updater's runner, the Kubernetes backend and its :class:`DiscoveryMembership`, unchanged.
 
-What STANDS IN: the API server and the LeaderWorkerSet controller and kubelet behind it — ``ApiServerStandIn``
+What STANDS IN: the API server and the StatefulSet controller and kubelet behind it — ``ApiServerStandIn``
 (tests/test_rollout_backends.py) with a pod watch (list, then ``watch=true`` from the list's resourceVersion, one
 JSON event per line, as the router's client asks for it), and a kubelet that starts a pod's worker process, marks the
-pod Ready once the worker answers ``/health`` and, when a template change replaces a pod, first marks it terminating
+pod Ready once the worker answers ``/health`` and, when the updater deletes a pod to replace it, first marks it terminating
 (``deletionTimestamp``), stops its process (SIGTERM, the worker's graceful exit) and then deletes it. Pods carry
 the templates' labels; the router never sees anything but these pods.
 
@@ -45,7 +45,7 @@ from serving.render.router import ROUTER_ENTRY, router_args
 from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend
 from serving.rollout.journal import Journal
 from serving.rollout.machine import Event, Phase, initial
-from serving.rollout.plan import plan_rollout
+from serving.rollout.plan import kv_plan, plan_rollout
 from serving.rollout.runner import Progress, Runner
 from serving.router.loadgen import LoadGenerator, LoadSpec
 from serving.router.membership import Observed, RouterSet
@@ -96,6 +96,7 @@ class Kubelet:
     def __init__(self, spec: FleetSpec, state: StateDir) -> None:
         self.spec = spec
         self.state = state
+        self.kv_pool_tokens = kv_plan(spec, fleet_of(spec).plan.memory).tokens
         self._ips = (f"127.77.{i // 250}.{i % 250 + 1}" for i in itertools.count())
 
     def config(self, pod: dict[str, Any], *, load_s: float) -> WorkerConfig:
@@ -108,6 +109,7 @@ class Kubelet:
             jitter_ms=2.0,
             startup_delay_s=load_s,
             served_model_name=self.spec.model.name,
+            kv_pool_tokens=self.kv_pool_tokens,  # what a real pod's SGLang exports: the plan's pool (no skew)
         )
 
     def next_ip(self) -> str:
@@ -169,17 +171,6 @@ class DiscoveryApiServer(ApiServerStandIn):
         for c in pod["status"]["containerStatuses"]:
             c["ready"] = True
         self._emit("MODIFIED", pod)
-
-    async def _controller(self, path: str, old_revision: str) -> None:
-        """LeaderWorkerSet rolling update: ``maxUnavailable`` replicas at a time, each wave Ready before the next."""
-        obj = self.objects[path]
-        n = obj["spec"]["replicas"]
-        step = int(obj["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]["maxUnavailable"])
-        for first in range(0, n, step):
-            wave = range(first, min(n, first + step))
-            obj["status"] = self._status(obj, updated=first, ready=n - len(wave), current=old_revision)
-            await asyncio.gather(*(self._replace(obj, o) for o in wave))
-        obj["status"] = self._status(obj, updated=n, ready=n, current=old_revision)  # (a StatefulSet's only)
 
     async def _get(self, request: web.Request) -> web.StreamResponse:  # type: ignore[override]  # a watch streams
         if request.path != self.pods_path:
@@ -368,8 +359,10 @@ def test_a_rollout_moves_each_group_through_discovery_on_every_router(cluster: C
         backend = cluster.backend()
         try:
             routers = RouterSet(cluster.routers, metrics=cluster.metrics)  # the gates sum every router's metrics
+            # 20 req/s over 4 replicas gives a 2-replica batch exactly the 20 requests its gates need in a 2 s soak:
+            # on the edge, and discovery (not the gates) is what this test checks, so inconclusive gates pass
             runner = Runner(initial(rollout), Journal.create(tmp_path / "journal.jsonl", rollout), backend,
-                            backend.membership(routers), progress=progress)  # fmt: skip
+                            backend.membership(routers), progress=progress, accept_inconclusive=True)  # fmt: skip
             async with asyncio.timeout(240):
                 return await runner.run()
         finally:
@@ -425,7 +418,7 @@ def test_an_update_holds_the_new_pods_out_of_the_selection_and_pods_are_addresse
     members = [r.id for r in fleet_of(spec).plan.replicas if r.group == 1]
     with ApiServerStandIn(spec) as api:
         backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
-        assert backend.worker_url(members[0]) == "http://sglang-g1-0.sglang-g1.exaserve.svc:30000"
+        assert backend.worker_url(members[0]) == "http://sglang-g1-0.sglang-workers.exaserve.svc:30000"
 
         async def scenario() -> None:
             try:

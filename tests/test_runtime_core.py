@@ -11,6 +11,7 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from serving.cli.runtime import _versions
 from serving.rollout.backends.kubernetes import KubeApi
 from serving.runtime.controller import Action, Controller, ControllerConfig, Kind, ReplicaState, replica_urls
 from serving.runtime.discovery import NodePods
@@ -26,11 +28,14 @@ from serving.runtime.reports import NodeReport, Rejection, ReplicaProbe, ReportR
 from serving.runtime.score import above_mean, band, next_score, weighted_load
 from serving.sandbox.processes import free_port
 from serving.spec.schema import FleetSpec, HealthScoreSpec
+from serving.spec.stack import load_stack_file
 from tests.support.etcd import running_etcd
-from tests.support.stacks import fleet_of, spec_from
+from tests.support.stacks import fleet_of, spec_from, write_variant
 
 HEALTH = HealthScoreSpec()
 T0 = 1_800_000_000.0
+BOOT = "4f1c9a52-7d3e-4b8a-9c61-2e5d8f0a7b13"  # a node's boot id (/proc/sys/kernel/random/boot_id)
+REBOOTED = "0b6e2d94-13a7-4c5f-8e20-9d4a6c1f3e58"
 
 
 def two_node_spec(**changes: Any) -> FleetSpec:
@@ -80,9 +85,7 @@ class Agents:
             for r in PLAN.replicas
             if r.node.name == node
         )
-        return NodeReport(
-            schema_version=1, node=node, seq=self.seq[node], agent_start=T0 - 1, sent_at=now, replicas=probes
-        )
+        return NodeReport(schema_version=2, node=node, boot_id=BOOT, seq=self.seq[node], sent_at=now, replicas=probes)
 
 
 def run_actions(ctl: Controller, now: float, ok: bool = True) -> list[Action]:
@@ -312,7 +315,8 @@ def _body(**changes: Any) -> str:
     ("body", "where"),
     [
         ("{not json", "body"),
-        (_body(schema_version=2), "schema_version"),
+        (_body(schema_version=1), "schema_version"),  # version 1 ordered reports by the wall clock
+        (_body(boot_id="1"), "boot_id"),
         (_body(seq="1"), "seq"),
         (_body(extra=1), "extra"),
         (_body(replicas=[{"id": "x", "ok": "yes", "latency_s": None}]), "replicas.0.ok"),
@@ -351,9 +355,12 @@ def test_unknown_replayed_stale_and_future_reports_are_rejected_counted_and_not_
         Rejection.FUTURE: 1,
         Rejection.UNKNOWN_REPLICA: 1,
     }
-    restarted = first.model_copy(update={"agent_start": T0, "seq": 1, "sent_at": T0 + 2})
-    ctl.receive(restarted, T0 + 2)  # an agent restart resets its sequence
+    rebooted = first.model_copy(update={"boot_id": REBOOTED, "seq": 1, "sent_at": T0 + 2})
+    ctl.receive(rebooted, T0 + 2)  # a reboot starts the monotonic clock again, under a new boot id
     assert ctl.counters.accepted == 2
+    with pytest.raises(ReportRejected, match=f"boot {BOOT} is over") as info:  # a report of the earlier boot
+        ctl.receive(first.model_copy(update={"seq": 10**12, "sent_at": T0 + 2.5}), T0 + 2.5)
+    assert info.value.reason is Rejection.REPLAYED
 
 
 # ----- leader election ------------------------------------------------------------------------------
@@ -437,14 +444,18 @@ class LeaseApi:
         return web.json_response(self._stamp(lease))
 
 
+async def _serve(api: LeaseApi) -> tuple[LeaseApi, web.AppRunner, str]:
+    """``api`` listening on a free loopback port: the API, its runner (to clean up) and its URL."""
+    runner = web.AppRunner(api.app())
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return api, runner, f"http://127.0.0.1:{port}"
+
+
 def test_kubernetes_lease_election_against_an_api_server_stand_in() -> None:
     async def scenario() -> None:
-        api = LeaseApi()
-        runner = web.AppRunner(api.app())
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        url = f"http://127.0.0.1:{port}"
+        api, runner, url = await _serve(LeaseApi())
         a, b = (
             KubernetesLeaseElection(url, "exaserve", "exaserve-controller", name, 1.0, token="tok")
             for name in ("a", "b")
@@ -454,13 +465,41 @@ def test_kubernetes_lease_election_against_an_api_server_stand_in() -> None:
         assert await b.campaign() is None
         renewed = await a.renew(term_a)
         assert renewed is not None and await a.verify(renewed)
-        await asyncio.sleep(1.3)  # A stops renewing; its 1 s lease runs out
+        await asyncio.sleep(1.3)  # A stops renewing
+        assert await b.campaign() is None  # B first sees A's renewed record now: its lease runs from here, on B's clock
+        await asyncio.sleep(1.1)
         term_b = await b.campaign()
         assert term_b is not None and term_b.token == 1  # leaseTransitions is the fencing token
         assert not await a.verify(renewed) and await a.renew(renewed) is None
         assert await a.leader() == "b"
         assert api.leases["exaserve-controller"]["spec"]["leaseTransitions"] == 1
         assert set(api.requests) == {"Bearer tok"}
+        await asyncio.gather(a.aclose(), b.aclose())
+        await runner.cleanup()
+
+    asyncio.run(scenario())
+
+
+def test_clocks_a_follower_whose_wall_clock_runs_ahead_does_not_take_a_renewed_lease() -> None:
+    """Finding 6 (clocks): expiry compared the holder's renewTime with the follower's wall clock, so a follower 5 s
+    ahead took the 1 s Lease from a leader renewing it every 0.3 s (two leaders until the old one's verify). Now
+    expiry is timed from when the follower observed the record change, on its monotonic clock (client-go)."""
+
+    async def scenario() -> None:
+        _, runner, url = await _serve(LeaseApi())
+        a = KubernetesLeaseElection(url, "exaserve", "exaserve-controller", "a", 1.0)
+        b = KubernetesLeaseElection(
+            url, "exaserve", "exaserve-controller", "b", 1.0, wall_clock=lambda: time.time() + 5
+        )
+        term = await a.campaign()
+        assert term is not None
+        for _ in range(8):  # 2.4 s: A renews every 0.3 s, B campaigns each time
+            await asyncio.sleep(0.3)
+            renewed = await a.renew(term)
+            assert renewed is not None, "A lost a lease it renews"
+            term = renewed
+            assert await b.campaign() is None
+        assert await a.verify(term) and await a.leader() == "a"
         await asyncio.gather(a.aclose(), b.aclose())
         await runner.cleanup()
 
@@ -482,7 +521,7 @@ def test_discovered_replicas_follow_the_agents_reports() -> None:
 
     def report(node: str, seq: int, pods: dict[str, str | None]) -> NodeReport:
         probes = tuple(ReplicaProbe(id=p, url=u, ok=True, latency_s=0.01) for p, u in pods.items())
-        return NodeReport(schema_version=1, node=node, seq=seq, agent_start=T0, sent_at=T0 + seq, replicas=probes)
+        return NodeReport(schema_version=2, node=node, boot_id=BOOT, seq=seq, sent_at=T0 + seq, replicas=probes)
 
     ctl.receive(
         report(NODES[0], 1, {"sglang-g0-0": "http://10.1.0.5:30000", "sglang-g1-0": "http://10.1.0.6:30000"}), T0 + 1
@@ -541,3 +580,17 @@ def test_node_pods_lists_running_serving_pods_on_its_node_through_an_api_server_
     assert seen == [
         {"labelSelector": "app=sglang,role=server", "fieldSelector": "spec.nodeName=gpu-7", "auth": "Bearer tok"}
     ]
+
+
+def test_status_reads_versions_through_the_rollouts_backend_and_says_why_it_cannot(tmp_path: Path) -> None:
+    """Issue 28, item 8: `status` had no version column. It reads each replica's version as a rollout does; a
+    backend it cannot open leaves the column unknown with the reason (the flag to pass), never a traceback."""
+    stack = load_stack_file(write_variant(tmp_path, "bare", "dev"))
+    fleet = fleet_of(stack.spec, stack.name)
+    missing = tmp_path / "known_hosts"
+    versions, why = asyncio.run(_versions(stack, fleet, "ssh", tmp_path / "state", missing, None))
+    assert versions == {} and why is not None and "--known-hosts" in why and str(missing) in why, why
+    assert asyncio.run(_versions(stack, fleet, "none", tmp_path / "state", missing, None)) == (
+        {},
+        "not read (--backend none)",
+    )

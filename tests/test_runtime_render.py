@@ -132,6 +132,9 @@ def test_bare_metal_units_pass_strict_systemd_verify(systemd_root: Path) -> None
     for name, text in units.items():
         proc = verify_unit(systemd_root, name, text)
         assert proc.returncode == 0 and proc.stderr == "", f"{name}: {proc.stderr}"
+        # finding 6 (clocks): ordered after time-sync.target (a synchronised clock), not chrony.service (a started one)
+        [after] = [line.split("=", 1)[1].split() for line in text.splitlines() if line.startswith("After=")]
+        assert "time-sync.target" in after and "chrony.service" not in after, (name, after)
     parses(agent_argv(PROD, "prod", "gpu-000", controllers)[1:])
     parses(controller_argv(PROD, "prod", "c0", routers)[1:])
 

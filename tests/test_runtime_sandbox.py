@@ -34,6 +34,7 @@ import httpx
 import pytest
 
 from serving.router.loadgen import LoadReport, LoadSpec, run_load_sync
+from serving.runtime.agent import boot_id
 from serving.sandbox.processes import ProcessRecord, StateDir, free_port_block, start_service, stop_process
 from serving.sandbox.runtime import controller_urls, etcd_url, router_urls
 from serving.spec.stack import file_stack_name
@@ -304,12 +305,17 @@ def test_status_json_and_bad_reports_over_http(sandbox: Sandbox) -> None:
     assert all(set(n) >= {"name", "score", "state", "last_report_s"} for n in doc["nodes"])
     assert all(set(r) >= {"id", "node", "url", "state", "in_rotation", "load"} for r in doc["replicas"])
     assert len(doc["replicas"]) == 8
+    # issue 28, item 8: each replica's version as the rollout's backend reads it (the worker's own weight_version)
+    assert doc["versions_unread"] is None, doc["versions_unread"]
+    assert {r["version"] for r in doc["replicas"]} == {sandbox.spec.serving.version}
+    table = sandbox.cli("status")
+    assert table.returncode == 0 and "version" in table.stdout and sandbox.spec.serving.version in table.stdout
     url = controller_urls(sandbox.spec)[0]
     good = {
-        "schema_version": 1,
+        "schema_version": 2,
         "node": "sandbox-0",
+        "boot_id": boot_id(),
         "seq": 1,
-        "agent_start": 1.0,
         "sent_at": time.time(),
         "replicas": [],
     }
@@ -318,7 +324,7 @@ def test_status_json_and_bad_reports_over_http(sandbox: Sandbox) -> None:
         (b"{", 400, "malformed"),
         (json.dumps({**good, "schema_version": 7}).encode(), 400, "malformed"),
         (json.dumps({**good, "node": "elsewhere"}).encode(), 404, "unknown_node"),
-        (json.dumps(good).encode(), 409, "replayed"),  # agent_start 1.0 is older than the running agent's
+        (json.dumps(good).encode(), 409, "replayed"),  # this boot's monotonic clock is far past 1 ns
     ]
     for body, code, reason in cases:
         response = httpx.post(url + "/v1/reports", content=body, headers={"content-type": "application/json"})
@@ -410,3 +416,74 @@ def test_sandbox_up_started_the_runtime(sandbox: Sandbox) -> None:
     assert sorted(kinds["controller"]) == ["controller-0", "controller-1", "controller-2"]
     assert sorted(kinds["router"]) == ["router", "router-1", "router-2"] and kinds["etcd"] == ["etcd"]
     assert len(kinds["worker"]) == 8
+
+
+def test_one_router_instance_down_does_not_stall_the_runtime(sandbox: Sandbox) -> None:
+    """Finding 2: RouterSet failed every operation when one instance did not answer, so with router 2 stopped a killed
+    replica was never removed, migrated nor readmitted (each removal failed on router 2's timeout). Now the leader
+    acts on the routers that answer, names router 2 unsynced (status, metric, alert), and when router 2 answers
+    again removes the replica the controller holds out from its worker list."""
+    healthy_fleet(sandbox)
+    routers = router_urls(sandbox.spec)
+    silent = sandbox.processes.read("router-2")
+    assert silent is not None
+    rid = "sandbox-1-s1"
+    url = replica(leader_status(sandbox), rid)["url"]
+    old = worker_record(sandbox, rid)
+    os.kill(silent.pid, signal.SIGSTOP)
+    stopped = True
+    try:
+        os.kill(old.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:
+            status = leader_status(sandbox)
+            removal = [a for a in status["actions"] if a["replica"] == rid and a["kind"] == "remove" and a["ok"]]
+            if removal:
+                break
+            assert time.monotonic() < deadline, [a for a in status["actions"] if a["replica"] == rid]
+            time.sleep(0.2)
+        os.kill(silent.pid, signal.SIGCONT)  # router 2 answers again while the replica is out
+        stopped = False
+        assert set(removal[-1]["detail"]["seconds_by_router"]) == set(routers[:2])
+        assert list(removal[-1]["detail"]["silent"]) == [routers[2]]
+        assert routers[2] in status["unsynced_routers"]
+        for router in routers[:2]:
+            assert url not in {w["url"] for w in httpx.get(router + "/workers", timeout=2).json()["workers"]}
+    finally:
+        if stopped:
+            os.kill(silent.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while routers[2] in (status := leader_status(sandbox))["unsynced_routers"]:
+        assert time.monotonic() < deadline, status["unsynced_routers"]
+        time.sleep(0.2)
+    [reconciled] = [r for r in status["reconciled_routers"] if r["router"] == routers[2]][-1:]
+    print(f"router down: removal {removal[-1]['detail']}; reconciled {reconciled}")
+    assert reconciled["removed"] == [url] and reconciled["added"] == []
+    tl = watch(sandbox, rid, back, timeout_s=60, t0=time.monotonic())
+    assert tl.events[-1][4] == (True, True, True)  # readmitted on every instance, router 2 included
+
+
+def test_status_shows_what_each_router_does_beside_the_controllers_view(sandbox: Sandbox) -> None:
+    """Finding 5: a SIGKILLed replica leaves every router within their health checks (2 failed checks 1 s apart here),
+    while `status --json` said in_rotation: true until the controller's score crossed 60 (9 failed probes). Now each
+    replica carries what every router instance does with it, beside the controller's view, and status is not ok."""
+    healthy_fleet(sandbox)
+    rid = "sandbox-0-s2"
+    os.kill(worker_record(sandbox, rid).pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    while True:
+        cli = sandbox.cli("status", "--json")
+        doc = json.loads(cli.stdout)
+        rep = next(r for r in doc["replicas"] if r["id"] == rid)
+        if set(rep["routers"].values()) <= {"unhealthy", "absent"}:
+            break
+        assert time.monotonic() - t0 < 8 * INTERVAL_S, rep
+        time.sleep(0.3)
+    seen = time.monotonic() - t0
+    print(f"status: every router stopped routing to {rid} {seen:.1f} s after the kill; controller view {rep}")
+    assert set(rep["routers"]) == set(router_urls(sandbox.spec)) and set(doc["routers"].values()) == {"answering"}
+    assert rep["version"] == "down"  # its worker answers nothing: down, as a rollout would read it
+    assert rep["in_rotation"] is True  # the controller's score is still above 60: the two views disagree, both shown
+    assert cli.returncode == 1 and doc["ok"] is False
+    others = [r for r in doc["replicas"] if r["id"] != rid]
+    assert all(set(r["routers"].values()) == {"routes"} for r in others)

@@ -1,4 +1,4 @@
-"""The sandbox's process layer: the REAL sglang-router 0.3.2 binary in front of SIMULATED SGLang workers.
+"""The sandbox's process layer: the REAL smg 1.13 gateway in front of SIMULATED SGLang workers.
 
 The workers are `serving.sandbox.worker` (no model, no GPU: a GPU-less machine cannot run SGLang); the
 router, its worker API, health checker, retries and Prometheus listener are the real thing. Everything

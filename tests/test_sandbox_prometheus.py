@@ -86,7 +86,8 @@ def test_every_target_the_monitors_describe_is_scraped_and_up(sandbox: Sandbox) 
     expected = {
         ("sglang-router", "router"),
         ("sglang-router", "router-1"),
-        *(("sglang-workers", rid) for rid in replicas),
+        # a PodMonitor's job is "<namespace>/<name>" (prometheus-operator), one target per serving pod
+        *((f"{ns}/sglang-workers", rid) for rid in replicas),
         ("exaserve-controller", "controller-0"),
         ("exaserve-controller", "controller-1"),
     }
@@ -183,8 +184,10 @@ def test_scrape_jobs_follow_the_rendered_monitors(rendered: Rendered) -> None:
     assert sb is not None
     jobs = {j["job_name"]: j for j in scrape_configs(objects, pods)}
     monitors = [o for o in objects if o["kind"] == "ServiceMonitor"]
+    pod_monitors = [o for o in objects if o["kind"] == "PodMonitor"]
     assert sorted(jobs) == sorted(
-        f"serviceMonitor/{m['metadata']['namespace']}/{m['metadata']['name']}/0" for m in monitors
+        [f"serviceMonitor/{m['metadata']['namespace']}/{m['metadata']['name']}/0" for m in monitors]
+        + [f"podMonitor/{m['metadata']['namespace']}/{m['metadata']['name']}/0" for m in pod_monitors]
     )
     for m in monitors:
         job = jobs[f"serviceMonitor/{m['metadata']['namespace']}/{m['metadata']['name']}/0"]
@@ -194,7 +197,7 @@ def test_scrape_jobs_follow_the_rendered_monitors(rendered: Rendered) -> None:
         c["targets"][0] for c in jobs[f"serviceMonitor/{spec.kubernetes.namespace}/{ROUTER_APP}/0"]["static_configs"]
     ]
     assert router_targets[0] == f"127.0.0.1:{sb.prometheus_port}"  # router 0's metrics listener
-    workers = jobs[f"serviceMonitor/{spec.kubernetes.namespace}/sglang-workers/0"]["static_configs"]
+    workers = jobs[f"podMonitor/{spec.kubernetes.namespace}/sglang-workers/0"]["static_configs"]
     assert [c["targets"][0] for c in workers] == [
         f"127.0.0.1:{sb.worker_base_port + i}" for i in range(len(pods[SERVING_APP]))
     ]

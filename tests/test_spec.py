@@ -44,6 +44,7 @@ def parse(changes: dict[str, Any], base: str = "prod") -> FleetSpec:
         ({"storage.model_store.server": None}, "storage.model_store", "set server"),
         ({"cluster.fabric.kind": "roce", "cluster.fabric.hcas": []}, "cluster.fabric", "needs at least one HCA"),
         ({"serving.heartbeat_interval_s": -5}, "serving.heartbeat_interval_s", "got -5"),
+        ({"runtime.restart_backoff_s": 600}, "runtime", r"restart_backoff_s \(600\) is above .*max_s \(300\)"),
     ],
 )
 def test_bad_input_names_field_value_and_fix(changes: dict[str, Any], path: str, match: str) -> None:

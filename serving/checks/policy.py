@@ -18,6 +18,7 @@ from typing import Any
 
 from serving.checks.rules import MIN_HEALTH_TIMEOUT_S
 from serving.plan.model import Fleet
+from serving.render.k8s import admission
 from serving.render.k8s.common import (
     ANNOTATION_ALLOW_LOAD_BALANCER,
     ANNOTATION_PRIVILEGED_REASON,
@@ -35,6 +36,7 @@ from serving.render.k8s.common import (
 from serving.render.k8s.container import GENERATING_PATHS, LIVENESS_PATH
 from serving.render.k8s.fabric import NETWORKS_ANNOTATION
 from serving.render.k8s.fleet import LWS_GROUP_KEY
+from serving.render.k8s.gateway import LIVENESS_PATH as ROUTER_LIVENESS_PATH
 from serving.render.k8s.storage import COMPLETE_MARKER, WARMER
 from serving.result import CheckResult, Status
 from serving.spec.schema import pinned_image
@@ -49,6 +51,8 @@ NOT_AWAITED_APPS = frozenset({SERVING_APP, ROUTER_APP, WARMER})
 # A group this small may keep a rack spread of 1: one rack's share is a single pod.
 RACK_SHARE_FLOOR = 16
 OFFSET_AFTER_PARENS = re.compile(r"\)\s*offset\s")
+# The cache wait as a shell really runs it: a loop until the marker file exists (a comment naming the marker is not).
+CACHE_WAIT = re.compile(r"^until \[ -f '?/[^' ]+/" + re.escape(COMPLETE_MARKER) + r"'? \]; do [^#]*; done\b")
 
 
 Props = Mapping[str, Any]
@@ -430,13 +434,15 @@ def serving_waits_for_node_cache(resource_type: str, props: Props) -> list[Check
         if _app(template) != SERVING_APP:
             continue
         inits = (template.get("spec") or {}).get("initContainers") or []
-        if not any(COMPLETE_MARKER in " ".join(map(str, c.get("command") or [])) for c in inits):
+        commands = [[str(w) for w in c.get("command") or []] for c in inits]
+        if not any(len(cmd) == 3 and cmd[1] == "-c" and CACHE_WAIT.match(cmd[2]) for cmd in commands):
             out.append(
                 _finding(
                     "serving-waits-for-node-cache",
                     resource_type,
                     props,
-                    f"{where} has no init container waiting for the cache marker {COMPLETE_MARKER}",
+                    f"{where} has no init container waiting for the cache marker {COMPLETE_MARKER} (commands: "
+                    f"{commands})",
                     "an init container that holds each serving pod until its node's cache is complete",
                     "Add serving.render.k8s.container.cache_init_container; never make the fleet depend on the "
                     "cache warmer DaemonSet (Pulumi would wait for every node's copy).",
@@ -452,6 +458,8 @@ def serving_waits_for_node_cache(resource_type: str, props: Props) -> list[Check
 )
 def await_decided(resource_type: str, props: Props) -> list[CheckResult]:
     kind = kind_of(resource_type, props)
+    if kind == "Service":
+        return _service_await_decided(resource_type, props)
     if kind not in WORKLOAD_KINDS | SERVING_GROUP_KINDS:
         return []
     skip = _annotation(props, ANNOTATION_SKIP_AWAIT) == "true"
@@ -478,6 +486,30 @@ def await_decided(resource_type: str, props: Props) -> list[CheckResult]:
     ]
 
 
+def _service_await_decided(resource_type: str, props: Props) -> list[CheckResult]:
+    """A Service with a cluster IP and a selector is awaited until a selected pod is Ready (pulumi-kubernetes
+    ``provider/pkg/await/service.go``, ``shouldWaitForPods``; a headless one is not): one in front of pods whose
+    readiness follows model loading must not be."""
+    spec = props.get("spec") or {}
+    selected = (spec.get("selector") or {}).get(LABEL_NAME)
+    if spec.get("clusterIP") == "None" or selected not in NOT_AWAITED_APPS:
+        return []
+    if _annotation(props, ANNOTATION_SKIP_AWAIT) == "true":
+        return []
+    return [
+        _finding(
+            "await-decided",
+            resource_type,
+            props,
+            f"a Service selecting {LABEL_NAME}={selected} without {ANNOTATION_SKIP_AWAIT}: `pulumi up` waits until one "
+            "of those pods is Ready, which follows model loading",
+            f"{ANNOTATION_SKIP_AWAIT}: 'true' on a non-headless Service in front of {sorted(NOT_AWAITED_APPS)}",
+            "Render it with serving.render.k8s.common.await_annotations(skip=True) (docs/infra.md, 'What up waits "
+            "for').",
+        )
+    ]
+
+
 @resource_rule(
     "no-clock-daemons", "No container may set the clock (SYS_TIME): time sync belongs to the host's chronyd."
 )
@@ -498,24 +530,48 @@ def no_clock_daemons(resource_type: str, props: Props) -> list[CheckResult]:
 
 
 @resource_rule(
-    "no-ignored-statefulset-surge",
-    "No StatefulSet relies on rollingUpdate.maxUnavailable (alpha through Kubernetes 1.33, ignored without its gate).",
+    "rollout-ga-only",
+    "No workload relies on a rollout budget Kubernetes 1.33 ignores: no StatefulSet rollingUpdate.maxUnavailable "
+    "(alpha MaxUnavailableStatefulSet), no LeaderWorkerSet maxUnavailable (copied onto its leader StatefulSet); a "
+    "serving StatefulSet is OnDelete and Parallel, so the updater replaces a batch's pods at once.",
 )
-def no_ignored_statefulset_surge(resource_type: str, props: Props) -> list[CheckResult]:
-    if kind_of(resource_type, props) != "StatefulSet":
-        return []
-    rolling = ((props.get("spec") or {}).get("updateStrategy") or {}).get("rollingUpdate") or {}
-    if "maxUnavailable" not in rolling:
+def rollout_ga_only(resource_type: str, props: Props) -> list[CheckResult]:
+    kind, spec = kind_of(resource_type, props), props.get("spec") or {}
+    problems: list[str] = []
+    if kind == "StatefulSet":
+        strategy = spec.get("updateStrategy") or {}
+        if "maxUnavailable" in (rolling := strategy.get("rollingUpdate") or {}):
+            problems.append(
+                f"spec.updateStrategy.rollingUpdate.maxUnavailable={rolling['maxUnavailable']}: ignored without the "
+                "alpha MaxUnavailableStatefulSet gate, so pods update one at a time"
+            )
+        if _app(spec.get("template") or {}) == SERVING_APP and (
+            strategy.get("type") != "OnDelete" or spec.get("podManagementPolicy") != "Parallel"
+        ):
+            problems.append(
+                f"a serving group with updateStrategy.type={strategy.get('type', 'RollingUpdate')}, "
+                f"podManagementPolicy={spec.get('podManagementPolicy', 'OrderedReady')}: its controller replaces "
+                "(or creates) one pod at a time"
+            )
+    elif kind == "LeaderWorkerSet":
+        config = (spec.get("rolloutStrategy") or {}).get("rollingUpdateConfiguration") or {}
+        if "maxUnavailable" in config:
+            problems.append(
+                f"spec.rolloutStrategy.rollingUpdateConfiguration.maxUnavailable={config['maxUnavailable']}: LWS "
+                "copies it onto its leader StatefulSet, where it is ignored without the alpha "
+                "MaxUnavailableStatefulSet gate, so replicas update one at a time"
+            )
+    if not problems:
         return []
     return [
         _finding(
-            "no-ignored-statefulset-surge",
+            "rollout-ga-only",
             resource_type,
             props,
-            f"spec.updateStrategy.rollingUpdate.maxUnavailable={rolling['maxUnavailable']}: the API server drops it "
-            "without the MaxUnavailableStatefulSet gate, so pods update one at a time",
-            "an update budget the target Kubernetes honours",
-            "Use a LeaderWorkerSet (rollingUpdateConfiguration.maxUnavailable, v1) as serving.render.k8s.fleet does.",
+            "; ".join(problems),
+            "a rollout the target Kubernetes performs: serving StatefulSets OnDelete + Parallel, no maxUnavailable",
+            "Render the group with serving.render.k8s.fleet (docs/infra.md, 'How a batch is rolled'): the updater "
+            "deletes a batch's pods and the StatefulSet recreates them at once.",
         )
     ]
 
@@ -660,23 +716,59 @@ def replica_in_one_rack(resource_type: str, props: Props) -> list[CheckResult]:
 
 
 @resource_rule(
+    "workers-scraped-as-pods",
+    "Serving pods are scraped by a PodMonitor, never through a Service's Endpoints (truncated at 1,000 addresses).",
+)
+def workers_scraped_as_pods(resource_type: str, props: Props) -> list[CheckResult]:
+    if kind_of(resource_type, props) != "ServiceMonitor":
+        return []
+    selector = ((props.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+    if selector.get(LABEL_NAME) != SERVING_APP:
+        return []
+    return [
+        _finding(
+            "workers-scraped-as-pods",
+            resource_type,
+            props,
+            f"spec.selector {dict(selector)} scrapes the serving pods through a Service: Prometheus discovers it "
+            "through its Endpoints, which hold at most 1,000 addresses, so the rest of the workers go unscraped",
+            "a PodMonitor selecting the serving pods (one target per pod)",
+            "Render the workers' monitor with serving.render.k8s.monitoring (a PodMonitor); or, only where every "
+            "Prometheus sets serviceDiscoveryRole: EndpointSlice, keep the ServiceMonitor.",
+        )
+    ]
+
+
+# The liveness endpoints known to generate nothing (an allow-list: a new path is refused until it is checked).
+CHEAP_LIVENESS = {SERVING_APP: LIVENESS_PATH, ROUTER_APP: ROUTER_LIVENESS_PATH}
+
+
+@resource_rule(
     "liveness-is-cheap",
-    f"Liveness probes of serving and router containers never call a generating endpoint ({sorted(GENERATING_PATHS)}).",
+    f"Liveness probes of serving and router containers call only their cheap endpoint ({CHEAP_LIVENESS}); never a "
+    f"generating one ({sorted(GENERATING_PATHS)}) or an unchecked one.",
 )
 def liveness_is_cheap(resource_type: str, props: Props) -> list[CheckResult]:
     out = []
     for where, template, c in _containers_of(resource_type, props):
         path = (((c.get("livenessProbe") or {}).get("httpGet")) or {}).get("path")
-        if _app(template) in (SERVING_APP, ROUTER_APP) and path in GENERATING_PATHS:
+        app = _app(template)
+        if app in CHEAP_LIVENESS and path is not None and path != CHEAP_LIVENESS[app]:
             out.append(
                 _finding(
                     "liveness-is-cheap",
                     resource_type,
                     props,
-                    f"{where}.livenessProbe calls {path}, which runs a one-token generation: a scheduler stall "
-                    "restarts a replica that then reloads for minutes",
-                    f"a liveness path that generates nothing ({LIVENESS_PATH}); readiness may generate",
-                    f"Probe {LIVENESS_PATH} for liveness (serving.render.k8s.container.LIVENESS_PATH).",
+                    f"{where}.livenessProbe calls {path}"
+                    + (
+                        ", which runs a one-token generation: a scheduler stall restarts a replica that then reloads "
+                        "for minutes"
+                        if path in GENERATING_PATHS
+                        else f", which is not {app}'s checked liveness endpoint"
+                    ),
+                    f"the liveness path that generates nothing ({CHEAP_LIVENESS[app]}); readiness may generate",
+                    f"Probe {CHEAP_LIVENESS[app]} for liveness (serving.render.k8s.container.LIVENESS_PATH, "
+                    "serving.render.k8s.gateway.LIVENESS_PATH).",
                 )
             )
     return out
@@ -684,28 +776,30 @@ def liveness_is_cheap(resource_type: str, props: Props) -> list[CheckResult]:
 
 @resource_rule(
     "serving-guaranteed-cpu",
-    "Serving containers request whole CPUs and memory equal to their limits (Guaranteed QoS, pinned CPUs).",
+    "Serving pods are Guaranteed: serving containers request whole CPUs, and every container, init containers "
+    "included, requests cpu and memory equal to its limits (QoS counts them all; only Guaranteed CPUs are pinned).",
 )
 def serving_guaranteed_cpu(resource_type: str, props: Props) -> list[CheckResult]:
     out = []
-    for where, template, c in _containers_of(resource_type, props):
+    for where, template, c in _containers_of(resource_type, props, init=True):
         if _app(template) != SERVING_APP:
             continue
         res = c.get("resources") or {}
         req, lim = res.get("requests") or {}, res.get("limits") or {}
         cpu = str(req.get("cpu") or "")
-        if not (
-            cpu.isdigit() and int(cpu) > 0 and str(lim.get("cpu")) == cpu and req.get("memory") == lim.get("memory")
-        ):
+        equal = all(req.get(k) and str(req.get(k)) == str(lim.get(k)) for k in ("cpu", "memory"))
+        whole = ".initContainers[" in where or (cpu.isdigit() and int(cpu) > 0)
+        if not (equal and whole):
             out.append(
                 _finding(
                     "serving-guaranteed-cpu",
                     resource_type,
                     props,
                     f"{where} requests cpu={req.get('cpu')!r}, memory={req.get('memory')!r} with limits "
-                    f"cpu={lim.get('cpu')!r}, memory={lim.get('memory')!r}",
-                    "whole CPUs, request = limit for cpu and memory",
-                    "Set serving.cpus_per_gpu in the stack; serving.render.k8s.container sizes both.",
+                    f"cpu={lim.get('cpu')!r}, memory={lim.get('memory')!r}: the pod is Burstable",
+                    "request = limit for cpu and memory in every container (whole CPUs in the serving container)",
+                    "Set serving.cpus_per_gpu in the stack; serving.render.k8s.container sizes the serving container "
+                    "and gives the cache wait WAIT_RESOURCES as both requests and limits.",
                 )
             )
     return out
@@ -781,6 +875,15 @@ def hardened_pods(resource_type: str, props: Props) -> list[CheckResult]:
             problems.append("runAsNonRoot is not set")
         if app == SERVING_APP and not ((c.get("lifecycle") or {}).get("preStop")):
             problems.append("no preStop hook (requests are routed to it while it shuts down)")
+        words = [str(w) for w in [*(c.get("command") or []), *(c.get("args") or [])]]
+        if "--shutdown-grace-period-secs" in words[:-1]:
+            drain = float(words[words.index("--shutdown-grace-period-secs") + 1])
+            grace = float((template.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+            if grace < drain:
+                problems.append(
+                    f"terminationGracePeriodSeconds={grace:g} < --shutdown-grace-period-secs {drain:g}: the kubelet "
+                    "kills it mid-drain"
+                )
         if problems:
             out.append(
                 _finding(
@@ -788,7 +891,8 @@ def hardened_pods(resource_type: str, props: Props) -> list[CheckResult]:
                     resource_type,
                     props,
                     f"{where}: {', '.join(problems)}",
-                    "runAsNonRoot (unless the container needs IPC_LOCK), seccompProfile RuntimeDefault, a preStop hook",
+                    "runAsNonRoot (unless the container needs IPC_LOCK), seccompProfile RuntimeDefault, a preStop hook "
+                    "(serving), a grace period covering the router's own drain",
                     "Render the containers with serving.render.k8s.container / gateway.",
                 )
             )
@@ -799,7 +903,7 @@ def hardened_pods(resource_type: str, props: Props) -> list[CheckResult]:
     ) or []
     if (
         kind_of(resource_type, props) == "Deployment"
-        and str(surge) not in ("0", "0%")
+        and str(surge).removesuffix(".0") not in ("0", "0%")  # the engine hands numbers over as floats
         and any(t.get("topologyKey") == HOSTNAME_LABEL for t in anti)
     ):
         out.append(
@@ -839,14 +943,14 @@ def alert_offset_placement(resource_type: str, props: Props) -> list[CheckResult
 
 @stack_rule(
     "monitoring-selected",
-    "PrometheusRules and ServiceMonitors carry kubernetes.prometheus_selector_labels, so the cluster's Prometheus "
+    "PrometheusRules, ServiceMonitors and PodMonitors carry kubernetes.prometheus_selector_labels, so the cluster's Prometheus "
     "loads them.",
 )
 def monitoring_selected(resources: Sequence[tuple[str, Props]], fleet: Fleet) -> list[CheckResult]:
     wanted = fleet.spec.kubernetes.prometheus_selector_labels
     out = []
     for t, p in resources:
-        if kind_of(t, p) not in ("PrometheusRule", "ServiceMonitor"):
+        if kind_of(t, p) not in ("PrometheusRule", "ServiceMonitor", "PodMonitor"):
             continue
         have = (p.get("metadata") or {}).get("labels") or {}
         missing = {k: v for k, v in wanted.items() if have.get(k) != v}
@@ -894,3 +998,60 @@ def images_through_mirror(resources: Sequence[tuple[str, Props]], fleet: Fleet) 
                     )
                 )
     return out
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as plain dicts and lists (the CrossGuard engine hands properties over as read-only proxies, which
+    do not compare equal to the rendered dicts and lists)."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [_plain(v) for v in value]
+    return value
+
+
+_WRITE_VERBS = {"patch", "update", "*"}
+_GUARDED = {"statefulsets", "leaderworkersets", "pods", "*"}
+
+
+@stack_rule(
+    "updater-admission-policy",
+    "Whenever a Role may patch or update serving workloads or pods, the updater's ValidatingAdmissionPolicy and its "
+    "Deny binding are present exactly as rendered (only images, the release and version labels may change).",
+)
+def updater_admission_policy(resources: Sequence[tuple[str, Props]], fleet: Fleet) -> list[CheckResult]:
+    writers = [
+        describe(t, p)
+        for t, p in resources
+        if kind_of(t, p) in ("Role", "ClusterRole")
+        and any(
+            _WRITE_VERBS & set(r.get("verbs") or []) and _GUARDED & set(r.get("resources") or [])
+            for r in p.get("rules") or []
+        )
+    ]
+    if not writers:
+        return []
+    want = {o["kind"]: o for o in admission.render(fleet)}
+    problems = []
+    for kind, rendered in want.items():
+        found = [
+            p
+            for t, p in resources
+            if kind_of(t, p) == kind and (p.get("metadata") or {}).get("name") == admission.POLICY
+        ]
+        if not found:
+            problems.append(f"no {kind} {admission.POLICY}")
+        elif _plain(found[0].get("spec")) != rendered["spec"]:
+            problems.append(f"{kind} {admission.POLICY} differs from its render (a weakened or stale policy)")
+    if not problems:
+        return []
+    return [
+        violation(
+            "updater-admission-policy",
+            ", ".join(writers),
+            f"{', '.join(writers)} may patch serving workloads or pods, but {'; '.join(problems)}",
+            f"the {admission.POLICY} ValidatingAdmissionPolicy and binding of serving.render.k8s.admission",
+            "Render the updater with serving.render.k8s.updater.render, which includes serving.render.k8s.admission: "
+            "RBAC cannot narrow a patch to fields, so without the policy the account can rewrite a pod template.",
+        )
+    ]

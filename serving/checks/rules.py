@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 
+from serving.plan.divisibility import rejections
 from serving.plan.model import Fleet, fmt_bytes
 from serving.result import CheckResult, Status
+from serving.rollout.plan import qps_window_min_s
 from serving.spec.schema import FabricKind, LogLevel
 
 MIN_HEALTH_TIMEOUT_S = 3.0
@@ -128,6 +130,25 @@ def _memory(fleet: Fleet) -> Iterator[CheckResult]:
             f"at most {fmt_bytes(have)} per GPU",
             fix,
             "model",
+        )
+
+
+@rule("model.sglang-shapes")
+def _sglang_shapes(fleet: Fleet) -> Iterator[CheckResult]:
+    """SGLang must accept the model's shapes at this TP size: attention and KV heads divide (or are replicated
+    evenly over) the TP ranks, and a block-FP8 checkpoint's MLP and expert widths split into whole blocks
+    (:mod:`serving.plan.divisibility`, each reason citing the SGLang check it mirrors)."""
+    spec = fleet.spec
+    tp = spec.parallelism.tp
+    reasons = rejections(spec.model.architecture, tp, spec.model.precision.value)
+    if reasons:
+        yield CheckResult(
+            "model.sglang-shapes",
+            Status.FAIL,
+            f"Got TP {tp}: SGLang 0.5.23 refuses to start {spec.model.name}: {'; '.join(reasons)}",
+            "a TP size SGLang accepts for this model",
+            "Pick another parallelism.tp (`exaserve fit` lists the sizes SGLang accepts).",
+            "parallelism.tp",
         )
 
 
@@ -275,6 +296,26 @@ def _gate_window(fleet: Fleet) -> Iterator[CheckResult]:
             "would start before the last one takes full traffic",
             f"at least the warm-up, {s.warmup_duration_s:g} s",
             "Use at least the warm-up duration.",
+            "rollout.interval_s",
+        )
+
+
+@rule("rollout.qps-window")
+def _qps_window(fleet: Fleet) -> Iterator[CheckResult]:
+    """A soak shorter than two of the router's load polls cannot judge the QPS gate: within one poll power_of_two's
+    split is the router's ranking, not the replicas' (serving.rollout.plan.qps_window_min_s). Every batch then
+    names the QPS gate inconclusive (issue 28: 4 of 5 sandbox batches had it "not judged")."""
+    r = fleet.spec.rollout
+    least = qps_window_min_s(fleet.spec)
+    if 0 < r.interval_s < least:
+        yield CheckResult(
+            "rollout.qps-window",
+            Status.WARN,
+            f"Got {r.interval_s:g}: shorter than {least:g} s, two router load polls (2 × serving.heartbeat_interval_s "
+            f"{fleet.spec.serving.heartbeat_interval_s:g} under power_of_two); no batch's QPS gate is judged, every "
+            "one is inconclusive",
+            f"at least {least:g} s",
+            f"Use at least {least:g} s for the QPS gate to judge the canary.",
             "rollout.interval_s",
         )
 

@@ -69,11 +69,18 @@ COMMANDS: dict[str, Entry] = {
         "that runs something else back to the version the journal's last rollout started from (a completed one is "
         "reverted), batch by batch with the same drain discipline.",
     ),
+    "history": Entry(
+        "rollout",
+        "Every rollout, rollback and revert of the stack from its journals, oldest first: when, from and to which "
+        "version, the outcome, the batches that passed, client errors and the reason of a pause or rollback.",
+    ),
     "controller": Entry("runtime", "The fleet controller (one of scheduler.instances, one leader)."),
     "agent": Entry("runtime", "The node agent: one batched report per node per heartbeat."),
     "status": Entry(
         "runtime",
-        "Replicas by state with scores and load, the leader, each node's last report (from the controllers).",
+        "Replicas as every router instance routes them (routes, unhealthy, absent, unknown), beside the "
+        "controllers' view: state, score, rotation and load, the version each runs as its backend observes it, the "
+        "leader, each node's last report.",
     ),
     "drill": Entry(
         "drill",
@@ -84,7 +91,8 @@ COMMANDS: dict[str, Entry] = {
         "quiet; --render-only --out DIR writes them as Chaos Mesh experiments (one file per scenario, applied on its "
         "own) and a Schedule for the regular drills (drills.schedule, drills.scheduled), each object validated "
         "against the pinned Chaos Mesh CRDs. Exit 1 when a drill misses a target or an object fails validation, 2 on "
-        "bad input.",
+        "bad input, 3 when a drill is invalid: its probes of the fleet came further apart than max(3 x the probe "
+        "period, the period + 1 s), so it is not judged (docs/drills.md).",
     ),
 }
 
@@ -130,7 +138,7 @@ app = typer.Typer(
     help="ExaServe deploy: plan, render, check, preflight and roll out an SGLang serving fleet.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
 )
 
 

@@ -25,10 +25,11 @@ import typer
 from rich.table import Table
 
 from serving.cli.options import (
-    DEFAULT_STACK,
+    EXIT_INVALID,
     EXIT_PROBLEM,
     CrdDirOpt,
     JsonOpt,
+    ProgressLines,
     StackFileOpt,
     StackOpt,
     StateDirOpt,
@@ -289,6 +290,12 @@ def _run(
     directory = report if report is not None else paths.root / "drills" / f"{stamp}-{scenario.name}"
     injector = SandboxFaults(fleet, paths.sandbox_dir)
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    lines = ProgressLines(err_console)  # piped: the spinner shows nothing, these lines say what the drill does
+
+    def step(what: str) -> None:
+        bar.update(task, description=f"{scenario.name}: {what}")
+        lines(what)
+
     with locked(paths, f"drill {scenario.name}"), Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task(f"drill {scenario.name}", total=None)
         try:
@@ -300,7 +307,7 @@ def _run(
                     injector,
                     sizes,
                     settings,
-                    lambda what: bar.update(task, description=f"{scenario.name}: {what}"),
+                    step,
                 )
             )
         except FleetDown as exc:
@@ -309,12 +316,13 @@ def _run(
             fail(str(exc), EXIT_PROBLEM)
         except SandboxError as exc:
             fail(f"{exc} (the drill needs the sandbox running: `exaserve sandbox up --stack {st.name}`)")
-        bar.update(task, description=f"{scenario.name}: writing the report to {directory}")
+        step(f"writing the report to {directory}")
         doc = write_report(run, st.name, directory)
     if as_json:
         emit_json(doc, stack=st.name, ok=run.ok)
     else:
-        table = Table(title=f"drill {scenario.name}, stack {st.name}: {'passed' if run.ok else 'FAILED'}")
+        shown_verdict = run.verdict if run.ok else run.verdict.upper()
+        table = Table(title=f"drill {scenario.name}, stack {st.name}: {shown_verdict}")
         for column in ("check", "measured", "target", "verdict"):
             table.add_column(column, overflow="fold")
         for c in run.checks:
@@ -325,13 +333,17 @@ def _run(
         console.print(f"injected: {'; '.join(run.injected)}", highlight=False, markup=False, soft_wrap=True)
         console.print(f"healed: {'; '.join(run.healed) or 'by the runtime'}", highlight=False, markup=False)
         console.print(f"report: {directory / 'drill.json'}, timeline: {doc['timeline']}", highlight=False)
+        if run.gaps:
+            console.print(f"INVALID: {doc['cadence']['why']}", highlight=False, markup=False, soft_wrap=True)
+    if run.gaps:
+        raise typer.Exit(EXIT_INVALID)
     if not run.ok:
         raise typer.Exit(EXIT_PROBLEM)
 
 
 @app.command()
 def drill(
-    stack: StackOpt = DEFAULT_STACK,
+    stack: StackOpt = None,
     stack_file: StackFileOpt = None,
     list_: ListOpt = False,
     scenario: ScenarioOpt = None,
@@ -349,7 +361,9 @@ def drill(
     with the plan's targets (and their formulas) and the alerts that must fire or stay quiet; --render-only --out
     DIR writes them as Chaos Mesh experiments (one file per scenario, applied on its own) and a Schedule for the
     regular drills (drills.schedule, drills.scheduled), each object validated against the pinned Chaos Mesh CRDs.
-    Exit 1 when a drill misses a target or an object fails validation, 2 on bad input."""
+    Exit 1 when a drill misses a target or an object fails validation, 2 on bad input, 3 when a drill is invalid:
+    its probes of the fleet came further apart than max(3 x the probe period, the period + 1 s), so it is not judged
+    (docs/drills.md)."""
     st = resolve_stack(stack, stack_file)
     only = _scenario(scenario)
     if list_ and render_only:

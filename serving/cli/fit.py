@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,6 +13,7 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from serving.cli.options import (
+    DEFAULT_STACK,
     EXIT_PROBLEM,
     JsonOpt,
     StackFileOpt,
@@ -25,6 +27,7 @@ from serving.cli.options import (
 )
 from serving.plan import memory as sgl
 from serving.plan import planner
+from serving.plan.model import CapacityChain
 from serving.spec.schema import GIB, Architecture, architecture_from_hf_config
 from serving.spec.stack import NAMESPACE, SpecError, load_stack_file, read_stack_document
 
@@ -66,6 +69,7 @@ def _layout_json(lay: sgl.Layout, rps: float) -> dict[str, Any]:
         "sequences_per_replica": lay.sequences_per_replica,
         "served_sequences": lay.served_sequences,
         "requests_per_second": round(rps, 3),
+        "rank_reason": lay.rank_reason,
         "breakdown": lay.breakdown,
     }
 
@@ -75,7 +79,8 @@ def _write_stack(out: Path, base: Path, lay: sgl.Layout, hf_config: Path, arch: 
     doc = read_stack_document(base)
     model = dict(doc.get("model") or {})
     model.update(
-        hf_config=str(hf_config.resolve()),
+        # relative to the written file, as the stack loader reads it: the file moves with its checkout
+        hf_config=os.path.relpath(hf_config.resolve(), out.resolve().parent),
         precision=lay.precision,
         quantization=QUANTIZATION[lay.precision],
         kv_cache_dtype=lay.kv_cache_dtype,
@@ -107,6 +112,9 @@ def fit(
         str | None, typer.Option("--gpu", help="GPU product (nvidia.com/gpu.product); default: the stack's.")
     ] = None,
     nodes: Annotated[int | None, typer.Option("--nodes", min=1, help="Nodes; default: the stack's.")] = None,
+    gpus_per_node: Annotated[
+        int | None, typer.Option("--gpus-per-node", min=1, help="GPUs per node; default: the stack's.")
+    ] = None,
     context_length: Annotated[int | None, typer.Option("--context-length", min=1)] = None,
     concurrency: Annotated[
         int | None, typer.Option("--concurrency", min=1, help="Target concurrent sequences across the fleet.")
@@ -116,13 +124,17 @@ def fit(
     ] = None,
     precision: Annotated[
         list[str] | None,
-        typer.Option("--precision", help="Checkpoint precisions the model has (repeat; default bf16 and fp8)."),
+        typer.Option(
+            "--precision",
+            help="Checkpoint precisions the model has (repeat; default: fp8 for a config.json that declares FP8 "
+            "quantization, else bf16 and fp8).",
+        ),
     ] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Layouts to show.")] = 10,
     write_stack: Annotated[
         Path | None, typer.Option("--write-stack", help="Write the best layout into this stack file.", dir_okay=False)
     ] = None,
-    stack: StackOpt = None,
+    stack: StackOpt = DEFAULT_STACK,
     stack_file: StackFileOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -138,23 +150,25 @@ def fit(
         gpu_product = sgl.gpu_product(product)
     except sgl.UnknownGpuError as exc:
         fail(f"--gpu: {exc}")
-    precisions = tuple(precision or ("bf16", "fp8"))
+    precisions = tuple(precision or (("fp8",) if arch.weight_block_size is not None else ("bf16", "fp8")))
     unknown = sorted(set(precisions) - set(sgl.PRECISION_BYTES))
     if unknown:
         fail(f"--precision {unknown}: not a precision; use {', '.join(sgl.PRECISION_BYTES)}")
     n = nodes or spec.cluster.node_count
+    gpn = gpus_per_node or spec.cluster.gpu.count_per_node
     lim = spec.limits
     ctx = context_length or lim.context_length
-    layouts = sgl.enumerate_layouts(
+    result = sgl.enumerate_layouts(
         arch,
         gpu_product,
-        spec.cluster.gpu.count_per_node,
+        gpn,
         n,
         ctx,
         lim.max_running_requests,
         lim.chunked_prefill_size,
         precisions,
     )
+    layouts = result.layouts
     chains = [
         planner.capacity_chain(
             lay.sequences_per_replica,
@@ -173,21 +187,31 @@ def fit(
         and (rate is None or c.requests_per_second.value >= rate)
     ]
     ok = bool(meets)
-    if write_stack is not None:
-        if not ok:
-            fail("--write-stack: no layout meets the target; nothing written", EXIT_PROBLEM)
+    if write_stack is not None and ok:
         if n != spec.cluster.node_count:
             fail(f"--write-stack: --nodes {n} differs from the stack's {spec.cluster.node_count}; drop --nodes")
+        if gpn != spec.cluster.gpu.count_per_node:
+            fail(
+                f"--write-stack: --gpus-per-node {gpn} differs from the stack's {spec.cluster.gpu.count_per_node}; "
+                "drop --gpus-per-node"
+            )
         _write_stack(write_stack, st.path, layouts[meets[0]], hf_config, arch, gpu_product.label)
+    refused = f"--write-stack: no layout meets the target ({_short_of(chains, concurrency, rate)}); nothing written"
     if as_json:
+        if write_stack is not None and not ok:
+            fail(refused, EXIT_PROBLEM)  # the error object is the one JSON object
         emit_json(
             {
                 "gpu": gpu_product.label,
                 "nodes": n,
+                "gpus_per_node": gpn,
                 "context_length": ctx,
                 "parameter_count": arch.parameter_count,
                 "layouts": [_layout_json(layouts[i], chains[i].requests_per_second.value) for i in range(len(layouts))],
                 "meets_target": [_layout_json(layouts[i], chains[i].requests_per_second.value) for i in meets[:1]],
+                "excluded": [
+                    {"precision": e.precision, "tp": e.tp, "reasons": list(e.reasons)} for e in result.excluded
+                ],
                 "written": str(write_stack) if write_stack else None,
             },
             stack=st.name,
@@ -196,12 +220,14 @@ def fit(
     else:
         table = Table(
             title=f"{hf_config} ({arch.parameter_count / 1e9:,.1f} B params) on {n} × "
-            f"{spec.cluster.gpu.count_per_node} {gpu_product.label}, {ctx:,}-token context",
+            f"{gpn} {gpu_product.label}, {ctx:,}-token context",
             title_justify="left",
         )
-        for col in ("precision", "kv", "TP×PP", "replicas", "mfs", "weights/GPU", "KV tokens", "seqs/rep", "served"):
+        for col in ("precision", "kv", "TP×PP", "replicas", "mfs", "weights/GPU", "KV tokens", "seqs/rep", "served",
+                    "sustained"):  # fmt: skip
             table.add_column(col, justify="right")
         table.add_column("req/s", justify="right")
+        table.add_column("why here")
         for lay, chain in list(zip(layouts, chains, strict=True))[:top]:
             table.add_row(
                 lay.precision,
@@ -213,17 +239,43 @@ def fit(
                 f"{lay.kv_pool_tokens:,}",
                 str(lay.sequences_per_replica),
                 f"{lay.served_sequences:,}",
+                f"{chain.sustained.value:,.0f}",
                 f"{chain.requests_per_second.value:,.0f}",
+                lay.rank_reason,
             )
         console.print(table)
         if layouts:
             console.print(f"best: {layouts[0].breakdown}", soft_wrap=True)
+        for e in result.excluded:
+            console.print(
+                f"excluded {e.precision} TP {e.tp} (SGLang refuses it): {'; '.join(e.reasons)}", soft_wrap=True
+            )
         console.print(
             f"[green]{len(meets)} of {len(layouts)} layouts meet the target[/]"
             if ok
-            else "[red]no layout meets the target[/]"
+            else f"[red]no layout meets the target[/]: {_short_of(chains, concurrency, rate)}",
+            soft_wrap=True,
         )
-        if write_stack is not None:
+        if write_stack is not None and ok:
             console.print(f"wrote {write_stack}")
+    if write_stack is not None and not ok:
+        fail(refused, EXIT_PROBLEM)  # after the table: the layouts are what the operator needs to choose
     if not ok:
         raise typer.Exit(EXIT_PROBLEM)
+
+
+def _short_of(chains: list[CapacityChain], concurrency: int | None, rate: float | None) -> str:
+    """How far the best layout is from the target: the target is met on what a layout *sustains* (served
+    sequences after balance efficiency, the failure reserve and the burst buffer, limits.*), not what it serves."""
+    if not chains:
+        return "no layout fits the model on this cluster"
+    parts = []
+    if concurrency is not None:
+        c = max(chains, key=lambda c: c.sustained.value)
+        how = "; ".join(f.formula for f in (c.raw, c.balanced, c.after_reserve, c.sustained))
+        parts.append(f"the most any layout sustains is {c.sustained.value:,.0f} concurrent sequences ({how}) < "
+                     f"--concurrency {concurrency:,}")  # fmt: skip
+    if rate is not None:
+        top = max(c.requests_per_second.value for c in chains)
+        parts.append(f"the most any serves is {top:,.0f} req/s < --rate {rate:,.0f}")
+    return "; ".join(parts)

@@ -16,7 +16,6 @@ from rich.table import Table
 
 from serving.cli.options import (
     DEFAULT_KNOWN_HOSTS,
-    DEFAULT_STACK,
     EXIT_OK,
     EXIT_PROBLEM,
     IdentityOpt,
@@ -55,7 +54,7 @@ def result_json(r: HostResult) -> dict[str, object]:
 @fleet_app.command("exec", context_settings={"allow_extra_args": True})
 def fleet_exec(
     ctx: typer.Context,
-    stack: StackOpt = DEFAULT_STACK,
+    stack: StackOpt = None,
     stack_file: StackFileOpt = None,
     as_json: JsonOpt = False,
     limit: Annotated[str | None, typer.Option("--limit", "-l", help="Node names or groups (globs allowed).")] = None,

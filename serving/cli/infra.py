@@ -175,12 +175,23 @@ def check(stack: StackOpt = DEFAULT_STACK, stack_file: StackFileOpt = None, as_j
         raise typer.Exit(EXIT_PROBLEM)
 
 
+DIFF_CHANGES = 2  # diff --detailed-exitcode: there are changes (helm diff's and terraform plan's code)
+
+
 @app.command()
 def diff(
     base: Annotated[str, typer.Option("--base", help="Git revision to compare with (branch, tag or commit).")],
     stack: StackOpt = DEFAULT_STACK,
     stack_file: StackFileOpt = None,
     markdown: Annotated[bool, typer.Option("--markdown", help="Print a pull-request comment (Markdown).")] = False,
+    detailed_exitcode: Annotated[
+        bool,
+        typer.Option(
+            "--detailed-exitcode",
+            help=f"Exit {DIFF_CHANGES} when there are changes, 0 when there are none (as helm diff and terraform plan"
+            " have it; without it diff exits 0 either way). With --json, ok is then false on changes.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Objects added, removed and changed (with fields, SGLang and router flags by name) and capacity deltas
@@ -227,9 +238,12 @@ def diff(
         changed=changed,
         capacity=fleetdiff.capacity_changes(base_capacity, head_capacity),
     )
+    flagged = detailed_exitcode and result.changes
     if as_json:
-        emit_json(result.as_dict(), stack=st.name, ok=True)
+        emit_json(result.as_dict(), stack=st.name, ok=not flagged)
     elif markdown:
         sys.stdout.write(fleetdiff.markdown_report(result))
     else:
         console.print(fleetdiff.text_report(result), highlight=False, markup=False, soft_wrap=True)
+    if flagged:
+        raise typer.Exit(DIFF_CHANGES)

@@ -29,7 +29,10 @@ import dataclasses
 import functools
 import inspect
 import json
+import math
+import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -47,9 +50,23 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_INVALID = 3  # the measurement cannot be judged (a drill whose probes slipped): neither passed nor failed
 
-console = Console()
-err_console = Console(stderr=True)
+PIPE_WIDTH = 1000  # columns of a console that is not a terminal: a table's full width, never cut at 80
+
+
+def _console(*, stderr: bool = False) -> Console:
+    """A console as wide as its terminal; piped or redirected (and without ``COLUMNS``), as wide as its content up
+    to :data:`PIPE_WIDTH`, not rich's 80 columns, which cut every replica name of ``status`` to ``sandbox-0-…`` and
+    ``fit``'s headers to ``prec…``. Tables are as wide as their content, so a wide console adds no padding."""
+    c = Console(stderr=stderr)
+    if not c.is_terminal and "COLUMNS" not in os.environ:
+        c.width = PIPE_WIDTH
+    return c
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 _STACK_META = "exaserve.stack"  # context meta key: the loaded stack's name, for the error JSON
@@ -67,8 +84,17 @@ def _record_invocation(ctx: typer.Context, value: bool) -> bool:
     return value
 
 
+STACK_ENV = "EXASERVE_STACK"
 StackOpt = Annotated[
-    str | None, typer.Option("--stack", "-s", help="Stack name: Pulumi.<stack>.yaml in the Pulumi project.")
+    str | None,
+    typer.Option(
+        "--stack",
+        "-s",
+        envvar=STACK_ENV,
+        show_envvar=True,
+        help="Stack name: Pulumi.<stack>.yaml in the Pulumi project (default: $EXASERVE_STACK; the commands that act "
+        "on a fleet — rollout, rollback, preflight, status, fleet, drill, controller, agent — have no other default).",
+    ),
 ]
 StackFileOpt = Annotated[
     Path | None,
@@ -124,16 +150,68 @@ StateDirOpt = Annotated[
 ]
 
 
+class ProgressLines:
+    """What a long command is doing, as plain timestamped lines on a console that is not a terminal (piped, in CI,
+    under nohup), where a spinner shows nothing: a line when the step changes (the text before its first ``:``),
+    and the same step again at most every ``every_s`` seconds. On a terminal it prints nothing (the spinner
+    shows it) unless ``on_terminal`` (a command with no spinner)."""
+
+    def __init__(
+        self,
+        out: Console,
+        every_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        on_terminal: bool = False,
+    ) -> None:
+        self.out, self.every_s, self.clock, self.on_terminal = out, every_s, clock, on_terminal
+        self._step: str | None = None
+        self._at = -math.inf
+
+    def __call__(self, text: str) -> None:
+        if self.out.is_terminal and not self.on_terminal:
+            return
+        step, now = text.partition(":")[0], self.clock()
+        if step == self._step and now - self._at < self.every_s:
+            return
+        self._step, self._at = step, now
+        self.out.print(f"{time.strftime('%H:%M:%S')} {text}", highlight=False, markup=False, soft_wrap=True)
+
+
 def resolve_stack(stack: str | None, stack_file: Path | None) -> Stack:
-    """Load ``--stack-file`` or else the named ``--stack``; exit 2 naming the file, the problem and the fix."""
+    """Load ``--stack-file`` or else the named ``--stack``; exit 2 naming the file, the problem and the fix. A
+    command that acts on a fleet has no default stack (its ``stack`` defaults to None): without ``--stack``,
+    ``$EXASERVE_STACK`` or ``--stack-file`` it exits 2, as ``pulumi`` does without a selected stack."""
     try:
-        st = load_stack_file(stack_file) if stack_file else load_stack(stack or DEFAULT_STACK)
+        st = _load_stack(stack, stack_file)
     except SpecError as exc:
         fail(str(exc))
     ctx = _invocation.get()
     if ctx is not None:
         ctx.meta[_STACK_META] = st.name
     return st
+
+
+def _load_stack(stack: str | None, stack_file: Path | None) -> Stack:
+    if stack_file is not None:
+        return load_stack_file(stack_file)
+    if stack is not None:
+        return load_stack(stack)
+    fail(
+        f"no stack named: this command acts on a fleet, so it has no default stack; pass --stack NAME or set "
+        f"{STACK_ENV}=NAME (stacks here: {_stack_names()}), or --stack-file PATH"
+    )
+
+
+def _stack_names() -> str:
+    """The stacks of the Pulumi project (``Pulumi.<name>.yaml``), for an error message."""
+    try:
+        names = sorted(
+            p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in paths.project_dir().glob("Pulumi.*.yaml")
+        )
+    except paths.ProjectNotFoundError:
+        return "no Pulumi project found from here"
+    return ", ".join(names) or "none"
 
 
 def require_file(path: Path | None, flag: str, why: str) -> None:
@@ -230,11 +308,13 @@ __all__ = [
     "DEFAULT_KNOWN_HOSTS",
     "DEFAULT_STACK",
     "EXIT_BAD_INPUT",
+    "EXIT_INVALID",
     "EXIT_OK",
     "EXIT_PROBLEM",
     "IdentityOpt",
     "JsonOpt",
     "KnownHostsOpt",
+    "ProgressLines",
     "StackFileOpt",
     "StackOpt",
     "StateDirOpt",

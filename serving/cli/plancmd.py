@@ -31,6 +31,7 @@ from serving.plan.loader import load_fleet
 from serving.plan.model import MEMORY_MODELS, MemoryModel
 from serving.result import failures
 from serving.spec.schema import json_schema
+from serving.spec.stack import stack_file_schema
 
 MemoryModelOpt = Annotated[
     str,
@@ -88,11 +89,22 @@ def audit_source(stack: StackOpt = None, stack_file: StackFileOpt = None, as_jso
 
 
 @app.command()
-def schema(as_json: JsonOpt = False) -> None:
+def schema(
+    pulumi_file: Annotated[
+        bool,
+        typer.Option(
+            "--pulumi-file",
+            help="The schema of a whole Pulumi.<stack>.yaml (its config: mapping of exaserve:<section> keys), to "
+            "validate stack files against, e.g. in an editor through a yaml-language-server modeline.",
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
     """Print the JSON Schema of the fleet spec (the exaserve: keys of a stack), for editors.
 
     With --json the schema is the 'schema' key of the usual object (stack null: no stack is read)."""
+    doc = stack_file_schema() if pulumi_file else json_schema()
     if as_json:
-        emit_json({"schema": json_schema()}, stack=None, ok=True)
+        emit_json({"schema": doc}, stack=None, ok=True)
     else:
-        sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")

@@ -27,7 +27,6 @@ from rich.table import Table
 from serving.checks.preflight import CHECKS, Report, ReportError, load_report, summary_lines
 from serving.cli.options import (
     DEFAULT_KNOWN_HOSTS,
-    DEFAULT_STACK,
     EXIT_OK,
     EXIT_PROBLEM,
     IdentityOpt,
@@ -150,7 +149,7 @@ def print_table(out: Console, report: Report) -> None:
 
 @app.command()
 def preflight(
-    stack: StackOpt = DEFAULT_STACK,
+    stack: StackOpt = None,
     stack_file: StackFileOpt = None,
     as_json: JsonOpt = False,
     limit: Annotated[

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from serving.plan.model import Figure, Fleet, fmt_bytes
+from serving.plan.model import Figure, Fleet, fmt_bytes, fmt_gib
 from serving.result import CheckResult, Status, failures
 
 
@@ -164,15 +164,16 @@ def print_plan(console: Console, fleet: Fleet, stack_file: Path, violations: Seq
             ],
         )
     )
+    size = fmt_gib if m.model == "sglang" else fmt_bytes  # one unit per figure: the one its formula works in
     console.print(
         _table(
             f"Memory per GPU ({'SGLang 0.5.23 arithmetic' if m.model == 'sglang' else 'source heuristic'})",
             [
-                *((k.replace("_", " "), fmt_bytes(f.value), f.formula) for k, f in m.per_gpu.items()),
-                ("usable", fmt_bytes(m.usable_per_gpu.value), m.usable_per_gpu.formula),
-                ("per replica", fmt_bytes(m.per_replica_total.value), m.per_replica_total.formula),
+                *((k.replace("_", " "), size(f.value), f.formula) for k, f in m.per_gpu.items()),
+                ("usable", size(m.usable_per_gpu.value), m.usable_per_gpu.formula),
+                ("per replica", size(m.per_replica_total.value), m.per_replica_total.formula),
                 ("KV bytes / token", f"{m.kv_per_token.value:,.0f} B", m.kv_per_token.formula),
-                ("KV pool / GPU", fmt_bytes(m.kv_pool_per_gpu.value), m.kv_pool_per_gpu.formula),
+                ("KV pool / GPU", size(m.kv_pool_per_gpu.value), m.kv_pool_per_gpu.formula),
                 ("KV pool tokens", f"{int(m.max_total_tokens.value):,}", m.max_total_tokens.formula),
                 ("max sequences", f"{int(m.max_concurrent_sequences.value):,}", m.max_concurrent_sequences.formula),
                 ("mem-fraction-static", f"{m.mem_fraction_static.value:.3f}", m.mem_fraction_static.formula),

@@ -5,16 +5,19 @@ Both take the same :class:`FleetOptions`, declared once, and hand them to a
 every replica runs and plans from that (:func:`serving.rollout.session.plan_from_fleet`); ``--resume`` follows the
 journal. This module parses, calls and presents (:class:`Display`, the report).
 Exit codes as in :mod:`serving.cli.options`: 0 completed (for ``rollback``: the fleet is on the stable version);
-1 rolled back or paused; 2 bad input (unknown version, nothing to resume, another updater holds the lock, a
-replica down without ``--allow-degraded``, …).
+1 rolled back or paused (or a prod change declined at the prompt); 2 bad input (no stack named, prod changed off a
+terminal without ``--yes``, unknown version, nothing to resume, another updater holds the lock, a replica down
+without ``--allow-degraded``, …).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -26,7 +29,6 @@ from rich.text import Text
 
 from serving.cli.options import (
     DEFAULT_KNOWN_HOSTS,
-    DEFAULT_STACK,
     EXIT_OK,
     EXIT_PROBLEM,
     IdentityOpt,
@@ -44,7 +46,7 @@ from serving.cli.options import (
     shared_options,
 )
 from serving.plan.loader import load_fleet
-from serving.rollout.journal import JournalError, LockedError, StackState
+from serving.rollout.journal import JournalError, LockedError, StackState, history
 from serving.rollout.machine import RolloutState
 from serving.rollout.operation import (
     BackendConfig,
@@ -59,7 +61,7 @@ from serving.rollout.operation import (
 from serving.rollout.runner import Progress
 from serving.rollout.session import RolloutInputError
 from serving.sandbox.endpoints import register as register_sandbox
-from serving.spec.stack import Stack
+from serving.spec.stack import PRODUCTION_STACK, Stack
 
 register_sandbox()  # --backend local, a sandbox stack's routers
 BackendOpt = Annotated[
@@ -101,6 +103,24 @@ KubeServerOpt = Annotated[
 ]
 KubeTokenOpt = Annotated[Path | None, typer.Option("--kube-token-file", help="kubernetes: bearer token file.")]
 KubeCaOpt = Annotated[Path | None, typer.Option("--kube-ca-file", help="kubernetes: CA bundle of the API server.")]
+YesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--yes",
+        "-y",
+        help=f"Change the {PRODUCTION_STACK} stack without asking: rollout and rollback ask for confirmation there "
+        "on a terminal and refuse without --yes when stdin is not one.",
+    ),
+]
+AcceptInconclusiveOpt = Annotated[
+    bool,
+    typer.Option(
+        "--accept-inconclusive",
+        help="Go on when there is too little traffic to judge a batch's gates (QPS, P99, error rate need "
+        "20 requests each): they pass unjudged, and the report says so. Without it such a rollout pauses, saying how "
+        "much traffic it needs.",
+    ),
+]
 AllowDegradedOpt = Annotated[
     bool,
     typer.Option(
@@ -116,7 +136,7 @@ class FleetOptions:
     """The options ``rollout`` and ``rollback`` share, declared once: the stack, where its state lives, the
     router to watch and the backend that updates replicas (``--known-hosts``/``-i`` for ssh, ``--kube-*``)."""
 
-    stack: StackOpt = DEFAULT_STACK
+    stack: StackOpt = None
     stack_file: StackFileOpt = None
     as_json: JsonOpt = False
     state_dir: StateDirOpt = None
@@ -131,9 +151,24 @@ class FleetOptions:
     kube_token_file: KubeTokenOpt = None
     kube_ca_file: KubeCaOpt = None
     allow_degraded: AllowDegradedOpt = False
+    yes: YesOpt = False
 
 
-def _operation(st: Stack, opts: FleetOptions) -> RolloutOperation:
+def _confirm_production(st: Stack, opts: FleetOptions, action: str) -> None:
+    """Changing the production stack is confirmed: on a terminal by a prompt, elsewhere by ``--yes`` (exit 2 without
+    it, naming the flag); a declined prompt exits 1 with nothing changed."""
+    if st.name != PRODUCTION_STACK or opts.yes:
+        return
+    if not sys.stdin.isatty():
+        fail(
+            f"{action} changes the production stack {st.name!r} and stdin is not a terminal to confirm on: pass --yes "
+            "to confirm (or --dry-run to see the plan first)"
+        )
+    if not typer.confirm(f"{action} changes the production stack {st.name!r}. Continue?", err=True):
+        fail(f"{action} on stack {st.name!r} not confirmed: nothing was changed", EXIT_PROBLEM)
+
+
+def _operation(st: Stack, opts: FleetOptions, *, accept_inconclusive: bool = False) -> RolloutOperation:
     """``st``'s rollout operation as ``opts`` describe it."""
     backend = BackendConfig(opts.backend_kind, opts.known_hosts, opts.identity, opts.kube_server,
                             opts.kube_token_file, opts.kube_ca_file)  # fmt: skip
@@ -141,7 +176,8 @@ def _operation(st: Stack, opts: FleetOptions) -> RolloutOperation:
     with _refusals():
         return RolloutOperation.open(StackState.for_stack(st.name, opts.state_dir), load_fleet(st.name, st.spec),
                                      backend, routers, router_grace_s=opts.router_grace_s,
-                                     allow_degraded=opts.allow_degraded)  # fmt: skip
+                                     allow_degraded=opts.allow_degraded,
+                                     accept_inconclusive=accept_inconclusive)  # fmt: skip
 
 
 @contextmanager
@@ -271,6 +307,7 @@ def rollout(
     to: Annotated[str | None, typer.Option("--to", help="Version to roll out, e.g. v2.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; touch nothing.")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the unfinished rollout of the stack.")] = False,
+    accept_inconclusive: AcceptInconclusiveOpt = False,
 ) -> None:
     """Roll the fleet to a new version in rollout.batches batches with metric gates; roll back on a breach.
     Plans from what each replica runs: replicas already on the version are left alone."""
@@ -280,7 +317,9 @@ def rollout(
         fail("give either --to VERSION (a new rollout) or --resume (continue the unfinished one)")
     if dry_run and to is None:
         fail("--dry-run plans a new rollout: give --to VERSION instead of --resume")
-    op = _operation(st, opts)
+    if not dry_run:
+        _confirm_production(st, opts, f"rollout {'--resume' if resume else f'--to {to}'}")
+    op = _operation(st, opts, accept_inconclusive=accept_inconclusive)
     outcome: Planned | Ran | NothingToDo
     with _refusals():
         if dry_run and to is not None:
@@ -334,7 +373,65 @@ def rollback(opts: FleetOptions) -> None:
     reverted), batch by batch with the same drain discipline."""
     display = Display(quiet_stdout=opts.as_json)
     st = resolve_stack(opts.stack, opts.stack_file)
+    _confirm_production(st, opts, "rollback")
     op = _operation(st, opts)
     with _refusals():
         outcome = op.rollback(display)
     _finish(st.name, outcome, opts.as_json)
+
+
+# ----------------------------------------------------------------------------------------- history
+
+
+@app.command("history")
+def rollout_history(
+    stack: StackOpt = None, stack_file: StackFileOpt = None, state_dir: StateDirOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Every rollout, rollback and revert of the stack from its journals, oldest first: when, from and to which
+    version, the outcome, the batches that passed, client errors and the reason of a pause or rollback."""
+    st = resolve_stack(stack, stack_file)
+    paths = StackState.for_stack(st.name, state_dir)
+    try:
+        past = history(paths)
+    except JournalError as exc:
+        fail(str(exc))
+    rows: list[dict[str, Any]] = [
+        {
+            "journal": str(p.path),
+            "started_at": _iso(p.first_at),
+            "ended_at": _iso(p.last_at),
+            "kind": p.state.plan.kind,
+            "from_version": p.state.plan.from_version,
+            "to_version": p.state.plan.to_version,
+            "outcome": p.state.outcome.value if p.state.outcome else "unfinished",
+            "batches": len(p.state.batches),
+            "batches_passed": sum(rec.passed is True for rec in p.state.batches),
+            "client_errors": int(p.state.client_errors),
+            "reason": p.state.reason,
+        }
+        for p in past
+    ]
+    if as_json:
+        emit_json({"rollouts": rows}, stack=st.name, ok=True)
+        return
+    if not rows:
+        console.print(f"no rollout on stack {st.name} yet (no journal under {paths.root})", highlight=False)
+        return
+    table = Table(title=f"rollouts of {st.name} ({paths.root})")
+    for col in ("started (UTC)", "kind", "from → to", "outcome", "batches passed", "client errors", "reason"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(
+            (r["started_at"] or "")[:19].replace("T", " "),
+            r["kind"],
+            f"{r['from_version']} → {r['to_version']}",
+            r["outcome"],
+            f"{r['batches_passed']}/{r['batches']}",
+            str(r["client_errors"]),
+            r["reason"],
+        )
+    console.print(table)
+
+
+def _iso(t: float | None) -> str | None:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds") if t is not None else None

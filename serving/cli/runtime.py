@@ -21,7 +21,6 @@ from rich.table import Table
 
 from serving.cli.options import (
     DEFAULT_KNOWN_HOSTS,
-    DEFAULT_STACK,
     EXIT_PROBLEM,
     IdentityOpt,
     JsonOpt,
@@ -41,6 +40,8 @@ from serving.plan.model import Fleet
 from serving.render.router import server_selector
 from serving.rollout.backends import BackendError
 from serving.rollout.backends.kubernetes import KubeApi
+from serving.rollout.session import RolloutInputError, shown
+from serving.router.client import RouterApiError
 from serving.router.membership import RouterSet
 from serving.runtime.agent import Agent, AgentConfig
 from serving.runtime.discovery import NodePods
@@ -101,7 +102,6 @@ def _restarter(
 
         return SandboxRestarter(fleet, stack_state(st, state_dir).sandbox_dir)
     from serving.rollout.operation import BackendConfig, open_backend  # noqa: PLC0415 - loads the ssh client
-    from serving.rollout.session import RolloutInputError  # noqa: PLC0415
 
     config = BackendConfig(kind, known_hosts=known_hosts, identity=identity)
     try:
@@ -131,7 +131,7 @@ def _election(st: Stack, kind: str, etcd: list[str] | None, identity: str) -> El
 
 @controller_app.command("run")
 def controller_run(
-    stack: StackOpt = DEFAULT_STACK,
+    stack: StackOpt = None,
     stack_file: StackFileOpt = None,
     state_dir: StateDirOpt = None,
     name: Annotated[str | None, typer.Option("--name", help="This instance's name (default host-pid).")] = None,
@@ -170,7 +170,12 @@ def controller_run(
         fleet,
         identity=name,
         election=_election(st, election, etcd, name),
-        routers=RouterSet(router_list, service=router_service, timeout_s=st.spec.serving.health_check_timeout_s),
+        routers=RouterSet(
+            router_list,
+            service=router_service,
+            timeout_s=st.spec.serving.health_check_timeout_s,
+            answering_only=True,  # one router instance down must not stall the runtime
+        ),
         restarter=_restarter(st, fleet, backend, state_dir, known_hosts, ssh_identity),
         discovered=discover == "kubernetes",
     )
@@ -198,7 +203,7 @@ def agent_run(
             "one process, as the scale sandbox does.",
         ),
     ],
-    stack: StackOpt = DEFAULT_STACK,
+    stack: StackOpt = None,
     stack_file: StackFileOpt = None,
     controllers: ControllerOpt = None,
     dcgm_url: Annotated[
@@ -265,30 +270,105 @@ async def _statuses(urls: list[str], timeout_s: float) -> dict[str, dict[str, An
     return dict(zip(urls, found, strict=True))
 
 
+async def _router_views(routers: list[str], timeout_s: float) -> tuple[dict[str, dict[str, bool]], dict[str, str]]:
+    """Router URL → (worker URL → healthy) for the instances that answer, and why the others did not."""
+    if not routers:
+        return {}, {}
+    try:
+        listed, silent = await RouterSet(routers, timeout_s=timeout_s, answering_only=True).membership()
+    except (httpx.HTTPError, RouterApiError, OSError) as exc:
+        return {}, dict.fromkeys(routers, f"{type(exc).__name__}: {exc}")
+    return {r: {u: w.is_healthy for u, w in workers.items()} for r, workers in listed.items()}, silent
+
+
+def _on_routers(url: str, views: dict[str, dict[str, bool]], silent: dict[str, str]) -> dict[str, str]:
+    """What each router instance does with the replica at ``url``: routes (healthy), unhealthy, absent, or unknown
+    (the instance did not answer)."""
+    out = {r: "unknown" for r in silent}
+    for router, workers in views.items():
+        out[router] = "absent" if url not in workers else "routes" if workers[url] else "unhealthy"
+    return dict(sorted(out.items()))
+
+
+async def _versions(
+    st: Stack, fleet: Fleet, kind: RestartBackend, state_dir: Path | None, known_hosts: Path, identity: Path | None
+) -> tuple[dict[str, str | None], str | None]:
+    """What each replica runs as its backend observes it (the reading a rollout plans from: None is down), or why
+    it could not be read."""
+    from serving.rollout.operation import BackendConfig, open_backend  # noqa: PLC0415 - loads the ssh client
+
+    if kind == "none":
+        return {}, "not read (--backend none)"
+    if st.spec.sandbox is not None:
+        from serving.sandbox.endpoints import register  # noqa: PLC0415 - sandbox stacks only
+
+        register()  # the sandbox's workers are --backend local
+    config = BackendConfig(kind, known_hosts=known_hosts, identity=identity)
+    try:
+        backend = open_backend(fleet, stack_state(st, state_dir), config)
+    except RolloutInputError as exc:
+        return {}, str(exc)
+    try:
+        return await backend.versions([r.id for r in fleet.plan.replicas]), None
+    except (BackendError, httpx.HTTPError, OSError) as exc:
+        return {}, f"--backend {config.resolved(fleet)}: {exc}"
+    finally:
+        await backend.aclose()
+
+
 @app.command("status")
 def status(
-    stack: StackOpt = DEFAULT_STACK,
+    stack: StackOpt = None,
     stack_file: StackFileOpt = None,
     controllers: ControllerOpt = None,
+    routers: RouterOpt = None,
+    backend: Annotated[
+        RestartBackend,
+        typer.Option(
+            "--backend",
+            help="Where each replica's version is read, as a rollout reads it; auto: local processes for a sandbox "
+            "stack, kubernetes otherwise; none: no version column.",
+        ),
+    ] = "auto",
+    known_hosts: KnownHostsOpt = DEFAULT_KNOWN_HOSTS,
+    identity: IdentityOpt = None,
+    state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Replicas by state with scores and load, the leader, each node's last report (from the controllers)."""
+    """Replicas as every router instance routes them (routes, unhealthy, absent, unknown), beside the controllers'
+    view: state, score, rotation and load, the version each runs as its backend observes it, the leader, each
+    node's last report."""
     st = resolve_stack(stack, stack_file)
     urls = controllers or _sandbox_urls(st, "controllers")
     if not urls:
         fail("pass --controller URL for each controller instance (a sandbox stack knows its own)")
-    found = asyncio.run(_statuses(urls, st.spec.serving.health_check_timeout_s))
+    router_list = routers or _sandbox_urls(st, "routers")
+    timeout = st.spec.serving.health_check_timeout_s
+    found = asyncio.run(_statuses(urls, timeout))
+    views, silent = asyncio.run(_router_views(router_list, timeout))
     answers = {u: s for u, s in found.items() if isinstance(s, dict)}
     if not answers:
         fail(f"no controller answered: {found}", EXIT_PROBLEM)
+    fleet = load_fleet(st.name, st.spec)
+    versions, versions_unread = asyncio.run(_versions(st, fleet, backend, state_dir, known_hosts, identity))
     # the leader's view acts; any follower's is as fresh for scores (every instance applies every report)
     view = next((s for s in answers.values() if s.get("is_leader")), next(iter(answers.values())))
     leader = view.get("leader")
     nodes = [{k: n[k] for k in ("name", "score", "state", "last_report_s")} for n in view["nodes"]]
     replicas = [
-        {k: r[k] for k in ("id", "node", "url", "state", "score", "in_rotation", "load")} for r in view["replicas"]
+        {
+            **{k: r[k] for k in ("id", "node", "url", "state", "score", "in_rotation", "load")},
+            "routers": _on_routers(r["url"], views, silent),
+            "version": None if versions_unread else shown(versions.get(r["id"])),
+        }
+        for r in view["replicas"]
     ]
-    ok = bool(leader) and all(n["state"] != "suspect" for n in nodes) and all(r["in_rotation"] for r in replicas)
+    ok = (
+        bool(leader)
+        and not silent
+        and all(n["state"] != "suspect" for n in nodes)
+        and all(r["in_rotation"] and set(r["routers"].values()) <= {"routes"} for r in replicas)
+    )
     unreachable = {u: s for u, s in found.items() if isinstance(s, str)}
     if as_json:
         doc = {
@@ -299,15 +379,22 @@ def status(
                 u: ("unreachable: " + s if isinstance(s, str) else ("leader" if s.get("is_leader") else "follower"))
                 for u, s in found.items()
             },
+            "routers": {r: ("unreachable: " + silent[r] if r in silent else "answering") for r in router_list},
             "eviction_cap": view.get("eviction_cap"),
             "move_candidates": view.get("move_candidates", []),
             "reports": view.get("reports"),
+            "versions_unread": versions_unread,
         }
         emit_json(doc, stack=st.name, ok=ok)
     else:
         console.print(f"leader: {leader or 'none'}; controllers answering {len(answers)}/{len(found)}", highlight=False)
         for url, why in unreachable.items():
             console.print(f"  {url}: {why}", highlight=False)
+        console.print(f"routers answering {len(views)}/{len(router_list)}", highlight=False)
+        for url, why in silent.items():
+            console.print(f"  {url}: {why}", highlight=False)
+        if versions_unread:
+            console.print(f"versions unknown: {versions_unread}", highlight=False)
         table = Table(title=f"nodes of {st.name}")
         for col in ("node", "score", "state", "last report (s)"):
             table.add_column(col)
@@ -320,13 +407,15 @@ def status(
             )
         console.print(table)
         table = Table(title="replicas")
-        for col in ("replica", "node", "url", "state", "score", "in rotation", "load"):
+        for col in ("replica", "node", "url", "version", "routers", "state", "score", "in rotation", "load"):
             table.add_column(col)
         for r in sorted(replicas, key=lambda r: (r["in_rotation"], r["id"])):
             table.add_row(
                 r["id"],
                 r["node"],
                 r["url"],
+                r["version"] or "unknown",
+                " ".join(r["routers"].values()),
                 r["state"],
                 str(r["score"]),
                 "yes" if r["in_rotation"] else "no",

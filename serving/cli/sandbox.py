@@ -8,7 +8,8 @@ measured first) CPU the sandbox needs, 1 when the sandbox did not start or the l
 
 from __future__ import annotations
 
-from typing import Annotated
+import asyncio
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -16,6 +17,7 @@ from rich.table import Table
 from serving.cli.options import (
     EXIT_PROBLEM,
     JsonOpt,
+    ProgressLines,
     StackFileOpt,
     StackOpt,
     StateDirOpt,
@@ -29,6 +31,9 @@ from serving.cli.options import (
 from serving.plan.model import Fleet
 from serving.rollout.journal import LockedError
 from serving.sandbox.endpoints import sandbox_endpoints
+
+if TYPE_CHECKING:
+    from serving.router.loadgen import LoadReport, LoadSpec
 
 SANDBOX_STACK = "sandbox"
 sandbox_app = typer.Typer(
@@ -73,8 +78,9 @@ def sandbox_up(
     from serving.sandbox import lifecycle, scale  # noqa: PLC0415 - loads aiohttp, the router launcher
     from serving.sandbox.prometheus import prometheus_url  # noqa: PLC0415
 
+    lines = ProgressLines(err_console, every_s=5.0, on_terminal=True)  # what takes the time, piped or not
     try:
-        started = lifecycle.up(st, state_dir, simulate=simulate, cpu_share=cpu_share, note=_note)
+        started = lifecycle.up(st, state_dir, simulate=simulate, cpu_share=cpu_share, note=lines)
     except (lifecycle.SandboxInputError, LockedError) as exc:
         fail(str(exc))
     except lifecycle.SandboxStartError as exc:
@@ -142,10 +148,6 @@ def _layout_table(fleet: Fleet, urls: dict[str, tuple[str, str]], router: str, m
     return table
 
 
-def _note(text: str) -> None:
-    err_console.print(text, highlight=False)
-
-
 @sandbox_app.command("down")
 def sandbox_down(
     stack: StackOpt = SANDBOX_STACK,
@@ -169,6 +171,19 @@ def sandbox_down(
         console.print(f"stopped {len(stopped)} process(es): {', '.join(stopped) or 'none was running'}")
 
 
+async def _load(spec: LoadSpec, lines: ProgressLines) -> LoadReport:
+    """The bounded load, telling ``lines`` what it has seen so far (piped: a line every 10 s)."""
+    from serving.router.loadgen import LoadGenerator  # noqa: PLC0415
+
+    generator = LoadGenerator(spec)
+    run = asyncio.create_task(generator.run())
+    while not run.done():
+        await asyncio.wait({run}, timeout=1.0)
+        if not run.done():
+            lines(f"load: {generator.report().summary()}")
+    return run.result()
+
+
 @sandbox_app.command("load")
 def sandbox_load(
     stack: StackOpt = SANDBOX_STACK,
@@ -180,14 +195,14 @@ def sandbox_load(
     """Bounded client load on the sandbox router (run it beside a rollout so the gates have traffic).
 
     Exit 1 when any request failed as a client sees it."""
-    from serving.router.loadgen import LoadSpec, run_load_sync  # noqa: PLC0415
+    from serving.router.loadgen import LoadSpec  # noqa: PLC0415
 
     st = resolve_stack(stack, stack_file)
     try:
         spec = LoadSpec(url=sandbox_endpoints(st.spec).router_url, rate_per_s=rate, duration_s=duration_s)
     except ValueError as exc:  # RolloutInputError (no sandbox: section) included
         fail(str(exc))
-    report = run_load_sync(spec)
+    report = asyncio.run(_load(spec, ProgressLines(err_console)))
     if as_json:
         emit_json(
             {

@@ -23,7 +23,19 @@ from typing import Any, Protocol
 
 import httpx
 
-from serving.drill.measure import Check, Gates, Measured, Probe, judge, measure, out_and_back
+from serving.drill.measure import (
+    Check,
+    Gap,
+    Gates,
+    Measured,
+    Probe,
+    counted_gaps,
+    judge,
+    measure,
+    out_and_back,
+    slipped,
+    verdict,
+)
 from serving.drill.scenarios import (
     Component,
     Fault,
@@ -148,6 +160,7 @@ class Run:
     healed_at: float | None = None
     healed: list[str] = field(default_factory=list)
     drill_healed: list[Fault] = field(default_factory=list)  # the faults the drill ended itself (held, lost leader)
+    healing: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of each heal inside the probe loop
     end: float = 0.0
     settled: bool = False
     alerts_checked: bool = False  # a Prometheus was there to ask
@@ -155,10 +168,16 @@ class Run:
     alerts_error: str | None = None
     measured: Measured | None = None
     checks: list[Check] = field(default_factory=list)
+    gaps: list[Gap] = field(default_factory=list)  # probes further apart than the cadence bound: the run is invalid
+    longest_gap_s: float = 0.0  # the widest gap between probes after the fault (the drill's own heals left out)
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.checks, self.gaps)
 
     @property
     def ok(self) -> bool:
-        return bool(self.checks) and all(c.ok for c in self.checks)
+        return self.verdict == "passed"
 
 
 # ----- observing the fleet -----------------------------------------------------------------------------------
@@ -170,16 +189,19 @@ async def _json(http: httpx.AsyncClient, url: str) -> Any:
         return None
 
 
-async def look(http: httpx.AsyncClient, fleet: FleetUrls, t: float) -> Probe:
-    """One probe: every router instance's workers and every controller's status, at once."""
+async def look(http: httpx.AsyncClient, fleet: FleetUrls) -> Probe:
+    """One probe: every router instance's workers and every controller's status, at once; timed (monotonic) when
+    its calls returned, so what it saw held by then (an upper bound), with when they began."""
+    sent = time.monotonic()
     lists = await asyncio.gather(*(_json(http, r + "/workers") for r in fleet.routers))
     statuses = await asyncio.gather(*(_json(http, c + STATUS_PATH) for c in fleet.controllers))
+    t = time.monotonic()
     routers: dict[str, dict[str, bool] | None] = {}
     for router, body in zip(fleet.routers, lists, strict=True):
         routers[router] = None if body is None else {w.url: w.is_healthy for w in parse_workers(body)}
     lead = next((s for s in statuses if isinstance(s, dict) and s.get("is_leader")), None)
     if lead is None:
-        return Probe(t, routers)
+        return Probe(t, routers, sent=sent)
     reps = [r for r in lead.get("replicas", []) if isinstance(r, dict)]
     return Probe(
         t,
@@ -188,6 +210,8 @@ async def look(http: httpx.AsyncClient, fleet: FleetUrls, t: float) -> Probe:
         {r["url"]: bool(r["in_rotation"]) for r in reps},
         {r["url"]: int(r["score"]) for r in reps},
         {r["url"]: str(r["state"]) for r in reps},
+        sent,
+        {r["url"]: int(r.get("restarts", 0)) for r in reps},
     )
 
 
@@ -212,26 +236,34 @@ async def settle(fleet: FleetUrls, timeout_s: float, probe_s: float) -> list[str
     deadline = time.monotonic() + timeout_s
     async with httpx.AsyncClient(timeout=2.0) as http:
         while True:
-            problems = _healthy_fleet(await look(http, fleet, 0.0), fleet)
+            problems = _healthy_fleet(await look(http, fleet), fleet)
             if not problems or time.monotonic() >= deadline:
                 return problems
             await asyncio.sleep(probe_s)
 
 
-async def leader_of(fleet: FleetUrls) -> str | None:
+async def look_once(fleet: FleetUrls) -> Probe:
     async with httpx.AsyncClient(timeout=2.0) as http:
-        return (await look(http, fleet, 0.0)).leader
+        return await look(http, fleet)
 
 
 # ----- choosing what to break ---------------------------------------------------------------------------------
-def choose_subject(scenario: Scenario, fleet: FleetUrls, leader: str | None) -> Subject:
-    """The first node's first replica for a replica fault, the last node for a node fault, the last router
-    instance, the current leader. A drill the fleet cannot run (one router, no controllers) raises naming the fix."""
+def choose_subject(
+    scenario: Scenario, fleet: FleetUrls, leader: str | None, restarts: Mapping[str, int] | None = None
+) -> Subject:
+    """For a replica fault, the replica outside the last node with the fewest restarts in its current run as the
+    leader reports them (``restarts``: URL → count; the first in fleet order on a tie): the controller backs off
+    a replica restarted lately (until it has served 2 × ``runtime.restart_backoff_max_s``), and the restoration
+    target counts one restart, so drills run one after another must not all fault the same replica. The last node
+    for a node fault, the last router instance, the current leader. A drill the fleet cannot run (one router, no
+    controllers) raises naming the fix."""
     parts: dict[str, Any] = {}
     nodes = list(fleet.nodes)
+    counts = restarts or {}
     for component in scenario.components:
         if component is Component.REPLICA:
-            rid = fleet.nodes[nodes[0]][0]
+            spare = [r for n in nodes[:-1] or nodes for r in fleet.nodes[n]]
+            rid = min(spare, key=lambda r: counts.get(fleet.replicas[r], 0))
             parts.update(replicas=(rid,), urls=(fleet.replicas[rid],))
         elif component is Component.NODE:
             node = nodes[-1]
@@ -302,7 +334,7 @@ async def run_drill(
     """One drill, start to end; raises :class:`DrillError` when the fleet is not ready for it."""
     progress("settling: every replica in rotation on every router instance, a leader")
     async with httpx.AsyncClient(timeout=2.0) as http:
-        first = await look(http, fleet, 0.0)
+        first = await look(http, fleet)
     if all(m is None for m in first.routers.values()):
         raise FleetDown(
             f"no router instance answers ({', '.join(fleet.routers)}): the fleet is not running; start it first "
@@ -314,7 +346,8 @@ async def run_drill(
             f"the fleet is not ready for a drill after {settings.settle_s:g} s: {'; '.join(problems)}; "
             "check `exaserve status` and the sandbox's logs"
         )
-    subject = choose_subject(scenario, fleet, await leader_of(fleet))
+    seen = await look_once(fleet)
+    subject = choose_subject(scenario, fleet, seen.leader, seen.restarts)
     run = Run(scenario, subject, tuple(targets), settings)
     longest = max([settings.hold_s, *(t.value for t in targets if t.unit == "s")])
     deadline_after = max(longest * 1.5 + 10, settings.min_requests / settings.rate_per_s - settings.baseline_s + 10)
@@ -361,7 +394,7 @@ async def _watch(
     start = time.monotonic()
     progress(f"baseline: {settings.baseline_s:g} s of client load at {settings.rate_per_s:g}/s")
     while time.monotonic() - start < settings.baseline_s:
-        run.probes.append(await look(http, fleet, time.monotonic()))
+        run.probes.append(await look(http, fleet))
         await asyncio.sleep(settings.probe_s)
     run.t0, run.wall0 = time.monotonic(), time.time()
     run.injected = list(await asyncio.gather(*(injector.inject(f, run.subject, sizes) for f in scenario.faults)))
@@ -370,8 +403,8 @@ async def _watch(
     pending = [f for f in scenario.faults if _held(f) or f.component is Component.CONTROLLER]
     tick = run.t0
     while True:
-        now = time.monotonic()
-        probe = await look(http, fleet, now)
+        probe = await look(http, fleet)
+        now = probe.t
         run.probes.append(probe)
         t = now - run.t0
         takeover = run.subject.controller is not None and probe.leader not in (None, run.subject.controller)
@@ -379,8 +412,10 @@ async def _watch(
         for fault in due:  # held faults after the hold, a lost leader once another one leads
             pending.remove(fault)
             run.drill_healed.append(fault)
+            began = time.monotonic()
             done = await injector.heal(fault, run.subject)
             run.healed_at, run.healed = time.monotonic(), run.healed + done
+            run.healing.append((began, run.healed_at))
             progress(f"healed at {t:.1f} s: {'; '.join(done) or 'nothing left to heal'}")
         if (not pending and _done(run, now)) or t >= deadline_after:
             run.end = time.monotonic()
@@ -411,7 +446,7 @@ def _judge(run: Run) -> None:
     assert run.load is not None
     offset = run.t0 - run.load_started  # load results are relative to the load's start
     results = [RequestResult(r.sent_at_s - offset, r.latency_s, r.status, r.error) for r in run.load.results]
-    probes = [dataclasses.replace(p, t=p.t - run.t0) for p in run.probes]
+    probes = [dataclasses.replace(p, t=p.t - run.t0, sent=p.began - run.t0) for p in run.probes]
     run.probes = probes
     run.load = LoadReport(tuple(results), run.load.wall_s, run.load.late)
     subject = run.subject
@@ -427,6 +462,9 @@ def _judge(run: Run) -> None:
         lost_leader=subject.controller,
         injection_s=run.injection_s,
     )
+    healing = [(a - run.t0, b - run.t0) for a, b in run.healing]
+    run.gaps = slipped(probes, run.settings.probe_s, healing)
+    run.longest_gap_s = max((g.gap_s for g in counted_gaps(probes, healing)), default=0.0)
     run.checks = judge(run.scenario, run.targets, run.measured, run.settings.probe_s)
     run.checks += alert_checks(run)
     run.checks.append(

@@ -1,9 +1,11 @@
 """What a drill measured, from what it observed: pure functions over the probes of the fleet and the client requests.
 
-Times are seconds since the fault (the baseline is before 0). The figures, as the plan defines them:
+Times are seconds since the fault (the baseline is before 0); a probe is timed when its calls returned (what it saw
+held by then), and also keeps when they began. The figures, as the plan defines them:
 
-* **detection** — the first probe at which every faulted replica is out of every router instance that answered
-  (not listed, or listed unhealthy: the router routes to neither);
+* **detection** — the first probe at which every faulted replica is out of every router instance (not listed, or
+  listed unhealthy: the router routes to neither), each instance answering except one the fault itself took down: a
+  router that does not answer is *unknown*, it may still route to the replica;
 * **recovery** — traffic fully served by the others at the baseline rate and latency: the start of the first run
   of ``stable`` good windows (``window_s`` long, counted from the fault) after which the fault's degradation did
   not come back within the run; a window is bad when a client request failed in it, its P99 rose more than
@@ -12,7 +14,7 @@ Times are seconds since the fault (the baseline is before 0). The figures, as th
   the judged span (restoration, else the heal, else the end). A bad window after the run (a one-off slow request
   on a busy machine) is counted in ``late_blips``, not taken as the fault's;
 * **restoration** — the first probe after detection at which every faulted replica is listed healthy on every
-  router instance that answered and the leading controller has it in rotation (after its warm-up);
+  router instance (each answering) and the leading controller has it in rotation (after its warm-up);
 * **takeover** — the first probe at which a controller other than the lost leader leads;
 * **false detections** — replicas that were in rotation before the fault and left it on some router instance,
   other than the faulted ones (and any replica at all in a scenario that takes none out).
@@ -23,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from serving.drill.scenarios import Scenario, Target, TargetName
@@ -41,26 +44,42 @@ class Probe:
     in_rotation: Mapping[str, bool] = field(default_factory=dict)  # replica URL → in rotation (the leader's view)
     scores: Mapping[str, int] = field(default_factory=dict)  # replica URL → health score (the leader's view)
     states: Mapping[str, str] = field(default_factory=dict)  # replica URL → state (the leader's view)
+    sent: float | None = None  # when its calls began; None: at ``t``
+    restarts: Mapping[str, int] = field(default_factory=dict)  # replica URL → restarts in its current run (leader)
+
+    @property
+    def began(self) -> float:
+        return self.t if self.sent is None else self.sent
 
     def answering(self, exempt: frozenset[str]) -> dict[str, Membership]:
         return {r: m for r, m in self.routers.items() if m is not None and r not in exempt}
 
+    def known(self, exempt: frozenset[str]) -> dict[str, Membership] | None:
+        """Every instance's list but the exempt ones', or None when one of them did not answer (unknown)."""
+        routers = {r: m for r, m in self.routers.items() if r not in exempt}
+        if not routers or any(m is None for m in routers.values()):
+            return None
+        return {r: m for r, m in routers.items() if m is not None}
+
     def out_everywhere(self, urls: Sequence[str], exempt: frozenset[str]) -> bool:
-        routers = self.answering(exempt)
-        return bool(routers) and all(not m.get(u, False) for m in routers.values() for u in urls)
+        routers = self.known(exempt)
+        return routers is not None and all(not m.get(u, False) for m in routers.values() for u in urls)
 
     def in_everywhere(self, urls: Sequence[str], exempt: frozenset[str]) -> bool:
-        routers = self.answering(exempt)
+        routers = self.known(exempt)
         return (
-            bool(routers)
+            routers is not None
             and all(m.get(u, False) for m in routers.values() for u in urls)
             and all(self.in_rotation.get(u, False) for u in urls)
         )
 
+    def out_on(self, url: str, exempt: frozenset[str]) -> list[str]:
+        """The answering router instances that do not list ``url`` healthy."""
+        return [r for r, m in self.answering(exempt).items() if not m.get(url, False)]
+
     def out_somewhere(self, urls: set[str], exempt: frozenset[str]) -> set[str]:
         """Which of ``urls`` some answering router instance does not list healthy."""
-        routers = self.answering(exempt).values()
-        return {u for u in urls if any(not m.get(u, False) for m in routers)}
+        return {u for u in urls if self.out_on(u, exempt)}
 
     def healthy(self) -> set[str]:
         """Worker URLs listed healthy on every router instance that answered."""
@@ -135,6 +154,8 @@ class Measured:
     # how much earlier than measured each probed time may have been: the change came after the probe before the one
     # that saw it, and the fault took effect up to the injection's length after the time it is measured from
     uncertainty: Mapping[TargetName, float] = field(default_factory=dict)
+    # false detection URL → where and when it was seen out, and what the leader made of it then (the evidence)
+    false_seen: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def client_error_rate(self) -> float:
@@ -203,7 +224,9 @@ def recovered(judged: Sequence[Window], gates: Gates) -> tuple[float | None, int
     return (0.0, 0) if not judged else (None, 0)
 
 
-Seen = tuple[float, float]  # (the first probe's time at which something held, the time since the probe before it)
+Seen = tuple[
+    float, float
+]  # (when the first probe at which something held returned, the time since the one before it began)
 
 
 def out_and_back(
@@ -219,14 +242,51 @@ def out_and_back(
 
 
 def _first(probes: Sequence[Probe], after: float, holds: Any) -> Seen | None:
-    """The first probe at or after ``after`` (≥ 0, the fault) at which ``holds``, with how long before it the change
-    may have come: back to the probe before it, or to ``after`` when that probe came earlier."""
+    """The first probe returning at or after ``after`` (≥ 0, the fault) at which ``holds``, with how long before its
+    return the change may have come: back to when the probe before it began (it did not see the change), or to
+    ``after`` when that probe began earlier."""
     previous = after
     for p in probes:
         if p.t >= after and holds(p):
             return p.t, p.t - previous
-        previous = max(p.t, after)
+        previous = max(p.began, after)
     return None
+
+
+def cadence_bound(probe_s: float) -> float:
+    """The longest gap between probes a drill may judge: ``max(3 × probe_s, probe_s + 1 s)``. A probe loop keeping
+    its cadence returns every ``probe_s`` plus its calls' time (milliseconds); one instance that does not answer
+    holds a probe up to the probe client's timeout (``min(2 s, 4 × probe_s)``, 0.4 s at the sandbox's 0.1 s), which
+    the 1 s over the cadence takes in. A wider gap is the prober's own stall, not the fleet's: the judge allows a
+    probed time the gap since the probe before as slack (:func:`judge`), so a run with such a gap is invalid rather
+    than judged (the issue's probe loop stalled 2.4 s and passed a 5.9 s detection against 4 s)."""
+    return max(3 * probe_s, probe_s + 1.0)
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Probes that came further apart than :func:`cadence_bound`: from ``after_s`` (a probe's return, or 0, the
+    injection) to the next probe's return ``gap_s`` later."""
+
+    after_s: float
+    gap_s: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"after_s": round(self.after_s, 3), "gap_s": round(self.gap_s, 3)}
+
+
+def counted_gaps(probes: Sequence[Probe], paused: Sequence[tuple[float, float]] = ()) -> list[Gap]:
+    """Every gap between probes from the fault (0) to the last probe, but those during which the drill itself was
+    healing the fault (``paused``: (start, end) spans): the probe loop waits for the drill's own heal, and what it
+    watches for then (the fault's replica or router back) cannot come before the heal began."""
+    times = [0.0, *(p.t for p in probes if p.t >= 0)]
+    return [Gap(a, b - a) for a, b in pairwise(times) if not any(start < b and end > a for start, end in paused)]
+
+
+def slipped(probes: Sequence[Probe], probe_s: float, paused: Sequence[tuple[float, float]] = ()) -> list[Gap]:
+    """The :func:`counted_gaps` wider than :func:`cadence_bound`."""
+    bound = cadence_bound(probe_s)
+    return [g for g in counted_gaps(probes, paused) if g.gap_s > bound]
 
 
 def measure(
@@ -259,7 +319,8 @@ def measure(
     detection, restoration, takeover = (None if x is None else x[0] for x in seen.values())
     before = [p for p in probes if p.t < 0]
     serving_before = before[-1].healthy() - set(subjects) if before else set()
-    false = sorted({u for p in after for u in p.out_somewhere(serving_before, exempt_routers)})
+    false_seen = _false_seen(after, serving_before, exempt_routers)
+    false = sorted(false_seen)
     until = restoration if restoration is not None else healed if healed is not None else end
     base = baseline_of(results, baseline_s)
     judged = windows(results, base, gates, until)
@@ -277,7 +338,28 @@ def measure(
         tuple(false),
         blips,
         {name: round(x[1] + injection_s, 3) for name, x in seen.items() if x is not None},
+        false_seen,
     )
+
+
+def _false_seen(after: Sequence[Probe], serving: set[str], exempt: frozenset[str]) -> dict[str, str]:
+    """Each replica of ``serving`` that some answering router instance did not list healthy after the fault: the
+    probes that saw it out (first and last time, how many), the routers, and the leader's state and score for it at
+    the first such probe."""
+    seen: dict[str, list[tuple[Probe, list[str]]]] = {}
+    for p in after:
+        for u in serving:
+            if routers := p.out_on(u, exempt):
+                seen.setdefault(u, []).append((p, routers))
+    evidence = {}
+    for u, probes in seen.items():
+        first = probes[0][0]
+        routers = sorted({r for _, rs in probes for r in rs})
+        evidence[u] = (
+            f"out at {first.t:.1f}-{probes[-1][0].t:.1f} s ({len(probes)} probes) on {', '.join(routers)}; "
+            f"the leader had it {first.states.get(u, 'unknown')}, score {first.scores.get(u, 'unknown')}"
+        )
+    return evidence
 
 
 def judge(scenario: Scenario, targets: Sequence[Target], m: Measured, resolution_s: float = 0.0) -> list[Check]:
@@ -314,7 +396,7 @@ def judge(scenario: Scenario, targets: Sequence[Target], m: Measured, resolution
             limit += f" + {slack:g} s probe resolution (it may have come that much earlier)"
         detail = f" ({m.client_errors} of {m.client_requests} requests)" if t.name is TargetName.CLIENT_ERRORS else ""
         checks.append(Check(t.name.value, value, t.value, t.unit, ok, f"{shown}{detail} {'≤' if ok else '>'} {limit}"))
-    false = list(m.false_detections)
+    false = [f"{u} ({m.false_seen[u]})" if u in m.false_seen else u for u in m.false_detections]
     what = "replicas outside the fault" if scenario.evicts else "replicas (this fault must take none out)"
     checks.append(
         Check(
@@ -323,7 +405,15 @@ def judge(scenario: Scenario, targets: Sequence[Target], m: Measured, resolution
             0.0,
             "replicas",
             not false,
-            f"{what} left rotation: {', '.join(false)}" if false else "no other replica left rotation",
+            f"{what} left rotation: {'; '.join(false)}" if false else "no other replica left rotation",
         )
     )
     return checks
+
+
+def verdict(checks: Sequence[Check], gaps: Sequence[Gap]) -> str:
+    """``invalid`` when the probes slipped (:func:`slipped`; whatever the checks say: never passed), else ``passed``
+    when every check holds, else ``failed``."""
+    if gaps:
+        return "invalid"
+    return "passed" if checks and all(c.ok for c in checks) else "failed"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from serving.drill.engine import Run, relevant_alerts
-from serving.drill.measure import p99
+from serving.drill.measure import cadence_bound, p99
 from serving.router.loadgen import RequestResult
 
 MARKERS = {
@@ -141,6 +141,23 @@ def timeline_png(run: Run, path: Path, title: str) -> dict[str, Any]:
     return what
 
 
+def cadence_json(run: Run) -> dict[str, Any]:
+    """How far apart the probes came after the fault, against the bound a judged run keeps (the gaps that broke
+    it, named, make the run ``invalid``)."""
+    bound = round(cadence_bound(run.settings.probe_s), 3)
+    gaps = [g.to_json() for g in run.gaps]
+    why = (
+        "the probes of the fleet came further apart than "
+        f"{bound:g} s (max(3 × {run.settings.probe_s:g} s, {run.settings.probe_s:g} s + 1 s)): "
+        + ", ".join(f"{g.gap_s:.2f} s after {g.after_s:.2f} s" for g in run.gaps)
+        + "; a figure seen then may have come anywhere in that gap, so the run is not judged: run the drill again "
+        "on a quieter machine"
+        if run.gaps
+        else f"every probe within {bound:g} s of the one before"
+    )
+    return {"bound_s": bound, "longest_s": round(run.longest_gap_s, 3), "gaps": gaps, "why": why}
+
+
 def drill_json(run: Run, stack: str, timeline: Path | None) -> dict[str, Any]:
     """The ``exaserve drill --json`` object (without the envelope's ``stack`` and ``ok``)."""
     m = run.measured
@@ -172,6 +189,8 @@ def drill_json(run: Run, stack: str, timeline: Path | None) -> dict[str, Any]:
         "stack": stack,
         "scenario": run.scenario.name,
         "ok": run.ok,
+        "verdict": run.verdict,
+        "cadence": cadence_json(run),
         "detection_s": r3(m.detection_s),
         "recovery_s": r3(m.recovery_s),
         "restoration_s": r3(m.restoration_s),
@@ -206,7 +225,8 @@ def write_report(run: Run, stack: str, directory: Path) -> dict[str, Any]:
     """``directory/drill.json`` and ``directory/timeline.png``; the JSON document."""
     directory.mkdir(parents=True, exist_ok=True)
     png = directory / "timeline.png"
-    timeline_png(run, png, f"exaserve drill {run.scenario.name} (stack {stack}): {'passed' if run.ok else 'FAILED'}")
+    verdict = run.verdict if run.ok else run.verdict.upper()
+    timeline_png(run, png, f"exaserve drill {run.scenario.name} (stack {stack}): {verdict}")
     doc = drill_json(run, stack, png)
     (directory / "drill.json").write_text(json.dumps(doc, indent=2) + "\n")
     return doc

@@ -121,13 +121,14 @@ EVICTION_CAP = "ExaServeEvictionCapReached"
 ACTIONS_FAILING = "ExaServeRuntimeActionsFailing"
 ROUTER_DOWN = "ExaServeRouterInstanceDown"
 OUT_OF_ROTATION = "ExaServeReplicaOutOfRotation"
+QUARANTINED = "ExaServeReplicaQuarantined"
 
 _SELF_HEALED = (
     "ExaServeReplicaOutOfRotation (a warning) fires while the controller holds the replica out. Nothing else: one "
     "replica is inside the failure reserve, the router's retries keep client errors under the gate, the replica is "
     "back long before ExaServeWorkersUnhealthy's 5 minutes, and the migration and warm-up succeed."
 )
-_REPLICA_QUIET = (ERROR_RATE, WORKERS_UNHEALTHY, ACTIONS_FAILING, EVICTION_CAP)
+_REPLICA_QUIET = (ERROR_RATE, WORKERS_UNHEALTHY, ACTIONS_FAILING, EVICTION_CAP, QUARANTINED)
 _EVICTING = (TargetName.DETECTION, TargetName.RECOVERY, TargetName.RESTORATION)
 
 

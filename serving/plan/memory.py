@@ -19,8 +19,9 @@ The free-at-start figure and the weights' load-time overhead come from public st
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from serving.plan.divisibility import SourceCheck, rejections
 from serving.spec.schema import GIB, Architecture, count_parameters
 
 MIB = 2**20
@@ -35,17 +36,24 @@ class GpuProduct:
     label: str
     memory_total_mib: int
     source: str
+    nvlink: bool = False
+    """The product's GPUs talk over NVLink inside a node (SXM/HGX boards): at TP > 1 SGLang's custom all-reduce
+    and NCCL's peer buffers are set up before the weights load (:data:`NVLINK_LOGS`)."""
 
 
 GPU_PRODUCTS: dict[str, GpuProduct] = {
     g.label: g
     for g in (
-        GpuProduct("NVIDIA-A100-SXM4-40GB", 40_960, "NVIDIA A100 datasheet: 40 GiB HBM2 (nvidia-smi 40960MiB)"),
-        GpuProduct("NVIDIA-A100-SXM4-80GB", 81_920, "NVIDIA A100 datasheet: 80 GiB HBM2e (nvidia-smi 81920MiB)"),
-        GpuProduct("NVIDIA-H100-80GB-HBM3", 81_559, "nvidia-smi on H100 SXM5: 81559MiB"),
-        GpuProduct("NVIDIA-H20", 97_871, "nvidia-smi on H20: 97871MiB"),
-        GpuProduct("NVIDIA-H200", 143_771, "nvidia-smi on H200 SXM: 143771MiB"),
-        GpuProduct("NVIDIA-B200", 183_359, "nvidia-smi on B200: 183359MiB"),
+        GpuProduct(
+            "NVIDIA-A100-SXM4-40GB", 40_960, "NVIDIA A100 datasheet: 40 GiB HBM2 (nvidia-smi 40960MiB)", nvlink=True
+        ),
+        GpuProduct(
+            "NVIDIA-A100-SXM4-80GB", 81_920, "NVIDIA A100 datasheet: 80 GiB HBM2e (nvidia-smi 81920MiB)", nvlink=True
+        ),
+        GpuProduct("NVIDIA-H100-80GB-HBM3", 81_559, "nvidia-smi on H100 SXM5: 81559MiB", nvlink=True),
+        GpuProduct("NVIDIA-H20", 97_871, "nvidia-smi on H20: 97871MiB", nvlink=True),
+        GpuProduct("NVIDIA-H200", 143_771, "nvidia-smi on H200 SXM: 143771MiB", nvlink=True),
+        GpuProduct("NVIDIA-B200", 183_359, "nvidia-smi on B200: 183359MiB", nvlink=True),
         GpuProduct("NVIDIA-L40S", 46_068, "nvidia-smi in https://github.com/sgl-project/sglang/pull/13023: 46068MiB"),
         GpuProduct("NVIDIA-L4", 23_034, "nvidia-smi on L4: 23034MiB"),
         GpuProduct(
@@ -261,13 +269,77 @@ LOAD_OVERHEAD_GIB = load_overhead_gib()
 OBSERVED_FREE_AT_START_GIB = {c.gpu: _logged(c)[0] for c in CALIBRATION_LOGS}
 
 
-def free_at_start_bytes(gpu: GpuProduct) -> float:
-    """Free memory when SGLang starts loading weights: logged where a log exists, else memory.total less
-    the mean runtime overhead of the logs."""
+@dataclass(frozen=True)
+class FreeAtStartLog:
+    """A public log of free memory before the weights load (``Load weight begin. avail mem=``, or ``Load weight
+    end`` avail + mem usage) on an NVLink node at TP > 1."""
+
+    name: str
+    source: str
+    sglang: str
+    gpu: str
+    tp: int
+    pp: int
+    free_at_start_gib: float
+
+
+NVLINK_LOGS: tuple[FreeAtStartLog, ...] = (
+    FreeAtStartLog(
+        name="8 × H200, TP 8",
+        source="https://github.com/sgl-project/sglang/pull/11716 (description: 'Init torch distributed ends. mem "
+        "usage=2.01 GB', 'Load weight begin. avail mem=137.29 GB' on six of the eight ranks, 137.34 and 137.52 on "
+        "the others; the pool takes the minimum over ranks)",
+        sglang="main of 2025-10-16",
+        gpu="NVIDIA-H200",
+        tp=8,
+        pp=1,
+        free_at_start_gib=137.29,
+    ),
+    FreeAtStartLog(
+        name="4 nodes × 8 H200, PP 4 × TP 8",
+        source="https://github.com/sgl-project/sglang/issues/8337 (description: TP0 PP0 'Load weight end. "
+        "type=Qwen3MoeForCausalLM, dtype=torch.bfloat16, avail mem=124.19 GB, mem usage=13.73 GB')",
+        sglang="0.4.9 era (2025-07-24)",
+        gpu="NVIDIA-H200",
+        tp=8,
+        pp=4,
+        free_at_start_gib=124.19 + 13.73,
+    ),
+)
+"""The NVLink TP > 1 logs :data:`NVLINK_TP_OVERHEAD_GIB` is fitted on."""
+
+
+def nvlink_tp_overhead_gib() -> float:
+    """What an NVLink node at TP > 1 takes before the weights beyond the PCIe/TP-1 runtime overhead: SGLang's
+    custom all-reduce (disabled on more than two PCIe-only GPUs, as the PCIe calibration logs say) and NCCL's
+    peer buffers, set up at distributed init, before ``measure_pre_model_load_memory``. Mean over the logs."""
+    gaps = [GPU_PRODUCTS[c.gpu].memory_total_mib * MIB / GIB - c.free_at_start_gib for c in NVLINK_LOGS]
+    return _mean(gaps) - RUNTIME_OVERHEAD_GIB
+
+
+NVLINK_TP_OVERHEAD_GIB = nvlink_tp_overhead_gib()
+
+
+def runtime_overhead_for(gpu: GpuProduct, tp: int) -> tuple[float, str]:
+    """Memory gone before the weights load, GiB, and why: the CUDA context and allocator (the PCIe logs' mean), plus
+    the NVLink all-reduce buffers when the product has NVLink and TP > 1."""
+    if gpu.nvlink and tp > 1:
+        v = RUNTIME_OVERHEAD_GIB + NVLINK_TP_OVERHEAD_GIB
+        return v, (
+            f"{RUNTIME_OVERHEAD_GIB:.2f} GiB runtime + {NVLINK_TP_OVERHEAD_GIB:.2f} GiB NVLink all-reduce buffers at "
+            f"TP {tp}, fitted on the NVLink logs"
+        )
+    why = "TP 1" if tp == 1 else "no NVLink"
+    return RUNTIME_OVERHEAD_GIB, f"{RUNTIME_OVERHEAD_GIB:.2f} GiB runtime; {why}, no all-reduce buffers"
+
+
+def free_at_start_bytes(gpu: GpuProduct, tp: int = 1) -> float:
+    """Free memory when SGLang starts loading weights: logged where a (PCIe) log of the product exists, else
+    memory.total less the runtime overhead for this product and TP (:func:`runtime_overhead_for`)."""
     observed = OBSERVED_FREE_AT_START_GIB.get(gpu.label)
     if observed is not None:
         return observed * GIB
-    return gpu.memory_total_mib * MIB - RUNTIME_OVERHEAD_GIB * GIB
+    return gpu.memory_total_mib * MIB - runtime_overhead_for(gpu, tp)[0] * GIB
 
 
 # ---------------------------------------------------------------------- handle_gpu_memory_settings
@@ -350,11 +422,63 @@ def sglang_mem_fraction_static(
 
 # ------------------------------------------------------------------------------------------ weights
 
+PP_PARTITION = SourceCheck(
+    "distributed/utils.py", 139, "# Distribute the extra layers to the last 'remainder' partitions"
+)
+"""``get_pp_indices``: ``layers // pp`` layers a stage, the ``layers % pp`` extra ones to the last stages."""
+PP_MIN_TOKENS = SourceCheck("mem_cache/kv_cache_configurator.py", 3107, "# Sync across PP ranks")
+"""``_apply_token_constraints``: the pool's token count is all-reduced with ``ReduceOp.MIN`` over the PP ranks."""
+
+
+def pp_stage_layers(num_layers: int, pp: int) -> list[range]:
+    """The layers of each pipeline stage, as SGLang's ``get_pp_indices`` splits them (without
+    ``SGLANG_PP_LAYER_PARTITION``): every stage ``num_layers // pp``, one more on each of the last
+    ``num_layers % pp`` stages."""
+    base, extra = divmod(num_layers, pp)
+    out, start = [], 0
+    for rank in range(pp):
+        n = base + (1 if rank >= pp - extra else 0)
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+def stage_parameters(arch: Architecture, layers: range) -> float:
+    """Parameters of the decoder layers ``layers`` (everything but the embedding and LM head tables). A MoE
+    model's leading dense layers (``first_k_dense_replace``) hold a dense MLP instead of the experts; where both
+    widths are known that difference is taken out of the count, else every layer weighs the mean."""
+    tables = 1 if arch.tie_word_embeddings else 2
+    total = arch.parameter_count - arch.vocab_size * arch.hidden_size * tables
+    n, moe = arch.num_layers, arch.moe
+    if moe is None or not moe.dense_layers or moe.intermediate_size is None or arch.intermediate_size is None:
+        return total * len(layers) / n
+    h = arch.hidden_size
+    moe_mlp = (moe.num_experts + moe.shared_experts) * 3 * h * moe.intermediate_size + h * moe.num_experts
+    delta = moe_mlp - 3 * h * arch.intermediate_size
+    dense_here = len(range(layers.start, min(layers.stop, moe.dense_layers)))
+    return (total + min(moe.dense_layers, n) * delta) * len(layers) / n - dense_here * delta
+
+
+GROUP_SCALES = SourceCheck("layers/quantization/awq/schemes/awq_linear.py", 80, "scales = GroupQuantScaleParameter(")
+GROUP_ZEROS = SourceCheck("layers/quantization/awq/schemes/awq_linear.py", 67, "qzeros = PackedvLLMParameter(")
+DEFAULT_GROUP_SIZE = 128
+"""The group size assumed for a 4-bit checkpoint whose config.json the planner has not read (AWQ's and GPTQ's
+usual one); a config.json's ``quantization_config.group_size`` replaces it."""
+
+
+def group_overhead_bytes_per_param(group_size: int) -> float:
+    """A 4-bit group-quantised linear layer (AWQ, GPTQ) stores, per group of ``group_size`` input rows and per output
+    column, one 16-bit scale (``scales``: [in / g, out] in the activations' dtype) and one 4-bit zero (``qzeros``:
+    [in / g, out / 8] int32), so 2.5 / g bytes per parameter on top of the 0.5 B of the weight itself."""
+    return 2.5 / group_size
+
 
 @dataclass(frozen=True)
 class WeightShare:
-    """The weights on the replica's fullest GPU: quantised layers plus 16-bit embedding and LM head."""
+    """The weights on one GPU of a pipeline stage: quantised layers plus 16-bit embedding and LM head."""
 
+    stage: int
+    layers: range
     layer_bytes: float
     embedding_bytes: float
     load_overhead_bytes: float
@@ -364,25 +488,58 @@ class WeightShare:
     def total(self) -> float:
         return self.layer_bytes + self.embedding_bytes + self.load_overhead_bytes
 
+    @property
+    def loaded_formula(self) -> str:
+        """:attr:`formula` (the weights alone) with the load overhead added: what the KV pool's budget subtracts."""
+        return f"{self.formula} + {self.load_overhead_bytes / GIB:.2f} GiB load overhead = {self.total / GIB:,.2f} GiB"
 
-def weights_per_gpu(arch: Architecture, bytes_per_param: float, tp: int, pp: int) -> WeightShare:
-    """Layers' parameters (everything but embedding and LM head, every expert included) in the checkpoint's
-    precision, split by TP and over ⌈layers / PP⌉ layers; the embedding and LM head (kept 16-bit by every
-    quantised checkpoint SGLang loads) split by TP, both on one GPU without PP, one per end stage with PP."""
+
+def stage_weights(
+    arch: Architecture, bytes_per_param: float, tp: int, pp: int, group_size: int | None = None
+) -> list[WeightShare]:
+    """Each stage's weights per GPU: its layers' parameters (every expert) in the checkpoint's precision over
+    TP, plus a group-quantised checkpoint's scales and zeros (``group_size``: 4-bit AWQ/GPTQ, see
+    :func:`group_overhead_bytes_per_param`); the embedding on the first stage and the LM head on the last (kept 16-bit by every quantised
+    checkpoint SGLang loads), over TP. Without PP one GPU holds both tables (one when tied); with PP the last
+    stage holds its own LM head even when tied (SGLang builds ``embed_tokens`` there to tie it)."""
     table = arch.vocab_size * arch.hidden_size
-    tables = 1 if arch.tie_word_embeddings else 2
-    layer_params = arch.parameter_count - table * tables
-    layers = math.ceil(arch.num_layers / pp)
-    layer_bytes = layer_params * bytes_per_param * layers / arch.num_layers / tp
-    on_gpu = tables if pp == 1 else 1
-    emb = table * on_gpu * 2 / tp
     load = LOAD_OVERHEAD_GIB * GIB
-    formula = (
-        f"{layer_params:,} layer params × {bytes_per_param:g} B × ⌈{arch.num_layers}/{pp}⌉/{arch.num_layers} / TP {tp} "
-        f"= {layer_bytes / GIB:,.2f} GiB + {on_gpu} × {table:,} embedding params × 2 B / TP {tp} = "
-        f"{emb / GIB:,.2f} GiB + {LOAD_OVERHEAD_GIB:.2f} GiB load overhead = {(layer_bytes + emb + load) / GIB:,.2f} GiB"
-    )
-    return WeightShare(layer_bytes, emb, load, formula)
+    per_param, bpp = bytes_per_param, f"{bytes_per_param:g} B"
+    if group_size is not None:
+        per_param += group_overhead_bytes_per_param(group_size)
+        bpp = (
+            f"({bytes_per_param:g} + 2.5 / group {group_size} = {per_param:.4f}) B (scales and zeros, "
+            f"{GROUP_SCALES.where})"
+        )
+    out = []
+    stages = pp_stage_layers(arch.num_layers, pp)
+    for rank, layers in enumerate(stages):
+        params = stage_parameters(arch, layers)
+        layer_bytes = params * per_param / tp
+        on_gpu = (1 if arch.tie_word_embeddings else 2) if pp == 1 else int(rank in (0, pp - 1))
+        emb = table * on_gpu * 2 / tp
+        stage = (
+            f"stage {rank + 1}/{pp}, layers {layers.start}–{layers.stop - 1} ({PP_PARTITION.where}): " if pp > 1 else ""
+        )
+        formula = (
+            f"{stage}{params:,.0f} params × {bpp} / TP {tp} = {layer_bytes / GIB:,.2f} GiB + {on_gpu} × "
+            f"{table:,} embedding params × 2 B / TP {tp} = {emb / GIB:,.2f} GiB = {(layer_bytes + emb) / GIB:,.2f} GiB"
+        )
+        out.append(WeightShare(rank, layers, layer_bytes, emb, load, formula))
+    return out
+
+
+def kv_cell_bytes(arch: Architecture, bytes_per_element: int, tp: int, layers: int) -> int:
+    """SGLang's cell size on one GPU holding ``layers`` layers: MLA's latent whole on every TP rank, else K and V
+    of max(1, KV heads // TP) heads (``ModelConfig.get_num_kv_heads``)."""
+    if arch.mla is not None:
+        return layers * (arch.mla.kv_lora_rank + arch.mla.qk_rope_head_dim) * bytes_per_element
+    return 2 * layers * max(1, arch.num_kv_heads // tp) * arch.head_dim * bytes_per_element
+
+
+def kv_token_bytes_per_gpu(arch: Architecture, bytes_per_element: int, tp: int, pp: int) -> int:
+    """The cell size on the fullest stage's GPUs (⌈layers / PP⌉ layers: the last stage's, per ``get_pp_indices``)."""
+    return kv_cell_bytes(arch, bytes_per_element, tp, math.ceil(arch.num_layers / pp))
 
 
 # ------------------------------------------------------------------------------------------ the pool
@@ -404,9 +561,63 @@ def kv_pool(free_at_start: float, mem_fraction_static: float, weights: float, kv
     tokens = max(0, int(budget // kv_bytes_per_token_gpu)) if kv_bytes_per_token_gpu else 0
     formula = (
         f"{free_at_start / GIB:,.2f} GiB free at start × {mem_fraction_static:.3f} − {weights / GIB:,.2f} GiB weights "
-        f"= {budget / GIB:,.2f} GiB / {kv_bytes_per_token_gpu:,} B per token = {tokens:,} tokens"
+        f"and load overhead = {budget / GIB:,.2f} GiB / {kv_bytes_per_token_gpu:,} B per token = {tokens:,} tokens"
     )
     return KvPool(free_at_start, mem_fraction_static, weights, budget, tokens, formula)
+
+
+@dataclass(frozen=True)
+class ReplicaPool:
+    """The replica's pool: each stage's, and the stage whose token count SGLang keeps (the minimum)."""
+
+    stages: list[tuple[WeightShare, int, KvPool]]
+    """Per stage: its weights, its cell size per token, its pool."""
+    binding: int
+    """The stage with the fewest tokens."""
+
+    @property
+    def weights(self) -> WeightShare:
+        return self.stages[self.binding][0]
+
+    @property
+    def cell_bytes(self) -> int:
+        return self.stages[self.binding][1]
+
+    @property
+    def pool(self) -> KvPool:
+        return self.stages[self.binding][2]
+
+    @property
+    def tokens(self) -> int:
+        return self.pool.tokens
+
+    @property
+    def formula(self) -> str:
+        text = self.pool.formula
+        if len(self.stages) > 1:
+            others = ", ".join(f"stage {w.stage + 1} {p.tokens:,}" for w, _, p in self.stages)
+            text += f"; min over stages ({PP_MIN_TOKENS.where}): {others}"
+        return text
+
+
+def replica_pool(
+    arch: Architecture,
+    bytes_per_param: float,
+    kv_bytes_per_element: int,
+    tp: int,
+    pp: int,
+    free_at_start: float,
+    mem_fraction_static: float,
+    group_size: int | None = None,
+) -> ReplicaPool:
+    """Every stage's pool by its own weights and layers; the replica's token count is the minimum over the
+    stages, as SGLang's PP ranks agree on it."""
+    stages = []
+    for share in stage_weights(arch, bytes_per_param, tp, pp, group_size):
+        cell = kv_cell_bytes(arch, kv_bytes_per_element, tp, len(share.layers))
+        stages.append((share, cell, kv_pool(free_at_start, mem_fraction_static, share.total, cell)))
+    binding = min(range(len(stages)), key=lambda i: (stages[i][2].tokens, -i))
+    return ReplicaPool(stages, binding)
 
 
 # ------------------------------------------------------------------------------------------ fit
@@ -429,10 +640,28 @@ class Layout:
     sequences_per_replica: int
     served_sequences: int
     breakdown: str
+    rank_reason: str = ""
+    """Why the layout ranks where it does: against the one above it."""
 
     @property
     def gpus_per_replica(self) -> int:
         return self.tp * self.pp
+
+
+@dataclass(frozen=True)
+class Excluded:
+    """A precision × TP size SGLang refuses to start, and why (each reason with the source check it mirrors)."""
+
+    precision: str
+    tp: int
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FitResult:
+    layouts: list[Layout]
+    """Ranked: most served sequences first; at equal capacity more bits, fewer GPUs, fewer PP stages, 16-bit KV."""
+    excluded: list[Excluded]
 
 
 KV_DTYPES: dict[str, int] = {"auto": 2, "fp8_e4m3": 1}
@@ -446,6 +675,34 @@ def _powers_of_two(limit: int) -> list[int]:
     return out
 
 
+def _rank_key(lay: Layout) -> tuple[int, float, int, int, int]:
+    return (
+        -lay.served_sequences,
+        -PRECISION_BYTES[lay.precision],
+        lay.gpus_per_replica,
+        lay.pp,
+        -KV_DTYPES[lay.kv_cache_dtype],
+    )
+
+
+def _rank_reason(rank: int, lay: Layout, above: Layout | None) -> str:
+    """Why ``lay`` (at ``rank``, from 1) ranks below ``above``: the first ranking field that differs."""
+    if above is None:
+        return f"#1: most served sequences ({lay.served_sequences:,})"
+    if lay.served_sequences < above.served_sequences:
+        return f"serves {lay.served_sequences:,} < #{rank - 1}'s {above.served_sequences:,}"
+    tie = f"ties #{rank - 1} at {lay.served_sequences:,}"
+    if PRECISION_BYTES[lay.precision] < PRECISION_BYTES[above.precision]:
+        return f"{tie}; {lay.precision} weights: fewer bits than {above.precision}"
+    if lay.gpus_per_replica > above.gpus_per_replica:
+        return f"{tie}; {lay.gpus_per_replica} GPUs a replica, not {above.gpus_per_replica}"
+    if lay.pp > above.pp:
+        return f"{tie}; PP {lay.pp} > PP {above.pp}: pipeline bubbles, more latency"
+    if KV_DTYPES[lay.kv_cache_dtype] < KV_DTYPES[above.kv_cache_dtype]:
+        return f"{tie}; FP8 KV cache below 16-bit (accuracy)"
+    return f"{tie} on every ranked field"
+
+
 def enumerate_layouts(
     arch: Architecture,
     gpu: GpuProduct,
@@ -455,15 +712,21 @@ def enumerate_layouts(
     max_running_requests: int,
     chunked_prefill_size: int,
     precisions: tuple[str, ...],
-) -> list[Layout]:
+) -> FitResult:
     """Every precision × KV dtype × TP × PP (powers of two, a replica within a node or over whole nodes)
-    whose KV pool holds at least one full-length sequence, best served concurrency first."""
-    free = free_at_start_bytes(gpu)
+    that SGLang starts (:func:`serving.plan.divisibility.rejections`) and whose KV pool holds at least one
+    full-length sequence, ranked (:class:`FitResult`); the TP sizes SGLang rejects with their reasons."""
     out: list[Layout] = []
+    excluded: list[Excluded] = []
     total_gpus = gpus_per_node * nodes
     for precision in precisions:
         bpp = PRECISION_BYTES[precision]
         for tp in _powers_of_two(min(total_gpus, 64)):
+            reasons = rejections(arch, tp, precision)
+            if reasons:
+                excluded.append(Excluded(precision, tp, tuple(reasons)))
+                continue
+            free = free_at_start_bytes(gpu, tp)
             for pp in _powers_of_two(min(total_gpus // tp, 16, arch.num_layers)):
                 gpr = tp * pp
                 if gpr > gpus_per_node and gpr % gpus_per_node:
@@ -471,11 +734,10 @@ def enumerate_layouts(
                 fraction = sglang_mem_fraction_static(
                     gpu.memory_total_mib, tp, pp, chunked_prefill_size, max_running_requests, arch.mla is not None
                 ).value
-                weights = weights_per_gpu(arch, bpp, tp, pp)
+                group = (arch.quant_group_size or DEFAULT_GROUP_SIZE) if precision == "int4" else None
                 for kv_dtype, kv_bytes in KV_DTYPES.items():
-                    per_token = kv_token_bytes_per_gpu(arch, kv_bytes, tp, pp)
-                    pool = kv_pool(free, fraction, weights.total, per_token)
-                    seqs = min(max_running_requests, pool.tokens // context_length)
+                    rp = replica_pool(arch, bpp, kv_bytes, tp, pp, free, fraction, group)
+                    seqs = min(max_running_requests, rp.tokens // context_length)
                     if seqs < 1:
                         continue
                     if gpr <= gpus_per_node:
@@ -494,21 +756,15 @@ def enumerate_layouts(
                             rpn,
                             span,
                             fraction,
-                            weights.total,
-                            pool.tokens,
+                            max(w.total for w, _, _ in rp.stages),
+                            rp.tokens,
                             seqs,
                             seqs * replicas,
-                            f"weights {weights.formula}; KV pool {pool.formula}",
+                            f"weights {rp.weights.loaded_formula}; KV pool {rp.formula}",
                         )
                     )
-    out.sort(key=lambda lay: (-lay.served_sequences, -PRECISION_BYTES[lay.precision], lay.tp * lay.pp))
-    return out
-
-
-def kv_token_bytes_per_gpu(arch: Architecture, bytes_per_element: int, tp: int, pp: int) -> int:
-    """SGLang's cell size: ⌈layers / PP⌉ layers (the fullest stage); MLA's latent whole on every TP rank,
-    else K and V of max(1, KV heads // TP) heads (``ModelConfig.get_num_kv_heads``)."""
-    layers = math.ceil(arch.num_layers / pp)
-    if arch.mla is not None:
-        return layers * (arch.mla.kv_lora_rank + arch.mla.qk_rope_head_dim) * bytes_per_element
-    return 2 * layers * max(1, arch.num_kv_heads // tp) * arch.head_dim * bytes_per_element
+    out.sort(key=_rank_key)
+    ranked = [
+        replace(lay, rank_reason=_rank_reason(i + 1, lay, out[i - 1] if i else None)) for i, lay in enumerate(out)
+    ]
+    return FitResult(ranked, excluded)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from serving.spec.schema import GB, FleetSpec, Node
+from serving.spec.schema import GB, GIB, FleetSpec, Node
 
 MemoryModel = Literal["sglang", "source"]
 MEMORY_MODELS: tuple[MemoryModel, ...] = ("sglang", "source")
@@ -59,6 +59,11 @@ class Figure:
 
 def fmt_bytes(n: float) -> str:
     return f"{n / GB:,.2f} GB"
+
+
+def fmt_gib(n: float) -> str:
+    """Bytes in GiB, the unit of SGLang's own memory arithmetic (its logs and ``--mem-fraction-static``)."""
+    return f"{n / GIB:,.2f} GiB"
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,10 @@ from serving.plan.model import (
     Plan,
     Replica,
     fmt_bytes,
+    fmt_gib,
     utilisation_band,
 )
-from serving.spec.schema import GB, GIB, Architecture, FleetSpec, Node
+from serving.spec.schema import GB, GIB, Architecture, FleetSpec, Node, Precision
 
 # ------------------------------------------------------------------------------------------ memory
 
@@ -128,19 +129,23 @@ def static_fraction(spec: FleetSpec) -> Figure:
 def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
     """Per-GPU memory of one replica by SGLang's arithmetic (``model="source"``: the source's heuristic).
 
-    The replica's first rank: ⌈layers / PP⌉ layers (the fullest stage) and the embedding."""
+    The GPUs of the stage with the fewest pool tokens, whose count SGLang keeps for the replica: normally the
+    last stage, which gets the extra layers and holds the LM head (:func:`serving.plan.memory.replica_pool`)."""
     if model == "source":
         return source_memory_plan(spec)
     m, par, ctx = spec.model, spec.parallelism, spec.limits.context_length
     gpu = gpu_product(spec)
     total = gpu.memory_total_mib * sgl.MIB
-    free = sgl.free_at_start_bytes(gpu)
+    free = sgl.free_at_start_bytes(gpu, par.tp)
     mfs = static_fraction(spec)
-    share = sgl.weights_per_gpu(m.architecture, m.bytes_per_param, par.tp, par.pp)
+    group = (m.architecture.quant_group_size or sgl.DEFAULT_GROUP_SIZE) if m.precision == Precision.INT4 else None
+    rp = sgl.replica_pool(
+        m.architecture, m.bytes_per_param, m.kv_bytes_per_element, par.tp, par.pp, free, mfs.value, group
+    )
+    share, pool = rp.weights, rp.pool
     weights = weights_bytes(m.architecture.parameter_count, m.bytes_per_param)
     kv_tok = kv_bytes_per_token(m.architecture, m.kv_bytes_per_element)
     kv_tok_gpu = kv_bytes_per_token_per_gpu(m.architecture, m.kv_bytes_per_element, par.tp, par.pp)
-    pool = sgl.kv_pool(free, mfs.value, share.total, int(kv_tok_gpu.value))
     budget = max(0.0, pool.budget)
     slack = free * (1 - mfs.value)
     seqs = pool.tokens // ctx * par.dp
@@ -149,12 +154,20 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
         "load_overhead": Figure(
             share.load_overhead_bytes, "B", f"{sgl.LOAD_OVERHEAD_GIB:.2f} GiB (mean of the calibration logs)"
         ),
-        "kv_cache": Figure(budget, "B", pool.formula),
+        "kv_cache": Figure(budget, "B", rp.formula),
         "activations_and_graphs": Figure(
             slack, "B", f"{free / GIB:,.2f} GiB free at start × (1 − {mfs.value:.3f}) = {slack / GIB:,.2f} GiB"
         ),
         "cuda_context": Figure(
-            total - free, "B", f"{gpu.memory_total_mib:,} MiB − {free / GIB:,.2f} GiB free at start"
+            total - free,
+            "B",
+            f"{gpu.memory_total_mib:,} MiB − {free / GIB:,.2f} GiB free at start ("
+            + (
+                "logged for this product"
+                if gpu.label in sgl.OBSERVED_FREE_AT_START_GIB
+                else sgl.runtime_overhead_for(gpu, par.tp)[1]
+            )
+            + ")",
         ),
         "total": Figure(total, "B", f"{gpu.label}: {gpu.memory_total_mib:,} MiB ({gpu.source})"),
     }
@@ -169,11 +182,11 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
             "B",
             f"{free / GIB:,.2f} GiB free at start × mem_fraction_static {mfs.value:.3f} = {static / GIB:,.2f} GiB",
         ),
-        per_replica_total=Figure(total * gpr, "B", f"{fmt_bytes(total)} × {gpr} GPUs = {fmt_bytes(total * gpr)}"),
+        per_replica_total=Figure(total * gpr, "B", f"{fmt_gib(total)} × {gpr} GPUs = {fmt_gib(total * gpr)}"),
         usable_per_node=Figure(
             static * spec.cluster.gpu.count_per_node,
             "B",
-            f"{fmt_bytes(static)} × {spec.cluster.gpu.count_per_node} GPUs",
+            f"{fmt_gib(static)} × {spec.cluster.gpu.count_per_node} GPUs",
         ),
         kv_per_token=kv_tok,
         kv_per_token_per_gpu=kv_tok_gpu,

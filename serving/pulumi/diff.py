@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from serving.pulumi.program import STACK_FILE_ENV, RenderedObject
 
 ObjectKey = tuple[str, str, str]  # kind, namespace, name
@@ -88,6 +90,11 @@ class FleetDiff:
     removed: list[ObjectChange] = field(default_factory=list)
     changed: list[ObjectChange] = field(default_factory=list)
     capacity: list[FieldChange] = field(default_factory=list)
+
+    @property
+    def changes(self) -> bool:
+        """Whether anything differs: an object added, removed or changed, or a capacity figure."""
+        return bool(self.added or self.removed or self.changed or self.capacity)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -159,6 +166,8 @@ def field_changes(before: Any, after: Any, path: str = "") -> list[FieldChange]:
         for key in sorted(set(before) | set(after)):
             out += field_changes(before.get(key), after.get(key), path + _key_part(str(key)))
         return out
+    if (inner := _documents(before, after)) is not None:  # a ConfigMap's file: the keys that changed inside it
+        return field_changes(*inner, path)
     if isinstance(before, list) and isinstance(after, list):
         if _is_argv(before) and _is_argv(after):
             return _argv_changes(before, after, path.lstrip("."))
@@ -175,6 +184,18 @@ def field_changes(before: Any, after: Any, path: str = "") -> list[FieldChange]:
                 for c in field_changes(b, a, f"{path}[{i}]")
             ]
     return [FieldChange(path.lstrip("."), before, after)]
+
+
+def _documents(before: Any, after: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Two multi-line strings that are both YAML (or JSON) mappings — a ConfigMap's stack file or rule file —
+    parsed, so that a change shows as the keys that changed rather than two copies of the same long prefix."""
+    if not (isinstance(before, str) and isinstance(after, str) and "\n" in before and "\n" in after):
+        return None
+    try:
+        parsed = yaml.safe_load(before), yaml.safe_load(after)
+    except yaml.YAMLError:
+        return None
+    return parsed if isinstance(parsed[0], dict) and isinstance(parsed[1], dict) else None
 
 
 def _index(objects: Iterable[RenderedObject]) -> dict[ObjectKey, RenderedObject]:

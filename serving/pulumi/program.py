@@ -129,9 +129,38 @@ class _RecordingMonitor(MockMonitor):
         super().__init__(_Mocks())
         self._run = run
         self._lock = threading.Lock()
+        self.thread_loops: set[asyncio.AbstractEventLoop] = set()
+
+    def _note_thread_loop(self) -> None:
+        """Remember the event loop Pulumi's mock monitor made for this executor thread (``_ensure_event_loop``) and
+        never closes: once the run's executor has shut down, :func:`run_program` closes it. Left to the garbage
+        collector at interpreter exit, such a loop can be finalised after its self-pipe socket, and its ``__del__``
+        then prints a ValueError traceback on a user's terminal (CI: ``exaserve render`` exiting 2)."""
+        try:
+            loop = asyncio.get_event_loop_policy().get_event_loop()
+        except RuntimeError:  # this thread has no loop: the call did not need one
+            return
+        if not loop.is_running():  # not the run's own loop
+            with self._lock:
+                self.thread_loops.add(loop)
+
+    def ReadResource(self, request: Any) -> Any:
+        try:
+            return super().ReadResource(request)  # type: ignore[no-untyped-call]
+        finally:
+            self._note_thread_loop()
+
+    def Invoke(self, request: Any) -> Any:
+        try:
+            return super().Invoke(request)  # type: ignore[no-untyped-call]
+        finally:
+            self._note_thread_loop()
 
     def RegisterResource(self, request: Any) -> Any:
-        response = super().RegisterResource(request)  # type: ignore[no-untyped-call]
+        try:
+            response = super().RegisterResource(request)  # type: ignore[no-untyped-call]
+        finally:
+            self._note_thread_loop()
         registered = self.resources.get(response.urn)
         reg = Registration(
             urn=response.urn,
@@ -195,7 +224,11 @@ def run_program(stack: str, *, stack_file: Path | None = None, program_dir: Path
         await run_in_stack(program)
 
     with _stack_file_env(stack_file):
-        asyncio.run(execute())
+        try:
+            asyncio.run(execute())  # shuts its default executor down: no thread uses its loop after this
+        finally:
+            for loop in monitor.thread_loops:
+                loop.close()
     return run
 
 

@@ -14,6 +14,7 @@ source's per-node monitoring loop run in parallel. Safety rules, all enforced he
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +26,14 @@ import paramiko
 
 from serving.remote.probes import FanoutError, check_read_only
 from serving.spec.schema import Node
+
+# paramiko's transport thread logs a failed handshake with its traceback at ERROR ("Error reading SSH protocol
+# banner"); where nothing configured logging, Python prints that to stderr (logging.lastResort): 512 tracebacks for a
+# rollout's dry run against 256 unreachable nodes (issue 28). Every failure is a HostResult with its one-line message
+# already, so paramiko's own log stays out of the user's terminal.
+_PARAMIKO_LOG = logging.getLogger("paramiko")
+_PARAMIKO_LOG.addHandler(logging.NullHandler())
+_PARAMIKO_LOG.propagate = False
 
 Status = Literal["ok", "exit", "timeout", "unreachable", "host-key", "auth", "ssh-error"]
 

@@ -5,8 +5,9 @@ version for everything that happens meanwhile: a replica outside the batch faili
 hour. Kayenta and Argo Rollouts' analysis compare a canary with a baseline *running at the same time*; so
 does :func:`judge`. The thresholds stay the source's (§ 4.4): QPS −20 %, P99 +30 %, errors 0.1 %.
 
-Per-replica figures, and where each comes from (names checked live against ``sglang-router`` 0.3.2 and
-the SGLang server's ``/metrics``):
+Per-replica figures, and where each comes from (names from smg 1.13's
+``model_gateway/src/observability/metrics.rs``, read live from the real smg in the sandbox tests, and the SGLang
+server's ``/metrics``):
 
 * **Every router instance**: the fleet runs ``scheduler.instances`` routers and each sees only its share of the
   clients, so every figure below that comes from a router is read from EVERY instance and summed
@@ -20,8 +21,8 @@ the SGLang server's ``/metrics``):
   from clients, ``smg_worker_retries_total`` and ``smg_router_upstream_responses_total`` are not per
   worker, and a worker cannot count the connections it refused (a crashed worker counts nothing at all).
   Successes per replica and second, divided by the group's replicas, is the group's **QPS per replica**.
-* **Latency per replica**: the worker's own ``sglang:e2e_request_latency_seconds`` histogram (the router
-  0.3.2 has no per-worker latency). SGLang's default buckets (0.1, 0.2, 0.4 … s) cannot show a 30 % rise
+* **Latency per replica**: the worker's own ``sglang:e2e_request_latency_seconds`` histogram (smg
+  has no per-worker latency). SGLang's default buckets (0.1, 0.2, 0.4 … s) cannot show a 30 % rise
   inside one bucket; the fleet renders ``--bucket-e2e-request-latency`` with the router's geometric
   buckets (:func:`serving.render.common.duration_buckets`), so the group's **P99** resolves the gate.
 * **Down**: the worker's ``/metrics`` does not answer, its counters went back (it restarted), the router
@@ -59,9 +60,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from serving.rollout.kvpool import KV_POOL_METRICS, KvCheck, KvReading
 from serving.rollout.plan import GateLimits
 from serving.router.client import (
     ROUTER_RESPONSES,
@@ -102,7 +104,7 @@ ROUTER_GATE_METRICS = (
     ROUTER_WORKER_HEALTH,
     ROUTER_WORKER_CB_STATE,
 )
-WORKER_GATE_METRICS = (WORKER_E2E_LATENCY,)
+WORKER_GATE_METRICS = (WORKER_E2E_LATENCY, *KV_POOL_METRICS)
 
 
 def parse_only(text: str, names: tuple[str, ...]) -> MetricsSnapshot:
@@ -217,6 +219,7 @@ class ReplicaReading:
     circuit_open: bool
     latency: HistogramSnapshot | None
     worker: str = "scraped"
+    kv: KvReading | None = None  # the KV pool the replica exports (serving.rollout.kvpool), when scraped
 
     @classmethod
     def read(
@@ -232,6 +235,7 @@ class ReplicaReading:
             circuit_open=any(url in r.circuit_open for r in routers.values()),
             latency=latency if latency is not None and latency.buckets else None,
             worker="not scraped" if worker is None else worker if isinstance(worker, str) else "scraped",
+            kv=KvReading.read(worker) if isinstance(worker, MetricsSnapshot) else None,
         )
 
 
@@ -656,6 +660,8 @@ class Gates:
     canary: GroupStats | None = None
     baseline: GroupStats | None = None
     verdict: Verdict | None = None
+    inconclusive: Mapping[str, str] = field(default_factory=dict)  # gate (a key of contract()) → why not judged
+    kv_pool: KvCheck | None = None  # the canary's KV pool against the plan (serving.rollout.kvpool)
 
     @property
     def passed(self) -> bool:
@@ -684,7 +690,13 @@ class Gates:
             "canary": self.canary.to_json() if self.canary else None,
             "baseline": self.baseline.to_json() if self.baseline else None,
             "verdict": self.verdict.to_json() if self.verdict else None,
+            "inconclusive": dict(self.inconclusive),
+            "kv_pool": self.kv_pool.to_json() if self.kv_pool is not None else None,
         }
+
+    def inconclusive_json(self) -> dict[str, str | None]:
+        """Per gate of :meth:`contract`: why it was not judged, or None when it was."""
+        return {gate: self.inconclusive.get(gate) for gate in self.contract()}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Gates:
@@ -699,6 +711,8 @@ class Gates:
             canary=GroupStats.from_json(data["canary"]) if data.get("canary") else None,
             baseline=GroupStats.from_json(data["baseline"]) if data.get("baseline") else None,
             verdict=Verdict.from_json(data["verdict"]) if data.get("verdict") else None,
+            inconclusive=dict(data.get("inconclusive") or {}),
+            kv_pool=KvCheck.from_json(data["kv_pool"]) if data.get("kv_pool") else None,
         )
 
 
@@ -712,6 +726,7 @@ def judge(
     fleet: WindowStats,
     before: WindowStats | None,
     limits: GateLimits,
+    accept_inconclusive: bool = False,
 ) -> Gates:
     """The verdict on one soak window.
 
@@ -719,7 +734,12 @@ def judge(
     other replica in the router, e.g. those updated earlier while old-version peers remain). ``fleet`` is the
     router-wide window, ``before`` the pre-rollout baseline (its ``replicas`` is the reference of
     ``pre-rollout`` and the fallback reference of a replica without peers). A window shorter than
-    ``limits.qps_window_min_s`` shows the canary's QPS but does not judge it: the router decided that split."""
+    ``limits.qps_window_min_s`` shows the canary's QPS but does not judge it: the router decided that split.
+
+    A gate that too little traffic leaves unjudged is *inconclusive* (as Argo Rollouts calls such an analysis): with
+    no breach and no evidence outside the batch the verdict is a pause that says how much traffic the soak needs,
+    never a pass; ``accept_inconclusive`` (the operator's ``--accept-inconclusive``) passes it, saying so. Every
+    unjudged gate is named in :attr:`Gates.inconclusive` with the reason."""
     outside_ids = [r for r in windows if r not in canary]
     pre = before.replicas if before is not None else None
     alpha = FAMILY_ALPHA / (2 + len(outside_ids))
@@ -750,12 +770,13 @@ def judge(
         breaches.append(e)
     qps_drop = p99_rise = None
     thin = True  # too little traffic for the QPS comparison (or nothing to compare)
+    short = seconds < limits.qps_window_min_s
     context: list[str] = []
     if members and reference.replicas:
         drop, qps = qps_check("canary", members, windows, seconds, reference, limits, alpha,
                               _dispersion([windows[r] for r in outside_ids if r not in flagged]))  # fmt: skip
         thin = drop is None
-        if seconds >= limits.qps_window_min_s:
+        if not short:
             qps_drop = drop
             breaches += [qps] if qps is not None else []
         elif drop is not None:  # the router's split, not the replicas': shown, not judged
@@ -780,36 +801,73 @@ def judge(
             )
         )
     everyone = group_stats({r: windows[r] for r in outside_ids if r not in flagged}, seconds)  # the weather
-    if pre is not None and pre.qps_per_replica > 0 and everyone.replicas:
-        dip = (pre.qps_per_replica - everyone.qps_per_replica) / pre.qps_per_replica
+    # The traffic: every replica up, the canary with them, as the pre-rollout baseline measured every replica. The
+    # replicas outside the batch alone are not the fleet's traffic: when the router sends the canary more than its
+    # share (power_of_two favours a replica readmitted with no load until its next poll) they see less, and read as
+    # a "dip" (issue 28: 4.33 requests/s per replica vs 6.25/s, while clients sent a steady 50/s).
+    traffic = group_stats({r: w for r, w in windows.items() if r not in flagged}, seconds)
+    thin_traffic = traffic.qps_per_replica * len(members) * seconds < MIN_REQUESTS  # too little for the canary
+    if pre is not None and pre.qps_per_replica > 0 and traffic.replicas:
+        dip = (pre.qps_per_replica - traffic.qps_per_replica) / pre.qps_per_replica
         expected_then = pre.qps_per_replica * len(members) * seconds
-        if thin and members and expected_then >= MIN_REQUESTS and dip > limits.max_qps_drop:
+        if thin_traffic and members and expected_then >= MIN_REQUESTS and dip > limits.max_qps_drop:
             outside.append(
                 Finding(
                     "traffic",
                     (),
-                    f"traffic dip: {everyone.qps_per_replica:.2f} requests/s per replica vs {pre.qps_per_replica:.2f}/s "
+                    f"traffic dip: {traffic.qps_per_replica:.2f} requests/s per replica vs {pre.qps_per_replica:.2f}/s "
                     f"before the rollout ({dip:.0%} less), too few for the canary to be judged",
                 )
             )
         elif dip > limits.max_qps_drop:
-            context.append(
-                f"traffic per replica outside the batch {dip:.0%} below the pre-rollout baseline: weather, not the batch"
-            )
-        if pre.p99_s and everyone.p99_s and everyone.p99_s > (1 + limits.max_p99_rise) * pre.p99_s:
+            context.append(f"traffic per replica {dip:.0%} below the pre-rollout baseline: weather, not the batch")
+        if (
+            everyone.replicas
+            and pre.p99_s
+            and everyone.p99_s
+            and everyone.p99_s > (1 + limits.max_p99_rise) * pre.p99_s
+        ):
             rise = everyone.p99_s / pre.p99_s - 1
             context.append(
                 f"the replicas outside the batch are {rise:+.0%} slower (P99) than before the rollout: weather, not the batch"
             )
 
-    decision: Decision = "pause" if outside else "rollback" if breaches else "pass"
+    inconclusive = _unjudged(members, windows, reference, seconds, limits, thin=thin, p99_judged=p99_rise is not None)
+    # Too little traffic is judged on what the canary should get at the fleet's rate in this window, not on what the
+    # router happened to send it or its peers: power_of_two can starve a healthy replica for a whole poll. A short
+    # soak, or a canary the router starved while traffic was ample, leaves the gates named inconclusive, not paused.
+    blind = list(inconclusive) if thin_traffic else []
+    undecided: list[Finding] = []
+    if blind and accept_inconclusive:
+        context.append(
+            "not judged, too little traffic, passed by --accept-inconclusive: "
+            + "; ".join(f"{GATE_WORDS[g]}: {inconclusive[g]}" for g in blind)
+        )
+    elif blind:
+        need = _traffic_needed(len(members), len(reference.replicas), len(windows), seconds)
+        undecided.append(
+            Finding(
+                "inconclusive",
+                (),
+                "inconclusive, too little traffic to judge the canary: "
+                + "; ".join(f"{GATE_WORDS[g]}: {inconclusive[g]}" for g in blind)
+                + f". The soak needs {need}: send traffic and resume (the batch is soaked again), or resume with "
+                "--accept-inconclusive to pass it unjudged, or roll back",
+            )
+        )
+
+    decision: Decision = "pause" if outside or (undecided and not breaches) else "rollback" if breaches else "pass"
     base_words = f"baseline: {BASIS_WORDS[basis]} — {_describe(reference)}"
     canary_words = f"canary {_describe(canary_stats)}"
-    if decision == "pause":
+    if decision == "pause" and not outside:
+        head = [f.text for f in undecided]
+        named = []
+    elif decision == "pause":
         head = ["evidence outside the batch, the new version is not blamed: " + "; ".join(f.text for f in outside)]
         if breaches:
             head.append("the canary also breached, not attributable while the fleet is like this: "
                         + "; ".join(f.text for f in breaches))  # fmt: skip
+        head += [f.text for f in undecided]
         named = outside
     elif decision == "rollback":
         head = ["breach confined to the canary: " + "; ".join(f.text for f in breaches)]
@@ -826,11 +884,91 @@ def judge(
         client_error_rate=fleet.client_error_rate,
         upstream_error_rate=fleet.upstream_error_rate,
         retries=fleet.retries,
-        breaches=tuple(f.text for f in (*outside, *breaches)),
+        breaches=tuple(f.text for f in (*outside, *breaches, *undecided)),
         canary=canary_stats,
         baseline=reference,
         verdict=Verdict(decision, basis, evidence, replicas),
+        inconclusive=inconclusive,
     )
+
+
+def with_kv_pool(gates: Gates, kv: KvCheck) -> Gates:
+    """The soak's verdict with the canary's KV pool checked against the plan. A miss beyond the bound holds the rollout
+    (a pass becomes a pause, the check's sentence first; a rollback stays one, the check added); a miss beyond 5 %
+    is a warning in the evidence; within it, or not read, the check is a line of context."""
+    verdict = gates.verdict
+    assert verdict is not None, "the KV pool check follows a soak's verdict"
+    if kv.level != "hold":
+        return replace(gates, kv_pool=kv, verdict=replace(verdict, evidence=(*verdict.evidence, kv.text)))
+    decision: Decision = "rollback" if verdict.decision == "rollback" else "pause"
+    evidence = (*verdict.evidence, kv.text) if decision == "rollback" else (kv.text, *verdict.evidence)
+    if verdict.decision == "pass":
+        evidence = (kv.text, *verdict.evidence[1:])  # not "canary within every gate": this one it is not within
+    return replace(
+        gates,
+        kv_pool=kv,
+        breaches=(*gates.breaches, kv.text),
+        verdict=replace(verdict, decision=decision, evidence=evidence),
+    )
+
+
+GATE_WORDS: Mapping[str, str] = {"qps_drop": "QPS", "p99_rise": "P99", "error_rate": "error rate"}
+
+
+def _unjudged(
+    members: Sequence[str],
+    windows: Mapping[str, ReplicaWindow],
+    reference: GroupStats,
+    seconds: float,
+    limits: GateLimits,
+    *,
+    thin: bool,
+    p99_judged: bool,
+) -> dict[str, str]:
+    """Why each of the canary's gates (the keys of :meth:`Gates.contract`) was not judged; empty when all were.
+    QPS and P99 need :data:`MIN_REQUESTS` (see :func:`qps_check`, :func:`p99_check`); so does the error rate: no
+    failure among a handful of attempts says little of a 0.1 % limit."""
+    if not members:
+        return {}
+    out: dict[str, str] = {}
+    if thin:
+        expected = reference.qps_per_replica * len(members) * seconds
+        out["qps_drop"] = (
+            "no replica beside the canary to compare with"
+            if not reference.replicas
+            else f"{expected:.0f} successes expected of the canary at its baseline's "
+            f"{reference.qps_per_replica:.2f} req/s per replica, {reference.successes:.0f} served by the baseline; "
+            f"the test needs {MIN_REQUESTS} of each"
+        )
+    elif seconds < limits.qps_window_min_s:
+        out["qps_drop"] = (
+            f"the {seconds:.1f} s soak is shorter than {limits.qps_window_min_s:g} s, the router load polls the QPS "
+            "split needs to average out (rollout.interval_s)"
+        )
+    if not p99_judged:
+        latency = _merge(windows[r].latency for r in members)
+        timed = latency.count if latency is not None else 0.0
+        out["p99_rise"] = (
+            f"{timed:.0f} of the canary's requests timed; the test needs {MIN_REQUESTS}"
+            if timed < MIN_REQUESTS
+            else "the baseline timed no request: no P99 to compare with"
+        )
+    attempts = sum(windows[r].requests for r in members)
+    if attempts < MIN_REQUESTS:
+        out["error_rate"] = f"{attempts:.0f} upstream attempts reached the canary; its error rate needs {MIN_REQUESTS}"
+    return out
+
+
+def traffic_needed(canary: int, replicas: int, seconds: float) -> tuple[float, float]:
+    """Requests per second per replica, and through the routers for ``replicas`` replicas, that give a canary of
+    ``canary`` replicas :data:`MIN_REQUESTS` over ``seconds`` — what its gates need to be judged."""
+    per = MIN_REQUESTS / (max(1, canary) * seconds) if seconds > 0 else math.inf
+    return per, per * replicas
+
+
+def _traffic_needed(canary: int, baseline: int, replicas: int, seconds: float) -> str:
+    per, total = traffic_needed(min(canary, baseline or canary), replicas, seconds)
+    return f"at least {per:.2f} req/s per replica ({total:.1f} req/s through the routers) over its {seconds:.1f} s"
 
 
 def _dispersion(windows: Sequence[ReplicaWindow]) -> float:

@@ -159,6 +159,30 @@ def load_state(path: Path) -> RolloutState | None:
     return replay(plan, events)
 
 
+@dataclass(frozen=True)
+class PastRollout:
+    """One journal of the stack: where it is, the state it leads to and when its first and last events were."""
+
+    path: Path
+    state: RolloutState
+    first_at: float | None
+    last_at: float | None
+
+
+def history(paths: StackState) -> list[PastRollout]:
+    """Every rollout, rollback and revert of the stack, oldest first: the journals in ``history/`` (named by their
+    start) and the latest one. A damaged journal raises :class:`JournalError` naming it."""
+    files = [*sorted(paths.history_dir.glob("*.jsonl")), paths.journal_path]
+    out = []
+    for path in files:
+        if not path.exists():
+            continue
+        plan, events, _ = _read(path)
+        times = [e.at for e in events]
+        out.append(PastRollout(path, replay(plan, events), min(times, default=None), max(times, default=None)))
+    return out
+
+
 class StackLock:
     """An exclusive ``fcntl.flock`` on the stack's lock file; the kernel drops it when the holder
     dies (even by SIGKILL), so there are no stale locks. The file names the holder for the message."""

@@ -279,8 +279,12 @@ def advance(state: RolloutState, ev: Event) -> RolloutState:
 def _outside(state: RolloutState, step: Step, ev: Event) -> RolloutState:
     """A soak's verdict found evidence outside the batch: pause with the batch in the router and its verdict on
     record, never roll back; ``--resume`` soaks it again, ``exaserve rollback`` undoes the touched batches."""
+    if step.phase is Phase.BASELINE:  # too little traffic to judge any batch: nothing changed, resume measures again
+        return _pause(state, step, f"paused before the first batch: {ev.detail}")
     if step.phase is not Phase.SOAK or step.batch is None or step.rollback:
-        raise TransitionError(f"an 'outside' verdict needs a forward soak step, the current step is {step}")
+        raise TransitionError(
+            f"an 'outside' verdict needs a forward soak or the baseline step, the current step is {step}"
+        )
     b = step.batch
     state = replace(state, batches=_set_batch(state, b, gates=ev.gates, notes=(*state.batches[b].notes, ev.detail)))
     return _pause(state, step, f"{_where(step)} paused: {ev.detail}")
@@ -378,8 +382,9 @@ def _operator_rollback(state: RolloutState, ev: Event) -> RolloutState:
 
 
 def _judgement(rec: BatchRecord) -> dict[str, Any]:
-    """The batch's ``canary`` and ``baseline`` figures and its ``verdict`` (decision, basis, evidence, replicas): the
-    soak's own; for a batch that failed before its soak, a rollback naming the failed step; null when undecided."""
+    """The batch's ``canary`` and ``baseline`` figures, its ``verdict`` (decision, basis, evidence, replicas) and its
+    ``kv_pool`` check (the canary's pool against the plan, :mod:`serving.rollout.kvpool`): the soak's own; for a
+    batch that failed before its soak, a rollback naming the failed step; null when undecided."""
     g = rec.gates
     verdict = g.verdict.to_json() if g is not None and g.verdict is not None else None
     if verdict is None and rec.passed is False:
@@ -388,6 +393,7 @@ def _judgement(rec: BatchRecord) -> dict[str, Any]:
         "canary": g.canary.to_json() if g is not None and g.canary is not None else None,
         "baseline": g.baseline.to_json() if g is not None and g.baseline is not None else None,
         "verdict": verdict,
+        "kv_pool": g.kv_pool.to_json() if g is not None and g.kv_pool is not None else None,
     }
 
 
@@ -414,6 +420,7 @@ def contract(state: RolloutState, final_versions: dict[str, str | None]) -> dict
                 if rec.gates
                 else {"qps_drop": None, "p99_rise": None, "error_rate": None},
                 "passed": rec.passed,
+                "inconclusive": rec.gates.inconclusive_json() if rec.gates else None,
                 **_judgement(rec),
             }
             for rec in state.batches

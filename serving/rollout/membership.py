@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence, Set
 from typing import Protocol
 
 from serving.router.client import RouterApiError, RouterClient
-from serving.router.membership import DRAINING, Observed, RouterSet
+from serving.router.membership import Observed, RouterSet, routed
 
 
 class Membership(Protocol):
@@ -65,10 +65,10 @@ class RouterApiMembership:
             listed = {w.url: w for w in await client.list_workers()}
             # A draining worker is out already: a second DELETE would cut its drain short (smg removes it at once),
             # and its URL cannot be added back until the drain ends (409); the next step's proof waits for it.
-            routed = {u for u, w in listed.items() if w.status != DRAINING}
+            in_rotation = routed(listed)
             for rid, url in url_of.items():
                 try:
-                    if rid in out and url in routed:
+                    if rid in out and url in in_rotation:
                         notes.append(f"router {client.base_url} lists {rid}, which must be out now: removing it")
                         await client.remove_worker(listed[url].id)
                     elif rid not in out and url not in listed:

@@ -231,9 +231,11 @@ class RolloutOperation:
         targets: RouterTargets = RouterTargets(),
         router_grace_s: float = 30.0,
         allow_degraded: bool = False,
+        accept_inconclusive: bool = False,
     ) -> None:
         self.fleet, self.paths, self.backend, self.kind = fleet, paths, backend, kind
         self.targets, self.router_grace_s, self.allow_degraded = targets, router_grace_s, allow_degraded
+        self.accept_inconclusive = accept_inconclusive
         self.replica_ids = [r.id for r in fleet.plan.replicas]
 
     @classmethod
@@ -246,10 +248,12 @@ class RolloutOperation:
         *,
         router_grace_s: float = 30.0,
         allow_degraded: bool = False,
+        accept_inconclusive: bool = False,
     ) -> RolloutOperation:
         """The operation over the backend ``config`` names (:func:`open_backend`)."""
         return cls(fleet, paths, open_backend(fleet, paths, config), kind=config.resolved(fleet), targets=targets,
-                   router_grace_s=router_grace_s, allow_degraded=allow_degraded)  # fmt: skip
+                   router_grace_s=router_grace_s, allow_degraded=allow_degraded,
+                   accept_inconclusive=accept_inconclusive)  # fmt: skip
 
     def dry_run(self, to: str, reporter: Reporter) -> Planned | NothingToDo:
         """Plan a rollout to ``to`` from what the fleet runs; touch nothing."""
@@ -329,7 +333,8 @@ class RolloutOperation:
             if scope.plan is None:
                 return NothingToDo.of(scope)
             result = await run(self.paths, self.backend, endpoints, fleet=self.replica_ids, plan=scope.plan,
-                               scope=scope, progress=reporter, router_grace_s=self.router_grace_s)  # fmt: skip
+                               scope=scope, progress=reporter, router_grace_s=self.router_grace_s,
+                               accept_inconclusive=self.accept_inconclusive)  # fmt: skip
             return Ran.of(result, result.state.outcome == Outcome.COMPLETED)
 
         return self._sync(reporter, work())
@@ -339,7 +344,8 @@ class RolloutOperation:
 
         async def work() -> Ran:
             result = await run(self.paths, self.backend, endpoints, fleet=self.replica_ids, operator_event=event,
-                               progress=reporter, router_grace_s=self.router_grace_s)  # fmt: skip
+                               progress=reporter, router_grace_s=self.router_grace_s,
+                               accept_inconclusive=self.accept_inconclusive)  # fmt: skip
             return Ran.of(result, result.state.outcome in ok)
 
         return self._sync(reporter, work())

@@ -15,8 +15,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from serving.plan.model import Fleet, Plan
+from serving.plan.model import Fleet, MemoryPlan, Plan
 from serving.render.router import request_timeout_s, router_policy
+from serving.rollout.kvpool import KvPlan
 from serving.spec.schema import FleetSpec
 
 PlanKind = Literal["rollout", "revert"]
@@ -69,14 +70,28 @@ class GateLimits:
         return cls(r.max_qps_drop, r.max_p99_rise, r.max_error_rate, qps_window_min_s(spec))
 
 
+def kv_plan(spec: FleetSpec, m: MemoryPlan) -> KvPlan:
+    """The planner's KV pool of one replica and its inputs (the plan's memory by SGLang's arithmetic, per GPU of the
+    stage SGLang counts) for the canary to check (:mod:`serving.rollout.kvpool`)."""
+    gpu = m.per_gpu
+    return KvPlan(
+        tokens=int(m.max_total_tokens.value),
+        kv_bytes_per_token=m.kv_per_token_per_gpu.value,
+        weights_bytes=gpu["weights"].value + gpu["load_overhead"].value,
+        free_at_start_bytes=gpu["total"].value - gpu["cuda_context"].value,
+        mem_fraction_static=m.mem_fraction_static.value,
+        max_miss=spec.rollout.max_kv_pool_miss,
+    )
+
+
 LOAD_POLLS_PER_QPS_WINDOW = 2
 
 
 def qps_window_min_s(spec: FleetSpec) -> float:
     """The shortest soak whose per-replica QPS says something about the replicas rather than the router.
 
-    ``power_of_two`` picks the less loaded of two workers by the loads it polled last (``/get_load`` every
-    ``serving.heartbeat_interval_s``): between two polls the ranking is fixed, the worker that looked busiest gets
+    ``power_of_two`` picks the less loaded of two workers by the loads it polled last (each worker's ``/v1/loads``
+    every ``serving.heartbeat_interval_s``, smg's load monitor): between two polls the ranking is fixed, the worker that looked busiest gets
     nothing and the least busy one 2/n of the traffic. Measured in the sandbox (6 replicas, 60 req/s, 5 s polls): a
     healthy worker at 0 requests for 4.5 s while a peer served 3× its share. A window must span
     :data:`LOAD_POLLS_PER_QPS_WINDOW` polls for the split to average out; other policies route on the router's own
@@ -110,6 +125,7 @@ class RolloutPlan:
     timings: Timings
     limits: GateLimits
     observed: Mapping[str, str | None] = field(default_factory=dict)
+    kv: KvPlan | None = None  # the pool the canaries are checked against (None in journals written before it)
 
     @property
     def gated(self) -> bool:
@@ -150,6 +166,7 @@ class RolloutPlan:
             "timings": vars(self.timings),
             "limits": vars(self.limits),
             "observed": dict(self.observed),
+            "kv": self.kv.to_json() if self.kv is not None else None,
         }
 
     @classmethod
@@ -166,6 +183,7 @@ class RolloutPlan:
             timings=Timings(**data["timings"]),
             limits=GateLimits(**data["limits"]),
             observed={str(r): None if v is None else str(v) for r, v in data.get("observed", {}).items()},
+            kv=KvPlan.from_json(data["kv"]) if data.get("kv") else None,
         )
 
 
@@ -209,6 +227,7 @@ def plan_rollout(
         timings=Timings.from_spec(fleet.spec),
         limits=GateLimits.from_spec(fleet.spec),
         observed=dict(observed or {}),
+        kv=kv_plan(fleet.spec, fleet.plan.memory),
     )
 
 

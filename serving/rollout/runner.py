@@ -8,7 +8,7 @@ Before each step the runner puts every instance in line with the state (a restar
 command-line workers, or with what its discovery selects). Router calls that fail at the transport level are
 retried for ``router_grace_s``; after that the rollout pauses with the reason (``router_lost``).
 
-Warm-up. The source ramps a new replica at 10 % of traffic for 30 s. The SGLang router 0.3.2 has no
+Warm-up. The source ramps a new replica at 10 % of traffic for 30 s. The gateway (smg 1.13) has no
 per-worker weight: its policies (random, round_robin, cache_aware, power_of_two, manual) choose among
 healthy workers alike, and the ``priority``/``cost`` fields of ``POST /workers`` only rank routers in
 multi-model (``--enable-igw``) mode. So the updater approximates the ramp *before* readmission: it
@@ -33,10 +33,12 @@ import httpx
 from serving.fleet_http import FleetHttp, HttpFailure
 from serving.rollout.backends import Backend, BackendError
 from serving.rollout.gates import (
+    MIN_REQUESTS,
     ROUTER_GATE_METRICS,
     WORKER_GATE_METRICS,
     Basis,
     Gates,
+    GroupStats,
     ReplicaReading,
     ReplicaWindow,
     RouterReading,
@@ -46,10 +48,13 @@ from serving.rollout.gates import (
     judge,
     parse_only,
     replica_windows,
+    traffic_needed,
     window_break,
     window_stats,
+    with_kv_pool,
 )
 from serving.rollout.journal import Journal
+from serving.rollout.kvpool import check as check_kv_pool
 from serving.rollout.machine import Event, EventKind, Phase, RolloutState, Step, advance
 from serving.rollout.membership import Membership
 from serving.rollout.plan import warmup_requests
@@ -124,6 +129,7 @@ class Runner:
         progress: ProgressFn | None = None,
         router_grace_s: float = 30.0,
         poll_s: float = 0.05,
+        accept_inconclusive: bool = False,
     ) -> None:
         self.state = state
         self.journal = journal
@@ -132,6 +138,7 @@ class Runner:
         self.progress = progress or (lambda _p: None)
         self.router_grace_s = router_grace_s
         self.poll_s = poll_s
+        self.accept_inconclusive = accept_inconclusive  # gates too little traffic leaves unjudged pass (said so)
         self.errors = ErrorMeter(state.client_errors)
         self._pause = asyncio.Event()
         self._pause_recorded = False
@@ -384,7 +391,27 @@ class Runner:
             if stats.p99_s is not None
             else f"no traffic in {seconds:g} s: QPS and P99 gates cannot be evaluated"
         ) + (f"; down: {', '.join(f'{r} ({why})' for r, why in down.items())}" if down else "")
+        blind = self._blind(per)
+        if blind:
+            return self._event("outside", step, f"{detail}. {blind}")
         return self._event("baseline", step, detail, baseline=stats)
+
+    def _blind(self, per: GroupStats) -> str:
+        """Why the first batch's soak could not be judged at the baseline's traffic (empty: it could, there is no
+        soak, or the operator accepts inconclusive gates): too few requests to reach :data:`MIN_REQUESTS`."""
+        plan = self.state.plan
+        interval = plan.timings.interval_s
+        canary = len(plan.batch(0).replicas)
+        expected = per.qps_per_replica * canary * interval
+        if self.accept_inconclusive or interval <= 0 or expected >= MIN_REQUESTS:
+            return ""
+        need, total = traffic_needed(canary, len(plan.replicas), interval)
+        return (
+            f"inconclusive: at this traffic batch 0 ({canary} replicas) would get {expected:.0f} requests in its "
+            f"{interval:g} s soak and its QPS, P99 and error gates need {MIN_REQUESTS}: send at least {need:.2f} req/s "
+            f"per replica ({total:.1f} req/s through the routers) and resume (the baseline is measured again), or "
+            "resume with --accept-inconclusive to roll out without judging the gates. Nothing was changed"
+        )
 
     async def _remove(self, step: Step) -> Event:
         ids = self._ids(step)
@@ -407,9 +434,10 @@ class Runner:
     async def _drain(self, step: Step) -> Event:
         """Wait until the batch's workers report no running or queued request (SGLang's own gauges).
 
-        The router's per-worker ``smg_worker_requests_active`` stays 0 in sglang-router 0.3.2 (checked
-        under load), so the workers' ``sglang:num_running_reqs`` + ``sglang:num_queue_reqs`` decide; the
-        router stopped sending new requests when the removal step saw the worker leave every instance's list.
+        The router's per-worker ``smg_worker_requests_active`` counts only what that one instance sent, so the
+        workers' ``sglang:num_running_reqs`` + ``sglang:num_queue_reqs``, which count every instance's requests,
+        decide; the routers stopped sending new requests when the removal step saw the worker draining (or gone)
+        on every instance.
         A count that cannot be read is unknown, not 0: the drain then runs to its timeout and says so.
         """
         urls = self._urls(step)
@@ -566,7 +594,12 @@ class Runner:
             gates = judge(
                 canary, peers, replica_windows(start.replicas, end.replicas), basis=basis,
                 seconds=end.at - start.at, fleet=fleet, before=before, limits=plan.limits,
+                accept_inconclusive=self.accept_inconclusive,
             )  # fmt: skip
+            if plan.kv is not None:  # the canary checks the plan: its KV pool against kv_pool_tokens_per_replica
+                gates = with_kv_pool(
+                    gates, check_kv_pool(plan.kv, {r: end.replicas[r].kv for r in canary if r in end.replicas})
+                )
             assert gates.verdict is not None
             return self._event(VERDICT_EVENT[gates.verdict.decision], step, note + gates.verdict.summary(), gates=gates)
         raise RouterUnavailable(

@@ -128,6 +128,7 @@ class FleetView:
 
     observed: Mapping[str, str | None]
     journal: Mapping[str, str | None] = field(default_factory=dict)
+    unreachable: Mapping[str, str] = field(default_factory=dict)  # node → why its replicas could not be read
 
     @property
     def down(self) -> tuple[str, ...]:
@@ -152,7 +153,8 @@ class FleetView:
 
 async def observe(backend: Backend, replicas: Sequence[str], latest: RolloutState | None) -> FleetView:
     """Read what the fleet runs now, next to what the journal says."""
-    return FleetView(await backend.versions(list(replicas)), journal_versions(latest))
+    observed = await backend.versions(list(replicas))
+    return FleetView(observed, journal_versions(latest), backend.unreachable())
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,7 @@ def plan_from_fleet(
     observed = view.observed
     down = [r for r in (x.id for x in fleet.plan.replicas) if observed.get(r) is None]
     if down and not allow_degraded:
-        raise RolloutInputError(_down_message(down, fleet.plan, whole_groups, kind))
+        raise RolloutInputError(_down_message(down, fleet.plan, whole_groups, kind, view.unreachable))
     held: dict[str, str] = {}
     planned: list[str] = []
     for members in groups.values():
@@ -241,15 +243,25 @@ def plan_from_fleet(
     return Scope(to_version, plan, held, view)
 
 
-def _down_message(down: list[str], fleet_plan: Plan, whole_groups: bool, kind: PlanKind) -> str:
+def _down_message(
+    down: list[str], fleet_plan: Plan, whole_groups: bool, kind: PlanKind, unreachable: Mapping[str, str]
+) -> str:
     what = "rollout" if kind == "rollout" else "revert"
     held = "their update groups are held whole" if whole_groups else "they are held"
+    causes: dict[str, list[str]] = {}
+    for node, why in sorted(unreachable.items()):
+        causes.setdefault(why, []).append(node)
+    reached = "".join(
+        f"\n  {len(nodes)} node(s) not reached: {listed(nodes, 4)}: {why}" for why, nodes in causes.items()
+    )
+    if unreachable:  # what --dry-run needs: the plan starts from what every replica runs
+        reached += "\n  every command that plans, --dry-run included, first reads what each replica runs over SSH"
     return (
         f"{len(down)} of {len(fleet_plan.replicas)} replicas are down or unreachable: {listed(down)}; the {what} "
         "would drain, update and health-check around them blind, so it does not start. Bring them back (start "
         "the replica's unit or pod; for a sandbox `exaserve sandbox up`) and run it again, or pass "
         f"--allow-degraded to go ahead without them ({held}: not removed, updated or readmitted, and named in "
-        "the report)"
+        f"the report){reached}"
     )
 
 
@@ -295,9 +307,11 @@ async def run(
     operator_event: EventKind | None = None,
     progress: ProgressFn | None = None,
     router_grace_s: float = 30.0,
+    accept_inconclusive: bool = False,
 ) -> RunResult:
     """Start ``plan`` (a new journal) or continue the stack's journal with ``operator_event``
-    (``resume`` or ``rollback``); SIGINT/SIGTERM pause at the next safe point. The report's
+    (``resume`` or ``rollback``); SIGINT/SIGTERM pause at the next safe point; ``accept_inconclusive``: gates that
+    too little traffic leaves unjudged pass instead of pausing. The report's
     ``final_versions`` is what every replica of ``fleet`` runs at the end (``down`` if it does not answer),
     with ``scope``'s observation (journal disagreements, held replicas) when the plan came from one."""
     if plan is not None:
@@ -307,7 +321,8 @@ async def run(
         journal, old_plan, events = Journal.open(paths.journal_path)
         state = replay(old_plan, events)
     membership = backend.membership(endpoints.router_set())
-    runner = Runner(state, journal, backend, membership, progress=progress, router_grace_s=router_grace_s)
+    runner = Runner(state, journal, backend, membership, progress=progress, router_grace_s=router_grace_s,
+                    accept_inconclusive=accept_inconclusive)  # fmt: skip
     if operator_event is not None:
         runner.record(operator_event)
     loop = asyncio.get_running_loop()

@@ -215,5 +215,5 @@ async def run_load(spec: LoadSpec, stop: asyncio.Event | None = None) -> LoadRep
 
 
 def run_load_sync(spec: LoadSpec) -> LoadReport:
-    """Run one bounded load in a fresh event loop (for tests and the CLI)."""
+    """Run one bounded load in a fresh event loop (for tests)."""
     return asyncio.run(run_load(spec))

@@ -19,6 +19,11 @@ URL). The instances are given by URL, or (Kubernetes) as a headless Service reso
 address per router pod. Every operation asks every instance at once; one instance that does not answer fails the
 operation (``httpx.HTTPError``), one that does not show the change in time raises :class:`MembershipTimeout` naming
 it and the URLs it holds no entry for.
+
+With ``answering_only`` (the fleet controller's set: one router instance down must not stall every removal) an
+instance that does not answer at all (refused, reset, timed out: ``httpx.TransportError``) is left out and named in
+:attr:`Observed.silent`; the operation fails only when no instance answers. The caller reconciles a silent instance
+when it answers again.
 """
 
 from __future__ import annotations
@@ -28,8 +33,11 @@ import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
+
+import httpx
 
 from serving.router.client import RouterClient, WorkerInfo
 
@@ -38,6 +46,8 @@ POLL_S = 0.05  # between two rounds of GET /workers/{id} on one instance while w
 # on each instance, which must not take the CPU the instances need to make the changes (docs/scale.md).
 POLL_COST_RATIO = 4.0
 PerRouter = Callable[[RouterClient], Awaitable[float]]  # one instance's part of an operation → its seconds
+Silent = dict[str, str]  # router instance → why it did not answer
+T = TypeVar("T")
 
 
 class MembershipTimeout(TimeoutError):
@@ -51,11 +61,15 @@ class Observed:
     change: str
     urls: tuple[str, ...]
     seconds_by_router: dict[str, float]
+    silent: Silent = field(default_factory=dict)  # instances that did not answer (``answering_only``)
 
     def summary(self) -> str:
         """``removed on every router (3): http://r1 0.05 s, …`` — the evidence a journal event carries."""
         each = ", ".join(f"{router} {s:.2f} s" for router, s in sorted(self.seconds_by_router.items()))
-        return f"{self.change} on every router ({len(self.seconds_by_router)}): {each}"
+        if not self.silent:
+            return f"{self.change} on every router ({len(self.seconds_by_router)}): {each}"
+        quiet = ", ".join(f"{router} ({why})" for router, why in sorted(self.silent.items()))
+        return f"{self.change} on the {len(self.seconds_by_router)} routers that answered: {each}; silent: {quiet}"
 
 
 class RouterSet:
@@ -71,6 +85,7 @@ class RouterSet:
         metrics: Sequence[str] = (),
         metrics_port: int | None = None,
         timeout_s: float = 5.0,
+        answering_only: bool = False,
     ) -> None:
         if not routers and not service:
             raise ValueError("no router instance given; pass each router's URL or the routers' headless Service")
@@ -81,6 +96,7 @@ class RouterSet:
         self.metrics = dict(zip(self.routers, metrics, strict=True)) if metrics else {}
         self.metrics_port = metrics_port
         self.timeout_s = timeout_s
+        self.answering_only = answering_only
 
     def __str__(self) -> str:
         return ", ".join([*self.routers, *([f"every address of {self.service}"] if self.service else [])])
@@ -110,15 +126,20 @@ class RouterSet:
         finally:
             await asyncio.gather(*(c.aclose() for c in clients))
 
+    async def membership(self) -> tuple[dict[str, dict[str, WorkerInfo]], Silent]:
+        """Router URL → (worker URL → worker) as each instance lists its workers now (ready and draining ones), and
+        the silent instances."""
+        async with self.clients() as clients:
+            lists, silent = await self._gather(clients, lambda c: c.list_workers())
+        return {c.base_url: {w.url: w for w in workers} for c, workers in lists}, silent
+
     async def listed(self) -> dict[str, dict[str, WorkerInfo]]:
         """Router URL → (worker URL → worker) as each instance lists its workers now (ready and draining ones)."""
-        async with self.clients() as clients:
-            lists = await asyncio.gather(*(c.list_workers() for c in clients))
-        return {c.base_url: {w.url: w for w in workers} for c, workers in zip(clients, lists, strict=True)}
+        return (await self.membership())[0]
 
     async def registered(self) -> set[str]:
-        """Worker URLs in rotation on every instance: listed and not draining."""
-        sets = [{u for u, w in workers.items() if w.status != DRAINING} for workers in (await self.listed()).values()]
+        """Worker URLs in rotation on every instance (that answered): listed and not draining."""
+        sets = [routed(workers) for workers in (await self.listed()).values()]
         return set.intersection(*sets) if sets else set()
 
     async def remove(self, *urls: str, timeout_s: float) -> Observed:
@@ -160,8 +181,28 @@ class RouterSet:
 
     async def _each(self, change: str, urls: set[str], one: PerRouter) -> Observed:
         async with self.clients() as clients:
-            seconds = await asyncio.gather(*(one(c) for c in clients))
-        return Observed(change, tuple(sorted(urls)), {c.base_url: s for c, s in zip(clients, seconds, strict=True)})
+            seconds, silent = await self._gather(clients, one)
+        return Observed(change, tuple(sorted(urls)), {c.base_url: s for c, s in seconds}, silent)
+
+    async def _gather(
+        self, clients: list[RouterClient], op: Callable[[RouterClient], Awaitable[T]]
+    ) -> tuple[list[tuple[RouterClient, T]], Silent]:
+        """``op`` on every instance at once. Strict: the first failure raises. ``answering_only``: an instance that
+        does not answer is left out and named; any other failure raises, and so does no instance answering."""
+        results = await asyncio.gather(*(op(c) for c in clients), return_exceptions=self.answering_only)
+        done: list[tuple[RouterClient, T]] = []
+        silent: Silent = {}
+        for client, result in zip(clients, results, strict=True):
+            if isinstance(result, httpx.TransportError):
+                silent[client.base_url] = f"{type(result).__name__}: {result}".rstrip(": ")
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                done.append((client, result))
+        if silent and not done:
+            shown = ", ".join(f"{router} ({why})" for router, why in sorted(silent.items()))
+            raise httpx.ConnectError(f"no router instance answered: {shown}")
+        return done, silent
 
 
 def _host(url: str) -> str:
@@ -171,6 +212,11 @@ def _host(url: str) -> str:
 
 
 DRAINING = "draining"  # smg's status of a removed worker whose in-flight requests are finishing
+
+
+def routed(workers: dict[str, WorkerInfo]) -> set[str]:
+    """The URLs of one instance's list (worker URL → worker) that it routes to: every one not draining."""
+    return {u for u, w in workers.items() if w.status != DRAINING}
 
 
 def _gone(worker: WorkerInfo | None) -> bool:

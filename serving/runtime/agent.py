@@ -24,6 +24,7 @@ import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from serving.fleet_http import VERSION, FleetHttp, HttpFailure
 from serving.plan.model import Fleet
@@ -88,6 +89,14 @@ class AgentConfig:
         )
 
 
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id(path: Path = BOOT_ID) -> str:
+    """This machine's boot id: with the monotonic clock it orders the node's reports, whatever its wall clock does."""
+    return path.read_text().strip()
+
+
 def _share(value: float) -> float:
     return max(0.0, min(1.0, value))
 
@@ -99,8 +108,7 @@ class Agent:
         """``pods``: on Kubernetes, the node's serving pods replace the plan's replicas (listed every report)."""
         self.config = config
         self.pods = pods
-        self.started = time.time()
-        self.seq = 0
+        self.boot_id = boot_id()
         self._http = FleetHttp(timeout_s=config.timeout_s, user_agent=AGENT_USER_AGENT)
 
     async def aclose(self) -> None:
@@ -175,12 +183,11 @@ class Agent:
         probes = await asyncio.gather(*(self._probe(rid, url, g, dcgm) for rid, url, g in replicas))
         if self.pods is not None:  # the controller learns the pods from the reports
             probes = [p.model_copy(update={"url": url}) for p, (_rid, url, _g) in zip(probes, replicas, strict=True)]
-        self.seq += 1
         return NodeReport(
             schema_version=REPORT_SCHEMA_VERSION,
             node=self.config.node,
-            seq=self.seq,
-            agent_start=self.started,
+            boot_id=self.boot_id,
+            seq=time.monotonic_ns(),
             sent_at=time.time(),
             replicas=tuple(probes),
         )

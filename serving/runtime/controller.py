@@ -11,6 +11,18 @@ Decisions (docs/runtime.md):
 * A replica's effective score is ``min(replica score, node score)``. The replica score moves with its
   own probes; the node score moves per report: a failed heartbeat when more than half the node's
   replicas failed their probes (a node-wide fault), a good one otherwise.
+* The node score is a node decision, carried out once per replica: a replica restarted while its node's
+  score was out of the OK band is judged on its own score until the node's score is back in that band, so
+  a node-wide fault cannot restart the same fresh replicas again and again (a restart storm).
+* A restarted replica is *loading* until its warm-up ends: its probes (a loading SGLang does not answer
+  ``/health``) move neither its score nor its node's; the warm-up, which waits up to
+  ``serving.startup_budget_s`` for it, judges it.
+* Restarts back off: the n-th restart in a row waits ``runtime.restart_backoff_s`` × 2^(n−2) after the one
+  before (at most ``runtime.restart_backoff_max_s``; kubelet's crash-loop back-off); the run of restarts ends
+  after the replica served for twice the longest back-off (client-go's back-off reset). A replica whose
+  ``runtime.quarantine_after`` restarts since it last passed a warm-up failed to bring it back is
+  *quarantined*: out of rotation, not restarted again, named by an alert; it returns only through a passed
+  warm-up. A restart that worked (the warm-up passed) is no failure, however many came before it.
 * Missed reports do not move any score: after ``serving.failure_threshold`` intervals without a report
   the node is *suspect* and its replicas keep their rotation state. A dead agent is no evidence against
   replicas the router still reaches; the router's own health check (interval × failure threshold)
@@ -88,6 +100,9 @@ class ControllerConfig:
     move_ratio: float
     shed_min_load: float
     shed_after: int  # reports in a row at or above shed_min_load before a replica is shed
+    restart_backoff_s: float
+    restart_backoff_max_s: float
+    quarantine_after: int
 
     @classmethod
     def from_spec(cls, spec: FleetSpec, replicas: int) -> ControllerConfig:
@@ -104,7 +119,14 @@ class ControllerConfig:
             move_ratio=spec.scheduler.migration_load_ratio,
             shed_min_load=spec.scheduler.shed_min_load,
             shed_after=spec.serving.failure_threshold,
+            restart_backoff_s=spec.runtime.restart_backoff_s,
+            restart_backoff_max_s=spec.runtime.restart_backoff_max_s,
+            quarantine_after=spec.runtime.quarantine_after,
         )
+
+    def backoff_s(self, restarts: int) -> float:
+        """The wait after the ``restarts``-th restart in a row before the next one may start."""
+        return min(self.restart_backoff_max_s, self.restart_backoff_s * 2.0 ** max(0, restarts - 1))
 
 
 @dataclass
@@ -120,6 +142,13 @@ class ReplicaRecord:
     rate_per_s: float = 0.0
     shed: bool = False  # out of rotation for its load, not for failing
     hot: int = 0  # reports in a row with its load at or above the shed floor
+    restarts: int = 0  # restarts in a row without stable service since (the back-off's exponent)
+    unproven: int = 0  # restarts since the replica last passed a warm-up: failed ones (quarantine counts these)
+    restarted_at: float | None = None
+    serving_since: float | None = None
+    loading: bool = False  # restarted, its warm-up not over: its probes move no score
+    node_forgiven: bool = False  # restarted for its node's score: that score no longer counts until the node recovers
+    quarantined: bool = False
 
     @property
     def in_rotation(self) -> bool:
@@ -132,7 +161,8 @@ class NodeRecord:
     score: int
     last_report_at: float
     replicas: tuple[str, ...]
-    last_key: tuple[float, int] | None = None
+    last_key: tuple[str, int] | None = None  # (boot id, monotonic seq) of the last applied report
+    boots: set[str] = field(default_factory=set)  # boot ids the node reported from: an earlier boot is over
     last_sent_at: float | None = None
     missed: int = 0
 
@@ -148,6 +178,7 @@ class Counters:
     actions: dict[Kind, int] = field(default_factory=lambda: dict.fromkeys(Kind, 0))
     capped: int = 0
     failed: dict[Kind, int] = field(default_factory=lambda: dict.fromkeys(Kind, 0))
+    quarantined: int = 0  # replicas put in quarantine (each time)
 
 
 class Controller:
@@ -191,11 +222,13 @@ class Controller:
         node = self.nodes[report.node]
         if self.discovered:
             self._sync(node, report)
-        failed = 0
+        failed = judged = 0
         for probe in report.replicas:
             rec = self.replicas[probe.id]
-            rec.score = next_score(rec.score, probe.ok, self.config.health)
-            failed += not probe.ok
+            if not rec.loading:
+                rec.score = next_score(rec.score, probe.ok, self.config.health)
+                judged += 1
+                failed += not probe.ok
             rec.figures = {
                 "gpu_utilization": probe.gpu_utilization,
                 "memory_usage": probe.memory_usage,
@@ -209,8 +242,13 @@ class Controller:
                     rec.rate_per_s = (probe.requests_total - rec.requests_total) / dt
             if probe.ok:
                 rec.requests_total = probe.requests_total
-        node.score = next_score(node.score, 2 * failed <= len(report.replicas), self.config.health)
-        node.last_key = (report.agent_start, report.seq)
+        if judged:  # replicas the controller restarted are no evidence against their node
+            node.score = next_score(node.score, 2 * failed <= judged, self.config.health)
+        if band(node.score, self.config.health) is Band.OK:
+            for rid in node.replicas:
+                self.replicas[rid].node_forgiven = False
+        node.last_key = (report.boot_id, report.seq)
+        node.boots.add(report.boot_id)
         node.last_sent_at = report.sent_at
         node.last_report_at = now
         node.missed = 0
@@ -242,13 +280,18 @@ class Controller:
         node = self.nodes.get(report.node)
         if node is None:
             raise ReportRejected(Rejection.UNKNOWN_NODE, f"node {report.node!r} is not in the stack's fleet")
-        key = (report.agent_start, report.seq)
-        if node.last_key is not None and key <= node.last_key:
-            raise ReportRejected(
-                Rejection.REPLAYED,
-                f"node {report.node!r} seq {report.seq} (agent start {report.agent_start:.3f}) is not after the "
-                f"last applied seq {node.last_key[1]} (agent start {node.last_key[0]:.3f})",
-            )
+        if node.last_key is not None:
+            boot, seq = node.last_key
+            if report.boot_id == boot and report.seq <= seq:
+                raise ReportRejected(
+                    Rejection.REPLAYED,
+                    f"node {report.node!r} seq {report.seq} is not after the last applied seq {seq} of boot {boot}",
+                )
+            if report.boot_id != boot and report.boot_id in node.boots:
+                raise ReportRejected(
+                    Rejection.REPLAYED,
+                    f"node {report.node!r} boot {report.boot_id} is over: the node reported since from boot {boot}",
+                )
         if report.sent_at < now - self.config.max_age_s:
             raise ReportRejected(
                 Rejection.STALE, f"sent {now - report.sent_at:.1f} s ago, more than {self.config.max_age_s:g} s"
@@ -266,7 +309,7 @@ class Controller:
     # ----- decisions -------------------------------------------------------------------------------
     def effective_score(self, replica_id: str) -> int:
         rec = self.replicas[replica_id]
-        return min(rec.score, self.nodes[rec.node].score)
+        return rec.score if rec.node_forgiven else min(rec.score, self.nodes[rec.node].score)
 
     def evicted(self) -> int:
         """Replicas out of rotation now or about to be (the eviction cap counts these)."""
@@ -282,17 +325,41 @@ class Controller:
         loads = self.loads()
         overloaded = set(self.shed_candidates(loads))
         for rec in self.replicas.values():
+            self._settle(rec, now)
             if rec.pending is not None or self.nodes[rec.node].suspect(self.config.missed_to_suspect):
                 continue
-            action = self._decide(rec, loads[rec.id], rec.id in overloaded)
+            action = self._decide(rec, loads[rec.id], rec.id in overloaded, now)
             if action is not None:
                 rec.pending = action.kind
                 rec.state = _RUNNING.get(action.kind, rec.state)
                 self.counters.actions[action.kind] += 1
+                if action.kind is Kind.MIGRATE:
+                    rec.restarts += 1
+                    rec.unproven += 1
+                    rec.restarted_at = now
                 actions.append(action)
         return actions
 
-    def _decide(self, rec: ReplicaRecord, load: float, overloaded: bool) -> Action | None:
+    def _settle(self, rec: ReplicaRecord, now: float) -> None:
+        """Time in service: after twice the longest back-off serving, a replica's run of restarts is over."""
+        if not rec.in_rotation or rec.pending is not None:
+            rec.serving_since = None
+        elif rec.serving_since is None:
+            rec.serving_since = now
+        elif now - rec.serving_since >= 2 * self.config.restart_backoff_max_s:
+            rec.restarts = 0
+
+    def _may_restart(self, rec: ReplicaRecord, now: float) -> bool:
+        """Whether a restart may start now: not quarantined, its back-off over; puts the replica in quarantine when
+        ``quarantine_after`` restarts since it last passed a warm-up did not bring it back."""
+        if rec.unproven >= self.config.quarantine_after and not rec.quarantined:
+            rec.quarantined = True
+            self.counters.quarantined += 1
+        if rec.quarantined:
+            return False
+        return rec.restarted_at is None or now >= rec.restarted_at + self.config.backoff_s(rec.restarts)
+
+    def _decide(self, rec: ReplicaRecord, load: float, overloaded: bool, now: float) -> Action | None:
         score = self.effective_score(rec.id)
         where = band(score, self.config.health)
         reason = f"score {score} (replica {rec.score}, node {self.nodes[rec.node].score})"
@@ -306,11 +373,11 @@ class Controller:
                     f"load {load:.3f} above {self.config.move_ratio:g} × the mean and {self.config.shed_min_load:g}: "
                     "shed, not failed"
                 )
-            kind = Kind.MIGRATE if where is Band.MIGRATE else Kind.REMOVE
+            kind = Kind.MIGRATE if where is Band.MIGRATE and self._may_restart(rec, now) else Kind.REMOVE
             return Action(kind, rec.id, rec.url, reason)
         if rec.state is ReplicaState.OUT:
             if where is Band.MIGRATE:
-                return Action(Kind.MIGRATE, rec.id, rec.url, reason)
+                return Action(Kind.MIGRATE, rec.id, rec.url, reason) if self._may_restart(rec, now) else None
             if rec.shed and load >= self.config.shed_min_load / 2:
                 return None  # still loaded: stays out (hysteresis: back under half the floor)
             if may_readmit(score, self.config.health):
@@ -322,6 +389,7 @@ class Controller:
         """The leader's report of what became of ``action``."""
         rec = self.replicas[action.replica]
         rec.pending = None
+        rec.loading = rec.loading and action.kind is not Kind.READMIT
         if not ok:
             self.counters.failed[action.kind] += 1
         if action.kind is Kind.REMOVE:
@@ -333,9 +401,13 @@ class Controller:
                 rec.score = self.config.health.start
                 rec.requests_total = None
                 rec.shed = False
+                rec.loading = True
+                rec.node_forgiven = band(self.nodes[rec.node].score, self.config.health) is not Band.OK
         elif ok:
             rec.state = ReplicaState.SERVING
             rec.shed = False
+            rec.quarantined = False
+            rec.unproven = 0
         else:  # failed warm-up: earn the hysteresis margin again before the next try
             rec.state = ReplicaState.OUT
             rec.score = min(rec.score, self.config.health.stop_routing_below - 1)
@@ -398,6 +470,8 @@ class Controller:
             return "removing"
         if rec.shed and rec.state is ReplicaState.OUT:
             return "shed"
+        if rec.quarantined and rec.state is ReplicaState.OUT:
+            return "quarantined"
         if self.nodes[rec.node].suspect(self.config.missed_to_suspect):
             return f"suspect/{rec.state.value}"
         return rec.state.value
@@ -424,6 +498,7 @@ class Controller:
                     "score": r.score,
                     "in_rotation": r.in_rotation,
                     "load": round(loads[r.id], 4),
+                    "restarts": r.restarts,
                 }
                 for r in self.replicas.values()
             ],

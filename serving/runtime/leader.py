@@ -4,9 +4,9 @@
   values base64). The leader key is written in a transaction that succeeds only while the key does not
   exist (``create_revision == 0``), attached to a lease of ``runtime.lease_ttl_s``: when the leader dies
   its lease expires and the key goes with it. The fencing token is the key's ``create_revision``.
-* :class:`KubernetesLeaseElection` — in a cluster: a ``coordination.k8s.io/v1`` Lease, taken over when its
-  ``renewTime + leaseDurationSeconds`` has passed, every write guarded by ``resourceVersion``. The fencing
-  token is ``leaseTransitions``.
+* :class:`KubernetesLeaseElection` — in a cluster: a ``coordination.k8s.io/v1`` Lease, taken over once this
+  instance has seen the same record for ``leaseDurationSeconds`` on its own monotonic clock (client-go's rule),
+  every write guarded by ``resourceVersion``. The fencing token is ``leaseTransitions``.
 
 A :class:`Term` is valid until its local deadline (the time the last renewal was *sent* plus the lease
 time), so a leader cut off from the coordination service stops acting before any follower can win the
@@ -17,7 +17,9 @@ next term; :meth:`Election.verify` checks the token against the service before e
 from __future__ import annotations
 
 import base64
+import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -154,10 +156,6 @@ def _micro_time(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse_time(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
 class KubernetesLeaseElection:
     """Election on one ``coordination.k8s.io/v1`` Lease (the controller's Role may touch only that one)."""
 
@@ -172,8 +170,12 @@ class KubernetesLeaseElection:
         token: str | None = None,
         ca_path: str | None = None,
         timeout_s: float = 2.0,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        """``wall_clock`` writes the Lease's times (for people reading it); expiry never reads it (see campaign)."""
         self.url = f"{api_url.rstrip('/')}/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        self.wall_clock = wall_clock
+        self._observed: tuple[str, float] | None = None  # the Lease's spec as last read, and since when (monotonic)
         self.namespace = namespace
         self.name = name
         self.identity = identity
@@ -199,7 +201,12 @@ class KubernetesLeaseElection:
         }
 
     async def campaign(self) -> Term | None:
-        sent, now = time.monotonic(), time.time()
+        """Take the Lease if it is free or expired. Expired is timed as client-go's leader election does it
+        (tools/leaderelection/leaderelection.go, tryAcquireOrRenew: observedTime is set when the record changes): from
+        when THIS instance first saw the holder's current record, on its own monotonic clock, for the Lease's
+        duration; never the holder's renewTime against this instance's wall clock, which a skewed clock would turn
+        into a takeover from a live leader (split brain) or a lease that never expires."""
+        sent, now = time.monotonic(), self.wall_clock()
         lease = await self._get()
         if lease is None:
             body = {
@@ -216,8 +223,10 @@ class KubernetesLeaseElection:
             return Term(self.identity, 0, sent + self.ttl_s)
         spec = lease.get("spec", {})
         holder = spec.get("holderIdentity")
-        renewed = _parse_time(spec["renewTime"]) if spec.get("renewTime") else 0.0
-        expired = renewed + float(spec.get("leaseDurationSeconds", self.ttl_s)) < now
+        record, seen = json.dumps(spec, sort_keys=True), time.monotonic()
+        if self._observed is None or self._observed[0] != record:
+            self._observed = (record, seen)
+        expired = seen - self._observed[1] > float(spec.get("leaseDurationSeconds", self.ttl_s))
         if holder not in (None, "", self.identity) and not expired:
             return None
         transitions = int(spec.get("leaseTransitions", 0)) + (holder != self.identity)
@@ -235,7 +244,7 @@ class KubernetesLeaseElection:
         return True
 
     async def renew(self, term: Term) -> Term | None:
-        sent, now = time.monotonic(), time.time()
+        sent, now = time.monotonic(), self.wall_clock()
         try:
             lease = await self._get()
         except (ElectionError, httpx.HTTPError):

@@ -1,10 +1,12 @@
 """The agent → controller report: one batched message per node per heartbeat interval.
 
 Strict and versioned: unknown fields, wrong types and a schema version other than
-:data:`REPORT_SCHEMA_VERSION` are refused. Each report carries the node's name, a sequence number that
-grows by one per report of that agent process, and the agent's wall-clock send time, so that the
-controller can refuse a report from a node it does not know, a replayed or out-of-order one, and one
-too old or from too far in the future (:class:`Rejection`); every refusal is counted, none is applied.
+:data:`REPORT_SCHEMA_VERSION` are refused. Each report carries the node's name, the node's boot id and a sequence
+number read from the node's monotonic clock (it grows within a boot, across agent restarts, whatever the wall clock
+does), and the agent's wall-clock send time, so that the controller can refuse a report from a node it does not
+know, a replayed or out-of-order one, and one too old or from too far in the future (:class:`Rejection`); every
+refusal is counted, none is applied. Version 2: version 1 ordered reports by the agent's wall-clock start, so an
+agent restarted with its clock behind had every report refused.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-REPORT_SCHEMA_VERSION: Literal[1] = 1
+REPORT_SCHEMA_VERSION: Literal[2] = 2
 MAX_REPLICAS_PER_REPORT = 256
 
 
@@ -43,10 +45,13 @@ class ReplicaProbe(_Strict):
 class NodeReport(_Strict):
     """One node's heartbeat: every replica of the node, probed once."""
 
-    schema_version: Literal[1] = Field(description="Report schema version; the controller takes only 1.")
+    schema_version: Literal[2] = Field(description="Report schema version; the controller takes only 2.")
     node: str = Field(min_length=1, max_length=253, description="Node name from the stack.")
-    seq: int = Field(ge=0, description="Per-agent sequence number, +1 per report.")
-    agent_start: float = Field(gt=0, description="When the agent process started (Unix s): a restart resets seq.")
+    boot_id: str = Field(
+        pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+        description="The node's boot id (/proc/sys/kernel/random/boot_id): a new one after each reboot.",
+    )
+    seq: int = Field(ge=0, description="The node's monotonic clock at the report (ns): grows within a boot.")
     sent_at: float = Field(gt=0, description="Agent wall clock at send time (Unix s).")
     replicas: tuple[ReplicaProbe, ...] = Field(max_length=MAX_REPLICAS_PER_REPORT)
 

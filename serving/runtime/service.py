@@ -5,6 +5,12 @@ backend, warm-up) and Prometheus metrics.
 Every instance applies every report and counts missed ones (warm followers); only the leader acts, and
 only while its term is valid and verified against the coordination service (:mod:`serving.runtime.leader`).
 Losing the term cancels the actions in flight.
+
+The leader acts on the router instances that answer (a :class:`~serving.router.membership.RouterSet` with
+``answering_only``): one instance down must not stall every removal and readmission, nor keep a new leader from
+taking office. An instance that did not answer a change is *unsynced* (``exaserve_runtime_router_unsynced``, alert
+ExaServeRouterUnsynced, ``status`` → ``unsynced_routers``); every heartbeat interval the leader asks it again and,
+once it answers, makes its worker list match the controller's view (what is in rotation listed, what is out not).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
 from typing import Any, Protocol
 
@@ -28,7 +34,7 @@ from serving.plan.model import Fleet
 from serving.rollout.backends import Backend, BackendError, ReplicaIndex
 from serving.router.client import RouterApiError, RouterClient
 from serving.router.loadgen import LoadSpec, run_load
-from serving.router.membership import RouterSet
+from serving.router.membership import Observed, RouterSet, Silent, routed
 from serving.runtime.agent import REPORTS_PATH
 from serving.runtime.controller import Action, Controller, ControllerConfig, Kind, replica_urls
 from serving.runtime.leader import Election, ElectionError, Term
@@ -105,6 +111,9 @@ class ControllerService:
         self.recent: deque[dict[str, Any]] = deque(maxlen=_RECENT_ACTIONS)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loads: dict[str, float] = {}
+        self.unsynced: Silent = {}  # router instance → why it missed a membership change
+        self.reconciled: deque[dict[str, Any]] = deque(maxlen=_RECENT_ACTIONS)
+        self.routers_seen: set[str] = set()
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_Collector(self))
 
@@ -146,6 +155,8 @@ class ControllerService:
                 "rejected": {k.value: v for k, v in c.rejected.items()},
             },
             "actions": list(self.recent),
+            "unsynced_routers": dict(self.unsynced),
+            "reconciled_routers": list(self.reconciled),
         }
 
     async def _on_status(self, _request: web.Request) -> web.Response:
@@ -166,6 +177,7 @@ class ControllerService:
             asyncio.create_task(self._lease_loop(stop)),
             asyncio.create_task(self._tick_loop(stop)),
             asyncio.create_task(self._load_loop(stop)),
+            asyncio.create_task(self._reconcile_loop(stop)),
         ]
         try:
             await stop.wait()
@@ -195,10 +207,12 @@ class ControllerService:
             term = await self.election.campaign()
             if term is not None:
                 try:
-                    registered = await self.routers.registered()
+                    listed, silent = await self.routers.membership()
                 except (RouterApiError, httpx.HTTPError, OSError):
-                    await self.election.resign(term)  # cannot see the routers: let another instance lead
+                    await self.election.resign(term)  # cannot see any router: let another instance lead
                     raise
+                registered = set.intersection(*(routed(workers) for workers in listed.values()))
+                self._saw(listed, silent)
                 self.controller.adopt(registered)
                 self.term = term
                 log.warning("%s: leader (term %d), %d replicas registered", self.identity, term.token, len(registered))
@@ -229,6 +243,41 @@ class ControllerService:
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
             await _sleep(stop, self.spec.serving.heartbeat_interval_s / 2)
+
+    def _saw(self, answered: Iterable[str], silent: Silent) -> None:
+        self.routers_seen.update(answered, silent)
+        self.unsynced.update(silent)
+        for router, why in silent.items():
+            log.warning("%s: router %s did not answer (%s): unsynced until it does", self.identity, router, why)
+
+    async def _reconcile_loop(self, stop: asyncio.Event) -> None:
+        """Every heartbeat interval, while leading: each unsynced router instance that answers again is made to match
+        the controller's view."""
+        while not stop.is_set():
+            term = self.term if self.acting() else None
+            for router in sorted(self.unsynced):
+                if term is None:
+                    break
+                try:
+                    await self._reconcile(router, term)
+                except (Deposed, RouterApiError, httpx.HTTPError, TimeoutError, ElectionError, OSError) as exc:
+                    log.warning("%s: router %s still unsynced: %s", self.identity, router, exc)
+            await _sleep(stop, self.spec.serving.heartbeat_interval_s)
+
+    async def _reconcile(self, router: str, term: Term) -> None:
+        one = RouterSet([router], timeout_s=self.routers.timeout_s)
+        listed = routed((await one.listed())[router])  # a draining entry is out already (never removed twice)
+        settled = [rec for rec in self.controller.replicas.values() if rec.pending is None]
+        extra = sorted(rec.url for rec in settled if not rec.in_rotation and rec.url in listed)
+        missing = sorted(rec.url for rec in settled if rec.in_rotation and rec.url not in listed)
+        await self._fence(term)
+        if extra:
+            await one.remove(*extra, timeout_s=self.spec.rollout.drain_timeout_s)
+        if missing:
+            await one.add(*missing, timeout_s=self.spec.serving.startup_budget_s)
+        del self.unsynced[router]
+        self.reconciled.append({"router": router, "removed": extra, "added": missing, "at": self.clock()})
+        log.warning("%s: router %s answers again: removed %s, added %s", self.identity, router, extra, missing)
 
     async def _load_loop(self, stop: asyncio.Event) -> None:
         """The weighted load from the latest reports, every ``scheduler.period_ms``."""
@@ -266,9 +315,9 @@ class ControllerService:
     async def _perform(self, action: Action, term: Term) -> Any:
         timeout = self.spec.rollout.drain_timeout_s
         if action.kind is Kind.REMOVE:
-            return asdict(await self.routers.remove(action.url, timeout_s=timeout))
+            return asdict(self._observed(await self.routers.remove(action.url, timeout_s=timeout)))
         if action.kind is Kind.MIGRATE:
-            removed = await self.routers.remove(action.url, timeout_s=timeout)
+            removed = self._observed(await self.routers.remove(action.url, timeout_s=timeout))
             await self._drain(action.url)
             if self.restarter is None:
                 raise BackendError("no deployment backend given to this controller; cannot restart the replica")
@@ -277,8 +326,12 @@ class ControllerService:
             return {"removed": asdict(removed), "restarted": True}
         warm = await self._warm_up(action)
         await self._fence(term)
-        added = await self.routers.add(action.url, timeout_s=self.spec.serving.startup_budget_s)
+        added = self._observed(await self.routers.add(action.url, timeout_s=self.spec.serving.startup_budget_s))
         return {"warmup": warm, "added": asdict(added)}
+
+    def _observed(self, observed: Observed) -> Observed:
+        self._saw(observed.seconds_by_router, observed.silent)
+        return observed
 
     async def _drain(self, url: str) -> None:
         """Wait for in-flight requests (bounded by the health timeout: a dead or hung replica has none to
@@ -348,13 +401,25 @@ class _Collector:
         load = GaugeMetricFamily(
             "exaserve_runtime_replica_load", "Weighted load 0.5 GPU + 0.3 memory + 0.2 network.", labels=["replica"]
         )
+        quarantined = GaugeMetricFamily(
+            "exaserve_runtime_replica_quarantined",
+            "1 while the replica is quarantined: runtime.quarantine_after restarts in a row did not bring it back.",
+            labels=["replica"],
+        )
+        restarts = GaugeMetricFamily(
+            "exaserve_runtime_replica_restarts_in_a_row",
+            "Restarts of the replica without stable service since (the back-off's exponent).",
+            labels=["replica"],
+        )
         loads = self.s._loads
         for rid, rec in ctl.replicas.items():
             score.add_metric([rid, rec.node], rec.score)
             rotation.add_metric([rid], float(rec.in_rotation))
             state.add_metric([rid, ctl.replica_state(rid)], 1.0)
             load.add_metric([rid], loads.get(rid, 0.0))
-        yield from (node_score, node_suspect, node_last, score, rotation, state, load)
+            quarantined.add_metric([rid], float(rec.quarantined))
+            restarts.add_metric([rid], rec.restarts)
+        yield from (node_score, node_suspect, node_last, score, rotation, state, load, quarantined, restarts)
         evicted = GaugeMetricFamily("exaserve_runtime_evicted_replicas", "Replicas out of rotation now.")
         evicted.add_metric([], ctl.evicted())
         cap = GaugeMetricFamily("exaserve_runtime_eviction_cap", "Most replicas the controller may evict.")
@@ -379,4 +444,11 @@ class _Collector:
         leader.add_metric([self.s.identity], float(self.s.acting()))
         term = GaugeMetricFamily("exaserve_runtime_leader_term", "Fencing token of this instance's term (0: none).")
         term.add_metric([], float(self.s.term.token) if self.s.term else 0.0)
-        yield from (evicted, cap, capped, accepted, rejected, actions, failures, leader, term)
+        unsynced = GaugeMetricFamily(
+            "exaserve_runtime_router_unsynced",
+            "1 while a router instance missed a membership change of the leader and has not been reconciled.",
+            labels=["router"],
+        )
+        for router in sorted(self.s.routers_seen):
+            unsynced.add_metric([router], float(router in self.s.unsynced))
+        yield from (evicted, cap, capped, accepted, rejected, actions, failures, leader, term, unsynced)

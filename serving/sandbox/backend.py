@@ -18,10 +18,13 @@ from pathlib import Path
 
 from serving.fleet_http import FleetHttp, HttpFailure
 from serving.plan.model import Fleet, Replica
+from serving.plan.planner import memory_plan
 from serving.render.common import duration_buckets
 from serving.render.router import ROUTER_ENTRY, router_args
 from serving.rollout.backends import BackendError, ReplicaIndex
+from serving.rollout.kvpool import GIB
 from serving.rollout.membership import RouterApiMembership
+from serving.rollout.plan import kv_plan
 from serving.router.membership import RouterSet
 from serving.sandbox import worker_host
 from serving.sandbox.processes import SandboxError, StateDir, start_worker, stop_process
@@ -74,6 +77,8 @@ def worker_config(spec: FleetSpec, replica: Replica, version: str) -> WorkerConf
         raise BackendError(
             f"version {version!r} is not in sandbox.versions {sorted(sandbox.versions)}; add it to the stack"
         )
+    kv = kv_plan(spec, memory_plan(spec))  # what the real server exports: the plan's pool, off by the release's kv_skew
+    tokens = max(1, round(kv.tokens * (1 + release.kv_skew)))
     return WorkerConfig(
         port=replica.endpoint.port,
         version=version,
@@ -87,6 +92,9 @@ def worker_config(spec: FleetSpec, replica: Replica, version: str) -> WorkerConf
         served_model_name=spec.model.name,
         max_running_requests=spec.limits.max_running_requests,
         bucket_e2e_request_latency=tuple(duration_buckets(spec)),
+        kv_pool_tokens=tokens,
+        weight_memory_gb=kv.weights_bytes / GIB,
+        kv_cache_memory_gb=tokens * kv.kv_bytes_per_token / GIB,
     )
 
 
@@ -173,6 +181,9 @@ class LocalBackend(ReplicaIndex):
         again = [r for r, v in found.items() if v is None]
         found.update(zip(again, await asyncio.gather(*(self._version(r) for r in again)), strict=True))
         return found
+
+    def unreachable(self) -> dict[str, str]:
+        return {}  # a replica that does not answer is down; nothing in between fails on its own
 
     async def update(self, replica_ids: Sequence[str], version: str, timeout_s: float) -> None:
         current = await self.versions(replica_ids)

@@ -22,7 +22,7 @@ from serving.rollout.journal import StackLock, StackState
 from serving.sandbox import capacity, processes, scale
 from serving.sandbox.backend import node_groups, router_flags, worker_config, worker_name
 from serving.sandbox.prometheus import start_prometheus
-from serving.sandbox.runtime import start_extra_routers, start_runtime
+from serving.sandbox.runtime import router_urls, start_extra_routers, start_runtime
 from serving.sandbox.worker_host import start_host
 from serving.spec.stack import SpecError, Stack
 
@@ -49,7 +49,7 @@ class Started:
 
 def up(st: Stack, state_dir: Path | None, *, simulate: bool, cpu_share: float, note: Callable[[str], None]) -> Started:
     """Start ``st``'s sandbox (stopping what its state directory still runs first); ``note`` is told what takes
-    time before the start (measuring this machine)."""
+    time: measuring this machine, each step of the start and the workers healthy so far."""
     if st.spec.sandbox is None and not simulate:
         raise SandboxInputError(
             f"stack {st.name!r} has no sandbox: section; `exaserve sandbox` runs only sandbox stacks, or add "
@@ -84,7 +84,7 @@ def up(st: Stack, state_dir: Path | None, *, simulate: bool, cpu_share: float, n
         except scale.MachineTooSmall as exc:
             raise SandboxInputError(f"sandbox of {st.name!r} not started: {exc}") from None
         try:
-            workers, runtime = asyncio.run(_start(st, paths, fleet))
+            workers, runtime = asyncio.run(_start(st, paths, fleet, note))
         except (processes.SandboxError, BackendError, TimeoutError) as exc:
             processes.stop_all(processes.StateDir(paths.sandbox_dir))
             raise SandboxStartError(f"sandbox did not start: {exc}") from None
@@ -101,13 +101,16 @@ def down(st: Stack, state_dir: Path | None, *, simulate: bool) -> tuple[str, lis
 
 
 async def _start(
-    st: Stack, paths: StackState, fleet: Fleet
+    st: Stack, paths: StackState, fleet: Fleet, note: Callable[[str], None]
 ) -> tuple[dict[str, tuple[str, str]], dict[str, list[str]] | None]:
+    """Workers, then the routers once the workers are healthy, the runtime layer, Prometheus; ``note`` is told each
+    step and how many workers are healthy while they load."""
     spec = fleet.spec
     assert spec.sandbox is not None
     state = processes.StateDir(paths.sandbox_dir)
     budget = spec.serving.startup_budget_s
     configs = {r.id: worker_config(spec, r, spec.group_version(r.group)) for r in fleet.plan.replicas}
+    note(f"starting {len(configs)} simulated workers")
     if spec.sandbox.nodes_per_process is None:
         await asyncio.gather(
             *(
@@ -130,8 +133,10 @@ async def _start(
                 for g in node_groups(fleet)
             )
         )
-    await _healthy([c.url for c in configs.values() if not c.never_ready], budget)
+    await _healthy([c.url for c in configs.values() if not c.never_ready], budget, note)
     ready = sum(not c.never_ready for c in configs.values())
+    count = len(router_urls(spec)) if spec.sandbox.runtime else 1
+    note(f"starting {count} router(s), each registering {ready} workers")
     worker_urls = [c.url for c in configs.values()]
     flags = router_flags(fleet, worker_urls)
     routers: list[Awaitable[object]] = [
@@ -144,16 +149,19 @@ async def _start(
     await asyncio.gather(*routers)
     runtime = None
     if spec.sandbox.runtime:
+        note("starting the runtime layer: etcd, controllers, node agents")
         runtime = await asyncio.to_thread(
             start_runtime, state, fleet, stack_file=st.path, state_dir=paths.root.parent, timeout_s=budget
         )
     if spec.sandbox.prometheus:  # last: its first scrapes find everything up
+        note("starting prometheus")
         await asyncio.to_thread(start_prometheus, state, fleet, timeout_s=budget)
     return {rid: (c.url, c.version) for rid, c in configs.items()}, runtime
 
 
-async def _healthy(urls: list[str], budget: float) -> None:
-    """Until every worker's ``/health`` answers 200; TimeoutError past ``serving.startup_budget_s``."""
+async def _healthy(urls: list[str], budget: float, note: Callable[[str], None]) -> None:
+    """Until every worker's ``/health`` answers 200, telling ``note`` how many do; TimeoutError past
+    ``serving.startup_budget_s``."""
     deadline = time.monotonic() + budget
     http = FleetHttp(timeout_s=1.0)
 
@@ -169,6 +177,7 @@ async def _healthy(urls: list[str], budget: float) -> None:
             order = sorted(pending)
             answers = await asyncio.gather(*(ok(u) for u in order))
             pending -= {u for u, good in zip(order, answers, strict=True) if good}
+            note(f"workers healthy: {len(urls) - len(pending)}/{len(urls)}")
             if pending and time.monotonic() > deadline:
                 shown = ", ".join(sorted(pending)[:8])
                 raise TimeoutError(

@@ -19,6 +19,11 @@ ONLY, no such route on a real server): added delay with jitter on every answer, 
 answer, or memory pressure (``sglang:token_usage`` reported high and generation slowed). ``DELETE /sim/fault``
 clears it; a restarted worker starts without one, as a restart clears a real replica's wedged state.
 
+Like SGLang's ``emit_constants``, it exports its KV pool once: ``sglang:max_total_num_tokens`` (``--kv-pool-tokens``)
+and, when given, ``sglang:weight_memory_usage_gb`` and ``sglang:kv_cache_memory_usage_gb``; the sandbox gives each
+release the plan's figures, the pool off by the release's ``kv_skew`` (:func:`serving.sandbox.backend.worker_config`),
+for the rollout's check of the plan (:mod:`serving.rollout.kvpool`).
+
 A ready real server answers ``/health`` only after a one-token generation, polled once a second, so
 each probe takes at least ~1 s (``health_generate``); a router health-check timeout of 1 s fails
 against it. ``--health-latency-ms 1000`` reproduces that; the default 0 answers at once.
@@ -68,7 +73,7 @@ E2E_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.
 _UNKNOWN = "[UNK]"
 _VOCAB_WORDS = ("simulated", "output", "from", "worker", "version", "the", "a", "token", "hello", "world")
 Endpoint = Literal["generate", "completions", "chat"]
-MAX_TOTAL_TOKENS = 65536  # the simulated KV pool reported in /server_info and behind sglang:token_usage
+MAX_TOTAL_TOKENS = 65536  # the default simulated KV pool (--kv-pool-tokens)
 # The sections /v1/loads?include= takes (SGLang's LoadSnapshot.VALID_SECTIONS).
 LOADS_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 
@@ -93,6 +98,9 @@ class WorkerConfig:
     shutdown_timeout_s: float = 30.0
     health_latency_ms: float = 0.0
     bucket_e2e_request_latency: tuple[float, ...] = E2E_BUCKETS_S
+    kv_pool_tokens: int = MAX_TOTAL_TOKENS
+    weight_memory_gb: float = 0.0
+    kv_cache_memory_gb: float = 0.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -107,6 +115,8 @@ class WorkerConfig:
             "warmup_s",
             "shutdown_timeout_s",
             "health_latency_ms",
+            "weight_memory_gb",
+            "kv_cache_memory_gb",
         ):
             if getattr(self, name) < 0:
                 problems.append(f"{name}={getattr(self, name)}: must be >= 0")
@@ -115,6 +125,8 @@ class WorkerConfig:
             problems.append(
                 f"bucket_e2e_request_latency={list(buckets)}: give increasing positive bounds in seconds, e.g. 0.1 0.2 0.4"
             )
+        if self.kv_pool_tokens < 1:
+            problems.append(f"kv_pool_tokens={self.kv_pool_tokens}: must be >= 1")
         if self.max_running_requests < 1:
             problems.append(f"max_running_requests={self.max_running_requests}: must be >= 1")
         if not self.version:
@@ -159,6 +171,9 @@ _HELP = {
     "shutdown_timeout_s": "on SIGTERM, how long in-flight requests may take to finish",
     "health_latency_ms": "delay of a ready /health answer (real SGLang: about 1000)",
     "bucket_e2e_request_latency": "bounds of the sglang:e2e_request_latency_seconds histogram (SGLang's flag)",
+    "kv_pool_tokens": "the KV pool in tokens (sglang:max_total_num_tokens, /server_info max_total_tokens)",
+    "weight_memory_gb": "GiB the weights took per GPU (sglang:weight_memory_usage_gb; 0: not exported)",
+    "kv_cache_memory_gb": "GiB of the KV pool per GPU (sglang:kv_cache_memory_usage_gb; 0: not exported)",
 }
 
 
@@ -333,6 +348,28 @@ class SimulatedWorker:
             list(labels),
             registry=self.registry,
         ).labels(**labels)
+        # SGLang's start-up constants (emit_constants, sglang/srt/observability/metrics_collector.py): set once.
+        constants: list[tuple[str, str, float]] = [
+            (
+                "sglang:max_total_num_tokens",
+                "Maximum total number of tokens in the KV cache pool.",
+                config.kv_pool_tokens,
+            )
+        ]
+        if config.weight_memory_gb > 0:
+            constants.append(
+                ("sglang:weight_memory_usage_gb", "Memory used by model weights in GB.", config.weight_memory_gb)
+            )
+        if config.kv_cache_memory_gb > 0:
+            constants.append(
+                (
+                    "sglang:kv_cache_memory_usage_gb",
+                    "Memory used by the KV cache pools in GB.",
+                    config.kv_cache_memory_gb,
+                )
+            )
+        for name, text, value in constants:
+            Gauge(name, text, list(labels), registry=self.registry).labels(**labels).set(value)
         Info(
             "sim_worker",
             "SIMULATION ONLY (not an SGLang metric): identity of this simulated worker.",
@@ -422,7 +459,7 @@ class SimulatedWorker:
             "tp_size": 1,
             "dp_size": 1,
             "max_running_requests": c.max_running_requests,
-            "max_total_tokens": MAX_TOTAL_TOKENS,
+            "max_total_tokens": c.kv_pool_tokens,
             "status": "Up" if self.ready else "Starting",
             "internal_states": [{"dp_rank": 0, "num_running_reqs": self._running}],
         }
@@ -448,7 +485,7 @@ class SimulatedWorker:
         """The KV-cache share in use: the fault's figure while memory pressure is injected, else the tokens in flight
         over the simulated pool."""
         usage = self.fault.token_usage
-        return usage if usage is not None else min(1.0, self._tokens_in_flight / MAX_TOTAL_TOKENS)
+        return usage if usage is not None else min(1.0, self._tokens_in_flight / self.config.kv_pool_tokens)
 
     async def loads(self, request: web.Request) -> web.Response:
         """``GET /v1/loads`` in SGLang 0.5.23's shape (``sglang/srt/entrypoints/v1_loads.py``, one
@@ -477,7 +514,7 @@ class SimulatedWorker:
             "num_total_tokens": self._tokens_in_flight,
             "num_active_tokens": self._tokens_in_flight,
             "num_prealloc_ready_tokens": 0,
-            "max_total_num_tokens": MAX_TOTAL_TOKENS,
+            "max_total_num_tokens": c.kv_pool_tokens,
             "max_running_requests": c.max_running_requests,
             "token_usage": round(self._kv_usage(), 4),
             "gen_throughput": 0.0,
@@ -491,7 +528,7 @@ class SimulatedWorker:
         sections: dict[str, tuple[str, dict[str, Any]]] = {
             "memory": (
                 "memory",
-                {"weight_gb": 0.0, "kv_cache_gb": 0.0, "graph_gb": 0.0, "token_capacity": MAX_TOTAL_TOKENS},
+                {"weight_gb": 0.0, "kv_cache_gb": 0.0, "graph_gb": 0.0, "token_capacity": c.kv_pool_tokens},
             ),
             "disaggregation": (
                 "disagg",

@@ -332,6 +332,16 @@ class MoeSpec(_Model):
     num_experts: int = Field(gt=1, description="Routed experts per MoE layer.")
     experts_per_token: int = Field(gt=0, description="Experts activated per token.")
     active_parameter_count: int | None = Field(default=None, gt=0, description="Parameters active per token.")
+    intermediate_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="One expert's MLP width (config.json moe_intermediate_size; intermediate_size where the experts "
+        "have no own field, as Mixtral's).",
+    )
+    shared_experts: int = Field(default=0, ge=0, description="Shared experts per MoE layer (n_shared_experts).")
+    dense_layers: int = Field(
+        default=0, ge=0, description="Leading layers with a dense MLP instead of experts (first_k_dense_replace)."
+    )
 
     @model_validator(mode="after")
     def _topk(self) -> Self:
@@ -357,6 +367,18 @@ class Architecture(_Model):
     )
     tie_word_embeddings: bool = Field(
         default=False, description="The LM head shares the input embedding's weights (config.json)."
+    )
+    intermediate_size: int | None = Field(
+        default=None, gt=0, description="The dense MLP's width (config.json intermediate_size); None when unknown."
+    )
+    weight_block_size: tuple[int, int] | None = Field(
+        default=None,
+        description="The checkpoint's block-FP8 block [n, k] (config.json quantization_config.weight_block_size).",
+    )
+    quant_group_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="The 4-bit checkpoint's group size (config.json quantization_config.group_size / q_group_size).",
     )
     mla: MlaSpec | None = Field(default=None)
     moe: MoeSpec | None = Field(default=None)
@@ -398,8 +420,30 @@ def architecture_from_hf_config(cfg: dict[str, Any], source: str) -> dict[str, A
     if cfg.get("kv_lora_rank"):
         out["mla"] = {"kv_lora_rank": int(cfg["kv_lora_rank"]), "qk_rope_head_dim": int(need("qk_rope_head_dim"))}
     experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts")
+    if cfg.get("intermediate_size"):
+        out["intermediate_size"] = int(cfg["intermediate_size"])
     if experts:
-        out["moe"] = {"num_experts": int(experts), "experts_per_token": int(need("num_experts_per_tok"))}
+        moe_i = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
+        out["moe"] = {
+            "num_experts": int(experts),
+            "experts_per_token": int(need("num_experts_per_tok")),
+            "shared_experts": int(cfg.get("n_shared_experts") or 0),
+            "dense_layers": int(cfg.get("first_k_dense_replace") or 0),
+            **({"intermediate_size": int(moe_i)} if moe_i else {}),
+        }
+    quant = cfg.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("weight_block_size"):
+        block = quant["weight_block_size"]
+        if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+            raise ValueError(
+                f"{source}: quantization_config.weight_block_size = {block!r} is not two positive integers [n, k]"
+            )
+        out["weight_block_size"] = (block[0], block[1])
+    group = quant.get("group_size", quant.get("q_group_size")) if isinstance(quant, dict) else None
+    if group is not None and group != -1:
+        if not (isinstance(group, int) and group > 0):
+            raise ValueError(f"{source}: quantization_config.group_size = {group!r} is not a positive integer")
+        out["quant_group_size"] = group
     out["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
     counted = count_parameters(cfg)
     if counted is not None:
@@ -743,6 +787,24 @@ class RuntimeSpec(_Model):
     report_max_age_s: float | None = Field(
         default=None, gt=0, description="Reject reports older than this; default 3 × serving.heartbeat_interval_s."
     )
+    restart_backoff_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Wait before restarting a replica again after its first restart, doubled after each further "
+        "one (kubelet's crash-loop back-off starts at 10 s).",
+    )
+    restart_backoff_max_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Longest wait between two restarts of one replica (kubelet's MaxContainerBackOff, 300 s); a "
+        "replica serving for twice this long starts its back-off again.",
+    )
+    quarantine_after: int = Field(
+        default=3,
+        gt=0,
+        description="Restarts that did not bring the replica back (no passed warm-up since) before it is "
+        "quarantined: out of rotation, no further restart, alert ExaServeReplicaQuarantined names it.",
+    )
     image: str = Field(
         default="exaserve/exaserve-deploy:0.1.0",
         description="Container image with this package (the exaserve command) for the controller and the agents.",
@@ -753,6 +815,15 @@ class RuntimeSpec(_Model):
     def _pinned(cls, v: str) -> str:
         """The runtime image is pinned like the serving image."""
         return pinned_image(v)
+
+    @model_validator(mode="after")
+    def _backoff_ordered(self) -> Self:
+        if self.restart_backoff_s > self.restart_backoff_max_s:
+            raise ValueError(
+                f"runtime.restart_backoff_s ({self.restart_backoff_s:g}) is above runtime.restart_backoff_max_s "
+                f"({self.restart_backoff_max_s:g}); set the first back-off at most the longest"
+            )
+        return self
 
 
 DrillName = Literal[
@@ -813,6 +884,14 @@ class RolloutSpec(_Model):
     drain_timeout_s: float = Field(default=120.0, gt=0, description="Wait for in-flight requests at most this.")
     health_timeout_s: float = Field(default=900.0, gt=0, description="Wait for an updated batch's health.")
     baseline_window_s: float = Field(default=60.0, gt=0, description="Window the baseline is measured over.")
+    max_kv_pool_miss: float = Field(
+        default=0.15,
+        gt=0,
+        lt=1,
+        description="Gate: a canary's KV pool (SGLang's sglang:max_total_num_tokens) off the plan's "
+        "kv_pool_tokens_per_replica by more than this share holds the rollout, naming the planner input likely wrong "
+        "(beyond 5 % it warns).",
+    )
     group_versions: dict[int, str] = Field(
         default_factory=dict, description="Per update group version overrides (group index → version)."
     )
@@ -831,7 +910,12 @@ class KubernetesSpec(_Model):
     namespace: str = Field(default="exaserve", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     context: str | None = Field(default=None, description="kubeconfig context for the explicit provider.")
     rdma_resource: str = Field(default="rdma/hca_shared_devices_a", description="RDMA extended resource.")
-    router_image: str = Field(default="lmsysorg/sgl-model-gateway:v0.3.2")
+    router_image: str = Field(
+        # smg's release image (docker/Dockerfile: ENTRYPOINT python3 -m smg.launch_router, user smg, uid 65532 =
+        # the router pod's runAsUser), at the version pyproject.toml pins and the flag manifest was dumped from
+        default="lightseekorg/smg:1.13.0",
+        description="The gateway's image (smg).",
+    )
     monitoring_namespace: str = Field(default="monitoring")
     prometheus_selector_labels: dict[str, str] = Field(
         default_factory=lambda: {"release": "kube-prometheus-stack"},
@@ -869,6 +953,13 @@ class SandboxVersion(_Model):
     error_rate: float = Field(default=0.0, ge=0, le=1)
     startup_s: float = Field(default=0.5, ge=0)
     never_ready: bool = False
+    kv_skew: float = Field(
+        default=0.0,
+        gt=-1,
+        le=1,
+        description="The simulated worker's KV pool is the plan's × (1 + kv_skew), as if the planner's start-up "
+        "overhead were wrong by that much (-0.2: a pool 20 % smaller than planned).",
+    )
 
 
 class SandboxSpec(_Model):

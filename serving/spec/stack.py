@@ -17,10 +17,37 @@ import yaml
 from pydantic import ValidationError
 
 from serving.paths import ProjectNotFoundError, project_dir
-from serving.spec.schema import FleetSpec, load_hf_config
+from serving.spec.schema import FleetSpec, json_schema, load_hf_config
 
 NAMESPACE = "exaserve"
-DEFAULT_STACK = "prod"
+PRODUCTION_STACK = "prod"  # rollout and rollback confirm before they change it
+DEFAULT_STACK = PRODUCTION_STACK  # the read-only commands' stack when none is named; the fleet commands have none
+
+
+def stack_file_schema() -> dict[str, Any]:
+    """JSON Schema of a whole ``Pulumi.<stack>.yaml``: the ``config:`` mapping with one ``exaserve:<section>`` key
+    per spec section (the sections :func:`serving.spec.schema.json_schema` describes; an unknown ``exaserve:`` key is
+    an error), other namespaces' keys and Pulumi's own top-level keys (``secretsprovider``, ``encryptedkey``) left
+    free. What an editor's yaml-language-server validates a stack file against."""
+    spec = json_schema()
+    sections = {f"{NAMESPACE}:{name}": sub for name, sub in spec["properties"].items()}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "Pulumi stack file of the exaserve project",
+        "description": f"Pulumi.<stack>.yaml: structured config under the {NAMESPACE}: namespace, one key per section.",
+        "type": "object",
+        "properties": {
+            "config": {
+                "type": "object",
+                "properties": sections,
+                "required": [f"{NAMESPACE}:{name}" for name in spec.get("required", [])],
+                "patternProperties": {f"^(?!{NAMESPACE}:)": {}},
+                "additionalProperties": False,
+            }
+        },
+        "required": ["config"],
+        "$defs": spec.get("$defs", {}),
+    }
 
 
 class SpecError(Exception):

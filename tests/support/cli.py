@@ -14,8 +14,11 @@ import contextlib
 import contextvars
 import json
 import os
+import pty
+import select
 import subprocess
 import sys
+import time
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
@@ -72,6 +75,44 @@ def exaserve_started(
         if to is not None:  # the child holds its own copies
             out.close()
             err.close()
+
+
+def exaserve_on_terminal(
+    *args: str, answer: str, cwd: Path = REPO, env: Mapping[str, str] | None = None, timeout_s: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``exaserve ARGS`` as :func:`exaserve` runs it, but with stdin, stdout and stderr on a pseudo-terminal, as an
+    operator at a shell: ``answer`` (and a newline) is typed once the first prompt (``… [y/N]: ``) shows.
+    The result's stdout is everything the terminal showed, stderr is empty."""
+    controller, terminal = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [str(EXASERVE), *args], stdin=terminal, stdout=terminal, stderr=terminal, cwd=cwd, env=_env(env)
+        )
+    finally:
+        os.close(terminal)
+    shown, answered, deadline = b"", False, time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([controller], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(controller, 4096)
+                except OSError:  # the terminal closed: the command ended
+                    break
+                if not chunk:
+                    break
+                shown += chunk
+                if not answered and b"]: " in shown:
+                    os.write(controller, answer.encode() + b"\n")
+                    answered = True
+            elif proc.poll() is not None:
+                break
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        os.close(controller)
+        if proc.poll() is None:
+            proc.kill()
+    return subprocess.CompletedProcess([str(EXASERVE), *args], code, shown.decode(errors="replace"), "")
 
 
 def _env(env: Mapping[str, str] | None) -> dict[str, str]:

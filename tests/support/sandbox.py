@@ -52,6 +52,7 @@ class Sandbox:
     metrics_url: str
     worker_urls: tuple[str, ...]  # replica order
     configs: tuple[WorkerConfig, ...]  # as the workers were started, same order
+    up_stderr: str = ""  # what `sandbox up` said while it started them
 
     @property
     def processes(self) -> StateDir:
@@ -136,7 +137,9 @@ def running_sandbox(
         processes = StateDir(paths.sandbox_dir)
         configs = _configs(processes, urls)
         assert [c.url for c in configs] == list(urls), f"process records in {processes.root} do not match {urls}"
-        yield Sandbox(stack_file, state_dir, paths, stack.spec, doc["router_url"], doc["metrics_url"], urls, configs)
+        yield Sandbox(
+            stack_file, state_dir, paths, stack.spec, doc["router_url"], doc["metrics_url"], urls, configs, up.stderr
+        )
     finally:
         down = exaserve("sandbox", "down", "--json", "--stack-file", str(stack_file), env=env)
         assert down.returncode == 0, down.stdout + down.stderr

@@ -10,7 +10,8 @@ from serving.render.k8s import updater
 
 
 class Updater(KubernetesComponent):
-    """ServiceAccount, Role (exactly the Kubernetes backend's calls) and RoleBinding of the rolling updater."""
+    """ServiceAccount, Role (exactly the Kubernetes backend's calls) and RoleBinding of the rolling updater, and the
+    ValidatingAdmissionPolicy (and binding) that lets its patches change only releases."""
 
     def __init__(self, name: str, fleet: Fleet, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("exaserve:rollout:Updater", name, updater.render(fleet), opts)

@@ -63,6 +63,10 @@ GENERATING_PATHS: Final = frozenset({HEALTH_PATH, "/health_generate"})
 CACHE_POLL_S: Final = 10
 
 
+# What the cache wait needs: a shell polling a file every CACHE_POLL_S.
+WAIT_RESOURCES: Final = {"cpu": "100m", "memory": "32Mi"}
+
+
 def gpus_per_pod(plan: Plan) -> int:
     """A replica on one node is one pod; a multi-node replica has one pod per node, each with all GPUs."""
     p = plan.placement
@@ -225,7 +229,9 @@ def cache_init_container(spec: FleetSpec, group: int) -> dict[str, Any]:
         "image": image(spec, spec.group_image(group)),
         "imagePullPolicy": "IfNotPresent",
         "command": ["/bin/sh", "-c", wait_script(spec)],
-        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "100m", "memory": "32Mi"}},
+        # requests = limits: the QoS class counts init containers, and one Burstable container makes the whole pod
+        # Burstable, whose CPUs the static CPU manager never pins (kubernetes pkg/apis/core/v1/helper/qos/qos.go).
+        "resources": {"requests": dict(WAIT_RESOURCES), "limits": dict(WAIT_RESOURCES)},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "runAsNonRoot": True,

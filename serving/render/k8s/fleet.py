@@ -1,18 +1,22 @@
-"""The serving fleet: exactly ``rollout.batches`` update groups, each one LeaderWorkerSet carrying its own version.
+"""The serving fleet: exactly ``rollout.batches`` update groups, each one workload carrying its own version.
 
-Every group is a LeaderWorkerSet of ``size`` replicas: a replica that fits on one node is a group of one pod (the
-leader, from ``workerTemplate``), a replica that spans nodes is a leader and workers, one pod per node. Why not a
-StatefulSet: its ``rollingUpdate.maxUnavailable`` is alpha (MaxUnavailableStatefulSet) up to Kubernetes 1.33 and
-ignored without the gate, so a 410-pod group would update one pod at a time; LeaderWorkerSet's rolling update
-(``maxUnavailable``, ``maxSurge``, ``partition``) is the API's stable v1, pods keep stable names
-(``sglang-g0-3.sglang-g0``) for the updater, and the multi-node path uses the same object. The object count is
-the number of groups, never the number of replicas.
+A group of replicas that each fit on one node is a StatefulSet of ``size`` pods (``sglang-g0-3``) with
+``podManagementPolicy: Parallel`` and ``updateStrategy: OnDelete``; a group of replicas that span nodes is a
+LeaderWorkerSet (a leader and workers, one pod per node). Why (docs/infra.md, "How a batch is rolled"): a batch is
+a whole group, already out of every router, so all of its pods should be replaced at once. Kubernetes 1.33 offers
+that only through GA semantics the updater drives itself: it patches the StatefulSet's template (OnDelete: nothing
+happens yet), then deletes the group's pods, and the StatefulSet controller recreates every missing pod at the new
+revision in parallel. A rolling update cannot: ``rollingUpdate.maxUnavailable`` of a StatefulSet is alpha
+(MaxUnavailableStatefulSet) and ignored without the gate, and a LeaderWorkerSet copies its ``maxUnavailable`` onto
+its leader StatefulSet (lws ``leaderworkerset_controller.go``, ``constructLeaderStatefulSetApplyConfiguration``), so
+both replace one pod at a time: 410 reloads in sequence for one prod group. Pods keep stable names for the updater.
+The object count is the number of groups, never the number of replicas.
 
 The container comes from :func:`serving.render.k8s.container.pod_container`; this module adds the pod around it:
 an init container holding it until its node's model cache is complete, placement on the serving pools (tolerating
 the GPU taint), a satisfiable spread across racks (a multi-node replica stays inside one rack), shared memory and
 model-cache volumes, the secondary network, a PodDisruptionBudget per group, and one headless Service over all
-workers for metrics scraping.
+workers (the StatefulSets' governing Service).
 """
 
 from __future__ import annotations
@@ -52,12 +56,18 @@ WORKERS_SERVICE = "sglang-workers"
 HTTP_PORT_NAME = "http"
 SERVING_CONTAINER = CONTAINER_NAME
 LWS_API = "leaderworkerset.x-k8s.io/v1"
+STS_API = "apps/v1"
 LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
 
 
 def group_name(group: int) -> str:
-    """Name of update group ``group``'s StatefulSet / LeaderWorkerSet (and its PodDisruptionBudget)."""
+    """Name of update group ``group``'s StatefulSet or LeaderWorkerSet (and its PodDisruptionBudget)."""
     return f"sglang-g{group}"
+
+
+def workload_kind(fleet: Fleet) -> tuple[str, str]:
+    """(apiVersion, kind) of every update group's workload: a StatefulSet, a LeaderWorkerSet when replicas span nodes."""
+    return (LWS_API, "LeaderWorkerSet") if fleet.plan.multi_node else (STS_API, "StatefulSet")
 
 
 def group_selector(group: int) -> dict[str, str]:
@@ -138,31 +148,29 @@ def _workload(fleet: Fleet, group: int, size: int) -> K8sObject:
     # `pulumi up` does not wait for a group's pods: each waits for its node's cache and then loads for up to
     # serving.startup_budget_s; the rolling updater and `kubectl rollout status` watch readiness instead.
     meta = metadata(group_name(group), ns, group_labels(fleet.spec, group), await_annotations(skip=True))
-    if fleet.plan.multi_node:
-        templates = {
-            "size": fleet.plan.placement.nodes_per_replica,
-            "restartPolicy": "RecreateGroupOnPodRestart",
-            "leaderTemplate": pod_template(fleet, group, size, leader=True),
-            "workerTemplate": pod_template(fleet, group, size, leader=False),
+    api_version, kind = workload_kind(fleet)
+    spec: dict[str, Any] = {"replicas": size}
+    if kind == "StatefulSet":
+        spec |= {
+            "serviceName": WORKERS_SERVICE,
+            "selector": {"matchLabels": group_selector(group)},
+            # Every missing pod is created at once (GA), and a template change replaces no pod by itself: the
+            # updater deletes the batch's pods after patching the template (serving.rollout.backends.kubernetes).
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "OnDelete"},
+            "template": pod_template(fleet, group, size, leader=True),
         }
-    else:  # a group of one pod: the leader, which takes workerTemplate when there is no leaderTemplate
-        templates = {"size": 1, "workerTemplate": pod_template(fleet, group, size, leader=True)}
-    return {
-        "apiVersion": LWS_API,
-        "kind": "LeaderWorkerSet",
-        "metadata": meta,
-        "spec": {
-            "replicas": size,
+    else:  # a multi-node group: LWS's default rollout (maxUnavailable 1, one replica at a time; docs/infra.md)
+        spec |= {
             "startupPolicy": "LeaderCreated",
-            "rolloutStrategy": {
-                "type": "RollingUpdate",
-                # The group's disruption budget at once; no surge (a surge pod needs GPUs the reserve keeps free
-                # for failures).
-                "rollingUpdateConfiguration": {"maxUnavailable": max_unavailable(fleet.spec, size), "maxSurge": 0},
+            "leaderWorkerTemplate": {
+                "size": fleet.plan.placement.nodes_per_replica,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": pod_template(fleet, group, size, leader=True),
+                "workerTemplate": pod_template(fleet, group, size, leader=False),
             },
-            "leaderWorkerTemplate": templates,
-        },
-    }
+        }
+    return {"apiVersion": api_version, "kind": kind, "metadata": meta, "spec": spec}
 
 
 def render(fleet: Fleet) -> list[K8sObject]:

@@ -13,6 +13,7 @@ instance's own listener, which the ClusterIP Service (one instance per connectio
 from __future__ import annotations
 
 from serving.plan.model import Fleet
+from serving.render.common import whole_seconds
 from serving.render.k8s.common import (
     HOSTNAME_LABEL,
     LABEL_NAME,
@@ -33,6 +34,7 @@ NAME = ROUTER_APP
 PODS_SERVICE = f"{ROUTER_APP}-pods"  # headless: one address per router pod
 HTTP_PORT_NAME = "http"
 METRICS_PORT_NAME = "metrics"
+LIVENESS_PATH = "/liveness"  # the router's own liveness: answers without asking any worker
 DISCOVERY_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
 
 
@@ -70,7 +72,7 @@ def render(fleet: Fleet) -> list[K8sObject]:
             {"name": METRICS_PORT_NAME, "containerPort": metrics_port, "protocol": "TCP"},
         ],
         # /liveness answers while the process serves; /readiness only once a healthy worker is known.
-        "livenessProbe": {"httpGet": {"path": "/liveness", "port": HTTP_PORT_NAME}, **probe},
+        "livenessProbe": {"httpGet": {"path": LIVENESS_PATH, "port": HTTP_PORT_NAME}, **probe},
         "readinessProbe": {"httpGet": {"path": "/readiness", "port": HTTP_PORT_NAME}, **probe},
         "resources": {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
         "securityContext": {
@@ -101,6 +103,10 @@ def render(fleet: Fleet) -> list[K8sObject]:
                     "spec": {
                         "serviceAccountName": NAME,
                         "enableServiceLinks": False,
+                        # The kubelet's SIGKILL comes after the router's own drain (--shutdown-grace-period-secs), not
+                        # at the default 30 s; one heartbeat more for the endpoints to drop the pod first.
+                        "terminationGracePeriodSeconds": whole_seconds(fleet.spec.rollout.drain_timeout_s)
+                        + whole_seconds(fleet.spec.serving.heartbeat_interval_s),
                         **pull_secrets(fleet.spec),
                         "affinity": {
                             "podAntiAffinity": {
@@ -123,7 +129,9 @@ def render(fleet: Fleet) -> list[K8sObject]:
         {
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": metadata(NAME, ns, lab),
+            # Not awaited either: `up` would wait for a Ready router behind it (pulumi-kubernetes
+            # provider/pkg/await/service.go:404, shouldWaitForPods), i.e. for the fleet to load.
+            "metadata": metadata(NAME, ns, lab, await_annotations(skip=True)),
             "spec": {"type": "ClusterIP", "selector": selector, "ports": ports},
         },
         {

@@ -1,6 +1,12 @@
-"""Monitoring: a PrometheusRule with the rollout gates and the source's alert conditions, and ServiceMonitors for
-the router and the workers (prometheus-operator custom resources), labelled so the cluster's Prometheus selects
-them (``kubernetes.prometheus_selector_labels``; kube-prometheus-stack selects its Helm ``release``).
+"""Monitoring: a PrometheusRule with the rollout gates and the source's alert conditions, a ServiceMonitor for the
+router and a PodMonitor for the workers (prometheus-operator custom resources), labelled so the cluster's Prometheus
+selects them (``kubernetes.prometheus_selector_labels``; kube-prometheus-stack selects its Helm ``release``).
+
+Workers are found as pods, not through a Service: a ServiceMonitor is discovered through the Service's Endpoints
+unless the Prometheus sets ``serviceDiscoveryRole: EndpointSlice`` (kube-prometheus-stack leaves it unset), and the
+endpoints controller truncates an Endpoints object at 1,000 addresses (kubernetes
+``pkg/controller/endpoint/endpoints_controller.go``, ``maxCapacity``), so half of prod's 2,048 workers went unscraped.
+A PodMonitor uses the ``pod`` role, one target per selected pod, with no such cap (docs/k8s-semantics.md).
 
 Metric sources: the SGLang router (``smg_*``: requests and latency per path, client-facing responses, worker
 health), DCGM exporter (``DCGM_FI_DEV_GPU_UTIL``), node exporter's timex collector (``node_timex_offset_seconds``,
@@ -25,12 +31,13 @@ from serving.render.k8s.fleet import HTTP_PORT_NAME, SERVING_CONTAINER, WORKERS_
 
 COMPONENT = "monitoring"
 RULE_NAME = "exaserve-alerts"
+WORKERS_MONITOR = WORKERS_SERVICE  # the PodMonitor of the serving pods
 RATE_WINDOW = "5m"
 GPU_BUSY_PCT = 90
 GPU_IDLE_PCT = 30
 RESTARTS_PER_HOUR = 3
 SCRAPE_INTERVAL = "15s"
-# The router's client-facing inference endpoints (sglang-router 0.3.2 labels its request metrics by path).
+# The router's client-facing inference endpoints (smg labels its smg_http_* metrics by path).
 INFERENCE_PATHS = ("/generate", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 
 
@@ -185,10 +192,7 @@ def rule_groups(fleet: Fleet) -> list[dict[str, Any]]:
 def render(fleet: Fleet) -> list[K8sObject]:
     ns = fleet.spec.kubernetes.namespace
     selected = fleet.spec.kubernetes.prometheus_selector_labels
-    monitors: list[tuple[str, str, str]] = [
-        (ROUTER_APP, ROUTER_APP, gateway.METRICS_PORT_NAME),
-        (WORKERS_SERVICE, SERVING_APP, HTTP_PORT_NAME),
-    ]
+    endpoint = {"path": "/metrics", "interval": SCRAPE_INTERVAL}
     objects: list[K8sObject] = [
         {
             "apiVersion": "monitoring.coreos.com/v1",
@@ -201,13 +205,22 @@ def render(fleet: Fleet) -> list[K8sObject]:
         {
             "apiVersion": "monitoring.coreos.com/v1",
             "kind": "ServiceMonitor",
-            "metadata": metadata(name, ns, labels(COMPONENT, name, **selected)),
+            "metadata": metadata(ROUTER_APP, ns, labels(COMPONENT, ROUTER_APP, **selected)),
             "spec": {
-                "selector": {"matchLabels": {LABEL_NAME: app}},
+                "selector": {"matchLabels": {LABEL_NAME: ROUTER_APP}},
                 "namespaceSelector": {"matchNames": [ns]},
-                "endpoints": [{"port": port, "path": "/metrics", "interval": SCRAPE_INTERVAL}],
+                "endpoints": [{"port": gateway.METRICS_PORT_NAME, **endpoint}],
             },
-        }
-        for name, app, port in monitors
+        },
+        {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "PodMonitor",
+            "metadata": metadata(WORKERS_MONITOR, ns, labels(COMPONENT, WORKERS_MONITOR, **selected)),
+            "spec": {
+                "selector": {"matchLabels": {LABEL_NAME: SERVING_APP}},
+                "namespaceSelector": {"matchNames": [ns]},
+                "podMetricsEndpoints": [{"port": HTTP_PORT_NAME, **endpoint}],
+            },
+        },
     ]
     return objects

@@ -8,7 +8,7 @@ requests — so its pods are admitted to the serving port and nothing else there
 (``/workers`` on every instance), which is open to every client anyway, and reads the router's ``/metrics`` for its
 gates, so it is admitted to the metrics port beside the monitoring namespace.
 Replicas that span nodes also admit their own peers (the distributed init and NCCL bootstrap between the
-pods of one replica). Host-network DaemonSets (RDMA plugin, chrony) are outside pod network policy.
+pods of one replica). Host-network DaemonSets (the RDMA plugin) are outside pod network policy.
 """
 
 from __future__ import annotations

@@ -10,12 +10,15 @@ from serving.render.k8s import fabric
 LWS_CRD = "leaderworkersets.leaderworkerset.x-k8s.io"
 PROMETHEUS_RULE_CRD = "prometheusrules.monitoring.coreos.com"
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
+POD_MONITOR_CRD = "podmonitors.monitoring.coreos.com"
 NAD_CRD = "network-attachment-definitions.k8s.cni.cncf.io"
 
 
 def required_crds(fleet: Fleet) -> dict[str, list[str]]:
     """CRD names each concern's custom resources need, by concern (``fleet``, ``monitoring``, ``fabric``)."""
-    needed = {"fleet": [LWS_CRD], "monitoring": [PROMETHEUS_RULE_CRD, SERVICE_MONITOR_CRD]}
+    needed = {"monitoring": [PROMETHEUS_RULE_CRD, SERVICE_MONITOR_CRD, POD_MONITOR_CRD]}
+    if fleet.plan.multi_node:  # one-node replicas are StatefulSets (serving.render.k8s.fleet)
+        needed["fleet"] = [LWS_CRD]
     if fabric.has_rdma(fleet) and fleet.spec.cluster.fabric.secondary_network:
         needed["fabric"] = [NAD_CRD]
     return needed

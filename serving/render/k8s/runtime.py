@@ -149,7 +149,9 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
             "rules": [
                 alert(
                     "ExaServeNoControllerLeader",
-                    f"{LEADERS} < 1",
+                    # absent(): with no controller scraped at all (none running, image never pulled) the sum is an
+                    # empty vector, which compares to nothing (issue 25).
+                    f"{LEADERS} < 1 or absent(exaserve_runtime_leader)",
                     lease,
                     "critical",
                     "No fleet controller leads: failing replicas are not taken out of rotation",
@@ -189,6 +191,29 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
                     "The controller took a replica out of rotation (failing probes) or is migrating or warming it up",
                     "See its score and the leader's actions (exaserve status); if it stays out, check the replica's "
                     "log and its node.",
+                ),
+                alert(
+                    # the leader's view: only the leader restarts, so only its count of restarts is real
+                    "ExaServeReplicaQuarantined",
+                    "max by (replica) (exaserve_runtime_replica_quarantined * on (instance) group_left () "
+                    "(exaserve_runtime_leader == 1)) == 1",
+                    "0m",
+                    "critical",
+                    "runtime.quarantine_after restarts in a row did not bring a replica back: the controller stopped "
+                    "restarting it",
+                    "Check the replica's log and its node (exaserve status shows its restarts); it returns by itself "
+                    "once it passes a warm-up.",
+                ),
+                alert(
+                    "ExaServeRouterUnsynced",
+                    "max by (router) (exaserve_runtime_router_unsynced * on (instance) group_left () "
+                    "(exaserve_runtime_leader == 1)) == 1",
+                    detect,
+                    "warning",
+                    "A router instance missed the controller's membership changes: it may route to replicas the "
+                    "controller took out",
+                    "Check that router instance (ExaServeRouterInstanceDown); the leader reconciles its worker list "
+                    "as soon as it answers.",
                 ),
                 alert(
                     "ExaServeEvictionCapReached",

@@ -66,6 +66,11 @@ class Backend(Protocol):
         (not running) or cannot be reached; the updater plans from these and names the down ones."""
         ...
 
+    def unreachable(self) -> dict[str, str]:
+        """The nodes the last :meth:`versions` could not read, each with why (``node (address)`` → the SSH error);
+        empty where a replica is read from itself or the API server (an error there raises)."""
+        ...
+
     async def update(self, replica_ids: Sequence[str], version: str, timeout_s: float) -> None:
         """Make the replicas run ``version`` (restart them); return once the platform has applied it
         (health is the updater's next step). Raises :class:`BackendError`."""

@@ -1,11 +1,16 @@
-"""Kubernetes: move the batch's update group to the new release on its StatefulSet / LeaderWorkerSet.
+"""Kubernetes: move the batch's update group to the new release on its StatefulSet or LeaderWorkerSet.
 
-A batch is update group ``g`` — the LeaderWorkerSet ``sglang-g<g>`` that the Pulumi program creates
+A batch is update group ``g`` — the workload ``sglang-g<g>`` that the Pulumi program creates
 (:mod:`serving.render.k8s.fleet`). The update renders that workload from the stack with group ``g`` at the
 new version (image from ``serving.releases``, ``EXASERVE_RELEASE``, the version label) and sends its
 labels and pod template as a JSON merge patch — the same object ``pulumi up`` would apply once the
-stack records the new version. Then it waits for the rollout status the way ``kubectl rollout status``
-judges it, bounded by the updater's health timeout.
+stack records the new version. A StatefulSet group (``updateStrategy: OnDelete``) replaces no pod by itself: once
+its controller has observed the patch (``status.observedGeneration``), the updater deletes every pod of the group not
+at ``status.updateRevision`` (its ``controller-revision-hash`` label), all at once — the whole group is out of the
+routers — and the controller (``podManagementPolicy: Parallel``) recreates them at the new revision together; it
+deletes again any pod that comes back at the old revision. A LeaderWorkerSet group (multi-node replicas) is
+replaced by its own controller, one replica at a time (docs/infra.md, "How a batch is rolled"). Then it waits until
+every pod of the group is updated and Ready, bounded by the updater's health timeout.
 
 Membership (:class:`DiscoveryMembership`): the routers run Kubernetes service discovery and know a worker as
 ``http://POD_IP:serving.port``; discovery selects the serving pods labelled ``exaserve.io/admitted=true`` (every pod
@@ -24,8 +29,8 @@ label being set before the new server is Ready (a real SGLang server loads for m
 
 The updater's own calls (health, ``/metrics`` while draining, warm-up) go to the pod's IP as well, from the latest
 pod listing (the runner refreshes it before every step); the NetworkPolicy admits the updater's pod to the serving
-port (:mod:`serving.render.k8s.netpol`). Its service account needs ``get``/``patch`` on the LeaderWorkerSets and
-``list``/``patch`` on pods in the namespace.
+port (:mod:`serving.render.k8s.netpol`). Its service account needs ``get``/``patch`` on the groups' workloads and
+``list`` on pods, ``patch``/``delete`` on the replicas' serving pods (:mod:`serving.render.k8s.updater`).
 
 The API client is deliberately small: a bearer token and a CA bundle (the in-cluster service account
 by default), JSON over HTTPS; plain HTTP only to a loopback address (a local proxy or test stand-in).
@@ -47,14 +52,16 @@ import httpx
 
 from serving.plan.model import Fleet
 from serving.render.k8s.common import LABEL_ADMITTED, LABEL_GROUP, LABEL_VERSION, K8sObject, image
-from serving.render.k8s.fleet import LWS_API, SERVING_CONTAINER, group_name, render
+from serving.render.k8s.fleet import SERVING_CONTAINER, group_name, render
 from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.rollout.plan import with_group_version
-from serving.router.membership import Observed, RouterSet
+from serving.router.membership import Observed, RouterSet, routed
 from serving.spec.schema import FleetSpec
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 POLL_S = 0.5
+# The StatefulSet controller's label naming the revision a pod was created from (apps/v1 ControllerRevisionHashLabelKey).
+REVISION_LABEL = "controller-revision-hash"
 
 
 @dataclass(frozen=True)
@@ -92,13 +99,14 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def workload_path(spec: FleetSpec, group: int) -> str:
-    """Every update group is a LeaderWorkerSet (a group of one-pod replicas too: serving.render.k8s.fleet)."""
-    return f"/apis/{LWS_API}/namespaces/{spec.kubernetes.namespace}/leaderworkersets/{group_name(group)}"
+def workload_path(obj: K8sObject) -> str:
+    """The API path of a rendered workload (a StatefulSet or a LeaderWorkerSet)."""
+    meta = obj["metadata"]
+    return f"/apis/{obj['apiVersion']}/namespaces/{meta['namespace']}/{obj['kind'].lower()}s/{meta['name']}"
 
 
 def workload(fleet: Fleet, group: int) -> K8sObject:
-    """Group ``group``'s StatefulSet / LeaderWorkerSet as the Pulumi program renders it."""
+    """Group ``group``'s StatefulSet or LeaderWorkerSet as the Pulumi program renders it."""
     name = group_name(group)
     for obj in render(fleet):
         if obj["kind"] in ("StatefulSet", "LeaderWorkerSet") and obj["metadata"]["name"] == name:
@@ -118,7 +126,10 @@ def version_patch(fleet: Fleet, group: int, version: str) -> dict[str, Any]:
 
 
 def rollout_status(obj: K8sObject) -> tuple[bool, str]:
-    """(done, what is left) for a StatefulSet or LeaderWorkerSet, as ``kubectl rollout status`` reads it."""
+    """(done, what is left) for a StatefulSet or LeaderWorkerSet: the controller has seen the latest generation and
+    every replica is updated and Ready. An OnDelete StatefulSet never moves ``currentRevision`` (the controller does so
+    only for RollingUpdate: kubernetes ``pkg/controller/statefulset/stateful_set_utils.go``, ``completeRollingUpdate``),
+    so ``updatedReplicas`` is what counts."""
     meta, spec, status = obj.get("metadata", {}), obj.get("spec", {}), obj.get("status") or {}
     want = int(spec.get("replicas", 1))
     observed, generation = int(status.get("observedGeneration", 0)), int(meta.get("generation", 0))
@@ -129,8 +140,6 @@ def rollout_status(obj: K8sObject) -> tuple[bool, str]:
         return False, f"{updated} of {want} replicas updated, {ready} ready"
     if ready < want:
         return False, f"{ready} of {want} updated replicas ready"
-    if obj.get("kind") == "StatefulSet" and status.get("updateRevision") != status.get("currentRevision"):
-        return False, f"revision {status.get('updateRevision')} not yet current"
     if obj.get("kind") == "LeaderWorkerSet":
         conditions = {c.get("type"): c.get("status") for c in status.get("conditions", [])}
         if conditions.get("UpdateInProgress") == "True" or conditions.get("Available") != "True":
@@ -171,6 +180,7 @@ class KubernetesBackend(ReplicaIndex):
         # A group's replicas, in index order, are its workload's ordinals 0..size-1.
         self._ordinal = {r.id: sorted(x.index for x in replicas if x.group == r.group).index(r.index) for r in replicas}
         self._http = api.client()
+        self._workloads = {g: workload(fleet, g) for g in range(fleet.spec.rollout.batches)}
         self._pod_urls: dict[str, str] = {}  # replica → http://POD_IP:PORT from the latest listing
 
     @property
@@ -183,7 +193,8 @@ class KubernetesBackend(ReplicaIndex):
         if url := self._pod_urls.get(replica_id):
             return url
         pod = self._pod_name(replica_id)
-        service = group_name(self._replica(replica_id).group)  # LeaderWorkerSet pods' subdomain: the group's Service
+        spec = self._workloads[self._replica(replica_id).group]["spec"]
+        service = spec.get("serviceName") or group_name(self._replica(replica_id).group)  # an LWS's own Service
         return f"http://{pod}.{service}.{self.spec.kubernetes.namespace}.svc:{self.spec.serving.port}"
 
     def _pod_name(self, replica_id: str) -> str:
@@ -208,11 +219,13 @@ class KubernetesBackend(ReplicaIndex):
                 self._pod_urls[rid] = f"http://{ip}:{self.spec.serving.port}"  # the URL discovery registers
         return out
 
-    async def admit(self, pod: K8sObject, admitted: bool) -> None:
-        """Set the pod's ``exaserve.io/admitted`` label (a JSON merge patch of the pod's labels)."""
+    async def admit(self, pod: K8sObject, admitted: bool, *, missing_ok: bool = False) -> None:
+        """Set the pod's ``exaserve.io/admitted`` label (a JSON merge patch of the pod's labels). ``missing_ok``: a pod
+        deleted since it was listed (its workload is replacing it) is no error."""
         name = pod["metadata"]["name"]
         path = f"/api/v1/namespaces/{self.spec.kubernetes.namespace}/pods/{name}"
-        await self._merge_patch(path, {"metadata": {"labels": {LABEL_ADMITTED: "true" if admitted else "false"}}})
+        patch = {"metadata": {"labels": {LABEL_ADMITTED: "true" if admitted else "false"}}}
+        await self._merge_patch(path, patch, missing_ok=missing_ok)
 
     def known_versions(self) -> None:
         return None  # any release of serving.releases
@@ -222,7 +235,7 @@ class KubernetesBackend(ReplicaIndex):
         return True  # a batch is a whole workload: the update patches its pod template
 
     async def _get(self, group: int) -> K8sObject:
-        path = workload_path(self.spec, group)
+        path = workload_path(self._workloads[group])
         try:
             response = await self._http.get(path)
         except httpx.HTTPError as exc:
@@ -259,6 +272,9 @@ class KubernetesBackend(ReplicaIndex):
             out[rid] = found.pop() if len(found) == 1 else None
         return out
 
+    def unreachable(self) -> dict[str, str]:
+        return {}  # a replica that does not answer is down; nothing in between fails on its own
+
     async def update(self, replica_ids: Sequence[str], version: str, timeout_s: float) -> None:
         """Patch the groups' workloads and wait for their rollout. The updater updates only replicas it took out of
         the routers: every new pod is set ``admitted=false`` as it appears, so none joins the routers before the
@@ -273,30 +289,57 @@ class KubernetesBackend(ReplicaIndex):
                 )
         deadline = time.monotonic() + timeout_s
         for g in groups:
-            await self._patch(g, version_patch(self.fleet, g, version))
+            await self._merge_patch(workload_path(self._workloads[g]), version_patch(self.fleet, g, version))
         for g in groups:
             await self._wait(g, deadline, timeout_s)
 
-    async def _patch(self, group: int, patch: dict[str, Any]) -> None:
-        await self._merge_patch(workload_path(self.spec, group), patch)
-
-    async def _merge_patch(self, path: str, patch: dict[str, Any]) -> None:
-        """A JSON merge patch of the object at ``path``; BackendError naming the path and the answer."""
+    async def _merge_patch(self, path: str, patch: dict[str, Any], *, missing_ok: bool = False) -> None:
+        """A JSON merge patch of the object at ``path``; BackendError naming the path and the answer (a 404 is none
+        with ``missing_ok``)."""
         try:
             response = await self._http.patch(
                 path, json=patch, headers={"Content-Type": "application/merge-patch+json"}
             )
         except httpx.HTTPError as exc:
             raise BackendError(f"PATCH {path}: {exc!r}; is the API server reachable?") from None
-        if response.status_code != 200:
+        if response.status_code != 200 and not (missing_ok and response.status_code == 404):
             raise BackendError(f"PATCH {path} answered {response.status_code}: {response.text[:500]}")
+
+    async def _replace_outdated(self, group: int, obj: K8sObject) -> None:
+        """OnDelete StatefulSet: delete every pod of the group that is not at ``status.updateRevision`` and not already
+        terminating, all at once; the controller recreates them in parallel at that revision. Nothing before the
+        controller has observed the patched template (a pod deleted earlier would come back at the old revision)."""
+        status = obj.get("status") or {}
+        revision = status.get("updateRevision")
+        if obj["kind"] != "StatefulSet" or not revision:
+            return
+        if int(status.get("observedGeneration", 0)) < int(obj["metadata"].get("generation", 0)):
+            return
+        members = [r.id for r in self.replicas.values() if r.group == group]
+        stale = [
+            pod["metadata"]["name"]
+            for pod in (await self.leader_pods(members)).values()
+            if pod is not None and pod["metadata"].get("labels", {}).get(REVISION_LABEL) != revision
+        ]
+        await asyncio.gather(*(self._delete_pod(name) for name in stale))
+
+    async def _delete_pod(self, name: str) -> None:
+        path = f"/api/v1/namespaces/{self.spec.kubernetes.namespace}/pods/{name}"
+        try:
+            response = await self._http.delete(path)
+        except httpx.HTTPError as exc:
+            raise BackendError(f"DELETE {path}: {exc!r}; is the API server reachable?") from None
+        if response.status_code not in (200, 202, 404):  # 404: gone already
+            raise BackendError(f"DELETE {path} answered {response.status_code}: {response.text[:500]}")
 
     async def _wait(self, group: int, deadline: float, timeout_s: float) -> None:
         while True:
-            done, left = rollout_status(await self._get(group))
+            obj = await self._get(group)
+            done, left = rollout_status(obj)
             await self._hold(group)  # after the status: once it says done, every new pod exists and is held
             if done:
                 return
+            await self._replace_outdated(group, obj)
             if time.monotonic() >= deadline:
                 raise BackendError(
                     f"rollout of {group_name(group)} not complete after {timeout_s:g} s: {left}; "
@@ -305,11 +348,13 @@ class KubernetesBackend(ReplicaIndex):
             await asyncio.sleep(POLL_S)
 
     async def _hold(self, group: int) -> None:
-        """Keep the group's serving pods out of the routers' selection (the new ones carry the template's ``true``)."""
+        """Keep the group's serving pods out of the routers' selection (the new ones carry the template's ``true``).
+        A pod its workload deleted after the listing (a LeaderWorkerSet replaces a group's replicas one by one) is
+        skipped: its replacement is held on the next poll."""
         members = [r.id for r in self.replicas.values() if r.group == group]
         for pod in (await self.leader_pods(members)).values():
             if pod is not None and pod["metadata"].get("labels", {}).get(LABEL_ADMITTED) != "false":
-                await self.admit(pod, admitted=False)
+                await self.admit(pod, admitted=False, missing_ok=True)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -359,7 +404,7 @@ class DiscoveryMembership:
                 notes.append(f"pod {pod['metadata']['name']} of {rid} had {LABEL_ADMITTED}={have}: setting {want}")
                 await self.backend.admit(pod, admitted=want == "true")
         out_urls = {self.backend.worker_url(r) for r in out if r in replica_ids}
-        listed = {url for workers in (await self.routers.listed()).values() for url in workers}
+        listed = {url for workers in (await self.routers.listed()).values() for url in routed(workers)}
         if stale := sorted(out_urls & listed):
             seen = await self.routers.remove(*stale, timeout_s=self.routers.timeout_s)
             notes.append(f"routers listed {stale}, which must be out now: evicted, {seen.summary()}")

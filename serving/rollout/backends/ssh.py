@@ -108,6 +108,7 @@ class SshBackend(ReplicaIndex):
         self.identity = identity
         self.connect_timeout_s = connect_timeout_s
         self.unit_dir = unit_dir
+        self._unreachable: dict[str, str] = {}
         super().__init__(list(fleet.plan.replicas))
 
     @property
@@ -154,12 +155,18 @@ class SshBackend(ReplicaIndex):
         results = await self._per_node(
             {n: show_command([u for _, u in pairs]) for n, pairs in by_node.items()}, 2 * self.connect_timeout_s
         )
+        self._unreachable = {
+            f"{n.name} ({r.address})": r.error or r.status for n, r in results.items() if r.status not in ("ok", "exit")
+        }
         seen: dict[str, set[str | None]] = {rid: set() for rid in replica_ids}
         for node, pairs in by_node.items():
             loaded = parse_show(results[node].stdout) if results[node].ok else {}
             for rid, unit in pairs:
                 seen[rid].add(loaded.get(unit))
         return {rid: found.pop() if len(found) == 1 else None for rid, found in seen.items()}
+
+    def unreachable(self) -> dict[str, str]:
+        return dict(self._unreachable)
 
     async def update(self, replica_ids: Sequence[str], version: str, timeout_s: float) -> None:
         files = unit_files(self.fleet, [self._replica(r) for r in replica_ids], version)

@@ -1,0 +1,274 @@
+"""What the rolling updater may change, enforced at admission: a ValidatingAdmissionPolicy and its binding.
+
+The updater's Role (:mod:`serving.render.k8s.updater`) lets it ``patch`` the update groups' workloads and the
+replicas' serving pods. RBAC cannot narrow a patch to fields, and the namespace is labelled ``privileged``, so
+``patch`` alone would let it rewrite a pod template (a hostPath volume, a privileged container, another command):
+root on every GPU node. CrossGuard (:mod:`serving.checks.policy`) runs at ``pulumi up``, not at admission. This
+policy (``admissionregistration.k8s.io/v1``, GA since Kubernetes 1.30) closes that at the API server: for requests
+of the updater's service account only (``matchConditions``), an ``UPDATE`` of a group's workload may change exactly
+what :func:`serving.rollout.backends.kubernetes.version_patch` changes between two releases, comparing ``object``
+with ``oldObject``:
+
+* every container's and init container's ``image``;
+* the value of the serving container's ``EXASERVE_RELEASE`` (a plain value, never ``valueFrom``);
+* the version label :data:`~serving.render.k8s.common.LABEL_VERSION`, on the workload and its pod template(s);
+
+and an ``UPDATE`` of a pod may change only its :data:`~serving.render.k8s.common.LABEL_ADMITTED` label.
+
+The comparison is field by field (Kubernetes' CEL cannot iterate a typed object's fields): the field lists below
+are the schemas' properties less the ones allowed to change, and ``tests/test_render_admission.py`` derives them
+from the pinned OpenAPI schemas and CRD, so a field a newer schema adds fails that test rather than slipping past.
+Semantics and upstream lines: docs/k8s-semantics.md ("ValidatingAdmissionPolicy").
+"""
+
+from __future__ import annotations
+
+from serving.plan.model import Fleet
+from serving.render.k8s.common import LABEL_ADMITTED, LABEL_VERSION, UPDATER_APP, K8sObject, labels
+from serving.render.k8s.fleet import workload_kind
+from serving.render.k8s.netpol import NAMESPACE_NAME_LABEL
+
+COMPONENT = "rollout"
+API_VERSION = "admissionregistration.k8s.io/v1"
+POLICY = f"{UPDATER_APP}-release-only"
+RELEASE_ENV = "EXASERVE_RELEASE"
+
+# io.k8s.api.core.v1.Container's properties less ``image`` and ``env`` (compared on their own).
+CONTAINER_FIELDS = (
+    "args",
+    "command",
+    "envFrom",
+    "imagePullPolicy",
+    "lifecycle",
+    "livenessProbe",
+    "name",
+    "ports",
+    "readinessProbe",
+    "resizePolicy",
+    "resources",
+    "restartPolicy",
+    "securityContext",
+    "startupProbe",
+    "stdin",
+    "stdinOnce",
+    "terminationMessagePath",
+    "terminationMessagePolicy",
+    "tty",
+    "volumeDevices",
+    "volumeMounts",
+    "workingDir",
+)
+# io.k8s.api.core.v1.PodSpec's properties less ``containers`` and ``initContainers`` (compared container by container).
+POD_SPEC_FIELDS = (
+    "activeDeadlineSeconds",
+    "affinity",
+    "automountServiceAccountToken",
+    "dnsConfig",
+    "dnsPolicy",
+    "enableServiceLinks",
+    "ephemeralContainers",
+    "hostAliases",
+    "hostIPC",
+    "hostNetwork",
+    "hostPID",
+    "hostUsers",
+    "hostname",
+    "imagePullSecrets",
+    "nodeName",
+    "nodeSelector",
+    "os",
+    "overhead",
+    "preemptionPolicy",
+    "priority",
+    "priorityClassName",
+    "readinessGates",
+    "resourceClaims",
+    "resources",
+    "restartPolicy",
+    "runtimeClassName",
+    "schedulerName",
+    "schedulingGates",
+    "securityContext",
+    "serviceAccount",
+    "serviceAccountName",
+    "setHostnameAsFQDN",
+    "shareProcessNamespace",
+    "subdomain",
+    "terminationGracePeriodSeconds",
+    "tolerations",
+    "topologySpreadConstraints",
+    "volumes",
+)
+# io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta's fields a pod template's metadata may carry, less ``labels``.
+TEMPLATE_META_FIELDS = ("annotations", "finalizers", "name", "namespace", "ownerReferences")
+# Per workload kind: the spec's fields compared whole, and the fields holding pod templates.
+WORKLOAD_SPEC_FIELDS = {
+    # io.k8s.api.apps.v1.StatefulSetSpec less ``template``
+    "StatefulSet": (
+        "minReadySeconds",
+        "ordinals",
+        "persistentVolumeClaimRetentionPolicy",
+        "podManagementPolicy",
+        "replicas",
+        "revisionHistoryLimit",
+        "selector",
+        "serviceName",
+        "updateStrategy",
+        "volumeClaimTemplates",
+    ),
+    # the LeaderWorkerSet CRD's spec less ``leaderWorkerTemplate``
+    "LeaderWorkerSet": ("networkConfig", "replicas", "rolloutStrategy", "startupPolicy"),
+}
+# the LeaderWorkerSet CRD's spec.leaderWorkerTemplate less its two pod templates
+LWS_TEMPLATE_FIELDS = (
+    "persistentVolumeClaimRetentionPolicy",
+    "restartPolicy",
+    "size",
+    "subGroupPolicy",
+    "volumeClaimTemplates",
+)
+
+
+def _same(a: str, b: str, field: str) -> str:
+    """CEL: ``field`` is absent from both or equal in both (an absent field is an error to read, so ``has`` first)."""
+    return f"(has({a}.{field}) == has({b}.{field}) && (!has({a}.{field}) || {a}.{field} == {b}.{field}))"
+
+
+def _all_same(a: str, b: str, fields: tuple[str, ...]) -> str:
+    return " && ".join(_same(a, b, f) for f in fields)
+
+
+def _labels_same_except(a: str, b: str, key: str) -> str:
+    """CEL: the label maps at ``a`` and ``b`` differ at most in ``key``. Both must be present (every object the
+    policy matches is rendered with labels; no empty-map literal, whose type a ternary with the labels'
+    map(string, string) would have to unify)."""
+    na, nb = f"{a}.labels", f"{b}.labels"
+    return (
+        f"(has({na}) && has({nb}) && {na}.all(k, k == '{key}' || (k in {nb} && {na}[k] == {nb}[k]))"
+        f" && {nb}.all(k, k == '{key}' || k in {na}))"
+    )
+
+
+def _env_same(c: str, o: str) -> str:
+    """CEL: container ``c``'s env is ``o``'s but for the value of :data:`RELEASE_ENV`, which stays a plain value."""
+    other = f"filter(e, e.name != '{RELEASE_ENV}')"
+    return (
+        f"has({c}.env) == has({o}.env) && (!has({c}.env) || ({c}.env.{other} == {o}.env.{other}"
+        f" && {c}.env.filter(e, e.name == '{RELEASE_ENV}').size() == {o}.env.filter(e, e.name == '{RELEASE_ENV}')"
+        f".size() && {c}.env.all(e, e.name != '{RELEASE_ENV}' || !has(e.valueFrom))))"
+    )
+
+
+def _containers_same(new: str, old: str, field: str) -> str:
+    """CEL: the pod specs' ``field`` lists hold the same containers by name, differing only in image and release."""
+    a, b = f"{new}.{field}", f"{old}.{field}"
+    each = f"{_all_same('c', 'o', CONTAINER_FIELDS)} && {_env_same('c', 'o')}"
+    return (
+        f"has({a}) == has({b}) && (!has({a}) || ({a}.size() == {b}.size()"
+        f" && {a}.all(c, {b}.exists_one(o, o.name == c.name) && {b}.filter(o, o.name == c.name).all(o, {each}))))"
+    )
+
+
+def template_same(new: str, old: str) -> str:
+    """CEL: the pod templates at ``new`` and ``old`` differ only in images, the release and the version label."""
+    return " && ".join(
+        [
+            f"has({new}.metadata) == has({old}.metadata)",
+            f"(!has({new}.metadata) || ({_all_same(f'{new}.metadata', f'{old}.metadata', TEMPLATE_META_FIELDS)}"
+            f" && {_labels_same_except(f'{new}.metadata', f'{old}.metadata', LABEL_VERSION)}))",
+            _all_same(f"{new}.spec", f"{old}.spec", POD_SPEC_FIELDS),
+            _containers_same(f"{new}.spec", f"{old}.spec", "containers"),
+            _containers_same(f"{new}.spec", f"{old}.spec", "initContainers"),
+        ]
+    )
+
+
+def workload_same(kind: str) -> str:
+    """CEL: a ``kind`` update (object vs oldObject) changes only images, the release and the version label."""
+    parts = [
+        _labels_same_except("object.metadata", "oldObject.metadata", LABEL_VERSION),
+        _same("object.metadata", "oldObject.metadata", "annotations"),
+        _all_same("object.spec", "oldObject.spec", WORKLOAD_SPEC_FIELDS[kind]),
+    ]
+    if kind == "StatefulSet":
+        parts.append(template_same("object.spec.template", "oldObject.spec.template"))
+    else:
+        new, old = "object.spec.leaderWorkerTemplate", "oldObject.spec.leaderWorkerTemplate"
+        parts += [
+            _all_same(new, old, LWS_TEMPLATE_FIELDS),
+            template_same(f"{new}.workerTemplate", f"{old}.workerTemplate"),
+            f"has({new}.leaderTemplate) == has({old}.leaderTemplate)",
+            f"(!has({new}.leaderTemplate) || ({template_same(f'{new}.leaderTemplate', f'{old}.leaderTemplate')}))",
+        ]
+    return " && ".join(parts)
+
+
+def pod_same() -> str:
+    """CEL: a pod update changes only the :data:`LABEL_ADMITTED` label (a pod's image is mutable in place)."""
+    return (
+        f"{_labels_same_except('object.metadata', 'oldObject.metadata', LABEL_ADMITTED)}"
+        " && object.spec == oldObject.spec"
+        f" && {_same('object.metadata', 'oldObject.metadata', 'annotations')}"
+    )
+
+
+def updater_username(namespace: str) -> str:
+    """The username the API server gives the updater's service-account tokens."""
+    return f"system:serviceaccount:{namespace}:{UPDATER_APP}"
+
+
+def render(fleet: Fleet) -> list[K8sObject]:
+    """The policy and its binding (both cluster-scoped), bound to the stack's namespace."""
+    namespace = fleet.spec.kubernetes.namespace
+    api_version, kind = workload_kind(fleet)
+    group, version = api_version.rsplit("/", 1)
+    resource = f"{kind.lower()}s"
+    meta = {"labels": labels(COMPONENT, UPDATER_APP)}
+    policy = {
+        "apiVersion": API_VERSION,
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": POLICY, **meta},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": [group],
+                        "apiVersions": [version],
+                        "resources": [resource],
+                        "operations": ["UPDATE"],
+                    },
+                    {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["UPDATE"]},
+                ]
+            },
+            "matchConditions": [
+                {"name": "the-updater", "expression": f"request.userInfo.username == '{updater_username(namespace)}'"}
+            ],
+            "validations": [
+                {
+                    "expression": f"request.resource.resource != '{resource}' || ({workload_same(kind)})",
+                    "message": (
+                        f"{UPDATER_APP} may change only a {kind}'s images, the {RELEASE_ENV} value and the "
+                        f"{LABEL_VERSION} label"
+                    ),
+                    "reason": "Forbidden",
+                },
+                {
+                    "expression": f"request.resource.resource != 'pods' || ({pod_same()})",
+                    "message": f"{UPDATER_APP} may change only a pod's {LABEL_ADMITTED} label",
+                    "reason": "Forbidden",
+                },
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": API_VERSION,
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": POLICY, **meta},
+        "spec": {
+            "policyName": POLICY,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}}},
+        },
+    }
+    return [policy, binding]

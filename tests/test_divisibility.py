@@ -1,0 +1,178 @@
+"""The shape checks and the pipeline partition the planner mirrors, against the pinned SGLang's own code.
+
+``tests/support/sglang_divisibility.py`` runs SGLang's ``get_pp_indices``, ``check_quantized_moe_compatibility``
+and ``Fp8LinearMethod.validate_block_quant_shapes`` (their bodies from the installed source) over grids of
+shapes; the planner's verdict must be SGLang's, case for case. The head rules are asserts inside model
+constructors that need a GPU process group: those are checked against the source lines they quote."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+from typing import Any
+
+import pytest
+
+from serving.plan import divisibility as div
+from serving.plan import memory as sgl
+from serving.spec.schema import GIB, Architecture, architecture_from_hf_config
+from tests.support.sglang_parsers import ROOT, SGLANG_PYTHON, SGLANG_VENV, run_json_script_args
+
+TPS = (1, 2, 4, 8, 16, 32, 64)
+BLOCK = (128, 128)
+
+
+def _sglang(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return run_json_script_args(SGLANG_PYTHON, [str(ROOT / "tests" / "support" / "sglang_divisibility.py")], cases)
+
+
+def _arch(**fields: Any) -> Architecture:
+    base: dict[str, Any] = {"num_layers": 8, "hidden_size": 4096, "num_attention_heads": 64, "num_kv_heads": 64}
+    return Architecture.model_validate({**base, **fields})
+
+
+def test_the_quoted_source_lines_are_sglangs() -> None:
+    """Every check the planner cites is at the quoted line of the installed 0.5.23 source (a moved or changed
+    check fails here, and the citations in the reasons with it)."""
+    srt = next(SGLANG_VENV.glob("lib/python*/site-packages/sglang/srt"))
+    checks = (*div.SOURCE_CHECKS, sgl.PP_PARTITION, sgl.PP_MIN_TOKENS, sgl.GROUP_SCALES, sgl.GROUP_ZEROS)
+    for check in checks:
+        line = (srt / check.path).read_text().splitlines()[check.line - 1]
+        assert check.fragment in line, f"{check.where}: {line.strip()!r} does not hold {check.fragment!r}"
+    version = next(SGLANG_VENV.glob("lib/python*/site-packages/sglang-*.dist-info")).name
+    assert version.startswith("sglang-0.5.23."), version
+
+
+def test_pp_partition_is_sglangs_get_pp_indices() -> None:
+    cases = [{"kind": "pp", "layers": n, "pp": pp} for n in (7, 24, 32, 61, 80, 94, 126) for pp in (1, 2, 3, 4, 8, 16)]
+    cases = [c for c in cases if c["pp"] <= c["layers"]]
+    for r in _sglang(cases):
+        ours = [[s.start, s.stop] for s in sgl.pp_stage_layers(r["layers"], r["pp"])]
+        assert ours == r["stages"], r
+    # The extra layers go to the last stages: DeepSeek-V3's 61 layers over 8 stages are 7 × 3 then 8 × 5.
+    assert [len(s) for s in sgl.pp_stage_layers(61, 8)] == [7, 7, 7, 8, 8, 8, 8, 8]
+
+
+def test_block_fp8_moe_rule_is_sglangs() -> None:
+    """check_quantized_moe_compatibility over expert widths × TP × EP (every EP dividing TP and some that do not)."""
+    cases = [
+        {"kind": "moe", "tp": tp, "ep": ep, "moe_intermediate_size": moe_i, "block": list(BLOCK)}
+        for moe_i, tp, ep in itertools.product((768, 1408, 1536, 2048, 2560), TPS, (1, 2, 3, 4, 8, 16))
+        if ep <= tp
+    ]
+    verdicts = _sglang(cases)
+    rejected = 0
+    for r in verdicts:
+        arch = _arch(
+            weight_block_size=BLOCK,
+            moe={"num_experts": 64, "experts_per_token": 8, "intermediate_size": r["moe_intermediate_size"]},
+        )
+        ours = [x for x in div.rejections(arch, r["tp"], "fp8", r["ep"]) if "moe_intermediate_size" in x or "EP" in x]
+        assert bool(ours) == (r["error"] is not None), r
+        rejected += bool(ours)
+    assert 0 < rejected < len(verdicts)
+
+
+def test_block_fp8_dense_mlp_rule_is_sglangs() -> None:
+    """validate_block_quant_shapes for a Llama MLP (merged gate/up, row-parallel down) over widths × TP."""
+    widths = (11008, 12288, 14336, 18432, 27648, 28672, 53248)
+    cases = [
+        {"kind": "linear", "tp": tp, "hidden": 4096, "intermediate": i, "block": list(BLOCK)}
+        for i, tp in itertools.product(widths, TPS)
+        if i % tp == 0
+    ]
+    verdicts = _sglang(cases)
+    rejected = 0
+    for r in verdicts:
+        ours = div.rejections(_arch(weight_block_size=BLOCK, intermediate_size=r["intermediate"]), r["tp"], "fp8")
+        assert bool(ours) == (r["error"] is not None), r
+        rejected += bool(ours)
+    assert 0 < rejected < len(verdicts)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv", "tp", "rejected_by"),
+    [
+        (64, 4, 8, None),  # KV heads replicated: 8 is a multiple of 4
+        (64, 8, 8, None),
+        (40, 8, 16, div.HEADS),  # Qwen3-14B: 40 heads over 16 ranks
+        (48, 12, 8, div.KV_SPLIT),  # 12 KV heads over 8 ranks
+        (48, 6, 8, div.KV_REPLICATED),  # 6 KV heads cannot be replicated evenly over 8 ranks
+    ],
+)
+def test_head_rules(heads: int, kv: int, tp: int, rejected_by: div.SourceCheck | None) -> None:
+    reasons = div.rejections(_arch(num_attention_heads=heads, num_kv_heads=kv), tp, "bf16")
+    if rejected_by is None:
+        assert reasons == []
+    else:
+        assert len(reasons) == 1 and rejected_by.where in reasons[0] and str(tp) in reasons[0], reasons
+
+
+def test_block_rules_apply_only_to_a_block_fp8_checkpoint() -> None:
+    """Online FP8 of a 16-bit checkpoint has no blocks; bf16 layouts are never checked for them."""
+    moe = {"num_experts": 128, "experts_per_token": 8, "intermediate_size": 1536}
+    blocked = _arch(weight_block_size=BLOCK, moe=moe)
+    assert div.rejections(blocked, 8, "bf16") == []
+    assert div.rejections(_arch(moe=moe), 8, "fp8") == []
+    (reason,) = div.rejections(blocked, 8, "fp8")
+    assert re.search(r"1536 / \(TP 8 / EP 1\) = 192 is not a multiple of the 128-wide weight block", reason)
+    assert div.MOE_BLOCK.where in reason and "--ep-size 2 passes" in reason
+
+
+def _deepseek() -> Architecture:
+    cfg = json.loads((ROOT / "models" / "deepseek-v3" / "config.json").read_text())
+    return Architecture.model_validate(architecture_from_hf_config(cfg, "deepseek-v3"))
+
+
+def test_pipeline_stages_hold_their_own_layers_and_the_pool_is_their_minimum() -> None:
+    """DeepSeek-V3 FP8 at TP 1 × PP 8: the three dense layers sit on stage 1, the five extra layers on the last
+    stages, the LM head on the last; so the last stage is the fullest, heavier than ⌈61/8⌉ mean layers (the
+    planner's former split), and the replica's pool is that stage's, the minimum over stages."""
+    arch = _deepseek()
+    stages = sgl.stage_weights(arch, 1.0, 1, 8)
+    assert [len(s.layers) for s in stages] == [7, 7, 7, 8, 8, 8, 8, 8]
+    tables = 2 * arch.vocab_size * arch.hidden_size
+    assert sum(s.layer_bytes for s in stages) == pytest.approx(arch.parameter_count - tables)
+    former = math.ceil(61 / 8) * (arch.parameter_count - tables) / 61 + tables / 2 * 2 + sgl.LOAD_OVERHEAD_GIB * GIB
+    last = stages[-1]
+    assert last.total > max(s.total for s in stages[:-1])
+    assert 3.5 * GIB < last.total - former < 4.5 * GIB  # 8 MoE layers of 11.5 B parameters, not 8 of the 10.97 B mean
+    assert stages[0].total < stages[1].total  # stage 1 holds the small dense layers
+    rp = sgl.replica_pool(arch, 1.0, 2, 1, 8, 140 * GIB, 0.9)
+    assert rp.binding == 7 and rp.tokens == min(pool.tokens for _, _, pool in rp.stages)
+    assert len({pool.tokens for _, _, pool in rp.stages}) > 1
+
+
+def test_int4_weights_carry_the_group_scales_and_zeros() -> None:
+    """AWQ/GPTQ store per group of g input rows one 16-bit scale and one 4-bit zero per output column
+    (awq_linear.py, quoted above): 0.5 + 2.5 / g bytes a parameter, +3.9 % at g = 128. Before, int4 layers
+    were counted at 0.5 B flat. The group size comes from config.json when it declares one."""
+    cfg = json.loads((ROOT / "models" / "llama-3-70b" / "config.json").read_text())
+    arch = Architecture.model_validate(architecture_from_hf_config(cfg, "llama-3-70b"))
+    assert arch.quant_group_size is None
+    flat = sgl.stage_weights(arch, 0.5, 1, 1)[0]
+    grouped = sgl.stage_weights(arch, 0.5, 1, 1, sgl.DEFAULT_GROUP_SIZE)[0]
+    assert grouped.layer_bytes == pytest.approx(flat.layer_bytes * (0.5 + 2.5 / 128) / 0.5)
+    assert grouped.layer_bytes / flat.layer_bytes - 1 == pytest.approx(0.039, abs=0.001)
+    assert "2.5 / group 128" in grouped.formula and sgl.GROUP_SCALES.where in grouped.formula
+    declared = {**cfg, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 64}}
+    arch64 = Architecture.model_validate(architecture_from_hf_config(declared, "awq"))
+    assert arch64.quant_group_size == 64
+    with pytest.raises(ValueError, match="group_size = 'x' is not a positive integer"):
+        architecture_from_hf_config({**cfg, "quantization_config": {"group_size": "x"}}, "bad")
+
+
+def test_first_stage_weights_match_a_public_pp_log() -> None:
+    """https://github.com/sgl-project/sglang/issues/8337: Qwen3-235B-A22B bf16 at PP 4 × TP 8 on H200, rank TP0 PP0
+    logs ``Load weight end. … mem usage=13.73 GB``. SGLang's partition gives that stage 23 of the 94 layers (the
+    two extra ones go to the last stages) and the embedding: the planner's stage 1 is within 0.5 %, where ⌈94/4⌉ =
+    24 mean layers would be 4 % over."""
+    cfg = json.loads((ROOT / "models" / "qwen3-235b-a22b" / "config.json").read_text())
+    arch = Architecture.model_validate(architecture_from_hf_config(cfg, "qwen3-235b-a22b"))
+    stages = sgl.stage_weights(arch, 2.0, 8, 4)
+    assert [len(s.layers) for s in stages] == [23, 23, 24, 24]
+    logged = 13.73
+    assert stages[0].total / GIB == pytest.approx(logged, rel=0.005)
+    assert stages[-1].total / GIB > logged * 1.035  # the fullest stage is not the one that logged

@@ -1,0 +1,120 @@
+"""The runtime against real failures (issue 24), each finding driven through the controller's pure state machine on a
+simulated clock with prod's settings (tests/support/fleet_sim.py models the service's restarts and warm-ups).
+
+Prod's fleet is cut to 16 nodes (128 replicas) to keep the simulation fast; every setting the controller reads is
+prod's: heartbeat 5 s, health score, eviction cap 10 % (12 replicas, more than a node's 8), warm-up 30 s, startup
+budget 600 s, the restart back-off and the quarantine.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from serving.plan.model import Fleet
+from serving.runtime.controller import ReplicaState
+from tests.support.fleet_sim import FleetSim
+from tests.support.stacks import fleet_of, spec_from
+
+PROD: Fleet = fleet_of(spec_from("prod", cluster__pools__0__count=16, cluster__pools__0__racks=2))
+NODE = PROD.plan.replicas[0].node.name
+ON_NODE = {r.id for r in PROD.plan.replicas if r.node.name == NODE}
+FAULT_AT = 10.0
+HOUR = 3600.0
+
+
+def node_fault(seconds: float) -> FleetSim:
+    """Every replica of one node stops answering for ``seconds`` (its agent alive and reporting); loads take 120 s."""
+    return FleetSim(PROD, lambda rid, t: rid not in ON_NODE or not FAULT_AT <= t < FAULT_AT + seconds, load_s=120)
+
+
+def test_prod_settings_are_the_ones_the_findings_were_measured_with() -> None:
+    cfg = node_fault(0).ctl.config
+    assert (PROD.spec.serving.heartbeat_interval_s, cfg.max_evicted, len(ON_NODE)) == (5.0, 12, 8)
+    assert (cfg.restart_backoff_s, cfg.restart_backoff_max_s, cfg.quarantine_after) == (10.0, 300.0, 3)
+
+
+@pytest.mark.parametrize(("fault_s", "restarts"), [(60, 0), (90, 1), (300, 1)])
+def test_restart_storm_after_a_node_wide_fault(fault_s: float, restarts: int) -> None:
+    """Finding 1: a 90 s node-wide fault with agents alive drove the node score under the migrate line; each
+    restarted replica got the node's score again at once and was restarted on every tick (2.5 s), so it never
+    finished loading and the node never recovered (692 restarts per replica in 30 minutes). Now the node's score is
+    a node decision carried out once per replica, restarting replicas are no evidence against their node, and the
+    node recovers with one restart per replica (none for a 60 s fault, which stays above the migrate line)."""
+    sim = node_fault(fault_s)
+    sim.run(1800)
+    assert sim.serving() == set(sim.ctl.replicas), sorted(set(sim.ctl.replicas) - sim.serving())
+    assert {rid: sim.restarts[rid] for rid in ON_NODE} == dict.fromkeys(ON_NODE, restarts)
+    assert not set(sim.restarts) - ON_NODE  # no replica outside the fault restarted
+    assert sim.ctl.nodes[NODE].score >= PROD.spec.health.stop_routing_below
+
+
+def test_a_node_fault_that_outlasts_the_restarts_quarantines_its_replicas_and_they_return_unrestarted() -> None:
+    """Restarts that do not help back off (10 s, 20 s, … at most 300 s) and stop after runtime.quarantine_after (3):
+    the replicas are quarantined (state and count visible), and when the fault ends they return through a warm-up
+    on their own probes, with no further restart."""
+    sim = node_fault(HOUR)
+    sim.run(HOUR)
+    quarantine = PROD.spec.runtime.quarantine_after
+    assert {rid: sim.restarts[rid] for rid in ON_NODE} == dict.fromkeys(ON_NODE, quarantine)
+    assert {sim.ctl.replica_state(rid) for rid in ON_NODE} == {"quarantined"}
+    assert sim.ctl.counters.quarantined == len(ON_NODE)
+    sim.run(HOUR + 1800)
+    assert sim.serving() == set(sim.ctl.replicas)
+    assert {rid: sim.restarts[rid] for rid in ON_NODE} == dict.fromkeys(ON_NODE, quarantine)
+    assert not any(rec.quarantined for rec in sim.ctl.replicas.values())
+
+
+def test_a_flapping_replica_is_quarantined_with_backoff() -> None:
+    """Finding 3: SIGSTOP 6 s / SIGCONT 6 s at prod settings (the routers never see 3 failures in a row) was
+    removed, then restarted about every 150 s, 22 times an hour, and never readmitted. Now its restarts back off
+    and it is quarantined after runtime.quarantine_after of them, named in status and in the quarantine count."""
+    flapping = PROD.plan.replicas[3].id
+    sim = FleetSim(PROD, lambda rid, t: rid != flapping or t < FAULT_AT or (t - FAULT_AT) % 12 >= 6, load_s=120)
+    sim.run(HOUR)
+    assert sim.restarts == {flapping: PROD.spec.runtime.quarantine_after}
+    rec = sim.ctl.replicas[flapping]
+    assert rec.quarantined and rec.state is ReplicaState.OUT and sim.ctl.replica_state(flapping) == "quarantined"
+    assert sim.serving() == set(sim.ctl.replicas) - {flapping}
+    gaps = sorted(sim.ctl.config.backoff_s(n) for n in range(1, PROD.spec.runtime.quarantine_after + 1))
+    assert gaps == [10.0, 20.0, 40.0]
+
+
+def test_restarts_in_a_row_end_after_twice_the_longest_backoff_in_service() -> None:
+    """A replica that served 2 × runtime.restart_backoff_max_s since its last restart starts its back-off again: two
+    unrelated crashes a day apart are not a crash loop."""
+    down = {PROD.plan.replicas[5].id}
+    windows = [(FAULT_AT, FAULT_AT + 120), (2000.0, 2120.0), (4000.0, 4120.0), (6000.0, 6120.0)]
+    sim = FleetSim(PROD, lambda rid, t: rid not in down or not any(a <= t < b for a, b in windows), load_s=30)
+    sim.run(8000)
+    [rid] = down
+    assert sim.restarts[rid] == len(windows) > PROD.spec.runtime.quarantine_after
+    assert rid in sim.serving() and not sim.ctl.replicas[rid].quarantined
+
+
+def test_clocks_an_agent_restarted_with_its_wall_clock_behind_is_not_refused() -> None:
+    """Finding 6 (clocks): reports were ordered by (agent_start, seq) with agent_start on the agent's wall clock, so an
+    agent restarted with its clock 5 s behind (inside the accepted skew and age) had every report refused as
+    replayed. Now they are ordered by the node's boot id and its monotonic clock, which a wall-clock step does not
+    move; only a report from an earlier boot, or not after the last one of this boot, is a replay."""
+    sim = node_fault(0)
+    sim.run(20)
+    node = sim.ctl.nodes[NODE]
+    boot, seq = node.last_key or ("", 0)
+    accepted = sim.ctl.counters.accepted
+    behind = sim._report(NODE).model_copy(update={"seq": seq + 10**9, "sent_at": sim.t0 + sim.now - 5})
+    sim.ctl.receive(behind, sim.t0 + sim.now)  # the restarted agent: same boot, its wall clock 5 s behind
+    assert sim.ctl.counters.accepted == accepted + 1 and node.last_key == (boot, seq + 10**9)
+
+
+def test_restarts_that_worked_never_quarantine_a_replica_however_close_together() -> None:
+    """Seen in the drill suite: one replica crashed by four drills in a row (each restart readmitted it) was
+    quarantined by the fourth. Quarantine counts restarts that failed (no passed warm-up since); restarts that worked
+    only lengthen the back-off."""
+    down = {PROD.plan.replicas[6].id}
+    windows = [(FAULT_AT + 200 * i, FAULT_AT + 200 * i + 120) for i in range(5)]
+    sim = FleetSim(PROD, lambda rid, t: rid not in down or not any(a <= t < b for a, b in windows), load_s=30)
+    sim.run(1500)
+    [rid] = down
+    assert sim.restarts[rid] == len(windows) > PROD.spec.runtime.quarantine_after
+    assert rid in sim.serving() and not sim.ctl.replicas[rid].quarantined and sim.ctl.counters.quarantined == 0
+    assert sim.ctl.replicas[rid].restarts == len(windows)  # one run: it never served 600 s in between
