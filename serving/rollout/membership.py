@@ -4,7 +4,7 @@ The backend chooses the model (:meth:`Backend.membership <serving.rollout.backen
 
 * router API (bare metal, the sandbox): the routers know the workers by their static URLs and the updater removes
   and adds them with ``/workers`` on every router instance (:class:`RouterApiMembership`);
-* Kubernetes: the routers' service discovery decides and the updater changes what it selects
+* Kubernetes: the routers' service discovery makes the changes and the updater changes what it selects
   (:class:`serving.rollout.backends.kubernetes.DiscoveryMembership`).
 
 Either way a change counts only once every instance shows it: :class:`~serving.router.membership.Observed` carries the
@@ -29,7 +29,8 @@ class Membership(Protocol):
     routers: RouterSet
 
     async def take_out(self, replica_ids: Sequence[str], timeout_s: float) -> Observed:
-        """Done when no instance lists any of the replicas (new requests stop reaching them)."""
+        """Done when no instance routes to any of the replicas (each draining or gone: new requests stop reaching
+        them)."""
         ...
 
     async def bring_back(self, replica_ids: Sequence[str], timeout_s: float) -> Observed:

@@ -14,6 +14,11 @@ changed worker's own ``GET /workers/{id}``, never by polling the full list (1.5 
   keeps the draining entry for the worker's ``drain_settle_secs`` (5 s) and refuses the same URL meanwhile (409), so
   an addition first waits out a draining entry of its URL until it answers 404.
 
+Under smg's Kubernetes discovery the routers make the changes themselves, from the pods their selector holds
+(``model_gateway/src/service_discovery.rs``; docs/rollout.md, "Kubernetes membership"): :meth:`RouterSet.drained` and
+:meth:`RouterSet.discovered` ask nothing and wait for the same proofs, a worker draining or gone, a worker ready and
+healthy (found in one ``GET /workers`` per round: a worker discovery registers has no id before it is listed).
+
 One ``GET /workers`` per instance and operation maps the URLs to the instance's worker ids (the API has no lookup by
 URL). The instances are given by URL, or (Kubernetes) as a headless Service resolved before each operation: one
 address per router pod. Every operation asks every instance at once; one instance that does not answer fails the
@@ -160,6 +165,61 @@ class RouterSet:
 
         return await self._each("removed", wanted, one)
 
+    async def drained(self, *urls: str, timeout_s: float) -> Observed:
+        """Wait, asking nothing, until no instance routes to ``urls``: each answers draining or 404, or is not
+        listed. What smg's discovery does with a worker whose pod left its selector or is terminating."""
+        wanted = {u.rstrip("/") for u in urls}
+
+        async def one(client: RouterClient) -> float:
+            started = time.monotonic()
+            ids = {w.id: w.url for w in await client.list_workers() if w.url in wanted}
+            await _until_each(client, started, timeout_s, ids, _out, "still routes to")
+            return time.monotonic() - started
+
+        return await self._each("removed", wanted, one)
+
+    async def drains_ended(self, *urls: str, timeout_s: float) -> Observed:
+        """Wait until no instance holds a draining entry of ``urls`` (each answers 404 for it). smg adds no URL whose
+        removal job still runs: by hand it answers 409, and discovery skips it and retries only at its next pass,
+        the next pod event or its 60 s tick (``in_flight`` in ``reconcile_workers``, smg's service_discovery.rs at
+        73da68c)."""
+        wanted = {u.rstrip("/") for u in urls}
+
+        async def one(client: RouterClient) -> float:
+            started = time.monotonic()
+            await _until_drains_end(
+                client, started, timeout_s, [w for w in await client.list_workers() if w.url in wanted]
+            )
+            return time.monotonic() - started
+
+        return await self._each("drains ended", wanted, one)
+
+    async def discovered(self, *urls: str, timeout_s: float) -> Observed:
+        """Wait, asking nothing, until every instance lists each of ``urls`` ready and healthy: smg's discovery
+        registers a selected pod once the pod is Ready and Running."""
+        wanted = {u.rstrip("/") for u in urls}
+
+        async def one(client: RouterClient) -> float:
+            started = time.monotonic()
+            while True:
+                asked = time.monotonic()
+                listed = {w.url: w for w in await client.list_workers() if w.url in wanted and w.status != DRAINING}
+                if not (missing := wanted - set(listed)):
+                    break
+                now = time.monotonic()
+                if now - started >= timeout_s:
+                    raise MembershipTimeout(
+                        f"router {client.base_url} has not registered {_some(missing)} after {timeout_s:g} s: its "
+                        "discovery registers a pod once the pod is selected, Ready and Running (its log says "
+                        "'Registering worker URL … for pod NAME')"
+                    )
+                await asyncio.sleep(max(POLL_S, POLL_COST_RATIO * (now - asked)))
+            ids = {w.id: url for url, w in listed.items()}
+            await _until_each(client, started, timeout_s, ids, _ready, "does not answer ready and healthy")
+            return time.monotonic() - started
+
+        return await self._each("added", wanted, one)
+
     async def add(self, *urls: str, timeout_s: float) -> Observed:
         """Add ``urls`` on every instance that does not hold them; done when each one answers ready and healthy on
         every instance. A URL still draining from an earlier removal is waited out first (smg refuses it with 409
@@ -169,8 +229,7 @@ class RouterSet:
         async def one(client: RouterClient) -> float:
             started = time.monotonic()
             held = {w.url: w for w in await client.list_workers() if w.url in wanted}
-            draining = {w.id: w.url for w in held.values() if w.status == DRAINING}
-            await _until_each(client, started, timeout_s, draining, _gone, "still holds (draining)")
+            await _until_drains_end(client, started, timeout_s, held.values())
             ids = {w.id: w.url for w in held.values() if w.status != DRAINING}
             new = sorted(wanted - set(ids.values()))
             ids.update(zip(await asyncio.gather(*(client.add_worker(u) for u in new)), new, strict=True))
@@ -258,6 +317,14 @@ async def _until_each(
                 + _unknown(sorted(u for i, u in left.items() if workers[i] is None))
             )
         await asyncio.sleep(max(POLL_S, POLL_COST_RATIO * (now - asked)))
+
+
+async def _until_drains_end(
+    client: RouterClient, started: float, timeout_s: float, workers: Iterable[WorkerInfo]
+) -> None:
+    """Poll each draining one of ``workers`` until it answers 404 (smg keeps it for its ``drain_settle_secs``)."""
+    draining = {w.id: w.url for w in workers if w.status == DRAINING}
+    await _until_each(client, started, timeout_s, draining, _gone, "still holds (draining)")
 
 
 def _some(urls: Iterable[str]) -> str:
