@@ -18,7 +18,7 @@ bench's own status reads during the span (each read's cost measured too):
 * a read: ``GET /workers`` (the whole list) and ``GET /workers/{id}`` (one worker or its job's status): router CPU
   and wall time per read, and the list's size.
 
-sglang-router 0.3.2's figures (docs/scale.md, measured on this machine's kind with the same 100 changes at once):
+sglang-router 0.3.2's figures (docs/scale.md: one router, 2,048 workers, the same 100 changes at once; no longer installed):
 71 ms per removal, 76 ms per addition, 86 s of CPU to register 2,048 workers, 209 ms in its handler per list.
 """
 
