@@ -1,5 +1,5 @@
 """Benchmark: the rehearsal at the reference size — the prod stack's 2,048 replicas (256 nodes) as SIMULATED SGLang
-workers (256 per process) behind 3 REAL sglang-router instances, 3 REAL controllers on a REAL etcd and 256 node agents
+workers (256 per process) behind 3 REAL smg 1.13 gateway instances, 3 REAL controllers on a REAL etcd and 256 node agents
 (``exaserve sandbox up --stack prod --simulate``), on one machine, all four sections on one sandbox.
 
     PYTHONPATH=. .venv/bin/python bench/scale_bench.py [--replicas 2048] [--rate 100] [--sections S,…] [--json]

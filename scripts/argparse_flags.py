@@ -1,4 +1,4 @@
-"""Dump, or run, the REAL argparse parsers of SGLang's server and of the SGLang router.
+"""Dump, or run, the REAL argparse parsers of SGLang's server and of the gateway (smg, the SGLang router's successor).
 
 Standard library only: it runs inside whichever interpreter has the package installed, the
 throwaway SGLang venv for the server (see scripts/sglang-manifest.sh) and the project's `.venv`
@@ -51,10 +51,10 @@ def _server_parser() -> argparse.ArgumentParser:
 
 
 def _router_parser() -> argparse.ArgumentParser:
-    from sglang_router.router_args import RouterArgs  # noqa: PLC0415
+    from smg.router_args import RouterArgs  # noqa: PLC0415
 
-    # Built as sglang_router.launch_router.parse_router_args builds it (less its help text).
-    parser = argparse.ArgumentParser(prog="python -m sglang_router.launch_router")
+    # Built as smg.launch_router.parse_router_args builds it (less its description and help formatter).
+    parser = argparse.ArgumentParser(prog="python -m smg.launch_router")
     RouterArgs.add_cli_args(parser, use_router_prefix=False)
     return parser
 
@@ -67,9 +67,9 @@ SOURCES = {
         build=_server_parser,
     ),
     "router": ParserSource(
-        package="sglang-router",
-        origin="sglang_router.router_args.RouterArgs.add_cli_args(use_router_prefix=False)",
-        file_pattern="sglang-router-*-flags.json",
+        package="smg",
+        origin="smg.router_args.RouterArgs.add_cli_args(use_router_prefix=False)",
+        file_pattern="smg-*-flags.json",
         build=_router_parser,
     ),
 }
@@ -103,7 +103,10 @@ def _type_name(value_type: object) -> str | None:
         return None
     if value_type in (int, float, str, bool):
         return getattr(value_type, "__name__", None)
-    module = getattr(value_type, "__module__", None)
+    # a method used as a type (smg's --mm-processing: type=str.lower) has no module of its own but its class's
+    module = getattr(value_type, "__module__", None) or getattr(
+        getattr(value_type, "__objclass__", None), "__module__", None
+    )
     qualname = getattr(value_type, "__qualname__", None)
     return f"{module}.{qualname}" if module and qualname else repr(value_type)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the pinned flag manifests from the REAL parsers:
 #   serving/data/sglang-<version>-server-flags.json  (sglang.srt.server_args.ServerArgs.add_cli_args)
-#   serving/data/sglang-router-<version>-flags.json  (sglang_router RouterArgs.add_cli_args)
+#   serving/data/smg-<version>-flags.json            (smg.router_args.RouterArgs.add_cli_args, the gateway)
 # The server parser runs in a throwaway venv holding just enough of SGLang to import it (pinned in
 # scripts/sglang-manifest-requirements.txt), in the user's cache ($EXASERVE_SGLANG_VENV, default
 # ${XDG_CACHE_HOME:-~/.cache}/exaserve/venv-sglang: about 2 GB, shared by every checkout and kept across

@@ -1,10 +1,10 @@
-"""The pinned SGLang server and router command-line flags, and a strict check of rendered command lines.
+"""The pinned SGLang server and gateway (smg) command-line flags, and a strict check of rendered command lines.
 
 The manifests in ``serving/data`` are dumped from the REAL argparse parsers by
-``scripts/sglang-manifest.sh`` (``sglang.srt.server_args.ServerArgs.add_cli_args`` and the router's
-``RouterArgs.add_cli_args``); a test regenerates them and fails on any difference. ``validate_argv``
+``scripts/sglang-manifest.sh`` (``sglang.srt.server_args.ServerArgs.add_cli_args`` and the gateway's
+``smg.router_args.RouterArgs.add_cli_args``); a test regenerates them and fails on any difference. ``validate_argv``
 checks the part of a command line after the entry point (``sglang serve`` or
-``python -m sglang_router.launch_router``) the way argparse reads it, but stricter where argparse is
+``python -m smg.launch_router``) the way argparse reads it, but stricter where argparse is
 lenient: abbreviations (``--tp 2`` silently becomes ``--tp-size 2``), repeated flags (the last one
 silently wins), deprecated flags and ``--help`` are all problems. Every problem is a failing
 :class:`~serving.result.CheckResult`: its ``check`` is the :class:`ProblemKind`, its ``subject``
@@ -30,7 +30,7 @@ from serving.result import CheckResult, Status
 
 DATA_DIR: Final = Path(__file__).resolve().parent / "data"  # serving/data (package data)
 SERVER_MANIFEST_GLOB: Final = "sglang-*-server-flags.json"
-ROUTER_MANIFEST_GLOB: Final = "sglang-router-*-flags.json"
+ROUTER_MANIFEST_GLOB: Final = "smg-*-flags.json"
 _REGENERATE: Final = "regenerate it with scripts/sglang-manifest.sh (see docs/sglang-version-bump.md)"
 
 
@@ -63,6 +63,24 @@ def _json_object(raw: str) -> JsonValue:
     return value
 
 
+def _int_csv(raw: str) -> JsonValue:
+    """Mirrors smg.router_args._parse_int_csv: comma-separated integers, empty items skipped."""
+    return [int(item) for item in raw.split(",") if item]
+
+
+def _non_negative_int(raw: str) -> int:
+    """Mirrors smg.router_args._non_negative_int: an integer, no minus sign."""
+    number = int(raw)
+    if number < 0:
+        raise ValueError(f"expected a non-negative integer, got {raw!r}")
+    return number
+
+
+def _host_csv(raw: str) -> JsonValue:
+    """Mirrors the lambda smg.router_args gives --mm-allowed-media-domains: comma-separated, stripped, empties out."""
+    return [host.strip() for host in raw.split(",") if host.strip()]
+
+
 @dataclass(frozen=True)
 class _ValueType:
     expects: str
@@ -85,6 +103,10 @@ _VALUE_TYPES: Final[Mapping[str | None, _ValueType]] = {
     "sglang.srt.model_executor.cuda_graph_config.parse_cuda_graph_config_arg": _ValueType(
         "a JSON object mapping a phase to its settings", _json_object
     ),
+    "builtins.str.lower": _ValueType("a string (lower-cased)", str.lower),
+    "smg.router_args._parse_int_csv": _ValueType("comma-separated integers", _int_csv),
+    "smg.router_args._non_negative_int": _ValueType("a non-negative integer", _non_negative_int),
+    "smg.router_args.RouterArgs.add_cli_args.<locals>.<lambda>": _ValueType("comma-separated host names", _host_csv),
 }
 _REPEATABLE_ACTIONS: Final = frozenset({"append", "append_const", "extend", "count"})
 _EXITING_ACTIONS: Final = frozenset({"help", "version"})
@@ -191,7 +213,7 @@ def load_server_manifest() -> FlagManifest:
 
 @functools.cache
 def load_router_manifest() -> FlagManifest:
-    """The pinned SGLang router flags (``python -m sglang_router.launch_router``)."""
+    """The pinned gateway flags (``python -m smg.launch_router``)."""
     return _the_manifest(ROUTER_MANIFEST_GLOB)
 
 

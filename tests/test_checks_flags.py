@@ -3,7 +3,7 @@
 Everything here runs against the REAL parsers: the manifests are regenerated from
 ``sglang.srt.server_args.ServerArgs.add_cli_args`` (in the throwaway SGLang venv, ``~/.cache/exaserve/venv-sglang``, that
 ``scripts/sglang-manifest.sh`` builds, about a minute the first time) and from the installed
-``sglang_router``, and ``validate_argv`` is checked flag by flag against what those parsers accept. Each
+``smg`` (the gateway), and ``validate_argv`` is checked flag by flag against what those parsers accept. Each
 problem is a failing check result (serving.result): ``check`` the ProblemKind, ``subject`` the flag.
 """
 
@@ -17,7 +17,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from sglang_router.launch_router import parse_router_args
+from smg.launch_router import parse_router_args
 
 from serving.flags import (
     DATA_DIR,
@@ -129,7 +129,7 @@ def kinds(argv: list[str], manifest: FlagManifest) -> list[str]:
 def test_committed_manifests_match_the_real_parsers(regenerated: Path) -> None:
     """Regenerates both manifests from the real parsers; any difference means the pin and the data drifted."""
     fresh = {p.name: p.read_text() for p in regenerated.glob("*.json")}
-    committed = {p.name: p.read_text() for p in DATA_DIR.glob("sglang-*flags.json")}
+    committed = {p.name: p.read_text() for p in DATA_DIR.glob("*-flags.json")}
     assert sorted(fresh) == sorted(committed), (
         f"manifest files differ: regenerated {sorted(fresh)}, committed {sorted(committed)}; "
         "run scripts/sglang-manifest.sh and review the diff (docs/sglang-version-bump.md)"
@@ -151,8 +151,8 @@ def test_manifests_record_the_pinned_versions(server: FlagManifest, router: Flag
     pinned = re.search(r"^sglang==(\S+)$", lock, re.MULTILINE)
     assert pinned, "scripts/sglang-manifest-requirements.txt must pin sglang==VERSION"
     assert server.version == pinned.group(1)
-    assert (server.package, router.package) == ("sglang", "sglang-router")
-    assert router.version == version("sglang-router")
+    assert (server.package, router.package) == ("sglang", "smg")
+    assert router.version == version("smg")
     assert server.allow_abbrev and router.allow_abbrev  # why abbreviations must be caught here
     for flag in (
         "--model-path",
@@ -304,7 +304,7 @@ def test_router_problems(router: FlagManifest) -> None:
     ]
     assert "'cache_awar'" in problems[0].observed and "'v'" in problems[1].observed
     assert "Did you mean 'cache_aware'?" in problems[0].message
-    assert f"sglang-router {router.version}" in problems[0].message
+    assert f"smg {router.version}" in problems[0].message
 
 
 def test_check_argv_raises_listing_every_problem(server: FlagManifest) -> None:
@@ -331,7 +331,7 @@ def test_a_single_string_is_refused(server: FlagManifest) -> None:
 
 
 def test_a_manifest_with_an_unchecked_value_type_does_not_load(tmp_path: Path) -> None:
-    data = json.loads(next(DATA_DIR.glob("sglang-router-*-flags.json")).read_text())
+    data = json.loads(next(DATA_DIR.glob("smg-*-flags.json")).read_text())
     data["flags"]["--port"]["type"] = "some.module.parse_port"
     bad = tmp_path / "router.json"
     bad.write_text(json.dumps(data))
@@ -424,7 +424,7 @@ def test_argparse_silently_accepts_what_we_reject(regenerated: Path, server: Fla
 
 
 def test_the_real_router_launcher_parses_a_valid_router_argv(router: FlagManifest) -> None:
-    """sglang_router.launch_router.parse_router_args, the function `python -m sglang_router.launch_router` runs."""
+    """smg.launch_router.parse_router_args, the function `python -m smg.launch_router` runs."""
     assert validate_argv(ROUTER_ARGV, router) == []
     args = parse_router_args(ROUTER_ARGV)
     assert args.worker_urls == ["http://10.0.0.1:30000", "http://10.0.0.2:30000"]

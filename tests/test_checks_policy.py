@@ -445,7 +445,7 @@ def test_a_stack_with_a_mirror_pulls_every_image_through_it(tmp_path: Path) -> N
     fleet = fleet_of(load_stack_file(path).spec)
     assert policy.images_through_mirror([(f"kubernetes:x:{o['kind']}", o) for o in objects], fleet) == []
     router = next(o for o in objects if o["kind"] == "Deployment")
-    _container(router)["image"] = "lmsysorg/sgl-model-gateway:v0.3.2"
+    _container(router)["image"] = "lightseekorg/smg:1.13.0"
     del router["spec"]["template"]["spec"]["imagePullSecrets"]
     found = policy.images_through_mirror([(f"kubernetes:x:{o['kind']}", o) for o in objects], fleet)
     assert len(found) == 1 and "bypasses the mirror" in found[0].observed and "lacks 'pull'" in found[0].observed

@@ -43,10 +43,10 @@ def _pod(args: list[str]) -> dict[str, Any]:
 
 def test_argv_flags_reads_values_switches_equals_and_lists() -> None:
     entry, flags = argv_flags(
-        ["python3", "-m", "sglang_router.launch_router", "--policy=cache_aware", "--worker-urls", "http://a", "http://b",
+        ["python3", "-m", "smg.launch_router", "--policy=cache_aware", "--worker-urls", "http://a", "http://b",
          "--log-json", "--port", "-1"]
     )  # fmt: skip
-    assert entry == ["python3", "-m", "sglang_router.launch_router"]
+    assert entry == ["python3", "-m", "smg.launch_router"]
     assert flags == {
         "--policy": "cache_aware",
         "--worker-urls": "http://a http://b",
@@ -69,10 +69,10 @@ def test_a_changed_flag_is_named_by_flag_not_by_position() -> None:
 
 
 def test_a_changed_entry_point_is_one_change_and_a_reordered_line_the_whole_list() -> None:
-    router = ["python3", "-m", "sglang_router.launch_router", "--port", "8000"]
-    moved = ["python3", "-m", "sglang_router.launch", "--port", "8000"]
+    router = ["python3", "-m", "smg.launch_router", "--port", "8000"]
+    moved = ["python3", "-m", "smg.launch", "--port", "8000"]
     assert field_changes({"command": router}, {"command": moved}) == [
-        FieldChange("command[entry]", "python3 -m sglang_router.launch_router", "python3 -m sglang_router.launch")
+        FieldChange("command[entry]", "python3 -m smg.launch_router", "python3 -m smg.launch")
     ]
     reordered = ["--tp-size", "8", *SERVER[:-2]]
     assert field_changes({"args": SERVER}, {"args": reordered}) == [FieldChange("args", SERVER, reordered)]
@@ -206,7 +206,8 @@ def test_diff_reports_capacity_deltas_and_group_sizes(repo: Path) -> None:
     assert result.returncode == 0, result.stderr
     text = result.stdout
     objects = len(render_file(REPO / "Pulumi.dev.yaml"))
-    assert f"objects: 12 changed, 0 added, 0 removed ({objects} at base, {objects} now)" in text
+    assert f"objects: 13 changed, 0 added, 0 removed ({objects} at base, {objects} now)" in text
+    assert "~ Deployment exaserve/sglang-router  [" in text, "the gateway's job queue is sized from the replicas"
     assert "~ Role exaserve/exaserve-updater-rollout  [updater]\n      rules[2].resourceNames:" in text, (
         "the updater may label exactly the fleet's pods: fewer replicas, fewer names"
     )

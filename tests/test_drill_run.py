@@ -1,5 +1,5 @@
 """Every fault drill, run for real: `exaserve drill --scenario NAME --json --report DIR` against a sandbox started with
-the real `exaserve sandbox up` — 3 REAL sglang-router instances, simulated SGLang workers (2 nodes × 4; the worker
+the real `exaserve sandbox up` — 3 REAL smg 1.13 gateway instances, simulated SGLang workers (2 nodes × 4; the worker
 is the stand-in: no GPU here), one agent per node, 3 controllers on a REAL etcd and a REAL Prometheus loading the
 rendered alert rules. Faults are real signals to real processes (SIGKILL, SIGSTOP), except what a signal cannot do:
 slow answers, HTTP 500s, memory pressure and jitter go through the simulated worker's fault route (this kernel has

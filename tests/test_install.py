@@ -93,7 +93,7 @@ def test_the_wheel_ships_the_package_data_and_nothing_of_the_checkout(wheel: Pat
         "serving/data/crds.lock.json",
         "serving/data/source-plan.yaml",
         "serving/data/sglang-0.5.23-server-flags.json",
-        "serving/data/sglang-router-0.3.2-flags.json",
+        "serving/data/smg-1.13.0-flags.json",
         "serving/pulumi/components/stack.py",
         "serving/py.typed",
     ):

@@ -23,6 +23,7 @@ import pytest
 from packaging.markers import Marker
 from packaging.utils import canonicalize_name
 
+from serving.spec.schema import KubernetesSpec
 from tests.support.paths import REPO
 
 UV = Path(sys.executable).parent / "uv"
@@ -85,6 +86,14 @@ def test_the_venv_holds_exactly_the_locked_versions() -> None:
     assert not wrong, f"locked vs installed: {wrong}; run scripts/bootstrap.sh"
     torch = next(p for p in tomllib.loads((REPO / "uv.lock").read_text())["package"] if p["name"] == "torch")
     assert metadata.version("torch").split("+")[0] == torch["version"]
+
+
+def test_the_router_image_is_smg_at_the_locked_version() -> None:
+    """The gateway's image (``kubernetes.router_image``) is smg's release image at the version the lock pins, the
+    one the flag manifest was dumped from and the sandbox runs (it was sgl-model-gateway v0.3.2, the replaced router's)."""
+    version, _ = pins(REPO / "requirements.lock")["smg"]
+    assert KubernetesSpec().router_image == f"lightseekorg/smg:{version}"
+    assert (REPO / "serving" / "data" / f"smg-{version}-flags.json").is_file()
 
 
 def test_pulumi_install_reads_the_hashed_lock() -> None:

@@ -1,4 +1,4 @@
-"""The REAL ``sglang-router`` started with the flags ``serving.render.router`` renders, in front of two workers.
+"""The REAL gateway (``smg``) started with the flags ``serving.render.router`` renders, in front of two workers.
 
 The workers are SIMULATED SGLang servers (``serving.sandbox.worker``: no model, no GPU — SGLang itself
 cannot run here); the router is the real binary from the pinned wheel. Only the listeners (loopback,
@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 
 from serving.render.router import ROUTER_ENTRY, router_args
-from serving.router.client import ROUTER_WORKER_HEALTH, RouterClient
+from serving.router.client import ROUTER_WORKER_HEALTH, RouterClient, WorkerInfo
+from serving.router.membership import RouterSet
 from serving.sandbox.processes import StateDir, free_ports, start_router, start_worker, stop_all, stop_process
 from serving.sandbox.worker import WorkerConfig
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack
+from tests.support.smg import DRAIN_SETTLE_S, removal_job_noticed_s
 from tests.support.stacks import fleet_of, spec_from
 
 # real routers, judged on how soon they detect a worker's failure: the wait-bound phase (tests/conftest.py)
@@ -136,3 +138,53 @@ def test_rendered_heartbeat_flags_govern_the_real_routers_health_checks(workers:
     detected, survivor_healthy, readmitted = asyncio.run(body())
     assert detected <= budget and readmitted <= budget
     assert survivor_healthy
+
+
+@pytest.mark.slow
+def test_a_worker_added_back_before_smg_notices_its_removal_job_ended_is_admitted(
+    workers: Workers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rollback's order on one URL: remove (drain), restart the worker, add it back once its entry is gone (404).
+    smg keeps job statuses by URL and erases the URL's status when it notices the removal job ended, on a backed-off
+    poll (6.4 s after a DELETE with the 5 s drain): the new registration, still waiting for its worker then, answers
+    404 although it goes on and admits the worker. Before the fix the updater took that 404 for a dropped
+    registration and the readmission failed (RegistrationFailed) at 6.4 s."""
+    spec = load_stack("dev").spec
+    victim = workers.configs[0]
+    erased_s = removal_job_noticed_s()
+    answers: list[tuple[float, str, WorkerInfo | None]] = []
+    real_get_worker = RouterClient.get_worker
+
+    async def recorded(self: RouterClient, worker_id: str) -> WorkerInfo | None:
+        worker = await real_get_worker(self, worker_id)
+        answers.append((time.monotonic(), worker_id, worker))
+        return worker
+
+    monkeypatch.setattr(RouterClient, "get_worker", recorded)
+
+    async def restart(at: float) -> float:
+        await asyncio.sleep(at - time.monotonic())
+        await asyncio.to_thread(start_worker, workers.state, f"worker-{victim.port}", victim)
+        return time.monotonic()
+
+    async def body() -> tuple[float, float, float, list[WorkerInfo]]:
+        async with start_rendered_router(spec, workers) as rc:
+            routers = RouterSet([rc.base_url])
+            deleted = time.monotonic()
+            await routers.remove(victim.url, timeout_s=DRAIN_SETTLE_S)
+            stop_process(workers.state, f"worker-{victim.port}")
+            restarted = asyncio.create_task(restart(deleted + erased_s + 1.0))
+            await routers.add(victim.url, timeout_s=30)
+            admitted = time.monotonic()
+            return deleted, await restarted, admitted, await rc.list_workers()
+
+    deleted, restarted, admitted, listed = asyncio.run(body())
+    # the premise: the new registration answered pending, then 404 from when smg noticed the removal job's end while
+    # its worker was still down, then ready
+    (new_id,) = {i for _, i, w in answers if w is not None and w.status == "pending"}
+    kinds = [(w.status if w else 404) for _, i, w in answers if i == new_id]
+    assert kinds[0] == "pending" and kinds[-1] == "ready" and 404 in kinds, kinds
+    first_404 = next(at for at, i, w in answers if i == new_id and w is None) - deleted
+    assert erased_s - 0.5 < first_404 < restarted - deleted, (first_404, erased_s)
+    assert admitted > restarted
+    assert {w.url: (w.status, w.is_healthy) for w in listed} == {c.url: ("ready", True) for c in workers.configs}

@@ -22,7 +22,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from sglang_router.launch_router import parse_router_args
+from smg.launch_router import parse_router_args
 from typer.testing import CliRunner
 
 from serving.cli.commands import register
@@ -159,7 +159,13 @@ def test_every_rendered_file_carries_the_do_not_edit_header() -> None:
 ONE_FIELD_CASES = [
     # (change, server flags, server env, router flags)
     # SGLang's static fraction moves by tp × pp / 8 GiB of reserve: under 0.001 of an 80 GB GPU for TP 2.
-    ({"parallelism__tp": 2}, {"--tp-size"}, {"CUDA_VISIBLE_DEVICES"}, {"--worker-urls"}),
+    # Half the replicas: the worker list, and the job queue sized from the replica count.
+    (
+        {"parallelism__tp": 2},
+        {"--tp-size"},
+        {"CUDA_VISIBLE_DEVICES"},
+        {"--worker-urls", "--job-queue-capacity", "--job-queue-concurrency"},
+    ),
     # The pool still admits more than max_running_requests (8) sequences of 8,192 tokens.
     ({"limits__context_length": 8192}, {"--context-length"}, set(), set()),
     ({"serving__log_level": "debug"}, {"--log-level"}, set(), {"--log-level"}),
@@ -172,6 +178,7 @@ ONE_FIELD_CASES = [
             "--cb-window-duration-secs",
             "--worker-startup-check-interval",
             "--request-timeout-secs",
+            "--load-monitor-interval",
         },
     ),
     (
@@ -192,6 +199,8 @@ ONE_FIELD_CASES = [
     ),
     ({"scheduler__retries": 0}, set(), set(), {"--retry-max-retries", "--disable-retries"}),
     ({"rollout__drain_timeout_s": 60}, set(), set(), {"--shutdown-grace-period-secs"}),
+    ({"rollout__batches": 8}, set(), set(), {"--job-queue-concurrency"}),
+    ({"limits__max_running_requests": 16}, {"--max-running-requests"}, set(), {"--worker-overload-waiting-requests"}),
     # SGLang sizes the pool itself (no --max-total-tokens); the KV dtype does not move the static fraction.
     ({"model__kv_cache_dtype": "fp8_e5m2"}, {"--kv-cache-dtype"}, set(), set()),
     ({"limits__chunked_prefill_size": 2048}, {"--chunked-prefill-size"}, set(), set()),

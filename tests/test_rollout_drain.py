@@ -1,4 +1,4 @@
-"""The updater's drain, against the real router (``sglang-router`` 0.3.2) and simulated SGLang workers (the stand-in
+"""The updater's drain, against the real gateway (``smg`` 1.13.0) and simulated SGLang workers (the stand-in
 for GPU workers: real processes speaking SGLang's HTTP API and metrics, ``serving/sandbox/worker.py``).
 
 Router retries and the workers' own graceful shutdown hide a drain that does not wait: clients see no error either

@@ -1,4 +1,4 @@
-"""The fleet is the truth, the journal a log — end to end: the REAL sglang-router 0.3.2 in front of SIMULATED SGLang
+"""The fleet is the truth, the journal a log — end to end: the REAL smg 1.13 gateway in front of SIMULATED SGLang
 workers (`serving.sandbox.worker`: no GPU here), real worker processes, real client load, `exaserve` run as users
 run it. The fleet is changed behind the journal the way it happens to a real one: workers restarted on the old
 release through the sandbox's own process records (a node replaced, a partial `pulumi up`), the whole sandbox

@@ -1,5 +1,5 @@
 """The canary gate live: each batch judged against the replicas not yet updated over the same window, with the REAL
-sglang-router 0.3.2 (its per-worker outcome counters, health and circuit-breaker gauges) in front of SIMULATED SGLang
+smg 1.13 gateway (its per-worker outcome counters, health and circuit-breaker gauges) in front of SIMULATED SGLang
 workers (`serving.sandbox.worker`: no GPU here; each exposes SGLang's `sglang:e2e_request_latency_seconds` on the
 rendered buckets), real client load from the open-loop load generator, `exaserve rollout` run as users run it.
 

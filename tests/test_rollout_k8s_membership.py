@@ -1,6 +1,6 @@
 """Kubernetes membership: the routers' own service discovery, driven by the pods the API server holds.
 
-What is REAL: three ``sglang-router`` 0.3.2 processes started with the fleet's rendered Kubernetes command
+What is REAL: three smg 1.13 gateway processes started with the fleet's rendered Kubernetes command
 (``--service-discovery``, the rendered ``--selector`` with ``exaserve.io/admitted=true``, namespace and port), each
 discovering pods through its own Kubernetes client (kube-rs, from ``KUBECONFIG``: plain HTTP to a loopback server);
 one simulated SGLang worker process per serving pod (``serving.sandbox.worker``), listening on the pod's IP (a
@@ -8,18 +8,25 @@ one simulated SGLang worker process per serving pod (``serving.sandbox.worker``)
 updater's runner, the Kubernetes backend and its :class:`DiscoveryMembership`, unchanged.
 
 What STANDS IN: the API server and the StatefulSet controller and kubelet behind it — ``ApiServerStandIn``
-(tests/test_rollout_backends.py) with a pod watch (list, then ``watch=true`` from the list's resourceVersion, one
-JSON event per line, as the router's client asks for it), and a kubelet that starts a pod's worker process, marks the
-pod Ready once the worker answers ``/health`` and, when the updater deletes a pod to replace it, first marks it terminating
-(``deletionTimestamp``), stops its process (SIGTERM, the worker's graceful exit) and then deletes it. Pods carry
-the templates' labels; the router never sees anything but these pods.
+(tests/support/apiserver.py) with a pod watch (list, then ``watch=true`` from the list's resourceVersion, one JSON
+event per line, as the router's client asks for it; a label-selector watch sees a pod that leaves the selector as
+DELETED and one that enters it as ADDED, as the API server's watch filter sends them), and a kubelet that starts a
+pod's worker process, marks the pod Ready once the worker answers ``/health`` and, when the updater deletes a pod to
+replace it, first marks it terminating (``deletionTimestamp``), stops its process (SIGTERM, the worker's graceful
+exit) and then deletes it. Pods carry the templates' labels; the router never sees anything but these pods.
 
-Router flags the test changes: loopback listeners on free ports and ``--log-level info`` (the log names each pod
-discovery adds). Checked with the real binary: discovery registers a Ready pod entering its selection that it has not
-registered before, and removes a worker only when its pod is being deleted; a pod leaving the selection stays
-registered, and a pod evicted through ``/workers`` is not registered again while it keeps its name and IP. That is
-why the updater carries each change of the selection to every running instance itself (module
-:mod:`serving.rollout.backends.kubernetes`), while the selection decides what a (re)starting router registers.
+Router flags the test changes: loopback listeners on free ports and ``--log-level info`` (the log names each worker
+discovery registers). What smg 1.13.0's discovery does, each checked here on the real binary (its log names
+``model_gateway/src/service_discovery/{kubernetes,reconciler}.rs``, whose 1.13.0 source is not stored here; the
+nearest stored source, lightseekorg/smg 73da68c, has the same level-triggered design in one file,
+``service_discovery.rs``): on every watch event (after 1 s) and every 60 s (its log: ``reconciling on change and every
+60s``) it compares the pods its selector publishes with the workers it registered and submits the difference as jobs
+— a pod that left the selector or turned unready is removed, drained (``Removing worker … no longer published``;
+73da68c kept an unready pod's worker, 1.13.0 does not; a terminating one too at 73da68c, line 700, not checked apart
+here: the updater deselects a batch before it deletes its pods); a selected Ready pod is registered
+(``Registering worker IP:PORT (Regular) as NAME-N:PORT``); a worker added by hand carries no pod-uid label and is
+never touched (73da68c ``k8s_owned_workers``, lines 747-778). So the updater only changes labels and proves each
+change on every instance (module :mod:`serving.rollout.backends.kubernetes`).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -48,7 +56,7 @@ from serving.rollout.machine import Event, Phase, initial
 from serving.rollout.plan import kv_plan, plan_rollout
 from serving.rollout.runner import Progress, Runner
 from serving.router.loadgen import LoadGenerator, LoadSpec
-from serving.router.membership import Observed, RouterSet
+from serving.router.membership import DRAINING, Observed, RouterSet
 from serving.sandbox.processes import (
     ProcessRecord,
     StateDir,
@@ -175,18 +183,32 @@ class DiscoveryApiServer(ApiServerStandIn):
     async def _get(self, request: web.Request) -> web.StreamResponse:  # type: ignore[override]  # a watch streams
         if request.path != self.pods_path:
             return await super()._get(request)
+        wanted = dict(t.split("=", 1) for t in request.query.get("labelSelector", "").split(",") if t)
+
+        def selected(pod: dict[str, Any]) -> bool:
+            return wanted.items() <= pod["metadata"]["labels"].items()
+
         if request.query.get("watch") not in ("true", "1"):
-            wanted = dict(t.split("=", 1) for t in request.query.get("labelSelector", "").split(",") if t)
-            items = [p for p in self.pods.values() if wanted.items() <= p["metadata"]["labels"].items()]
+            items = [p for p in self.pods.values() if selected(p)]
             listed = {"resourceVersion": str(len(self.events))}
             return web.json_response({"apiVersion": "v1", "kind": "PodList", "metadata": listed, "items": items})
         self.watches += 1
         seen = int(request.query.get("resourceVersion") or 0)
+        # the selected pods as of ``seen``; from there the API server sends a pod that stops matching the selector as
+        # DELETED and one that starts matching as ADDED (convertToWatchEvent, apiserver/pkg/storage/cacher/
+        # cache_watcher.go)
+        held: set[str] = set()
+        for _, kind, pod in self.events[:seen]:
+            (held.add if selected(pod) and kind != "DELETED" else held.discard)(pod["metadata"]["name"])
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
         while not self.closing:
             for rv, kind, pod in self.events[seen:]:
-                await response.write((json.dumps({"type": kind, "object": pod}) + "\n").encode())
+                name, now = pod["metadata"]["name"], selected(pod) and kind != "DELETED"
+                sent = kind if now and name in held else "ADDED" if now else "DELETED" if name in held else None
+                (held.add if now else held.discard)(name)
+                if sent is not None:
+                    await response.write((json.dumps({"type": sent, "object": pod}) + "\n").encode())
                 seen = rv
             await asyncio.sleep(WATCH_POLL_S)
         return response
@@ -212,11 +234,11 @@ class Cluster:
         return KubernetesBackend(fleet_of(self.spec), KubeApi(self.api.url))
 
     def listed(self) -> list[dict[str, bool]]:
-        """Per router: worker URL → healthy."""
+        """Per router: worker URL → healthy, for the workers it routes to (a draining one is out)."""
         out = []
         for url in self.routers:
             body = httpx.get(url + "/workers", timeout=5).json()
-            out.append({w["url"]: w["is_healthy"] for w in body["workers"]})
+            out.append({w["url"]: w["is_healthy"] for w in body["workers"] if w["status"] != DRAINING})
         return out
 
     def pod_urls(self, group: int | None = None) -> dict[str, str]:
@@ -282,19 +304,25 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def test_every_router_discovers_the_pods_it_selects_from_the_stand_in(cluster: Cluster) -> None:
-    """The starting point is discovery's own: each router watched the API and registered the four pods by IP."""
+    """The starting point is discovery's own: each router watched the API and registered the four pods by IP (its
+    log: ``Registering worker IP:PORT (Regular) for pod NAME``, service_discovery.rs ``reconcile_workers``)."""
     assert cluster.api.watches >= ROUTERS
     expected = set(cluster.pod_urls().values())
     assert len(expected) == cluster.spec.serving.replicas
     assert [set(r) for r in cluster.listed()] == [expected] * ROUTERS
     for log in cluster.logs:
-        added = [line for line in log.read_text().splitlines() if "Adding pod:" in line]
-        assert {line.rsplit("url: ", 1)[1].strip() for line in added} == expected, added
+        added = [
+            line.split("Registering worker ", 1)[1]
+            for line in log.read_text().splitlines()
+            if "Registering worker " in line
+        ]
+        assert {f"http://{line.split(' ', 1)[0]}" for line in added} == expected, added
 
 
 def test_out_of_the_selection_on_every_router_and_a_restarted_router_keeps_it_out(cluster: Cluster) -> None:
-    """``take_out`` deselects group 0's pods and evicts them on every instance; a router restarted meanwhile lists
-    again what discovery selects, without group 0; ``bring_back`` selects them again and every instance lists them."""
+    """``take_out`` deselects group 0's pods and every instance's discovery drains them; a router restarted meanwhile
+    registers what its selector holds, without group 0; ``bring_back`` selects them again (the same pods, back within
+    their drain: it waits the drain out first) and every instance's discovery registers them."""
     members = [r.id for r in fleet_of(cluster.spec).plan.replicas if r.group == 0]
     group0, others = set(cluster.pod_urls(0).values()), set(cluster.pod_urls(1).values())
 
@@ -327,6 +355,58 @@ def test_out_of_the_selection_on_every_router_and_a_restarted_router_keeps_it_ou
     assert [set(r) for r in cluster.listed()] == [group0 | others] * ROUTERS
 
 
+def test_discovery_drains_an_unready_pod_and_never_touches_a_worker_added_by_hand(cluster: Cluster) -> None:
+    """A selected pod that turns unready is drained like one that leaves the selector (smg 1.13.0's Kubernetes
+    provider publishes Ready pods only: ``Removing worker … no longer published``), and registered again once Ready;
+    a worker added by hand (``POST /workers``: no pod-uid label) is never removed by discovery — judged after the
+    reconcile pass that drained the other two."""
+    spec = cluster.spec
+    pods = cluster.pod_urls(1)
+    unready, leaving = sorted(pods)
+    hand = f"http://{cluster.api.kubelet.next_ip()}:{spec.serving.port}"
+    config = WorkerConfig(
+        port=spec.serving.port,
+        host=urlsplit(hand).hostname or "",
+        version="v1",
+        latency_ms=20.0,
+        served_model_name=spec.model.name,
+        kv_pool_tokens=cluster.api.kubelet.kv_pool_tokens,
+    )
+    start_worker(cluster.state, "hand-added", config)
+    routers = RouterSet(cluster.routers)
+
+    def patch(pod: str, body: dict[str, Any]) -> None:
+        path = f"{cluster.api.url}{cluster.api.pods_path}/{pod}"
+        headers = {"Content-Type": "application/merge-patch+json"}
+        httpx.patch(path, content=json.dumps(body), headers=headers, timeout=5).raise_for_status()
+
+    def ready(status: str) -> dict[str, Any]:
+        return {"status": {"conditions": [{"type": "Ready", "status": status}]}}
+
+    async def judged() -> Observed:
+        await routers.add(hand, timeout_s=30)
+        patch(unready, ready("False"))
+        patch(leaving, {"metadata": {"labels": {LABEL_ADMITTED: "false"}}})
+        return await routers.drained(pods[unready], pods[leaving], timeout_s=30)
+
+    drained = asyncio.run(judged())
+    assert sorted(drained.seconds_by_router) == sorted(cluster.routers), drained
+    for routed in cluster.listed():
+        assert hand in routed and not {pods[unready], pods[leaving]} & set(routed), routed
+
+    async def restore() -> Observed:
+        await routers.remove(hand, timeout_s=30)
+        await routers.drains_ended(pods[unready], pods[leaving], timeout_s=30)
+        patch(unready, ready("True"))
+        patch(leaving, {"metadata": {"labels": {LABEL_ADMITTED: "true"}}})
+        return await routers.discovered(pods[unready], pods[leaving], timeout_s=30)
+
+    back = asyncio.run(restore())
+    assert sorted(back.seconds_by_router) == sorted(cluster.routers), back
+    stop_process(cluster.state, "hand-added", timeout_s=10)
+    assert [set(r) for r in cluster.listed()] == [set(cluster.pod_urls().values())] * ROUTERS
+
+
 def test_a_rollout_moves_each_group_through_discovery_on_every_router(cluster: Cluster, tmp_path: Path) -> None:
     """A full gated rollout v1 → v2 under client load through router 0. For each batch: its pods leave every router
     before the removal is recorded (proved on each, the journal names each); its pods are replaced; the new pods
@@ -344,7 +424,10 @@ def test_a_rollout_moves_each_group_through_discovery_on_every_router(cluster: C
         with httpx.Client(timeout=5) as client:
             while not stop.is_set():
                 asked = time.time()
-                lists = [{w["url"] for w in client.get(u + "/workers").json()["workers"]} for u in cluster.routers]
+                lists = [
+                    {w["url"] for w in client.get(u + "/workers").json()["workers"] if w["status"] != DRAINING}
+                    for u in cluster.routers
+                ]
                 samples.append((asked, time.time(), lists))
                 time.sleep(0.05)
 

@@ -1,4 +1,4 @@
-"""Every router instance, for membership and for the gates: a sandbox with three REAL ``sglang-router`` 0.3.2
+"""Every router instance, for membership and for the gates: a sandbox with three REAL ``smg`` 1.13.0 gateway
 instances (router 0 from ``exaserve sandbox up``, routers 1 and 2 started with the same rendered command,
 :func:`serving.sandbox.runtime.start_extra_routers`) in front of SIMULATED SGLang workers (no GPU here), client load
 spread over all three routers (each sees a third of it), and the updater run as users run it: ``exaserve rollout
@@ -112,14 +112,18 @@ def test_each_batch_leaves_and_rejoins_every_router_before_the_next_phase(
     sandbox: tuple[Sandbox, list[str]],
 ) -> None:
     sb, routers = sandbox
-    samples: list[tuple[float, float, list[list[str]]]] = []  # (asked at, answered at, each router's worker URLs)
+    samples: list[tuple[float, float, list[list[str]]]] = []  # (asked at, answered at, each router's routed URLs)
     stop = threading.Event()
 
     def sample() -> None:
         with httpx.Client(timeout=5) as client:
             while not stop.is_set():
                 asked = time.time()
-                lists = [[w["url"] for w in client.get(u + "/workers").json()["workers"]] for u in routers]
+                # in rotation: smg keeps a removed worker listed, draining, for its drain_settle_secs
+                lists = [
+                    [w["url"] for w in client.get(u + "/workers").json()["workers"] if w["status"] != "draining"]
+                    for u in routers
+                ]
                 samples.append((asked, time.time(), lists))
                 time.sleep(0.02)
 

@@ -1,4 +1,4 @@
-"""The rolling updater end to end: the REAL sglang-router 0.3.2 in front of SIMULATED SGLang workers
+"""The rolling updater end to end: the REAL smg 1.13 gateway in front of SIMULATED SGLang workers
 (`serving.sandbox.worker`: no GPU here), real worker processes restarted by the updater, real client
 load from the bounded open-loop load generator, and `exaserve` run as users run it (subprocesses).
 
@@ -263,7 +263,7 @@ def test_router_restart_is_survived_and_a_router_gone_past_the_grace_period_paus
     procs = at_v1.processes
     record = procs.read("router")
     assert record is not None
-    flags = list(record.argv[3:])  # after "python -m sglang_router.launch_router"
+    flags = list(record.argv[3:])  # after "python -m smg.launch_router"
     try:
         with Load(at_v1.router_url) as load:
             rollout = fast.start("rollout", "--to", "v2", "--json", ACCEPT, "--router-grace-s", "3")

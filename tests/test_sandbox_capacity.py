@@ -54,7 +54,7 @@ def test_costs_are_measured_with_the_real_worker_host_and_agent_which_are_gone_a
 
 def test_at_the_reference_machines_costs_the_model_gives_its_measured_cores() -> None:
     """docs/scale.md, 2,048 replicas on the reference machine: worker processes 0.38, agents 0.20, routers 0.15,
-    controllers 0.11 cores. The model's rates: 3 routers × (/health + /get_load) + an agent's /health and /metrics per
+    controllers 0.11 cores. The model's rates: 3 routers × (/health + /v1/loads) + an agent's /health and /metrics per
     replica per 5 s heartbeat; 256 node reports per heartbeat at each of 3 controllers."""
     spec = simulated_prod()
     replicas, nodes, beat = 2048, 256, spec.serving.heartbeat_interval_s

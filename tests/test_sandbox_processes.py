@@ -1,4 +1,4 @@
-"""The sandbox's process layer: the REAL sglang-router 0.3.2 binary in front of SIMULATED SGLang workers.
+"""The sandbox's process layer: the REAL smg 1.13 gateway in front of SIMULATED SGLang workers.
 
 The workers are `serving.sandbox.worker` (no model, no GPU: a GPU-less machine cannot run SGLang); the
 router, its worker API, health checker, retries and Prometheus listener are the real thing. Everything
@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tokenizers import Tokenizer
 
 from serving.router.client import (
     ROUTER_DURATION,
@@ -40,7 +39,9 @@ from serving.router.client import (
     WORKER_RUNNING,
     HistogramSnapshot,
     MetricsSnapshot,
+    RouterApiError,
     RouterClient,
+    WorkerInfo,
 )
 from serving.router.loadgen import LoadGenerator, LoadReport, LoadSpec, RequestResult, run_load
 from serving.sandbox.processes import (
@@ -56,9 +57,10 @@ from serving.sandbox.processes import (
     stop_all,
     stop_process,
 )
-from serving.sandbox.worker import WorkerConfig, parse_config, tiny_tokenizer_json
+from serving.sandbox.worker import WorkerConfig, parse_config
 from serving.spec.schema import FleetSpec
 from tests.support.sandbox import Sandbox, running_sandbox
+from tests.support.smg import DRAIN_SETTLE_S
 
 T = TypeVar("T")
 INJECTED_ERRORS = "sim_worker_injected_errors_total"
@@ -103,6 +105,15 @@ async def worker_requests(rc: RouterClient, url: str) -> float:
     return (await rc.worker_metrics(url)).value(WORKER_REQUESTS)
 
 
+async def listed_healthy(rc: RouterClient, url: str, *, timeout_s: float) -> WorkerInfo:
+    """Poll the router's list until ``url`` is in it healthy: for a worker the test did not add (no id known)."""
+    deadline = time.monotonic() + timeout_s
+    while (worker := await rc.find_worker(url)) is None or not worker.is_healthy:
+        assert time.monotonic() < deadline, f"{url} not listed healthy after {timeout_s} s: {worker}"
+        await asyncio.sleep(0.1)
+    return worker
+
+
 async def load(url: str, rate: float, count: int) -> LoadReport:
     """Exactly ``count`` requests at ``rate`` per second."""
     return await run_load(LoadSpec(url, rate, duration_s=count / rate, max_requests=count))
@@ -116,17 +127,22 @@ def test_router_registers_both_simulated_workers_as_healthy(sandbox: Sandbox) ->
             workers = await rc.list_workers()
             metrics = await rc.metrics()
         tokenizers = httpx.get(sandbox.router_url + "/v1/tokenizers", timeout=5).json()
+        cards = [
+            m for w in httpx.get(sandbox.router_url + "/workers", timeout=5).json()["workers"] for m in w["models"]
+        ]
         assert {w.url for w in workers} == {c.url for c in sandbox.configs}
-        assert all(w.is_healthy and w.connection_mode == "HTTP" for w in workers)
+        assert all(w.is_healthy and w.status == "ready" and w.connection_mode == "http" for w in workers)
         # The router read /server_info (model_path, served_model_name) and /model_info (model_type).
         assert {w.model_id for w in workers} == {sandbox.spec.model.name}
         assert {w.metadata["model_path"] for w in workers} == {c.model_path for c in sandbox.configs}
         assert {w.metadata["model_type"] for w in workers} == {"llama"}
         assert metrics.worker_gauge(ROUTER_WORKER_HEALTH) == {c.url: 1.0 for c in sandbox.configs}
-        # It loaded the tokenizer from the local directory the workers report: no model hub involved.
-        [tokenizer] = tokenizers["tokenizers"]
-        assert tokenizer["source"] == sandbox.configs[0].model_path
-        assert tokenizer["vocab_size"] == Tokenizer.from_str(tiny_tokenizer_json()).get_vocab_size()
+        # Each worker's model card names the local tokenizer directory the worker reports; smg 1.13 loads no tokenizer
+        # for HTTP workers it forwards text to (its tokenizer registry stays empty): no model hub involved.
+        assert {(c["id"], c["tokenizer_path"]) for c in cards} == {
+            (sandbox.spec.model.name, c.model_path) for c in sandbox.configs
+        }
+        assert tokenizers == {"tokenizers": []}
 
     run(body)
 
@@ -158,29 +174,34 @@ def test_delete_stops_traffic_to_a_worker_and_readding_restores_it(sandbox: Sand
             assert target is not None
             started = time.monotonic()
             await rc.remove_worker(target.id)
-            await rc.wait_for_removal(removed.url, timeout_s=5)
-            removal_s = time.monotonic() - started
-            assert await rc.get_worker(target.id) is None
+            draining = await rc.get_worker(target.id)
+            health_while_draining = (await rc.metrics()).worker_gauge(ROUTER_WORKER_HEALTH).get(removed.url)
             before = {c.url: await worker_requests(rc, c.url) for c in sandbox.configs}
             report = await load(sandbox.router_url, 200, 30)
             during = {c.url: await worker_requests(rc, c.url) for c in sandbox.configs}
-            health_after_removal = (await rc.metrics()).worker_gauge(ROUTER_WORKER_HEALTH)[removed.url]
+            await rc.wait_for_removal(target.id, timeout_s=DRAIN_SETTLE_S + 5)
+            removal_s = time.monotonic() - started
+            health_after_removal = (await rc.metrics()).worker_gauge(ROUTER_WORKER_HEALTH)
 
             readded_id = await rc.add_worker(removed.url)
-            await rc.wait_for_worker(removed.url, timeout_s=10)
-            duplicate_id = await rc.add_worker(removed.url)
+            await rc.wait_for_worker(readded_id, timeout_s=10)
+            with pytest.raises(RouterApiError, match=r"409.*WORKER_ALREADY_EXISTS"):
+                await rc.add_worker(removed.url)
             report_back = await load(sandbox.router_url, 200, 40)
             after = {c.url: await worker_requests(rc, c.url) for c in sandbox.configs}
             listed = await rc.list_workers()
 
-        assert removal_s < 2.0
+        # smg drains: out of routing at once (draining, health 0), gone from the registry after drain_settle_secs.
+        assert draining is not None and (draining.status, draining.is_healthy) == ("draining", False)
+        assert draining.job_status is not None and draining.job_status.job_type == "RemoveWorker"
+        assert health_while_draining == 0.0
+        assert DRAIN_SETTLE_S <= removal_s < DRAIN_SETTLE_S + 3
         assert report.status_counts == {200: 30}
         assert during[removed.url] - before[removed.url] == 0
         assert during[kept.url] - before[kept.url] == 30
-        assert health_after_removal != 1.0  # 0.3.2 reports -1 for a removed worker
-        # A re-added worker gets a new id; adding a URL that is registered returns its id, adds nothing.
+        assert removed.url not in health_after_removal  # the series goes with the worker (0.3.2 left it at -1)
+        # A re-added worker gets a new id; adding a URL that is registered is refused (409), adds nothing.
         assert readded_id != target.id
-        assert duplicate_id == readded_id
         assert sorted(w.url for w in listed) == sorted(c.url for c in sandbox.configs)
         assert report_back.status_counts == {200: 40}
         assert after[removed.url] - during[removed.url] == 20
@@ -190,8 +211,9 @@ def test_delete_stops_traffic_to_a_worker_and_readding_restores_it(sandbox: Sand
 
 @pytest.mark.slow
 def test_delete_lets_in_flight_requests_finish_and_running_reqs_tells_when(sandbox: Sandbox) -> None:
-    """DELETE returns at once; requests already on the worker still complete. The worker's
-    sglang:num_running_reqs (not the router) says when it is safe to stop it."""
+    """DELETE returns at once and drains: requests already on the worker still complete, and the router keeps the
+    worker (draining, routed to no more) for drain_settle_secs. The worker's sglang:num_running_reqs says when it is
+    safe to stop it."""
     (port,) = free_ports(1)
     slow = replace(sandbox.configs[0], port=port, version="slow", latency_ms=1500, jitter_ms=0)
     name = f"worker-{port}"
@@ -200,24 +222,30 @@ def test_delete_lets_in_flight_requests_finish_and_running_reqs_tells_when(sandb
     async def body() -> None:
         async with sandbox.client() as rc:
             slow_id = await rc.add_worker(slow.url)
-            await rc.wait_for_worker(slow.url, timeout_s=10)
+            await rc.wait_for_worker(slow_id, timeout_s=10)
             generator = LoadGenerator(LoadSpec(sandbox.router_url, 30, duration_s=0.3, max_requests=9))
             task = asyncio.create_task(generator.run())
+            asked = time.monotonic()
             await asyncio.sleep(0.6)
             running = (await rc.worker_metrics(slow.url)).value(WORKER_RUNNING)
-            router_load = (await rc.loads())[slow.url]
+            # The router's last poll of the worker's /v1/loads, every --load-monitor-interval (1 s here): one falls
+            # between the third slow request's start (0.2 s) and the first's end (1.5 s).
+            router_load = (await rc.loads()).get(slow.url, 0)
+            while router_load != running and time.monotonic() - asked < 1.4:
+                await asyncio.sleep(0.1)
+                router_load = (await rc.loads()).get(slow.url, 0)
             await rc.remove_worker(slow_id)
-            await rc.wait_for_removal(slow.url, timeout_s=2)
-            removed_at = time.monotonic()
             waited_s = await rc.wait_until_idle(slow.url, timeout_s=10)
+            still = await rc.get_worker(slow_id)
+            await rc.wait_for_removal(slow_id, timeout_s=DRAIN_SETTLE_S + 5)
             report = await task
         assert running == 3  # round robin sent every third request of 9 to the slow worker
-        assert router_load > 0  # /get_loads relays the worker's /get_load num_tokens
+        assert router_load == 3  # /get_loads relays the worker's /v1/loads num_running_reqs + num_waiting_reqs
         assert report.status_counts == {200: 9}
         slow_ones = [r for r in report.results if r.latency_s >= 1.4]
         assert len(slow_ones) == 3
-        assert waited_s > 0.3  # the router removed it while its requests were still running
-        assert time.monotonic() - removed_at < 2.0
+        assert waited_s > 0.3  # the router drained it while its requests were still running
+        assert still is not None and still.status == "draining"  # idle before drain_settle_secs ran out
 
     try:
         run(body)
@@ -237,7 +265,7 @@ def test_injected_5xx_are_retried_by_the_router_and_reach_clients_only_without_r
 
     async def body() -> tuple[LoadReport, MetricsSnapshot, MetricsSnapshot, float, LoadReport, float, float]:
         async with sandbox.client() as rc:
-            await rc.wait_for_worker(flaky.url, timeout_s=15)
+            await listed_healthy(rc, flaky.url, timeout_s=15)
             errors_0 = (await rc.worker_metrics(flaky.url)).value(INJECTED_ERRORS)
             before = await rc.metrics()
             with_retries = await load(sandbox.router_url, 300, 600)
@@ -284,7 +312,7 @@ def test_injected_5xx_are_retried_by_the_router_and_reach_clients_only_without_r
 
 async def _wait_healthy(sandbox: Sandbox, url: str) -> None:
     async with sandbox.client() as rc:
-        await rc.wait_for_worker(url, timeout_s=15)
+        await listed_healthy(rc, url, timeout_s=15)
 
 
 @pytest.mark.slow
@@ -341,9 +369,9 @@ def test_delete_cannot_cancel_a_pending_registration(sandbox: Sandbox) -> None:
                 assert time.monotonic() - started < 5, "removal job never finished"
                 await asyncio.sleep(0.05)
             assert job is not None and job.job_status is not None
-            joined = await rc.wait_for_worker(warming.url, timeout_s=10)
+            joined = await rc.wait_for_worker(worker_id, timeout_s=10)
             await rc.remove_worker(joined.id)
-            await rc.wait_for_removal(warming.url, timeout_s=5)
+            await rc.wait_for_removal(joined.id, timeout_s=DRAIN_SETTLE_S + 5)
         return job.job_status.status, job.job_status.message, joined.is_healthy
 
     try:
@@ -367,14 +395,14 @@ def test_killed_worker_is_marked_unhealthy_within_the_health_budget_and_retried(
     async def body() -> tuple[float, LoadReport, float, bool]:
         async with sandbox.client() as rc:
             victim_id = await rc.add_worker(victim.url)
-            await rc.wait_for_worker(victim.url, timeout_s=10)
+            await rc.wait_for_worker(victim_id, timeout_s=10)
             before = await rc.metrics()
             generator = LoadGenerator(LoadSpec(sandbox.router_url, 60, duration_s=4.0, max_requests=240))
             task = asyncio.create_task(generator.run())
             await asyncio.sleep(1.0)
             os.kill(record.pid, signal.SIGKILL)
             killed = time.monotonic()
-            while (worker := await rc.find_worker(victim.url)) is not None and worker.is_healthy:
+            while (worker := await rc.get_worker(victim_id)) is not None and worker.is_healthy:
                 assert time.monotonic() - killed < 2 * budget_s, "router never marked the killed worker unhealthy"
                 await asyncio.sleep(0.05)
             detected_s = time.monotonic() - killed
@@ -382,7 +410,7 @@ def test_killed_worker_is_marked_unhealthy_within_the_health_budget_and_retried(
             retries = (await rc.metrics()).value(ROUTER_WORKER_RETRIES) - before.value(ROUTER_WORKER_RETRIES)
             still_listed = worker is not None
             await rc.remove_worker(victim_id)
-            await rc.wait_for_removal(victim.url, timeout_s=5)
+            await rc.wait_for_removal(victim_id, timeout_s=DRAIN_SETTLE_S + 5)
         return detected_s, report, retries, still_listed
 
     try:
@@ -418,8 +446,13 @@ def test_worker_metrics_parse_with_sglang_names(sandbox: Sandbox) -> None:
     assert latency.count == snapshot.value(WORKER_REQUESTS) > 0
     configured_s = config.latency_ms / 1000  # ± config.jitter_ms, plus event-loop delay
     assert 0.8 * configured_s <= latency.quantile(0.5) <= 4 * configured_s
-    load = httpx.get(url + "/get_load", timeout=5).json()
-    assert load == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
+    [idle] = httpx.get(url + "/v1/loads", timeout=5).json()["loads"]
+    assert (idle["num_running_reqs"], idle["num_waiting_reqs"], idle["queues"]["waiting"]) == (0, 0, 0)
+    [core] = httpx.get(url + "/v1/loads", params={"include": "core"}, timeout=5).json()["loads"]
+    assert not {"memory", "disaggregation", "queues"} & set(core)  # the sections only when asked
+    bad = httpx.get(url + "/v1/loads", params={"include": "core,bogus"}, timeout=5)
+    assert bad.status_code == 400 and "bogus" in bad.json()["message"]
+    assert httpx.get(url + "/get_load", timeout=5).status_code == 404  # SGLang 0.5.23 has no /get_load
 
 
 @pytest.mark.slow
@@ -485,15 +518,14 @@ def test_never_ready_worker_is_never_routed_and_its_registration_times_out(tmp_p
             assert await rc.list_workers() == []
             routed = await load(router.url, 50, 5)
             started = time.monotonic()
-            while (job := (await rc.get_worker(worker_id))) is not None and job.job_status is not None:
-                if job.job_status.status == "failed":
-                    break
-                assert time.monotonic() - started < 10, "registration job never gave up"
-                await asyncio.sleep(0.1)
-            assert job is not None and job.job_status is not None
-            assert "503" in (job.job_status.message or "")
+            # smg drops a registration job that gives up: the worker's id answers 404 (its log says why)
+            with pytest.raises(RouterApiError, match="dropped its registration"):
+                await rc.wait_for_worker(worker_id, timeout_s=10)
+            gave_up_s = time.monotonic() - started
             assert await rc.list_workers() == []
-        assert routed.status_counts == {503: 5}  # the router has no worker to send them to
+        assert routed.status_counts == {404: 5}  # smg: "No worker available for model" (model_not_found)
+        # --worker-startup-timeout-secs 2, asked every --worker-startup-check-interval (1 s), plus a loaded machine
+        assert gave_up_s < 2 + 1 + 3
 
     try:
         run(body)
@@ -505,12 +537,15 @@ def test_never_ready_worker_is_never_routed_and_its_registration_times_out(tmp_p
 @pytest.mark.slow
 def test_health_probe_slower_than_the_router_timeout_takes_the_worker_out(tmp_path: Path) -> None:
     """Real SGLang answers /health after ~1 s (a one-token generation). The source plan's lesson,
-    checked with the real router: with a 1 s health-check timeout such a worker is registered, then
-    every probe times out and it is marked unhealthy and gets no traffic; with 3 s it stays healthy."""
+    checked with the real router: with a 1 s health-check timeout such a worker never gets in (smg's registration
+    job asks /health with the same timeout, every probe times out, the job gives up) and gets no traffic; with 3 s it
+    is registered healthy and serves."""
     state = StateDir(tmp_path / "state")
     ports = free_ports(5)
     worker = WorkerConfig(port=ports[0], health_latency_ms=1500, model_path=str(tmp_path / "model"))
-    tight = RouterSpec(port=ports[1], prometheus_port=ports[2], health_check_timeout_secs=1)
+    tight = RouterSpec(
+        port=ports[1], prometheus_port=ports[2], health_check_timeout_secs=1, worker_startup_timeout_secs=3
+    )
     roomy = replace(tight, port=ports[3], prometheus_port=ports[4], health_check_timeout_secs=3)
     start_worker(state, "slow-health", worker, wait="listening")
     routers = [start_router(state, spec.to_argv(), name=name) for name, spec in (("tight", tight), ("roomy", roomy))]
@@ -520,26 +555,27 @@ def test_health_probe_slower_than_the_router_timeout_takes_the_worker_out(tmp_pa
             RouterClient(routers[0].url, routers[0].metrics_url) as tight_rc,
             RouterClient(routers[1].url, routers[1].metrics_url) as roomy_rc,
         ):
-            await tight_rc.add_worker(worker.url)
-            await roomy_rc.add_worker(worker.url)
-            await tight_rc.wait_for_worker(worker.url, timeout_s=15)
-            await roomy_rc.wait_for_worker(worker.url, timeout_s=15)
-            registered = time.monotonic()
-            while (found := await tight_rc.find_worker(worker.url)) is not None and found.is_healthy:
-                assert time.monotonic() - registered < 10, "1 s timeout never failed the 1.5 s probe"
-                await asyncio.sleep(0.1)
-            unhealthy_after_s = time.monotonic() - registered
+            tight_id = await tight_rc.add_worker(worker.url)
+            roomy_id = await roomy_rc.add_worker(worker.url)
+            started = time.monotonic()
+            with pytest.raises(RouterApiError, match="dropped its registration"):
+                await tight_rc.wait_for_worker(tight_id, timeout_s=15)
+            refused_after_s = time.monotonic() - started
+            await roomy_rc.wait_for_worker(roomy_id, timeout_s=15)
             via_tight = await load(routers[0].url, 20, 4)
             via_roomy = await load(routers[1].url, 20, 4)
-            still = await roomy_rc.find_worker(worker.url)
-        return unhealthy_after_s, via_tight, via_roomy, still is not None and still.is_healthy
+            still = await roomy_rc.get_worker(roomy_id)
+        return refused_after_s, via_tight, via_roomy, still is not None and still.is_healthy
 
     try:
-        unhealthy_after_s, via_tight, via_roomy, roomy_healthy = run(body)
+        refused_after_s, via_tight, via_roomy, roomy_healthy = run(body)
     finally:
         stop_all(state)
-    assert unhealthy_after_s <= 2 * 1 + 2 * 1 + 1.5  # threshold 2 x (interval + timeout) + slack
-    assert via_tight.status_counts == {503: 4}
+    # smg's job queue ends a registration job at --worker-startup-timeout-secs + 30 s (workflow/job_queue.rs:325 at smg
+    # main 73da68c); the detection step's own attempts, max(3, ⌈0.9 × 3 s / 1 s⌉) = 3 (workflow/steps/mod.rs:80-85),
+    # each a timed-out probe and a check interval, end it sooner (8.2 s seen on a loaded machine).
+    assert refused_after_s < 3 + 30
+    assert via_tight.status_counts == {404: 4}  # no worker registered: smg's model_not_found
     assert via_roomy.status_counts == {200: 4} and roomy_healthy
 
 

@@ -1,4 +1,4 @@
-"""The SGLang router (the gateway): its command line, environment, policy and latency buckets.
+"""The gateway (smg 1.13, the SGLang router's successor): its command line, environment, policy and latency buckets.
 
 Every spec → flag decision lives in :data:`ROUTER_FLAGS`; the command line is checked against the
 pinned router parser's manifest (:mod:`serving.flags`). See ``docs/units.md`` for the policy choice.
@@ -19,8 +19,8 @@ from serving.render.k8s.container import LWS_LEADER_LABEL, SERVER_POD_LABELS
 from serving.render.sglang import HEALTH_PATH
 from serving.spec.schema import FleetSpec, LogLevel
 
-# The router's Python launcher; its parser (RouterArgs.add_cli_args) is the one the manifest pins.
-ROUTER_ENTRY: Final = ("python3", "-m", "sglang_router.launch_router")
+# The gateway's Python launcher; its parser (smg.router_args.RouterArgs.add_cli_args) is the one the manifest pins.
+ROUTER_ENTRY: Final = ("python3", "-m", "smg.launch_router")
 
 
 # Router listeners without a spec field (a sandbox stack uses its own ports, see router_args).
@@ -65,6 +65,8 @@ class RouterArgs:
     worker_urls: tuple[str, ...]
     kubernetes: bool
     selector: tuple[str, ...]
+    job_queue_capacity: int
+    job_queue_concurrency: int
 
     def to_argv(self) -> list[str]:
         """The router's command line (entry point included); raises FlagValidationError when the pinned router
@@ -81,6 +83,18 @@ def _interval(c: RouterArgs) -> int:
 def request_timeout_s(spec: FleetSpec) -> int:
     """The routers' ``--request-timeout-secs``: the detection window, serving.failure_threshold × the heartbeat."""
     return spec.serving.failure_threshold * whole_seconds(spec.serving.heartbeat_interval_s)
+
+
+def job_queue_capacity(plan: Plan) -> int:
+    """``--job-queue-capacity``: every replica's add and its removal pending at once (a full rollout's worth of
+    membership jobs, or a discovery reconcile that enqueues every worker); smg's default, 1,000, blocks a 2,048-worker
+    fleet's registration."""
+    return 2 * len(plan.replicas)
+
+
+def job_queue_concurrency(spec: FleetSpec, plan: Plan) -> int:
+    """``--job-queue-concurrency``: one rollout batch's replicas registered at once, ⌈replicas / rollout.batches⌉."""
+    return math.ceil(len(plan.replicas) / spec.rollout.batches)
 
 
 def _abs_threshold(spec: FleetSpec) -> int:
@@ -110,7 +124,7 @@ ROUTER_FLAGS: Final[tuple[FlagRule[RouterArgs], ...]] = (
     ),
     FlagRule(
         "--worker-startup-check-interval",
-        "serving.heartbeat_interval_s (power_of_two's /get_load poll: fresh, not the 30 s default)",
+        "serving.heartbeat_interval_s (a registration job's /health poll; the 30 s default adds up to 30 s per add)",
         lambda c: str(_interval(c)),
     ),
     FlagRule(
@@ -168,6 +182,31 @@ ROUTER_FLAGS: Final[tuple[FlagRule[RouterArgs], ...]] = (
         "rollout.drain_timeout_s",
         lambda c: str(whole_seconds(c.spec.rollout.drain_timeout_s)),
     ),
+    FlagRule(
+        "--job-queue-capacity",
+        "2 × the plan's replicas (every replica's add and removal pending at once; the default 1,000 blocks at 2,048)",
+        lambda c: str(c.job_queue_capacity),
+    ),
+    FlagRule(
+        "--job-queue-concurrency",
+        "⌈the plan's replicas / rollout.batches⌉ (one batch's registrations at once)",
+        lambda c: str(c.job_queue_concurrency),
+    ),
+    FlagRule(
+        "--load-monitor-interval",
+        "serving.heartbeat_interval_s (how fresh power_of_two's and overload protection's /v1/loads poll is)",
+        lambda c: str(_interval(c)),
+    ),
+    FlagRule(
+        "--disable-load-monitoring",
+        "always: poll /v1/loads only where a load-aware policy or overload protection reads it",
+        lambda c: True,
+    ),
+    FlagRule(
+        "--worker-overload-waiting-requests",
+        "limits.max_running_requests (a whole batch queued behind the running one: out of rotation while others are not)",
+        lambda c: str(c.spec.limits.max_running_requests),
+    ),
     FlagRule("--prometheus-host", "0.0.0.0; sandbox: 127.0.0.1", lambda c: c.metrics_host),
     FlagRule(
         "--prometheus-port",
@@ -211,7 +250,7 @@ def check_router_argv(argv: Sequence[str], manifest: FlagManifest | None = None)
 
 
 def router_args(fleet: Fleet, *, worker_urls: Sequence[str] | None = None, kubernetes: bool = False) -> RouterArgs:
-    """The SGLang router's settings; static worker URLs (by default the plan's replicas), Kubernetes discovery, or
+    """The gateway's settings; static worker URLs (by default the plan's replicas), Kubernetes discovery, or
     both. A sandbox stack's router listens on loopback, on ``sandbox.router_port`` and ``prometheus_port``."""
     if worker_urls is None:
         worker_urls = [] if kubernetes else [r.url for r in fleet.plan.replicas]
@@ -225,6 +264,8 @@ def router_args(fleet: Fleet, *, worker_urls: Sequence[str] | None = None, kuber
         worker_urls=tuple(worker_urls),
         kubernetes=kubernetes,
         selector=tuple(f"{k}={v}" for k, v in {**server_selector(fleet.plan), LABEL_ADMITTED: "true"}.items()),
+        job_queue_capacity=job_queue_capacity(fleet.plan),
+        job_queue_concurrency=job_queue_concurrency(fleet.spec, fleet.plan),
     )
 
 

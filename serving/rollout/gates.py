@@ -5,8 +5,9 @@ version for everything that happens meanwhile: a replica outside the batch faili
 hour. Kayenta and Argo Rollouts' analysis compare a canary with a baseline *running at the same time*; so
 does :func:`judge`. The thresholds stay the source's (§ 4.4): QPS −20 %, P99 +30 %, errors 0.1 %.
 
-Per-replica figures, and where each comes from (names checked live against ``sglang-router`` 0.3.2 and
-the SGLang server's ``/metrics``):
+Per-replica figures, and where each comes from (names from smg 1.13's
+``model_gateway/src/observability/metrics.rs``, read live from the real smg in the sandbox tests, and the SGLang
+server's ``/metrics``):
 
 * **Every router instance**: the fleet runs ``scheduler.instances`` routers and each sees only its share of the
   clients, so every figure below that comes from a router is read from EVERY instance and summed
@@ -20,8 +21,8 @@ the SGLang server's ``/metrics``):
   from clients, ``smg_worker_retries_total`` and ``smg_router_upstream_responses_total`` are not per
   worker, and a worker cannot count the connections it refused (a crashed worker counts nothing at all).
   Successes per replica and second, divided by the group's replicas, is the group's **QPS per replica**.
-* **Latency per replica**: the worker's own ``sglang:e2e_request_latency_seconds`` histogram (the router
-  0.3.2 has no per-worker latency). SGLang's default buckets (0.1, 0.2, 0.4 … s) cannot show a 30 % rise
+* **Latency per replica**: the worker's own ``sglang:e2e_request_latency_seconds`` histogram (smg
+  has no per-worker latency). SGLang's default buckets (0.1, 0.2, 0.4 … s) cannot show a 30 % rise
   inside one bucket; the fleet renders ``--bucket-e2e-request-latency`` with the router's geometric
   buckets (:func:`serving.render.common.duration_buckets`), so the group's **P99** resolves the gate.
 * **Down**: the worker's ``/metrics`` does not answer, its counters went back (it restarted), the router

@@ -4,7 +4,7 @@ The backend chooses the model (:meth:`Backend.membership <serving.rollout.backen
 
 * router API (bare metal, the sandbox): the routers know the workers by their static URLs and the updater removes
   and adds them with ``/workers`` on every router instance (:class:`RouterApiMembership`);
-* Kubernetes: the routers' service discovery decides and the updater changes what it selects
+* Kubernetes: the routers' service discovery makes the changes and the updater changes what it selects
   (:class:`serving.rollout.backends.kubernetes.DiscoveryMembership`).
 
 Either way a change counts only once every instance shows it: :class:`~serving.router.membership.Observed` carries the
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence, Set
 from typing import Protocol
 
 from serving.router.client import RouterApiError, RouterClient
-from serving.router.membership import Observed, RouterSet
+from serving.router.membership import Observed, RouterSet, routed
 
 
 class Membership(Protocol):
@@ -29,7 +29,8 @@ class Membership(Protocol):
     routers: RouterSet
 
     async def take_out(self, replica_ids: Sequence[str], timeout_s: float) -> Observed:
-        """Done when no instance lists any of the replicas (new requests stop reaching them)."""
+        """Done when no instance routes to any of the replicas (each draining or gone: new requests stop reaching
+        them)."""
         ...
 
     async def bring_back(self, replica_ids: Sequence[str], timeout_s: float) -> Observed:
@@ -63,9 +64,12 @@ class RouterApiMembership:
         async def one(client: RouterClient) -> list[str]:
             notes: list[str] = []
             listed = {w.url: w for w in await client.list_workers()}
+            # A draining worker is out already: a second DELETE would cut its drain short (smg removes it at once),
+            # and its URL cannot be added back until the drain ends (409); the next step's proof waits for it.
+            in_rotation = routed(listed)
             for rid, url in url_of.items():
                 try:
-                    if rid in out and url in listed:
+                    if rid in out and url in in_rotation:
                         notes.append(f"router {client.base_url} lists {rid}, which must be out now: removing it")
                         await client.remove_worker(listed[url].id)
                     elif rid not in out and url not in listed:

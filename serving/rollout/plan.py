@@ -91,11 +91,11 @@ LOAD_POLLS_PER_QPS_WINDOW = 2
 def qps_window_min_s(spec: FleetSpec) -> float:
     """The shortest soak whose per-replica QPS says something about the replicas rather than the router.
 
-    ``power_of_two`` picks the less loaded of two workers by the loads it polled last (``/get_load`` every
-    ``--worker-startup-check-interval``: ``serving.heartbeat_interval_s`` rounded up to whole seconds,
-    :data:`serving.render.router.ROUTER_FLAGS`): between two polls the ranking is fixed, the worker that looked busiest
-    gets nothing and the least busy one 2/n of the traffic. Measured in the sandbox (6 replicas, 60 req/s, 5 s polls):
-    a healthy worker at 0 requests for 4.5 s while a peer served 3× its share. A window must span
+    ``power_of_two`` picks the less loaded of two workers by the loads it polled last (each worker's ``/v1/loads``,
+    smg's load monitor, every ``--load-monitor-interval``: ``serving.heartbeat_interval_s`` rounded up to whole
+    seconds, :data:`serving.render.router.ROUTER_FLAGS`): between two polls the ranking is fixed, the worker that
+    looked busiest gets nothing and the least busy one 2/n of the traffic. Measured in the sandbox (6 replicas,
+    60 req/s, 5 s polls): a healthy worker at 0 requests for 4.5 s while a peer served 3× its share. A window must span
     :data:`LOAD_POLLS_PER_QPS_WINDOW` polls for the split to average out; other policies route on the router's own
     in-flight counts (0: any window). The stack loader refuses a soak shorter than this
     (:func:`serving.spec.stack.parse_spec`)."""
@@ -121,7 +121,7 @@ def soak_problem(spec: FleetSpec) -> str | None:
     )
     return (
         f"shorter than {least:g} s, {LOAD_POLLS_PER_QPS_WINDOW} of the router's load polls: scheduler.strategy "
-        f"{spec.scheduler.strategy!r} routes with power_of_two, which polls every worker's /get_load every "
+        f"{spec.scheduler.strategy!r} routes with power_of_two, which polls every worker's /v1/loads every "
         f"{poll} s (serving.heartbeat_interval_s {s.heartbeat_interval_s:g}, rounded up to whole seconds), and within "
         "a poll its split is the router's ranking, not the replicas': no batch's QPS gate could be judged. "
         f"Set rollout.interval_s to at least {least:g}, {shorter}or choose a scheduler.strategy that does not "

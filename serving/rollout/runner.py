@@ -8,7 +8,7 @@ Before each step the runner puts every instance in line with the state (a restar
 command-line workers, or with what its discovery selects). Router calls that fail at the transport level are
 retried for ``router_grace_s``; after that the rollout pauses with the reason (``router_lost``).
 
-Warm-up. The source ramps a new replica at 10 % of traffic for 30 s. The SGLang router 0.3.2 has no
+Warm-up. The source ramps a new replica at 10 % of traffic for 30 s. The gateway (smg 1.13) has no
 per-worker weight: its policies (random, round_robin, cache_aware, power_of_two, manual) choose among
 healthy workers alike, and the ``priority``/``cost`` fields of ``POST /workers`` only rank routers in
 multi-model (``--enable-igw``) mode. So the updater approximates the ramp *before* readmission: it
@@ -436,9 +436,10 @@ class Runner:
     async def _drain(self, step: Step) -> Event:
         """Wait until the batch's workers report no running or queued request (SGLang's own gauges).
 
-        The router's per-worker ``smg_worker_requests_active`` stays 0 in sglang-router 0.3.2 (checked
-        under load), so the workers' ``sglang:num_running_reqs`` + ``sglang:num_queue_reqs`` decide; the
-        router stopped sending new requests when the removal step saw the worker leave every instance's list.
+        The router's per-worker ``smg_worker_requests_active`` counts only what that one instance sent, so the
+        workers' ``sglang:num_running_reqs`` + ``sglang:num_queue_reqs``, which count every instance's requests,
+        decide; the routers stopped sending new requests when the removal step saw the worker draining (or gone)
+        on every instance.
         A count that cannot be read is unknown, not 0: the drain then runs to its timeout and says so.
         """
         urls = self._urls(step)

@@ -1,28 +1,23 @@
-"""Typed client for the SGLang router's runtime worker API and for Prometheus metrics.
+"""Typed client for the gateway's (smg 1.13) runtime worker API and for Prometheus metrics.
 
-Checked against the real ``sglang-router`` 0.3.2 binary:
+Checked against the real ``smg`` 1.13.0 gateway (``python -m smg.launch_router``):
 
-* ``POST /workers {"url": …}`` answers 202 ``{"status": "accepted", "worker_id", "url", "location",
-  "message"}``; registration then runs as a background job. The router probes ``/health`` (and gRPC)
-  until the worker answers 200, so a worker still loading or warming up is *not listed* in
-  ``GET /workers`` until it is ready; ``GET /workers/{id}`` shows the pending job (``job_status``).
-  Adding a URL that is already registered returns the registered worker's id and adds nothing (the
-  job fails with "already exists", visible in ``job_status``); a URL re-added after removal gets a
-  new id.
-* ``GET /workers`` answers ``{"workers": [...], "total", "stats"}``; each worker has ``id``, ``url``,
-  ``model_id``, ``is_healthy``, ``load``, ``worker_type``, ``connection_mode``, ``metadata``.
-* ``DELETE /workers/{id}`` answers 202 and removes the worker within milliseconds; requests already
-  in flight to it still complete. A registration job that is still pending cannot be cancelled this
-  way (the removal job fails with "not found").
-* ``/add_worker`` and ``/remove_worker`` no longer exist (404).
-* Requests in flight per worker: the router's ``smg_worker_requests_active`` and the ``load`` field of
-  ``GET /workers`` stayed 0 under load (0.3.2, HTTP workers, round_robin/power_of_two/cache_aware);
-  use the worker's ``sglang:num_running_reqs`` (:meth:`RouterClient.wait_until_idle`) or
-  ``GET /get_loads`` (:meth:`RouterClient.loads`), which relays each worker's ``/get_load``.
+* ``POST /workers {"url": …}`` answers 202 ``{"status": "accepted", "worker_id", "url", "location", "message"}``;
+  registration then runs as a background job. ``GET /workers/{id}`` answers the worker at once with ``status:
+  pending`` and ``job_status {"job_type": "AddWorker", "status": "processing"}`` while the job asks the worker's
+  ``/health`` (every ``--worker-startup-check-interval``, each ask bounded by ``--health-check-timeout-secs``), then
+  ``status: ready``, ``is_healthy: true`` and no ``job_status``. A job that gives up (``--worker-startup-timeout-secs``)
+  leaves nothing: ``GET /workers/{id}`` answers 404 and only the router's log says why. ``GET /workers`` lists
+  pending workers only once they are ready. Adding a URL that is registered answers 409 ``WORKER_ALREADY_EXISTS``.
+* ``GET /workers`` answers ``{"workers": [...], "total", "stats"}``; each worker has ``id``, ``url``, ``model_id``,
+  ``status``, ``is_healthy``, ``load``, ``worker_type``, ``connection_mode`` (``http``), ``labels`` (what the router
+  read from the worker's ``/server_info`` and ``/model_info``) and ``engine_load`` (its ``/v1/loads`` figures).
+* ``DELETE /workers/{id}`` answers 202 and DRAINS: the worker is routed to no more at once (``status: draining``,
+  ``is_healthy: false``, a ``RemoveWorker`` job ``processing``), requests in flight on it complete, and after
+  ``drain_settle_secs`` (5 s; a per-worker setting, not a launcher flag) it leaves the registry: ``GET /workers/{id}``
+  then answers 404 and ``smg_worker_health{worker=…}`` is gone (0 while draining).
 * Failed upstream attempts (HTTP 5xx, refused or cut connections) are retried on another worker, up to
-  5 times by default: clients see no error while ``smg_worker_retries_total`` and
-  ``smg_router_upstream_responses_total{status_code="500"}`` rise. ``smg_http_responses_total`` counts
-  every client-facing response of the API listener, admin paths included.
+  5 times by default: clients see no error while ``smg_worker_retries_total`` rises.
 
 Prometheus text (router listener and worker ``/metrics``) is parsed with ``prometheus_client``'s parser.
 """
@@ -184,6 +179,7 @@ class WorkerInfo:
     id: str
     url: str
     model_id: str
+    status: str  # smg: pending (registering), ready, draining (removed, in-flight requests finishing)
     is_healthy: bool
     load: int
     worker_type: str
@@ -200,11 +196,12 @@ def parse_worker(data: Mapping[str, Any]) -> WorkerInfo:
             id=str(data["id"]),
             url=str(data["url"]),
             model_id=str(data.get("model_id", "")),
+            status=str(data["status"]),
             is_healthy=bool(data["is_healthy"]),
             load=int(data.get("load", 0)),
             worker_type=str(data.get("worker_type", "")),
             connection_mode=str(data.get("connection_mode", "")),
-            metadata={str(k): str(v) for k, v in (data.get("metadata") or {}).items()},
+            metadata={str(k): str(v) for k, v in (data.get("labels") or {}).items()},
             job_status=JobStatus(str(job["job_type"]), str(job["status"]), job.get("message")) if job else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
@@ -263,35 +260,48 @@ class RouterClient:
         await self._json("DELETE", f"/workers/{worker_id}", (202,))
 
     async def find_worker(self, url: str) -> WorkerInfo | None:
-        """The registered worker serving ``url`` (registered workers only, not pending jobs)."""
+        """The registered worker serving ``url``, from one full list (ready and draining workers, not pending ones):
+        the only way to learn the id of a worker this client did not add."""
         return next((w for w in await self.list_workers() if w.url == url.rstrip("/")), None)
 
-    async def wait_for_worker(
-        self, url: str, *, healthy: bool = True, timeout_s: float = 30.0, poll_s: float = 0.1
-    ) -> WorkerInfo:
-        """Poll until ``url`` is registered (and healthy if asked); bounded by ``timeout_s``."""
+    async def wait_for_worker(self, worker_id: str, *, timeout_s: float = 30.0, poll_s: float = 0.1) -> WorkerInfo:
+        """Poll ``GET /workers/{id}`` until the worker is ready and healthy; raise RouterApiError when the router
+        dropped its registration (404: the job gave up) and TimeoutError past ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while True:
-            worker = await self.find_worker(url)
-            if worker is not None and (worker.is_healthy or not healthy):
+            worker = await self.get_worker(worker_id)
+            if worker is None:
+                raise RouterApiError(
+                    f"worker {worker_id}: the router dropped its registration (GET /workers/{worker_id} is 404: the "
+                    "job gave up after --worker-startup-timeout-secs); its log names the health check that failed"
+                )
+            if worker.status == "ready" and worker.is_healthy:
                 return worker
             if time.monotonic() >= deadline:
-                state = "not registered" if worker is None else "registered but unhealthy"
-                raise TimeoutError(f"worker {url} still {state} after {timeout_s:.1f} s")
+                raise TimeoutError(f"worker {worker.url} still {worker.status} after {timeout_s:.1f} s")
             await asyncio.sleep(poll_s)
 
-    async def wait_for_removal(self, url: str, *, timeout_s: float = 10.0, poll_s: float = 0.05) -> None:
+    async def wait_for_removal(self, worker_id: str, *, timeout_s: float = 10.0, poll_s: float = 0.1) -> None:
+        """Poll ``GET /workers/{id}`` until it is 404: drained and out of the registry."""
         deadline = time.monotonic() + timeout_s
-        while await self.find_worker(url) is not None:
+        while (worker := await self.get_worker(worker_id)) is not None:
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"worker {url} still registered {timeout_s:.1f} s after removal")
+                raise TimeoutError(f"worker {worker.url} still {worker.status} {timeout_s:.1f} s after its removal")
             await asyncio.sleep(poll_s)
 
     async def loads(self) -> dict[str, int]:
-        """``GET /get_loads``: the router asks every worker's ``/get_load`` and reports, per worker URL,
-        the sum of ``num_tokens`` over its data-parallel ranks (tokens of running + queued requests)."""
+        """``GET /get_loads``: per worker URL, the requests running and waiting on it (summed over its data-parallel
+        ranks) as the router's last poll of the worker's SGLang ``/v1/loads`` showed them (every
+        ``--load-monitor-interval``): the figures ``power_of_two`` and overload protection act on."""
         body = await self._json("GET", "/get_loads", (200,))
-        return {str(w["worker"]): int(w["load"]) for w in body["workers"]}
+        try:
+            out: dict[str, int] = {}
+            for rank in body["loads"]:
+                url = str(rank["worker"])
+                out[url] = out.get(url, 0) + int(rank["num_running_reqs"]) + int(rank["num_waiting_reqs"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RouterApiError(f"GET /get_loads: unexpected body ({exc!r}): {str(body)[:300]}") from exc
+        return out
 
     async def metrics(self) -> MetricsSnapshot:
         """One scrape of the router's Prometheus listener."""

@@ -1,10 +1,29 @@
 """Router membership on EVERY router instance, each change observed on each instance before it counts.
 
-The router's ``/workers`` API is asynchronous (202, then a job): a removal is done only when ``GET /workers`` on that
-instance no longer lists the URL, an addition only when it lists it healthy. The instances are given by URL, or
-(Kubernetes) as a headless Service resolved before each operation: one address per router pod. Every operation
-asks every instance at once; one instance that does not answer fails the operation (``httpx.HTTPError``), one that
-does not show the change in time raises :class:`MembershipTimeout` naming it.
+The gateway's (smg 1.13) ``/workers`` API is asynchronous (202, then a job), and each change is confirmed through the
+changed worker's own ``GET /workers/{id}``, never by polling the full list (1.5 MB at 2,048 workers):
+
+* an addition is done when the worker answers ``status: ready``, healthy and with no job left. A 404 proves
+  nothing before then: smg keeps job statuses by worker URL, and the removal job of the same URL, whose end smg
+  notices only on a backed-off poll up to 2 s later, erases the status of a registration submitted meanwhile
+  (``record_job_completion`` in ``model_gateway/src/workflow/job_queue.rs``, ``wait_for_completion`` in
+  ``crates/workflow/src/engine.rs``), so a registration still waiting for its worker answers 404. A registration smg
+  gave up (``--worker-startup-timeout-secs``) answers 404 too; the addition then times out naming it;
+* a removal (``DELETE /workers/{id}``) is done when the worker answers ``status: draining`` (routed to no more, its
+  in-flight requests finishing: the updater's own drain waits for those on the worker) or 404 (already gone). smg
+  keeps the draining entry for the worker's ``drain_settle_secs`` (5 s) and refuses the same URL meanwhile (409), so
+  an addition first waits out a draining entry of its URL until it answers 404.
+
+Under smg's Kubernetes discovery the routers make the changes themselves, from the pods their selector holds
+(``model_gateway/src/service_discovery.rs``; docs/rollout.md, "Kubernetes membership"): :meth:`RouterSet.drained` and
+:meth:`RouterSet.discovered` ask nothing and wait for the same proofs, a worker draining or gone, a worker ready and
+healthy (found in one ``GET /workers`` per round: a worker discovery registers has no id before it is listed).
+
+One ``GET /workers`` per instance and operation maps the URLs to the instance's worker ids (the API has no lookup by
+URL). The instances are given by URL, or (Kubernetes) as a headless Service resolved before each operation: one
+address per router pod. Every operation asks every instance at once; one instance that does not answer fails the
+operation (``httpx.HTTPError``), one that does not show the change in time raises :class:`MembershipTimeout` naming
+it and the URLs it holds no entry for.
 
 With ``answering_only`` (the fleet controller's set: one router instance down must not stall every removal) an
 instance that does not answer at all (refused, reset, timed out: ``httpx.TransportError``) is left out and named in
@@ -18,7 +37,7 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -27,13 +46,11 @@ import httpx
 
 from serving.router.client import RouterClient, WorkerInfo
 
-POLL_S = 0.05  # between two GET /workers on one instance while waiting for a change, at least
-# ... and at least this many times as long as the last list took: a router with 2,048 workers spends ~25 ms of CPU on
-# one list (sglang-router 0.3.2), so three of them polled every 50 ms while they work through a batch's 410 changes
-# would spend a core answering the polls instead of making the changes (docs/scale.md).
+POLL_S = 0.05  # between two rounds of GET /workers/{id} on one instance while waiting for a change, at least
+# ... and at least this many times as long as the last round took: a batch's 410 workers are 410 small reads per round
+# on each instance, which must not take the CPU the instances need to make the changes (docs/scale.md).
 POLL_COST_RATIO = 4.0
 PerRouter = Callable[[RouterClient], Awaitable[float]]  # one instance's part of an operation → its seconds
-Missing = Callable[[dict[str, WorkerInfo]], set[str]]  # what an instance's worker list still lacks (or holds)
 Silent = dict[str, str]  # router instance → why it did not answer
 T = TypeVar("T")
 
@@ -115,50 +132,108 @@ class RouterSet:
             await asyncio.gather(*(c.aclose() for c in clients))
 
     async def membership(self) -> tuple[dict[str, dict[str, WorkerInfo]], Silent]:
-        """Router URL → (worker URL → worker) as each instance lists its workers now, and the silent instances."""
+        """Router URL → (worker URL → worker) as each instance lists its workers now (ready and draining ones), and
+        the silent instances."""
         async with self.clients() as clients:
             lists, silent = await self._gather(clients, lambda c: c.list_workers())
         return {c.base_url: {w.url: w for w in workers} for c, workers in lists}, silent
 
     async def listed(self) -> dict[str, dict[str, WorkerInfo]]:
-        """Router URL → (worker URL → worker) as each instance lists its workers now."""
+        """Router URL → (worker URL → worker) as each instance lists its workers now (ready and draining ones)."""
         return (await self.membership())[0]
 
     async def registered(self) -> set[str]:
-        """Worker URLs registered on every instance (that answered)."""
-        sets = [set(workers) for workers in (await self.listed()).values()]
+        """Worker URLs in rotation on every instance (that answered): listed and not draining."""
+        sets = [routed(workers) for workers in (await self.listed()).values()]
         return set.intersection(*sets) if sets else set()
 
     async def remove(self, *urls: str, timeout_s: float) -> Observed:
-        """Remove ``urls`` from every instance that lists them; done when no instance lists any of them."""
+        """Take ``urls`` out of routing on every instance that lists them; done when each one's ``GET /workers/{id}``
+        answers draining or 404 on every instance."""
         wanted = {u.rstrip("/") for u in urls}
 
         async def one(client: RouterClient) -> float:
             started = time.monotonic()
-            for worker in await client.list_workers():
-                if worker.url in wanted:
-                    await client.remove_worker(worker.id)
-            await _until(client, started, timeout_s, lambda listed: wanted & set(listed), "still lists")
+            held = [w for w in await client.list_workers() if w.url in wanted]
+            # a draining worker is out already; a second DELETE would start a second removal job that takes it out
+            # of the registry at once, and the first job, still in its drain, would then remove the URL's next
+            # registration when its drain ends (remove_by_url, workflow/steps/local/remove_from_worker_registry.rs)
+            await asyncio.gather(*(client.remove_worker(w.id) for w in held if w.status != DRAINING))
+            ids = {w.id: w.url for w in held}
+            await _until_each(client, started, timeout_s, ids, _out, "still routes to")
             return time.monotonic() - started
 
         return await self._each("removed", wanted, one)
 
-    async def add(self, *urls: str, timeout_s: float) -> Observed:
-        """Add ``urls`` on every instance that does not list them; done when each instance lists each one healthy."""
+    async def drained(self, *urls: str, timeout_s: float) -> Observed:
+        """Wait, asking nothing, until no instance routes to ``urls``: each answers draining or 404, or is not
+        listed. What smg's discovery does with a worker whose pod left its selector or is terminating."""
         wanted = {u.rstrip("/") for u in urls}
 
         async def one(client: RouterClient) -> float:
             started = time.monotonic()
-            listed = {w.url for w in await client.list_workers()}
-            for url in sorted(wanted - listed):
-                await client.add_worker(url)
-            await _until(
-                client,
-                started,
-                timeout_s,
-                lambda listed: {u for u in wanted if u not in listed or not listed[u].is_healthy},
-                "does not list healthy",
+            ids = {w.id: w.url for w in await client.list_workers() if w.url in wanted}
+            await _until_each(client, started, timeout_s, ids, _out, "still routes to")
+            return time.monotonic() - started
+
+        return await self._each("removed", wanted, one)
+
+    async def drains_ended(self, *urls: str, timeout_s: float) -> Observed:
+        """Wait until no instance holds a draining entry of ``urls`` (each answers 404 for it). smg adds no URL whose
+        removal job still runs: by hand it answers 409, and discovery skips it and retries only at its next pass,
+        the next pod event or its 60 s tick (``in_flight`` in ``reconcile_workers``, smg's service_discovery.rs at
+        73da68c)."""
+        wanted = {u.rstrip("/") for u in urls}
+
+        async def one(client: RouterClient) -> float:
+            started = time.monotonic()
+            await _until_drains_end(
+                client, started, timeout_s, [w for w in await client.list_workers() if w.url in wanted]
             )
+            return time.monotonic() - started
+
+        return await self._each("drains ended", wanted, one)
+
+    async def discovered(self, *urls: str, timeout_s: float) -> Observed:
+        """Wait, asking nothing, until every instance lists each of ``urls`` ready and healthy: smg's discovery
+        registers a selected pod once the pod is Ready and Running."""
+        wanted = {u.rstrip("/") for u in urls}
+
+        async def one(client: RouterClient) -> float:
+            started = time.monotonic()
+            while True:
+                asked = time.monotonic()
+                listed = {w.url: w for w in await client.list_workers() if w.url in wanted and w.status != DRAINING}
+                if not (missing := wanted - set(listed)):
+                    break
+                now = time.monotonic()
+                if now - started >= timeout_s:
+                    raise MembershipTimeout(
+                        f"router {client.base_url} has not registered {_some(missing)} after {timeout_s:g} s: its "
+                        "discovery registers a pod once the pod is selected, Ready and Running (its log says "
+                        "'Registering worker URL … for pod NAME')"
+                    )
+                await asyncio.sleep(max(POLL_S, POLL_COST_RATIO * (now - asked)))
+            ids = {w.id: url for url, w in listed.items()}
+            await _until_each(client, started, timeout_s, ids, _ready, "does not answer ready and healthy")
+            return time.monotonic() - started
+
+        return await self._each("added", wanted, one)
+
+    async def add(self, *urls: str, timeout_s: float) -> Observed:
+        """Add ``urls`` on every instance that does not hold them; done when each one answers ready and healthy on
+        every instance. A URL still draining from an earlier removal is waited out first (smg refuses it with 409
+        until it is gone)."""
+        wanted = {u.rstrip("/") for u in urls}
+
+        async def one(client: RouterClient) -> float:
+            started = time.monotonic()
+            held = {w.url: w for w in await client.list_workers() if w.url in wanted}
+            await _until_drains_end(client, started, timeout_s, held.values())
+            ids = {w.id: w.url for w in held.values() if w.status != DRAINING}
+            new = sorted(wanted - set(ids.values()))
+            ids.update(zip(await asyncio.gather(*(client.add_worker(u) for u in new)), new, strict=True))
+            await _until_each(client, started, timeout_s, ids, _ready, "does not answer ready and healthy")
             return time.monotonic() - started
 
         return await self._each("added", wanted, one)
@@ -195,19 +270,74 @@ def _host(url: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-async def _until(client: RouterClient, started: float, timeout_s: float, missing: Missing, what: str) -> None:
-    """Poll the instance's worker list until ``missing(list)`` is empty; past ``timeout_s`` raise, naming it. Polls
-    are :data:`POLL_S` apart, or :data:`POLL_COST_RATIO` times the last list's duration when that is longer."""
-    while True:
+DRAINING = "draining"  # smg's status of a removed worker whose in-flight requests are finishing
+
+
+def routed(workers: dict[str, WorkerInfo]) -> set[str]:
+    """The URLs of one instance's list (worker URL → worker) that it routes to: every one not draining."""
+    return {u for u, w in workers.items() if w.status != DRAINING}
+
+
+def _gone(worker: WorkerInfo | None) -> bool:
+    return worker is None
+
+
+def _out(worker: WorkerInfo | None) -> bool:
+    return worker is None or worker.status == DRAINING
+
+
+def _ready(worker: WorkerInfo | None) -> bool:
+    # ready, healthy and its registration job over (no job_status): the job's last steps put it into the policies.
+    # None (404) is not done and not failed: the job may still run with its status erased (module docstring).
+    return worker is not None and worker.status == "ready" and worker.is_healthy and worker.job_status is None
+
+
+async def _until_each(
+    client: RouterClient,
+    started: float,
+    timeout_s: float,
+    ids: dict[str, str],
+    done: Callable[[WorkerInfo | None], bool],
+    what: str,
+) -> None:
+    """Poll each worker's ``GET /workers/{id}`` (id → URL in ``ids``) until ``done`` holds for every one; past
+    ``timeout_s`` raise, naming the instance, the URLs left and those it answered 404 for. Rounds are :data:`POLL_S`
+    apart, or :data:`POLL_COST_RATIO` times the last round's duration when that is longer."""
+    left = dict(ids)
+    while left:
         asked = time.monotonic()
-        left = missing({w.url: w for w in await client.list_workers()})
+        workers = dict(zip(left, await asyncio.gather(*(client.get_worker(i) for i in left)), strict=True))
+        left = {i: u for i, u in left.items() if not done(workers[i])}
         if not left:
             return
         now = time.monotonic()
         if now - started >= timeout_s:
-            shown = sorted(left)
-            more = f" and {len(shown) - 8} more" if len(shown) > 8 else ""
             raise MembershipTimeout(
-                f"router {client.base_url} {what} {len(shown)}: {shown[:8]}{more} after {timeout_s:g} s"
+                f"router {client.base_url} {what} {_some(left.values())} after {timeout_s:g} s"
+                + _unknown(sorted(u for i, u in left.items() if workers[i] is None))
             )
         await asyncio.sleep(max(POLL_S, POLL_COST_RATIO * (now - asked)))
+
+
+async def _until_drains_end(
+    client: RouterClient, started: float, timeout_s: float, workers: Iterable[WorkerInfo]
+) -> None:
+    """Poll each draining one of ``workers`` until it answers 404 (smg keeps it for its ``drain_settle_secs``)."""
+    draining = {w.id: w.url for w in workers if w.status == DRAINING}
+    await _until_each(client, started, timeout_s, draining, _gone, "still holds (draining)")
+
+
+def _some(urls: Iterable[str]) -> str:
+    """``3: [url, …]``, the first eight URLs in order and how many more."""
+    shown = sorted(urls)
+    more = f" and {len(shown) - 8} more" if len(shown) > 8 else ""
+    return f"{len(shown)}: {shown[:8]}{more}"
+
+
+def _unknown(urls: list[str]) -> str:
+    if not urls:
+        return ""
+    return (
+        f"; it holds no entry (404) for {_some(urls)}: a registration it gave up after --worker-startup-timeout-secs "
+        "(its log names the failed health check) or a removal (the URL is not registered)"
+    )

@@ -34,7 +34,7 @@ from serving.plan.model import Fleet
 from serving.rollout.backends import Backend, BackendError, ReplicaIndex
 from serving.router.client import RouterApiError, RouterClient
 from serving.router.loadgen import LoadSpec, run_load
-from serving.router.membership import Observed, RouterSet, Silent
+from serving.router.membership import Observed, RouterSet, Silent, routed
 from serving.runtime.agent import REPORTS_PATH
 from serving.runtime.controller import Action, Controller, ControllerConfig, Kind, replica_urls
 from serving.runtime.eviction import RestartRefused
@@ -213,7 +213,7 @@ class ControllerService:
                 except (RouterApiError, httpx.HTTPError, OSError):
                     await self.election.resign(term)  # cannot see any router: let another instance lead
                     raise
-                registered = set.intersection(*(set(workers) for workers in listed.values()))
+                registered = set.intersection(*(routed(workers) for workers in listed.values()))
                 self._saw(listed, silent)
                 self.controller.adopt(registered)
                 self.term = term
@@ -268,7 +268,7 @@ class ControllerService:
 
     async def _reconcile(self, router: str, term: Term) -> None:
         one = RouterSet([router], timeout_s=self.routers.timeout_s)
-        listed = (await one.listed())[router]
+        listed = routed((await one.listed())[router])  # a draining entry is out already (never removed twice)
         settled = [rec for rec in self.controller.replicas.values() if rec.pending is None]
         extra = sorted(rec.url for rec in settled if not rec.in_rotation and rec.url in listed)
         missing = sorted(rec.url for rec in settled if rec.in_rotation and rec.url not in listed)

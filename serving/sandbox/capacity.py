@@ -2,7 +2,8 @@
 
 The scale sandbox's steady state is a fixed set of loops, each a rate of one kind of work, all from the stack:
 
-* every router checks each worker's ``/health`` every heartbeat and, under ``power_of_two``, polls its ``/get_load``;
+* every router checks each worker's ``/health`` every heartbeat and, under ``power_of_two``, polls its ``/v1/loads``
+  (smg's load monitor, ``model_gateway/src/worker/monitor.rs``);
 * every node's agent probes each of its replicas every heartbeat: ``/health``, then ``/metrics`` (parsed);
 * every controller instance applies every node's report.
 
@@ -81,7 +82,7 @@ def cpu_need(spec: FleetSpec, replicas: int, nodes: int, costs: Costs, share: fl
     the routers' and controllers' from the reference machine × this machine's speed)."""
     beat = spec.serving.heartbeat_interval_s
     instances = spec.scheduler.instances  # routers, and controllers
-    router_calls = 2 if router_policy(spec) == "power_of_two" else 1  # /health, and power_of_two's /get_load poll
+    router_calls = 2 if router_policy(spec) == "power_of_two" else 1  # /health, and power_of_two's /v1/loads poll
     requests = replicas / beat * (instances * router_calls + AGENT_CALLS)
     reports = (replicas if spec.serving.heartbeat_mode == "direct" else nodes) / beat
     cores = {

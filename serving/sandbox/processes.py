@@ -34,11 +34,12 @@ WaitFor = Literal["healthy", "listening", "started"]
 RouterPolicy = Literal["random", "round_robin", "cache_aware", "power_of_two", "manual"]
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 _POLL_S = 0.05
-# A GET /workers costs sglang-router 0.3.2 ≈ 80 µs per registered worker and this process about as much to read
-# (418 KB, 0.08 s + 0.1 s at 1,024 workers): polled every 5 ms per worker, three starting routers' lists take about
-# 10 % of a core (every 1 ms: half a core, taken from their own registration of the workers).
+# A GET /workers cost sglang-router 0.3.2 ≈ 80 µs per registered worker and this process about as much to read
+# (418 KB, 0.08 s + 0.1 s at 1,024 workers; not re-measured on smg, whose list also carries each worker's engine
+# load): polled every 5 ms per worker, three starting routers' lists take about 10 % of a core.
 _LIST_POLL_S_PER_WORKER = 0.005
 _KILL_WAIT_S = 10.0
+_SMG_METRICS_HOST, _SMG_METRICS_PORT = "0.0.0.0", 29000  # noqa: S104  (smg's own default, refused below)
 
 
 class SandboxError(RuntimeError):
@@ -443,7 +444,8 @@ class RouterSpec:
     fleet's own values come from the units renderer through ``extra_args`` or :func:`start_router`.
 
     ``worker_startup_timeout_secs`` bounds how long a registration job waits for a worker's ``/health``
-    to answer 200 before it fails (router default 1800 s); until then the worker is not routed to.
+    to answer 200 before it fails (router default 1800 s); until then the worker is not routed to. The job asks every
+    ``worker_startup_check_interval`` seconds (smg's default, 30 s, would add up to 30 s to every registration).
     """
 
     port: int
@@ -457,6 +459,7 @@ class RouterSpec:
     health_failure_threshold: int = 2
     health_success_threshold: int = 1
     worker_startup_timeout_secs: int = 30
+    worker_startup_check_interval: int = 1
     log_level: Literal["debug", "info", "warn", "error"] = "warn"
     extra_args: tuple[str, ...] = field(default=())
 
@@ -474,6 +477,7 @@ class RouterSpec:
             ("--health-failure-threshold", str(self.health_failure_threshold)),
             ("--health-success-threshold", str(self.health_success_threshold)),
             ("--worker-startup-timeout-secs", str(self.worker_startup_timeout_secs)),
+            ("--worker-startup-check-interval", str(self.worker_startup_check_interval)),
             ("--log-level", self.log_level),
         ]
         argv += [item for pair in pairs for item in pair]
@@ -492,7 +496,7 @@ def router_endpoints(flags: Sequence[str]) -> RouterEndpoints:
     Rejects flags the router does not know and any listener not on loopback (the router's defaults
     are ``0.0.0.0`` for both the API and the Prometheus listener).
     """
-    from sglang_router.launch_router import parse_router_args  # noqa: PLC0415 - ≈ 1 s: only where a router starts
+    from smg.launch_router import parse_router_args  # noqa: PLC0415 - ≈ 1 s: only where a router starts
 
     stderr = io.StringIO()
     try:
@@ -500,14 +504,17 @@ def router_endpoints(flags: Sequence[str]) -> RouterEndpoints:
             args = parse_router_args(list(flags))
     except SystemExit as exc:
         message = stderr.getvalue().strip().splitlines()[-1:] or ["invalid arguments"]
-        raise SandboxError(f"router flags rejected by sglang_router's parser: {message[0]}") from exc
-    host, prom_host = str(args.host), str(args.prometheus_host)
+        raise SandboxError(f"router flags rejected by smg's parser: {message[0]}") from exc
+    # smg's launcher leaves the metrics listener unset (None); 1.13.0 then binds 0.0.0.0:29000 (seen live)
+    prom_host = str(args.prometheus_host) if args.prometheus_host is not None else _SMG_METRICS_HOST
+    prom_port = int(args.prometheus_port) if args.prometheus_port is not None else _SMG_METRICS_PORT
+    host = str(args.host)
     for flag, value in (("--host", host), ("--prometheus-host", prom_host)):
         if value not in LOOPBACK_HOSTS:
             raise SandboxError(f"router {flag} {value}: the sandbox listens on loopback only; pass {flag} {LOOPBACK}")
     return RouterEndpoints(
         f"http://{_url_host(host)}:{int(args.port)}",
-        f"http://{_url_host(prom_host)}:{int(args.prometheus_port)}/metrics",
+        f"http://{_url_host(prom_host)}:{prom_port}/metrics",
     )
 
 
@@ -533,10 +540,10 @@ def start_router(
     healthy_workers: int = 0,
     timeout_s: float = 30.0,
 ) -> ProcessRecord:
-    """Run ``python -m sglang_router.launch_router FLAGS``; wait until its API and Prometheus listener
+    """Run ``python -m smg.launch_router FLAGS``; wait until its API and Prometheus listener
     answer and at least ``healthy_workers`` workers are registered and healthy."""
     endpoints = router_endpoints(flags)
-    argv = [sys.executable, "-m", "sglang_router.launch_router", *flags]
+    argv = [sys.executable, "-m", "smg.launch_router", *flags]
     pid, ticks, log = _spawn(state, name, argv)
     record = ProcessRecord(name, "router", pid, ticks, tuple(argv), endpoints.url, endpoints.metrics_url, log)
     state.write(record)

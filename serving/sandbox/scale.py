@@ -12,8 +12,9 @@ The sandbox section is derived from the stack, never copied into a stack file by
   never shorter than two of the router's load polls (:func:`serving.rollout.plan.qps_window_min_s`; prod: 10 s, not
   5), so a 5-batch rollout's configured waits take 53.5 s instead of 28.5 min (its wall time at 2,048 is the
   routers', below). Bounds are not waits and stay the stack's, but one: ``rollout.drain_timeout_s`` also bounds
-  a batch's removal from every router, the routers' own work — sglang-router 0.3.2 rebuilds its hash ring over
-  every worker on each change, ~70 ms of CPU at 2,048 (docs/scale.md) — which a fleet's router gives a core of its
+  a batch's removal from every router, the routers' own work — sglang-router 0.3.2 rebuilt its hash ring over
+  every worker on each change, ~70 ms of CPU at 2,048 (docs/scale.md; smg 1.13's cost: docs/rollout.md) — which a
+  fleet's router gives a core of its
   own (410 changes: 29 s) and the rehearsal's three routers share two cores for (150-180 s, past prod's 120 s). The
   derived stack bounds it like a readmission, by ``rollout.health_timeout_s``. Heartbeats, health-check timeouts,
   failure thresholds and the lease stay the stack's: they are what the rehearsal measures;
@@ -64,7 +65,7 @@ MIB = 1 << 20
 # rounded up: base of a process + per simulated worker (or replica, node) it serves.
 HOST_MIB = (45.0, 0.25)  # worker host: Python + aiohttp, + per hosted worker
 WORKER_PROCESS_MIB = 45.0  # one process per worker (the default layout)
-ROUTER_MIB = (90.0, 0.15)  # sglang-router, + per registered worker (355-387 MiB at 2,048)
+ROUTER_MIB = (90.0, 0.15)  # the router, + per registered worker (sglang-router 0.3.2: 355-387 MiB at 2,048)
 AGENTS_MIB = (70.0, 1.5)  # exaserve agent run, + per node
 CONTROLLER_MIB = (90.0, 0.1)  # exaserve controller run, + per replica
 ETCD_MIB = 60.0

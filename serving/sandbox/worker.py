@@ -1,6 +1,6 @@
 """SIMULATED SGLang worker for the sandbox. This is NOT SGLang and runs no model.
 
-It exists so the rolling updater and the *real* SGLang router (``sglang-router``) can be exercised on a
+It exists so the rolling updater and the *real* gateway (``smg`` 1.13, the SGLang router) can be exercised on a
 machine without GPUs: it speaks the HTTP surface the router and an updater call on an SGLang server,
 with the same paths, JSON shapes and Prometheus metric names, and it answers generation requests after a
 configurable simulated latency, failing a seeded share of them with HTTP 500.
@@ -52,6 +52,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -73,6 +74,8 @@ _UNKNOWN = "[UNK]"
 _VOCAB_WORDS = ("simulated", "output", "from", "worker", "version", "the", "a", "token", "hello", "world")
 Endpoint = Literal["generate", "completions", "chat"]
 MAX_TOTAL_TOKENS = 65536  # the default simulated KV pool (--kv-pool-tokens)
+# The sections /v1/loads?include= takes (SGLang's LoadSnapshot.VALID_SECTIONS).
+LOADS_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 
 
 @dataclass(frozen=True)
@@ -243,7 +246,7 @@ class InjectedFault:
     ``delay_ms`` ± ``jitter_ms`` (uniform) delays every answer, health checks and metrics included; ``errors``
     answers every request with HTTP 500; memory pressure: ``token_usage`` is the KV-cache usage reported as
     ``sglang:token_usage``, ``admit`` the requests that still fit the pool (the rest wait in the queue, as SGLang's
-    scheduler holds what it cannot admit: ``num_queue_reqs`` and ``/get_load`` show them) and ``slowdown``
+    scheduler holds what it cannot admit: ``num_queue_reqs`` and ``/v1/loads`` show them) and ``slowdown``
     multiplies the generation latency."""
 
     delay_ms: float = 0.0
@@ -385,7 +388,7 @@ class SimulatedWorker:
         app.router.add_get("/get_server_info", self.server_info)
         app.router.add_get("/model_info", self.model_info)
         app.router.add_get("/get_model_info", self.model_info)
-        app.router.add_get("/get_load", self.get_load)
+        app.router.add_get("/v1/loads", self.loads)
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/generate", self.generate)
@@ -478,17 +481,77 @@ class SimulatedWorker:
             }
         )
 
-    async def get_load(self, _request: web.Request) -> web.Response:
-        return web.json_response(
-            [
+    def _kv_usage(self) -> float:
+        """The KV-cache share in use: the fault's figure while memory pressure is injected, else the tokens in flight
+        over the simulated pool."""
+        usage = self.fault.token_usage
+        return usage if usage is not None else min(1.0, self._tokens_in_flight / self.config.kv_pool_tokens)
+
+    async def loads(self, request: web.Request) -> web.Response:
+        """``GET /v1/loads`` in SGLang 0.5.23's shape (``sglang/srt/entrypoints/v1_loads.py``, one
+        ``LoadSnapshot.to_dict`` per DP rank, ``sglang/srt/managers/load_snapshot.py``): the core figures always, the
+        ``memory``, ``disaggregation`` and ``queues`` sections unless ``include`` leaves them out (``speculative`` and
+        ``lora`` are absent, as on a server without them); an unknown section is a 400 as there. What smg polls:
+        ``/v1/loads?include=core,disagg,queues,memory``. Figures SGLang has and this worker does not simulate
+        (throughput, cache hits, prefill counters) are 0."""
+        include = {part.strip() for part in request.query.get("include", "").split(",") if part.strip()} or None
+        if include is not None and not include <= LOADS_SECTIONS:
+            unknown = sorted(include - LOADS_SECTIONS)
+            message = f"Invalid include sections: {unknown}. Valid options: {sorted(LOADS_SECTIONS)}"
+            # SGLang raises HTTPException(400) here; its handler answers ErrorResponse with the status as the type
+            return web.json_response({"object": "error", "message": message, "type": "400", "code": 400}, status=400)
+        rank = request.query.get("dp_rank")
+        if rank is not None and rank != "0":
+            return web.json_response(_loads_body([]))
+        c = self.config
+        load: dict[str, Any] = {
+            "timestamp": time.time(),
+            "dp_rank": 0,
+            "num_running_reqs": self._running,
+            "num_waiting_reqs": self._waiting,
+            "num_waiting_uncached_tokens": 0,
+            "num_used_tokens": self._tokens_in_flight,
+            "num_total_tokens": self._tokens_in_flight,
+            "num_active_tokens": self._tokens_in_flight,
+            "num_prealloc_ready_tokens": 0,
+            "max_total_num_tokens": c.kv_pool_tokens,
+            "max_running_requests": c.max_running_requests,
+            "token_usage": round(self._kv_usage(), 4),
+            "gen_throughput": 0.0,
+            "cache_hit_rate": 0.0,
+            "utilization": round(self._running / c.max_running_requests, 4),
+            "total_prefill_uncached_tokens": 0,
+            "total_prefill_busy_us": 0,
+            "decode_moments": None,
+        }
+        every = include is None or "all" in include
+        sections: dict[str, tuple[str, dict[str, Any]]] = {
+            "memory": (
+                "memory",
+                {"weight_gb": 0.0, "kv_cache_gb": 0.0, "graph_gb": 0.0, "token_capacity": c.kv_pool_tokens},
+            ),
+            "disaggregation": (
+                "disagg",
                 {
-                    "dp_rank": 0,
-                    "num_reqs": self._running + self._waiting,
-                    "num_waiting_reqs": self._waiting,
-                    "num_tokens": self._tokens_in_flight,
-                }
-            ]
-        )
+                    "mode": "null",
+                    "prefill_bootstrap_queue_reqs": 0,
+                    "prefill_inflight_queue_reqs": 0,
+                    "decode_prealloc_queue_reqs": 0,
+                    "decode_transfer_queue_reqs": 0,
+                    "decode_retracted_queue_reqs": 0,
+                    "kv_transfer_speed_gb_s": 0.0,
+                    "kv_transfer_latency_ms": 0.0,
+                },
+            ),
+            "queues": (
+                "queues",
+                {"waiting": self._waiting, "grammar": 0, "paused": 0, "retracted": 0, "prealloc_ready": 0},
+            ),
+        }
+        for name, (section, figures) in sections.items():
+            if every or (include is not None and section in include):
+                load[name] = figures
+        return web.json_response(_loads_body([load]))
 
     async def list_models(self, _request: web.Request) -> web.Response:
         c = self.config
@@ -503,8 +566,7 @@ class SimulatedWorker:
         return web.json_response({"object": "list", "data": [card]})
 
     async def metrics(self, _request: web.Request) -> web.Response:
-        usage = self.fault.token_usage
-        usage = usage if usage is not None else min(1.0, self._tokens_in_flight / self.config.kv_pool_tokens)
+        usage = self._kv_usage()
         shown = (self._changes, self._running, self._waiting, usage)
         if self._exposition is None or self._exposition[0] != shown:
             self._running_gauge.set(self._running)
@@ -605,6 +667,17 @@ class SimulatedWorker:
             "choices": [choice],
             "usage": usage,
         }
+
+
+def _loads_body(loads: list[dict[str, Any]]) -> dict[str, Any]:
+    """The envelope of SGLang's ``/v1/loads`` answer around the per-rank loads."""
+    return {
+        "timestamp": datetime.now(UTC).isoformat(),
+        "version": SIMULATED_SGLANG_VERSION,
+        "accelerator": None,  # SGLang's get_device_name() on a machine without an accelerator
+        "num_accelerators": 1,
+        "loads": loads,
+    }
 
 
 def _error(status: int, message: str) -> web.Response:

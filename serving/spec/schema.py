@@ -990,7 +990,12 @@ class KubernetesSpec(_Model):
     namespace: str = Field(default="exaserve", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     context: str | None = Field(default=None, description="kubeconfig context for the explicit provider.")
     rdma_resource: str = Field(default="rdma/hca_shared_devices_a", description="RDMA extended resource.")
-    router_image: str = Field(default="lmsysorg/sgl-model-gateway:v0.3.2")
+    router_image: str = Field(
+        # smg's release image (docker/Dockerfile: ENTRYPOINT python3 -m smg.launch_router, user smg, uid 65532 =
+        # the router pod's runAsUser), at the version pyproject.toml pins and the flag manifest was dumped from
+        default="lightseekorg/smg:1.13.0",
+        description="The gateway's image (smg).",
+    )
     monitoring_namespace: str = Field(default="monitoring")
     prometheus_selector_labels: dict[str, str] = Field(
         default_factory=lambda: {"release": "kube-prometheus-stack"},

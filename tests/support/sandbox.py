@@ -83,9 +83,10 @@ class Sandbox:
         return RouterClient(self.router_url, self.metrics_url)
 
     def workers(self) -> dict[str, bool]:
-        """URL → healthy, as the router lists its workers."""
+        """URL → healthy, for the workers the router routes to (smg lists a removed worker, draining, for its
+        drain_settle_secs: it is out of rotation already)."""
         body = httpx.get(self.router_url + "/workers", timeout=5).json()
-        return {w["url"]: w["is_healthy"] for w in body["workers"]}
+        return {w["url"]: w["is_healthy"] for w in body["workers"] if w["status"] != "draining"}
 
     def versions(self) -> dict[str, str]:
         """Worker URL → the version the worker itself reports."""

@@ -37,7 +37,7 @@ GPU_BUSY_PCT = 90
 GPU_IDLE_PCT = 30
 RESTARTS_PER_HOUR = 3
 SCRAPE_INTERVAL = "15s"
-# The router's client-facing inference endpoints (sglang-router 0.3.2 labels its request metrics by path).
+# The router's client-facing inference endpoints (smg labels its smg_http_* metrics by path).
 INFERENCE_PATHS = ("/generate", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 
 

@@ -12,20 +12,21 @@ deletes again any pod that comes back at the old revision. A LeaderWorkerSet gro
 replaced by its own controller, one replica at a time (docs/infra.md, "How a batch is rolled"). Then it waits until
 every pod of the group is updated and Ready, bounded by the updater's health timeout.
 
-Membership (:class:`DiscoveryMembership`): the routers run Kubernetes service discovery and know a worker as
+Membership (:class:`DiscoveryMembership`): the routers run smg's Kubernetes service discovery and know a worker as
 ``http://POD_IP:serving.port``; discovery selects the serving pods labelled ``exaserve.io/admitted=true`` (every pod
-starts so: its template says it). That label is the one record of who is in: the updater takes a batch out by
-setting it to ``false`` on the batch's pods and brings it back with ``true``, and a router that starts, restarts or
-re-lists registers exactly the selected pods. sglang-router 0.3.2's discovery (checked live against the real
-binary) applies only part of a change to a running instance: it registers a Ready pod it has not registered before
-when the pod enters its selection, and removes a worker only when its pod is being deleted — a pod leaving the
-selection (or losing readiness) stays registered, and a pod it registered once is not registered again while it
-keeps its name, IP and readiness. So the updater carries each change to every running instance itself, with the
-exact URL discovery uses (``DELETE``/``POST /workers``; the router keeps one worker per URL, so the two paths cannot
-register a pod twice), and proves it on each. An update keeps the group's new pods out of the selection as they
-appear (``admitted=false``): through health and warm-up no router, restarted or not, takes them. That relies on the
-label being set before the new server is Ready (a real SGLang server loads for minutes; the updater polls every
-``POLL_S``); a pod that wins the race is evicted by the runner's next reconcile and registered again at readmission.
+starts so: its template says it). That label is the one record of who is in: the updater takes a batch out by setting
+it to ``false`` on the batch's pods and brings it back with ``true``, and every router instance, running or
+restarted, makes the change itself. smg 1.13's discovery (``model_gateway/src/service_discovery/``; checked live in
+tests/test_rollout_k8s_membership.py) is level-triggered: on every watch event (after 1 s, coalescing a burst) and
+every 60 s it compares the pods its selector publishes with the workers it registered and submits the difference as
+jobs — a pod that left the selector or turned unready is removed (drained: ``status: draining`` for
+``drain_settle_secs``, then gone); a selected Ready pod that is not registered is registered; a worker added by hand
+(``POST /workers``, no pod-uid label) is never touched. So the updater only sets
+labels, and proves each change on every instance without asking (:meth:`RouterSet.drained`,
+:meth:`RouterSet.discovered`). An update keeps the group's new pods out of the selection as they appear
+(``admitted=false``): through health and warm-up no router takes them. That relies on the label being set before
+the new server is Ready (a real SGLang server loads for minutes; the updater polls every ``POLL_S``); a pod that wins
+the race is deselected at the runner's next reconcile and drained by discovery, and comes back at readmission.
 
 The updater's own calls (health, ``/metrics`` while draining, warm-up) go to the pod's IP as well, from the latest
 pod listing (the runner refreshes it before every step); the NetworkPolicy admits the updater's pod to the serving
@@ -379,22 +380,29 @@ class DiscoveryMembership:
         return {r: p for r, p in pods.items() if p is not None}
 
     async def take_out(self, replica_ids: Sequence[str], timeout_s: float) -> Observed:
-        """Out of the selection, then evicted from every instance (0.3.2's discovery does not drop a deselected pod)."""
+        """Out of the selection; done when no instance routes to them (discovery drains them: module docstring)."""
         pods = await self._pods(replica_ids)
         await asyncio.gather(*(self.backend.admit(p, admitted=False) for p in pods.values()))
-        return await self.routers.remove(*map(self.backend.worker_url, pods), timeout_s=timeout_s)
+        return await self.routers.drained(*map(self.backend.worker_url, pods), timeout_s=timeout_s)
 
     async def bring_back(self, replica_ids: Sequence[str], timeout_s: float) -> Observed:
-        """Back in the selection, then registered on every instance that lacks them (0.3.2's discovery does not
-        re-register a pod it evicted earlier); done when each instance lists each pod healthy."""
+        """Back in the selection; done when every instance lists each pod ready and healthy (discovery registers a
+        selected pod once it is Ready and Running). A pod still draining from its removal (the same pod brought back
+        within ``drain_settle_secs``, e.g. a rollback) is waited out first: discovery skips a URL whose removal job
+        still runs and takes it back only at its next pass, up to 60 s later (:meth:`RouterSet.drains_ended`)."""
         pods = await self._pods(replica_ids)
+        urls = [self.backend.worker_url(r) for r in pods]
+        deadline = time.monotonic() + timeout_s
+        await self.routers.drains_ended(*urls, timeout_s=timeout_s)
         await asyncio.gather(*(self.backend.admit(p, admitted=True) for p in pods.values()))
-        return await self.routers.add(*map(self.backend.worker_url, pods), timeout_s=timeout_s)
+        return await self.routers.discovered(*urls, timeout_s=max(0.0, deadline - time.monotonic()))
 
     async def reconcile(self, replica_ids: Sequence[str], out: Set[str]) -> list[str]:
-        """Each pod's label as the state wants it (a pod re-created by its workload comes back ``true``), and no
-        instance listing a replica that is out."""
+        """Each pod's label as the state wants it (a pod re-created by its workload comes back ``true``); a pod
+        deselected here is proved drained on every instance (discovery drains it), one selected again is left to the
+        readmission's proof."""
         notes: list[str] = []
+        deselected: list[str] = []
         for rid, pod in (await self.backend.leader_pods(replica_ids)).items():
             if pod is None:
                 continue
@@ -403,9 +411,9 @@ class DiscoveryMembership:
             if have != want:
                 notes.append(f"pod {pod['metadata']['name']} of {rid} had {LABEL_ADMITTED}={have}: setting {want}")
                 await self.backend.admit(pod, admitted=want == "true")
-        out_urls = {self.backend.worker_url(r) for r in out if r in replica_ids}
-        listed = {url for workers in (await self.routers.listed()).values() for url in workers}
-        if stale := sorted(out_urls & listed):
-            seen = await self.routers.remove(*stale, timeout_s=self.routers.timeout_s)
-            notes.append(f"routers listed {stale}, which must be out now: evicted, {seen.summary()}")
+                if want == "false":
+                    deselected.append(self.backend.worker_url(rid))
+        if deselected:
+            seen = await self.routers.drained(*deselected, timeout_s=self.routers.timeout_s)
+            notes.append(f"discovery drained {sorted(deselected)}: {seen.summary()}")
         return notes
