@@ -206,7 +206,9 @@ def test_diff_reports_capacity_deltas_and_group_sizes(repo: Path) -> None:
     assert result.returncode == 0, result.stderr
     text = result.stdout
     objects = len(render_file(REPO / "Pulumi.dev.yaml"))
-    assert f"objects: 13 changed, 0 added, 0 removed ({objects} at base, {objects} now)" in text
+    assert (
+        f"objects: 14 changed, 0 added, 0 removed ({objects} at base, {objects} now)" in text
+    )  # the controller's Role too: it names each serving pod
     assert "~ Deployment exaserve/sglang-router  [" in text, "the gateway's job queue is sized from the replicas"
     assert "~ Role exaserve/exaserve-updater-rollout  [updater]\n      rules[2].resourceNames:" in text, (
         "the updater may label exactly the fleet's pods: fewer replicas, fewer names"
