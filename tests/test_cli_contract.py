@@ -331,6 +331,7 @@ def test_unreachable_ssh_nodes_give_one_line_each_and_no_traceback(tmp_path: Pat
     named = [a for line in causes for a in addresses if f"({a})" in line]
     assert sorted(named) == addresses, r.stderr  # every node, in exactly one line
     assert "--dry-run included, first reads what each replica runs over SSH" in r.stderr, r.stderr
+    assert "--known-hosts holds their host keys" in " ".join(r.stderr.split()), "the SSH fixes are named"
     assert len(r.stderr.splitlines()) <= nodes + 4, r.stderr  # the wrapped error, ≤ a line per node, the --dry-run note
 
 

@@ -90,8 +90,10 @@ def test_a_changed_configmap_file_shows_the_keys_that_changed_inside_it() -> Non
     after = {"data": {"stack.yaml": yaml.safe_dump(stack)}}
     changes = field_changes(before, after)
     assert changes == [FieldChange('data["stack.yaml"].config["exaserve:rollout"].interval_s', 120, 60)]
-    report = text_report(_diff([ObjectChange("ConfigMap", "exaserve", "exaserve-runtime-stack", "runtime", changes)]))
-    assert 'data["stack.yaml"].config["exaserve:rollout"].interval_s: 120 → 60' in report
+    result = _diff([ObjectChange("ConfigMap", "exaserve", "exaserve-runtime-stack", "runtime", changes)])
+    assert 'data["stack.yaml"].config["exaserve:rollout"].interval_s: 120 → 60' in text_report(result)
+    # the pull-request comment shows the same key, not the file's prefix twice
+    assert '| `data["stack.yaml"].config["exaserve:rollout"].interval_s` | `120` | `60` |' in markdown_report(result)
     # text that is not a mapping stays one change
     assert field_changes({"data": {"a": "x\ny"}}, {"data": {"a": "x\nz"}}) == [FieldChange("data.a", "x\ny", "x\nz")]
 
@@ -287,3 +289,7 @@ def test_detailed_exitcode_is_2_on_changes_and_0_without(repo: Path) -> None:
     assert changed.returncode == 2, changed.stderr
     doc = json_object(changed)
     assert doc["ok"] is False and doc["changed"], doc
+    # an error is 1 under --detailed-exitcode, never 2 ("changes"), as terraform plan has it; 2 without the flag
+    bad = _exaserve(repo, "diff", "--stack", "dev", "--base", "no-such-ref", "--detailed-exitcode", "--json")
+    assert bad.returncode == 1 and json_object(bad)["exit_code"] == 1, bad.stdout + bad.stderr
+    assert _exaserve(repo, "diff", "--stack", "dev", "--base", "no-such-ref").returncode == 2

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import typer
 
@@ -162,6 +163,57 @@ def test_every_documented_exaserve_command_parses(cmd: DocCommand) -> None:
         # A placeholder where a number or an existing file goes is the docs saying "yours": the option exists.
         if not (isinstance(exc, typer.BadParameter) and any(_placeholder(w) for w in cmd.argv)):
             raise AssertionError(f"{cmd}: {exc}") from exc
+
+
+def command_path(argv: tuple[str, ...]) -> list[str]:
+    """The command ``argv`` names (``exaserve sandbox up`` → ["sandbox", "up"]); raises AssertionError naming the
+    first word that is no subcommand where the tree has subcommands."""
+    register(None)
+    command: Any = typer.main.get_command(app)
+    path: list[str] = []
+    for word in argv[1:]:
+        if word.startswith("-") or _placeholder(word) or word[0].isdigit():
+            break
+        if not hasattr(command, "commands"):  # a command: a word after its name is one of its arguments, if any
+            if not any(isinstance(p, click.Argument) for p in command.params):
+                raise AssertionError(
+                    f"`exaserve {' '.join([*path, word])}`: {' '.join(path)} takes no argument {word!r}"
+                )
+            break
+        if "/" in word and all(w in command.commands for w in word.split("/")):  # `exaserve plan/render/diff`
+            break
+        if word not in command.commands:
+            raise AssertionError(
+                f"`exaserve {' '.join([*path, word])}`: no such command (has {sorted(command.commands)})"
+            )
+        path.append(word)
+        command = command.commands[word]
+    return path
+
+
+INLINE_NAMES = [
+    (f"{p.relative_to(REPO)}:{n}", tuple(_words(span)))
+    for p in DOCS
+    for n, raw in enumerate(p.read_text().splitlines(), 1)
+    for span in INLINE.findall(raw)
+    if span.startswith("exaserve ")
+]
+
+
+def test_every_command_the_prose_names_exists() -> None:
+    """An inline `exaserve …` without an option is not parsed (prose names a command, not every required option),
+    but the command it names must exist: `exaserve rollout history` would have passed unchecked."""
+    wrong = []
+    for where, argv in INLINE_NAMES:
+        try:
+            command_path(argv)
+        except AssertionError as exc:
+            wrong.append(f"{where}: {exc}")
+    assert len(INLINE_NAMES) >= 40 and wrong == [], wrong
+    with pytest.raises(AssertionError, match="rollout takes no argument 'history'"):
+        command_path(("exaserve", "rollout", "history"))
+    with pytest.raises(AssertionError, match="no such command"):
+        command_path(("exaserve", "sandbox", "start"))
 
 
 def test_a_flag_that_does_not_exist_fails_the_parse() -> None:

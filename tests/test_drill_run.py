@@ -17,6 +17,7 @@ content: the markers the drill measured are drawn (their exact colours are in th
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,6 +136,9 @@ def test_each_drill_meets_the_plans_targets_on_the_sandbox(sandbox: Sandbox, sce
     assert r.returncode == 0 and doc["ok"], f"{scenario} {doc.get('verdict')}: {failed} {cadence}\n{r.stderr[-2000:]}"
     assert doc["verdict"] == "passed" and doc["cadence"]["gaps"] == []
 
+    # issue 28, item 9: piped, the drill says what it does as it goes (timestamped lines on stderr)
+    assert re.search(r"^\d\d:\d\d:\d\d fault injected: ", r.stderr, re.M), r.stderr[-2000:]
+    assert re.search(r"^\d\d:\d\d:\d\d settling after the drill$", r.stderr, re.M), r.stderr[-2000:]
     s = SCENARIOS[scenario]
     assert doc["scenario"] == scenario and doc["stack"] == "sandbox"
     targets = {t["name"]: t["value"] for t in doc["targets"]}

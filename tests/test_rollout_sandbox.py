@@ -177,6 +177,7 @@ def test_a_rollout_without_traffic_pauses_as_inconclusive_before_changing_anythi
     # GATED: a soak of batch 0's 2 replicas needs MIN_REQUESTS (20) requests: 20 / (2 × soak) per replica
     soak, per_replica = GATED["rollout.interval_s"], MIN_REQUESTS / (2 * GATED["rollout.interval_s"])
     reason = " ".join(state.reason.split())
+    assert " ".join(doc["reason"].split()) == reason, "--json says why it paused, as the journal does"
     assert reason.startswith(f"paused before the first batch: no traffic in {GATED['rollout.baseline_window_s']} s"), (
         reason
     )

@@ -314,8 +314,11 @@ def test_status_json_and_bad_reports_over_http(sandbox: Sandbox) -> None:
     wide = sandbox.cli("status", "--output", "wide")
     assert wide.returncode == 0 and not set("│┃━─") & set(wide.stdout), wide.stdout
     rows = {line.split()[0]: line.split() for line in wide.stdout.splitlines() if line.split()}
+    header = next(line.split() for line in wide.stdout.splitlines() if line.split()[:1] == ["replica"])
     for r in doc["replicas"]:
-        assert rows[r["id"]][:4] == [r["id"], r["node"], r["url"], r["version"]], wide.stdout
+        # one field per column: the per-router cell (3 routers here) is comma-joined, the header has no spaces
+        assert len(rows[r["id"]]) == len(header), (header, rows[r["id"]])
+        assert rows[r["id"]][:5] == [r["id"], r["node"], r["url"], r["version"], ",".join(r["routers"].values())]
     url = controller_urls(sandbox.spec)[0]
     good = {
         "schema_version": 2,

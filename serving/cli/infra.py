@@ -25,6 +25,7 @@ from serving.cli.options import (
     app,
     console,
     emit_json,
+    errors_exit,
     fail,
     render_errors,
     resolve_stack,
@@ -188,8 +189,9 @@ def diff(
         bool,
         typer.Option(
             "--detailed-exitcode",
-            help=f"Exit {DIFF_CHANGES} when there are changes, 0 when there are none (as helm diff and terraform plan"
-            " have it; without it diff exits 0 either way). With --json, ok is then false on changes.",
+            help=f"Exit {DIFF_CHANGES} when there are changes, 0 when there are none, 1 on an error (as terraform plan"
+            " has it; without it diff exits 0 either way and 2 on bad input). With --json, ok is then false on"
+            " changes.",
         ),
     ] = False,
     as_json: JsonOpt = False,
@@ -197,6 +199,8 @@ def diff(
     """Objects added, removed and changed (with fields, SGLang and router flags by name) and capacity deltas
     between --base and the working tree. A --stack-file must lie in the repository: it is compared with its
     own copy at --base."""
+    if detailed_exitcode:
+        errors_exit(EXIT_PROBLEM)  # 2 is "changes" now: a bad --base or stack must not read as one
     st = resolve_stack(stack, stack_file)
     try:
         root = project_dir()

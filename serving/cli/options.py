@@ -98,6 +98,14 @@ _STACK_META = "exaserve.stack"  # context meta key: the loaded stack's name, for
 # The running command's context, recorded by --json's callback (every command has --json), so that fail() knows
 # whether to print the error object and for which stack.
 _invocation: ContextVar[typer.Context | None] = ContextVar("exaserve_invocation", default=None)
+# The code bad input exits with: 2, except under `diff --detailed-exitcode`, where 2 means "changes" and an error
+# exits 1 (terraform plan's convention), so a CI job never reads a mistake as a change.
+_bad_input_code: ContextVar[int] = ContextVar("exaserve_bad_input_code", default=EXIT_BAD_INPUT)
+
+
+def errors_exit(code: int) -> None:
+    """From now on in this command, :func:`fail` with the default code exits ``code`` instead of 2."""
+    _bad_input_code.set(code)
 
 
 def _expand_user(value: Path | None) -> Path | None:
@@ -262,6 +270,8 @@ def _stack_label() -> str | None:
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     """Print an error for the user (no traceback) and exit with ``code``; with ``--json`` also the error object."""
+    if code == EXIT_BAD_INPUT:
+        code = _bad_input_code.get()
     err_console.print(f"error: {message}", highlight=False, markup=False)
     ctx = _invocation.get()
     if ctx is not None and ctx.params.get("as_json"):

@@ -419,7 +419,7 @@ def status(
             )
         print_table(table, output)
         table = Table(title="replicas")
-        for col in ("replica", "node", "url", "version", "routers", "state", "score", "in rotation", "load"):
+        for col in ("replica", "node", "url", "version", "routers", "state", "score", "in-rotation", "load"):
             table.add_column(col)
         for r in sorted(replicas, key=lambda r: (r["in_rotation"], r["id"])):
             table.add_row(
@@ -427,7 +427,7 @@ def status(
                 r["node"],
                 r["url"],
                 r["version"] or "unknown",
-                " ".join(r["routers"].values()),
+                ",".join(r["routers"].values()),  # one field per column in -o wide: awk reads columns
                 r["state"],
                 str(r["score"]),
                 "yes" if r["in_rotation"] else "no",

@@ -410,6 +410,9 @@ def contract(state: RolloutState, final_versions: dict[str, str | None]) -> dict
         "from_version": plan.from_version,
         "to_version": plan.to_version,
         "outcome": outcome.value,
+        # why it paused or rolled back, as the journal records it (a pause before batch 0 for too little traffic
+        # names the req/s the gates need); None when it completed
+        "reason": state.reason or None,
         "batches": [
             {
                 "index": rec.index,

@@ -115,7 +115,8 @@ def soak_problem(spec: FleetSpec) -> str | None:
     poll = whole_seconds(s.heartbeat_interval_s)
     most_poll = math.floor(r.interval_s / LOAD_POLLS_PER_QPS_WINDOW)
     shorter = (
-        f"set serving.heartbeat_interval_s to at most {most_poll} (polls every {most_poll} s), "
+        f"set serving.heartbeat_interval_s to at most {most_poll} (polls every {most_poll} s; it also sets the "
+        "health-check cadence and the request timeout, docs/units.md), "
         if most_poll >= 1
         else ""
     )
@@ -125,7 +126,7 @@ def soak_problem(spec: FleetSpec) -> str | None:
         f"{poll} s (serving.heartbeat_interval_s {s.heartbeat_interval_s:g}, rounded up to whole seconds), and within "
         "a poll its split is the router's ranking, not the replicas': no batch's QPS gate could be judged. "
         f"Set rollout.interval_s to at least {least:g}, {shorter}or choose a scheduler.strategy that does not "
-        "poll loads (round_robin, cache_aware, random)"
+        "rank workers by polled loads (round_robin, cache_aware, random)"
     )
 
 

@@ -255,7 +255,12 @@ def _down_message(
         f"\n  {len(nodes)} node(s) not reached: {listed(nodes, 4)}: {why}" for why, nodes in causes.items()
     )
     if unreachable:  # what --dry-run needs: the plan starts from what every replica runs
-        reached += "\n  every command that plans, --dry-run included, first reads what each replica runs over SSH"
+        reached += (
+            "\n  every command that plans, --dry-run included, first reads what each replica runs over SSH: for the "
+            "nodes not reached, check the route to them and their sshd, that --known-hosts holds their host keys "
+            "and that -i/--identity (or your agent) holds a key they accept (`exaserve fleet exec --stack NAME -- "
+            "uptime` tries every node the same way)"
+        )
     return (
         f"{len(down)} of {len(fleet_plan.replicas)} replicas are down or unreachable: {listed(down)}; the {what} "
         "would drain, update and health-check around them blind, so it does not start. Bring them back (start "
