@@ -10,11 +10,12 @@
 # the cores with the CPU-bound ones (a starved router or worker would read as a slow release to the gates):
 #   1. CPU-bound: every test not marked `sandbox`, one module per worker (--dist loadfile), three workers (these
 #      tests wait on SSH hosts and subprocesses too: two workers kept 1.05 of the 2 cores busy);
-#   2. wait-bound: the `sandbox` tests (tests/conftest.py marks them), three workers, one sandbox each (--dist
-#      loadgroup: one module, or one of its SANDBOX_GROUPS, per worker). They idle most of their wall time (a drill:
-#      32 s of CPU in 68 s); their judgments hold beside two neighbours since the drill judge reports a starved prober
-#      as `invalid` (measured again once, tests/test_drill_run.py) and the alert reader pairs each alert with its own
-#      active time (docs/testing.md).
+#   2. wait-bound: the `sandbox` tests but the drills (tests/conftest.py marks them), three workers, one sandbox each
+#      (--dist loadgroup: one module, or one of its SANDBOX_GROUPS, per worker). They idle most of their wall time;
+#      their judgments compare a canary with its peers in the same window, so a neighbour's load is weather to both.
+#   3. drills: the fault drills (`drill`, tests/test_drill_run.py), one at a time: they judge client latency against
+#      the baseline taken before the fault, and a neighbour's load reads as the fault's (CI at three workers:
+#      replica-crash "still degraded" with every probe on time). A starved prober is `invalid` and measured again.
 # Each phase writes its JUnit XML (per-test times) to test-output/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,7 +60,8 @@ if ((fast)); then
   phase fast "not sandbox and not hosts and not slow$gpu" 2 loadfile "$@"
 else
   phase cpu-bound "not sandbox$gpu" 3 loadfile "$@"
-  phase wait-bound "sandbox$gpu" 3 loadgroup "$@"
+  phase wait-bound "sandbox and not drill$gpu" 3 loadgroup "$@"
+  phase drills "drill$gpu" 0 loadgroup "$@"
 fi
 if ((!ran)); then
   echo "test.sh: no test was selected by: $*" >&2

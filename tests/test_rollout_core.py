@@ -816,7 +816,16 @@ def test_events_survive_the_journal_encoding() -> None:
 def test_contract_shape() -> None:
     state = run_through(initial(sandbox_plan()), Step(Phase.REMOVE, 1))
     doc = contract(state, {"sandbox-0-s0": "v2"})
-    assert set(doc) == {"stack", "from_version", "to_version", "outcome", "batches", "client_errors", "final_versions"}
+    assert set(doc) == {
+        "stack",
+        "from_version",
+        "to_version",
+        "outcome",
+        "batches",
+        "client_errors",
+        "final_versions",
+        "reason",
+    }
     b0 = doc["batches"][0]
     assert set(b0) == {"index", "replicas", "started_at", "finished_at", "gates", "passed", "canary", "baseline",
                        "verdict", "inconclusive", "kv_pool"}  # fmt: skip

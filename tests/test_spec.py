@@ -82,10 +82,11 @@ def test_sandbox_versions_must_define_every_version_the_fleet_runs() -> None:
     [
         # issue 28: the sandbox's 2 s soak against 5 s load polls; no batch's QPS gate was judged
         ({"rollout.interval_s": 2, "serving.warmup_duration_s": 1}, 10, "Set rollout.interval_s to at least 10, set "
-         "serving.heartbeat_interval_s to at most 1 (polls every 1 s), or choose a scheduler.strategy"),
-        # a 2.5 s heartbeat is rendered as a 3 s poll (--worker-startup-check-interval takes whole seconds)
+         "serving.heartbeat_interval_s to at most 1 (polls every 1 s; it also sets the health-check cadence and the "
+         "request timeout, docs/units.md), or choose a scheduler.strategy"),
+        # a 2.5 s heartbeat is rendered as a 3 s poll (smg's --load-monitor-interval takes whole seconds)
         ({"rollout.interval_s": 5.5, "serving.warmup_duration_s": 1, "serving.heartbeat_interval_s": 2.5}, 6,
-         "at most 2 (polls every 2 s)"),
+         "at most 2 (polls every 2 s;"),
         ({"rollout.interval_s": 1.5, "serving.warmup_duration_s": 1}, 10, "at least 10, or choose"),
     ],
 )  # fmt: skip
