@@ -691,3 +691,20 @@ def test_docs_list_every_flag_and_variable() -> None:
     names = [r.flag for r in (*SERVER_FLAGS, *ROUTER_FLAGS)] + [r.name for r in SERVER_ENV]
     missing = [n for n in names if f"`{n}`" not in doc]
     assert not missing, f"docs/units.md does not mention {missing}"
+
+
+def test_docs_say_which_server_flags_prod_does_not_render() -> None:
+    """Issue 28, item 7: docs/units.md listed `--max-total-tokens` as rendered; prod (SGLang's arithmetic) does not
+    render it. Every server flag the prod replica's command line leaves out is one the docs call conditional
+    ("only …"), and every flag the docs call unconditional is on that line."""
+    spec = load_stack("prod").spec
+    rendered = set(flag_values(server_argv(fleet_of(spec), first(spec)), SERVER_ENTRY))
+    rows = {
+        m.group(1): m.group(2)
+        for line in (REPO / "docs" / "units.md").read_text().splitlines()
+        if (m := re.match(r"^\| `(--[a-z0-9-]+)`(?:, `--[a-z0-9-]+`)* \| (.*) \|$", line))
+    }
+    flags = {r.flag for r in SERVER_FLAGS}
+    missing = sorted(f for f in flags if f not in rendered and "only" not in rows.get(f, "only"))
+    assert missing == [], f"docs/units.md lists {missing} as rendered; prod's command line has none of them"
+    assert "--max-total-tokens" in flags - rendered and "only" in rows["--max-total-tokens"]
