@@ -107,11 +107,27 @@ def test_recovery_is_the_end_of_the_last_degraded_window_by_error_latency_or_rat
     assert m.baseline.ok_per_s == pytest.approx(10)
     reasons = [w.bad for w in m.windows]
     assert reasons[0] == "10 of 10 requests failed"
-    assert reasons[1] is not None and reasons[1].startswith("P99 200 ms > 130 ms")
+    assert reasons[1] is not None and reasons[1].startswith("10 of 10 requests slower than 130 ms")
     assert reasons[2] is not None and reasons[2].startswith("5 requests served < 8.0")
     assert reasons[3:] == [None, None, None]
     assert m.recovery_s == 3.0
     assert m.client_errors == 10 and m.client_requests == 30 + 10 + 10 + 5 + 30
+
+
+def test_one_slow_request_in_a_window_is_no_degradation_a_slowed_share_is() -> None:
+    """CI, beside two other sandboxes: replica-crash "still degraded" with every probe on time. A window's P99 over
+    ~60 requests is nearly their maximum, so one request a busy machine slowed made the window bad. The window is
+    judged as the rollout gates judge a P99: significantly more than 1 % of its requests slower than the bound."""
+    base = steady(-3, 0, rate=60)  # 60/s at 100 ms: limit 130 ms
+    one_slow = [*steady(0, 1, rate=59), *steady(0.5, 0.51, rate=100, latency=0.4)]  # 1 of 60 at 400 ms
+    share = [*steady(1, 2, rate=54), *steady(1.5, 1.6, rate=60, latency=0.2)]  # 6 of 60 at 200 ms
+    m = measure([], base + one_slow + share + steady(2, 6, rate=60), subjects=(), baseline_s=3, gates=GATES, end=6,
+                healed=None)  # fmt: skip
+    assert [w.requests for w in m.windows[:2]] == [60, 60]
+    assert m.windows[0].bad is None, m.windows[0]  # its P99 is the 400 ms request: the old test called it degraded
+    assert m.windows[0].p99_s == pytest.approx(0.4)
+    assert m.windows[1].bad is not None and m.windows[1].bad.startswith("6 of 60 requests slower than 130 ms")
+    assert m.recovery_s == 2.0
 
 
 def test_still_degraded_at_the_end_is_not_recovered_and_the_judged_span_ends_at_the_heal() -> None:

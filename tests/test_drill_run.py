@@ -37,10 +37,10 @@ from tests.support.sandbox import Sandbox, running_sandbox
 from tests.support.stacks import sandbox_stack_file
 
 OUTPUT = REPO / "test-output" / "drills"
-# The drills judge client latency against the baseline measured before the fault (recovery: P99 within
-# rollout.max_p99_rise in serving.failure_threshold one-second windows): a neighbour's load is indistinguishable from
-# the fault's, so scripts/test.sh runs them in a phase of their own, one at a time (CI: replica-crash "still degraded"
-# beside two other sandboxes, every probe on time).
+# The drills judge client latency against the baseline measured before the fault: a neighbour's load reads as the
+# fault's, so scripts/test.sh runs them in a phase of their own, one at a time (CI: replica-crash "still degraded"
+# beside two other sandboxes, every probe on time; the recovery windows' latency test is binomial since, as the
+# rollout gates', which a parallel run has yet to prove).
 pytestmark = pytest.mark.drill
 
 SANDBOX_GROUPS = 3  # ten drills of about a minute each: three sandboxes, three workers (tests/conftest.py)

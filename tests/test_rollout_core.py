@@ -28,7 +28,6 @@ from serving.rollout.gates import (
     ReplicaWindow,
     RouterReading,
     WindowStats,
-    binom_sf,
     canary_budget_spent,
     judge,
     p99_check,
@@ -55,6 +54,7 @@ from serving.rollout.plan import GateLimits, RolloutPlan, plan_batches, plan_rol
 from serving.rollout.runner import Reading
 from serving.router.client import HistogramSnapshot, MetricsSnapshot
 from serving.spec.stack import load_stack
+from serving.stats import binom_sf
 from tests.support.cli import exaserve_in_process, json_object
 from tests.support.stacks import fleet_of, spec_from
 
