@@ -304,6 +304,27 @@ def test_follower_tracks_scores_but_never_acts() -> None:
     assert not ctl.replicas[dead].in_rotation
 
 
+def test_a_new_leader_keeps_a_replica_the_old_one_readmitted() -> None:
+    """CI: after a leader was killed, its successor took a replica out at once. Followers score replicas from
+    reports only; the old leader had restarted and readmitted this one (its score reset), which no follower sees, so
+    the successor's score was still the failure's. A replica every router routes starts at health.readmit_at."""
+    ctl, agents = controller(), Agents()
+    revived = PLAN.replicas[0].id
+    t = T0
+    for i in range(1, 16):  # failing: the follower's score falls to 25
+        t = T0 + 5 * i
+        for node in NODES:
+            ctl.receive(agents.report(node, t, failing={revived}), t)
+    for i in range(16, 18):  # restarted and readmitted by the old leader: healthy again, two reports so far
+        t = T0 + 5 * i
+        for node in NODES:
+            ctl.receive(agents.report(node, t), t)
+    assert ctl.replicas[revived].score < HEALTH.stop_routing_below, "the follower's stale view"
+    ctl.adopt(replica_urls(PLAN).values())  # every router routes every replica
+    assert ctl.tick(t, acting=True) == []
+    assert ctl.replicas[revived].in_rotation and ctl.replicas[revived].score == HEALTH.readmit_at
+
+
 # ----- bad reports -----------------------------------------------------------------------------------
 def _body(**changes: Any) -> str:
     doc = json.loads(Agents().report(NODES[0], T0).model_dump_json())

@@ -419,11 +419,17 @@ class Controller:
             rec.score = min(rec.score, self.config.health.stop_routing_below - 1)
 
     def adopt(self, registered: Iterable[str]) -> None:
-        """A new leader's start: what every router lists is in rotation, anything else is out."""
+        """A new leader's start: what every router lists is in rotation, anything else is out. A follower's score of a
+        replica the routers route may be stale: the old leader restarted and readmitted it (resetting its score) and
+        followers never see actions, only reports, so the new leader would take a freshly readmitted replica out on
+        its first tick. The routers are the truth: a routed replica starts at least at ``health.readmit_at`` (its own
+        probes take it out again if it fails)."""
         on_routers = set(registered)
         for rec in self.replicas.values():
             rec.pending = None
             rec.state = ReplicaState.SERVING if rec.url in on_routers else ReplicaState.OUT
+            if rec.state is ReplicaState.SERVING:
+                rec.score = max(rec.score, self.config.health.readmit_at)
 
     # ----- load ------------------------------------------------------------------------------------
     def loads(self) -> dict[str, float]:
