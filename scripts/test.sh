@@ -61,7 +61,7 @@ if ((fast)); then
 else
   phase cpu-bound "not sandbox$gpu" 3 loadfile "$@"
   phase wait-bound "sandbox and not drill$gpu" 3 loadgroup "$@"
-  phase drills "drill$gpu" 0 loadgroup "$@"
+  phase drills "drill$gpu" 3 loadgroup "$@"
 fi
 if ((!ran)); then
   echo "test.sh: no test was selected by: $*" >&2
