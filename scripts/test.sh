@@ -13,9 +13,11 @@
 #   2. wait-bound: the `sandbox` tests but the drills (tests/conftest.py marks them), three workers, one sandbox each
 #      (--dist loadgroup: one module, or one of its SANDBOX_GROUPS, per worker). They idle most of their wall time;
 #      their judgments compare a canary with its peers in the same window, so a neighbour's load is weather to both.
-#   3. drills: the fault drills (`drill`, tests/test_drill_run.py), one at a time: they judge client latency against
-#      the baseline taken before the fault, and a neighbour's load reads as the fault's (CI at three workers:
-#      replica-crash "still degraded" with every probe on time). A starved prober is `invalid` and measured again.
+#   3. drills: the fault drills (`drill`, tests/test_drill_run.py), three workers, one sandbox per drill group, in a
+#      phase of their own: they judge client latency against the baseline taken before the fault, and the rollout
+#      tests' client load would read as the fault's. A starved prober is `invalid` and measured again; the recovery
+#      windows are judged by a binomial test (one slow request of ~60 is no evidence: CI once failed replica-crash on
+#      it beside the rollout tests).
 # Each phase writes its JUnit XML (per-test times) to test-output/.
 set -euo pipefail
 cd "$(dirname "$0")/.."

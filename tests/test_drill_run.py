@@ -37,10 +37,9 @@ from tests.support.sandbox import Sandbox, running_sandbox
 from tests.support.stacks import sandbox_stack_file
 
 OUTPUT = REPO / "test-output" / "drills"
-# The drills judge client latency against the baseline measured before the fault: a neighbour's load reads as the
-# fault's, so scripts/test.sh runs them in a phase of their own, one at a time (CI: replica-crash "still degraded"
-# beside two other sandboxes, every probe on time; the recovery windows' latency test is binomial since, as the
-# rollout gates', which a parallel run has yet to prove).
+# The drills judge client latency against the baseline measured before the fault: the rollout tests' client load
+# would read as the fault's, so scripts/test.sh runs the drills in a phase of their own (three workers, one sandbox
+# per group; CI: replica-crash "still degraded" beside the rollout tests, every probe on time).
 pytestmark = pytest.mark.drill
 
 SANDBOX_GROUPS = 3  # ten drills of about a minute each: three sandboxes, three workers (tests/conftest.py)
