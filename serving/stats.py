@@ -1,9 +1,11 @@
-"""Exact binomial tail, shared by the rollout gates (:mod:`serving.rollout.gates`) and the drill judge
-(:mod:`serving.drill.measure`): how likely so many requests slower than a bound are by chance."""
+"""Exact binomial tail, and the P99 test built on it, shared by the rollout gates (:mod:`serving.rollout.gates`) and
+the drill judge (:mod:`serving.drill.measure`): how likely so many requests slower than a bound are by chance."""
 
 from __future__ import annotations
 
 import math
+
+P99 = 0.99
 
 
 def _log_pmf(i: int, n: int, p: float) -> float:  # p strictly between 0 and 1
@@ -32,3 +34,10 @@ def binom_sf(k: float, n: float, p: float) -> float:
     if k_i > n_i * p:
         return _tail(k_i, n_i + 1, 1, n_i, p)
     return max(0.0, 1.0 - _tail(k_i - 1, -1, -1, n_i, p))
+
+
+def p_slower_than_p99(slow: float, count: float) -> float:
+    """The chance that ``slow`` or more of ``count`` requests are slower than a bound at or above their P99 when the
+    latency has not moved: at most 1 % of them may be (exact binomial). ``slow`` may be a histogram's interpolated
+    count; its whole part is what was seen."""
+    return binom_sf(math.floor(slow + 1e-9), count, 1 - P99)

@@ -30,10 +30,9 @@ from typing import Any
 
 from serving.drill.scenarios import Scenario, Target, TargetName
 from serving.router.loadgen import TRANSPORT_ERROR, RequestResult
-from serving.stats import binom_sf
+from serving.stats import P99, p_slower_than_p99
 
 Membership = Mapping[str, bool]  # worker URL → healthy, as one router instance lists its workers
-P99 = 0.99
 # A window is slow when more of its requests are slower than the baseline's P99 × (1 + rollout.max_p99_rise) than the
 # 1 % a P99 allows, by an exact binomial test at this level (the rollout gates' P99 test): a window's P99 over the
 # ~60 requests a second of a drill is nearly their maximum, and one request slowed by a busy machine is no evidence.
@@ -185,7 +184,7 @@ def p99(results: Sequence[RequestResult]) -> float:
     latencies = sorted(r.latency_s for r in results if _ok(r))
     if not latencies:
         return math.nan
-    return latencies[min(len(latencies) - 1, max(0, math.ceil(0.99 * len(latencies)) - 1))]
+    return latencies[min(len(latencies) - 1, max(0, math.ceil(P99 * len(latencies)) - 1))]
 
 
 def baseline_of(results: Sequence[RequestResult], seconds: float) -> Baseline:
@@ -208,7 +207,7 @@ def windows(results: Sequence[RequestResult], base: Baseline, gates: Gates, unti
     for i, bucket in enumerate(buckets):
         ok, errors, latency = sum(map(_ok, bucket)), sum(map(_failed, bucket)), p99(bucket)
         slow = sum(1 for r in bucket if _ok(r) and r.latency_s > limit)
-        chance = binom_sf(slow, ok, 1 - P99) if not math.isnan(limit) else 1.0
+        chance = p_slower_than_p99(slow, ok) if not math.isnan(limit) else 1.0
         bad = None
         if errors:
             bad = f"{errors} of {len(bucket)} requests failed"

@@ -76,7 +76,7 @@ from serving.router.client import (
     MetricsSnapshot,
     Sample,
 )
-from serving.stats import binom_sf
+from serving.stats import P99, p_slower_than_p99
 
 ROUTER_INFERENCE_REQUESTS = "smg_router_requests_total"
 ROUTER_INFERENCE_DURATION = "smg_router_request_duration_seconds"
@@ -84,7 +84,6 @@ ROUTER_WORKER_OUTCOMES = "smg_worker_cb_outcomes_total"  # {worker, outcome="suc
 CIRCUIT_OPEN = 1.0  # smg_worker_cb_state: 0 closed, 1 open, 2 half-open
 MIN_REQUESTS = 20  # fewer than this expected: QPS and P99 are not evaluated
 FAMILY_ALPHA = 0.001  # chance that any relative finding of one verdict is due to chance alone
-P99 = 0.99
 
 Basis = Literal["not-updated", "updated", "pre-rollout"]
 Decision = Literal["pass", "rollback", "pause"]
@@ -554,7 +553,7 @@ def p99_check(
     rise = (p99 - reference_p99_s) / reference_p99_s
     bound = (1 + limits.max_p99_rise) * reference_p99_s
     slow = _slower_than(latency, bound)
-    p = binom_sf(math.floor(slow + 1e-9), latency.count, 1 - P99)
+    p = p_slower_than_p99(slow, latency.count)
     if rise <= limits.max_p99_rise or p >= alpha:
         return rise, None
     text = (
