@@ -336,7 +336,6 @@ class Controller:
                 self.counters.actions[action.kind] += 1
                 if action.kind is Kind.MIGRATE:
                     rec.restarts += 1
-                    rec.unproven += 1
                     rec.restarted_at = now
                 actions.append(action)
         return actions
@@ -394,10 +393,11 @@ class Controller:
         rec.pending = None
         rec.loading = rec.loading and action.kind is not Kind.READMIT
         if refused and action.kind is Kind.MIGRATE:  # nothing failed: the back-off stands, the quarantine count not
-            rec.unproven = max(0, rec.unproven - 1)
             self.counters.refused += 1
         elif not ok:
             self.counters.failed[action.kind] += 1
+        if action.kind is Kind.MIGRATE and not refused:  # a restart made, whether it brought the replica back or not
+            rec.unproven += 1
         if action.kind is Kind.REMOVE:
             rec.state = ReplicaState.OUT if ok else rec.state
             rec.shed = rec.shed and ok
