@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -29,6 +27,7 @@ from serving.drill.measure import (
 )
 from serving.drill.scenarios import SCENARIOS, TargetName, plan_targets, scenario_targets
 from serving.router.loadgen import TRANSPORT_ERROR, RequestResult
+from tests.support.json_server import json_server
 from tests.support.stacks import fleet_of, spec_from
 
 A, B, C = "http://r-a", "http://r-b", "http://r-c"  # router instances
@@ -315,37 +314,16 @@ def test_look_times_a_probe_when_a_slow_router_answered() -> None:
     """The engine's probe against a real loopback HTTP server that answers ``/workers`` after 0.3 s: the probe's
     time is after the answer (an upper bound), its start before the call. Timed before the call, as it was, ``t``
     came 0.3 s early."""
+    with json_server(lambda _path: {"workers": []}, delay_s=0.3) as router:
+        fleet = FleetUrls(routers=(router,), controllers=(), replicas={}, nodes={})
 
-    class Slow(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            time.sleep(0.3)
-            body = b'{"workers": []}'
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+        async def one() -> tuple[float, Probe, float]:
+            async with httpx.AsyncClient(timeout=2.0) as http:
+                before = time.monotonic()
+                p = await look(http, fleet)
+                return before, p, time.monotonic()
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    router = f"http://127.0.0.1:{server.server_address[1]}"
-    fleet = FleetUrls(routers=(router,), controllers=(), replicas={}, nodes={})
-
-    async def one() -> tuple[float, Probe, float]:
-        async with httpx.AsyncClient(timeout=2.0) as http:
-            before = time.monotonic()
-            p = await look(http, fleet)
-            return before, p, time.monotonic()
-
-    try:
         before, p, after = asyncio.run(one())
-    finally:
-        server.shutdown()
-        server.server_close()
     assert p.sent is not None and before <= p.sent <= before + 0.1
     assert p.sent + 0.3 <= p.t <= after  # timed when the 0.3 s answer had come
     assert p.routers == {router: {}}  # it answered (no workers), not silent

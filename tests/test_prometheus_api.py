@@ -5,16 +5,14 @@ sandbox tests run the real one, tests/test_sandbox_prometheus.py)."""
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from serving.prometheus_api import alerts_fired
+from tests.support.json_server import json_server
 
 ROUTER_DOWN = {"alertname": "ExaServeRouterInstanceDown", "severity": "warning"}
 EARLIER = {"alertname": "ExaServeReplicaOutOfRotation", "severity": "warning"}  # same labels but the name
@@ -42,30 +40,16 @@ ANSWERS = {
 }
 
 
-class _Api(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        url = urlsplit(self.path)
-        query = parse_qs(url.query)["query"][0]
-        body = json.dumps(ANSWERS[query]).encode() if url.path == "/api/v1/query_range" else b"{}"
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_args: object) -> None:
-        pass
+def _answer(path: str) -> dict[str, Any]:
+    url = urlsplit(path)
+    assert url.path == "/api/v1/query_range", path
+    return ANSWERS[parse_qs(url.query)["query"][0]]
 
 
 @pytest.fixture
 def prometheus() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Api)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
+    with json_server(_answer) as url:
+        yield url
 
 
 def test_each_alert_is_paired_with_its_own_active_time_when_two_share_their_labels(prometheus: str) -> None:
