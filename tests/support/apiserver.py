@@ -226,7 +226,7 @@ class ApiServerStandIn:
             return web.json_response(pod) if pod is not None else _status(404, "NotFound", "pod not found")
         obj = self.objects.get(request.path)
         if obj is None:
-            return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
+            return _status(404, "NotFound", "not found")
         return web.json_response(obj)
 
     def _owner(self, name: str) -> dict[str, Any]:
@@ -309,10 +309,10 @@ class ApiServerStandIn:
         deleted by the updater (the stand-in answers 405 so a test sees it if they were)."""
         name = request.path.rsplit("/", 1)[1] if request.path.startswith(self.pods_path + "/") else ""
         if name not in self.pods:
-            return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
+            return _status(404, "NotFound", "not found")
         owner = next(o for o in self.objects.values() if name.startswith(o["metadata"]["name"] + "-"))
         if owner["kind"] != "StatefulSet":
-            return web.json_response({"kind": "Status", "code": 405}, status=405)
+            return _status(405, "MethodNotAllowed", "the updater does not delete LeaderWorkerSet pods")
         self.deleted.append(name)
         pod = self.pods[name]
         self._spawn(self._recreate(owner, int(name.rsplit("-", 1)[1])))
@@ -324,23 +324,23 @@ class ApiServerStandIn:
 
     async def _patch(self, request: web.Request) -> web.Response:
         if request.content_type != "application/merge-patch+json":
-            return web.json_response({"kind": "Status", "code": 415}, status=415)
+            return _status(415, "UnsupportedMediaType", "only application/merge-patch+json")
         if request.path.startswith(self.pods_path + "/"):
             name = request.path.rsplit("/", 1)[1]
             if name not in self.pods:
-                return web.json_response({"kind": "Status", "code": 404}, status=404)
+                return _status(404, "NotFound", "not found")
             self.pod_patches.append((name, await request.json()))
             self.pods[name] = merge_patch(self.pods[name], self.pod_patches[-1][1])
             return web.json_response(self.pods[name])
         obj = self.objects.get(request.path)
         if obj is None:
-            return web.json_response({"kind": "Status", "code": 404}, status=404)
+            return _status(404, "NotFound", "not found")
         patch = await request.json()
         self.patches.append((request.path, patch))
         merged = merge_patch({k: v for k, v in obj.items() if k != "status"}, patch)
         problems = self.validator.problems(merged)
         if problems:
-            return web.json_response({"kind": "Status", "code": 422, "message": str(problems)}, status=422)
+            return _status(422, "Invalid", str(problems))
         if merged["spec"] != obj["spec"]:
             merged["metadata"]["generation"] = obj["metadata"]["generation"] + 1
         merged["status"] = obj["status"]
@@ -446,7 +446,7 @@ class AuthorizingApiServer(ApiServerStandIn):
         self.decisions.append((verb, group, resource, name, ok))
         if ok:
             return None
-        return web.json_response({"kind": "Status", "code": 403, "reason": "Forbidden"}, status=403)
+        return _status(403, "Forbidden", "forbidden by the Role")
 
     async def _get(self, request: web.Request) -> web.Response:
         return self._forbidden(request) or await super()._get(request)
