@@ -10,10 +10,11 @@
 # the cores with the CPU-bound ones (a starved router or worker would read as a slow release to the gates):
 #   1. CPU-bound: every test not marked `sandbox`, one module per worker (--dist loadfile), three workers (these
 #      tests wait on SSH hosts and subprocesses too: two workers kept 1.05 of the 2 cores busy);
-#   2. wait-bound: the `sandbox` tests but the drills (tests/conftest.py marks them), three workers, one sandbox each
-#      (--dist loadgroup: one module, or one of its SANDBOX_GROUPS, per worker). They idle most of their wall time;
-#      their judgments compare a canary with its peers in the same window, so a neighbour's load is weather to both.
-#   3. drills: the fault drills (`drill`, tests/test_drill_run.py), three workers, one sandbox per drill group, in a
+#   2. wait-bound: the `sandbox` tests but the drills (tests/conftest.py marks them), six workers, one sandbox each
+#      (--dist loadgroup: one module, or one of its SANDBOX_GROUPS, per worker). They idle most of their wall time
+#      (four workers kept 0.63 of a core busy); their judgments compare a canary with its peers in the same window,
+#      so a neighbour's load is weather to both. The phase lasts about as long as its longest group (~100 s of tests).
+#   3. drills: the fault drills (`drill`, tests/test_drill_run.py), four workers, one sandbox per drill group, in a
 #      phase of their own: they judge client latency against the baseline taken before the fault, and the rollout
 #      tests' client load would read as the fault's. A starved prober is `invalid` and measured again; the recovery
 #      windows are judged by a binomial test (one slow request of ~60 is no evidence: CI once failed replica-crash on
@@ -62,8 +63,8 @@ if ((fast)); then
   phase fast "not sandbox and not hosts and not slow$gpu" 2 loadfile "$@"
 else
   phase cpu-bound "not sandbox$gpu" 3 loadfile "$@"
-  phase wait-bound "sandbox and not drill$gpu" 3 loadgroup "$@"
-  phase drills "drill$gpu" 3 loadgroup "$@"
+  phase wait-bound "sandbox and not drill$gpu" 6 loadgroup "$@"
+  phase drills "drill$gpu" 4 loadgroup "$@"
 fi
 if ((!ran)); then
   echo "test.sh: no test was selected by: $*" >&2

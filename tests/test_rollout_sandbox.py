@@ -42,7 +42,7 @@ FAST: dict[str, Any] = {
 }
 
 ACCEPT = "--accept-inconclusive"
-SANDBOX_GROUPS = 2  # each test starts from v1 through its own rollback (at_v1), so two sandboxes can share the tests (tests/conftest.py)
+SANDBOX_GROUPS = 4  # each test starts from v1 through its own rollback (at_v1), so four sandboxes can share the tests (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

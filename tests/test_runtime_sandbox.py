@@ -45,7 +45,7 @@ INTERVAL_S = 1.0
 PENALTY, REWARD = 5, 1
 
 # each test waits for a whole, led fleet first (healthy_fleet, leader_status): a sandbox each (tests/conftest.py)
-SANDBOX_GROUPS = 2
+SANDBOX_GROUPS = 3
 
 
 @pytest.fixture(scope="module")
