@@ -145,3 +145,20 @@ def test_every_rule_reports_under_its_registered_name() -> None:
 def test_every_rule_has_a_docstring_naming_what_it_enforces() -> None:
     assert len(rules.RULES) >= 14
     assert all(fn.__doc__ and len(fn.__doc__) > 20 for fn in rules.RULES.values())
+
+
+def test_router_check_capacity_warns_below_the_failure_reserve_and_its_fix_clears_it() -> None:
+    """smg checks at most 128 workers at once; a hung one holds a check for the whole timeout (3 s of every 5 s at
+    prod): 213 of 2,048 may hang at once, above prod's 10 % reserve (205). A 15 % reserve (308) is above it, and the
+    interval the fix names holds it."""
+    prod = fleet_of(load_stack("prod").spec)
+    hb = prod.plan.heartbeats
+    assert hb.router_hung_capacity.value == 128 * 5 // 3 and "(10.4% of 2,048)" in hb.router_hung_capacity.formula
+    assert "health.router-check-capacity" not in {v.check for v in violations(prod.spec)}
+    wider = spec_from("prod", limits__failure_reserve=0.15)
+    found = [v for v in violations(wider) if v.check == "health.router-check-capacity"]
+    assert len(found) == 1 and found[0].status is Status.WARN, found
+    assert "fewer than the failure reserve (15% of 2,048 = 308)" in found[0].observed
+    assert "at least 8 s" in found[0].fix  # ⌈308 × 3 s / 128⌉
+    fixed = spec_from("prod", limits__failure_reserve=0.15, serving__heartbeat_interval_s=8)
+    assert "health.router-check-capacity" not in {v.check for v in violations(fixed)}

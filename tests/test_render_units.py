@@ -63,7 +63,7 @@ from serving.spec.stack import load_stack
 from tests.support.ci import in_ci
 from tests.support.cli import exaserve
 from tests.support.paths import REPO
-from tests.support.sglang_parsers import real_parse
+from tests.support.sglang_parsers import SGLANG_PYTHON, real_parse, run_json_script_args
 from tests.support.stacks import fleet_of, spec_from
 from tests.support.systemd import verify_unit
 
@@ -247,8 +247,9 @@ def test_heartbeat_settings_drive_the_pod_probes() -> None:
     )
     c = pod_container(fleet_of(spec), 0)
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        # Liveness generates nothing (issue 10, finding 9); startup and readiness may run SGLang's generating /health.
-        path = "/model_info" if probe == "livenessProbe" else "/health"
+        # Liveness generates nothing (issue 10, finding 9); started and ready mean the scheduler answers a generation
+        # (/health_generate: the server's /health does not generate, SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false).
+        path = "/model_info" if probe == "livenessProbe" else "/health_generate"
         assert c[probe]["httpGet"] == {"path": path, "port": "http"}
         assert (c[probe]["periodSeconds"], c[probe]["timeoutSeconds"]) == (2, 3)
     assert c["readinessProbe"]["failureThreshold"] == c["livenessProbe"]["failureThreshold"] == 4
@@ -266,6 +267,43 @@ def test_fabric_decides_the_nccl_environment() -> None:
     roce = spec_from("prod", cluster__fabric__kind="roce", cluster__fabric__nccl_ib_gid_index=3)
     assert server_env(fleet_of(roce), first(roce))["NCCL_IB_GID_INDEX"] == "3"
     assert env["HF_HUB_OFFLINE"] == "1" and env["SGLANG_HEALTH_CHECK_TIMEOUT"] == "3"
+
+
+# Run in the SGLang venv: for each [name, value], the value as SGLang's own Envs field parses it, or, for a variable
+# that is no Envs field, the files of SGLang that name it in quotes (read with os.getenv / os.environ).
+ENV_READER = """
+import json, os, pathlib, sys
+import sglang
+from sglang.srt.environ import Envs
+out = []
+for name, value in json.load(sys.stdin):
+    os.environ[name] = value
+    field = Envs.__dict__.get(name)
+    if field is not None:
+        out.append({"parsed": field.get(), "read_by": []})
+        continue
+    root = pathlib.Path(sglang.__file__).parent
+    needle = repr(name)[1:-1]
+    hits = [str(p.relative_to(root)) for p in root.rglob("*.py") if '"' + needle + '"' in p.read_text(errors="replace")]
+    out.append({"parsed": None, "read_by": sorted(hits)})
+print(json.dumps(out))
+"""
+
+
+def test_every_sglang_variable_in_the_server_env_is_one_the_pinned_sglang_reads(regenerated: Path) -> None:
+    """A misspelt or retired SGLANG_* variable is silently ignored by the server: each one rendered must be an Envs
+    field of the pinned SGLang (parsing to what we mean) or be read by name in its source."""
+    prod = load_stack("prod").spec
+    env = {k: v for k, v in server_env(fleet_of(prod), first(prod)).items() if k.startswith("SGLANG_")}
+    assert "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION" in env and "SGLANG_HEALTH_CHECK_TIMEOUT" in env
+    results = dict(
+        zip(env, run_json_script_args(SGLANG_PYTHON, ["-c", ENV_READER], [[k, v] for k, v in env.items()]), strict=True)
+    )
+    for name, found in results.items():
+        assert found["parsed"] is not None or found["read_by"], f"{name}={env[name]}: the pinned SGLang never reads it"
+    # /health answers without a generation (the routers' cheap check, http_server.py `health_generate`)
+    assert results["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"]["parsed"] is False
+    assert "srt/entrypoints/http_server.py" in results["SGLANG_HEALTH_CHECK_TIMEOUT"]["read_by"]
 
 
 def test_replicas_on_one_node_get_their_own_gpus_and_ports() -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 from serving.plan.divisibility import rejections
 from serving.plan.model import Fleet, fmt_bytes
+from serving.plan.planner import ROUTER_PROBES_IN_FLIGHT
 from serving.result import CheckResult, Status
 from serving.spec.schema import FabricKind, LogLevel
 
@@ -247,6 +248,29 @@ def _recovery(fleet: Fleet) -> Iterator[CheckResult]:
             f"detection + migration within {target:g} s",
             "Shorten heartbeat_interval_s or failure_threshold, or migration_timeout_s.",
             "serving.recovery_target_s",
+        )
+
+
+@rule("health.router-check-capacity")
+def _router_checks(fleet: Fleet) -> Iterator[CheckResult]:
+    """smg checks at most 128 workers at once per router, and a hung worker holds a check for the whole timeout: past
+    that many hung workers the same workers are checked every round and the rest never (serving.plan.planner,
+    ROUTER_PROBES_IN_FLIGHT). The fleet's failure reserve is how many it plans to lose at once."""
+    hb, replicas = fleet.plan.heartbeats, fleet.plan.placement.replicas
+    reserve = math.ceil(fleet.spec.limits.failure_reserve * replicas)
+    if hb.router_hung_capacity.value < reserve:
+        s = fleet.spec.serving
+        interval = math.ceil(reserve * min(s.heartbeat_interval_s, s.health_check_timeout_s) / ROUTER_PROBES_IN_FLIGHT)
+        yield CheckResult(
+            "health.router-check-capacity",
+            Status.WARN,
+            f"Each router holds {hb.router_hung_capacity.formula}, fewer than the failure reserve "
+            f"({fleet.spec.limits.failure_reserve:.0%} of {replicas:,} = {reserve:,}): with that many hung at once, "
+            "part of the fleet goes unchecked by the routers (the controllers' agents still probe every replica)",
+            f"at least {reserve:,} hung workers within one health-check interval",
+            f"Lengthen serving.heartbeat_interval_s to at least {interval} s, shorten serving.health_check_timeout_s, "
+            "or split the fleet over more router deployments.",
+            "serving.heartbeat_interval_s",
         )
 
 

@@ -211,6 +211,11 @@ def print_plan(console: Console, fleet: Fleet, stack_file: Path, violations: Seq
                 ("in use", f"{hb.active_per_s.value:,.1f} msg/s", hb.active_per_s.formula),
                 ("failure detection", f"{hb.failure_detection_s.value:g} s", hb.failure_detection_s.formula),
                 ("recovery", f"{hb.recovery_s.value:g} s", hb.recovery_s.formula),
+                (
+                    "routers' checks: hung at once",
+                    f"{hb.router_hung_capacity.value:,.0f}",
+                    hb.router_hung_capacity.formula,
+                ),
                 ("restart from cache", f"{plan.restart_from_cache_s.value:.1f} s", plan.restart_from_cache_s.formula),
                 ("score: stop routing", f"{hb.timeouts_to_stop_routing.value:g}", hb.timeouts_to_stop_routing.formula),
                 ("score: migrate", f"{hb.timeouts_to_migrate.value:g}", hb.timeouts_to_migrate.formula),

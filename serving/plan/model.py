@@ -160,6 +160,7 @@ class HeartbeatPlan:
     timeouts_to_stop_routing: Figure
     timeouts_to_migrate: Figure
     successes_to_readmit: Figure
+    router_hung_capacity: Figure  # workers that may hang at once before one router's health checks queue
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ Units: bytes, seconds and messages per second internally; GB means 10^9 bytes, G
 from __future__ import annotations
 
 import math
+from typing import Final
 
 from serving.plan import memory as sgl
 from serving.plan.model import (
@@ -410,6 +411,12 @@ def capacity_chain(
 
 # ------------------------------------------------------------------------------------------ health
 
+# smg keeps at most this many health checks in flight per router (``MAX_CONCURRENT_HEALTH_PROBES``,
+# ``model_gateway/src/worker/manager.rs:44``); ``queue_due_probes`` (same file, :428-448) takes the due workers in its
+# HashMap's order, ``take(capacity)``, and a worker's next deadline is its launch + the interval: past the cap, the
+# same workers win every round and the rest are not checked at all.
+ROUTER_PROBES_IN_FLIGHT: Final = 128
+
 
 def heartbeat_plan(spec: FleetSpec, replicas: int, nodes: int) -> HeartbeatPlan:
     s, h = spec.serving, spec.health
@@ -428,6 +435,10 @@ def heartbeat_plan(spec: FleetSpec, replicas: int, nodes: int) -> HeartbeatPlan:
         else ""
     )
     recover = detect + s.migration_timeout_s
+    # A hung worker (connection accepted, no answer) holds a check slot for the whole timeout, once per interval (a
+    # check still in flight is not launched again); a healthy one's cheap /health (the server renders
+    # SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false, render.sglang) holds it for milliseconds, neglected here.
+    hung = ROUTER_PROBES_IN_FLIGHT * router_iv / min(router_iv, router_timeout)
     to_stop = math.floor((h.start - h.stop_routing_below) / h.timeout_penalty) + 1
     to_migrate = math.floor((h.start - h.migrate_below) / h.timeout_penalty) + 1
     readmit = math.ceil((h.stop_routing_below - (h.start - to_stop * h.timeout_penalty)) / h.success_reward)
@@ -465,6 +476,13 @@ def heartbeat_plan(spec: FleetSpec, replicas: int, nodes: int) -> HeartbeatPlan:
             readmit,
             "successes",
             f"from {h.start - to_stop * h.timeout_penalty} back to {h.stop_routing_below} at +{h.success_reward} = {readmit} ({readmit * iv:g} s)",
+        ),
+        router_hung_capacity=Figure(
+            math.floor(hung),
+            "workers",
+            f"{ROUTER_PROBES_IN_FLIGHT} checks in flight (smg) × {router_iv:g} s interval / "
+            f"{min(router_iv, router_timeout):g} s a hung worker holds one = {math.floor(hung):,} workers "
+            f"({hung / replicas:.1%} of {replicas:,})",
         ),
     )
 

@@ -13,7 +13,14 @@ from typing import Final
 
 from serving.plan.model import Fleet, Replica
 from serving.render.common import RenderError, rdma, render_template, whole_seconds
-from serving.render.sglang import HEALTH_PATH, SERVER_ENTRY, SERVICE_HOME, SERVICE_USER, server_argv, server_env
+from serving.render.sglang import (
+    SCHEDULER_HEALTH_PATH,
+    SERVER_ENTRY,
+    SERVICE_HOME,
+    SERVICE_USER,
+    server_argv,
+    server_env,
+)
 
 CURL: Final = "/usr/bin/curl"
 
@@ -80,7 +87,7 @@ def systemd_unit(fleet: Fleet, replica: Replica, node_rank: int = 0) -> str:
             "--retry", str(math.ceil(start_timeout / interval)), "--retry-delay", str(interval),
             "--retry-max-time", str(start_timeout), "--retry-connrefused", "--retry-all-errors",
             "--max-time", str(whole_seconds(s.health_check_timeout_s)),
-            f"http://{host}:{replica.port}{HEALTH_PATH}",
+            f"http://{host}:{replica.port}{SCHEDULER_HEALTH_PATH}",  # started: the scheduler answers
         ]  # fmt: skip
     return render_template(
         "sglang-replica.service.j2",

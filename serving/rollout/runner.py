@@ -31,6 +31,7 @@ from typing import TypeVar
 import httpx
 
 from serving.fleet_http import FleetHttp, HttpFailure
+from serving.render.sglang import SCHEDULER_HEALTH_PATH
 from serving.rollout.backends import Backend, BackendError
 from serving.rollout.gates import (
     MIN_REQUESTS,
@@ -476,7 +477,7 @@ class Runner:
     async def _probe(self, url: str) -> str:
         try:
             response = await self._http.get(
-                url + "/health_generate", timeout_s=self.state.plan.timings.health_check_timeout_s
+                url + SCHEDULER_HEALTH_PATH, timeout_s=self.state.plan.timings.health_check_timeout_s
             )
         except HttpFailure as exc:
             return exc.why
@@ -499,7 +500,7 @@ class Runner:
             if waited >= timeout:
                 worst = ", ".join(f"{r} ({last[r]})" for r in sorted(pending))
                 return self._event("failed", step, f"health timeout: {worst} not healthy after {timeout:g} s")
-            self._say(f"waiting for /health_generate: {len(pending)} of {len(urls)} not healthy yet")
+            self._say(f"waiting for {SCHEDULER_HEALTH_PATH}: {len(pending)} of {len(urls)} not healthy yet")
             if time.monotonic() - last_reconcile >= 1.0:
                 await self._reconcile()
                 last_reconcile = time.monotonic()

@@ -21,6 +21,7 @@ from serving.render.k8s.fabric import has_rdma
 from serving.render.k8s.storage import COMPLETE_MARKER, model_dirs
 from serving.render.sglang import (
     HEALTH_PATH,
+    SCHEDULER_HEALTH_PATH,
     SERVER_ENTRY,
     SERVICE_HOME,
     ServerContext,
@@ -56,7 +57,7 @@ WAIT_FOR_CACHE = "wait-for-cache"
 # generation. /health runs a one-token generation (SGLang 0.5.x), so a scheduler stall would fail it and a liveness
 # probe on it would restart a replica that then reloads for minutes; readiness and the router may generate.
 LIVENESS_PATH: Final = "/model_info"
-GENERATING_PATHS: Final = frozenset({HEALTH_PATH, "/health_generate"})
+GENERATING_PATHS: Final = frozenset({HEALTH_PATH, SCHEDULER_HEALTH_PATH})  # /health: unless the server's env says not
 
 
 # Seconds between two looks at the cache marker while a pod waits for its node's cache.
@@ -206,8 +207,13 @@ def pod_container(fleet: Fleet, group: int, *, leader: bool = True) -> dict[str,
     }
     if leader:
         interval = whole_seconds(s.heartbeat_interval_s)
-        container["startupProbe"] = _probe(fleet.spec, math.ceil(whole_seconds(s.startup_budget_s) / interval))
-        container["readinessProbe"] = _probe(fleet.spec, s.failure_threshold, s.success_threshold)
+        # Started and ready mean the scheduler answers (a generation), not only the HTTP server.
+        container["startupProbe"] = _probe(
+            fleet.spec, math.ceil(whole_seconds(s.startup_budget_s) / interval), path=SCHEDULER_HEALTH_PATH
+        )
+        container["readinessProbe"] = _probe(
+            fleet.spec, s.failure_threshold, s.success_threshold, path=SCHEDULER_HEALTH_PATH
+        )
         container["livenessProbe"] = _probe(fleet.spec, s.failure_threshold, path=LIVENESS_PATH)
     return container
 
