@@ -38,24 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
-from serving.plan.loader import load_fleet
-from serving.render.router import ROUTER_ENTRY, router_args
+from bench.smg_fleet import STATIC, start_fleet
 from serving.router.client import RouterClient, WorkerInfo
-from serving.sandbox.processes import (
-    StateDir,
-    cpu_seconds,
-    free_port,
-    free_port_block,
-    free_ports,
-    start_router,
-    stop_all,
-)
-from serving.sandbox.scale import WORKERS_PER_PROCESS
-from serving.sandbox.worker import WorkerConfig
-from serving.sandbox.worker_host import start_host
-from serving.spec.stack import load_stack
+from serving.sandbox.processes import StateDir, cpu_seconds, stop_all
 
-STATIC = 2  # --worker-urls the router starts with (power_of_two's minimum)
 POLL_S = 1.0  # between two rounds of status reads while waiting for a change
 STEADY_S = 20.0  # the window the steady rate is measured over
 READS = 200  # job-status reads timed
@@ -203,27 +189,14 @@ def main() -> int:
     args = parser.parse_args()
     if args.workers < STATIC + args.changes:
         parser.error(f"--workers {args.workers}: need at least {STATIC} static workers + --changes {args.changes}")
-    stack = load_stack("prod")
-    fleet = load_fleet("prod", stack.spec)
     with tempfile.TemporaryDirectory(prefix="membership-bench-") as tmp:
         state = StateDir(Path(tmp) / "state")
-        base = free_port_block(args.workers)
-        configs = [WorkerConfig(port=base + i, seed=i) for i in range(args.workers)]
-        urls = [c.url for c in configs]
         try:
-            for start in range(0, args.workers, WORKERS_PER_PROCESS):
-                index = start // WORKERS_PER_PROCESS
-                start_host(state, index, configs[start : start + WORKERS_PER_PROCESS], free_port(), timeout_s=120)
-            flags = router_args(fleet, worker_urls=urls[:STATIC]).to_argv()[len(ROUTER_ENTRY) :]
-            port, metrics_port = free_ports(2)
-            for flag, value in (("--host", "127.0.0.1"), ("--port", str(port)), ("--prometheus-host", "127.0.0.1"),
-                                ("--prometheus-port", str(metrics_port))):  # fmt: skip
-                flags[flags.index(flag) + 1] = value
-            record = start_router(state, flags, healthy_workers=STATIC, timeout_s=120)
+            configs, _, record = start_fleet(state, args.workers)
 
             async def run() -> dict[str, Any]:
                 async with RouterClient(record.url, record.metrics_url, timeout_s=60) as client:
-                    return await measure(Router(client, record.pid), urls, args.changes)
+                    return await measure(Router(client, record.pid), [c.url for c in configs], args.changes)
 
             result = asyncio.run(run())
         finally:

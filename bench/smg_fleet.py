@@ -1,0 +1,40 @@
+"""One REAL smg router (the prod stack's rendered flags, listeners on loopback) in front of many SIMULATED SGLang
+workers (``serving.sandbox.worker_host``, :data:`~serving.sandbox.scale.WORKERS_PER_PROCESS` a process: no GPU here),
+for the benches that measure smg itself at the prod fleet's size."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from serving.plan.loader import load_fleet
+from serving.render.router import ROUTER_ENTRY, router_args
+from serving.sandbox.processes import ProcessRecord, StateDir, free_port, free_port_block, free_ports, start_router
+from serving.sandbox.scale import WORKERS_PER_PROCESS
+from serving.sandbox.worker import WorkerConfig
+from serving.sandbox.worker_host import start_host
+from serving.spec.stack import load_stack
+
+STATIC = 2  # --worker-urls the router starts with (power_of_two's minimum)
+
+
+def start_fleet(state: StateDir, workers: int) -> tuple[list[WorkerConfig], list[ProcessRecord], ProcessRecord]:
+    """``workers`` simulated workers on a free block of ports, and one router with the prod stack's flags that knows
+    the first :data:`STATIC` of them: (the workers' configs, their hosts' records, the router's record). The caller
+    registers the rest and stops everything (``stop_all(state)``)."""
+    fleet = load_fleet("prod", load_stack("prod").spec)
+    base = free_port_block(workers)
+    configs = [WorkerConfig(port=base + i, seed=i) for i in range(workers)]
+    hosts = [
+        start_host(state, start // WORKERS_PER_PROCESS, configs[start : start + WORKERS_PER_PROCESS], free_port(),
+                   timeout_s=120)
+        for start in range(0, workers, WORKERS_PER_PROCESS)
+    ]  # fmt: skip
+    flags = router_args(fleet, worker_urls=[c.url for c in configs[:STATIC]]).to_argv()[len(ROUTER_ENTRY) :]
+    port, metrics_port = free_ports(2)
+    for flag, value in (("--host", "127.0.0.1"), ("--port", str(port)), ("--prometheus-host", "127.0.0.1"),
+                        ("--prometheus-port", str(metrics_port))):  # fmt: skip
+        flags[flags.index(flag) + 1] = value
+    return configs, hosts, start_router(state, flags, healthy_workers=STATIC, timeout_s=120)
