@@ -5,6 +5,7 @@ for the benches that measure smg itself at the prod fleet's size."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -20,10 +21,12 @@ from serving.spec.stack import load_stack
 STATIC = 2  # --worker-urls the router starts with (power_of_two's minimum)
 
 
-def start_fleet(state: StateDir, workers: int) -> tuple[list[WorkerConfig], list[ProcessRecord], ProcessRecord]:
+def start_fleet(
+    state: StateDir, workers: int, overrides: Mapping[str, str] | None = None
+) -> tuple[list[WorkerConfig], list[ProcessRecord], ProcessRecord]:
     """``workers`` simulated workers on a free block of ports, and one router with the prod stack's flags that knows
     the first :data:`STATIC` of them: (the workers' configs, their hosts' records, the router's record). The caller
-    registers the rest and stops everything (``stop_all(state)``)."""
+    registers the rest and stops everything (``stop_all(state)``). ``overrides``: rendered flags given other values."""
     fleet = load_fleet("prod", load_stack("prod").spec)
     base = free_port_block(workers)
     configs = [WorkerConfig(port=base + i, seed=i) for i in range(workers)]
@@ -35,6 +38,6 @@ def start_fleet(state: StateDir, workers: int) -> tuple[list[WorkerConfig], list
     flags = router_args(fleet, worker_urls=[c.url for c in configs[:STATIC]]).to_argv()[len(ROUTER_ENTRY) :]
     port, metrics_port = free_ports(2)
     for flag, value in (("--host", "127.0.0.1"), ("--port", str(port)), ("--prometheus-host", "127.0.0.1"),
-                        ("--prometheus-port", str(metrics_port))):  # fmt: skip
+                        ("--prometheus-port", str(metrics_port)), *(overrides or {}).items()):  # fmt: skip
         flags[flags.index(flag) + 1] = value
     return configs, hosts, start_router(state, flags, healthy_workers=STATIC, timeout_s=120)

@@ -13,11 +13,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from serving.render.router import ROUTER_ENTRY, router_args
 from serving.router.client import ROUTER_WORKER_HEALTH, RouterClient, WorkerInfo
-from serving.router.membership import RouterSet
+from serving.router.membership import MembershipTimeout, RouterSet
 from serving.sandbox.processes import StateDir, free_ports, start_router, start_worker, stop_all, stop_process
 from serving.sandbox.worker import WorkerConfig
 from serving.spec.schema import FleetSpec
@@ -72,7 +73,9 @@ def override(flags: Sequence[str], values: Mapping[str, Sequence[str]]) -> list[
     return out
 
 
-def start_rendered_router(spec: FleetSpec, workers: Workers) -> RouterClient:
+def start_rendered_router(
+    spec: FleetSpec, workers: Workers, flags: Mapping[str, Sequence[str]] | None = None
+) -> RouterClient:
     argv = router_args(fleet_of(spec), worker_urls=[c.url for c in workers.configs]).to_argv()
     assert argv[: len(ROUTER_ENTRY)] == list(ROUTER_ENTRY)
     port, metrics_port = free_ports(2)
@@ -83,6 +86,7 @@ def start_rendered_router(spec: FleetSpec, workers: Workers) -> RouterClient:
             "--port": [str(port)],
             "--prometheus-host": [LOOPBACK],
             "--prometheus-port": [str(metrics_port)],
+            **(flags or {}),
         },
     )
     record = start_router(workers.state, flags, healthy_workers=len(workers.configs), timeout_s=60)
@@ -187,4 +191,53 @@ def test_a_worker_added_back_before_smg_notices_its_removal_job_ended_is_admitte
     first_404 = next(at for at, i, w in answers if i == new_id and w is None) - deleted
     assert erased_s - 0.5 < first_404 < restarted - deleted, (first_404, erased_s)
     assert admitted > restarted
+    assert {w.url: (w.status, w.is_healthy) for w in listed} == {c.url: ("ready", True) for c in workers.configs}
+
+
+@pytest.mark.slow
+def test_a_registration_the_router_gives_up_answers_404_and_the_addition_says_so(workers: Workers) -> None:
+    """What the addition's timeout message relies on, on the pinned smg: a registration given up after
+    ``--worker-startup-timeout-secs`` leaves no entry (404), not a failed job status. Nothing listens on the added
+    URL; the start-up timeout is 2 s."""
+    spec = load_stack("dev").spec
+    (port,) = free_ports(1)
+    nowhere = f"http://{LOOPBACK}:{port}"
+
+    async def body() -> str:
+        async with start_rendered_router(spec, workers, {"--worker-startup-timeout-secs": ["2"]}) as rc:
+            with pytest.raises(MembershipTimeout) as timed_out:
+                await RouterSet([rc.base_url]).add(nowhere, timeout_s=15)
+            return str(timed_out.value)
+
+    message = asyncio.run(body())
+    assert f"it holds no entry (404) for 1: ['{nowhere}']" in message, message
+    assert "--worker-startup-timeout-secs" in message
+
+
+@pytest.mark.slow
+def test_an_addition_retried_while_its_registration_is_pending_waits_for_that_one(workers: Workers) -> None:
+    """``GET /workers`` does not list a pending registration, so an addition retried while the first waits for its
+    worker POSTs again; smg 1.13.0 answers 409 WORKER_CREATE_IN_PROGRESS naming the pending id. Before the fix the
+    retried addition failed on that 409; now it waits for the pending registration."""
+    spec = load_stack("dev").spec
+    victim = workers.configs[0]
+
+    async def body() -> tuple[str, str, list[WorkerInfo]]:
+        async with start_rendered_router(spec, workers) as rc:
+            routers = RouterSet([rc.base_url])
+            await routers.remove(victim.url, timeout_s=30)
+            await routers.drains_ended(victim.url, timeout_s=30)
+            stop_process(workers.state, f"worker-{victim.port}")
+            first = await rc.add_worker(victim.url)  # pending: its worker does not answer
+            async with httpx.AsyncClient(timeout=10) as http:
+                raw = await http.post(rc.base_url + "/workers", json={"url": victim.url})
+            retried = asyncio.create_task(routers.add(victim.url, timeout_s=60))
+            await asyncio.sleep(1.0)
+            assert not retried.done(), retried
+            await asyncio.to_thread(start_worker, workers.state, f"worker-{victim.port}", victim)
+            await retried
+            return first, raw.text, await rc.list_workers()
+
+    first, second_answer, listed = asyncio.run(body())
+    assert "WORKER_CREATE_IN_PROGRESS" in second_answer and first in second_answer, second_answer  # the premise
     assert {w.url: (w.status, w.is_healthy) for w in listed} == {c.url: ("ready", True) for c in workers.configs}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -215,6 +216,21 @@ def parse_workers(data: Any) -> list[WorkerInfo]:
     return [parse_worker(w) for w in data["workers"]]
 
 
+_IN_PROGRESS = re.compile(r"already in progress for URL '[^']*' with ID ([0-9A-Za-z-]+)\.")
+
+
+def _in_progress_id(response: httpx.Response) -> str | None:
+    """The pending registration's id from smg's 409 ``WORKER_CREATE_IN_PROGRESS``; None for any other answer."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or body.get("code") != "WORKER_CREATE_IN_PROGRESS":
+        return None
+    found = _IN_PROGRESS.search(str(body.get("error", "")))
+    return found.group(1) if found else None
+
+
 class RouterClient:
     """Async client for one router: worker API on ``base_url``, metrics on ``metrics_url``."""
 
@@ -239,9 +255,16 @@ class RouterClient:
         return response.json()
 
     async def add_worker(self, url: str) -> str:
-        """Queue the registration of ``url``; returns the worker id (202 Accepted)."""
-        body = await self._json("POST", "/workers", (202,), json={"url": url})
-        return str(body["worker_id"])
+        """Queue the registration of ``url``; returns the worker id (202 Accepted), or the id of the registration of
+        ``url`` already queued: ``GET /workers`` does not list a pending registration, so an addition retried while
+        the first waits for its worker POSTs again, and smg 1.13.0 answers 409 ``WORKER_CREATE_IN_PROGRESS`` with the
+        pending one's id in its message only (seen live; the string is in the wheel's binary, in no stored source)."""
+        response = await self._http.post(self.base_url + "/workers", json={"url": url})
+        if response.status_code == 409 and (pending := _in_progress_id(response)) is not None:
+            return pending
+        if response.status_code != 202:
+            raise RouterApiError(f"POST /workers answered {response.status_code}: {response.text[:300]}")
+        return str(response.json()["worker_id"])
 
     async def list_workers(self) -> list[WorkerInfo]:
         return parse_workers(await self._json("GET", "/workers", (200,)))
