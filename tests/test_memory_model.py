@@ -15,10 +15,10 @@ from serving.plan import planner
 from serving.plan.model import Fleet
 from serving.render.sglang import server_argv
 from serving.result import Status, failures
-from serving.spec.schema import GIB, count_parameters
-from serving.spec.stack import load_stack_file
+from serving.spec.schema import GIB, ParallelismSpec, attention_parameters, count_parameters
+from serving.spec.stack import SpecError, load_stack_file
 from tests.support.sglang_parsers import ROOT, SGLANG_PYTHON, run_json_script_args
-from tests.support.stacks import SOURCE_PLAN, fleet_of, spec_from
+from tests.support.stacks import SOURCE_PLAN, deepseek_h200_spec, fleet_of, spec_from
 
 GRID_GPUS_MIB = (16_384, 23_034, 24_564, 40_960, 46_068, 81_559, 81_920, 97_871, 143_771, 183_359)
 GRID_PARALLEL = ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (2, 4), (8, 2), (4, 4))
@@ -55,6 +55,105 @@ def test_mem_fraction_static_equals_sglangs_handle_gpu_memory_settings(regenerat
     assert not mismatches, mismatches[:5]
     # The grid is not degenerate: the floor, the bands and PP all move the fraction.
     assert len({r["mem_fraction_static"] for r in resolved}) > 200
+
+
+GRID_ATTN_DP = {2: (1, 2), 4: (1, 2, 3, 4), 8: (1, 2, 3, 4, 8), 16: (1, 2, 3, 4, 8, 16)}
+
+
+def _refused_by_the_spec(tp: int, dp: int, attn_dp: int) -> str | None:
+    try:
+        ParallelismSpec(tp=tp, pp=1, dp=dp, attn_dp=attn_dp)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def test_attention_dp_fraction_and_refusals_are_sglangs(regenerated: Path) -> None:
+    """With attention DP the pinned SGLang's REAL handle_gpu_memory_settings reserves max_bs × attn_dp × 3 MiB
+    more for the decode graphs (× 4.5 above max_bs 300, memory_hook.py:376), and its own handle_data_parallelism
+    (run from the installed source) refuses attn_dp not dividing TP and attn_dp with --dp-size: over GPU memory ×
+    TP × attention DP × DP × max running requests × MLA, the planner's fraction is SGLang's and parallelism refuses
+    exactly what SGLang refuses. Before, the planner had no attention DP (DeepSeek-V3 on 8 × H200 at DP 8: 0.886
+    planned, 0.758 by SGLang)."""
+    cases = [
+        {"gpu_mib": g, "tp": tp, "pp": 1, "chunked_prefill_size": None, "max_running_requests": r, "mla": mla}
+        | {"attn_dp": n, "dp": dp}
+        for g, tp, dp, r, mla in itertools.product(GRID_GPUS_MIB, GRID_ATTN_DP, (1, 2), (None, 64, 512), (False, True))
+        for n in GRID_ATTN_DP[tp]
+    ]
+    resolved = _sglang_resolves(cases)
+    assert len(resolved) == len(cases) == 2_040
+    mismatches, refusals = [], []
+    for r in resolved:
+        ours = sgl.sglang_mem_fraction_static(
+            r["gpu_mib"], r["tp"], 1, None, r["max_running_requests"], r["mla"], r["attn_dp"]
+        )
+        if (ours.value, ours.decode_graph_max_bs) != (r["mem_fraction_static"], r["decode_graph_max_bs"]):
+            mismatches.append((r, ours))
+        refused = _refused_by_the_spec(r["tp"], r["dp"], r["attn_dp"])
+        if (refused is None) != ("refused" not in r):
+            refusals.append((r, refused))
+        elif refused is None and r["attn_dp"] > 1:
+            # the chunked prefill SGLang gives each attention-DP worker: the whole size / attn_dp, after the fraction
+            assert r["worker_chunked_prefill_size"] == r["resolved_chunked_prefill_size"] // r["attn_dp"]
+    assert not mismatches, mismatches[:5]
+    assert not refusals, refusals[:5]
+    refused = [r for r in resolved if "refused" in r]
+    assert {r["refused"].split(":")[0] for r in refused} == {"AssertionError", "ValueError"}  # both checks exercised
+    dp_moves = {
+        (r["gpu_mib"], r["tp"], r["mla"], r["max_running_requests"], r["mem_fraction_static"]) for r in resolved
+    }
+    assert len(dp_moves) > len({k[:4] for k in dp_moves})  # attention DP moves the fraction
+
+
+def test_deepseek_v3_attention_dp_8_on_8_h200_is_planned_as_sglang_sizes_it(regenerated: Path) -> None:
+    """DeepSeek-V3 block FP8 at TP 8 on 8 × H200 with --attn-dp-size 8: the fraction is SGLang's own
+    (handle_gpu_memory_settings run from its source); each GPU holds the whole MLA attention and embedding
+    (attention-TP 1) on top of its TP share of the experts and LM head; the MLA cell (kv_lora_rank +
+    qk_rope_head_dim per layer, 16 bit) is unchanged; each of the 8 attention-DP groups has its own pool of
+    budget // cell tokens, so the replica holds 8 of them."""
+    dp8, plain = deepseek_h200_spec(8), deepseek_h200_spec(1)
+    lim = dp8.limits
+    base = {"gpu_mib": 143_771, "tp": 8, "pp": 1, "chunked_prefill_size": lim.chunked_prefill_size, "mla": True}
+    theirs8, theirs1 = _sglang_resolves(
+        [base | {"max_running_requests": lim.max_running_requests, "attn_dp": n} for n in (8, 1)]
+    )
+    m8, m1 = planner.memory_plan(dp8), planner.memory_plan(plain)
+    assert m8.mem_fraction_static.value == theirs8["mem_fraction_static"]
+    assert m1.mem_fraction_static.value == theirs1["mem_fraction_static"] > theirs8["mem_fraction_static"]
+    cfg = json.loads((ROOT / "models" / "deepseek-v3" / "config.json").read_text())
+    layers = cfg["num_hidden_layers"]
+    cell = layers * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * 2  # calculate_mla_kv_cache_dim × layers × bf16
+    assert m8.kv_per_token_per_gpu.value == m1.kv_per_token_per_gpu.value == cell
+    attention = attention_parameters(cfg)
+    assert attention is not None
+    whole = (attention * layers * 1 + cfg["vocab_size"] * cfg["hidden_size"] * 2) * (
+        1 - 1 / 8
+    )  # FP8 attention, bf16 table
+    w8, w1 = (m.per_gpu["weights"].value + m.per_gpu["load_overhead"].value for m in (m8, m1))
+    assert w8 - w1 == pytest.approx(whole)
+    free = sgl.free_at_start_bytes(sgl.GPU_PRODUCTS["NVIDIA-H200"], 8)
+    tokens = int((free * theirs8["mem_fraction_static"] - w8) // cell)
+    assert m8.max_total_tokens.value == tokens
+    assert m8.max_concurrent_sequences.value == tokens // lim.context_length * 8
+    print(f"DP 8: mfs {theirs8['mem_fraction_static']}, weights {w8 / GIB:.2f} GiB, {tokens:,} tokens × 8 pools")
+    print(f"DP 1: mfs {theirs1['mem_fraction_static']}, weights {w1 / GIB:.2f} GiB, {int(m1.max_total_tokens.value):,}")
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"parallelism__tp": 2, "parallelism__attn_dp": 2}, "dense model"),  # prod serves Llama-3-70B
+        ({"parallelism__tp": 4, "parallelism__attn_dp": 3}, "parallel_hook.py:326"),
+        ({"parallelism__tp": 2, "parallelism__dp": 2, "parallelism__attn_dp": 2}, "parallel_hook.py:287"),
+    ],
+)
+def test_attention_dp_the_planner_cannot_plan_is_a_spec_error(changes: dict[str, int], says: str) -> None:
+    """A dense model (Llama builds attention over the whole TP group, so attention DP is not modelled), attn_dp not
+    dividing TP, or attn_dp with --dp-size: each a spec error naming the field, the value and the fix."""
+    with pytest.raises(SpecError) as err:
+        spec_from("prod", **changes)
+    assert says in str(err.value) and "parallelism.attn_dp" in str(err.value)
 
 
 def _planner_predicts(log: sgl.StartupLog, tmp_path: Path) -> tuple[int, float, float]:

@@ -139,7 +139,7 @@ def _sglang_shapes(fleet: Fleet) -> Iterator[CheckResult]:
     (:mod:`serving.plan.divisibility`, each reason citing the SGLang check it mirrors)."""
     spec = fleet.spec
     tp = spec.parallelism.tp
-    reasons = rejections(spec.model.architecture, tp, spec.model.precision.value)
+    reasons = rejections(spec.model.architecture, tp, spec.model.precision.value, attn_dp=spec.parallelism.attn_dp)
     if reasons:
         yield CheckResult(
             "model.sglang-shapes",

@@ -119,6 +119,7 @@ def static_fraction(spec: FleetSpec) -> Figure:
         lim.chunked_prefill_size,
         lim.max_running_requests,
         m.architecture.mla is not None,
+        par.attn_dp,
     )
     if spec.serving.mem_fraction_static is not None:
         v = spec.serving.mem_fraction_static
@@ -149,6 +150,7 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
         mfs.value,
         group,
         m.checkpoint_weights,
+        par.attn_dp,
     )
     share, pool = rp.weights, rp.pool
     ckpt = m.checkpoint_weights
@@ -158,10 +160,13 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
         else weights_bytes(m.architecture.parameter_count, m.bytes_per_param)
     )
     kv_tok = kv_bytes_per_token(m.architecture, m.kv_bytes_per_element)
-    kv_tok_gpu = kv_bytes_per_token_per_gpu(m.architecture, m.kv_bytes_per_element, par.tp, par.pp)
+    kv_tok_gpu = kv_bytes_per_token_per_gpu(m.architecture, m.kv_bytes_per_element, par.attn_tp, par.pp)
     budget = max(0.0, pool.budget)
     slack = free * (1 - mfs.value)
-    seqs = pool.tokens // ctx * par.dp
+    # Each attention-DP group has its own scheduler and pool (and --max-running-requests / attn_dp of the requests,
+    # mem_cache/kv_cache_configurator.py: resolve_max_num_reqs), as each --dp-size replica does.
+    workers = par.dp * par.attn_dp
+    seqs = pool.tokens // ctx * workers
     per_gpu = {
         "weights": Figure(share.layer_bytes + share.embedding_bytes, "B", share.formula),
         "load_overhead": Figure(
@@ -205,10 +210,18 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
         kv_per_token_per_gpu=kv_tok_gpu,
         kv_pool_per_gpu=Figure(budget, "B", pool.formula),
         max_concurrent_sequences=Figure(
-            seqs, "seqs", f"⌊{pool.tokens:,} pool tokens / {ctx:,} context⌋ × DP {par.dp} = {seqs}"
+            seqs,
+            "seqs",
+            f"⌊{pool.tokens:,} pool tokens / {ctx:,} context⌋ × DP {par.dp}"
+            + (f" × attention DP {par.attn_dp} (a pool each)" if par.attn_dp > 1 else "")
+            + f" = {seqs}",
         ),
         mem_fraction_static=mfs,
-        max_total_tokens=Figure(pool.tokens, "tokens", pool.formula),
+        max_total_tokens=Figure(
+            pool.tokens,
+            "tokens",
+            pool.formula + (f" (each of the {par.attn_dp} attention-DP groups' own pool)" if par.attn_dp > 1 else ""),
+        ),
     )
 
 

@@ -121,6 +121,11 @@ SERVER_FLAGS: Final[tuple[FlagRule[ServerContext], ...]] = (
     FlagRule("--pp-size", "parallelism.pp", lambda c: str(c.spec.parallelism.pp)),
     FlagRule("--dp-size", "parallelism.dp", lambda c: str(c.spec.parallelism.dp)),
     FlagRule(
+        "--attn-dp-size",
+        "parallelism.attn_dp, when > 1 (replaces the deprecated --enable-dp-attention, SGLang server_args.py:419)",
+        lambda c: str(c.spec.parallelism.attn_dp) if c.spec.parallelism.attn_dp > 1 else None,
+    ),
+    FlagRule(
         "--nnodes",
         "planner placement: nodes per replica (only when a replica spans nodes)",
         lambda c: str(c.nnodes) if c.nnodes > 1 else None,

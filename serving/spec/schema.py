@@ -386,6 +386,12 @@ class Architecture(_Model):
         description="Modules a quantised checkpoint keeps in 16 bit (config.json quantization_config.ignored_layers "
         "or modules_to_not_convert, with and without the 'model.' prefix, as SGLang's Fp8Config reads them).",
     )
+    attention_parameters: int | None = Field(
+        default=None,
+        gt=0,
+        description="One decoder layer's attention parameters (counted from config.json): what DP attention splits "
+        "over the attention-TP group instead of TP. Without it GQA's q, k, v, o are counted from the heads.",
+    )
     mla: MlaSpec | None = Field(default=None)
     moe: MoeSpec | None = Field(default=None)
 
@@ -466,6 +472,9 @@ def architecture_from_hf_config(cfg: dict[str, Any], source: str) -> dict[str, A
     counted = count_parameters(cfg)
     if counted is not None:
         out["parameter_count"] = counted
+    attn = attention_parameters(cfg)
+    if attn is not None:
+        out["attention_parameters"] = attn
     return out
 
 
@@ -478,24 +487,13 @@ def count_parameters(cfg: dict[str, Any]) -> int | None:
     multi-token-prediction layers are not counted (well under 0.1 % of any model here).
     """
     try:
-        h, layers, heads, vocab = (
-            int(cfg["hidden_size"]),
-            int(cfg["num_hidden_layers"]),
-            int(cfg["num_attention_heads"]),
-            int(cfg["vocab_size"]),
-        )
+        h, layers, vocab = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]), int(cfg["vocab_size"])
         dense_i = int(cfg["intermediate_size"])
     except (KeyError, TypeError, ValueError):
         return None
-    kv = int(cfg.get("num_key_value_heads") or heads)
-    hd = int(cfg.get("head_dim") or h // heads)
-    if cfg.get("kv_lora_rank"):
-        nope, rope = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])
-        v, lora, q_lora = int(cfg["v_head_dim"]), int(cfg["kv_lora_rank"]), int(cfg.get("q_lora_rank") or 0)
-        q = h * q_lora + q_lora + q_lora * heads * (nope + rope) if q_lora else h * heads * (nope + rope)
-        attn = q + h * (lora + rope) + lora + lora * heads * (nope + v) + heads * v * h
-    else:
-        attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
+    attn = attention_parameters(cfg)
+    if attn is None:
+        return None
     experts = int(cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
     dense_layers = layers
     moe = 0
@@ -508,6 +506,23 @@ def count_parameters(cfg: dict[str, Any]) -> int | None:
     body = layers * (attn + per_layer_norms) + dense_layers * 3 * h * dense_i + (layers - dense_layers) * moe
     embed = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
     return body + embed + h
+
+
+def attention_parameters(cfg: dict[str, Any]) -> int | None:
+    """One decoder layer's attention parameters from config.json (GQA: q, k, v, o; MLA: DeepSeek's low-rank q and
+    kv projections, their norms and o), or None when a shape is missing."""
+    try:
+        h, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+        if cfg.get("kv_lora_rank"):
+            nope, rope = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])
+            v, lora, q_lora = int(cfg["v_head_dim"]), int(cfg["kv_lora_rank"]), int(cfg.get("q_lora_rank") or 0)
+            q = h * q_lora + q_lora + q_lora * heads * (nope + rope) if q_lora else h * heads * (nope + rope)
+            return q + h * (lora + rope) + lora + lora * heads * (nope + v) + heads * v * h
+        kv = int(cfg.get("num_key_value_heads") or heads)
+        hd = int(cfg.get("head_dim") or h // heads)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return h * heads * hd + 2 * h * kv * hd + heads * hd * h
 
 
 class CheckpointWeights(_Model):
@@ -615,6 +630,33 @@ class ParallelismSpec(_Model):
     tp: int = Field(default=2, gt=0, le=64, description="Tensor parallel size (source: 2).")
     pp: int = Field(default=4, gt=0, le=64, description="Pipeline parallel size (source: 4).")
     dp: int = Field(default=1, gt=0, le=64, description="Data parallel ranks inside one replica.")
+    attn_dp: int = Field(
+        default=1,
+        gt=0,
+        le=64,
+        description="Attention data parallelism inside the TP group (SGLang --attn-dp-size): attn_dp groups of "
+        "tp / attn_dp GPUs, each with its own scheduler and KV pool; adds no GPUs.",
+    )
+
+    @model_validator(mode="after")
+    def _attn_dp(self) -> Self:
+        """SGLang 0.5.23's own checks (``arg_groups/parallel_hook.py: handle_data_parallelism``)."""
+        if self.attn_dp > 1 and self.dp > 1:
+            raise ValueError(
+                f"parallelism.dp = {self.dp} with parallelism.attn_dp = {self.attn_dp}: SGLang refuses data-parallel "
+                "replicas combined with attention DP (arg_groups/parallel_hook.py:287); set one of them to 1"
+            )
+        if self.tp % self.attn_dp:
+            raise ValueError(
+                f"parallelism.attn_dp = {self.attn_dp} does not divide parallelism.tp = {self.tp} (SGLang asserts "
+                "tp_size % attn_dp_size == 0, arg_groups/parallel_hook.py:326); pick a divisor of tp"
+            )
+        return self
+
+    @property
+    def attn_tp(self) -> int:
+        """The attention-TP width: each attention-DP group's GPUs (``runtime_context.py: derive_attn_tp_size``)."""
+        return self.tp // self.attn_dp
 
     @property
     def gpus_per_replica(self) -> int:
@@ -1126,6 +1168,27 @@ class FleetSpec(_Model):
                     f"version(s) {missing} are not defined in sandbox.versions "
                     f"({sorted(self.sandbox.versions)}); add them there"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _attn_dp_modelled(self) -> Self:
+        """Attention DP is planned for MoE models, whose attention SGLang splits over the attention-TP group
+        (``models/qwen3_moe.py:502``, ``models/deepseek_v2.py:2051``); a dense Llama builds its attention over the
+        whole TP group (``models/llama.py:181``), which the planner does not model."""
+        n, arch = self.parallelism.attn_dp, self.model.architecture
+        if n == 1:
+            return self
+        if arch.moe is None:
+            raise ValueError(
+                f"parallelism.attn_dp = {n} on a dense model ({self.model.name}): the planner models attention DP "
+                "for MoE models only (SGLang's Llama builds attention over the whole TP group, models/llama.py:181); "
+                "set parallelism.attn_dp to 1"
+            )
+        if arch.mla is not None and arch.attention_parameters is None:
+            raise ValueError(
+                f"parallelism.attn_dp = {n}: model.architecture.attention_parameters is unknown for this MLA model "
+                "(its low-rank shapes); give model.hf_config (config.json) so it is counted"
+            )
         return self
 
     def group_version(self, group: int) -> str:
