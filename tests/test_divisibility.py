@@ -48,6 +48,12 @@ def test_the_quoted_source_lines_are_sglangs() -> None:
         sgl.KV_HEADS_ATTN_TP,
         sgl.ATTN_TP_HEADS,
         sgl.ATTN_TP_EMBEDDING,
+        sgl.DRAFT_WEIGHTS,
+        sgl.DRAFT_KV,
+        sgl.NEXTN_DRAFT_LAYERS,
+        sgl.SHARED_EMBED_HEAD,
+        sgl.EAGLE3_OWN_HEAD,
+        sgl.NEXTN_EH_PROJ,
     )
     for check in checks:
         line = (srt / check.path).read_text().splitlines()[check.line - 1]

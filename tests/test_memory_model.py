@@ -156,6 +156,112 @@ def test_attention_dp_the_planner_cannot_plan_is_a_spec_error(changes: dict[str,
     assert says in str(err.value) and "parallelism.attn_dp" in str(err.value)
 
 
+def test_nextn_draft_weights_and_kv_are_charged_as_sglang_does(regenerated: Path) -> None:
+    """DeepSeek-V3 with --speculative-algorithm NEXTN (its MTP layer) at TP 8 on 8 × H200, with and without
+    attention DP 8: SGLang's fraction does not move (its own handle_gpu_memory_settings, run with the flag), the
+    draft's weights (one MoE decoder layer over TP, the 16-bit 2h × h eh_proj whole; embedding and head the
+    target's) come out of the same budget (kv_cache_configurator.py:3042), and the cell grows by
+    int(cell × 1 / 61) (pool_configurator.py:312). Before, the draft was not charged: 752,657 tokens planned."""
+    cfg = json.loads((ROOT / "models" / "deepseek-v3" / "config.json").read_text())
+    h, layers, draft_layers = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_nextn_predict_layers"]
+    lim = deepseek_h200_spec(1).limits
+    base = {"gpu_mib": 143_771, "tp": 8, "pp": 1, "chunked_prefill_size": lim.chunked_prefill_size, "mla": True}
+    with_spec, without = _sglang_resolves(
+        [base | {"max_running_requests": lim.max_running_requests, "speculative": s} for s in ("NEXTN", None)]
+    )
+    assert with_spec["mem_fraction_static"] == without["mem_fraction_static"]
+    for attn_dp in (1, 8):
+        plain, mtp = deepseek_h200_spec(attn_dp), deepseek_h200_spec(attn_dp, model__speculative={"algorithm": "NEXTN"})
+        m0, m1 = planner.memory_plan(plain), planner.memory_plan(mtp)
+        assert m1.mem_fraction_static.value == m0.mem_fraction_static.value
+        cell = int(m0.kv_per_token_per_gpu.value)
+        assert m1.kv_per_token_per_gpu.value == cell + int(cell * draft_layers / layers)
+        # the MTP layer is a MoE layer: the target's last layer's weights, over TP (+ attention over attention-TP)
+        arch = mtp.model.architecture
+        moe_layer = sgl.stage_parameters(arch, range(layers - 1, layers)) * 1.0  # FP8
+        attn = sgl.layer_attention_parameters(arch) * 1.0
+        expected = draft_layers * (moe_layer / 8 + attn * (attn_dp / 8 - 1 / 8)) + draft_layers * 2 * h * h * 2
+        draft = m1.per_gpu["draft_weights"].value
+        assert draft == pytest.approx(expected)
+        weights = m1.per_gpu["weights"].value + m1.per_gpu["load_overhead"].value
+        free = sgl.free_at_start_bytes(sgl.GPU_PRODUCTS["NVIDIA-H200"], 8)
+        budget = free * with_spec["mem_fraction_static"] if attn_dp == 1 else free * m1.mem_fraction_static.value
+        assert m1.max_total_tokens.value == int((budget - weights - draft) // m1.kv_per_token_per_gpu.value)
+        assert m1.max_total_tokens.value < m0.max_total_tokens.value
+        print(
+            f"attn DP {attn_dp}: draft {draft / GIB:.2f} GiB, {int(m0.max_total_tokens.value):,} → {int(m1.max_total_tokens.value):,}"
+        )
+
+
+def test_an_eagle3_draft_is_counted_from_its_config(tmp_path: Path) -> None:
+    """An EAGLE3 draft (shapes of yuhuili/EAGLE3-LLaMA3.1-Instruct-8B's config.json: one Llama layer, a 32,000-row
+    draft vocabulary) for Llama-3.1-8B: its parameters less its vocabulary tables (the embedding is the target's,
+    eagle_worker_v2.py:363), plus its own LM head and the 3h → h fc, in 16 bit; one KV layer more over 32."""
+    draft_cfg = {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "num_hidden_layers": 1,
+        "vocab_size": 128256,
+        "draft_vocab_size": 32000,
+    }
+    (tmp_path / "draft.json").write_text(json.dumps(draft_cfg))
+    target = tmp_path / "target.json"
+    target.write_text(json.dumps(sgl.HELD_OUT_LOGS[0].config))
+    spec = spec_from(
+        "prod",
+        cluster__gpu={"product": "NVIDIA-H100-80GB-HBM3", "memory_gb": 80},
+        model__hf_config=str(target),
+        model__architecture={},
+        model__precision="bf16",
+        model__quantization=None,
+        model__speculative={
+            "algorithm": "EAGLE3",
+            "draft_path": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+            "draft_hf_config": str(tmp_path / "draft.json"),
+            "draft_vocab_size": 32000,
+        },
+        parallelism__tp=1,
+        parallelism__pp=1,
+        serving__replicas_per_node=None,
+    )
+    m = planner.memory_plan(spec)
+    params = count_parameters(draft_cfg)
+    assert params is not None
+    h = 4096
+    expected = (params - 128256 * h * 2 + 32000 * h) * 2 + 3 * h * h * 2
+    assert m.per_gpu["draft_weights"].value == pytest.approx(expected)
+    cell = 2 * 32 * 8 * 128 * 2
+    assert m.kv_per_token_per_gpu.value == cell + int(cell * 1 / 32)
+    fleet = fleet_of(spec)
+    argv = server_argv(fleet, fleet.plan.replicas[0])  # checked against the pinned parser's manifest
+    draft_dir = argv[argv.index("--speculative-draft-model-path") + 1]
+    assert draft_dir == f"{spec.storage.local_cache.path.rstrip('/')}/yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    assert argv[argv.index("--speculative-algorithm") + 1] == "EAGLE3"
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"model__speculative": {"algorithm": "NEXTN"}}, "num_nextn_predict_layers"),  # prod: Llama-3-70B
+        ({"model__speculative": {"algorithm": "EAGLE"}}, "speculative.draft_path"),
+        ({"model__speculative": {"algorithm": "MTP"}}, "NEXTN"),
+        ({"model__speculative": {"algorithm": "NEXTN", "num_draft_tokens": 8}}, "speculative_hook.py:1265"),
+        ({"model__speculative": {"algorithm": "NEXTN", "eagle_topk": 4}}, "num_draft_tokens"),
+    ],
+)
+def test_speculative_decoding_the_planner_cannot_plan_is_a_spec_error(changes: dict[str, object], says: str) -> None:
+    with pytest.raises(SpecError) as err:
+        spec_from("prod", **changes)
+    assert says in str(err.value) and "speculative" in str(err.value)
+
+
+def test_speculative_decoding_under_pp_is_a_spec_error() -> None:
+    with pytest.raises(SpecError, match=r"parallelism.pp = 2"):
+        deepseek_h200_spec(1, parallelism__tp=4, parallelism__pp=2, model__speculative={"algorithm": "NEXTN"})
+
+
 def _planner_predicts(log: sgl.StartupLog, tmp_path: Path) -> tuple[int, float, float]:
     """The whole chain through the planner for a log's hardware and checkpoint: GPU product → free at start,
     config.json → parameters → weights per GPU (load overhead included), SGLang's pool arithmetic → tokens.

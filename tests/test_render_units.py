@@ -310,6 +310,18 @@ def test_attention_dp_renders_attn_dp_size_and_its_fraction() -> None:
     assert float(flags["--mem-fraction-static"][0]) < float(plain_flags["--mem-fraction-static"][0])
 
 
+def test_speculative_decoding_renders_the_draft_flags() -> None:
+    """model.speculative renders SGLang's --speculative-* flags: NEXTN reads its draft from the target's checkpoint
+    (no draft path); the draft tokens are num_steps + 1 at eagle_topk 1, as SGLang resets them."""
+    mtp = deepseek_h200_spec(1, model__speculative={"algorithm": "NEXTN", "num_steps": 2})
+    flags = flag_values(server_argv(fleet_of(mtp), first(mtp)), SERVER_ENTRY)
+    assert flags["--speculative-algorithm"] == ("NEXTN",) and flags["--speculative-num-steps"] == ("2",)
+    assert flags["--speculative-eagle-topk"] == ("1",) and flags["--speculative-num-draft-tokens"] == ("3",)
+    assert "--speculative-draft-model-path" not in flags
+    plain = deepseek_h200_spec(1)
+    assert not [f for f in flag_values(server_argv(fleet_of(plain), first(plain)), SERVER_ENTRY) if "specul" in f]
+
+
 def test_a_replica_spanning_nodes_gets_nnodes_rank_and_rendezvous() -> None:
     spec = multi_node_spec()
     replica = first(spec)
@@ -437,10 +449,12 @@ def test_the_real_sglang_parser_accepts_every_rendered_server_command(regenerate
             pod_args_with_lws_values(pod_container(fleet_of(spec), 0)),
         ]
     dp = deepseek_h200_spec(8)  # --attn-dp-size
+    mtp = deepseek_h200_spec(8, model__speculative={"algorithm": "NEXTN", "num_steps": 2})  # --speculative-*
     argvs += [
         server_argv(fleet_of(multi), first(multi), 1),
         pod_args_with_lws_values(pod_container(fleet_of(multi), 0)),
         server_argv(fleet_of(dp), first(dp)),
+        server_argv(fleet_of(mtp), first(mtp)),
     ]
     results = real_parse("server", [a[len(SERVER_ENTRY) :] for a in argvs])
     assert [r["error"] for r in results] == [""] * len(argvs)

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, replace
 
 from serving.plan.divisibility import SourceCheck, rejections
-from serving.spec.schema import GIB, Architecture, CheckpointWeights, count_parameters
+from serving.spec.schema import GIB, Architecture, CheckpointWeights, SpeculativeSpec, count_parameters
 
 MIB = 2**20
 
@@ -740,6 +740,91 @@ def kv_token_bytes_per_gpu(arch: Architecture, bytes_per_element: int, tp: int, 
     return kv_cell_bytes(arch, bytes_per_element, tp, math.ceil(arch.num_layers / pp))
 
 
+# ------------------------------------------------------------------------------ speculative decoding
+
+DRAFT_WEIGHTS = SourceCheck(
+    "mem_cache/kv_cache_configurator.py", 3042, "# Loaded weights (target + draft) can exceed the static budget"
+)
+"""The KV budget is what is free after the target's AND the draft's weights loaded."""
+DRAFT_KV = SourceCheck(
+    "model_executor/pool_configurator.py", 312, "self._cell_size * draft_num_layers / int(num_layers)"
+)
+"""EAGLE family: the cell grows by ``int(cell × draft layers / layers)``: the draft's KV beside the target's."""
+NEXTN_DRAFT_LAYERS = SourceCheck(
+    "model_executor/model_runner_components/spec_aux_hidden_state.py",
+    174,
+    "config.eagle_draft_num_layers = int(num_nextn_predict_layers)",
+)
+"""NEXTN's draft KV layers are config.json's ``num_nextn_predict_layers``; a separate draft's its layers."""
+SHARED_EMBED_HEAD = SourceCheck(
+    "speculative/eagle_worker_v2.py", 378, "self.draft_runner.model.set_embed_and_head(embed, head)"
+)
+"""EAGLE and NEXTN drafts use the target's embedding and LM head (their own are not kept)."""
+EAGLE3_OWN_HEAD = SourceCheck("speculative/eagle_worker_v2.py", 363, "self.draft_runner.model.set_embed(embed)")
+"""An EAGLE3 draft shares only the embedding: its own LM head (``draft_vocab_size`` rows, over TP) stays."""
+NEXTN_EH_PROJ = SourceCheck("models/deepseek_nextn.py", 102, "self.eh_proj = nn.Linear(")
+"""DeepSeek's MTP layer joins the embedding and hidden state with an unquantised, unsharded 2h → h projection."""
+
+
+@dataclass(frozen=True)
+class DraftShare:
+    """A speculative draft on one GPU: its weights and the KV layers it adds to the cell."""
+
+    weights: float
+    kv_layers: int
+    formula: str
+
+
+def draft_share(
+    arch: Architecture, spec: SpeculativeSpec, bytes_per_param: float, tp: int, attn_dp: int = 1
+) -> DraftShare:
+    """The draft's weights per GPU and KV layers, as SGLang 0.5.23 loads them (:data:`DRAFT_WEIGHTS`).
+
+    NEXTN (MTP): ``nextn_layers`` decoder layers shaped as the target's last (a MoE layer for DeepSeek), in the
+    target's precision over TP (the attention over attention-TP under attention DP), plus the 16-bit 2h × h
+    ``eh_proj`` whole on every GPU (:data:`NEXTN_EH_PROJ`); embedding and head are the target's
+    (:data:`SHARED_EMBED_HEAD`). EAGLE / EAGLE3: the draft config's parameters less its vocabulary tables
+    (shared; EAGLE3 keeps its own ``draft_vocab_size``-row head, :data:`EAGLE3_OWN_HEAD`) in 16 bit over TP, plus
+    its unsharded ``fc`` (2h → h; EAGLE3 3h → h). KV layers: :data:`NEXTN_DRAFT_LAYERS`, or the draft's."""
+    h = arch.hidden_size
+    if spec.algorithm == "NEXTN":
+        n = arch.num_layers
+        layer = stage_parameters(arch, range(n - 1, n)) * bytes_per_param
+        dp_extra, dp_text = attention_dp_extra(arch, range(n - 1, n), layer, 0.0, 1, 1, tp, attn_dp)
+        layers_bytes = arch.nextn_layers * (layer / tp + dp_extra)
+        eh = 2 * h * h * 2.0 * arch.nextn_layers
+        total = layers_bytes + eh
+        return DraftShare(
+            total,
+            arch.nextn_layers,
+            f"NEXTN draft: {arch.nextn_layers} MTP layer(s) × (one decoder layer {layer / GIB:,.2f} GiB / TP {tp}"
+            f"{dp_text}) + eh_proj 2 × {h} × {h} × 2 B unsharded ({NEXTN_EH_PROJ.where}) = {total / GIB:,.2f} GiB; "
+            f"embedding and head shared ({SHARED_EMBED_HEAD.where})",
+        )
+    draft = spec.draft_architecture
+    if draft is None:  # the spec refuses an EAGLE draft without its architecture
+        raise ValueError(f"speculative.algorithm {spec.algorithm} needs speculative.draft_architecture")
+    dh = draft.hidden_size
+    tables = draft.vocab_size * dh * (1 if draft.tie_word_embeddings else 2)
+    head = (spec.draft_vocab_size or draft.vocab_size) * dh if spec.algorithm == "EAGLE3" else 0
+    fc = (3 if spec.algorithm == "EAGLE3" else 2) * dh * dh
+    body = draft.parameter_count - tables
+    total = (body + head) * 2.0 / tp + fc * 2.0
+    return DraftShare(
+        total,
+        draft.num_layers,
+        f"{spec.algorithm} draft: ({draft.parameter_count:,} params − {tables:,} in its vocabulary tables, shared "
+        f"({SHARED_EMBED_HEAD.where})"
+        + (f" + its own {head:,}-param LM head ({EAGLE3_OWN_HEAD.where})" if head else "")
+        + f") × 2 B / TP {tp} + fc {fc:,} params × 2 B unsharded = {total / GIB:,.2f} GiB",
+    )
+
+
+def draft_cell_bytes(cell: int, stage_layers: int, draft_layers: int) -> int:
+    """The cell with the draft's KV: ``cell + int(cell × draft_layers / stage_layers)`` (:data:`DRAFT_KV`)."""
+    return cell + int(cell * draft_layers / stage_layers) if draft_layers and stage_layers else cell
+
+
 # ------------------------------------------------------------------------------------------ the pool
 
 
@@ -809,6 +894,7 @@ def replica_pool(
     group_size: int | None = None,
     checkpoint: CheckpointWeights | None = None,
     attn_dp: int = 1,
+    draft: DraftShare | None = None,
 ) -> ReplicaPool:
     """Every stage's pool by its own weights and layers (counted from ``checkpoint`` where the stack names one);
     the replica's token count is the minimum over the stages, as SGLang's PP ranks agree on it. With attention
@@ -817,7 +903,11 @@ def replica_pool(
     stages = []
     for share in stage_weights(arch, bytes_per_param, tp, pp, group_size, checkpoint, attn_dp):
         cell = kv_cell_bytes(arch, kv_bytes_per_element, tp // attn_dp, len(share.layers))
-        stages.append((share, cell, kv_pool(free_at_start, mem_fraction_static, share.total, cell)))
+        weights = share.total
+        if draft is not None:
+            cell = draft_cell_bytes(cell, len(share.layers), draft.kv_layers)
+            weights += draft.weights
+        stages.append((share, cell, kv_pool(free_at_start, mem_fraction_static, weights, cell)))
     binding = min(range(len(stages)), key=lambda i: (stages[i][2].tokens, -i))
     return ReplicaPool(stages, binding)
 

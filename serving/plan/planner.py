@@ -140,6 +140,11 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
     free = sgl.free_at_start_bytes(gpu, par.tp)
     mfs = static_fraction(spec)
     group = (m.architecture.quant_group_size or sgl.DEFAULT_GROUP_SIZE) if m.precision == Precision.INT4 else None
+    draft = (
+        sgl.draft_share(m.architecture, m.speculative, m.bytes_per_param, par.tp, par.attn_dp)
+        if m.speculative is not None
+        else None
+    )
     rp = sgl.replica_pool(
         m.architecture,
         m.bytes_per_param,
@@ -151,6 +156,7 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
         group,
         m.checkpoint_weights,
         par.attn_dp,
+        draft,
     )
     share, pool = rp.weights, rp.pool
     ckpt = m.checkpoint_weights
@@ -161,6 +167,13 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
     )
     kv_tok = kv_bytes_per_token(m.architecture, m.kv_bytes_per_element)
     kv_tok_gpu = kv_bytes_per_token_per_gpu(m.architecture, m.kv_bytes_per_element, par.attn_tp, par.pp)
+    if draft is not None:  # the spec plans a draft at PP 1 only: one stage, one cell
+        kv_tok_gpu = Figure(
+            rp.cell_bytes,
+            "B",
+            f"{kv_tok_gpu.formula} + the draft's {draft.kv_layers} layer(s): int(that × {draft.kv_layers} / "
+            f"{m.architecture.num_layers}) ({sgl.DRAFT_KV.where}) = {rp.cell_bytes:,} B",
+        )
     budget = max(0.0, pool.budget)
     slack = free * (1 - mfs.value)
     # Each attention-DP group has its own scheduler and pool (and --max-running-requests / attn_dp of the requests,
@@ -172,6 +185,7 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
         "load_overhead": Figure(
             share.load_overhead_bytes, "B", f"{sgl.LOAD_OVERHEAD_GIB:.2f} GiB (mean of the calibration logs)"
         ),
+        **({"draft_weights": Figure(draft.weights, "B", draft.formula)} if draft is not None else {}),
         "kv_cache": Figure(budget, "B", rp.formula),
         "activations_and_graphs": Figure(
             slack, "B", f"{free / GIB:,.2f} GiB free at start × (1 − {mfs.value:.3f}) = {slack / GIB:,.2f} GiB"

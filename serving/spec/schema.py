@@ -386,6 +386,12 @@ class Architecture(_Model):
         description="Modules a quantised checkpoint keeps in 16 bit (config.json quantization_config.ignored_layers "
         "or modules_to_not_convert, with and without the 'model.' prefix, as SGLang's Fp8Config reads them).",
     )
+    nextn_layers: int = Field(
+        default=0,
+        ge=0,
+        description="Multi-token-prediction layers the checkpoint carries past num_layers (config.json "
+        "num_nextn_predict_layers): the draft of SGLang's NEXTN (MTP) speculative decoding.",
+    )
     attention_parameters: int | None = Field(
         default=None,
         gt=0,
@@ -475,6 +481,8 @@ def architecture_from_hf_config(cfg: dict[str, Any], source: str) -> dict[str, A
     attn = attention_parameters(cfg)
     if attn is not None:
         out["attention_parameters"] = attn
+    if cfg.get("num_nextn_predict_layers"):
+        out["nextn_layers"] = int(cfg["num_nextn_predict_layers"])
     return out
 
 
@@ -548,6 +556,70 @@ class CheckpointWeights(_Model):
         return "shard headers" if self.layers is not None else "index total_size"
 
 
+class SpeculativeSpec(_Model):
+    """Speculative decoding (SGLang 0.5.23's EAGLE family): a draft proposes ``num_draft_tokens`` tokens a step,
+    the target verifies them. The draft's weights and KV cache share each GPU with the target's."""
+
+    algorithm: Literal["NEXTN", "EAGLE", "EAGLE3"] = Field(
+        description="--speculative-algorithm: NEXTN (multi-token prediction, the MTP layers the target checkpoint "
+        "carries: DeepSeek-V3's layer 61; SGLang runs it as EAGLE), EAGLE or EAGLE3 (a separate draft model)."
+    )
+    draft_path: str | None = Field(
+        default=None,
+        description="EAGLE/EAGLE3: the draft's directory under the model store (and the local cache); NEXTN: none, "
+        "the draft is read from the target's checkpoint.",
+    )
+    draft_hf_config: str | None = Field(
+        default=None,
+        description="EAGLE/EAGLE3: path (relative to the stack file) of the draft's config.json, read into "
+        "draft_architecture.",
+    )
+    draft_architecture: Architecture | None = Field(
+        default=None, description="The draft's shapes (from draft_hf_config, or given); EAGLE/EAGLE3 only."
+    )
+    draft_vocab_size: int | None = Field(
+        default=None, gt=0, description="EAGLE3: the draft's own LM head rows (config.json draft_vocab_size)."
+    )
+    num_steps: int = Field(default=3, gt=0, description="--speculative-num-steps: draft steps per verification.")
+    eagle_topk: int = Field(default=1, gt=0, description="--speculative-eagle-topk: branches a draft step keeps.")
+    num_draft_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="--speculative-num-draft-tokens; with eagle_topk 1 SGLang sets it to num_steps + 1 "
+        "(arg_groups/speculative_hook.py:1265), so it is rendered as that; with eagle_topk > 1 it must be given.",
+    )
+
+    @model_validator(mode="after")
+    def _draft(self) -> Self:
+        separate = self.algorithm in ("EAGLE", "EAGLE3")
+        if separate and (self.draft_path is None or self.draft_architecture is None):
+            raise ValueError(
+                f"speculative.algorithm {self.algorithm} loads a separate draft model: give speculative.draft_path "
+                "(its directory in the model store) and speculative.draft_hf_config (its config.json)"
+            )
+        if not separate and (self.draft_path is not None or self.draft_architecture is not None):
+            raise ValueError(
+                "speculative.algorithm NEXTN reads its draft (the MTP layers) from the target's checkpoint; drop "
+                "speculative.draft_path and speculative.draft_hf_config, or use EAGLE"
+            )
+        if self.eagle_topk == 1 and self.num_draft_tokens not in (None, self.num_steps + 1):
+            raise ValueError(
+                f"speculative.num_draft_tokens = {self.num_draft_tokens} with eagle_topk 1: SGLang resets it to "
+                f"num_steps + 1 = {self.num_steps + 1} (arg_groups/speculative_hook.py:1265); drop it or set that"
+            )
+        if self.eagle_topk > 1 and self.num_draft_tokens is None:
+            raise ValueError(
+                f"speculative.eagle_topk = {self.eagle_topk} needs speculative.num_draft_tokens (the verified tree's "
+                "size); give it"
+            )
+        return self
+
+    @property
+    def draft_tokens(self) -> int:
+        """The tokens each step verifies: ``num_draft_tokens``, num_steps + 1 with eagle_topk 1."""
+        return self.num_draft_tokens or self.num_steps + 1
+
+
 MODEL_PATH_FIELDS = ("hf_config", "checkpoint")
 """The ``model:`` fields that name files (relative to the stack file), read when the stack loads."""
 
@@ -577,6 +649,7 @@ class ModelSpec(_Model):
         default=None, description="What the stack loader read from model.checkpoint (not written by hand)."
     )
     architecture: Architecture = Field(default_factory=Architecture)
+    speculative: SpeculativeSpec | None = Field(default=None, description="Speculative decoding; none by default.")
     activation_fraction: float = Field(
         default=0.15, ge=0, le=1, description="Activations as a share of weights (source: 10–20 %, 30 GB of 200)."
     )
@@ -1168,6 +1241,23 @@ class FleetSpec(_Model):
                     f"version(s) {missing} are not defined in sandbox.versions "
                     f"({sorted(self.sandbox.versions)}); add them there"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _speculative_modelled(self) -> Self:
+        """NEXTN's draft is the checkpoint's multi-token-prediction layers: config.json must declare them; the draft
+        is planned without pipeline parallelism."""
+        spec = self.model.speculative
+        if spec is not None and self.parallelism.pp > 1:
+            raise ValueError(
+                f"model.speculative with parallelism.pp = {self.parallelism.pp}: the planner models a draft beside "
+                "the target on one pipeline stage only; set parallelism.pp to 1 or drop model.speculative"
+            )
+        if spec is not None and spec.algorithm == "NEXTN" and self.model.architecture.nextn_layers == 0:
+            raise ValueError(
+                f"model.speculative.algorithm NEXTN: {self.model.name}'s config.json declares no "
+                "num_nextn_predict_layers (MTP layers) to draft with; use EAGLE/EAGLE3 with a draft model"
+            )
         return self
 
     @model_validator(mode="after")

@@ -2,7 +2,8 @@
 
 Runs inside the SGLang venv (standard library + the pinned SGLang only): reads a JSON list of cases on stdin,
 each ``{"gpu_mib", "tp", "pp", "chunked_prefill_size", "max_running_requests", "mla"}`` and optionally
-``"attn_dp"`` (``--attn-dp-size``) and ``"dp"`` (``--dp-size``), and prints the ``mem_fraction_static``, chunked
+``"attn_dp"`` (``--attn-dp-size``), ``"dp"`` (``--dp-size``) and ``"speculative"`` (``--speculative-algorithm``,
+with 3 steps), and prints the ``mem_fraction_static``, chunked
 prefill size and decode CUDA-graph max batch size SGLang resolves. With ``attn_dp`` or ``dp`` the case also runs
 SGLang's own ``parallel_hook.handle_data_parallelism`` afterwards, as ``ServerArgs`` resolution orders them: its
 refusal (``"refused"``: the exception's type and message) or the per-worker chunked prefill size it resolves
@@ -93,6 +94,8 @@ def resolve(case: dict[str, object]) -> dict[str, object]:
         argv += ["--chunked-prefill-size", str(case["chunked_prefill_size"])]
     if case["max_running_requests"] is not None:
         argv += ["--max-running-requests", str(case["max_running_requests"])]
+    if case.get("speculative"):  # --speculative-algorithm: SGLang's handle_gpu_memory_settings reads it
+        argv += ["--speculative-algorithm", str(case["speculative"]), "--speculative-num-steps", "3"]
     data_parallel = "attn_dp" in case or "dp" in case
     if data_parallel:
         argv += ["--attn-dp-size", str(case.get("attn_dp", 1)), "--dp-size", str(case.get("dp", 1))]

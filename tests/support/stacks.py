@@ -76,6 +76,7 @@ def deepseek_h200_spec(attn_dp: int, **changes: Any) -> FleetSpec:
     requests do not cap it)."""
     base: dict[str, Any] = {
         "cluster__gpu": {"product": "NVIDIA-H200", "memory_gb": 141},
+        "model__name": "deepseek-v3",
         "model__hf_config": "models/deepseek-v3/config.json",
         "model__architecture": {},
         "model__precision": "fp8",
