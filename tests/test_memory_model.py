@@ -15,7 +15,7 @@ from serving.plan import planner
 from serving.plan.model import Fleet
 from serving.render.sglang import server_argv
 from serving.result import Status, failures
-from serving.spec.schema import GIB, ParallelismSpec, attention_parameters, count_parameters
+from serving.spec.schema import GIB, Architecture, ParallelismSpec, attention_parameters, count_parameters
 from serving.spec.stack import SpecError, load_stack_file
 from tests.support.sglang_parsers import ROOT, SGLANG_PYTHON, run_json_script_args
 from tests.support.stacks import SOURCE_PLAN, deepseek_h200_spec, fleet_of, spec_from
@@ -191,6 +191,34 @@ def test_nextn_draft_weights_and_kv_are_charged_as_sglang_does(regenerated: Path
         print(
             f"attn DP {attn_dp}: draft {draft / GIB:.2f} GiB, {int(m0.max_total_tokens.value):,} → {int(m1.max_total_tokens.value):,}"
         )
+
+
+def test_kv_cell_with_attention_tp_and_draft_is_sglangs_own() -> None:
+    """SGLang's REAL DefaultPoolConfigurator (its __init__ and _compute_cell_size from the installed source, run by
+    tests/support/sglang_cell_size.py) over layers × KV heads × attention-TP × MLA × KV dtype × EAGLE-family draft
+    layers: the planner's cell per GPU (KV heads over attention-TP, the draft's int(cell × k / layers)) is SGLang's.
+    Before, the planner split KV heads over TP under attention DP and added no draft KV."""
+    cases = [
+        {"layers": n, "kv_heads": kv, "head_dim": 128, "attn_tp": tp, "mla": mla, "dtype_bytes": b, "draft_layers": d}
+        for n, kv, tp, mla, b, d in itertools.product(
+            (32, 61, 94), (4, 8, 64), (1, 2, 4, 8, 16), (None, [512, 64]), (1, 2), (0, 1, 2)
+        )
+    ]
+    script = ROOT / "tests" / "support" / "sglang_cell_size.py"
+    resolved = run_json_script_args(SGLANG_PYTHON, [str(script)], cases)
+    assert len(resolved) == len(cases) == 540
+    mismatches = []
+    for r in resolved:
+        mla = {"kv_lora_rank": r["mla"][0], "qk_rope_head_dim": r["mla"][1]} if r["mla"] else None
+        arch = Architecture(
+            num_layers=r["layers"], num_attention_heads=64, num_kv_heads=r["kv_heads"], head_dim=128, mla=mla
+        )
+        target = sgl.kv_cell_bytes(arch, r["dtype_bytes"], r["attn_tp"], r["layers"])
+        ours = sgl.draft_cell_bytes(target, r["layers"], r["draft_layers"])
+        if ours != r["cell"]:
+            mismatches.append((r, ours))
+    assert not mismatches, mismatches[:5]
+    assert len({r["cell"] for r in resolved}) > 50  # the grid is not degenerate
 
 
 def test_an_eagle3_draft_is_counted_from_its_config(tmp_path: Path) -> None:
