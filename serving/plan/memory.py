@@ -644,7 +644,7 @@ def stage_weights(
             ckpt_layers, ckpt_tables, how = checkpoint_stage_bytes(arch, checkpoint, layers, on_gpu)
             layer_bytes, emb = ckpt_layers / tp, ckpt_tables / tp
             dp_bytes, dp_text = attention_dp_extra(
-                arch, layers, ckpt_layers, ckpt_tables / on_gpu if on_gpu else 0, rank, pp, tp, attn_dp
+                arch, layers, ckpt_layers, ckpt_tables / on_gpu if on_gpu else 0, rank, tp, attn_dp
             )
             formula = (
                 f"{stage}{how}; + {on_gpu} table(s) {ckpt_tables / GIB:,.2f} GiB; / TP {tp} = "
@@ -656,7 +656,7 @@ def stage_weights(
         kept, kept_names = unquantized_parameters(arch, layers) if per_param < 2 else (0, [])
         layer_bytes = (params * per_param + kept * (2 - per_param)) / tp
         emb = table * on_gpu * 2 / tp
-        dp_bytes, dp_text = attention_dp_extra(arch, layers, params * per_param, table * 2, rank, pp, tp, attn_dp)
+        dp_bytes, dp_text = attention_dp_extra(arch, layers, params * per_param, table * 2, rank, tp, attn_dp)
         params_text = f"{params:,.0f} params × {bpp}"
         if kept:
             params_text = (
@@ -698,7 +698,6 @@ def attention_dp_extra(
     layer_bytes: float,
     table_bytes: float,
     rank: int,
-    pp: int,
     tp: int,
     attn_dp: int,
 ) -> tuple[float, str]:
@@ -790,7 +789,7 @@ def draft_share(
     if spec.algorithm == "NEXTN":
         n = arch.num_layers
         layer = stage_parameters(arch, range(n - 1, n)) * bytes_per_param
-        dp_extra, dp_text = attention_dp_extra(arch, range(n - 1, n), layer, 0.0, 1, 1, tp, attn_dp)
+        dp_extra, dp_text = attention_dp_extra(arch, range(n - 1, n), layer, 0.0, 1, tp, attn_dp)
         layers_bytes = arch.nextn_layers * (layer / tp + dp_extra)
         eh = 2 * h * h * 2.0 * arch.nextn_layers
         total = layers_bytes + eh
