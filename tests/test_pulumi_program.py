@@ -26,6 +26,7 @@ from serving.render.k8s.prerequisites import required_crds
 from serving.render.router import router_args
 from serving.render.sglang import model_dir
 from serving.spec.checkpoint import INDEX_FILE
+from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack, load_stack_file, pulumi_config, spec_from_config
 from tests.support.k8s import of_kind, one, render_file
 from tests.support.paths import REPO
@@ -336,6 +337,13 @@ def test_model_store_is_read_only_many_on_nfs_or_csi(tmp_path: Path, runs: dict[
     assert pv["spec"]["csi"] == {"driver": "csi.weka.io", "volumeHandle": "models-1", "readOnly": True}
 
 
+def _cache_variant(tmp_path: Path, changes: dict[str, object]) -> tuple[FleetSpec, Path, Path]:
+    """prod with its model store and node cache under ``tmp_path`` (and ``changes``): the spec, store and cache."""
+    store, cache = tmp_path / "store", tmp_path / "cache"
+    dirs = {"storage.model_store.mount_path": str(store), "storage.local_cache.path": str(cache)}
+    return load_stack_file(write_variant(tmp_path, "warm", changes={**dirs, **changes})).spec, store, cache
+
+
 @pytest.mark.parametrize("model_path", ["org/m", "org/m/"])
 def test_cache_warmer_script_copies_once_and_atomically(tmp_path: Path, model_path: str) -> None:
     """The warmer's real shell script, run here against directories standing in for the store and the cache.
@@ -343,17 +351,7 @@ def test_cache_warmer_script_copies_once_and_atomically(tmp_path: Path, model_pa
     Regression (issue 9): with ``model.path: org/m/`` the warmer once staged into ``…/m/.partial``, then
     ``rm -rf …/m/`` deleted the staging copy and ``mv`` failed; the warmer and ``--model-path`` now share
     one join (:func:`serving.render.sglang.model_dir`)."""
-    store, cache = tmp_path / "store", tmp_path / "cache"
-    path = write_variant(
-        tmp_path,
-        "warm",
-        changes={
-            "storage.model_store.mount_path": str(store),
-            "storage.local_cache.path": str(cache),
-            "model.path": model_path,
-        },
-    )
-    spec = load_stack_file(path).spec
+    spec, _, cache = _cache_variant(tmp_path, {"model.path": model_path})
     src, dst = (Path(p) for p in storage.model_dirs(spec))
     (src / "sub").mkdir(parents=True)
     (src / "config.json").write_text("{}")
@@ -382,21 +380,11 @@ def test_cache_warmer_and_pods_take_a_speculative_draft_too(tmp_path: Path) -> N
     """With an EAGLE draft (model.speculative.draft_path) the warmer's real script copies the draft's directory into
     the cache beside the model, where --speculative-draft-model-path names it, and a serving pod waits for both
     markers. Before, only model.path was warmed and the server would not find its draft."""
-    store, cache = tmp_path / "store", tmp_path / "cache"
     draft_cfg = tmp_path / "draft.json"
     draft_cfg.write_text(json.dumps({"hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64,
                                      "num_key_value_heads": 8, "num_hidden_layers": 1, "vocab_size": 128256}))  # fmt: skip
-    path = write_variant(
-        tmp_path,
-        "draft",
-        changes={
-            "storage.model_store.mount_path": str(store),
-            "storage.local_cache.path": str(cache),
-            "model.speculative": {"algorithm": "EAGLE", "draft_path": "org/d", "draft_hf_config": str(draft_cfg)},
-            "parallelism.pp": 1,
-        },
-    )
-    spec = load_stack_file(path).spec
+    speculative = {"algorithm": "EAGLE", "draft_path": "org/d", "draft_hf_config": str(draft_cfg)}
+    spec, store, cache = _cache_variant(tmp_path, {"model.speculative": speculative, "parallelism.pp": 1})
     (model_src, model_dst), (draft_src, draft_dst) = ((Path(a), Path(b)) for a, b in storage.cache_dirs(spec))
     assert draft_dst == cache / "org" / "d" and draft_src == store / "org" / "d"
     for src in (model_src, draft_src):
