@@ -214,12 +214,12 @@ def pod_container(fleet: Fleet, group: int, *, leader: bool = True) -> dict[str,
 
 def wait_script(spec: FleetSpec) -> str:
     """Wait until the node's model cache holds every complete model the server loads (the cache warmer's markers:
-    the model's, and a speculative draft's)."""
-    markers = " ".join(shlex.quote(f"{dst}/{COMPLETE_MARKER}") for _, dst in cache_dirs(spec))
-    return (
-        f'for m in {markers}; do until [ -f "$m" ]; do echo waiting for the model cache of this node: "$m"; '
-        f"sleep {CACHE_POLL_S}; done; done; echo model cache complete"
-    )
+    the model's, and a speculative draft's), one ``until`` loop a marker (the shape policy ``CACHE_WAIT`` checks)."""
+    loops = [
+        f"until [ -f {m} ]; do echo waiting for the model cache of this node: {m}; sleep {CACHE_POLL_S}; done"
+        for m in (shlex.quote(f"{dst}/{COMPLETE_MARKER}") for _, dst in cache_dirs(spec))
+    ]
+    return "; ".join([*loops, "echo model cache complete"])
 
 
 def cache_init_container(spec: FleetSpec, group: int) -> dict[str, Any]:
