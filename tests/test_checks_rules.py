@@ -58,6 +58,21 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "(sglang/srt/models/llama.py:183); 8 KV heads are not divisible by TP 3 (sglang/srt/models/llama.py:189)",
     ),
     (
+        "prod",  # a MoE model of 6 KV heads under attention DP 2: attention-TP 4 cannot split them
+        {
+            "parallelism__tp": 8,
+            "parallelism__attn_dp": 2,
+            "serving__replicas_per_node": 1,
+            "model__architecture__num_attention_heads": 48,
+            "model__architecture__num_kv_heads": 6,
+            "model__architecture__moe": {"num_experts": 8, "experts_per_token": 2},
+        },
+        "model.sglang-shapes",
+        "Got TP 8 with attention DP 2: SGLang 0.5.23 refuses to start llama-3-70b: TP 8 is not a multiple of the 6 "
+        "KV heads it replicates (sglang/srt/models/llama.py:193); 6 KV heads are not divisible by attention-TP 4 "
+        "(sglang/srt/models/qwen3_moe.py:512)",
+    ),
+    (
         "prod",
         {"model__precision": "fp16", "model__quantization": None},
         "memory.per-gpu",

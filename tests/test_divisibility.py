@@ -44,6 +44,16 @@ def test_the_quoted_source_lines_are_sglangs() -> None:
         sgl.GROUP_SCALES,
         sgl.GROUP_ZEROS,
         sgl.SKIPPED_LAYER,
+        sgl.DP_GRAPH_RESERVE,
+        sgl.KV_HEADS_ATTN_TP,
+        sgl.ATTN_TP_HEADS,
+        sgl.ATTN_TP_EMBEDDING,
+        sgl.DRAFT_WEIGHTS,
+        sgl.DRAFT_KV,
+        sgl.NEXTN_DRAFT_LAYERS,
+        sgl.SHARED_EMBED_HEAD,
+        sgl.EAGLE3_OWN_HEAD,
+        sgl.NEXTN_EH_PROJ,
     )
     for check in checks:
         line = (srt / check.path).read_text().splitlines()[check.line - 1]
@@ -115,6 +125,31 @@ def test_head_rules(heads: int, kv: int, tp: int, rejected_by: div.SourceCheck |
         assert reasons == []
     else:
         assert len(reasons) == 1 and rejected_by.where in reasons[0] and str(tp) in reasons[0], reasons
+
+
+MOE = {"num_experts": 128, "experts_per_token": 8, "intermediate_size": 1536}
+
+
+@pytest.mark.parametrize(
+    ("kv", "tp", "attn_dp", "rejected_by"),
+    [
+        (4, 8, 2, None),  # attention-TP 4 over 4 KV heads
+        (4, 8, 8, None),  # attention-TP 1: every GPU holds the 4 heads
+        (6, 8, 2, div.MOE_KV_SPLIT),  # 6 KV heads over attention-TP 4
+        (3, 16, 2, div.MOE_KV_REPLICATED),  # 3 KV heads cannot be replicated evenly over attention-TP 8
+        (4, 8, 3, div.ATTN_DP_DIVIDES),
+    ],
+)
+def test_attention_dp_head_rules_use_the_attention_tp_size(
+    kv: int, tp: int, attn_dp: int, rejected_by: div.SourceCheck | None
+) -> None:
+    """Qwen3-MoE splits (or replicates) its KV heads over attention-TP = TP / attn_dp (qwen3_moe.py:512, :516), and
+    SGLang asserts attn_dp divides TP (parallel_hook.py:326)."""
+    reasons = div.rejections(_arch(num_attention_heads=96, num_kv_heads=kv, moe=MOE), tp, "bf16", attn_dp=attn_dp)
+    if rejected_by is None:
+        assert reasons == []
+    else:
+        assert any(rejected_by.where in r for r in reasons), reasons
 
 
 def test_block_rules_apply_only_to_a_block_fp8_checkpoint() -> None:

@@ -182,7 +182,33 @@ def test_fit_top_answer_is_the_published_recipe(config: str, gpu: str, gpus: int
     assert best["rank_reason"].startswith("#1: most served sequences")
     piped = [lay for lay in layouts if lay["pp"] > 1 and lay["served_sequences"] == best["served_sequences"]]
     assert piped, "no pipeline layout ties the recipe: the tie-break is not exercised"
-    assert all(re.search(r"ties #\d+ at [\d,]+; (PP \d+ > PP \d+|FP8 KV)", lay["rank_reason"]) for lay in piped)
+    assert all(
+        re.search(r"ties #\d+ at [\d,]+; (PP \d+ > PP \d+|FP8 KV|attention DP \d+ > \d+)", lay["rank_reason"])
+        for lay in piped
+    )
+
+
+def test_fit_tries_full_attention_dp_for_a_moe_model() -> None:
+    """DeepSeek-V3 on 8 × H200: fit also tries --attn-dp-size = TP (each GPU its own scheduler and pool, taking
+    max_running_requests / attn_dp of the requests, resolve_max_num_reqs); each such layout serves attn_dp pools,
+    weighs more per GPU (whole attention), and at equal capacity ranks below the same layout without it. A dense
+    model (Llama) is not tried with it."""
+    r = exaserve("fit", "--hf-config", "models/deepseek-v3/config.json", "--gpu", "NVIDIA-H200", "--nodes", "1",
+                 "--gpus-per-node", "8", "--precision", "fp8", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json_object(r)
+    layouts, limits = doc["layouts"], load_stack_file(REPO / "Pulumi.prod.yaml").spec.limits
+    by = {(lay["tp"], lay["pp"], lay["attn_dp"], lay["kv_cache_dtype"]): lay for lay in layouts}
+    dp8, plain = by[(8, 1, 8, "auto")], by[(8, 1, 1, "auto")]
+    assert dp8["kv_pools_per_replica"] == 8 and dp8["weights_bytes_per_gpu"] > plain["weights_bytes_per_gpu"]
+    per_worker = max(1, limits.max_running_requests // 8)
+    assert (
+        dp8["sequences_per_replica"] == min(per_worker, dp8["kv_pool_tokens_per_replica"] // limits.context_length) * 8
+    )
+    assert layouts.index(dp8) > layouts.index(plain) and "attention DP 8 > 1" in dp8["rank_reason"]
+    assert {lay["attn_dp"] for lay in layouts if lay["tp"] == 1} == {1}
+    llama = exaserve("fit", "--hf-config", "models/llama-3-70b/config.json", "--json")
+    assert {lay["attn_dp"] for lay in json_object(llama)["layouts"]} == {1}
 
 
 def test_fit_excludes_what_sglang_refuses_naming_the_check() -> None:

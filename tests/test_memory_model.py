@@ -15,10 +15,10 @@ from serving.plan import planner
 from serving.plan.model import Fleet
 from serving.render.sglang import server_argv
 from serving.result import Status, failures
-from serving.spec.schema import GIB, count_parameters
-from serving.spec.stack import load_stack_file
+from serving.spec.schema import GIB, Architecture, ParallelismSpec, attention_parameters, count_parameters
+from serving.spec.stack import SpecError, load_stack_file
 from tests.support.sglang_parsers import ROOT, SGLANG_PYTHON, run_json_script_args
-from tests.support.stacks import SOURCE_PLAN, fleet_of, spec_from
+from tests.support.stacks import SOURCE_PLAN, deepseek_h200_spec, fleet_of, spec_from
 
 GRID_GPUS_MIB = (16_384, 23_034, 24_564, 40_960, 46_068, 81_559, 81_920, 97_871, 143_771, 183_359)
 GRID_PARALLEL = ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (2, 4), (8, 2), (4, 4))
@@ -55,6 +55,239 @@ def test_mem_fraction_static_equals_sglangs_handle_gpu_memory_settings(regenerat
     assert not mismatches, mismatches[:5]
     # The grid is not degenerate: the floor, the bands and PP all move the fraction.
     assert len({r["mem_fraction_static"] for r in resolved}) > 200
+
+
+GRID_ATTN_DP = {2: (1, 2), 4: (1, 2, 3, 4), 8: (1, 2, 3, 4, 8), 16: (1, 2, 3, 4, 8, 16)}
+
+
+def _refused_by_the_spec(tp: int, dp: int, attn_dp: int) -> str | None:
+    try:
+        ParallelismSpec(tp=tp, pp=1, dp=dp, attn_dp=attn_dp)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def test_attention_dp_fraction_and_refusals_are_sglangs(regenerated: Path) -> None:
+    """With attention DP the pinned SGLang's REAL handle_gpu_memory_settings reserves max_bs × attn_dp × 3 MiB
+    more for the decode graphs (× 4.5 above max_bs 300, memory_hook.py:376), and its own handle_data_parallelism
+    (run from the installed source) refuses attn_dp not dividing TP and attn_dp with --dp-size: over GPU memory ×
+    TP × attention DP × DP × max running requests × MLA, the planner's fraction is SGLang's and parallelism refuses
+    exactly what SGLang refuses. Before, the planner had no attention DP (DeepSeek-V3 on 8 × H200 at DP 8: 0.886
+    planned, 0.758 by SGLang)."""
+    cases = [
+        {"gpu_mib": g, "tp": tp, "pp": 1, "chunked_prefill_size": None, "max_running_requests": r, "mla": mla}
+        | {"attn_dp": n, "dp": dp}
+        for g, tp, dp, r, mla in itertools.product(GRID_GPUS_MIB, GRID_ATTN_DP, (1, 2), (None, 64, 512), (False, True))
+        for n in GRID_ATTN_DP[tp]
+    ]
+    resolved = _sglang_resolves(cases)
+    assert len(resolved) == len(cases) == 2_040
+    mismatches, refusals = [], []
+    for r in resolved:
+        ours = sgl.sglang_mem_fraction_static(
+            r["gpu_mib"], r["tp"], 1, None, r["max_running_requests"], r["mla"], r["attn_dp"]
+        )
+        if (ours.value, ours.decode_graph_max_bs) != (r["mem_fraction_static"], r["decode_graph_max_bs"]):
+            mismatches.append((r, ours))
+        refused = _refused_by_the_spec(r["tp"], r["dp"], r["attn_dp"])
+        if (refused is None) != ("refused" not in r):
+            refusals.append((r, refused))
+        elif refused is None and r["attn_dp"] > 1:
+            # the chunked prefill SGLang gives each attention-DP worker: the whole size / attn_dp, after the fraction
+            assert r["worker_chunked_prefill_size"] == r["resolved_chunked_prefill_size"] // r["attn_dp"]
+    assert not mismatches, mismatches[:5]
+    assert not refusals, refusals[:5]
+    refused = [r for r in resolved if "refused" in r]
+    assert {r["refused"].split(":")[0] for r in refused} == {"AssertionError", "ValueError"}  # both checks exercised
+    dp_moves = {
+        (r["gpu_mib"], r["tp"], r["mla"], r["max_running_requests"], r["mem_fraction_static"]) for r in resolved
+    }
+    assert len(dp_moves) > len({k[:4] for k in dp_moves})  # attention DP moves the fraction
+
+
+def test_deepseek_v3_attention_dp_8_on_8_h200_is_planned_as_sglang_sizes_it(regenerated: Path) -> None:
+    """DeepSeek-V3 block FP8 at TP 8 on 8 × H200 with --attn-dp-size 8: the fraction is SGLang's own
+    (handle_gpu_memory_settings run from its source); each GPU holds the whole MLA attention and embedding
+    (attention-TP 1) on top of its TP share of the experts and LM head; the MLA cell (kv_lora_rank +
+    qk_rope_head_dim per layer, 16 bit) is unchanged; each of the 8 attention-DP groups has its own pool of
+    budget // cell tokens, so the replica holds 8 of them."""
+    dp8, plain = deepseek_h200_spec(8), deepseek_h200_spec(1)
+    lim = dp8.limits
+    base = {"gpu_mib": 143_771, "tp": 8, "pp": 1, "chunked_prefill_size": lim.chunked_prefill_size, "mla": True}
+    theirs8, theirs1 = _sglang_resolves(
+        [base | {"max_running_requests": lim.max_running_requests, "attn_dp": n} for n in (8, 1)]
+    )
+    m8, m1 = planner.memory_plan(dp8), planner.memory_plan(plain)
+    assert m8.mem_fraction_static.value == theirs8["mem_fraction_static"]
+    assert m1.mem_fraction_static.value == theirs1["mem_fraction_static"] > theirs8["mem_fraction_static"]
+    cfg = json.loads((ROOT / "models" / "deepseek-v3" / "config.json").read_text())
+    layers = cfg["num_hidden_layers"]
+    cell = layers * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * 2  # calculate_mla_kv_cache_dim × layers × bf16
+    assert m8.kv_per_token_per_gpu.value == m1.kv_per_token_per_gpu.value == cell
+    attention = attention_parameters(cfg)
+    assert attention is not None
+    whole = (attention * layers * 1 + cfg["vocab_size"] * cfg["hidden_size"] * 2) * (
+        1 - 1 / 8
+    )  # FP8 attention, bf16 table
+    w8, w1 = (m.per_gpu["weights"].value + m.per_gpu["load_overhead"].value for m in (m8, m1))
+    assert w8 - w1 == pytest.approx(whole)
+    free = sgl.free_at_start_bytes(sgl.GPU_PRODUCTS["NVIDIA-H200"], 8)
+    tokens = int((free * theirs8["mem_fraction_static"] - w8) // cell)
+    assert m8.max_total_tokens.value == tokens
+    assert m8.max_concurrent_sequences.value == tokens // lim.context_length * 8
+    print(f"DP 8: mfs {theirs8['mem_fraction_static']}, weights {w8 / GIB:.2f} GiB, {tokens:,} tokens × 8 pools")
+    print(f"DP 1: mfs {theirs1['mem_fraction_static']}, weights {w1 / GIB:.2f} GiB, {int(m1.max_total_tokens.value):,}")
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"parallelism__tp": 2, "parallelism__attn_dp": 2}, "dense model"),  # prod serves Llama-3-70B
+        ({"parallelism__tp": 4, "parallelism__attn_dp": 3}, "parallel_hook.py:326"),
+        ({"parallelism__tp": 2, "parallelism__dp": 2, "parallelism__attn_dp": 2}, "parallel_hook.py:287"),
+    ],
+)
+def test_attention_dp_the_planner_cannot_plan_is_a_spec_error(changes: dict[str, int], says: str) -> None:
+    """A dense model (Llama builds attention over the whole TP group, so attention DP is not modelled), attn_dp not
+    dividing TP, or attn_dp with --dp-size: each a spec error naming the field, the value and the fix."""
+    with pytest.raises(SpecError) as err:
+        spec_from("prod", **changes)
+    assert says in str(err.value) and "parallelism.attn_dp" in str(err.value)
+
+
+def test_nextn_draft_weights_and_kv_are_charged_as_sglang_does(regenerated: Path) -> None:
+    """DeepSeek-V3 with --speculative-algorithm NEXTN (its MTP layer) at TP 8 on 8 × H200, with and without
+    attention DP 8: SGLang's fraction does not move (its own handle_gpu_memory_settings, run with the flag), the
+    draft's weights (one MoE decoder layer over TP, the 16-bit 2h × h eh_proj whole; embedding and head the
+    target's) come out of the same budget (kv_cache_configurator.py:3042), and the cell grows by
+    int(cell × 1 / 61) (pool_configurator.py:312). Before, the draft was not charged: 752,657 tokens planned."""
+    cfg = json.loads((ROOT / "models" / "deepseek-v3" / "config.json").read_text())
+    h, layers, draft_layers = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_nextn_predict_layers"]
+    lim = deepseek_h200_spec(1).limits
+    base = {"gpu_mib": 143_771, "tp": 8, "pp": 1, "chunked_prefill_size": lim.chunked_prefill_size, "mla": True}
+    with_spec, without = _sglang_resolves(
+        [base | {"max_running_requests": lim.max_running_requests, "speculative": s} for s in ("NEXTN", None)]
+    )
+    assert with_spec["mem_fraction_static"] == without["mem_fraction_static"]
+    for attn_dp in (1, 8):
+        plain, mtp = deepseek_h200_spec(attn_dp), deepseek_h200_spec(attn_dp, model__speculative={"algorithm": "NEXTN"})
+        m0, m1 = planner.memory_plan(plain), planner.memory_plan(mtp)
+        assert m1.mem_fraction_static.value == m0.mem_fraction_static.value
+        cell = int(m0.kv_per_token_per_gpu.value)
+        assert m1.kv_per_token_per_gpu.value == cell + int(cell * draft_layers / layers)
+        # the MTP layer is a MoE layer: the target's last layer's weights, over TP (+ attention over attention-TP)
+        arch = mtp.model.architecture
+        moe_layer = sgl.stage_parameters(arch, range(layers - 1, layers)) * 1.0  # FP8
+        attn = sgl.layer_attention_parameters(arch) * 1.0
+        expected = draft_layers * (moe_layer / 8 + attn * (attn_dp / 8 - 1 / 8)) + draft_layers * 2 * h * h * 2
+        draft = m1.per_gpu["draft_weights"].value
+        assert draft == pytest.approx(expected)
+        weights = m1.per_gpu["weights"].value + m1.per_gpu["load_overhead"].value
+        free = sgl.free_at_start_bytes(sgl.GPU_PRODUCTS["NVIDIA-H200"], 8)
+        budget = free * with_spec["mem_fraction_static"] if attn_dp == 1 else free * m1.mem_fraction_static.value
+        assert m1.max_total_tokens.value == int((budget - weights - draft) // m1.kv_per_token_per_gpu.value)
+        assert m1.max_total_tokens.value < m0.max_total_tokens.value
+        print(
+            f"attn DP {attn_dp}: draft {draft / GIB:.2f} GiB, {int(m0.max_total_tokens.value):,} → {int(m1.max_total_tokens.value):,}"
+        )
+
+
+def test_kv_cell_with_attention_tp_and_draft_is_sglangs_own() -> None:
+    """SGLang's REAL DefaultPoolConfigurator (its __init__ and _compute_cell_size from the installed source, run by
+    tests/support/sglang_cell_size.py) over layers × KV heads × attention-TP × MLA × KV dtype × EAGLE-family draft
+    layers: the planner's cell per GPU (KV heads over attention-TP, the draft's int(cell × k / layers)) is SGLang's.
+    Before, the planner split KV heads over TP under attention DP and added no draft KV."""
+    cases = [
+        {"layers": n, "kv_heads": kv, "head_dim": 128, "attn_tp": tp, "mla": mla, "dtype_bytes": b, "draft_layers": d}
+        for n, kv, tp, mla, b, d in itertools.product(
+            (32, 61, 94), (4, 8, 64), (1, 2, 4, 8, 16), (None, [512, 64]), (1, 2), (0, 1, 2)
+        )
+    ]
+    script = ROOT / "tests" / "support" / "sglang_cell_size.py"
+    resolved = run_json_script_args(SGLANG_PYTHON, [str(script)], cases)
+    assert len(resolved) == len(cases) == 540
+    mismatches = []
+    for r in resolved:
+        mla = {"kv_lora_rank": r["mla"][0], "qk_rope_head_dim": r["mla"][1]} if r["mla"] else None
+        arch = Architecture(
+            num_layers=r["layers"], num_attention_heads=64, num_kv_heads=r["kv_heads"], head_dim=128, mla=mla
+        )
+        target = sgl.kv_cell_bytes(arch, r["dtype_bytes"], r["attn_tp"], r["layers"])
+        ours = sgl.draft_cell_bytes(target, r["layers"], r["draft_layers"])
+        if ours != r["cell"]:
+            mismatches.append((r, ours))
+    assert not mismatches, mismatches[:5]
+    assert len({r["cell"] for r in resolved}) > 50  # the grid is not degenerate
+
+
+def test_an_eagle3_draft_is_counted_from_its_config(tmp_path: Path) -> None:
+    """An EAGLE3 draft (shapes of yuhuili/EAGLE3-LLaMA3.1-Instruct-8B's config.json: one Llama layer, a 32,000-row
+    draft vocabulary) for Llama-3.1-8B: its parameters less its vocabulary tables (the embedding is the target's,
+    eagle_worker_v2.py:363), plus its own LM head and the 3h → h fc, in 16 bit; one KV layer more over 32."""
+    draft_cfg = {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "num_hidden_layers": 1,
+        "vocab_size": 128256,
+        "draft_vocab_size": 32000,
+    }
+    (tmp_path / "draft.json").write_text(json.dumps(draft_cfg))
+    target = tmp_path / "target.json"
+    target.write_text(json.dumps(sgl.HELD_OUT_LOGS[0].config))
+    spec = spec_from(
+        "prod",
+        cluster__gpu={"product": "NVIDIA-H100-80GB-HBM3", "memory_gb": 80},
+        model__hf_config=str(target),
+        model__architecture={},
+        model__precision="bf16",
+        model__quantization=None,
+        model__speculative={
+            "algorithm": "EAGLE3",
+            "draft_path": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+            "draft_hf_config": str(tmp_path / "draft.json"),
+            "draft_vocab_size": 32000,
+        },
+        parallelism__tp=1,
+        parallelism__pp=1,
+        serving__replicas_per_node=None,
+    )
+    m = planner.memory_plan(spec)
+    params = count_parameters(draft_cfg)
+    assert params is not None
+    h = 4096
+    expected = (params - 128256 * h * 2 + 32000 * h) * 2 + 3 * h * h * 2
+    assert m.per_gpu["draft_weights"].value == pytest.approx(expected)
+    cell = 2 * 32 * 8 * 128 * 2
+    assert m.kv_per_token_per_gpu.value == cell + int(cell * 1 / 32)
+    fleet = fleet_of(spec)
+    argv = server_argv(fleet, fleet.plan.replicas[0])  # checked against the pinned parser's manifest
+    draft_dir = argv[argv.index("--speculative-draft-model-path") + 1]
+    assert draft_dir == f"{spec.storage.local_cache.path.rstrip('/')}/yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    assert argv[argv.index("--speculative-algorithm") + 1] == "EAGLE3"
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"model__speculative": {"algorithm": "NEXTN"}}, "num_nextn_predict_layers"),  # prod: Llama-3-70B
+        ({"model__speculative": {"algorithm": "EAGLE"}}, "speculative.draft_path"),
+        ({"model__speculative": {"algorithm": "MTP"}}, "NEXTN"),
+        ({"model__speculative": {"algorithm": "NEXTN", "num_draft_tokens": 8}}, "speculative_hook.py:1265"),
+        ({"model__speculative": {"algorithm": "NEXTN", "eagle_topk": 4}}, "num_draft_tokens"),
+    ],
+)
+def test_speculative_decoding_the_planner_cannot_plan_is_a_spec_error(changes: dict[str, object], says: str) -> None:
+    with pytest.raises(SpecError) as err:
+        spec_from("prod", **changes)
+    assert says in str(err.value) and "speculative" in str(err.value)
+
+
+def test_speculative_decoding_under_pp_is_a_spec_error() -> None:
+    with pytest.raises(SpecError, match=r"parallelism.pp = 2"):
+        deepseek_h200_spec(1, parallelism__tp=4, parallelism__pp=2, model__speculative={"algorithm": "NEXTN"})
 
 
 def _planner_predicts(log: sgl.StartupLog, tmp_path: Path) -> tuple[int, float, float]:

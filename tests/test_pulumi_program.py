@@ -21,11 +21,12 @@ from serving.plan.planner import placement
 from serving.pulumi.program import ProgramRun, kubernetes_objects, run_program
 from serving.render.k8s import fabric, fleet, gateway, storage
 from serving.render.k8s.common import LABEL_GROUP, LABEL_RACK, LABEL_VERSION, TAINT_KEY
-from serving.render.k8s.container import WAIT_FOR_CACHE, pod_container
+from serving.render.k8s.container import WAIT_FOR_CACHE, pod_container, wait_script
 from serving.render.k8s.prerequisites import required_crds
 from serving.render.router import router_args
 from serving.render.sglang import model_dir
 from serving.spec.checkpoint import INDEX_FILE
+from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack, load_stack_file, pulumi_config, spec_from_config
 from tests.support.k8s import of_kind, one, render_file
 from tests.support.paths import REPO
@@ -336,6 +337,13 @@ def test_model_store_is_read_only_many_on_nfs_or_csi(tmp_path: Path, runs: dict[
     assert pv["spec"]["csi"] == {"driver": "csi.weka.io", "volumeHandle": "models-1", "readOnly": True}
 
 
+def _cache_variant(tmp_path: Path, changes: dict[str, object]) -> tuple[FleetSpec, Path, Path]:
+    """prod with its model store and node cache under ``tmp_path`` (and ``changes``): the spec, store and cache."""
+    store, cache = tmp_path / "store", tmp_path / "cache"
+    dirs = {"storage.model_store.mount_path": str(store), "storage.local_cache.path": str(cache)}
+    return load_stack_file(write_variant(tmp_path, "warm", changes={**dirs, **changes})).spec, store, cache
+
+
 @pytest.mark.parametrize("model_path", ["org/m", "org/m/"])
 def test_cache_warmer_script_copies_once_and_atomically(tmp_path: Path, model_path: str) -> None:
     """The warmer's real shell script, run here against directories standing in for the store and the cache.
@@ -343,17 +351,7 @@ def test_cache_warmer_script_copies_once_and_atomically(tmp_path: Path, model_pa
     Regression (issue 9): with ``model.path: org/m/`` the warmer once staged into ``…/m/.partial``, then
     ``rm -rf …/m/`` deleted the staging copy and ``mv`` failed; the warmer and ``--model-path`` now share
     one join (:func:`serving.render.sglang.model_dir`)."""
-    store, cache = tmp_path / "store", tmp_path / "cache"
-    path = write_variant(
-        tmp_path,
-        "warm",
-        changes={
-            "storage.model_store.mount_path": str(store),
-            "storage.local_cache.path": str(cache),
-            "model.path": model_path,
-        },
-    )
-    spec = load_stack_file(path).spec
+    spec, _, cache = _cache_variant(tmp_path, {"model.path": model_path})
     src, dst = (Path(p) for p in storage.model_dirs(spec))
     (src / "sub").mkdir(parents=True)
     (src / "config.json").write_text("{}")
@@ -376,6 +374,35 @@ def test_cache_warmer_script_copies_once_and_atomically(tmp_path: Path, model_pa
     (src / INDEX_FILE).write_text('{"metadata": {"total_size": 8192}, "weight_map": {"w": "sub/model.safetensors"}}')
     fifth = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True)
     assert "cache warmed" in fifth.stdout and "8192" in (dst / storage.COMPLETE_MARKER).read_text()
+
+
+def test_cache_warmer_and_pods_take_a_speculative_draft_too(tmp_path: Path) -> None:
+    """With an EAGLE draft (model.speculative.draft_path) the warmer's real script copies the draft's directory into
+    the cache beside the model, where --speculative-draft-model-path names it, and a serving pod waits for both
+    markers. Before, only model.path was warmed and the server would not find its draft."""
+    draft_cfg = tmp_path / "draft.json"
+    draft_cfg.write_text(json.dumps({"hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64,
+                                     "num_key_value_heads": 8, "num_hidden_layers": 1, "vocab_size": 128256}))  # fmt: skip
+    speculative = {"algorithm": "EAGLE", "draft_path": "org/d", "draft_hf_config": str(draft_cfg)}
+    spec, store, cache = _cache_variant(tmp_path, {"model.speculative": speculative, "parallelism.pp": 1})
+    (model_src, model_dst), (draft_src, draft_dst) = ((Path(a), Path(b)) for a, b in storage.cache_dirs(spec))
+    assert draft_dst == cache / "org" / "d" and draft_src == store / "org" / "d"
+    for src in (model_src, draft_src):
+        src.mkdir(parents=True)
+        (src / "config.json").write_text(str(src))
+    wait = ["/bin/sh", "-c", wait_script(spec)]
+    with pytest.raises(subprocess.TimeoutExpired):  # no marker yet: the pod waits
+        subprocess.run(wait, capture_output=True, text=True, timeout=1)
+    first = subprocess.run(["/bin/sh", "-c", storage.warm_script(spec)], capture_output=True, text=True, check=True)
+    assert first.stdout.count("cache warmed") == 2
+    assert (draft_dst / "config.json").read_text() == str(draft_src) and (draft_dst / storage.COMPLETE_MARKER).exists()
+    (model_dst / storage.COMPLETE_MARKER).unlink()  # the draft alone is not enough
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run(wait, capture_output=True, text=True, timeout=1)
+    second = subprocess.run(["/bin/sh", "-c", storage.warm_script(spec)], capture_output=True, text=True, check=True)
+    assert "already warm" in second.stdout and second.stdout.count("cache warmed") == 1
+    done = subprocess.run(wait, capture_output=True, text=True, timeout=10, check=True)
+    assert "model cache complete" in done.stdout
 
 
 def test_network_policies_admit_only_router_updater_and_monitoring(runs: dict[str, ProgramRun]) -> None:

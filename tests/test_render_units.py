@@ -64,7 +64,7 @@ from tests.support.ci import in_ci
 from tests.support.cli import exaserve
 from tests.support.paths import REPO
 from tests.support.sglang_parsers import SGLANG_PYTHON, real_parse, run_json_script_args
-from tests.support.stacks import fleet_of, spec_from
+from tests.support.stacks import deepseek_h200_spec, fleet_of, spec_from
 from tests.support.systemd import verify_unit
 
 GOLDEN = Path(__file__).parent / "golden" / "units"
@@ -335,6 +335,31 @@ def test_memory_flags_come_from_the_planner() -> None:
     )
 
 
+def test_attention_dp_renders_attn_dp_size_and_its_fraction() -> None:
+    """parallelism.attn_dp renders --attn-dp-size (SGLang 0.5.23's flag; --enable-dp-attention is deprecated) with
+    the fraction the planner sized for it, and the running-request cap over all attention-DP workers (SGLang
+    gives each max_running_requests / attn_dp); attn_dp 1 renders no flag."""
+    dp8, plain = deepseek_h200_spec(8), deepseek_h200_spec(1)
+    flags = flag_values(server_argv(fleet_of(dp8), first(dp8)), SERVER_ENTRY)
+    assert flags["--attn-dp-size"] == ("8",) and flags["--tp-size"] == ("8",) and flags["--dp-size"] == ("1",)
+    assert "--enable-dp-attention" not in flags
+    plain_flags = flag_values(server_argv(fleet_of(plain), first(plain)), SERVER_ENTRY)
+    assert "--attn-dp-size" not in plain_flags
+    assert float(flags["--mem-fraction-static"][0]) < float(plain_flags["--mem-fraction-static"][0])
+
+
+def test_speculative_decoding_renders_the_draft_flags() -> None:
+    """model.speculative renders SGLang's --speculative-* flags: NEXTN reads its draft from the target's checkpoint
+    (no draft path); the draft tokens are num_steps + 1 at eagle_topk 1, as SGLang resets them."""
+    mtp = deepseek_h200_spec(1, model__speculative={"algorithm": "NEXTN", "num_steps": 2})
+    flags = flag_values(server_argv(fleet_of(mtp), first(mtp)), SERVER_ENTRY)
+    assert flags["--speculative-algorithm"] == ("NEXTN",) and flags["--speculative-num-steps"] == ("2",)
+    assert flags["--speculative-eagle-topk"] == ("1",) and flags["--speculative-num-draft-tokens"] == ("3",)
+    assert "--speculative-draft-model-path" not in flags
+    plain = deepseek_h200_spec(1)
+    assert not [f for f in flag_values(server_argv(fleet_of(plain), first(plain)), SERVER_ENTRY) if "specul" in f]
+
+
 def test_a_replica_spanning_nodes_gets_nnodes_rank_and_rendezvous() -> None:
     spec = multi_node_spec()
     replica = first(spec)
@@ -461,9 +486,13 @@ def test_the_real_sglang_parser_accepts_every_rendered_server_command(regenerate
             server_argv(fleet_of(spec), first(spec)),
             pod_args_with_lws_values(pod_container(fleet_of(spec), 0)),
         ]
+    dp = deepseek_h200_spec(8)  # --attn-dp-size
+    mtp = deepseek_h200_spec(8, model__speculative={"algorithm": "NEXTN", "num_steps": 2})  # --speculative-*
     argvs += [
         server_argv(fleet_of(multi), first(multi), 1),
         pod_args_with_lws_values(pod_container(fleet_of(multi), 0)),
+        server_argv(fleet_of(dp), first(dp)),
+        server_argv(fleet_of(mtp), first(mtp)),
     ]
     results = real_parse("server", [a[len(SERVER_ENTRY) :] for a in argvs])
     assert [r["error"] for r in results] == [""] * len(argvs)

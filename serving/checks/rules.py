@@ -139,15 +139,18 @@ def _sglang_shapes(fleet: Fleet) -> Iterator[CheckResult]:
     evenly over) the TP ranks, and a block-FP8 checkpoint's MLP and expert widths split into whole blocks
     (:mod:`serving.plan.divisibility`, each reason citing the SGLang check it mirrors)."""
     spec = fleet.spec
-    tp = spec.parallelism.tp
-    reasons = rejections(spec.model.architecture, tp, spec.model.precision.value)
+    tp, attn_dp = spec.parallelism.tp, spec.parallelism.attn_dp
+    reasons = rejections(spec.model.architecture, tp, spec.model.precision.value, attn_dp=attn_dp)
     if reasons:
+        dp = f" with attention DP {attn_dp}" if attn_dp > 1 else ""
         yield CheckResult(
             "model.sglang-shapes",
             Status.FAIL,
-            f"Got TP {tp}: SGLang 0.5.23 refuses to start {spec.model.name}: {'; '.join(reasons)}",
+            f"Got TP {tp}{dp}: SGLang 0.5.23 refuses to start {spec.model.name}: {'; '.join(reasons)}",
             "a TP size SGLang accepts for this model",
-            "Pick another parallelism.tp (`exaserve fit` lists the sizes SGLang accepts).",
+            "Pick another parallelism.tp"
+            + (" or parallelism.attn_dp" if attn_dp > 1 else "")
+            + " (`exaserve fit` lists the sizes SGLang accepts).",
             "parallelism.tp",
         )
 

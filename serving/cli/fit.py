@@ -64,6 +64,7 @@ def _layout_json(lay: sgl.Layout, rps: float) -> dict[str, Any]:
         "kv_cache_dtype": lay.kv_cache_dtype,
         "tp": lay.tp,
         "pp": lay.pp,
+        "attn_dp": lay.attn_dp,
         "gpus_per_replica": lay.gpus_per_replica,
         "replicas": lay.replicas,
         "replicas_per_node": lay.replicas_per_node,
@@ -71,12 +72,18 @@ def _layout_json(lay: sgl.Layout, rps: float) -> dict[str, Any]:
         "mem_fraction_static": lay.mem_fraction_static,
         "weights_bytes_per_gpu": lay.weights_per_gpu,
         "kv_pool_tokens_per_replica": lay.kv_pool_tokens,
+        "kv_pools_per_replica": lay.attn_dp,
         "sequences_per_replica": lay.sequences_per_replica,
         "served_sequences": lay.served_sequences,
         "requests_per_second": round(rps, 3),
         "rank_reason": lay.rank_reason,
         "breakdown": lay.breakdown,
     }
+
+
+def _dp(lay: sgl.Layout) -> str:
+    """A layout's attention DP, as the table and the written stack's header name it (empty without)."""
+    return f" (attention DP {lay.attn_dp})" if lay.attn_dp > 1 else ""
 
 
 def _null(representer: Any, _: None) -> Any:
@@ -118,13 +125,13 @@ def _write_stack(
         kv_cache_dtype=lay.kv_cache_dtype,
         architecture=CommentedMap(parameter_count=arch.parameter_count),
     )
-    section("parallelism").update(tp=lay.tp, pp=lay.pp, dp=1)
+    section("parallelism").update(tp=lay.tp, pp=lay.pp, dp=1, attn_dp=lay.attn_dp)
     section("serving").update(replicas=lay.replicas, replicas_per_node=lay.replicas_per_node)
     section("gpu", section("cluster"))["product"] = gpu
     text = io.StringIO()
     rt.dump(raw, text)
     out.write_text(
-        f"# Written by `exaserve fit` from {base.name}: {lay.precision} TP {lay.tp} × PP {lay.pp}, "
+        f"# Written by `exaserve fit` from {base.name}: {lay.precision} TP {lay.tp} × PP {lay.pp}{_dp(lay)}, "
         f"{lay.replicas} replicas, {lay.sequences_per_replica} sequences each.\n" + text.getvalue(),
         encoding="utf-8",
     )
@@ -269,7 +276,8 @@ def fit(
                 "layouts": [_layout_json(layouts[i], chains[i].requests_per_second.value) for i in range(len(layouts))],
                 "meets_target": [_layout_json(layouts[i], chains[i].requests_per_second.value) for i in meets[:1]],
                 "excluded": [
-                    {"precision": e.precision, "tp": e.tp, "reasons": list(e.reasons)} for e in result.excluded
+                    {"precision": e.precision, "tp": e.tp, "attn_dp": e.attn_dp, "reasons": list(e.reasons)}
+                    for e in result.excluded
                 ],
                 "written": str(write_stack) if write_stack else None,
             },
@@ -291,7 +299,7 @@ def fit(
             table.add_row(
                 lay.precision,
                 lay.kv_cache_dtype,
-                f"{lay.tp}×{lay.pp}",
+                f"{lay.tp}×{lay.pp}{_dp(lay)}",
                 f"{lay.replicas:,}",
                 f"{lay.mem_fraction_static:.3f}",
                 f"{lay.weights_per_gpu / GIB:,.1f} GiB",
@@ -307,7 +315,8 @@ def fit(
             console.print(f"best: {layouts[0].breakdown}", soft_wrap=True)
         for e in result.excluded:
             console.print(
-                f"excluded {e.precision} TP {e.tp} (SGLang refuses it): {'; '.join(e.reasons)}", soft_wrap=True
+                f"excluded {e.precision} TP {e.tp}{' attention DP ' + str(e.attn_dp) if e.attn_dp > 1 else ''} (SGLang refuses it): {'; '.join(e.reasons)}",
+                soft_wrap=True,
             )
         console.print(
             f"[green]{len(meets)} of {len(layouts)} layouts meet the target[/]"

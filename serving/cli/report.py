@@ -131,7 +131,9 @@ def print_plan(console: Console, fleet: Fleet, stack_file: Path, violations: Seq
     p, m, c, hb, n, cost = plan.placement, plan.memory, plan.capacity, plan.heartbeats, plan.network, plan.cost
     console.print(
         f"[bold]ExaServe plan[/] — stack [cyan]{fleet.name}[/] ({stack_file.name}): {spec.model.name} "
-        f"{spec.model.precision.value}, TP {spec.parallelism.tp} × PP {spec.parallelism.pp} × DP {spec.parallelism.dp}, "
+        f"{spec.model.precision.value}, TP {spec.parallelism.tp} × PP {spec.parallelism.pp} × DP {spec.parallelism.dp}"
+        + (f" (attention DP {spec.parallelism.attn_dp})" if spec.parallelism.attn_dp > 1 else "")
+        + ", "
         f"{p.nodes} nodes × {p.gpus_per_node} GPUs"
     )
     console.print(

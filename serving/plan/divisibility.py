@@ -17,9 +17,11 @@ Rules, for tensor parallel size ``tp`` and expert parallel size ``ep`` (``--ep-s
     column-parallel GEMM, checked even at TP 1) and, with ``tp > 1``, of ``k`` (down, row parallel)
     (:data:`LINEAR_BLOCK_N`, :data:`LINEAR_BLOCK_K`).
 
-Not mirrored: the block-FP8 shapes of the attention projections (q/k/v, and MLA's low-rank projections),
-and the per-model variants of the head rules (Qwen3-MoE and DeepSeek use the attention-TP size, which equals TP
-without DP attention; the planner does not model DP attention).
+- attention DP (``--attn-dp-size``, ``attn_dp`` > 1): ``tp % attn_dp == 0`` (:data:`ATTN_DP_DIVIDES`), and a
+  MoE model's KV heads split or replicated over the attention-TP size ``tp / attn_dp`` as above
+  (:data:`MOE_KV_SPLIT`, :data:`MOE_KV_REPLICATED`: Qwen3-MoE builds its attention over attention-TP).
+
+Not mirrored: the block-FP8 shapes of the attention projections (q/k/v, and MLA's low-rank projections).
 """
 
 from __future__ import annotations
@@ -58,7 +60,16 @@ MOE_BLOCK = SourceCheck(
 LINEAR_BLOCK_K = SourceCheck("layers/quantization/fp8.py", 594, "if input_size_per_partition % block_k != 0:")
 LINEAR_BLOCK_N = SourceCheck("layers/quantization/fp8.py", 605, "if output_partition_size % block_n != 0:")
 
+ATTN_DP_DIVIDES = SourceCheck("arg_groups/parallel_hook.py", 326, "assert cfg.tp_size % cfg.attn_dp_size == 0")
+ATTN_DP_WITH_DP = SourceCheck("arg_groups/parallel_hook.py", 287, "if cfg.attn_dp_size > 1 and cfg.dp_size > 1:")
+MOE_KV_SPLIT = SourceCheck("models/qwen3_moe.py", 512, "assert self.total_num_kv_heads % attn_tp_size == 0")
+MOE_KV_REPLICATED = SourceCheck("models/qwen3_moe.py", 516, "assert attn_tp_size % self.total_num_kv_heads == 0")
+
 SOURCE_CHECKS: tuple[SourceCheck, ...] = (
+    ATTN_DP_DIVIDES,
+    ATTN_DP_WITH_DP,
+    MOE_KV_SPLIT,
+    MOE_KV_REPLICATED,
     HEADS,
     KV_SPLIT,
     KV_REPLICATED,
@@ -88,8 +99,8 @@ def _moe_problem(moe_i: int, block_n: int, tp: int, ep: int) -> str | None:
     return None
 
 
-def rejections(arch: Architecture, tp: int, precision: str, ep: int = 1) -> list[str]:
-    """Why SGLang refuses to serve ``arch`` at this TP (and EP) size; empty when it starts.
+def rejections(arch: Architecture, tp: int, precision: str, ep: int = 1, attn_dp: int = 1) -> list[str]:
+    """Why SGLang refuses to serve ``arch`` at this TP (and EP, attention-DP) size; empty when it starts.
 
     The block-FP8 rules apply only to a ``fp8`` layout of a checkpoint whose config.json declares
     ``weight_block_size`` (SGLang's online FP8 quantisation of a 16-bit checkpoint is per channel and has none).
@@ -103,6 +114,17 @@ def rejections(arch: Architecture, tp: int, precision: str, ep: int = 1) -> list
             out.append(f"{kv} KV heads are not divisible by TP {tp} ({KV_SPLIT.where})")
         if kv < tp and tp % kv:
             out.append(f"TP {tp} is not a multiple of the {kv} KV heads it replicates ({KV_REPLICATED.where})")
+    if attn_dp > 1:
+        if tp % attn_dp:
+            return [*out, f"attention DP {attn_dp} does not divide TP {tp} ({ATTN_DP_DIVIDES.where})"]
+        atp = tp // attn_dp
+        if arch.mla is None and arch.moe is not None:
+            if kv >= atp and kv % atp:
+                out.append(f"{kv} KV heads are not divisible by attention-TP {atp} ({MOE_KV_SPLIT.where})")
+            if kv < atp and atp % kv:
+                out.append(
+                    f"attention-TP {atp} is not a multiple of the {kv} KV heads it replicates ({MOE_KV_REPLICATED.where})"
+                )
     block = arch.weight_block_size
     if precision != "fp8" or block is None:
         return out

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, replace
 
 from serving.plan.divisibility import SourceCheck, rejections
-from serving.spec.schema import GIB, Architecture, CheckpointWeights, count_parameters
+from serving.spec.schema import GIB, Architecture, CheckpointWeights, SpeculativeSpec, count_parameters
 
 MIB = 2**20
 
@@ -358,6 +358,13 @@ def _prefill_graph_sizes(max_bs: int) -> list[int]:
     return [s for s in sizes if s <= max_bs]
 
 
+DP_GRAPH_RESERVE = SourceCheck(
+    "arg_groups/memory_hook.py", 376, "reserved_mem += decode_cuda_graph_config.max_bs * cfg.attn_dp_size * 3"
+)
+"""``reserve_for_graph_mb``: attention DP pads the decode graphs, ``max_bs × attn_dp_size × 3`` MiB (and
+``× 1.5`` more above a max_bs of 300)."""
+
+
 @dataclass(frozen=True)
 class StaticFraction:
     """SGLang's default ``mem_fraction_static`` and the figures it came from (MiB)."""
@@ -370,14 +377,17 @@ class StaticFraction:
     graph_mib: float
     reserved_mib: float
     value: float
+    attn_dp: int = 1
 
     @property
     def formula(self) -> str:
+        bs = self.decode_graph_max_bs
+        dp = f" + {bs} × attn DP {self.attn_dp} × {4.5 if bs > 300 else 3:g}" if self.attn_dp > 1 else ""
         return (
             f"(gpu {self.gpu_memory_mib:,.0f} MiB − reserved {self.reserved_mib:,.0f} MiB) / gpu = {self.value:.3f}; "
             f"reserved = max(512 + {self.activation_mib:,.0f} activations (max(chunked prefill "
             f"{self.chunked_prefill_size}, 2048) × 1.5) + {self.parallel_mib:,.0f} (tp × pp / 8 × 1024) + "
-            f"{self.graph_mib:,.0f} CUDA graphs (decode max bs {self.decode_graph_max_bs} × 2 + prefill), "
+            f"{self.graph_mib:,.0f} CUDA graphs (decode max bs {bs} × 2{dp} + prefill), "
             "10240 on GPUs over 60 GiB)"
         )
 
@@ -389,10 +399,13 @@ def sglang_mem_fraction_static(
     chunked_prefill_size: int | None,
     max_running_requests: int | None,
     mla: bool,
+    attn_dp: int = 1,
 ) -> StaticFraction:
-    """``handle_gpu_memory_settings`` of SGLang 0.5.23 for a plain (not multimodal, no DP attention, no
-    DeepEP, no disaggregation, no speculative decoding) model on CUDA, where SGLang's defaults are decode
-    graphs ``full`` and prefill graphs ``breakable``, disabled by default when ``pp > 1``."""
+    """``handle_gpu_memory_settings`` of SGLang 0.5.23 for a model (not multimodal, no DeepEP, no disaggregation)
+    on CUDA, where SGLang's defaults are decode graphs ``full`` and prefill graphs ``breakable``, disabled by
+    default when ``pp > 1``. With attention DP (``attn_dp`` > 1) the decode graphs reserve ``max_bs × attn_dp × 3``
+    MiB more, × 4.5 above a max_bs of 300 (:data:`DP_GRAPH_RESERVE`); the chunked prefill size is divided by
+    ``attn_dp`` only afterwards (``handle_data_parallelism``), so the activation term uses the whole size."""
     gib = 1024
     if gpu_memory_mib < 20 * gib:
         cps, max_bs = 2048, 8
@@ -411,13 +424,15 @@ def sglang_mem_fraction_static(
     activation = max(cps, 2048) * 1.5
     parallel = tp * pp / 8 * 1024
     graph = max_bs * 2.0
+    if attn_dp > 1:
+        graph += max_bs * attn_dp * (4.5 if max_bs > 300 else 3)
     if pp == 1:  # prefill CUDA graphs: breakable by default, off under PP
         graph += 1.5 * 1024 if mla else len(_prefill_graph_sizes(cps)) * 8
     reserved = 512 + activation + parallel + graph
     if gpu_memory_mib > 60 * gib:
         reserved = max(reserved, 10 * gib)
     value = round((gpu_memory_mib - reserved) / gpu_memory_mib, 3)
-    return StaticFraction(gpu_memory_mib, cps, max_bs, activation, parallel, graph, reserved, value)
+    return StaticFraction(gpu_memory_mib, cps, max_bs, activation, parallel, graph, reserved, value, attn_dp)
 
 
 # ------------------------------------------------------------------------------------------ weights
@@ -598,12 +613,17 @@ def stage_weights(
     pp: int,
     group_size: int | None = None,
     checkpoint: CheckpointWeights | None = None,
+    attn_dp: int = 1,
 ) -> list[WeightShare]:
     """Each stage's weights per GPU: its layers' parameters (every expert) in the checkpoint's precision over
     TP, plus a group-quantised checkpoint's scales and zeros (``group_size``: 4-bit AWQ/GPTQ, see
     :func:`group_overhead_bytes_per_param`); the embedding on the first stage and the LM head on the last (kept 16-bit by every quantised
     checkpoint SGLang loads), over TP. Without PP one GPU holds both tables (one when tied); with PP the last
-    stage holds its own LM head even when tied (SGLang builds ``embed_tokens`` there to tie it)."""
+    stage holds its own LM head even when tied (SGLang builds ``embed_tokens`` there to tie it).
+
+    With attention DP (``attn_dp`` > 1) the attention projections and the input embedding are split over the
+    attention-TP group (TP / attn_dp GPUs) only, so each attention-DP group holds a whole copy
+    (:func:`attention_dp_extra`); the MLP, the experts and the LM head stay over TP."""
     table = arch.vocab_size * arch.hidden_size
     load = LOAD_OVERHEAD_GIB * GIB
     per_param, bpp = bytes_per_param, f"{bytes_per_param:g} B"
@@ -623,16 +643,20 @@ def stage_weights(
         if checkpoint is not None:
             ckpt_layers, ckpt_tables, how = checkpoint_stage_bytes(arch, checkpoint, layers, on_gpu)
             layer_bytes, emb = ckpt_layers / tp, ckpt_tables / tp
+            dp_bytes, dp_text = attention_dp_extra(
+                arch, layers, ckpt_layers, ckpt_tables / on_gpu if on_gpu else 0, rank, tp, attn_dp
+            )
             formula = (
                 f"{stage}{how}; + {on_gpu} table(s) {ckpt_tables / GIB:,.2f} GiB; / TP {tp} = "
-                f"{(layer_bytes + emb) / GIB:,.2f} GiB"
+                f"{(layer_bytes + emb) / GIB:,.2f} GiB{dp_text}"
             )
-            out.append(WeightShare(rank, layers, layer_bytes, emb, load, formula))
+            out.append(WeightShare(rank, layers, layer_bytes + dp_bytes, emb, load, formula))
             continue
         params = stage_parameters(arch, layers)
         kept, kept_names = unquantized_parameters(arch, layers) if per_param < 2 else (0, [])
         layer_bytes = (params * per_param + kept * (2 - per_param)) / tp
         emb = table * on_gpu * 2 / tp
+        dp_bytes, dp_text = attention_dp_extra(arch, layers, params * per_param, table * 2, rank, tp, attn_dp)
         params_text = f"{params:,.0f} params × {bpp}"
         if kept:
             params_text = (
@@ -642,14 +666,69 @@ def stage_weights(
         formula = (
             f"{stage}{params_text} / TP {tp} = {layer_bytes / GIB:,.2f} GiB + {on_gpu} × "
             f"{table:,} embedding params × 2 B / TP {tp} = {emb / GIB:,.2f} GiB = {(layer_bytes + emb) / GIB:,.2f} GiB"
+            f"{dp_text}"
         )
-        out.append(WeightShare(rank, layers, layer_bytes, emb, load, formula))
+        out.append(WeightShare(rank, layers, layer_bytes + dp_bytes, emb, load, formula))
     return out
+
+
+ATTN_TP_HEADS = SourceCheck("models/deepseek_v2.py", 2058, "self.num_local_heads = num_heads // attn_tp_size")
+"""DeepSeek's attention projections are built over the attention-TP group (``parallel_group="attn_tp"``)."""
+ATTN_TP_EMBEDDING = SourceCheck(
+    "layers/vocab_parallel_embedding.py",
+    185,
+    'return {"enable_tp": True, "use_attn_tp_group": is_dp_attention_enabled()}',
+)
+"""The input embedding is vocab-sharded over the attention-TP group under DP attention."""
+
+
+def layer_attention_parameters(arch: Architecture) -> int:
+    """One layer's attention parameters: counted from config.json (:attr:`Architecture.attention_parameters`),
+    else GQA's q, k, v, o from the heads. An MLA model without the count is refused by the spec under DP
+    attention (its low-rank shapes are not in :class:`Architecture`)."""
+    if arch.attention_parameters is not None:
+        return arch.attention_parameters
+    q, kv = arch.num_attention_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+    return arch.hidden_size * (2 * q + 2 * kv)
+
+
+def attention_dp_extra(
+    arch: Architecture,
+    layers: range,
+    layer_bytes: float,
+    table_bytes: float,
+    rank: int,
+    tp: int,
+    attn_dp: int,
+) -> tuple[float, str]:
+    """What attention DP adds to a stage's GPU over an even TP split (``layer_bytes``: the stage's layers before
+    TP; ``table_bytes``: one vocabulary table): its attention share, ``layer_bytes`` × the attention parameters'
+    fraction of the layers (:func:`layer_attention_parameters`), over attention-TP instead of TP
+    (:data:`ATTN_TP_HEADS`), and the embedding (first stage) likewise (:data:`ATTN_TP_EMBEDDING`). Zero
+    without attention DP."""
+    if attn_dp == 1:
+        return 0.0, ""
+    attn_tp = tp // attn_dp
+    share = layer_attention_parameters(arch) * len(layers) / stage_parameters(arch, layers)
+    attn = layer_bytes * share
+    emb = table_bytes if rank == 0 else 0.0
+    extra = (attn + emb) * (1 / attn_tp - 1 / tp)
+    text = (
+        f"; attention DP {attn_dp}: attention {attn / GIB:,.2f} GiB ({share:.1%} of the layers, {ATTN_TP_HEADS.where})"
+        + (f" and embedding {emb / GIB:,.2f} GiB ({ATTN_TP_EMBEDDING.where})" if emb else "")
+        + f" over attention-TP {attn_tp}, not TP {tp}: + {extra / GIB:,.2f} GiB"
+    )
+    return extra, text
+
+
+KV_HEADS_ATTN_TP = SourceCheck("model_executor/pool_configurator.py", 356, "tp_size = get_parallel().attn_tp_size")
+"""``_compute_cell_size`` splits the KV heads over the attention-TP size (TP / attn_dp), not TP."""
 
 
 def kv_cell_bytes(arch: Architecture, bytes_per_element: int, tp: int, layers: int) -> int:
     """SGLang's cell size on one GPU holding ``layers`` layers: MLA's latent whole on every TP rank, else K and V
-    of max(1, KV heads // TP) heads (``ModelConfig.get_num_kv_heads``)."""
+    of max(1, KV heads // ``tp``) heads (``ModelConfig.get_num_kv_heads``); ``tp`` is the attention-TP size
+    (:data:`KV_HEADS_ATTN_TP`)."""
     if arch.mla is not None:
         return layers * (arch.mla.kv_lora_rank + arch.mla.qk_rope_head_dim) * bytes_per_element
     return 2 * layers * max(1, arch.num_kv_heads // tp) * arch.head_dim * bytes_per_element
@@ -658,6 +737,91 @@ def kv_cell_bytes(arch: Architecture, bytes_per_element: int, tp: int, layers: i
 def kv_token_bytes_per_gpu(arch: Architecture, bytes_per_element: int, tp: int, pp: int) -> int:
     """The cell size on the fullest stage's GPUs (⌈layers / PP⌉ layers: the last stage's, per ``get_pp_indices``)."""
     return kv_cell_bytes(arch, bytes_per_element, tp, math.ceil(arch.num_layers / pp))
+
+
+# ------------------------------------------------------------------------------ speculative decoding
+
+DRAFT_WEIGHTS = SourceCheck(
+    "mem_cache/kv_cache_configurator.py", 3042, "# Loaded weights (target + draft) can exceed the static budget"
+)
+"""The KV budget is what is free after the target's AND the draft's weights loaded."""
+DRAFT_KV = SourceCheck(
+    "model_executor/pool_configurator.py", 312, "self._cell_size * draft_num_layers / int(num_layers)"
+)
+"""EAGLE family: the cell grows by ``int(cell × draft layers / layers)``: the draft's KV beside the target's."""
+NEXTN_DRAFT_LAYERS = SourceCheck(
+    "model_executor/model_runner_components/spec_aux_hidden_state.py",
+    174,
+    "config.eagle_draft_num_layers = int(num_nextn_predict_layers)",
+)
+"""NEXTN's draft KV layers are config.json's ``num_nextn_predict_layers``; a separate draft's its layers."""
+SHARED_EMBED_HEAD = SourceCheck(
+    "speculative/eagle_worker_v2.py", 378, "self.draft_runner.model.set_embed_and_head(embed, head)"
+)
+"""EAGLE and NEXTN drafts use the target's embedding and LM head (their own are not kept)."""
+EAGLE3_OWN_HEAD = SourceCheck("speculative/eagle_worker_v2.py", 363, "self.draft_runner.model.set_embed(embed)")
+"""An EAGLE3 draft shares only the embedding: its own LM head (``draft_vocab_size`` rows, over TP) stays."""
+NEXTN_EH_PROJ = SourceCheck("models/deepseek_nextn.py", 102, "self.eh_proj = nn.Linear(")
+"""DeepSeek's MTP layer joins the embedding and hidden state with an unquantised, unsharded 2h → h projection."""
+
+
+@dataclass(frozen=True)
+class DraftShare:
+    """A speculative draft on one GPU: its weights and the KV layers it adds to the cell."""
+
+    weights: float
+    kv_layers: int
+    formula: str
+
+
+def draft_share(
+    arch: Architecture, spec: SpeculativeSpec, bytes_per_param: float, tp: int, attn_dp: int = 1
+) -> DraftShare:
+    """The draft's weights per GPU and KV layers, as SGLang 0.5.23 loads them (:data:`DRAFT_WEIGHTS`).
+
+    NEXTN (MTP): ``nextn_layers`` decoder layers shaped as the target's last (a MoE layer for DeepSeek), in the
+    target's precision over TP (the attention over attention-TP under attention DP), plus the 16-bit 2h × h
+    ``eh_proj`` whole on every GPU (:data:`NEXTN_EH_PROJ`); embedding and head are the target's
+    (:data:`SHARED_EMBED_HEAD`). EAGLE / EAGLE3: the draft config's parameters less its vocabulary tables
+    (shared; EAGLE3 keeps its own ``draft_vocab_size``-row head, :data:`EAGLE3_OWN_HEAD`) in 16 bit over TP, plus
+    its unsharded ``fc`` (2h → h; EAGLE3 3h → h). KV layers: :data:`NEXTN_DRAFT_LAYERS`, or the draft's."""
+    h = arch.hidden_size
+    if spec.algorithm == "NEXTN":
+        n = arch.num_layers
+        layer = stage_parameters(arch, range(n - 1, n)) * bytes_per_param
+        dp_extra, dp_text = attention_dp_extra(arch, range(n - 1, n), layer, 0.0, 1, tp, attn_dp)
+        layers_bytes = arch.nextn_layers * (layer / tp + dp_extra)
+        eh = 2 * h * h * 2.0 * arch.nextn_layers
+        total = layers_bytes + eh
+        return DraftShare(
+            total,
+            arch.nextn_layers,
+            f"NEXTN draft: {arch.nextn_layers} MTP layer(s) × (one decoder layer {layer / GIB:,.2f} GiB / TP {tp}"
+            f"{dp_text}) + eh_proj 2 × {h} × {h} × 2 B unsharded ({NEXTN_EH_PROJ.where}) = {total / GIB:,.2f} GiB; "
+            f"embedding and head shared ({SHARED_EMBED_HEAD.where})",
+        )
+    draft = spec.draft_architecture
+    if draft is None:  # the spec refuses an EAGLE draft without its architecture
+        raise ValueError(f"speculative.algorithm {spec.algorithm} needs speculative.draft_architecture")
+    dh = draft.hidden_size
+    tables = draft.vocab_size * dh * (1 if draft.tie_word_embeddings else 2)
+    head = (spec.draft_vocab_size or draft.vocab_size) * dh if spec.algorithm == "EAGLE3" else 0
+    fc = (3 if spec.algorithm == "EAGLE3" else 2) * dh * dh
+    body = draft.parameter_count - tables
+    total = (body + head) * 2.0 / tp + fc * 2.0
+    return DraftShare(
+        total,
+        draft.num_layers,
+        f"{spec.algorithm} draft: ({draft.parameter_count:,} params − {tables:,} in its vocabulary tables, shared "
+        f"({SHARED_EMBED_HEAD.where})"
+        + (f" + its own {head:,}-param LM head ({EAGLE3_OWN_HEAD.where})" if head else "")
+        + f") × 2 B / TP {tp} + fc {fc:,} params × 2 B unsharded = {total / GIB:,.2f} GiB",
+    )
+
+
+def draft_cell_bytes(cell: int, stage_layers: int, draft_layers: int) -> int:
+    """The cell with the draft's KV: ``cell + int(cell × draft_layers / stage_layers)`` (:data:`DRAFT_KV`)."""
+    return cell + int(cell * draft_layers / stage_layers) if draft_layers and stage_layers else cell
 
 
 # ------------------------------------------------------------------------------------------ the pool
@@ -728,13 +892,21 @@ def replica_pool(
     mem_fraction_static: float,
     group_size: int | None = None,
     checkpoint: CheckpointWeights | None = None,
+    attn_dp: int = 1,
+    draft: DraftShare | None = None,
 ) -> ReplicaPool:
     """Every stage's pool by its own weights and layers (counted from ``checkpoint`` where the stack names one);
-    the replica's token count is the minimum over the stages, as SGLang's PP ranks agree on it."""
+    the replica's token count is the minimum over the stages, as SGLang's PP ranks agree on it. With attention
+    DP that count is each attention-DP group's own pool, its KV heads split over attention-TP
+    (:data:`KV_HEADS_ATTN_TP`)."""
     stages = []
-    for share in stage_weights(arch, bytes_per_param, tp, pp, group_size, checkpoint):
-        cell = kv_cell_bytes(arch, kv_bytes_per_element, tp, len(share.layers))
-        stages.append((share, cell, kv_pool(free_at_start, mem_fraction_static, share.total, cell)))
+    for share in stage_weights(arch, bytes_per_param, tp, pp, group_size, checkpoint, attn_dp):
+        cell = kv_cell_bytes(arch, kv_bytes_per_element, tp // attn_dp, len(share.layers))
+        weights = share.total
+        if draft is not None:
+            cell = draft_cell_bytes(cell, len(share.layers), draft.kv_layers)
+            weights += draft.weights
+        stages.append((share, cell, kv_pool(free_at_start, mem_fraction_static, weights, cell)))
     binding = min(range(len(stages)), key=lambda i: (stages[i][2].tokens, -i))
     return ReplicaPool(stages, binding)
 
@@ -759,6 +931,8 @@ class Layout:
     sequences_per_replica: int
     served_sequences: int
     breakdown: str
+    attn_dp: int = 1
+    """Attention-DP groups inside the TP group (``--attn-dp-size``); each has its own pool of ``kv_pool_tokens``."""
     rank_reason: str = ""
     """Why the layout ranks where it does: against the one above it."""
 
@@ -774,6 +948,7 @@ class Excluded:
     precision: str
     tp: int
     reasons: tuple[str, ...]
+    attn_dp: int = 1
 
 
 @dataclass(frozen=True)
@@ -794,12 +969,18 @@ def _powers_of_two(limit: int) -> list[int]:
     return out
 
 
-def _rank_key(lay: Layout) -> tuple[int, float, int, int, int]:
+def _attn_dp_sizes(arch: Architecture, tp: int) -> tuple[int, ...]:
+    """The attention-DP sizes ``fit`` tries at ``tp``: none, and for a MoE model at TP > 1 full attention DP."""
+    return (1, tp) if arch.moe is not None and tp > 1 else (1,)
+
+
+def _rank_key(lay: Layout) -> tuple[int, float, int, int, int, int]:
     return (
         -lay.served_sequences,
         -PRECISION_BYTES[lay.precision],
         lay.gpus_per_replica,
         lay.pp,
+        lay.attn_dp,
         -KV_DTYPES[lay.kv_cache_dtype],
     )
 
@@ -817,6 +998,8 @@ def _rank_reason(rank: int, lay: Layout, above: Layout | None) -> str:
         return f"{tie}; {lay.gpus_per_replica} GPUs a replica, not {above.gpus_per_replica}"
     if lay.pp > above.pp:
         return f"{tie}; PP {lay.pp} > PP {above.pp}: pipeline bubbles, more latency"
+    if lay.attn_dp > above.attn_dp:
+        return f"{tie}; attention DP {lay.attn_dp} > {above.attn_dp}: replicated attention, larger graph reserve"
     if KV_DTYPES[lay.kv_cache_dtype] < KV_DTYPES[above.kv_cache_dtype]:
         return f"{tie}; FP8 KV cache below 16-bit (accuracy)"
     return f"{tie} on every ranked field"
@@ -836,29 +1019,41 @@ def enumerate_layouts(
     """Every precision × KV dtype × TP × PP (powers of two, a replica within a node or over whole nodes)
     that SGLang starts (:func:`serving.plan.divisibility.rejections`) and whose KV pool holds at least one
     full-length sequence, ranked (:class:`FitResult`); the TP sizes SGLang rejects with their reasons. With
-    ``checkpoint`` the weights are that checkpoint's bytes (one precision)."""
+    ``checkpoint`` the weights are that checkpoint's bytes (one precision). A MoE model is also tried with
+    full attention DP (``attn_dp`` = TP, attention-TP 1: DeepSeek's published ``--tp 8 --dp 8
+    --enable-dp-attention``), where each GPU runs its own scheduler and pool and takes ``max_running_requests /
+    attn_dp`` of the requests (``resolve_max_num_reqs``); intermediate sizes are not searched."""
     out: list[Layout] = []
     excluded: list[Excluded] = []
     total_gpus = gpus_per_node * nodes
     for precision in precisions:
         bpp = PRECISION_BYTES[precision]
-        for tp in _powers_of_two(min(total_gpus, 64)):
-            reasons = rejections(arch, tp, precision)
+        for tp, attn_dp in ((t, d) for t in _powers_of_two(min(total_gpus, 64)) for d in _attn_dp_sizes(arch, t)):
+            reasons = rejections(arch, tp, precision, attn_dp=attn_dp)
             if reasons:
-                excluded.append(Excluded(precision, tp, tuple(reasons)))
+                # a TP size refused without attention DP is listed once, not again for each attention-DP size
+                if not any(e.precision == precision and e.tp == tp for e in excluded):
+                    excluded.append(Excluded(precision, tp, tuple(reasons), attn_dp))
                 continue
             free = free_at_start_bytes(gpu, tp)
+            per_worker = max(1, max_running_requests // attn_dp)
             for pp in _powers_of_two(min(total_gpus // tp, 16, arch.num_layers)):
                 gpr = tp * pp
                 if gpr > gpus_per_node and gpr % gpus_per_node:
                     continue
                 fraction = sglang_mem_fraction_static(
-                    gpu.memory_total_mib, tp, pp, chunked_prefill_size, max_running_requests, arch.mla is not None
+                    gpu.memory_total_mib,
+                    tp,
+                    pp,
+                    chunked_prefill_size,
+                    max_running_requests,
+                    arch.mla is not None,
+                    attn_dp,
                 ).value
                 group = (arch.quant_group_size or DEFAULT_GROUP_SIZE) if precision == "int4" else None
                 for kv_dtype, kv_bytes in KV_DTYPES.items():
-                    rp = replica_pool(arch, bpp, kv_bytes, tp, pp, free, fraction, group, checkpoint)
-                    seqs = min(max_running_requests, rp.tokens // context_length)
+                    rp = replica_pool(arch, bpp, kv_bytes, tp, pp, free, fraction, group, checkpoint, attn_dp)
+                    seqs = min(per_worker, rp.tokens // context_length) * attn_dp
                     if seqs < 1:
                         continue
                     if gpr <= gpus_per_node:
@@ -881,7 +1076,9 @@ def enumerate_layouts(
                             rp.tokens,
                             seqs,
                             seqs * replicas,
-                            f"weights {rp.weights.loaded_formula}; KV pool {rp.formula}",
+                            f"weights {rp.weights.loaded_formula}; KV pool {rp.formula}"
+                            + (f"; × {attn_dp} attention-DP pools" if attn_dp > 1 else ""),
+                            attn_dp,
                         )
                     )
     out.sort(key=_rank_key)

@@ -120,6 +120,7 @@ def static_fraction(spec: FleetSpec) -> Figure:
         lim.chunked_prefill_size,
         lim.max_running_requests,
         m.architecture.mla is not None,
+        par.attn_dp,
     )
     if spec.serving.mem_fraction_static is not None:
         v = spec.serving.mem_fraction_static
@@ -140,6 +141,11 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
     free = sgl.free_at_start_bytes(gpu, par.tp)
     mfs = static_fraction(spec)
     group = (m.architecture.quant_group_size or sgl.DEFAULT_GROUP_SIZE) if m.precision == Precision.INT4 else None
+    draft = (
+        sgl.draft_share(m.architecture, m.speculative, m.bytes_per_param, par.tp, par.attn_dp)
+        if m.speculative is not None
+        else None
+    )
     rp = sgl.replica_pool(
         m.architecture,
         m.bytes_per_param,
@@ -150,6 +156,8 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
         mfs.value,
         group,
         m.checkpoint_weights,
+        par.attn_dp,
+        draft,
     )
     share, pool = rp.weights, rp.pool
     ckpt = m.checkpoint_weights
@@ -159,15 +167,26 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
         else weights_bytes(m.architecture.parameter_count, m.bytes_per_param)
     )
     kv_tok = kv_bytes_per_token(m.architecture, m.kv_bytes_per_element)
-    kv_tok_gpu = kv_bytes_per_token_per_gpu(m.architecture, m.kv_bytes_per_element, par.tp, par.pp)
+    kv_tok_gpu = kv_bytes_per_token_per_gpu(m.architecture, m.kv_bytes_per_element, par.attn_tp, par.pp)
+    if draft is not None:  # the spec plans a draft at PP 1 only: one stage, one cell
+        kv_tok_gpu = Figure(
+            rp.cell_bytes,
+            "B",
+            f"{kv_tok_gpu.formula} + the draft's {draft.kv_layers} layer(s): int(that × {draft.kv_layers} / "
+            f"{m.architecture.num_layers}) ({sgl.DRAFT_KV.where}) = {rp.cell_bytes:,} B",
+        )
     budget = max(0.0, pool.budget)
     slack = free * (1 - mfs.value)
-    seqs = pool.tokens // ctx * par.dp
+    # Each attention-DP group has its own scheduler and pool (and --max-running-requests / attn_dp of the requests,
+    # mem_cache/kv_cache_configurator.py: resolve_max_num_reqs), as each --dp-size replica does.
+    workers = par.dp * par.attn_dp
+    seqs = pool.tokens // ctx * workers
     per_gpu = {
         "weights": Figure(share.layer_bytes + share.embedding_bytes, "B", share.formula),
         "load_overhead": Figure(
             share.load_overhead_bytes, "B", f"{sgl.LOAD_OVERHEAD_GIB:.2f} GiB (mean of the calibration logs)"
         ),
+        **({"draft_weights": Figure(draft.weights, "B", draft.formula)} if draft is not None else {}),
         "kv_cache": Figure(budget, "B", rp.formula),
         "activations_and_graphs": Figure(
             slack, "B", f"{free / GIB:,.2f} GiB free at start × (1 − {mfs.value:.3f}) = {slack / GIB:,.2f} GiB"
@@ -206,10 +225,18 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
         kv_per_token_per_gpu=kv_tok_gpu,
         kv_pool_per_gpu=Figure(budget, "B", pool.formula),
         max_concurrent_sequences=Figure(
-            seqs, "seqs", f"⌊{pool.tokens:,} pool tokens / {ctx:,} context⌋ × DP {par.dp} = {seqs}"
+            seqs,
+            "seqs",
+            f"⌊{pool.tokens:,} pool tokens / {ctx:,} context⌋ × DP {par.dp}"
+            + (f" × attention DP {par.attn_dp} (a pool each)" if par.attn_dp > 1 else "")
+            + f" = {seqs}",
         ),
         mem_fraction_static=mfs,
-        max_total_tokens=Figure(pool.tokens, "tokens", pool.formula),
+        max_total_tokens=Figure(
+            pool.tokens,
+            "tokens",
+            pool.formula + (f" (each of the {par.attn_dp} attention-DP groups' own pool)" if par.attn_dp > 1 else ""),
+        ),
     )
 
 

@@ -26,7 +26,7 @@ from serving.render.common import (
     render_flags,
     whole_seconds,
 )
-from serving.spec.schema import FabricKind, FleetSpec, Precision
+from serving.spec.schema import FabricKind, FleetSpec, Precision, SpeculativeSpec
 
 # `sglang serve` is the entry point SGLang 0.5.23 documents (`python -m sglang.launch_server` warns
 # that it is only "still supported"). The serving image and the bare-metal install both provide the
@@ -88,11 +88,12 @@ class EnvRule:
     host_only: bool = False
 
 
-def model_dir(spec: FleetSpec, root: str | None = None) -> str:
-    """The model's directory under ``root`` (default: the node-local cache, the same path inside pods: a
-    read-only hostPath). The one join of a root and ``model.path``: slashes at either end are dropped."""
+def model_dir(spec: FleetSpec, root: str | None = None, path: str | None = None) -> str:
+    """The model's directory (``path``: another model's, as a speculative draft's) under ``root`` (default: the
+    node-local cache, the same path inside pods: a read-only hostPath). The one join of a root and ``model.path``:
+    slashes at either end are dropped."""
     base = spec.storage.local_cache.path if root is None else root
-    return f"{base.rstrip('/')}/{spec.model.path.strip('/')}"
+    return f"{base.rstrip('/')}/{(spec.model.path if path is None else path).strip('/')}"
 
 
 _DTYPE: Final[Mapping[Precision, str]] = {Precision.FP16: "float16", Precision.BF16: "bfloat16"}
@@ -103,6 +104,12 @@ _KERNEL = {"awq": "awq_marlin"}
 def _fraction(value: float) -> str:
     """Three decimals, rounded down: the planner's budget is a ceiling, never exceed it."""
     return f"{math.floor(value * 1000) / 1000:.3f}"
+
+
+def _speculative(c: ServerContext, value: Callable[[SpeculativeSpec], str | None]) -> str | None:
+    """A speculative-decoding flag's value; none without ``model.speculative``."""
+    spec = c.spec.model.speculative
+    return None if spec is None else value(spec)
 
 
 def _running_requests(c: ServerContext) -> str:
@@ -129,6 +136,11 @@ SERVER_FLAGS: Final[tuple[FlagRule[ServerContext], ...]] = (
     FlagRule("--pp-size", "parallelism.pp", lambda c: str(c.spec.parallelism.pp)),
     FlagRule("--dp-size", "parallelism.dp", lambda c: str(c.spec.parallelism.dp)),
     FlagRule(
+        "--attn-dp-size",
+        "parallelism.attn_dp, when > 1 (replaces the deprecated --enable-dp-attention, SGLang server_args.py:419)",
+        lambda c: str(c.spec.parallelism.attn_dp) if c.spec.parallelism.attn_dp > 1 else None,
+    ),
+    FlagRule(
         "--nnodes",
         "planner placement: nodes per replica (only when a replica spans nodes)",
         lambda c: str(c.nnodes) if c.nnodes > 1 else None,
@@ -142,6 +154,29 @@ SERVER_FLAGS: Final[tuple[FlagRule[ServerContext], ...]] = (
         "--dist-init-addr",
         f"the replica's first node: ADDRESS:{DIST_INIT_PORT}; $(LWS_LEADER_ADDRESS) in a pod",
         lambda c: f"{c.dist_init_host}:{DIST_INIT_PORT}" if c.nnodes > 1 else None,
+    ),
+    FlagRule(
+        "--speculative-algorithm",
+        "model.speculative.algorithm (NEXTN: the checkpoint's MTP layers)",
+        lambda c: _speculative(c, lambda s: s.algorithm),
+    ),
+    FlagRule(
+        "--speculative-draft-model-path",
+        "storage.local_cache.path + model.speculative.draft_path (EAGLE/EAGLE3)",
+        lambda c: _speculative(c, lambda s: s.draft_path and model_dir(c.spec, path=s.draft_path)),
+    ),
+    FlagRule(
+        "--speculative-num-steps", "model.speculative.num_steps", lambda c: _speculative(c, lambda s: str(s.num_steps))
+    ),
+    FlagRule(
+        "--speculative-eagle-topk",
+        "model.speculative.eagle_topk",
+        lambda c: _speculative(c, lambda s: str(s.eagle_topk)),
+    ),
+    FlagRule(
+        "--speculative-num-draft-tokens",
+        "model.speculative.num_draft_tokens (num_steps + 1 with eagle_topk 1, as SGLang resets it)",
+        lambda c: _speculative(c, lambda s: str(s.draft_tokens)),
     ),
     FlagRule("--context-length", "limits.context_length", lambda c: str(c.spec.limits.context_length)),
     FlagRule(

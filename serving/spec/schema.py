@@ -386,6 +386,18 @@ class Architecture(_Model):
         description="Modules a quantised checkpoint keeps in 16 bit (config.json quantization_config.ignored_layers "
         "or modules_to_not_convert, with and without the 'model.' prefix, as SGLang's Fp8Config reads them).",
     )
+    nextn_layers: int = Field(
+        default=0,
+        ge=0,
+        description="Multi-token-prediction layers the checkpoint carries past num_layers (config.json "
+        "num_nextn_predict_layers): the draft of SGLang's NEXTN (MTP) speculative decoding.",
+    )
+    attention_parameters: int | None = Field(
+        default=None,
+        gt=0,
+        description="One decoder layer's attention parameters (counted from config.json): what DP attention splits "
+        "over the attention-TP group instead of TP. Without it GQA's q, k, v, o are counted from the heads.",
+    )
     mla: MlaSpec | None = Field(default=None)
     moe: MoeSpec | None = Field(default=None)
 
@@ -466,6 +478,11 @@ def architecture_from_hf_config(cfg: dict[str, Any], source: str) -> dict[str, A
     counted = count_parameters(cfg)
     if counted is not None:
         out["parameter_count"] = counted
+    attn = attention_parameters(cfg)
+    if attn is not None:
+        out["attention_parameters"] = attn
+    if cfg.get("num_nextn_predict_layers"):
+        out["nextn_layers"] = int(cfg["num_nextn_predict_layers"])
     return out
 
 
@@ -478,24 +495,13 @@ def count_parameters(cfg: dict[str, Any]) -> int | None:
     multi-token-prediction layers are not counted (well under 0.1 % of any model here).
     """
     try:
-        h, layers, heads, vocab = (
-            int(cfg["hidden_size"]),
-            int(cfg["num_hidden_layers"]),
-            int(cfg["num_attention_heads"]),
-            int(cfg["vocab_size"]),
-        )
+        h, layers, vocab = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]), int(cfg["vocab_size"])
         dense_i = int(cfg["intermediate_size"])
     except (KeyError, TypeError, ValueError):
         return None
-    kv = int(cfg.get("num_key_value_heads") or heads)
-    hd = int(cfg.get("head_dim") or h // heads)
-    if cfg.get("kv_lora_rank"):
-        nope, rope = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])
-        v, lora, q_lora = int(cfg["v_head_dim"]), int(cfg["kv_lora_rank"]), int(cfg.get("q_lora_rank") or 0)
-        q = h * q_lora + q_lora + q_lora * heads * (nope + rope) if q_lora else h * heads * (nope + rope)
-        attn = q + h * (lora + rope) + lora + lora * heads * (nope + v) + heads * v * h
-    else:
-        attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
+    attn = attention_parameters(cfg)
+    if attn is None:
+        return None
     experts = int(cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
     dense_layers = layers
     moe = 0
@@ -508,6 +514,23 @@ def count_parameters(cfg: dict[str, Any]) -> int | None:
     body = layers * (attn + per_layer_norms) + dense_layers * 3 * h * dense_i + (layers - dense_layers) * moe
     embed = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
     return body + embed + h
+
+
+def attention_parameters(cfg: dict[str, Any]) -> int | None:
+    """One decoder layer's attention parameters from config.json (GQA: q, k, v, o; MLA: DeepSeek's low-rank q and
+    kv projections, their norms and o), or None when a shape is missing."""
+    try:
+        h, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+        if cfg.get("kv_lora_rank"):
+            nope, rope = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])
+            v, lora, q_lora = int(cfg["v_head_dim"]), int(cfg["kv_lora_rank"]), int(cfg.get("q_lora_rank") or 0)
+            q = h * q_lora + q_lora + q_lora * heads * (nope + rope) if q_lora else h * heads * (nope + rope)
+            return q + h * (lora + rope) + lora + lora * heads * (nope + v) + heads * v * h
+        kv = int(cfg.get("num_key_value_heads") or heads)
+        hd = int(cfg.get("head_dim") or h // heads)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return h * heads * hd + 2 * h * kv * hd + heads * hd * h
 
 
 class CheckpointWeights(_Model):
@@ -531,6 +554,70 @@ class CheckpointWeights(_Model):
     @property
     def method(self) -> str:
         return "shard headers" if self.layers is not None else "index total_size"
+
+
+class SpeculativeSpec(_Model):
+    """Speculative decoding (SGLang 0.5.23's EAGLE family): a draft proposes ``num_draft_tokens`` tokens a step,
+    the target verifies them. The draft's weights and KV cache share each GPU with the target's."""
+
+    algorithm: Literal["NEXTN", "EAGLE", "EAGLE3"] = Field(
+        description="--speculative-algorithm: NEXTN (multi-token prediction, the MTP layers the target checkpoint "
+        "carries: DeepSeek-V3's layer 61; SGLang runs it as EAGLE), EAGLE or EAGLE3 (a separate draft model)."
+    )
+    draft_path: str | None = Field(
+        default=None,
+        description="EAGLE/EAGLE3: the draft's directory under the model store (and the local cache); NEXTN: none, "
+        "the draft is read from the target's checkpoint.",
+    )
+    draft_hf_config: str | None = Field(
+        default=None,
+        description="EAGLE/EAGLE3: path (relative to the stack file) of the draft's config.json, read into "
+        "draft_architecture.",
+    )
+    draft_architecture: Architecture | None = Field(
+        default=None, description="The draft's shapes (from draft_hf_config, or given); EAGLE/EAGLE3 only."
+    )
+    draft_vocab_size: int | None = Field(
+        default=None, gt=0, description="EAGLE3: the draft's own LM head rows (config.json draft_vocab_size)."
+    )
+    num_steps: int = Field(default=3, gt=0, description="--speculative-num-steps: draft steps per verification.")
+    eagle_topk: int = Field(default=1, gt=0, description="--speculative-eagle-topk: branches a draft step keeps.")
+    num_draft_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="--speculative-num-draft-tokens; with eagle_topk 1 SGLang sets it to num_steps + 1 "
+        "(arg_groups/speculative_hook.py:1265), so it is rendered as that; with eagle_topk > 1 it must be given.",
+    )
+
+    @model_validator(mode="after")
+    def _draft(self) -> Self:
+        separate = self.algorithm in ("EAGLE", "EAGLE3")
+        if separate and (self.draft_path is None or self.draft_architecture is None):
+            raise ValueError(
+                f"speculative.algorithm {self.algorithm} loads a separate draft model: give speculative.draft_path "
+                "(its directory in the model store) and speculative.draft_hf_config (its config.json)"
+            )
+        if not separate and (self.draft_path is not None or self.draft_architecture is not None):
+            raise ValueError(
+                "speculative.algorithm NEXTN reads its draft (the MTP layers) from the target's checkpoint; drop "
+                "speculative.draft_path and speculative.draft_hf_config, or use EAGLE"
+            )
+        if self.eagle_topk == 1 and self.num_draft_tokens not in (None, self.num_steps + 1):
+            raise ValueError(
+                f"speculative.num_draft_tokens = {self.num_draft_tokens} with eagle_topk 1: SGLang resets it to "
+                f"num_steps + 1 = {self.num_steps + 1} (arg_groups/speculative_hook.py:1265); drop it or set that"
+            )
+        if self.eagle_topk > 1 and self.num_draft_tokens is None:
+            raise ValueError(
+                f"speculative.eagle_topk = {self.eagle_topk} needs speculative.num_draft_tokens (the verified tree's "
+                "size); give it"
+            )
+        return self
+
+    @property
+    def draft_tokens(self) -> int:
+        """The tokens each step verifies: ``num_draft_tokens``, num_steps + 1 with eagle_topk 1."""
+        return self.num_draft_tokens or self.num_steps + 1
 
 
 MODEL_PATH_FIELDS = ("hf_config", "checkpoint")
@@ -562,6 +649,7 @@ class ModelSpec(_Model):
         default=None, description="What the stack loader read from model.checkpoint (not written by hand)."
     )
     architecture: Architecture = Field(default_factory=Architecture)
+    speculative: SpeculativeSpec | None = Field(default=None, description="Speculative decoding; none by default.")
     activation_fraction: float = Field(
         default=0.15, ge=0, le=1, description="Activations as a share of weights (source: 10–20 %, 30 GB of 200)."
     )
@@ -615,6 +703,33 @@ class ParallelismSpec(_Model):
     tp: int = Field(default=2, gt=0, le=64, description="Tensor parallel size (source: 2).")
     pp: int = Field(default=4, gt=0, le=64, description="Pipeline parallel size (source: 4).")
     dp: int = Field(default=1, gt=0, le=64, description="Data parallel ranks inside one replica.")
+    attn_dp: int = Field(
+        default=1,
+        gt=0,
+        le=64,
+        description="Attention data parallelism inside the TP group (SGLang --attn-dp-size): attn_dp groups of "
+        "tp / attn_dp GPUs, each with its own scheduler and KV pool; adds no GPUs.",
+    )
+
+    @model_validator(mode="after")
+    def _attn_dp(self) -> Self:
+        """SGLang 0.5.23's own checks (``arg_groups/parallel_hook.py: handle_data_parallelism``)."""
+        if self.attn_dp > 1 and self.dp > 1:
+            raise ValueError(
+                f"parallelism.dp = {self.dp} with parallelism.attn_dp = {self.attn_dp}: SGLang refuses data-parallel "
+                "replicas combined with attention DP (arg_groups/parallel_hook.py:287); set one of them to 1"
+            )
+        if self.tp % self.attn_dp:
+            raise ValueError(
+                f"parallelism.attn_dp = {self.attn_dp} does not divide parallelism.tp = {self.tp} (SGLang asserts "
+                "tp_size % attn_dp_size == 0, arg_groups/parallel_hook.py:326); pick a divisor of tp"
+            )
+        return self
+
+    @property
+    def attn_tp(self) -> int:
+        """The attention-TP width: each attention-DP group's GPUs (``runtime_context.py: derive_attn_tp_size``)."""
+        return self.tp // self.attn_dp
 
     @property
     def gpus_per_replica(self) -> int:
@@ -1126,6 +1241,44 @@ class FleetSpec(_Model):
                     f"version(s) {missing} are not defined in sandbox.versions "
                     f"({sorted(self.sandbox.versions)}); add them there"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _speculative_modelled(self) -> Self:
+        """NEXTN's draft is the checkpoint's multi-token-prediction layers: config.json must declare them; the draft
+        is planned without pipeline parallelism."""
+        spec = self.model.speculative
+        if spec is not None and self.parallelism.pp > 1:
+            raise ValueError(
+                f"model.speculative with parallelism.pp = {self.parallelism.pp}: the planner models a draft beside "
+                "the target on one pipeline stage only; set parallelism.pp to 1 or drop model.speculative"
+            )
+        if spec is not None and spec.algorithm == "NEXTN" and self.model.architecture.nextn_layers == 0:
+            raise ValueError(
+                f"model.speculative.algorithm NEXTN: {self.model.name}'s config.json declares no "
+                "num_nextn_predict_layers (MTP layers) to draft with; use EAGLE/EAGLE3 with a draft model"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _attn_dp_modelled(self) -> Self:
+        """Attention DP is planned for MoE models, whose attention SGLang splits over the attention-TP group
+        (``models/qwen3_moe.py:502``, ``models/deepseek_v2.py:2051``); a dense Llama builds its attention over the
+        whole TP group (``models/llama.py:181``), which the planner does not model."""
+        n, arch = self.parallelism.attn_dp, self.model.architecture
+        if n == 1:
+            return self
+        if arch.moe is None:
+            raise ValueError(
+                f"parallelism.attn_dp = {n} on a dense model ({self.model.name}): the planner models attention DP "
+                "for MoE models only (SGLang's Llama builds attention over the whole TP group, models/llama.py:181); "
+                "set parallelism.attn_dp to 1"
+            )
+        if arch.mla is not None and arch.attention_parameters is None:
+            raise ValueError(
+                f"parallelism.attn_dp = {n}: model.architecture.attention_parameters is unknown for this MLA model "
+                "(its low-rank shapes); give model.hf_config (config.json) so it is counted"
+            )
         return self
 
     def group_version(self, group: int) -> str:

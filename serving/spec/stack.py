@@ -143,6 +143,17 @@ def parse_spec(doc: dict[str, Any], source: str, base_dir: Path) -> FleetSpec:
         # Explicit architecture fields in the stack win over config.json.
         model = {**model, "architecture": {**from_hf, **arch}}
         doc = {**doc, "model": model}
+    spec_dec = model.get("speculative") if isinstance(model, dict) else None
+    if isinstance(model, dict) and isinstance(spec_dec, dict) and spec_dec.get("draft_hf_config"):
+        try:
+            draft = load_hf_config(base_dir / str(spec_dec["draft_hf_config"]))
+        except ValueError as exc:
+            raise SpecError(
+                source, [("model.speculative.draft_hf_config", str(exc).replace("model.hf_config", "it"))]
+            ) from None
+        given = spec_dec.get("draft_architecture") or {}
+        model = {**model, "speculative": {**spec_dec, "draft_architecture": {**draft, **given}}}
+        doc = {**doc, "model": model}
     if isinstance(model, dict) and model.get("checkpoint"):
         try:
             weights = read_checkpoint(base_dir / str(model["checkpoint"]))
@@ -223,6 +234,12 @@ def absolute_model_paths(model: dict[str, Any], base_dir: Path) -> dict[str, Any
     for key in MODEL_PATH_FIELDS:
         if out.get(key) and not Path(str(out[key])).is_absolute():
             out[key] = str((base_dir / str(out[key])).resolve())
+    spec_dec = out.get("speculative")
+    if isinstance(spec_dec, dict) and spec_dec.get("draft_hf_config"):
+        out["speculative"] = {
+            **spec_dec,
+            "draft_hf_config": str((base_dir / str(spec_dec["draft_hf_config"])).resolve()),
+        }
     return out
 
 

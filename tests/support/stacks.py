@@ -70,6 +70,26 @@ def spec_from(name: str, **changes: Any) -> FleetSpec:
     return parse_spec(doc, f"{name}+changes", REPO)
 
 
+def deepseek_h200_spec(attn_dp: int, **changes: Any) -> FleetSpec:
+    """DeepSeek-V3 (``models/deepseek-v3``, block FP8) at TP 8 on one 8 × H200 node of the prod stack, with
+    ``attn_dp`` attention-DP groups and the decode graphs at SGLang's H200 default (max bs 512: 1,024 running
+    requests do not cap it)."""
+    base: dict[str, Any] = {
+        "cluster__gpu": {"product": "NVIDIA-H200", "memory_gb": 141},
+        "model__name": "deepseek-v3",
+        "model__hf_config": "models/deepseek-v3/config.json",
+        "model__architecture": {},
+        "model__precision": "fp8",
+        "model__quantization": "fp8",
+        "parallelism__tp": 8,
+        "parallelism__pp": 1,
+        "parallelism__attn_dp": attn_dp,
+        "serving__replicas_per_node": 1,
+        "limits__max_running_requests": 1024,
+    }
+    return spec_from("prod", **{**base, **changes})
+
+
 def fleet_of(spec: FleetSpec, name: str = "test", memory_model: MemoryModel = "sglang") -> Fleet:
     """``spec`` as stack ``name``'s fleet, planned by the stack loader as every command does."""
     return load_fleet(name, spec, memory_model)

@@ -18,7 +18,7 @@ from serving.render import sglang
 from serving.render.common import RenderError, checked_memory, render_flags, whole_seconds
 from serving.render.k8s.common import image
 from serving.render.k8s.fabric import has_rdma
-from serving.render.k8s.storage import COMPLETE_MARKER, model_dirs
+from serving.render.k8s.storage import COMPLETE_MARKER, cache_dirs
 from serving.render.sglang import (
     HEALTH_PATH,
     SCHEDULER_HEALTH_PATH,
@@ -219,12 +219,13 @@ def pod_container(fleet: Fleet, group: int, *, leader: bool = True) -> dict[str,
 
 
 def wait_script(spec: FleetSpec) -> str:
-    """Wait until the node's model cache holds the complete model (the cache warmer's marker)."""
-    marker = shlex.quote(f"{model_dirs(spec)[1]}/{COMPLETE_MARKER}")
-    return (
-        f"until [ -f {marker} ]; do echo waiting for the node's model cache: {marker}; sleep {CACHE_POLL_S}; done; "
-        "echo model cache complete"
-    )
+    """Wait until the node's model cache holds every complete model the server loads (the cache warmer's markers:
+    the model's, and a speculative draft's), one ``until`` loop a marker (the shape policy ``CACHE_WAIT`` checks)."""
+    loops = [
+        f"until [ -f {m} ]; do echo waiting for the model cache of this node: {m}; sleep {CACHE_POLL_S}; done"
+        for m in (shlex.quote(f"{dst}/{COMPLETE_MARKER}") for _, dst in cache_dirs(spec))
+    ]
+    return "; ".join([*loops, "echo model cache complete"])
 
 
 def cache_init_container(spec: FleetSpec, group: int) -> dict[str, Any]:

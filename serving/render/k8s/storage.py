@@ -56,20 +56,32 @@ def model_dirs(spec: FleetSpec) -> tuple[str, str]:
     return model_dir(spec, spec.storage.model_store.mount_path), model_dir(spec)
 
 
+def cache_dirs(spec: FleetSpec) -> list[tuple[str, str]]:
+    """(store directory, node-cache directory) of every model a server loads: the model (:func:`model_dirs`) and,
+    with an EAGLE/EAGLE3 draft (``model.speculative.draft_path``), the draft's, which ``--speculative-draft-model-path``
+    names in the cache."""
+    out = [model_dirs(spec)]
+    draft = spec.model.speculative.draft_path if spec.model.speculative is not None else None
+    if draft is not None:
+        out.append((model_dir(spec, spec.storage.model_store.mount_path, draft), model_dir(spec, path=draft)))
+    return out
+
+
 def warm_script(spec: FleetSpec) -> str:
-    """Copy the model into the cache once; a marker file says the copy is complete and records the checkpoint's
-    safetensors index it copied (:data:`~serving.spec.checkpoint.INDEX_FILE`, the bytes and shards the planner
-    counts from). A cache whose recorded index differs from the store's (the checkpoint was replaced under the same
-    path) is copied again; a checkpoint without an index is warm once the marker exists."""
-    src, dst = (shlex.quote(p) for p in model_dirs(spec))
+    """Copy each model (:func:`cache_dirs`) into the cache once; a marker file says the copy is complete and records
+    the checkpoint's safetensors index it copied (:data:`~serving.spec.checkpoint.INDEX_FILE`, the bytes and shards
+    the planner counts from). A cache whose recorded index differs from the store's (the checkpoint was replaced
+    under the same path) is copied again; a checkpoint without an index is warm once the marker exists."""
     marker, index = shlex.quote(COMPLETE_MARKER), shlex.quote(INDEX_FILE)
-    return (
-        f"set -eu; if [ -f {dst}/{marker} ] && {{ [ ! -f {src}/{index} ] || cmp -s {src}/{index} {dst}/{marker}; }}; "
-        "then echo cache already warm; exit 0; fi; "
-        f"rm -rf {dst}.partial; mkdir -p {dst}.partial; cp -R {src}/. {dst}.partial/; "
-        f"if [ -f {src}/{index} ]; then cp {src}/{index} {dst}.partial/{marker}; else touch {dst}.partial/{marker}; fi; "
-        f"rm -rf {dst}; mv {dst}.partial {dst}; echo cache warmed"
+    warm = (
+        f'warm() {{ src=$1; dst=$2; if [ -f "$dst"/{marker} ] && {{ [ ! -f "$src"/{index} ] || '
+        f'cmp -s "$src"/{index} "$dst"/{marker}; }}; then echo cache already warm: "$dst"; return 0; fi; '
+        'rm -rf "$dst".partial; mkdir -p "$dst".partial; cp -R "$src"/. "$dst".partial/; '
+        f'if [ -f "$src"/{index} ]; then cp "$src"/{index} "$dst".partial/{marker}; '
+        f'else touch "$dst".partial/{marker}; fi; rm -rf "$dst"; mv "$dst".partial "$dst"; echo cache warmed: "$dst"; }}'
     )
+    calls = "; ".join(f"warm {shlex.quote(src)} {shlex.quote(dst)}" for src, dst in cache_dirs(spec))
+    return f"set -eu; {warm}; {calls}"
 
 
 def render(spec: FleetSpec) -> list[K8sObject]:
