@@ -38,7 +38,7 @@ from serving.spec.stack import load_stack_file
 from tests.support.cli import exaserve
 from tests.support.k8s import policy_pack, render_file
 from tests.support.paths import REPO
-from tests.support.stacks import MULTI_NODE, fleet_of, write_variant
+from tests.support.stacks import MULTI_NODE, fleet_of, stack_doc, write_stack, write_variant
 
 Mutation = Callable[[dict[str, Any]], None]
 
@@ -553,3 +553,53 @@ def test_policy_pack_serves_the_rules_over_grpc(prod: list[RenderedObject]) -> N
     finally:
         proc.kill()
         proc.wait()
+
+
+def _system_findings(objects: list[dict[str, Any]], path: Path) -> list[Any]:
+    fleet = fleet_of(load_stack_file(path).spec)
+    return policy.system_pool_placement([(f"kubernetes:x:{o['kind']}", o) for o in objects], fleet)
+
+
+def test_routers_and_controllers_stay_on_the_system_pool(
+    prod: list[RenderedObject], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25, finding 6: the routers and controllers tolerate no taint and every GPU node carries nvidia.com/gpu,
+    so they run on the declared system pool. A router without its nodeSelector, or a controller tolerating the GPU
+    taint, passed before (no guard looked)."""
+    monkeypatch.setenv("PULUMI_STACK", "prod")
+    objects = [o.obj for o in prod]
+    assert _validate_stack("system-pool-placement", objects) == []
+    for name in ("sglang-router", "exaserve-controller"):
+        assert _pod(_find(prod, "Deployment", name).obj)["spec"]["nodeSelector"] == {"exaserve.io/pool": "system"}
+    edited = copy.deepcopy(objects)
+    for o in (o for o in edited if o["kind"] == "Deployment"):
+        pod = o["spec"]["template"]["spec"]
+        if o["metadata"]["name"] == "sglang-router":
+            del pod["nodeSelector"]
+        if o["metadata"]["name"] == "exaserve-controller":
+            pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    reported = sorted(m for m, _ in _validate_stack("system-pool-placement", edited))
+    assert len(reported) == 2, reported
+    assert reported[0].startswith("Deployment exaserve/exaserve-controller: spec.template.spec.tolerations")
+    assert "let it onto the GPU nodes" in reported[0]
+    assert reported[1].startswith(
+        "Deployment exaserve/sglang-router: spec.template.spec.nodeSelector is {}: not the system pool's "
+        "{'exaserve.io/pool': 'system'}"
+    )
+    assert all("Fix: Declare cluster.system_pool" in m for m in reported)
+
+
+def test_a_stack_without_a_system_pool_fails_the_placement_guard(tmp_path: Path) -> None:
+    doc = stack_doc("dev")
+    del doc["cluster"]["system_pool"]
+    path = write_stack(tmp_path / "Pulumi.nopool.yaml", doc)
+    objects = [o.obj for o in render_file(path)]
+    found = _system_findings(objects, path)
+    assert sorted(f.subject for f in found) == [
+        "Deployment exaserve/exaserve-controller",
+        "Deployment exaserve/sglang-router",
+    ]
+    assert all("declares no cluster.system_pool" in f.observed for f in found)
+    # With the pool declared, the same stack renders the selector and passes.
+    declared = write_variant(tmp_path, "pool", base="dev", changes={})
+    assert _system_findings([o.obj for o in render_file(declared)], declared) == []

@@ -27,17 +27,20 @@ from serving.render.k8s.common import (
     HOSTNAME_LABEL,
     LABEL_GROUP,
     LABEL_NAME,
+    LABEL_POOL,
     LABEL_RACK,
     PREFIX,
     ROUTER_APP,
     SERVING_APP,
     TAINT_KEY,
+    system_pool_selector,
 )
 from serving.render.k8s.container import GENERATING_PATHS, LIVENESS_PATH
 from serving.render.k8s.fabric import NETWORKS_ANNOTATION
 from serving.render.k8s.fleet import LWS_GROUP_KEY
 from serving.render.k8s.gateway import DNS_TTL_S
 from serving.render.k8s.gateway import LIVENESS_PATH as ROUTER_LIVENESS_PATH
+from serving.render.k8s.runtime import CONTROLLER
 from serving.render.k8s.storage import COMPLETE_MARKER, WARMER
 from serving.result import CheckResult, Status
 from serving.spec.schema import pinned_image
@@ -49,6 +52,8 @@ WORKLOAD_KINDS = frozenset({"Deployment", "StatefulSet", "DaemonSet", "ReplicaSe
 SERVING_GROUP_KINDS = frozenset({"StatefulSet", "LeaderWorkerSet"})
 # Workloads whose readiness follows model loading (or the cache copy): `pulumi up` must not wait for them.
 NOT_AWAITED_APPS = frozenset({SERVING_APP, ROUTER_APP, WARMER})
+# Pods that run on the system pool, never on a GPU node.
+SYSTEM_APPS = frozenset({ROUTER_APP, CONTROLLER})
 # A group this small may keep a rack spread of 1: one rack's share is a single pod.
 RACK_SHARE_FLOOR = 16
 OFFSET_AFTER_PARENS = re.compile(r"\)\s*offset\s")
@@ -988,6 +993,48 @@ def monitoring_selected(resources: Sequence[tuple[str, Props]], fleet: Fleet) ->
                     "Set kubernetes.prometheus_selector_labels to what the cluster's Prometheus selects.",
                 )
             )
+    return out
+
+
+@stack_rule(
+    "system-pool-placement",
+    f"The routers and controllers run on cluster.system_pool: a nodeSelector naming it, and no toleration of "
+    f"{TAINT_KEY} (they would take a GPU node's CPUs, and the routers' one-per-node spread a GPU node each).",
+)
+def system_pool_placement(resources: Sequence[tuple[str, Props]], fleet: Fleet) -> list[CheckResult]:
+    wanted = system_pool_selector(fleet.spec)
+    out = []
+    for t, p in resources:
+        for where, template in pod_templates(t, p):
+            if _app(template) not in SYSTEM_APPS:
+                continue
+            pod = template.get("spec") or {}
+            selector = dict(pod.get("nodeSelector") or {})
+            problems = []
+            if not wanted:
+                problems.append("the stack declares no cluster.system_pool, so no untainted node is named for it")
+            elif any(selector.get(k) != v for k, v in wanted.items()):
+                problems.append(f"{where}.spec.nodeSelector is {selector}: not the system pool's {wanted}")
+            gpu = [
+                dict(tol)
+                for tol in pod.get("tolerations") or []
+                if tol.get("key") == TAINT_KEY or (not tol.get("key") and tol.get("operator") == "Exists")
+            ]
+            if gpu:
+                problems.append(f"{where}.spec.tolerations {gpu} let it onto the GPU nodes")
+            if problems:
+                out.append(
+                    _finding(
+                        "system-pool-placement",
+                        t,
+                        p,
+                        "; ".join(problems),
+                        f"spec.nodeSelector {wanted or {LABEL_POOL: '<cluster.system_pool.name>'}} and no toleration "
+                        f"of {TAINT_KEY}",
+                        "Declare cluster.system_pool (exaserve plan sizes it, rule cluster.system-pool) and render the "
+                        "pod with serving.render.k8s.common.on_system_pool; tolerate no GPU taint.",
+                    )
+                )
     return out
 
 
