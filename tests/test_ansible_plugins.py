@@ -494,6 +494,8 @@ def test_inventory_vars_come_from_the_spec() -> None:
         ("x/y:1.0-cuda118-py3", "11.8"),
         ("x/y:1.0", None),
         ("x/y@sha256:ab", None),
+        # issue 25: a production stack pins the tag by digest; the digest's hex was read as the tag
+        ("lmsysorg/sglang:v0.5.23-cu126@sha256:" + "c0" * 32, "12.6"),
     ],
 )
 def test_image_cuda(image: str, cuda: str | None) -> None:

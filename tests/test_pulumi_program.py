@@ -175,7 +175,8 @@ def test_fleet_groups_carry_their_own_versions(tmp_path: Path) -> None:
         container = template["spec"]["containers"][0]
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["EXASERVE_RELEASE"] == versions[g]
-        assert container["image"] == ("lmsysorg/sglang:v0.5.24-cu126" if g == 0 else "lmsysorg/sglang:v0.5.23-cu126")
+        tag = "v0.5.24-cu126" if g == 0 else "v0.5.23-cu126"
+        assert container["image"] == f"registry.exaserve.internal/mirror/lmsysorg/sglang:{tag}"  # prod's mirror
         assert s["metadata"]["annotations"] == {"pulumi.com/skipAwait": "true"}
 
 

@@ -33,8 +33,8 @@ def pool_group(pool: str) -> str:
 
 
 def image_cuda(image: str) -> str | None:
-    """CUDA version an image tag declares (``…:v0.5.23-cu126`` -> ``12.6``), or None."""
-    tag = image.rpartition(":")[2]
+    """CUDA version an image tag declares (``…:v0.5.23-cu126[@sha256:…]`` -> ``12.6``), or None."""
+    tag = image.partition("@")[0].rpartition(":")[2]
     match = _IMAGE_CUDA.search(f"-{tag}-")
     return f"{match.group('major')}.{match.group('minor')}" if match else None
 
