@@ -13,9 +13,7 @@ from dataclasses import dataclass
 
 from serving.render.k8s import gateway, runtime
 from serving.render.k8s.common import Requests
-from serving.spec.schema import FleetSpec, SystemPool
-
-GB = 10**9
+from serving.spec.schema import GB, FleetSpec, SystemPool
 
 
 @dataclass(frozen=True)
