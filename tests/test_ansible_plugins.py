@@ -237,9 +237,15 @@ def test_provisioning_and_preflight_roles_pair_by_name_and_tag() -> None:
         assert site[role] & preflight[check], f"{role} and {check} share no tag"
     # The rest has no counterpart on purpose: repositories and the toolkit are not checked; the kubelet's
     # registration taint is observed by the cluster (the policy pack's node checks), not by preflight; ssh,
-    # fabric and report are checks of their own.
+    # fabric and report are checks of their own; preflight_system checks the system pool, which site.yml does
+    # not provision (its nodes are the cluster's own).
     assert set(site) - set(ROLE_PAIRS) == {"nvidia_repo", "cuda_toolkit", "kubelet"}
-    assert set(preflight) - set(ROLE_PAIRS.values()) == {"preflight_ssh", "preflight_fabric", "preflight_report"}
+    assert set(preflight) - set(ROLE_PAIRS.values()) == {
+        "preflight_ssh",
+        "preflight_fabric",
+        "preflight_report",
+        "preflight_system",
+    }
 
 
 def test_role_variables_carry_their_role_prefix() -> None:
@@ -494,6 +500,8 @@ def test_inventory_vars_come_from_the_spec() -> None:
         ("x/y:1.0-cuda118-py3", "11.8"),
         ("x/y:1.0", None),
         ("x/y@sha256:ab", None),
+        # issue 25: a production stack pins the tag by digest; the digest's hex was read as the tag
+        ("lmsysorg/sglang:v0.5.23-cu126@sha256:" + "c0" * 32, "12.6"),
     ],
 )
 def test_image_cuda(image: str, cuda: str | None) -> None:
@@ -504,6 +512,10 @@ def test_limit_patterns() -> None:
     spec = load_stack("dev").spec
     assert inventory.unmatched_limit_patterns(spec, "rack_00,dev-r01-n0*,!dev-r00-n00") == []
     assert inventory.unmatched_limit_patterns(spec, "rack_09,nope") == ["rack_09", "nope"]
+    # the system pool's group and nodes are patterns too (issue 25); without a limit, only the GPU nodes
+    assert inventory.unmatched_limit_patterns(spec, "exaserve_system,dev-system-1") == []
+    assert [n.name for n in inventory.limit_nodes(spec, "exaserve_system")] == ["dev-system-0", "dev-system-1"]
+    assert len(inventory.limit_nodes(spec, None)) == 16
     names = [n.name for n in inventory.limit_nodes(spec, "rack_01:&dev-r01-n0[0-2]:!dev-r01-n01")]
     assert names == ["dev-r01-n00", "dev-r01-n02"]
 
@@ -516,7 +528,13 @@ def test_inventory_plugin_through_ansible_inventory(tmp_path: Path) -> None:
     doc = json.loads(r.stdout)
     hostvars = doc["_meta"]["hostvars"]
     spec = load_stack("prod").spec
-    assert len(hostvars) == spec.cluster.node_count == 256
+    assert len(hostvars) == spec.cluster.node_count + len(spec.cluster.system_nodes) == 256 + 3
+    # Issue 25, finding 6: the system pool's nodes in a group of their own, outside the GPU nodes' `exaserve`.
+    system = [n.name for n in spec.cluster.system_nodes]
+    assert doc[inventory.SYSTEM_GROUP]["hosts"] == system
+    assert not set(system) & set(doc[inventory.FLEET_GROUP].get("hosts", []))
+    pool = {"name": {"__ansible_unsafe": "system"}, "cpu": 14.0, "memory_gb": 56.0}
+    assert hostvars[system[0]]["exaserve_system_pool"] == pool
     node = spec.cluster.nodes[17]
     # Strings from the plugin are marked unsafe (never templated); --list shows that wrapper.
     assert hostvars[node.name]["ansible_host"] == {"__ansible_unsafe": str(node.address)}

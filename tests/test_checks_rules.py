@@ -10,10 +10,12 @@ import pytest
 from serving.checks import rules
 from serving.plan import planner
 from serving.plan.memory import LOAD_OVERHEAD_GIB
+from serving.render.k8s import system
 from serving.result import CheckResult, Status
 from serving.spec.schema import FleetSpec
-from serving.spec.stack import load_stack, load_stack_file
-from tests.support.stacks import SOURCE_PLAN, fleet_of, spec_from
+from serving.spec.stack import load_stack, load_stack_file, parse_spec
+from tests.support.paths import REPO
+from tests.support.stacks import SOURCE_PLAN, fleet_of, spec_from, stack_doc
 
 
 def violations(spec: FleetSpec) -> list[CheckResult]:
@@ -177,3 +179,42 @@ def test_router_check_capacity_warns_below_the_failure_reserve_and_its_fix_clear
     assert "at least 8 s" in found[0].fix  # ⌈308 × 3 s / 128⌉
     fixed = spec_from("prod", limits__failure_reserve=0.15, serving__heartbeat_interval_s=8)
     assert "health.router-check-capacity" not in {v.check for v in violations(fixed)}
+
+
+# Issue 25, finding 6: the routers and controllers need a declared pool of untainted nodes, sized from their pods.
+@pytest.mark.parametrize(
+    ("changes", "need"),
+    [
+        ({}, 3),  # prod: 3 routers, one per node; 3 controllers fit beside them (2 + 0.5 CPU ≤ 14)
+        ({"scheduler__instances": 5}, 5),  # the routers follow scheduler.instances, one per node
+        # 2.4 CPU per node: a controller (0.5) no longer fits beside a router (2), so a fourth node holds all three
+        ({"cluster__system_pool__cpu": 2.4}, 4),
+        # 2.5 GB: a router (2 GiB = 2.15 GB) leaves 0.35 GB, a controller needs 0.27 GB: one beside each router
+        ({"cluster__system_pool__memory_gb": 2.5}, 3),
+        ({"cluster__system_pool__memory_gb": 2.3}, 4),
+    ],
+)
+def test_system_pool_size_is_derived_from_the_pods(changes: dict[str, Any], need: int) -> None:
+    spec = spec_from("prod", **changes)
+    pool = spec.cluster.system_pool
+    assert pool is not None
+    assert system.min_nodes(spec, pool) == need
+    short = spec_from("prod", cluster__system_pool__count=need - 1, **changes)
+    r = errors(short)["cluster.system-pool"]
+    assert r.subject == "cluster.system_pool.count" and r.expected == f"at least {need} nodes"
+    assert r.observed.startswith(f"Got count={need - 1}: ") and f"need {need} nodes of" in r.observed
+    assert r.fix.startswith(f"Set cluster.system_pool.count to {need} ")
+    assert "cluster.system-pool" not in errors(spec_from("prod", cluster__system_pool__count=need, **changes))
+
+
+def test_system_pool_too_small_for_one_router_and_undeclared() -> None:
+    r = errors(spec_from("prod", cluster__system_pool__cpu=1.5))["cluster.system-pool"]
+    assert r.observed.startswith(
+        "Got cpu=1.5, memory_gb=56 per node: one of 3 × sglang-router (2 CPU, 2Gi, one per node)"
+    )
+    assert "Raise cluster.system_pool.cpu / memory_gb" in r.fix
+    doc = stack_doc("prod")
+    del doc["cluster"]["system_pool"]
+    warned = [v for v in violations(parse_spec(doc, "nopool", REPO)) if v.check == "cluster.system-pool"]
+    assert [v.status for v in warned] == [Status.WARN]
+    assert "nowhere to run" in warned[0].observed and warned[0].fix.startswith("Declare cluster.system_pool")

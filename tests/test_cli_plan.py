@@ -84,6 +84,13 @@ def test_plan_json_contract() -> None:
     assert cap["max_concurrent_sequences_per_replica"] == pool_tokens // 4096  # sequences the KV pool admits
     assert (cap["failure_detection_s"], cap["recovery_s"]) == (18, 28)
     assert doc["memory"]["kv_per_token"]["formula"].startswith("2 × 80 layers × 8 KV heads")
+    # Issue 25, finding 6: the declared system pool and the least size derived from its pods' requests.
+    pool = doc["system_pool"]
+    assert (pool["nodes"], pool["min_nodes"], pool["cpu_per_node"], pool["memory_gb_per_node"]) == (3, 3, 14, 56)
+    assert pool["pods"] == [
+        {"name": "sglang-router", "replicas": 3, "cpu": "2", "memory": "2Gi", "one_per_node": True},
+        {"name": "exaserve-controller", "replicas": 3, "cpu": "500m", "memory": "256Mi", "one_per_node": False},
+    ]
 
 
 def test_source_plan_exits_1_with_the_arithmetic() -> None:

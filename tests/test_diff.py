@@ -31,6 +31,7 @@ from tests.support.repo import working_tree_repo
 from tests.support.stacks import SOURCE_PLAN
 
 NEW_IMAGE = "lmsysorg/sglang:v0.5.24-cu126"
+MIRROR = "registry.exaserve.internal/mirror"  # prod pulls through its mirror (kubernetes.image_registry)
 SERVER = ["--model-path", "/models/m", "--context-length", "4096", "--enable-metrics", "--tp-size", "8"]
 
 
@@ -190,8 +191,11 @@ def test_diff_shows_one_group_version_change_as_exactly_that(repo: Path) -> None
         'metadata.labels["exaserve.io/version"]': ("v1", "v2"),
         f'{pod}.metadata.labels["exaserve.io/version"]': ("v1", "v2"),
         f"{pod}.spec.containers[sglang].env[EXASERVE_RELEASE].value": ("v1", "v2"),
-        f"{pod}.spec.containers[sglang].image": ("lmsysorg/sglang:v0.5.23-cu126", NEW_IMAGE),
-        f"{pod}.spec.initContainers[wait-for-cache].image": ("lmsysorg/sglang:v0.5.23-cu126", NEW_IMAGE),
+        f"{pod}.spec.containers[sglang].image": (f"{MIRROR}/lmsysorg/sglang:v0.5.23-cu126", f"{MIRROR}/{NEW_IMAGE}"),
+        f"{pod}.spec.initContainers[wait-for-cache].image": (
+            f"{MIRROR}/lmsysorg/sglang:v0.5.23-cu126",
+            f"{MIRROR}/{NEW_IMAGE}",
+        ),
     }
     assert markdown.returncode == 0, markdown.stderr
     assert "**2 changed, 0 added, 0 removed**" in markdown.stdout

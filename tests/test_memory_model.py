@@ -413,6 +413,7 @@ def _flagship(**changes: Any) -> tuple[Fleet, list[rules.CheckResult]]:
         "limits__max_running_requests": 256,
         "limits__p99_concurrency_per_replica": 256,
         "scheduler__instances": 3,
+        "cluster__system_pool__count": 3,  # a router per node (rule cluster.system-pool); dev declares 2
     }
     spec = spec_from("dev", **{**base, **changes})
     fleet = fleet_of(spec)

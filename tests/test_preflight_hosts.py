@@ -56,8 +56,16 @@ SCENARIOS: dict[str, tuple[HostFaults, set[str], str | None]] = {
 }
 PROBE_TIMEOUT_S = 5
 CONNECT_TIMEOUT_S = 5
-# Every check a full run records on a reachable node (all but the fabric ones, which need --tags fabric).
-FULL_RUN_CHECKS = set(CHECKS) - {"play", "fabric_pair", "fabric_rack"}
+# Every check a full run records on a reachable node (all but the fabric ones, which need --tags fabric, and the
+# system pool's, which run on its nodes only: tests/test_preflight_system.py).
+FULL_RUN_CHECKS = set(CHECKS) - {
+    "play",
+    "fabric_pair",
+    "fabric_rack",
+    "system_cpu",
+    "system_memory",
+    "system_untainted",
+}
 
 
 @pytest.fixture(scope="module")

@@ -90,7 +90,7 @@ def test_object_counts_follow_nodes_and_batches(runs: dict[str, ProgramRun], sta
     rdma = fabric.has_rdma(fleet_of(spec))
     expected = {
         "namespace": 1,
-        "nodes": spec.cluster.node_count,
+        "nodes": spec.cluster.node_count + len(spec.cluster.system_nodes),
         "fabric": (2 + spec.cluster.fabric.secondary_network) if rdma else 0,
         "storage": 3,
         "fleet": 2 * spec.rollout.batches + 1,
@@ -122,6 +122,7 @@ def test_stack_exports(runs: dict[str, ProgramRun]) -> None:
     out = runs["prod"].stack_outputs()
     assert out["namespace"] == "exaserve"
     assert out["nodes"] == 256
+    assert out["system_nodes"] == 3
     assert out["replicas"] == 2048
     assert out["group_sizes"] == {fleet.group_name(g): n for g, n in enumerate(fleet_of(spec).plan.rollout_group_sizes)}
     assert out["group_versions"] == {fleet.group_name(g): "v1" for g in range(5)}
@@ -143,7 +144,10 @@ def test_resource_count_does_not_grow_with_replicas(tmp_path: Path, runs: dict[s
 def test_node_patches_carry_inventory_labels_only(runs: dict[str, ProgramRun]) -> None:
     spec = load_stack("prod").spec
     nodes = {o.name: o.obj for o in kubernetes_objects(runs["prod"]) if o.kind == "Node"}
-    assert set(nodes) == {n.name for n in spec.cluster.nodes}
+    assert set(nodes) == {n.name for n in (*spec.cluster.nodes, *spec.cluster.system_nodes)}
+    # Issue 25, finding 6: the system pool's nodes carry the label the routers' and controllers' nodeSelector names.
+    for n in spec.cluster.system_nodes:
+        assert nodes.pop(n.name)["metadata"]["labels"] == {"exaserve.io/pool": "system"}
     for n in spec.cluster.nodes:
         patch = nodes[n.name]
         labels = patch["metadata"]["labels"]
@@ -172,7 +176,8 @@ def test_fleet_groups_carry_their_own_versions(tmp_path: Path) -> None:
         container = template["spec"]["containers"][0]
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["EXASERVE_RELEASE"] == versions[g]
-        assert container["image"] == ("lmsysorg/sglang:v0.5.24-cu126" if g == 0 else "lmsysorg/sglang:v0.5.23-cu126")
+        tag = "v0.5.24-cu126" if g == 0 else "v0.5.23-cu126"
+        assert container["image"] == f"registry.exaserve.internal/mirror/lmsysorg/sglang:{tag}"  # prod's mirror
         assert s["metadata"]["annotations"] == {"pulumi.com/skipAwait": "true"}
 
 

@@ -63,10 +63,10 @@ def test_render_writes_and_validates_every_object(tmp_path: Path, stack: str) ->
 def test_render_replaces_a_previous_render_and_refuses_other_directories(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert exaserve("render", "--stack", "prod", "--out", str(out), "--no-validate").returncode == 0
-    assert len(list((out / "nodes").glob("*.yaml"))) == 256
+    assert len(list((out / "nodes").glob("*.yaml"))) == 256 + 3  # the GPU nodes and the system pool's
     result = exaserve("render", "--stack", "dev", "--out", str(out), "--no-validate")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert len(list((out / "nodes").glob("*.yaml"))) == 16, "prod's node files are gone"
+    assert len(list((out / "nodes").glob("*.yaml"))) == 16 + 2, "prod's node files are gone"
     assert not (out / "fabric").exists(), "components dev does not have are removed"
     other = tmp_path / "other"
     other.mkdir()

@@ -25,7 +25,7 @@ from serving.checks import policy
 from serving.plan.model import Fleet
 from serving.pulumi.validate import CrdCatalog, Validator
 from serving.render.k8s import admission, updater
-from serving.render.k8s.common import LABEL_ADMITTED, LABEL_VERSION, UPDATER_APP
+from serving.render.k8s.common import LABEL_ADMITTED, LABEL_VERSION, UPDATER_APP, image
 from serving.rollout.backends.kubernetes import version_patch, workload
 from tests.support.apiserver import merge_patch, serving_pod
 from tests.support.k8s import crd_dir
@@ -112,7 +112,7 @@ def test_the_updaters_own_release_patch_is_admitted(fleet: Fleet) -> None:
     """The real patch of the Kubernetes backend (version_patch), applied as the API server applies a merge patch:
     images, EXASERVE_RELEASE and the version labels change, and the policy admits it."""
     old, new = _old(fleet), _patched(fleet)
-    assert new != old and serving_pod(new)["spec"]["containers"][0]["image"] == RELEASES["v2"]
+    assert new != old and serving_pod(new)["spec"]["containers"][0]["image"] == image(fleet.spec, RELEASES["v2"])
     assert admit(_policy(fleet), old, new, resource=_resource(old), username=_updater(fleet)) == []
 
 

@@ -32,6 +32,7 @@ from serving.plan.model import Replica
 from serving.plan.planner import fleet_replicas
 from serving.render.chrony import chrony_conf
 from serving.render.common import FlagRule, RenderError
+from serving.render.k8s.common import image
 from serving.render.k8s.container import (
     SERVER_POD_LABELS,
     VOLUME_SHM,
@@ -659,7 +660,9 @@ def test_group_version_reaches_the_pod() -> None:
     pods = {g: pod_container(fleet_of(spec), g) for g in range(spec.rollout.batches)}
     release = {g: next(e["value"] for e in c["env"] if e["name"] == "EXASERVE_RELEASE") for g, c in pods.items()}
     assert release == {0: "v1", 1: "v2", 2: "v1", 3: "v1", 4: "v1"}
-    assert [c["image"] for c in pods.values()].count(v2) == 1 and pods[1]["image"] == v2
+    pulled = image(spec, v2)  # through prod's mirror
+    assert pulled.endswith(f"/{v2}")
+    assert [c["image"] for c in pods.values()].count(pulled) == 1 and pods[1]["image"] == pulled
 
 
 # --- router -------------------------------------------------------------------------------------------------

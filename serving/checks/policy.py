@@ -27,20 +27,24 @@ from serving.render.k8s.common import (
     HOSTNAME_LABEL,
     LABEL_GROUP,
     LABEL_NAME,
+    LABEL_POOL,
     LABEL_RACK,
     PREFIX,
     ROUTER_APP,
     SERVING_APP,
     TAINT_KEY,
+    system_pool_selector,
 )
 from serving.render.k8s.container import GENERATING_PATHS, LIVENESS_PATH
+from serving.render.k8s.fabric import IMAGE as RDMA_PLUGIN_IMAGE
 from serving.render.k8s.fabric import NETWORKS_ANNOTATION
 from serving.render.k8s.fleet import LWS_GROUP_KEY
 from serving.render.k8s.gateway import DNS_TTL_S
 from serving.render.k8s.gateway import LIVENESS_PATH as ROUTER_LIVENESS_PATH
+from serving.render.k8s.runtime import CONTROLLER
 from serving.render.k8s.storage import COMPLETE_MARKER, WARMER
 from serving.result import CheckResult, Status
-from serving.spec.schema import pinned_image
+from serving.spec.schema import IMAGE_DIGEST, FleetSpec, pinned_image
 
 GPU_RESOURCE = "nvidia.com/gpu"
 # DaemonSets allowed a privileged container (still only with a reason in ANNOTATION_PRIVILEGED_REASON).
@@ -49,6 +53,8 @@ WORKLOAD_KINDS = frozenset({"Deployment", "StatefulSet", "DaemonSet", "ReplicaSe
 SERVING_GROUP_KINDS = frozenset({"StatefulSet", "LeaderWorkerSet"})
 # Workloads whose readiness follows model loading (or the cache copy): `pulumi up` must not wait for them.
 NOT_AWAITED_APPS = frozenset({SERVING_APP, ROUTER_APP, WARMER})
+# Pods that run on the system pool, never on a GPU node.
+SYSTEM_APPS = frozenset({ROUTER_APP, CONTROLLER})
 # A group this small may keep a rack spread of 1: one rack's share is a single pod.
 RACK_SHARE_FLOOR = 16
 OFFSET_AFTER_PARENS = re.compile(r"\)\s*offset\s")
@@ -992,11 +998,55 @@ def monitoring_selected(resources: Sequence[tuple[str, Props]], fleet: Fleet) ->
 
 
 @stack_rule(
+    "system-pool-placement",
+    f"The routers and controllers run on cluster.system_pool: a nodeSelector naming it, and no toleration of "
+    f"{TAINT_KEY} (they would take a GPU node's CPUs, and the routers' one-per-node spread a GPU node each).",
+)
+def system_pool_placement(resources: Sequence[tuple[str, Props]], fleet: Fleet) -> list[CheckResult]:
+    wanted = system_pool_selector(fleet.spec)
+    out = []
+    for t, p in resources:
+        for where, template in pod_templates(t, p):
+            if _app(template) not in SYSTEM_APPS:
+                continue
+            pod = template.get("spec") or {}
+            selector = dict(pod.get("nodeSelector") or {})
+            problems = []
+            if not wanted:
+                problems.append("the stack declares no cluster.system_pool, so no untainted node is named for it")
+            elif any(selector.get(k) != v for k, v in wanted.items()):
+                problems.append(f"{where}.spec.nodeSelector is {selector}: not the system pool's {wanted}")
+            gpu = [
+                dict(tol)
+                for tol in pod.get("tolerations") or []
+                if tol.get("key") == TAINT_KEY or (not tol.get("key") and tol.get("operator") == "Exists")
+            ]
+            if gpu:
+                problems.append(f"{where}.spec.tolerations {gpu} let it onto the GPU nodes")
+            if problems:
+                out.append(
+                    _finding(
+                        "system-pool-placement",
+                        t,
+                        p,
+                        "; ".join(problems),
+                        f"spec.nodeSelector {wanted or {LABEL_POOL: '<cluster.system_pool.name>'}} and no toleration "
+                        f"of {TAINT_KEY}",
+                        "Declare cluster.system_pool (exaserve plan sizes it, rule cluster.system-pool) and render the "
+                        "pod with serving.render.k8s.common.on_system_pool; tolerate no GPU taint.",
+                    )
+                )
+    return out
+
+
+@stack_rule(
     "images-through-mirror",
-    "When the stack names a registry mirror or a pull secret, every pod pulls through it.",
+    "When the stack names a registry mirror or a pull secret, every pod pulls through it; a production stack "
+    "(kubernetes.production) names a mirror.",
 )
 def images_through_mirror(resources: Sequence[tuple[str, Props]], fleet: Fleet) -> list[CheckResult]:
-    mirror, secret = fleet.spec.kubernetes.image_registry, fleet.spec.kubernetes.image_pull_secret
+    k8s = fleet.spec.kubernetes
+    mirror, secret = k8s.image_registry, k8s.image_pull_secret
     out = []
     for t, p in resources:
         for where, template in pod_templates(t, p):
@@ -1006,6 +1056,11 @@ def images_through_mirror(resources: Sequence[tuple[str, Props]], fleet: Fleet) 
                 for cwhere, c in containers(template)
                 if mirror and not str(c.get("image") or "").startswith(f"{mirror}/")
             ]
+            if k8s.production and not mirror:
+                problems.append(
+                    "a production stack without kubernetes.image_registry: every image is pulled from its public "
+                    "registry, by a name anyone there can move"
+                )
             if secret and {"name": secret} not in (pod.get("imagePullSecrets") or []):
                 problems.append(f"imagePullSecrets lacks {secret!r}")
             if problems:
@@ -1016,7 +1071,63 @@ def images_through_mirror(resources: Sequence[tuple[str, Props]], fleet: Fleet) 
                         p,
                         f"{where}: {'; '.join(problems)}",
                         f"images under {mirror}/ and imagePullSecrets naming {secret!r}",
-                        "Render images with serving.render.k8s.common.image and pull_secrets.",
+                        "Set kubernetes.image_registry to the cluster's mirror in a production stack; render images "
+                        "with serving.render.k8s.common.image and pull_secrets.",
+                    )
+                )
+    return out
+
+
+def image_fields(spec: FleetSpec) -> dict[str, str]:
+    """Each image the spec names → the spec field that names it."""
+    fields = {image: f"serving.releases.{name}" for name, image in spec.serving.releases.items()}
+    fields[spec.runtime.image] = "runtime.image"
+    fields[spec.kubernetes.router_image] = "kubernetes.router_image"
+    fields[RDMA_PLUGIN_IMAGE] = "serving.render.k8s.fabric.IMAGE"
+    return fields
+
+
+@stack_rule(
+    "images-by-digest",
+    "A production stack (kubernetes.production) runs every image by digest (repo[:tag]@sha256:…), never by a tag "
+    "the registry can move.",
+)
+def images_by_digest(resources: Sequence[tuple[str, Props]], fleet: Fleet) -> list[CheckResult]:
+    spec = fleet.spec
+    if not spec.kubernetes.production:
+        return []
+    mirror = spec.kubernetes.image_registry
+    fields = image_fields(spec)
+    out = []
+    for t, p in resources:
+        for where, template in pod_templates(t, p):
+            for cwhere, c in containers(template):
+                pulled = str(c.get("image") or "")
+                name, _, digest = pulled.partition("@")
+                if IMAGE_DIGEST.fullmatch(digest):
+                    continue
+                named = pulled.removeprefix(f"{mirror}/") if mirror else pulled
+                field = fields.get(named)
+                fix = (
+                    f"Set {field} to '{named}@sha256:<digest>'"
+                    + (
+                        ", the digest the image workflow prints for the tag (.github/workflows/image.yml, job summary)"
+                        if field == "runtime.image"
+                        else f", the digest the mirror serves: skopeo inspect --format '{{{{.Digest}}}}' docker://{name}"
+                    )
+                    + " (docs/infra.md, 'Production images')."
+                    if field
+                    else "Render the image from the spec's fields (serving.releases, runtime.image, "
+                    "kubernetes.router_image) and pin it there by digest."
+                )
+                out.append(
+                    _finding(
+                        "images-by-digest",
+                        t,
+                        p,
+                        f"{where}.{cwhere}.image is {pulled!r}: a tag, in a production stack",
+                        "repo[:tag]@sha256:<64 hex digits>",
+                        fix,
                     )
                 )
     return out

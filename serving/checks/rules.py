@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from serving.plan.divisibility import rejections
 from serving.plan.model import Fleet, fmt_bytes
 from serving.plan.planner import ROUTER_PROBES_IN_FLIGHT
+from serving.render.k8s import system
+from serving.render.k8s.common import TAINT_EFFECT, TAINT_KEY
 from serving.result import CheckResult, Status
 from serving.spec.schema import FabricKind, LogLevel
 
@@ -338,6 +340,50 @@ def _ha(fleet: Fleet) -> Iterator[CheckResult]:
             f"at least {MIN_HA_INSTANCES} instances with leader election",
             f"Use {MIN_HA_INSTANCES}.",
             "scheduler.instances",
+        )
+
+
+@rule("cluster.system-pool")
+def _system_pool(fleet: Fleet) -> Iterator[CheckResult]:
+    """The routers and controllers need untainted non-GPU nodes: a declared pool large enough for their requests."""
+    spec, pool = fleet.spec, fleet.spec.cluster.system_pool
+    pods = system.system_pods(spec)
+    wants = ", ".join(
+        f"{k.replicas} × {k.name} ({k.requests.quantities()['cpu']} CPU, {k.requests.quantities()['memory']}"
+        + (", one per node)" if k.one_per_node else ")")
+        for k in pods
+    )
+    if pool is None:
+        yield CheckResult(
+            "cluster.system-pool",
+            Status.WARN,
+            f"No system pool: {wants} tolerate no taint, and every GPU node carries {TAINT_KEY}:{TAINT_EFFECT}, so on "
+            "Kubernetes they have nowhere to run",
+            "cluster.system_pool declared (guard system-pool-placement refuses the render without it)",
+            "Declare cluster.system_pool: count, name_pattern, subnet, first_address, cpu and memory_gb per node.",
+            "cluster.system_pool",
+        )
+        return
+    need = system.min_nodes(spec, pool)
+    if need is None:
+        yield CheckResult(
+            "cluster.system-pool",
+            Status.FAIL,
+            f"Got cpu={pool.cpu:g}, memory_gb={pool.memory_gb:g} per node: one of {wants} does not fit on a node",
+            "every system pod fits on one node",
+            "Raise cluster.system_pool.cpu / memory_gb to what the nodes have allocatable (less the cluster's "
+            "DaemonSets), or use larger nodes.",
+            "cluster.system_pool",
+        )
+    elif pool.count < need:
+        yield CheckResult(
+            "cluster.system-pool",
+            Status.FAIL,
+            f"Got count={pool.count}: {wants} need {need} nodes of {pool.cpu:g} CPU and {pool.memory_gb:g} GB",
+            f"at least {need} nodes",
+            f"Set cluster.system_pool.count to {need} (or lower scheduler.instances, or raise the per-node cpu / "
+            "memory_gb if the nodes have more).",
+            "cluster.system_pool.count",
         )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +19,7 @@ from serving.cli import report
 from serving.cli.options import (
     DEFAULT_STACK,
     EXIT_PROBLEM,
+    AllowTagsOpt,
     CrdDirOpt,
     JsonOpt,
     StackFileOpt,
@@ -154,21 +156,39 @@ def render(
 
 
 @app.command()
-def check(stack: StackOpt = DEFAULT_STACK, stack_file: StackFileOpt = None, as_json: JsonOpt = False) -> None:
+def check(
+    stack: StackOpt = DEFAULT_STACK,
+    stack_file: StackFileOpt = None,
+    allow_tags: AllowTagsOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
     """Run the CrossGuard policy pack's rules on the stack offline. Exit 1 on any violation."""
     st = resolve_stack(stack, stack_file)
     objects = _objects(st, stack_file is not None)
-    findings = policy.check([(o.resource_type, o.obj) for o in objects], load_fleet(st.name, st.spec))
+    found = policy.check([(o.resource_type, o.obj) for o in objects], load_fleet(st.name, st.spec))
+    waived = {"images-by-digest"} if allow_tags else set()
+    findings = [f for f in found if f.check not in waived]
+    pending = [replace(f, status=Status.WARN) for f in found if f.check in waived]
     names = [*policy.RESOURCE_RULES, *policy.STACK_RULES]
     if as_json:
         emit_json(
-            {"resources": len(objects), "rules": names, "violations": [f.to_json() for f in findings]},
+            {
+                "resources": len(objects),
+                "rules": names,
+                "violations": [f.to_json() for f in findings],
+                "pending": [f.to_json() for f in pending],
+            },
             stack=st.name,
             ok=not findings,
         )
     else:
-        report.print_results(console, findings)
+        report.print_results(console, [*findings, *pending])
         verdict = f"{len(findings)} violation(s)" if findings else "no violations"
+        if pending:
+            verdict += (
+                f", {len(pending)} pending under --allow-tags (images not yet pinned by digest: `pulumi up` refuses "
+                "them)"
+            )
         console.print(
             f"{st.name}: {len(objects)} resources, {len(names)} policies: {verdict}", highlight=False, soft_wrap=True
         )

@@ -133,6 +133,17 @@ StackFileOpt = Annotated[
     Path | None,
     typer.Option("--stack-file", help="Any stack file, by path; overrides --stack.", dir_okay=False),
 ]
+AllowTagsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-tags",
+        help="A production stack's images may still be tags: each is listed as pending (with the digest to set) "
+        "instead of failing images-by-digest, for a pull request or scripts/run.sh before the image workflow has "
+        "published digests. `pulumi up`'s policy pack has no such switch.",
+    ),
+]
+
+
 JsonOpt = Annotated[
     bool,
     typer.Option(

@@ -44,7 +44,7 @@ from serving.cli.options import (
     resolve_stack,
 )
 from serving.paths import ProjectNotFoundError, project_dir, state_dir
-from serving.render.inventory import FLEET_GROUP, groups, unmatched_limit_patterns
+from serving.render.inventory import FLEET_GROUP, SYSTEM_GROUP, groups, unmatched_limit_patterns
 from serving.spec.stack import Stack
 
 # Short column headers of the hosts × checks table, in CHECKS order.
@@ -177,7 +177,7 @@ def preflight(
             known = ", ".join(sorted(g for g in groups(st.spec) if g != FLEET_GROUP)[:12])
             fail(
                 f"--limit {limit!r}: {', '.join(map(repr, bad))} match no node or group of stack {st.name!r}; "
-                f"use node names (e.g. {st.spec.cluster.nodes[0].name}) or groups ({FLEET_GROUP}, {known})"
+                f"use node names (e.g. {st.spec.cluster.nodes[0].name}) or groups ({FLEET_GROUP}, {SYSTEM_GROUP}, {known})"
             )
     extra = parse_vars(variables or [])
     import ansible_runner  # noqa: PLC0415 - heavy; only this command needs it
@@ -189,7 +189,7 @@ def preflight(
     report = (report_path or state_dir(state_root) / st.name / "preflight.json").resolve()
     report.unlink(missing_ok=True)
     venv_bin = str(Path(sys.executable).parent)
-    hosts = len(st.spec.cluster.nodes)
+    hosts = len(st.spec.cluster.nodes) + len(st.spec.cluster.system_nodes)
     with tempfile.TemporaryDirectory(prefix="exaserve-preflight-") as tmp:
         inventory = write_inventory(Path(tmp), st, known_hosts, identity)
         show = not as_json and err_console.is_terminal

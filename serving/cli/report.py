@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from serving.plan.model import Figure, Fleet, fmt_bytes, fmt_gib
+from serving.render.k8s import system
 from serving.result import CheckResult, Status, failures
 
 
@@ -44,6 +45,23 @@ def violation_json(result: CheckResult) -> dict[str, Any]:
     }
 
 
+def system_pool_json(fleet: Fleet) -> dict[str, Any] | None:
+    """The declared system pool and the least size its pods need (``serving.render.k8s.system``); None without one."""
+    pool = fleet.spec.cluster.system_pool
+    if pool is None:
+        return None
+    return {
+        "nodes": pool.count,
+        "min_nodes": system.min_nodes(fleet.spec, pool),
+        "cpu_per_node": pool.cpu,
+        "memory_gb_per_node": pool.memory_gb,
+        "pods": [
+            {"name": k.name, "replicas": k.replicas, **k.requests.quantities(), "one_per_node": k.one_per_node}
+            for k in system.system_pods(fleet.spec)
+        ],
+    }
+
+
 def plan_json(fleet: Fleet, stack_file: Path, violations: Sequence[CheckResult]) -> dict[str, Any]:
     """The ``exaserve plan --json`` contract (documented in the README); ``stack_file`` is the fleet's stack file."""
     plan = fleet.plan
@@ -60,6 +78,7 @@ def plan_json(fleet: Fleet, stack_file: Path, violations: Sequence[CheckResult])
         "ok": not failures(violations),
         "violations": [violation_json(v) for v in violations],
         "notes": plan.notes,
+        "system_pool": system_pool_json(fleet),
         "capacity": {
             "weights_bytes": m.weights.value,
             "kv_cache_bytes_per_token": m.kv_per_token.value,
@@ -289,6 +308,18 @@ def print_plan(console: Console, fleet: Fleet, stack_file: Path, violations: Seq
     )
     for note in plan.notes:
         console.print(f"[yellow]note:[/] {note}")
+    if (pool := system_pool_json(fleet)) is not None:
+        pods = ", ".join(
+            f"{k['replicas']} × {k['name']} ({k['cpu']} CPU, {k['memory']}{', one per node' if k['one_per_node'] else ''})"
+            for k in pool["pods"]
+        )
+        need = pool["min_nodes"] if pool["min_nodes"] is not None else "none fit"
+        console.print(
+            f"system pool: {pool['nodes']} nodes of {pool['cpu_per_node']:g} CPU, {pool['memory_gb_per_node']:g} GB; "
+            f"least {need} for {pods}",
+            highlight=False,
+            soft_wrap=True,
+        )
     if violations:
         console.print("[bold]Violations[/]")
         print_results(console, violations)

@@ -18,6 +18,9 @@ from serving.spec.schema import FleetSpec, Node
 from serving.spec.stack import Stack
 
 FLEET_GROUP = "exaserve"
+# The system pool's nodes (routers, controllers): their own group, outside FLEET_GROUP, so the GPU node plays and
+# roles never run there; preflight checks them in a play of their own.
+SYSTEM_GROUP = "exaserve_system"
 _IDENT = re.compile(r"[^A-Za-z0-9_]")
 _IMAGE_CUDA = re.compile(r"[-_.]cu(?:da)?(?P<major>\d{2})(?P<minor>\d)(?=[-_.])")
 
@@ -33,8 +36,8 @@ def pool_group(pool: str) -> str:
 
 
 def image_cuda(image: str) -> str | None:
-    """CUDA version an image tag declares (``…:v0.5.23-cu126`` -> ``12.6``), or None."""
-    tag = image.rpartition(":")[2]
+    """CUDA version an image tag declares (``…:v0.5.23-cu126[@sha256:…]`` -> ``12.6``), or None."""
+    tag = image.partition("@")[0].rpartition(":")[2]
     match = _IMAGE_CUDA.search(f"-{tag}-")
     return f"{match.group('major')}.{match.group('minor')}" if match else None
 
@@ -50,9 +53,10 @@ def groups(spec: FleetSpec) -> dict[str, list[str]]:
 
 
 def _pattern_nodes(spec: FleetSpec, pattern: str) -> set[str] | None:
-    """Nodes one glob pattern selects (by node or group name); None when it matches nothing."""
-    grp = groups(spec)
-    names = [n.name for n in spec.cluster.nodes]
+    """Nodes one glob pattern selects (by node or group name, the system pool's included); None when it matches
+    nothing."""
+    grp = {**groups(spec), SYSTEM_GROUP: system_hosts(spec)}
+    names = [n.name for n in (*spec.cluster.nodes, *spec.cluster.system_nodes)]
     hit_groups = fnmatch.filter(list(grp), pattern)
     hit_nodes = fnmatch.filter(names, pattern)
     if not hit_groups and not hit_nodes:
@@ -73,10 +77,11 @@ def unmatched_limit_patterns(spec: FleetSpec, limit: str) -> list[str]:
 
 def limit_nodes(spec: FleetSpec, limit: str | None) -> list[Node]:
     """The nodes an Ansible-style ``--limit`` selects, in inventory order: plain patterns are a union,
-    ``&pattern`` intersects and ``!pattern`` excludes (regex ``~`` patterns are not supported here)."""
-    nodes = list(spec.cluster.nodes)
+    ``&pattern`` intersects and ``!pattern`` excludes (regex ``~`` patterns are not supported here). Without a
+    limit, the GPU nodes; the system pool's only when a pattern names them."""
     if limit is None:
-        return nodes
+        return list(spec.cluster.nodes)
+    nodes = [*spec.cluster.nodes, *spec.cluster.system_nodes]
     union: set[str] = set()
     keep: set[str] | None = None
     drop: set[str] = set()
@@ -138,11 +143,17 @@ def fleet_vars(stack: Stack) -> dict[str, Any]:
         "exaserve_cache_model_dir": model_dir(spec),
         "exaserve_racks": [group_name(r) for r in racks],
         "exaserve_nodes": {n.name: str(n.address) for n in c.nodes},
+        "exaserve_system_pool": (
+            {"name": c.system_pool.name, "cpu": c.system_pool.cpu, "memory_gb": c.system_pool.memory_gb}
+            if c.system_pool
+            else None
+        ),
     }
 
 
 def host_vars(stack: Stack) -> dict[str, dict[str, Any]]:
-    """Per-node variables: how to reach it and where it sits."""
+    """Per-node variables, the system pool's nodes included: how to reach it and where it sits."""
+    c = stack.spec.cluster
     return {
         n.name: {
             "ansible_host": str(n.address),
@@ -154,5 +165,10 @@ def host_vars(stack: Stack) -> dict[str, dict[str, Any]]:
             "exaserve_leaf": n.leaf,
             "exaserve_index": n.index,
         }
-        for n in stack.spec.cluster.nodes
+        for n in (*c.nodes, *c.system_nodes)
     }
+
+
+def system_hosts(spec: FleetSpec) -> list[str]:
+    """The members of :data:`SYSTEM_GROUP`, in inventory order."""
+    return [n.name for n in spec.cluster.system_nodes]

@@ -14,6 +14,7 @@ import json
 import re
 import string
 from collections import Counter
+from collections.abc import Sequence
 from enum import StrEnum
 from functools import cached_property
 from itertools import pairwise
@@ -115,6 +116,24 @@ class Pool(_Model):
         return -(-self.count // self.racks)
 
 
+class SystemPool(Pool):
+    """The untainted nodes without GPUs that run the routers and the controllers (every GPU node carries the
+    GPU taint, which they do not tolerate). Its nodes are labelled ``exaserve.io/pool: <name>`` like the GPU pools'
+    and selected by that label; ``exaserve plan`` (rule ``cluster.system-pool``) derives its smallest size."""
+
+    name: str = Field(
+        default="system", pattern=r"^[a-z][a-z0-9-]{0,30}$", description="Pool name, the nodes' exaserve.io/pool label."
+    )
+    cpu: float = Field(
+        gt=0,
+        description="CPUs per node left for this stack's pods: the node's allocatable CPU less what the cluster's "
+        "own DaemonSets (CNI, kube-proxy, log shipper) request there.",
+    )
+    memory_gb: float = Field(
+        gt=0, description="Memory per node left for this stack's pods (allocatable less the DaemonSets'), in GB."
+    )
+
+
 class Node(_Model):
     """One expanded node of the inventory."""
 
@@ -204,7 +223,7 @@ class CostSpec(_Model):
         return self
 
 
-def _expand(pools: list[Pool]) -> tuple[Node, ...]:
+def _expand(pools: Sequence[Pool]) -> tuple[Node, ...]:
     out: list[Node] = []
     for pool in pools:
         per_rack = pool.nodes_per_rack
@@ -227,7 +246,12 @@ def _expand(pools: list[Pool]) -> tuple[Node, ...]:
 
 class ClusterSpec(_Model):
     name: str = Field(default="exaserve", pattern=r"^[a-z][a-z0-9-]{0,40}$")
-    pools: list[Pool] = Field(min_length=1, description="Node pools; expanded into the node inventory.")
+    pools: list[Pool] = Field(min_length=1, description="GPU node pools; expanded into the node inventory.")
+    system_pool: SystemPool | None = Field(
+        default=None,
+        description="The non-GPU pool the routers and controllers run on (Kubernetes); required by the policy pack "
+        "(guard system-pool-placement).",
+    )
     gpu: GpuSpec = Field(default_factory=GpuSpec)
     fabric: FabricSpec = Field(default_factory=FabricSpec)
     host: HostRequirements = Field(default_factory=HostRequirements)
@@ -237,15 +261,16 @@ class ClusterSpec(_Model):
     @model_validator(mode="after")
     def _unique_pools(self) -> Self:
         """Pool names and node names are identities: they must be unique, addresses must not overlap."""
-        names = [p.name for p in self.pools]
+        every = [*self.pools, *([self.system_pool] if self.system_pool else [])]
+        names = [p.name for p in every]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate pool name(s) {dupes}; give each pool its own name")
-        spans = sorted((int(p.first_address), int(p.first_address) + p.count - 1, p.name) for p in self.pools)
+        spans = sorted((int(p.first_address), int(p.first_address) + p.count - 1, p.name) for p in every)
         for (_, end_a, a), (start_b, _, b) in pairwise(spans):
             if start_b <= end_a:
                 raise ValueError(f"address ranges of pools {a!r} and {b!r} overlap; move one pool's first_address")
-        dupes = sorted(n for n, c in Counter(n.name for n in _expand(self.pools)).items() if c > 1)
+        dupes = sorted(n for n, c in Counter(n.name for n in _expand(every)).items() if c > 1)
         if dupes:
             raise ValueError(
                 f"node name(s) {dupes[:3]} are generated more than once; make each pool's name_pattern "
@@ -257,6 +282,11 @@ class ClusterSpec(_Model):
     def nodes(self) -> tuple[Node, ...]:
         """The expanded inventory, in pool order (validated unique when the spec loads)."""
         return _expand(self.pools)
+
+    @cached_property
+    def system_nodes(self) -> tuple[Node, ...]:
+        """The system pool's nodes (none when the stack declares no pool)."""
+        return _expand([self.system_pool]) if self.system_pool else ()
 
     @property
     def node_count(self) -> int:
@@ -1116,6 +1146,11 @@ class KubernetesSpec(_Model):
         default_factory=lambda: {"release": "kube-prometheus-stack"},
         description="Labels put on the PrometheusRule and ServiceMonitors so the cluster's Prometheus selects them "
         "(kube-prometheus-stack selects its Helm release name under 'release').",
+    )
+    production: bool = Field(
+        default=False,
+        description="A production stack: every image is pulled through image_registry and by digest "
+        "(repo[:tag]@sha256:…), never by a mutable tag (guards images-through-mirror and images-by-digest).",
     )
     image_registry: str | None = Field(
         default=None,

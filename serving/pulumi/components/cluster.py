@@ -19,10 +19,12 @@ class Namespace(KubernetesComponent):
 
 
 class Nodes(KubernetesComponent):
-    """One labels-only NodePatch per node: pool, rack, leaf switch, GPU product and fabric."""
+    """One labels-only NodePatch per node: pool, rack, leaf switch, GPU product and fabric; the system pool's
+    nodes carry their pool only."""
 
     def __init__(self, name: str, spec: FleetSpec, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("exaserve:cluster:Nodes", name, nodes.render(spec), opts)
-        self.node_names: list[str] = self.names("Node")
         self.racks: list[str] = sorted({n.rack for n in spec.cluster.nodes})
-        self.register_outputs({"nodes": len(self.node_names), "racks": self.racks})
+        self.gpu_nodes = len(spec.cluster.nodes)
+        self.system_nodes = len(spec.cluster.system_nodes)
+        self.register_outputs({"nodes": self.gpu_nodes, "system_nodes": self.system_nodes, "racks": self.racks})

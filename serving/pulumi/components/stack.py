@@ -61,7 +61,8 @@ def fleet_stack(fleet: Fleet) -> None:
     updater = Updater("updater", fleet, opts=after())
 
     pulumi.export("namespace", namespace.namespace)
-    pulumi.export("nodes", len(nodes.node_names))
+    pulumi.export("nodes", nodes.gpu_nodes)
+    pulumi.export("system_nodes", nodes.system_nodes)
     pulumi.export("rdma_resource", fabric.rdma_resource)
     pulumi.export("group_versions", serving.group_versions)
     pulumi.export("group_sizes", serving.group_sizes)

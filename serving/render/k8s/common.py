@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from serving.spec.schema import FleetSpec
@@ -115,6 +116,36 @@ def gpu_node_affinity(spec: FleetSpec) -> dict[str, Any]:
             }
         }
     }
+
+
+@dataclass(frozen=True)
+class Requests:
+    """A container's resource requests, in the units the system pool's sizing adds up (rendered as quantities)."""
+
+    millicpu: int
+    memory_mib: int
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.memory_mib * 2**20
+
+    def quantities(self) -> dict[str, str]:
+        cpu = f"{self.millicpu // 1000}" if self.millicpu % 1000 == 0 else f"{self.millicpu}m"
+        memory = f"{self.memory_mib // 1024}Gi" if self.memory_mib % 1024 == 0 else f"{self.memory_mib}Mi"
+        return {"cpu": cpu, "memory": memory}
+
+
+def system_pool_selector(spec: FleetSpec) -> dict[str, str]:
+    """The label of the system pool's nodes (the node patches set it); {} when the stack declares no pool."""
+    pool = spec.cluster.system_pool
+    return {LABEL_POOL: pool.name} if pool else {}
+
+
+def on_system_pool(spec: FleetSpec) -> dict[str, Any]:
+    """The pod spec's ``nodeSelector`` for the routers and controllers: the system pool (no GPU taint to tolerate).
+    Nothing without a pool: guard ``system-pool-placement`` then names the fix."""
+    selector = system_pool_selector(spec)
+    return {"nodeSelector": selector} if selector else {}
 
 
 def serving_toleration() -> dict[str, str]:

@@ -19,10 +19,12 @@ from serving.render.k8s.common import (
     LABEL_NAME,
     ROUTER_APP,
     K8sObject,
+    Requests,
     await_annotations,
     image,
     labels,
     metadata,
+    on_system_pool,
     pull_secrets,
     service_account_with_role,
 )
@@ -44,6 +46,8 @@ DISCOVERY_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "
 DNS_TTL_S = 30
 # The kubelet's minimumGracePeriodInSeconds: the least stop window it gives a container after its preStop.
 KUBELET_MIN_STOP_S = 2
+# What one router asks of a system-pool node (the pool's size is derived from it: serving.render.k8s.system).
+ROUTER_REQUESTS = Requests(millicpu=2000, memory_mib=2048)
 
 
 def drain_before_stop_s(spec: FleetSpec) -> int:
@@ -97,7 +101,7 @@ def render(fleet: Fleet) -> list[K8sObject]:
         # /liveness answers while the process serves; /readiness only once a healthy worker is known.
         "livenessProbe": {"httpGet": {"path": LIVENESS_PATH, "port": HTTP_PORT_NAME}, **probe},
         "readinessProbe": {"httpGet": {"path": "/readiness", "port": HTTP_PORT_NAME}, **probe},
-        "resources": {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
+        "resources": {"requests": ROUTER_REQUESTS.quantities(), "limits": {"memory": "4Gi"}},
         # The kubelet's own sleep (PodLifecycleSleepAction, on by default since 1.30): no shell in the image needed.
         "lifecycle": {"preStop": {"sleep": {"seconds": drain_before_stop_s(fleet.spec)}}},
         "securityContext": {
@@ -132,6 +136,7 @@ def render(fleet: Fleet) -> list[K8sObject]:
                         # default 30 s.
                         "terminationGracePeriodSeconds": termination_grace_s(fleet.spec),
                         **pull_secrets(fleet.spec),
+                        **on_system_pool(fleet.spec),
                         "affinity": {
                             "podAntiAffinity": {
                                 "requiredDuringSchedulingIgnoredDuringExecution": [

@@ -30,9 +30,16 @@ def node_labels(spec: FleetSpec, node: Node) -> dict[str, str]:
     }
 
 
+def system_node_labels(node: Node) -> dict[str, str]:
+    """A system-pool node: its pool, what the routers' and controllers' nodeSelector names (no GPU, and no rack:
+    the rack labels place serving replicas)."""
+    return {LABEL_POOL: node.pool}
+
+
 def render(spec: FleetSpec) -> list[K8sObject]:
-    """One labels-only patch per node of the inventory."""
+    """One labels-only patch per node of the inventory, the system pool's included."""
+    patches = [(node, node_labels(spec, node)) for node in spec.cluster.nodes]
+    patches += [(node, system_node_labels(node)) for node in spec.cluster.system_nodes]
     return [
-        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name, "labels": node_labels(spec, node)}}
-        for node in spec.cluster.nodes
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name, "labels": lab}} for node, lab in patches
     ]

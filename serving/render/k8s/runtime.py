@@ -29,6 +29,7 @@ from serving.render.k8s.common import (
     LABEL_NAME,
     SERVING_APP,
     K8sObject,
+    Requests,
     alert,
     await_annotations,
     duration,
@@ -36,6 +37,7 @@ from serving.render.k8s.common import (
     image,
     labels,
     metadata,
+    on_system_pool,
     pull_secrets,
     service_account_with_role,
     serving_toleration,
@@ -55,6 +57,8 @@ HTTP_PORT_NAME = "http"
 EXASERVE = "exaserve"
 RUNTIME_UID = 65532
 CONTROLLER_READY_S = 300
+# What one controller asks of a system-pool node (the pool's size is derived from it: serving.render.k8s.system).
+CONTROLLER_REQUESTS = Requests(millicpu=500, memory_mib=256)
 
 # Recording the controllers' own series: every instance exports them, the leader's are the ones that act.
 LEADERS = "sum(exaserve_runtime_leader)"
@@ -294,7 +298,7 @@ def render(fleet: Fleet) -> list[K8sObject]:
         "ports": [{"name": HTTP_PORT_NAME, "containerPort": rt.controller_port, "protocol": "TCP"}],
         "livenessProbe": probe,
         "readinessProbe": probe,
-        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "resources": {"requests": CONTROLLER_REQUESTS.quantities(), "limits": {"memory": "1Gi"}},
         "securityContext": _security(),
         "volumeMounts": [mount],
     }
@@ -348,6 +352,7 @@ def render(fleet: Fleet) -> list[K8sObject]:
                         "serviceAccountName": CONTROLLER,
                         "enableServiceLinks": False,
                         **pull_secrets(fleet.spec),
+                        **on_system_pool(fleet.spec),
                         "affinity": {
                             "podAntiAffinity": {
                                 "preferredDuringSchedulingIgnoredDuringExecution": [

@@ -19,7 +19,8 @@ class HostFaults:
     Python that runs Ansible modules included, sees a 2.6.x release from uname(2)),
     `cgroup_v2=False` (the node's mount namespace has a hybrid v1 layout at /sys/fs/cgroup
     instead of cgroup2), `missing_tools` (the tool is absent; a real binary of that name on
-    this machine is masked with a non-executable bind mount inside the node).
+    this machine is masked with a non-executable bind mount inside the node), `kubelet_flags`
+    (the node's own /etc/default/kubelet).
 
     Stubbed, because there is no GPU, HCA or NTP server here: the rest change what the stub
     `nvidia-smi`, `ibstat` and `chronyc` print, starting from the real samples in
@@ -28,6 +29,9 @@ class HostFaults:
 
     unreachable: bool = False
     old_kernel: bool = False
+    # The kubelet's KUBELET_EXTRA_ARGS in /etc/default/kubelet (a tmpfs over /etc/default in the node's mount
+    # namespace holding only that file); None leaves the machine's /etc/default as it is.
+    kubelet_flags: str | None = None
     cgroup_v2: bool = True
     missing_tools: tuple[str, ...] = ()
     # ibstat: these CAs report their port State: Down / Physical state: Polling.

@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import fcntl
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -235,6 +236,11 @@ def node_init_script(*, node: str, node_dir: Path, config: Path, faults: HostFau
             " || rmdir /sys/fs/cgroup/systemd",
             "mkdir /sys/fs/cgroup/unified",
             "mount -t cgroup2 cgroup2 /sys/fs/cgroup/unified",
+        ]
+    if faults.kubelet_flags is not None:
+        lines += [
+            "mount -t tmpfs -o mode=755 tmpfs /etc/default",
+            f"printf 'KUBELET_EXTRA_ARGS=\"%s\"\\n' {shlex.quote(faults.kubelet_flags)} > /etc/default/kubelet",
         ]
     for tool in faults.missing_tools:
         for directory in SYSTEM_BIN_DIRS:

@@ -18,8 +18,9 @@ short_description: ExaServe fleet nodes, pools, racks and expected hardware from
 description:
   - Loads an ExaServe stack (C(Pulumi.<stack>.yaml)) with the project's spec loader and adds every
     expanded node as a host (C(ansible_host), C(ansible_port), C(ansible_user) from the pool).
-  - "Groups: C(exaserve) (every node), C(pool_<pool>) per pool and one group per rack, named after
-    the rack label with non-identifier characters replaced by C(_) (C(rack-00) becomes C(rack_00))."
+  - "Groups: C(exaserve) (every GPU node), C(pool_<pool>) per pool and one group per rack, named after
+    the rack label with non-identifier characters replaced by C(_) (C(rack-00) becomes C(rack_00));
+    C(exaserve_system), outside C(exaserve), the nodes of C(cluster.system_pool) (routers, controllers)."
   - Variables C(exaserve_*) on the C(exaserve) group carry what preflight and the provisioning roles
     check or install (expected GPU count, product and memory, HCAs and link rate, minimum kernel,
     driver and CUDA, NTP offset limit, model paths); see docs/preflight.md for the full list.
@@ -85,20 +86,23 @@ class InventoryModule(BaseInventoryPlugin):
 
     def _populate(self, stack: Any) -> None:
         rendered = controller("serving.render.inventory", f"inventory plugin {self.NAME}")
-        fleet = rendered.FLEET_GROUP
+        fleet, system = rendered.FLEET_GROUP, rendered.SYSTEM_GROUP
         inv = self.inventory
-        inv.add_group(fleet)
-        for key, value in rendered.fleet_vars(stack).items():
-            inv.set_variable(fleet, key, value)
         known_hosts, key_file = self.get_option("known_hosts_file"), self.get_option("private_key_file")
-        if known_hosts:
-            inv.set_variable(
-                fleet,
-                "ansible_ssh_common_args",
-                f"-o UserKnownHostsFile={known_hosts} -o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes",
-            )
-        if key_file:
-            inv.set_variable(fleet, "ansible_ssh_private_key_file", key_file)
+        for group in (fleet, system):
+            inv.add_group(group)
+            for key, value in rendered.fleet_vars(stack).items():
+                inv.set_variable(group, key, value)
+            if known_hosts:
+                inv.set_variable(
+                    group,
+                    "ansible_ssh_common_args",
+                    f"-o UserKnownHostsFile={known_hosts} -o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes",
+                )
+            if key_file:
+                inv.set_variable(group, "ansible_ssh_private_key_file", key_file)
+        for host in rendered.system_hosts(stack.spec):
+            inv.add_host(host, group=system)
         for group, members in rendered.groups(stack.spec).items():
             if group == fleet:
                 continue
