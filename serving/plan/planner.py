@@ -505,11 +505,11 @@ def heartbeat_plan(spec: FleetSpec, replicas: int, nodes: int) -> HeartbeatPlan:
             f"from {h.start - to_stop * h.timeout_penalty} back to {h.stop_routing_below} at +{h.success_reward} = {readmit} ({readmit * iv:g} s)",
         ),
         router_hung_capacity=Figure(
-            math.floor(hung),
+            min(math.floor(hung), replicas),
             "workers",
             f"{ROUTER_PROBES_IN_FLIGHT} checks in flight (smg) × {router_iv:g} s interval / "
             f"{min(router_iv, router_timeout):g} s a hung worker holds one = {math.floor(hung):,} workers "
-            f"({hung / replicas:.1%} of {replicas:,})",
+            + (f"({hung / replicas:.1%} of {replicas:,})" if hung < replicas else f"(all {replicas:,})"),
         ),
     )
 
