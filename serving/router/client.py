@@ -120,6 +120,24 @@ class MetricsSnapshot:
         (the router creates a series only when it first counts something)."""
         return sum(s.value for s in self.select(name, **labels))
 
+    def per_scheduler(self, name: str) -> dict[str, float]:
+        """An SGLang scheduler gauge counted once per data-parallel rank, by ``dp_rank`` ("" without one).
+
+        SGLang 0.5.23 writes one series per exporting scheduler (``metrics_collector.py``, the collector context at
+        ~1360-1392 and ``_log_gauge_queue_count``): every pipeline stage exports (``is_stats_logging_rank`` asks only
+        for attention-TP rank 0), every TP rank with ``--enable-metrics-for-all-schedulers`` (each the same batch), and
+        with priority scheduling the total under ``priority=""`` beside one series per priority. Summing every series
+        counts a request once per priority and per stage; this keeps per DP rank the total (``priority`` "" or absent)
+        of stage 0 at its lowest TP rank."""
+        chosen: dict[str, tuple[int, float]] = {}
+        for s in self.select(name):
+            if s.labels.get("priority", "") != "" or s.labels.get("pp_rank", "0") != "0":
+                continue
+            rank, tp = s.labels.get("dp_rank", ""), int(s.labels.get("tp_rank", "0"))
+            if rank not in chosen or tp < chosen[rank][0]:
+                chosen[rank] = (tp, s.value)
+        return {rank: value for rank, (_tp, value) in chosen.items()}
+
     def by_label(self, name: str, label: str, **labels: str) -> dict[str, float]:
         """Samples of ``name`` summed per value of ``label``."""
         out: dict[str, float] = {}
