@@ -30,6 +30,7 @@ from tests.support.stacks import fleet_of, spec_from
 ISSUE_NAMES = [
     "replica-crash",
     "replica-hang",
+    "scheduler-wedged",
     "replica-slow",
     "error-burst",
     "memory-pressure",

@@ -17,6 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from serving.fleet_http import FleetHttp, HttpFailure
+from serving.router.client import RouterClient
 from serving.runtime.agent import AGENT_USER_AGENT, BOOT_ID, Agent, AgentConfig
 from serving.runtime.reports import NodeReport, parse_report
 from serving.sandbox.processes import StateDir, free_port, free_port_block, stop_process
@@ -258,3 +259,35 @@ def test_the_agent_counts_each_scheduler_once_with_priority_scheduling_and_dp_ra
         return probe.running, probe.queued, probe.memory_usage
 
     assert asyncio.run(run()) == (3, 0, pytest.approx(0.4))
+
+
+def test_wedged_scheduler_a_migration_does_not_wait_for_requests_that_never_finish(tmp_path: Path) -> None:
+    """Issue 24, found by the scheduler-wedged drill: a wedged replica's /metrics still answers and shows its
+    requests in flight for ever, so the controller's drain before a migration waited all of rollout.drain_timeout_s
+    (restoration 30.6 s against 27 s). The drain now waits only while the replica's /health (its scheduler) answers;
+    a request longer than a health check on a healthy replica is waited for."""
+    config = WorkerConfig(
+        port=1, model_path=str(tmp_path / "model"), latency_ms=600.0, jitter_ms=0.0, health_poll_s=0.1,
+        health_timeout_s=0.3,
+    )  # fmt: skip
+    worker = SimulatedWorker(config)
+
+    async def run() -> tuple[float, float]:
+        async with TestClient(TestServer(worker.build_app())) as client, RouterClient("http://127.0.0.1:1", "") as rc:
+            url = str(client.make_url("")).rstrip("/")
+            finishing = asyncio.create_task(client.post("/generate", json={"text": "a"}))
+            await asyncio.sleep(0.1)
+            waited_s = await rc.wait_until_idle(url, timeout_s=10, while_healthy=True)  # the request ends: waited for
+            await finishing
+            await client.put("/sim/fault", json={"wedged": True})
+            held = asyncio.create_task(client.post("/generate", json={"text": "a"}))
+            await asyncio.sleep(0.1)
+            started = time.monotonic()
+            with pytest.raises(TimeoutError, match="/health answers 503"):
+                await rc.wait_until_idle(url, timeout_s=10, while_healthy=True)
+            gave_up_s = time.monotonic() - started
+            held.cancel()
+        return waited_s, gave_up_s
+
+    waited_s, gave_up_s = asyncio.run(run())
+    assert 0.3 < waited_s < 1.5 and 0.3 <= gave_up_s < 1.0, (waited_s, gave_up_s)

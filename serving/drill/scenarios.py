@@ -47,7 +47,8 @@ class FaultKind(StrEnum):
     SIGKILL = "sigkill"  # the process dies at once
     SIGSTOP = "sigstop"  # the process stops; the kernel still accepts connections, nothing answers
     LATENCY = "latency"  # every response arrives later than the health-check timeout
-    ERRORS = "errors"  # every response, health checks included, is an HTTP 500
+    ERRORS = "errors"  # every response fails: generations HTTP 500, health checks 503
+    WEDGED = "wedged"  # the scheduler stops: HTTP answers, generations and /health (a generation) never complete
     MEMORY = "memory"  # memory pressure: high KV usage and slower answers; stress-ng in the cgroup on real nodes
     JITTER = "jitter"  # network delay with jitter, inside the health-check timeout's margin
 
@@ -150,6 +151,19 @@ def _scenarios() -> dict[DrillName, Scenario]:
             "SIGSTOP one replica's server: connections open, nothing answers; requests on it wait for the router's "
             "request timeout and are retried elsewhere.",
             (Fault(FaultKind.SIGSTOP, replica),),
+            _EVICTING,
+            True,
+            (OUT_OF_ROTATION,),
+            _REPLICA_QUIET,
+            _SELF_HEALED,
+        ),
+        Scenario(
+            "scheduler-wedged",
+            "One replica's scheduler wedges (a hung forward batch): its HTTP server, /metrics and /model_info still "
+            "answer, but generations never complete and /health, which runs a one-token generation in SGLang "
+            "0.5.23, answers 503 after its timeout or not before the caller's; requests on it wait for the router's "
+            "request timeout and are retried elsewhere.",
+            (Fault(FaultKind.WEDGED, replica),),
             _EVICTING,
             True,
             (OUT_OF_ROTATION,),

@@ -45,6 +45,8 @@ ROUTER_WORKER_CB_STATE = "smg_worker_cb_state"
 # Worker (SGLang) metric names.
 WORKER_RUNNING = "sglang:num_running_reqs"
 WORKER_QUEUED = "sglang:num_queue_reqs"
+WORKER_REQUESTS_TOTAL = "sglang:num_requests_total"
+WORKER_HEALTH_PATH = "/health"
 WORKER_REQUESTS = "sglang:num_requests_total"
 WORKER_E2E_LATENCY = "sglang:e2e_request_latency_seconds"
 
@@ -334,18 +336,29 @@ class RouterClient:
         response.raise_for_status()
         return MetricsSnapshot.parse(response.text, time.monotonic())
 
-    async def wait_until_idle(self, worker_url: str, *, timeout_s: float = 60.0, poll_s: float = 0.1) -> float:
-        """Poll the worker's ``sglang:num_running_reqs`` + ``sglang:num_queue_reqs`` until both are 0.
+    async def wait_until_idle(
+        self, worker_url: str, *, timeout_s: float = 60.0, poll_s: float = 0.1, while_healthy: bool = False
+    ) -> float:
+        """Poll the worker's ``sglang:num_running_reqs`` + ``sglang:num_queue_reqs`` (each scheduler once) until both
+        are 0.
 
-        The router's DELETE does not wait for in-flight requests; call this before stopping the worker.
-        Returns the seconds waited.
+        The router's DELETE does not wait for in-flight requests; call this before stopping the worker. With
+        ``while_healthy``, wait only while the worker's ``/health`` answers 200 (in SGLang a one-token generation:
+        its scheduler still produces output) and give up (TimeoutError) once it does not: a wedged scheduler's
+        requests never end, while its HTTP server and ``/metrics`` still answer. Returns the seconds waited.
         """
         started = time.monotonic()
+        base = worker_url.rstrip("/")
         while True:
             snap = await self.worker_metrics(worker_url)
-            busy = snap.value(WORKER_RUNNING) + snap.value(WORKER_QUEUED)
+            busy = sum(snap.per_scheduler(WORKER_RUNNING).values()) + sum(snap.per_scheduler(WORKER_QUEUED).values())
             if busy == 0:
                 return time.monotonic() - started
+            if while_healthy and (status := (await self._http.get(base + WORKER_HEALTH_PATH)).status_code) != 200:
+                raise TimeoutError(
+                    f"worker {worker_url}: {busy:.0f} requests in flight and {WORKER_HEALTH_PATH} answers {status}: "
+                    "its scheduler produces nothing, they will not finish"
+                )
             if time.monotonic() - started >= timeout_s:
                 raise TimeoutError(f"worker {worker_url} still has {busy:.0f} requests after {timeout_s:.1f} s")
             await asyncio.sleep(poll_s)

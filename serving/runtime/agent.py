@@ -31,14 +31,13 @@ from serving.fleet_http import VERSION, FleetHttp, HttpFailure
 from serving.plan.model import Fleet
 from serving.render.sglang import HEALTH_PATH
 from serving.rollout.gates import parse_only
-from serving.router.client import WORKER_QUEUED, WORKER_RUNNING, MetricsSnapshot
+from serving.router.client import WORKER_QUEUED, WORKER_REQUESTS_TOTAL, WORKER_RUNNING, MetricsSnapshot
 from serving.runtime.controller import replica_urls
 from serving.runtime.discovery import DiscoveryError, NodePods
 from serving.runtime.reports import REPORT_SCHEMA_VERSION, NodeReport, ReplicaProbe
 
 REPORTS_PATH = "/v1/reports"
 WORKER_TOKEN_USAGE = "sglang:token_usage"  # noqa: S105 - a metric name, not a secret
-WORKER_REQUESTS_TOTAL = "sglang:num_requests_total"
 DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # percent
 DCGM_FB_USED = "DCGM_FI_DEV_FB_USED"  # MiB
 DCGM_FB_FREE = "DCGM_FI_DEV_FB_FREE"  # MiB

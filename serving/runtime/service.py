@@ -337,11 +337,12 @@ class ControllerService:
         return observed
 
     async def _drain(self, url: str) -> None:
-        """Wait for in-flight requests (bounded by the health timeout: a dead or hung replica has none to
-        give back, and its clients' retries land elsewhere)."""
+        """Wait for in-flight requests of a replica being migrated (each call bounded by the health timeout: a dead or
+        hung replica has none to give back, and its clients' retries land elsewhere) while its /health still answers:
+        a wedged scheduler's /metrics answers and shows requests that never finish."""
         async with RouterClient(url, url + METRICS_PATH, timeout_s=self.spec.serving.health_check_timeout_s) as c:
             with contextlib.suppress(httpx.HTTPError, TimeoutError):
-                await c.wait_until_idle(url, timeout_s=self.spec.rollout.drain_timeout_s)
+                await c.wait_until_idle(url, timeout_s=self.spec.rollout.drain_timeout_s, while_healthy=True)
 
     async def _warm_up(self, action: Action) -> str:
         """Synthetic requests straight to the replica at ``serving.warmup_share`` of the mean rate for

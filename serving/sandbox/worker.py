@@ -316,7 +316,8 @@ class InjectedFault:
     ``errors`` fails every answer, as a broken proxy in front of the server would: generations with HTTP 500,
     ``/health`` with 503 (the only failure SGLang's ``/health`` answers); ``generation_errors`` fails generations
     with HTTP 500 while the scheduler still runs, so ``/health`` stays 200 as on a real server whose requests fail
-    (the tokenizer counts them in ``sglang:num_aborted_requests_total``); ``wedged`` stops the simulated scheduler
+    (SGLang counts no such failure: ``sglang:num_aborted_requests_total`` counts aborts, ``abort_request``; the
+    routers' per-worker outcomes and circuit breakers see them); ``wedged`` stops the simulated scheduler
     (a hung forward batch): HTTP, ``/metrics`` and ``/model_info`` answer, generations and ``/health`` never
     complete (``/health`` answers 503 after ``health_timeout_s``); memory pressure: ``token_usage`` is the KV-cache usage reported as
     ``sglang:token_usage``, ``admit`` the requests that still fit the pool (the rest wait in the queue, as SGLang's
@@ -418,12 +419,6 @@ class SimulatedWorker:
         )
         self._generation_tokens = Counter(
             "sglang:generation_tokens", "Number of generation tokens processed.", per_request, registry=self.registry
-        )
-        self._aborted = Counter(
-            "sglang:num_aborted_requests",
-            "Number of requests aborted.",
-            list(self.tokenizer_labels),
-            registry=self.registry,
         )
         self._injected_errors = Counter(
             "sim_worker_injected_errors",
@@ -723,7 +718,6 @@ class SimulatedWorker:
                 else f"error_rate={self.config.error_rate}"
             )
             self._injected_errors.inc()
-            self._aborted.labels(**{k: v for k, v in per_request.items() if k != "is_streaming"}).inc()
             self._changes += 1
             return _error(500, f"simulated engine failure: {why}")
         max_tokens = _max_new_tokens(body, endpoint)

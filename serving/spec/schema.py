@@ -909,6 +909,7 @@ class RuntimeSpec(_Model):
 DrillName = Literal[
     "replica-crash",
     "replica-hang",
+    "scheduler-wedged",
     "replica-slow",
     "error-burst",
     "memory-pressure",
