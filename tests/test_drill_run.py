@@ -42,7 +42,7 @@ OUTPUT = REPO / "test-output" / "drills"
 # per group; CI: replica-crash "still degraded" beside the rollout tests, every probe on time).
 pytestmark = pytest.mark.drill
 
-SANDBOX_GROUPS = 3  # ten drills of about a minute each: three sandboxes, three workers (tests/conftest.py)
+SANDBOX_GROUPS = 4  # twelve drills of about 40 s each: four sandboxes, four workers (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

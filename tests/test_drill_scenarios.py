@@ -33,6 +33,7 @@ ISSUE_NAMES = [
     "scheduler-wedged",
     "replica-slow",
     "error-burst",
+    "generation-errors",
     "memory-pressure",
     "network-jitter",
     "node-loss",

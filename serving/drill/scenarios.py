@@ -48,6 +48,7 @@ class FaultKind(StrEnum):
     SIGSTOP = "sigstop"  # the process stops; the kernel still accepts connections, nothing answers
     LATENCY = "latency"  # every response arrives later than the health-check timeout
     ERRORS = "errors"  # every response fails: generations HTTP 500, health checks 503
+    GENERATION_ERRORS = "generation-errors"  # generations fail with HTTP 500, /health still 200
     WEDGED = "wedged"  # the scheduler stops: HTTP answers, generations and /health (a generation) never complete
     MEMORY = "memory"  # memory pressure: high KV usage and slower answers; stress-ng in the cgroup on real nodes
     JITTER = "jitter"  # network delay with jitter, inside the health-check timeout's margin
@@ -191,6 +192,18 @@ def _scenarios() -> dict[DrillName, Scenario]:
             _REPLICA_QUIET,
             _SELF_HEALED + " ExaServeErrorRate counts client-facing errors: it fires only if retries fail to hide "
             "the burst.",
+        ),
+        Scenario(
+            "generation-errors",
+            "One replica fails every generation with HTTP 500 while its /health answers 200 (its scheduler still "
+            "runs, so SGLang's health_generate passes): the agents' probes see nothing; the routers' circuit breakers "
+            "open on the failures, and the leader, which reads them, restarts the replica.",
+            (Fault(FaultKind.GENERATION_ERRORS, replica),),
+            _EVICTING,
+            True,
+            (OUT_OF_ROTATION,),
+            _REPLICA_QUIET,
+            _SELF_HEALED,
         ),
         Scenario(
             "memory-pressure",

@@ -42,6 +42,7 @@ ROUTER_UPSTREAM_RESPONSES = "smg_router_upstream_responses_total"
 ROUTER_WORKER_HEALTH = "smg_worker_health"
 ROUTER_WORKER_RETRIES = "smg_worker_retries_total"
 ROUTER_WORKER_CB_STATE = "smg_worker_cb_state"
+CIRCUIT_OPEN = 1.0  # smg_worker_cb_state: 0 closed, 1 open, 2 half-open
 # Worker (SGLang) metric names.
 WORKER_RUNNING = "sglang:num_running_reqs"
 WORKER_QUEUED = "sglang:num_queue_reqs"

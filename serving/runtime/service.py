@@ -32,7 +32,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from serving.plan.model import Fleet
 from serving.rollout.backends import Backend, BackendError, ReplicaIndex
-from serving.router.client import RouterApiError, RouterClient
+from serving.router.client import CIRCUIT_OPEN, ROUTER_WORKER_CB_STATE, RouterApiError, RouterClient
 from serving.router.loadgen import LoadSpec, run_load
 from serving.router.membership import Observed, RouterSet, Silent, routed
 from serving.runtime.agent import REPORTS_PATH
@@ -238,6 +238,10 @@ class ControllerService:
     async def _tick_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             term = self.term if self.acting() else None
+            if term is not None:
+                open_urls = await self._open_breakers()
+                for rid in self.controller.breakers_open(open_urls):
+                    log.warning("%s: %s: a router holds its circuit breaker open: requests fail", self.identity, rid)
             actions = self.controller.tick(self.clock(), acting=term is not None)
             if term is not None:
                 for action in actions:
@@ -245,6 +249,22 @@ class ControllerService:
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
             await _sleep(stop, self.spec.serving.heartbeat_interval_s / 2)
+
+    async def _open_breakers(self) -> set[str]:
+        """Worker URLs whose circuit breaker any answering router instance holds open (``smg_worker_cb_state`` 1, the
+        router's own count of failed requests); an instance that does not answer shows none."""
+
+        async def one(router: str) -> set[str]:
+            async with RouterClient(router, self.routers.metrics_url(router), timeout_s=self.routers.timeout_s) as c:
+                try:
+                    states = (await c.metrics()).worker_gauge(ROUTER_WORKER_CB_STATE)
+                except (httpx.HTTPError, TimeoutError) as exc:
+                    log.debug("%s: router %s metrics: %s", self.identity, router, exc)
+                    return set()
+            return {url for url, state in states.items() if state == CIRCUIT_OPEN}
+
+        found = await asyncio.gather(*(one(r) for r in await self.routers.urls()))
+        return set().union(*found)
 
     def _saw(self, answered: Iterable[str], silent: Silent) -> None:
         self.routers_seen.update(answered, silent)
@@ -435,6 +455,11 @@ class _Collector:
             "Restarts the deployment refused to start (Kubernetes: the pod's disruption budget allowed none).",
         )
         refused.add_metric([], ctl.counters.refused)
+        breakers = CounterMetricFamily(
+            "exaserve_runtime_breakers_open",
+            "Replicas judged failed because a router held their circuit breaker open (requests failing, /health fine).",
+        )
+        breakers.add_metric([], ctl.counters.breakers)
         accepted = CounterMetricFamily("exaserve_runtime_reports_accepted", "Agent reports applied.")
         accepted.add_metric([], ctl.counters.accepted)
         rejected = CounterMetricFamily(
@@ -460,4 +485,17 @@ class _Collector:
         )
         for router in sorted(self.s.routers_seen):
             unsynced.add_metric([router], float(router in self.s.unsynced))
-        yield from (evicted, cap, capped, refused, accepted, rejected, actions, failures, leader, term, unsynced)
+        yield from (
+            evicted,
+            cap,
+            capped,
+            refused,
+            breakers,
+            accepted,
+            rejected,
+            actions,
+            failures,
+            leader,
+            term,
+            unsynced,
+        )

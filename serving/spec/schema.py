@@ -912,6 +912,7 @@ DrillName = Literal[
     "scheduler-wedged",
     "replica-slow",
     "error-burst",
+    "generation-errors",
     "memory-pressure",
     "network-jitter",
     "node-loss",

@@ -205,7 +205,7 @@ def _step(fault: Fault, fleet: Fleet) -> Step | str:
                 f"pod $(kubectl -n {fleet.spec.kubernetes.namespace} get lease {fleet.spec.runtime.lease_name} "
                 "-o jsonpath='{.spec.holderIdentity}')",
             )
-        case FaultKind.ERRORS, _:
+        case FaultKind.ERRORS | FaultKind.GENERATION_ERRORS, _:
             return NO_HTTP_CHAOS
         case FaultKind.WEDGED, _:
             return NO_WEDGE_CHAOS
