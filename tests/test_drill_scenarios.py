@@ -40,6 +40,7 @@ ISSUE_NAMES = [
     "router-loss",
     "leader-loss",
     "double-fault",
+    "router-and-replica-loss",
 ]
 
 

@@ -248,6 +248,7 @@ def test_render_exits_1_naming_the_object_and_field_a_crd_rejects_and_writes_not
     assert {(p["resource"], p["path"]) for p in doc["problems"]} == {
         ("PodChaos exaserve/exaserve-drill-replica-crash", "spec.action"),
         ("PodChaos exaserve/exaserve-drill-double-fault-replica", "spec.action"),
+        ("PodChaos exaserve/exaserve-drill-router-and-replica-loss-replica", "spec.action"),
     }
 
 

@@ -283,6 +283,22 @@ def _scenarios() -> dict[DrillName, Scenario]:
             "As replica-crash (ExaServeReplicaOutOfRotation, once the new leader takes the replica out) and "
             "leader-loss (no leaderless alert): both handled, nothing pages.",
         ),
+        Scenario(
+            "router-and-replica-loss",
+            "SIGKILL one router instance and one replica at the same instant: the routers that answer take the "
+            "replica out, the leader acts on them (the silent instance is marked unsynced, not waited for), and "
+            "reconciles that instance when it comes back after the hold (it must not route to a replica the "
+            "controller took out).",
+            (Fault(FaultKind.SIGKILL, replica), Fault(FaultKind.SIGKILL, Component.ROUTER)),
+            _EVICTING,
+            True,
+            (OUT_OF_ROTATION, ROUTER_DOWN),
+            (*_REPLICA_QUIET, REPLICA_RESTARTS),
+            "As replica-crash and router-loss together: ExaServeReplicaOutOfRotation while the replica is out and "
+            "ExaServeRouterInstanceDown while the router is held down. ExaServeRouterUnsynced may fire (a membership "
+            "change the silent instance missed) and is neither required nor forbidden: whether the leader's change "
+            "lands while the instance is down depends on when the routers' own checks took the replica out.",
+        ),
     ]
     return {s.name: s for s in found}
 

@@ -251,20 +251,21 @@ class ControllerService:
             await _sleep(stop, self.spec.serving.heartbeat_interval_s / 2)
 
     async def _open_breakers(self) -> set[str]:
-        """Worker URLs whose circuit breaker any answering router instance holds open (``smg_worker_cb_state`` 1, the
-        router's own count of failed requests); an instance that does not answer shows none."""
+        """Worker URLs whose circuit breaker every answering router instance that tracks them holds open
+        (``smg_worker_cb_state`` 1, each router's own count of failed requests): a blip on one instance's path to a
+        replica opens only that one's. An instance that does not answer shows nothing."""
 
-        async def one(router: str) -> set[str]:
+        async def one(router: str) -> dict[str, float]:
             async with RouterClient(router, self.routers.metrics_url(router), timeout_s=self.routers.timeout_s) as c:
                 try:
-                    states = (await c.metrics()).worker_gauge(ROUTER_WORKER_CB_STATE)
+                    return (await c.metrics()).worker_gauge(ROUTER_WORKER_CB_STATE)
                 except (httpx.HTTPError, TimeoutError) as exc:
                     log.debug("%s: router %s metrics: %s", self.identity, router, exc)
-                    return set()
-            return {url for url, state in states.items() if state == CIRCUIT_OPEN}
+                    return {}
 
-        found = await asyncio.gather(*(one(r) for r in await self.routers.urls()))
-        return set().union(*found)
+        seen = await asyncio.gather(*(one(r) for r in await self.routers.urls()))
+        urls = set().union(*seen)
+        return {u for u in urls if all(states[u] == CIRCUIT_OPEN for states in seen if u in states)}
 
     def _saw(self, answered: Iterable[str], silent: Silent) -> None:
         self.routers_seen.update(answered, silent)

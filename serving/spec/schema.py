@@ -919,6 +919,7 @@ DrillName = Literal[
     "router-loss",
     "leader-loss",
     "double-fault",
+    "router-and-replica-loss",
 ]
 """The fault drills' scenarios (what each does: ``serving.drill.scenarios.SCENARIOS``, docs/drills.md)."""
 
