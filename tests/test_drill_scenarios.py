@@ -37,6 +37,7 @@ ISSUE_NAMES = [
     "memory-pressure",
     "network-jitter",
     "node-loss",
+    "node-stall",
     "router-loss",
     "leader-loss",
     "double-fault",

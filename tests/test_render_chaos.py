@@ -272,7 +272,12 @@ def test_render_only_writes_one_file_per_scenario_the_schedule_and_an_index(tmp_
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json_object(r)
     assert doc["ok"] is True and doc["problems"] == [] and doc["crd_dir"] == str(crd_dir())
-    assert [e["scenario"] for e in doc["not_rendered"]] == ["scheduler-wedged", "error-burst", "generation-errors"]
+    assert [e["scenario"] for e in doc["not_rendered"]] == [
+        "scheduler-wedged",
+        "error-burst",
+        "generation-errors",
+        "node-stall",
+    ]
     spec = load_stack("prod").spec
     fl = fleet_of(spec)
     for entry in doc["experiments"]:

@@ -248,6 +248,22 @@ def _scenarios() -> dict[DrillName, Scenario]:
             "reports plus its 'for'. The router's own checks take the replicas out (a suspect node's scores freeze).",
         ),
         Scenario(
+            "node-stall",
+            "SIGSTOP every replica of one node, its agent alive and reporting them failed, for the plan's "
+            "restoration time (longer than the migrate line, as the 90 s fault of issue 24 was at prod settings): "
+            "the node's score crosses the migrate line, each replica is restarted once at most (no restart storm), "
+            "the eviction cap holds the rest out by the routers' own checks until the fault lifts.",
+            (Fault(FaultKind.SIGSTOP, Component.NODE),),
+            (TargetName.DETECTION, TargetName.RECOVERY),
+            True,
+            (OUT_OF_ROTATION,),
+            (ERROR_RATE, QUARANTINED, ACTIONS_FAILING, REPLICA_RESTARTS),
+            "ExaServeReplicaOutOfRotation fires for the replicas the controller takes out. No replica may be "
+            "quarantined or restarted more than ExaServeReplicaRestarts allows (a restart storm would) and no action "
+            "may fail. The drill holds the fault, so "
+            "restoration is reported, not judged.",
+        ),
+        Scenario(
             "router-loss",
             "SIGKILL one router instance: clients of that instance fail over to the others; no replica leaves "
             "rotation.",

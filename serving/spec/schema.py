@@ -916,6 +916,7 @@ DrillName = Literal[
     "memory-pressure",
     "network-jitter",
     "node-loss",
+    "node-stall",
     "router-loss",
     "leader-loss",
     "double-fault",
