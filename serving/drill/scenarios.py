@@ -184,7 +184,8 @@ def _scenarios() -> dict[DrillName, Scenario]:
         ),
         Scenario(
             "error-burst",
-            "One replica answers every request, health checks included, with HTTP 500 for the length of the burst.",
+            "One replica fails every answer for the length of the burst: generations with HTTP 500, health checks "
+            "with 503 (the only failure SGLang's /health answers).",
             (Fault(FaultKind.ERRORS, replica),),
             _EVICTING,
             True,
