@@ -30,14 +30,18 @@ from tests.support.stacks import fleet_of, spec_from
 ISSUE_NAMES = [
     "replica-crash",
     "replica-hang",
+    "scheduler-wedged",
     "replica-slow",
     "error-burst",
+    "generation-errors",
     "memory-pressure",
     "network-jitter",
     "node-loss",
+    "node-stall",
     "router-loss",
     "leader-loss",
     "double-fault",
+    "router-and-replica-loss",
 ]
 
 

@@ -248,6 +248,7 @@ def test_render_exits_1_naming_the_object_and_field_a_crd_rejects_and_writes_not
     assert {(p["resource"], p["path"]) for p in doc["problems"]} == {
         ("PodChaos exaserve/exaserve-drill-replica-crash", "spec.action"),
         ("PodChaos exaserve/exaserve-drill-double-fault-replica", "spec.action"),
+        ("PodChaos exaserve/exaserve-drill-router-and-replica-loss-replica", "spec.action"),
     }
 
 
@@ -271,7 +272,12 @@ def test_render_only_writes_one_file_per_scenario_the_schedule_and_an_index(tmp_
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json_object(r)
     assert doc["ok"] is True and doc["problems"] == [] and doc["crd_dir"] == str(crd_dir())
-    assert [e["scenario"] for e in doc["not_rendered"]] == ["error-burst"]
+    assert [e["scenario"] for e in doc["not_rendered"]] == [
+        "scheduler-wedged",
+        "error-burst",
+        "generation-errors",
+        "node-stall",
+    ]
     spec = load_stack("prod").spec
     fl = fleet_of(spec)
     for entry in doc["experiments"]:

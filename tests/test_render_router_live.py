@@ -20,7 +20,7 @@ from serving.render.router import ROUTER_ENTRY, router_args
 from serving.router.client import ROUTER_WORKER_HEALTH, RouterClient, WorkerInfo
 from serving.router.membership import MembershipTimeout, RouterSet
 from serving.sandbox.processes import StateDir, free_ports, start_router, start_worker, stop_all, stop_process
-from serving.sandbox.worker import WorkerConfig
+from serving.sandbox.worker import WorkerConfig, health_answer_bound_s
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack
 from tests.support.smg import DRAIN_SETTLE_S, removal_job_noticed_s
@@ -111,13 +111,14 @@ def test_real_router_with_the_rendered_dev_flags_reports_both_workers_healthy(wo
 @pytest.mark.slow
 def test_rendered_heartbeat_flags_govern_the_real_routers_health_checks(workers: Workers) -> None:
     """With the spec's heartbeat at 1 s × 2 failures the router notices a dead worker within seconds;
-    the router's own default (60 s interval) would not within this budget."""
+    the router's own default (60 s interval) would not within this budget. The health timeout is the least that a
+    healthy /health of SGLang's (one poll period, 1 s) fits: 1 s failed every check of the faithful worker."""
     spec = spec_from(
         "dev",
         serving__heartbeat_interval_s=1,
         serving__failure_threshold=2,
         serving__success_threshold=1,
-        serving__health_check_timeout_s=1,
+        serving__health_check_timeout_s=health_answer_bound_s(workers.configs[0]),
     )
     s = spec.serving
     budget = s.failure_threshold * s.heartbeat_interval_s + s.health_check_timeout_s + 2.0

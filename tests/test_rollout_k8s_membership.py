@@ -57,6 +57,7 @@ from serving.rollout.plan import kv_plan, plan_rollout
 from serving.rollout.runner import Progress, Runner
 from serving.router.loadgen import LoadGenerator, LoadSpec
 from serving.router.membership import DRAINING, Observed, RouterSet
+from serving.sandbox.backend import health_poll_s
 from serving.sandbox.processes import (
     ProcessRecord,
     StateDir,
@@ -118,6 +119,7 @@ class Kubelet:
             startup_delay_s=load_s,
             served_model_name=self.spec.model.name,
             kv_pool_tokens=self.kv_pool_tokens,  # what a real pod's SGLang exports: the plan's pool (no skew)
+            health_poll_s=health_poll_s(self.spec),  # SGLang's /health poll at this stack's clock, as the sandbox's
         )
 
     def next_ip(self) -> str:
@@ -371,6 +373,7 @@ def test_discovery_drains_an_unready_pod_and_never_touches_a_worker_added_by_han
         latency_ms=20.0,
         served_model_name=spec.model.name,
         kv_pool_tokens=cluster.api.kubelet.kv_pool_tokens,
+        health_poll_s=health_poll_s(spec),
     )
     start_worker(cluster.state, "hand-added", config)
     routers = RouterSet(cluster.routers)

@@ -10,17 +10,24 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
 from serving.fleet_http import FleetHttp, HttpFailure
+from serving.router.client import RouterClient
 from serving.runtime.agent import AGENT_USER_AGENT, BOOT_ID, Agent, AgentConfig
 from serving.runtime.reports import NodeReport, parse_report
 from serving.sandbox.processes import StateDir, free_port, free_port_block, stop_process
-from serving.sandbox.worker import WorkerConfig
+from serving.sandbox.worker import HEALTH_POLL_S, SimulatedWorker, WorkerConfig, health_answer_bound_s
 from serving.sandbox.worker_host import WORKERS_PATH, control, start_host
 
+# The agent's probe timeout must exceed a healthy /health (one poll period of SGLang's 1 s and its step): the bound the
+# sandbox gives it; the slow worker answers one poll after its 2.5 s delay, past it.
+PROBE_TIMEOUT_S = health_answer_bound_s(WorkerConfig(port=1))
+SLOW_DELAY_MS = 1000 * (PROBE_TIMEOUT_S + HEALTH_POLL_S / 2)
 DCGM_TEXT = """\
 # TYPE DCGM_FI_DEV_GPU_UTIL gauge
 DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a"} 40
@@ -38,7 +45,7 @@ DCGM_FI_DEV_FB_FREE{gpu="1",UUID="GPU-b"} 30000
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Three simulated workers in one worker-host process: ``ready``, ``warming`` (its /health answers 503 for ever)
-    and ``slow`` (every answer 1.5 s late, set through the simulator's fault route); ``closed``: a port nobody
+    and ``slow`` (every answer later than the agent's probe timeout, set through the simulator's fault route); ``closed``: a port nobody
     listens on. Name → URL, plus ``control``: the host's control endpoint."""
     base = free_port_block(3)
     configs = [
@@ -52,7 +59,7 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     try:
         deadline = time.monotonic() + 30
         asyncio.run(_until_listening(list(urls.values()), deadline))
-        asyncio.run(_put_fault(urls["slow"], {"delay_ms": 1500.0}))
+        asyncio.run(_put_fault(urls["slow"], {"delay_ms": SLOW_DELAY_MS}))
         yield {**urls, "closed": f"http://127.0.0.1:{free_port()}", "control": host.url}
     finally:
         stop_process(state, host.name, timeout_s=10)
@@ -134,7 +141,7 @@ def test_one_report_per_node_says_what_each_replica_answered_and_reaches_every_c
             ),
             controllers=(base, dead_controller),
             interval_s=5.0,
-            timeout_s=0.5,
+            timeout_s=PROBE_TIMEOUT_S,
             max_running_requests=256,
             link_rate_gbps=400.0,
             dcgm_url=base + "/dcgm",
@@ -153,13 +160,15 @@ def test_one_report_per_node_says_what_each_replica_answered_and_reaches_every_c
     assert report.node == "gpu-r00-n00" and list(probes) == ["ready", "warming", "slow", "closed"]
     assert report.boot_id == BOOT_ID.read_text().strip() and 0 < report.seq < time.monotonic_ns()  # this boot's clock
     ready = probes["ready"]
-    assert ready.ok and ready.error is None and ready.latency_s is not None and ready.latency_s < 0.5
+    assert ready.ok and ready.error is None and ready.latency_s is not None
+    assert HEALTH_POLL_S <= ready.latency_s < PROBE_TIMEOUT_S  # SGLang's /health: one poll period at least
     assert ready.gpu_utilization == pytest.approx(0.5)  # DCGM, averaged over its GPUs 0 and 1: (40 + 60) / 2 %
     assert ready.memory_usage == pytest.approx(0.5)  # DCGM frame buffer: 80,000 used of 160,000 MiB
     assert ready.running == 0 and ready.queued == 0
     assert not probes["warming"].ok and probes["warming"].error == "/health 503"
     assert probes["warming"].gpu_utilization == 0.0  # a failed probe reports no figures
-    assert not probes["slow"].ok and probes["slow"].error == "Timeout 0.5 s" and probes["slow"].latency_s is None
+    assert not probes["slow"].ok and probes["slow"].latency_s is None
+    assert probes["slow"].error == f"Timeout {PROBE_TIMEOUT_S:g} s"
     assert not probes["closed"].ok and probes["closed"].error == "ConnectError"
     # every controller was sent the report; the one that does not listen is 0
     assert codes == {next(c for c in codes if c != dead): 202, dead: 0}
@@ -208,3 +217,77 @@ def test_fleet_http_names_the_url_and_why_when_nothing_answers() -> None:
 
     failure = asyncio.run(run())
     assert failure.url == url and failure.why == "ConnectError" and str(failure) == f"{url}: ConnectError"
+
+
+def test_the_agent_counts_each_scheduler_once_with_priority_scheduling_and_dp_ranks(tmp_path: Path) -> None:
+    """Issue 24: SGLang labels its scheduler gauges per DP rank and, with priority scheduling, writes the total under
+    ``priority=""`` beside one series per priority. Three long generations on a worker with two DP ranks and priority
+    scheduling are 3 running, not 6 (the agent summed every series before)."""
+    config = WorkerConfig(
+        port=1, model_path=str(tmp_path / "model"), latency_ms=5000.0, jitter_ms=0.0, health_poll_s=0.2,
+        priority_scheduling=True, dp_size=2,
+    )  # fmt: skip
+    worker = SimulatedWorker(config)
+
+    async def run() -> tuple[int, int, float]:
+        async with TestClient(TestServer(worker.build_app())) as client:
+            held = [asyncio.create_task(client.post("/generate", json={"text": "a", "priority": p})) for p in (1, 2, 2)]
+            running = 0
+            while running < len(held):
+                await asyncio.sleep(0.01)
+                states = (await (await client.get("/server_info")).json())["internal_states"]
+                running = sum(s["num_running_reqs"] for s in states)
+            await client.put("/sim/fault", json={"token_usage": 0.4})
+            agent = Agent(
+                AgentConfig(
+                    node="n0",
+                    replicas=(("r0", str(client.make_url("")).rstrip("/"), ()),),
+                    controllers=(),
+                    interval_s=5.0,
+                    timeout_s=2.0,
+                    max_running_requests=256,
+                    link_rate_gbps=400.0,
+                )
+            )
+            try:
+                [probe] = (await agent.report()).replicas
+            finally:
+                await agent.aclose()
+            for task in held:
+                task.cancel()
+        assert probe.ok, probe.error
+        return probe.running, probe.queued, probe.memory_usage
+
+    assert asyncio.run(run()) == (3, 0, pytest.approx(0.4))
+
+
+def test_wedged_scheduler_a_migration_does_not_wait_for_requests_that_never_finish(tmp_path: Path) -> None:
+    """Issue 24, found by the scheduler-wedged drill: a wedged replica's /metrics still answers and shows its
+    requests in flight for ever, so the controller's drain before a migration waited all of rollout.drain_timeout_s
+    (restoration 30.6 s against 27 s). The drain now waits only while the replica's /health (its scheduler) answers;
+    a request longer than a health check on a healthy replica is waited for."""
+    config = WorkerConfig(
+        port=1, model_path=str(tmp_path / "model"), latency_ms=600.0, jitter_ms=0.0, health_poll_s=0.1,
+        health_timeout_s=0.3,
+    )  # fmt: skip
+    worker = SimulatedWorker(config)
+
+    async def run() -> tuple[float, float]:
+        async with TestClient(TestServer(worker.build_app())) as client, RouterClient("http://127.0.0.1:1", "") as rc:
+            url = str(client.make_url("")).rstrip("/")
+            finishing = asyncio.create_task(client.post("/generate", json={"text": "a"}))
+            await asyncio.sleep(0.1)
+            waited_s = await rc.wait_until_idle(url, timeout_s=10, while_healthy=True)  # the request ends: waited for
+            await finishing
+            await client.put("/sim/fault", json={"wedged": True})
+            held = asyncio.create_task(client.post("/generate", json={"text": "a"}))
+            await asyncio.sleep(0.1)
+            started = time.monotonic()
+            with pytest.raises(TimeoutError, match="/health answers 503"):
+                await rc.wait_until_idle(url, timeout_s=10, while_healthy=True)
+            gave_up_s = time.monotonic() - started
+            held.cancel()
+        return waited_s, gave_up_s
+
+    waited_s, gave_up_s = asyncio.run(run())
+    assert 0.3 < waited_s < 1.5 and 0.3 <= gave_up_s < 1.0, (waited_s, gave_up_s)

@@ -142,3 +142,30 @@ def test_restarts_that_worked_never_quarantine_a_replica_however_close_together(
     assert sim.restarts[rid] == len(windows) > PROD.spec.runtime.quarantine_after
     assert rid in sim.serving() and not sim.ctl.replicas[rid].quarantined and sim.ctl.counters.quarantined == 0
     assert sim.ctl.replicas[rid].restarts == len(windows)  # one run: it never served 600 s in between
+
+
+def test_generation_errors_a_replica_failing_its_requests_with_health_fine_is_restarted() -> None:
+    """Issue 24: a replica failing every generation while its /health answers (SGLang's health_generate only needs
+    the scheduler to produce output) was invisible to the controller, whose agents read only /health: it was never
+    restarted. The routers' circuit breakers count its failures; the leader reads them before each tick and
+    treats an open breaker as a failed replica: removed and restarted at once (the restart clears the fault here)."""
+    rid = PROD.plan.replicas[0].id
+
+    def failing(r: str, t: float) -> bool:  # from the fault until its first restart; open while it is routed
+        return r == rid and t >= FAULT_AT and sim.restarts[rid] == 0
+
+    sim = FleetSim(PROD, lambda _r, _t: True, load_s=120, breaker=failing)
+    sim.run(FAULT_AT + PROD.spec.serving.heartbeat_interval_s)
+    assert sim.restarts == {rid: 1}  # within one heartbeat of the breaker opening
+    sim.run(HOUR)
+    assert sim.serving() == set(sim.ctl.replicas) and sim.restarts == {rid: 1}
+    assert sim.ctl.counters.breakers == 1
+
+
+def test_generation_errors_that_a_restart_does_not_clear_end_in_quarantine_not_a_storm() -> None:
+    """The breaker opens again each time the replica is readmitted: restarts back off and stop at quarantine."""
+    rid = PROD.plan.replicas[0].id
+    sim = FleetSim(PROD, lambda _r, _t: True, load_s=120, breaker=lambda r, t: r == rid and t >= FAULT_AT)
+    sim.run(HOUR)
+    assert sim.restarts == {rid: PROD.spec.runtime.quarantine_after}
+    assert sim.ctl.replica_state(rid) == "quarantined"

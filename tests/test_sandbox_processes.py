@@ -57,7 +57,7 @@ from serving.sandbox.processes import (
     stop_all,
     stop_process,
 )
-from serving.sandbox.worker import WorkerConfig, parse_config
+from serving.sandbox.worker import WorkerConfig, health_answer_bound_s, parse_config
 from serving.spec.schema import FleetSpec
 from tests.support.sandbox import Sandbox, running_sandbox
 from tests.support.smg import DRAIN_SETTLE_S
@@ -466,7 +466,7 @@ def test_worker_start_up_follows_sglang_port_closed_then_503_then_200(tmp_path: 
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
-                phase = str(httpx.get(config.url + "/health", timeout=1).status_code)
+                phase = str(httpx.get(config.url + "/health", timeout=health_answer_bound_s(config)).status_code)
             except httpx.ConnectError:
                 phase = "closed"
             if not phases or phases[-1] != phase:
@@ -542,7 +542,7 @@ def test_health_probe_slower_than_the_router_timeout_takes_the_worker_out(tmp_pa
     is registered healthy and serves."""
     state = StateDir(tmp_path / "state")
     ports = free_ports(5)
-    worker = WorkerConfig(port=ports[0], health_latency_ms=1500, model_path=str(tmp_path / "model"))
+    worker = WorkerConfig(port=ports[0], health_poll_s=1.5, model_path=str(tmp_path / "model"))
     tight = RouterSpec(
         port=ports[1], prometheus_port=ports[2], health_check_timeout_secs=1, worker_startup_timeout_secs=3
     )

@@ -39,7 +39,7 @@ from serving.cli.options import (
 from serving.cli.state import stack_state
 from serving.plan.loader import load_fleet
 from serving.plan.model import Fleet
-from serving.render.router import server_selector
+from serving.render.router import router_args, server_selector
 from serving.rollout.backends import BackendError
 from serving.rollout.backends.kubernetes import KubeApi
 from serving.rollout.session import RolloutInputError, shown
@@ -74,13 +74,15 @@ DiscoverOpt = Annotated[
 ]
 
 
-def _sandbox_urls(st: Stack, what: Literal["routers", "controllers", "etcd"]) -> list[str]:
+def _sandbox_urls(st: Stack, what: Literal["routers", "router-metrics", "controllers", "etcd"]) -> list[str]:
     if st.spec.sandbox is None:
         return []
     from serving.sandbox import runtime as sandbox_runtime  # noqa: PLC0415 - sandbox stacks only
 
     if what == "routers":
         return sandbox_runtime.router_urls(st.spec)
+    if what == "router-metrics":
+        return sandbox_runtime.router_metrics_urls(st.spec)
     if what == "controllers":
         return sandbox_runtime.controller_urls(st.spec)
     return [sandbox_runtime.etcd_url(st.spec)]
@@ -186,6 +188,9 @@ def controller_run(
             service=router_service,
             timeout_s=st.spec.serving.health_check_timeout_s,
             answering_only=True,  # one router instance down must not stall the runtime
+            # their metrics (circuit breakers): a sandbox's routers each on their own port, else the rendered port
+            metrics=_sandbox_urls(st, "router-metrics") if not routers and not router_service else (),
+            metrics_port=router_args(fleet).metrics_port,
         ),
         restarter=_restarter(st, fleet, backend, state_dir, known_hosts, ssh_identity),
         discovered=discover == "kubernetes",

@@ -47,7 +47,9 @@ class FaultKind(StrEnum):
     SIGKILL = "sigkill"  # the process dies at once
     SIGSTOP = "sigstop"  # the process stops; the kernel still accepts connections, nothing answers
     LATENCY = "latency"  # every response arrives later than the health-check timeout
-    ERRORS = "errors"  # every response, health checks included, is an HTTP 500
+    ERRORS = "errors"  # every response fails: generations HTTP 500, health checks 503
+    GENERATION_ERRORS = "generation-errors"  # generations fail with HTTP 500, /health still 200
+    WEDGED = "wedged"  # the scheduler stops: HTTP answers, generations and /health (a generation) never complete
     MEMORY = "memory"  # memory pressure: high KV usage and slower answers; stress-ng in the cgroup on real nodes
     JITTER = "jitter"  # network delay with jitter, inside the health-check timeout's margin
 
@@ -157,6 +159,19 @@ def _scenarios() -> dict[DrillName, Scenario]:
             _SELF_HEALED,
         ),
         Scenario(
+            "scheduler-wedged",
+            "One replica's scheduler wedges (a hung forward batch): its HTTP server, /metrics and /model_info still "
+            "answer, but generations never complete and /health, which runs a one-token generation in SGLang "
+            "0.5.23, answers 503 after its timeout or not before the caller's; requests on it wait for the router's "
+            "request timeout and are retried elsewhere.",
+            (Fault(FaultKind.WEDGED, replica),),
+            _EVICTING,
+            True,
+            (OUT_OF_ROTATION,),
+            _REPLICA_QUIET,
+            _SELF_HEALED,
+        ),
+        Scenario(
             "replica-slow",
             "One replica answers everything, health checks included, later than serving.health_check_timeout_s: "
             "alive but too slow to serve, so it must be treated as failed.",
@@ -169,7 +184,8 @@ def _scenarios() -> dict[DrillName, Scenario]:
         ),
         Scenario(
             "error-burst",
-            "One replica answers every request, health checks included, with HTTP 500 for the length of the burst.",
+            "One replica fails every answer for the length of the burst: generations with HTTP 500, health checks "
+            "with 503 (the only failure SGLang's /health answers).",
             (Fault(FaultKind.ERRORS, replica),),
             _EVICTING,
             True,
@@ -177,6 +193,18 @@ def _scenarios() -> dict[DrillName, Scenario]:
             _REPLICA_QUIET,
             _SELF_HEALED + " ExaServeErrorRate counts client-facing errors: it fires only if retries fail to hide "
             "the burst.",
+        ),
+        Scenario(
+            "generation-errors",
+            "One replica fails every generation with HTTP 500 while its /health answers 200 (its scheduler still "
+            "runs, so SGLang's health_generate passes): the agents' probes see nothing; the routers' circuit breakers "
+            "open on the failures, and the leader, which reads them, restarts the replica.",
+            (Fault(FaultKind.GENERATION_ERRORS, replica),),
+            _EVICTING,
+            True,
+            (OUT_OF_ROTATION,),
+            _REPLICA_QUIET,
+            _SELF_HEALED,
         ),
         Scenario(
             "memory-pressure",
@@ -221,6 +249,22 @@ def _scenarios() -> dict[DrillName, Scenario]:
             "reports plus its 'for'. The router's own checks take the replicas out (a suspect node's scores freeze).",
         ),
         Scenario(
+            "node-stall",
+            "SIGSTOP every replica of one node, its agent alive and reporting them failed, for the plan's "
+            "restoration time (longer than the migrate line, as the 90 s fault of issue 24 was at prod settings): "
+            "the node's score crosses the migrate line, each replica is restarted once at most (no restart storm), "
+            "the eviction cap holds the rest out by the routers' own checks until the fault lifts.",
+            (Fault(FaultKind.SIGSTOP, Component.NODE),),
+            (TargetName.DETECTION, TargetName.RECOVERY),
+            True,
+            (OUT_OF_ROTATION,),
+            (ERROR_RATE, QUARANTINED, ACTIONS_FAILING, REPLICA_RESTARTS),
+            "ExaServeReplicaOutOfRotation fires for the replicas the controller takes out. No replica may be "
+            "quarantined or restarted more than ExaServeReplicaRestarts allows (a restart storm would) and no action "
+            "may fail. The drill holds the fault, so "
+            "restoration is reported, not judged.",
+        ),
+        Scenario(
             "router-loss",
             "SIGKILL one router instance: clients of that instance fail over to the others; no replica leaves "
             "rotation.",
@@ -255,6 +299,22 @@ def _scenarios() -> dict[DrillName, Scenario]:
             (*_REPLICA_QUIET, NO_LEADER, SPLIT_BRAIN),
             "As replica-crash (ExaServeReplicaOutOfRotation, once the new leader takes the replica out) and "
             "leader-loss (no leaderless alert): both handled, nothing pages.",
+        ),
+        Scenario(
+            "router-and-replica-loss",
+            "SIGKILL one router instance and one replica at the same instant: the routers that answer take the "
+            "replica out, the leader acts on them (the silent instance is marked unsynced, not waited for), and "
+            "reconciles that instance when it comes back after the hold (it must not route to a replica the "
+            "controller took out).",
+            (Fault(FaultKind.SIGKILL, replica), Fault(FaultKind.SIGKILL, Component.ROUTER)),
+            _EVICTING,
+            True,
+            (OUT_OF_ROTATION, ROUTER_DOWN),
+            (*_REPLICA_QUIET, REPLICA_RESTARTS),
+            "As replica-crash and router-loss together: ExaServeReplicaOutOfRotation while the replica is out and "
+            "ExaServeRouterInstanceDown while the router is held down. ExaServeRouterUnsynced may fire (a membership "
+            "change the silent instance missed) and is neither required nor forbidden: whether the leader's change "
+            "lands while the instance is down depends on when the routers' own checks took the replica out.",
         ),
     ]
     return {s.name: s for s in found}

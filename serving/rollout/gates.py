@@ -66,6 +66,7 @@ from typing import Any, Literal
 from serving.rollout.kvpool import KV_POOL_METRICS, KvCheck, KvReading
 from serving.rollout.plan import GateLimits
 from serving.router.client import (
+    CIRCUIT_OPEN,
     ROUTER_RESPONSES,
     ROUTER_UPSTREAM_RESPONSES,
     ROUTER_WORKER_CB_STATE,
@@ -81,7 +82,6 @@ from serving.stats import P99, p_slower_than_p99
 ROUTER_INFERENCE_REQUESTS = "smg_router_requests_total"
 ROUTER_INFERENCE_DURATION = "smg_router_request_duration_seconds"
 ROUTER_WORKER_OUTCOMES = "smg_worker_cb_outcomes_total"  # {worker, outcome="success"|"failure"}, per upstream attempt
-CIRCUIT_OPEN = 1.0  # smg_worker_cb_state: 0 closed, 1 open, 2 half-open
 MIN_REQUESTS = 20  # fewer than this expected: QPS and P99 are not evaluated
 FAMILY_ALPHA = 0.001  # chance that any relative finding of one verdict is due to chance alone
 

@@ -432,7 +432,7 @@ class Runner:
             return f"no answer from {url}/metrics ({exc.why})"
         if not snap.select(WORKER_RUNNING):
             return f"{url}/metrics has no {WORKER_RUNNING}"
-        return snap.value(WORKER_RUNNING) + snap.value(WORKER_QUEUED)
+        return sum(snap.per_scheduler(WORKER_RUNNING).values()) + sum(snap.per_scheduler(WORKER_QUEUED).values())
 
     async def _drain(self, step: Step) -> Event:
         """Wait until the batch's workers report no running or queued request (SGLang's own gauges).

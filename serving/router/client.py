@@ -43,9 +43,12 @@ ROUTER_UPSTREAM_RESPONSES = "smg_router_upstream_responses_total"
 ROUTER_WORKER_HEALTH = "smg_worker_health"
 ROUTER_WORKER_RETRIES = "smg_worker_retries_total"
 ROUTER_WORKER_CB_STATE = "smg_worker_cb_state"
+CIRCUIT_OPEN = 1.0  # smg_worker_cb_state: 0 closed, 1 open, 2 half-open
 # Worker (SGLang) metric names.
 WORKER_RUNNING = "sglang:num_running_reqs"
 WORKER_QUEUED = "sglang:num_queue_reqs"
+WORKER_REQUESTS_TOTAL = "sglang:num_requests_total"
+WORKER_HEALTH_PATH = "/health"
 WORKER_REQUESTS = "sglang:num_requests_total"
 WORKER_E2E_LATENCY = "sglang:e2e_request_latency_seconds"
 
@@ -120,6 +123,24 @@ class MetricsSnapshot:
         """Sum of the samples named ``name`` whose labels include ``labels``; 0 when there are none
         (the router creates a series only when it first counts something)."""
         return sum(s.value for s in self.select(name, **labels))
+
+    def per_scheduler(self, name: str) -> dict[str, float]:
+        """An SGLang scheduler gauge counted once per data-parallel rank, by ``dp_rank`` ("" without one).
+
+        SGLang 0.5.23 writes one series per exporting scheduler (``metrics_collector.py``, the collector context at
+        ~1360-1392 and ``_log_gauge_queue_count``): every pipeline stage exports (``is_stats_logging_rank`` asks only
+        for attention-TP rank 0), every TP rank with ``--enable-metrics-for-all-schedulers`` (each the same batch), and
+        with priority scheduling the total under ``priority=""`` beside one series per priority. Summing every series
+        counts a request once per priority and per stage; this keeps per DP rank the total (``priority`` "" or absent)
+        of stage 0 at its lowest TP rank."""
+        chosen: dict[str, tuple[int, float]] = {}
+        for s in self.select(name):
+            if s.labels.get("priority", "") != "" or s.labels.get("pp_rank", "0") != "0":
+                continue
+            rank, tp = s.labels.get("dp_rank", ""), int(s.labels.get("tp_rank", "0"))
+            if rank not in chosen or tp < chosen[rank][0]:
+                chosen[rank] = (tp, s.value)
+        return {rank: value for rank, (_tp, value) in chosen.items()}
 
     def by_label(self, name: str, label: str, **labels: str) -> dict[str, float]:
         """Samples of ``name`` summed per value of ``label``."""
@@ -339,18 +360,29 @@ class RouterClient:
         response.raise_for_status()
         return MetricsSnapshot.parse(response.text, time.monotonic())
 
-    async def wait_until_idle(self, worker_url: str, *, timeout_s: float = 60.0, poll_s: float = 0.1) -> float:
-        """Poll the worker's ``sglang:num_running_reqs`` + ``sglang:num_queue_reqs`` until both are 0.
+    async def wait_until_idle(
+        self, worker_url: str, *, timeout_s: float = 60.0, poll_s: float = 0.1, while_healthy: bool = False
+    ) -> float:
+        """Poll the worker's ``sglang:num_running_reqs`` + ``sglang:num_queue_reqs`` (each scheduler once) until both
+        are 0.
 
-        The router's DELETE does not wait for in-flight requests; call this before stopping the worker.
-        Returns the seconds waited.
+        The router's DELETE does not wait for in-flight requests; call this before stopping the worker. With
+        ``while_healthy``, wait only while the worker's ``/health`` answers 200 (in SGLang a one-token generation:
+        its scheduler still produces output) and give up (TimeoutError) once it does not: a wedged scheduler's
+        requests never end, while its HTTP server and ``/metrics`` still answer. Returns the seconds waited.
         """
         started = time.monotonic()
+        base = worker_url.rstrip("/")
         while True:
             snap = await self.worker_metrics(worker_url)
-            busy = snap.value(WORKER_RUNNING) + snap.value(WORKER_QUEUED)
+            busy = sum(snap.per_scheduler(WORKER_RUNNING).values()) + sum(snap.per_scheduler(WORKER_QUEUED).values())
             if busy == 0:
                 return time.monotonic() - started
+            if while_healthy and (status := (await self._http.get(base + WORKER_HEALTH_PATH)).status_code) != 200:
+                raise TimeoutError(
+                    f"worker {worker_url}: {busy:.0f} requests in flight and {WORKER_HEALTH_PATH} answers {status}: "
+                    "its scheduler produces nothing, they will not finish"
+                )
             if time.monotonic() - started >= timeout_s:
                 raise TimeoutError(f"worker {worker_url} still has {busy:.0f} requests after {timeout_s:.1f} s")
             await asyncio.sleep(poll_s)

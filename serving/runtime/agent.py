@@ -2,7 +2,8 @@
 
 Per replica: ``GET /health`` bounded by ``serving.health_check_timeout_s`` (the cheap call; a hung
 process times out), then ``GET /metrics`` for SGLang's load figures (``sglang:num_running_reqs``,
-``sglang:num_queue_reqs``, ``sglang:token_usage``, ``sglang:num_requests_total``). GPU utilisation,
+``sglang:num_queue_reqs``, ``sglang:token_usage``, ``sglang:num_requests_total``; the scheduler's gauges counted
+once per data-parallel rank, :meth:`serving.router.client.MetricsSnapshot.per_scheduler`). GPU utilisation,
 frame-buffer use and PCIe throughput come from NVIDIA's DCGM exporter when ``dcgm_url`` is given
 (averaged over the replica's GPUs); without it GPU utilisation is estimated as running requests over
 ``limits.max_running_requests``, memory as SGLang's token usage and network as 0 (docs/runtime.md).
@@ -30,14 +31,13 @@ from serving.fleet_http import VERSION, FleetHttp, HttpFailure
 from serving.plan.model import Fleet
 from serving.render.sglang import HEALTH_PATH
 from serving.rollout.gates import parse_only
-from serving.router.client import WORKER_QUEUED, WORKER_RUNNING, MetricsSnapshot
+from serving.router.client import WORKER_QUEUED, WORKER_REQUESTS_TOTAL, WORKER_RUNNING, MetricsSnapshot
 from serving.runtime.controller import replica_urls
 from serving.runtime.discovery import DiscoveryError, NodePods
 from serving.runtime.reports import REPORT_SCHEMA_VERSION, NodeReport, ReplicaProbe
 
 REPORTS_PATH = "/v1/reports"
 WORKER_TOKEN_USAGE = "sglang:token_usage"  # noqa: S105 - a metric name, not a secret
-WORKER_REQUESTS_TOTAL = "sglang:num_requests_total"
 DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # percent
 DCGM_FB_USED = "DCGM_FI_DEV_FB_USED"  # MiB
 DCGM_FB_FREE = "DCGM_FI_DEV_FB_FREE"  # MiB
@@ -127,17 +127,18 @@ class Agent:
             snap = parse_only(metrics.text, PROBED_METRICS) if metrics.status == 200 else MetricsSnapshot(())
         except HttpFailure as exc:
             return ReplicaProbe(id=rid, ok=False, latency_s=None, error=exc.why)
-        running = snap.value(WORKER_RUNNING)
+        running = sum(snap.per_scheduler(WORKER_RUNNING).values())
+        usage = snap.per_scheduler(WORKER_TOKEN_USAGE).values()  # each DP rank's own pool: the fullest one counts
         gpu, mem, net = self._gpu_figures(gpus, dcgm)
         return ReplicaProbe(
             id=rid,
             ok=True,
             latency_s=latency,
             running=int(running),
-            queued=int(snap.value(WORKER_QUEUED)),
+            queued=int(sum(snap.per_scheduler(WORKER_QUEUED).values())),
             requests_total=snap.value(WORKER_REQUESTS_TOTAL),
             gpu_utilization=_share(running / self.config.max_running_requests) if gpu is None else gpu,
-            memory_usage=_share(snap.value(WORKER_TOKEN_USAGE)) if mem is None else mem,
+            memory_usage=_share(max(usage, default=0.0)) if mem is None else mem,
             network_bandwidth=net or 0.0,
         )
 

@@ -42,7 +42,7 @@ Decisions (docs/runtime.md):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -180,6 +180,7 @@ class Counters:
     failed: dict[Kind, int] = field(default_factory=lambda: dict.fromkeys(Kind, 0))
     quarantined: int = 0  # replicas put in quarantine (each time)
     refused: int = 0  # restarts the deployment refused to start (a disruption budget)
+    breakers: int = 0  # replicas put in the migrate band for a circuit breaker the routers hold open
 
 
 class Controller:
@@ -315,6 +316,19 @@ class Controller:
     def evicted(self) -> int:
         """Replicas out of rotation now or about to be (the eviction cap counts these)."""
         return sum(not r.in_rotation for r in self.replicas.values())
+
+    def breakers_open(self, urls: Collection[str]) -> list[str]:
+        """Replicas in rotation whose circuit breaker a router holds open (smg's ``smg_worker_cb_state`` 1: its
+        requests failed ``serving.failure_threshold`` times in a row): a replica failing every generation while its
+        ``/health`` answers, which the agents' probes cannot see. Each is put in the migrate band, so the next tick
+        removes and restarts it as any failed replica (eviction cap, back-off, quarantine). Returns their ids."""
+        hit = []
+        for rec in self.replicas.values():
+            if rec.url in urls and rec.in_rotation and rec.pending is None:
+                rec.score = min(rec.score, self.config.health.migrate_below - 1)
+                self.counters.breakers += 1
+                hit.append(rec.id)
+        return hit
 
     def tick(self, now: float, *, acting: bool) -> list[Action]:
         """Count missed reports; when ``acting`` (the leader), the actions to take now, in place."""

@@ -32,7 +32,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from serving.plan.model import Fleet
 from serving.rollout.backends import Backend, BackendError, ReplicaIndex
-from serving.router.client import RouterApiError, RouterClient
+from serving.router.client import CIRCUIT_OPEN, ROUTER_WORKER_CB_STATE, RouterApiError, RouterClient
 from serving.router.loadgen import LoadSpec, run_load
 from serving.router.membership import Observed, RouterSet, Silent, routed
 from serving.runtime.agent import REPORTS_PATH
@@ -238,6 +238,10 @@ class ControllerService:
     async def _tick_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             term = self.term if self.acting() else None
+            if term is not None:
+                open_urls = await self._open_breakers()
+                for rid in self.controller.breakers_open(open_urls):
+                    log.warning("%s: %s: a router holds its circuit breaker open: requests fail", self.identity, rid)
             actions = self.controller.tick(self.clock(), acting=term is not None)
             if term is not None:
                 for action in actions:
@@ -245,6 +249,23 @@ class ControllerService:
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
             await _sleep(stop, self.spec.serving.heartbeat_interval_s / 2)
+
+    async def _open_breakers(self) -> set[str]:
+        """Worker URLs whose circuit breaker every answering router instance that tracks them holds open
+        (``smg_worker_cb_state`` 1, each router's own count of failed requests): a blip on one instance's path to a
+        replica opens only that one's. An instance that does not answer shows nothing."""
+
+        async def one(router: str) -> dict[str, float]:
+            async with RouterClient(router, self.routers.metrics_url(router), timeout_s=self.routers.timeout_s) as c:
+                try:
+                    return (await c.metrics()).worker_gauge(ROUTER_WORKER_CB_STATE)
+                except (httpx.HTTPError, TimeoutError) as exc:
+                    log.debug("%s: router %s metrics: %s", self.identity, router, exc)
+                    return {}
+
+        seen = await asyncio.gather(*(one(r) for r in await self.routers.urls()))
+        urls = set().union(*seen)
+        return {u for u in urls if all(states[u] == CIRCUIT_OPEN for states in seen if u in states)}
 
     def _saw(self, answered: Iterable[str], silent: Silent) -> None:
         self.routers_seen.update(answered, silent)
@@ -337,11 +358,12 @@ class ControllerService:
         return observed
 
     async def _drain(self, url: str) -> None:
-        """Wait for in-flight requests (bounded by the health timeout: a dead or hung replica has none to
-        give back, and its clients' retries land elsewhere)."""
+        """Wait for in-flight requests of a replica being migrated (each call bounded by the health timeout: a dead or
+        hung replica has none to give back, and its clients' retries land elsewhere) while its /health still answers:
+        a wedged scheduler's /metrics answers and shows requests that never finish."""
         async with RouterClient(url, url + METRICS_PATH, timeout_s=self.spec.serving.health_check_timeout_s) as c:
             with contextlib.suppress(httpx.HTTPError, TimeoutError):
-                await c.wait_until_idle(url, timeout_s=self.spec.rollout.drain_timeout_s)
+                await c.wait_until_idle(url, timeout_s=self.spec.rollout.drain_timeout_s, while_healthy=True)
 
     async def _warm_up(self, action: Action) -> str:
         """Synthetic requests straight to the replica at ``serving.warmup_share`` of the mean rate for
@@ -434,6 +456,11 @@ class _Collector:
             "Restarts the deployment refused to start (Kubernetes: the pod's disruption budget allowed none).",
         )
         refused.add_metric([], ctl.counters.refused)
+        breakers = CounterMetricFamily(
+            "exaserve_runtime_breakers_open",
+            "Replicas judged failed because a router held their circuit breaker open (requests failing, /health fine).",
+        )
+        breakers.add_metric([], ctl.counters.breakers)
         accepted = CounterMetricFamily("exaserve_runtime_reports_accepted", "Agent reports applied.")
         accepted.add_metric([], ctl.counters.accepted)
         rejected = CounterMetricFamily(
@@ -459,4 +486,17 @@ class _Collector:
         )
         for router in sorted(self.s.routers_seen):
             unsynced.add_metric([router], float(router in self.s.unsynced))
-        yield from (evicted, cap, capped, refused, accepted, rejected, actions, failures, leader, term, unsynced)
+        yield from (
+            evicted,
+            cap,
+            capped,
+            refused,
+            breakers,
+            accepted,
+            rejected,
+            actions,
+            failures,
+            leader,
+            term,
+            unsynced,
+        )

@@ -19,7 +19,7 @@ from pathlib import Path
 from serving.fleet_http import FleetHttp, HttpFailure
 from serving.plan.model import Fleet, Replica
 from serving.plan.planner import memory_plan
-from serving.render.common import duration_buckets
+from serving.render.common import duration_buckets, whole_seconds
 from serving.render.router import ROUTER_ENTRY, router_args
 from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.rollout.kvpool import GIB
@@ -28,10 +28,18 @@ from serving.rollout.plan import kv_plan
 from serving.router.membership import RouterSet
 from serving.sandbox import worker_host
 from serving.sandbox.processes import SandboxError, StateDir, start_worker, stop_process
-from serving.sandbox.worker import WorkerConfig
-from serving.spec.schema import FleetSpec, SandboxSpec
+from serving.sandbox.worker import HEALTH_POLL_S, WorkerConfig
+from serving.spec.schema import FleetSpec, SandboxSpec, ServingSpec
 
 JITTER_SHARE = 0.1  # simulated latency varies ±10 % around each release's latency_ms
+SOURCE_HEARTBEAT_S = float(ServingSpec.model_fields["heartbeat_interval_s"].default)  # the source's 5 s
+
+
+def health_poll_s(spec: FleetSpec) -> float:
+    """The simulated ``/health``'s poll period: SGLang's 1 s, scaled as the stack scales time. A stack that checks
+    every ``heartbeat_interval_s`` below the source's 5 s (the drill and runtime test stacks check every 1 s) runs
+    the fleet's clock that much faster, and SGLang's poll with it; a stack at 5 s or slower gets SGLang's 1 s."""
+    return HEALTH_POLL_S * min(1.0, spec.serving.heartbeat_interval_s / SOURCE_HEARTBEAT_S)
 
 
 def sandbox_of(spec: FleetSpec) -> SandboxSpec:
@@ -91,6 +99,8 @@ def worker_config(spec: FleetSpec, replica: Replica, version: str) -> WorkerConf
         never_ready=release.never_ready,
         served_model_name=spec.model.name,
         max_running_requests=spec.limits.max_running_requests,
+        health_poll_s=health_poll_s(spec),
+        health_timeout_s=whole_seconds(spec.serving.health_check_timeout_s),  # SGLANG_HEALTH_CHECK_TIMEOUT, rendered
         bucket_e2e_request_latency=tuple(duration_buckets(spec)),
         kv_pool_tokens=tokens,
         weight_memory_gb=kv.weights_bytes / GIB,

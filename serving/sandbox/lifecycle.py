@@ -23,6 +23,7 @@ from serving.sandbox import capacity, processes, scale
 from serving.sandbox.backend import node_groups, router_flags, worker_config, worker_name
 from serving.sandbox.prometheus import start_prometheus
 from serving.sandbox.runtime import router_urls, start_extra_routers, start_runtime
+from serving.sandbox.worker import health_answer_bound_s
 from serving.sandbox.worker_host import start_host
 from serving.spec.stack import SpecError, Stack
 
@@ -133,7 +134,9 @@ async def _start(
                 for g in node_groups(fleet)
             )
         )
-    await _healthy([c.url for c in configs.values() if not c.never_ready], budget, note)
+    waited = [c for c in configs.values() if not c.never_ready]
+    bound = max((health_answer_bound_s(c) for c in waited), default=1.0)
+    await _healthy([c.url for c in waited], budget, bound, note)
     ready = sum(not c.never_ready for c in configs.values())
     count = len(router_urls(spec)) if spec.sandbox.runtime else 1
     note(f"starting {count} router(s), each registering {ready} workers")
@@ -159,11 +162,11 @@ async def _start(
     return {rid: (c.url, c.version) for rid, c in configs.items()}, runtime
 
 
-async def _healthy(urls: list[str], budget: float, note: Callable[[str], None]) -> None:
-    """Until every worker's ``/health`` answers 200, telling ``note`` how many do; TimeoutError past
-    ``serving.startup_budget_s``."""
+async def _healthy(urls: list[str], budget: float, answer_s: float, note: Callable[[str], None]) -> None:
+    """Until every worker's ``/health`` answers 200 within ``answer_s``, telling ``note`` how many do; TimeoutError
+    past ``serving.startup_budget_s``."""
     deadline = time.monotonic() + budget
-    http = FleetHttp(timeout_s=1.0)
+    http = FleetHttp(timeout_s=answer_s)
 
     async def ok(url: str) -> bool:
         try:

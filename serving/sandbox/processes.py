@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import random
 import signal
@@ -27,7 +28,7 @@ from typing import Literal
 import httpx
 
 from serving.router.client import parse_workers
-from serving.sandbox.worker import LOOPBACK, WorkerConfig
+from serving.sandbox.worker import LOOPBACK, WorkerConfig, health_answer_bound_s
 
 Kind = Literal["worker", "worker-host", "router", "etcd", "controller", "agent", "prometheus"]
 WaitFor = Literal["healthy", "listening", "started"]
@@ -317,9 +318,9 @@ def _wait(
         time.sleep(poll_s)
 
 
-def http_ok(url: str) -> bool:
+def http_ok(url: str, timeout_s: float = 1.0) -> bool:
     try:
-        return httpx.get(url, timeout=1.0).status_code == 200
+        return httpx.get(url, timeout=timeout_s).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -425,7 +426,7 @@ def start_worker(
 
 def _worker_probe(config: WorkerConfig, wait: WaitFor) -> Callable[[], bool]:
     if wait == "healthy":
-        return lambda: http_ok(config.url + "/health")
+        return lambda: http_ok(config.url + "/health", health_answer_bound_s(config))
     return lambda: _listening(config.host, config.port)
 
 
@@ -455,7 +456,8 @@ class RouterSpec:
     host: str = LOOPBACK
     prometheus_host: str = LOOPBACK
     health_check_interval_secs: int = 1
-    health_check_timeout_secs: int = 1
+    # smg's timeout is whole seconds: the first above a healthy /health of a default worker (SGLang's 1 s poll)
+    health_check_timeout_secs: int = math.ceil(health_answer_bound_s(WorkerConfig(port=1)))
     health_failure_threshold: int = 2
     health_success_threshold: int = 1
     worker_startup_timeout_secs: int = 30

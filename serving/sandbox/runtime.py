@@ -63,6 +63,11 @@ def router_urls(spec: FleetSpec) -> list[str]:
     return [_url(api) for api, _ in runtime_ports(spec).routers]
 
 
+def router_metrics_urls(spec: FleetSpec) -> list[str]:
+    """Each router instance's Prometheus listener, in the order of :func:`router_urls`."""
+    return [_url(metrics) + "/metrics" for _, metrics in runtime_ports(spec).routers]
+
+
 def controller_urls(spec: FleetSpec) -> list[str]:
     return [_url(p) for p in runtime_ports(spec).controllers]
 

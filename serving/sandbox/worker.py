@@ -24,9 +24,14 @@ and, when given, ``sglang:weight_memory_usage_gb`` and ``sglang:kv_cache_memory_
 release the plan's figures, the pool off by the release's ``kv_skew`` (:func:`serving.sandbox.backend.worker_config`),
 for the rollout's check of the plan (:mod:`serving.rollout.kvpool`).
 
-A ready real server answers ``/health`` only after a one-token generation, polled once a second, so
-each probe takes at least ~1 s (``health_generate``); a router health-check timeout of 1 s fails
-against it. ``--health-latency-ms 1000`` reproduces that; the default 0 answers at once.
+``/health`` is SGLang 0.5.23's ``health_generate``: a one-token generation through the (simulated) scheduler, then a
+check of the scheduler's output after every ``--health-poll-s`` (SGLang sleeps 1 s), so a healthy answer takes at
+least one period and a router health-check timeout of 1 s fails against it; 200 or 503 only, 503 after
+``--health-timeout-s`` (``SGLANG_HEALTH_CHECK_TIMEOUT``) without output. A wedged scheduler (fault ``wedged``) keeps
+HTTP, ``/metrics`` and ``/model_info`` answering while generations and ``/health`` never complete. Metrics carry
+SGLang's labels (``engine_type``, ``tp_rank``, ``pp_rank``, ``moe_ep_rank``; ``priority`` and ``dp_rank`` with
+``--priority-scheduling`` and ``--dp-size``). tests/test_sandbox_worker_fidelity.py holds all this against the
+pinned source.
 
 The router fetches the tokenizer of the ``model_path`` a worker reports; the worker reports a local
 directory holding a tiny ``tokenizer.json`` built with the ``tokenizers`` library, so the router never
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import json
@@ -75,6 +81,17 @@ _VOCAB_WORDS = ("simulated", "output", "from", "worker", "version", "the", "a", 
 Endpoint = Literal["generate", "completions", "chat"]
 MAX_TOTAL_TOKENS = 65536  # the default simulated KV pool (--kv-pool-tokens)
 # The sections /v1/loads?include= takes (SGLang's LoadSnapshot.VALID_SECTIONS).
+# SGLang 0.5.23's /health (http_server.py health_generate): a one-token generation through the scheduler, then a check
+# of the scheduler's last output after every `await asyncio.sleep(1)`, 503 once SGLANG_HEALTH_CHECK_TIMEOUT (default 20,
+# http_server.py:218) passed without one. tests/test_sandbox_worker_fidelity.py reads these from the pinned source.
+HEALTH_POLL_S = 1.0
+HEALTH_CHECK_TIMEOUT_S = 20.0
+HEALTH_MAX_NEW_TOKENS = 1
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default; a one-token step is this share of a generation
+# The label sets of SGLang 0.5.23's metrics (observability/metrics_collector.py): the scheduler's collector labels its
+# series model_name, engine_type, tp_rank, pp_rank, moe_ep_rank (+ priority "" and dp_rank when those are on), the
+# tokenizer's model_name, engine_type (+ priority); counters and histograms of requests add is_streaming.
+ENGINE_TYPE = "unified"  # DisaggregationMode.to_engine_type of a server without PD disaggregation
 LOADS_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 
 
@@ -96,7 +113,10 @@ class WorkerConfig:
     served_model_name: str = "exaserve-sim"
     max_running_requests: int = 256
     shutdown_timeout_s: float = 30.0
-    health_latency_ms: float = 0.0
+    health_poll_s: float = HEALTH_POLL_S
+    health_timeout_s: float = HEALTH_CHECK_TIMEOUT_S
+    priority_scheduling: bool = False
+    dp_size: int = 1
     bucket_e2e_request_latency: tuple[float, ...] = E2E_BUCKETS_S
     kv_pool_tokens: int = MAX_TOTAL_TOKENS
     weight_memory_gb: float = 0.0
@@ -114,7 +134,7 @@ class WorkerConfig:
             "startup_delay_s",
             "warmup_s",
             "shutdown_timeout_s",
-            "health_latency_ms",
+            "health_poll_s",
             "weight_memory_gb",
             "kv_cache_memory_gb",
         ):
@@ -127,6 +147,13 @@ class WorkerConfig:
             )
         if self.kv_pool_tokens < 1:
             problems.append(f"kv_pool_tokens={self.kv_pool_tokens}: must be >= 1")
+        if self.health_timeout_s <= 0 or self.health_poll_s <= 0:
+            problems.append(
+                f"health_poll_s={self.health_poll_s}, health_timeout_s={self.health_timeout_s}: both must be > 0 "
+                f"(SGLang: {HEALTH_POLL_S:g} s and {HEALTH_CHECK_TIMEOUT_S:g} s)"
+            )
+        if self.dp_size < 1:
+            problems.append(f"dp_size={self.dp_size}: must be >= 1 (data-parallel ranks, each with its scheduler)")
         if self.max_running_requests < 1:
             problems.append(f"max_running_requests={self.max_running_requests}: must be >= 1")
         if not self.version:
@@ -169,7 +196,10 @@ _HELP = {
     "served_model_name": "model name reported to the router and in responses",
     "max_running_requests": "requests served at once; more wait in the queue (sglang:num_queue_reqs)",
     "shutdown_timeout_s": "on SIGTERM, how long in-flight requests may take to finish",
-    "health_latency_ms": "delay of a ready /health answer (real SGLang: about 1000)",
+    "health_poll_s": "a ready /health checks the scheduler's output this often, first after one period (SGLang: 1)",
+    "health_timeout_s": "/health answers 503 when the scheduler produced nothing this long (SGLANG_HEALTH_CHECK_TIMEOUT)",
+    "priority_scheduling": "label scheduler and tokenizer metrics with priority, as --enable-priority-scheduling does",
+    "dp_size": "data-parallel attention ranks: each rank's scheduler exports its own series, labelled dp_rank",
     "bucket_e2e_request_latency": "bounds of the sglang:e2e_request_latency_seconds histogram (SGLang's flag)",
     "kv_pool_tokens": "the KV pool in tokens (sglang:max_total_num_tokens, /server_info max_total_tokens)",
     "weight_memory_gb": "GiB the weights took per GPU (sglang:weight_memory_usage_gb; 0: not exported)",
@@ -236,15 +266,60 @@ def ensure_model_dir(path: Path) -> Path:
     return path
 
 
+def scheduler_metric_labels(config: WorkerConfig) -> list[dict[str, str]]:
+    """The labels of each scheduler's series, one dict per data-parallel rank, as SGLang 0.5.23 builds them
+    (``SchedulerMetricsCollector`` context, ``metrics_collector.py:~1382-1392``): data-parallel attention with one
+    tensor-parallel rank per DP rank, so every rank is a stats-logging rank (``attn_tp_rank == 0``) and exports."""
+    ranks = []
+    for rank in range(config.dp_size):
+        labels = {
+            "model_name": config.served_model_name,
+            "engine_type": ENGINE_TYPE,
+            "tp_rank": str(rank),
+            "pp_rank": "0",
+            "moe_ep_rank": "0",
+        }
+        if config.priority_scheduling:
+            labels["priority"] = ""  # the total; each priority's share is a series of its own
+        if config.dp_size > 1:
+            labels["dp_rank"] = str(rank)
+        ranks.append(labels)
+    return ranks
+
+
+def tokenizer_metric_labels(config: WorkerConfig) -> dict[str, str]:
+    """The labels of the tokenizer's series (``tokenizer_metric_labels``, ``metrics_collector.py``); a request fills
+    in its priority."""
+    labels = {"model_name": config.served_model_name, "engine_type": ENGINE_TYPE}
+    if config.priority_scheduling:
+        labels["priority"] = ""
+    return labels
+
+
+def health_answer_bound_s(config: WorkerConfig) -> float:
+    """How long a caller gives a healthy ``/health`` of this worker: its answer comes after one poll period (and the
+    one-token step before it), so a second period is the room a loaded machine gets: 2 × ``health_poll_s`` (2 s
+    against SGLang's 1 s poll), never under 1 s."""
+    return max(1.0, 2 * config.health_poll_s)
+
+
 FAULT_PATH = "/sim/fault"
+HEALTH_PATHS = ("/health", "/health_generate")  # one handler in SGLang (health_generate)
+REQUEST_PRIORITY = "0"  # a request without one, as --default-priority-value 0 gives it
 
 
 @dataclass(frozen=True)
 class InjectedFault:
     """A fault a drill puts on a running simulated worker (``PUT /sim/fault``), SIMULATION ONLY.
 
-    ``delay_ms`` ± ``jitter_ms`` (uniform) delays every answer, health checks and metrics included; ``errors``
-    answers every request with HTTP 500; memory pressure: ``token_usage`` is the KV-cache usage reported as
+    ``delay_ms`` ± ``jitter_ms`` (uniform) delays every answer, health checks and metrics included (an in-path delay);
+    ``errors`` fails every answer, as a broken proxy in front of the server would: generations with HTTP 500,
+    ``/health`` with 503 (the only failure SGLang's ``/health`` answers); ``generation_errors`` fails generations
+    with HTTP 500 while the scheduler still runs, so ``/health`` stays 200 as on a real server whose requests fail
+    (SGLang counts no such failure: ``sglang:num_aborted_requests_total`` counts aborts, ``abort_request``; the
+    routers' per-worker outcomes and circuit breakers see them); ``wedged`` stops the simulated scheduler
+    (a hung forward batch): HTTP, ``/metrics`` and ``/model_info`` answer, generations and ``/health`` never
+    complete (``/health`` answers 503 after ``health_timeout_s``); memory pressure: ``token_usage`` is the KV-cache usage reported as
     ``sglang:token_usage``, ``admit`` the requests that still fit the pool (the rest wait in the queue, as SGLang's
     scheduler holds what it cannot admit: ``num_queue_reqs`` and ``/v1/loads`` show them) and ``slowdown``
     multiplies the generation latency."""
@@ -252,6 +327,8 @@ class InjectedFault:
     delay_ms: float = 0.0
     jitter_ms: float = 0.0
     errors: bool = False
+    generation_errors: bool = False
+    wedged: bool = False
     token_usage: float | None = None
     admit: int | None = None
     slowdown: float = 1.0
@@ -299,55 +376,56 @@ class SimulatedWorker:
         self._shutting_down = False
         self._running = 0
         self._waiting = 0
+        # Requests per (DP rank, priority, "running" | "waiting"): what each rank's scheduler exports.
+        self._load: collections.Counter[tuple[int, str, str]] = collections.Counter()
+        self._admitted = 0  # requests so far; the n-th goes to DP rank n % dp_size
+        self._last_output = float("-inf")  # when the simulated scheduler last finished a request (monotonic)
         self._tokens_in_flight = 0
         self._finished = asyncio.Condition()  # a request ended: one held back by a fault's ``admit`` may start
         self.fault = NO_FAULT
         # The last /metrics exposition and what it showed: rendering costs 2.3 ms of CPU (8 times a /health), and
         # node agents read every worker's each heartbeat, mostly with nothing changed since the last read.
         self._changes = 0  # bumped by every counter or histogram update
-        self._exposition: tuple[tuple[int, int, int, float], bytes] | None = None
-        labels = {"model_name": config.served_model_name}
+        self._exposition: tuple[tuple[object, ...], bytes] | None = None
         self.registry = CollectorRegistry(auto_describe=True)
+        self.scheduler_labels = scheduler_metric_labels(config)
+        self.tokenizer_labels = tokenizer_metric_labels(config)
+        scheduler = list(self.scheduler_labels[0])
+        per_request = [*self.tokenizer_labels, "is_streaming"]
         self._e2e = Histogram(
             "sglang:e2e_request_latency_seconds",
-            "Histogram of end-to-end request latency in seconds",
-            list(labels),
+            "Histogram of End-to-end request latency in seconds",
+            per_request,
             buckets=config.bucket_e2e_request_latency,
             registry=self.registry,
-        ).labels(**labels)
+        )
         self._running_gauge = Gauge(
-            "sglang:num_running_reqs", "The number of running requests.", list(labels), registry=self.registry
-        ).labels(**labels)
+            "sglang:num_running_reqs", "The number of running requests.", scheduler, registry=self.registry
+        )
         self._queue_gauge = Gauge(
-            "sglang:num_queue_reqs",
-            "The number of requests in the waiting queue.",
-            list(labels),
-            registry=self.registry,
-        ).labels(**labels)
+            "sglang:num_queue_reqs", "The number of requests in the waiting queue.", scheduler, registry=self.registry
+        )
         self._token_usage = Gauge(
             "sglang:token_usage",
             "The token usage (share of the KV-cache pool in use).",
-            list(labels),
+            scheduler,
             registry=self.registry,
-        ).labels(**labels)
+        )
         self._requests = Counter(
-            "sglang:num_requests", "Number of requests processed.", list(labels), registry=self.registry
-        ).labels(**labels)
+            "sglang:num_requests", "Number of requests processed.", per_request, registry=self.registry
+        )
         self._prompt_tokens = Counter(
-            "sglang:prompt_tokens", "Number of prefill tokens processed.", list(labels), registry=self.registry
-        ).labels(**labels)
+            "sglang:prompt_tokens", "Number of prefill tokens processed.", per_request, registry=self.registry
+        )
         self._generation_tokens = Counter(
-            "sglang:generation_tokens",
-            "Number of generation tokens processed.",
-            list(labels),
-            registry=self.registry,
-        ).labels(**labels)
+            "sglang:generation_tokens", "Number of generation tokens processed.", per_request, registry=self.registry
+        )
         self._injected_errors = Counter(
             "sim_worker_injected_errors",
             "SIMULATION ONLY (not an SGLang metric): generation requests failed with HTTP 500 on purpose.",
-            list(labels),
+            ["model_name"],
             registry=self.registry,
-        ).labels(**labels)
+        ).labels(model_name=config.served_model_name)
         # SGLang's start-up constants (emit_constants, sglang/srt/observability/metrics_collector.py): set once.
         constants: list[tuple[str, str, float]] = [
             (
@@ -369,7 +447,9 @@ class SimulatedWorker:
                 )
             )
         for name, text, value in constants:
-            Gauge(name, text, list(labels), registry=self.registry).labels(**labels).set(value)
+            gauge = Gauge(name, text, scheduler, registry=self.registry)
+            for labels in self.scheduler_labels:
+                gauge.labels(**labels).set(value)
         Info(
             "sim_worker",
             "SIMULATION ONLY (not an SGLang metric): identity of this simulated worker.",
@@ -382,8 +462,8 @@ class SimulatedWorker:
         app.router.add_get(FAULT_PATH, self.get_fault)
         app.router.add_put(FAULT_PATH, self.put_fault)
         app.router.add_delete(FAULT_PATH, self.delete_fault)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/health_generate", self.health)
+        for path in HEALTH_PATHS:
+            app.router.add_get(path, self.health)
         app.router.add_get("/server_info", self.server_info)
         app.router.add_get("/get_server_info", self.server_info)
         app.router.add_get("/model_info", self.model_info)
@@ -407,6 +487,8 @@ class SimulatedWorker:
         if delay_ms > 0:
             await asyncio.sleep(delay_ms / 1000)
         if fault.errors:
+            if request.path in HEALTH_PATHS:
+                return web.Response(status=503)  # SGLang's /health answers 200 or 503, nothing else
             self._injected_errors.inc()
             self._changes += 1
             return _error(500, "simulated fault: every request fails (exaserve drill error-burst)")
@@ -439,10 +521,24 @@ class SimulatedWorker:
         return not self._shutting_down and time.monotonic() >= self._ready_at
 
     async def health(self, _request: web.Request) -> web.Response:
+        """SGLang 0.5.23's ``health_generate``: 503 while starting or shutting down; else a one-token generation
+        through the scheduler, and after every ``health_poll_s`` a look at whether the scheduler produced any output
+        since the check began (any request's, this one's included): 200 once it did, 503 after ``health_timeout_s``.
+        A healthy answer therefore takes at least one poll period (1 s on SGLang)."""
         if not self.ready:
             return web.Response(status=503)
-        await asyncio.sleep(self.config.health_latency_ms / 1000)
-        return web.Response(status=200)
+        c = self.config
+        tic = time.monotonic()
+        step_s = c.latency_ms * self.fault.slowdown / 1000 / DEFAULT_MAX_NEW_TOKENS
+        generation = asyncio.create_task(self._schedule(1 + HEALTH_MAX_NEW_TOKENS, step_s, REQUEST_PRIORITY))
+        try:
+            while time.monotonic() < tic + c.health_timeout_s:
+                await asyncio.sleep(c.health_poll_s)
+                if self._last_output > tic:
+                    return web.Response(status=200)
+            return web.Response(status=503)
+        finally:
+            generation.cancel()
 
     def _server_info(self) -> dict[str, Any]:
         c = self.config
@@ -456,12 +552,18 @@ class SimulatedWorker:
             "served_model_name": c.served_model_name,
             "host": c.host,
             "port": c.port,
-            "tp_size": 1,
-            "dp_size": 1,
+            "tp_size": c.dp_size,
+            "dp_size": c.dp_size,
             "max_running_requests": c.max_running_requests,
             "max_total_tokens": c.kv_pool_tokens,
             "status": "Up" if self.ready else "Starting",
-            "internal_states": [{"dp_rank": 0, "num_running_reqs": self._running}],
+            "internal_states": [
+                {
+                    "dp_rank": rank,
+                    "num_running_reqs": sum(n for (r, _p, k), n in self._load.items() if (r, k) == (rank, "running")),
+                }
+                for rank in range(c.dp_size)
+            ],
         }
 
     async def server_info(self, _request: web.Request) -> web.Response:
@@ -567,13 +669,24 @@ class SimulatedWorker:
 
     async def metrics(self, _request: web.Request) -> web.Response:
         usage = self._kv_usage()
-        shown = (self._changes, self._running, self._waiting, usage)
+        shown = (self._changes, tuple(sorted(self._load.items())), usage)
         if self._exposition is None or self._exposition[0] != shown:
-            self._running_gauge.set(self._running)
-            self._queue_gauge.set(self._waiting)
-            self._token_usage.set(usage)
+            for rank, labels in enumerate(self.scheduler_labels):
+                self._export_rank(rank, labels, usage)
             self._exposition = (shown, generate_latest(self.registry))
         return web.Response(body=self._exposition[1], headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _export_rank(self, rank: int, labels: dict[str, str], usage: float) -> None:
+        """One DP rank's scheduler gauges as ``_log_gauge_queue_count`` sets them: the total under the rank's labels
+        (``priority=""`` when priority scheduling is on) and, with priority scheduling, each priority seen so far
+        under ``priority="<n>"`` (0 once it has none)."""
+        for gauge, state in ((self._running_gauge, "running"), (self._queue_gauge, "waiting")):
+            by_priority = {p: n for (r, p, k), n in self._load.items() if r == rank and k == state}
+            gauge.labels(**labels).set(sum(by_priority.values()))
+            if self.config.priority_scheduling:
+                for priority, n in by_priority.items():
+                    gauge.labels(**(labels | {"priority": priority})).set(n)
+        self._token_usage.labels(**labels).set(usage)
 
     async def generate(self, request: web.Request) -> web.Response:
         return await self._serve(request, "generate")
@@ -596,44 +709,76 @@ class SimulatedWorker:
             return _error(400, "stream=true: the simulated worker does not stream; send stream=false")
         if self._shutting_down:
             return _error(503, "the simulated worker is shutting down; retry on another worker")
-        if self._rng.random() < self.config.error_rate:
+        priority = str(body.get("priority", REQUEST_PRIORITY)) if self.config.priority_scheduling else REQUEST_PRIORITY
+        per_request = self._request_labels(priority)
+        if self.fault.generation_errors or self._rng.random() < self.config.error_rate:
+            why = (
+                "every generation fails (fault)"
+                if self.fault.generation_errors
+                else f"error_rate={self.config.error_rate}"
+            )
             self._injected_errors.inc()
             self._changes += 1
-            return _error(500, f"simulated engine failure (error_rate={self.config.error_rate})")
+            return _error(500, f"simulated engine failure: {why}")
         max_tokens = _max_new_tokens(body, endpoint)
         prompt_tokens = _prompt_token_count(body, endpoint)
         latency_ms = self.config.latency_ms + self._rng.uniform(-1, 1) * self.config.jitter_ms
-        delay_s = max(0.0, latency_ms) * self.fault.slowdown / 1000
         started = time.monotonic()
+        await self._schedule(prompt_tokens + max_tokens, max(0.0, latency_ms) * self.fault.slowdown / 1000, priority)
+        latency_s = time.monotonic() - started
+        self._e2e.labels(**per_request).observe(latency_s)
+        self._requests.labels(**per_request).inc()
+        self._prompt_tokens.labels(**per_request).inc(prompt_tokens)
+        self._generation_tokens.labels(**per_request).inc(max_tokens)
+        self._changes += 1
+        text = " ".join(_VOCAB_WORDS[i % len(_VOCAB_WORDS)] for i in range(max_tokens))
+        return web.json_response(self._payload(endpoint, text, prompt_tokens, max_tokens, latency_s))
+
+    def _request_labels(self, priority: str) -> dict[str, str]:
+        """A finished request's tokenizer labels: its priority (with priority scheduling) and is_streaming."""
+        labels = dict(self.tokenizer_labels)
+        if self.config.priority_scheduling:
+            labels["priority"] = priority
+        return labels | {"is_streaming": "false"}
+
+    async def _schedule(self, tokens: int, duration_s: float, priority: str) -> None:
+        """One request through the simulated scheduler: it waits in its DP rank's queue until a slot (and, under
+        memory pressure, the pool) admits it and the scheduler runs, holds ``tokens`` of the KV pool for
+        ``duration_s``, and finishes only while the scheduler is not wedged; finishing is the scheduler's output."""
+        rank = self._admitted % self.config.dp_size
+        self._admitted += 1
+
+        def admissible() -> bool:
+            return not self.fault.wedged and (self.fault.admit is None or self._running < self.fault.admit)
+
         self._waiting += 1
+        self._load[rank, priority, "waiting"] += 1
         try:
             await self._slots.acquire()
             try:
                 async with self._finished:
-                    await self._finished.wait_for(lambda: self.fault.admit is None or self._running < self.fault.admit)
+                    await self._finished.wait_for(admissible)
                     self._running += 1
             except BaseException:
                 self._slots.release()
                 raise
         finally:
             self._waiting -= 1
-        self._tokens_in_flight += prompt_tokens + max_tokens
+            self._load[rank, priority, "waiting"] -= 1
+        self._load[rank, priority, "running"] += 1
+        self._tokens_in_flight += tokens
         try:
-            await asyncio.sleep(delay_s)
+            await asyncio.sleep(duration_s)
+            async with self._finished:
+                await self._finished.wait_for(lambda: not self.fault.wedged)
+            self._last_output = time.monotonic()
         finally:
-            self._tokens_in_flight -= prompt_tokens + max_tokens
+            self._tokens_in_flight -= tokens
+            self._load[rank, priority, "running"] -= 1
             self._slots.release()
             async with self._finished:
                 self._running -= 1
                 self._finished.notify_all()
-        latency_s = time.monotonic() - started
-        self._e2e.observe(latency_s)
-        self._requests.inc()
-        self._prompt_tokens.inc(prompt_tokens)
-        self._generation_tokens.inc(max_tokens)
-        self._changes += 1
-        text = " ".join(_VOCAB_WORDS[i % len(_VOCAB_WORDS)] for i in range(max_tokens))
-        return web.json_response(self._payload(endpoint, text, prompt_tokens, max_tokens, latency_s))
 
     def _payload(self, endpoint: Endpoint, text: str, prompt: int, completion: int, latency_s: float) -> Any:
         c = self.config

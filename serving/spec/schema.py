@@ -1054,14 +1054,18 @@ class RuntimeSpec(_Model):
 DrillName = Literal[
     "replica-crash",
     "replica-hang",
+    "scheduler-wedged",
     "replica-slow",
     "error-burst",
+    "generation-errors",
     "memory-pressure",
     "network-jitter",
     "node-loss",
+    "node-stall",
     "router-loss",
     "leader-loss",
     "double-fault",
+    "router-and-replica-loss",
 ]
 """The fault drills' scenarios (what each does: ``serving.drill.scenarios.SCENARIOS``, docs/drills.md)."""
 

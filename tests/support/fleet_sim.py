@@ -5,7 +5,8 @@ at once and the process then loads for ``load_s``; a restart during loading star
 is the service's warm-up: it waits up to ``serving.startup_budget_s`` for ``/health``, then needs
 ``serving.warmup_duration_s`` of service without a failure.
 
-Whether a replica answers is a function of (replica id, time) given by the test: the fault it models.
+Whether a replica answers is a function of (replica id, time) given by the test: the fault it models; so is whether
+the routers hold its circuit breaker open (its requests fail while it answers ``/health``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class FleetSim:
     restarts: Counter[str] = field(default_factory=Counter)
     refuse: Up | None = None  # (replica id, t) → the deployment refuses to restart it then (a disruption budget)
     refused: Counter[str] = field(default_factory=Counter)
+    breaker: Up | None = None  # (replica id, t) → the routers hold its circuit breaker open then (requests failing)
     ready_at: dict[str, float] = field(default_factory=dict)
     seq: int = 0
 
@@ -87,11 +89,13 @@ class FleetSim:
         for w in list(self._warmups):
             rid = w.action.replica
             done: bool | None = None
-            if self.answers(rid, self.now):
+            # the warm-up's own requests go to the replica: they fail where its breaker would open
+            failing = self.breaker is not None and self.breaker(rid, self.now)
+            if self.answers(rid, self.now) and not failing:
                 w.healthy_since = self.now if w.healthy_since is None else w.healthy_since
                 if self.now - w.healthy_since >= spec.warmup_duration_s:
                     done = True
-            elif w.healthy_since is not None or self.now - w.started > spec.startup_budget_s:
+            elif failing or w.healthy_since is not None or self.now - w.started > spec.startup_budget_s:
                 done = False  # a failure during the warm-up, or never healthy within the startup budget
             if done is not None:
                 self._warmups.remove(w)
@@ -108,6 +112,9 @@ class FleetSim:
                 for node in self.nodes:
                     self.ctl.receive(self._report(node), self.t0 + self.now)
             self._warm()
+            if self.breaker is not None:  # the leader reads the routers' breakers before each tick (service.py)
+                urls = replica_urls(self.fleet.plan)
+                self.ctl.breakers_open({urls[rid] for rid in self.ctl.replicas if self.breaker(rid, self.now)})
             for action in self.ctl.tick(self.t0 + self.now, acting=True):
                 self._start(action)
 

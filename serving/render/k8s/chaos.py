@@ -42,6 +42,11 @@ SCHEDULE_HISTORY = 5
 ENTRY = "drills"
 # Chaos Mesh's field in a Schedule or a workflow template for each kind.
 EMBED_FIELD = {"PodChaos": "podChaos", "NetworkChaos": "networkChaos", "StressChaos": "stressChaos"}
+NO_WEDGE_CHAOS = (
+    "not rendered: no Chaos Mesh experiment stops a server's scheduler while its HTTP server answers (PodChaos kills "
+    "or fails the whole container, NetworkChaos cuts every answer: that is replica-hang). On a cluster, SGLang's "
+    "--watchdog-timeout ends a forward batch hung that long; the sandbox drill wedges the simulated scheduler."
+)
 NO_HTTP_CHAOS = (
     "not rendered: making a server answer HTTP 500 needs Chaos Mesh's HTTPChaos, which is not among the pinned CRDs "
     "(serving/data/crds.lock.json: PodChaos, NetworkChaos, StressChaos, Schedule), so it could not be validated; "
@@ -200,8 +205,10 @@ def _step(fault: Fault, fleet: Fleet) -> Step | str:
                 f"pod $(kubectl -n {fleet.spec.kubernetes.namespace} get lease {fleet.spec.runtime.lease_name} "
                 "-o jsonpath='{.spec.holderIdentity}')",
             )
-        case FaultKind.ERRORS, _:
+        case FaultKind.ERRORS | FaultKind.GENERATION_ERRORS, _:
             return NO_HTTP_CHAOS
+        case FaultKind.WEDGED, _:
+            return NO_WEDGE_CHAOS
     return f"not rendered: Chaos Mesh has no experiment for {fault.kind} of a {fault.component}"
 
 

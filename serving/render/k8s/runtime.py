@@ -27,6 +27,7 @@ from serving.plan.model import Fleet
 from serving.render.k8s import gateway
 from serving.render.k8s.common import (
     LABEL_NAME,
+    ROUTER_APP,
     SERVING_APP,
     K8sObject,
     Requests,
@@ -428,6 +429,17 @@ def render(fleet: Fleet) -> list[K8sObject]:
                 {
                     "from": [{"podSelector": {"matchLabels": a_sel}}, {"podSelector": {"matchLabels": c_sel}}],
                     "ports": [{"protocol": "TCP", "port": fleet.spec.serving.port}],
+                }
+            ],
+        ),
+        _policy(  # the leader reads each router's circuit breakers (smg_worker_cb_state): requests failing
+            fleet.spec,
+            f"{ROUTER_APP}-controller-metrics",
+            {LABEL_NAME: ROUTER_APP},
+            [
+                {
+                    "from": [{"podSelector": {"matchLabels": c_sel}}],
+                    "ports": [{"protocol": "TCP", "port": gateway.cluster_router(fleet).metrics_port}],
                 }
             ],
         ),

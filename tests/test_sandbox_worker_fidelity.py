@@ -1,0 +1,202 @@
+"""The simulated worker is no kinder than the pinned SGLang 0.5.23: its ``/health`` and its metrics, held against the
+installed source (tests/support/sglang_worker_facts.py parses it; the route table is tests/test_sandbox_worker_routes.py).
+
+- ``/health`` (``http_server.py`` ``health_generate``): the same two paths, answered by one handler; only 200 or 503,
+  in every state and fault of the worker; a one-token generation through the scheduler, polled after SGLang's sleep,
+  so a healthy answer takes at least one poll period; 503 once the scheduler answered nothing for the timeout
+  (a wedged scheduler), while HTTP, ``/metrics`` and ``/model_info`` still answer; 200 while generations fail.
+- Metrics (``metrics_collector.py``): every ``sglang:`` family the worker exports is one SGLang's scheduler or
+  tokenizer collector declares, of the same type, with exactly the labels SGLang puts on it — with and without
+  priority scheduling and data-parallel ranks.
+
+Each fails on the worker before issue 24: it answered ``/health`` at once (no poll, no scheduler), 500 under the
+error fault, had no wedged scheduler, and labelled its metrics ``model_name`` only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from serving.router.client import WORKER_QUEUED, WORKER_RUNNING
+from serving.runtime.agent import PROBED_METRICS
+from serving.sandbox.worker import (
+    HEALTH_CHECK_TIMEOUT_S,
+    HEALTH_MAX_NEW_TOKENS,
+    HEALTH_PATHS,
+    HEALTH_POLL_S,
+    SimulatedWorker,
+    WorkerConfig,
+)
+from tests.support.sglang_worker_facts import (
+    SCHEDULER,
+    CollectorLabels,
+    HealthFacts,
+    MetricFamily,
+    collector_labels,
+    health_facts,
+    metric_families,
+)
+
+POLL_S, TIMEOUT_S = 0.2, 0.6  # a shortened poll and timeout, so the test runs in seconds; the defaults are SGLang's
+
+
+@pytest.fixture(scope="module")
+def health(regenerated: Path) -> HealthFacts:
+    del regenerated  # builds the SGLang venv on first use
+    return health_facts()
+
+
+def _worker(tmp_path: Path, **changes: Any) -> SimulatedWorker:
+    fields: dict[str, Any] = {"health_poll_s": POLL_S, "health_timeout_s": TIMEOUT_S, "latency_ms": 5.0} | changes
+    return SimulatedWorker(WorkerConfig(port=1, model_path=str(tmp_path / "model"), **fields))
+
+
+def _with_client(worker: SimulatedWorker, body: Callable[[TestClient[Any, Any]], Awaitable[Any]]) -> Any:
+    async def run() -> Any:
+        async with TestClient(TestServer(worker.build_app())) as client:
+            return await body(client)
+
+    return asyncio.run(run())
+
+
+async def _timed_health(client: TestClient[Any, Any], path: str = "/health") -> tuple[int, float]:
+    started = time.monotonic()
+    response = await client.get(path)
+    return response.status, time.monotonic() - started
+
+
+def test_health_serves_sglang_s_paths_and_polls_as_it_does(health: HealthFacts) -> None:
+    assert health.paths == set(HEALTH_PATHS) == {"/health", "/health_generate"}
+    assert health.generates and health.max_new_tokens == HEALTH_MAX_NEW_TOKENS == 1
+    assert health.poll_s == (HEALTH_POLL_S,) == (1.0,)
+    assert health.timeout_default_s == HEALTH_CHECK_TIMEOUT_S == 20.0
+    defaults = WorkerConfig(port=1)
+    assert (defaults.health_poll_s, defaults.health_timeout_s) == (HEALTH_POLL_S, HEALTH_CHECK_TIMEOUT_S)
+
+
+def test_a_healthy_answer_takes_a_poll_period_and_needs_the_scheduler(tmp_path: Path, health: HealthFacts) -> None:
+    """200 after one poll (SGLang: ≥ 1 s); with the scheduler wedged, 503 after the timeout while /model_info and
+    /metrics answer and a generation does not complete; healthy again once the scheduler runs."""
+    worker = _worker(tmp_path)
+
+    async def body(client: TestClient[Any, Any]) -> dict[str, Any]:
+        seen: dict[str, Any] = {"healthy": [await _timed_health(client, p) for p in sorted(health.paths)]}
+        await client.put("/sim/fault", json={"wedged": True})
+        generation = asyncio.create_task(client.post("/generate", json={"text": "hello"}))
+        seen["wedged"] = await _timed_health(client)
+        seen["model_info"] = (await client.get("/model_info")).status
+        seen["metrics"] = (await client.get("/metrics")).status
+        seen["generation_done"] = generation.done()
+        await client.delete("/sim/fault")
+        seen["generation"] = (await generation).status
+        seen["again"] = await _timed_health(client)
+        return seen
+
+    seen = _with_client(worker, body)
+    for status, took in seen["healthy"]:
+        assert status == 200 and took >= POLL_S, seen
+    status, took = seen["wedged"]
+    assert status == 503 and TIMEOUT_S <= took < TIMEOUT_S + POLL_S + 0.5, seen
+    assert (seen["model_info"], seen["metrics"], seen["generation_done"]) == (200, 200, False), seen
+    assert seen["generation"] == 200 and seen["again"][0] == 200, seen
+
+
+def test_health_answers_only_what_sglang_answers_in_every_state(tmp_path: Path, health: HealthFacts) -> None:
+    """Starting, ready, every fault (the error fault included, which answered 500 before), shutting down."""
+    codes: set[int] = set()
+    starting = _worker(tmp_path, warmup_s=60.0)
+
+    async def warming(client: TestClient[Any, Any]) -> None:
+        codes.add((await client.get("/health")).status)
+
+    _with_client(starting, warming)
+    worker = _worker(tmp_path)
+    faults = [
+        {"errors": True},
+        {"generation_errors": True},
+        {"wedged": True},
+        {"delay_ms": 10.0},
+        {"token_usage": 0.99},
+    ]
+
+    async def each(client: TestClient[Any, Any]) -> None:
+        codes.add((await client.get("/health")).status)
+        for fault in faults:
+            await client.put("/sim/fault", json=fault)
+            codes.add((await client.get("/health")).status)
+        await client.delete("/sim/fault")
+        worker.begin_shutdown()
+        codes.add((await client.get("/health")).status)
+
+    _with_client(worker, each)
+    assert codes == health.status_codes == {200, 503}
+
+
+def test_generation_errors_leave_health_fine(tmp_path: Path, health: HealthFacts) -> None:
+    """The scheduler runs, so SGLang's /health answers 200 while every generation fails."""
+    del health
+    worker = _worker(tmp_path)
+
+    async def body(client: TestClient[Any, Any]) -> tuple[list[int], tuple[int, float], str]:
+        await client.put("/sim/fault", json={"generation_errors": True})
+        failed = [(await client.post("/generate", json={"text": "hello"})).status for _ in range(3)]
+        return failed, await _timed_health(client), await (await client.get("/metrics")).text()
+
+    failed, (status, took), text = _with_client(worker, body)
+    assert failed == [500, 500, 500] and status == 200 and took >= POLL_S
+    [injected] = [f for f in text_string_to_metric_families(text) if f.name == "sim_worker_injected_errors"]
+    assert sum(s.value for s in injected.samples if s.name.endswith("_total")) == 3
+
+
+def _exported(worker: SimulatedWorker) -> dict[str, Any]:
+    async def body(client: TestClient[Any, Any]) -> str:
+        await asyncio.gather(*(client.post("/generate", json={"text": "a b", "priority": p}) for p in (1, 2, 2)))
+        return await (await client.get("/metrics")).text()
+
+    return {f.name: f for f in text_string_to_metric_families(_with_client(worker, body))}
+
+
+def _declared(families: dict[str, MetricFamily], name: str, kind: str) -> MetricFamily:
+    """SGLang's declaration of an exported family (prometheus_client drops a counter's ``_total`` from its name)."""
+    declared = families.get(name + "_total" if kind == "counter" else name) or families.get(name)
+    assert declared is not None, f"{name}: the pinned SGLang declares no such metric"
+    return declared
+
+
+@pytest.mark.parametrize(("priority", "dp_size"), [(False, 1), (True, 2)])
+def test_metrics_carry_sglang_s_names_and_label_sets(
+    tmp_path: Path, health: HealthFacts, priority: bool, dp_size: int
+) -> None:
+    del health
+    families, own = metric_families(), collector_labels()
+    exported = _exported(_worker(tmp_path, priority_scheduling=priority, dp_size=dp_size))
+    sglang = {name: f for name, f in exported.items() if name.startswith("sglang:")}
+    assert {n.removesuffix("_total") for n in PROBED_METRICS} <= set(sglang)
+
+    def expected(labels: CollectorLabels) -> set[str]:
+        on = {"priority"} if priority else set()
+        return set(labels.always) | (on | ({"dp_rank"} if dp_size > 1 else set())) & set(labels.optional)
+
+    for name, family in sglang.items():
+        # prometheus_client (SGLang's library too) writes a counter's and a histogram's start time as X_created
+        created = name.endswith("_created") and name.removesuffix("_created") in sglang
+        base = name.removesuffix("_created") if created else name
+        declared = _declared(families, base, sglang[base].type)
+        assert created or declared.kind.lower() == family.type, (name, declared.kind, family.type)
+        want = expected(own[declared.collector]) | set(declared.extra_labels)
+        for sample in family.samples:
+            shown = set(sample.labels) - {"le"}
+            assert shown == want, (name, sample.name, sorted(shown ^ want))
+    for gauge in (WORKER_RUNNING, WORKER_QUEUED):
+        ranks = {s.labels.get("dp_rank") for s in sglang[gauge].samples}
+        assert len(ranks) == dp_size and _declared(families, gauge, "gauge").collector == SCHEDULER
+        if priority:  # the total under priority="", each priority under its own value: summing all double-counts
+            assert {s.labels["priority"] for s in sglang[gauge].samples} == {"", "1", "2"}
