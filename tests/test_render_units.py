@@ -59,6 +59,7 @@ from serving.render.sglang import (
     server_env,
 )
 from serving.render.systemd import RESTART_SEC, START_LIMIT_BURST, systemd_unit, systemd_word, unit_name
+from serving.sglang_health import HEALTH_POLL_S
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack
 from tests.support.ci import in_ci
@@ -267,7 +268,20 @@ def test_fabric_decides_the_nccl_environment() -> None:
     assert "NCCL_IB_DISABLE" not in env and "NCCL_IB_GID_INDEX" not in env
     roce = spec_from("prod", cluster__fabric__kind="roce", cluster__fabric__nccl_ib_gid_index=3)
     assert server_env(fleet_of(roce), first(roce))["NCCL_IB_GID_INDEX"] == "3"
-    assert env["HF_HUB_OFFLINE"] == "1" and env["SGLANG_HEALTH_CHECK_TIMEOUT"] == "3"
+    assert env["HF_HUB_OFFLINE"] == "1" and env["SGLANG_HEALTH_CHECK_TIMEOUT"] == "2"
+
+
+def test_sglang_answers_its_health_verdict_before_the_probes_hang_up() -> None:
+    """SGLang's /health_generate answers 503 at its first 1 s look past SGLANG_HEALTH_CHECK_TIMEOUT; the callers (the
+    probes on it, the systemd start check) must still be listening then, or they judge a timeout at SGLang's last look."""
+    for stack in ("prod", "dev"):
+        spec = load_stack(stack).spec
+        fleet = fleet_of(spec)
+        server = int(server_env(fleet, first(spec))["SGLANG_HEALTH_CHECK_TIMEOUT"])
+        c = pod_container(fleet, 0)
+        for probe in ("startupProbe", "readinessProbe"):
+            assert c[probe]["httpGet"]["path"] == "/health_generate"
+            assert server + HEALTH_POLL_S <= c[probe]["timeoutSeconds"], (stack, probe, server, c[probe])
 
 
 # Run in the SGLang venv: for each [name, value], the value as SGLang's own Envs field parses it, or, for a variable

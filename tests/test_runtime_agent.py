@@ -21,8 +21,9 @@ from serving.router.client import RouterClient
 from serving.runtime.agent import AGENT_USER_AGENT, BOOT_ID, Agent, AgentConfig
 from serving.runtime.reports import NodeReport, parse_report
 from serving.sandbox.processes import StateDir, free_port, free_port_block, stop_process
-from serving.sandbox.worker import HEALTH_POLL_S, SimulatedWorker, WorkerConfig, health_answer_bound_s
+from serving.sandbox.worker import SimulatedWorker, WorkerConfig, health_answer_bound_s
 from serving.sandbox.worker_host import WORKERS_PATH, control, start_host
+from serving.sglang_health import HEALTH_POLL_S
 
 # The agent's probe timeout must exceed a healthy /health (one poll period of SGLang's 1 s and its step): the bound the
 # sandbox gives it; the slow worker answers one poll after its 2.5 s delay, past it.
@@ -165,7 +166,7 @@ def test_one_report_per_node_says_what_each_replica_answered_and_reaches_every_c
     assert ready.gpu_utilization == pytest.approx(0.5)  # DCGM, averaged over its GPUs 0 and 1: (40 + 60) / 2 %
     assert ready.memory_usage == pytest.approx(0.5)  # DCGM frame buffer: 80,000 used of 160,000 MiB
     assert ready.running == 0 and ready.queued == 0
-    assert not probes["warming"].ok and probes["warming"].error == "/health 503"
+    assert not probes["warming"].ok and probes["warming"].error == "/health_generate 503"
     assert probes["warming"].gpu_utilization == 0.0  # a failed probe reports no figures
     assert not probes["slow"].ok and probes["slow"].latency_s is None
     assert probes["slow"].error == f"Timeout {PROBE_TIMEOUT_S:g} s"
@@ -283,7 +284,7 @@ def test_wedged_scheduler_a_migration_does_not_wait_for_requests_that_never_fini
             held = asyncio.create_task(client.post("/generate", json={"text": "a"}))
             await asyncio.sleep(0.1)
             started = time.monotonic()
-            with pytest.raises(TimeoutError, match="/health answers 503"):
+            with pytest.raises(TimeoutError, match="/health_generate answers 503"):
                 await rc.wait_until_idle(url, timeout_s=10, while_healthy=True)
             gave_up_s = time.monotonic() - started
             held.cancel()

@@ -25,16 +25,19 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from serving.render.sglang import server_env
 from serving.router.client import WORKER_QUEUED, WORKER_RUNNING
 from serving.runtime.agent import PROBED_METRICS
+from serving.sandbox.backend import worker_config
 from serving.sandbox.worker import (
     HEALTH_CHECK_TIMEOUT_S,
     HEALTH_MAX_NEW_TOKENS,
     HEALTH_PATHS,
-    HEALTH_POLL_S,
     SimulatedWorker,
     WorkerConfig,
 )
+from serving.sglang_health import HEALTH_ENDPOINT_GENERATION, HEALTH_PATH, HEALTH_POLL_S, SCHEDULER_HEALTH_PATH
+from serving.spec.stack import load_stack
 from tests.support.sglang_worker_facts import (
     SCHEDULER,
     CollectorLabels,
@@ -44,6 +47,7 @@ from tests.support.sglang_worker_facts import (
     health_facts,
     metric_families,
 )
+from tests.support.stacks import fleet_of
 
 POLL_S, TIMEOUT_S = 0.2, 0.6  # a shortened poll and timeout, so the test runs in seconds; the defaults are SGLang's
 
@@ -107,6 +111,36 @@ def test_a_healthy_answer_takes_a_poll_period_and_needs_the_scheduler(tmp_path: 
     assert status == 503 and TIMEOUT_S <= took < TIMEOUT_S + POLL_S + 0.5, seen
     assert (seen["model_info"], seen["metrics"], seen["generation_done"]) == (200, 200, False), seen
     assert seen["generation"] == 200 and seen["again"][0] == 200, seen
+
+
+def test_health_without_generation_is_sglang_s_switch_and_what_the_sandbox_runs(
+    tmp_path: Path, health: HealthFacts
+) -> None:
+    """SGLang answers ``/health`` 200 at once, without a generation, when SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is
+    false (the rendered servers set it: the routers' cheap check); ``/health_generate`` still needs the scheduler. The
+    sandbox's workers run as rendered; a wedged scheduler then passes ``/health`` and fails ``/health_generate``."""
+    assert health.generation_switch == ("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", HEALTH_PATH)
+    spec = load_stack("sandbox").spec
+    fleet = fleet_of(spec)
+    rendered = server_env(fleet, fleet.plan.replicas[0])["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"]
+    assert rendered == str(HEALTH_ENDPOINT_GENERATION).lower() == "false"
+    assert worker_config(spec, fleet.plan.replicas[0], "v1").health_generation is HEALTH_ENDPOINT_GENERATION
+    worker = _worker(tmp_path, health_generation=False)
+
+    async def body(client: TestClient[Any, Any]) -> dict[str, Any]:
+        seen: dict[str, Any] = {
+            "cheap": await _timed_health(client),
+            "scheduler": await _timed_health(client, SCHEDULER_HEALTH_PATH),
+        }
+        await client.put("/sim/fault", json={"wedged": True})
+        seen["wedged_cheap"] = await _timed_health(client)
+        seen["wedged_scheduler"] = await _timed_health(client, SCHEDULER_HEALTH_PATH)
+        return seen
+
+    seen = _with_client(worker, body)
+    assert seen["cheap"][0] == 200 and seen["cheap"][1] < POLL_S, seen
+    assert seen["scheduler"][0] == 200 and seen["scheduler"][1] >= POLL_S, seen
+    assert seen["wedged_cheap"][0] == 200 and seen["wedged_scheduler"][0] == 503, seen
 
 
 def test_health_answers_only_what_sglang_answers_in_every_state(tmp_path: Path, health: HealthFacts) -> None:

@@ -16,7 +16,7 @@ from serving.plan.model import Fleet, Plan
 from serving.render.common import FlagRule, check_entry, duration_buckets, render_flags, whole_seconds
 from serving.render.k8s.common import LABEL_ADMITTED
 from serving.render.k8s.container import LWS_LEADER_LABEL, SERVER_POD_LABELS
-from serving.render.sglang import HEALTH_PATH
+from serving.sglang_health import HEALTH_PATH
 from serving.spec.schema import FleetSpec, LogLevel
 
 # The gateway's Python launcher; its parser (smg.router_args.RouterArgs.add_cli_args) is the one the manifest pins.

@@ -26,6 +26,12 @@ from serving.render.common import (
     render_flags,
     whole_seconds,
 )
+from serving.sglang_health import (
+    HEALTH_ENDPOINT_GENERATION,
+    HEALTH_PATH,
+    SCHEDULER_HEALTH_PATH,
+    server_health_timeout_s,
+)
 from serving.spec.schema import FabricKind, FleetSpec, Precision, SpeculativeSpec
 
 # `sglang serve` is the entry point SGLang 0.5.23 documents (`python -m sglang.launch_server` warns
@@ -36,17 +42,6 @@ SERVER_ENTRY: Final = ("/usr/local/bin/sglang", "serve")
 
 # torch.distributed rendezvous port on a multi-node replica's first node (`--dist-init-addr`).
 DIST_INIT_PORT: Final = 20000
-
-
-# SGLang 0.5.23 serves one handler at two paths (`http_server.py:721-722`, `health_generate`): both answer 503 while
-# the server starts or shuts down; otherwise `/health_generate` runs a one-token generation through the scheduler and
-# polls for it with `await asyncio.sleep(1)` first (`:781-782`), so a healthy answer takes at least 1 s, and `/health`
-# does the same unless SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is false (`:746-750`; on by default, `environ.py:344`),
-# which the server's environment sets (SERVER_ENV): the routers check `/health`, at most 128 at once each (smg;
-# serving.plan.planner.ROUTER_PROBES_IN_FLIGHT), and 2,048 checks of ≥ 1 s every 5 s would need 410 at once. The node
-# agents, the readiness and startup probes and the rollout's warm-up ask `/health_generate`, which needs the scheduler.
-HEALTH_PATH: Final = "/health"
-SCHEDULER_HEALTH_PATH: Final = "/health_generate"
 
 
 # Paths shared by the systemd unit and the pod, so the command is the same in both.
@@ -240,14 +235,14 @@ SERVER_ENV: Final[tuple[EnvRule, ...]] = (
     EnvRule("HF_HUB_OFFLINE", "always 1: weights come from the node-local cache, never a model hub", lambda c: "1"),
     EnvRule(
         "SGLANG_HEALTH_CHECK_TIMEOUT",
-        "serving.health_check_timeout_s (whole seconds, rounded up)",
-        lambda c: str(whole_seconds(c.spec.serving.health_check_timeout_s)),
+        "serving.health_check_timeout_s in whole seconds, less SGLang's 1 s poll (SGLang answers 503 within the callers' timeout)",
+        lambda c: str(server_health_timeout_s(whole_seconds(c.spec.serving.health_check_timeout_s))),
     ),
     EnvRule(
         "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION",
         f"always false: {HEALTH_PATH} answers without a generation (the routers' check); {SCHEDULER_HEALTH_PATH} "
         "still generates (the agents' and the probes')",
-        lambda c: "false",
+        lambda c: str(HEALTH_ENDPOINT_GENERATION).lower(),
     ),
     EnvRule("PYTHONUNBUFFERED", "always 1: log lines reach journald / the pod log at once", lambda c: "1"),
     EnvRule("HOME", f"{SERVICE_HOME}: writable JIT caches (StateDirectory / an emptyDir)", lambda c: SERVICE_HOME),

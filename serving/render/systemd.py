@@ -14,13 +14,13 @@ from typing import Final
 from serving.plan.model import Fleet, Replica
 from serving.render.common import RenderError, rdma, render_template, whole_seconds
 from serving.render.sglang import (
-    SCHEDULER_HEALTH_PATH,
     SERVER_ENTRY,
     SERVICE_HOME,
     SERVICE_USER,
     server_argv,
     server_env,
 )
+from serving.sglang_health import SCHEDULER_HEALTH_PATH
 
 CURL: Final = "/usr/bin/curl"
 

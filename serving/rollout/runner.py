@@ -31,7 +31,6 @@ from typing import TypeVar
 import httpx
 
 from serving.fleet_http import FleetHttp, HttpFailure
-from serving.render.sglang import SCHEDULER_HEALTH_PATH
 from serving.rollout.backends import Backend, BackendError
 from serving.rollout.gates import (
     MIN_REQUESTS,
@@ -62,6 +61,7 @@ from serving.rollout.plan import warmup_requests
 from serving.router.client import WORKER_QUEUED, WORKER_RUNNING, MetricsSnapshot, RouterApiError
 from serving.router.loadgen import DEFAULT_BODY, TRANSPORT_ERROR, LoadSpec, run_load
 from serving.router.membership import MembershipTimeout, Observed
+from serving.sglang_health import SCHEDULER_HEALTH_PATH
 
 T = TypeVar("T")
 MAX_WINDOW_RESTARTS = 3  # router restarts tolerated inside one measurement window

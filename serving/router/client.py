@@ -35,6 +35,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from serving.sglang_health import SCHEDULER_HEALTH_PATH
+
 # Router (Prometheus listener) metric names.
 ROUTER_RESPONSES = "smg_http_responses_total"
 ROUTER_REQUESTS = "smg_http_requests_total"
@@ -48,7 +50,6 @@ CIRCUIT_OPEN = 1.0  # smg_worker_cb_state: 0 closed, 1 open, 2 half-open
 WORKER_RUNNING = "sglang:num_running_reqs"
 WORKER_QUEUED = "sglang:num_queue_reqs"
 WORKER_REQUESTS_TOTAL = "sglang:num_requests_total"
-WORKER_HEALTH_PATH = "/health"
 WORKER_REQUESTS = "sglang:num_requests_total"
 WORKER_E2E_LATENCY = "sglang:e2e_request_latency_seconds"
 
@@ -378,9 +379,9 @@ class RouterClient:
             busy = sum(snap.per_scheduler(WORKER_RUNNING).values()) + sum(snap.per_scheduler(WORKER_QUEUED).values())
             if busy == 0:
                 return time.monotonic() - started
-            if while_healthy and (status := (await self._http.get(base + WORKER_HEALTH_PATH)).status_code) != 200:
+            if while_healthy and (status := (await self._http.get(base + SCHEDULER_HEALTH_PATH)).status_code) != 200:
                 raise TimeoutError(
-                    f"worker {worker_url}: {busy:.0f} requests in flight and {WORKER_HEALTH_PATH} answers {status}: "
+                    f"worker {worker_url}: {busy:.0f} requests in flight and {SCHEDULER_HEALTH_PATH} answers {status}: "
                     "its scheduler produces nothing, they will not finish"
                 )
             if time.monotonic() - started >= timeout_s:

@@ -1,7 +1,8 @@
 """The node agent: every heartbeat interval, probe this node's replicas and send ONE report for the node.
 
-Per replica: ``GET /health`` bounded by ``serving.health_check_timeout_s`` (the cheap call; a hung
-process times out), then ``GET /metrics`` for SGLang's load figures (``sglang:num_running_reqs``,
+Per replica: ``GET /health_generate`` bounded by ``serving.health_check_timeout_s`` (a one-token generation through
+the scheduler, ≥ 1 s on SGLang 0.5.23: a wedged scheduler or a hung process times out; the routers check the cheap
+``/health``, serving.render.sglang), then ``GET /metrics`` for SGLang's load figures (``sglang:num_running_reqs``,
 ``sglang:num_queue_reqs``, ``sglang:token_usage``, ``sglang:num_requests_total``; the scheduler's gauges counted
 once per data-parallel rank, :meth:`serving.router.client.MetricsSnapshot.per_scheduler`). GPU utilisation,
 frame-buffer use and PCIe throughput come from NVIDIA's DCGM exporter when ``dcgm_url`` is given
@@ -29,12 +30,12 @@ from pathlib import Path
 
 from serving.fleet_http import VERSION, FleetHttp, HttpFailure
 from serving.plan.model import Fleet
-from serving.render.sglang import HEALTH_PATH
 from serving.rollout.gates import parse_only
 from serving.router.client import WORKER_QUEUED, WORKER_REQUESTS_TOTAL, WORKER_RUNNING, MetricsSnapshot
 from serving.runtime.controller import replica_urls
 from serving.runtime.discovery import DiscoveryError, NodePods
 from serving.runtime.reports import REPORT_SCHEMA_VERSION, NodeReport, ReplicaProbe
+from serving.sglang_health import SCHEDULER_HEALTH_PATH
 
 REPORTS_PATH = "/v1/reports"
 WORKER_TOKEN_USAGE = "sglang:token_usage"  # noqa: S105 - a metric name, not a secret
@@ -119,10 +120,12 @@ class Agent:
     async def _probe(self, rid: str, url: str, gpus: tuple[int, ...], dcgm: MetricsSnapshot | None) -> ReplicaProbe:
         started = time.monotonic()
         try:
-            health = await self._http.get(url + HEALTH_PATH)
+            health = await self._http.get(url + SCHEDULER_HEALTH_PATH)
             latency = time.monotonic() - started
             if health.status != 200:
-                return ReplicaProbe(id=rid, ok=False, latency_s=latency, error=f"{HEALTH_PATH} {health.status}")
+                return ReplicaProbe(
+                    id=rid, ok=False, latency_s=latency, error=f"{SCHEDULER_HEALTH_PATH} {health.status}"
+                )
             metrics = await self._http.get(url + "/metrics")
             snap = parse_only(metrics.text, PROBED_METRICS) if metrics.status == 200 else MetricsSnapshot(())
         except HttpFailure as exc:

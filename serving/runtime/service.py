@@ -40,6 +40,7 @@ from serving.runtime.controller import Action, Controller, ControllerConfig, Kin
 from serving.runtime.eviction import RestartRefused
 from serving.runtime.leader import Election, ElectionError, Term
 from serving.runtime.reports import Rejection, ReportRejected, parse_report
+from serving.sglang_health import SCHEDULER_HEALTH_PATH
 from serving.spec.schema import FleetSpec
 
 STATUS_PATH = "/v1/status"
@@ -373,7 +374,7 @@ class ControllerService:
         async with httpx.AsyncClient(timeout=self.spec.serving.health_check_timeout_s) as http:
             while True:
                 with contextlib.suppress(httpx.HTTPError):
-                    if (await http.get(action.url + "/health")).status_code == 200:
+                    if (await http.get(action.url + SCHEDULER_HEALTH_PATH)).status_code == 200:
                         break
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{action.url} not healthy within serving.startup_budget_s")

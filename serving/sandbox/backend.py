@@ -28,7 +28,8 @@ from serving.rollout.plan import kv_plan
 from serving.router.membership import RouterSet
 from serving.sandbox import worker_host
 from serving.sandbox.processes import SandboxError, StateDir, start_worker, stop_process
-from serving.sandbox.worker import HEALTH_POLL_S, WorkerConfig
+from serving.sandbox.worker import WorkerConfig
+from serving.sglang_health import HEALTH_ENDPOINT_GENERATION, HEALTH_POLL_S, server_health_timeout_s
 from serving.spec.schema import FleetSpec, SandboxSpec, ServingSpec
 
 JITTER_SHARE = 0.1  # simulated latency varies ±10 % around each release's latency_ms
@@ -100,7 +101,8 @@ def worker_config(spec: FleetSpec, replica: Replica, version: str) -> WorkerConf
         served_model_name=spec.model.name,
         max_running_requests=spec.limits.max_running_requests,
         health_poll_s=health_poll_s(spec),
-        health_timeout_s=whole_seconds(spec.serving.health_check_timeout_s),  # SGLANG_HEALTH_CHECK_TIMEOUT, rendered
+        health_timeout_s=server_health_timeout_s(whole_seconds(spec.serving.health_check_timeout_s)),  # as rendered
+        health_generation=HEALTH_ENDPOINT_GENERATION,  # SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, rendered
         bucket_e2e_request_latency=tuple(duration_buckets(spec)),
         kv_pool_tokens=tokens,
         weight_memory_gb=kv.weights_bytes / GIB,

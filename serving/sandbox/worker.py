@@ -68,6 +68,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from serving.sglang_health import HEALTH_POLL_S
+
 LOOPBACK = "127.0.0.1"
 SIMULATOR = "serving.sandbox.worker (SIMULATED SGLang worker, no model, no GPU)"
 SIMULATED_SGLANG_VERSION = "0.0.0+simulated"
@@ -84,7 +86,6 @@ MAX_TOTAL_TOKENS = 65536  # the default simulated KV pool (--kv-pool-tokens)
 # SGLang 0.5.23's /health (http_server.py health_generate): a one-token generation through the scheduler, then a check
 # of the scheduler's last output after every `await asyncio.sleep(1)`, 503 once SGLANG_HEALTH_CHECK_TIMEOUT (default 20,
 # http_server.py:218) passed without one. tests/test_sandbox_worker_fidelity.py reads these from the pinned source.
-HEALTH_POLL_S = 1.0
 HEALTH_CHECK_TIMEOUT_S = 20.0
 HEALTH_MAX_NEW_TOKENS = 1
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default; a one-token step is this share of a generation
@@ -115,6 +116,7 @@ class WorkerConfig:
     shutdown_timeout_s: float = 30.0
     health_poll_s: float = HEALTH_POLL_S
     health_timeout_s: float = HEALTH_CHECK_TIMEOUT_S
+    health_generation: bool = True
     priority_scheduling: bool = False
     dp_size: int = 1
     bucket_e2e_request_latency: tuple[float, ...] = E2E_BUCKETS_S
@@ -198,6 +200,8 @@ _HELP = {
     "shutdown_timeout_s": "on SIGTERM, how long in-flight requests may take to finish",
     "health_poll_s": "a ready /health checks the scheduler's output this often, first after one period (SGLang: 1)",
     "health_timeout_s": "/health answers 503 when the scheduler produced nothing this long (SGLANG_HEALTH_CHECK_TIMEOUT)",
+    "health_generation": "/health generates as /health_generate does (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION); when "
+    "false, /health answers 200 at once unless starting or shutting down",
     "priority_scheduling": "label scheduler and tokenizer metrics with priority, as --enable-priority-scheduling does",
     "dp_size": "data-parallel attention ranks: each rank's scheduler exports its own series, labelled dp_rank",
     "bucket_e2e_request_latency": "bounds of the sglang:e2e_request_latency_seconds histogram (SGLang's flag)",
@@ -520,14 +524,18 @@ class SimulatedWorker:
     def ready(self) -> bool:
         return not self._shutting_down and time.monotonic() >= self._ready_at
 
-    async def health(self, _request: web.Request) -> web.Response:
-        """SGLang 0.5.23's ``health_generate``: 503 while starting or shutting down; else a one-token generation
-        through the scheduler, and after every ``health_poll_s`` a look at whether the scheduler produced any output
-        since the check began (any request's, this one's included): 200 once it did, 503 after ``health_timeout_s``.
-        A healthy answer therefore takes at least one poll period (1 s on SGLang)."""
+    async def health(self, request: web.Request) -> web.Response:
+        """SGLang 0.5.23's ``health_generate``: 503 while starting or shutting down; ``/health`` with
+        ``health_generation`` off (``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false``, which the rendered servers set)
+        200 at once; else a one-token generation through the scheduler, and after every ``health_poll_s`` a look at
+        whether the scheduler produced any output since the check began (any request's, this one's included): 200 once
+        it did, 503 after ``health_timeout_s``. A generating answer therefore takes at least one poll period (1 s on
+        SGLang)."""
         if not self.ready:
             return web.Response(status=503)
         c = self.config
+        if request.path == HEALTH_PATHS[0] and not c.health_generation:
+            return web.Response(status=200)
         tic = time.monotonic()
         step_s = c.latency_ms * self.fault.slowdown / 1000 / DEFAULT_MAX_NEW_TOKENS
         generation = asyncio.create_task(self._schedule(1 + HEALTH_MAX_NEW_TOKENS, step_s, REQUEST_PRIORITY))

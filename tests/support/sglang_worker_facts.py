@@ -29,6 +29,9 @@ class HealthFacts:
     max_new_tokens: int
     generates: bool  # the handler sends its request through tokenizer_manager.generate_request
     timeout_default_s: float
+    # (variable, path): the `if` that answers 200 at once on that path, without a generation, when the envs variable
+    # is false; None when the handler has no such switch
+    generation_switch: tuple[str, str] | None
 
 
 @dataclass(frozen=True)
@@ -79,8 +82,27 @@ def health_facts(path: Path | None = None) -> HealthFacts:
         if isinstance(call, ast.Call) and ast.unparse(call.func) == "os.getenv" and len(call.args) == 2
         if isinstance(call.args[1], ast.Constant)
     ]
+    switch = None
+    for node in ast.walk(handler):
+        if not isinstance(node, ast.If) or "not envs." not in (test := ast.unparse(node.test)):
+            continue
+        returns_200 = any(
+            isinstance(kw.value, ast.Constant) and kw.arg == "status_code" and kw.value.value == 200
+            for ret in node.body
+            if isinstance(ret, ast.Return) and isinstance(ret.value, ast.Call)
+            for kw in ret.value.keywords
+        )
+        compared = [
+            c.comparators[0].value
+            for c in ast.walk(node.test)
+            if isinstance(c, ast.Compare) and "request.url.path" in ast.unparse(c.left)
+            and isinstance(c.ops[0], ast.Eq) and isinstance(c.comparators[0], ast.Constant)
+        ]  # fmt: skip
+        variable = test.split("not envs.", 1)[1].split(".", 1)[0]
+        if returns_200 and len(compared) == 1:
+            switch = (variable, str(compared[0]))
     assert tokens is not None, "health_generate sends no max_new_tokens"
-    return HealthFacts(frozenset(paths), frozenset(codes), tuple(polls), tokens, generates, timeout)
+    return HealthFacts(frozenset(paths), frozenset(codes), tuple(polls), tokens, generates, timeout, switch)
 
 
 def _metrics_collector() -> ast.Module:

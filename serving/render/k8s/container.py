@@ -20,13 +20,12 @@ from serving.render.k8s.common import image
 from serving.render.k8s.fabric import has_rdma
 from serving.render.k8s.storage import COMPLETE_MARKER, cache_dirs
 from serving.render.sglang import (
-    HEALTH_PATH,
-    SCHEDULER_HEALTH_PATH,
     SERVER_ENTRY,
     SERVICE_HOME,
     ServerContext,
     check_server_argv,
 )
+from serving.sglang_health import HEALTH_PATH, SCHEDULER_HEALTH_PATH
 from serving.spec.schema import GB, GIB, FleetSpec
 
 # Pods: labels the router's service discovery selects on; the fleet program puts them on the pods
