@@ -178,7 +178,7 @@ def test_one_report_per_node_says_what_each_replica_answered_and_reaches_every_c
     counted = asyncio.run(control(workers["control"], WORKERS_PATH, None, 10))["requests"]
     client = AGENT_USER_AGENT.split("/", 1)[0]
     assert client == "exaserve-agent"
-    assert counted.get(f"GET /health {client}", 0) >= 2 and counted.get(f"GET /metrics {client}", 0) >= 1
+    assert counted.get(f"GET /health_generate {client}", 0) >= 2 and counted.get(f"GET /metrics {client}", 0) >= 1
 
 
 def test_fleet_http_bounds_calls_in_flight_and_their_timeout_does_not_count_the_wait() -> None:

@@ -46,7 +46,7 @@ REDUCED = {
     "serving.heartbeat_interval_s": 3,
 }
 CLIENT_RATE = 40.0
-AGENT_PROBE = "GET /health exaserve-agent"  # as a worker host counts it: method, path, client
+AGENT_PROBE = "GET /health_generate exaserve-agent"  # as a worker host counts it: method, path, client
 
 
 @dataclass(frozen=True)
