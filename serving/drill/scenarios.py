@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 from serving.plan.model import Figure, Fleet
 from serving.spec.schema import DrillName
@@ -105,6 +105,10 @@ class Scenario:
     alerts: tuple[str, ...]
     quiet: tuple[str, ...]
     alert_note: str
+    # who takes the replica out first: "routers" (their health checks: heartbeats.failure_detection_s) or
+    # "controller" (a fault the routers' cheap /health does not see: the agents' /health_generate probes through the
+    # score, timeouts_to_stop_routing × interval + the last probe's timeout)
+    detected_by: Literal["routers", "controller"] = "routers"
 
     @property
     def components(self) -> tuple[Component, ...]:
@@ -161,15 +165,17 @@ def _scenarios() -> dict[DrillName, Scenario]:
         Scenario(
             "scheduler-wedged",
             "One replica's scheduler wedges (a hung forward batch): its HTTP server, /metrics and /model_info still "
-            "answer, but generations never complete and /health, which runs a one-token generation in SGLang "
-            "0.5.23, answers 503 after its timeout or not before the caller's; requests on it wait for the router's "
-            "request timeout and are retried elsewhere.",
+            "answer, and so does the routers' /health (the servers render it without a generation), but generations "
+            "never complete and /health_generate, which the node agents probe, answers 503 after its timeout: the "
+            "controller takes the replica out through its score; requests on it wait for the router's request "
+            "timeout and are retried elsewhere.",
             (Fault(FaultKind.WEDGED, replica),),
             _EVICTING,
             True,
             (OUT_OF_ROTATION,),
             _REPLICA_QUIET,
             _SELF_HEALED,
+            "controller",
         ),
         Scenario(
             "replica-slow",
@@ -381,8 +387,23 @@ def plan_targets(fleet: Fleet) -> dict[TargetName, Target]:
 
 def scenario_targets(scenario: Scenario, fleet: Fleet) -> tuple[Target, ...]:
     """The targets that apply to ``scenario``, client errors always last. When the leader is lost together with a
-    replica, restoration waits for the takeover: the leader is what migrates and readmits."""
+    replica, restoration waits for the takeover: the leader is what migrates and readmits. A fault only the
+    controller sees is detected through the score (:attr:`Scenario.detected_by`)."""
     targets = plan_targets(fleet)
+    if scenario.detected_by == "controller":
+        s, hb = fleet.spec.serving, fleet.plan.heartbeats
+        stop = int(hb.timeouts_to_stop_routing.value)
+        tick = s.heartbeat_interval_s / 2  # the leader decides every half interval (serving.runtime.service)
+        detect = stop * s.heartbeat_interval_s + s.health_check_timeout_s + tick
+        targets[TargetName.DETECTION] = Target(
+            TargetName.DETECTION,
+            detect,
+            "s",
+            f"{stop} timeouts to stop routing × {s.heartbeat_interval_s:g} s + {s.health_check_timeout_s:g} s timeout "
+            f"of the last probe + {tick:g} s the leader's tick = {detect:g} s (the agents' /health_generate, through "
+            "the score)",
+            "fault → the replica out of every router instance",
+        )
     chosen = [targets[name] for name in scenario.targets]
     if len(scenario.faults) > 1 and Component.CONTROLLER in scenario.components:
         takeover = targets[TargetName.TAKEOVER]
