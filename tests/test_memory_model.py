@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import itertools
 import json
 from pathlib import Path
@@ -17,7 +18,7 @@ from serving.render.sglang import server_argv
 from serving.result import Status, failures
 from serving.spec.schema import GIB, Architecture, ParallelismSpec, attention_parameters, count_parameters
 from serving.spec.stack import SpecError, load_stack_file
-from tests.support.sglang_parsers import ROOT, SGLANG_PYTHON, run_json_script_args
+from tests.support.sglang_parsers import ROOT, SGLANG_PYTHON, SGLANG_VENV, run_json_script_args
 from tests.support.stacks import SOURCE_PLAN, deepseek_h200_spec, fleet_of, spec_from
 
 GRID_GPUS_MIB = (16_384, 23_034, 24_564, 40_960, 46_068, 81_559, 81_920, 97_871, 143_771, 183_359)
@@ -159,9 +160,10 @@ def test_attention_dp_the_planner_cannot_plan_is_a_spec_error(changes: dict[str,
 def test_nextn_draft_weights_and_kv_are_charged_as_sglang_does(regenerated: Path) -> None:
     """DeepSeek-V3 with --speculative-algorithm NEXTN (its MTP layer) at TP 8 on 8 × H200, with and without
     attention DP 8: SGLang's fraction does not move (its own handle_gpu_memory_settings, run with the flag), the
-    draft's weights (one MoE decoder layer over TP, the 16-bit 2h × h eh_proj whole; embedding and head the
-    target's) come out of the same budget (kv_cache_configurator.py:3042), and the cell grows by
-    int(cell × 1 / 61) (pool_configurator.py:312). Before, the draft was not charged: 752,657 tokens planned."""
+    draft's weights (one MoE decoder layer over TP, the 16-bit 2h × h eh_proj whole, and its own embedding and LM
+    head, held while the pool is sized) come out of the same budget (kv_cache_configurator.py:3042), and the cell
+    grows by int(cell × 1 / 61) (pool_configurator.py:312). Before, the draft's tables were not charged: 0.43 GiB a
+    GPU short at TP 8, 1.94 GiB under attention DP 8."""
     cfg = json.loads((ROOT / "models" / "deepseek-v3" / "config.json").read_text())
     h, layers, draft_layers = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_nextn_predict_layers"]
     lim = deepseek_h200_spec(1).limits
@@ -180,7 +182,9 @@ def test_nextn_draft_weights_and_kv_are_charged_as_sglang_does(regenerated: Path
         arch = mtp.model.architecture
         moe_layer = sgl.stage_parameters(arch, range(layers - 1, layers)) * 1.0  # FP8
         attn = sgl.layer_attention_parameters(arch) * 1.0
-        expected = draft_layers * (moe_layer / 8 + attn * (attn_dp / 8 - 1 / 8)) + draft_layers * 2 * h * h * 2
+        table = cfg["vocab_size"] * h * 2  # its own 16-bit embedding (over attention-TP) and LM head (over TP)
+        tables = table / (8 // attn_dp) + table / 8
+        expected = draft_layers * (moe_layer / 8 + attn * (attn_dp / 8 - 1 / 8)) + draft_layers * 2 * h * h * 2 + tables
         draft = m1.per_gpu["draft_weights"].value
         assert draft == pytest.approx(expected)
         weights = m1.per_gpu["weights"].value + m1.per_gpu["load_overhead"].value
@@ -191,6 +195,41 @@ def test_nextn_draft_weights_and_kv_are_charged_as_sglang_does(regenerated: Path
         print(
             f"attn DP {attn_dp}: draft {draft / GIB:.2f} GiB, {int(m0.max_total_tokens.value):,} → {int(m1.max_total_tokens.value):,}"
         )
+
+
+def _calls(fn: ast.FunctionDef) -> list[str]:
+    """The attribute names ``fn`` calls, in source order."""
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+    return [
+        c.func.attr for c in sorted(calls, key=lambda c: (c.lineno, c.col_offset)) if isinstance(c.func, ast.Attribute)
+    ]
+
+
+def _method(path: str, cls: str, name: str) -> ast.FunctionDef:
+    srt = next(SGLANG_VENV.glob("lib/python*/site-packages/sglang/srt"))
+    tree = ast.parse((srt / path).read_text())
+    klass = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls)
+    return next(n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def test_the_draft_holds_its_own_tables_while_the_pool_is_sized() -> None:
+    """SGLang's scheduler sizes the target's pool (init_target_memory_pool → alloc_memory_pool, the budget read
+    from free memory) before the draft worker's alloc_memory_pool, which only then (init_lm_head) swaps the
+    draft's own embedding and LM head for the target's: read from the installed source. So the planner charges
+    them (NEXTN builds both, deepseek_nextn.py:83, :294). Before, it took them as shared: the DeepSeek-V3 NEXTN
+    draft was 0.43 GiB a GPU light at TP 8 and 1.94 GiB under attention DP 8."""
+    pools = _calls(_method("managers/scheduler.py", "Scheduler", "init_memory_pools"))
+    assert pools.index("init_target_memory_pool") < pools.index("alloc_memory_pool"), pools
+    sizing = _calls(_method("managers/scheduler.py", "Scheduler", "init_target_memory_pool"))
+    assert "account_preloaded_weights" in sizing and "alloc_memory_pool" in sizing, sizing
+    draft_alloc = _calls(_method("speculative/eagle_worker_v2.py", "EagleDraftWorker", "alloc_memory_pool"))
+    assert "init_lm_head" in draft_alloc, draft_alloc
+    head = _calls(_method("speculative/eagle_worker_v2.py", "EagleDraftWorker", "init_lm_head"))
+    assert {"set_embed_and_head", "set_embed"} <= set(head), head
+    draft = planner.memory_plan(deepseek_h200_spec(8, model__speculative={"algorithm": "NEXTN"})).per_gpu[
+        "draft_weights"
+    ]
+    assert "deepseek_nextn.py:83" in draft.formula and "eagle_worker_v2.py:258" in draft.formula, draft.formula
 
 
 def test_kv_cell_with_attention_tp_and_draft_is_sglangs_own() -> None:
@@ -223,8 +262,9 @@ def test_kv_cell_with_attention_tp_and_draft_is_sglangs_own() -> None:
 
 def test_an_eagle3_draft_is_counted_from_its_config(tmp_path: Path) -> None:
     """An EAGLE3 draft (shapes of yuhuili/EAGLE3-LLaMA3.1-Instruct-8B's config.json: one Llama layer, a 32,000-row
-    draft vocabulary) for Llama-3.1-8B: its parameters less its vocabulary tables (the embedding is the target's,
-    eagle_worker_v2.py:363), plus its own LM head and the 3h → h fc, in 16 bit; one KV layer more over 32."""
+    draft vocabulary) for Llama-3.1-8B: its parameters with its own embedding (swapped for the target's only after
+    the pool is sized, eagle_worker_v2.py:258 → :363) and 32,000-row LM head, plus the 3h → h fc, in 16 bit; one KV
+    layer more over 32. Before, the embedding was left out."""
     draft_cfg = {
         "hidden_size": 4096,
         "intermediate_size": 14336,
@@ -258,7 +298,7 @@ def test_an_eagle3_draft_is_counted_from_its_config(tmp_path: Path) -> None:
     params = count_parameters(draft_cfg)
     assert params is not None
     h = 4096
-    expected = (params - 128256 * h * 2 + 32000 * h) * 2 + 3 * h * h * 2
+    expected = (params - 128256 * h + 32000 * h) * 2 + 3 * h * h * 2  # its own embedding and 32,000-row head
     assert m.per_gpu["draft_weights"].value == pytest.approx(expected)
     cell = 2 * 32 * 8 * 128 * 2
     assert m.kv_per_token_per_gpu.value == cell + int(cell * 1 / 32)
