@@ -16,7 +16,15 @@ from serving.plan import planner
 from serving.plan.model import Fleet
 from serving.render.sglang import server_argv
 from serving.result import Status, failures
-from serving.spec.schema import GIB, Architecture, ParallelismSpec, attention_parameters, count_parameters
+from serving.spec.schema import (
+    ATTN_TP_ATTENTION,
+    GIB,
+    Architecture,
+    ParallelismSpec,
+    architecture_from_hf_config,
+    attention_parameters,
+    count_parameters,
+)
 from serving.spec.stack import SpecError, load_stack_file
 from tests.support.sglang_parsers import ROOT, SGLANG_PYTHON, SGLANG_VENV, run_json_script_args
 from tests.support.stacks import SOURCE_PLAN, deepseek_h200_spec, fleet_of, spec_from
@@ -141,10 +149,52 @@ def test_deepseek_v3_attention_dp_8_on_8_h200_is_planned_as_sglang_sizes_it(rege
     print(f"DP 1: mfs {theirs1['mem_fraction_static']}, weights {w1 / GIB:.2f} GiB, {int(m1.max_total_tokens.value):,}")
 
 
+def _attention_over_attn_tp_in_sglang(model_class: str) -> bool:
+    """From the installed source: the model file defining ``model_class`` builds an attention class (a class named
+    …Attention…) whose ``__init__`` takes the attention-TP size; False where its attention splits over TP."""
+    path = next(p for p in sorted((_srt() / "models").glob("*.py")) if f"class {model_class}(" in p.read_text())
+    text = path.read_text()
+    tree = ast.parse(text)
+    inits = [
+        ast.get_source_segment(text, f) or ""
+        for c in ast.walk(tree)
+        if isinstance(c, ast.ClassDef) and "Attention" in c.name
+        for f in c.body
+        if isinstance(f, ast.FunctionDef) and f.name == "__init__"
+    ]
+    assert inits, f"{path.name} defines no attention class"
+    return any("attn_tp_size" in i for i in inits)
+
+
+def test_attention_dp_is_planned_for_the_models_whose_attention_sglang_splits_over_attention_tp() -> None:
+    """For every model class of models/*/config.json and of the planner's table, SGLang's own model file decides:
+    its attention classes take get_parallel().attn_tp_size (DeepSeek, Qwen2/3-MoE) or the whole TP size (Llama,
+    Mixtral, Qwen2). The spec accepts attention DP and fit tries it exactly for the former. Before, any MoE model
+    was accepted: Mixtral (MixtralAttention over TP, mixtral.py:137) was planned with attention DP."""
+    configs = {p.parent.name: json.loads(p.read_text()) for p in (ROOT / "models").glob("*/config.json")}
+    classes = {c["architectures"][0] for c in configs.values()} | set(ATTN_TP_ATTENTION)
+    verdicts = {c: _attention_over_attn_tp_in_sglang(c) for c in sorted(classes)}
+    assert {c for c, v in verdicts.items() if v} == set(ATTN_TP_ATTENTION), verdicts
+    assert not verdicts["MixtralForCausalLM"] and not verdicts["LlamaForCausalLM"]
+    for where in ATTN_TP_ATTENTION.values():
+        path, line = where.split(":")
+        assert "attn_tp_size = get_parallel().attn_tp_size" in (_srt() / path).read_text().splitlines()[int(line) - 1]
+    for name, cfg in configs.items():
+        arch = Architecture.model_validate(architecture_from_hf_config(cfg, name))
+        assert arch.attention_over_attn_tp == verdicts[cfg["architectures"][0]], name
+        fit = sgl.enumerate_layouts(arch, sgl.GPU_PRODUCTS["NVIDIA-H200"], 8, 1, 4096, 64, 8192, ("fp8",))
+        tried = {lay.attn_dp for lay in fit.layouts} | {e.attn_dp for e in fit.excluded}
+        assert (max(tried) > 1) == verdicts[cfg["architectures"][0]], (name, tried)
+    mixtral = {"model__hf_config": "models/mixtral-8x7b/config.json", "model__architecture": {}}
+    with pytest.raises(SpecError) as err:
+        spec_from("prod", **mixtral, parallelism__tp=2, parallelism__attn_dp=2, serving__replicas_per_node=None)
+    assert "MixtralForCausalLM" in str(err.value) and "set parallelism.attn_dp to 1" in str(err.value)
+
+
 @pytest.mark.parametrize(
     ("changes", "says"),
     [
-        ({"parallelism__tp": 2, "parallelism__attn_dp": 2}, "dense model"),  # prod serves Llama-3-70B
+        ({"parallelism__tp": 2, "parallelism__attn_dp": 2}, "model class LlamaForCausalLM"),  # prod: Llama-3-70B
         ({"parallelism__tp": 4, "parallelism__attn_dp": 3}, "parallel_hook.py:326"),
         ({"parallelism__tp": 2, "parallelism__dp": 2, "parallelism__attn_dp": 2}, "parallel_hook.py:287"),
     ],
@@ -197,6 +247,10 @@ def test_nextn_draft_weights_and_kv_are_charged_as_sglang_does(regenerated: Path
         )
 
 
+def _srt() -> Path:
+    return next(SGLANG_VENV.glob("lib/python*/site-packages/sglang/srt"))
+
+
 def _calls(fn: ast.FunctionDef) -> list[str]:
     """The attribute names ``fn`` calls, in source order."""
     calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
@@ -206,8 +260,7 @@ def _calls(fn: ast.FunctionDef) -> list[str]:
 
 
 def _method(path: str, cls: str, name: str) -> ast.FunctionDef:
-    srt = next(SGLANG_VENV.glob("lib/python*/site-packages/sglang/srt"))
-    tree = ast.parse((srt / path).read_text())
+    tree = ast.parse((_srt() / path).read_text())
     klass = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls)
     return next(n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == name)
 

@@ -980,8 +980,9 @@ def _powers_of_two(limit: int) -> list[int]:
 
 
 def _attn_dp_sizes(arch: Architecture, tp: int) -> tuple[int, ...]:
-    """The attention-DP sizes ``fit`` tries at ``tp``: none, and for a MoE model at TP > 1 full attention DP."""
-    return (1, tp) if arch.moe is not None and tp > 1 else (1,)
+    """The attention-DP sizes ``fit`` tries at ``tp``: none, and at TP > 1 full attention DP for a model whose
+    attention SGLang splits over attention-TP (:attr:`Architecture.attention_over_attn_tp`)."""
+    return (1, tp) if arch.attention_over_attn_tp and tp > 1 else (1,)
 
 
 def _rank_key(lay: Layout) -> tuple[int, float, int, int, int, int]:
@@ -1029,7 +1030,8 @@ def enumerate_layouts(
     """Every precision × KV dtype × TP × PP (powers of two, a replica within a node or over whole nodes)
     that SGLang starts (:func:`serving.plan.divisibility.rejections`) and whose KV pool holds at least one
     full-length sequence, ranked (:class:`FitResult`); the TP sizes SGLang rejects with their reasons. With
-    ``checkpoint`` the weights are that checkpoint's bytes (one precision). A MoE model is also tried with
+    ``checkpoint`` the weights are that checkpoint's bytes (one precision). A model whose attention splits over
+    attention-TP (DeepSeek, Qwen-MoE) is also tried with
     full attention DP (``attn_dp`` = TP, attention-TP 1: DeepSeek's published ``--tp 8 --dp 8
     --enable-dp-attention``), where each GPU runs its own scheduler and pool and takes ``max_running_requests /
     attn_dp`` of the requests (``resolve_max_num_reqs``); intermediate sizes are not searched."""
