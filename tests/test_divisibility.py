@@ -55,6 +55,7 @@ def test_the_quoted_source_lines_are_sglangs() -> None:
         sgl.NEXTN_EMBED,
         sgl.NEXTN_HEAD,
         sgl.NEXTN_EH_PROJ,
+        sgl.RUNNING_PER_WORKER,
     )
     for check in checks:
         line = (srt / check.path).read_text().splitlines()[check.line - 1]

@@ -285,6 +285,33 @@ def test_the_draft_holds_its_own_tables_while_the_pool_is_sized() -> None:
     assert "deepseek_nextn.py:83" in draft.formula and "eagle_worker_v2.py:258" in draft.formula, draft.formula
 
 
+def test_a_replica_runs_the_requests_sglangs_resolve_max_num_reqs_gives_its_workers() -> None:
+    """SGLang's REAL KVCacheConfigurator.resolve_max_num_reqs (from the installed source, run by
+    tests/support/sglang_cell_size.py) gives each attention-DP worker max(1, max_running_requests // N): the
+    planner's running_requests_per_replica is N × that, and both plan() and fit cap a replica with it. DeepSeek-V3
+    at attention DP 8 with 12 running requests runs 8 (1 a worker), with 4 it runs 8 too. Before, plan() capped
+    at the global 12 and 4."""
+    cases = [
+        {"max_running_requests": mr, "attn_dp": n, "token_capacity": 10**7}
+        for mr, n in itertools.product((1, 3, 4, 8, 10, 12, 64, 1000, 1024), (1, 2, 4, 8, 16))
+    ]
+    script = ROOT / "tests" / "support" / "sglang_cell_size.py"
+    for r in run_json_script_args(SGLANG_PYTHON, [str(script)], cases):
+        assert (
+            sgl.running_requests_per_replica(r["max_running_requests"], r["attn_dp"])
+            == r["max_num_reqs"] * r["attn_dp"]
+        ), r
+    for mr in (12, 4):
+        spec = deepseek_h200_spec(8, limits__max_running_requests=mr, limits__p99_concurrency_per_replica=1024)
+        chain = planner.plan(spec).capacity
+        assert chain.per_replica_concurrency.value == 8, chain.per_replica_concurrency.formula
+        assert "kv_cache_configurator.py:3128" in chain.per_replica_concurrency.formula
+        fit = sgl.enumerate_layouts(
+            spec.model.architecture, sgl.GPU_PRODUCTS["NVIDIA-H200"], 8, 1, 4096, mr, 8192, ("fp8",)
+        )
+        assert {lay.served_sequences for lay in fit.layouts if lay.attn_dp == 8 and lay.tp == 8} == {8}
+
+
 def test_kv_cell_with_attention_tp_and_draft_is_sglangs_own() -> None:
     """SGLang's REAL DefaultPoolConfigurator (its __init__ and _compute_cell_size from the installed source, run by
     tests/support/sglang_cell_size.py) over layers × KV heads × attention-TP × MLA × KV dtype × EAGLE-family draft

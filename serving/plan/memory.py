@@ -971,6 +971,19 @@ class FitResult:
 KV_DTYPES: dict[str, int] = {"auto": 2, "fp8_e4m3": 1}
 
 
+RUNNING_PER_WORKER = SourceCheck(
+    "mem_cache/kv_cache_configurator.py", 3128, "requested_per_worker = max(1, max_num_reqs // self.attn_dp_size)"
+)
+"""Each attention-DP worker takes ``max(1, --max-running-requests // attn_dp)`` of the requests."""
+
+
+def running_requests_per_replica(max_running_requests: int, attn_dp: int) -> int:
+    """The requests a replica runs at most: each of its ``attn_dp`` workers ``max(1, max_running_requests //
+    attn_dp)`` (:data:`RUNNING_PER_WORKER`), so ``max_running_requests`` itself without attention DP, and
+    neither less (a remainder is dropped) nor fewer than ``attn_dp``."""
+    return max(1, max_running_requests // attn_dp) * attn_dp
+
+
 def _powers_of_two(limit: int) -> list[int]:
     out, n = [], 1
     while n <= limit:
@@ -1048,7 +1061,7 @@ def enumerate_layouts(
                     excluded.append(Excluded(precision, tp, tuple(reasons), attn_dp))
                 continue
             free = free_at_start_bytes(gpu, tp)
-            per_worker = max(1, max_running_requests // attn_dp)
+            running = running_requests_per_replica(max_running_requests, attn_dp)
             for pp in _powers_of_two(min(total_gpus // tp, 16, arch.num_layers)):
                 gpr = tp * pp
                 if gpr > gpus_per_node and gpr % gpus_per_node:
@@ -1065,7 +1078,7 @@ def enumerate_layouts(
                 group = (arch.quant_group_size or DEFAULT_GROUP_SIZE) if precision == "int4" else None
                 for kv_dtype, kv_bytes in KV_DTYPES.items():
                     rp = replica_pool(arch, bpp, kv_bytes, tp, pp, free, fraction, group, checkpoint, attn_dp)
-                    seqs = min(per_worker, rp.tokens // context_length) * attn_dp
+                    seqs = min(running, rp.tokens // context_length * attn_dp)
                     if seqs < 1:
                         continue
                     if gpr <= gpus_per_node:
