@@ -303,7 +303,7 @@ def test_a_replica_runs_the_requests_sglangs_resolve_max_num_reqs_gives_its_work
         ), r
     for mr in (12, 4):
         spec = deepseek_h200_spec(8, limits__max_running_requests=mr, limits__p99_concurrency_per_replica=1024)
-        chain = planner.plan(spec).capacity
+        chain = fleet_of(spec).plan.capacity
         assert chain.per_replica_concurrency.value == 8, chain.per_replica_concurrency.formula
         assert "kv_cache_configurator.py:3128" in chain.per_replica_concurrency.formula
         fit = sgl.enumerate_layouts(
