@@ -68,6 +68,7 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
             "model__architecture__num_attention_heads": 48,
             "model__architecture__num_kv_heads": 6,
             "model__architecture__moe": {"num_experts": 8, "experts_per_token": 2},
+            "model__architecture__model_class": "Qwen3MoeForCausalLM",
         },
         "model.sglang-shapes",
         "Got TP 8 with attention DP 2: SGLang 0.5.23 refuses to start llama-3-70b: TP 8 is not a multiple of the 6 "

@@ -51,9 +51,11 @@ def test_the_quoted_source_lines_are_sglangs() -> None:
         sgl.DRAFT_WEIGHTS,
         sgl.DRAFT_KV,
         sgl.NEXTN_DRAFT_LAYERS,
-        sgl.SHARED_EMBED_HEAD,
-        sgl.EAGLE3_OWN_HEAD,
+        sgl.DRAFT_TABLES_FREED_LATE,
+        sgl.NEXTN_EMBED,
+        sgl.NEXTN_HEAD,
         sgl.NEXTN_EH_PROJ,
+        sgl.RUNNING_PER_WORKER,
     )
     for check in checks:
         line = (srt / check.path).read_text().splitlines()[check.line - 1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import itertools
 import json
 from pathlib import Path
@@ -15,9 +16,17 @@ from serving.plan import planner
 from serving.plan.model import Fleet
 from serving.render.sglang import server_argv
 from serving.result import Status, failures
-from serving.spec.schema import GIB, Architecture, ParallelismSpec, attention_parameters, count_parameters
+from serving.spec.schema import (
+    ATTN_TP_ATTENTION,
+    GIB,
+    Architecture,
+    ParallelismSpec,
+    architecture_from_hf_config,
+    attention_parameters,
+    count_parameters,
+)
 from serving.spec.stack import SpecError, load_stack_file
-from tests.support.sglang_parsers import ROOT, SGLANG_PYTHON, run_json_script_args
+from tests.support.sglang_parsers import ROOT, SGLANG_PYTHON, SGLANG_VENV, run_json_script_args
 from tests.support.stacks import SOURCE_PLAN, deepseek_h200_spec, fleet_of, spec_from
 
 GRID_GPUS_MIB = (16_384, 23_034, 24_564, 40_960, 46_068, 81_559, 81_920, 97_871, 143_771, 183_359)
@@ -140,10 +149,52 @@ def test_deepseek_v3_attention_dp_8_on_8_h200_is_planned_as_sglang_sizes_it(rege
     print(f"DP 1: mfs {theirs1['mem_fraction_static']}, weights {w1 / GIB:.2f} GiB, {int(m1.max_total_tokens.value):,}")
 
 
+def _attention_over_attn_tp_in_sglang(model_class: str) -> bool:
+    """From the installed source: the model file defining ``model_class`` builds an attention class (a class named
+    …Attention…) whose ``__init__`` takes the attention-TP size; False where its attention splits over TP."""
+    path = next(p for p in sorted((_srt() / "models").glob("*.py")) if f"class {model_class}(" in p.read_text())
+    text = path.read_text()
+    tree = ast.parse(text)
+    inits = [
+        ast.get_source_segment(text, f) or ""
+        for c in ast.walk(tree)
+        if isinstance(c, ast.ClassDef) and "Attention" in c.name
+        for f in c.body
+        if isinstance(f, ast.FunctionDef) and f.name == "__init__"
+    ]
+    assert inits, f"{path.name} defines no attention class"
+    return any("attn_tp_size" in i for i in inits)
+
+
+def test_attention_dp_is_planned_for_the_models_whose_attention_sglang_splits_over_attention_tp() -> None:
+    """For every model class of models/*/config.json and of the planner's table, SGLang's own model file decides:
+    its attention classes take get_parallel().attn_tp_size (DeepSeek, Qwen2/3-MoE) or the whole TP size (Llama,
+    Mixtral, Qwen2). The spec accepts attention DP and fit tries it exactly for the former. Before, any MoE model
+    was accepted: Mixtral (MixtralAttention over TP, mixtral.py:137) was planned with attention DP."""
+    configs = {p.parent.name: json.loads(p.read_text()) for p in (ROOT / "models").glob("*/config.json")}
+    classes = {c["architectures"][0] for c in configs.values()} | set(ATTN_TP_ATTENTION)
+    verdicts = {c: _attention_over_attn_tp_in_sglang(c) for c in sorted(classes)}
+    assert {c for c, v in verdicts.items() if v} == set(ATTN_TP_ATTENTION), verdicts
+    assert not verdicts["MixtralForCausalLM"] and not verdicts["LlamaForCausalLM"]
+    for where in ATTN_TP_ATTENTION.values():
+        path, line = where.split(":")
+        assert "attn_tp_size = get_parallel().attn_tp_size" in (_srt() / path).read_text().splitlines()[int(line) - 1]
+    for name, cfg in configs.items():
+        arch = Architecture.model_validate(architecture_from_hf_config(cfg, name))
+        assert arch.attention_over_attn_tp == verdicts[cfg["architectures"][0]], name
+        fit = sgl.enumerate_layouts(arch, sgl.GPU_PRODUCTS["NVIDIA-H200"], 8, 1, 4096, 64, 8192, ("fp8",))
+        tried = {lay.attn_dp for lay in fit.layouts} | {e.attn_dp for e in fit.excluded}
+        assert (max(tried) > 1) == verdicts[cfg["architectures"][0]], (name, tried)
+    mixtral = {"model__hf_config": "models/mixtral-8x7b/config.json", "model__architecture": {}}
+    with pytest.raises(SpecError) as err:
+        spec_from("prod", **mixtral, parallelism__tp=2, parallelism__attn_dp=2, serving__replicas_per_node=None)
+    assert "MixtralForCausalLM" in str(err.value) and "set parallelism.attn_dp to 1" in str(err.value)
+
+
 @pytest.mark.parametrize(
     ("changes", "says"),
     [
-        ({"parallelism__tp": 2, "parallelism__attn_dp": 2}, "dense model"),  # prod serves Llama-3-70B
+        ({"parallelism__tp": 2, "parallelism__attn_dp": 2}, "model class LlamaForCausalLM"),  # prod: Llama-3-70B
         ({"parallelism__tp": 4, "parallelism__attn_dp": 3}, "parallel_hook.py:326"),
         ({"parallelism__tp": 2, "parallelism__dp": 2, "parallelism__attn_dp": 2}, "parallel_hook.py:287"),
     ],
@@ -159,9 +210,10 @@ def test_attention_dp_the_planner_cannot_plan_is_a_spec_error(changes: dict[str,
 def test_nextn_draft_weights_and_kv_are_charged_as_sglang_does(regenerated: Path) -> None:
     """DeepSeek-V3 with --speculative-algorithm NEXTN (its MTP layer) at TP 8 on 8 × H200, with and without
     attention DP 8: SGLang's fraction does not move (its own handle_gpu_memory_settings, run with the flag), the
-    draft's weights (one MoE decoder layer over TP, the 16-bit 2h × h eh_proj whole; embedding and head the
-    target's) come out of the same budget (kv_cache_configurator.py:3042), and the cell grows by
-    int(cell × 1 / 61) (pool_configurator.py:312). Before, the draft was not charged: 752,657 tokens planned."""
+    draft's weights (one MoE decoder layer over TP, the 16-bit 2h × h eh_proj whole, and its own embedding and LM
+    head, held while the pool is sized) come out of the same budget (kv_cache_configurator.py:3042), and the cell
+    grows by int(cell × 1 / 61) (pool_configurator.py:312). Before, the draft's tables were not charged: 0.43 GiB a
+    GPU short at TP 8, 1.94 GiB under attention DP 8."""
     cfg = json.loads((ROOT / "models" / "deepseek-v3" / "config.json").read_text())
     h, layers, draft_layers = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_nextn_predict_layers"]
     lim = deepseek_h200_spec(1).limits
@@ -180,7 +232,9 @@ def test_nextn_draft_weights_and_kv_are_charged_as_sglang_does(regenerated: Path
         arch = mtp.model.architecture
         moe_layer = sgl.stage_parameters(arch, range(layers - 1, layers)) * 1.0  # FP8
         attn = sgl.layer_attention_parameters(arch) * 1.0
-        expected = draft_layers * (moe_layer / 8 + attn * (attn_dp / 8 - 1 / 8)) + draft_layers * 2 * h * h * 2
+        table = cfg["vocab_size"] * h * 2  # its own 16-bit embedding (over attention-TP) and LM head (over TP)
+        tables = table / (8 // attn_dp) + table / 8
+        expected = draft_layers * (moe_layer / 8 + attn * (attn_dp / 8 - 1 / 8)) + draft_layers * 2 * h * h * 2 + tables
         draft = m1.per_gpu["draft_weights"].value
         assert draft == pytest.approx(expected)
         weights = m1.per_gpu["weights"].value + m1.per_gpu["load_overhead"].value
@@ -191,6 +245,71 @@ def test_nextn_draft_weights_and_kv_are_charged_as_sglang_does(regenerated: Path
         print(
             f"attn DP {attn_dp}: draft {draft / GIB:.2f} GiB, {int(m0.max_total_tokens.value):,} → {int(m1.max_total_tokens.value):,}"
         )
+
+
+def _srt() -> Path:
+    return next(SGLANG_VENV.glob("lib/python*/site-packages/sglang/srt"))
+
+
+def _calls(fn: ast.FunctionDef) -> list[str]:
+    """The attribute names ``fn`` calls, in source order."""
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+    return [
+        c.func.attr for c in sorted(calls, key=lambda c: (c.lineno, c.col_offset)) if isinstance(c.func, ast.Attribute)
+    ]
+
+
+def _method(path: str, cls: str, name: str) -> ast.FunctionDef:
+    tree = ast.parse((_srt() / path).read_text())
+    klass = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls)
+    return next(n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def test_the_draft_holds_its_own_tables_while_the_pool_is_sized() -> None:
+    """SGLang's scheduler sizes the target's pool (init_target_memory_pool → alloc_memory_pool, the budget read
+    from free memory) before the draft worker's alloc_memory_pool, which only then (init_lm_head) swaps the
+    draft's own embedding and LM head for the target's: read from the installed source. So the planner charges
+    them (NEXTN builds both, deepseek_nextn.py:83, :294). Before, it took them as shared: the DeepSeek-V3 NEXTN
+    draft was 0.43 GiB a GPU light at TP 8 and 1.94 GiB under attention DP 8."""
+    pools = _calls(_method("managers/scheduler.py", "Scheduler", "init_memory_pools"))
+    assert pools.index("init_target_memory_pool") < pools.index("alloc_memory_pool"), pools
+    sizing = _calls(_method("managers/scheduler.py", "Scheduler", "init_target_memory_pool"))
+    assert "account_preloaded_weights" in sizing and "alloc_memory_pool" in sizing, sizing
+    draft_alloc = _calls(_method("speculative/eagle_worker_v2.py", "EagleDraftWorker", "alloc_memory_pool"))
+    assert "init_lm_head" in draft_alloc, draft_alloc
+    head = _calls(_method("speculative/eagle_worker_v2.py", "EagleDraftWorker", "init_lm_head"))
+    assert {"set_embed_and_head", "set_embed"} <= set(head), head
+    draft = planner.memory_plan(deepseek_h200_spec(8, model__speculative={"algorithm": "NEXTN"})).per_gpu[
+        "draft_weights"
+    ]
+    assert "deepseek_nextn.py:83" in draft.formula and "eagle_worker_v2.py:258" in draft.formula, draft.formula
+
+
+def test_a_replica_runs_the_requests_sglangs_resolve_max_num_reqs_gives_its_workers() -> None:
+    """SGLang's REAL KVCacheConfigurator.resolve_max_num_reqs (from the installed source, run by
+    tests/support/sglang_cell_size.py) gives each attention-DP worker max(1, max_running_requests // N): the
+    planner's running_requests_per_replica is N × that, and both plan() and fit cap a replica with it. DeepSeek-V3
+    at attention DP 8 with 12 running requests runs 8 (1 a worker), with 4 it runs 8 too. Before, plan() capped
+    at the global 12 and 4."""
+    cases = [
+        {"max_running_requests": mr, "attn_dp": n, "token_capacity": 10**7}
+        for mr, n in itertools.product((1, 3, 4, 8, 10, 12, 64, 1000, 1024), (1, 2, 4, 8, 16))
+    ]
+    script = ROOT / "tests" / "support" / "sglang_cell_size.py"
+    for r in run_json_script_args(SGLANG_PYTHON, [str(script)], cases):
+        assert (
+            sgl.running_requests_per_replica(r["max_running_requests"], r["attn_dp"])
+            == r["max_num_reqs"] * r["attn_dp"]
+        ), r
+    for mr in (12, 4):
+        spec = deepseek_h200_spec(8, limits__max_running_requests=mr, limits__p99_concurrency_per_replica=1024)
+        chain = fleet_of(spec).plan.capacity
+        assert chain.per_replica_concurrency.value == 8, chain.per_replica_concurrency.formula
+        assert "kv_cache_configurator.py:3128" in chain.per_replica_concurrency.formula
+        fit = sgl.enumerate_layouts(
+            spec.model.architecture, sgl.GPU_PRODUCTS["NVIDIA-H200"], 8, 1, 4096, mr, 8192, ("fp8",)
+        )
+        assert {lay.served_sequences for lay in fit.layouts if lay.attn_dp == 8 and lay.tp == 8} == {8}
 
 
 def test_kv_cell_with_attention_tp_and_draft_is_sglangs_own() -> None:
@@ -223,8 +342,9 @@ def test_kv_cell_with_attention_tp_and_draft_is_sglangs_own() -> None:
 
 def test_an_eagle3_draft_is_counted_from_its_config(tmp_path: Path) -> None:
     """An EAGLE3 draft (shapes of yuhuili/EAGLE3-LLaMA3.1-Instruct-8B's config.json: one Llama layer, a 32,000-row
-    draft vocabulary) for Llama-3.1-8B: its parameters less its vocabulary tables (the embedding is the target's,
-    eagle_worker_v2.py:363), plus its own LM head and the 3h → h fc, in 16 bit; one KV layer more over 32."""
+    draft vocabulary) for Llama-3.1-8B: its parameters with its own embedding (swapped for the target's only after
+    the pool is sized, eagle_worker_v2.py:258 → :363) and 32,000-row LM head, plus the 3h → h fc, in 16 bit; one KV
+    layer more over 32. Before, the embedding was left out."""
     draft_cfg = {
         "hidden_size": 4096,
         "intermediate_size": 14336,
@@ -258,7 +378,7 @@ def test_an_eagle3_draft_is_counted_from_its_config(tmp_path: Path) -> None:
     params = count_parameters(draft_cfg)
     assert params is not None
     h = 4096
-    expected = (params - 128256 * h * 2 + 32000 * h) * 2 + 3 * h * h * 2
+    expected = (params - 128256 * h + 32000 * h) * 2 + 3 * h * h * 2  # its own embedding and 32,000-row head
     assert m.per_gpu["draft_weights"].value == pytest.approx(expected)
     cell = 2 * 32 * 8 * 128 * 2
     assert m.kv_per_token_per_gpu.value == cell + int(cell * 1 / 32)

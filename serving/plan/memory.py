@@ -755,12 +755,14 @@ NEXTN_DRAFT_LAYERS = SourceCheck(
     "config.eagle_draft_num_layers = int(num_nextn_predict_layers)",
 )
 """NEXTN's draft KV layers are config.json's ``num_nextn_predict_layers``; a separate draft's its layers."""
-SHARED_EMBED_HEAD = SourceCheck(
-    "speculative/eagle_worker_v2.py", 378, "self.draft_runner.model.set_embed_and_head(embed, head)"
-)
-"""EAGLE and NEXTN drafts use the target's embedding and LM head (their own are not kept)."""
-EAGLE3_OWN_HEAD = SourceCheck("speculative/eagle_worker_v2.py", 363, "self.draft_runner.model.set_embed(embed)")
-"""An EAGLE3 draft shares only the embedding: its own LM head (``draft_vocab_size`` rows, over TP) stays."""
+DRAFT_TABLES_FREED_LATE = SourceCheck("speculative/eagle_worker_v2.py", 258, "self.init_lm_head()")
+"""The draft's own embedding and LM head are swapped for the target's (``set_embed_and_head``, ``:378``; EAGLE3
+``set_embed``, ``:363``, keeps its head) in ``alloc_memory_pool`` → ``init_lm_head``, which the scheduler calls only
+after it sized the target's pool (``managers/scheduler.py: init_memory_pools``): the pool is sized with them held."""
+NEXTN_EMBED = SourceCheck("models/deepseek_nextn.py", 83, "self.embed_tokens = VocabParallelEmbedding(")
+"""DeepSeek's MTP layer builds its own embedding (split as the target's: over attention-TP under attention DP)."""
+NEXTN_HEAD = SourceCheck("models/deepseek_nextn.py", 294, "self.lm_head = ParallelLMHead(")
+"""… and its own LM head, over TP (``use_attn_tp_group`` only with ``--enable-dp-lm-head``)."""
 NEXTN_EH_PROJ = SourceCheck("models/deepseek_nextn.py", 102, "self.eh_proj = nn.Linear(")
 """DeepSeek's MTP layer joins the embedding and hidden state with an unquantised, unsharded 2h → h projection."""
 
@@ -777,14 +779,17 @@ class DraftShare:
 def draft_share(
     arch: Architecture, spec: SpeculativeSpec, bytes_per_param: float, tp: int, attn_dp: int = 1
 ) -> DraftShare:
-    """The draft's weights per GPU and KV layers, as SGLang 0.5.23 loads them (:data:`DRAFT_WEIGHTS`).
+    """The draft's weights per GPU when SGLang 0.5.23 sizes the pool (:data:`DRAFT_WEIGHTS`), and its KV layers.
 
+    The draft is whole then, its own vocabulary tables included: they are swapped for the target's only after
+    the pool is sized (:data:`DRAFT_TABLES_FREED_LATE`), so they take pool memory for good.
     NEXTN (MTP): ``nextn_layers`` decoder layers shaped as the target's last (a MoE layer for DeepSeek), in the
     target's precision over TP (the attention over attention-TP under attention DP), plus the 16-bit 2h × h
-    ``eh_proj`` whole on every GPU (:data:`NEXTN_EH_PROJ`); embedding and head are the target's
-    (:data:`SHARED_EMBED_HEAD`). EAGLE / EAGLE3: the draft config's parameters less its vocabulary tables
-    (shared; EAGLE3 keeps its own ``draft_vocab_size``-row head, :data:`EAGLE3_OWN_HEAD`) in 16 bit over TP, plus
-    its unsharded ``fc`` (2h → h; EAGLE3 3h → h). KV layers: :data:`NEXTN_DRAFT_LAYERS`, or the draft's."""
+    ``eh_proj`` whole on every GPU (:data:`NEXTN_EH_PROJ`), its 16-bit embedding over attention-TP
+    (:data:`NEXTN_EMBED`, :data:`ATTN_TP_EMBEDDING`) and LM head over TP (:data:`NEXTN_HEAD`). EAGLE / EAGLE3:
+    the draft config's parameters in 16 bit over TP (its embedding and head built over TP; EAGLE3's head has
+    ``draft_vocab_size`` rows), plus its unsharded ``fc`` (2h → h; EAGLE3 3h → h). KV layers:
+    :data:`NEXTN_DRAFT_LAYERS`, or the draft's."""
     h = arch.hidden_size
     if spec.algorithm == "NEXTN":
         n = arch.num_layers
@@ -792,30 +797,35 @@ def draft_share(
         dp_extra, dp_text = attention_dp_extra(arch, range(n - 1, n), layer, 0.0, 1, tp, attn_dp)
         layers_bytes = arch.nextn_layers * (layer / tp + dp_extra)
         eh = 2 * h * h * 2.0 * arch.nextn_layers
-        total = layers_bytes + eh
+        table = arch.vocab_size * h * 2.0
+        tables = table / (tp // attn_dp) + table / tp
+        total = layers_bytes + eh + tables
         return DraftShare(
             total,
             arch.nextn_layers,
             f"NEXTN draft: {arch.nextn_layers} MTP layer(s) × (one decoder layer {layer / GIB:,.2f} GiB / TP {tp}"
-            f"{dp_text}) + eh_proj 2 × {h} × {h} × 2 B unsharded ({NEXTN_EH_PROJ.where}) = {total / GIB:,.2f} GiB; "
-            f"embedding and head shared ({SHARED_EMBED_HEAD.where})",
+            f"{dp_text}) + eh_proj 2 × {h} × {h} × 2 B unsharded ({NEXTN_EH_PROJ.where}) + its own embedding "
+            f"{table / GIB:,.2f} GiB / attention-TP {tp // attn_dp} ({NEXTN_EMBED.where}) and LM head / TP {tp} "
+            f"({NEXTN_HEAD.where}), held while the pool is sized ({DRAFT_TABLES_FREED_LATE.where}) "
+            f"= {total / GIB:,.2f} GiB",
         )
     draft = spec.draft_architecture
     if draft is None:  # the spec refuses an EAGLE draft without its architecture
         raise ValueError(f"speculative.algorithm {spec.algorithm} needs speculative.draft_architecture")
     dh = draft.hidden_size
     tables = draft.vocab_size * dh * (1 if draft.tie_word_embeddings else 2)
-    head = (spec.draft_vocab_size or draft.vocab_size) * dh if spec.algorithm == "EAGLE3" else 0
+    head_rows = (spec.draft_vocab_size or draft.vocab_size) if spec.algorithm == "EAGLE3" else draft.vocab_size
+    own = draft.vocab_size * dh + (0 if draft.tie_word_embeddings else head_rows * dh)
     fc = (3 if spec.algorithm == "EAGLE3" else 2) * dh * dh
-    body = draft.parameter_count - tables
-    total = (body + head) * 2.0 / tp + fc * 2.0
+    params = draft.parameter_count - tables + own
+    total = params * 2.0 / tp + fc * 2.0
     return DraftShare(
         total,
         draft.num_layers,
-        f"{spec.algorithm} draft: ({draft.parameter_count:,} params − {tables:,} in its vocabulary tables, shared "
-        f"({SHARED_EMBED_HEAD.where})"
-        + (f" + its own {head:,}-param LM head ({EAGLE3_OWN_HEAD.where})" if head else "")
-        + f") × 2 B / TP {tp} + fc {fc:,} params × 2 B unsharded = {total / GIB:,.2f} GiB",
+        f"{spec.algorithm} draft: {params:,} params (its own embedding"
+        + ("" if draft.tie_word_embeddings else f" and {head_rows:,}-row LM head")
+        + f", held while the pool is sized, {DRAFT_TABLES_FREED_LATE.where}) × 2 B / TP {tp} "
+        f"+ fc {fc:,} params × 2 B unsharded = {total / GIB:,.2f} GiB",
     )
 
 
@@ -961,6 +971,19 @@ class FitResult:
 KV_DTYPES: dict[str, int] = {"auto": 2, "fp8_e4m3": 1}
 
 
+RUNNING_PER_WORKER = SourceCheck(
+    "mem_cache/kv_cache_configurator.py", 3128, "requested_per_worker = max(1, max_num_reqs // self.attn_dp_size)"
+)
+"""Each attention-DP worker takes ``max(1, --max-running-requests // attn_dp)`` of the requests."""
+
+
+def running_requests_per_replica(max_running_requests: int, attn_dp: int) -> int:
+    """The requests a replica runs at most: each of its ``attn_dp`` workers ``max(1, max_running_requests //
+    attn_dp)`` (:data:`RUNNING_PER_WORKER`), so ``max_running_requests`` itself without attention DP, and
+    neither less (a remainder is dropped) nor fewer than ``attn_dp``."""
+    return max(1, max_running_requests // attn_dp) * attn_dp
+
+
 def _powers_of_two(limit: int) -> list[int]:
     out, n = [], 1
     while n <= limit:
@@ -970,8 +993,9 @@ def _powers_of_two(limit: int) -> list[int]:
 
 
 def _attn_dp_sizes(arch: Architecture, tp: int) -> tuple[int, ...]:
-    """The attention-DP sizes ``fit`` tries at ``tp``: none, and for a MoE model at TP > 1 full attention DP."""
-    return (1, tp) if arch.moe is not None and tp > 1 else (1,)
+    """The attention-DP sizes ``fit`` tries at ``tp``: none, and at TP > 1 full attention DP for a model whose
+    attention SGLang splits over attention-TP (:attr:`Architecture.attention_over_attn_tp`)."""
+    return (1, tp) if arch.attention_over_attn_tp and tp > 1 else (1,)
 
 
 def _rank_key(lay: Layout) -> tuple[int, float, int, int, int, int]:
@@ -1019,7 +1043,8 @@ def enumerate_layouts(
     """Every precision × KV dtype × TP × PP (powers of two, a replica within a node or over whole nodes)
     that SGLang starts (:func:`serving.plan.divisibility.rejections`) and whose KV pool holds at least one
     full-length sequence, ranked (:class:`FitResult`); the TP sizes SGLang rejects with their reasons. With
-    ``checkpoint`` the weights are that checkpoint's bytes (one precision). A MoE model is also tried with
+    ``checkpoint`` the weights are that checkpoint's bytes (one precision). A model whose attention splits over
+    attention-TP (DeepSeek, Qwen-MoE) is also tried with
     full attention DP (``attn_dp`` = TP, attention-TP 1: DeepSeek's published ``--tp 8 --dp 8
     --enable-dp-attention``), where each GPU runs its own scheduler and pool and takes ``max_running_requests /
     attn_dp`` of the requests (``resolve_max_num_reqs``); intermediate sizes are not searched."""
@@ -1036,7 +1061,7 @@ def enumerate_layouts(
                     excluded.append(Excluded(precision, tp, tuple(reasons), attn_dp))
                 continue
             free = free_at_start_bytes(gpu, tp)
-            per_worker = max(1, max_running_requests // attn_dp)
+            running = running_requests_per_replica(max_running_requests, attn_dp)
             for pp in _powers_of_two(min(total_gpus // tp, 16, arch.num_layers)):
                 gpr = tp * pp
                 if gpr > gpus_per_node and gpr % gpus_per_node:
@@ -1053,7 +1078,7 @@ def enumerate_layouts(
                 group = (arch.quant_group_size or DEFAULT_GROUP_SIZE) if precision == "int4" else None
                 for kv_dtype, kv_bytes in KV_DTYPES.items():
                     rp = replica_pool(arch, bpp, kv_bytes, tp, pp, free, fraction, group, checkpoint, attn_dp)
-                    seqs = min(per_worker, rp.tokens // context_length) * attn_dp
+                    seqs = min(running, rp.tokens // context_length * attn_dp)
                     if seqs < 1:
                         continue
                     if gpr <= gpus_per_node:

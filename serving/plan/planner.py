@@ -637,9 +637,17 @@ def plan(spec: FleetSpec, memory_model: MemoryModel = "sglang") -> Plan:
     mem = memory_plan(spec, memory_model)
     deployable = min(spec.serving.replicas, p.max_replicas)
     lim = spec.limits
-    per_rep = min(lim.p99_concurrency_per_replica, lim.max_running_requests, int(mem.max_concurrent_sequences.value))
+    attn_dp = spec.parallelism.attn_dp
+    running = sgl.running_requests_per_replica(lim.max_running_requests, attn_dp)
+    per_rep = min(lim.p99_concurrency_per_replica, running, int(mem.max_concurrent_sequences.value))
+    runs = (
+        f"max running {lim.max_running_requests}"
+        if attn_dp == 1
+        else f"max running {attn_dp} workers × max(1, {lim.max_running_requests} // {attn_dp}) = {running} "
+        f"({sgl.RUNNING_PER_WORKER.where})"
+    )
     why = (
-        f"min(P99 concurrency {lim.p99_concurrency_per_replica}, max running {lim.max_running_requests}, "
+        f"min(P99 concurrency {lim.p99_concurrency_per_replica}, {runs}, "
         f"KV admits {int(mem.max_concurrent_sequences.value)}) = {per_rep}"
     )
     chain = capacity_chain(

@@ -382,7 +382,25 @@ class MoeSpec(_Model):
         return self
 
 
+ATTN_TP_ATTENTION: dict[str, str] = {
+    "DeepseekV2ForCausalLM": "models/deepseek_v2.py:2051",
+    "DeepseekV3ForCausalLM": "models/deepseek_v2.py:2051",
+    "Qwen2MoeForCausalLM": "models/qwen2_moe.py:911",
+    "Qwen3MoeForCausalLM": "models/qwen3_moe.py:502",
+}
+"""SGLang 0.5.23 model classes (config.json ``architectures``) whose attention splits its heads over the
+attention-TP group (``attn_tp_size = get_parallel().attn_tp_size`` at the cited line, under ``sglang/srt/``), so
+attention DP replicates it per group as the planner models. Others (Llama ``models/llama.py:181``, Mixtral
+``models/mixtral.py:137``, Qwen2 ``models/qwen2.py:165``) split it over the whole TP group; ``tests/test_memory_model.py``
+reads each model file's attention classes to check this table."""
+
+
 class Architecture(_Model):
+    model_class: str | None = Field(
+        default=None,
+        description="SGLang's model class, config.json's architectures[0] (e.g. DeepseekV3ForCausalLM): it decides "
+        "how attention DP splits the attention.",
+    )
     num_layers: int = Field(default=80, gt=0)
     hidden_size: int = Field(default=8192, gt=0)
     num_attention_heads: int = Field(default=64, gt=0)
@@ -431,6 +449,12 @@ class Architecture(_Model):
     mla: MlaSpec | None = Field(default=None)
     moe: MoeSpec | None = Field(default=None)
 
+    @property
+    def attention_over_attn_tp(self) -> bool:
+        """Whether SGLang splits this model's attention over the attention-TP group (:data:`ATTN_TP_ATTENTION`):
+        the models attention DP is planned (and ``fit`` tries it) for."""
+        return self.model_class in ATTN_TP_ATTENTION
+
     @model_validator(mode="after")
     def _heads(self) -> Self:
         """KV heads must divide the attention heads (grouped-query attention)."""
@@ -465,6 +489,9 @@ def architecture_from_hf_config(cfg: dict[str, Any], source: str) -> dict[str, A
         "head_dim": int(cfg.get("head_dim") or hidden // heads),
         "vocab_size": int(need("vocab_size")),
     }
+    classes = cfg.get("architectures")
+    if isinstance(classes, list) and classes and isinstance(classes[0], str):
+        out["model_class"] = classes[0]
     if cfg.get("kv_lora_rank"):
         out["mla"] = {"kv_lora_rank": int(cfg["kv_lora_rank"]), "qk_rope_head_dim": int(need("qk_rope_head_dim"))}
     experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts")
@@ -1301,16 +1328,22 @@ class FleetSpec(_Model):
 
     @model_validator(mode="after")
     def _attn_dp_modelled(self) -> Self:
-        """Attention DP is planned for MoE models, whose attention SGLang splits over the attention-TP group
-        (``models/qwen3_moe.py:502``, ``models/deepseek_v2.py:2051``); a dense Llama builds its attention over the
-        whole TP group (``models/llama.py:181``), which the planner does not model."""
+        """Attention DP is planned for the models whose attention SGLang splits over the attention-TP group
+        (:data:`ATTN_TP_ATTENTION`: DeepSeek, Qwen2/3-MoE); Llama or Mixtral build theirs over the whole TP group
+        (``models/llama.py:181``, ``models/mixtral.py:137``), which the planner does not model."""
         n, arch = self.parallelism.attn_dp, self.model.architecture
         if n == 1:
             return self
-        if arch.moe is None:
+        if not arch.attention_over_attn_tp:
+            known = ", ".join(f"{c} ({w})" for c, w in ATTN_TP_ATTENTION.items())
+            got = (
+                f"model class {arch.model_class}, whose attention SGLang splits over the whole TP group"
+                if arch.model_class
+                else "no model class (give model.hf_config: config.json's architectures names it)"
+            )
             raise ValueError(
-                f"parallelism.attn_dp = {n} on a dense model ({self.model.name}): the planner models attention DP "
-                "for MoE models only (SGLang's Llama builds attention over the whole TP group, models/llama.py:181); "
+                f"parallelism.attn_dp = {n} on {self.model.name} ({got}): the planner models attention DP only for "
+                f"models whose attention SGLang splits over the attention-TP group: {known}; "
                 "set parallelism.attn_dp to 1"
             )
         if arch.mla is not None and arch.attention_parameters is None:

@@ -4,7 +4,9 @@ Runs inside the SGLang venv (standard library + the pinned SGLang and its torch)
 stdin, each ``{"layers", "kv_heads", "head_dim", "attn_tp", "mla": null or [kv_lora_rank, qk_rope_head_dim],
 "dtype_bytes": 1 or 2, "draft_layers": 0 or more}``, and prints them back with ``"cell"``: the bytes per token
 ``DefaultPoolConfigurator`` sizes the pool with on one GPU holding ``layers`` layers, the EAGLE-family draft's KV
-included when ``draft_layers`` > 0.
+included when ``draft_layers`` > 0. A case ``{"max_running_requests", "attn_dp", "token_capacity"}`` is answered
+with ``"max_num_reqs"``: what ``KVCacheConfigurator.resolve_max_num_reqs`` (run from the installed source; a plain
+model: no Mamba state) gives each attention-DP worker.
 
 What is SGLang's own code, taken from the installed source with ``ast`` and executed (the modules are not imported:
 they import the model configs, which need ``transformers``, not in the SGLang venv):
@@ -154,5 +156,28 @@ def cell(case: dict[str, Any]) -> int:
     return int(DefaultPoolConfigurator(kvc)._cell_size)
 
 
+_resolve_max_num_reqs = _run(
+    _definitions("mem_cache/kv_cache_configurator.py", {"resolve_max_num_reqs"}, "KVCacheConfigurator"),
+    {"logger": types.SimpleNamespace(warning=lambda *a: None)},
+    "kv_cache_configurator.py",
+)
+
+
+def max_num_reqs(case: dict[str, Any]) -> int:
+    _resolve_max_num_reqs["get_schedule"] = lambda: types.SimpleNamespace(
+        max_running_requests=case["max_running_requests"]
+    )
+    configurator = types.SimpleNamespace(
+        model_config=types.SimpleNamespace(context_len=4096), attn_dp_size=case["attn_dp"], mambaish_config=None
+    )
+    return int(_resolve_max_num_reqs["resolve_max_num_reqs"](configurator, case["token_capacity"]))
+
+
+def answer(case: dict[str, Any]) -> dict[str, Any]:
+    if "max_running_requests" in case:
+        return {**case, "max_num_reqs": max_num_reqs(case)}
+    return {**case, "cell": cell(case)}
+
+
 if __name__ == "__main__":
-    json.dump([{**c, "cell": cell(c)} for c in json.load(sys.stdin)], sys.stdout)
+    json.dump([answer(c) for c in json.load(sys.stdin)], sys.stdout)
