@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import get_args
+from types import SimpleNamespace
+from typing import Any, cast, get_args
 
 import pytest
 from pydantic import ValidationError
 
+from serving.drill.engine import Run, Settings, alert_checks
 from serving.drill.scenarios import (
     NAMES,
+    OUT_OF_ROTATION,
+    ROUTER_DOWN,
     SCENARIOS,
     Component,
     FaultKind,
@@ -22,6 +26,7 @@ from serving.drill.scenarios import (
     scenario_json,
     scenario_targets,
 )
+from serving.prometheus_api import FiredAlert
 from serving.render.k8s import monitoring, runtime
 from serving.spec.schema import DrillName, DrillSpec, FleetSpec
 from tests.support.cli import exaserve, flat, json_object
@@ -260,3 +265,30 @@ def test_replica_drills_fault_the_replica_with_the_fewest_restarts_outside_the_n
     after = {urls["r0"]: 3, urls["r1"]: 1, urls["r2"]: 1, urls["r3"]: 0}
     assert choose_subject(crash, fleet, "c1", after).replicas == ("r1",)  # r3 is on the last node (node faults')
     assert choose_subject(crash, fleet, "c1", {urls["r0"]: 1}).replicas == ("r1",)
+
+
+@pytest.mark.parametrize(("out_s", "fired", "ok", "said"), [
+    (2.3, False, True, "not due: the replica was out 2.3 s"),  # back before its `for` could pass: not required
+    (9.0, False, False, "did not fire: ExaServeReplicaOutOfRotation"),  # out long enough: required
+    (9.0, True, True, "fired: ExaServeReplicaOutOfRotation"),
+])  # fmt: skip
+def test_the_out_of_rotation_alert_is_due_only_when_the_replica_stayed_out_past_its_for(
+    out_s: float, fired: bool, ok: bool, said: str
+) -> None:
+    """The controller's breaker path restores a crashed replica in seconds; ExaServeReplicaOutOfRotation waits
+    failure_threshold × interval (its `for`) plus a scrape and an evaluation. A replica back sooner cannot fire it,
+    and the drill must not call that a failure (CI: router-and-replica-loss "did not fire" with the replica out 2.3 s)."""
+    fleet = fleet_of(spec_from("sandbox", serving__heartbeat_interval_s=1, serving__failure_threshold=3))
+    scenario = SCENARIOS["router-and-replica-loss"]
+    targets = scenario_targets(scenario, fleet)
+    settings = Settings.for_drill(fleet, targets, fault_sizes(fleet))
+    assert settings.out_alert_due_s == 5.0  # 3 × 1 s + a scrape and an evaluation at 1 s
+    run = Run(scenario, cast(Any, None), targets, settings, wall0=1000.0)
+    run.alerts_checked = True
+    run.measured = cast(Any, SimpleNamespace(detection_s=2.7, restoration_s=2.7 + out_s))
+    if fired:
+        run.alerts = [FiredAlert(OUT_OF_ROTATION, {}, 1001.0, 1006.0), FiredAlert(ROUTER_DOWN, {}, 1001.0, 1015.0)]
+    else:
+        run.alerts = [FiredAlert(ROUTER_DOWN, {}, 1001.0, 1015.0)]
+    [check, _quiet] = alert_checks(run)
+    assert check.ok is ok and said in check.reason, check
