@@ -116,6 +116,10 @@ class Settings:
     # how long a replica must be out before ExaServeReplicaOutOfRotation is due: its `for` (failure_threshold ×
     # interval, serving.render.k8s.runtime) + a scrape and an evaluation (the sandbox's Prometheus: every interval)
     out_alert_due_s: float = 0.0
+    # how long before the fault an alert the fault caused may say it became active: a scrape that started before the
+    # fault and failed because of it is stamped with its start, and so is the evaluation that first sees it (the
+    # sandbox's Prometheus scrapes and evaluates every heartbeat interval)
+    alert_lead_s: float = 0.0
 
     @classmethod
     def for_drill(
@@ -144,6 +148,7 @@ class Settings:
             hold_s=hold,
             settle_s=plan_targets(fleet)[TargetName.RESTORATION].value + spec.serving.startup_budget_s,
             out_alert_due_s=(spec.serving.failure_threshold + 2) * spec.serving.heartbeat_interval_s,
+            alert_lead_s=spec.serving.heartbeat_interval_s,
         )
 
 
@@ -485,8 +490,9 @@ def _judge(run: Run) -> None:
 
 
 def relevant_alerts(run: Run) -> list[FiredAlert]:
-    """Alerts that became active at or after the fault (one already active before it is not the drill's)."""
-    return [a for a in run.alerts if a.active_at >= run.wall0 - run.settings.probe_s]
+    """Alerts that became active at or after the fault (one already active before it is not the drill's), allowing
+    for the stamp of a scrape that began before the fault (:attr:`Settings.alert_lead_s`)."""
+    return [a for a in run.alerts if a.active_at >= run.wall0 - run.settings.probe_s - run.settings.alert_lead_s]
 
 
 def alert_checks(run: Run) -> list[Check]:
