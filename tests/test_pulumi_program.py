@@ -97,7 +97,8 @@ def test_object_counts_follow_nodes_and_batches(runs: dict[str, ProgramRun], sta
         "gateway": 7,  # with the headless Service of the router pods (membership is per router instance)
         "monitoring": 3,
         "network-policy": 3,
-        "runtime": 15,  # fixed: controller, agent, their RBAC, the controllers' headless Service, 2 policies, rule,
+        "runtime": 16,  # fixed: controller, agent, their RBAC, the controllers' headless Service, 3 policies (the
+        # third lets the controllers read the routers' breakers, issue 24), rule,
         # monitor, stack
         # the rolling updater's ServiceAccount, Role, RoleBinding (tests/test_render_updater.py), its admission policy
         # and binding (tests/test_render_admission.py)
