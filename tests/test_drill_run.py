@@ -158,7 +158,10 @@ def test_each_drill_meets_the_plans_targets_on_the_sandbox(sandbox: Sandbox, sce
     else:
         assert doc["false_detections"] == []
     fired = {a["alertname"] for a in doc["alerts"]["fired"]}
-    assert doc["alerts"]["checked"] and set(s.alerts) <= fired and not fired & set(s.quiet), fired
+    # an alert the judge found not due (the replica back before its `for` could pass) is neither required nor forbidden
+    [alert_check] = [c for c in doc["checks"] if c["name"] == "alerts_fired"]
+    not_due = {a for a in s.alerts if f"{a} not due" in alert_check["reason"]}
+    assert doc["alerts"]["checked"] and set(s.alerts) - not_due <= fired and not fired & set(s.quiet), fired
     assert doc["settled"], "the fleet was not whole again after the drill"
     check_timeline(doc)
     assert (report / "drill.json").is_file() and json.loads((report / "drill.json").read_text())["ok"]

@@ -393,15 +393,17 @@ def scenario_targets(scenario: Scenario, fleet: Fleet) -> tuple[Target, ...]:
     if scenario.detected_by == "controller":
         s, hb = fleet.spec.serving, fleet.plan.heartbeats
         stop = int(hb.timeouts_to_stop_routing.value)
-        tick = s.heartbeat_interval_s / 2  # the leader decides every half interval (serving.runtime.service)
-        detect = stop * s.heartbeat_interval_s + s.health_check_timeout_s + tick
+        # the leader decides every half interval (serving.runtime.service) and its removal, on every router instance
+        # at once and proved on each, is done before the next decision
+        tick = s.heartbeat_interval_s / 2
+        detect = stop * s.heartbeat_interval_s + s.health_check_timeout_s + 2 * tick
         targets[TargetName.DETECTION] = Target(
             TargetName.DETECTION,
             detect,
             "s",
             f"{stop} timeouts to stop routing × {s.heartbeat_interval_s:g} s + {s.health_check_timeout_s:g} s timeout "
-            f"of the last probe + {tick:g} s the leader's tick = {detect:g} s (the agents' /health_generate, through "
-            "the score)",
+            f"of the last probe + {tick:g} s the leader's tick + {tick:g} s its removal on every router = {detect:g} s "
+            "(the agents' /health_generate, through the score)",
             "fault → the replica out of every router instance",
         )
     chosen = [targets[name] for name in scenario.targets]
