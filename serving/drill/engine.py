@@ -120,6 +120,11 @@ class Settings:
     # fault and failed because of it is stamped with its start, and so is the evaluation that first sees it (the
     # sandbox's Prometheus scrapes and evaluates every heartbeat interval)
     alert_lead_s: float = 0.0
+    # how long a replica the drill's heal brought back in place (not restarted by the runtime) may take to return:
+    # out of rotation with a score anywhere in [migrate_below, readmit_at) it earns success_reward per report up to
+    # readmit_at, then the warm-up and the tick that readmits it (below the migrate line it is restarted instead,
+    # within the restoration target)
+    return_s: float = 0.0
 
     @classmethod
     def for_drill(
@@ -149,6 +154,7 @@ class Settings:
             settle_s=plan_targets(fleet)[TargetName.RESTORATION].value + spec.serving.startup_budget_s,
             out_alert_due_s=(spec.serving.failure_threshold + 2) * spec.serving.heartbeat_interval_s,
             alert_lead_s=spec.serving.heartbeat_interval_s,
+            return_s=max(plan_targets(fleet)[TargetName.RESTORATION].value, climb_s(fleet)),
         )
 
 
@@ -332,6 +338,24 @@ def _done(run: Run, now: float) -> bool:
     return now - since >= 2 * run.settings.gates.window_s
 
 
+def climb_s(fleet: Fleet) -> float:
+    """The longest a replica back in place takes to earn readmission: ⌈(readmit_at − migrate_below) /
+    success_reward⌉ reports, the warm-up and one interval for the tick that readmits it."""
+    health, s = fleet.spec.health, fleet.spec.serving
+    reports = math.ceil((health.readmit_at - health.migrate_below) / health.success_reward)
+    return reports * s.heartbeat_interval_s + s.warmup_duration_s + s.heartbeat_interval_s
+
+
+def watch_s(scenario: Scenario, targets: Sequence[Target], settings: Settings) -> float:
+    """How long after the fault the drill watches at most: 1.5 × its longest target (or the hold) + 10 s, the time
+    the error gate's requests need, and, for a held fault that takes replicas out, the hold + the slowest return."""
+    longest = max([settings.hold_s, *(t.value for t in targets if t.unit == "s")])
+    after = max(longest * 1.5 + 10, settings.min_requests / settings.rate_per_s - settings.baseline_s + 10)
+    if scenario.evicts and any(_held(f) for f in scenario.faults):
+        after = max(after, settings.hold_s + settings.return_s + 10)
+    return after
+
+
 async def run_drill(
     scenario: Scenario,
     targets: Sequence[Target],
@@ -359,8 +383,7 @@ async def run_drill(
     seen = await look_once(fleet)
     subject = choose_subject(scenario, fleet, seen.leader, seen.restarts)
     run = Run(scenario, subject, tuple(targets), settings)
-    longest = max([settings.hold_s, *(t.value for t in targets if t.unit == "s")])
-    deadline_after = max(longest * 1.5 + 10, settings.min_requests / settings.rate_per_s - settings.baseline_s + 10)
+    deadline_after = watch_s(scenario, targets, settings)
     spec = LoadSpec(
         url=fleet.routers[0],
         failover=fleet.routers[1:],
