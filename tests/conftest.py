@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,7 @@ from tests.support.ci import unavailable
 from tests.support.gpu import cuda_device_count
 from tests.support.hosts.netns import HostPool, unavailable_reason
 from tests.support.sandbox import running_sandbox
+from tests.support.schedule import deal, load_durations, scheduler
 from tests.support.systemd import make_systemd_root
 
 
@@ -28,10 +30,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     * ``sandbox``: its module brings up a sandbox (it imports ``running_sandbox``): real routers, simulated workers,
       etcd and Prometheus, waited on in real time; a module that starts such processes itself says so with
       ``pytestmark = pytest.mark.sandbox``. Each such module is one ``xdist_group``, so that one worker brings
-      its module-scoped sandbox up once; a module that sets ``SANDBOX_GROUPS = N`` is dealt round-robin into N groups,
-      each with a sandbox of its own on its own worker (its tests must not depend on each other's order).
+      its module-scoped sandbox up once; a module that sets ``SANDBOX_GROUPS = N`` is dealt into N groups, longest
+      test first to the group with the least so far (tests/support/schedule.py), each with a sandbox of its own on
+      its own worker (its tests must not depend on each other's order).
     """
-    position: dict[str, int] = {}
+    split: dict[str, list[pytest.Item]] = {}
     for item in items:
         if "ssh_hosts" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.hosts)
@@ -43,9 +46,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         elif item.get_closest_marker("sandbox") is None:
             continue
         name = module.__name__.rsplit(".", 1)[-1]
-        index = position[name] = position.get(name, -1) + 1
-        groups = int(getattr(module, "SANDBOX_GROUPS", 1))
-        item.add_marker(pytest.mark.xdist_group(name if groups == 1 else f"{name}-{index % groups}"))
+        if int(getattr(module, "SANDBOX_GROUPS", 1)) == 1:
+            item.add_marker(pytest.mark.xdist_group(name))
+        else:
+            split.setdefault(name, []).append(item)
+    durations = load_durations()
+    for name, members in split.items():
+        groups = int(members[0].module.SANDBOX_GROUPS)  # type: ignore[attr-defined]
+        for item, group in zip(members, deal([i.nodeid for i in members], groups, durations), strict=True):
+            item.add_marker(pytest.mark.xdist_group(f"{name}-{group}"))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Longest work unit first (tests/support/schedule.py): a phase lasts as long as its busiest worker."""
+    return scheduler(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -35,6 +35,7 @@ LOAD_RATE = 60.0
 # A one-replica batch expects 10 × 10 = 100 requests in its soak at LOAD_RATE, enough for the gates, but a degraded
 # fleet's or a restarted router's window may hold fewer: these rollouts go ahead with such gates inconclusive, explicitly.
 ACCEPT = "--accept-inconclusive"
+SANDBOX_GROUPS = 2  # a sandbox per test (tests/conftest.py): 83 s and 41 s in one worker set the wait-bound phase's end
 
 
 @pytest.fixture(scope="module")
@@ -118,15 +119,16 @@ def test_a_fleet_changed_behind_a_completed_journal_is_planned_from_what_it_runs
 def test_a_rollout_refuses_to_start_with_a_replica_down_and_allow_degraded_proceeds(sandbox: Sandbox) -> None:
     urls = replica_urls(sandbox)
     every = list(urls)
-    back = sandbox.cli("rollback", "--json")
-    assert back.returncode == 0, back.stdout + back.stderr
+    journal = sandbox.paths.journal_path
+    if journal.exists():  # the other test ran first on this sandbox (both in one worker): back to v1
+        back = sandbox.cli("rollback", "--json")
+        assert back.returncode == 0, back.stdout + back.stderr
     assert set(sandbox.versions().values()) == {"v1"}
     victim = every[3]
     port = int(urls[victim].rsplit(":", 1)[1])
     assert stop_process(sandbox.processes, worker_name(port)), "the worker was running"
     wait_for_router(sandbox, lambda workers: workers.get(urls[victim]) is False)
-    journal = sandbox.paths.journal_path
-    before = journal.read_text()
+    before = journal.read_text() if journal.exists() else None
 
     refused = sandbox.cli("rollout", "--to", "v2", "--json")
     assert refused.returncode == 2, refused.stdout + refused.stderr
@@ -134,7 +136,7 @@ def test_a_rollout_refuses_to_start_with_a_replica_down_and_allow_degraded_proce
     assert f"1 of {REPLICAS} replicas are down or unreachable: {victim};" in error
     assert "--allow-degraded" in error and "exaserve sandbox up" in error
     assert "Traceback" not in refused.stderr
-    assert journal.read_text() == before, "a refused start writes nothing"
+    assert (journal.read_text() if journal.exists() else None) == before, "a refused start writes nothing"
 
     with Load(sandbox.router_url, rate=LOAD_RATE) as load:
         degraded = sandbox.cli("rollout", "--to", "v2", "--allow-degraded", "--json", ACCEPT)

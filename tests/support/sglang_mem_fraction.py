@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import json
 import logging
 import sys
@@ -50,6 +51,7 @@ from sglang.srt.server_args import ServerArgs  # noqa: E402
 _case: dict[str, object] = {}
 
 
+@functools.cache
 def _handle_data_parallelism() -> Any:
     """``arg_groups/parallel_hook.py: handle_data_parallelism``, its definition taken from the installed source with
     ``ast`` and executed over ``overrides``' namespace (where its helpers live): the module itself is not imported,
@@ -84,11 +86,18 @@ cuda_graph_hook.disable_breakable_cudagraph_if_incompatible = lambda server_args
 memory_hook.get_device_memory_capacity = lambda device=None: _case["gpu_mib"]
 
 
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    """SGLang's own parser, built once: parse_args leaves it as it was, so every case parses on the same one."""
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
 def resolve(case: dict[str, object]) -> dict[str, object]:
     _case.clear()
     _case.update(case)
-    parser = argparse.ArgumentParser(prog="sglang serve")
-    ServerArgs.add_cli_args(parser)
+    parser = _parser()
     argv = ["--model-path", "/models/m", "--device", "cuda", "--tp-size", str(case["tp"]), "--pp-size", str(case["pp"])]
     if case["chunked_prefill_size"] is not None:
         argv += ["--chunked-prefill-size", str(case["chunked_prefill_size"])]

@@ -1,0 +1,128 @@
+"""Longest work first, for pytest-xdist's ``--dist loadfile`` and ``--dist loadgroup`` (scripts/test.sh).
+
+xdist deals work units (a module, or an ``xdist_group``) in collection order, or by test count with its default
+``--loadscope-reorder``, and hands a worker its next unit as soon as it has two tests or fewer left. A phase lasts until
+its last worker finishes, and the longest units, dealt last or queued behind another long one, set that end: the
+wait-bound phase lasted 330 s for 1,318 s of tests on six workers (220 s a worker) because its longest group (130 s,
+two tests) came late and took a second group while both its tests were still to run.
+
+Here the units are dealt longest first (the longest-processing-time rule), and a worker gets its next unit only when
+its last test waits for it (xdist runs a test once it knows the next one, or that none comes). A module split into
+``SANDBOX_GROUPS`` is dealt into them by the same rule (tests/conftest.py). The weights are the seconds each test took
+in the last measured run, ``tests/durations.json`` (tests of :data:`LISTED_S` or more; the rest weigh
+:data:`UNLISTED_S`), refreshed with ``python -m tests.support.schedule test-output/pytest-*.xml``. They are a
+schedule's guess, never a result: a stale file makes a phase slower, not wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from xdist.scheduler import LoadFileScheduling, LoadGroupScheduling
+
+DURATIONS = Path(__file__).resolve().parent.parent / "durations.json"
+LISTED_S = 0.5  # tests that took this long or more are listed
+UNLISTED_S = 0.25  # what a test not listed weighs
+
+
+def load_durations(path: Path = DURATIONS) -> dict[str, float]:
+    """Test node id (without xdist's ``@group``) → seconds; empty when the file is missing or unreadable."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in doc.items()} if isinstance(doc, dict) else {}
+
+
+def seconds(nodeid: str, durations: dict[str, float]) -> float:
+    base = nodeid.rsplit("@", 1)[0] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
+    return durations.get(base, UNLISTED_S)
+
+
+def deal(ids: Sequence[str], groups: int, durations: dict[str, float]) -> list[int]:
+    """The group (0 … groups − 1) of each test: longest first, each to the group with the least so far."""
+    load = [0.0] * groups
+    out = [0] * len(ids)
+    for i in sorted(range(len(ids)), key=lambda i: -seconds(ids[i], durations)):
+        g = min(range(groups), key=lambda g: (load[g], g))
+        out[i] = g
+        load[g] += seconds(ids[i], durations)
+    return out
+
+
+class _LongestFirst:
+    """Deal the heaviest unit left; refill a worker when one test is left on it (it waits for its next item)."""
+
+    workqueue: Any
+    assigned_work: Any
+    durations: dict[str, float]
+
+    def _weight(self, scope: str) -> float:
+        return sum(seconds(nodeid, self.durations) for nodeid in self.workqueue[scope])
+
+    def _assign_work_unit(self, node: Any) -> None:
+        self.workqueue.move_to_end(max(self.workqueue, key=self._weight), last=False)
+        super()._assign_work_unit(node)  # type: ignore[misc]
+
+    def _reschedule(self, node: Any) -> None:
+        if node.shutting_down:
+            return
+        if not self.workqueue:
+            node.shutdown()
+            return
+        if self._pending_of(self.assigned_work[node]) > 1:  # type: ignore[attr-defined]
+            return
+        self._assign_work_unit(node)
+
+
+class LongestFileFirst(_LongestFirst, LoadFileScheduling):
+    def __init__(self, config: Any, log: Any = None) -> None:
+        super().__init__(config, log)
+        self.durations = load_durations()
+
+
+class LongestGroupFirst(_LongestFirst, LoadGroupScheduling):
+    def __init__(self, config: Any, log: Any = None) -> None:
+        super().__init__(config, log)
+        self.durations = load_durations()
+
+
+def scheduler(config: Any, log: Any) -> Any:
+    """The scheduler for ``config``'s ``--dist`` (loadfile, loadgroup), or None for xdist's own."""
+    dist = config.getvalue("dist")
+    if dist == "loadfile":
+        return LongestFileFirst(config, log)
+    if dist == "loadgroup":
+        return LongestGroupFirst(config, log)
+    return None
+
+
+def junit_seconds(junit: Path) -> Iterable[tuple[str, float]]:
+    """(node id, seconds: setup, call and teardown) of each test in one JUnit XML."""
+    for case in ET.parse(junit).iter("testcase"):
+        name, parts = case.get("name", ""), case.get("classname", "").split(".")
+        if name.rfind("@") > name.rfind("]"):
+            name = name.rsplit("@", 1)[0]
+        module = next((i for i, part in enumerate(parts) if part.startswith("test_")), len(parts) - 1)
+        path = "/".join(parts[: module + 1]) + ".py"
+        yield "::".join([path, *parts[module + 1 :], name]), float(case.get("time", 0.0))
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: python -m tests.support.schedule test-output/pytest-*.xml", file=sys.stderr)
+        return 2
+    measured = {nodeid: s for path in argv for nodeid, s in junit_seconds(Path(path))}
+    listed = {k: round(v, 1) for k, v in sorted(measured.items()) if v >= LISTED_S}
+    DURATIONS.write_text(json.dumps(listed, indent=0) + "\n")
+    print(f"{DURATIONS}: {len(listed)} of {len(measured)} tests took {LISTED_S:g} s or more")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
