@@ -9,16 +9,19 @@
 # pytest runs in two phases (pytest-xdist), so that the tests that wait on a running sandbox in real time do not share
 # the cores with the CPU-bound ones (a starved router or worker would read as a slow release to the gates):
 #   1. CPU-bound: every test not marked `sandbox`, one module per worker (--dist loadfile), three workers (these
-#      tests wait on SSH hosts and subprocesses too: two workers kept 1.05 of the 2 cores busy);
-#   2. wait-bound: the `sandbox` tests but the drills (tests/conftest.py marks them), six workers, one sandbox each
+#      tests wait on SSH hosts and subprocesses too: three workers kept 1.4 of the 2 cores busy); the YAML and
+#      Ansible checks run beside it;
+#   2. wait-bound: the `sandbox` tests but the drills (tests/conftest.py marks them), eight workers, one sandbox each
 #      (--dist loadgroup: one module, or one of its SANDBOX_GROUPS, per worker). They idle most of their wall time
-#      (four workers kept 0.63 of a core busy); their judgments compare a canary with its peers in the same window,
-#      so a neighbour's load is weather to both. The phase lasts about as long as its longest group (~100 s of tests).
+#      (eight workers kept 0.9 of a core busy); their judgments compare a canary with its peers in the same window,
+#      so a neighbour's load is weather to both.
 #   3. drills: the fault drills (`drill`, tests/test_drill_run.py), four workers, one sandbox per drill group, in a
 #      phase of their own: they judge client latency against the baseline taken before the fault, and the rollout
 #      tests' client load would read as the fault's. A starved prober is `invalid` and measured again; the recovery
 #      windows are judged by a binomial test (one slow request of ~60 is no evidence: CI once failed replica-crash on
 #      it beside the rollout tests).
+# Work is dealt longest first, by the seconds each test took in the last measured run (tests/durations.json;
+# tests/support/schedule.py says how, and how to refresh it): a phase lasts as long as its busiest worker.
 # Each phase writes its JUnit XML (per-test times) to test-output/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,16 +35,17 @@ export PATH="$PWD/.venv/bin:$PATH"
 echo "== lock (uv.lock and requirements*.lock agree with pyproject.toml; offline)"; scripts/lock.sh --check
 echo "== ruff";          ruff check serving infra policies ansible tests bench scripts
 echo "== mypy (strict on serving/)"; mypy serving
-if ((!fast)); then
+mkdir -p test-output
+ansible_checks() {  # the YAML and Ansible checks; a whole run does them beside the cpu-bound phase (below)
+  set -e
   echo "== yamllint";      yamllint -s .
   echo "== ansible-lint (production profile)"; (cd ansible && ansible-lint)
   echo "== ansible-test sanity"; scripts/ansible-sanity.sh
   echo "== ansible-playbook --syntax-check"
   (cd ansible && ansible-playbook --syntax-check -i inventory/prod.exaserve.yml preflight.yml site.yml)
-fi
+}
 gpu=""  # gpu-marked tests run where torch sees a CUDA device; elsewhere they are deselected, and said so
 if [[ $(python -m tests.support.gpu 2>/dev/null) == 0 ]]; then gpu=" and not gpu"; echo "== no CUDA device: gpu tests deselected"; fi
-mkdir -p test-output
 ran=0 failed=0
 phase() {  # phase NAME MARKERS WORKERS DIST [PYTEST_ARGS…]; exit 5 (nothing selected) is a failure only in a whole run
   # (PYTEST_ARGS may select one phase's tests); a failed phase does not stop the next one (CI's log shows both); the
@@ -62,8 +66,14 @@ selecting=$(($# > 0))  # PYTEST_ARGS may select tests of one phase only
 if ((fast)); then
   phase fast "not sandbox and not hosts and not slow$gpu" 2 loadfile "$@"
 else
+  # the cpu-bound phase keeps about 1.4 of the 2 cores busy (its tests wait on SSH hosts and subprocesses too): the
+  # YAML and Ansible checks (about 40 s of one core) run beside it, their output shown after it
+  ansible_checks > test-output/ansible-checks.log 2>&1 & checks=$!
   phase cpu-bound "not sandbox$gpu" 3 loadfile "$@"
-  phase wait-bound "sandbox and not drill$gpu" 6 loadgroup "$@"
+  checks_rc=0; wait "$checks" || checks_rc=$?
+  cat test-output/ansible-checks.log
+  if ((checks_rc)); then echo "== the YAML and Ansible checks failed (exit $checks_rc)"; ran=1; ((failed)) || failed=$checks_rc; fi
+  phase wait-bound "sandbox and not drill$gpu" 8 loadgroup "$@"
   phase drills "drill$gpu" 4 loadgroup "$@"
 fi
 if ((!ran)); then

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.schedule import UNLISTED_S, deal, seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON_TREES = ("serving", "infra", "policies", "ansible", "bench", "scripts")
@@ -229,3 +232,56 @@ def test_xdist_keeps_a_group_on_one_worker(tmp_path: Path) -> None:
         mine = [(r[0], r[-1]) for r in ran if f"{module}.py::" in r[-1]]
         assert len({worker for worker, _ in mine}) == 1, f"{module}'s tests ran on several workers: {mine}"
         assert [test.split("::")[1] for _, test in mine] == [f"test_{i}@{module}" for i in range(4)], mine
+
+
+def test_the_scheduler_deals_the_longest_group_first_and_refills_a_worker_only_at_its_last_test(tmp_path: Path) -> None:
+    """tests/support/schedule.py under ``--dist loadgroup`` on two workers: the heaviest group by its durations file
+    (test_c, collected last) is dealt first, and the third group goes to the worker that reaches its last test first
+    (test_b's, whose tests are shorter), not queued at the start behind test_c as xdist's own scheduler deals it (it
+    refills a worker that has two tests left)."""
+    (tmp_path / "conftest.py").write_text(
+        "import pytest\n"
+        "from tests.support.schedule import scheduler\n\n"
+        "@pytest.hookimpl(tryfirst=True)\n"
+        "def pytest_collection_modifyitems(config, items):\n"
+        "    for item in items:\n"
+        "        item.add_marker(pytest.mark.xdist_group(item.module.__name__))\n\n"
+        "def pytest_xdist_make_scheduler(config, log):\n"
+        "    return scheduler(config, log)\n"
+    )
+    log = tmp_path / "ran.log"
+    for name, sleep in {"a": 0.1, "b": 0.3, "c": 1.5}.items():
+        (tmp_path / f"test_{name}.py").write_text(
+            "import os, time\n"
+            + "".join(
+                f"def test_{i}():\n"
+                f"    with open({str(log)!r}, 'a') as f:\n"
+                f"        f.write(f'{name} {{time.monotonic()}} {{os.environ[\"PYTEST_XDIST_WORKER\"]}}\\n')\n"
+                f"    time.sleep({sleep})\n"
+                for i in range(2)
+            )
+        )
+    durations = tmp_path / "durations.json"
+    weights = {"a": 1.0, "b": 10.0, "c": 50.0}
+    durations.write_text(json.dumps({f"test_{m}.py::test_{i}": w for m, w in weights.items() for i in range(2)}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", str(tmp_path)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False,
+        env={**os.environ, "EXASERVE_TEST_DURATIONS": str(durations), "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ran = sorted((float(t), m, w) for m, t, w in (line.split() for line in log.read_text().splitlines()))
+    assert len(ran) == 6, ran
+    worker = {m: w for _t, m, w in reversed(ran)}
+    assert ran[0][1] == "c" or ran[1][1] == "c", ran  # dealt first (the two workers start together)
+    assert len({w for _t, m, w in ran if m == "c"}) == 1 and worker["b"] != worker["c"], ran
+    assert worker["a"] == worker["b"], f"test_a was queued behind test_c: {ran}"
+
+
+def test_a_split_module_is_dealt_longest_test_first_to_the_lightest_group() -> None:
+    """SANDBOX_GROUPS deals (tests/conftest.py): by the last run's seconds, not round-robin by position, so the two
+    longest tests never share a sandbox while a group of short ones waits; a test not listed weighs UNLISTED_S."""
+    ids = ["t.py::short", "t.py::long", "t.py::longer", "t.py::new", "t.py::mid"]
+    durations = {"t.py::short": 1.0, "t.py::long": 9.0, "t.py::longer": 10.0, "t.py::mid": 2.0}
+    assert deal(ids, 2, durations) == [0, 1, 0, 0, 1]  # longer 10 | long 9, mid 2 | short 1 → 11 | new → 11.25 | 11
+    assert seconds("t.py::new@t-1", durations) == UNLISTED_S and seconds("t.py::mid@t-0", durations) == 2.0
