@@ -5,31 +5,40 @@ for the benches that measure smg itself at the prod fleet's size."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from serving.plan.loader import load_fleet
 from serving.render.router import ROUTER_ENTRY, router_args
+from serving.sandbox.backend import served_health
 from serving.sandbox.processes import ProcessRecord, StateDir, free_port, free_port_block, free_ports, start_router
 from serving.sandbox.scale import WORKERS_PER_PROCESS
 from serving.sandbox.worker import WorkerConfig
 from serving.sandbox.worker_host import start_host
+from serving.sglang_health import HEALTH_ENDPOINT_GENERATION
 from serving.spec.stack import load_stack
 
 STATIC = 2  # --worker-urls the router starts with (power_of_two's minimum)
 
 
 def start_fleet(
-    state: StateDir, workers: int, overrides: Mapping[str, str] | None = None
+    state: StateDir,
+    workers: int,
+    overrides: Mapping[str, str] | None = None,
+    extra: Sequence[str] = (),
+    generation: bool = HEALTH_ENDPOINT_GENERATION,
 ) -> tuple[list[WorkerConfig], list[ProcessRecord], ProcessRecord]:
     """``workers`` simulated workers on a free block of ports, and one router with the prod stack's flags that knows
     the first :data:`STATIC` of them: (the workers' configs, their hosts' records, the router's record). The caller
-    registers the rest and stops everything (``stop_all(state)``). ``overrides``: rendered flags given other values."""
+    registers the rest and stops everything (``stop_all(state)``). ``overrides``: rendered flags given other values;
+    ``extra``: flags added (smg's parser checks them at start). The workers' ``/health`` is the servers' as rendered
+    (no generation: ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false``), or SGLang's default with ``generation``."""
     fleet = load_fleet("prod", load_stack("prod").spec)
     base = free_port_block(workers)
-    configs = [WorkerConfig(port=base + i, seed=i) for i in range(workers)]
+    health = {**served_health(fleet.spec), "health_generation": generation}
+    configs = [WorkerConfig(port=base + i, seed=i, **health) for i in range(workers)]
     hosts = [
         start_host(state, start // WORKERS_PER_PROCESS, configs[start : start + WORKERS_PER_PROCESS], free_port(),
                    timeout_s=120)
@@ -40,4 +49,4 @@ def start_fleet(
     for flag, value in (("--host", "127.0.0.1"), ("--port", str(port)), ("--prometheus-host", "127.0.0.1"),
                         ("--prometheus-port", str(metrics_port)), *(overrides or {}).items()):  # fmt: skip
         flags[flags.index(flag) + 1] = value
-    return configs, hosts, start_router(state, flags, healthy_workers=STATIC, timeout_s=120)
+    return configs, hosts, start_router(state, [*flags, *extra], healthy_workers=STATIC, timeout_s=120)

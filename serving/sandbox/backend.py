@@ -15,6 +15,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from serving.fleet_http import FleetHttp, HttpFailure
 from serving.plan.model import Fleet, Replica
@@ -41,6 +42,16 @@ def health_poll_s(spec: FleetSpec) -> float:
     every ``heartbeat_interval_s`` below the source's 5 s (the drill and runtime test stacks check every 1 s) runs
     the fleet's clock that much faster, and SGLang's poll with it; a stack at 5 s or slower gets SGLang's 1 s."""
     return HEALTH_POLL_S * min(1.0, spec.serving.heartbeat_interval_s / SOURCE_HEARTBEAT_S)
+
+
+def served_health(spec: FleetSpec) -> dict[str, Any]:
+    """The simulated worker's health settings as the stack renders its servers: the poll period, the
+    ``SGLANG_HEALTH_CHECK_TIMEOUT`` and whether ``/health`` generates (``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION``)."""
+    return {
+        "health_poll_s": health_poll_s(spec),
+        "health_timeout_s": server_health_timeout_s(whole_seconds(spec.serving.health_check_timeout_s)),
+        "health_generation": HEALTH_ENDPOINT_GENERATION,
+    }
 
 
 def sandbox_of(spec: FleetSpec) -> SandboxSpec:
@@ -100,9 +111,7 @@ def worker_config(spec: FleetSpec, replica: Replica, version: str) -> WorkerConf
         never_ready=release.never_ready,
         served_model_name=spec.model.name,
         max_running_requests=spec.limits.max_running_requests,
-        health_poll_s=health_poll_s(spec),
-        health_timeout_s=server_health_timeout_s(whole_seconds(spec.serving.health_check_timeout_s)),  # as rendered
-        health_generation=HEALTH_ENDPOINT_GENERATION,  # SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, rendered
+        **served_health(spec),
         bucket_e2e_request_latency=tuple(duration_buckets(spec)),
         kv_pool_tokens=tokens,
         weight_memory_gb=kv.weights_bytes / GIB,

@@ -2,8 +2,8 @@
 
 The scale sandbox's steady state is a fixed set of loops, each a rate of one kind of work, all from the stack:
 
-* every router checks each worker's ``/health`` every heartbeat and, under ``power_of_two``, polls its ``/v1/loads``
-  (smg's load monitor, ``model_gateway/src/worker/monitor.rs``);
+* every router checks each worker's ``/health`` every heartbeat and polls its ``/v1/loads`` (smg's load monitor,
+  ``model_gateway/src/worker/monitor.rs``, on for overload protection whatever the policy);
 * every node's agent probes each of its replicas every heartbeat: ``/health``, then ``/metrics`` (parsed);
 * every controller instance applies every node's report.
 
@@ -12,8 +12,9 @@ the same work at 2–2.7× the CPU, docs/scale.md), so the two Python paths that
 code, before the sandbox starts (:func:`measure_costs`: one worker host of :data:`CALIBRATION_WORKERS` simulated
 workers probed by a real :class:`~serving.runtime.agent.Agent` for :data:`CALIBRATION_PROBES` probes): a worker's
 request and an agent's probe. Measured alone they are cheaper than in the fleet, where ~20 processes share the cores:
-:data:`IN_FLEET` is that ratio, measured on the reference machine. The routers' (Rust) and the controllers' share is the
-reference machine's (docs/scale.md, 2,048 replicas), scaled by this machine's speed against it (the agent's probe).
+:data:`IN_FLEET` is that ratio, measured on the reference machine. The routers' (Rust) share is smg 1.13.0's, measured at
+2,048 workers (``bench/router_steady_bench.py``) and brought to the reference machine's terms; the controllers' is the
+reference machine's (docs/scale.md, 2,048 replicas); both scaled by this machine's speed against it (the agent's probe).
 
 :func:`cpu_need` turns the costs into cores by kind; :func:`serving.sandbox.scale.check_machine` refuses a sandbox that
 needs more than :data:`CPU_SHARE` of the cores in its steady state (the rest is for the client load, a rollout's
@@ -30,7 +31,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from serving.render.router import router_policy
 from serving.runtime.agent import Agent, AgentConfig
 from serving.sandbox.processes import SandboxError, StateDir, cpu_seconds, free_port, free_port_block, stop_all
 from serving.sandbox.worker import WorkerConfig, ensure_model_dir
@@ -40,10 +40,16 @@ from serving.spec.schema import FleetSpec
 CALIBRATION_WORKERS = 64  # one worker host's share of a node group, small enough to start in a second
 CALIBRATION_PROBES = 2_000  # agent probes measured (4,000 worker requests): ~1 s of CPU on the slow machine
 AGENT_CALLS = 2  # an agent's probe: GET /health, then GET /metrics
+# a router's calls to each worker per heartbeat: /health, and /v1/loads, which smg polls whenever a load-aware policy or
+# overload protection reads it: the render leaves protection on, so under every policy (docs/units.md)
+ROUTER_CALLS = 2
 # The reference machine (docs/scale.md, 2,048 replicas, 3 routers, 3 controllers, 5 s heartbeat, power_of_two):
 REFERENCE_PROBE_MS = 0.28  # an agent's probe alone (256 workers), its CPU in the agent's process
 IN_FLEET = 0.5 / 0.28  # an agent's probe in the fleet (0.5 ms) against alone (0.28 ms): the cores' contention
-REFERENCE_ROUTER_CORES_PER_WORKER = 0.15 / (3 * 2048)  # 0.15 cores for 3 routers × 2,048 workers
+# smg 1.13.0 with the prod flags in front of 2,048 workers whose /health is the servers' as rendered (no generation):
+# 0.0716 cores for its 410 health checks and load polls a second, on a machine at 0.917 × the reference's CPU per unit
+# of work (bench/router_steady_bench.py, 2026-12-04; sglang-router 0.3.2 took 0.05 a router on the reference machine)
+REFERENCE_ROUTER_CORES_PER_WORKER = 0.0716 / 0.917 / 2048
 REFERENCE_CONTROLLER_CORES_PER_REPORT = 0.11 / (3 * 51.2)  # 0.11 cores for 3 instances × 51.2 reports/s
 CPU_SHARE = 0.5  # of the cores, the most the steady state may take
 
@@ -82,8 +88,7 @@ def cpu_need(spec: FleetSpec, replicas: int, nodes: int, costs: Costs, share: fl
     the routers' and controllers' from the reference machine × this machine's speed)."""
     beat = spec.serving.heartbeat_interval_s
     instances = spec.scheduler.instances  # routers, and controllers
-    router_calls = 2 if router_policy(spec) == "power_of_two" else 1  # /health, and power_of_two's /v1/loads poll
-    requests = replicas / beat * (instances * router_calls + AGENT_CALLS)
+    requests = replicas / beat * (instances * ROUTER_CALLS + AGENT_CALLS)
     reports = (replicas if spec.serving.heartbeat_mode == "direct" else nodes) / beat
     cores = {
         "workers": requests * costs.request_ms / 1000 * IN_FLEET,
