@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.smg_fleet import STATIC, start_fleet
+from bench.smg_fleet import STATIC, register_all, start_fleet
 from serving.plan.loader import load_fleet
 from serving.router.client import RouterClient
 from serving.sandbox.processes import StateDir, stop_all
@@ -53,18 +53,7 @@ class Hung(asyncio.Protocol):
 async def measure(
     router: RouterClient, urls: list[str], host_of: dict[int, str], hung: list[str], plan_s: float
 ) -> dict[str, Any]:
-    gate = asyncio.Semaphore(CONCURRENCY)
-
-    async def add(url: str) -> None:
-        async with gate:
-            await router.add_worker(url)
-
-    await asyncio.gather(*(add(u) for u in urls[STATIC:]))
-    t0 = time.monotonic()
-    while sum(w.is_healthy for w in await router.list_workers()) < len(urls):
-        if time.monotonic() - t0 > 600:
-            raise TimeoutError("the fleet did not register within 10 min")
-        await asyncio.sleep(2.0)
+    await register_all(router, urls, timeout_s=600, concurrency=CONCURRENCY)
     await asyncio.sleep(10.0)  # a few rounds of checks with every worker healthy
 
     ports = [int(u.rsplit(":", 1)[1]) for u in hung]

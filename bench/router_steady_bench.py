@@ -34,7 +34,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.smg_fleet import STATIC, start_fleet
+from bench.smg_fleet import STATIC, register_all, start_fleet
 from serving.router.client import RouterClient
 from serving.sandbox.capacity import measure_costs
 from serving.sandbox.processes import StateDir, cpu_seconds, stop_all
@@ -42,27 +42,11 @@ from serving.spec.stack import load_stack
 
 STEADY_S = 30.0  # the window the steady rate is measured over
 SETTLE_S = 10.0  # after the last registration: two health-check rounds and load polls at the prod heartbeat
-CONCURRENCY = 64  # registrations in flight at once
 VARIANTS: dict[str, tuple[dict[str, str], tuple[str, ...], bool]] = {
     "on": ({}, (), False),
     "off": ({"--policy": "round_robin"}, ("--disable-worker-overload-protection",), False),
     "generating": ({}, (), True),
 }
-
-
-async def register_all(client: RouterClient, urls: list[str]) -> None:
-    gate = asyncio.Semaphore(CONCURRENCY)
-
-    async def one(url: str) -> None:
-        async with gate:
-            await client.add_worker(url)
-
-    await asyncio.gather(*(one(u) for u in urls[STATIC:]))
-    started = time.monotonic()
-    while sum(w.is_healthy for w in await client.list_workers()) < len(urls):
-        if time.monotonic() - started > 900:
-            raise TimeoutError("the fleet did not register within 15 min")
-        await asyncio.sleep(2.0)
 
 
 def health_checks(metrics_url: str) -> float:

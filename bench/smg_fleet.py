@@ -4,7 +4,9 @@ for the benches that measure smg itself at the prod fleet's size."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -12,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from serving.plan.loader import load_fleet
 from serving.render.router import ROUTER_ENTRY, router_args
+from serving.router.client import RouterClient
 from serving.sandbox.backend import served_health
 from serving.sandbox.processes import ProcessRecord, StateDir, free_port, free_port_block, free_ports, start_router
 from serving.sandbox.scale import WORKERS_PER_PROCESS
@@ -50,3 +53,20 @@ def start_fleet(
                         ("--prometheus-port", str(metrics_port)), *(overrides or {}).items()):  # fmt: skip
         flags[flags.index(flag) + 1] = value
     return configs, hosts, start_router(state, [*flags, *extra], healthy_workers=STATIC, timeout_s=120)
+
+
+async def register_all(client: RouterClient, urls: list[str], timeout_s: float = 900.0, concurrency: int = 64) -> None:
+    """``POST /workers`` for every worker but the :data:`STATIC` ones the router started with, ``concurrency`` at
+    once, then wait until the router lists all of ``urls`` healthy (raises :class:`TimeoutError` after ``timeout_s``)."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def add(url: str) -> None:
+        async with gate:
+            await client.add_worker(url)
+
+    await asyncio.gather(*(add(u) for u in urls[STATIC:]))
+    started = time.monotonic()
+    while sum(w.is_healthy for w in await client.list_workers()) < len(urls):
+        if time.monotonic() - started > timeout_s:
+            raise TimeoutError(f"the fleet did not register within {timeout_s:g} s")
+        await asyncio.sleep(2.0)
