@@ -11,10 +11,12 @@
 #   1. CPU-bound: every test not marked `sandbox`, one module per worker (--dist loadfile), three workers (these
 #      tests wait on SSH hosts and subprocesses too: three workers kept 1.4 of the 2 cores busy); the YAML and
 #      Ansible checks run beside it;
-#   2. wait-bound: the `sandbox` tests but the drills (tests/conftest.py marks them), eight workers, one sandbox each
+#   2. wait-bound: the `sandbox` tests but the drills (tests/conftest.py marks them), six workers, one sandbox each
 #      (--dist loadgroup: one module, or one of its SANDBOX_GROUPS, per worker). They idle most of their wall time
-#      (eight workers kept 0.9 of a core busy); their judgments compare a canary with its peers in the same window,
-#      so a neighbour's load is weather to both.
+#      (six workers kept 0.8 of a core busy); their judgments compare a canary with its peers in the same window,
+#      so a neighbour's load is weather to both. Eight workers (236 s instead of 281) failed two timing judgments in
+#      the second of two CI runs (a drain's requests finished before the restart read them; 503s from the router
+#      while a never-ready batch timed out): the neighbours' load, not the code.
 #   3. drills: the fault drills (`drill`, tests/test_drill_run.py), four workers, one sandbox per drill group, in a
 #      phase of their own: they judge client latency against the baseline taken before the fault, and the rollout
 #      tests' client load would read as the fault's. A starved prober is `invalid` and measured again; the recovery
@@ -73,7 +75,7 @@ else
   checks_rc=0; wait "$checks" || checks_rc=$?
   cat test-output/ansible-checks.log
   if ((checks_rc)); then echo "== the YAML and Ansible checks failed (exit $checks_rc)"; ran=1; ((failed)) || failed=$checks_rc; fi
-  phase wait-bound "sandbox and not drill$gpu" 8 loadgroup "$@"
+  phase wait-bound "sandbox and not drill$gpu" 6 loadgroup "$@"
   phase drills "drill$gpu" 4 loadgroup "$@"
 fi
 if ((!ran)); then
