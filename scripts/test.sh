@@ -22,8 +22,9 @@
 #      tests' client load would read as the fault's. A starved prober is `invalid` and measured again; the recovery
 #      windows are judged by a binomial test (one slow request of ~60 is no evidence: CI once failed replica-crash on
 #      it beside the rollout tests).
-# Work is dealt longest first, by the seconds each test took in the last measured run (tests/durations.json;
-# tests/support/schedule.py says how, and how to refresh it): a phase lasts as long as its busiest worker.
+# The cpu-bound phase deals its modules longest first, and the split sandbox modules' tests are dealt into their groups
+# longest first, by the seconds each test took in the last measured run (tests/durations.json; tests/support/schedule.py
+# says how, and how to refresh it): a phase lasts as long as its busiest worker.
 # Each phase writes its JUnit XML (per-test times) to test-output/.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -234,18 +234,15 @@ def test_xdist_keeps_a_group_on_one_worker(tmp_path: Path) -> None:
         assert [test.split("::")[1] for _, test in mine] == [f"test_{i}@{module}" for i in range(4)], mine
 
 
-def test_the_scheduler_deals_the_longest_group_first_and_refills_a_worker_only_at_its_last_test(tmp_path: Path) -> None:
-    """tests/support/schedule.py under ``--dist loadgroup`` on two workers: the heaviest group by its durations file
-    (test_c, collected last) is dealt first, and the third group goes to the worker that reaches its last test first
-    (test_b's, whose tests are shorter), not queued at the start behind test_c as xdist's own scheduler deals it (it
-    refills a worker that has two tests left)."""
+def test_the_scheduler_deals_the_longest_module_first_and_refills_a_worker_only_at_its_last_test(
+    tmp_path: Path,
+) -> None:
+    """tests/support/schedule.py under ``--dist loadfile`` on two workers (the cpu-bound phase): the heaviest module by
+    its durations file (test_c, collected last) is dealt first, and the third goes to the worker that reaches its last
+    test first (test_b's, whose tests are shorter), not queued at the start behind test_c as xdist's own scheduler deals
+    it (it refills a worker that has two tests left)."""
     (tmp_path / "conftest.py").write_text(
-        "import pytest\n"
         "from tests.support.schedule import scheduler\n\n"
-        "@pytest.hookimpl(tryfirst=True)\n"
-        "def pytest_collection_modifyitems(config, items):\n"
-        "    for item in items:\n"
-        "        item.add_marker(pytest.mark.xdist_group(item.module.__name__))\n\n"
         "def pytest_xdist_make_scheduler(config, log):\n"
         "    return scheduler(config, log)\n"
     )
@@ -265,7 +262,7 @@ def test_the_scheduler_deals_the_longest_group_first_and_refills_a_worker_only_a
     weights = {"a": 1.0, "b": 10.0, "c": 50.0}
     durations.write_text(json.dumps({f"test_{m}.py::test_{i}": w for m, w in weights.items() for i in range(2)}))
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", str(tmp_path)],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile", str(tmp_path)],
         capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False,
         env={**os.environ, "EXASERVE_TEST_DURATIONS": str(durations), "PYTHONPATH": str(ROOT)},
     )  # fmt: skip

@@ -253,9 +253,14 @@ def test_flapping_replica_stays_out_until_it_is_steady(sandbox: Sandbox) -> None
     readmitted_at = after.events[-1][0]
     score_when_steady = during.events[-1][2]
     assert score_when_steady < 75
-    # hysteresis: from the score it had when the flapping stopped to 75 at +1 per good probe (2 probes' slack for
-    # the sampling), plus the warm-up
-    assert readmitted_at - steady_at >= (75 - score_when_steady - 2) * INTERVAL_S
+    # back only through a warm-up, by one of the plan's two paths: a score that was still above the migrate line when
+    # the flapping stopped climbs to 75 at +1 per good probe (2 probes' slack for the sampling); one that fell below
+    # it with the last failed probes is restarted (a fresh process at 100), then warmed up (CI: 33 at the last
+    # sample, restarted 0.8 s after the flapping stopped)
+    states = [e[1] for e in after.events]
+    assert "warming" in states[: states.index("serving")], after.events
+    if not any(e[1] == "warming" and e[2] == 100 for e in after.events):
+        assert readmitted_at - steady_at >= (75 - score_when_steady - 2) * INTERVAL_S
     assert worker_record(sandbox, rid).pid == rec.pid  # flapping but never below 30: not migrated
     assert all(on_routers(sandbox, replica(leader_status(sandbox), rid)["url"]))
 

@@ -514,7 +514,8 @@ def test_never_ready_worker_is_never_routed_and_its_registration_times_out(tmp_p
             worker_id = await rc.add_worker(worker.url)
             pending = await rc.get_worker(worker_id)
             assert pending is not None and pending.job_status is not None
-            assert (pending.is_healthy, pending.job_status.status) == (False, "processing")
+            # queued or being worked: smg's job queue takes it up when a job worker is free (CI read "pending" once)
+            assert not pending.is_healthy and pending.job_status.status in ("pending", "processing"), pending
             assert await rc.list_workers() == []
             routed = await load(router.url, 50, 5)
             started = time.monotonic()
