@@ -70,7 +70,10 @@ def at_v1(sandbox: Sandbox) -> Sandbox:
 # ----------------------------------------------------------------------------------------- input
 
 
-def test_dry_run_prints_the_plan_and_touches_nothing(sandbox: Sandbox) -> None:
+def test_dry_run_prints_the_plan_and_touches_nothing(at_v1: Sandbox) -> None:
+    # from v1 (at_v1), as every test here: the groups' tests are dealt by duration, and a worker may run another
+    # group of this module on the same sandbox first (CI: a sandbox left on v2 had nothing to plan)
+    sandbox = at_v1
     journal = sandbox.paths.journal_path
     before = journal.read_text() if journal.exists() else None
     r = sandbox.cli("rollout", "--to", "v2", "--dry-run", "--json")
@@ -95,8 +98,8 @@ def test_dry_run_prints_the_plan_and_touches_nothing(sandbox: Sandbox) -> None:
         (("--resume",), "nothing to resume"),
     ],
 )
-def test_bad_input_exits_2_with_the_fix(sandbox: Sandbox, args: tuple[str, ...], message: str) -> None:
-    r = sandbox.cli("rollout", *args)
+def test_bad_input_exits_2_with_the_fix(at_v1: Sandbox, args: tuple[str, ...], message: str) -> None:
+    r = at_v1.cli("rollout", *args)  # from v1 with nothing paused (a paused rollout would have something to resume)
     assert r.returncode == 2, r.stdout + r.stderr
     assert message in " ".join(r.stderr.split())
     assert "Traceback" not in r.stderr
