@@ -57,6 +57,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(f"{name}-{group}"))
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: `pytest -p no:xdist` must still load this conftest
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Longest work unit first (tests/support/schedule.py): a phase lasts as long as its busiest worker."""
     return scheduler(config, log)

@@ -339,10 +339,13 @@ def _done(run: Run, now: float) -> bool:
 
 
 def climb_s(fleet: Fleet) -> float:
-    """The longest a replica back in place takes to earn readmission: ⌈(readmit_at − migrate_below) /
-    success_reward⌉ reports, the warm-up and one interval for the tick that readmits it."""
+    """The longest a replica back in place takes to earn readmission: ⌈(readmit_at − (migrate_below − 1)) /
+    success_reward⌉ reports (from just under the migrate line, where the breakers leave it), the warm-up and one
+    interval for the tick that readmits it; counted from the heal (:func:`_watch`)."""
     health, s = fleet.spec.health, fleet.spec.serving
-    reports = math.ceil((health.readmit_at - health.migrate_below) / health.success_reward)
+    reports = math.ceil(
+        (health.readmit_at - (health.migrate_below - 1)) / health.success_reward
+    )  # from the breakers' mark
     return reports * s.heartbeat_interval_s + s.warmup_duration_s + s.heartbeat_interval_s
 
 
@@ -450,7 +453,10 @@ async def _watch(
             run.healed_at, run.healed = time.monotonic(), run.healed + done
             run.healing.append((began, run.healed_at))
             progress(f"healed at {t:.1f} s: {'; '.join(done) or 'nothing left to heal'}")
-        if (not pending and _done(run, now)) or t >= deadline_after:
+        until = deadline_after
+        if run.healed_at is not None and scenario.evicts and run.drill_healed:  # the slowest return, from the heal
+            until = max(until, run.healed_at - run.t0 + settings.return_s + 10)
+        if (not pending and _done(run, now)) or t >= until:
             run.end = time.monotonic()
             return
         progress(f"watching: {t:.1f} s after the fault{_status(probe, run.subject)}")

@@ -11,7 +11,8 @@ its last test waits for it (xdist runs a test once it knows the next one, or tha
 ``SANDBOX_GROUPS`` is dealt into them by the same rule (tests/conftest.py). The weights are the seconds each test took
 in the last measured run, ``tests/durations.json`` (tests of :data:`LISTED_S` or more; the rest weigh
 :data:`UNLISTED_S`), refreshed with ``python -m tests.support.schedule test-output/pytest-*.xml``. They are a
-schedule's guess, never a result: a stale file makes a phase slower, not wrong.
+schedule's guess, never a result: a stale file makes a phase slower, not wrong (a split module's tests must not
+depend on which of them share a sandbox).
 """
 
 from __future__ import annotations
@@ -65,9 +66,16 @@ class _LongestFirst:
     durations: dict[str, float]
 
     def _weight(self, scope: str) -> float:
-        return sum(seconds(nodeid, self.durations) for nodeid in self.workqueue[scope])
+        return sum(seconds(nodeid, self.durations) for nodeid, done in self.workqueue[scope].items() if not done)
 
     def _assign_work_unit(self, node: Any) -> None:
+        # a crashed worker's units come back whole (xdist's remove_node), tests already run included: a unit with
+        # nothing left would send this worker nothing while its last test waits for a next item
+        for scope in [s for s, unit in self.workqueue.items() if all(unit.values())]:
+            del self.workqueue[scope]
+        if not self.workqueue:
+            node.shutdown()
+            return
         self.workqueue.move_to_end(max(self.workqueue, key=self._weight), last=False)
         super()._assign_work_unit(node)  # type: ignore[misc]
 
