@@ -197,14 +197,18 @@ def test_dead_or_hung_replica_is_removed_from_every_router_migrated_and_readmitt
     wall0 = time.time()
     tl = watch(sandbox, rid, back, timeout_s=60, t0=t0)
     report = load.join()
-    remove, migrate, readmit = tl.actions[-3:]
+    remove, migrate, readmit = [a for a in tl.actions if a["ok"]][-3:]
     at = {a["kind"]: round(a["at"] - wall0, 2) for a in (remove, migrate, readmit)}
-    print(f"{fault}: actions at {at}; timeline {tl.events}\nload: {report.summary()}")
+    failed_actions = [a for a in tl.actions if not a["ok"] and a["at"] >= wall0]
+    print(f"{fault}: actions at {at}; failed {failed_actions}; timeline {tl.events}\nload: {report.summary()}")
     router_unhealthy = tl.first(lambda _s, _sc, _r, routers: False in routers)
     removed = tl.first(lambda _s, _sc, rotation, routers: not rotation and all(r is None for r in routers))
     # the router's check first (3 failed checks), then the score: ≥ 8 more failed probes below 60, ≥ 14 below 30
     assert router_unhealthy < removed
     assert at["remove"] < at["migrate"] < at["readmit"]
+    # a warm-up judged on a loaded machine may fail (one CI run: the restarted replica fell to 59 and climbed to 75
+    # again); the controller then earns the hysteresis margin again and retries: nothing else may have failed
+    assert all(a["kind"] == "readmit" and "warm-up failed" in str(a["detail"]) for a in failed_actions), failed_actions
     assert at["remove"] >= 8 * INTERVAL_S and at["migrate"] >= 14 * INTERVAL_S
     assert remove["reason"].startswith("score 5")  # 55: the first score below 60
     new = worker_record(sandbox, rid)
