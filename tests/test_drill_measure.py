@@ -327,3 +327,45 @@ def test_look_times_a_probe_when_a_slow_router_answered() -> None:
     assert p.sent is not None and before <= p.sent <= before + 0.1
     assert p.sent + 0.3 <= p.t <= after  # timed when the 0.3 s answer had come
     assert p.routers == {router: {}}  # it answered (no workers), not silent
+
+
+def _flap_probe(t: float, listed: bool, state: str) -> Probe:
+    """W1 as every router lists it (listed healthy, or not registered) and the leader's state for it."""
+    member = {W1: True, W2: True, W3: True} if listed else {W2: True, W3: True}
+    return Probe(
+        t,
+        {A: member, B: dict(member)},
+        "c0",
+        {W1: state == "serving", W2: True, W3: True},
+        states={W1: state, W2: "serving", W3: "serving"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("timeline", "ok", "said"),
+    [
+        # out at 24 s, restarted (migrating) at 40 s, back as a new process at 45 s
+        (
+            [(24.0, False, "out"), (40.0, False, "migrating"), (43.0, False, "warming"), (45.0, True, "serving")],
+            True,
+            "until its restart (migrating at 40.00 s), back as a new process at 45.00 s",
+        ),
+        # back at 30 s with no restart: the replica that still flapped was readmitted
+        (
+            [(24.0, False, "out"), (30.0, True, "serving"), (40.0, False, "migrating")],
+            False,
+            "back in rotation at 30.00 s without a restart (migrating seen at 40.00 s)",
+        ),
+        ([(24.0, False, "out"), (30.0, True, "serving")], False, "(migrating never seen)"),
+    ],
+)
+def test_a_flapping_replica_back_before_its_restart_fails_stayed_out(
+    timeline: list[tuple[float, bool, str]], ok: bool, said: str
+) -> None:
+    probes = [_flap_probe(-1.0, True, "serving"), *(_flap_probe(*row) for row in timeline)]
+    m = measure(probes, steady(-2, 50), subjects=(W1,), baseline_s=2, gates=GATES, end=50, healed=None)
+    flapping = SCENARIOS["replica-flapping"]
+    checks = {c.name: c for c in judge(flapping, (), m)}
+    assert checks["stayed_out"].ok is ok and said in checks["stayed_out"].reason, checks["stayed_out"]
+    # a scenario that does not flap is not judged on it
+    assert "stayed_out" not in {c.name for c in judge(SCENARIOS["replica-crash"], (), m)}

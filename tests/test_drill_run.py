@@ -42,7 +42,7 @@ OUTPUT = REPO / "test-output" / "drills"
 # per group; CI: replica-crash "still degraded" beside the rollout tests, every probe on time).
 pytestmark = pytest.mark.drill
 
-SANDBOX_GROUPS = 4  # fourteen drills of about 40 s each: four sandboxes, four workers (tests/conftest.py)
+SANDBOX_GROUPS = 4  # fifteen drills of about 40 s each: four sandboxes, four workers (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

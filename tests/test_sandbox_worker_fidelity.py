@@ -157,6 +157,7 @@ def test_health_answers_only_what_sglang_answers_in_every_state(tmp_path: Path, 
         {"errors": True},
         {"generation_errors": True},
         {"wedged": True},
+        {"flap": True},
         {"delay_ms": 10.0},
         {"token_usage": 0.99},
     ]
@@ -188,6 +189,30 @@ def test_generation_errors_leave_health_fine(tmp_path: Path, health: HealthFacts
     assert failed == [500, 500, 500] and status == 200 and took >= POLL_S
     [injected] = [f for f in text_string_to_metric_families(text) if f.name == "sim_worker_injected_errors"]
     assert sum(s.value for s in injected.samples if s.name.endswith("_total")) == 3
+
+
+def test_a_flapping_scheduler_fails_every_other_scheduler_check_and_nothing_else(tmp_path: Path) -> None:
+    """``flap``: the 1st, 3rd, 5th … ``/health_generate`` after the fault answer 503, the others 200 after their poll;
+    generations and the cheap ``/health`` (generation off, as rendered) answer; a fault put again starts over with a
+    failure; without the fault every check passes."""
+    worker = _worker(tmp_path, health_generation=False)
+
+    async def body(client: TestClient[Any, Any]) -> dict[str, Any]:
+        seen: dict[str, Any] = {"before": (await client.get(SCHEDULER_HEALTH_PATH)).status}
+        await client.put("/sim/fault", json={"flap": True})
+        seen["checks"] = [(await client.get(SCHEDULER_HEALTH_PATH)).status for _ in range(5)]
+        seen["cheap"] = [(await client.get(HEALTH_PATH)).status for _ in range(3)]
+        seen["generations"] = [(await client.post("/generate", json={"text": "hello"})).status for _ in range(3)]
+        await client.put("/sim/fault", json={"flap": True})
+        seen["again"] = (await client.get(SCHEDULER_HEALTH_PATH)).status
+        await client.delete("/sim/fault")
+        seen["after"] = [(await client.get(SCHEDULER_HEALTH_PATH)).status for _ in range(2)]
+        return seen
+
+    seen = _with_client(worker, body)
+    assert seen["before"] == 200 and seen["checks"] == [503, 200, 503, 200, 503], seen
+    assert seen["cheap"] == [200] * 3 and seen["generations"] == [200] * 3, seen
+    assert seen["again"] == 503 and seen["after"] == [200, 200], seen
 
 
 def _exported(worker: SimulatedWorker) -> dict[str, Any]:

@@ -161,6 +161,9 @@ class Measured:
     uncertainty: Mapping[TargetName, float] = field(default_factory=dict)
     # false detection URL → where and when it was seen out, and what the leader made of it then (the evidence)
     false_seen: Mapping[str, str] = field(default_factory=dict)
+    # the first probe after detection at which the leader was migrating (restarting) every faulted replica it had
+    # not yet migrated: when the process that had the fault was replaced; None when not seen
+    restarted_s: float | None = None
 
     @property
     def client_error_rate(self) -> float:
@@ -336,6 +339,7 @@ def measure(
     judged = windows(results, base, gates, until)
     recovery, blips = recovered(judged, gates)
     during = [r for r in results if r.sent_at_s >= -baseline_s]
+    restarted = None if detection is None else migrated(probes, subjects, detection)
     return Measured(
         detection,
         None if recovery is None else round(min(recovery, until), 3),
@@ -349,7 +353,20 @@ def measure(
         blips,
         {name: round(x[1] + injection_s, 3) for name, x in seen.items() if x is not None},
         false_seen,
+        restarted,
     )
+
+
+def migrated(probes: Sequence[Probe], subjects: Sequence[str], after: float) -> float | None:
+    """When the leader had been seen migrating every one of ``subjects`` (each at some probe at or after ``after``):
+    the time of the probe that completed the set; None while one was never seen so."""
+    left = set(subjects)
+    for p in probes:
+        if p.t >= after:
+            left -= {u for u in left if p.states.get(u) == "migrating"}
+            if not left:
+                return p.t
+    return None
 
 
 def _false_seen(after: Sequence[Probe], serving: set[str], exempt: frozenset[str]) -> dict[str, str]:
@@ -406,6 +423,8 @@ def judge(scenario: Scenario, targets: Sequence[Target], m: Measured, resolution
             limit += f" + {slack:g} s probe resolution (it may have come that much earlier)"
         detail = f" ({m.client_errors} of {m.client_requests} requests)" if t.name is TargetName.CLIENT_ERRORS else ""
         checks.append(Check(t.name.value, value, t.value, t.unit, ok, f"{shown}{detail} {'≤' if ok else '>'} {limit}"))
+    if scenario.fails == "every other":
+        checks.append(_stayed_out(m))
     false = [f"{u} ({m.false_seen[u]})" if u in m.false_seen else u for u in m.false_detections]
     what = "replicas outside the fault" if scenario.evicts else "replicas (this fault must take none out)"
     checks.append(
@@ -419,6 +438,35 @@ def judge(scenario: Scenario, targets: Sequence[Target], m: Measured, resolution
         )
     )
     return checks
+
+
+def _stayed_out(m: Measured) -> Check:
+    """A flapping replica comes back only as a new process: its flapping lasts as long as the process, and the score
+    cannot climb to readmit_at while one probe in two fails (hysteresis), so a restoration before the leader was
+    seen migrating it was a readmission of a replica that still flapped."""
+    if m.restoration_s is None:
+        return Check("stayed_out", None, 0.0, "", True, "not back: restoration is judged on its own")
+    early = m.restarted_s is None or m.restarted_s > m.restoration_s
+    if early:
+        return Check(
+            "stayed_out",
+            None,
+            0.0,
+            "",
+            False,
+            f"back in rotation at {m.restoration_s:.2f} s without a restart (migrating "
+            f"{'never seen' if m.restarted_s is None else f'seen at {m.restarted_s:.2f} s'}): readmitted while it "
+            "still flapped",
+        )
+    return Check(
+        "stayed_out",
+        None,
+        0.0,
+        "",
+        True,
+        f"out from detection until its restart (migrating at {m.restarted_s:.2f} s), back as a new process at "
+        f"{m.restoration_s:.2f} s",
+    )
 
 
 def verdict(checks: Sequence[Check], gaps: Sequence[Gap]) -> str:

@@ -326,7 +326,11 @@ class InjectedFault:
     complete (``/health`` answers 503 after ``health_timeout_s``); memory pressure: ``token_usage`` is the KV-cache usage reported as
     ``sglang:token_usage``, ``admit`` the requests that still fit the pool (the rest wait in the queue, as SGLang's
     scheduler holds what it cannot admit: ``num_queue_reqs`` and ``/v1/loads`` show them) and ``slowdown``
-    multiplies the generation latency."""
+    multiplies the generation latency; ``flap`` fails every other scheduler health check, the first one after the
+    fault included: a generating ``/health`` (``/health_generate``, the node agents' probe) answers 503 at once on
+    the 1st, 3rd, 5th … call and as usual on the others (SGLang answers such a check 503 after its timeout when the
+    scheduler produced nothing; the score counts either as one failed probe), while generations and the routers'
+    cheap ``/health`` are untouched: a scheduler that stalls now and then."""
 
     delay_ms: float = 0.0
     jitter_ms: float = 0.0
@@ -336,6 +340,7 @@ class InjectedFault:
     token_usage: float | None = None
     admit: int | None = None
     slowdown: float = 1.0
+    flap: bool = False
 
     def __post_init__(self) -> None:
         problems = [f"{n}={getattr(self, n)}: must be >= 0" for n in ("delay_ms", "jitter_ms") if getattr(self, n) < 0]
@@ -387,6 +392,7 @@ class SimulatedWorker:
         self._tokens_in_flight = 0
         self._finished = asyncio.Condition()  # a request ended: one held back by a fault's ``admit`` may start
         self.fault = NO_FAULT
+        self._flap_checks = 0  # scheduler health checks since the fault was put (``InjectedFault.flap``)
         # The last /metrics exposition and what it showed: rendering costs 2.3 ms of CPU (8 times a /health), and
         # node agents read every worker's each heartbeat, mostly with nothing changed since the last read.
         self._changes = 0  # bumped by every counter or histogram update
@@ -507,6 +513,7 @@ class SimulatedWorker:
             self.fault = InjectedFault.from_json(await request.json())
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
             return _error(400, str(exc))
+        self._flap_checks = 0
         async with self._finished:
             self._finished.notify_all()  # a fault admitting more lets the held-back requests start
         return web.json_response(self.fault.to_json())
@@ -536,6 +543,10 @@ class SimulatedWorker:
         c = self.config
         if request.path == HEALTH_PATHS[0] and not c.health_generation:
             return web.Response(status=200)
+        if self.fault.flap:
+            self._flap_checks += 1
+            if self._flap_checks % 2 == 1:
+                return web.Response(status=503)
         tic = time.monotonic()
         step_s = c.latency_ms * self.fault.slowdown / 1000 / DEFAULT_MAX_NEW_TOKENS
         generation = asyncio.create_task(self._schedule(1 + HEALTH_MAX_NEW_TOKENS, step_s, REQUEST_PRIORITY))

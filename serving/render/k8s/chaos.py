@@ -53,6 +53,12 @@ NO_HTTP_CHAOS = (
     "PodChaos and NetworkChaos cannot produce an HTTP status. The sandbox drill injects it in the worker."
 )
 
+NO_FLAP_CHAOS = (
+    "not rendered: failing every other health check on one path (/health_generate) while the server answers "
+    "everything else needs Chaos Mesh's HTTPChaos, which is not among the pinned CRDs; PodChaos and NetworkChaos "
+    "fail the whole pod. The sandbox drill makes the simulated scheduler's checks alternate."
+)
+
 
 @dataclass(frozen=True)
 class Step:
@@ -209,6 +215,8 @@ def _step(fault: Fault, fleet: Fleet) -> Step | str:
             return NO_HTTP_CHAOS
         case FaultKind.WEDGED, _:
             return NO_WEDGE_CHAOS
+        case FaultKind.FLAP, _:
+            return NO_FLAP_CHAOS
     return f"not rendered: Chaos Mesh has no experiment for {fault.kind} of a {fault.component}"
 
 
