@@ -196,23 +196,27 @@ def test_judge_compares_each_figure_with_the_plans_target_and_names_what_was_not
     assert checks["false_detections"].ok
 
 
-def test_a_time_over_its_target_by_less_than_its_uncertainty_passes_saying_so() -> None:
-    """Detection is seen by a probe; the change came after the probe before it, and the fault took effect up to the
-    injection's length after the time counts from. Seen 0.05 s past the target with the previous probe 0.1 s
-    earlier, it may have been in time: a pass naming the slack; 0.15 s past with the same gap cannot have been;
-    0.15 s past after a 0.2 s gap (a busy machine's late probe) or a 0.1 s injection again may have been."""
+def test_drill_judge_a_time_over_its_target_within_its_uncertainty_is_undecided_never_passed() -> None:
+    """The drill judge's finding: a time was passed if it *could* have met its target (the probe's slack added).
+    Each time is judged on its upper bound (the probe that saw it returned, counted from the injection's start): over
+    the target but within it on its lower bound (the change came after the probe before, the fault took effect up to
+    the injection's length late) the run cannot tell — undecided, the verdict invalid, never passed; over it on the
+    lower bound too — failed. Seen 0.05 s past the target with the previous probe 0.1 s earlier: undecided; 0.15 s
+    past with the same gap: failed; 0.15 s past after a 0.2 s gap or a 0.1 s injection: undecided; at the target:
+    passed. Before this change the undecided ones passed ("+ 0.1 s probe resolution")."""
     spec = spec_from("sandbox")
     fl = fleet_of(spec)
     crash = SCENARIOS["replica-crash"]
     targets = scenario_targets(crash, fl)
     limit = plan_targets(fl)["detection_s"].value
     results = [*steady(-2, 0), *steady(0, 3)]
-    for late, gap, injection, passes in (
-        (0.05, 0.1, 0.0, True),
-        (0.15, 0.1, 0.0, False),
-        (0.15, 0.2, 0.0, True),
-        (0.15, 0.1, 0.1, True),
-        (0.3, 0.1, 0.1, False),
+    for late, gap, injection, outcome in (
+        (0.0, 0.1, 0.0, "passed"),
+        (0.05, 0.1, 0.0, "invalid"),
+        (0.15, 0.1, 0.0, "failed"),
+        (0.15, 0.2, 0.0, "invalid"),
+        (0.15, 0.1, 0.1, "invalid"),
+        (0.3, 0.1, 0.1, "failed"),
     ):
         seen = limit + late
         probes = [
@@ -233,8 +237,10 @@ def test_a_time_over_its_target_by_less_than_its_uncertainty_passes_saying_so() 
         )
         assert m.detection_s == seen and m.uncertainty[TargetName.DETECTION] == pytest.approx(gap + injection)
         check = {c.name: c for c in judge(crash, targets, m)}["detection_s"]
-        assert check.ok is passes, (late, gap, injection, check)
-        assert (f"+ {gap + injection:g} s probe resolution" in check.reason) is passes, check.reason
+        assert (check.ok, check.undecided) == (outcome == "passed", outcome == "invalid"), (late, gap, check)
+        assert verdict([check], []) == outcome, (late, gap, injection, check)
+        assert (f"up to {gap + injection:g} s earlier" in check.reason) is (outcome == "invalid"), check.reason
+        assert check.to_json()["undecided"] is (outcome == "invalid")
 
 
 def test_a_time_seen_by_the_first_probe_after_the_fault_is_uncertain_back_to_the_fault() -> None:
@@ -277,11 +283,13 @@ def test_drill_judge_a_run_whose_probes_slipped_is_invalid_never_passed() -> Non
     ]
     m = measure(probes, steady(-2, limit + 3), subjects=(W1,), baseline_s=2, gates=GATES, end=limit + 3, healed=None)
     checks = [c for c in judge(crash, targets, m) if c.name == "detection_s"]
-    assert checks[0].ok and "probe resolution" in checks[0].reason  # the slack alone lets it pass
+    assert checks[0].undecided and not checks[0].ok  # only the slack could have let it pass (it did, before)
     gaps = slipped(probes, 0.1)
     assert len(gaps) == 1 and gaps[0].after_s == probes[-2].t and gaps[0].gap_s == pytest.approx(2.4)
     assert verdict(checks, gaps) == "invalid"
-    assert verdict(checks, []) == "passed"
+    assert verdict(checks, []) == "invalid"
+    on_time = [Check("detection_s", limit, limit, "s", True, "in time")]
+    assert verdict(on_time, gaps) == "invalid" and verdict(on_time, []) == "passed"
     assert verdict([*checks, Check("settled", None, 0.0, "", False, "did not settle")], []) == "failed"
     assert verdict([], []) == "failed"  # nothing judged is no pass
 

@@ -119,11 +119,13 @@ def test_each_drill_meets_the_plans_targets_on_the_sandbox(sandbox: Sandbox, sce
         r = sandbox.cli("drill", "--scenario", scenario, "--json", "--report", str(report), timeout_s=300)
         doc = json_object(r)
         # An `invalid` run (exit 3) is no result: the prober was starved (its probes came further apart than the
-        # judge's cadence bound), so a figure seen then may be late by the gap. It is measured again once, beside
-        # the other sandboxes of a parallel run; a second invalid run fails below. Never a pass on a slipped run.
+        # judge's cadence bound), or a time was over its target only by what the probes cannot resolve (judged on
+        # its upper bound, within the target on its lower one). It is measured again once, beside the other
+        # sandboxes of a parallel run; a second invalid run fails below. Never a pass on the best case.
         if doc.get("verdict") != "invalid" or attempt == 2:
             break
-        print(f"{scenario}: attempt {attempt} invalid ({doc['cadence'].get('why')}); measured again")
+        undecided = [f"{c['name']}: {c['reason']}" for c in doc.get("checks", []) if c.get("undecided")]
+        print(f"{scenario}: attempt {attempt} invalid ({doc['cadence'].get('why')}; {undecided}); measured again")
         assert doc["settled"], "an invalid drill left the fleet not whole: it cannot be measured again"
         shutil.rmtree(report, ignore_errors=True)
     failed = [f"{c['name']}: {c['reason']}" for c in doc.get("checks", []) if not c["ok"]]
