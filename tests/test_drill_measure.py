@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -337,8 +338,9 @@ def test_look_times_a_probe_when_a_slow_router_answered() -> None:
     assert p.routers == {router: {}}  # it answered (no workers), not silent
 
 
-def _flap_probe(t: float, listed: bool, state: str) -> Probe:
-    """W1 as every router lists it (listed healthy, or not registered) and the leader's state for it."""
+def _flap_probe(t: float, listed: bool, state: str, restarts: int = 0) -> Probe:
+    """W1 as every router lists it (listed healthy, or not registered), the leader's state for it and its count of
+    W1's restarts."""
     member = {W1: True, W2: True, W3: True} if listed else {W2: True, W3: True}
     return Probe(
         t,
@@ -346,29 +348,32 @@ def _flap_probe(t: float, listed: bool, state: str) -> Probe:
         "c0",
         {W1: state == "serving", W2: True, W3: True},
         states={W1: state, W2: "serving", W3: "serving"},
+        restarts={W1: restarts, W2: 0, W3: 0},
     )
 
 
 @pytest.mark.parametrize(
     ("timeline", "ok", "said"),
     [
-        # out at 24 s, restarted (migrating) at 40 s, back as a new process at 45 s
+        # out at 24 s, restarted (counted at 41 s), back as a new process at 45 s
         (
-            [(24.0, False, "out"), (40.0, False, "migrating"), (43.0, False, "warming"), (45.0, True, "serving")],
+            [(24.0, False, "out"), (40.0, False, "migrating"), (41.0, False, "warming", 1), (45.0, True, "serving", 1)],
             True,
-            "until its restart (migrating at 40.00 s), back as a new process at 45.00 s",
+            "until its restart (counted at 41.00 s), back as a new process at 45.00 s",
         ),
+        # a restart so quick that no probe saw it migrating still counts
+        ([(24.0, False, "out"), (41.0, False, "warming", 1), (45.0, True, "serving", 1)], True, "counted at 41.00 s"),
         # back at 30 s with no restart: the replica that still flapped was readmitted
         (
-            [(24.0, False, "out"), (30.0, True, "serving"), (40.0, False, "migrating")],
+            [(24.0, False, "out"), (30.0, True, "serving"), (40.0, False, "migrating", 1)],
             False,
-            "back in rotation at 30.00 s without a restart (migrating seen at 40.00 s)",
+            "back in rotation at 30.00 s without a restart (a restart counted at 40.00 s)",
         ),
-        ([(24.0, False, "out"), (30.0, True, "serving")], False, "(migrating never seen)"),
+        ([(24.0, False, "out"), (30.0, True, "serving")], False, "(a restart never counted)"),
     ],
 )
 def test_a_flapping_replica_back_before_its_restart_fails_stayed_out(
-    timeline: list[tuple[float, bool, str]], ok: bool, said: str
+    timeline: list[tuple[Any, ...]], ok: bool, said: str
 ) -> None:
     probes = [_flap_probe(-1.0, True, "serving"), *(_flap_probe(*row) for row in timeline)]
     m = measure(probes, steady(-2, 50), subjects=(W1,), baseline_s=2, gates=GATES, end=50, healed=None)
@@ -377,3 +382,7 @@ def test_a_flapping_replica_back_before_its_restart_fails_stayed_out(
     assert checks["stayed_out"].ok is ok and said in checks["stayed_out"].reason, checks["stayed_out"]
     # a scenario that does not flap is not judged on it
     assert "stayed_out" not in {c.name for c in judge(SCENARIOS["replica-crash"], (), m)}
+    # a count already raised before the fault (an earlier restart) is not this one
+    earlier = [_flap_probe(-1.0, True, "serving", 1), *(_flap_probe(*row) for row in timeline)]
+    m = measure(earlier, steady(-2, 50), subjects=(W1,), baseline_s=2, gates=GATES, end=50, healed=None)
+    assert not {c.name: c for c in judge(flapping, (), m)}["stayed_out"].ok

@@ -155,6 +155,10 @@ def test_a_flapping_replica_is_judged_on_the_score_path_with_one_probe_in_two_fa
         36 * s.heartbeat_interval_s + s.health_check_timeout_s + s.migration_timeout_s + s.warmup_duration_s
     )
     assert "20 probes from 100 below 60, one in two failing" in targets[TargetName.DETECTION].formula
+    # its clients wait on the stalls until the score takes it out: recovery counts from that detection
+    assert targets[TargetName.RECOVERY].value == targets[TargetName.DETECTION].value + s.migration_timeout_s
+    assert targets[TargetName.RECOVERY].value > plan_targets(fleet_of(spec))[TargetName.RECOVERY].value
+    assert fault_sizes(fleet_of(spec)).flap_stall_s.value == 1.25 * s.health_check_timeout_s
     # a dead replica takes the plan's timeouts instead: fewer probes to each line
     crash = {t.name: t for t in scenario_targets(SCENARIOS["replica-crash"], fleet_of(spec))}
     assert crash[TargetName.RESTORATION].value < targets[TargetName.RESTORATION].value

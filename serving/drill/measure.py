@@ -165,8 +165,8 @@ class Measured:
     uncertainty: Mapping[TargetName, float] = field(default_factory=dict)
     # false detection URL → where and when it was seen out, and what the leader made of it then (the evidence)
     false_seen: Mapping[str, str] = field(default_factory=dict)
-    # the first probe after detection at which the leader was migrating (restarting) every faulted replica it had
-    # not yet migrated: when the process that had the fault was replaced; None when not seen
+    # the first probe after detection at which the leader counted a restart of every faulted replica more than before
+    # the fault: the process that had the fault was replaced by then; None when not seen
     restarted_s: float | None = None
 
     @property
@@ -343,7 +343,7 @@ def measure(
     judged = windows(results, base, gates, until)
     recovery, blips = recovered(judged, gates)
     during = [r for r in results if r.sent_at_s >= -baseline_s]
-    restarted = None if detection is None else migrated(probes, subjects, detection)
+    restarted = None if detection is None else restarted_after(probes, subjects, detection)
     return Measured(
         detection,
         None if recovery is None else round(min(recovery, until), 3),
@@ -361,13 +361,15 @@ def measure(
     )
 
 
-def migrated(probes: Sequence[Probe], subjects: Sequence[str], after: float) -> float | None:
-    """When the leader had been seen migrating every one of ``subjects`` (each at some probe at or after ``after``):
-    the time of the probe that completed the set; None while one was never seen so."""
+def restarted_after(probes: Sequence[Probe], subjects: Sequence[str], after: float) -> float | None:
+    """The first probe at or after ``after`` by which the leader had counted one more restart of each of
+    ``subjects`` than at the last probe before the fault (its ``restarts``, which a restart raises and only a long
+    stable service resets); None while one was never seen so."""
+    before = next((p.restarts for p in reversed(probes) if p.t < 0), {})
     left = set(subjects)
     for p in probes:
         if p.t >= after:
-            left -= {u for u in left if p.states.get(u) == "migrating"}
+            left -= {u for u in left if p.restarts.get(u, 0) > before.get(u, 0)}
             if not left:
                 return p.t
     return None
@@ -451,8 +453,9 @@ def judge(scenario: Scenario, targets: Sequence[Target], m: Measured, resolution
 
 def _stayed_out(m: Measured) -> Check:
     """A flapping replica comes back only as a new process: its flapping lasts as long as the process, and the score
-    cannot climb to readmit_at while one probe in two fails (hysteresis), so a restoration before the leader was
-    seen migrating it was a readmission of a replica that still flapped."""
+    cannot climb to readmit_at while one probe in two fails (hysteresis), so a restoration before the leader counted
+    its restart was a readmission of a replica that still flapped. (That the restart replaced the process is the
+    backend's to prove: the sandbox's starts a new one.)"""
     if m.restoration_s is None:
         return Check("stayed_out", None, 0.0, "", True, "not back: restoration is judged on its own")
     early = m.restarted_s is None or m.restarted_s > m.restoration_s
@@ -463,9 +466,9 @@ def _stayed_out(m: Measured) -> Check:
             0.0,
             "",
             False,
-            f"back in rotation at {m.restoration_s:.2f} s without a restart (migrating "
-            f"{'never seen' if m.restarted_s is None else f'seen at {m.restarted_s:.2f} s'}): readmitted while it "
-            "still flapped",
+            f"back in rotation at {m.restoration_s:.2f} s without a restart (a restart "
+            f"{'never counted' if m.restarted_s is None else f'counted at {m.restarted_s:.2f} s'}): readmitted while "
+            "it still flapped",
         )
     return Check(
         "stayed_out",
@@ -473,7 +476,7 @@ def _stayed_out(m: Measured) -> Check:
         0.0,
         "",
         True,
-        f"out from detection until its restart (migrating at {m.restarted_s:.2f} s), back as a new process at "
+        f"out from detection until its restart (counted at {m.restarted_s:.2f} s), back as a new process at "
         f"{m.restoration_s:.2f} s",
     )
 

@@ -51,7 +51,7 @@ class FaultKind(StrEnum):
     ERRORS = "errors"  # every response fails: generations HTTP 500, health checks 503
     GENERATION_ERRORS = "generation-errors"  # generations fail with HTTP 500, /health still 200
     WEDGED = "wedged"  # the scheduler stops: HTTP answers, generations and /health (a generation) never complete
-    FLAP = "flap"  # every other scheduler health check fails (the first included); generations and /health answer
+    FLAP = "flap"  # the scheduler stalls at every other health check of it, past the check's timeout; runs otherwise
     MEMORY = "memory"  # memory pressure: high KV usage and slower answers; stress-ng in the cgroup on real nodes
     JITTER = "jitter"  # network delay with jitter, inside the health-check timeout's margin
 
@@ -184,12 +184,13 @@ def _scenarios() -> dict[DrillName, Scenario]:
         ),
         Scenario(
             "replica-flapping",
-            "One replica's scheduler stalls now and then: every other /health_generate the node agents probe fails "
-            "(503), while generations and the routers' cheap /health answer. The routers keep routing to it; the "
-            "controller's score falls by the penalty less the reward every two probes, takes it out below the "
-            "stop-routing line, never back while it flaps (hysteresis: readmission needs readmit_at, a climb the "
-            "flapping cannot make), and restarts it below the migrate line; the fresh process is warmed up and "
-            "readmitted.",
+            "One replica's scheduler flaps: at every other health check the node agents make (/health_generate) it "
+            "stalls a quarter longer than the check's timeout, so that check gets no output and fails, and every "
+            "request on the replica waits out the stall; between stalls it runs. The routers' cheap /health and "
+            "their breakers see nothing (the requests are slow, not failed), so clients wait on it until the "
+            "controller's score, falling by the penalty less the reward every two probes, takes it out below the "
+            "stop-routing line; it stays out while it flaps (readmission needs readmit_at, a climb the flapping "
+            "cannot make) and is restarted below the migrate line; the fresh process is warmed up and readmitted.",
             (Fault(FaultKind.FLAP, replica),),
             _EVICTING,
             True,
@@ -425,12 +426,22 @@ def flapping_probes(health: HealthScoreSpec, below: int) -> int:
 
 
 def _flapping_targets(fleet: Fleet, targets: dict[TargetName, Target]) -> None:
-    """Detection and restoration of a replica failing every other probe: the same paths as the controller's for one
-    failing every probe, through :func:`flapping_probes` instead of the plan's timeouts to each line."""
+    """Detection, recovery and restoration of a replica failing every other probe: the same paths as the controller's
+    for one failing every probe, through :func:`flapping_probes` instead of the plan's timeouts to each line. Its
+    clients wait on the stalls until it leaves the routers, so recovery is the plan's (detection + the migration
+    budget) counted from that detection, not the routers' own."""
     s, h = fleet.spec.serving, fleet.spec.health
     tick = s.heartbeat_interval_s / 2
     stop, migrate = flapping_probes(h, h.stop_routing_below), flapping_probes(h, h.migrate_below)
     detect = stop * s.heartbeat_interval_s + s.health_check_timeout_s + 2 * tick
+    recover = detect + s.migration_timeout_s
+    targets[TargetName.RECOVERY] = Target(
+        TargetName.RECOVERY,
+        recover,
+        "s",
+        f"{detect:g} s detection (the score's, below) + {s.migration_timeout_s:g} s migration = {recover:g} s",
+        "fault → traffic fully served by the others at the baseline rate and latency",
+    )
     targets[TargetName.DETECTION] = Target(
         TargetName.DETECTION,
         detect,
@@ -501,6 +512,7 @@ class FaultSizes:
     memory_token_usage: Figure
     memory_admit: Figure
     memory_slowdown: Figure
+    flap_stall_s: Figure
 
 
 def fault_sizes(fleet: Fleet) -> FaultSizes:
@@ -533,6 +545,12 @@ def fault_sizes(fleet: Fleet) -> FaultSizes:
         ),
         memory_slowdown=Figure(
             1 + 2 * rise, "×", f"1 + 2 × {rise:g} rollout.max_p99_rise = {1 + 2 * rise:g} × the generation latency"
+        ),
+        flap_stall_s=Figure(
+            1.25 * timeout,
+            "s",
+            f"1.25 × {timeout:g} s health-check timeout = {1.25 * timeout:g} s: the check that starts the stall gets no "
+            "output before it times out",
         ),
     )
 

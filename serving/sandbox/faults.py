@@ -111,7 +111,7 @@ class SandboxFaults:
             FaultKind.LATENCY: {"delay_ms": sizes.slow_latency_s.value * 1000},
             FaultKind.ERRORS: {"errors": True},
             FaultKind.WEDGED: {"wedged": True},
-            FaultKind.FLAP: {"flap": True},
+            FaultKind.FLAP: {"flap_stall_s": sizes.flap_stall_s.value},
             FaultKind.GENERATION_ERRORS: {"generation_errors": True},
             FaultKind.MEMORY: {
                 "token_usage": sizes.memory_token_usage.value,

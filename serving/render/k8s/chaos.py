@@ -54,9 +54,9 @@ NO_HTTP_CHAOS = (
 )
 
 NO_FLAP_CHAOS = (
-    "not rendered: failing every other health check on one path (/health_generate) while the server answers "
-    "everything else needs Chaos Mesh's HTTPChaos, which is not among the pinned CRDs; PodChaos and NetworkChaos "
-    "fail the whole pod. The sandbox drill makes the simulated scheduler's checks alternate."
+    "not rendered: no Chaos Mesh experiment stalls a server's scheduler now and then while its HTTP server answers "
+    "(PodChaos kills or fails the whole container, NetworkChaos cuts every answer); the sandbox drill stalls the "
+    "simulated scheduler at every other health check."
 )
 
 
