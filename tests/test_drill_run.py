@@ -5,14 +5,10 @@ rendered alert rules. Faults are real signals to real processes (SIGKILL, SIGSTO
 slow answers, HTTP 500s, memory pressure and jitter go through the simulated worker's fault route (this kernel has
 no netem).
 
-Stack settings (the sandbox stack with the changes below): heartbeat 1 s, health timeout 0.8 s (the routers' checks
-take whole seconds: 1 s), 3 failures, lease 3 s. The targets each drill is judged on come from the plan (`exaserve
-drill --list`): detection ≤ 3 × 1 s + 1 s = 4 s, recovery ≤ 4 s + 10 s migration = 14 s, restoration ≤ 15 × 1 s +
-0.8 s + 10 s + 1 s warm-up = 26.8 s, takeover ≤ 3 s + 0.5 s + 1 s = 4.5 s, client errors ≤ 0.1 %. A drill that misses
-one exits 1 and fails here with its figures. The health timeout is under the heartbeat as on prod (3 s against 5 s):
-at 1 s against 1 s a node agent's round with a failing probe lasted the whole heartbeat and its report made the next
-round late (the agents keep their schedule only when a round ends before the next is due), so the score moved slower
-than one probe a heartbeat (replica-flapping: detection 22.2 s against 22 s, ten failing rounds late).
+Stack settings (the sandbox stack with the changes below): heartbeat 1 s, health timeout 1 s, 3 failures, lease
+3 s. The targets each drill is judged on come from the plan (`exaserve drill --list`): detection ≤ 3 × 1 s + 1 s =
+4 s, recovery ≤ 4 s + 10 s migration = 14 s, restoration ≤ 15 × 1 s + 1 s + 10 s + 1 s warm-up = 27 s, takeover ≤
+3 s + 0.5 s + 1 s = 4.5 s, client errors ≤ 0.1 %. A drill that misses one exits 1 and fails here with its figures.
 
 Each drill's PNG timeline is kept under ``test-output/drills/`` in the checkout (CI keeps that folder) and checked for
 content: the markers the drill measured are drawn (their exact colours are in the picture) and the series are there.
@@ -46,7 +42,7 @@ OUTPUT = REPO / "test-output" / "drills"
 # per group; CI: replica-crash "still degraded" beside the rollout tests, every probe on time).
 pytestmark = pytest.mark.drill
 
-SANDBOX_GROUPS = 4  # fifteen drills of about 40 s each: four sandboxes, four workers (tests/conftest.py)
+SANDBOX_GROUPS = 4  # fourteen drills of about 40 s each: four sandboxes, four workers (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +60,7 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
         "cluster.pools.0.count": 2,
         "serving.replicas_per_node": 4,
         "serving.heartbeat_interval_s": 1.0,
-        "serving.health_check_timeout_s": 0.8,
+        "serving.health_check_timeout_s": 1.0,
         "scheduler.instances": 3,
         "runtime.lease_ttl_s": 3,
         "runtime.max_eviction_share": 0.25,
@@ -123,13 +119,11 @@ def test_each_drill_meets_the_plans_targets_on_the_sandbox(sandbox: Sandbox, sce
         r = sandbox.cli("drill", "--scenario", scenario, "--json", "--report", str(report), timeout_s=300)
         doc = json_object(r)
         # An `invalid` run (exit 3) is no result: the prober was starved (its probes came further apart than the
-        # judge's cadence bound), or a time was over its target only by what the probes cannot resolve (judged on
-        # its upper bound, within the target on its lower one). It is measured again once, beside the other
-        # sandboxes of a parallel run; a second invalid run fails below. Never a pass on the best case.
+        # judge's cadence bound), so a figure seen then may be late by the gap. It is measured again once, beside
+        # the other sandboxes of a parallel run; a second invalid run fails below. Never a pass on a slipped run.
         if doc.get("verdict") != "invalid" or attempt == 2:
             break
-        undecided = [f"{c['name']}: {c['reason']}" for c in doc.get("checks", []) if c.get("undecided")]
-        print(f"{scenario}: attempt {attempt} invalid ({doc['cadence'].get('why')}; {undecided}); measured again")
+        print(f"{scenario}: attempt {attempt} invalid ({doc['cadence'].get('why')}); measured again")
         assert doc["settled"], "an invalid drill left the fleet not whole: it cannot be measured again"
         shutil.rmtree(report, ignore_errors=True)
     failed = [f"{c['name']}: {c['reason']}" for c in doc.get("checks", []) if not c["ok"]]

@@ -1082,7 +1082,6 @@ DrillName = Literal[
     "replica-crash",
     "replica-hang",
     "scheduler-wedged",
-    "replica-flapping",
     "replica-slow",
     "error-burst",
     "generation-errors",
