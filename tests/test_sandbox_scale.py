@@ -128,8 +128,13 @@ def test_one_report_per_node_reaches_the_controller_and_no_client_sees_a_node_lo
     # one message per node: what the controller received carries the replicas per node
     assert carried / rate == pytest.approx(PER_NODE), f"{carried:.1f} replica probes/s in {rate:.1f} msg/s"
     # and the agents keep their interval: a probe costs them 0.3 ms of CPU (serving.fleet_http), 170 probes/s here;
-    # on httpx (7.3 ms a probe) they reached 67 % of it on 2 cores (docs/scale.md)
-    assert NODES / interval * 0.8 <= rate <= NODES / interval * 1.1, f"{rate:.1f} msg/s from {NODES} agents"
+    # on httpx (7.3 ms a probe) they reached 67 % of it on 2 cores (docs/scale.md). A window of `window` intervals
+    # holds that many reports of an agent on its schedule, one more where its round due just before the window ran late
+    # into it (CI, the machine busy: 23.6 msg/s against 21.3, 1.10 ×), one fewer where its last one runs late out
+    window = (t1 - t0) / interval
+    assert NODES / interval * 0.8 <= rate <= NODES / interval * (window + 1) / window, (
+        f"{rate:.1f} msg/s from {NODES} agents over {window:.2f} intervals"
+    )
     # and the probes were made: the workers saw them (the two counters are read a moment apart, and a report the
     # agent gave up on after probing reached no controller: hence the margin above, none below)
     assert carried * 0.9 <= probed <= carried * 1.5, (
