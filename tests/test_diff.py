@@ -166,6 +166,7 @@ def _edit_stack(repo: Path, name: str, section: str, changes: dict[str, Any]) ->
     return original
 
 
+@pytest.mark.slow  # 10-35 s (a real worker host, agent or git repository): --fast leaves it out
 def test_diff_shows_one_group_version_change_as_exactly_that(repo: Path) -> None:
     original = (repo / "Pulumi.prod.yaml").read_text()
     _edit_stack(repo, "prod", "serving", {"releases": {"v1": "lmsysorg/sglang:v0.5.23-cu126", "v2": NEW_IMAGE}})
@@ -280,6 +281,7 @@ def test_diff_rejects_an_unknown_base(repo: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # 10-35 s (a real worker host, agent or git repository): --fast leaves it out
 def test_detailed_exitcode_is_2_on_changes_and_0_without(repo: Path) -> None:
     """Issue 28: `diff --detailed-exitcode`, as helm diff has it (there was no way to tell changes by the exit code)."""
     same = _exaserve(repo, "diff", "--stack", "dev", "--base", "main", "--detailed-exitcode", "--json")

@@ -39,6 +39,7 @@ def calibration_hosts(under: Path) -> list[str]:
     ]
 
 
+@pytest.mark.slow  # 10-35 s (a real worker host, agent or git repository): --fast leaves it out
 def test_costs_are_measured_with_the_real_worker_host_and_agent_which_are_gone_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -94,6 +95,7 @@ def test_a_machine_too_slow_is_refused_naming_the_cores_and_the_replicas_it_hold
     assert fits_here.cpu is not None and fits_here.cpu.total == pytest.approx(0.94, abs=0.01)
 
 
+@pytest.mark.slow  # 10-35 s (a real worker host, agent or git repository): --fast leaves it out
 def test_sandbox_up_measures_then_refuses_a_sandbox_the_cores_cannot_hold(tmp_path: Path) -> None:
     """The whole prod stack at a 5 % CPU share: 2,048 replicas need ≥ 0.85 cores on the reference machine, more than
     5 % of 2 CPUs on any machine up to 8× faster; refused after the measurement, exit 2, nothing left running."""
