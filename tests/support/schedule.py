@@ -58,12 +58,12 @@ def deal(ids: Sequence[str], groups: int, durations: dict[str, float]) -> list[i
     return out
 
 
-class _LongestFirst:
-    """Deal the heaviest unit left; refill a worker when one test is left on it (it waits for its next item)."""
+class LongestFileFirst(LoadFileScheduling):  # type: ignore[misc]
+    """Deal the heaviest module left; refill a worker when one test is left on it (it waits for its next item)."""
 
-    workqueue: Any
-    assigned_work: Any
-    durations: dict[str, float]
+    def __init__(self, config: Any, log: Any = None) -> None:
+        super().__init__(config, log)
+        self.durations = load_durations()
 
     def _weight(self, scope: str) -> float:
         return sum(seconds(nodeid, self.durations) for nodeid, done in self.workqueue[scope].items() if not done)
@@ -77,7 +77,7 @@ class _LongestFirst:
             node.shutdown()
             return
         self.workqueue.move_to_end(max(self.workqueue, key=self._weight), last=False)
-        super()._assign_work_unit(node)  # type: ignore[misc]
+        super()._assign_work_unit(node)
 
     def _reschedule(self, node: Any) -> None:
         if node.shutting_down:
@@ -85,15 +85,9 @@ class _LongestFirst:
         if not self.workqueue:
             node.shutdown()
             return
-        if self._pending_of(self.assigned_work[node]) > 1:  # type: ignore[attr-defined]
+        if self._pending_of(self.assigned_work[node]) > 1:
             return
         self._assign_work_unit(node)
-
-
-class LongestFileFirst(_LongestFirst, LoadFileScheduling):
-    def __init__(self, config: Any, log: Any = None) -> None:
-        super().__init__(config, log)
-        self.durations = load_durations()
 
 
 def scheduler(config: Any, log: Any) -> Any:
