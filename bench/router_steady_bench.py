@@ -23,14 +23,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -49,10 +46,9 @@ VARIANTS: dict[str, tuple[dict[str, str], tuple[str, ...], bool]] = {
 }
 
 
-def health_checks(metrics_url: str) -> float:
+async def health_checks(router: RouterClient) -> float:
     """The router's health checks so far, every result and worker type summed."""
-    text = httpx.get(metrics_url, timeout=30).text
-    return sum(float(v) for v in re.findall(r"^smg_worker_health_checks_total\{[^}]*\} (\S+)$", text, re.M))
+    return (await router.metrics()).value("smg_worker_health_checks_total")
 
 
 def steady(workers: int, variant: str) -> tuple[float, float]:
@@ -67,11 +63,12 @@ def steady(workers: int, variant: str) -> tuple[float, float]:
             async def run() -> tuple[float, float]:
                 async with RouterClient(record.url, record.metrics_url, timeout_s=60) as client:
                     await register_all(client, [c.url for c in configs])
-                await asyncio.sleep(SETTLE_S)
-                checks0, cpu0, t0 = health_checks(record.metrics_url), cpu_seconds(record.pid), time.monotonic()
-                await asyncio.sleep(STEADY_S)
-                span = time.monotonic() - t0
-                return (cpu_seconds(record.pid) - cpu0) / span, (health_checks(record.metrics_url) - checks0) / span
+                    await asyncio.sleep(SETTLE_S)
+                    checks0, cpu0, t0 = await health_checks(client), cpu_seconds(record.pid), time.monotonic()
+                    await asyncio.sleep(STEADY_S)
+                    span = time.monotonic() - t0
+                    cores = (cpu_seconds(record.pid) - cpu0) / span
+                    return cores, (await health_checks(client) - checks0) / span
 
             return asyncio.run(run())
         finally:
