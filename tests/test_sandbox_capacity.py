@@ -97,7 +97,7 @@ def test_a_machine_too_slow_is_refused_naming_the_cores_and_the_replicas_it_hold
 
 @pytest.mark.slow  # 10-35 s (a real worker host, agent or git repository): --fast leaves it out
 def test_sandbox_up_measures_then_refuses_a_sandbox_the_cores_cannot_hold(tmp_path: Path) -> None:
-    """The whole prod stack at a 5 % CPU share: 2,048 replicas need ≥ 0.85 cores on the reference machine, more than
+    """The whole prod stack at a 5 % CPU share: 2,048 replicas need ≥ 0.94 cores on the reference machine, more than
     5 % of 2 CPUs on any machine up to 8× faster; refused after the measurement, exit 2, nothing left running."""
     env = {"EXASERVE_STATE_DIR": str(tmp_path / "state"), "TMPDIR": str(tmp_path)}  # the calibration's directory
     r = exaserve("sandbox", "up", "--stack", "prod", "--simulate", "--cpu-share", "0.05", env=env, timeout_s=180)
