@@ -92,6 +92,35 @@ class KillAfterRemoval(RouterApiMembership):
         return seen
 
 
+class FreshRequestAtRemoval(RouterApiMembership):
+    """The real router-API membership; before each removal, one request is sent straight to each replica of the batch
+    and the removal waits until the worker counts it: the removed worker then holds a request with about 1.5 s left,
+    whatever the router happened to route to it (one CI run found the removed worker's routed requests all within
+    0.36 s of their end, and a 0.5 s drain finished)."""
+
+    def __init__(self, sb: Sandbox, backend: RestartRecorder) -> None:
+        super().__init__(RouterSet([sb.router_url], metrics=[sb.metrics_url]), backend.worker_url)
+        self.sent: list[asyncio.Task[None]] = []
+
+    async def take_out(self, replica_ids: Sequence[str], timeout_s: float) -> Observed:
+        urls = [self.worker_url(r) for r in replica_ids]
+        async with httpx.AsyncClient() as client:
+            before = {u: await in_flight(client, u) for u in urls}
+            self.sent += [asyncio.create_task(one_request(u)) for u in urls]
+            end = time.monotonic() + 5
+            while any(now <= before[u] for u, now in [(u, await in_flight(client, u)) for u in urls]):
+                assert time.monotonic() < end, f"the direct requests to {urls} never showed in their counts"
+                await asyncio.sleep(0.02)
+        return await super().take_out(replica_ids, timeout_s)
+
+
+async def one_request(worker_url: str) -> None:
+    """One generation straight to a worker; the worker may be restarted under it (what the drain test is about)."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        with contextlib.suppress(httpx.HTTPError):
+            await client.post(worker_url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 4}})
+
+
 async def traffic(router_url: str, stop: asyncio.Event, statuses: list[int], streams: int = 6) -> None:
     """``streams`` clients sending long requests back to back through the router until ``stop``."""
 
@@ -162,7 +191,8 @@ def test_a_drain_that_cannot_finish_times_out_by_name(tmp_path: Path, sandbox: S
     timeout and says so, how many requests after how long, rather than waiting on or claiming it drained."""
     short = sandbox.variant("short-drain", {"rollout.drain_timeout_s": 0.5})
     backend = RestartRecorder(fleet_of(short.spec), short.paths.sandbox_dir)
-    _final, moves = asyncio.run(revert(short, backend, tmp_path / "journal.jsonl"))
+    membership = FreshRequestAtRemoval(short, backend)
+    _final, moves = asyncio.run(revert(short, backend, tmp_path / "journal.jsonl", membership))
     drains = moves[1::2]
     assert drains, "no drain step ran"
     first = drains[0].detail

@@ -206,9 +206,22 @@ def test_dead_or_hung_replica_is_removed_from_every_router_migrated_and_readmitt
     # the router's check first (3 failed checks), then the score: ≥ 8 more failed probes below 60, ≥ 14 below 30
     assert router_unhealthy < removed
     assert at["remove"] < at["migrate"] < at["readmit"]
-    # a warm-up judged on a loaded machine may fail (one CI run: the restarted replica fell to 59 and climbed to 75
-    # again); the controller then earns the hysteresis margin again and retries: nothing else may have failed
-    assert all(a["kind"] == "readmit" and "warm-up failed" in str(a["detail"]) for a in failed_actions), failed_actions
+
+    # On a loaded machine an action may fail and be retried, by design, for two causes only: a readmission's warm-up
+    # judged there (one CI run: the restarted replica fell to 59 and climbed to 75 again: the controller earns the
+    # hysteresis margin again and retries), and every router instance silent within the controller's bound on a router
+    # call (serving.health_check_timeout_s, 0.5 s here: one CI run, 2 cores beside five other sandboxes, found all
+    # three loopback instances ConnectTimeout; the action ran again on a later tick). Nothing else may have failed,
+    # and the timing bounds below hold for the actions that passed.
+    def retried_by_design(a: dict[str, Any]) -> bool:
+        why = str(a["detail"])
+        return why.startswith("ConnectError: no router instance answered") or (
+            a["kind"] == "readmit" and "warm-up failed" in why
+        )
+
+    assert all(retried_by_design(a) for a in failed_actions), "; ".join(
+        f"{a['kind']} at {a['at'] - wall0:.2f} s after {a['seconds']} s: {a['detail']}" for a in failed_actions
+    )
     assert at["remove"] >= 8 * INTERVAL_S and at["migrate"] >= 14 * INTERVAL_S
     assert remove["reason"].startswith("score 5")  # 55: the first score below 60
     new = worker_record(sandbox, rid)
