@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 
+from serving.fleet_http import client_tls
+
 MAX_POINTS = 10_000  # Prometheus refuses a range query of more than 11,000 points per series
 _META = ("__name__", "alertname", "alertstate")
 
@@ -43,7 +45,7 @@ class FiredAlert:
 def _get(prom_url: str, path: str, params: dict[str, str], timeout_s: float) -> Any:
     url = prom_url.rstrip("/") + path
     try:
-        response = httpx.get(url, params=params, timeout=timeout_s)
+        response = httpx.get(url, params=params, timeout=timeout_s, verify=client_tls())
     except httpx.HTTPError as exc:
         raise PrometheusError(f"Prometheus at {prom_url} did not answer {path} ({exc}); is it running?") from exc
     try:

@@ -282,3 +282,55 @@ def test_a_split_module_is_dealt_longest_test_first_to_the_lightest_group() -> N
     durations = {"t.py::short": 1.0, "t.py::long": 9.0, "t.py::longer": 10.0, "t.py::mid": 2.0}
     assert deal(ids, 2, durations) == [0, 1, 0, 0, 1]  # longer 10 | long 9, mid 2 | short 1 → 11 | new → 11.25 | 11
     assert seconds("t.py::new@t-1", durations) == UNLISTED_S and seconds("t.py::mid@t-0", durations) == 2.0
+
+
+HTTPX_ONE_SHOT = {"get", "post", "put", "patch", "delete", "head", "options", "request", "stream"}
+
+
+def _httpx_clients_made(path: Path) -> list[int]:
+    """Lines of ``path`` that make an ``httpx.AsyncClient`` or ``httpx.Client`` directly (``httpx.X(...)`` or the
+    class imported from httpx under any name), or call one of httpx's one-shot functions (a client each) without a
+    ``verify``."""
+    tree = ast.parse(path.read_text(), str(path))
+    names = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "httpx"
+        for alias in node.names
+        if alias.name in {"AsyncClient", "Client"}
+    }
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        direct = isinstance(f, ast.Name) and f.id in names
+        dotted = isinstance(f, ast.Attribute) and f.attr in {"AsyncClient", "Client"}
+        dotted = dotted and isinstance(f.value, ast.Name) and f.value.id == "httpx"  # type: ignore[attr-defined]
+        one_shot = isinstance(f, ast.Attribute) and f.attr in HTTPX_ONE_SHOT
+        one_shot = one_shot and isinstance(f.value, ast.Name) and f.value.id == "httpx"  # type: ignore[attr-defined]
+        one_shot = one_shot and not any(k.arg == "verify" for k in node.keywords)
+        if direct or dotted or one_shot:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_package_makes_its_httpx_clients_on_the_one_tls_context() -> None:
+    """serving.fleet_http.http_client is the only maker of httpx clients in the package: httpx reads and parses the
+    CA bundle for every client it makes (56 ms of CPU), and the controller's clients made at every tick once took
+    three quarters of the drill stack's controllers' CPU."""
+    made = {
+        str(p.relative_to(ROOT)): lines
+        for p in _python_files("serving")
+        if p.name != "fleet_http.py" and (lines := _httpx_clients_made(p))
+    }
+    assert made == {}, made
+
+
+def test_the_client_walker_sees_each_form(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text(
+        "import httpx\nfrom httpx import AsyncClient as C\nhttpx.AsyncClient()\nC(timeout=1)\nhttpx.Client()\n"
+        "httpx.get('x')\nhttpx.get('x', verify=v)\nhttpx.Timeout(1)\n"
+    )
+    assert _httpx_clients_made(src) == [3, 4, 5, 6]

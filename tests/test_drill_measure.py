@@ -7,7 +7,6 @@ import asyncio
 import math
 import time
 
-import httpx
 import pytest
 
 from serving.drill.engine import FleetUrls, look
@@ -26,6 +25,7 @@ from serving.drill.measure import (
     windows,
 )
 from serving.drill.scenarios import SCENARIOS, TargetName, plan_targets, scenario_targets
+from serving.fleet_http import FleetHttp
 from serving.router.loadgen import TRANSPORT_ERROR, RequestResult
 from tests.support.json_server import json_server
 from tests.support.stacks import fleet_of, spec_from
@@ -318,7 +318,7 @@ def test_look_times_a_probe_when_a_slow_router_answered() -> None:
         fleet = FleetUrls(routers=(router,), controllers=(), replicas={}, nodes={})
 
         async def one() -> tuple[float, Probe, float]:
-            async with httpx.AsyncClient(timeout=2.0) as http:
+            async with FleetHttp(timeout_s=2.0) as http:
                 before = time.monotonic()
                 p = await look(http, fleet)
                 return before, p, time.monotonic()

@@ -31,7 +31,6 @@ from serving.rollout.gates import (
     canary_budget_spent,
     judge,
     p99_check,
-    parse_only,
     qps_check,
     replica_window,
     window_break,
@@ -52,7 +51,7 @@ from serving.rollout.machine import (
 )
 from serving.rollout.plan import GateLimits, RolloutPlan, plan_batches, plan_rollout
 from serving.rollout.runner import Reading
-from serving.router.client import HistogramSnapshot, MetricsSnapshot
+from serving.router.client import HistogramSnapshot, MetricsSnapshot, parse_only
 from serving.spec.stack import load_stack
 from serving.stats import binom_sf
 from tests.support.cli import exaserve_in_process, json_object

@@ -37,6 +37,7 @@ from serving.cli.options import (
     resolve_stack,
 )
 from serving.cli.state import stack_state
+from serving.fleet_http import http_client
 from serving.plan.loader import load_fleet
 from serving.plan.model import Fleet
 from serving.render.router import router_args, server_selector
@@ -272,7 +273,7 @@ async def _agents(agents: list[Agent]) -> None:
 
 
 async def _statuses(urls: list[str], timeout_s: float) -> dict[str, dict[str, Any] | str]:
-    async with httpx.AsyncClient(timeout=timeout_s) as http:
+    async with http_client(timeout=timeout_s) as http:
 
         async def one(url: str) -> dict[str, Any] | str:
             try:

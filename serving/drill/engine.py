@@ -21,8 +21,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import httpx
-
 from serving.drill.measure import (
     Check,
     Gap,
@@ -47,6 +45,7 @@ from serving.drill.scenarios import (
     TargetName,
     plan_targets,
 )
+from serving.fleet_http import FleetHttp, HttpFailure
 from serving.plan.model import Fleet
 from serving.prometheus_api import FiredAlert, PrometheusError, alerts_fired
 from serving.router.client import parse_workers
@@ -197,15 +196,15 @@ class Run:
 
 
 # ----- observing the fleet -----------------------------------------------------------------------------------
-async def _json(http: httpx.AsyncClient, url: str) -> Any:
+async def _json(http: FleetHttp, url: str) -> Any:
     try:
-        response = await http.get(url)
-        return response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
+        answer = await http.get(url)
+        return answer.json() if answer.status == 200 else None
+    except (HttpFailure, ValueError):
         return None
 
 
-async def look(http: httpx.AsyncClient, fleet: FleetUrls) -> Probe:
+async def look(http: FleetHttp, fleet: FleetUrls) -> Probe:
     """One probe: every router instance's workers and every controller's status, at once; timed (monotonic) when
     its calls returned, so what it saw held by then (an upper bound), with when they began."""
     sent = time.monotonic()
@@ -250,7 +249,7 @@ def _healthy_fleet(p: Probe, fleet: FleetUrls) -> list[str]:
 async def settle(fleet: FleetUrls, timeout_s: float, probe_s: float) -> list[str]:
     """Wait until the fleet is ready for a drill; what still keeps it from that after ``timeout_s`` (empty: ready)."""
     deadline = time.monotonic() + timeout_s
-    async with httpx.AsyncClient(timeout=2.0) as http:
+    async with FleetHttp(timeout_s=2.0) as http:
         while True:
             problems = _healthy_fleet(await look(http, fleet), fleet)
             if not problems or time.monotonic() >= deadline:
@@ -259,7 +258,7 @@ async def settle(fleet: FleetUrls, timeout_s: float, probe_s: float) -> list[str
 
 
 async def look_once(fleet: FleetUrls) -> Probe:
-    async with httpx.AsyncClient(timeout=2.0) as http:
+    async with FleetHttp(timeout_s=2.0) as http:
         return await look(http, fleet)
 
 
@@ -370,7 +369,7 @@ async def run_drill(
 ) -> Run:
     """One drill, start to end; raises :class:`DrillError` when the fleet is not ready for it."""
     progress("settling: every replica in rotation on every router instance, a leader")
-    async with httpx.AsyncClient(timeout=2.0) as http:
+    async with FleetHttp(timeout_s=2.0) as http:
         first = await look(http, fleet)
     if all(m is None for m in first.routers.values()):
         raise FleetDown(
@@ -399,7 +398,7 @@ async def run_drill(
     load = asyncio.create_task(loadgen.run(stop))
     run.load_started = time.monotonic()
     try:
-        async with httpx.AsyncClient(timeout=min(2.0, settings.probe_s * 4)) as http:
+        async with FleetHttp(timeout_s=min(2.0, settings.probe_s * 4)) as http:
             await _watch(run, fleet, injector, sizes, http, progress, deadline_after)
     finally:
         stop.set()
@@ -422,7 +421,7 @@ async def _watch(
     fleet: FleetUrls,
     injector: Injector,
     sizes: FaultSizes,
-    http: httpx.AsyncClient,
+    http: FleetHttp,
     progress: Progress,
     deadline_after: float,
 ) -> None:

@@ -46,7 +46,6 @@ from serving.rollout.gates import (
     canary_budget_spent,
     group_stats,
     judge,
-    parse_only,
     replica_windows,
     traffic_needed,
     window_break,
@@ -58,7 +57,7 @@ from serving.rollout.kvpool import check as check_kv_pool
 from serving.rollout.machine import Event, EventKind, Phase, RolloutState, Step, advance
 from serving.rollout.membership import Membership
 from serving.rollout.plan import warmup_requests
-from serving.router.client import WORKER_QUEUED, WORKER_RUNNING, MetricsSnapshot, RouterApiError
+from serving.router.client import WORKER_QUEUED, WORKER_RUNNING, MetricsSnapshot, RouterApiError, parse_only
 from serving.router.loadgen import DEFAULT_BODY, TRANSPORT_ERROR, LoadSpec, run_load
 from serving.router.membership import MembershipTimeout, Observed
 from serving.sglang_health import SCHEDULER_HEALTH_PATH
@@ -237,7 +236,7 @@ class Runner:
 
     # ----- the gates' readings -------------------------------------------------------------------
     async def _scrape(self, url: str, names: tuple[str, ...], timeout_s: float = 5.0) -> MetricsSnapshot:
-        """One Prometheus scrape, only the families the gates read (:func:`serving.rollout.gates.parse_only`)."""
+        """One Prometheus scrape, only the families the gates read (:func:`serving.router.client.parse_only`)."""
         response = await self._http.get(url, timeout_s=timeout_s)
         if response.status != 200:
             raise HttpFailure(url, f"HTTP {response.status}")

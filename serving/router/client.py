@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from serving.fleet_http import http_client
 from serving.sglang_health import SCHEDULER_HEALTH_PATH
 
 # Router (Prometheus listener) metric names.
@@ -253,13 +254,27 @@ def _in_progress_id(response: httpx.Response) -> str | None:
     return found.group(1) if found else None
 
 
+def parse_only(text: str, names: tuple[str, ...], scraped_at: float = 0.0) -> MetricsSnapshot:
+    """The samples of the families whose names start with one of ``names`` (their ``# TYPE`` lines kept). The
+    router's listener carries ~500 lines, most of them per-path HTTP histograms the gates never read; parsing only
+    what they read takes 6 ms instead of 21 here, and a soak reads the router four times a second; the fleet
+    controller reads every instance's breakers at every tick."""
+    kept = []
+    for line in text.splitlines():
+        words = line.split(maxsplit=3)
+        name = words[2] if line.startswith("#") and len(words) > 2 else line
+        if name.startswith(names):
+            kept.append(line)
+    return MetricsSnapshot.parse("\n".join(kept) + "\n", scraped_at)
+
+
 class RouterClient:
     """Async client for one router: worker API on ``base_url``, metrics on ``metrics_url``."""
 
     def __init__(self, base_url: str, metrics_url: str, *, timeout_s: float = 5.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.metrics_url = metrics_url
-        self._http = httpx.AsyncClient(timeout=timeout_s)
+        self._http = http_client(timeout=timeout_s)
 
     async def __aenter__(self) -> RouterClient:
         return self
@@ -348,17 +363,20 @@ class RouterClient:
             raise RouterApiError(f"GET /get_loads: unexpected body ({exc!r}): {str(body)[:300]}") from exc
         return out
 
-    async def metrics(self) -> MetricsSnapshot:
-        """One scrape of the router's Prometheus listener."""
-        return await self.scrape(self.metrics_url)
+    async def metrics(self, only: tuple[str, ...] = ()) -> MetricsSnapshot:
+        """One scrape of the router's Prometheus listener; ``only``: just the families whose names start with one of
+        these (:func:`parse_only`)."""
+        return await self.scrape(self.metrics_url, only)
 
     async def worker_metrics(self, worker_url: str) -> MetricsSnapshot:
         """One scrape of a worker's ``/metrics`` (SGLang names)."""
         return await self.scrape(worker_url.rstrip("/") + "/metrics")
 
-    async def scrape(self, url: str) -> MetricsSnapshot:
+    async def scrape(self, url: str, only: tuple[str, ...] = ()) -> MetricsSnapshot:
         response = await self._http.get(url)
         response.raise_for_status()
+        if only:
+            return parse_only(response.text, only, time.monotonic())
         return MetricsSnapshot.parse(response.text, time.monotonic())
 
     async def wait_until_idle(

@@ -30,8 +30,7 @@ from pathlib import Path
 
 from serving.fleet_http import VERSION, FleetHttp, HttpFailure
 from serving.plan.model import Fleet
-from serving.rollout.gates import parse_only
-from serving.router.client import WORKER_QUEUED, WORKER_REQUESTS_TOTAL, WORKER_RUNNING, MetricsSnapshot
+from serving.router.client import WORKER_QUEUED, WORKER_REQUESTS_TOTAL, WORKER_RUNNING, MetricsSnapshot, parse_only
 from serving.runtime.controller import replica_urls
 from serving.runtime.discovery import DiscoveryError, NodePods
 from serving.runtime.reports import REPORT_SCHEMA_VERSION, NodeReport, ReplicaProbe

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import httpx
+
+from serving.fleet_http import client_tls, http_client
 
 
 class ElectionError(RuntimeError):
@@ -82,7 +85,7 @@ class EtcdElection:
         self.key = key
         self.identity = identity
         self.ttl_s = ttl_s
-        self._http = httpx.AsyncClient(timeout=timeout_s)
+        self._http = http_client(timeout=timeout_s)
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         problems = []
@@ -181,7 +184,8 @@ class KubernetesLeaseElection:
         self.identity = identity
         self.ttl_s = ttl_s
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.AsyncClient(timeout=timeout_s, headers=headers, verify=ca_path or True)
+        verify = ssl.create_default_context(cafile=ca_path) if ca_path else client_tls()
+        self._http = http_client(timeout=timeout_s, headers=headers, verify=verify)
 
     async def _get(self) -> dict[str, Any] | None:
         response = await self._http.get(f"{self.url}/{self.name}")

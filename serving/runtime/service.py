@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from serving.fleet_http import http_client
 from serving.plan.model import Fleet
 from serving.rollout.backends import Backend, BackendError, ReplicaIndex
 from serving.router.client import CIRCUIT_OPEN, ROUTER_WORKER_CB_STATE, RouterApiError, RouterClient
@@ -259,7 +260,7 @@ class ControllerService:
         async def one(router: str) -> dict[str, float]:
             async with RouterClient(router, self.routers.metrics_url(router), timeout_s=self.routers.timeout_s) as c:
                 try:
-                    return (await c.metrics()).worker_gauge(ROUTER_WORKER_CB_STATE)
+                    return (await c.metrics(only=(ROUTER_WORKER_CB_STATE,))).worker_gauge(ROUTER_WORKER_CB_STATE)
                 except (httpx.HTTPError, TimeoutError) as exc:
                     log.debug("%s: router %s metrics: %s", self.identity, router, exc)
                     return {}
@@ -371,7 +372,7 @@ class ControllerService:
         ``serving.warmup_duration_s`` (the router cannot ramp real traffic to one worker)."""
         # wait for the replica to answer its health check first (a restarted process is still loading)
         deadline = time.monotonic() + self.spec.serving.startup_budget_s
-        async with httpx.AsyncClient(timeout=self.spec.serving.health_check_timeout_s) as http:
+        async with http_client(timeout=self.spec.serving.health_check_timeout_s) as http:
             while True:
                 with contextlib.suppress(httpx.HTTPError):
                     if (await http.get(action.url + SCHEDULER_HEALTH_PATH)).status_code == 200:

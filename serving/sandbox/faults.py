@@ -25,6 +25,7 @@ import httpx
 
 from serving.drill.engine import FleetUrls, Subject
 from serving.drill.scenarios import Component, Fault, FaultKind, FaultSizes
+from serving.fleet_http import http_client
 from serving.plan.model import Fleet
 from serving.runtime.controller import replica_urls
 from serving.sandbox.backend import worker_config, worker_name
@@ -74,7 +75,7 @@ class SandboxFaults:
         self.killed[record.name] = record
 
     async def _put(self, urls: tuple[str, ...], body: dict[str, object] | None) -> None:
-        async with httpx.AsyncClient(timeout=2.0) as http:
+        async with http_client(timeout=2.0) as http:
             for url in urls:
                 if body is None:
                     with contextlib.suppress(httpx.HTTPError):  # restarted since: a fresh worker has no fault

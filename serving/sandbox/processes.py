@@ -27,6 +27,7 @@ from typing import Literal
 
 import httpx
 
+from serving.fleet_http import client_tls
 from serving.router.client import parse_workers
 from serving.sandbox.worker import LOOPBACK, WorkerConfig, health_answer_bound_s
 
@@ -242,6 +243,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def rss_mib(pid: int) -> float:
+    """Resident memory of process ``pid`` in MiB (``VmRSS`` of ``/proc/<pid>/status``); raises
+    :class:`SandboxError` if there is no such pid."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError as exc:
+        raise SandboxError(f"no process {pid}: it exited before its memory was read") from exc
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise SandboxError(f"process {pid} has no VmRSS (a zombie or a kernel thread)")
+
+
 def _alive(record: ProcessRecord) -> bool:
     """The recorded process still runs (same pid *and* same start time, not a zombie)."""
     stat = _proc_stat(record.pid)
@@ -320,7 +334,7 @@ def _wait(
 
 def http_ok(url: str, timeout_s: float = 1.0) -> bool:
     try:
-        return httpx.get(url, timeout=timeout_s).status_code == 200
+        return httpx.get(url, timeout=timeout_s, verify=client_tls()).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -526,7 +540,7 @@ def _url_host(host: str) -> str:
 
 def _healthy_workers(url: str) -> int:
     try:
-        response = httpx.get(url + "/workers", timeout=1.0)
+        response = httpx.get(url + "/workers", timeout=1.0, verify=client_tls())
     except httpx.HTTPError:
         return -1
     if response.status_code != 200:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from serving.fleet_http import client_tls
 from serving.plan.model import Fleet
 from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.runtime.service import STATUS_PATH
@@ -78,7 +79,7 @@ def etcd_url(spec: FleetSpec) -> str:
 
 def _ok(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=1.0).status_code == 200
+        return httpx.get(url, timeout=1.0, verify=client_tls()).status_code == 200
     except httpx.HTTPError:
         return False
 

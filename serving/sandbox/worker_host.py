@@ -38,6 +38,7 @@ from typing import Any, Literal
 import httpx
 from aiohttp import web
 
+from serving.fleet_http import http_client
 from serving.sandbox.processes import ProcessRecord, SandboxError, StateDir, http_ok, start_service
 from serving.sandbox.worker import LOOPBACK, SimulatedWorker, WorkerConfig, _DropGrpcProbes, ensure_model_dir
 
@@ -257,13 +258,24 @@ def hosts_by_port(state: StateDir) -> dict[int, ProcessRecord]:
 async def control(url: str, path: str, body: Mapping[str, Any] | None, timeout_s: float) -> dict[str, Any]:
     """One call to a host's control endpoint (GET without ``body``); raises SandboxError naming the host."""
     try:
-        async with httpx.AsyncClient(timeout=timeout_s) as http:
+        async with http_client(timeout=timeout_s) as http:
             response = await (http.get(url + path) if body is None else http.post(url + path, json=body))
     except httpx.HTTPError as exc:
         raise SandboxError(f"worker host {url}: {type(exc).__name__} {exc}; is the sandbox up?") from exc
     if response.status_code != 200:
         raise SandboxError(f"worker host {url}{path} answered {response.status_code}: {response.text[:300]}")
     return dict(response.json())
+
+
+async def request_counts(hosts: Sequence[ProcessRecord], timeout_s: float = 120.0) -> dict[str, int]:
+    """The requests the hosts' workers have served so far, summed over ``hosts`` (``METHOD PATH CLIENT`` → count,
+    the client being its User-Agent or ``-``: the router sends none)."""
+    answers = await asyncio.gather(*(control(h.url, WORKERS_PATH, None, timeout_s) for h in hosts))
+    total: dict[str, int] = {}
+    for answer in answers:
+        for key, n in answer["requests"].items():
+            total[key] = total.get(key, 0) + int(n)
+    return total
 
 
 async def _each_host(

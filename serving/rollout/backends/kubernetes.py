@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
+import ssl
 import time
 from collections.abc import Sequence, Set
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from serving.fleet_http import client_tls, http_client
 from serving.plan.model import Fleet
 from serving.render.k8s.common import LABEL_ADMITTED, LABEL_GROUP, LABEL_VERSION, K8sObject, image
 from serving.render.k8s.fleet import SERVING_CONTAINER, group_name, render
@@ -89,8 +91,8 @@ class KubeApi:
         if url.scheme == "http" and not _loopback(url.hostname or ""):
             raise BackendError(f"{self.server}: plain HTTP is allowed only to a loopback proxy; use https://")
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        verify: bool | str = str(self.ca_file) if self.ca_file else True
-        return httpx.AsyncClient(base_url=self.server, headers=headers, verify=verify, timeout=10.0)
+        verify = ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file else client_tls()
+        return http_client(base_url=self.server, headers=headers, verify=verify, timeout=10.0)
 
 
 def _loopback(host: str) -> bool:
