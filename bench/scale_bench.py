@@ -62,9 +62,9 @@ from serving.router.membership import RouterSet
 from serving.runtime.agent import Agent, AgentConfig
 from serving.runtime.leader import EtcdElection
 from serving.runtime.service import ControllerService
-from serving.sandbox.processes import ProcessRecord, StateDir, cpu_seconds, free_port, stop_process
+from serving.sandbox.processes import ProcessRecord, StateDir, cpu_seconds, free_port, rss_mib, stop_process
 from serving.sandbox.runtime import etcd_url, router_urls
-from serving.sandbox.worker_host import WORKERS_PATH, control, stop_hosted
+from serving.sandbox.worker_host import request_counts, stop_hosted
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack_file
 from tests.support.cli import exaserve, exaserve_started, flat, json_object
@@ -80,13 +80,6 @@ AGENT_PROBE = "GET /health exaserve-agent"  # an agent's probe as a worker host 
 
 
 # ----- process figures -------------------------------------------------------------------------------------------
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def open_files(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -176,17 +169,9 @@ def leader(sc: Scale) -> dict[str, Any]:
     return leading_controller(sc.spec, timeout_s=30, request_timeout_s=30)
 
 
-def host_counts(sc: Scale) -> dict[str, float]:
+def host_counts(sc: Scale) -> dict[str, int]:
     """Requests every worker host counted, summed (``METHOD PATH CLIENT`` → count)."""
-
-    async def every() -> list[dict[str, Any]]:
-        return await asyncio.gather(*(control(h.url, WORKERS_PATH, None, 120) for h in sc.records("worker-host")))
-
-    total: dict[str, float] = {}
-    for answer in asyncio.run(every()):
-        for key, n in answer["requests"].items():
-            total[key] = total.get(key, 0) + n
-    return total
+    return asyncio.run(request_counts(sc.records("worker-host")))
 
 
 def cpu_of(records: list[ProcessRecord]) -> float:
