@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import ssl
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -38,6 +39,14 @@ def client_tls() -> ssl.SSLContext:
     """httpx's default trust (``verify=True``: ``SSL_CERT_FILE`` or ``SSL_CERT_DIR`` when set, else certifi's bundle),
     built once per process."""
     return httpx.create_ssl_context()
+
+
+def ca_tls(ca: str | None) -> ssl.SSLContext:
+    """Trust ``ca`` (a CA bundle file, or a directory of hashed certificates, as httpx took a ``verify`` path), or
+    :func:`client_tls` when none is given."""
+    if not ca:
+        return client_tls()
+    return ssl.create_default_context(capath=ca) if os.path.isdir(ca) else ssl.create_default_context(cafile=ca)
 
 
 def http_client(**kwargs: Any) -> httpx.AsyncClient:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from pathlib import Path
 
+import certifi
 import pytest
 
-from serving.fleet_http import client_tls, http_client
+from serving.fleet_http import ca_tls, client_tls, http_client
 
 
 async def _make(n: int) -> None:
@@ -40,3 +42,17 @@ def test_the_shared_context_verifies_as_httpx_default_does() -> None:
     assert (
         http_client(verify=False)._transport._pool._ssl_context.verify_mode is ssl.CERT_NONE
     )  # an explicit verify stands
+
+
+def test_a_ca_path_is_trusted_as_a_file_or_a_directory(tmp_path: Path) -> None:
+    """A CA given by path (the Kubernetes clients' --kube-ca-file, the Lease election's ca_path): a bundle file is
+    loaded at once, a directory of hashed certificates looked up per connection (as httpx took a ``verify`` path);
+    none given: the process's shared context. A missing file fails at once, naming it."""
+    bundle = tmp_path / "ca.crt"
+    bundle.write_text(Path(certifi.where()).read_text())
+    assert ca_tls(str(bundle)).cert_store_stats()["x509_ca"] > 0
+    directory = ca_tls(str(tmp_path))
+    assert directory.verify_mode is ssl.CERT_REQUIRED and directory.cert_store_stats()["x509_ca"] == 0
+    assert ca_tls(None) is client_tls()
+    with pytest.raises(FileNotFoundError):
+        ca_tls(str(tmp_path / "missing.crt"))

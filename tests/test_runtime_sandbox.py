@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -209,19 +210,23 @@ def test_dead_or_hung_replica_is_removed_from_every_router_migrated_and_readmitt
 
     # On a loaded machine an action may fail and be retried, by design, for two causes only: a readmission's warm-up
     # judged there (one CI run: the restarted replica fell to 59 and climbed to 75 again: the controller earns the
-    # hysteresis margin again and retries), and every router instance silent within the controller's bound on a router
-    # call (serving.health_check_timeout_s, 0.5 s here: one CI run, 2 cores beside five other sandboxes, found all
-    # three loopback instances ConnectTimeout; the action ran again on a later tick). Nothing else may have failed,
-    # and the timing bounds below hold for the actions that passed.
+    # hysteresis margin again and retries), and every router instance timing out within the controller's bound on a
+    # router call (serving.health_check_timeout_s, 0.5 s here): one CI run found all three loopback instances
+    # ConnectTimeout at once, the controller's own loop stalled (it then spent 56 ms building a TLS context for each
+    # client it made, several a tick: serving.fleet_http.http_client). The action ran again on a later tick. A refused
+    # or reset router, or any other failure, is no such cause; at most two of these, and the bounds below still hold.
     def retried_by_design(a: dict[str, Any]) -> bool:
         why = str(a["detail"])
-        return why.startswith("ConnectError: no router instance answered") or (
-            a["kind"] == "readmit" and "warm-up failed" in why
-        )
+        if why.startswith("ConnectError: no router instance answered: "):
+            reasons = re.findall(r"\(([^()]*)\)", why)
+            return bool(reasons) and all(r in {"ConnectTimeout", "ReadTimeout", "PoolTimeout"} for r in reasons)
+        return a["kind"] == "readmit" and "warm-up failed" in why
 
-    assert all(retried_by_design(a) for a in failed_actions), "; ".join(
+    shown = "; ".join(
         f"{a['kind']} at {a['at'] - wall0:.2f} s after {a['seconds']} s: {a['detail']}" for a in failed_actions
     )
+    assert all(retried_by_design(a) for a in failed_actions), shown
+    assert sum("no router instance answered" in str(a["detail"]) for a in failed_actions) <= 2, shown
     assert at["remove"] >= 8 * INTERVAL_S and at["migrate"] >= 14 * INTERVAL_S
     assert remove["reason"].startswith("score 5")  # 55: the first score below 60
     new = worker_record(sandbox, rid)
@@ -275,7 +280,9 @@ def test_flapping_replica_stays_out_until_it_is_steady(sandbox: Sandbox) -> None
     # it with the last failed probes is restarted (a fresh process at 100), then warmed up (CI: 33 at the last
     # sample, restarted 0.8 s after the flapping stopped). Read from the leader's action records, not the sampled
     # states: a warm-up lasts about a second and one CI run's samples, 1-3 s apart on a loaded machine, missed it.
-    readmit = next(a for a in reversed(after.actions) if a["kind"] == "readmit" and a["ok"])
+    readmits = [a for a in after.actions if a["kind"] == "readmit" and a["ok"]]
+    assert readmits, f"serving again without a readmission the leader recorded: {after.actions}"
+    readmit = readmits[-1]
     assert readmit["at"] > removal["at"] and "warm-up requests" in readmit["detail"]["warmup"], readmit
     if any(a["kind"] == "migrate" and a["ok"] and a["at"] > removal["at"] for a in after.actions):  # restarted
         assert worker_record(sandbox, rid).pid != rec.pid

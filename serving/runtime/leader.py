@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import json
-import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from serving.fleet_http import client_tls, http_client
+from serving.fleet_http import ca_tls, http_client
 
 
 class ElectionError(RuntimeError):
@@ -184,8 +183,7 @@ class KubernetesLeaseElection:
         self.identity = identity
         self.ttl_s = ttl_s
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        verify = ssl.create_default_context(cafile=ca_path) if ca_path else client_tls()
-        self._http = http_client(timeout=timeout_s, headers=headers, verify=verify)
+        self._http = http_client(timeout=timeout_s, headers=headers, verify=ca_tls(ca_path))
 
     async def _get(self) -> dict[str, Any] | None:
         response = await self._http.get(f"{self.url}/{self.name}")

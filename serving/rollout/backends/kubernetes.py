@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
-import ssl
 import time
 from collections.abc import Sequence, Set
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from serving.fleet_http import client_tls, http_client
+from serving.fleet_http import ca_tls, http_client
 from serving.plan.model import Fleet
 from serving.render.k8s.common import LABEL_ADMITTED, LABEL_GROUP, LABEL_VERSION, K8sObject, image
 from serving.render.k8s.fleet import SERVING_CONTAINER, group_name, render
@@ -91,7 +90,7 @@ class KubeApi:
         if url.scheme == "http" and not _loopback(url.hostname or ""):
             raise BackendError(f"{self.server}: plain HTTP is allowed only to a loopback proxy; use https://")
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        verify = ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file else client_tls()
+        verify = ca_tls(str(self.ca_file) if self.ca_file else None)
         return http_client(base_url=self.server, headers=headers, verify=verify, timeout=10.0)
 
 
