@@ -237,10 +237,14 @@ def test_release_that_never_becomes_healthy_hits_the_health_timeout_and_rolls_ba
 def test_sigkill_mid_batch_then_resume_ends_consistent_and_a_second_updater_is_refused(
     at_v1: Sandbox, fast: Sandbox
 ) -> None:
+    # v2 takes 2.5 s to load (its port closed meanwhile), so batch 1's update and health last that long at least and
+    # the kill lands in them however late this test sees the drain (one CI run on a loaded machine saw it only when
+    # the batch was readmitting, with the default 0.5 s)
+    slow = fast.variant("fast-slow-load", {"sandbox.versions.v2.startup_s": 2.5})
     with Load(at_v1.router_url) as load:
-        first = fast.start("rollout", "--to", "v2", "--json", ACCEPT)
+        first = slow.start("rollout", "--to", "v2", "--json", ACCEPT)
         wait_for_event(at_v1, "v2", Phase.REMOVE, 0)
-        second = fast.cli("rollout", "--to", "v2")  # while the first one holds the lock
+        second = slow.cli("rollout", "--to", "v2")  # while the first one holds the lock
         wait_for_event(at_v1, "v2", Phase.DRAIN, 1)
         first.send_signal(signal.SIGKILL)
         first.communicate(timeout=10)
@@ -249,7 +253,7 @@ def test_sigkill_mid_batch_then_resume_ends_consistent_and_a_second_updater_is_r
         assert state is not None and state.step is not None
         assert (state.step.batch, state.step.phase) in ((1, Phase.UPDATE), (1, Phase.HEALTH))
         assert len(at_v1.workers()) == REPLICAS - len(state.plan.batch(1).replicas)
-        resumed = fast.cli("rollout", "--resume", "--json", ACCEPT)
+        resumed = slow.cli("rollout", "--resume", "--json", ACCEPT)
     assert second.returncode == 2 and "another updater holds" in second.stderr
     doc = json_object(resumed)
     assert resumed.returncode == 0 and doc["outcome"] == "completed", resumed.stderr

@@ -21,6 +21,7 @@ Expected timelines follow from them:
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -244,15 +245,21 @@ def test_flapping_replica_stays_out_until_it_is_steady(sandbox: Sandbox) -> None
     rid = "sandbox-0-s3"
     rec = worker_record(sandbox, rid)
     stop = threading.Event()
+    ended: list[float] = []  # when the flapping process was found gone (the controller restarted it)
 
     def flap() -> None:
         """Stopped 1.5 s, running 0.5 s: of the two probes (1 s apart) in each 2 s cycle exactly one starts with more
-        than the probe timeout (0.5 s) of the stop left, so one probe in two fails whatever the phase."""
-        while not stop.is_set():
-            os.kill(rec.pid, signal.SIGSTOP)
-            time.sleep(1.5)
-            os.kill(rec.pid, signal.SIGCONT)
-            time.sleep(0.5)
+        than the probe timeout (0.5 s) of the stop left, so one probe in two fails whatever the phase. On a loaded
+        machine both may fail, the score fall below the migrate line while it flaps and the controller restart it
+        (one CI run): the flapping ends with the process."""
+        try:
+            while not stop.is_set():
+                os.kill(rec.pid, signal.SIGSTOP)
+                time.sleep(1.5)
+                os.kill(rec.pid, signal.SIGCONT)
+                time.sleep(0.5)
+        except ProcessLookupError:
+            ended.append(time.monotonic() - t0)
 
     t0 = time.monotonic()
     flapper = threading.Thread(target=flap)
@@ -262,19 +269,21 @@ def test_flapping_replica_stays_out_until_it_is_steady(sandbox: Sandbox) -> None
         tl = watch(sandbox, rid, lambda t: any(a["kind"] == "remove" and a["ok"] for a in t.actions), 60, t0)
         removed_at = tl.events[-1][0]
         removal = next(a for a in reversed(tl.actions) if a["kind"] == "remove")
-        during = watch(sandbox, rid, lambda _t: time.monotonic() - t0 > removed_at + 6, timeout_s=30, t0=t0)
+        during = watch(
+            sandbox, rid, lambda _t: bool(ended) or time.monotonic() - t0 > removed_at + 6, timeout_s=30, t0=t0
+        )
     finally:
         stop.set()
         flapper.join()
-        os.kill(rec.pid, signal.SIGCONT)
-    steady_at = time.monotonic() - t0
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rec.pid, signal.SIGCONT)
+    steady_at = ended[0] if ended else time.monotonic() - t0
     after = watch(sandbox, rid, lambda t: t.events[-1][1] == "serving" and t.events[-1][3], timeout_s=60, t0=t0)
-    print(f"flap: removed at {removed_at} s ({removal['reason']}); {during.events}; {after.events}")
+    print(f"flap: removed at {removed_at} s ({removal['reason']}); ended {ended}; {during.events}; {after.events}")
     assert removal["reason"].startswith("score 5") and removed_at >= 8 * INTERVAL_S
-    assert not any(e[3] for e in during.events if e[0] > removed_at)  # never back while flapping
+    assert not any(e[3] for e in during.events if removed_at < e[0] < steady_at)  # never back while flapping
     readmitted_at = after.events[-1][0]
     score_when_steady = during.events[-1][2]
-    assert score_when_steady < 75
     # back only through a warm-up, by one of the plan's two paths: a score that was still above the migrate line when
     # the flapping stopped climbs to 75 at +1 per good probe (2 probes' slack for the sampling); one that fell below
     # it with the last failed probes is restarted (a fresh process at 100), then warmed up (CI: 33 at the last
@@ -287,6 +296,7 @@ def test_flapping_replica_stays_out_until_it_is_steady(sandbox: Sandbox) -> None
     if any(a["kind"] == "migrate" and a["ok"] and a["at"] > removal["at"] for a in after.actions):  # restarted
         assert worker_record(sandbox, rid).pid != rec.pid
     else:  # the climb: never below 30, not migrated
+        assert not ended and score_when_steady < 75
         assert readmitted_at - steady_at >= (75 - score_when_steady - 2) * INTERVAL_S
         assert worker_record(sandbox, rid).pid == rec.pid
     assert all(on_routers(sandbox, replica(leader_status(sandbox), rid)["url"]))
