@@ -9,8 +9,8 @@
 # pytest runs in two phases (pytest-xdist), so that the tests that wait on a running sandbox in real time do not share
 # the cores with the CPU-bound ones (a starved router or worker would read as a slow release to the gates):
 #   1. CPU-bound: every test not marked `sandbox`, one module per worker (--dist loadfile), three workers (these
-#      tests wait on SSH hosts and subprocesses too: three workers kept 1.4 of the 2 cores busy); the YAML and
-#      Ansible checks run beside it;
+#      tests wait on SSH hosts and subprocesses too: three workers kept 1.4 of the 2 cores busy); mypy and the YAML
+#      and Ansible checks run beside it;
 #   2. wait-bound: the `sandbox` tests but the drills (tests/conftest.py marks them), six workers, one sandbox each
 #      (--dist loadgroup: one module, or one of its SANDBOX_GROUPS, per worker). They idle most of their wall time
 #      (six workers kept 0.8 of a core busy); their judgments compare a canary with its peers in the same window,
@@ -37,10 +37,10 @@ bash scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
 echo "== lock (uv.lock and requirements*.lock agree with pyproject.toml; offline)"; scripts/lock.sh --check
 echo "== ruff";          ruff check serving infra policies ansible tests bench scripts
-echo "== mypy (strict on serving/)"; mypy serving
 mkdir -p test-output
-ansible_checks() {  # the YAML and Ansible checks; a whole run does them beside the cpu-bound phase (below)
+static_checks() {  # mypy, the YAML and Ansible checks; a whole run does them beside the cpu-bound phase (below)
   set -e
+  echo "== mypy (strict on serving/)"; mypy serving
   echo "== yamllint";      yamllint -s .
   echo "== ansible-lint (production profile)"; (cd ansible && ansible-lint)
   echo "== ansible-test sanity"; scripts/ansible-sanity.sh
@@ -67,15 +67,17 @@ phase() {  # phase NAME MARKERS WORKERS DIST [PYTEST_ARGS…]; exit 5 (nothing s
 }
 selecting=$(($# > 0))  # PYTEST_ARGS may select tests of one phase only
 if ((fast)); then
+  echo "== mypy (strict on serving/)"; mypy serving
   phase fast "not sandbox and not hosts and not slow$gpu" 2 loadfile "$@"
 else
-  # the cpu-bound phase keeps about 1.4 of the 2 cores busy (its tests wait on SSH hosts and subprocesses too): the
-  # YAML and Ansible checks (about 40 s of one core) run beside it, their output shown after it
-  ansible_checks > test-output/ansible-checks.log 2>&1 & checks=$!
+  # the cpu-bound phase keeps about 1.4 of the 2 cores busy (its tests wait on SSH hosts and subprocesses too): mypy
+  # (cold on a clean clone) and the YAML and Ansible checks (about 40 s of one core) run beside it, their output
+  # shown after it
+  static_checks > test-output/static-checks.log 2>&1 & checks=$!
   phase cpu-bound "not sandbox$gpu" 3 loadfile "$@"
   checks_rc=0; wait "$checks" || checks_rc=$?
-  cat test-output/ansible-checks.log
-  if ((checks_rc)); then echo "== the YAML and Ansible checks failed (exit $checks_rc)"; ran=1; ((failed)) || failed=$checks_rc; fi
+  cat test-output/static-checks.log
+  if ((checks_rc)); then echo "== mypy or the YAML and Ansible checks failed (exit $checks_rc)"; ran=1; ((failed)) || failed=$checks_rc; fi
   phase wait-bound "sandbox and not drill$gpu" 6 loadgroup "$@"
   phase drills "drill$gpu" 4 loadgroup "$@"
 fi
