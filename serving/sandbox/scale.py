@@ -65,7 +65,7 @@ MIB = 1 << 20
 # rounded up: base of a process + per simulated worker (or replica, node) it serves.
 HOST_MIB = (45.0, 0.25)  # worker host: Python + aiohttp, + per hosted worker
 WORKER_PROCESS_MIB = 45.0  # one process per worker (the default layout)
-ROUTER_MIB = (90.0, 0.15)  # the router, + per registered worker (sglang-router 0.3.2: 355-387 MiB at 2,048)
+ROUTER_MIB = (60.0, 0.07)  # the router, + per registered worker (smg 1.13.0: 76 MiB at 256, 192 MiB at 2,048)
 AGENTS_MIB = (70.0, 1.5)  # exaserve agent run, + per node
 CONTROLLER_MIB = (90.0, 0.1)  # exaserve controller run, + per replica
 ETCD_MIB = 60.0
