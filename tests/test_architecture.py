@@ -285,34 +285,43 @@ def test_a_split_module_is_dealt_longest_test_first_to_the_lightest_group() -> N
 
 
 HTTPX_ONE_SHOT = {"get", "post", "put", "patch", "delete", "head", "options", "request", "stream"}
+HTTPX_CLIENTS = {"AsyncClient", "Client", "AsyncHTTPTransport", "HTTPTransport"}
 
 
 def _httpx_clients_made(path: Path) -> list[int]:
-    """Lines of ``path`` that make an ``httpx.AsyncClient`` or ``httpx.Client`` directly (``httpx.X(...)`` or the
-    class imported from httpx under any name), or call one of httpx's one-shot functions (a client each) without a
-    ``verify``."""
+    """Lines of ``path`` that make an httpx client or transport (``AsyncClient``, ``Client``, ``AsyncHTTPTransport``,
+    ``HTTPTransport``: each builds a TLS context unless given one) or call one of httpx's one-shot functions (a client
+    each) without a ``verify``: through the module under any name (``import httpx as hx``) or the names imported from
+    it under any name (``from httpx import get as fetch``)."""
     tree = ast.parse(path.read_text(), str(path))
-    names = {
+    modules = {
         alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.name == "httpx"
+    }
+    imported = {
+        alias.asname or alias.name: alias.name
         for node in ast.walk(tree)
         if isinstance(node, ast.ImportFrom) and node.module == "httpx"
         for alias in node.names
-        if alias.name in {"AsyncClient", "Client"}
     }
     lines = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         f = node.func
-        direct = isinstance(f, ast.Name) and f.id in names
-        dotted = isinstance(f, ast.Attribute) and f.attr in {"AsyncClient", "Client"}
-        dotted = dotted and isinstance(f.value, ast.Name) and f.value.id == "httpx"  # type: ignore[attr-defined]
-        one_shot = isinstance(f, ast.Attribute) and f.attr in HTTPX_ONE_SHOT
-        one_shot = one_shot and isinstance(f.value, ast.Name) and f.value.id == "httpx"  # type: ignore[attr-defined]
-        one_shot = one_shot and not any(k.arg == "verify" for k in node.keywords)
-        if direct or dotted or one_shot:
+        if isinstance(f, ast.Name) and f.id in imported:
+            called = imported[f.id]
+        elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in modules:
+            called = f.attr
+        else:
+            continue
+        verified = any(k.arg == "verify" for k in node.keywords)
+        if called in HTTPX_CLIENTS or (called in HTTPX_ONE_SHOT and not verified):
             lines.append(node.lineno)
-    return lines
+    return sorted(lines)
 
 
 def test_the_package_makes_its_httpx_clients_on_the_one_tls_context() -> None:
@@ -330,7 +339,8 @@ def test_the_package_makes_its_httpx_clients_on_the_one_tls_context() -> None:
 def test_the_client_walker_sees_each_form(tmp_path: Path) -> None:
     src = tmp_path / "m.py"
     src.write_text(
-        "import httpx\nfrom httpx import AsyncClient as C\nhttpx.AsyncClient()\nC(timeout=1)\nhttpx.Client()\n"
-        "httpx.get('x')\nhttpx.get('x', verify=v)\nhttpx.Timeout(1)\n"
+        "import httpx\nimport httpx as hx\nfrom httpx import AsyncClient as C, get as fetch\n"
+        "httpx.AsyncClient()\nC(timeout=1)\nhttpx.Client()\nhttpx.get('x')\nhx.AsyncHTTPTransport()\nfetch('x')\n"
+        "httpx.get('x', verify=v)\nhttpx.Timeout(1)\nfetch('x', verify=v)\nother.get('x')\n"
     )
-    assert _httpx_clients_made(src) == [3, 4, 5, 6]
+    assert _httpx_clients_made(src) == [4, 5, 6, 7, 8, 9]
