@@ -489,7 +489,12 @@ def test_sigterm_drains_in_flight_requests_before_the_worker_exits(tmp_path: Pat
     async def body() -> tuple[int, float, bool]:
         async with httpx.AsyncClient(timeout=10) as http:
             request = asyncio.create_task(http.post(config.url + "/generate", json={"text": "hi"}))
-            await asyncio.sleep(0.3)
+            # the SIGTERM once the worker runs the request (a fixed 0.3 s wait: on a loaded machine the request had
+            # not reached it, and the worker closed the connection it had not read a request on)
+            deadline = time.monotonic() + 10
+            while MetricsSnapshot.parse((await http.get(config.url + "/metrics")).text).value(WORKER_RUNNING) < 1:
+                assert time.monotonic() < deadline and not request.done(), "the request never ran on the worker"
+                await asyncio.sleep(0.02)
             started = time.monotonic()
             stopped = await asyncio.to_thread(stop_process, state, "w")
             response = await request
