@@ -51,7 +51,7 @@ from serving.prometheus_api import FiredAlert, PrometheusError, alerts_fired
 from serving.router.client import parse_workers
 from serving.router.loadgen import LoadGenerator, LoadReport, LoadSpec, RequestResult
 
-STATUS_PATH = "/v1/status"  # serving.runtime.service.STATUS_PATH (not imported: it loads aiohttp)
+STATUS_PATH = "/v1/status"  # serving.runtime.service.STATUS_PATH (not imported: it loads the controller and its server)
 Progress = Callable[[str], None]
 
 
