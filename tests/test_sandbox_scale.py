@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -89,6 +90,20 @@ def leader(sc: Scale) -> dict[str, Any]:
     return leading_controller(sc.spec)
 
 
+def leader_view(lead: dict[str, Any], victims: list[Any], leaders: set[str]) -> str:
+    """What the leading controller says of the victims and their node, its eviction cap and its recent actions: the
+    reason a migration did not come, printed when it did not."""
+    ids = {r.id for r in victims}
+    replicas = [r for r in lead["replicas"] if r["id"] in ids]
+    node = [n for n in lead["nodes"] if n["name"] == victims[0].node.name]
+    out = [r["id"] for r in lead["replicas"] if r["state"] != "serving"]
+    kinds = Counter(f"{a['kind']}/{'ok' if a['ok'] else 'failed'}" for a in lead["actions"])
+    return (
+        f"leaders seen {sorted(leaders)}; the victims {replicas}; their node {node}; not serving {len(out)} "
+        f"(cap {lead['eviction_cap']}): {out[:20]}; last {len(lead['actions'])} actions {kinds}: {lead['actions'][-5:]}"
+    )
+
+
 def agent_probes(sc: Scale) -> float:
     """``GET /health`` requests from the agents (exaserve-agent) that the worker hosts counted, summed."""
     hosts = [r for r in sc.state.records() if r.kind == "worker-host"]
@@ -156,13 +171,19 @@ def test_one_report_per_node_reaches_the_controller_and_no_client_sees_a_node_lo
         time.sleep(3)
         killed_at = time.time()
         asyncio.run(stop_hosted(scale.state, ports, stop_timeout_s=0))
+        # the leader keeps its last 50 actions: a migration seen once is counted (another replica's actions may push
+        # it out of the window before the last victim's), and its instance is named in case the lead moved
         migrated: set[str] = set()
+        leaders: set[str] = set()
         deadline = time.monotonic() + 20 * interval + 60
         while migrated != urls and time.monotonic() < deadline:
-            acts = leader(scale)["actions"]
-            migrated = {a["url"] for a in acts if a["kind"] == "migrate" and a["ok"] and a["at"] >= killed_at}
+            lead = leader(scale)
+            leaders.add(lead["identity"])
+            migrated |= {
+                a["url"] for a in lead["actions"] if a["kind"] == "migrate" and a["ok"] and a["at"] >= killed_at
+            }
             time.sleep(2)
-        assert migrated == urls, f"migrated {sorted(migrated)} of {sorted(urls)}"
+        assert migrated == urls, f"migrated {sorted(migrated)} of {sorted(urls)}; {leader_view(lead, victims, leaders)}"
         # a migration is done when the restart is under way (the port reopened, the release loading); the host then
         # says each one serving within the start-up budget, on a saturated machine too
         host = next(r for r in scale.state.records() if r.kind == "worker-host" and ports[0] in r.ports)
