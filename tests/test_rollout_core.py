@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import math
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from serving.render.common import duration_buckets
 from serving.rollout.gates import (
     MIN_REQUESTS,
     ROUTER_GATE_METRICS,
+    Basis,
     Counters,
     Gates,
     GroupStats,
@@ -50,7 +53,7 @@ from serving.rollout.machine import (
     replay,
 )
 from serving.rollout.plan import GateLimits, RolloutPlan, plan_batches, plan_rollout
-from serving.rollout.runner import Reading
+from serving.rollout.runner import Reading, Runner
 from serving.router.client import HistogramSnapshot, MetricsSnapshot, parse_only
 from serving.spec.stack import load_stack
 from serving.stats import binom_sf
@@ -585,6 +588,79 @@ def test_the_canary_error_budget_ends_a_soak_only_once_the_interval_cannot_pass(
     two = healthy(c0=replica(ok=98, failed=2))
     assert canary_budget_spent(list(CANARY), list(PEERS), two, 1000.0, LIMITS)
     assert not canary_budget_spent(list(CANARY), list(PEERS), {**two, "p0": replica(ok=48, failed=2)}, 1000.0, LIMITS)
+
+
+class ScriptedSoak(Runner):
+    """The updater's soak over scripted reads (the router and every replica), from the moment the soak starts: each
+    replica served ``thin`` attempts a second until ``thin_until_s``, then ``PER_REPLICA``; the canary's first
+    replica failed one attempt from ``fail_at_s`` on; every attempt took 100 ms."""
+
+    def __init__(self, state: RolloutState, *, fail_at_s: float, thin: float, thin_until_s: float) -> None:
+        super().__init__(state, None, None, None)  # type: ignore[arg-type]  # the soak reads through _read alone
+        self.fail_at_s, self.thin, self.thin_until_s = fail_at_s, thin, thin_until_s
+        self.t0: float | None = None
+        self.reads: list[float] = []  # the time into the soak of each full read
+
+    def _groups(self, batch: int) -> tuple[list[str], list[str], Basis, dict[str, str]]:
+        canary = list(self.state.plan.batch(batch).replicas)
+        peers = [r for r in self.state.plan.replicas if r not in canary]
+        return canary, peers, "not-updated", {r: f"http://{r}:30000" for r in [*canary, *peers]}
+
+    async def _reconcile(self) -> None:
+        return None
+
+    async def _read(self, urls: Mapping[str, str], *, workers: bool) -> Reading:
+        now = time.monotonic()
+        self.t0 = now if self.t0 is None else self.t0
+        t = now - self.t0
+        served = self.thin * min(t, self.thin_until_s) + PER_REPLICA * max(0.0, t - self.thin_until_s)
+        first = self.state.plan.batch(0).replicas[0]
+        replicas, outcomes = {}, {}
+        for r, url in urls.items():
+            failed = float(r == first and t >= self.fail_at_s)
+            outcomes[url] = (served, failed)
+            latency = histogram([0.1] * int(served)) if workers else None
+            replicas[r] = ReplicaReading(served, failed, True, False, latency, "scraped" if workers else "not scraped")
+        if workers:
+            self.reads.append(t)
+        total = int(sum(a + b for a, b in outcomes.values()))
+        return Reading({"http://r0:30000": RouterReading(counters(total), outcomes)}, replicas, now, 0.0)
+
+
+PER_REPLICA = 12.5
+
+
+def soak(*, fail_at_s: float, thin: float, thin_until_s: float, interval_s: float = 3.0) -> tuple[Event, ScriptedSoak]:
+    """Batch 0's soak of the sandbox plan (``interval_s``) after a baseline of ``PER_REPLICA`` a second, scripted."""
+    plan = sandbox_plan()
+    plan = replace(plan, timings=replace(plan.timings, interval_s=interval_s))
+    ids = tuple(plan.replicas)
+    n = PER_REPLICA * len(ids) * 4.0
+    baseline = WindowStats(4.0, n, 0, n, 0, 0, 0.1, GroupStats(ids, 4.0, n, 0, 0.1))
+    state = run_through(ev(initial(plan), "baseline", baseline=baseline), Step(Phase.SOAK, 0))
+    runner = ScriptedSoak(state, fail_at_s=fail_at_s, thin=thin, thin_until_s=thin_until_s)
+    event = asyncio.run(runner._soak(state.step))  # type: ignore[arg-type]
+    assert event is not None and event.gates is not None and event.gates.verdict is not None
+    return event, runner
+
+
+def test_a_spent_canary_budget_ends_the_soak_on_a_rollback_judged_from_the_window_so_far() -> None:
+    """Steady traffic, the canary's one failure at once: the interval's budget (0.1 % of ~75 attempts) is spent and the
+    window so far already reads as a rollback, so the soak ends there rather than at its 3 s."""
+    event, runner = soak(fail_at_s=0.01, thin=PER_REPLICA, thin_until_s=0.0)
+    assert event.kind == "failed" and event.gates.verdict.decision == "rollback", event.detail  # type: ignore[union-attr]
+    assert len(runner.reads) == 2 and runner.reads[-1] < 3.0, runner.reads
+
+
+def test_a_spent_canary_budget_in_a_window_too_thin_to_judge_soaks_on_to_the_end() -> None:
+    """Stop 31's CI: v2-broken's canary failed 1 of its first 10 attempts while the soak's first second was thin
+    (8.24 requests/s per replica against 12.24 before); the budget ended the soak at 0.9 s and the judge, reading
+    a traffic dip over 0.9 s, paused the rollout instead of rolling it back. The window so far is no verdict on the
+    interval: the soak goes on, and the whole window (the dip averaged out) rolls the release back."""
+    event, runner = soak(fail_at_s=0.9, thin=6.0, thin_until_s=1.5)
+    assert event.kind == "failed" and event.gates.verdict.decision == "rollback", event.detail  # type: ignore[union-attr]
+    assert len(runner.reads) == 3 and runner.reads[1] < 3.0 <= runner.reads[2], runner.reads
+    assert event.gates.canary is not None and event.gates.canary.seconds >= 3.0  # type: ignore[union-attr]
 
 
 def test_gates_and_baselines_survive_the_journal_and_old_lines_still_load() -> None:

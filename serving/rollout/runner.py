@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TypeVar
@@ -554,8 +554,10 @@ class Runner:
     async def _soak(self, step: Step) -> Event | None:
         """Soak the batch for ``rollout.interval_s`` and judge it against its peers over the same window
         (:func:`serving.rollout.gates.judge`): pass, roll back, or pause on evidence outside the batch. Between the
-        window's two full reads (router and every replica) only the router is read, every ``SOAK_CHECK_S``, to end
-        the soak at once when the canary's error budget is spent."""
+        window's two full reads (router and every replica) only the router is read, every ``SOAK_CHECK_S``; once the
+        canary's error budget for the interval is spent, the window so far is read in full and judged, and a rollback
+        verdict ends the soak at once. Any other verdict (too little traffic yet to judge, weather outside the batch
+        that the rest of the window may outlast) is no verdict on the interval: the soak goes on to its end."""
         plan = self.state.plan
         interval = plan.timings.interval_s
         before = self.state.baseline
@@ -566,47 +568,80 @@ class Runner:
         note = ""
         for restarts in range(1, MAX_WINDOW_RESTARTS + 2):
             start = await self._read(urls, workers=True)
-            last_reconcile = start.at
-            while (left := start.due(interval) - time.monotonic()) > 0:
-                await asyncio.sleep(min(SOAK_CHECK_S, left))
-                if self._pause.is_set():
+            early = True  # the canary's budget may still end this window early
+            while True:
+                spent = await self._soak_until_due(start, interval, urls, canary, peers, expected, early=early)
+                if spent is None:
                     return None
-                if start.due(interval) - time.monotonic() <= SOAK_CHECK_S / 2:
-                    continue  # too close to the end for a check: sleep the rest
-                now = await self._read(urls, workers=False)
-                if window_break(start.routers, now.routers) is not None:
-                    break  # a router instance restarted or changed: the full read below sees it
-                windows = replica_windows(start.replicas, now.replicas)
-                if canary_budget_spent(canary, peers, windows, expected, plan.limits):
+                end = await self._read(urls, workers=True)
+                fleet = window_stats(start.routers, end.routers, end.at - start.at)
+                if fleet is None:
                     break
-                failed = sum(windows[r].failures for r in canary if r in windows)
-                tried = sum(windows[r].requests for r in canary if r in windows)
-                self._say(f"soak {now.at - start.at:.1f}/{interval:g} s: canary {failed:.0f}/{tried:.0f} failed")
-                if now.at - last_reconcile >= 1.0:
-                    await self._reconcile()
-                    last_reconcile = time.monotonic()
-            end = await self._read(urls, workers=True)
-            fleet = window_stats(start.routers, end.routers, end.at - start.at)
-            if fleet is None:
-                why = window_break(start.routers, end.routers)
-                note = f"router restarted during the soak ({restarts}×: {why}): worker lists re-checked, window re-measured; "
-                self._say(note)
-                await self._reconcile()
-                continue
-            gates = judge(
-                canary, peers, replica_windows(start.replicas, end.replicas), basis=basis,
-                seconds=end.at - start.at, fleet=fleet, before=before, limits=plan.limits,
-                accept_inconclusive=self.accept_inconclusive,
-            )  # fmt: skip
-            if plan.kv is not None:  # the canary checks the plan: its KV pool against kv_pool_tokens_per_replica
-                gates = with_kv_pool(
-                    gates, check_kv_pool(plan.kv, {r: end.replicas[r].kv for r in canary if r in end.replicas})
+                gates = judge(
+                    canary, peers, replica_windows(start.replicas, end.replicas), basis=basis,
+                    seconds=end.at - start.at, fleet=fleet, before=before, limits=plan.limits,
+                    accept_inconclusive=self.accept_inconclusive,
+                )  # fmt: skip
+                assert gates.verdict is not None
+                if spent and gates.verdict.decision != "rollback" and start.due(interval) > time.monotonic():
+                    early = False
+                    self._say(
+                        f"soak {end.at - start.at:.1f}/{interval:g} s: the canary's error budget is spent, but the "
+                        f"window so far is no rollback ({gates.verdict.decision}): soaking on to its end"
+                    )
+                    continue
+                if plan.kv is not None:  # the canary checks the plan: its KV pool against kv_pool_tokens_per_replica
+                    gates = with_kv_pool(
+                        gates, check_kv_pool(plan.kv, {r: end.replicas[r].kv for r in canary if r in end.replicas})
+                    )
+                assert gates.verdict is not None
+                return self._event(
+                    VERDICT_EVENT[gates.verdict.decision], step, note + gates.verdict.summary(), gates=gates
                 )
-            assert gates.verdict is not None
-            return self._event(VERDICT_EVENT[gates.verdict.decision], step, note + gates.verdict.summary(), gates=gates)
+            why = window_break(start.routers, end.routers)
+            note = (
+                f"router restarted during the soak ({restarts}×: {why}): worker lists re-checked, window re-measured; "
+            )
+            self._say(note)
+            await self._reconcile()
         raise RouterUnavailable(
             f"router instances restarted or changed {MAX_WINDOW_RESTARTS + 1} times during the soak"
         )
+
+    async def _soak_until_due(
+        self,
+        start: Reading,
+        interval: float,
+        urls: Mapping[str, str],
+        canary: Sequence[str],
+        peers: Sequence[str],
+        expected: float,
+        *,
+        early: bool,
+    ) -> bool | None:
+        """Router-only reads every ``SOAK_CHECK_S`` until the window from ``start`` is due. True: ended early, the
+        canary's error budget spent (only while ``early``); False: due, or a router instance changed (the full read
+        that follows sees it); None: a pause was requested."""
+        last_reconcile = time.monotonic()
+        while (left := start.due(interval) - time.monotonic()) > 0:
+            await asyncio.sleep(min(SOAK_CHECK_S, left))
+            if self._pause.is_set():
+                return None
+            if start.due(interval) - time.monotonic() <= SOAK_CHECK_S / 2:
+                continue  # too close to the end for a check: sleep the rest
+            now = await self._read(urls, workers=False)
+            if window_break(start.routers, now.routers) is not None:
+                return False
+            windows = replica_windows(start.replicas, now.replicas)
+            if early and canary_budget_spent(canary, peers, windows, expected, self.state.plan.limits):
+                return True
+            failed = sum(windows[r].failures for r in canary if r in windows)
+            tried = sum(windows[r].requests for r in canary if r in windows)
+            self._say(f"soak {now.at - start.at:.1f}/{interval:g} s: canary {failed:.0f}/{tried:.0f} failed")
+            if now.at - last_reconcile >= 1.0:
+                await self._reconcile()
+                last_reconcile = time.monotonic()
+        return False
 
 
 def _attempt_rate(before: WindowStats, replicas: int) -> float:
