@@ -544,6 +544,13 @@ def test_the_unit_carries_the_spec_budgets() -> None:
     assert "\nRestart=on-failure\n" in unit and "\nEnvironment=CUDA_VISIBLE_DEVICES=0\n" in unit
     assert "--retry-max-time 450 " in unit and "--max-time 3 http://10.41.0.11:30000/health" in unit
     assert f"\nStartLimitIntervalSec={START_LIMIT_BURST * (450 + RESTART_SEC)}\n" in unit
+    # ordered after a synchronised clock (time-sync.target, held by chrony-wait.service), as the runtime's units are:
+    # chrony.service is reached once chronyd started, before it has synchronised anything; not pulled in (systemd.special)
+    [after] = [line.split("=", 1)[1].split() for line in unit.splitlines() if line.startswith("After=")]
+    assert "time-sync.target" in after and "chrony.service" not in after, after
+    assert "time-sync.target" not in "".join(
+        line for line in unit.splitlines() if line.startswith(("Wants=", "Requires="))
+    )
 
 
 @pytest.mark.parametrize(
