@@ -103,6 +103,29 @@ def test_kubernetes_a_restart_its_disruption_budget_refuses_backs_off_and_never_
     assert sim.restarts[hung] == 1 and hung in sim.serving() and sim.ctl.counters.quarantined == 0
 
 
+def test_migrations_whose_removal_no_router_answered_back_off_and_never_quarantine() -> None:
+    """A migration removes the replica from every router instance before it restarts anything; when no instance
+    answers (a loaded or partitioned control plane), the action fails having restarted nothing. It backs off as a
+    restart does, but it is no failed restart: after more failures than runtime.quarantine_after the replica is not
+    quarantined, and once the routers answer it is restarted once and readmitted."""
+    dead = PROD.plan.replicas[6].id
+    routers_back_at = FAULT_AT + 900.0
+    sim = FleetSim(
+        PROD,
+        lambda rid, t: rid != dead or t < FAULT_AT or rid in sim.restarts,  # down until restarted
+        load_s=120,
+        unroutable=lambda rid, t: t < routers_back_at,
+    )
+    sim.run(routers_back_at - 1)
+    failed = sim.ctl.counters.failed[Kind.MIGRATE]
+    assert failed > PROD.spec.runtime.quarantine_after and sim.restarts[dead] == 0, failed
+    assert not sim.ctl.replicas[dead].quarantined and sim.ctl.counters.quarantined == 0
+    waits = [sum(sim.ctl.config.backoff_s(k) for k in range(1, n)) for n in range(1, 100)]
+    assert failed <= sum(w <= routers_back_at - FAULT_AT for w in waits), "backed off as restarts are"
+    sim.run(routers_back_at + 900)
+    assert sim.restarts[dead] == 1 and dead in sim.serving() and sim.ctl.counters.quarantined == 0
+
+
 def test_restarts_in_a_row_end_after_twice_the_longest_backoff_in_service() -> None:
     """A replica that served 2 × runtime.restart_backoff_max_s since its last restart starts its back-off again: two
     unrelated crashes a day apart are not a crash loop."""

@@ -399,10 +399,12 @@ class Controller:
                 return Action(Kind.READMIT, rec.id, rec.url, why, self.warmup_rate())
         return None
 
-    def complete(self, action: Action, ok: bool, *, refused: bool = False) -> None:
+    def complete(self, action: Action, ok: bool, *, refused: bool = False, restart_made: bool = True) -> None:
         """The leader's report of what became of ``action``. ``refused``: a migration whose restart the deployment
         refused to start (Kubernetes: the pod's disruption budget allows none now); it backs off like a failed one
-        but is no failed restart of the replica, so it does not count towards quarantine."""
+        but is no failed restart of the replica, so it does not count towards quarantine. ``restart_made`` False: a
+        migration that failed before its restart was asked for (no router instance answered its removal): a failed
+        action, backed off, but no restart of the replica either, so no step towards its quarantine."""
         rec = self.replicas[action.replica]
         rec.pending = None
         rec.loading = rec.loading and action.kind is not Kind.READMIT
@@ -410,7 +412,7 @@ class Controller:
             self.counters.refused += 1
         elif not ok:
             self.counters.failed[action.kind] += 1
-        if action.kind is Kind.MIGRATE and not refused:  # a restart made, whether it brought the replica back or not
+        if action.kind is Kind.MIGRATE and restart_made and not refused:  # whether it brought the replica back or not
             rec.unproven += 1
         if action.kind is Kind.REMOVE:
             rec.state = ReplicaState.OUT if ok else rec.state

@@ -324,7 +324,7 @@ class ControllerService:
         ok = refused = False
         try:
             await self._fence(term)
-            entry["detail"] = await self._perform(action, term)
+            entry["detail"] = await self._perform(action, term, entry)
             ok = True
         except asyncio.CancelledError:
             entry["detail"] = "cancelled: leadership lost"
@@ -336,18 +336,22 @@ class ControllerService:
         finally:
             entry.update(ok=ok, seconds=round(time.monotonic() - started, 3))
             self.recent.append(entry)
-            self.controller.complete(action, ok, refused=refused)
+            self.controller.complete(action, ok, refused=refused, restart_made=entry.get("restarted", True))
 
-    async def _perform(self, action: Action, term: Term) -> Any:
+    async def _perform(self, action: Action, term: Term, entry: dict[str, Any]) -> Any:
+        """Carry ``action`` out; a migration's ``entry`` (its record) says ``restarted``: whether the restart was asked
+        for (False while the removal and drain before it run, or when they fail)."""
         timeout = self.spec.rollout.drain_timeout_s
         if action.kind is Kind.REMOVE:
             return asdict(self._observed(await self.routers.remove(action.url, timeout_s=timeout)))
         if action.kind is Kind.MIGRATE:
+            entry["restarted"] = False
             removed = self._observed(await self.routers.remove(action.url, timeout_s=timeout))
             await self._drain(action.url)
             if self.restarter is None:
                 raise BackendError("no deployment backend given to this controller; cannot restart the replica")
             await self._fence(term)
+            entry["restarted"] = True
             await self.restarter.restart(action.replica, self.spec.serving.startup_budget_s)
             return {"removed": asdict(removed), "restarted": True}
         warm = await self._warm_up(action)

@@ -6,7 +6,8 @@ is the service's warm-up: it waits up to ``serving.startup_budget_s`` for ``/hea
 ``serving.warmup_duration_s`` of service without a failure.
 
 Whether a replica answers is a function of (replica id, time) given by the test: the fault it models; so is whether
-the routers hold its circuit breaker open (its requests fail while it answers ``/health``).
+the routers hold its circuit breaker open (its requests fail while it answers ``/health``), and whether the routers
+answer a change of its membership (a removal, a migration's removal before its restart).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class FleetSim:
     refuse: Up | None = None  # (replica id, t) → the deployment refuses to restart it then (a disruption budget)
     refused: Counter[str] = field(default_factory=Counter)
     breaker: Up | None = None  # (replica id, t) → the routers hold its circuit breaker open then (requests failing)
+    unroutable: Up | None = None  # (replica id, t) → no router instance answers a membership change for it then
     ready_at: dict[str, float] = field(default_factory=dict)
     seq: int = 0
 
@@ -72,7 +74,9 @@ class FleetSim:
         )
 
     def _start(self, action: Action) -> None:
-        if action.kind is Kind.REMOVE:
+        if action.kind in (Kind.REMOVE, Kind.MIGRATE) and self.unroutable and self.unroutable(action.replica, self.now):
+            self.ctl.complete(action, ok=False, restart_made=False)  # the removal failed: a migration restarted nothing
+        elif action.kind is Kind.REMOVE:
             self.ctl.complete(action, ok=True)
         elif action.kind is Kind.MIGRATE and self.refuse is not None and self.refuse(action.replica, self.now):
             self.refused[action.replica] += 1
