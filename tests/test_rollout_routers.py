@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -194,7 +195,11 @@ class Recording(Runner):
     async def _soak(self, step: Step) -> Event | None:
         event = await super()._soak(step)
         if event is not None and event.gates is not None and event.gates.verdict is not None:
-            start, end = self.full_reads[-2:]  # the window it judged (one measured again ends later)
+            # the window it judged: the last full read, and the one the judged seconds before it (a soak judged early
+            # and soaked on, or measured again after a router restart, made more full reads)
+            end = self.full_reads[-1]
+            assert event.gates.canary is not None
+            start = next(r for r in self.full_reads if math.isclose(end.at - r.at, event.gates.canary.seconds))
             self.windows.append((event, start, end))
         return event
 

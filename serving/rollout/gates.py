@@ -957,7 +957,8 @@ def canary_budget_spent(
     """True once the canary's upstream failures exceed what the whole soak may hold (0.1 % of the attempts it
     should get over the interval at pre-rollout traffic, or of those it already got) while its peers stay
     within the limit: the interval's error gate is decided, so the soak judges the window so far and ends on a
-    rollback verdict (it soaks on when that window is too thin to judge or holds evidence outside the batch).
+    rollback verdict (it soaks on when that window holds evidence outside the batch, such as a traffic dip that
+    leaves it too thin to judge).
     (A single early error in a large window does not end the soak: the budget is for the interval.)"""
     failures = sum(windows[r].failures for r in canary if r in windows)
     attempts = sum(windows[r].requests for r in canary if r in windows)

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import httpx
 
@@ -554,10 +554,11 @@ class Runner:
     async def _soak(self, step: Step) -> Event | None:
         """Soak the batch for ``rollout.interval_s`` and judge it against its peers over the same window
         (:func:`serving.rollout.gates.judge`): pass, roll back, or pause on evidence outside the batch. Between the
-        window's two full reads (router and every replica) only the router is read, every ``SOAK_CHECK_S``; once the
-        canary's error budget for the interval is spent, the window so far is read in full and judged, and a rollback
-        verdict ends the soak at once. Any other verdict (too little traffic yet to judge, weather outside the batch
-        that the rest of the window may outlast) is no verdict on the interval: the soak goes on to its end."""
+        window's two full reads (router and every replica) only the router is read, every ``SOAK_CHECK_S``. Once the
+        canary's error budget for the interval is spent, the window so far is read in full and judged: a rollback
+        verdict ends the soak at once; any other (evidence outside the batch, such as a traffic dip that leaves the
+        window too thin) is no verdict on the interval, so the soak goes on and judges again once the window has
+        doubled, and at its end. Only a window of the whole interval, or an early rollback, is returned."""
         plan = self.state.plan
         interval = plan.timings.interval_s
         before = self.state.baseline
@@ -568,10 +569,11 @@ class Runner:
         note = ""
         for restarts in range(1, MAX_WINDOW_RESTARTS + 2):
             start = await self._read(urls, workers=True)
-            early = True  # the canary's budget may still end this window early
+            budget_from, watch_breaks = start.at, True  # when a spent budget may end the window; router-only breaks
             while True:
-                spent = await self._soak_until_due(start, interval, urls, canary, peers, expected, early=early)
-                if spent is None:
+                ended = await self._soak_until_due(start, interval, urls, canary, peers, expected, budget_from,
+                                                   watch_breaks)  # fmt: skip
+                if ended is None:
                     return None
                 end = await self._read(urls, workers=True)
                 fleet = window_stats(start.routers, end.routers, end.at - start.at)
@@ -583,12 +585,15 @@ class Runner:
                     accept_inconclusive=self.accept_inconclusive,
                 )  # fmt: skip
                 assert gates.verdict is not None
-                if spent and gates.verdict.decision != "rollback" and start.due(interval) > time.monotonic():
-                    early = False
-                    self._say(
-                        f"soak {end.at - start.at:.1f}/{interval:g} s: the canary's error budget is spent, but the "
-                        f"window so far is no rollback ({gates.verdict.decision}): soaking on to its end"
-                    )
+                if end.at < start.due(interval) and not (ended == "budget" and gates.verdict.decision == "rollback"):
+                    if ended == "budget":  # judged again once the window is twice as long (and at its end)
+                        budget_from = start.at + 2 * (end.at - start.at)
+                        self._say(
+                            f"soak {end.at - start.at:.1f}/{interval:g} s: the canary's error budget is spent, but "
+                            f"the window so far is no rollback ({gates.verdict.decision}): soaking on"
+                        )
+                    else:  # a router-only read saw a change the full read does not: the end read checks again
+                        watch_breaks = False
                     continue
                 if plan.kv is not None:  # the canary checks the plan: its KV pool against kv_pool_tokens_per_replica
                     gates = with_kv_pool(
@@ -616,12 +621,12 @@ class Runner:
         canary: Sequence[str],
         peers: Sequence[str],
         expected: float,
-        *,
-        early: bool,
-    ) -> bool | None:
-        """Router-only reads every ``SOAK_CHECK_S`` until the window from ``start`` is due. True: ended early, the
-        canary's error budget spent (only while ``early``); False: due, or a router instance changed (the full read
-        that follows sees it); None: a pause was requested."""
+        budget_from: float,
+        watch_breaks: bool,
+    ) -> Literal["due", "budget", "break"] | None:
+        """Router-only reads every ``SOAK_CHECK_S`` until the window from ``start`` is due (``"due"``), the canary's
+        error budget is spent at a read from ``budget_from`` on (``"budget"``), or, with ``watch_breaks``, a router
+        instance changed (``"break"``: the full read that follows sees it); None: a pause was requested."""
         last_reconcile = time.monotonic()
         while (left := start.due(interval) - time.monotonic()) > 0:
             await asyncio.sleep(min(SOAK_CHECK_S, left))
@@ -630,18 +635,18 @@ class Runner:
             if start.due(interval) - time.monotonic() <= SOAK_CHECK_S / 2:
                 continue  # too close to the end for a check: sleep the rest
             now = await self._read(urls, workers=False)
-            if window_break(start.routers, now.routers) is not None:
-                return False
+            if watch_breaks and window_break(start.routers, now.routers) is not None:
+                return "break"
             windows = replica_windows(start.replicas, now.replicas)
-            if early and canary_budget_spent(canary, peers, windows, expected, self.state.plan.limits):
-                return True
+            if now.at >= budget_from and canary_budget_spent(canary, peers, windows, expected, self.state.plan.limits):
+                return "budget"
             failed = sum(windows[r].failures for r in canary if r in windows)
             tried = sum(windows[r].requests for r in canary if r in windows)
             self._say(f"soak {now.at - start.at:.1f}/{interval:g} s: canary {failed:.0f}/{tried:.0f} failed")
             if now.at - last_reconcile >= 1.0:
                 await self._reconcile()
                 last_reconcile = time.monotonic()
-        return False
+        return "due"
 
 
 def _attempt_rate(before: WindowStats, replicas: int) -> float:
