@@ -79,51 +79,35 @@ def test_a_flapping_replica_is_quarantined_with_backoff() -> None:
     assert gaps == [10.0, 20.0, 40.0]
 
 
-def test_kubernetes_a_restart_its_disruption_budget_refuses_backs_off_and_never_quarantines() -> None:
+@pytest.mark.parametrize("why", ["refused", "unroutable"])
+def test_a_migration_that_restarted_nothing_backs_off_and_never_quarantines(why: str) -> None:
     """Finding 4: on Kubernetes a migration evicts the pod, and the Eviction API refuses (429) while the group's
-    PodDisruptionBudget allows no disruption (a node drain, a rollout batch). A refused restart is no failed restart:
-    the controller asks again after its back-off, the replica is not quarantined after runtime.quarantine_after
-    refusals, and it is restarted and readmitted once the budget allows."""
+    PodDisruptionBudget allows no disruption (a node drain, a rollout batch). And a migration removes the replica from
+    every router instance before it restarts anything: when no instance answers (a loaded or partitioned control
+    plane), it fails having restarted nothing. Neither is a failed restart: the controller asks again after its
+    back-off, the replica is not quarantined after more than runtime.quarantine_after of them, and it is restarted
+    once and readmitted when the budget allows or the routers answer."""
     hung = PROD.plan.replicas[5].id
-    budget_free_at = FAULT_AT + 900.0  # 15 min of refusals: many more than quarantine_after
+    blocked_until = FAULT_AT + 900.0  # 15 min of refusals or silent routers: many more than quarantine_after
+    blocked = {"refuse" if why == "refused" else "unroutable": lambda rid, t: t < blocked_until}
     sim = FleetSim(
         PROD,
         lambda rid, t: rid != hung or t < FAULT_AT or rid in sim.restarts,  # hung until restarted
         load_s=120,
-        refuse=lambda rid, t: t < budget_free_at,
+        **blocked,  # type: ignore[arg-type]
     )
-    sim.run(budget_free_at - 1)
-    assert sim.refused[hung] > PROD.spec.runtime.quarantine_after and sim.restarts[hung] == 0
-    assert not sim.ctl.replicas[hung].quarantined and sim.ctl.counters.refused == sim.refused[hung]
-    assert sim.ctl.counters.failed[Kind.MIGRATE] == 0, "a refusal is no failed action (ActionsFailing stays quiet)"
-    # backed off as restarts are (10 s doubling to 300 s): no more asks than fit in the 900 s of refusals
+    sim.run(blocked_until - 1)
+    asks = sim.refused[hung] if why == "refused" else sim.ctl.counters.failed[Kind.MIGRATE]
+    assert asks > PROD.spec.runtime.quarantine_after and sim.restarts[hung] == 0, asks
+    assert not sim.ctl.replicas[hung].quarantined and sim.ctl.counters.quarantined == 0
+    if why == "refused":
+        assert sim.ctl.counters.refused == asks
+        assert sim.ctl.counters.failed[Kind.MIGRATE] == 0, "a refusal is no failed action (ActionsFailing stays quiet)"
+    # backed off as restarts are (10 s doubling to 300 s): no more asks than fit in the 900 s
     waits = [sum(sim.ctl.config.backoff_s(k) for k in range(1, n)) for n in range(1, 100)]
-    assert sim.refused[hung] <= sum(w <= budget_free_at - FAULT_AT for w in waits) == 7
-    sim.run(budget_free_at + 900)
+    assert asks <= sum(w <= blocked_until - FAULT_AT for w in waits) == 7
+    sim.run(blocked_until + 900)
     assert sim.restarts[hung] == 1 and hung in sim.serving() and sim.ctl.counters.quarantined == 0
-
-
-def test_migrations_whose_removal_no_router_answered_back_off_and_never_quarantine() -> None:
-    """A migration removes the replica from every router instance before it restarts anything; when no instance
-    answers (a loaded or partitioned control plane), the action fails having restarted nothing. It backs off as a
-    restart does, but it is no failed restart: after more failures than runtime.quarantine_after the replica is not
-    quarantined, and once the routers answer it is restarted once and readmitted."""
-    dead = PROD.plan.replicas[6].id
-    routers_back_at = FAULT_AT + 900.0
-    sim = FleetSim(
-        PROD,
-        lambda rid, t: rid != dead or t < FAULT_AT or rid in sim.restarts,  # down until restarted
-        load_s=120,
-        unroutable=lambda rid, t: t < routers_back_at,
-    )
-    sim.run(routers_back_at - 1)
-    failed = sim.ctl.counters.failed[Kind.MIGRATE]
-    assert failed > PROD.spec.runtime.quarantine_after and sim.restarts[dead] == 0, failed
-    assert not sim.ctl.replicas[dead].quarantined and sim.ctl.counters.quarantined == 0
-    waits = [sum(sim.ctl.config.backoff_s(k) for k in range(1, n)) for n in range(1, 100)]
-    assert failed <= sum(w <= routers_back_at - FAULT_AT for w in waits), "backed off as restarts are"
-    sim.run(routers_back_at + 900)
-    assert sim.restarts[dead] == 1 and dead in sim.serving() and sim.ctl.counters.quarantined == 0
 
 
 def test_restarts_in_a_row_end_after_twice_the_longest_backoff_in_service() -> None:
