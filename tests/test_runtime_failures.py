@@ -8,10 +8,16 @@ budget 600 s, the restart back-off and the quarantine.
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
 from serving.plan.model import Fleet
-from serving.runtime.controller import Kind, ReplicaState
+from serving.router.membership import RouterSet
+from serving.runtime.controller import Action, Kind, ReplicaState
+from serving.runtime.leader import ElectionError, Term
+from serving.runtime.service import ControllerService
 from tests.support.fleet_sim import FleetSim
 from tests.support.stacks import fleet_of, spec_from
 
@@ -108,6 +114,50 @@ def test_a_migration_that_restarted_nothing_backs_off_and_never_quarantines(why:
     assert asks <= sum(w <= blocked_until - FAULT_AT for w in waits) == 7
     sim.run(blocked_until + 900)
     assert sim.restarts[hung] == 1 and hung in sim.serving() and sim.ctl.counters.quarantined == 0
+
+
+class _CoordinationDown:
+    """An election whose coordination service does not answer the leader's fencing check."""
+
+    async def verify(self, term: Term) -> bool:
+        raise ElectionError("etcd: connection refused")
+
+
+class _NeverRestarts:
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def restart(self, replica_id: str, timeout_s: float) -> None:
+        self.asked.append(replica_id)
+
+
+@pytest.mark.parametrize("backend", [True, False])
+def test_the_service_counts_a_migration_its_fencing_check_stopped_as_a_restart_only_without_a_backend(
+    backend: bool,
+) -> None:
+    """The service's side of the rule above: a migration the leader's fencing check stopped (the coordination service
+    did not answer) asked for no restart; its record says ``"restarted": false`` and the replica is one step no
+    nearer quarantine. Without a deployment backend no migration can restart anything, so each counts (quarantine
+    then ends the asking and its alert names the replica)."""
+    restarter = _NeverRestarts() if backend else None
+    svc = ControllerService(
+        PROD,
+        identity="c0",
+        election=_CoordinationDown(),  # type: ignore[arg-type]  # only verify() is reached
+        routers=RouterSet(["http://127.0.0.1:9"]),  # never reached: the fence fails first
+        restarter=restarter,
+    )
+    term = Term("c0", 7, time.monotonic() + 60)
+    svc.term = term
+    replica = PROD.plan.replicas[2]
+    action = Action(Kind.MIGRATE, replica.id, svc.controller.replicas[replica.id].url, "score 25")
+    asyncio.run(svc._execute(action, term))
+    [entry] = svc.recent
+    assert entry["ok"] is False and entry["restarted"] is False, entry
+    assert entry["detail"] == "ElectionError: etcd: connection refused", entry
+    assert svc.controller.counters.failed[Kind.MIGRATE] == 1
+    assert svc.controller.replicas[replica.id].unproven == (0 if backend else 1)
+    assert restarter is None or restarter.asked == []
 
 
 def test_restarts_in_a_row_end_after_twice_the_longest_backoff_in_service() -> None:

@@ -321,6 +321,8 @@ class ControllerService:
     async def _execute(self, action: Action, term: Term) -> None:
         started = time.monotonic()
         entry: dict[str, Any] = {**asdict(action), "term": term.token, "at": self.clock()}
+        if action.kind is Kind.MIGRATE:
+            entry["restarted"] = False  # until the restart is asked for (_perform)
         ok = refused = False
         try:
             await self._fence(term)
@@ -336,16 +338,18 @@ class ControllerService:
         finally:
             entry.update(ok=ok, seconds=round(time.monotonic() - started, 3))
             self.recent.append(entry)
-            self.controller.complete(action, ok, refused=refused, restart_made=entry.get("restarted", True))
+            # without a deployment backend no migration can restart anything: each one counts as a failed restart,
+            # so quarantine ends the asking and ExaServeReplicaQuarantined names the replica
+            made = entry.get("restarted", False) or self.restarter is None
+            self.controller.complete(action, ok, refused=refused, restart_made=made)
 
     async def _perform(self, action: Action, term: Term, entry: dict[str, Any]) -> Any:
         """Carry ``action`` out; a migration's ``entry`` (its record) says ``restarted``: whether the restart was asked
-        for (False while the removal and drain before it run, or when they fail)."""
+        for (False until then: the fencing checks, the removal and the drain before it)."""
         timeout = self.spec.rollout.drain_timeout_s
         if action.kind is Kind.REMOVE:
             return asdict(self._observed(await self.routers.remove(action.url, timeout_s=timeout)))
         if action.kind is Kind.MIGRATE:
-            entry["restarted"] = False
             removed = self._observed(await self.routers.remove(action.url, timeout_s=timeout))
             await self._drain(action.url)
             if self.restarter is None:
