@@ -403,8 +403,9 @@ class Controller:
         """The leader's report of what became of ``action``. ``refused``: a migration whose restart the deployment
         refused to start (Kubernetes: the pod's disruption budget allows none now); it backs off like a failed one
         but is no failed restart of the replica, so it does not count towards quarantine. ``restart_made`` False: a
-        migration that failed before its restart was asked for (no router instance answered its removal): a failed
-        action, backed off, but no restart of the replica either, so no step towards its quarantine."""
+        migration that failed before its restart was asked for (the leader's fencing check, the replica's removal from
+        the routers or its drain failed): a failed action, backed off, but no restart of the replica either, so no
+        step towards its quarantine."""
         rec = self.replicas[action.replica]
         rec.pending = None
         rec.loading = rec.loading and action.kind is not Kind.READMIT
