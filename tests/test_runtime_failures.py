@@ -18,6 +18,7 @@ from serving.router.membership import RouterSet
 from serving.runtime.controller import Action, Kind, ReplicaState
 from serving.runtime.leader import ElectionError, Term
 from serving.runtime.service import ControllerService
+from serving.sandbox.processes import free_port_block
 from tests.support.fleet_sim import FleetSim
 from tests.support.stacks import fleet_of, spec_from
 
@@ -158,6 +159,38 @@ def test_the_service_counts_a_migration_its_fencing_check_stopped_as_a_restart_o
     assert svc.controller.counters.failed[Kind.MIGRATE] == 1
     assert svc.controller.replicas[replica.id].unproven == (0 if backend else 1)
     assert restarter is None or restarter.asked == []
+
+
+class _Fenced:
+    """An election that keeps this instance the leader."""
+
+    async def verify(self, term: Term) -> bool:
+        return True
+
+
+def test_a_change_no_router_instance_answered_leaves_every_instance_unsynced_until_it_answers() -> None:
+    """Finding 2's other half: with every router instance silent, a membership change failed and the instances that
+    missed it were forgotten (only a partial failure marked its silent ones), so ExaServeRouterUnsynced stayed quiet
+    and nothing brought them in line when they answered again. Now each is kept unsynced, with why, for the leader's
+    reconciliation."""
+    base = free_port_block(2)  # nothing listens there: every instance refuses
+    routers = [f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"]
+    svc = ControllerService(
+        PROD,
+        identity="c0",
+        election=_Fenced(),  # type: ignore[arg-type]  # only verify() is reached
+        routers=RouterSet(routers, timeout_s=2.0, answering_only=True),
+        restarter=None,
+    )
+    term = Term("c0", 7, time.monotonic() + 60)
+    svc.term = term
+    replica = PROD.plan.replicas[2]
+    action = Action(Kind.REMOVE, replica.id, svc.controller.replicas[replica.id].url, "score 55")
+    asyncio.run(svc._execute(action, term))
+    [entry] = svc.recent
+    assert entry["ok"] is False and entry["detail"].startswith("NoRouterAnswered: no router instance answered: ")
+    assert sorted(svc.unsynced) == routers and all("ConnectError" in why for why in svc.unsynced.values())
+    assert svc.controller.replicas[replica.id].state is ReplicaState.SERVING  # the removal is retried, not assumed
 
 
 def test_restarts_in_a_row_end_after_twice_the_longest_backoff_in_service() -> None:

@@ -218,7 +218,7 @@ def test_dead_or_hung_replica_is_removed_from_every_router_migrated_and_readmitt
     # or reset router, or any other failure, is no such cause; at most two of these, and the bounds below still hold.
     def retried_by_design(a: dict[str, Any]) -> bool:
         why = str(a["detail"])
-        if why.startswith("ConnectError: no router instance answered: "):
+        if why.startswith("NoRouterAnswered: no router instance answered: "):
             reasons = re.findall(r"\(([^()]*)\)", why)
             return bool(reasons) and all(r in {"ConnectTimeout", "ReadTimeout", "PoolTimeout"} for r in reasons)
         return a["kind"] == "readmit" and "warm-up failed" in why

@@ -259,8 +259,7 @@ class RouterSet:
             else:
                 done.append((client, result))
         if silent and not done:
-            shown = ", ".join(f"{router} ({why})" for router, why in sorted(silent.items()))
-            raise httpx.ConnectError(f"no router instance answered: {shown}")
+            raise NoRouterAnswered(silent)
         return done, silent
 
 
@@ -268,6 +267,16 @@ def _host(url: str) -> str:
     """The host part of ``url`` as a netloc writes it (an IPv6 address in brackets)."""
     host = urlsplit(url).hostname or ""
     return f"[{host}]" if ":" in host else host
+
+
+class NoRouterAnswered(httpx.ConnectError):
+    """No router instance answered (``answering_only``); ``silent`` names each and why, so the caller can keep every
+    one to bring in line once it answers again."""
+
+    def __init__(self, silent: Silent) -> None:
+        shown = ", ".join(f"{router} ({why})" for router, why in sorted(silent.items()))
+        super().__init__(f"no router instance answered: {shown}")
+        self.silent = dict(silent)
 
 
 DRAINING = "draining"  # smg's status of a removed worker whose in-flight requests are finishing

@@ -35,7 +35,7 @@ from serving.plan.model import Fleet
 from serving.rollout.backends import Backend, BackendError, ReplicaIndex
 from serving.router.client import CIRCUIT_OPEN, ROUTER_WORKER_CB_STATE, RouterApiError, RouterClient
 from serving.router.loadgen import LoadSpec, run_load
-from serving.router.membership import Observed, RouterSet, Silent, routed
+from serving.router.membership import NoRouterAnswered, Observed, RouterSet, Silent, routed
 from serving.runtime.agent import REPORTS_PATH
 from serving.runtime.controller import Action, Controller, ControllerConfig, Kind, replica_urls
 from serving.runtime.eviction import RestartRefused
@@ -333,6 +333,8 @@ class ControllerService:
             raise
         except (Deposed, RouterApiError, httpx.HTTPError, TimeoutError, BackendError, ElectionError, OSError) as exc:
             entry["detail"] = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, NoRouterAnswered):  # each instance missed this change: reconciled once it answers
+                self._saw((), exc.silent)
             refused = isinstance(exc, RestartRefused)
             log.warning("%s: %s %s failed: %s", self.identity, action.kind.value, action.replica, exc)
         finally:
