@@ -32,6 +32,7 @@ change on every instance (module :mod:`serving.rollout.backends.kubernetes`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import itertools
 import json
@@ -279,30 +280,36 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("k8s-membership")
     spec = membership_spec(free_port())
     state = StateDir(root / "processes")
-    try:
-        api = DiscoveryApiServer(spec, Kubelet(spec, state))
-        with api:
-            kubeconfig = root / "kubeconfig"
-            kubeconfig.write_text(
-                json.dumps({
-                    "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
-                    "clusters": [{"name": "stand-in", "cluster": {"server": api.url}}],
-                    "users": [{"name": "router", "user": {"token": "stand-in"}}],
-                    "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "router"}}],
-                })
-            )  # fmt: skip
-            box = Cluster(spec, api, kubeconfig, [], [], [], state)
-            ports = free_ports(2 * ROUTERS)
-            for i in range(ROUTERS):
-                flags = router_flags(spec, ports[2 * i], ports[2 * i + 1])
-                record = box.start_router(f"router-{i}", flags, selected=spec.serving.replicas)
-                box.routers.append(record.url)
-                box.metrics.append(record.metrics_url)
-                box.logs.append(Path(record.log_path))
-            yield box
-    finally:
+
+    def stop_all() -> None:
         for record in state.records():
             stop_process(state, record.name, timeout_s=10)
+
+    with contextlib.ExitStack() as stack:
+        stack.callback(stop_all)  # last: whatever is left (the stand-in's first pods start with it)
+        api = stack.enter_context(DiscoveryApiServer(spec, Kubelet(spec, state)))
+        # first: the routers, the stand-in's watch clients, stop before it does. Its cleanup waits for every request
+        # in flight (a watch that a router still held, or a write it did not read, outlasted the 10 s the stand-in
+        # gives its cleanup: a CI teardown error)
+        stack.callback(stop_all)
+        kubeconfig = root / "kubeconfig"
+        kubeconfig.write_text(
+            json.dumps({
+                "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
+                "clusters": [{"name": "stand-in", "cluster": {"server": api.url}}],
+                "users": [{"name": "router", "user": {"token": "stand-in"}}],
+                "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "router"}}],
+            })
+        )  # fmt: skip
+        box = Cluster(spec, api, kubeconfig, [], [], [], state)
+        ports = free_ports(2 * ROUTERS)
+        for i in range(ROUTERS):
+            flags = router_flags(spec, ports[2 * i], ports[2 * i + 1])
+            record = box.start_router(f"router-{i}", flags, selected=spec.serving.replicas)
+            box.routers.append(record.url)
+            box.metrics.append(record.metrics_url)
+            box.logs.append(Path(record.log_path))
+        yield box
 
 
 def test_every_router_discovers_the_pods_it_selects_from_the_stand_in(cluster: Cluster) -> None:
