@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -117,11 +118,17 @@ def test_a_migration_that_restarted_nothing_backs_off_and_never_quarantines(why:
     assert sim.restarts[hung] == 1 and hung in sim.serving() and sim.ctl.counters.quarantined == 0
 
 
-class _CoordinationDown:
-    """An election whose coordination service does not answer the leader's fencing check."""
+class _Election:
+    """The election as the leader's fencing check sees it: the coordination service confirms this instance still
+    leads, or does not answer."""
+
+    def __init__(self, *, answers: bool) -> None:
+        self.answers = answers
 
     async def verify(self, term: Term) -> bool:
-        raise ElectionError("etcd: connection refused")
+        if not self.answers:
+            raise ElectionError("etcd: connection refused")
+        return True
 
 
 class _NeverRestarts:
@@ -130,6 +137,25 @@ class _NeverRestarts:
 
     async def restart(self, replica_id: str, timeout_s: float) -> None:
         self.asked.append(replica_id)
+
+
+def carried_out(
+    kind: Kind, *, election: _Election, routers: RouterSet, restarter: _NeverRestarts | None
+) -> tuple[ControllerService, dict[str, Any]]:
+    """One action on replica 2 by a leading controller service, carried out: the service and the action's record."""
+    svc = ControllerService(
+        PROD,
+        identity="c0",
+        election=election,  # type: ignore[arg-type]  # only verify() is reached
+        routers=routers,
+        restarter=restarter,
+    )
+    term = Term("c0", 7, time.monotonic() + 60)
+    svc.term = term
+    replica = PROD.plan.replicas[2]
+    asyncio.run(svc._execute(Action(kind, replica.id, svc.controller.replicas[replica.id].url, "a test"), term))
+    [entry] = svc.recent
+    return svc, entry
 
 
 @pytest.mark.parametrize("backend", [True, False])
@@ -141,31 +167,17 @@ def test_the_service_counts_a_migration_its_fencing_check_stopped_as_a_restart_o
     nearer quarantine. Without a deployment backend no migration can restart anything, so each counts (quarantine
     then ends the asking and its alert names the replica)."""
     restarter = _NeverRestarts() if backend else None
-    svc = ControllerService(
-        PROD,
-        identity="c0",
-        election=_CoordinationDown(),  # type: ignore[arg-type]  # only verify() is reached
+    svc, entry = carried_out(
+        Kind.MIGRATE,
+        election=_Election(answers=False),
         routers=RouterSet(["http://127.0.0.1:9"]),  # never reached: the fence fails first
         restarter=restarter,
     )
-    term = Term("c0", 7, time.monotonic() + 60)
-    svc.term = term
-    replica = PROD.plan.replicas[2]
-    action = Action(Kind.MIGRATE, replica.id, svc.controller.replicas[replica.id].url, "score 25")
-    asyncio.run(svc._execute(action, term))
-    [entry] = svc.recent
     assert entry["ok"] is False and entry["restarted"] is False, entry
     assert entry["detail"] == "ElectionError: etcd: connection refused", entry
     assert svc.controller.counters.failed[Kind.MIGRATE] == 1
-    assert svc.controller.replicas[replica.id].unproven == (0 if backend else 1)
+    assert svc.controller.replicas[entry["replica"]].unproven == (0 if backend else 1)
     assert restarter is None or restarter.asked == []
-
-
-class _Fenced:
-    """An election that keeps this instance the leader."""
-
-    async def verify(self, term: Term) -> bool:
-        return True
 
 
 def test_a_change_no_router_instance_answered_leaves_every_instance_unsynced_until_it_answers() -> None:
@@ -175,22 +187,15 @@ def test_a_change_no_router_instance_answered_leaves_every_instance_unsynced_unt
     reconciliation."""
     base = free_port_block(2)  # nothing listens there: every instance refuses
     routers = [f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"]
-    svc = ControllerService(
-        PROD,
-        identity="c0",
-        election=_Fenced(),  # type: ignore[arg-type]  # only verify() is reached
+    svc, entry = carried_out(
+        Kind.REMOVE,
+        election=_Election(answers=True),
         routers=RouterSet(routers, timeout_s=2.0, answering_only=True),
         restarter=None,
     )
-    term = Term("c0", 7, time.monotonic() + 60)
-    svc.term = term
-    replica = PROD.plan.replicas[2]
-    action = Action(Kind.REMOVE, replica.id, svc.controller.replicas[replica.id].url, "score 55")
-    asyncio.run(svc._execute(action, term))
-    [entry] = svc.recent
     assert entry["ok"] is False and entry["detail"].startswith("NoRouterAnswered: no router instance answered: ")
     assert sorted(svc.unsynced) == routers and all("ConnectError" in why for why in svc.unsynced.values())
-    assert svc.controller.replicas[replica.id].state is ReplicaState.SERVING  # the removal is retried, not assumed
+    assert svc.controller.replicas[entry["replica"]].state is ReplicaState.SERVING  # retried, not assumed removed
 
 
 def test_restarts_in_a_row_end_after_twice_the_longest_backoff_in_service() -> None:
