@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -26,10 +25,9 @@ from serving.rollout.machine import Event, Phase, RolloutState, initial
 from serving.rollout.membership import Membership, RouterApiMembership
 from serving.rollout.plan import plan_rollout
 from serving.rollout.runner import Runner
-from serving.router.client import WORKER_QUEUED, WORKER_RUNNING, MetricsSnapshot
 from serving.router.membership import Observed, RouterSet
 from serving.sandbox.backend import LocalBackend, worker_name
-from tests.support.sandbox import Sandbox, running_sandbox
+from tests.support.sandbox import Sandbox, in_flight, running_sandbox, until_each
 from tests.support.stacks import fleet_of
 
 LONG_REQUEST_MS = 1500  # each request runs 1.5 s on a worker: removal always finds some in flight
@@ -46,12 +44,6 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     }
     with running_sandbox(tmp_path_factory.mktemp("drain"), replicas=2, changes=changes) as box:
         yield box
-
-
-async def in_flight(client: httpx.AsyncClient, url: str) -> float:
-    """Running + queued requests, as the worker itself reports them (SGLang's gauges)."""
-    snap = MetricsSnapshot.parse((await client.get(url + "/metrics", timeout=5)).text)
-    return snap.value(WORKER_RUNNING) + snap.value(WORKER_QUEUED)
 
 
 class RestartRecorder(LocalBackend):
@@ -131,18 +123,6 @@ async def traffic(router_url: str, stop: asyncio.Event, statuses: list[int], str
 
     async with httpx.AsyncClient(timeout=30) as client:
         await asyncio.gather(*(one(client) for _ in range(streams)))
-
-
-async def until_each(urls: Sequence[str], *, busy: bool, deadline_s: float = 10) -> dict[str, float]:
-    """Wait until every worker in ``urls`` has a request in flight (``busy``) or none; their in-flight counts then."""
-    async with httpx.AsyncClient() as client:
-        end = time.monotonic() + deadline_s
-        while True:
-            counts = {u: await in_flight(client, u) for u in urls}
-            if all(bool(n) == busy for n in counts.values()):
-                return counts
-            assert time.monotonic() < end, f"{list(urls)} never all {'busy' if busy else 'idle'}: {counts}"
-            await asyncio.sleep(0.02)
 
 
 async def revert(

@@ -14,7 +14,7 @@ import json
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,7 +26,7 @@ import yaml
 
 from serving.rollout.journal import StackState
 from serving.rollout.machine import Phase
-from serving.router.client import RouterClient
+from serving.router.client import WORKER_QUEUED, WORKER_RUNNING, MetricsSnapshot, RouterClient
 from serving.router.loadgen import LoadGenerator, LoadReport, LoadSpec
 from serving.sandbox.backend import worker_name
 from serving.sandbox.processes import StateDir, free_port_block
@@ -199,3 +199,21 @@ def wait_for_event(sandbox: Sandbox, to: str, phase: Phase, batch: int, timeout:
                         return
         time.sleep(0.02)
     pytest.fail(f"no '{phase.value} batch {batch}' event for the rollout to {to} within {timeout} s")
+
+
+async def in_flight(client: httpx.AsyncClient, url: str) -> float:
+    """Running + queued requests, as the worker itself reports them (SGLang's gauges)."""
+    snap = MetricsSnapshot.parse((await client.get(url + "/metrics", timeout=5)).text)
+    return snap.value(WORKER_RUNNING) + snap.value(WORKER_QUEUED)
+
+
+async def until_each(urls: Sequence[str], *, busy: bool, deadline_s: float = 10) -> dict[str, float]:
+    """Wait until every worker in ``urls`` has a request in flight (``busy``) or none; their in-flight counts then."""
+    async with httpx.AsyncClient() as client:
+        end = time.monotonic() + deadline_s
+        while True:
+            counts = {u: await in_flight(client, u) for u in urls}
+            if all(bool(n) == busy for n in counts.values()):
+                return counts
+            assert time.monotonic() < end, f"{list(urls)} never all {'busy' if busy else 'idle'}: {counts}"
+            await asyncio.sleep(0.02)
