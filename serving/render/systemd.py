@@ -43,15 +43,18 @@ LOG_RATE_LIMIT_BURST: Final = 20000
 _SYSTEMD_PLAIN = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
 
 
+_CONTROL = re.compile(r"[\x00-\x1f]")
+
+
 def systemd_word(word: str, *, exec_line: bool) -> str:
     """Quote one word for a unit file: specifiers (%) always, variables ($) in Exec lines."""
-    if any(ord(ch) < 0x20 for ch in word):
+    if _SYSTEMD_PLAIN.fullmatch(word):  # no specifier, variable, quote or control character: as it is
+        return word
+    if _CONTROL.search(word):
         raise RenderError(f"control character in {word!r}; unit files cannot carry it")
     escaped = word.replace("%", "%%")
     if exec_line:
         escaped = escaped.replace("$", "$$")
-    if _SYSTEMD_PLAIN.fullmatch(word):
-        return escaped
     return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
