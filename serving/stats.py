@@ -1,11 +1,13 @@
-"""Exact binomial tail, and the P99 test built on it, shared by the rollout gates (:mod:`serving.rollout.gates`) and
-the drill judge (:mod:`serving.drill.measure`): how likely so many requests slower than a bound are by chance."""
+"""Exact binomial tail, and the P99 and median tests built on it, shared by the rollout gates
+(:mod:`serving.rollout.gates`) and the drill judge (:mod:`serving.drill.measure`): how likely so many requests slower
+than a bound are by chance."""
 
 from __future__ import annotations
 
 import math
 
 P99 = 0.99
+MEDIAN = 0.5
 
 
 def _log_pmf(i: int, n: int, p: float) -> float:  # p strictly between 0 and 1
@@ -41,3 +43,10 @@ def p_slower_than_p99(slow: float, count: float) -> float:
     latency has not moved: at most 1 % of them may be (exact binomial). ``slow`` may be a histogram's interpolated
     count; its whole part is what was seen."""
     return binom_sf(math.floor(slow + 1e-9), count, 1 - P99)
+
+
+def p_slower_than_median(slow: float, count: float) -> float:
+    """The chance that ``slow`` or more of ``count`` requests are slower than a bound at or above their median when
+    the latency has not moved that far: at most half of them may be (exact binomial); ``slow`` as for
+    :func:`p_slower_than_p99`."""
+    return binom_sf(math.floor(slow + 1e-9), count, 1 - MEDIAN)

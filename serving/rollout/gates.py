@@ -50,7 +50,8 @@ Small groups make noisy figures: a replica that served 50 requests has a "P99" t
 and the router's own split of traffic is uneven (see :func:`qps_check`). A relative finding (QPS or P99)
 therefore needs both the size the source sets *and* significance: for QPS the test of the canary's share
 of successes with the variance the peers' own spread shows, for P99 the exact binomial test of how many of
-its requests were slower than 1.3 × the baseline's P99 (more than 1 % is a P99 over the limit); all relative
+its requests were slower than 1.3 × the baseline's P99 (more than 1 % is a P99 over the limit), or, for a shift
+of the whole distribution, than 1.3 × the baseline's median (more than half: see :func:`p99_check`); all relative
 tests of one verdict together have a 0.1 % chance of a false finding (:data:`FAMILY_ALPHA`, Bonferroni). The error gate stays strict, as
 the source wrote it. A window in which a router instance's counters went *down* spans its restart: it is not a
 measurement and :func:`window_stats` returns None so the caller measures again.
@@ -77,7 +78,7 @@ from serving.router.client import (
     MetricsSnapshot,
     Sample,
 )
-from serving.stats import P99, p_slower_than_p99
+from serving.stats import MEDIAN, P99, p_slower_than_median, p_slower_than_p99
 
 ROUTER_INFERENCE_REQUESTS = "smg_router_requests_total"
 ROUTER_INFERENCE_DURATION = "smg_router_request_duration_seconds"
@@ -287,11 +288,19 @@ def _merge(histograms: Iterable[HistogramSnapshot | None]) -> HistogramSnapshot 
     return HistogramSnapshot(tuple(sorted(buckets.items())), count, total) if seen else None
 
 
-def _p99(h: HistogramSnapshot | None) -> float | None:
+def _quantile(h: HistogramSnapshot | None, q: float) -> float | None:
     if h is None or h.count <= 0:
         return None
-    q = h.quantile(P99)
-    return None if math.isnan(q) else q
+    value = h.quantile(q)
+    return None if math.isnan(value) else value
+
+
+def _p99(h: HistogramSnapshot | None) -> float | None:
+    return _quantile(h, P99)
+
+
+def _median(h: HistogramSnapshot | None) -> float | None:
+    return _quantile(h, MEDIAN)
 
 
 def _slower_than(h: HistogramSnapshot, bound_s: float) -> float:
@@ -313,7 +322,8 @@ def _slower_than(h: HistogramSnapshot, bound_s: float) -> float:
 @dataclass(frozen=True)
 class GroupStats:
     """One group's figures over a window, as reported: replicas measured, upstream attempts and failures (router,
-    per worker), P99 of its workers' merged latency histograms; ``excluded`` names members left out and why."""
+    per worker), P99 and median of its workers' merged latency histograms; ``excluded`` names members left out and
+    why. ``median_s`` is None in journals written before it was kept."""
 
     replicas: tuple[str, ...]
     seconds: float
@@ -321,6 +331,7 @@ class GroupStats:
     errors: float
     p99_s: float | None
     excluded: Mapping[str, str] = field(default_factory=dict)
+    median_s: float | None = None
 
     @property
     def successes(self) -> float:
@@ -343,6 +354,7 @@ class GroupStats:
             "replicas": list(self.replicas),
             "qps_per_replica": self.qps_per_replica,
             "p99_s": self.p99_s,
+            "median_s": self.median_s,
             "error_rate": self.error_rate,
             "requests": self.requests,
             "errors": self.errors,
@@ -359,6 +371,7 @@ class GroupStats:
             errors=float(data["errors"]),
             p99_s=data["p99_s"],
             excluded=dict(data.get("excluded", {})),
+            median_s=data.get("median_s"),
         )
 
 
@@ -368,13 +381,15 @@ def group_stats(
     """The figures of ``windows``' replicas (those in ``excluded`` left out, named with the reason)."""
     excluded = dict(excluded or {})
     members = {r: w for r, w in windows.items() if r not in excluded}
+    latency = _merge(w.latency for w in members.values())
     return GroupStats(
         replicas=tuple(sorted(members)),
         seconds=seconds,
         requests=sum(w.requests for w in members.values()),
         errors=sum(w.failures for w in members.values()),
-        p99_s=_p99(_merge(w.latency for w in members.values())),
+        p99_s=_p99(latency),
         excluded=excluded,
+        median_s=_median(latency),
     )
 
 
@@ -529,23 +544,46 @@ def p99_check(
     reference_p99_s: float | None,
     limits: GateLimits,
     alpha: float,
+    reference_median_s: float | None = None,
 ) -> tuple[float | None, Finding | None]:
     """P99 of ``members``' merged latency against ``reference_p99_s``: the rise (None: not evaluated) and a finding
-    when it is past the limit *and* more of their requests than 1 % are slower than the bound, with p < ``alpha``
-    (exact binomial)."""
+    when it is past the limit *and* significant, by either of two exact binomial tests at ``alpha`` / 2 each:
+
+    * the tail: more of their requests than 1 % are slower than the bound (1 + limit) × the reference's P99;
+    * the bulk: more than half are slower than (1 + limit) × the reference's median (``reference_median_s``), i.e.
+      the whole distribution moved past the limit. The tail test alone has little power when the reference's own
+      P99 is noisy: a load-inflated reference tail (169 ms against 117 ms before the rollout) put the bound at
+      220 ms, over the bulk of a release 50 % slower on every request (about 175 ms), so the canary passed on a
+      P99 of 290 ms and its replicas were flagged in the next batch instead. Every request counts in the bulk test.
+    """
     latency = _merge(windows[r].latency for r in members)
     p99 = _p99(latency)
     if latency is None or p99 is None or not reference_p99_s or latency.count < MIN_REQUESTS:
         return None, None
     rise = (p99 - reference_p99_s) / reference_p99_s
+    if rise <= limits.max_p99_rise:
+        return rise, None
     bound = (1 + limits.max_p99_rise) * reference_p99_s
     slow = _slower_than(latency, bound)
     p = p_slower_than_p99(slow, latency.count)
-    if rise <= limits.max_p99_rise or p >= alpha:
-        return rise, None
+    evidence = f"{slow:.0f} of {latency.count:.0f} requests over {bound * 1000:.1f} ms, p = {p:.1g}"
+    if p >= alpha / 2:
+        median = _median(latency)
+        if not reference_median_s or median is None:
+            return rise, None
+        bulk_bound = (1 + limits.max_p99_rise) * reference_median_s
+        bulk = _slower_than(latency, bulk_bound)
+        p_bulk = p_slower_than_median(bulk, latency.count)
+        if p_bulk >= alpha / 2:
+            return rise, None
+        evidence = (
+            f"the whole distribution moved: median {median * 1000:.1f} ms vs {reference_median_s * 1000:.1f} ms, "
+            f"{bulk:.0f} of {latency.count:.0f} requests over {bulk_bound * 1000:.1f} ms, p = {p_bulk:.1g}; "
+            f"the tail alone: {evidence}"
+        )
     text = (
         f"{name} P99 {p99 * 1000:.1f} ms vs {reference_p99_s * 1000:.1f} ms: {rise:+.1%} > +{limits.max_p99_rise:.0%} "
-        f"({slow:.0f} of {latency.count:.0f} requests over {bound * 1000:.1f} ms, p = {p:.1g})"
+        f"({evidence})"
     )
     return rise, Finding("p99", tuple(members), text)
 
@@ -710,8 +748,10 @@ def judge(
     for r in outside_ids:  # each against the clean peers without it: the peers' histogram minus its own
         own = windows[r].latency
         rest = clean_latency - own if r in clean and clean_latency is not None and own is not None else clean_latency
-        rest_p99 = _p99(rest) if len(clean) > (r in clean) else pre.p99_s if pre is not None else None
-        if r not in broken and (f := p99_check(r, [r], windows, rest_p99, limits, alpha)[1]) is not None:
+        peers_left = len(clean) > (r in clean)
+        rest_p99 = _p99(rest) if peers_left else pre.p99_s if pre is not None else None
+        rest_median = _median(rest) if peers_left else pre.median_s if pre is not None else None
+        if r not in broken and (f := p99_check(r, [r], windows, rest_p99, limits, alpha, rest_median)[1]) is not None:
             outside.append(f)
     flagged = {r for f in outside for r in f.replicas}
 
@@ -741,7 +781,7 @@ def judge(
                 f"shorter than {limits.qps_window_min_s:g} s, what the router's load polls need to average out "
                 "(power_of_two ranks workers by the loads it polled last)"
             )
-        p99_rise, p99 = p99_check("canary", members, windows, reference.p99_s, limits, alpha)
+        p99_rise, p99 = p99_check("canary", members, windows, reference.p99_s, limits, alpha, reference.median_s)
         breaches += [p99] if p99 is not None else []
     canary_stats = group_stats({r: windows[r] for r in members}, seconds)
 
