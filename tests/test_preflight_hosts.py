@@ -300,7 +300,6 @@ def test_provisioning_roles_run_in_check_mode_and_change_nothing(healthy: Deploy
     assert "would install cuda-drivers-535, nvidia-fabricmanager-535" in run.output
 
 
-@pytest.mark.timed  # measures the link's throughput against 80 % of its rate: scripts/test.sh runs it in the foreground
 def test_fabric_allreduce_with_gloo_between_two_test_hosts(
     ssh_hosts: HostPool, store: ModelStore, tmp_path: Path
 ) -> None:

@@ -19,10 +19,6 @@ from tests.support.cli import exaserve, flat
 from tests.support.paths import REPO
 from tests.support.stacks import fleet_of
 
-# the calibration measures this machine's CPU costs: scripts/test.sh runs this module in the foreground, not beside
-# the cpu-bound tests' background share
-pytestmark = pytest.mark.timed
-
 # The reference machine's own costs: a worker request of 0.12 ms and an agent probe of 0.5 ms in the fleet
 REFERENCE = capacity.Costs(request_ms=0.12 / capacity.IN_FLEET, probe_ms=capacity.REFERENCE_PROBE_MS)
 

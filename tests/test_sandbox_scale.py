@@ -37,10 +37,6 @@ from tests.support.etcd import require_etcd
 from tests.support.paths import REPO
 from tests.support.stacks import fleet_of, write_variant
 
-# 512 replicas' heartbeats and health checks judged in real time, on a sandbox that takes a core of its own:
-# scripts/test.sh runs this module in the foreground, not beside the cpu-bound tests' background share
-pytestmark = pytest.mark.timed
-
 NODES, PER_NODE = 64, 8
 REPLICAS = NODES * PER_NODE
 WINDOW = 10  # heartbeats the report rate is counted over: one report more or less per agent at its edges is ±10 %
