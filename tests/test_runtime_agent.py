@@ -8,6 +8,7 @@ no GPU for DCGM): the report is read back with the controller's own parser, the 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,23 +91,33 @@ async def _put_fault(url: str, fault: dict[str, float]) -> None:
 
 class Stand:
     """A loopback server for the stand-ins: ``POST /v1/reports`` records bodies (202), ``GET /dcgm`` serves DCGM's
-    text, ``GET /slow`` answers after 0.3 s counting how many it serves at once."""
+    text, ``GET /slow`` answers after 0.3 s counting how many it serves at once; under ``/hung`` a controller and a
+    replica that accept and never answer."""
 
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
+        self.arrived: list[float] = []  # time.monotonic() of each report
+        self.released = asyncio.Event()  # ends the hung answers (before the server's cleanup, which waits for them)
         self.at_once = 0
         self.most_at_once = 0
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/reports", self._report)
+        app.router.add_post("/hung/v1/reports", self._hang)
+        app.router.add_get("/hung/health_generate", self._hang)
         app.router.add_get("/dcgm", self._dcgm)
         app.router.add_get("/slow", self._slow)
         return app
 
     async def _report(self, request: web.Request) -> web.Response:
         self.bodies.append(await request.read())
+        self.arrived.append(time.monotonic())
         return web.json_response({"accepted": True}, status=202)
+
+    async def _hang(self, _request: web.Request) -> web.Response:
+        await self.released.wait()
+        return web.Response(status=500)
 
     async def _dcgm(self, _request: web.Request) -> web.Response:
         return web.Response(text=DCGM_TEXT)
@@ -179,6 +190,44 @@ def test_one_report_per_node_says_what_each_replica_answered_and_reaches_every_c
     client = AGENT_USER_AGENT.split("/", 1)[0]
     assert client == "exaserve-agent"
     assert counted.get(f"GET /health_generate {client}", 0) >= 2 and counted.get(f"GET /metrics {client}", 0) >= 1
+
+
+def test_a_hung_controller_does_not_stretch_the_agents_heartbeat() -> None:
+    """A replica whose probe times out and a controller that never answers: awaited in the round, the send waited out
+    its own timeout after the probe's, and each round took both (0.3 + 0.3 s against a 0.4 s interval, as prod's
+    3 + 3 s against 5 s), so the node's reports came late and its replica's score moved slower than the plan says.
+    The report is sent while the next round waits: the other controller gets one every interval."""
+    interval = 0.4
+
+    async def run() -> list[float]:
+        stand = Stand()
+        runner, base = await _serving(stand)
+        config = AgentConfig(
+            node="gpu-r00-n00",
+            replicas=(("hung", base + "/hung", ()),),
+            controllers=(base, base + "/hung"),
+            interval_s=interval,
+            timeout_s=0.3,
+            max_running_requests=256,
+            link_rate_gbps=400.0,
+        )
+        agent = Agent(config)
+        stop = asyncio.Event()
+        running = asyncio.create_task(agent.run(stop))
+        try:
+            await asyncio.sleep(12 * interval)
+        finally:
+            stop.set()
+            await running
+            await agent.aclose()
+            stand.released.set()
+            await runner.cleanup()
+        return stand.arrived
+
+    arrived = asyncio.run(run())
+    gaps = [b - a for a, b in itertools.pairwise(arrived)]
+    assert len(arrived) >= 8, f"{len(arrived)} reports in {12 * interval:g} s at a {interval:g} s interval: {gaps}"
+    assert sum(gaps) / len(gaps) < 1.1 * interval, f"reports {sum(gaps) / len(gaps):.2f} s apart on average: {gaps}"
 
 
 def test_fleet_http_bounds_calls_in_flight_and_their_timeout_does_not_count_the_wait() -> None:
