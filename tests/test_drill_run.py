@@ -9,11 +9,10 @@ Stack settings (the sandbox stack with the changes below): heartbeat 1 s, health
 take whole seconds: 1 s), 3 failures, lease 3 s. The targets each drill is judged on come from the plan (`exaserve
 drill --list`): detection ≤ 3 × 1 s + 1 s = 4 s, recovery ≤ 4 s + 10 s migration = 14 s, restoration ≤ 15 × 1 s +
 0.8 s + 10 s + 1 s warm-up = 26.8 s, takeover ≤ 3 s + 0.5 s + 1 s = 4.5 s, client errors ≤ 0.1 %. A drill that misses
-one exits 1 and fails here with its figures. The health timeout is under the heartbeat, as prod's (3 s against 5 s):
+one exits 1 and fails here with its figures. The health timeout is under the heartbeat as on prod (3 s against 5 s):
 at 1 s against 1 s a node agent's round with a failing probe lasted the whole heartbeat and its report made the next
 round late (the agents keep their schedule only when a round ends before the next is due), so the score moved slower
-than one probe a heartbeat: CI saw scheduler-wedged detected at 11.91 s against 11 s (nine failing rounds, 1.3 s
-each on a loaded machine).
+than one probe a heartbeat (replica-flapping: detection 22.2 s against 22 s, ten failing rounds late).
 
 Each drill's PNG timeline is kept under ``test-output/drills/`` in the checkout (CI keeps that folder) and checked for
 content: the markers the drill measured are drawn (their exact colours are in the picture) and the series are there.
@@ -47,7 +46,7 @@ OUTPUT = REPO / "test-output" / "drills"
 # per group; CI: replica-crash "still degraded" beside the rollout tests, every probe on time).
 pytestmark = pytest.mark.drill
 
-SANDBOX_GROUPS = 4  # fourteen drills of about 40 s each: four sandboxes, four workers (tests/conftest.py)
+SANDBOX_GROUPS = 4  # fifteen drills of about 40 s each: four sandboxes, four workers (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -124,11 +123,13 @@ def test_each_drill_meets_the_plans_targets_on_the_sandbox(sandbox: Sandbox, sce
         r = sandbox.cli("drill", "--scenario", scenario, "--json", "--report", str(report), timeout_s=300)
         doc = json_object(r)
         # An `invalid` run (exit 3) is no result: the prober was starved (its probes came further apart than the
-        # judge's cadence bound), so a figure seen then may be late by the gap. It is measured again once, beside
-        # the other sandboxes of a parallel run; a second invalid run fails below. Never a pass on a slipped run.
+        # judge's cadence bound), or a time was over its target only by what the probes cannot resolve (judged on
+        # its upper bound, within the target on its lower one). It is measured again once, beside the other
+        # sandboxes of a parallel run; a second invalid run fails below. Never a pass on the best case.
         if doc.get("verdict") != "invalid" or attempt == 2:
             break
-        print(f"{scenario}: attempt {attempt} invalid ({doc['cadence'].get('why')}); measured again")
+        undecided = [f"{c['name']}: {c['reason']}" for c in doc.get("checks", []) if c.get("undecided")]
+        print(f"{scenario}: attempt {attempt} invalid ({doc['cadence'].get('why')}; {undecided}); measured again")
         assert doc["settled"], "an invalid drill left the fleet not whole: it cannot be measured again"
         shutil.rmtree(report, ignore_errors=True)
     failed = [f"{c['name']}: {c['reason']}" for c in doc.get("checks", []) if not c["ok"]]

@@ -22,6 +22,7 @@ from serving.drill.scenarios import (
     FaultKind,
     TargetName,
     fault_sizes,
+    flapping_probes,
     plan_targets,
     scenario_json,
     scenario_targets,
@@ -36,6 +37,7 @@ ISSUE_NAMES = [
     "replica-crash",
     "replica-hang",
     "scheduler-wedged",
+    "replica-flapping",
     "replica-slow",
     "error-burst",
     "generation-errors",
@@ -135,6 +137,34 @@ def test_each_scenario_gets_its_targets_and_a_double_fault_restores_after_the_ta
     assert double[TargetName.DETECTION] == targets[TargetName.DETECTION]  # the routers' own checks: no leader needed
     jitter = [t.name for t in scenario_targets(SCENARIOS["network-jitter"], fleet)]
     assert jitter == [TargetName.CLIENT_ERRORS]
+
+
+def test_a_flapping_replica_is_judged_on_the_score_path_with_one_probe_in_two_failing() -> None:
+    """From the cap, pass (one probe under way at the fault), fail, pass, …: after k pairs the score is
+    100 − 5k + (k − 1) = 99 − 4k at the source's −5/+1 (the first pass gains nothing at the cap), below 60 at k = 10
+    (20 probes: 59) and below 30 at k = 18 (36 probes: 27); the controller's paths to removal and to a restarted,
+    warmed-up replica follow from those."""
+    spec = spec_from("prod")
+    h, s = spec.health, spec.serving
+    assert (h.cap, h.timeout_penalty, h.success_reward, h.stop_routing_below, h.migrate_below) == (100, 5, 1, 60, 30)
+    assert flapping_probes(h, 60) == 20 and flapping_probes(h, 30) == 36
+    targets = {t.name: t for t in scenario_targets(SCENARIOS["replica-flapping"], fleet_of(spec))}
+    tick = s.heartbeat_interval_s / 2
+    assert targets[TargetName.DETECTION].value == 20 * s.heartbeat_interval_s + s.health_check_timeout_s + 2 * tick
+    assert targets[TargetName.RESTORATION].value == (
+        36 * s.heartbeat_interval_s + s.health_check_timeout_s + s.migration_timeout_s + s.warmup_duration_s
+    )
+    assert "20 probes from 100 below 60, one in two failing" in targets[TargetName.DETECTION].formula
+    # its clients wait on the stalls until the score takes it out: recovery counts from that detection
+    assert targets[TargetName.RECOVERY].value == targets[TargetName.DETECTION].value + s.migration_timeout_s
+    assert targets[TargetName.RECOVERY].value > plan_targets(fleet_of(spec))[TargetName.RECOVERY].value
+    assert fault_sizes(fleet_of(spec)).flap_stall_s.value == 1.25 * s.health_check_timeout_s
+    # a dead replica takes the plan's timeouts instead: fewer probes to each line
+    crash = {t.name: t for t in scenario_targets(SCENARIOS["replica-crash"], fleet_of(spec))}
+    assert crash[TargetName.RESTORATION].value < targets[TargetName.RESTORATION].value
+    even = spec.health.model_copy(update={"timeout_penalty": 1, "success_reward": 1})
+    with pytest.raises(ValueError, match=r"never falls below 60.*make timeout_penalty larger than success_reward"):
+        flapping_probes(even, 60)
 
 
 @pytest.mark.parametrize("timeout_s", [1.0, 3.0, 4.5])

@@ -274,6 +274,7 @@ def test_render_only_writes_one_file_per_scenario_the_schedule_and_an_index(tmp_
     assert doc["ok"] is True and doc["problems"] == [] and doc["crd_dir"] == str(crd_dir())
     assert [e["scenario"] for e in doc["not_rendered"]] == [
         "scheduler-wedged",
+        "replica-flapping",
         "error-burst",
         "generation-errors",
         "node-stall",

@@ -157,6 +157,7 @@ def test_health_answers_only_what_sglang_answers_in_every_state(tmp_path: Path, 
         {"errors": True},
         {"generation_errors": True},
         {"wedged": True},
+        {"flap_stall_s": TIMEOUT_S + POLL_S},
         {"delay_ms": 10.0},
         {"token_usage": 0.99},
     ]
@@ -188,6 +189,42 @@ def test_generation_errors_leave_health_fine(tmp_path: Path, health: HealthFacts
     assert failed == [500, 500, 500] and status == 200 and took >= POLL_S
     [injected] = [f for f in text_string_to_metric_families(text) if f.name == "sim_worker_injected_errors"]
     assert sum(s.value for s in injected.samples if s.name.endswith("_total")) == 3
+
+
+def test_a_flapping_scheduler_stalls_at_every_other_check_failing_it_and_holding_up_generations(
+    tmp_path: Path,
+) -> None:
+    """``flap_stall_s``: the 1st, 3rd … ``/health_generate`` after the fault find the scheduler stalled that long, so
+    no output comes (SGLang's 503 after its timeout) and a generation sent meanwhile finishes only after the stall;
+    the 2nd, 4th … answer 200 after their poll; the cheap ``/health`` (generation off, as rendered) answers at once;
+    without the fault every check passes. Before this change the fault answered 503 while generations flowed, a
+    state SGLang cannot be in: its check passes on any request's output."""
+    stall = TIMEOUT_S + POLL_S
+    worker = _worker(tmp_path, health_generation=False)
+
+    async def body(client: TestClient[Any, Any]) -> dict[str, Any]:
+        seen: dict[str, Any] = {"before": await _timed_health(client, SCHEDULER_HEALTH_PATH)}
+        await client.put("/sim/fault", json={"flap_stall_s": stall})
+        first = asyncio.create_task(_timed_health(client, SCHEDULER_HEALTH_PATH))
+        await asyncio.sleep(0.05)  # the check has stalled the scheduler: a generation now waits it out
+        started = time.monotonic()
+        seen["generation"] = ((await client.post("/generate", json={"text": "hello"})).status, 0.0)
+        seen["generation"] = (seen["generation"][0], time.monotonic() - started)
+        seen["first"] = await first
+        seen["cheap"] = await _timed_health(client, HEALTH_PATH)
+        seen["checks"] = [(await _timed_health(client, SCHEDULER_HEALTH_PATH))[0] for _ in range(4)]
+        await client.delete("/sim/fault")
+        seen["after"] = [(await _timed_health(client, SCHEDULER_HEALTH_PATH))[0] for _ in range(2)]
+        return seen
+
+    seen = _with_client(worker, body)
+    assert seen["before"][0] == 200, seen
+    assert seen["first"][0] == 503 and seen["first"][1] >= TIMEOUT_S, seen  # no output for its whole timeout
+    status, took = seen["generation"]
+    assert status == 200 and took >= stall - 0.05 - 0.1, seen  # held up until the stall ended
+    assert seen["cheap"][0] == 200 and seen["cheap"][1] < POLL_S, seen
+    assert seen["checks"] == [200, 503, 200, 503], seen
+    assert seen["after"] == [200, 200], seen
 
 
 def _exported(worker: SimulatedWorker) -> dict[str, Any]:

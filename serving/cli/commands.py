@@ -92,7 +92,8 @@ COMMANDS: dict[str, Entry] = {
         "own) and a Schedule for the regular drills (drills.schedule, drills.scheduled), each object validated "
         "against the pinned Chaos Mesh CRDs. Exit 1 when a drill misses a target or an object fails validation, 2 on "
         "bad input, 3 when a drill is invalid: its probes of the fleet came further apart than max(3 x the probe "
-        "period, the period + 1 s), so it is not judged (docs/drills.md).",
+        "period, the period + 1 s), or a time was over its target only by what the probes cannot resolve, so it is "
+        "not judged (docs/drills.md).",
     ),
 }
 

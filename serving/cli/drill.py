@@ -335,7 +335,9 @@ def _run(
         console.print(f"report: {directory / 'drill.json'}, timeline: {doc['timeline']}", highlight=False)
         if run.gaps:
             console.print(f"INVALID: {doc['cadence']['why']}", highlight=False, markup=False, soft_wrap=True)
-    if run.gaps:
+        for c in (c for c in run.checks if c.undecided):
+            console.print(f"INVALID: {c.name} {c.reason}", highlight=False, markup=False, soft_wrap=True)
+    if run.verdict == "invalid":
         raise typer.Exit(EXIT_INVALID)
     if not run.ok:
         raise typer.Exit(EXIT_PROBLEM)
@@ -362,8 +364,8 @@ def drill(
     DIR writes them as Chaos Mesh experiments (one file per scenario, applied on its own) and a Schedule for the
     regular drills (drills.schedule, drills.scheduled), each object validated against the pinned Chaos Mesh CRDs.
     Exit 1 when a drill misses a target or an object fails validation, 2 on bad input, 3 when a drill is invalid:
-    its probes of the fleet came further apart than max(3 x the probe period, the period + 1 s), so it is not judged
-    (docs/drills.md)."""
+    its probes of the fleet came further apart than max(3 x the probe period, the period + 1 s), or a time was over
+    its target only by what the probes cannot resolve, so it is not judged (docs/drills.md)."""
     st = resolve_stack(stack, stack_file)
     only = _scenario(scenario)
     if list_ and render_only:

@@ -21,7 +21,8 @@ from enum import StrEnum
 from typing import Any, Literal, get_args
 
 from serving.plan.model import Figure, Fleet
-from serving.spec.schema import DrillName
+from serving.runtime.score import next_score
+from serving.spec.schema import DrillName, HealthScoreSpec
 
 # serving.runtime.service campaigns (and renews) every third of the lease.
 CAMPAIGNS_PER_LEASE = 3
@@ -50,6 +51,7 @@ class FaultKind(StrEnum):
     ERRORS = "errors"  # every response fails: generations HTTP 500, health checks 503
     GENERATION_ERRORS = "generation-errors"  # generations fail with HTTP 500, /health still 200
     WEDGED = "wedged"  # the scheduler stops: HTTP answers, generations and /health (a generation) never complete
+    FLAP = "flap"  # the scheduler stalls at every other health check of it, past the check's timeout; runs otherwise
     MEMORY = "memory"  # memory pressure: high KV usage and slower answers; stress-ng in the cgroup on real nodes
     JITTER = "jitter"  # network delay with jitter, inside the health-check timeout's margin
 
@@ -109,6 +111,9 @@ class Scenario:
     # "controller" (a fault the routers' cheap /health does not see: the agents' /health_generate probes through the
     # score, timeouts_to_stop_routing × interval + the last probe's timeout)
     detected_by: Literal["routers", "controller"] = "routers"
+    # which of the agents' probes the fault fails: every one, or every other one (a flapping replica: the score falls
+    # by timeout_penalty − success_reward a pair, so it takes longer to reach each line: :func:`flapping_probes`)
+    fails: Literal["every", "every other"] = "every"
 
     @property
     def components(self) -> tuple[Component, ...]:
@@ -176,6 +181,24 @@ def _scenarios() -> dict[DrillName, Scenario]:
             _REPLICA_QUIET,
             _SELF_HEALED,
             "controller",
+        ),
+        Scenario(
+            "replica-flapping",
+            "One replica's scheduler flaps: at every other health check the node agents make (/health_generate) it "
+            "stalls a quarter longer than the check's timeout, so that check gets no output and fails, and every "
+            "request on the replica waits out the stall; between stalls it runs. The routers' cheap /health and "
+            "their breakers see nothing (the requests are slow, not failed), so clients wait on it until the "
+            "controller's score, falling by the penalty less the reward every two probes, takes it out below the "
+            "stop-routing line; it stays out while it flaps (readmission needs readmit_at, a climb the flapping "
+            "cannot make) and is restarted below the migrate line; the fresh process is warmed up and readmitted.",
+            (Fault(FaultKind.FLAP, replica),),
+            _EVICTING,
+            True,
+            (OUT_OF_ROTATION,),
+            (*_REPLICA_QUIET, REPLICA_RESTARTS),
+            _SELF_HEALED + " One restart stays under ExaServeReplicaRestarts' 3 per hour; none may be quarantined.",
+            "controller",
+            "every other",
         ),
         Scenario(
             "replica-slow",
@@ -385,6 +408,62 @@ def plan_targets(fleet: Fleet) -> dict[TargetName, Target]:
     }
 
 
+def flapping_probes(health: HealthScoreSpec, below: int) -> int:
+    """The agents' probes that take a score from ``health.cap`` below ``below`` when every other probe fails, in the
+    worst order: the first probe after the fault passes (one already under way when the fault came), then fail, pass,
+    … (:func:`serving.runtime.score.next_score`, the controller's own step)."""
+    score, probes = health.cap, 0
+    while score >= below:
+        probes += 1
+        score = next_score(score, probes % 2 == 1, health)  # the 1st, 3rd, … pass
+        if probes > 10 * (health.cap + 1):
+            raise ValueError(
+                f"health: a replica failing every other probe never falls below {below} (timeout_penalty "
+                f"{health.timeout_penalty} ≤ success_reward {health.success_reward}); a flapping replica stays in "
+                "rotation: make timeout_penalty larger than success_reward"
+            )
+    return probes
+
+
+def _flapping_targets(fleet: Fleet, targets: dict[TargetName, Target]) -> None:
+    """Detection, recovery and restoration of a replica failing every other probe: the same paths as the controller's
+    for one failing every probe, through :func:`flapping_probes` instead of the plan's timeouts to each line. Its
+    clients wait on the stalls until it leaves the routers, so recovery is the plan's (detection + the migration
+    budget) counted from that detection, not the routers' own."""
+    s, h = fleet.spec.serving, fleet.spec.health
+    tick = s.heartbeat_interval_s / 2
+    stop, migrate = flapping_probes(h, h.stop_routing_below), flapping_probes(h, h.migrate_below)
+    detect = stop * s.heartbeat_interval_s + s.health_check_timeout_s + 2 * tick
+    recover = detect + s.migration_timeout_s
+    targets[TargetName.RECOVERY] = Target(
+        TargetName.RECOVERY,
+        recover,
+        "s",
+        f"{detect:g} s detection (the score's, below) + {s.migration_timeout_s:g} s migration = {recover:g} s",
+        "fault → traffic fully served by the others at the baseline rate and latency",
+    )
+    targets[TargetName.DETECTION] = Target(
+        TargetName.DETECTION,
+        detect,
+        "s",
+        f"{stop} probes from {h.cap} below {h.stop_routing_below}, one in two failing (−{h.timeout_penalty}, "
+        f"+{h.success_reward}, the first passing) × {s.heartbeat_interval_s:g} s + {s.health_check_timeout_s:g} s "
+        f"timeout of the last probe + {tick:g} s the leader's tick + {tick:g} s its removal on every router = "
+        f"{detect:g} s",
+        "fault → the replica out of every router instance",
+    )
+    restore = migrate * s.heartbeat_interval_s + s.health_check_timeout_s + s.migration_timeout_s + s.warmup_duration_s
+    targets[TargetName.RESTORATION] = Target(
+        TargetName.RESTORATION,
+        restore,
+        "s",
+        f"{migrate} probes from {h.cap} below {h.migrate_below}, one in two failing × {s.heartbeat_interval_s:g} s + "
+        f"{s.health_check_timeout_s:g} s timeout of the last probe + {s.migration_timeout_s:g} s migration + "
+        f"{s.warmup_duration_s:g} s warm-up = {restore:g} s",
+        "fault → the replica restarted and back in rotation after its warm-up",
+    )
+
+
 def scenario_targets(scenario: Scenario, fleet: Fleet) -> tuple[Target, ...]:
     """The targets that apply to ``scenario``, client errors always last. When the leader is lost together with a
     replica, restoration waits for the takeover: the leader is what migrates and readmits. A fault only the
@@ -406,6 +485,8 @@ def scenario_targets(scenario: Scenario, fleet: Fleet) -> tuple[Target, ...]:
             "(the agents' /health_generate, through the score)",
             "fault → the replica out of every router instance",
         )
+    if scenario.fails == "every other":
+        _flapping_targets(fleet, targets)
     chosen = [targets[name] for name in scenario.targets]
     if len(scenario.faults) > 1 and Component.CONTROLLER in scenario.components:
         takeover = targets[TargetName.TAKEOVER]
@@ -431,6 +512,7 @@ class FaultSizes:
     memory_token_usage: Figure
     memory_admit: Figure
     memory_slowdown: Figure
+    flap_stall_s: Figure
 
 
 def fault_sizes(fleet: Fleet) -> FaultSizes:
@@ -463,6 +545,12 @@ def fault_sizes(fleet: Fleet) -> FaultSizes:
         ),
         memory_slowdown=Figure(
             1 + 2 * rise, "×", f"1 + 2 × {rise:g} rollout.max_p99_rise = {1 + 2 * rise:g} × the generation latency"
+        ),
+        flap_stall_s=Figure(
+            1.25 * timeout,
+            "s",
+            f"1.25 × {timeout:g} s health-check timeout = {1.25 * timeout:g} s: the check that starts the stall gets no "
+            "output before it times out",
         ),
     )
 

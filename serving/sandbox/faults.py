@@ -6,7 +6,7 @@ route for what a signal cannot do (SIMULATION ONLY: delay, jitter, HTTP 500, mem
 |---|---|---|
 | replica sigkill | SIGKILL the worker's process | start it again, if the controller did not |
 | replica sigstop | SIGSTOP it | SIGCONT, if the same process is still stopped |
-| replica latency, errors, generation errors, a wedged scheduler, memory | ``PUT /sim/fault`` on the worker | ``DELETE /sim/fault`` (a restarted worker has none) |
+| replica latency, errors, generation errors, a wedged or flapping scheduler, memory | ``PUT /sim/fault`` on the worker | ``DELETE /sim/fault`` (a restarted worker has none) |
 | node jitter | ``PUT /sim/fault`` on every worker of the node | ``DELETE /sim/fault`` on each |
 | node sigkill | SIGKILL the node's agent and every worker of the node | start the workers, then the agent |
 | router / controller sigkill | SIGKILL the instance | start it again with its own command line |
@@ -112,6 +112,7 @@ class SandboxFaults:
             FaultKind.LATENCY: {"delay_ms": sizes.slow_latency_s.value * 1000},
             FaultKind.ERRORS: {"errors": True},
             FaultKind.WEDGED: {"wedged": True},
+            FaultKind.FLAP: {"flap_stall_s": sizes.flap_stall_s.value},
             FaultKind.GENERATION_ERRORS: {"generation_errors": True},
             FaultKind.MEMORY: {
                 "token_usage": sizes.memory_token_usage.value,

@@ -326,7 +326,12 @@ class InjectedFault:
     complete (``/health`` answers 503 after ``health_timeout_s``); memory pressure: ``token_usage`` is the KV-cache usage reported as
     ``sglang:token_usage``, ``admit`` the requests that still fit the pool (the rest wait in the queue, as SGLang's
     scheduler holds what it cannot admit: ``num_queue_reqs`` and ``/v1/loads`` show them) and ``slowdown``
-    multiplies the generation latency."""
+    multiplies the generation latency; ``flap_stall_s`` (> 0) makes the scheduler flap: the 1st, 3rd, 5th …
+    generating health check after the fault (``/health_generate``, the node agents' probe) finds it stalled for that
+    long — no request, the check's own one-token generation included, finishes meanwhile, so the check gets no output
+    (SGLang's 503 after its timeout, or the caller's timeout first) and every generation in flight waits — and the
+    2nd, 4th … find it running: one check in two fails, through the same path as a wedged scheduler's, with the
+    clients' requests held up by each stall."""
 
     delay_ms: float = 0.0
     jitter_ms: float = 0.0
@@ -336,9 +341,14 @@ class InjectedFault:
     token_usage: float | None = None
     admit: int | None = None
     slowdown: float = 1.0
+    flap_stall_s: float = 0.0
 
     def __post_init__(self) -> None:
-        problems = [f"{n}={getattr(self, n)}: must be >= 0" for n in ("delay_ms", "jitter_ms") if getattr(self, n) < 0]
+        problems = [
+            f"{n}={getattr(self, n)}: must be >= 0"
+            for n in ("delay_ms", "jitter_ms", "flap_stall_s")
+            if getattr(self, n) < 0
+        ]
         if self.jitter_ms > self.delay_ms:
             problems.append(f"jitter_ms={self.jitter_ms} > delay_ms={self.delay_ms}: a delay cannot go below 0")
         if self.token_usage is not None and not 0.0 <= self.token_usage <= 1.0:
@@ -387,6 +397,9 @@ class SimulatedWorker:
         self._tokens_in_flight = 0
         self._finished = asyncio.Condition()  # a request ended: one held back by a fault's ``admit`` may start
         self.fault = NO_FAULT
+        self._flap_checks = 0  # generating health checks since the fault was put (``InjectedFault.flap_stall_s``)
+        self._stalled_until = float("-inf")  # the flapping scheduler's current stall ends then (monotonic)
+        self._wakers: set[asyncio.Task[None]] = set()  # the tasks that end the stalls (held: the loop keeps weak refs)
         # The last /metrics exposition and what it showed: rendering costs 2.3 ms of CPU (8 times a /health), and
         # node agents read every worker's each heartbeat, mostly with nothing changed since the last read.
         self._changes = 0  # bumped by every counter or histogram update
@@ -507,12 +520,14 @@ class SimulatedWorker:
             self.fault = InjectedFault.from_json(await request.json())
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
             return _error(400, str(exc))
+        self._flap_checks, self._stalled_until = 0, float("-inf")
         async with self._finished:
             self._finished.notify_all()  # a fault admitting more lets the held-back requests start
         return web.json_response(self.fault.to_json())
 
     async def delete_fault(self, _request: web.Request) -> web.Response:
         self.fault = NO_FAULT
+        self._flap_checks, self._stalled_until = 0, float("-inf")
         async with self._finished:
             self._finished.notify_all()  # what the fault held back may start now
         return web.json_response(self.fault.to_json())
@@ -536,6 +551,10 @@ class SimulatedWorker:
         c = self.config
         if request.path == HEALTH_PATHS[0] and not c.health_generation:
             return web.Response(status=200)
+        if self.fault.flap_stall_s > 0:
+            self._flap_checks += 1
+            if self._flap_checks % 2 == 1:
+                await self._stall(self.fault.flap_stall_s)
         tic = time.monotonic()
         step_s = c.latency_ms * self.fault.slowdown / 1000 / DEFAULT_MAX_NEW_TOKENS
         generation = asyncio.create_task(self._schedule(1 + HEALTH_MAX_NEW_TOKENS, step_s, REQUEST_PRIORITY))
@@ -749,6 +768,22 @@ class SimulatedWorker:
             labels["priority"] = priority
         return labels | {"is_streaming": "false"}
 
+    def _stopped(self) -> bool:
+        """The scheduler makes no progress: wedged, or in a flapping stall."""
+        return self.fault.wedged or time.monotonic() < self._stalled_until
+
+    async def _stall(self, seconds: float) -> None:
+        """Stall the scheduler for ``seconds`` from now, waking what waits on it when the stall ends."""
+        self._stalled_until = time.monotonic() + seconds
+
+        async def wake() -> None:
+            await asyncio.sleep(seconds)
+            async with self._finished:
+                self._finished.notify_all()
+
+        self._wakers.add(task := asyncio.create_task(wake()))
+        task.add_done_callback(self._wakers.discard)
+
     async def _schedule(self, tokens: int, duration_s: float, priority: str) -> None:
         """One request through the simulated scheduler: it waits in its DP rank's queue until a slot (and, under
         memory pressure, the pool) admits it and the scheduler runs, holds ``tokens`` of the KV pool for
@@ -757,7 +792,7 @@ class SimulatedWorker:
         self._admitted += 1
 
         def admissible() -> bool:
-            return not self.fault.wedged and (self.fault.admit is None or self._running < self.fault.admit)
+            return not self._stopped() and (self.fault.admit is None or self._running < self.fault.admit)
 
         self._waiting += 1
         self._load[rank, priority, "waiting"] += 1
@@ -778,7 +813,7 @@ class SimulatedWorker:
         try:
             await asyncio.sleep(duration_s)
             async with self._finished:
-                await self._finished.wait_for(lambda: not self.fault.wedged)
+                await self._finished.wait_for(lambda: not self._stopped())
             self._last_output = time.monotonic()
         finally:
             self._tokens_in_flight -= tokens

@@ -1082,6 +1082,7 @@ DrillName = Literal[
     "replica-crash",
     "replica-hang",
     "scheduler-wedged",
+    "replica-flapping",
     "replica-slow",
     "error-burst",
     "generation-errors",

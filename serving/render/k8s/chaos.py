@@ -53,6 +53,12 @@ NO_HTTP_CHAOS = (
     "PodChaos and NetworkChaos cannot produce an HTTP status. The sandbox drill injects it in the worker."
 )
 
+NO_FLAP_CHAOS = (
+    "not rendered: no Chaos Mesh experiment stalls a server's scheduler now and then while its HTTP server answers "
+    "(PodChaos kills or fails the whole container, NetworkChaos cuts every answer); the sandbox drill stalls the "
+    "simulated scheduler at every other health check."
+)
+
 
 @dataclass(frozen=True)
 class Step:
@@ -209,6 +215,8 @@ def _step(fault: Fault, fleet: Fleet) -> Step | str:
             return NO_HTTP_CHAOS
         case FaultKind.WEDGED, _:
             return NO_WEDGE_CHAOS
+        case FaultKind.FLAP, _:
+            return NO_FLAP_CHAOS
     return f"not rendered: Chaos Mesh has no experiment for {fault.kind} of a {fault.component}"
 
 
