@@ -38,7 +38,8 @@ else runs at all, the *pre-rollout* per-replica figures of the baseline window.
 The verdict (:class:`Verdict`):
 
 * **rollback** — a breach confined to the canary: its QPS per replica more than 20 % under the baseline's,
-  its P99 more than 30 % over the baseline's, its error rate over 0.1 %, or a canary replica down.
+  its P99 (or its median: the whole distribution) more than 30 % over the baseline's, its error rate over 0.1 %,
+  or a canary replica down.
 * **pause** — evidence outside the batch, naming the replicas: a replica outside the canary down, failing
   more than 0.1 % of its requests, or slower than its peers beyond the P99 limit; clients getting errors that no replica's failures explain; or traffic so thin that the batch
   cannot be judged although the baseline window saw enough. A pause never rolls the new version back;
@@ -50,8 +51,9 @@ Small groups make noisy figures: a replica that served 50 requests has a "P99" t
 and the router's own split of traffic is uneven (see :func:`qps_check`). A relative finding (QPS or P99)
 therefore needs both the size the source sets *and* significance: for QPS the test of the canary's share
 of successes with the variance the peers' own spread shows, for P99 the exact binomial test of how many of
-its requests were slower than 1.3 × the baseline's P99 (more than 1 % is a P99 over the limit), or, for a shift
-of the whole distribution, than 1.3 × the baseline's median (more than half: see :func:`p99_check`); all relative
+its requests were slower than 1.3 × the baseline's P99 (more than 1 % is a P99 over the limit), and the same on
+the median for a shift of the whole distribution (more than half over 1.3 × the baseline's median: see
+:func:`p99_check`; stricter than the source, which judges the P99 only); all relative
 tests of one verdict together have a 0.1 % chance of a false finding (:data:`FAMILY_ALPHA`, Bonferroni). The error gate stays strict, as
 the source wrote it. A window in which a router instance's counters went *down* spans its restart: it is not a
 measurement and :func:`window_stats` returns None so the caller measures again.
@@ -546,44 +548,46 @@ def p99_check(
     alpha: float,
     reference_median_s: float | None = None,
 ) -> tuple[float | None, Finding | None]:
-    """P99 of ``members``' merged latency against ``reference_p99_s``: the rise (None: not evaluated) and a finding
-    when it is past the limit *and* significant, by either of two exact binomial tests at ``alpha`` / 2 each:
+    """The latency gate on ``members``' merged latency: the P99's rise against ``reference_p99_s`` (None: not
+    evaluated) and a finding when either of two rises is past the limit *and* significant by its exact binomial
+    test at ``alpha`` / 2:
 
-    * the tail: more of their requests than 1 % are slower than the bound (1 + limit) × the reference's P99;
-    * the bulk: more than half are slower than (1 + limit) × the reference's median (``reference_median_s``), i.e.
-      the whole distribution moved past the limit. The tail test alone has little power when the reference's own
-      P99 is noisy: a load-inflated reference tail (169 ms against 117 ms before the rollout) put the bound at
-      220 ms, over the bulk of a release 50 % slower on every request (about 175 ms), so the canary passed on a
-      P99 of 290 ms and its replicas were flagged in the next batch instead. Every request counts in the bulk test.
+    * the tail, the source's gate: the P99 more than the limit over the reference's, with more than 1 % of the
+      requests slower than (1 + limit) × the reference's P99;
+    * the bulk: the median more than the limit over the reference's (``reference_median_s``), with more than half
+      of the requests slower than (1 + limit) × it — the whole distribution moved. The tail test alone missed a
+      release 50 % slower on every request: load had inflated the reference's P99 (169 ms against 117 ms before the
+      rollout), its bound (220 ms) lay over the release's bulk (~175 ms), and the canary passed; with no slow
+      outliers of its own the canary's P99 was not even 30 % over the reference's. Every request counts here.
     """
     latency = _merge(windows[r].latency for r in members)
     p99 = _p99(latency)
     if latency is None or p99 is None or not reference_p99_s or latency.count < MIN_REQUESTS:
         return None, None
     rise = (p99 - reference_p99_s) / reference_p99_s
-    if rise <= limits.max_p99_rise:
+    head = f"{name} P99 {p99 * 1000:.1f} ms vs {reference_p99_s * 1000:.1f} ms: {rise:+.1%}"
+    if rise > limits.max_p99_rise:
+        bound = (1 + limits.max_p99_rise) * reference_p99_s
+        slow = _slower_than(latency, bound)
+        p = p_slower_than_p99(slow, latency.count)
+        if p < alpha / 2:
+            text = (
+                f"{head} > +{limits.max_p99_rise:.0%} ({slow:.0f} of {latency.count:.0f} requests over "
+                f"{bound * 1000:.1f} ms, p = {p:.1g})"
+            )
+            return rise, Finding("p99", tuple(members), text)
+    median = _median(latency)
+    if not reference_median_s or median is None or median <= (1 + limits.max_p99_rise) * reference_median_s:
         return rise, None
-    bound = (1 + limits.max_p99_rise) * reference_p99_s
-    slow = _slower_than(latency, bound)
-    p = p_slower_than_p99(slow, latency.count)
-    evidence = f"{slow:.0f} of {latency.count:.0f} requests over {bound * 1000:.1f} ms, p = {p:.1g}"
-    if p >= alpha / 2:
-        median = _median(latency)
-        if not reference_median_s or median is None:
-            return rise, None
-        bulk_bound = (1 + limits.max_p99_rise) * reference_median_s
-        bulk = _slower_than(latency, bulk_bound)
-        p_bulk = p_slower_than_median(bulk, latency.count)
-        if p_bulk >= alpha / 2:
-            return rise, None
-        evidence = (
-            f"the whole distribution moved: median {median * 1000:.1f} ms vs {reference_median_s * 1000:.1f} ms, "
-            f"{bulk:.0f} of {latency.count:.0f} requests over {bulk_bound * 1000:.1f} ms, p = {p_bulk:.1g}; "
-            f"the tail alone: {evidence}"
-        )
+    bulk_bound = (1 + limits.max_p99_rise) * reference_median_s
+    bulk = _slower_than(latency, bulk_bound)
+    p_bulk = p_slower_than_median(bulk, latency.count)
+    if p_bulk >= alpha / 2:
+        return rise, None
     text = (
-        f"{name} P99 {p99 * 1000:.1f} ms vs {reference_p99_s * 1000:.1f} ms: {rise:+.1%} > +{limits.max_p99_rise:.0%} "
-        f"({evidence})"
+        f"{name} median {median * 1000:.1f} ms vs {reference_median_s * 1000:.1f} ms: "
+        f"{median / reference_median_s - 1:+.1%} > +{limits.max_p99_rise:.0%}, the whole distribution moved "
+        f"({bulk:.0f} of {latency.count:.0f} requests over {bulk_bound * 1000:.1f} ms, p = {p_bulk:.1g}); {head}"
     )
     return rise, Finding("p99", tuple(members), text)
 
