@@ -12,6 +12,7 @@ import itertools
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -228,6 +229,54 @@ def test_a_hung_controller_does_not_stretch_the_agents_heartbeat() -> None:
     gaps = [b - a for a, b in itertools.pairwise(arrived)]
     assert len(arrived) >= 8, f"{len(arrived)} reports in {12 * interval:g} s at a {interval:g} s interval: {gaps}"
     assert sum(gaps) / len(gaps) < 1.1 * interval, f"reports {sum(gaps) / len(gaps):.2f} s apart on average: {gaps}"
+
+
+def test_a_slow_lookup_of_the_controllers_service_does_not_stop_the_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controllers' headless Service resolved per report: a lookup that hangs (a DNS outage; the event loop's
+    getaddrinfo for that name never returns) held each send, and a send superseded by the next report was cancelled before it
+    posted anything, so no controller heard from the node. The lookup is bounded by the probe timeout, runs once
+    at a time, and the reports go to the controllers known without it every interval."""
+    interval = 0.4
+    service = "exaserve-controller.exaserve.svc"
+    lookups: list[str] = []
+    real = asyncio.base_events.BaseEventLoop.getaddrinfo
+
+    async def getaddrinfo(loop: asyncio.AbstractEventLoop, host: str, *args: Any, **kwargs: Any) -> Any:
+        if host != service:
+            return await real(loop, host, *args, **kwargs)  # type: ignore[arg-type]
+        lookups.append(host)
+        await asyncio.sleep(3600)  # the DNS does not answer
+
+    monkeypatch.setattr(asyncio.base_events.BaseEventLoop, "getaddrinfo", getaddrinfo)
+
+    async def run() -> list[float]:
+        stand = Stand()
+        runner, base = await _serving(stand)
+        config = AgentConfig(
+            node="gpu-r00-n00",
+            replicas=(),
+            controllers=(base,),
+            interval_s=interval,
+            timeout_s=0.3,
+            max_running_requests=256,
+            link_rate_gbps=400.0,
+            controller_service=f"{service}:8480",
+        )
+        agent = Agent(config)
+        stop = asyncio.Event()
+        running = asyncio.create_task(agent.run(stop))
+        try:
+            await asyncio.sleep(8 * interval)
+        finally:
+            stop.set()
+            await running
+            await agent.aclose()
+            await runner.cleanup()
+        return stand.arrived
+
+    arrived = asyncio.run(run())
+    assert len(arrived) >= 6, f"{len(arrived)} reports in {8 * interval:g} s at a {interval:g} s interval"
+    assert lookups == [service], "one lookup at a time, awaited again while it runs"
 
 
 def test_fleet_http_bounds_calls_in_flight_and_their_timeout_does_not_count_the_wait() -> None:

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,8 +110,12 @@ class Agent:
         self.pods = pods
         self.boot_id = boot_id()
         self._http = FleetHttp(timeout_s=config.timeout_s, user_agent=AGENT_USER_AGENT)
+        self._lookup: asyncio.Task[list[str]] | None = None  # the controllers' Service, resolving (one at a time)
+        self._service_addresses: list[str] = []  # what it last resolved to
 
     async def aclose(self) -> None:
+        if self._lookup is not None:
+            self._lookup.cancel()
         await self._http.aclose()
         if self.pods is not None:
             await self.pods.aclose()
@@ -210,15 +214,36 @@ class Agent:
         return dict(zip(targets, codes, strict=True))
 
     async def _resolved(self) -> list[str]:
-        """Every address of the controllers' headless Service (one per controller pod), resolved per report."""
+        """Every address of the controllers' headless Service (one per controller pod), resolved per report within the
+        probe timeout; a lookup that fails or is still running then (a slow DNS) leaves the addresses it last
+        resolved to, and a lookup still running is awaited again by the next report rather than started twice (each
+        runs in a thread of the loop's executor)."""
         if self.config.controller_service is None:
             return []
-        host, _, port = self.config.controller_service.rpartition(":")
+        if self._lookup is None or self._lookup.done():
+            self._lookup = asyncio.create_task(self._lookup_service(self.config.controller_service))
         try:
-            infos = await asyncio.get_running_loop().getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+            self._service_addresses = await asyncio.wait_for(asyncio.shield(self._lookup), self.config.timeout_s)
+        except TimeoutError:
+            log.warning(
+                "controller service %s: not resolved within %g s; sending to the %d address(es) it last resolved to",
+                self.config.controller_service,
+                self.config.timeout_s,
+                len(self._service_addresses),
+            )
         except OSError as exc:
-            log.warning("controller service %s: %s", self.config.controller_service, exc)
-            return []
+            log.warning(
+                "controller service %s: %s; sending to the %d address(es) it last resolved to",
+                self.config.controller_service,
+                exc,
+                len(self._service_addresses),
+            )
+        return list(self._service_addresses)
+
+    @staticmethod
+    async def _lookup_service(service: str) -> list[str]:
+        host, _, port = service.rpartition(":")
+        infos = await asyncio.get_running_loop().getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
         addresses = sorted({str(info[4][0]) for info in infos})
         return [f"http://[{a}]:{port}" if ":" in a else f"http://{a}:{port}" for a in addresses]
 
@@ -229,10 +254,11 @@ class Agent:
         """Report every ``interval_s`` on a fixed schedule: a slow probe does not shift the next one, and a report is
         sent while the next round waits, so a controller that does not answer (its send waits out the timeout) does
         not stretch the heartbeat: awaited in the round, a failing probe (the timeout) and a hung controller (the
-        timeout again) made a round of 6 s at prod's 3 s timeout against its 5 s interval. A send still in flight when
-        the next report is ready is cancelled: that report supersedes it (the controllers keep the newest)."""
+        timeout again) made a round of 6 s at prod's 3 s timeout against its 5 s interval. Each send runs to its own
+        timeout (every call in it is bounded by ``timeout_s``); a report that arrives after a newer one is refused by
+        the controllers as replayed, nothing worse. On stop the sends still in flight get ``timeout_s`` to finish."""
         due = time.monotonic()
-        sending: asyncio.Task[Mapping[str, int]] | None = None
+        sending: set[asyncio.Task[Mapping[str, int]]] = set()
         try:
             while not stop.is_set():
                 try:
@@ -240,17 +266,26 @@ class Agent:
                 except DiscoveryError as exc:  # no report this interval: the controllers count it as missed
                     log.warning("%s: %s", self.config.node, exc)
                 else:
-                    if sending is not None and not sending.done():
-                        sending.cancel()
-                    elif sending is not None and sending.exception() is not None:
-                        log.error("%s: sending the last report failed", self.config.node, exc_info=sending.exception())
-                    sending = asyncio.create_task(self.send(report))
+                    task = asyncio.create_task(self.send(report))
+                    sending.add(task)
+                    task.add_done_callback(self._sent(sending))
                 due += self.config.interval_s
                 due = max(due, time.monotonic())  # after a stall, restart the schedule instead of bursting
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=due - time.monotonic())
         finally:
-            if sending is not None:
-                sending.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sending
+            if sending:
+                _done, late = await asyncio.wait(set(sending), timeout=self.config.timeout_s)
+                for task in late:
+                    task.cancel()
+
+    def _sent(self, sending: set[asyncio.Task[Mapping[str, int]]]) -> Callable[[asyncio.Task[Mapping[str, int]]], None]:
+        """A send's end: off the in-flight set; an error other than a controller not answering (which ``send``
+        counts as 0) is logged, not left unretrieved."""
+
+        def done(task: asyncio.Task[Mapping[str, int]]) -> None:
+            sending.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                log.error("%s: sending a report failed", self.config.node, exc_info=task.exception())
+
+        return done
