@@ -152,11 +152,9 @@ def test_each_drill_meets_the_plans_targets_on_the_sandbox(sandbox: Sandbox, sce
     s = SCENARIOS[scenario]
     assert doc["scenario"] == scenario and doc["stack"] == "sandbox"
     targets = {t["name"]: t["value"] for t in doc["targets"]}
-    units = {t["name"]: t["unit"] for t in doc["targets"]}
     assert set(targets) == {t.value for t in s.targets} | {TargetName.CLIENT_ERRORS.value}
-    for name in s.targets:  # a probed time may have been earlier by its uncertainty, as the drill's judge allows
-        slack = doc["uncertainty_s"].get(name.value, doc["resolution_s"]) if units[name.value] == "s" else 0.0
-        assert doc[name.value] is not None and doc[name.value] <= targets[name.value] + slack, (name, doc[name.value])
+    for name in s.targets:  # judged on the upper bound: within the target itself (the judge's undecided is invalid)
+        assert doc[name.value] is not None and doc[name.value] <= targets[name.value], (name, doc[name.value])
     assert doc["client_error_rate"] <= targets["client_error_rate"]
     assert doc["client_requests"] >= 1 / targets["client_error_rate"], "too few requests to judge the error gate"
     if s.evicts:

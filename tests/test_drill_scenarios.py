@@ -143,18 +143,20 @@ def test_a_flapping_replica_is_judged_on_the_score_path_with_one_probe_in_two_fa
     """From the cap, pass (one probe under way at the fault), fail, pass, …: after k pairs the score is
     100 − 5k + (k − 1) = 99 − 4k at the source's −5/+1 (the first pass gains nothing at the cap), below 60 at k = 10
     (20 probes: 59) and below 30 at k = 18 (36 probes: 27); the controller's paths to removal and to a restarted,
-    warmed-up replica follow from those."""
+    warmed-up replica follow from those. The first of those probes was under way when the fault came, so the last
+    starts 19 (35) intervals after it: counting 20 (36) gave the targets a spare heartbeat (a reviewer's finding)."""
     spec = spec_from("prod")
     h, s = spec.health, spec.serving
     assert (h.cap, h.timeout_penalty, h.success_reward, h.stop_routing_below, h.migrate_below) == (100, 5, 1, 60, 30)
     assert flapping_probes(h, 60) == 20 and flapping_probes(h, 30) == 36
     targets = {t.name: t for t in scenario_targets(SCENARIOS["replica-flapping"], fleet_of(spec))}
     tick = s.heartbeat_interval_s / 2
-    assert targets[TargetName.DETECTION].value == 20 * s.heartbeat_interval_s + s.health_check_timeout_s + 2 * tick
+    assert targets[TargetName.DETECTION].value == 19 * s.heartbeat_interval_s + s.health_check_timeout_s + 2 * tick
     assert targets[TargetName.RESTORATION].value == (
-        36 * s.heartbeat_interval_s + s.health_check_timeout_s + s.migration_timeout_s + s.warmup_duration_s
+        35 * s.heartbeat_interval_s + s.health_check_timeout_s + s.migration_timeout_s + s.warmup_duration_s
     )
     assert "20 probes from 100 below 60, one in two failing" in targets[TargetName.DETECTION].formula
+    assert "19 intervals × 5 s" in targets[TargetName.DETECTION].formula
     # its clients wait on the stalls until the score takes it out: recovery counts from that detection
     assert targets[TargetName.RECOVERY].value == targets[TargetName.DETECTION].value + s.migration_timeout_s
     assert targets[TargetName.RECOVERY].value > plan_targets(fleet_of(spec))[TargetName.RECOVERY].value

@@ -398,11 +398,14 @@ def _false_seen(after: Sequence[Probe], serving: set[str], exempt: frozenset[str
 def judge(scenario: Scenario, targets: Sequence[Target], m: Measured, resolution_s: float = 0.0) -> list[Check]:
     """Every target of the scenario against what was measured, plus the false detections.
 
-    A probed time may have been earlier by its :attr:`Measured.uncertainty` (the change came after the probe before
-    the one that saw it, and the fault took effect up to the injection's length after the time counts from), so a
-    time within its target plus that passes, and the reason says so: detection 4.12 s against 4 s, seen 0.11 s after
-    the probe before it, from an injection that took 0.02 s, may have been 3.99 s. A time from the client's windows
-    (recovery) is known to ``resolution_s``. Shares (the client error rate) are counted exactly."""
+    A time is judged on its upper bound, the moment the probe that saw it returned, counted from the moment the
+    injection began: within its target it passes. It may have been earlier by its :attr:`Measured.uncertainty` (the
+    change came after the probe before the one that saw it, and the fault took effect up to the injection's length
+    after the time counts from): over its target, but within it on that lower bound, the check is *undecided* (the
+    run cannot tell, :func:`verdict` calls it invalid, never passed): detection 4.12 s against 4 s, seen 0.11 s after
+    the probe before it, from an injection that took 0.02 s, may have been 3.99 s. Over its target on both bounds it
+    fails. A time from the client's windows (recovery) is known to ``resolution_s``. Shares (the client error rate)
+    are counted exactly."""
     found: dict[TargetName, float | None] = {
         TargetName.DETECTION: m.detection_s,
         TargetName.RECOVERY: m.recovery_s,

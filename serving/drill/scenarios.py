@@ -433,7 +433,11 @@ def _flapping_targets(fleet: Fleet, targets: dict[TargetName, Target]) -> None:
     s, h = fleet.spec.serving, fleet.spec.health
     tick = s.heartbeat_interval_s / 2
     stop, migrate = flapping_probes(h, h.stop_routing_below), flapping_probes(h, h.migrate_below)
-    detect = stop * s.heartbeat_interval_s + s.health_check_timeout_s + 2 * tick
+    # the first of those probes is the one under way when the fault came (it passes), so the last starts
+    # (probes - 1) intervals after the fault at most; a fault that came between probes makes the first one after it
+    # fail, and the score needs one probe fewer (a pass at the cap moves nothing), from up to an interval later: the
+    # same bound
+    detect = (stop - 1) * s.heartbeat_interval_s + s.health_check_timeout_s + 2 * tick
     recover = detect + s.migration_timeout_s
     targets[TargetName.RECOVERY] = Target(
         TargetName.RECOVERY,
@@ -447,17 +451,21 @@ def _flapping_targets(fleet: Fleet, targets: dict[TargetName, Target]) -> None:
         detect,
         "s",
         f"{stop} probes from {h.cap} below {h.stop_routing_below}, one in two failing (−{h.timeout_penalty}, "
-        f"+{h.success_reward}, the first passing) × {s.heartbeat_interval_s:g} s + {s.health_check_timeout_s:g} s "
+        f"+{h.success_reward}, the first passing, under way when the fault came): {stop - 1} intervals × "
+        f"{s.heartbeat_interval_s:g} s + {s.health_check_timeout_s:g} s "
         f"timeout of the last probe + {tick:g} s the leader's tick + {tick:g} s its removal on every router = "
         f"{detect:g} s",
         "fault → the replica out of every router instance",
     )
-    restore = migrate * s.heartbeat_interval_s + s.health_check_timeout_s + s.migration_timeout_s + s.warmup_duration_s
+    restore = (
+        (migrate - 1) * s.heartbeat_interval_s + s.health_check_timeout_s + s.migration_timeout_s + s.warmup_duration_s
+    )
     targets[TargetName.RESTORATION] = Target(
         TargetName.RESTORATION,
         restore,
         "s",
-        f"{migrate} probes from {h.cap} below {h.migrate_below}, one in two failing × {s.heartbeat_interval_s:g} s + "
+        f"{migrate} probes from {h.cap} below {h.migrate_below}, one in two failing, the first under way when the "
+        f"fault came: {migrate - 1} intervals × {s.heartbeat_interval_s:g} s + "
         f"{s.health_check_timeout_s:g} s timeout of the last probe + {s.migration_timeout_s:g} s migration + "
         f"{s.warmup_duration_s:g} s warm-up = {restore:g} s",
         "fault → the replica restarted and back in rotation after its warm-up",
