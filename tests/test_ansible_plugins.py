@@ -442,6 +442,11 @@ def test_assess_uses_link_rate_and_the_source_utilisation_table() -> None:
     assert not slow.passed
     assert "45%–60% GPU utilisation (≥ 100 Gb/s: small tensor parallel)" in (slow.fix or "")
     assert "80%–92% GPU utilisation (≥ 400 Gb/s: all strategies)" in (slow.fix or "")
+    # below 25 Gb/s the measured and the link's rate share a band: the fix does not name one "instead of" itself
+    # (the test hosts' 1 Gb/s link said "puts 1 Gb/s at X instead of X")
+    starved = fabric.assess(0.78, 1.0)
+    assert not starved.passed and starved.fix is not None
+    assert "source's table" not in starved.fix and starved.fix.startswith("Check every port of the group with ibstat")
 
 
 def test_fabric_check_entries() -> None:
