@@ -130,6 +130,9 @@ def test_each_drill_meets_the_plans_targets_on_the_sandbox(sandbox: Sandbox, sce
             break
         undecided = [f"{c['name']}: {c['reason']}" for c in doc.get("checks", []) if c.get("undecided")]
         print(f"{scenario}: attempt {attempt} invalid ({doc['cadence'].get('why')}; {undecided}); measured again")
+        # kept beside the drill's report (CI keeps test-output/drills/): the table of a run names its invalid ones
+        OUTPUT.mkdir(parents=True, exist_ok=True)
+        (OUTPUT / f"{scenario}.invalid-attempt-{attempt}.json").write_text(json.dumps(doc, indent=1) + "\n")
         assert doc["settled"], "an invalid drill left the fleet not whole: it cannot be measured again"
         shutil.rmtree(report, ignore_errors=True)
     failed = [f"{c['name']}: {c['reason']}" for c in doc.get("checks", []) if not c["ok"]]
