@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,30 +193,33 @@ def test_one_report_per_node_says_what_each_replica_answered_and_reaches_every_c
     assert counted.get(f"GET /health_generate {client}", 0) >= 2 and counted.get(f"GET /metrics {client}", 0) >= 1
 
 
-def test_a_hung_controller_does_not_stretch_the_agents_heartbeat() -> None:
-    """A replica whose probe times out and a controller that never answers: awaited in the round, the send waited out
-    its own timeout after the probe's, and each round took both (0.3 + 0.3 s against a 0.4 s interval, as prod's
-    3 + 3 s against 5 s), so the node's reports came late and its replica's score moved slower than the plan says.
-    The report is sent while the next round waits: the other controller gets one every interval."""
-    interval = 0.4
+INTERVAL_S = 0.4  # the schedule tests' heartbeat, with a 0.3 s timeout (prod: 5 s and 3 s)
+
+
+def _reports_arriving(seconds: float, changes: Callable[[str], dict[str, Any]]) -> list[float]:
+    """Run an agent (0.4 s interval, 0.3 s timeout, no replica, the Stand as its controller, then ``changes`` of the
+    Stand's URL) for ``seconds``; when each report reached the Stand's ``/v1/reports``."""
 
     async def run() -> list[float]:
         stand = Stand()
         runner, base = await _serving(stand)
         config = AgentConfig(
-            node="gpu-r00-n00",
-            replicas=(("hung", base + "/hung", ()),),
-            controllers=(base, base + "/hung"),
-            interval_s=interval,
-            timeout_s=0.3,
-            max_running_requests=256,
-            link_rate_gbps=400.0,
+            **{
+                "node": "gpu-r00-n00",
+                "replicas": (),
+                "controllers": (base,),
+                "interval_s": INTERVAL_S,
+                "timeout_s": 0.3,
+                "max_running_requests": 256,
+                "link_rate_gbps": 400.0,
+                **changes(base),
+            }
         )
         agent = Agent(config)
         stop = asyncio.Event()
         running = asyncio.create_task(agent.run(stop))
         try:
-            await asyncio.sleep(12 * interval)
+            await asyncio.sleep(seconds)
         finally:
             stop.set()
             await running
@@ -225,18 +228,28 @@ def test_a_hung_controller_does_not_stretch_the_agents_heartbeat() -> None:
             await runner.cleanup()
         return stand.arrived
 
-    arrived = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_a_hung_controller_does_not_stretch_the_agents_heartbeat() -> None:
+    """A replica whose probe times out and a controller that never answers: awaited in the round, the send waited out
+    its own timeout after the probe's, and each round took both (0.3 + 0.3 s against a 0.4 s interval, as prod's
+    3 + 3 s against 5 s), so the node's reports came late and its replica's score moved slower than the plan says.
+    The report is sent while the next round waits: the other controller gets one every interval."""
+    arrived = _reports_arriving(
+        12 * INTERVAL_S,
+        lambda base: {"replicas": (("hung", base + "/hung", ()),), "controllers": (base, base + "/hung")},
+    )
     gaps = [b - a for a, b in itertools.pairwise(arrived)]
-    assert len(arrived) >= 8, f"{len(arrived)} reports in {12 * interval:g} s at a {interval:g} s interval: {gaps}"
-    assert sum(gaps) / len(gaps) < 1.1 * interval, f"reports {sum(gaps) / len(gaps):.2f} s apart on average: {gaps}"
+    assert len(arrived) >= 8, f"{len(arrived)} reports in {12 * INTERVAL_S:g} s at a {INTERVAL_S:g} s interval: {gaps}"
+    assert sum(gaps) / len(gaps) < 1.1 * INTERVAL_S, f"reports {sum(gaps) / len(gaps):.2f} s apart on average: {gaps}"
 
 
 def test_a_slow_lookup_of_the_controllers_service_does_not_stop_the_reports(monkeypatch: pytest.MonkeyPatch) -> None:
     """The controllers' headless Service resolved per report: a lookup that hangs (a DNS outage; the event loop's
-    getaddrinfo for that name never returns) held each send, and a send superseded by the next report was cancelled before it
-    posted anything, so no controller heard from the node. The lookup is bounded by the probe timeout, runs once
-    at a time, and the reports go to the controllers known without it every interval."""
-    interval = 0.4
+    getaddrinfo for that name never returns) held each send, and a send superseded by the next report was cancelled
+    before it posted anything, so no controller heard from the node. The lookup is bounded by the probe timeout, runs
+    once at a time, and the reports go to the controllers known without it every interval."""
     service = "exaserve-controller.exaserve.svc"
     lookups: list[str] = []
     real = asyncio.base_events.BaseEventLoop.getaddrinfo
@@ -248,34 +261,8 @@ def test_a_slow_lookup_of_the_controllers_service_does_not_stop_the_reports(monk
         await asyncio.sleep(3600)  # the DNS does not answer
 
     monkeypatch.setattr(asyncio.base_events.BaseEventLoop, "getaddrinfo", getaddrinfo)
-
-    async def run() -> list[float]:
-        stand = Stand()
-        runner, base = await _serving(stand)
-        config = AgentConfig(
-            node="gpu-r00-n00",
-            replicas=(),
-            controllers=(base,),
-            interval_s=interval,
-            timeout_s=0.3,
-            max_running_requests=256,
-            link_rate_gbps=400.0,
-            controller_service=f"{service}:8480",
-        )
-        agent = Agent(config)
-        stop = asyncio.Event()
-        running = asyncio.create_task(agent.run(stop))
-        try:
-            await asyncio.sleep(8 * interval)
-        finally:
-            stop.set()
-            await running
-            await agent.aclose()
-            await runner.cleanup()
-        return stand.arrived
-
-    arrived = asyncio.run(run())
-    assert len(arrived) >= 6, f"{len(arrived)} reports in {8 * interval:g} s at a {interval:g} s interval"
+    arrived = _reports_arriving(8 * INTERVAL_S, lambda _base: {"controller_service": f"{service}:8480"})
+    assert len(arrived) >= 6, f"{len(arrived)} reports in {8 * INTERVAL_S:g} s at a {INTERVAL_S:g} s interval"
     assert lookups == [service], "one lookup at a time, awaited again while it runs"
 
 
