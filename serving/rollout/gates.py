@@ -577,9 +577,11 @@ def p99_check(
             )
             return rise, Finding("p99", tuple(members), text)
     median = _median(latency)
-    if not reference_median_s or median is None or median <= (1 + limits.max_p99_rise) * reference_median_s:
+    if not reference_median_s or median is None:
         return rise, None
     bulk_bound = (1 + limits.max_p99_rise) * reference_median_s
+    if median <= bulk_bound:
+        return rise, None
     bulk = _slower_than(latency, bulk_bound)
     p_bulk = p_slower_than_median(bulk, latency.count)
     if p_bulk >= alpha / 2:

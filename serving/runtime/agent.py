@@ -102,7 +102,7 @@ def _share(value: float) -> float:
 
 
 class Agent:
-    """One node's agent; :meth:`once` probes and reports, :meth:`run` repeats it every interval."""
+    """One node's agent; :meth:`report` probes, :meth:`send` reports, :meth:`run` does both every interval."""
 
     def __init__(self, config: AgentConfig, pods: NodePods | None = None) -> None:
         """``pods``: on Kubernetes, the node's serving pods replace the plan's replicas (listed every report)."""
@@ -246,9 +246,6 @@ class Agent:
         infos = await asyncio.get_running_loop().getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
         addresses = sorted({str(info[4][0]) for info in infos})
         return [f"http://[{a}]:{port}" if ":" in a else f"http://{a}:{port}" for a in addresses]
-
-    async def once(self) -> Mapping[str, int]:
-        return await self.send(await self.report())
 
     async def run(self, stop: asyncio.Event) -> None:
         """Report every ``interval_s`` on a fixed schedule: a slow probe does not shift the next one, and a report is
