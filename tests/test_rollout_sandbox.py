@@ -222,14 +222,13 @@ def test_fifty_percent_slower_release_trips_the_p99_gate(at_v1: Sandbox) -> None
 
 
 def test_release_that_never_becomes_healthy_hits_the_health_timeout_and_rolls_back(at_v1: Sandbox) -> None:
-    t0 = time.monotonic()
     with Load(at_v1.router_url) as load:
         r = at_v1.cli("rollout", "--to", "v2-stuck", "--json")
     doc = json_object(r)
     assert r.returncode == 1 and doc["outcome"] == "rolled_back", r.stderr
     state = load_state(at_v1.paths.journal_path)
     assert state is not None and "health timeout" in state.reason and "(503)" in state.reason
-    assert time.monotonic() - t0 < 40
+    assert f"not healthy after {GATED['rollout.health_timeout_s']:g} s" in state.reason, state.reason
     assert set(at_v1.versions().values()) == {"v1"} and len(at_v1.workers()) == REPLICAS
     assert load.report is not None and load.report.errors == 0, load.report.summary()
 
