@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
 import json
 import math
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -21,6 +23,7 @@ from hypothesis import strategies as st
 
 from serving.render.common import duration_buckets
 from serving.rollout.gates import (
+    FAMILY_ALPHA,
     MIN_REQUESTS,
     ROUTER_GATE_METRICS,
     Basis,
@@ -56,7 +59,7 @@ from serving.rollout.plan import GateLimits, RolloutPlan, plan_batches, plan_rol
 from serving.rollout.runner import Reading, Runner
 from serving.router.client import HistogramSnapshot, MetricsSnapshot, parse_only
 from serving.spec.stack import load_stack
-from serving.stats import binom_sf
+from serving.stats import betabinom_sf, p_slower_than_reference
 from tests.support.cli import exaserve_in_process, json_object
 from tests.support.stacks import fleet_of, spec_from
 
@@ -237,7 +240,7 @@ def test_qps_and_p99_are_judged_from_min_requests_on(requests: int, judged: bool
     windows = {"c0": replica(ok=requests), "p0": replica(ok=requests)}
     reference = GroupStats(("p0",), SECONDS, float(requests), 0.0, 0.1)
     drop, _ = qps_check("canary", ["c0"], windows, SECONDS, reference, LIMITS, 0.001, 1.0)
-    rise, _ = p99_check("canary", ["c0"], windows, 0.1, LIMITS, 0.001)
+    rise, _ = p99_check("canary", ["c0"], windows, 0.1, LIMITS, 0.001, None, float(requests))
     assert (drop is not None, rise is not None) == (judged, judged)
 
 
@@ -271,9 +274,9 @@ SECONDS = 4.0
 
 
 def histogram(latencies_s: list[float]) -> HistogramSnapshot:
-    bounds = [*BUCKETS, math.inf]
-    cumulative = tuple((le, float(sum(x <= le for x in latencies_s))) for le in bounds)
-    return HistogramSnapshot(cumulative, float(len(latencies_s)), sum(latencies_s))
+    ordered = sorted(latencies_s)
+    cumulative = tuple((le, float(bisect.bisect_right(ordered, le))) for le in [*BUCKETS, math.inf])
+    return HistogramSnapshot(cumulative, float(len(ordered)), sum(ordered))
 
 
 def replica(ok: int = 50, failed: int = 0, ms: float = 100.0, slow: int = 0, slow_ms: float = 150.0,
@@ -593,17 +596,51 @@ def test_a_router_reading_groups_each_workers_series_and_ignores_workers_not_ask
     assert set(snap.grouped("smg_worker_health", "worker")) == {"http://w:1", "http://w:2", "http://other:9"}
 
 
-def test_binomial_tails_exact_and_approximate() -> None:
-    assert binom_sf(1, 100, 0.001) == pytest.approx(1 - 0.999**100)
-    assert binom_sf(0, 10, 0.5) == 1.0 and binom_sf(11, 10, 0.5) == 0.0
-    assert binom_sf(6, 10, 0.5) == pytest.approx(sum(math.comb(10, i) for i in range(6, 11)) / 1024)
-    # Large counts: the tail summed from its far side agrees with the whole sum, both sides of the mean.
-    exact = sum(math.comb(400, i) * 0.25**i * 0.75 ** (400 - i) for i in range(81))
-    assert binom_sf(80, 400, 0.25) == pytest.approx(1 - exact + math.comb(400, 80) * 0.25**80 * 0.75**320, rel=1e-9)
-    assert binom_sf(81, 400, 0.25) == pytest.approx(1 - exact, rel=1e-9)
-    assert binom_sf(3, 1_000_000, 1e-6) == pytest.approx(
-        1 - sum(math.exp(-1) / math.factorial(i) for i in range(3)), rel=1e-3
+def _betabinom_pmf(i: int, n: int, a: int, b: int) -> float:
+    """Exact in integers: C(n, i) · B(i + a, n − i + b) / B(a, b), B(x, y) = (x − 1)! (y − 1)! / (x + y − 1)!."""
+    beta = lambda x, y: math.factorial(x - 1) * math.factorial(y - 1) / math.factorial(x + y - 1)  # noqa: E731
+    return math.comb(n, i) * beta(i + a, n - i + b) / beta(a, b)
+
+
+def test_beta_binomial_tails_are_exact_on_both_sides_of_the_mean() -> None:
+    assert betabinom_sf(0, 10, 2, 3) == 1.0 and betabinom_sf(11, 10, 2, 3) == 0.0
+    # U ~ Beta(1, 1) is uniform: every count of 0..n is as likely
+    assert betabinom_sf(4, 9, 1, 1) == pytest.approx(6 / 10)
+    for k in (3, 60, 61, 150):  # the mean is 400 · 3 / 20 = 60: summed from either side
+        exact = sum(_betabinom_pmf(i, 400, 3, 17) for i in range(k, 401))
+        assert betabinom_sf(k, 400, 3, 17) == pytest.approx(exact, rel=1e-9), k
+
+
+def test_a_reference_quantile_counts_the_reference_s_own_noise() -> None:
+    """The chance of 5 of 100 requests over the P99 of 20 reference requests, their 19th: each is over it with U ~
+    Beta(2, 19) (mean 9.5 %), so 5 is unremarkable; the binomial at 1 % said p = 0.003. A reference of a million
+    requests pins its P99: the binomial's answer."""
+    assert p_slower_than_reference(5, 100, 19, 20) == pytest.approx(
+        sum(_betabinom_pmf(i, 100, 2, 19) for i in range(5, 101)), rel=1e-9
     )
+    assert p_slower_than_reference(5, 100, 19, 20) > 0.5
+    binomial = 1 - sum(math.comb(100, i) * 0.01**i * 0.99 ** (100 - i) for i in range(5))
+    assert p_slower_than_reference(5, 100, 990_000, 1_000_000) == pytest.approx(binomial, rel=0.01)
+
+
+def test_a_small_reference_is_no_evidence_against_an_unchanged_release() -> None:
+    """2,000 canary requests against 20 reference requests of the same latency (lognormal, σ = 0.6), 300 seeded
+    trials: a binomial at 1 % treats the reference's "P99" (about its largest) as the distribution's, and 35 % of the
+    trials found the canary's P99 risen; the gate's level is 0.05 %. What 20 requests can tell is coarse: a release
+    2.2 × slower at σ = 0.3 is found against them; 1.8 × at σ = 0.6 is found against 200."""
+    rng = random.Random(7)
+
+    def found(slower: float, reference: int, sigma: float) -> bool:
+        baseline = histogram([0.1 * rng.lognormvariate(0, sigma) for _ in range(reference)])
+        canary = histogram([slower * 0.1 * rng.lognormvariate(0, sigma) for _ in range(2000)])
+        windows = {"c0": ReplicaWindow(2000.0, 0.0, canary)}
+        p99, median = baseline.quantile(0.99), baseline.quantile(0.5)
+        return p99_check("canary", ["c0"], windows, p99, LIMITS, FAMILY_ALPHA / 2, median, reference)[1] is not None
+
+    false_alarms = sum(found(1.0, 20, 0.6) for _ in range(300))
+    assert false_alarms <= 3, f"{false_alarms} of 300 trials of an unchanged release found slower"
+    assert sum(found(2.2, 20, 0.3) for _ in range(20)) >= 19
+    assert sum(found(1.8, 200, 0.6) for _ in range(20)) >= 19
 
 
 def test_the_canary_error_budget_ends_a_soak_only_once_the_interval_cannot_pass() -> None:

@@ -30,12 +30,13 @@ from typing import Any
 
 from serving.drill.scenarios import Scenario, Target, TargetName
 from serving.router.loadgen import TRANSPORT_ERROR, RequestResult
-from serving.stats import P99, p_slower_than_p99
+from serving.stats import P99, p_slower_than_reference
 
 Membership = Mapping[str, bool]  # worker URL → healthy, as one router instance lists its workers
 # A window is slow when more of its requests are slower than the baseline's P99 × (1 + rollout.max_p99_rise) than the
-# 1 % a P99 allows, by an exact binomial test at this level (the rollout gates' P99 test): a window's P99 over the
-# ~60 requests a second of a drill is nearly their maximum, and one request slowed by a busy machine is no evidence.
+# 1 % a P99 allows, by an exact test at this level that counts the baseline's own noise (the rollout gates' P99 test,
+# serving.stats): a window's P99 over the ~60 requests a second of a drill is nearly their maximum, and one request
+# slowed by a busy machine is no evidence.
 WINDOW_ALPHA = 0.001
 
 
@@ -105,11 +106,17 @@ class Gates:
 @dataclass(frozen=True)
 class Baseline:
     requests: int
+    ok: int  # the successes, whose latency the P99 is of
     ok_per_s: float
     p99_s: float
 
     def to_json(self) -> dict[str, Any]:
-        return {"requests": self.requests, "ok_per_s": round(self.ok_per_s, 3), "p99_s": _round(self.p99_s)}
+        return {
+            "requests": self.requests,
+            "ok": self.ok,
+            "ok_per_s": round(self.ok_per_s, 3),
+            "p99_s": _round(self.p99_s),
+        }
 
 
 @dataclass(frozen=True)
@@ -197,7 +204,8 @@ def p99(results: Sequence[RequestResult]) -> float:
 def baseline_of(results: Sequence[RequestResult], seconds: float) -> Baseline:
     """The client figures of the ``seconds`` before the fault (requests sent at t < 0)."""
     before = [r for r in results if -seconds <= r.sent_at_s < 0]
-    return Baseline(len(before), sum(map(_ok, before)) / seconds if seconds > 0 else 0.0, p99(before))
+    ok = sum(map(_ok, before))
+    return Baseline(len(before), ok, ok / seconds if seconds > 0 else 0.0, p99(before))
 
 
 def windows(results: Sequence[RequestResult], base: Baseline, gates: Gates, until: float) -> list[Window]:
@@ -214,7 +222,7 @@ def windows(results: Sequence[RequestResult], base: Baseline, gates: Gates, unti
     for i, bucket in enumerate(buckets):
         ok, errors, latency = sum(map(_ok, bucket)), sum(map(_failed, bucket)), p99(bucket)
         slow = sum(1 for r in bucket if _ok(r) and r.latency_s > limit)
-        chance = p_slower_than_p99(slow, ok) if not math.isnan(limit) else 1.0
+        chance = p_slower_than_reference(slow, ok, math.ceil(P99 * base.ok), base.ok) if not math.isnan(limit) else 1.0
         bad = None
         if errors:
             bad = f"{errors} of {len(bucket)} requests failed"

@@ -50,10 +50,11 @@ The verdict (:class:`Verdict`):
 Small groups make noisy figures: a replica that served 50 requests has a "P99" that is its slowest one,
 and the router's own split of traffic is uneven (see :func:`qps_check`). A relative finding (QPS or P99)
 therefore needs both the size the source sets *and* significance: for QPS the test of the canary's share
-of successes with the variance the peers' own spread shows, for P99 the exact binomial test of how many of
-its requests were slower than 1.3 × the baseline's P99 (more than 1 % is a P99 over the limit), and the same on
-the median for a shift of the whole distribution (more than half over 1.3 × the baseline's median: see
-:func:`p99_check`; stricter than the source, which judges the P99 only); all relative
+of successes with the variance the peers' own spread shows, for P99 the exact test of how many of its requests
+were slower than 1.3 × the baseline's P99 (more than 1 % is a P99 over the limit; beta-binomial, so that the
+baseline's own count counts: :mod:`serving.stats`), and the same on the median for a shift of the whole
+distribution (more than half over 1.3 × the baseline's median: see :func:`p99_check`; stricter than the source,
+which judges the P99 only); all relative
 tests of one verdict together have a 0.1 % chance of a false finding (:data:`FAMILY_ALPHA`, Bonferroni). The error gate stays strict, as
 the source wrote it. A window in which a router instance's counters went *down* spans its restart: it is not a
 measurement and :func:`window_stats` returns None so the caller measures again.
@@ -80,7 +81,7 @@ from serving.router.client import (
     MetricsSnapshot,
     Sample,
 )
-from serving.stats import MEDIAN, P99, p_slower_than_median, p_slower_than_p99
+from serving.stats import MEDIAN, P99, p_slower_than_reference
 
 ROUTER_INFERENCE_REQUESTS = "smg_router_requests_total"
 ROUTER_INFERENCE_DURATION = "smg_router_request_duration_seconds"
@@ -303,6 +304,12 @@ def _p99(h: HistogramSnapshot | None) -> float | None:
 
 def _median(h: HistogramSnapshot | None) -> float | None:
     return _quantile(h, MEDIAN)
+
+
+def _rank(q: float, count: float) -> int:
+    """The order statistic a histogram's ``q``-quantile of ``count`` observations stands for: the rank it is read at
+    (q·n) lies between the ⌊q·n⌋-th and the next; the lower one makes the latency test err towards no finding."""
+    return math.floor(q * count + 1e-9)
 
 
 def _slower_than(h: HistogramSnapshot, bound_s: float) -> float:
@@ -546,11 +553,13 @@ def p99_check(
     reference_p99_s: float | None,
     limits: GateLimits,
     alpha: float,
-    reference_median_s: float | None = None,
+    reference_median_s: float | None,
+    reference_count: float,
 ) -> tuple[float | None, Finding | None]:
     """The latency gate on ``members``' merged latency: the P99's rise against ``reference_p99_s`` (None: not
-    evaluated) and a finding when either of two rises is past the limit *and* significant by its exact binomial
-    test at ``alpha`` / 2:
+    evaluated) and a finding when either of two rises is past the limit *and* significant by its exact test at
+    ``alpha`` / 2, which counts the noise of a reference of ``reference_count`` requests
+    (:func:`serving.stats.p_slower_than_reference`):
 
     * the tail, the source's gate: the P99 more than the limit over the reference's, with more than 1 % of the
       requests slower than (1 + limit) × the reference's P99;
@@ -569,7 +578,7 @@ def p99_check(
     if rise > limits.max_p99_rise:
         bound = (1 + limits.max_p99_rise) * reference_p99_s
         slow = _slower_than(latency, bound)
-        p = p_slower_than_p99(slow, latency.count)
+        p = p_slower_than_reference(slow, latency.count, _rank(P99, reference_count), reference_count)
         if p < alpha / 2:
             text = (
                 f"{head} > +{limits.max_p99_rise:.0%} ({slow:.0f} of {latency.count:.0f} requests over "
@@ -583,7 +592,7 @@ def p99_check(
     if median <= bulk_bound:
         return rise, None
     bulk = _slower_than(latency, bulk_bound)
-    p_bulk = p_slower_than_median(bulk, latency.count)
+    p_bulk = p_slower_than_reference(bulk, latency.count, _rank(MEDIAN, reference_count), reference_count)
     if p_bulk >= alpha / 2:
         return rise, None
     text = (
@@ -752,12 +761,18 @@ def judge(
     clean = {r: w for r, w in peer_windows.items() if r not in broken}
     clean_latency = _merge(w.latency for w in clean.values())
     for r in outside_ids:  # each against the clean peers without it: the peers' histogram minus its own
+        if r in broken:
+            continue
         own = windows[r].latency
         rest = clean_latency - own if r in clean and clean_latency is not None and own is not None else clean_latency
         peers_left = len(clean) > (r in clean)
-        rest_p99 = _p99(rest) if peers_left else pre.p99_s if pre is not None else None
-        rest_median = _median(rest) if peers_left else pre.median_s if pre is not None else None
-        if r not in broken and (f := p99_check(r, [r], windows, rest_p99, limits, alpha, rest_median)[1]) is not None:
+        if peers_left:
+            rest_p99, rest_median, rest_count = _p99(rest), _median(rest), rest.count if rest is not None else 0.0
+        elif pre is not None:
+            rest_p99, rest_median, rest_count = pre.p99_s, pre.median_s, pre.successes
+        else:
+            rest_p99, rest_median, rest_count = None, None, 0.0
+        if (f := p99_check(r, [r], windows, rest_p99, limits, alpha, rest_median, rest_count)[1]) is not None:
             outside.append(f)
     flagged = {r for f in outside for r in f.replicas}
 
@@ -787,7 +802,9 @@ def judge(
                 f"shorter than {limits.qps_window_min_s:g} s, what the router's load polls need to average out "
                 "(power_of_two ranks workers by the loads it polled last)"
             )
-        p99_rise, p99 = p99_check("canary", members, windows, reference.p99_s, limits, alpha, reference.median_s)
+        p99_rise, p99 = p99_check(
+            "canary", members, windows, reference.p99_s, limits, alpha, reference.median_s, reference.successes
+        )
         breaches += [p99] if p99 is not None else []
     canary_stats = group_stats({r: windows[r] for r in members}, seconds)
 
