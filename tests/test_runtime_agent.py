@@ -8,6 +8,7 @@ no GPU for DCGM): the report is read back with the controller's own parser, the 
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import time
 from collections.abc import Callable, Iterator
@@ -264,6 +265,45 @@ def test_a_slow_lookup_of_the_controllers_service_does_not_stop_the_reports(monk
     arrived = _reports_arriving(8 * INTERVAL_S, lambda _base: {"controller_service": f"{service}:8480"})
     assert len(arrived) >= 6, f"{len(arrived)} reports in {8 * INTERVAL_S:g} s at a {INTERVAL_S:g} s interval"
     assert lookups == [service], "one lookup at a time, awaited again while it runs"
+
+
+def test_a_lookup_that_ends_after_its_report_stopped_waiting_still_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lookup of the controllers' Service outlives its report's wait (0.3 s), then ends: its addresses are what the
+    next report sends to while that report's own lookup is still running, and a late failure is retrieved, not left
+    for the event loop to report as a task exception never retrieved (the last addresses stay)."""
+    late = ["http://10.0.0.7:8480"]
+    answers = iter(["answer", "fail", "hang"])  # each ends 0.5 s after it started, but the DNS that hangs
+
+    async def lookup(service: str) -> list[str]:
+        kind = next(answers)
+        await asyncio.sleep(0.5 if kind != "hang" else 3600)
+        if kind == "fail":
+            raise OSError(-2, "Name or service not known")
+        return late
+
+    monkeypatch.setattr(Agent, "_lookup_service", staticmethod(lookup))
+    config = AgentConfig(node="gpu-r00-n00", replicas=(), controllers=(), interval_s=INTERVAL_S, timeout_s=0.3,
+                         max_running_requests=256, link_rate_gbps=400.0,
+                         controller_service="exaserve-controller.exaserve.svc:8480")  # fmt: skip
+
+    async def run() -> tuple[list[list[str]], list[dict[str, Any]]]:
+        unretrieved: list[dict[str, Any]] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, context: unretrieved.append(context))
+        agent = Agent(config)
+        seen = []
+        try:
+            for _ in range(4):  # a report every 0.6 s: each lookup ends (or not) after its report stopped waiting
+                seen.append(await agent._resolved())
+                await asyncio.sleep(0.3)
+        finally:
+            await agent.aclose()
+        gc.collect()  # a task's unretrieved exception is reported when the task is collected
+        await asyncio.sleep(0)
+        return seen, unretrieved
+
+    seen, unretrieved = asyncio.run(run())
+    assert seen == [[], late, late, late], seen
+    assert unretrieved == []
 
 
 def test_fleet_http_bounds_calls_in_flight_and_their_timeout_does_not_count_the_wait() -> None:

@@ -217,13 +217,15 @@ class Agent:
         """Every address of the controllers' headless Service (one per controller pod), resolved per report within the
         probe timeout; a lookup that fails or is still running then (a slow DNS) leaves the addresses it last
         resolved to, and a lookup still running is awaited again by the next report rather than started twice (each
-        runs in a thread of the loop's executor)."""
+        runs in a thread of the loop's executor). A lookup that ends after its report stopped waiting still counts:
+        its addresses are kept, its error retrieved (:meth:`_looked_up`)."""
         if self.config.controller_service is None:
             return []
         if self._lookup is None or self._lookup.done():
             self._lookup = asyncio.create_task(self._lookup_service(self.config.controller_service))
+            self._lookup.add_done_callback(self._looked_up)
         try:
-            self._service_addresses = await asyncio.wait_for(asyncio.shield(self._lookup), self.config.timeout_s)
+            await asyncio.wait_for(asyncio.shield(self._lookup), self.config.timeout_s)
         except TimeoutError:
             log.warning(
                 "controller service %s: not resolved within %g s; sending to the %d address(es) it last resolved to",
@@ -239,6 +241,17 @@ class Agent:
                 len(self._service_addresses),
             )
         return list(self._service_addresses)
+
+    def _looked_up(self, lookup: asyncio.Task[list[str]]) -> None:
+        """A lookup's end, awaited or not: its addresses replace the last ones; a failure is retrieved here (the report
+        that awaited it logs it; one that ended after its report stopped waiting is no one's to log), so it is never
+        left for the loop to report as unretrieved."""
+        if lookup.cancelled():
+            return
+        if lookup.exception() is None:
+            self._service_addresses = lookup.result()
+        else:
+            log.debug("controller service %s: a lookup failed: %s", self.config.controller_service, lookup.exception())
 
     @staticmethod
     async def _lookup_service(service: str) -> list[str]:
