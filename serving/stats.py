@@ -8,8 +8,9 @@ of the latency distribution above the reference's estimate. For the k-th smalles
 − k + 1, k) (the order statistic of a uniform sample); the count over the bound is then beta-binomial. A binomial at
 exactly 1 − q ignores the reference's own noise: 20 reference requests put their "P99" near their largest, which
 about 1/21 of the distribution exceeds, not 1 %, and 2,000 requests of an unchanged release then "rose" past it in
-7 % of trials with σ = 0.3 lognormal latency (35 % with σ = 0.6) at the gates' 0.025 % level
-(``tests/test_rollout_core.py::test_a_small_reference_is_no_evidence_against_an_unchanged_release``).
+7 % of trials with σ = 0.3 lognormal latency and 35 % with σ = 0.6 (that case is
+``tests/test_rollout_core.py::test_a_small_reference_is_no_evidence_against_an_unchanged_release``), where each of
+the gate's two latency tests runs at 0.025 %.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import pytest
 
 from serving.drill.engine import FleetUrls, look
 from serving.drill.measure import (
+    WINDOW_ALPHA,
     Check,
     Gap,
     Gates,
@@ -28,6 +29,7 @@ from serving.drill.measure import (
 from serving.drill.scenarios import SCENARIOS, TargetName, plan_targets, scenario_targets
 from serving.fleet_http import FleetHttp
 from serving.router.loadgen import TRANSPORT_ERROR, RequestResult
+from serving.stats import p_slower_than_reference
 from tests.support.json_server import json_server
 from tests.support.stacks import fleet_of, spec_from
 
@@ -128,6 +130,8 @@ def test_one_slow_request_in_a_window_is_no_degradation_a_slowed_share_is() -> N
     assert m.windows[0].bad is None, m.windows[0]  # its P99 is the 400 ms request: the old test called it degraded
     assert m.windows[0].p99_s == pytest.approx(0.4)
     assert m.windows[1].bad is not None and m.windows[1].bad.startswith("7 of 60 requests slower than 130 ms")
+    # the baseline's own count in the test: 6 of 60 over its 179th of 180 is no evidence at the judge's level
+    assert p_slower_than_reference(6, 60, 179, 180) > WINDOW_ALPHA > p_slower_than_reference(7, 60, 179, 180)
     assert m.recovery_s == 2.0
 
 

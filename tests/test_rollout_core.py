@@ -626,8 +626,8 @@ def test_a_reference_quantile_counts_the_reference_s_own_noise() -> None:
 def test_a_small_reference_is_no_evidence_against_an_unchanged_release() -> None:
     """2,000 canary requests against 20 reference requests of the same latency (lognormal, σ = 0.6), 300 seeded
     trials: a binomial at 1 % treats the reference's "P99" (about its largest) as the distribution's, and 35 % of the
-    trials found the canary's P99 risen; the gate's level is 0.05 %. What 20 requests can tell is coarse: a release
-    2.2 × slower at σ = 0.3 is found against them; 1.8 × at σ = 0.6 is found against 200."""
+    trials found the canary's P99 risen, where each latency test runs at 0.025 %. What 20 requests can tell is
+    coarse: a release 2.2 × slower at σ = 0.3 is found against them; 1.8 × at σ = 0.6 is found against 200."""
     rng = random.Random(7)
 
     def found(slower: float, reference: int, sigma: float) -> bool:
@@ -641,6 +641,27 @@ def test_a_small_reference_is_no_evidence_against_an_unchanged_release() -> None
     assert false_alarms <= 3, f"{false_alarms} of 300 trials of an unchanged release found slower"
     assert sum(found(2.2, 20, 0.3) for _ in range(20)) >= 19
     assert sum(found(1.8, 200, 0.6) for _ in range(20)) >= 19
+
+
+def test_the_latency_gate_reads_the_baseline_s_timed_requests_and_needs_min_requests_of_them() -> None:
+    """A peer whose worker exposes no latency histogram still counts in the router's successes: the baseline's
+    quantiles are of the others' timed requests, and that is the count the latency test is given. Fewer than
+    MIN_REQUESTS timed is no reference: the gate is inconclusive, and with the traffic ample the verdict is a pause
+    that says the baseline's latency was not measured, never a pass of a release 2 × slower; an operator who knows
+    passes it with --accept-inconclusive."""
+    # the canary 2 × slower; one peer timed 3 requests, five served 240 each with no histogram (QPS alike)
+    windows = {**{r: replica(ok=200, ms=200.0) for r in CANARY}, PEERS[0]: replica(ok=3)}
+    windows |= {r: ReplicaWindow(240.0, 0.0, None) for r in PEERS[1:]}
+    g = verdict_of(windows)
+    assert g.baseline is not None and g.verdict is not None
+    assert (g.baseline.timed, g.baseline.successes) == (3, 1203)
+    assert g.p99_rise is None and g.verdict.decision == "pause", g.verdict
+    why = f"3 of the baseline's requests timed; the test needs {MIN_REQUESTS} (a quantile of fewer is no reference)"
+    assert g.inconclusive["p99_rise"] == why
+    assert g.verdict.evidence[0].startswith(f"inconclusive, the baseline's latency was not measured: {why}. ")
+    accepted = verdict_of(windows, accept_inconclusive=True)
+    assert accepted.verdict is not None and accepted.verdict.decision == "pass"
+    assert f"latency not judged, passed by --accept-inconclusive: {why}" in accepted.verdict.evidence
 
 
 def test_the_canary_error_budget_ends_a_soak_only_once_the_interval_cannot_pass() -> None:

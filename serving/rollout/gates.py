@@ -307,8 +307,11 @@ def _median(h: HistogramSnapshot | None) -> float | None:
 
 
 def _rank(q: float, count: float) -> int:
-    """The order statistic a histogram's ``q``-quantile of ``count`` observations stands for: the rank it is read at
-    (q·n) lies between the ⌊q·n⌋-th and the next; the lower one makes the latency test err towards no finding."""
+    """The order statistic a histogram's ``q``-quantile of ``count`` observations stands for: it is read at rank q·n,
+    between the ⌊q·n⌋-th and the next, and the lower one makes the latency test err towards no finding. Within a
+    bucket (10 % wide in the rendered layout) the value is interpolated, as if its observations were spread evenly:
+    for a latency tighter than a bucket that reading, not the sample, is the error (the +30 % limit moves by a few
+    per cent either way)."""
     return math.floor(q * count + 1e-9)
 
 
@@ -341,10 +344,17 @@ class GroupStats:
     p99_s: float | None
     excluded: Mapping[str, str] = field(default_factory=dict)
     median_s: float | None = None
+    timed: float | None = None  # requests in the merged latency histogram (None: journals written before it)
 
     @property
     def successes(self) -> float:
         return self.requests - self.errors
+
+    @property
+    def timed_requests(self) -> float:
+        """The requests the P99 and median are of: the merged histogram's count (a member without a histogram
+        counts in ``requests`` only); an older journal's successes."""
+        return self.successes if self.timed is None else self.timed
 
     @property
     def replica_seconds(self) -> float:
@@ -364,6 +374,7 @@ class GroupStats:
             "qps_per_replica": self.qps_per_replica,
             "p99_s": self.p99_s,
             "median_s": self.median_s,
+            "timed": self.timed,
             "error_rate": self.error_rate,
             "requests": self.requests,
             "errors": self.errors,
@@ -381,6 +392,7 @@ class GroupStats:
             p99_s=data["p99_s"],
             excluded=dict(data.get("excluded", {})),
             median_s=data.get("median_s"),
+            timed=data.get("timed"),
         )
 
 
@@ -399,6 +411,7 @@ def group_stats(
         p99_s=_p99(latency),
         excluded=excluded,
         median_s=_median(latency),
+        timed=latency.count if latency is not None else 0.0,
     )
 
 
@@ -558,8 +571,11 @@ def p99_check(
 ) -> tuple[float | None, Finding | None]:
     """The latency gate on ``members``' merged latency: the P99's rise against ``reference_p99_s`` (None: not
     evaluated) and a finding when either of two rises is past the limit *and* significant by its exact test at
-    ``alpha`` / 2, which counts the noise of a reference of ``reference_count`` requests
-    (:func:`serving.stats.p_slower_than_reference`):
+    ``alpha`` / 2, which counts the noise of a reference of ``reference_count`` timed requests (those of the
+    histogram its quantiles are read from: :func:`serving.stats.p_slower_than_reference`). Neither side is judged
+    below :data:`MIN_REQUESTS` timed requests: a reference of 3 makes a median test that a release twice as slow
+    passes, so it is inconclusive, not a pass. Above that the test's power grows with the reference (docs/rollout.md
+    measures it: against 20, a release 2.2 × slower at σ = 0.3 lognormal is found, 1.5 × almost never).
 
     * the tail, the source's gate: the P99 more than the limit over the reference's, with more than 1 % of the
       requests slower than (1 + limit) × the reference's P99;
@@ -571,7 +587,7 @@ def p99_check(
     """
     latency = _merge(windows[r].latency for r in members)
     p99 = _p99(latency)
-    if latency is None or p99 is None or not reference_p99_s or latency.count < MIN_REQUESTS:
+    if latency is None or p99 is None or not reference_p99_s or min(latency.count, reference_count) < MIN_REQUESTS:
         return None, None
     rise = (p99 - reference_p99_s) / reference_p99_s
     head = f"{name} P99 {p99 * 1000:.1f} ms vs {reference_p99_s * 1000:.1f} ms: {rise:+.1%}"
@@ -769,7 +785,7 @@ def judge(
         if peers_left:
             rest_p99, rest_median, rest_count = _p99(rest), _median(rest), rest.count if rest is not None else 0.0
         elif pre is not None:
-            rest_p99, rest_median, rest_count = pre.p99_s, pre.median_s, pre.successes
+            rest_p99, rest_median, rest_count = pre.p99_s, pre.median_s, pre.timed_requests
         else:
             rest_p99, rest_median, rest_count = None, None, 0.0
         if (f := p99_check(r, [r], windows, rest_p99, limits, alpha, rest_median, rest_count)[1]) is not None:
@@ -803,7 +819,7 @@ def judge(
                 "(power_of_two ranks workers by the loads it polled last)"
             )
         p99_rise, p99 = p99_check(
-            "canary", members, windows, reference.p99_s, limits, alpha, reference.median_s, reference.successes
+            "canary", members, windows, reference.p99_s, limits, alpha, reference.median_s, reference.timed_requests
         )
         breaches += [p99] if p99 is not None else []
     canary_stats = group_stats({r: windows[r] for r in members}, seconds)
@@ -857,6 +873,27 @@ def judge(
     # soak, or a canary the router starved while traffic was ample, leaves the gates named inconclusive, not paused.
     blind = list(inconclusive) if thin_traffic else []
     undecided: list[Finding] = []
+    # The latency gate left unjudged by its baseline while the traffic was ample: the baseline's replicas served but
+    # their latency was not measured (no histogram series on their /metrics), so nothing bounds the canary's latency
+    # and a release twice as slow would pass. Not the traffic's doing: a pause that says so.
+    unmeasured = (
+        not thin_traffic
+        and "p99_rise" in inconclusive
+        and reference.timed_requests < MIN_REQUESTS
+        and canary_stats.timed_requests >= MIN_REQUESTS
+    )
+    if unmeasured and accept_inconclusive:
+        context.append(f"latency not judged, passed by --accept-inconclusive: {inconclusive['p99_rise']}")
+    elif unmeasured:
+        undecided.append(
+            Finding(
+                "inconclusive",
+                (),
+                f"inconclusive, the baseline's latency was not measured: {inconclusive['p99_rise']}. Check that the "
+                "baseline's replicas expose their latency histogram on /metrics and resume (the batch is soaked "
+                "again), or resume with --accept-inconclusive to pass it unjudged, or roll back",
+            )
+        )
     if blind and accept_inconclusive:
         context.append(
             "not judged, too little traffic, passed by --accept-inconclusive: "
@@ -967,11 +1004,15 @@ def _unjudged(
     if not p99_judged:
         latency = _merge(windows[r].latency for r in members)
         timed = latency.count if latency is not None else 0.0
-        out["p99_rise"] = (
-            f"{timed:.0f} of the canary's requests timed; the test needs {MIN_REQUESTS}"
-            if timed < MIN_REQUESTS
-            else "the baseline timed no request: no P99 to compare with"
-        )
+        if timed < MIN_REQUESTS:
+            out["p99_rise"] = f"{timed:.0f} of the canary's requests timed; the test needs {MIN_REQUESTS}"
+        elif reference.p99_s is None:
+            out["p99_rise"] = "the baseline timed no request: no P99 to compare with"
+        else:
+            out["p99_rise"] = (
+                f"{reference.timed_requests:.0f} of the baseline's requests timed; the test needs {MIN_REQUESTS} "
+                "(a quantile of fewer is no reference)"
+            )
     attempts = sum(windows[r].requests for r in members)
     if attempts < MIN_REQUESTS:
         out["error_rate"] = f"{attempts:.0f} upstream attempts reached the canary; its error rate needs {MIN_REQUESTS}"
