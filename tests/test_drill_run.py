@@ -42,11 +42,12 @@ from tests.support.stacks import sandbox_stack_file
 
 OUTPUT = REPO / "test-output" / "drills"
 # The drills judge client latency against the baseline measured before the fault: the rollout tests' client load
-# would read as the fault's, so scripts/test.sh runs the drills in a phase of their own (four workers, one sandbox
-# per group; CI: replica-crash "still degraded" beside the rollout tests, every probe on time).
+# would read as the fault's, so scripts/test.sh runs the drills in a phase of their own (three workers, one sandbox
+# per group; CI: replica-crash "still degraded" beside the rollout tests, every probe on time; four groups saturate
+# the two cores, and detections measured against the plan's worst case went over it).
 pytestmark = pytest.mark.drill
 
-SANDBOX_GROUPS = 4  # fifteen drills of about 40 s each: four sandboxes, four workers (tests/conftest.py)
+SANDBOX_GROUPS = 3  # fifteen drills of about 40 s each: three sandboxes, three workers (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -270,12 +270,16 @@ def test_a_slow_lookup_of_the_controllers_service_does_not_stop_the_reports(monk
 def test_a_lookup_that_ends_after_its_report_stopped_waiting_still_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     """A lookup of the controllers' Service outlives its report's wait (0.3 s), then ends: its addresses are what the
     next report sends to while that report's own lookup is still running, and a late failure is retrieved, not left
-    for the event loop to report as a task exception never retrieved (the last addresses stay)."""
+    for the event loop to report as a task exception never retrieved (the last addresses stay); a name the resolver
+    refuses outright (ValueError, not OSError) leaves them too instead of failing the report's every send."""
     late = ["http://10.0.0.7:8480"]
-    answers = iter(["answer", "fail", "hang"])  # each ends 0.5 s after it started, but the DNS that hangs
+    # each ends 0.5 s after it started, but a name idna refuses (at once) and the DNS that hangs
+    answers = iter(["answer", "fail", "refused", "hang"])
 
     async def lookup(service: str) -> list[str]:
         kind = next(answers)
+        if kind == "refused":
+            raise UnicodeError("encoding with 'idna' codec failed (UnicodeError: label empty or too long)")
         await asyncio.sleep(0.5 if kind != "hang" else 3600)
         if kind == "fail":
             raise OSError(-2, "Name or service not known")

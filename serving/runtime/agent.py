@@ -233,7 +233,7 @@ class Agent:
                 self.config.timeout_s,
                 len(self._service_addresses),
             )
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a name idna refuses, a port that is not a number
             log.warning(
                 "controller service %s: %s; sending to the %d address(es) it last resolved to",
                 self.config.controller_service,
@@ -248,10 +248,16 @@ class Agent:
         left for the loop to report as unretrieved."""
         if lookup.cancelled():
             return
-        if lookup.exception() is None:
+        error = lookup.exception()
+        if error is None:
             self._service_addresses = lookup.result()
-        else:
-            log.debug("controller service %s: a lookup failed: %s", self.config.controller_service, lookup.exception())
+        else:  # what DNS says is said by the report that awaits it; anything else is a bug to see
+            log.log(
+                logging.DEBUG if isinstance(error, OSError) else logging.WARNING,
+                "controller service %s: a lookup failed: %r",
+                self.config.controller_service,
+                error,
+            )
 
     @staticmethod
     async def _lookup_service(service: str) -> list[str]:
