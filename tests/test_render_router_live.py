@@ -226,8 +226,14 @@ def test_an_addition_retried_while_its_registration_is_pending_waits_for_that_on
     async def body() -> tuple[str, str, list[WorkerInfo]]:
         async with start_rendered_router(spec, workers) as rc:
             routers = RouterSet([rc.base_url])
+            deleted = time.monotonic()
             await routers.remove(victim.url, timeout_s=30)
             await routers.drains_ended(victim.url, timeout_s=30)
+            # The second POST must find the first registration pending. smg erases the job status it keeps under
+            # the URL when it notices the removal job ended (removal_job_noticed_s, 6.4 s after the DELETE), and
+            # then takes a POST of that URL for a new job: measured, the 409 window closed 1.5 s after the drain
+            # ended, which a CI run on a loaded machine overran. The registration starts after that.
+            await asyncio.sleep(max(0.0, deleted + removal_job_noticed_s() + 0.5 - time.monotonic()))
             stop_process(workers.state, f"worker-{victim.port}")
             first = await rc.add_worker(victim.url)  # pending: its worker does not answer
             async with httpx.AsyncClient(timeout=10) as http:
