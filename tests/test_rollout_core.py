@@ -662,6 +662,10 @@ def test_the_latency_gate_reads_the_baseline_s_timed_requests_and_needs_min_requ
     accepted = verdict_of(windows, accept_inconclusive=True)
     assert accepted.verdict is not None and accepted.verdict.decision == "pass"
     assert f"latency not judged, passed by --accept-inconclusive: {why}" in accepted.verdict.evidence
+    # a baseline that served 3 requests in all is thin, not unmeasured: named inconclusive, no pause about /metrics
+    thin = verdict_of({**{r: replica(ok=200, ms=200.0) for r in CANARY}, PEERS[0]: replica(ok=3)})
+    assert thin.verdict is not None and thin.p99_rise is None and "p99_rise" in thin.inconclusive
+    assert not any("latency was not measured" in e for e in thin.verdict.evidence), thin.verdict
 
 
 def test_the_canary_error_budget_ends_a_soak_only_once_the_interval_cannot_pass() -> None:

@@ -117,8 +117,8 @@ AcceptInconclusiveOpt = Annotated[
     typer.Option(
         "--accept-inconclusive",
         help="Go on when there is too little traffic to judge a batch's gates (QPS, P99, error rate need "
-        "20 requests each): they pass unjudged, and the report says so. Without it such a rollout pauses, saying how "
-        "much traffic it needs.",
+        "20 requests each), or the baseline's latency was not measured: they pass unjudged for the rest of the run, "
+        "and the report says so. Without it such a rollout pauses, saying what it needs.",
     ),
 ]
 AllowDegradedOpt = Annotated[

@@ -353,8 +353,10 @@ class GroupStats:
     @property
     def timed_requests(self) -> float:
         """The requests the P99 and median are of: the merged histogram's count (a member without a histogram
-        counts in ``requests`` only); an older journal's successes."""
-        return self.successes if self.timed is None else self.timed
+        counts in ``requests`` only); an older journal's successes, none where it has no P99."""
+        if self.timed is not None:
+            return self.timed
+        return self.successes if self.p99_s is not None else 0.0
 
     @property
     def replica_seconds(self) -> float:
@@ -873,13 +875,14 @@ def judge(
     # soak, or a canary the router starved while traffic was ample, leaves the gates named inconclusive, not paused.
     blind = list(inconclusive) if thin_traffic else []
     undecided: list[Finding] = []
-    # The latency gate left unjudged by its baseline while the traffic was ample: the baseline's replicas served but
-    # their latency was not measured (no histogram series on their /metrics), so nothing bounds the canary's latency
-    # and a release twice as slow would pass. Not the traffic's doing: a pause that says so.
+    # The latency gate left unjudged by its baseline while the traffic was ample: the baseline's replicas served
+    # enough but their latency was not measured (no histogram series on their /metrics), so nothing bounds the
+    # canary's latency and a release twice as slow would pass. Not the traffic's doing: a pause that says so. A
+    # baseline that served too little is the thin-traffic case (named, judged on the fleet's traffic, above).
     unmeasured = (
         not thin_traffic
         and "p99_rise" in inconclusive
-        and reference.timed_requests < MIN_REQUESTS
+        and reference.successes >= MIN_REQUESTS > reference.timed_requests
         and canary_stats.timed_requests >= MIN_REQUESTS
     )
     if unmeasured and accept_inconclusive:

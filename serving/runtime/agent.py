@@ -243,21 +243,16 @@ class Agent:
         return list(self._service_addresses)
 
     def _looked_up(self, lookup: asyncio.Task[list[str]]) -> None:
-        """A lookup's end, awaited or not: its addresses replace the last ones; a failure is retrieved here (the report
-        that awaited it logs it; one that ended after its report stopped waiting is no one's to log), so it is never
-        left for the loop to report as unretrieved."""
+        """A lookup's end, awaited or not: its addresses replace the last ones; a failure is retrieved here, so it is
+        never left for the loop to report as unretrieved (what the resolver says, OSError or ValueError, the report
+        that awaited it logs; one that ended after its report stopped waiting was logged as not resolved in time)."""
         if lookup.cancelled():
             return
         error = lookup.exception()
         if error is None:
             self._service_addresses = lookup.result()
-        else:  # what DNS says is said by the report that awaits it; anything else is a bug to see
-            log.log(
-                logging.DEBUG if isinstance(error, OSError) else logging.WARNING,
-                "controller service %s: a lookup failed: %r",
-                self.config.controller_service,
-                error,
-            )
+        elif not isinstance(error, OSError | ValueError):  # those the report that awaits it logs; the rest is a bug
+            log.warning("controller service %s: a lookup failed: %r", self.config.controller_service, error)
 
     @staticmethod
     async def _lookup_service(service: str) -> list[str]:
