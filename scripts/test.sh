@@ -11,12 +11,13 @@
 #   1. CPU-bound: every test not marked `sandbox`, one module per worker (--dist loadfile), three workers (these
 #      tests wait on SSH hosts and subprocesses too: three workers kept 1.4 of the 2 cores busy); mypy and the YAML
 #      and Ansible checks run beside it;
-#   2. wait-bound: the `sandbox` tests but the drills (tests/conftest.py marks them), six workers, one sandbox each
-#      (--dist loadgroup: one module, or one of its SANDBOX_GROUPS, per worker). They idle most of their wall time
-#      (six workers kept 0.8 of a core busy); their judgments compare a canary with its peers in the same window,
-#      so a neighbour's load is weather to both. Eight workers (236 s instead of 281) failed two timing judgments in
-#      the second of two CI runs (a drain's requests finished before the restart read them; 503s from the router
-#      while a never-ready batch timed out): the neighbours' load, not the code.
+#   2. wait-bound: the `sandbox` tests but the drills (tests/conftest.py marks them), five workers, one sandbox each
+#      (--dist loadgroup: one module, or one of its SANDBOX_GROUPS, per worker). Their judgments compare a canary with
+#      its peers in the same window, so a neighbour's load is weather to both, but not to everything: six workers kept
+#      both cores busy (sampled per process, 2026-12-05: 1.4 cores on average, 5 runnable tasks, 21 at peak; not the
+#      0.8 of a core once written here) and failed, in four clean-clone runs of one day, a worker's start within the
+#      test stack's 5 s health timeout, a load generator's pace (270/s for 300) and a rollout's client load (27 HTTP
+#      503s of 3,084 from the router at a P99 of 551 ms). Eight workers had failed two such judgments in two runs.
 #   3. drills: the fault drills (`drill`, tests/test_drill_run.py), three workers, one sandbox per drill group, in a
 #      phase of their own: they judge client latency against the baseline taken before the fault, and the rollout
 #      tests' client load would read as the fault's. A drill group takes half a core: four saturated both cores, and
@@ -80,7 +81,7 @@ else
   checks_rc=0; wait "$checks" || checks_rc=$?
   cat test-output/static-checks.log
   if ((checks_rc)); then echo "== mypy or the YAML and Ansible checks failed (exit $checks_rc)"; ran=1; ((failed)) || failed=$checks_rc; fi
-  phase wait-bound "sandbox and not drill$gpu" 6 loadgroup "$@"
+  phase wait-bound "sandbox and not drill$gpu" 5 loadgroup "$@"
   phase drills "drill$gpu" 3 loadgroup "$@"
 fi
 if ((!ran)); then
