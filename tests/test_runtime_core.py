@@ -151,6 +151,31 @@ def test_killed_replica_timeline_on_fake_time() -> None:
     assert all(r.in_rotation for r in ctl.replicas.values())
 
 
+def test_a_dip_under_the_line_that_the_next_report_reverses_is_acted_on_at_the_next_tick() -> None:
+    """A flapping replica (fail, pass, fail, …) dips under the stop-routing line for one report at a time (59, then
+    60 after the next pass). The leader ticked on the score it found, so a tick that came after the pass missed the
+    dip, and the replica stayed in rotation a whole pair of probes longer than the plan says (the replica-flapping
+    drill: 21.9 s against its 20.8 s target). It acts on the lowest score since its last tick."""
+    ctl, agents = controller(), Agents()
+    flapping = PLAN.replicas[0].id
+    line = ctl.config.health.stop_routing_below
+    now, i = T0, 0
+    while True:  # reports only, no tick: fail, pass, fail, … until the score is under the line
+        i += 1
+        now += 5
+        ctl.receive(agents.report(PLAN.replicas[0].node.name, now, failing={flapping} if i % 2 else set()), now)
+        if ctl.replicas[flapping].score < line:
+            break
+    dip = ctl.replicas[flapping].score
+    now += 5
+    ctl.receive(agents.report(PLAN.replicas[0].node.name, now), now)  # the pass: back at or over the line
+    assert ctl.replicas[flapping].score >= line, "the test's premise: the dip is reversed before the tick"
+    [action] = run_actions(ctl, now)
+    assert action.kind is Kind.REMOVE and action.replica == flapping, action
+    assert f"score {dip}, the lowest since the last tick" in action.reason, action.reason
+    assert not ctl.replicas[flapping].in_rotation
+
+
 def test_dead_agent_makes_its_node_suspect_and_evicts_nothing() -> None:
     ctl, agents = controller(), Agents()
     silent, other = NODES

@@ -149,6 +149,10 @@ class ReplicaRecord:
     loading: bool = False  # restarted, its warm-up not over: its probes move no score
     node_forgiven: bool = False  # restarted for its node's score: that score no longer counts until the node recovers
     quarantined: bool = False
+    # the lowest score a report put it at since the last tick: a flapping replica dips under a line for one report
+    # (59, then 60 at the next pass), and a tick that came after the pass missed it (the replica-flapping drill: out
+    # at the next failure, one pair of probes later than the plan)
+    lowest: int | None = None
 
     @property
     def in_rotation(self) -> bool:
@@ -229,6 +233,7 @@ class Controller:
             rec = self.replicas[probe.id]
             if not rec.loading:
                 rec.score = next_score(rec.score, probe.ok, self.config.health)
+                rec.lowest = rec.score if rec.lowest is None else min(rec.lowest, rec.score)
                 judged += 1
                 failed += not probe.ok
             rec.figures = {
@@ -335,6 +340,8 @@ class Controller:
         for node in self.nodes.values():
             node.missed = int(max(0.0, now - node.last_report_at) // self.config.interval_s)
         if not acting:
+            for rec in self.replicas.values():
+                rec.lowest = None
             return []
         actions = []
         loads = self.loads()
@@ -344,6 +351,7 @@ class Controller:
             if rec.pending is not None or self.nodes[rec.node].suspect(self.config.missed_to_suspect):
                 continue
             action = self._decide(rec, loads[rec.id], rec.id in overloaded, now)
+            rec.lowest = None
             if action is not None:
                 rec.pending = action.kind
                 rec.state = _RUNNING.get(action.kind, rec.state)
@@ -374,9 +382,14 @@ class Controller:
         return rec.restarted_at is None or now >= rec.restarted_at + self.config.backoff_s(rec.restarts)
 
     def _decide(self, rec: ReplicaRecord, load: float, overloaded: bool, now: float) -> Action | None:
+        """On the lowest score since the last tick (a dip a later report reversed counts), the node's too."""
         score = self.effective_score(rec.id)
+        dipped = rec.lowest is not None and rec.lowest < score
+        score = min(score, rec.lowest) if rec.lowest is not None else score
         where = band(score, self.config.health)
         reason = f"score {score} (replica {rec.score}, node {self.nodes[rec.node].score})"
+        if dipped:
+            reason = f"score {score}, the lowest since the last tick (replica now {rec.score}, node {self.nodes[rec.node].score})"
         if rec.state is ReplicaState.SERVING and (where is not Band.OK or overloaded):
             if self.evicted() >= self.config.max_evicted:
                 self.counters.capped += 1
@@ -421,13 +434,14 @@ class Controller:
         elif action.kind is Kind.MIGRATE:
             rec.state = ReplicaState.OUT
             if ok:  # a fresh process: its own history starts again, warm-up still stands between it and clients
-                rec.score = self.config.health.start
+                rec.score, rec.lowest = self.config.health.start, None
                 rec.requests_total = None
                 rec.shed = False
                 rec.loading = True
                 rec.node_forgiven = band(self.nodes[rec.node].score, self.config.health) is not Band.OK
         elif ok:
             rec.state = ReplicaState.SERVING
+            rec.lowest = None  # back in rotation: what its probes said before this counts no more
             rec.shed = False
             rec.quarantined = False
             rec.unproven = 0
@@ -446,7 +460,7 @@ class Controller:
             rec.pending = None
             rec.state = ReplicaState.SERVING if rec.url in on_routers else ReplicaState.OUT
             if rec.state is ReplicaState.SERVING:
-                rec.score = max(rec.score, self.config.health.readmit_at)
+                rec.score, rec.lowest = max(rec.score, self.config.health.readmit_at), None
 
     # ----- load ------------------------------------------------------------------------------------
     def loads(self) -> dict[str, float]:
