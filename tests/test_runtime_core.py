@@ -176,6 +176,33 @@ def test_a_dip_under_the_line_that_the_next_report_reverses_is_acted_on_at_the_n
     assert not ctl.replicas[flapping].in_rotation
 
 
+def test_a_dip_while_a_removal_runs_does_not_restart_the_replica_once_it_is_out() -> None:
+    """The lowest score counts from the leader's last decision on the replica: a removal that drains while the
+    replica's probes take it under the migrate line and back over it is no reason to restart it once it is out (a
+    restart counts towards quarantine); its score then (30, the migrate line) keeps it out, no more."""
+    ctl, agents = controller(), Agents()
+    rid, node = PLAN.replicas[0].id, PLAN.replicas[0].node.name
+    health = ctl.config.health
+    now = T0
+
+    def report(ok: bool) -> None:
+        nonlocal now
+        now += 5
+        ctl.receive(agents.report(node, now, failing=set() if ok else {rid}), now)
+
+    while ctl.replicas[rid].score >= health.stop_routing_below:
+        report(False)
+    [remove] = ctl.tick(now, acting=True)
+    assert remove.kind is Kind.REMOVE
+    while ctl.replicas[rid].score >= health.migrate_below:  # while it drains: under the migrate line
+        report(False)
+    while ctl.replicas[rid].score < health.migrate_below:  # and back over it
+        report(True)
+    ctl.complete(remove, True)
+    assert ctl.tick(now, acting=True) == []
+    assert ctl.replicas[rid].state is ReplicaState.OUT and ctl.replicas[rid].restarts == 0
+
+
 def test_dead_agent_makes_its_node_suspect_and_evicts_nothing() -> None:
     ctl, agents = controller(), Agents()
     silent, other = NODES

@@ -349,6 +349,7 @@ class Controller:
         for rec in self.replicas.values():
             self._settle(rec, now)
             if rec.pending is not None or self.nodes[rec.node].suspect(self.config.missed_to_suspect):
+                rec.lowest = None  # a dip while its action runs (a drain) is no news for the decision after it
                 continue
             action = self._decide(rec, loads[rec.id], rec.id in overloaded, now)
             rec.lowest = None
@@ -382,14 +383,16 @@ class Controller:
         return rec.restarted_at is None or now >= rec.restarted_at + self.config.backoff_s(rec.restarts)
 
     def _decide(self, rec: ReplicaRecord, load: float, overloaded: bool, now: float) -> Action | None:
-        """On the lowest score since the last tick (a dip a later report reversed counts), the node's too."""
+        """On the replica's lowest score since its last decision (a dip a later report reversed counts), with the
+        node's current one."""
         score = self.effective_score(rec.id)
         dipped = rec.lowest is not None and rec.lowest < score
         score = min(score, rec.lowest) if rec.lowest is not None else score
         where = band(score, self.config.health)
         reason = f"score {score} (replica {rec.score}, node {self.nodes[rec.node].score})"
         if dipped:
-            reason = f"score {score}, the lowest since the last tick (replica now {rec.score}, node {self.nodes[rec.node].score})"
+            now_at = f"replica now {rec.score}, node {self.nodes[rec.node].score}"
+            reason = f"score {score}, the lowest since the last tick ({now_at})"
         if rec.state is ReplicaState.SERVING and (where is not Band.OK or overloaded):
             if self.evicted() >= self.config.max_evicted:
                 self.counters.capped += 1
@@ -430,6 +433,9 @@ class Controller:
             rec.unproven += 1
         if action.kind is Kind.REMOVE:
             rec.state = ReplicaState.OUT if ok else rec.state
+            rec.lowest = (
+                None  # what its probes said while it drained was the removal's; the next decision is on what follows
+            )
             rec.shed = rec.shed and ok
         elif action.kind is Kind.MIGRATE:
             rec.state = ReplicaState.OUT
@@ -441,7 +447,6 @@ class Controller:
                 rec.node_forgiven = band(self.nodes[rec.node].score, self.config.health) is not Band.OK
         elif ok:
             rec.state = ReplicaState.SERVING
-            rec.lowest = None  # back in rotation: what its probes said before this counts no more
             rec.shed = False
             rec.quarantined = False
             rec.unproven = 0
