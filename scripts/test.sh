@@ -22,9 +22,9 @@
 #      phase of their own: they judge client latency against the baseline taken before the fault, and the rollout
 #      tests' client load would read as the fault's. A drill group takes half a core: four saturated both cores, and
 #      the drills' detections, measured against the plan's worst case with no room for a late check, went over it
-#      (node-stall 4.01 s against 4 s twice, replica-flapping 21.95 s against 20.8 s, 2026-12-05). A starved prober is `invalid` and measured again; the recovery
-#      windows are judged by a binomial test (one slow request of ~60 is no evidence: CI once failed replica-crash on
-#      it beside the rollout tests).
+#      (node-stall 4.01 s against 4 s twice, 2026-12-05). A starved prober is `invalid` and measured again; the
+#      recovery windows are judged by an exact test that counts the baseline's own requests (one slow request of ~60
+#      is no evidence: CI once failed replica-crash on it beside the rollout tests).
 # The cpu-bound phase deals its modules longest first, and the split sandbox modules' tests are dealt into their groups
 # longest first, by the seconds each test took in the last measured run (tests/durations.json; tests/support/schedule.py
 # says how, and how to refresh it): a phase lasts as long as its busiest worker.

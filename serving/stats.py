@@ -56,9 +56,15 @@ def betabinom_sf(k: float, n: float, a: float, b: float) -> float:
     return max(0.0, 1.0 - _tail(k_i - 1, -1, -1, log_pmf))
 
 
+def nearest_rank(q: float, n: int) -> int:
+    """The nearest-rank ``q``-quantile's rank among ``n`` observations, 1-based: the ⌈q·n⌉-th smallest (at least the
+    first)."""
+    return min(n, max(1, math.ceil(q * n)))
+
+
 def p_slower_than_reference(slow: float, count: float, rank: int, reference: float) -> float:
     """The chance that ``slow`` or more of ``count`` requests are over (1 + limit) × the ``rank``-th smallest of
-    ``reference`` requests (the reference's quantile: a nearest-rank P99 is the ⌈0.99·n⌉-th) when their latency has
+    ``reference`` requests (the reference's quantile: a nearest-rank P99 is :func:`nearest_rank`'s) when their latency has
     not moved past the limit: beta-binomial, each request over it with U ~ Beta(n − rank + 1, rank). ``slow`` may be a
     histogram's interpolated count; its whole part is what was seen."""
     n = max(1, round(reference))

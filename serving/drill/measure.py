@@ -30,7 +30,7 @@ from typing import Any
 
 from serving.drill.scenarios import Scenario, Target, TargetName
 from serving.router.loadgen import TRANSPORT_ERROR, RequestResult
-from serving.stats import P99, p_slower_than_reference
+from serving.stats import P99, nearest_rank, p_slower_than_reference
 
 Membership = Mapping[str, bool]  # worker URL → healthy, as one router instance lists its workers
 # A window is slow when more of its requests are slower than the baseline's P99 × (1 + rollout.max_p99_rise) than the
@@ -198,7 +198,7 @@ def p99(results: Sequence[RequestResult]) -> float:
     latencies = sorted(r.latency_s for r in results if _ok(r))
     if not latencies:
         return math.nan
-    return latencies[min(len(latencies) - 1, max(0, math.ceil(P99 * len(latencies)) - 1))]
+    return latencies[nearest_rank(P99, len(latencies)) - 1]
 
 
 def baseline_of(results: Sequence[RequestResult], seconds: float) -> Baseline:
@@ -222,7 +222,8 @@ def windows(results: Sequence[RequestResult], base: Baseline, gates: Gates, unti
     for i, bucket in enumerate(buckets):
         ok, errors, latency = sum(map(_ok, bucket)), sum(map(_failed, bucket)), p99(bucket)
         slow = sum(1 for r in bucket if _ok(r) and r.latency_s > limit)
-        chance = p_slower_than_reference(slow, ok, math.ceil(P99 * base.ok), base.ok) if not math.isnan(limit) else 1.0
+        rank = nearest_rank(P99, base.ok)  # the baseline's P99 is its rank-th smallest success (p99 above)
+        chance = p_slower_than_reference(slow, ok, rank, base.ok) if not math.isnan(limit) else 1.0
         bad = None
         if errors:
             bad = f"{errors} of {len(bucket)} requests failed"

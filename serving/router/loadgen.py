@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from serving.stats import nearest_rank
+
 if TYPE_CHECKING:
     import aiohttp
 
@@ -112,7 +114,7 @@ class LoadReport:
         latencies = sorted(r.latency_s for r in self.results if 200 <= r.status < 300)
         if not latencies:
             return math.nan
-        return latencies[min(len(latencies) - 1, max(0, math.ceil(q * len(latencies)) - 1))]
+        return latencies[nearest_rank(q, len(latencies)) - 1]
 
     @property
     def p50_s(self) -> float:

@@ -149,9 +149,9 @@ class ReplicaRecord:
     loading: bool = False  # restarted, its warm-up not over: its probes move no score
     node_forgiven: bool = False  # restarted for its node's score: that score no longer counts until the node recovers
     quarantined: bool = False
-    # the lowest score a report put it at since the last tick: a flapping replica dips under a line for one report
-    # (59, then 60 at the next pass), and a tick that came after the pass missed it (the replica-flapping drill: out
-    # at the next failure, one pair of probes later than the plan)
+    # the lowest score a report put it at since the leader's last decision on it: a flapping replica dips under a
+    # line for one report (59, then 60 at the next pass), and a tick that came after the pass missed it (the
+    # replica-flapping drill: out at the next failure, one pair of probes later than the plan)
     lowest: int | None = None
 
     @property
@@ -348,11 +348,12 @@ class Controller:
         overloaded = set(self.shed_candidates(loads))
         for rec in self.replicas.values():
             self._settle(rec, now)
+            # what reports said since the last tick is this tick's to decide on; skipped (its action running, a
+            # drain), it is no news for the decision after
+            lowest, rec.lowest = rec.lowest, None
             if rec.pending is not None or self.nodes[rec.node].suspect(self.config.missed_to_suspect):
-                rec.lowest = None  # a dip while its action runs (a drain) is no news for the decision after it
                 continue
-            action = self._decide(rec, loads[rec.id], rec.id in overloaded, now)
-            rec.lowest = None
+            action = self._decide(rec, lowest, loads[rec.id], rec.id in overloaded, now)
             if action is not None:
                 rec.pending = action.kind
                 rec.state = _RUNNING.get(action.kind, rec.state)
@@ -382,12 +383,14 @@ class Controller:
             return False
         return rec.restarted_at is None or now >= rec.restarted_at + self.config.backoff_s(rec.restarts)
 
-    def _decide(self, rec: ReplicaRecord, load: float, overloaded: bool, now: float) -> Action | None:
-        """On the replica's lowest score since its last decision (a dip a later report reversed counts), with the
+    def _decide(
+        self, rec: ReplicaRecord, lowest: int | None, load: float, overloaded: bool, now: float
+    ) -> Action | None:
+        """On the replica's ``lowest`` score since its last decision (a dip a later report reversed counts), with the
         node's current one."""
         score = self.effective_score(rec.id)
-        dipped = rec.lowest is not None and rec.lowest < score
-        score = min(score, rec.lowest) if rec.lowest is not None else score
+        dipped = lowest is not None and lowest < score
+        score = min(score, lowest) if lowest is not None else score
         where = band(score, self.config.health)
         reason = f"score {score} (replica {rec.score}, node {self.nodes[rec.node].score})"
         if dipped:
@@ -433,9 +436,8 @@ class Controller:
             rec.unproven += 1
         if action.kind is Kind.REMOVE:
             rec.state = ReplicaState.OUT if ok else rec.state
-            rec.lowest = (
-                None  # what its probes said while it drained was the removal's; the next decision is on what follows
-            )
+            # what its probes said while it drained was the removal's; the next decision is on what follows
+            rec.lowest = None
             rec.shed = rec.shed and ok
         elif action.kind is Kind.MIGRATE:
             rec.state = ReplicaState.OUT
