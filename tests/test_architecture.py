@@ -275,6 +275,46 @@ def test_the_scheduler_deals_the_longest_module_first_and_refills_a_worker_only_
     assert worker["a"] == worker["b"], f"test_a was queued behind test_c: {ran}"
 
 
+def test_the_group_scheduler_starts_every_other_worker_on_the_lightest_group_then_deals_the_longest(
+    tmp_path: Path,
+) -> None:
+    """tests/support/schedule.py under ``--dist loadgroup`` on two workers (the sandbox phases): the first wave is the
+    heaviest group by the durations file (h) and the lightest (l), not the two heaviest; the worker that started on
+    the light one takes the heaviest left (m) when it reaches its last test, and the other gets what remains (x)."""
+    (tmp_path / "conftest.py").write_text(
+        "from tests.support.schedule import scheduler\n\n"
+        "def pytest_xdist_make_scheduler(config, log):\n"
+        "    return scheduler(config, log)\n"
+    )
+    log = tmp_path / "ran.log"
+    sleeps = {"x": 0.3, "m": 0.6, "l": 0.05, "h": 0.4}  # collected in this order; h reaches its last test first
+    for name, sleep in sleeps.items():
+        (tmp_path / f"test_{name}.py").write_text(
+            f"import os, time, pytest\npytestmark = pytest.mark.xdist_group({name!r})\n"
+            + "".join(
+                f"def test_{i}():\n"
+                f"    with open({str(log)!r}, 'a') as f:\n"
+                f"        f.write(f'{name} {{time.monotonic()}} {{os.environ[\"PYTEST_XDIST_WORKER\"]}}\\n')\n"
+                f"    time.sleep({sleep})\n"
+                for i in range(2)
+            )
+        )
+    durations = tmp_path / "durations.json"
+    weights = {"h": 50.0, "m": 40.0, "x": 10.0, "l": 1.0}
+    durations.write_text(json.dumps({f"test_{m}.py::test_{i}": w for m, w in weights.items() for i in range(2)}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", str(tmp_path)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False,
+        env={**os.environ, "EXASERVE_TEST_DURATIONS": str(durations), "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ran = sorted((float(t), m, w) for m, t, w in (line.split() for line in log.read_text().splitlines()))
+    assert len(ran) == 8, ran
+    worker = {m: w for _t, m, w in reversed(ran)}
+    assert {ran[0][1], ran[1][1]} == {"h", "l"}, f"the first wave is not the heaviest and the lightest: {ran}"
+    assert worker["h"] != worker["l"] and worker["m"] == worker["l"] and worker["x"] == worker["h"], ran
+
+
 def test_a_split_module_is_dealt_longest_test_first_to_the_lightest_group() -> None:
     """SANDBOX_GROUPS deals (tests/conftest.py): by the last run's seconds, not round-robin by position, so the two
     longest tests never share a sandbox while a group of short ones waits; a test not listed weighs UNLISTED_S."""
