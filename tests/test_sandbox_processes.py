@@ -53,6 +53,7 @@ from serving.sandbox.processes import (
     restart_worker,
     router_endpoints,
     start_router,
+    start_service,
     start_worker,
     stop_all,
     stop_process,
@@ -619,6 +620,50 @@ def test_worker_cli_reports_bad_values_without_traceback() -> None:
 
 
 # ----- process bookkeeping ----------------------------------------------------------------------------
+_SLOW_TO_STOP = (
+    "import signal, sys, time\n"
+    "log = open(sys.argv[1], 'a', buffering=1)\n"
+    "def term(*_):\n"
+    "    log.write(f'term {sys.argv[2]} {time.monotonic()}\\n'); time.sleep(0.5)\n"
+    "    log.write(f'exit {sys.argv[2]} {time.monotonic()}\\n'); sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, term)\n"
+    "log.write(f'ready {sys.argv[2]}\\n')\n"
+    "while True: time.sleep(1)\n"
+)
+
+
+def test_stop_all_stops_the_routers_together_then_the_rest_together(tmp_path: Path) -> None:
+    """An smg router takes half its shutdown grace period to exit when idle (5 s in the sandbox): stop_all signals
+    every router before it waits for any, and the rest likewise, but only once the routers are gone (no traffic
+    reaches a stopping worker). Each process here takes 0.5 s to exit after its SIGTERM."""
+    state = StateDir(tmp_path / "state")
+    log = tmp_path / "stops.log"
+    log.touch()
+    names = {"router-a": "router", "router-b": "router", "agent-x": "agent", "worker-y": "worker"}
+    for name, kind in names.items():
+        start_service(
+            state, name, kind, [sys.executable, "-c", _SLOW_TO_STOP, str(log), name], "http://127.0.0.1:1",
+            lambda name=name: f"ready {name}" in log.read_text(), 10,
+        )  # fmt: skip
+    assert stop_all(state) == ["router-a", "router-b", "agent-x", "worker-y"]
+    at = {
+        (ev, name): float(t)
+        for ev, name, t in (
+            line.split() for line in log.read_text().splitlines() if " " in line and not line.startswith("ready")
+        )
+    }
+    assert len(at) == 8, log.read_text()
+    routers, rest = ["router-a", "router-b"], ["agent-x", "worker-y"]
+    assert max(at["term", r] for r in routers) < min(at["exit", r] for r in routers), (
+        f"routers stopped one by one: {at}"
+    )
+    assert max(at["term", r] for r in rest) < min(at["exit", r] for r in rest), f"the rest stopped one by one: {at}"
+    assert max(at["exit", r] for r in routers) < min(at["term", r] for r in rest), (
+        f"a worker stopped before the routers: {at}"
+    )
+    assert state.records() == []
+
+
 @pytest.mark.slow
 def test_stop_all_from_another_process_stops_what_this_one_started(tmp_path: Path) -> None:
     state = StateDir(tmp_path / "state")
