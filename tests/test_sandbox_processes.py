@@ -328,9 +328,13 @@ def test_load_generator_agrees_with_the_routers_prometheus_counters(sandbox: San
     report, before, after = run(body)
     assert report.count == 600 and report.ok == 600
     # the offered rate is the sends' pace: count / wall also counts the last responses' latency (600 at 300/s: 2.1 s
-    # of wall for 2.0 s of sends on a quiet machine, 2.22 s on CI's loaded one, read as 270/s)
+    # of wall for 2.0 s of sends on a quiet machine, 2.22 s on CI's loaded one, read as 270/s). The generator keeps
+    # its schedule or counts the requests it sent late (tests/test_loadgen.py): a sender starved of CPU beside four
+    # other sandboxes offered 243/s (CI, 2026-12-05), which is the machine's pace, not the generator's; what must not
+    # happen is a shortfall it does not report
     sent = sorted(r.sent_at_s for r in report.results)
-    assert (len(sent) - 1) / (sent[-1] - sent[0]) == pytest.approx(300, rel=0.1) and report.late == 0
+    pace = (len(sent) - 1) / (sent[-1] - sent[0])
+    assert pace == pytest.approx(300, rel=0.1) or report.late > 0, f"{pace:.0f}/s offered for 300, none counted late"
     generate_requests = after.value(ROUTER_REQUESTS, path="/generate") - before.value(ROUTER_REQUESTS, path="/generate")
     assert generate_requests == report.count
     by_status = {code: n - before.responses_by_status().get(code, 0) for code, n in after.responses_by_status().items()}
