@@ -25,9 +25,10 @@
 #      (node-stall 4.01 s against 4 s twice, 2026-12-05). A starved prober is `invalid` and measured again; the
 #      recovery windows are judged by an exact test that counts the baseline's own requests (one slow request of ~60
 #      is no evidence: CI once failed replica-crash on it beside the rollout tests).
-# The cpu-bound phase deals its modules longest first, and the split sandbox modules' tests are dealt into their groups
-# longest first, by the seconds each test took in the last measured run (tests/durations.json; tests/support/schedule.py
-# says how, and how to refresh it): a phase lasts as long as its busiest worker.
+# Every phase deals its work longest first (the cpu-bound phase its modules; the sandbox phases their groups, but the
+# first wave's every other worker starts on the lightest group), and the split sandbox modules' tests are dealt into
+# their groups longest first, by the seconds each test took in the last measured run (tests/durations.json;
+# tests/support/schedule.py says how, and how to refresh it): a phase lasts as long as its busiest worker.
 # Each phase writes its JUnit XML (per-test times) to test-output/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,12 +46,9 @@ unset PYTHONDONTWRITEBYTECODE
 echo "== lock (uv.lock and requirements*.lock agree with pyproject.toml; offline)"; scripts/lock.sh --check
 echo "== ruff";          ruff check serving infra policies ansible tests bench scripts
 mkdir -p test-output
-mypy_cache=${XDG_CACHE_HOME:-$HOME/.cache}/exaserve/mypy
 static_checks() {  # mypy, the YAML and Ansible checks; a whole run does them beside the cpu-bound phase (below)
   set -e
-  # mypy's cache lives beside the other caches outside the checkout, so a clean clone's check is incremental (30 s of
-  # CPU cold, 2026-12-05); mypy re-checks every module whose source or options differ from the cached ones
-  echo "== mypy (strict on serving/)"; mypy --cache-dir "$mypy_cache" serving
+  echo "== mypy (strict on serving/)"; mypy serving
   echo "== yamllint";      yamllint -s .
   echo "== ansible-lint (production profile)"; (cd ansible && ansible-lint)
   echo "== ansible-test sanity"; scripts/ansible-sanity.sh
@@ -77,7 +75,7 @@ phase() {  # phase NAME MARKERS WORKERS DIST [PYTEST_ARGS…]; exit 5 (nothing s
 }
 selecting=$(($# > 0))  # PYTEST_ARGS may select tests of one phase only
 if ((fast)); then
-  echo "== mypy (strict on serving/)"; mypy --cache-dir "$mypy_cache" serving
+  echo "== mypy (strict on serving/)"; mypy serving
   phase fast "not sandbox and not hosts and not slow$gpu" 2 loadfile "$@"
 else
   # the cpu-bound phase keeps about 1.4 of the 2 cores busy (its tests wait on SSH hosts and subprocesses too): mypy

@@ -287,7 +287,8 @@ def test_the_group_scheduler_starts_every_other_worker_on_the_lightest_group_the
         "    return scheduler(config, log)\n"
     )
     log = tmp_path / "ran.log"
-    sleeps = {"x": 0.3, "m": 0.6, "l": 0.05, "h": 0.4}  # collected in this order; h reaches its last test first
+    # collected h, l, m, x (sorted), weighed h, m, x, l; l's worker reaches its last test first, then h's
+    sleeps = {"x": 0.3, "m": 0.6, "l": 0.05, "h": 0.4}
     for name, sleep in sleeps.items():
         (tmp_path / f"test_{name}.py").write_text(
             f"import os, time, pytest\npytestmark = pytest.mark.xdist_group({name!r})\n"
@@ -310,9 +311,11 @@ def test_the_group_scheduler_starts_every_other_worker_on_the_lightest_group_the
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     ran = sorted((float(t), m, w) for m, t, w in (line.split() for line in log.read_text().splitlines()))
     assert len(ran) == 8, ran
-    worker = {m: w for _t, m, w in reversed(ran)}
-    assert {ran[0][1], ran[1][1]} == {"h", "l"}, f"the first wave is not the heaviest and the lightest: {ran}"
-    assert worker["h"] != worker["l"] and worker["m"] == worker["l"] and worker["x"] == worker["h"], ran
+    runs: dict[str, list[str]] = {}
+    for _t, module, worker in ran:
+        runs.setdefault(worker, []).append(module)
+    # strictly longest first, h and m would start together; xdist's own order queues m behind h at the start
+    assert sorted(runs.values()) == [["h", "h", "x", "x"], ["l", "l", "m", "m"]], runs
 
 
 def test_a_split_module_is_dealt_longest_test_first_to_the_lightest_group() -> None:

@@ -213,6 +213,7 @@ def sandbox_load(
                 "p50_s": report.p50_s,
                 "p99_s": report.p99_s,
                 "status_counts": report.status_counts,
+                "late": report.late,
             },
             stack=st.name,
             ok=not report.errors,

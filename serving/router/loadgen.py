@@ -135,7 +135,7 @@ class LoadReport:
         return (
             f"{self.count} requests in {self.wall_s:.2f} s: {self.qps:.1f} ok/s, errors {self.errors} "
             f"({self.error_rate:.2%}), p50 {self.p50_s * 1000:.1f} ms, p99 {self.p99_s * 1000:.1f} ms, "
-            f"statuses {dict(sorted(self.status_counts.items()))}"
+            f"statuses {dict(sorted(self.status_counts.items()))}, {self.late} sent late"
         )
 
 
@@ -168,17 +168,17 @@ class LoadGenerator:
                 if await _sleep_until(due, stop):
                     break
                 await slots.acquire()
-                if time.monotonic() - due > 1 / spec.rate_per_s:
-                    self._late += 1
-                tasks.append(asyncio.create_task(self._one(session, slots, i)))
+                tasks.append(asyncio.create_task(self._one(session, slots, i, due)))
             await asyncio.gather(*tasks)
         return LoadReport(tuple(self._results), time.monotonic() - self._started, self._late)
 
-    async def _one(self, session: aiohttp.ClientSession, slots: asyncio.Semaphore, i: int) -> None:
+    async def _one(self, session: aiohttp.ClientSession, slots: asyncio.Semaphore, i: int, due: float) -> None:
         import aiohttp  # noqa: PLC0415 - already loaded by run()
 
         targets = self.spec.targets
         sent = time.monotonic()
+        if sent - due > 1 / self.spec.rate_per_s:
+            self._late += 1
         status, error = TRANSPORT_ERROR, None
         try:
             for attempt in range(min(2, len(targets))):

@@ -102,6 +102,13 @@ class StateDir:
     def forget(self, name: str) -> None:
         self.record_path(name).unlink(missing_ok=True)
 
+    def forget_stopped(self, record: ProcessRecord) -> None:
+        """Forget ``record``'s name unless the record now names another process (one started again under the same
+        name meanwhile, e.g. a worker a controller restarted while it was being stopped: its record stays)."""
+        now = self.read(record.name)
+        if now is not None and (now.pid, now.start_ticks) == (record.pid, record.start_ticks):
+            self.forget(record.name)
+
 
 # ----- ports and process identity --------------------------------------------------------------------
 EPHEMERAL_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -374,7 +381,7 @@ def stop_processes(state: StateDir, names: Sequence[str], *, timeout_s: float = 
         if time.monotonic() >= deadline:
             for record in records:
                 if record not in survivors:
-                    state.forget(record.name)
+                    state.forget_stopped(record)
             stuck = ", ".join(f"{r.name} (pid {r.pid})" for r in survivors)
             raise SandboxError(
                 f"{stuck} survived SIGKILL for {_KILL_WAIT_S:.0f} s (stuck in the kernel?); "
@@ -383,17 +390,21 @@ def stop_processes(state: StateDir, names: Sequence[str], *, timeout_s: float = 
             )
         time.sleep(_POLL_S)
     for record in records:
-        state.forget(record.name)
+        state.forget_stopped(record)
     return [r.name for r in alive]
 
 
 def stop_all(state: StateDir, *, timeout_s: float = 30.0) -> list[str]:
-    """Stop every recorded process: the routers first, so no new traffic reaches stopping workers, then the rest;
-    each set at once (:func:`stop_processes`)."""
+    """Stop every recorded process in three waves, each at once (:func:`stop_processes`): the routers, so no new
+    traffic reaches stopping workers; the controllers and agents, which restart workers; then the rest, once nothing
+    can start a worker the records do not yet show."""
     records = sorted(state.records(), key=lambda r: r.name)
-    routers = [r.name for r in records if r.kind == "router"]
-    rest = [r.name for r in records if r.kind != "router"]
-    return stop_processes(state, routers, timeout_s=timeout_s) + stop_processes(state, rest, timeout_s=timeout_s)
+    waves = [
+        [r.name for r in records if r.kind == "router"],
+        [r.name for r in records if r.kind in ("controller", "agent")],
+        [r.name for r in records if r.kind not in ("router", "controller", "agent")],
+    ]
+    return [name for wave in waves for name in stop_processes(state, wave, timeout_s=timeout_s)]
 
 
 def start_service(

@@ -109,9 +109,9 @@ class LongestGroupFirst(_LongestFirst, LoadGroupScheduling):  # type: ignore[mis
     rollouts together, and two clean-clone CI runs failed two timing judgments each (a drain's requests finished
     before the restart read them; 503s while a never-ready batch timed out; at six and eight workers and a 5 s health
     timeout, 2026-12-04); xdist's own order (by test count, a worker refilled while two tests are left on it) avoided
-    that but lasted 359 s for 1,345 s of tests on five workers (2026-12-05), where this deal's makespan over the same
-    groups is 271 s. The first wave's heavy rollouts start beside light groups; the light groups' workers take the
-    heavy ones next, when the first are half done."""
+    that but lasted 359 s for 1,345 s of tests on five workers (2026-12-05), this deal 285-315 s on clean clones
+    (simulated over the same groups' times: 271 s). The first wave mixes heavy and light groups; the light groups'
+    workers take the heaviest left next."""
 
     alternate_first_wave = True
 
