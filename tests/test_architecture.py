@@ -234,22 +234,22 @@ def test_xdist_keeps_a_group_on_one_worker(tmp_path: Path) -> None:
         assert [test.split("::")[1] for _, test in mine] == [f"test_{i}@{module}" for i in range(4)], mine
 
 
-def test_the_scheduler_deals_the_longest_module_first_and_refills_a_worker_only_at_its_last_test(
-    tmp_path: Path,
-) -> None:
-    """tests/support/schedule.py under ``--dist loadfile`` on two workers (the cpu-bound phase): the heaviest module by
-    its durations file (test_c, collected last) is dealt first, and the third goes to the worker that reaches its last
-    test first (test_b's, whose tests are shorter), not queued at the start behind test_c as xdist's own scheduler deals
-    it (it refills a worker that has two tests left)."""
+def _scheduled(
+    tmp_path: Path, dist: str, modules: dict[str, tuple[float, float]], *, grouped: bool = False
+) -> list[tuple[float, str, str]]:
+    """Run two-test modules ``name → (seconds each test sleeps, weight in the durations file)`` under
+    tests/support/schedule.py on two xdist workers with ``--dist dist`` (each module an ``xdist_group`` of its name
+    when ``grouped``): (start time, module, worker) of every test, in start order."""
     (tmp_path / "conftest.py").write_text(
         "from tests.support.schedule import scheduler\n\n"
         "def pytest_xdist_make_scheduler(config, log):\n"
         "    return scheduler(config, log)\n"
     )
     log = tmp_path / "ran.log"
-    for name, sleep in {"a": 0.1, "b": 0.3, "c": 1.5}.items():
+    for name, (sleep, _weight) in modules.items():
         (tmp_path / f"test_{name}.py").write_text(
-            "import os, time\n"
+            "import os, time, pytest\n"
+            + (f"pytestmark = pytest.mark.xdist_group({name!r})\n" if grouped else "")
             + "".join(
                 f"def test_{i}():\n"
                 f"    with open({str(log)!r}, 'a') as f:\n"
@@ -259,16 +259,26 @@ def test_the_scheduler_deals_the_longest_module_first_and_refills_a_worker_only_
             )
         )
     durations = tmp_path / "durations.json"
-    weights = {"a": 1.0, "b": 10.0, "c": 50.0}
-    durations.write_text(json.dumps({f"test_{m}.py::test_{i}": w for m, w in weights.items() for i in range(2)}))
+    durations.write_text(json.dumps({f"test_{m}.py::test_{i}": w for m, (_s, w) in modules.items() for i in range(2)}))
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile", str(tmp_path)],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", dist, str(tmp_path)],
         capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False,
         env={**os.environ, "EXASERVE_TEST_DURATIONS": str(durations), "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     ran = sorted((float(t), m, w) for m, t, w in (line.split() for line in log.read_text().splitlines()))
-    assert len(ran) == 6, ran
+    assert len(ran) == 2 * len(modules), ran
+    return ran
+
+
+def test_the_scheduler_deals_the_longest_module_first_and_refills_a_worker_only_at_its_last_test(
+    tmp_path: Path,
+) -> None:
+    """tests/support/schedule.py under ``--dist loadfile`` on two workers (the cpu-bound phase): the heaviest module by
+    its durations file (test_c, collected last) is dealt first, and the third goes to the worker that reaches its last
+    test first (test_b's, whose tests are shorter), not queued at the start behind test_c as xdist's own scheduler deals
+    it (it refills a worker that has two tests left)."""
+    ran = _scheduled(tmp_path, "loadfile", {"a": (0.1, 1.0), "b": (0.3, 10.0), "c": (1.5, 50.0)})
     worker = {m: w for _t, m, w in reversed(ran)}
     assert ran[0][1] == "c" or ran[1][1] == "c", ran  # dealt first (the two workers start together)
     assert len({w for _t, m, w in ran if m == "c"}) == 1 and worker["b"] != worker["c"], ran
@@ -281,38 +291,10 @@ def test_the_group_scheduler_starts_every_other_worker_on_the_lightest_group_the
     """tests/support/schedule.py under ``--dist loadgroup`` on two workers (the sandbox phases): the first wave is the
     heaviest group by the durations file (h) and the lightest (l), not the two heaviest; the worker that started on
     the light one takes the heaviest left (m) when it reaches its last test, and the other gets what remains (x)."""
-    (tmp_path / "conftest.py").write_text(
-        "from tests.support.schedule import scheduler\n\n"
-        "def pytest_xdist_make_scheduler(config, log):\n"
-        "    return scheduler(config, log)\n"
-    )
-    log = tmp_path / "ran.log"
     # collected h, l, m, x (sorted), weighed h, m, x, l; l's worker reaches its last test first, then h's
-    sleeps = {"x": 0.3, "m": 0.6, "l": 0.05, "h": 0.4}
-    for name, sleep in sleeps.items():
-        (tmp_path / f"test_{name}.py").write_text(
-            f"import os, time, pytest\npytestmark = pytest.mark.xdist_group({name!r})\n"
-            + "".join(
-                f"def test_{i}():\n"
-                f"    with open({str(log)!r}, 'a') as f:\n"
-                f"        f.write(f'{name} {{time.monotonic()}} {{os.environ[\"PYTEST_XDIST_WORKER\"]}}\\n')\n"
-                f"    time.sleep({sleep})\n"
-                for i in range(2)
-            )
-        )
-    durations = tmp_path / "durations.json"
-    weights = {"h": 50.0, "m": 40.0, "x": 10.0, "l": 1.0}
-    durations.write_text(json.dumps({f"test_{m}.py::test_{i}": w for m, w in weights.items() for i in range(2)}))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", str(tmp_path)],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False,
-        env={**os.environ, "EXASERVE_TEST_DURATIONS": str(durations), "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    ran = sorted((float(t), m, w) for m, t, w in (line.split() for line in log.read_text().splitlines()))
-    assert len(ran) == 8, ran
+    modules = {"x": (0.3, 10.0), "m": (0.6, 40.0), "l": (0.05, 1.0), "h": (0.4, 50.0)}
     runs: dict[str, list[str]] = {}
-    for _t, module, worker in ran:
+    for _t, module, worker in _scheduled(tmp_path, "loadgroup", modules, grouped=True):
         runs.setdefault(worker, []).append(module)
     # strictly longest first, h and m would start together; xdist's own order queues m behind h at the start
     assert sorted(runs.values()) == [["h", "h", "x", "x"], ["l", "l", "m", "m"]], runs
