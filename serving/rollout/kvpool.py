@@ -25,9 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from serving.router.client import MetricsSnapshot
+if TYPE_CHECKING:  # a type only: loading a stack (serving.spec.stack → serving.rollout.plan → here) must not import
+    # the HTTP clients (aiohttp and httpx: 0.27 s of every exaserve command's start)
+    from serving.router.client import MetricsSnapshot
 
 KV_POOL_TOKENS = "sglang:max_total_num_tokens"
 WEIGHT_MEMORY_GB = "sglang:weight_memory_usage_gb"
