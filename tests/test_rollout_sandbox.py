@@ -217,7 +217,15 @@ def test_fifty_percent_slower_release_trips_the_p99_gate(at_v1: Sandbox) -> None
     doc = json_object(r)
     assert r.returncode == 1 and doc["outcome"] == "rolled_back", r.stderr
     first = doc["batches"][0]
-    assert first["passed"] is False and first["gates"]["p99_rise"] > 0.30, first
+    verdict = first["verdict"]
+    assert first["passed"] is False and verdict["decision"] == "rollback", first
+    # the P99 gate tripped: on the tail (the P99 more than 30 % over the baseline's), or on the bulk when load had
+    # inflated the baseline's P99 (the median more than 30 % over, the whole distribution moved: p99_check in
+    # serving/rollout/gates.py). CI saw the bulk: a P99 only 28 % over a loaded baseline's, every request 50 % slower
+    breach = verdict["evidence"][0]
+    assert breach.startswith("breach confined to the canary: "), verdict
+    tail = first["gates"]["p99_rise"] > 0.30 and re.search(r" P99 .* > \+30% \(\d+ of \d+ requests over", breach)
+    assert tail or "the whole distribution moved" in breach, verdict
     assert set(at_v1.versions().values()) == {"v1"} and len(at_v1.workers()) == REPLICAS
 
 
