@@ -29,7 +29,7 @@ from itertools import pairwise
 from typing import Any
 
 from serving.drill.scenarios import Scenario, Target, TargetName
-from serving.router.loadgen import TRANSPORT_ERROR, RequestResult
+from serving.router.loadgen import TRANSPORT_ERROR, RequestResult, latency_quantile
 from serving.stats import P99, nearest_rank, p_slower_than_reference
 
 Membership = Mapping[str, bool]  # worker URL → healthy, as one router instance lists its workers
@@ -195,10 +195,7 @@ def _failed(r: RequestResult) -> bool:
 
 def p99(results: Sequence[RequestResult]) -> float:
     """Nearest-rank P99 of the successful requests' latency (as :class:`serving.router.loadgen.LoadReport`)."""
-    latencies = sorted(r.latency_s for r in results if _ok(r))
-    if not latencies:
-        return math.nan
-    return latencies[nearest_rank(P99, len(latencies)) - 1]
+    return latency_quantile(results, P99)
 
 
 def baseline_of(results: Sequence[RequestResult], seconds: float) -> Baseline:
@@ -219,10 +216,10 @@ def windows(results: Sequence[RequestResult], base: Baseline, gates: Gates, unti
     out = []
     limit = base.p99_s * (1 + gates.max_p99_rise)
     least = (1 - gates.max_qps_drop) * base.ok_per_s * w
+    rank = nearest_rank(P99, base.ok)  # the baseline's P99 is its rank-th smallest success (p99 above)
     for i, bucket in enumerate(buckets):
         ok, errors, latency = sum(map(_ok, bucket)), sum(map(_failed, bucket)), p99(bucket)
         slow = sum(1 for r in bucket if _ok(r) and r.latency_s > limit)
-        rank = nearest_rank(P99, base.ok)  # the baseline's P99 is its rank-th smallest success (p99 above)
         chance = p_slower_than_reference(slow, ok, rank, base.ok) if not math.isnan(limit) else 1.0
         bad = None
         if errors:

@@ -23,7 +23,7 @@ import asyncio
 import math
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +74,14 @@ class RequestResult:
     error: str | None = None
 
 
+def latency_quantile(results: Iterable[RequestResult], q: float) -> float:
+    """Nearest-rank ``q``-quantile of the successful (2xx) requests' latency in seconds; NaN with none."""
+    latencies = sorted(r.latency_s for r in results if 200 <= r.status < 300)
+    if not latencies:
+        return math.nan
+    return latencies[nearest_rank(q, len(latencies)) - 1]
+
+
 @dataclass(frozen=True)
 class LoadReport:
     results: tuple[RequestResult, ...]
@@ -113,10 +121,7 @@ class LoadReport:
 
     def latency_quantile(self, q: float) -> float:
         """Nearest-rank quantile of successful requests' latency in seconds; NaN with none."""
-        latencies = sorted(r.latency_s for r in self.results if 200 <= r.status < 300)
-        if not latencies:
-            return math.nan
-        return latencies[nearest_rank(q, len(latencies)) - 1]
+        return latency_quantile(self.results, q)
 
     @property
     def p50_s(self) -> float:
