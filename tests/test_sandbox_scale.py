@@ -90,6 +90,14 @@ def leader(sc: Scale) -> dict[str, Any]:
     return leading_controller(sc.spec)
 
 
+def controller_log(state: StateDir, lines: int = 30) -> str:
+    """The controllers' warnings (leadership, election, actions that failed), oldest first, the last ``lines``."""
+    found = [
+        line for log in state.root.glob("controller-*.log") for line in log.read_text(errors="replace").splitlines()
+    ]
+    return "\n".join(sorted(found)[-lines:])
+
+
 def leader_view(lead: dict[str, Any], victims: list[Any], leaders: set[str]) -> str:
     """What the leading controller says of the victims and their node, its eviction cap and its recent actions: the
     reason a migration did not come, printed when it did not."""
@@ -183,7 +191,10 @@ def test_one_report_per_node_reaches_the_controller_and_no_client_sees_a_node_lo
                 a["url"] for a in lead["actions"] if a["kind"] == "migrate" and a["ok"] and a["at"] >= killed_at
             }
             time.sleep(2)
-        assert migrated == urls, f"migrated {sorted(migrated)} of {sorted(urls)}; {leader_view(lead, victims, leaders)}"
+        assert migrated == urls, (
+            f"migrated {sorted(migrated)} of {sorted(urls)}; {leader_view(lead, victims, leaders)}\n"
+            f"the controllers' logs:\n{controller_log(scale.state)}"
+        )
         # a migration is done when the restart is under way (the port reopened, the release loading); the host then
         # says each one serving within the start-up budget, on a saturated machine too
         host = next(r for r in scale.state.records() if r.kind == "worker-host" and ports[0] in r.ports)

@@ -52,11 +52,14 @@ class Election(Protocol):
         ...
 
     async def renew(self, term: Term) -> Term | None:
-        """Extend the term; None when it is lost (the caller stops acting at once)."""
+        """Extend the term; None when the service answered that it is lost (the caller stops acting at once).
+        Raises :class:`ElectionError` when the service could not be asked: the term stands until its deadline and
+        the caller asks again (client-go's renew deadline), so one slow answer costs no leadership."""
         ...
 
     async def verify(self, term: Term) -> bool:
-        """The service still names this term's token as the leader's."""
+        """The service still names this term's token as the leader's; raises :class:`ElectionError` when it could
+        not be asked (no answer is no verdict: the caller must not act, but it has not been deposed)."""
         ...
 
     async def leader(self) -> str | None:
@@ -121,24 +124,20 @@ class EtcdElection:
         return Term(self.identity, int(txn["header"]["revision"]), sent + self.ttl_s, lease_id)
 
     async def renew(self, term: Term) -> Term | None:
+        """A lease etcd no longer has answers TTL 0 (etcd's ``LeaseKeepAlive`` turns ``ErrLeaseNotFound`` into a
+        response with TTL 0: server/etcdserver/api/v3rpc/lease.go)."""
         sent = time.monotonic()
-        try:
-            result = await self._post("/v3/lease/keepalive", {"ID": term.lease_id})
-        except ElectionError:
-            return None
+        result = await self._post("/v3/lease/keepalive", {"ID": term.lease_id})
         if int(result.get("TTL", 0)) <= 0 or not await self.verify(term):
             return None
         return Term(term.identity, term.token, sent + self.ttl_s, term.lease_id)
 
     async def verify(self, term: Term) -> bool:
         key = _b64(self.key)
-        try:
-            txn = await self._post(
-                "/v3/kv/txn",
-                {"compare": [{"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": str(term.token)}]},
-            )
-        except ElectionError:
-            return False
+        txn = await self._post(
+            "/v3/kv/txn",
+            {"compare": [{"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": str(term.token)}]},
+        )
         return bool(txn.get("succeeded"))
 
     async def leader(self) -> str | None:
@@ -185,8 +184,15 @@ class KubernetesLeaseElection:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = http_client(timeout=timeout_s, headers=headers, verify=ca_tls(ca_path))
 
+    async def _send(self, method: str, url: str, body: dict[str, Any] | None = None) -> httpx.Response:
+        """One request to the API server; no answer is an :class:`ElectionError` (the service could not be asked)."""
+        try:
+            return await self._http.request(method, url, json=body)
+        except httpx.HTTPError as exc:
+            raise ElectionError(f"{method} {url}: {exc!r}") from exc
+
     async def _get(self) -> dict[str, Any] | None:
-        response = await self._http.get(f"{self.url}/{self.name}")
+        response = await self._send("GET", f"{self.url}/{self.name}")
         if response.status_code == 404:
             return None
         if response.status_code != 200:
@@ -217,7 +223,7 @@ class KubernetesLeaseElection:
                 "metadata": {"name": self.name, "namespace": self.namespace},
                 "spec": self._spec(0, now, now),
             }
-            response = await self._http.post(self.url, json=body)
+            response = await self._send("POST", self.url, body)
             if response.status_code == 409:
                 return None
             if response.status_code not in (200, 201):
@@ -238,7 +244,7 @@ class KubernetesLeaseElection:
 
     async def _put(self, lease: dict[str, Any], spec: dict[str, Any]) -> bool:
         body = {**lease, "spec": spec}
-        response = await self._http.put(f"{self.url}/{self.name}", json=body)
+        response = await self._send("PUT", f"{self.url}/{self.name}", body)
         if response.status_code == 409:  # someone wrote since our read (resourceVersion)
             return False
         if response.status_code != 200:
@@ -246,16 +252,15 @@ class KubernetesLeaseElection:
         return True
 
     async def renew(self, term: Term) -> Term | None:
+        """A write that lost a race (409: the Lease changed since it was read) is asked again, as client-go's renew
+        loop retries ``tryAcquireOrRenew`` until its renew deadline; the read then says who holds it."""
         sent, now = time.monotonic(), self.wall_clock()
-        try:
-            lease = await self._get()
-        except (ElectionError, httpx.HTTPError):
-            return None
+        lease = await self._get()
         if lease is None or not self._holds(lease, term):
             return None
         spec = dict(lease["spec"])
         if not await self._put(lease, {**spec, "renewTime": _micro_time(now)}):
-            return None
+            raise ElectionError(f"PUT lease {self.name}: it changed since it was read (409); asked again")
         return Term(term.identity, term.token, sent + self.ttl_s)
 
     def _holds(self, lease: dict[str, Any], term: Term) -> bool:
@@ -263,10 +268,7 @@ class KubernetesLeaseElection:
         return spec.get("holderIdentity") == term.identity and int(spec.get("leaseTransitions", 0)) == term.token
 
     async def verify(self, term: Term) -> bool:
-        try:
-            lease = await self._get()
-        except (ElectionError, httpx.HTTPError):
-            return False
+        lease = await self._get()
         return lease is not None and self._holds(lease, term)
 
     async def leader(self) -> str | None:

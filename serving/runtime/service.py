@@ -196,15 +196,21 @@ class ControllerService:
             await self.election.aclose()
 
     async def _lease_loop(self, stop: asyncio.Event) -> None:
+        """Renew every third of the lease. A renewal the coordination service did not answer keeps the term until its
+        deadline and is asked again at a ninth of the lease (client-go: renew deadline, retry period): a slow etcd (a
+        late fsync, a stalled process) must not hand leadership over, cancelling the actions under way, while the
+        lease still holds."""
         period = self.spec.runtime.lease_ttl_s / 3
         while not stop.is_set():
+            failed = False
             try:
                 await self._lease_step()
             except (ElectionError, RouterApiError, httpx.HTTPError, OSError) as exc:
+                failed = True
                 log.warning("%s: election: %s", self.identity, exc)
             if self.term is not None and not self.term.valid():
                 self._depose("term expired without renewal")
-            await _sleep(stop, period)
+            await _sleep(stop, period / 3 if failed and self.term is not None else period)
 
     async def _lease_step(self) -> None:
         if self.term is None:
@@ -312,6 +318,9 @@ class ControllerService:
 
     # ----- actions ---------------------------------------------------------------------------------
     async def _fence(self, term: Term) -> None:
+        """Before each change: the term is this instance's, still valid, and the service names its token. A service
+        that does not answer raises :class:`ElectionError`: no change is made, but the term stands (the lease loop
+        judges it)."""
         if self.term is not term and (self.term is None or self.term.token != term.token):
             raise Deposed("term ended")
         if not self.term.valid() or not await self.election.verify(self.term):

@@ -3,10 +3,13 @@ a failure under CI=true."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -19,9 +22,25 @@ def require_etcd() -> str:
     return require_binaries("etcd", package="etcd-server")[0]
 
 
+@dataclass(frozen=True)
+class Etcd:
+    url: str  # the client URL (v3 JSON gateway)
+    pid: int
+
+    @contextmanager
+    def stalled(self) -> Iterator[None]:
+        """etcd stopped (SIGSTOP) for the block: its connections stay open and nothing is answered, as from an etcd
+        stalled on a slow disk's fsync or starved of CPU."""
+        os.kill(self.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(self.pid, signal.SIGCONT)
+
+
 @contextmanager
-def running_etcd(directory: Path) -> Iterator[str]:
-    """A single-member etcd with its data in ``directory``; yields its client URL (v3 JSON gateway)."""
+def running_etcd(directory: Path) -> Iterator[Etcd]:
+    """A single-member etcd with its data in ``directory``."""
     binary = require_etcd()
     base = free_port_block(2)
     client, peer = f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"
@@ -51,7 +70,7 @@ def running_etcd(directory: Path) -> Iterator[str]:
             assert proc.poll() is None, (directory / "etcd.log").read_text()
             assert time.monotonic() < deadline, "etcd did not answer /health within 20 s"
             time.sleep(0.1)
-        yield client
+        yield Etcd(client, proc.pid)
     finally:
         proc.terminate()
         proc.wait(timeout=10)
