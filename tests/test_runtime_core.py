@@ -25,7 +25,7 @@ from serving.rollout.backends.kubernetes import KubeApi
 from serving.router.membership import RouterSet
 from serving.runtime.controller import Action, Controller, ControllerConfig, Kind, ReplicaState, replica_urls
 from serving.runtime.discovery import NodePods
-from serving.runtime.leader import ElectionError, EtcdElection, KubernetesLeaseElection
+from serving.runtime.leader import ElectionError, EtcdElection, KubernetesLeaseElection, Term
 from serving.runtime.reports import NodeReport, Rejection, ReplicaProbe, ReportRejected, parse_report
 from serving.runtime.score import above_mean, band, next_score, weighted_load
 from serving.runtime.service import ControllerService
@@ -446,6 +446,23 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Etcd]:
         yield server
 
 
+def raft_index(etcd: Etcd) -> int:
+    """The raft log's index: one more for each proposal (a write, a lease granted or revoked)."""
+    return int(httpx.post(etcd.url + "/v3/maintenance/status", json={}, timeout=5).json()["raftIndex"])
+
+
+def quiet_raft_index(etcd: Etcd) -> int:
+    """The raft index once etcd proposes nothing of its own for 0.3 s (at start it writes its cluster version)."""
+    before = raft_index(etcd)
+    for _ in range(50):
+        time.sleep(0.3)
+        now = raft_index(etcd)
+        if now == before:
+            return now
+        before = now
+    raise AssertionError(f"etcd kept proposing for 15 s: raft index {before}")
+
+
 def test_etcd_election_one_leader_takeover_after_the_lease_and_fencing(etcd: Etcd) -> None:
     """A wins; B cannot while A renews; A stops renewing (crash): B wins once A's 2 s lease expires, with a higher
     fencing token, and A's term no longer verifies (a deposed leader stops acting)."""
@@ -455,11 +472,11 @@ def test_etcd_election_one_leader_takeover_after_the_lease_and_fencing(etcd: Etc
         a, b = (EtcdElection([etcd.url], key, name, 2.0) for name in ("a", "b"))
         term_a = await a.campaign()
         assert term_a is not None
-        proposals = httpx.post(etcd.url + "/v3/maintenance/status", json={}, timeout=5).json()["raftIndex"]
+        proposals = quiet_raft_index(etcd)
         assert await b.campaign() is None
         assert await a.leader() == "a"
         # a follower's try while A leads proposes nothing to raft (it read the key; no lease granted and revoked)
-        assert httpx.post(etcd.url + "/v3/maintenance/status", json={}, timeout=5).json()["raftIndex"] == proposals
+        assert raft_index(etcd) == proposals
         renewed = await a.renew(term_a)
         assert renewed is not None and renewed.token == term_a.token
         assert await b.campaign() is None
@@ -502,7 +519,14 @@ def test_etcd_election_an_unanswered_renewal_is_no_verdict(etcd: Etcd) -> None:
         assert renewed is not None and renewed.token == term.token and renewed.deadline > term.deadline
         assert await b.campaign() is None and await a.leader() == "a"
         await a.resign(renewed)
-        await asyncio.gather(a.aclose(), b.aclose())
+        # the lease etcd keeps is never shorter than the term: 2.5 s is 3 s there (rounded to nearest it was 2 s)
+        c = EtcdElection([etcd.url], key, "c", 2.5)
+        short = await c.campaign()
+        assert short is not None
+        granted = httpx.post(etcd.url + "/v3/lease/timetolive", json={"ID": short.lease_id}, timeout=5).json()
+        assert int(granted["grantedTTL"]) == 3, granted
+        await c.resign(short)
+        await asyncio.gather(a.aclose(), b.aclose(), c.aclose())
 
     asyncio.run(scenario())
 
@@ -513,14 +537,16 @@ def test_a_leader_keeps_its_term_through_an_etcd_stall_shorter_than_its_lease(et
     keep-alive it did not answer within the client's 2 s counted as a lost lease, so the leader stood down with 6 s
     of its lease left, cancelling the actions under way, and no instance could lead until that lease expired (a
     fencing check that was not answered deposed it the same way). Now an unanswered renewal keeps the term to its
-    deadline and is asked again sooner; a fencing check that is not answered fails its action and deposes no one. A
-    stall longer than the lease still deposes the leader at its deadline."""
+    deadline and is asked again sooner; a fencing check that is not answered fails its action and deposes no one.
+    A stall longer than the lease deposes the leader at its deadline, not a client timeout later (a renewal still
+    waiting on etcd then is cut off, as client-go bounds its renewal by the renew deadline)."""
     fleet = fleet_of(
         spec_from("prod", cluster__pools__0__count=2, cluster__pools__0__racks=1, runtime__lease_ttl_s=4.0)
     )
 
     async def scenario() -> None:
-        election = EtcdElection([etcd.url], f"/exaserve/test/{time.monotonic_ns()}", "c0", 4.0, timeout_s=0.3)
+        # a client timeout of 1 s: a renewal that ran to it past the deadline would stand the leader down 1 s late
+        election = EtcdElection([etcd.url], f"/exaserve/test/{time.monotonic_ns()}", "c0", 4.0, timeout_s=1.0)
         svc = ControllerService(
             fleet, identity="c0", election=election, routers=RouterSet(["http://127.0.0.1:9"]), restarter=None
         )
@@ -537,19 +563,31 @@ def test_a_leader_keeps_its_term_through_an_etcd_stall_shorter_than_its_lease(et
                 held.append(svc.term is not None and svc.term.token == term.token)
                 await asyncio.sleep(0.05)
 
-        await watch(1.5)  # renewed at 0 and 1.33 s: the lease runs to 5.33 s
+        async def renewal() -> Term:
+            """The next renewal's term (the lease runs 4 s from it; renewed every 1.33 s)."""
+            before = svc.term.deadline if svc.term is not None else 0.0
+            async with asyncio.timeout(10):
+                while svc.term is None or svc.term.deadline == before:
+                    await asyncio.sleep(0.01)
+            return svc.term
+
+        await watch(1.0)
+        await renewal()
         replica = fleet.plan.replicas[0]
         action = Action(Kind.REMOVE, replica.id, svc.controller.replicas[replica.id].url, "a test")
-        with etcd.stalled():  # 1.5 … 3.5 s: the renewal at 2.67 s is not answered, asked again at 3.1 s
-            await asyncio.gather(watch(2.0), svc._execute(action, term))
+        with etcd.stalled():  # 2.5 s from a renewal: the next (1.33 s) is not answered, nor its retry; the lease is 4 s
+            await asyncio.gather(watch(2.5), svc._execute(action, term))
         await watch(1.5)
         assert held and all(held), f"the term was lost {held.count(False)} of {len(held)} times it was looked at"
         [entry] = svc.recent
         assert entry["ok"] is False and entry["detail"].startswith("ElectionError: no etcd endpoint answered"), entry
-        assert svc.term is not None and svc.term.valid()
-        with etcd.stalled():  # longer than the lease: the leader stops at its deadline
-            await asyncio.sleep(6.0)
-            assert svc.term is None
+        last = await renewal()
+        with etcd.stalled():  # longer than the lease: the leader stands down at its deadline
+            async with asyncio.timeout(10):
+                while svc.term is not None:
+                    await asyncio.sleep(0.01)
+            late = time.monotonic() - last.deadline
+        assert -0.05 <= late <= 0.5, f"stood down {late:+.2f} s from its term's deadline"
         stop.set()
         await lease_loop
         await election.aclose()

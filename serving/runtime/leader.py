@@ -8,10 +8,12 @@
   instance has seen the same record for ``leaseDurationSeconds`` on its own monotonic clock (client-go's rule),
   every write guarded by ``resourceVersion``. The fencing token is ``leaseTransitions``.
 
-A :class:`Term` is valid until its local deadline (the time the last renewal was *sent* plus the lease
-time), so a leader cut off from the coordination service stops acting before any follower can win the
-next term; :meth:`Election.verify` checks the token against the service before each batch of actions
-(a deposed leader stops at once, even when its clock lies).
+The service keeps the lease in whole seconds, rounded up (rounded to nearest, a 2.5 s lease was 2 s there and a
+leader acted past it). A :class:`Term` is valid until its local deadline (the time the last renewal was *sent* plus
+the lease time), so a leader cut off from the coordination service stops acting before any follower can win the next
+term; :meth:`Election.verify` checks the token against the service before each batch of actions (a deposed leader
+stops at once, even when its clock lies). Only an answer ends a term early: a renewal or a check the service did not
+answer raises :class:`ElectionError` and the term stands to its deadline.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, Protocol
 import httpx
 
 from serving.fleet_http import ca_tls, http_client
+from serving.render.common import whole_seconds
 
 
 class ElectionError(RuntimeError):
@@ -111,7 +114,7 @@ class EtcdElection:
         sent = time.monotonic()
         if await self.leader() is not None:
             return None
-        lease = await self._post("/v3/lease/grant", {"TTL": max(1, round(self.ttl_s))})
+        lease = await self._post("/v3/lease/grant", {"TTL": whole_seconds(self.ttl_s)})
         lease_id = str(lease["ID"])
         key = _b64(self.key)
         txn = await self._post(
@@ -206,7 +209,7 @@ class KubernetesLeaseElection:
     def _spec(self, transitions: int, acquired: float, now: float) -> dict[str, Any]:
         return {
             "holderIdentity": self.identity,
-            "leaseDurationSeconds": max(1, round(self.ttl_s)),
+            "leaseDurationSeconds": whole_seconds(self.ttl_s),
             "acquireTime": _micro_time(acquired),
             "renewTime": _micro_time(now),
             "leaseTransitions": transitions,

@@ -202,15 +202,21 @@ class ControllerService:
         lease still holds."""
         period = self.spec.runtime.lease_ttl_s / 3
         while not stop.is_set():
-            failed = False
+            failed, term = False, self.term
             try:
-                await self._lease_step()
-            except (ElectionError, RouterApiError, httpx.HTTPError, OSError) as exc:
+                if term is None:
+                    await self._lease_step()
+                else:  # a renewal still unanswered at the term's deadline ends the term then, not a timeout later
+                    await asyncio.wait_for(self._lease_step(), max(0.0, term.deadline - time.monotonic()))
+            except (ElectionError, RouterApiError, httpx.HTTPError, OSError, TimeoutError) as exc:
                 failed = True
-                log.warning("%s: election: %s", self.identity, exc)
+                log.warning("%s: election: %s", self.identity, str(exc) or "no answer before the term's deadline")
             if self.term is not None and not self.term.valid():
                 self._depose("term expired without renewal")
-            await _sleep(stop, period / 3 if failed and self.term is not None else period)
+            wait = period / 3 if failed and self.term is not None else period
+            if self.term is not None:  # awake at the deadline, to stand down on time (cancelling the actions under way)
+                wait = min(wait, max(0.0, self.term.deadline - time.monotonic()))
+            await _sleep(stop, wait)
 
     async def _lease_step(self) -> None:
         if self.term is None:
@@ -323,7 +329,8 @@ class ControllerService:
         judges it)."""
         if self.term is not term and (self.term is None or self.term.token != term.token):
             raise Deposed("term ended")
-        if not self.term.valid() or not await self.election.verify(self.term):
+        if not self.term.valid() or not await self.election.verify(self.term) or not self.term.valid():
+            # (valid again after the answer: one that came after the deadline confirms nothing)
             self._depose("fencing token no longer current")
             raise Deposed("fencing token no longer current")
 
