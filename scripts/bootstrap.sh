@@ -28,6 +28,14 @@ if ((${#missing[@]})); then
 fi
 
 PY=${EXASERVE_PYTHON:-python3}
+# --sglang-parser (scripts/test.sh): also the venv holding the pinned SGLang's real server parser, which the tests
+# run (scripts/sglang-manifest.sh; 2 GB in the user's cache, kept across clones). Its install (about 50 s of one core
+# on a machine without it) runs beside this one, which keeps one core busy; a machine that has it only checks it.
+parser=""
+if [[ ${1:-} == --sglang-parser ]]; then
+  parser_log=$(mktemp)
+  bash scripts/sglang-manifest.sh --venv-only >"$parser_log" 2>&1 & parser=$!
+fi
 stamp=.venv/.exaserve-installed
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
@@ -53,3 +61,11 @@ fi
 # The pinned CRDs: ../shared/crds (the offline mirror) or the cache is verified against the lock; only when
 # neither is there are the files fetched from upstream into the cache (and verified).
 .venv/bin/python -m serving.pulumi.crds fetch
+if [ -n "$parser" ]; then
+  if ! wait "$parser"; then
+    echo "bootstrap: building the SGLang parser venv failed (scripts/sglang-manifest.sh --venv-only):" >&2
+    tail -n 40 "$parser_log" >&2
+    exit 1
+  fi
+  rm -f "$parser_log"
+fi

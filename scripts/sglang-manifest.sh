@@ -9,18 +9,21 @@
 #
 #   scripts/sglang-manifest.sh                  rewrite the committed manifests in serving/data
 #   scripts/sglang-manifest.sh --out-dir DIR    write them to DIR instead (what the tests compare)
+#   scripts/sglang-manifest.sh --venv-only      build (or check) the SGLang venv only (scripts/bootstrap.sh)
 set -euo pipefail
 
 out_dir=serving/data
+venv_only=0
 while (($#)); do
   case "$1" in
     --out-dir) out_dir=$(realpath -m "${2:?--out-dir needs a folder}"); shift 2 ;;
-    *) echo "sglang-manifest: unknown argument '$1'; the only option is --out-dir DIR" >&2; exit 2 ;;
+    --venv-only) venv_only=1; shift ;;
+    *) echo "sglang-manifest: unknown argument '$1'; the options are --out-dir DIR and --venv-only" >&2; exit 2 ;;
   esac
 done
 cd "$(dirname "$0")/.."
 
-if [ ! -x .venv/bin/python ]; then
+if ((!venv_only)) && [ ! -x .venv/bin/python ]; then
   echo "sglang-manifest: .venv is missing; run scripts/bootstrap.sh first" >&2
   exit 2
 fi
@@ -41,6 +44,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$PY" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --no-deps --only-binary=:all: -r "$lock"
   echo "$want" >"$stamp"
+fi
+if ((venv_only)); then
+  exit 0
 fi
 # A clean environment: SGLANG_* variables change the parser (e.g. extra choices).
 run_clean() { env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="${HOME:-/root}" LC_ALL=C.UTF-8 "$@"; }

@@ -37,7 +37,7 @@ if [[ ${1:-} == --fast ]]; then
   fast=1
   shift
 fi
-bash scripts/bootstrap.sh
+bash scripts/bootstrap.sh --sglang-parser
 export PATH="$PWD/.venv/bin:$PATH"
 # Python caches the bytecode of what it imports (our modules, and pytest's assertion-rewritten tests) in __pycache__,
 # which git ignores; a machine that sets PYTHONDONTWRITEBYTECODE (this one does) compiles them again in every process:
