@@ -38,6 +38,7 @@ if [[ ${1:-} == --fast ]]; then
   shift
 fi
 bash scripts/bootstrap.sh --sglang-parser
+echo "== bootstrap: $SECONDS s"
 export PATH="$PWD/.venv/bin:$PATH"
 # Python caches the bytecode of what it imports (our modules, and pytest's assertion-rewritten tests) in __pycache__,
 # which git ignores; a machine that sets PYTHONDONTWRITEBYTECODE (this one does) compiles them again in every process:
@@ -48,12 +49,14 @@ echo "== ruff";          ruff check serving infra policies ansible tests bench s
 mkdir -p test-output
 static_checks() {  # mypy, the YAML and Ansible checks; a whole run does them beside the cpu-bound phase (below)
   set -e
-  echo "== mypy (strict on serving/)"; mypy serving
-  echo "== yamllint";      yamllint -s .
-  echo "== ansible-lint (production profile)"; (cd ansible && ansible-lint)
-  echo "== ansible-test sanity"; scripts/ansible-sanity.sh
-  echo "== ansible-playbook --syntax-check"
-  (cd ansible && ansible-playbook --syntax-check -i inventory/prod.exaserve.yml preflight.yml site.yml)
+  # each with its seconds: a machine without ansible-test's virtualenvs builds them in the sanity step (~50 s of CPU)
+  timed() { local name=$1 t=$SECONDS; shift; echo "== $name"; "$@"; echo "   ($name: $((SECONDS - t)) s)"; }
+  timed "mypy (strict on serving/)" mypy serving
+  timed "yamllint" yamllint -s .
+  timed "ansible-lint (production profile)" bash -c 'cd ansible && ansible-lint'
+  timed "ansible-test sanity" scripts/ansible-sanity.sh
+  timed "ansible-playbook --syntax-check" bash -c \
+    'cd ansible && ansible-playbook --syntax-check -i inventory/prod.exaserve.yml preflight.yml site.yml'
 }
 gpu=""  # gpu-marked tests run where torch sees a CUDA device; elsewhere they are deselected, and said so
 if [[ $(python -m tests.support.gpu 2>/dev/null) == 0 ]]; then gpu=" and not gpu"; echo "== no CUDA device: gpu tests deselected"; fi

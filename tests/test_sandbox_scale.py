@@ -104,11 +104,14 @@ def leader_view(lead: dict[str, Any], victims: list[Any], leaders: set[str]) -> 
     ids = {r.id for r in victims}
     replicas = [r for r in lead["replicas"] if r["id"] in ids]
     node = [n for n in lead["nodes"] if n["name"] == victims[0].node.name]
-    out = [r["id"] for r in lead["replicas"] if r["state"] != "serving"]
+    # the cap counts the replicas out of rotation; a suspect node's replicas keep theirs (state "suspect/serving")
+    out = [r["id"] for r in lead["replicas"] if not r["in_rotation"]]
+    states = Counter(r["state"] for r in lead["replicas"])
     kinds = Counter(f"{a['kind']}/{'ok' if a['ok'] else 'failed'}" for a in lead["actions"])
     return (
-        f"leaders seen {sorted(leaders)}; the victims {replicas}; their node {node}; not serving {len(out)} "
-        f"(cap {lead['eviction_cap']}): {out[:20]}; last {len(lead['actions'])} actions {kinds}: {lead['actions'][-5:]}"
+        f"leaders seen {sorted(leaders)}; the victims {replicas}; their node {node}; replica states {dict(states)}; "
+        f"out of rotation {len(out)} (cap {lead['eviction_cap']}): {out[:20]}; last {len(lead['actions'])} actions "
+        f"{kinds}: {lead['actions'][-5:]}"
     )
 
 
