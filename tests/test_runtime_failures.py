@@ -180,6 +180,40 @@ def test_the_service_counts_a_migration_its_fencing_check_stopped_as_a_restart_o
     assert restarter is None or restarter.asked == []
 
 
+class _DeposedWhileAsked:
+    """The fencing check's answer comes after the lease loop ended the term (it sets ``term`` to None, as ``_depose``
+    does while the check waits): a yes from the service about a term this instance no longer holds."""
+
+    def __init__(self) -> None:
+        self.service: ControllerService | None = None
+
+    async def verify(self, term: Term) -> bool:
+        assert self.service is not None
+        self.service.term = None
+        return True
+
+
+def test_a_fencing_answer_that_comes_after_the_term_ended_stops_the_action() -> None:
+    """The check reads the term again once the service answers: it read ``self.term`` after the await, found None and
+    raised AttributeError, which no handler of the action expects."""
+    election = _DeposedWhileAsked()
+    svc = ControllerService(
+        PROD,
+        identity="c0",
+        election=election,  # type: ignore[arg-type]  # only verify() is reached
+        routers=RouterSet(["http://127.0.0.1:9"]),  # never reached: the fence stops the action first
+        restarter=None,
+    )
+    election.service = svc
+    term = Term("c0", 7, time.monotonic() + 60)
+    svc.term = term
+    replica = PROD.plan.replicas[2]
+    asyncio.run(svc._execute(Action(Kind.REMOVE, replica.id, svc.controller.replicas[replica.id].url, "a test"), term))
+    [entry] = svc.recent
+    assert entry["ok"] is False and entry["detail"] == "Deposed: term ended", entry
+    assert svc.controller.replicas[replica.id].state is ReplicaState.SERVING
+
+
 def test_a_change_no_router_instance_answered_leaves_every_instance_unsynced_until_it_answers() -> None:
     """Finding 2's other half: with every router instance silent, a membership change failed and the instances that
     missed it were forgotten (only a partial failure marked its silent ones), so ExaServeRouterUnsynced stayed quiet

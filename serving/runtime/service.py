@@ -323,16 +323,23 @@ class ControllerService:
             await _sleep(stop, self.spec.scheduler.period_ms / 1000)
 
     # ----- actions ---------------------------------------------------------------------------------
+    def _still(self, term: Term) -> Term:
+        """This instance's current term, if it is ``term``'s (a renewal replaces the object, not the token)."""
+        if self.term is None or self.term.token != term.token:
+            raise Deposed("term ended")
+        return self.term
+
     async def _fence(self, term: Term) -> None:
         """Before each change: the term is this instance's, still valid, and the service names its token. A service
         that does not answer raises :class:`ElectionError`: no change is made, but the term stands (the lease loop
         judges it)."""
-        if self.term is not term and (self.term is None or self.term.token != term.token):
-            raise Deposed("term ended")
-        if not self.term.valid() or not await self.election.verify(self.term) or not self.term.valid():
-            # (valid again after the answer: one that came after the deadline confirms nothing)
-            self._depose("fencing token no longer current")
-            raise Deposed("fencing token no longer current")
+        current = self._still(term)
+        # the term read again after the answer: the lease loop may have ended it while the check waited, and an answer
+        # that came after the deadline confirms nothing
+        if current.valid() and await self.election.verify(current) and self._still(term).valid():
+            return
+        self._depose("fencing token no longer current")
+        raise Deposed("fencing token no longer current")
 
     async def _execute(self, action: Action, term: Term) -> None:
         started = time.monotonic()
