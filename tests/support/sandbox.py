@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import subprocess
 import threading
 import time
@@ -188,6 +189,21 @@ class Load:
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout=30)
         assert self.report is not None, "load generator did not finish"
+
+
+def p99_gate_breach(batch: Mapping[str, Any]) -> str:
+    """The evidence of a batch rolled back by the P99 gate on its canary, asserted: the tail (the P99 more than 30 %
+    over the reference's, with the requests over its bound counted) or, when load had inflated the reference's P99,
+    the bulk (the median more than 30 % over: the whole distribution moved; ``p99_check`` in serving/rollout/gates.py
+    documents both). CI saw the bulk twice on a release 50 % slower on every request: its P99 28 % over a loaded
+    baseline's, and 57 % under peers whose P99 a loaded moment had taken to 400 ms."""
+    verdict = batch["verdict"]
+    assert batch["passed"] is False and verdict["decision"] == "rollback", batch
+    breach = str(verdict["evidence"][0])
+    assert breach.startswith("breach confined to the canary: "), verdict
+    tail = batch["gates"]["p99_rise"] > 0.30 and re.search(r" P99 .* > \+30% \(\d+ of \d+ requests over", breach)
+    assert tail or "the whole distribution moved" in breach, verdict
+    return breach
 
 
 def wait_for_event(sandbox: Sandbox, to: str, phase: Phase, batch: int, timeout: float = 60) -> None:
