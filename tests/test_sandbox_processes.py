@@ -28,6 +28,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from serving import exposition
 from serving.router.client import (
     ROUTER_DURATION,
     ROUTER_REQUESTS,
@@ -62,6 +63,7 @@ from serving.sandbox.processes import (
 )
 from serving.sandbox.worker import WorkerConfig, health_answer_bound_s, parse_config
 from serving.spec.schema import FleetSpec
+from tests.support.exposition import comparable, reference
 from tests.support.sandbox import Sandbox, running_sandbox, until_each
 from tests.support.smg import DRAIN_SETTLE_S
 
@@ -388,6 +390,8 @@ def test_delete_cannot_cancel_a_pending_registration(sandbox: Sandbox) -> None:
             joined = await rc.wait_for_worker(worker_id, timeout_s=10)
             await rc.remove_worker(joined.id)
             await rc.wait_for_removal(joined.id, timeout_s=DRAIN_SETTLE_S + 5)
+            # removed already (the drain ended): smg answers 404, which a removal takes as done
+            assert await rc.remove_worker(joined.id) is False
         return job.job_status.status, job.job_status.message, joined.is_healthy
 
     try:
@@ -469,6 +473,19 @@ def test_worker_metrics_parse_with_sglang_names(sandbox: Sandbox) -> None:
     bad = httpx.get(url + "/v1/loads", params={"include": "core,bogus"}, timeout=5)
     assert bad.status_code == 400 and "bogus" in bad.json()["message"]
     assert httpx.get(url + "/get_load", timeout=5).status_code == 404  # SGLang 0.5.23 has no /get_load
+
+
+def test_the_real_routers_and_a_workers_expositions_take_the_fast_parser_with_prometheus_clients_samples(
+    sandbox: Sandbox,
+) -> None:
+    """smg's Rust exporter and the simulated worker's prometheus_client, after traffic: serving.exposition vouches
+    for every line (its speed is real on them) and gives prometheus_client's samples (tests/test_exposition.py)."""
+    report = run(lambda: load(sandbox.router_url, 50, 20))
+    assert report.errors == 0
+    for url in (sandbox.metrics_url, sandbox.configs[0].url + "/metrics"):
+        text = httpx.get(url, timeout=5).text
+        assert comparable(exposition._fast(text)) == comparable(reference(text)), url
+        assert len(text.splitlines()) > 20, text
 
 
 @pytest.mark.slow
