@@ -62,9 +62,18 @@ from serving.router.membership import RouterSet
 from serving.runtime.agent import Agent, AgentConfig
 from serving.runtime.leader import EtcdElection
 from serving.runtime.service import ControllerService
-from serving.sandbox.processes import ProcessRecord, StateDir, cpu_seconds, free_port, rss_mib, stop_process
+from serving.sandbox.processes import (
+    ProcessRecord,
+    SandboxError,
+    StateDir,
+    cpu_seconds,
+    free_port,
+    rss_mib,
+    stop_process,
+)
 from serving.sandbox.runtime import etcd_url, router_urls
 from serving.sandbox.worker_host import request_counts, stop_hosted
+from serving.sglang_health import SCHEDULER_HEALTH_PATH
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack_file
 from tests.support.cli import exaserve, exaserve_started, flat, json_object
@@ -76,7 +85,9 @@ SECTIONS = ("reference", "rollout", "node-loss", "scheduling")
 TRIAL_S = 15.0  # measured, after one heartbeat interval (+ 1 s) from the probe's first report
 JITTER_SHARE = 0.10  # a period "jitters" when its p99 lateness exceeds this share of the period
 ROUTER_CLIENT = "-"  # the router sends no User-Agent; the agents are exaserve-agent, the updater python-httpx
-AGENT_PROBE = "GET /health exaserve-agent"  # an agent's probe as a worker host counts it (method, path, client)
+# an agent's probe as a worker host counts it (method, path, client): the scheduler's health, which the agents ask
+# (counted as /health until they moved to /health_generate, the bench then saw no probe and 2e11 ms of CPU per probe)
+AGENT_PROBE = f"GET {SCHEDULER_HEALTH_PATH} exaserve-agent"
 
 
 # ----- process figures -------------------------------------------------------------------------------------------
@@ -559,18 +570,33 @@ def soaked(journal: Path, batch: int) -> bool:
     return state is not None and bool(state.batches[batch].passed)
 
 
-def run_rollout(sc: Scale, journal: Path, batches: int | None) -> subprocess.CompletedProcess[str]:
+ROLLOUT_CPU_KINDS = ("router", "worker-host", "agent", "controller", "etcd")
+
+
+def cpu_by_kind(sc: Scale, updater: int) -> dict[str, float]:
+    """CPU seconds so far of each kind of the sandbox's processes and of the updater (pid ``updater``)."""
+    out = {k: cpu_of(sc.records(k)) for k in ROLLOUT_CPU_KINDS}
+    with contextlib.suppress(SandboxError):  # it has exited
+        out["updater"] = cpu_seconds(updater)
+    return out
+
+
+def run_rollout(
+    sc: Scale, journal: Path, batches: int | None, cpu: list[tuple[float, dict[str, float]]]
+) -> subprocess.CompletedProcess[str]:
     """``exaserve rollout --to rehearsal``; with ``batches``, paused (SIGINT, as an operator's Ctrl-C) once that many
     batches passed their soak. The updater pauses where every replica is in the router: when the next batch already
-    started leaving (it starts at once after the soak), it is brought back first, and shown as cut short."""
-    # a router working through a batch's ring rebuilds stalls its other handlers (blocking locks on its tokio
-    # threads): its metrics may not answer for longer than the default 30 s grace (docs/scale.md)
+    started leaving (it starts at once after the soak), it is brought back first, and shown as cut short. Appends
+    ``(time.time(), CPU seconds by kind)`` to ``cpu`` every half second while it runs."""
+    # a router that a rollout's changes keep busy may answer its metrics late (3 routers on 2 cores beside 2,048
+    # workers): a longer grace than the default 30 s
     args = ("rollout", "--to", "rehearsal", "--json", "--router-grace-s", "600", "--stack-file", str(sc.stack_file))
     output = sc.state_dir / "rollout-cli"  # files, not pipes: its progress at scale fills a pipe and blocks it
     proc = exaserve_started(*args, env=sc.env, to=output)
     paused = False
     try:
         while proc.poll() is None:
+            cpu.append((time.time(), cpu_by_kind(sc, proc.pid)))
             if batches is not None and not paused and soaked(journal, batches - 1):
                 proc.send_signal(signal.SIGINT)
                 paused = True
@@ -587,6 +613,14 @@ def run_rollout(sc: Scale, journal: Path, batches: int | None) -> subprocess.Com
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+def cores_between(cpu: list[tuple[float, dict[str, float]]], start: float, end: float) -> dict[str, float]:
+    """Cores by kind of process between wall-clock times ``start`` and ``end``, from the samples nearest to them."""
+    if not cpu:
+        return {}
+    (t0, a), (t1, b) = (min(cpu, key=lambda sample: abs(sample[0] - t)) for t in (start, end))
+    return {k: round((b[k] - a[k]) / (t1 - t0), 3) for k in a if k in b} if t1 > t0 else {}
+
+
 def rollout(sc: Scale, rate: float, batches: int | None) -> dict[str, Any]:
     metrics = [r.metrics_url for r in sc.records("router")]
     journal = sc.state.root.parent / "rollout" / "journal.jsonl"
@@ -594,7 +628,8 @@ def rollout(sc: Scale, rate: float, batches: int | None) -> dict[str, Any]:
         time.sleep(10)
         dry = json_object(sc.cli("rollout", "--to", "rehearsal", "--dry-run", "--json"))
         before, started = router_calls(metrics), time.monotonic()
-        run = run_rollout(sc, journal, batches)
+        cpu: list[tuple[float, dict[str, float]]] = []
+        run = run_rollout(sc, journal, batches, cpu)
         wall = time.monotonic() - started
         after = router_calls(metrics)
         report = load.gen.report()
@@ -624,6 +659,7 @@ def rollout(sc: Scale, rate: float, batches: int | None) -> dict[str, Any]:
                 records[i]["event"]["step"]["phase"] == "soak" and records[i]["event"]["kind"] == "done" for i in mine
             ),
         }
+        row["cores"] = cores_between(cpu, records[mine[0] - 1]["written_at"], records[mine[-1]]["written_at"])
         for i in mine:
             ev = records[i]["event"]
             if ev["step"]["phase"] in ("remove", "readmit"):
@@ -748,7 +784,8 @@ def print_rollout(r: dict[str, Any], f: dict[str, Any]) -> None:
             f"   batch {row['batch']}{'' if row['passed'] else ' (cut short)'}: {row['span_s']} s "
             f"({r['configured_wait_per_batch_s']} s configured waits); out of "
             f"every router {row.get('remove_s_slowest_router')} s, back on every router "
-            f"{row.get('readmit_s_slowest_router')} s (slowest router)"
+            f"{row.get('readmit_s_slowest_router')} s (slowest router); cores "
+            + ", ".join(f"{k} {v:.2f}" for k, v in row.get("cores", {}).items())
         )
     for key, c in r["router_api_calls"].items():
         print(
