@@ -11,6 +11,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from serving.router import client as router_client
+from serving.router import membership
 from serving.router.client import RouterClient
 from serving.router.membership import RouterSet
 
@@ -71,3 +72,40 @@ def test_a_removal_that_another_removal_finished_first_is_done() -> None:
 
     assert asyncio.run(remove()) < 5
     assert deleted == ["w1"]
+
+
+def test_a_slow_round_of_job_statuses_is_asked_again_within_a_second() -> None:
+    """A round of GET /workers/{id} that takes long (a saturated machine: 12 s at 2,048 replicas) is asked again
+    after at most POLL_MAX_S, not four times its length: the worker ready just after the first round is seen then."""
+    started = 0.0
+
+    async def status(request: web.Request) -> web.Response:
+        await asyncio.sleep(0.5)  # the round's length
+        ready = asyncio.get_running_loop().time() - started > 0.6
+        wid = request.match_info["wid"]
+        return web.json_response(
+            {"id": wid, "url": "http://w1", "status": "ready" if ready else "pending", "is_healthy": ready}
+            | ({} if ready else {"job_status": {"job_type": "AddWorker", "status": "processing"}})
+        )
+
+    async def listing(_request: web.Request) -> web.Response:
+        return web.json_response({"workers": []})
+
+    async def post(_request: web.Request) -> web.Response:
+        return web.json_response({"status": "accepted", "worker_id": "w1", "url": "http://w1"}, status=202)
+
+    async def add() -> float:
+        nonlocal started
+        app = web.Application()
+        app.router.add_get("/workers", listing)
+        app.router.add_post("/workers", post)
+        app.router.add_get("/workers/{wid}", status)
+        async with TestServer(app) as server:
+            base = str(server.make_url("")).rstrip("/")
+            started = asyncio.get_running_loop().time()
+            observed = await RouterSet([base]).add("http://w1", timeout_s=10)
+        return observed.seconds_by_router[base]
+
+    # first round 0-0.5 s: pending; the next asked by 0.5 + POLL_MAX_S (1.0) and answered 0.5 s later; four times the
+    # round's length would have asked at 2.5 s
+    assert asyncio.run(add()) < 0.5 + membership.POLL_MAX_S + 0.5 + 0.4

@@ -50,6 +50,11 @@ POLL_S = 0.05  # between two rounds of GET /workers/{id} on one instance while w
 # ... and at least this many times as long as the last round took: a batch's 410 workers are 410 small reads per round
 # on each instance, which must not take the CPU the instances need to make the changes (docs/scale.md).
 POLL_COST_RATIO = 4.0
+# ... but a round of job statuses (not of full lists) never waits longer than this: its length is mostly the waits of
+# the machine and of this client, not the router's work (smg answers a job status in ~0.4 ms: 0.16 s of its CPU for a
+# round of 410). At 2,048 replicas on two cores a round took 12 s and the next came 48 s later: most of a batch's
+# readmission (docs/scale.md).
+POLL_MAX_S = 1.0
 PerRouter = Callable[[RouterClient], Awaitable[float]]  # one instance's part of an operation → its seconds
 Silent = dict[str, str]  # router instance → why it did not answer
 T = TypeVar("T")
@@ -213,7 +218,7 @@ class RouterSet:
                         "discovery registers a pod once the pod is selected, Ready and Running (its log says "
                         "'Registering worker URL … for pod NAME')"
                     )
-                await asyncio.sleep(max(POLL_S, POLL_COST_RATIO * (now - asked)))
+                await asyncio.sleep(max(POLL_S, POLL_COST_RATIO * (now - asked)))  # a list costs smg ~0.2 s
             ids = {w.id: url for url, w in listed.items()}
             await _until_each(client, started, timeout_s, ids, _ready, "does not answer ready and healthy")
             return time.monotonic() - started
@@ -311,7 +316,7 @@ async def _until_each(
 ) -> None:
     """Poll each worker's ``GET /workers/{id}`` (id → URL in ``ids``) until ``done`` holds for every one; past
     ``timeout_s`` raise, naming the instance, the URLs left and those it answered 404 for. Rounds are :data:`POLL_S`
-    apart, or :data:`POLL_COST_RATIO` times the last round's duration when that is longer."""
+    apart, or :data:`POLL_COST_RATIO` times the last round's duration when that is longer, up to :data:`POLL_MAX_S`."""
     left = dict(ids)
     while left:
         asked = time.monotonic()
@@ -325,7 +330,7 @@ async def _until_each(
                 f"router {client.base_url} {what} {_some(left.values())} after {timeout_s:g} s"
                 + _unknown(sorted(u for i, u in left.items() if workers[i] is None))
             )
-        await asyncio.sleep(max(POLL_S, POLL_COST_RATIO * (now - asked)))
+        await asyncio.sleep(min(POLL_MAX_S, max(POLL_S, POLL_COST_RATIO * (now - asked))))
 
 
 async def _until_drains_end(

@@ -1,0 +1,76 @@
+"""A replica's scrape for the gates (serving.rollout.runner.asked_again_after_a_timeout): a time-out is asked once more
+before the replica reads as down; a refused connection or an error answer is down at once. On a real aiohttp stand-in
+worker through the updater's own FleetHttp."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from serving.fleet_http import FleetHttp, HttpFailure
+from serving.rollout.runner import asked_again_after_a_timeout
+from serving.router.client import MetricsSnapshot, parse_only
+from serving.sandbox.processes import free_port
+
+METRICS = "# TYPE sglang:num_requests_total counter\nsglang:num_requests_total 7.0\n"
+
+
+def scrape_with(stalls: list[float], status: int = 200) -> tuple[MetricsSnapshot | str, int]:
+    """Scrape a worker whose n-th /metrics answers after ``stalls[n]`` seconds (the last repeats), 0.3 s bound."""
+    asked = 0
+
+    async def metrics(_request: web.Request) -> web.Response:
+        nonlocal asked
+        asked += 1
+        await asyncio.sleep(stalls[min(asked, len(stalls)) - 1])
+        return web.Response(text=METRICS, status=status)
+
+    async def scrape() -> MetricsSnapshot | str:
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        async with TestServer(app) as server, FleetHttp(timeout_s=0.3) as http:
+            url = str(server.make_url("/metrics"))
+
+            async def once() -> MetricsSnapshot:
+                answer = await http.get(url)
+                if answer.status != 200:
+                    raise HttpFailure(url, f"HTTP {answer.status}")
+                return parse_only(answer.text, ("sglang:",))
+
+            return await asked_again_after_a_timeout(once)
+
+    return asyncio.run(scrape()), asked
+
+
+def test_one_time_out_is_asked_again_and_the_answer_counts() -> None:
+    found, asked = scrape_with([1.0, 0.0])
+    assert isinstance(found, MetricsSnapshot) and found.value("sglang:num_requests_total") == 7.0
+    assert asked == 2
+
+
+def test_two_time_outs_read_as_down_saying_so() -> None:
+    assert scrape_with([1.0]) == ("Timeout 0.3 s, asked twice", 2)
+
+
+def test_an_error_answer_is_down_at_once() -> None:
+    assert scrape_with([0.0], status=500) == ("HTTP 500", 1)
+
+
+def test_a_refused_connection_is_down_at_once() -> None:
+    async def refused() -> MetricsSnapshot | str:
+        calls = 0
+        async with FleetHttp(timeout_s=0.3) as http:
+
+            async def once() -> MetricsSnapshot:
+                nonlocal calls
+                calls += 1
+                answer = await http.get(f"http://127.0.0.1:{free_port()}/metrics")
+                return parse_only(answer.text, ("sglang:",))
+
+            found = await asked_again_after_a_timeout(once)
+        assert calls == 1
+        return found
+
+    assert asyncio.run(refused()) == "ConnectError"
