@@ -11,6 +11,7 @@ import random
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from serving import exposition
 from serving.sandbox.worker import SimulatedWorker, WorkerConfig
@@ -108,6 +109,17 @@ UNVOUCHED = {
     "exemplar": 'a 1 # {trace="t"} 2\n',
     "three tokens": "a 1 2 3\n",
     "colon in a label name": 'a{x:y="z"} 1\n',
+    # a review's counterexamples, each of which the fast path once read otherwise than prometheus_client
+    "a quote in a comment makes it no TYPE": '#" TYPE foo counter\nfoo 1\n',
+    "a no-break space in a comment": "#\xa0TYPE foo counter\nfoo 1\n",
+    "an ideographic space in a help": "# TYPE foo counter\nfoo 1\n#\u3000HELP bar x\nfoo 2\n",
+    "an information separator in a type": "# TYPE\x1cfoo counter\nfoo 1\n",
+    "a no-break space before the type": "# TYPE foo\xa0counter\nfoo 1\n",
+    "a no-break space as the separator": "foo\xa01\n",
+    "an unknown type": "# TYPE foo bogus\nfoo 1\n",
+    "a type in capitals": "# TYPE foo Counter\nfoo 1\n",
+    "a counter named _total": "# TYPE _total counter\n",
+    "a 400-digit timestamp": "foo 1 " + "1" * 400 + "\n",
 }
 
 
@@ -116,11 +128,26 @@ def test_other_lines_go_to_prometheus_client(text: str) -> None:
     assert not fast(text)
     try:
         expected = comparable(reference(text))
-    except ValueError:
+    except (ValueError, OverflowError):  # prometheus_client's int timestamp / 1000 overflows a float
         with pytest.raises(ValueError):
             exposition.samples(text)
         return
     assert comparable(exposition.samples(text)) == expected
+
+
+def test_numbers_read_as_prometheus_client_reads_them() -> None:
+    """prometheus_client reads an integer token as an int: "-0" is 0, not -0.0; one too long for a float stays an
+    exact int there, and is a ValueError here (a float cannot hold it), never a silent inf."""
+    assert comparable(agrees("foo -0\nbar +7\nbaz 1e3\n")) == [
+        ("foo", {}, "0.0"),
+        ("bar", {}, "7.0"),
+        ("baz", {}, "1000.0"),
+    ]
+    assert fast("foo " + "9" * 300 + "\n")
+    huge = "foo " + "9" * 400 + "\n"
+    assert [s.value for f in text_string_to_metric_families(huge) for s in f.samples] == [int("9" * 400)]
+    with pytest.raises(ValueError, match="too large"):
+        exposition.samples(huge)
 
 
 @pytest.mark.parametrize(

@@ -448,6 +448,7 @@ def test_killed_worker_is_marked_unhealthy_within_the_health_budget_and_retried(
 def test_worker_metrics_parse_with_sglang_names(sandbox: Sandbox) -> None:
     config = sandbox.configs[0]
     url = config.url
+    assert run(lambda: load(sandbox.router_url, 50, 10)).errors == 0  # its own traffic: run alone, it had none
     text = httpx.get(url + "/metrics", timeout=5).text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert families["sglang:e2e_request_latency_seconds"].type == "histogram"

@@ -238,15 +238,20 @@ def parse_workers(data: Any) -> list[WorkerInfo]:
 _IN_PROGRESS = re.compile(r"already in progress for URL '[^']*' with ID ([0-9A-Za-z-]+)\.")
 
 
-def _in_progress_id(response: httpx.Response) -> str | None:
-    """The pending registration's id from smg's 409 ``WORKER_CREATE_IN_PROGRESS``; None for any other answer."""
+def _error_code(response: httpx.Response) -> str | None:
+    """smg's error ``code`` (``{"error": …, "code": "WORKER_NOT_FOUND"}``); None for a body without one."""
     try:
         body = response.json()
     except ValueError:
         return None
-    if not isinstance(body, dict) or body.get("code") != "WORKER_CREATE_IN_PROGRESS":
+    return str(body["code"]) if isinstance(body, dict) and "code" in body else None
+
+
+def _in_progress_id(response: httpx.Response) -> str | None:
+    """The pending registration's id from smg's 409 ``WORKER_CREATE_IN_PROGRESS``; None for any other answer."""
+    if _error_code(response) != "WORKER_CREATE_IN_PROGRESS":
         return None
-    found = _IN_PROGRESS.search(str(body.get("error", "")))
+    found = _IN_PROGRESS.search(str(response.json().get("error", "")))
     return found.group(1) if found else None
 
 
@@ -326,12 +331,14 @@ class RouterClient:
 
     async def remove_worker(self, worker_id: str) -> bool:
         """Queue the removal (202: True). New requests stop going to it at once; in-flight ones finish. False when
-        the router holds no such worker (404): another removal took it out of the registry since it was listed (a
-        controller's, or one whose drain ended), which is the state a removal wants."""
+        the router holds no such worker (404 ``WORKER_NOT_FOUND``): another removal took it out of the registry since
+        it was listed. That id is gone; its URL may be registered again under a new one (the caller's to check)."""
         response = await self._request("DELETE", f"{self.base_url}/workers/{worker_id}")
-        if response.status_code not in (202, 404):
-            raise RouterApiError(f"DELETE /workers/{worker_id} answered {response.status_code}: {response.text[:300]}")
-        return response.status_code == 202
+        if response.status_code == 202:
+            return True
+        if response.status_code == 404 and _error_code(response) == "WORKER_NOT_FOUND":
+            return False
+        raise RouterApiError(f"DELETE /workers/{worker_id} answered {response.status_code}: {response.text[:300]}")
 
     async def find_worker(self, url: str) -> WorkerInfo | None:
         """The registered worker serving ``url``, from one full list (ready and draining workers, not pending ones):

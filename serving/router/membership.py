@@ -160,13 +160,24 @@ class RouterSet:
         async def one(client: RouterClient) -> float:
             started = time.monotonic()
             held = [w for w in await client.list_workers() if w.url in wanted]
-            # a draining worker is out already; a second DELETE would start a second removal job that takes it out
-            # of the registry at once, and the first job, still in its drain, would then remove the URL's next
-            # registration when its drain ends (remove_by_url, workflow/steps/local/remove_from_worker_registry.rs)
-            await asyncio.gather(*(client.remove_worker(w.id) for w in held if w.status != DRAINING))
-            ids = {w.id: w.url for w in held}
-            await _until_each(client, started, timeout_s, ids, _out, "still routes to")
-            return time.monotonic() - started
+            while True:
+                # a draining worker is out already; a second DELETE would start a second removal job that takes it
+                # out of the registry at once, and the first job, still in its drain, would then remove the URL's
+                # next registration when its drain ends (remove_by_url, workflow/steps/local/remove_from_worker_registry.rs)
+                queued = await asyncio.gather(*(client.remove_worker(w.id) for w in held if w.status != DRAINING))
+                await _until_each(client, started, timeout_s, {w.id: w.url for w in held}, _out, "still routes to")
+                if all(queued):
+                    return time.monotonic() - started
+                # a DELETE answered 404: that id left the registry since the list, and its URL may be back under a
+                # new id (smg mints one per registration); the proof by id says nothing of it, a new list does
+                held = [w for w in await client.list_workers() if w.url in wanted]
+                if not routed({w.url: w for w in held}):
+                    return time.monotonic() - started
+                if time.monotonic() - started >= timeout_s:
+                    raise MembershipTimeout(
+                        f"router {client.base_url} still routes to {_some(routed({w.url: w for w in held}))} after "
+                        f"{timeout_s:g} s: registered again under new ids while they were being removed"
+                    )
 
         return await self._each("removed", wanted, one)
 
