@@ -6,6 +6,8 @@ updater's CPU at 2,048 replicas went to connection set-up and httpx's pool bookk
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -14,6 +16,15 @@ from serving.router import client as router_client
 from serving.router import membership
 from serving.router.client import RouterClient
 from serving.router.membership import RouterSet
+
+
+@contextlib.asynccontextmanager
+async def stand_in(*routes: web.RouteDef) -> AsyncIterator[str]:
+    """A router stand-in answering ``routes`` on loopback; yields its base URL."""
+    app = web.Application()
+    app.add_routes(routes)
+    async with TestServer(app) as server:
+        yield str(server.make_url("")).rstrip("/")
 
 
 def test_a_wave_of_worker_calls_keeps_few_in_flight_on_connections_kept_alive() -> None:
@@ -30,13 +41,9 @@ def test_a_wave_of_worker_calls_keeps_few_in_flight_on_connections_kept_alive() 
         return web.json_response({"id": wid, "url": f"http://w{wid}", "status": "ready", "is_healthy": True})
 
     async def wave() -> list[str]:
-        app = web.Application()
-        app.router.add_get("/workers/{wid}", worker)
-        async with TestServer(app) as server:
-            base = str(server.make_url("")).rstrip("/")
-            async with RouterClient(base, base + "/metrics") as rc:
-                found = await asyncio.gather(*(rc.get_worker(str(i)) for i in range(300)))
-                found += await asyncio.gather(*(rc.get_worker(str(i)) for i in range(300, 400)))  # a second wave
+        async with stand_in(web.get("/workers/{wid}", worker)) as base, RouterClient(base, base + "/metrics") as rc:
+            found = await asyncio.gather(*(rc.get_worker(str(i)) for i in range(300)))
+            found += await asyncio.gather(*(rc.get_worker(str(i)) for i in range(300, 400)))  # a second wave
         return [w.id for w in found if w is not None]
 
     assert asyncio.run(wave()) == [str(i) for i in range(400)]
@@ -71,12 +78,8 @@ def removal_against(registered_again: bool) -> tuple[float, list[str]]:
         return web.json_response({"error": "not found", "code": "WORKER_NOT_FOUND"}, status=404)
 
     async def remove() -> float:
-        app = web.Application()
-        app.router.add_get("/workers", listing)
-        app.router.add_delete("/workers/{wid}", delete)
-        app.router.add_get("/workers/{wid}", status)
-        async with TestServer(app) as server:
-            base = str(server.make_url("")).rstrip("/")
+        routes = (web.get("/workers", listing), web.delete("/workers/{wid}", delete), web.get("/workers/{wid}", status))
+        async with stand_in(*routes) as base:
             observed = await RouterSet([base]).remove("http://w1", timeout_s=5)
         return observed.seconds_by_router[base]
 
@@ -120,12 +123,8 @@ def test_a_slow_round_of_job_statuses_is_asked_again_within_a_second() -> None:
 
     async def add() -> float:
         nonlocal started
-        app = web.Application()
-        app.router.add_get("/workers", listing)
-        app.router.add_post("/workers", post)
-        app.router.add_get("/workers/{wid}", status)
-        async with TestServer(app) as server:
-            base = str(server.make_url("")).rstrip("/")
+        routes = (web.get("/workers", listing), web.post("/workers", post), web.get("/workers/{wid}", status))
+        async with stand_in(*routes) as base:
             started = asyncio.get_running_loop().time()
             observed = await RouterSet([base]).add("http://w1", timeout_s=10)
         return observed.seconds_by_router[base]
