@@ -10,7 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from serving.fleet_http import FleetHttp, HttpFailure
-from serving.rollout.runner import asked_again_after_a_timeout
+from serving.rollout.runner import asked_again_after_a_timeout, spread
 from serving.router.client import MetricsSnapshot, parse_only
 from serving.sandbox.processes import free_port
 
@@ -74,3 +74,15 @@ def test_a_refused_connection_is_down_at_once() -> None:
         return found
 
     assert asyncio.run(refused()) == "ConnectError"
+
+
+def test_the_replicas_are_scraped_spread_over_the_nodes_in_the_same_order_each_read() -> None:
+    """A read of every replica goes in a shuffled order, fixed for the list: the scrapes in flight at once are not
+    one node's (or one scale-sandbox worker process's) consecutive replicas, and both ends of a window take the same
+    path."""
+    replicas = [f"gpu-r00-n{n:02d}-s{s}" for n in range(32) for s in range(8)]
+    order = spread(replicas)
+    assert sorted(order) == sorted(replicas) and order == spread(replicas)
+    first_wave = order[:32]  # a wave as large as four nodes' replicas
+    nodes = {r.rsplit("-s", 1)[0] for r in first_wave}
+    assert len(nodes) > 16, nodes  # in replica order: 4 nodes

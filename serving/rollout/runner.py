@@ -21,6 +21,7 @@ Only then is the batch readmitted for full traffic and soaked against the gates.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -118,6 +119,14 @@ class ErrorMeter:
                 self.total += now - last if now >= last else now
             self._last[router] = now
         return self.total
+
+
+def spread(replicas: Sequence[str]) -> list[str]:
+    """``replicas`` in a shuffled order, the same one for the same list (a fixed seed: two reads of a window's ends
+    take the same path)."""
+    order = list(replicas)
+    random.Random(len(order)).shuffle(order)
+    return order
 
 
 async def asked_again_after_a_timeout(scrape: Callable[[], Awaitable[MetricsSnapshot]]) -> MetricsSnapshot | str:
@@ -272,7 +281,14 @@ class Runner:
         started = time.monotonic()
 
         async def scrape_all() -> list[MetricsSnapshot | str]:
-            return list(await asyncio.gather(*(self._worker_scrape(urls[r]) for r in ids if workers)))
+            # in a shuffled order: the scrapes in flight at once (FleetHttp's 256) would otherwise be consecutive
+            # replicas, which share nodes (a node's NIC and CPU on a fleet, one worker process of 256 in the scale
+            # sandbox, whose replicas then waited on each other past the time-out, twice)
+            if not workers:
+                return []
+            order = spread(ids)
+            by_id = dict(zip(order, await asyncio.gather(*(self._worker_scrape(urls[r]) for r in order)), strict=True))
+            return [by_id[r] for r in ids]
 
         async def scrape_routers() -> dict[str, RouterReading]:
             instances = await routers.urls()
