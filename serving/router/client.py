@@ -238,20 +238,23 @@ def parse_workers(data: Any) -> list[WorkerInfo]:
 _IN_PROGRESS = re.compile(r"already in progress for URL '[^']*' with ID ([0-9A-Za-z-]+)\.")
 
 
-def _error_code(response: httpx.Response) -> str | None:
-    """smg's error ``code`` (``{"error": …, "code": "WORKER_NOT_FOUND"}``); None for a body without one."""
+def _error(response: httpx.Response) -> tuple[str | None, str]:
+    """smg's error body ``{"error": …, "code": "WORKER_NOT_FOUND"}``: its code (None without one) and its message."""
     try:
         body = response.json()
     except ValueError:
-        return None
-    return str(body["code"]) if isinstance(body, dict) and "code" in body else None
+        return None, ""
+    if not isinstance(body, dict):
+        return None, ""
+    return (str(body["code"]) if "code" in body else None), str(body.get("error", ""))
 
 
 def _in_progress_id(response: httpx.Response) -> str | None:
     """The pending registration's id from smg's 409 ``WORKER_CREATE_IN_PROGRESS``; None for any other answer."""
-    if _error_code(response) != "WORKER_CREATE_IN_PROGRESS":
+    code, message = _error(response)
+    if code != "WORKER_CREATE_IN_PROGRESS":
         return None
-    found = _IN_PROGRESS.search(str(response.json().get("error", "")))
+    found = _IN_PROGRESS.search(message)
     return found.group(1) if found else None
 
 
@@ -336,7 +339,7 @@ class RouterClient:
         response = await self._request("DELETE", f"{self.base_url}/workers/{worker_id}")
         if response.status_code == 202:
             return True
-        if response.status_code == 404 and _error_code(response) == "WORKER_NOT_FOUND":
+        if response.status_code == 404 and _error(response)[0] == "WORKER_NOT_FOUND":
             return False
         raise RouterApiError(f"DELETE /workers/{worker_id} answered {response.status_code}: {response.text[:300]}")
 

@@ -171,11 +171,11 @@ class RouterSet:
                 # a DELETE answered 404: that id left the registry since the list, and its URL may be back under a
                 # new id (smg mints one per registration); the proof by id says nothing of it, a new list does
                 held = [w for w in await client.list_workers() if w.url in wanted]
-                if not routed({w.url: w for w in held}):
+                if not (still := routed({w.url: w for w in held})):
                     return time.monotonic() - started
                 if time.monotonic() - started >= timeout_s:
                     raise MembershipTimeout(
-                        f"router {client.base_url} still routes to {_some(routed({w.url: w for w in held}))} after "
+                        f"router {client.base_url} still routes to {_some(still)} after "
                         f"{timeout_s:g} s: registered again under new ids while they were being removed"
                     )
 
