@@ -547,6 +547,8 @@ _ROUTER_CALL = re.compile(
     r'^(smg_http_requests_total|smg_http_request_duration_seconds_sum)\{method="(\w+)",path="([^"]*)"\} (\S+)$'
 )
 _PER_ROUTER = re.compile(r"(http://\S+) ([\d.]+) s")
+# serving.rollout.runner.asked_again_note: "…: 2 of 2048 (gpu-…, …) at the start, 0 of 2048 at the end"
+_ASKED_AGAIN = re.compile(r"(\d+) of \d+(?: \([^)]*\))? at the (?:start|end)")
 
 
 def router_calls(metrics_urls: list[str]) -> dict[str, list[float]]:
@@ -665,7 +667,10 @@ def rollout(sc: Scale, rate: float, batches: int | None) -> dict[str, Any]:
             if ev["step"]["phase"] in ("remove", "readmit"):
                 seconds = [float(s) for _u, s in _PER_ROUTER.findall(ev["detail"])]
                 row[f"{ev['step']['phase']}_s_slowest_router"] = max(seconds) if seconds else None
+            if ev["step"]["phase"] == "soak":  # the soak's two reads: replicas that answered only a second ask
+                row["soak_asked_again"] = [int(n) for n in _ASKED_AGAIN.findall(ev["detail"])] or [0, 0]
         per_batch.append(row)
+    baseline = next((rec["event"]["detail"] for rec in records[1:] if rec["event"]["kind"] == "baseline"), "")
     passed = [row for row in per_batch if row["passed"]]  # a batch the pause cut short is shown, not extrapolated
     ran = len(passed)
     calls = {
@@ -698,6 +703,7 @@ def rollout(sc: Scale, rate: float, batches: int | None) -> dict[str, Any]:
         "full_rollout_s": round(full, 1) if full is not None else None,
         "full_rollout_extrapolated": ran < planned,
         "overhead_ratio": round(full / dry["configured_wait_s"], 2) if full is not None else None,
+        "baseline_asked_again": [int(n) for n in _ASKED_AGAIN.findall(baseline)] or [0, 0],
         "per_batch": [{k: v for k, v in row.items() if k != "ends_at"} for row in per_batch],
         "router_api_calls": calls,
         "client_requests": report.count,

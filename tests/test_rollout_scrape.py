@@ -10,15 +10,17 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from serving.fleet_http import FleetHttp, HttpFailure
-from serving.rollout.runner import asked_again_after_a_timeout, spread
+from serving.rollout.gates import ReplicaReading
+from serving.rollout.runner import Reading, asked_again_after_a_timeout, asked_again_note, spread
 from serving.router.client import MetricsSnapshot, parse_only
 from serving.sandbox.processes import free_port
 
 METRICS = "# TYPE sglang:num_requests_total counter\nsglang:num_requests_total 7.0\n"
 
 
-def scrape_with(stalls: list[float], status: int = 200) -> tuple[MetricsSnapshot | str, int]:
-    """Scrape a worker whose n-th /metrics answers after ``stalls[n]`` seconds (the last repeats), 0.3 s bound."""
+def scrape_with(stalls: list[float], status: int = 200) -> tuple[tuple[MetricsSnapshot | str, int], int]:
+    """Scrape a worker whose n-th /metrics answers after ``stalls[n]`` seconds (the last repeats), 0.3 s bound: what
+    the scrape returned (the answer or why none, and the asks it counted), and the asks the worker received."""
     asked = 0
 
     async def metrics(_request: web.Request) -> web.Response:
@@ -27,7 +29,7 @@ def scrape_with(stalls: list[float], status: int = 200) -> tuple[MetricsSnapshot
         await asyncio.sleep(stalls[min(asked, len(stalls)) - 1])
         return web.Response(text=METRICS, status=status)
 
-    async def scrape() -> MetricsSnapshot | str:
+    async def scrape() -> tuple[MetricsSnapshot | str, int]:
         app = web.Application()
         app.router.add_get("/metrics", metrics)
         async with TestServer(app) as server, FleetHttp(timeout_s=0.3) as http:
@@ -45,21 +47,26 @@ def scrape_with(stalls: list[float], status: int = 200) -> tuple[MetricsSnapshot
 
 
 def test_one_time_out_is_asked_again_and_the_answer_counts() -> None:
-    found, asked = scrape_with([1.0, 0.0])
+    (found, counted), asked = scrape_with([1.0, 0.0])
     assert isinstance(found, MetricsSnapshot) and found.value("sglang:num_requests_total") == 7.0
-    assert asked == 2
+    assert asked == counted == 2
+
+
+def test_an_answer_in_time_is_asked_once() -> None:
+    (found, counted), asked = scrape_with([0.0])
+    assert isinstance(found, MetricsSnapshot) and asked == counted == 1
 
 
 def test_two_time_outs_read_as_down_saying_so() -> None:
-    assert scrape_with([1.0]) == ("Timeout 0.3 s, asked twice", 2)
+    assert scrape_with([1.0]) == (("Timeout 0.3 s, asked twice", 2), 2)
 
 
 def test_an_error_answer_is_down_at_once() -> None:
-    assert scrape_with([0.0], status=500) == ("HTTP 500", 1)
+    assert scrape_with([0.0], status=500) == (("HTTP 500", 1), 1)
 
 
 def test_a_refused_connection_is_down_at_once() -> None:
-    async def refused() -> MetricsSnapshot | str:
+    async def refused() -> tuple[MetricsSnapshot | str, int]:
         calls = 0
         async with FleetHttp(timeout_s=0.3) as http:
 
@@ -73,7 +80,7 @@ def test_a_refused_connection_is_down_at_once() -> None:
         assert calls == 1
         return found
 
-    assert asyncio.run(refused()) == "ConnectError"
+    assert asyncio.run(refused()) == ("ConnectError", 1)
 
 
 def test_the_replicas_are_scraped_spread_over_the_nodes_in_the_same_order_each_read() -> None:
@@ -86,3 +93,22 @@ def test_the_replicas_are_scraped_spread_over_the_nodes_in_the_same_order_each_r
     first_wave = order[:32]  # a wave as large as four nodes' replicas
     nodes = {r.rsplit("-s", 1)[0] for r in first_wave}
     assert len(nodes) > 16, nodes  # in replica order: 4 nodes
+
+
+def test_a_window_says_which_replicas_answered_only_a_second_ask() -> None:
+    """The journal's soak and baseline details carry the replicas a second ask saved, at each end of the window."""
+    replica = ReplicaReading(successes=0.0, failures=0.0, healthy=True, circuit_open=False, latency=None)
+    names = [f"gpu-r00-n00-s{s}" for s in range(8)]
+    reads = {n: replica for n in names}
+
+    def reading(again: list[str]) -> Reading:
+        return Reading({}, reads, at=0.0, took=1.0, asked_again=tuple(again))
+
+    assert asked_again_note(reading([]), reading([])) == ""
+    assert asked_again_note(reading(names[:1]), reading([])) == (
+        "; answered only when asked again after a time-out: 1 of 8 (gpu-r00-n00-s0) at the start, 0 of 8 at the end"
+    )
+    note = asked_again_note(reading([]), reading(names[:7]))
+    assert note.endswith(
+        "7 of 8 (gpu-r00-n00-s0, gpu-r00-n00-s1, gpu-r00-n00-s2, gpu-r00-n00-s3, gpu-r00-n00-s4, …) at the end"
+    )

@@ -82,3 +82,55 @@ def test_v1_loads_carries_sglang_s_load_snapshot_fields(tmp_path: Path, pinned_r
     for name in set(load) & set(sections):
         assert set(load[name]) == sections[name], name
     assert set(core_only["loads"][0]) == core
+
+
+def test_metrics_render_once_per_state_and_never_show_a_stale_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node agent reads /metrics while its own generating health check runs, so the scheduler gauges alternate
+    between one running request and none: each state is rendered once between counter updates, every answer shows the
+    state at its time, and a finished request (a counter update) is shown at once."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    import serving.sandbox.worker as worker_module
+
+    renders = 0
+
+    def counted(registry: Any) -> bytes:
+        nonlocal renders
+        renders += 1
+        return generate_latest(registry)
+
+    monkeypatch.setattr(worker_module, "generate_latest", counted)
+
+    def value(text: str, name: str) -> float:
+        return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+    async def scenario() -> None:
+        config = WorkerConfig(port=1, model_path=str(tmp_path / "model"), health_poll_s=0.05, latency_ms=38400.0)
+        async with TestClient(TestServer(SimulatedWorker(config).build_app())) as client:
+
+            async def metrics() -> str:
+                response = await client.get("/metrics")
+                return await response.text()
+
+            assert (await client.get("/health_generate")).status == 200  # the scheduler's gauges now have their labels
+            idle = await metrics()
+            for _ in range(3):
+                check = asyncio.create_task(client.get("/health_generate"))
+                await asyncio.sleep(0.1)  # the check's one-step generation (0.3 s) is running
+                assert value(await metrics(), "sglang:num_running_reqs") == 1.0
+                assert (await check).status == 200
+                assert await metrics() == idle
+            assert renders == 2  # idle, and one running request
+            assert (await client.put(FAULT_PATH, json={"generation_errors": True})).status == 200
+            failed = await client.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}})
+            assert failed.status == 500  # a counter update: sim_worker_injected_errors_total
+            after = await metrics()
+            assert (
+                value(after, "sim_worker_injected_errors_total") == value(idle, "sim_worker_injected_errors_total") + 1
+            )
+            assert renders == 3
+
+    asyncio.run(scenario())

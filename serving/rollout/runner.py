@@ -96,6 +96,7 @@ class Reading:
     replicas: dict[str, ReplicaReading]
     at: float
     took: float
+    asked_again: tuple[str, ...] = ()  # replicas whose scrape timed out once and answered when asked again
 
     def due(self, seconds: float) -> float:
         """When to start the read that ends a window of at least ``seconds`` from this one: a read's time is its
@@ -129,20 +130,36 @@ def spread(replicas: Sequence[str]) -> list[str]:
     return order
 
 
-async def asked_again_after_a_timeout(scrape: Callable[[], Awaitable[MetricsSnapshot]]) -> MetricsSnapshot | str:
-    """A replica's scrape, or why it did not answer. One that timed out is asked once more: a replica is read as down
-    (which pauses a rollout as evidence outside its batch) only on a second time-out, or at once when it refuses the
-    connection or answers an error. At 2,048 replicas on two cores single scrapes ran past 3 s while the replica
-    served: one of 2,048 paused a soak that every other figure passed (docs/scale.md)."""
+async def asked_again_after_a_timeout(
+    scrape: Callable[[], Awaitable[MetricsSnapshot]],
+) -> tuple[MetricsSnapshot | str, int]:
+    """A replica's scrape, or why it did not answer, and how many times it was asked. One that timed out is asked once
+    more: a replica is read as down (which pauses a rollout as evidence outside its batch) only on a second time-out,
+    or at once when it refuses the connection or answers an error. At 2,048 replicas on two cores single scrapes ran
+    past 3 s while the replica served: one of 2,048 paused a soak that every other figure passed (docs/scale.md)."""
     try:
-        return await scrape()
+        return await scrape(), 1
     except HttpFailure as exc:
         if not exc.why.startswith("Timeout"):
-            return exc.why
+            return exc.why, 1
     try:
-        return await scrape()
+        return await scrape(), 2
     except HttpFailure as exc:
-        return f"{exc.why}, asked twice"
+        return f"{exc.why}, asked twice", 2
+
+
+def asked_again_note(start: Reading, end: Reading) -> str:
+    """What a window's two reads owe to a second ask (empty: nothing): the replicas whose scrape timed out once and
+    answered when asked again, at the window's start and at its end. The journal keeps it, so that how close a
+    window came to reading a serving replica as down is on record, not only the windows that did."""
+    if not start.asked_again and not end.asked_again:
+        return ""
+
+    def named(reading: Reading) -> str:
+        names = ", ".join(reading.asked_again[:5]) + (", …" if len(reading.asked_again) > 5 else "")
+        return f"{len(reading.asked_again)} of {len(reading.replicas)}" + (f" ({names})" if names else "")
+
+    return f"; answered only when asked again after a time-out: {named(start)} at the start, {named(end)} at the end"
 
 
 class Runner:
@@ -267,9 +284,10 @@ class Runner:
             raise HttpFailure(url, f"HTTP {response.status}")
         return parse_only(response.text, names)
 
-    async def _worker_scrape(self, url: str) -> MetricsSnapshot | str:
-        """A replica's own ``/metrics``, or why it did not answer (:func:`asked_again_after_a_timeout`); each ask
-        bounded by ``serving.health_check_timeout_s`` so that a hung worker cannot hold the end of a window."""
+    async def _worker_scrape(self, url: str) -> tuple[MetricsSnapshot | str, int]:
+        """A replica's own ``/metrics``, or why it did not answer, and the asks it took
+        (:func:`asked_again_after_a_timeout`); each ask bounded by ``serving.health_check_timeout_s`` so that a hung
+        worker cannot hold the end of a window."""
         timeout_s = self.state.plan.timings.health_check_timeout_s
         return await asked_again_after_a_timeout(lambda: self._scrape(url + "/metrics", WORKER_GATE_METRICS, timeout_s))
 
@@ -280,7 +298,7 @@ class Runner:
         routers = self.membership.routers
         started = time.monotonic()
 
-        async def scrape_all() -> list[MetricsSnapshot | str]:
+        async def scrape_all() -> list[tuple[MetricsSnapshot | str, int]]:
             # in a shuffled order: the scrapes in flight at once (FleetHttp's 256) would otherwise be consecutive
             # replicas, which share nodes (a node's NIC and CPU on a fleet, one worker process of 256 in the scale
             # sandbox, whose replicas then waited on each other past the time-out, twice)
@@ -302,10 +320,11 @@ class Runner:
             self._router_call("metrics of every router instance", scrape_routers), scrape_all()
         )
         self.errors.observe(readings)
-        found: list[MetricsSnapshot | str | None] = list(scraped) if workers else [None] * len(ids)
+        found: list[MetricsSnapshot | str | None] = [w for w, _ in scraped] if workers else [None] * len(ids)
         replicas = {r: ReplicaReading.read(readings, urls[r], w) for r, w in zip(ids, found, strict=True)}
+        again = tuple(ids[i] for i, (w, asks) in enumerate(scraped) if asks > 1 and not isinstance(w, str))
         done = time.monotonic()
-        return Reading(readings, replicas, (started + done) / 2, done - started)
+        return Reading(readings, replicas, (started + done) / 2, done - started, again)
 
     def _in_router(self, replicas: list[str]) -> dict[str, str]:
         out = self.state.out_of_router()
@@ -390,15 +409,18 @@ class Runner:
         }
         return await handlers[step.phase](step)
 
-    async def _measure(self, seconds: float, urls: Mapping[str, str]) -> tuple[WindowStats, dict[str, ReplicaWindow]]:
-        """Router-wide and per-replica figures over ``seconds`` (measured again if the router restarts)."""
+    async def _measure(
+        self, seconds: float, urls: Mapping[str, str]
+    ) -> tuple[WindowStats, dict[str, ReplicaWindow], str]:
+        """Router-wide and per-replica figures over ``seconds`` (measured again if the router restarts), and the
+        window's :func:`asked_again_note`."""
         for _ in range(MAX_WINDOW_RESTARTS + 1):
             before = await self._read(urls, workers=True)
             await asyncio.sleep(max(0.0, before.due(seconds) - time.monotonic()))
             after = await self._read(urls, workers=True)
             stats = window_stats(before.routers, after.routers, after.at - before.at)
             if stats is not None:
-                return stats, replica_windows(before.replicas, after.replicas)
+                return stats, replica_windows(before.replicas, after.replicas), asked_again_note(before, after)
             self._say(f"{window_break(before.routers, after.routers)}: measuring the window again")
         raise RouterUnavailable(
             f"router instances restarted or changed {MAX_WINDOW_RESTARTS + 1} times while measuring"
@@ -409,18 +431,22 @@ class Runner:
         error budget, the reference of a single-batch rollout and the measure of later traffic dips."""
         seconds = self.state.plan.timings.baseline_window_s
         self._say(f"measuring the baseline over {seconds:g} s")
-        stats, windows = await self._measure(seconds, self._in_router(list(self.state.plan.replicas)))
+        stats, windows, asked = await self._measure(seconds, self._in_router(list(self.state.plan.replicas)))
         down = {r: "; ".join(w.problems) for r, w in windows.items() if w.problems}
         stats = replace(stats, replicas=group_stats(windows, stats.seconds, down))
         per = stats.replicas
         assert per is not None
         detail = (
-            f"{stats.qps:.1f} req/s ({per.qps_per_replica:.2f} per replica), P99 {stats.p99_s * 1000:.1f} ms "
-            f"(replicas' own {'n/a' if per.p99_s is None else f'{per.p99_s * 1000:.1f} ms'}), "
-            f"error rate {stats.error_rate:.3%}"
-            if stats.p99_s is not None
-            else f"no traffic in {seconds:g} s: QPS and P99 gates cannot be evaluated"
-        ) + (f"; down: {', '.join(f'{r} ({why})' for r, why in down.items())}" if down else "")
+            (
+                f"{stats.qps:.1f} req/s ({per.qps_per_replica:.2f} per replica), P99 {stats.p99_s * 1000:.1f} ms "
+                f"(replicas' own {'n/a' if per.p99_s is None else f'{per.p99_s * 1000:.1f} ms'}), "
+                f"error rate {stats.error_rate:.3%}"
+                if stats.p99_s is not None
+                else f"no traffic in {seconds:g} s: QPS and P99 gates cannot be evaluated"
+            )
+            + (f"; down: {', '.join(f'{r} ({why})' for r, why in down.items())}" if down else "")
+            + asked
+        )
         blind = self._blind(per)
         if blind:
             return self._event("outside", step, f"{detail}. {blind}")
@@ -629,7 +655,10 @@ class Runner:
                     )
                 assert gates.verdict is not None
                 return self._event(
-                    VERDICT_EVENT[gates.verdict.decision], step, note + gates.verdict.summary(), gates=gates
+                    VERDICT_EVENT[gates.verdict.decision],
+                    step,
+                    note + gates.verdict.summary() + asked_again_note(start, end),
+                    gates=gates,
                 )
             why = window_break(start.routers, end.routers)
             note = (

@@ -82,6 +82,7 @@ _UNKNOWN = "[UNK]"
 _VOCAB_WORDS = ("simulated", "output", "from", "worker", "version", "the", "a", "token", "hello", "world")
 Endpoint = Literal["generate", "completions", "chat"]
 MAX_TOTAL_TOKENS = 65536  # the default simulated KV pool (--kv-pool-tokens)
+MAX_EXPOSITIONS = 8  # /metrics renderings kept between counter updates (one per state of the scheduler's gauges)
 # The sections /v1/loads?include= takes (SGLang's LoadSnapshot.VALID_SECTIONS).
 # SGLang 0.5.23's /health (http_server.py health_generate): a one-token generation through the scheduler, then a check
 # of the scheduler's last output after every `await asyncio.sleep(1)`, 503 once SGLANG_HEALTH_CHECK_TIMEOUT (default 20,
@@ -400,10 +401,14 @@ class SimulatedWorker:
         self._flap_checks = 0  # generating health checks since the fault was put (``InjectedFault.flap_stall_s``)
         self._stalled_until = float("-inf")  # the flapping scheduler's current stall ends then (monotonic)
         self._wakers: set[asyncio.Task[None]] = set()  # the tasks that end the stalls (held: the loop keeps weak refs)
-        # The last /metrics exposition and what it showed: rendering costs 2.3 ms of CPU (8 times a /health), and
-        # node agents read every worker's each heartbeat, mostly with nothing changed since the last read.
+        # The /metrics expositions rendered since the last counter or histogram update, by the gauges they showed:
+        # rendering costs 2.3 ms of CPU (8 times a /health), and node agents read every worker's each heartbeat
+        # while their own generating health check runs, so that the gauges alternate between two states (one
+        # running request and none) with nothing else changed: one cached exposition was rendered again each time
+        # (at 2,048 workers on two cores, a quarter of the worker processes' CPU).
         self._changes = 0  # bumped by every counter or histogram update
-        self._exposition: tuple[tuple[object, ...], bytes] | None = None
+        self._expositions: dict[tuple[object, ...], bytes] = {}
+        self._expositions_at = 0  # the value of _changes they were rendered at
         self.registry = CollectorRegistry(auto_describe=True)
         self.scheduler_labels = scheduler_metric_labels(config)
         self.tokenizer_labels = tokenizer_metric_labels(config)
@@ -696,12 +701,15 @@ class SimulatedWorker:
 
     async def metrics(self, _request: web.Request) -> web.Response:
         usage = self._kv_usage()
-        shown = (self._changes, tuple(sorted(self._load.items())), usage)
-        if self._exposition is None or self._exposition[0] != shown:
+        gauges = (tuple(sorted(self._load.items())), usage)
+        if self._expositions_at != self._changes or len(self._expositions) >= MAX_EXPOSITIONS:
+            self._expositions, self._expositions_at = {}, self._changes
+        body = self._expositions.get(gauges)
+        if body is None:
             for rank, labels in enumerate(self.scheduler_labels):
                 self._export_rank(rank, labels, usage)
-            self._exposition = (shown, generate_latest(self.registry))
-        return web.Response(body=self._exposition[1], headers={"Content-Type": CONTENT_TYPE_LATEST})
+            body = self._expositions[gauges] = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def _export_rank(self, rank: int, labels: dict[str, str], usage: float) -> None:
         """One DP rank's scheduler gauges as ``_log_gauge_queue_count`` sets them: the total under the rank's labels
