@@ -547,8 +547,17 @@ _ROUTER_CALL = re.compile(
     r'^(smg_http_requests_total|smg_http_request_duration_seconds_sum)\{method="(\w+)",path="([^"]*)"\} (\S+)$'
 )
 _PER_ROUTER = re.compile(r"(http://\S+) ([\d.]+) s")
-# serving.rollout.runner.asked_again_note: "…: 2 of 2048 (gpu-…, …) at the start, 0 of 2048 at the end"
-_ASKED_AGAIN = re.compile(r"(\d+) of \d+(?: \([^)]*\))? at the (?:start|end)")
+# serving.rollout.runner.asked_again_note: "…after a time-out: 2 of 2048 (gpu-…, …) at the start, 0 of 2048 at the end"
+_ASKED_AGAIN = re.compile(r"after a time-out: (\d+) of \d+.*? at the start, (\d+) of \d+")
+
+
+def asked_again(detail: str) -> list[int]:
+    """The two counts of a soak's or the baseline's :func:`~serving.rollout.runner.asked_again_note` ([0, 0] when the
+    detail has none: nothing was asked again); a note the pattern does not read is an error, not a 0."""
+    found = _ASKED_AGAIN.findall(detail)
+    if len(found) > 1 or (not found and "asked again after a time-out" in detail):
+        raise ValueError(f"cannot read the second asks in {detail!r}")
+    return [int(n) for n in found[0]] if found else [0, 0]
 
 
 def router_calls(metrics_urls: list[str]) -> dict[str, list[float]]:
@@ -668,7 +677,7 @@ def rollout(sc: Scale, rate: float, batches: int | None) -> dict[str, Any]:
                 seconds = [float(s) for _u, s in _PER_ROUTER.findall(ev["detail"])]
                 row[f"{ev['step']['phase']}_s_slowest_router"] = max(seconds) if seconds else None
             if ev["step"]["phase"] == "soak":  # the soak's two reads: replicas that answered only a second ask
-                row["soak_asked_again"] = [int(n) for n in _ASKED_AGAIN.findall(ev["detail"])] or [0, 0]
+                row["soak_asked_again"] = asked_again(ev["detail"])
         per_batch.append(row)
     baseline = next((rec["event"]["detail"] for rec in records[1:] if rec["event"]["kind"] == "baseline"), "")
     passed = [row for row in per_batch if row["passed"]]  # a batch the pause cut short is shown, not extrapolated
@@ -703,7 +712,7 @@ def rollout(sc: Scale, rate: float, batches: int | None) -> dict[str, Any]:
         "full_rollout_s": round(full, 1) if full is not None else None,
         "full_rollout_extrapolated": ran < planned,
         "overhead_ratio": round(full / dry["configured_wait_s"], 2) if full is not None else None,
-        "baseline_asked_again": [int(n) for n in _ASKED_AGAIN.findall(baseline)] or [0, 0],
+        "baseline_asked_again": asked_again(baseline),
         "per_batch": [{k: v for k, v in row.items() if k != "ends_at"} for row in per_batch],
         "router_api_calls": calls,
         "client_requests": report.count,

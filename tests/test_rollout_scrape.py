@@ -112,3 +112,20 @@ def test_a_window_says_which_replicas_answered_only_a_second_ask() -> None:
     assert note.endswith(
         "7 of 8 (gpu-r00-n00-s0, gpu-r00-n00-s1, gpu-r00-n00-s2, gpu-r00-n00-s3, gpu-r00-n00-s4, …) at the end"
     )
+
+
+def test_the_second_ask_goes_through_its_own_call() -> None:
+    """The runner's first asks share SCRAPES_AT_ONCE slots; a second ask goes through the other session, so it does not
+    queue behind the first asks of the rest of the read."""
+    calls: list[str] = []
+
+    async def first() -> MetricsSnapshot:
+        calls.append("first")
+        raise HttpFailure("http://r/metrics", "Timeout 3 s")
+
+    async def again() -> MetricsSnapshot:
+        calls.append("again")
+        return parse_only(METRICS, ("sglang:",))
+
+    found, asks = asyncio.run(asked_again_after_a_timeout(first, again))
+    assert isinstance(found, MetricsSnapshot) and asks == 2 and calls == ["first", "again"]

@@ -84,12 +84,13 @@ def test_v1_loads_carries_sglang_s_load_snapshot_fields(tmp_path: Path, pinned_r
     assert set(core_only["loads"][0]) == core
 
 
+@pytest.mark.parametrize(("priority", "dp_size"), [(False, 1), (True, 2)])
 def test_metrics_render_once_per_state_and_never_show_a_stale_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, priority: bool, dp_size: int
 ) -> None:
     """A node agent reads /metrics while its own generating health check runs, so the scheduler gauges alternate
-    between one running request and none: each state is rendered once between counter updates, every answer shows the
-    state at its time, and a finished request (a counter update) is shown at once."""
+    between one running request and none: each state is rendered once between counter updates, every answer is what a
+    fresh rendering gives at its time, and a counter update (a failed generation) is shown at once."""
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -108,22 +109,39 @@ def test_metrics_render_once_per_state_and_never_show_a_stale_one(
         return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
     async def scenario() -> None:
-        config = WorkerConfig(port=1, model_path=str(tmp_path / "model"), health_poll_s=0.05, latency_ms=38400.0)
-        async with TestClient(TestServer(SimulatedWorker(config).build_app())) as client:
+        config = WorkerConfig(
+            port=1,
+            model_path=str(tmp_path / "model"),
+            health_poll_s=0.05,
+            latency_ms=38400.0,
+            priority_scheduling=priority,
+            dp_size=dp_size,
+        )
+        worker = SimulatedWorker(config)
+
+        def fresh() -> str:  # what the worker renders with no cache, now
+            for rank, labels in enumerate(worker.scheduler_labels):
+                worker._export_rank(rank, labels, worker._kv_usage())
+            return generate_latest(worker.registry).decode()
+
+        async with TestClient(TestServer(worker.build_app())) as client:
 
             async def metrics() -> str:
-                response = await client.get("/metrics")
-                return await response.text()
+                text = await (await client.get("/metrics")).text()
+                assert text == fresh()
+                return text
 
-            assert (await client.get("/health_generate")).status == 200  # the scheduler's gauges now have their labels
+            for _ in range(dp_size):  # every rank's gauges now have their labels
+                assert (await client.get("/health_generate")).status == 200
             idle = await metrics()
+            rendered = renders
             for _ in range(3):
                 check = asyncio.create_task(client.get("/health_generate"))
                 await asyncio.sleep(0.1)  # the check's one-step generation (0.3 s) is running
-                assert value(await metrics(), "sglang:num_running_reqs") == 1.0
+                assert value(await metrics(), "sglang:num_running_reqs") == (2.0 if priority else 1.0)
                 assert (await check).status == 200
                 assert await metrics() == idle
-            assert renders == 2  # idle, and one running request
+            assert renders - rendered <= dp_size  # one running request (on whichever rank), then served from the cache
             assert (await client.put(FAULT_PATH, json={"generation_errors": True})).status == 200
             failed = await client.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}})
             assert failed.status == 500  # a counter update: sim_worker_injected_errors_total
@@ -131,6 +149,5 @@ def test_metrics_render_once_per_state_and_never_show_a_stale_one(
             assert (
                 value(after, "sim_worker_injected_errors_total") == value(idle, "sim_worker_injected_errors_total") + 1
             )
-            assert renders == 3
 
     asyncio.run(scenario())

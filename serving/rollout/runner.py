@@ -122,12 +122,18 @@ class ErrorMeter:
         return self.total
 
 
-# A scrape's time-out is there to find a replica that does not answer, so the updater's own work on the answers in
-# flight must stay well inside it. Each answer costs its event loop about 0.2 ms of CPU (aiohttp and the parse); 256 in
-# flight at once were a wave of ~50 ms of work, seconds of wall time when a saturated machine gave the updater a tenth
-# of a core (2,048 replicas on two cores, docs/scale.md), while every one of them counted its 3 s. Fewer at once leave
-# the read as long (the CPU sets it) and each scrape's time its replica's; on a fleet, 2,048 replicas at a few ms a
-# scrape take 32 rounds of 64.
+# The first ask of each replica's /metrics in a read of every replica, at once. A scrape's time-out is there to find a
+# replica that does not answer, so the updater's own work on the answers in flight must stay well inside it: each
+# answer costs its event loop about 0.2 ms of CPU (aiohttp and the parse), and 256 in flight at once were a wave of
+# ~50 ms of work, seconds of wall time when a saturated machine gave the updater a tenth of a core (2,048 replicas on
+# two cores, docs/scale.md), while every one of them counted its 3 s. Second asks, the routers' metrics, health probes
+# and drain reads go through the other session (FleetHttp's 256): they do not queue behind the first asks, and a hung
+# replica's second ask starts once its first timed out. A read of H hung replicas among N therefore takes about
+# 3 s × ceil(H / 64) for the first asks (beside the N − H that answer) plus 3 s for the second ones, where one session
+# of 256 for both took about 3 s × ceil(2H / 256): 410 hung (a wedged batch) ~24 s a read instead of ~12 s, all
+# 2,048 ~99 s instead of ~48 s, so a pause comes later when the whole fleet stops answering the updater. On a fleet,
+# where each replica's SGLang renders its /metrics on every scrape (prometheus_client's multiprocess collector), a
+# read of 2,048 is 32 rounds of 64 such renders.
 SCRAPES_AT_ONCE = 64
 
 
@@ -141,26 +147,29 @@ def spread(replicas: Sequence[str]) -> list[str]:
 
 async def asked_again_after_a_timeout(
     scrape: Callable[[], Awaitable[MetricsSnapshot]],
+    again: Callable[[], Awaitable[MetricsSnapshot]] | None = None,
 ) -> tuple[MetricsSnapshot | str, int]:
     """A replica's scrape, or why it did not answer, and how many times it was asked. One that timed out is asked once
-    more: a replica is read as down (which pauses a rollout as evidence outside its batch) only on a second time-out,
-    or at once when it refuses the connection or answers an error. At 2,048 replicas on two cores single scrapes ran
-    past 3 s while the replica served: one of 2,048 paused a soak that every other figure passed (docs/scale.md)."""
+    more (``again``, default ``scrape``): a replica is read as down (which pauses a rollout as evidence outside its
+    batch) only on a second time-out, or at once when it refuses the connection or answers an error. At 2,048 replicas
+    on two cores single scrapes ran past 3 s while the replica served: one of 2,048 paused a soak that every other
+    figure passed (docs/scale.md)."""
     try:
         return await scrape(), 1
     except HttpFailure as exc:
         if not exc.why.startswith("Timeout"):
             return exc.why, 1
     try:
-        return await scrape(), 2
+        return await (again or scrape)(), 2
     except HttpFailure as exc:
         return f"{exc.why}, asked twice", 2
 
 
 def asked_again_note(start: Reading, end: Reading) -> str:
     """What a window's two reads owe to a second ask (empty: nothing): the replicas whose scrape timed out once and
-    answered when asked again, at the window's start and at its end. The journal keeps it, so that how close a
-    window came to reading a serving replica as down is on record, not only the windows that did."""
+    answered when asked again, at the window's start and at its end. The journal keeps it for the window it judges
+    (not for a window measured again after a router restart, nor an early read on a spent error budget), so that how
+    close that window came to reading a serving replica as down is on record, not only the windows that did."""
     if not start.asked_again and not end.asked_again:
         return ""
 
@@ -197,8 +206,9 @@ class Runner:
         self._pause_recorded = False
         self.readmitted_at: dict[int, float] = {}  # batch → wall time its readmission finished
         self.rollback_started_at: float | None = None
-        # the replicas' and the routers' metrics, the batch's health probes (SCRAPES_AT_ONCE in flight)
-        self._http = FleetHttp(timeout_s=5.0, at_once=SCRAPES_AT_ONCE)
+        # the routers' metrics, the batch's health probes, drain reads and second asks of a replica's metrics
+        self._http = FleetHttp(timeout_s=5.0)
+        self._first_asks = FleetHttp(timeout_s=5.0, at_once=SCRAPES_AT_ONCE)  # a read's first ask of each replica
 
     # ----- driving the machine ------------------------------------------------------------------
     def request_pause(self) -> None:
@@ -225,6 +235,7 @@ class Runner:
             if event is not None:
                 self._commit(event)
         await self._http.aclose()
+        await self._first_asks.aclose()
         self._say(self._summary())
         return self.state
 
@@ -287,9 +298,12 @@ class Runner:
                 await asyncio.sleep(min(1.0, self.poll_s * 2))
 
     # ----- the gates' readings -------------------------------------------------------------------
-    async def _scrape(self, url: str, names: tuple[str, ...], timeout_s: float = 5.0) -> MetricsSnapshot:
-        """One Prometheus scrape, only the families the gates read (:func:`serving.router.client.parse_only`)."""
-        response = await self._http.get(url, timeout_s=timeout_s)
+    async def _scrape(
+        self, url: str, names: tuple[str, ...], timeout_s: float = 5.0, via: FleetHttp | None = None
+    ) -> MetricsSnapshot:
+        """One Prometheus scrape, only the families the gates read (:func:`serving.router.client.parse_only`), through
+        ``via`` (default: the session of the routers' metrics and the probes)."""
+        response = await (via or self._http).get(url, timeout_s=timeout_s)
         if response.status != 200:
             raise HttpFailure(url, f"HTTP {response.status}")
         return parse_only(response.text, names)
@@ -299,7 +313,10 @@ class Runner:
         (:func:`asked_again_after_a_timeout`); each ask bounded by ``serving.health_check_timeout_s`` so that a hung
         worker cannot hold the end of a window."""
         timeout_s = self.state.plan.timings.health_check_timeout_s
-        return await asked_again_after_a_timeout(lambda: self._scrape(url + "/metrics", WORKER_GATE_METRICS, timeout_s))
+        return await asked_again_after_a_timeout(
+            lambda: self._scrape(url + "/metrics", WORKER_GATE_METRICS, timeout_s, self._first_asks),
+            lambda: self._scrape(url + "/metrics", WORKER_GATE_METRICS, timeout_s),
+        )
 
     async def _read(self, urls: Mapping[str, str], *, workers: bool) -> Reading:
         """A scrape of EVERY router instance (all of them or none: one that does not answer is retried for the grace
@@ -309,7 +326,7 @@ class Runner:
         started = time.monotonic()
 
         async def scrape_all() -> list[tuple[MetricsSnapshot | str, int]]:
-            # in a shuffled order: the scrapes in flight at once (FleetHttp's 256) would otherwise be consecutive
+            # in a shuffled order: the first asks in flight at once (SCRAPES_AT_ONCE) would otherwise be consecutive
             # replicas, which share nodes (a node's NIC and CPU on a fleet, one worker process of 256 in the scale
             # sandbox, whose replicas then waited on each other past the time-out, twice)
             if not workers:

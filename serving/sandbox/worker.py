@@ -405,7 +405,11 @@ class SimulatedWorker:
         # rendering costs 2.3 ms of CPU (8 times a /health), and node agents read every worker's each heartbeat
         # while their own generating health check runs, so that the gauges alternate between two states (one
         # running request and none) with nothing else changed: one cached exposition was rendered again each time
-        # (at 2,048 workers on two cores, a quarter of the worker processes' CPU).
+        # (at 2,048 workers on two cores, a quarter of the worker processes' CPU). The key is the gauges' whole state,
+        # _load's zero entries included (they are never dropped: a priority seen once keeps its 0 series, so the same
+        # key is the same label sets). SGLang itself renders on every scrape (prometheus_client's multiprocess
+        # collector): per scrape this stand-in is cheaper than the server, a cost a fleet pays on each replica's own
+        # CPU and the sandbox on its shared cores.
         self._changes = 0  # bumped by every counter or histogram update
         self._expositions: dict[tuple[object, ...], bytes] = {}
         self._expositions_at = 0  # the value of _changes they were rendered at
