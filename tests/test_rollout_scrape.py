@@ -41,7 +41,7 @@ def scrape_with(stalls: list[float], status: int = 200) -> tuple[tuple[MetricsSn
                     raise HttpFailure(url, f"HTTP {answer.status}")
                 return parse_only(answer.text, ("sglang:",))
 
-            return await asked_again_after_a_timeout(once)
+            return await asked_again_after_a_timeout(once, once)
 
     return asyncio.run(scrape()), asked
 
@@ -76,7 +76,7 @@ def test_a_refused_connection_is_down_at_once() -> None:
                 answer = await http.get(f"http://127.0.0.1:{free_port()}/metrics")
                 return parse_only(answer.text, ("sglang:",))
 
-            found = await asked_again_after_a_timeout(once)
+            found = await asked_again_after_a_timeout(once, once)
         assert calls == 1
         return found
 

@@ -146,21 +146,20 @@ def spread(replicas: Sequence[str]) -> list[str]:
 
 
 async def asked_again_after_a_timeout(
-    scrape: Callable[[], Awaitable[MetricsSnapshot]],
-    again: Callable[[], Awaitable[MetricsSnapshot]] | None = None,
+    scrape: Callable[[], Awaitable[MetricsSnapshot]], again: Callable[[], Awaitable[MetricsSnapshot]]
 ) -> tuple[MetricsSnapshot | str, int]:
     """A replica's scrape, or why it did not answer, and how many times it was asked. One that timed out is asked once
-    more (``again``, default ``scrape``): a replica is read as down (which pauses a rollout as evidence outside its
-    batch) only on a second time-out, or at once when it refuses the connection or answers an error. At 2,048 replicas
-    on two cores single scrapes ran past 3 s while the replica served: one of 2,048 paused a soak that every other
-    figure passed (docs/scale.md)."""
+    more (``again``): a replica is read as down (which pauses a rollout as evidence outside its batch) only on a second
+    time-out, or at once when it refuses the connection or answers an error. At 2,048 replicas on two cores single
+    scrapes ran past 3 s while the replica served: one of 2,048 paused a soak that every other figure passed
+    (docs/scale.md)."""
     try:
         return await scrape(), 1
     except HttpFailure as exc:
         if not exc.why.startswith("Timeout"):
             return exc.why, 1
     try:
-        return await (again or scrape)(), 2
+        return await again(), 2
     except HttpFailure as exc:
         return f"{exc.why}, asked twice", 2
 
