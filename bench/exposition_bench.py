@@ -26,20 +26,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from serving import exposition
-from serving.sandbox.worker import SimulatedWorker, WorkerConfig
+from serving.sandbox.worker import SimulatedWorker
+from serving.sandbox.worker_config import WorkerConfig
 from tests.support.exposition import comparable, reference
 
 
 def worker_text() -> str:
     async def served() -> str:
         worker = SimulatedWorker(WorkerConfig(port=1, latency_ms=0.0, jitter_ms=0.0, model_path="/m"))
-        labels = worker._request_labels("0")
+        metrics = worker.metrics
+        labels = metrics.request_labels("0")
         for seconds in (0.05, 0.3, 1.2, 7.0):
-            worker._e2e.labels(**labels).observe(seconds)
-            worker._requests.labels(**labels).inc()
-        for rank, scheduler in enumerate(worker.scheduler_labels):
-            worker._export_rank(rank, scheduler, 0.25)
-        return generate_latest(worker.registry).decode()
+            metrics._e2e.labels(**labels).observe(seconds)
+            metrics._requests.labels(**labels).inc()
+        for rank, scheduler in enumerate(metrics.scheduler_labels):
+            metrics.export_rank(rank, scheduler, worker.scheduler.load, 0.25)
+        return generate_latest(metrics.registry).decode()
 
     return asyncio.run(served())
 

@@ -69,16 +69,17 @@ def fit_bench(runs: int) -> None:
     """`exaserve fit` for a 671 B MoE (models/deepseek-v3) on 256 nodes × 8 H200: every layout (target < 1 s)."""
     import json
 
-    from serving.plan import memory
+    from serving.plan.calibration import gpu_product
+    from serving.plan.fit import enumerate_layouts
     from serving.spec.schema import Architecture, architecture_from_hf_config
 
     cfg = json.loads((ROOT / "models" / "deepseek-v3" / "config.json").read_text())
     arch = Architecture.model_validate(architecture_from_hf_config(cfg, "deepseek-v3"))
-    gpu = memory.gpu_product("NVIDIA-H200")
+    gpu = gpu_product("NVIDIA-H200")
     n = 200
     t0 = time.perf_counter()
     for _ in range(n):
-        result = memory.enumerate_layouts(arch, gpu, 8, 256, 4096, 256, 4096, ("bf16", "fp8", "int4"))
+        result = enumerate_layouts(arch, gpu, 8, 256, 4096, 256, 4096, ("bf16", "fp8", "int4"))
     per = (time.perf_counter() - t0) / n
     layouts = result.layouts
     best = layouts[0]

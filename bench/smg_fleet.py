@@ -18,7 +18,7 @@ from serving.router.client import RouterClient
 from serving.sandbox.backend import served_health
 from serving.sandbox.processes import ProcessRecord, StateDir, free_port, free_port_block, free_ports, start_router
 from serving.sandbox.scale import WORKERS_PER_PROCESS
-from serving.sandbox.worker import WorkerConfig
+from serving.sandbox.worker_config import WorkerConfig
 from serving.sandbox.worker_host import start_host
 from serving.sglang_health import HEALTH_ENDPOINT_GENERATION
 from serving.spec.stack import load_stack

@@ -1,6 +1,6 @@
 """How likely so many requests slower than a bound are by chance, when the bound is (1 + limit) × a quantile
 *estimated* from a reference sample: the test behind the rollout gates' latency findings
-(:mod:`serving.rollout.gates`) and the drill judge's slow windows (:mod:`serving.drill.measure`).
+(:mod:`serving.rollout.gates.findings`) and the drill judge's slow windows (:mod:`serving.drill.measure`).
 
 Under the hypothesis that the latency has not moved past the limit (at the boundary: the tested requests' latency ÷
 (1 + limit) is distributed as the reference's), each tested request is over the bound with probability U, the share

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from serving.plan import memory as sgl
 from serving.plan import planner
+from serving.plan.weights import SKIPPED_LAYER, stage_weights
 from serving.render.k8s.runtime import stack_document
 from serving.spec.checkpoint import CheckpointError, read_checkpoint, read_header
 from serving.spec.schema import GIB, Architecture, architecture_from_hf_config
@@ -178,7 +178,7 @@ def test_llama_405b_fp8_without_the_checkpoint_counts_the_modules_its_config_kee
     from_headers, _ = _plan_405b(tmp_path, meta_fp8_checkpoint(tmp_path / "405b", LLAMA_405B))
     assert from_config == pytest.approx(from_headers, rel=1e-3)
     assert from_config == pytest.approx(ISSUE_26_LOGGED_GIB, rel=0.05)
-    assert f"projections the checkpoint keeps in 16 bit (quantization_config, {sgl.SKIPPED_LAYER.where})" in formula
+    assert f"projections the checkpoint keeps in 16 bit (quantization_config, {SKIPPED_LAYER.where})" in formula
 
 
 def test_index_alone_splits_total_size_over_the_layers(tmp_path: Path) -> None:
@@ -192,7 +192,7 @@ def test_index_alone_splits_total_size_over_the_layers(tmp_path: Path) -> None:
     assert i1 == pytest.approx(h1, rel=1e-6) and "index total_size" in formula
     arch = _arch(json.loads(LLAMA_405B.read_text()))
     by = {
-        m: sgl.stage_weights(arch, 1.0, 8, 4, checkpoint=read_checkpoint(p))
+        m: stage_weights(arch, 1.0, 8, 4, checkpoint=read_checkpoint(p))
         for m, p in (("headers", full), ("index", bare))
     }
     assert by["headers"][0].total != pytest.approx(by["index"][0].total, rel=1e-3)
@@ -206,11 +206,11 @@ def test_layers_past_the_model_are_not_loaded(tmp_path: Path) -> None:
     arch = _arch({**_TINY, "num_hidden_layers": 3})
     w = read_checkpoint(index)
     assert w.layers is not None
-    (share,) = sgl.stage_weights(arch, 2.0, 1, 1, checkpoint=w)
+    (share,) = stage_weights(arch, 2.0, 1, 1, checkpoint=w)
     assert share.layer_bytes + share.embedding_bytes == w.total_size - w.layers[3]
     assert "layers 3–3" in share.formula and "not loaded" in share.formula
     (index.parent / "model-00001-of-00003.safetensors").unlink()
-    (bare,) = sgl.stage_weights(arch, 2.0, 1, 1, checkpoint=read_checkpoint(index))
+    (bare,) = stage_weights(arch, 2.0, 1, 1, checkpoint=read_checkpoint(index))
     assert bare.layer_bytes + bare.embedding_bytes == pytest.approx(
         w.total_size - (w.total_size - 2 * 256 * 64 * 2) / 4
     )

@@ -13,6 +13,7 @@ import pytest
 from rich.console import Console
 
 from serving.checks import policy, preflight, rules
+from serving.checks.policy.workloads import images_pinned
 from serving.cli import report
 from serving.flags import FlagValidationError, ProblemKind, check_argv, load_router_manifest, validate_argv
 from serving.result import CheckResult, Status, failures
@@ -115,7 +116,7 @@ def test_policies_return_records_named_by_rule_and_resource() -> None:
 
 
 def test_crossguard_message_is_the_resource_then_the_record_message() -> None:
-    [result] = policy.images_pinned("kubernetes:apps/v1:Deployment", _pod("Deployment", "tools", "busybox"))
+    [result] = images_pinned("kubernetes:apps/v1:Deployment", _pod("Deployment", "tools", "busybox"))
     assert policy_pack().message(result) == f"Deployment exaserve/tools: {result.message}"
     assert policy_pack().message(CheckResult("c", Status.FAIL, "o", "e", "f")) == "o (expected e). Fix: f"
 

@@ -32,6 +32,7 @@ from pulumi_policy import (
 )
 
 from serving.checks import policy
+from serving.checks.policy.stack import images_by_digest, images_through_mirror, system_pool_placement
 from serving.pulumi.program import RenderedObject, kubernetes_objects, run_program
 from serving.render.k8s.common import ANNOTATION_ALLOW_LOAD_BALANCER, ANNOTATION_PRIVILEGED_REASON
 from serving.spec.stack import load_stack_file
@@ -443,11 +444,11 @@ def test_a_stack_with_a_mirror_pulls_every_image_through_it(tmp_path: Path) -> N
     )
     objects = [o.obj for o in render_file(path)]
     fleet = fleet_of(load_stack_file(path).spec)
-    assert policy.images_through_mirror([(f"kubernetes:x:{o['kind']}", o) for o in objects], fleet) == []
+    assert images_through_mirror([(f"kubernetes:x:{o['kind']}", o) for o in objects], fleet) == []
     router = next(o for o in objects if o["kind"] == "Deployment")
     _container(router)["image"] = "lightseekorg/smg:1.13.0"
     del router["spec"]["template"]["spec"]["imagePullSecrets"]
-    found = policy.images_through_mirror([(f"kubernetes:x:{o['kind']}", o) for o in objects], fleet)
+    found = images_through_mirror([(f"kubernetes:x:{o['kind']}", o) for o in objects], fleet)
     assert len(found) == 1 and "bypasses the mirror" in found[0].observed and "lacks 'pull'" in found[0].observed
 
 
@@ -512,12 +513,12 @@ def test_a_production_stack_demands_a_mirror_and_digests(tmp_path: Path) -> None
         objects = [o.obj for o in render_file(path)]
         return list(rule([(f"kubernetes:x:{o['kind']}", o) for o in objects], fleet_of(load_stack_file(path).spec)))
 
-    assert findings("pinned", pinned, policy.images_by_digest) == []
+    assert findings("pinned", pinned, images_by_digest) == []
     # Once the digests are set, prod passes the whole pack with no waiver: what `pulumi up` will then accept.
     strict = exaserve("check", "--stack-file", str(tmp_path / "Pulumi.pinned.yaml"))
     assert strict.returncode == 0 and "no violations" in strict.stdout, strict.stdout[-3000:]
-    assert findings("pinned2", pinned, policy.images_through_mirror) == []
-    tags = findings("tags", {}, policy.images_by_digest)
+    assert findings("pinned2", pinned, images_through_mirror) == []
+    tags = findings("tags", {}, images_by_digest)
     assert len(tags) == 15 and all("a tag, in a production stack" in f.observed for f in tags)
     router = next(f for f in tags if f.subject == "Deployment exaserve/sglang-router")
     assert router.fix == (
@@ -525,11 +526,11 @@ def test_a_production_stack_demands_a_mirror_and_digests(tmp_path: Path) -> None
         "skopeo inspect --format '{{.Digest}}' docker://registry.exaserve.internal/mirror/lightseekorg/smg:1.13.0 "
         "(docs/infra.md, 'Production images')."
     )
-    unmirrored = findings("unmirrored", {**pinned, "kubernetes.image_registry": None}, policy.images_through_mirror)
+    unmirrored = findings("unmirrored", {**pinned, "kubernetes.image_registry": None}, images_through_mirror)
     assert len(unmirrored) == 9 and all(  # 5 groups, the warmer, router, controller and agent
         "a production stack without kubernetes.image_registry" in f.observed for f in unmirrored
     )
-    assert findings("plain", {"kubernetes.production": False}, policy.images_by_digest) == []
+    assert findings("plain", {"kubernetes.production": False}, images_by_digest) == []
 
 
 def test_check_fails_a_stack_with_a_1s_health_timeout(tmp_path: Path) -> None:
@@ -619,7 +620,7 @@ def test_policy_pack_serves_the_rules_over_grpc(prod: list[RenderedObject]) -> N
 
 def _system_findings(objects: list[dict[str, Any]], path: Path) -> list[Any]:
     fleet = fleet_of(load_stack_file(path).spec)
-    return policy.system_pool_placement([(f"kubernetes:x:{o['kind']}", o) for o in objects], fleet)
+    return system_pool_placement([(f"kubernetes:x:{o['kind']}", o) for o in objects], fleet)
 
 
 def test_routers_and_controllers_stay_on_the_system_pool(

@@ -16,7 +16,34 @@ from typing import Any
 import pytest
 
 from serving.plan import divisibility as div
-from serving.plan import memory as sgl
+from serving.plan.calibration import LOAD_OVERHEAD_GIB
+from serving.plan.memory import (
+    DP_GRAPH_RESERVE,
+    DRAFT_KV,
+    KV_HEADS_ATTN_TP,
+    PP_MIN_TOKENS,
+    RUNNING_PER_WORKER,
+    replica_pool,
+)
+from serving.plan.weights import (
+    ATTN_TP_EMBEDDING,
+    ATTN_TP_HEADS,
+    DEFAULT_GROUP_SIZE,
+    DRAFT_TABLES_FREED_LATE,
+    DRAFT_WEIGHTS,
+    GROUP_SCALES,
+    GROUP_ZEROS,
+    NEXTN_DRAFT_LAYERS,
+    NEXTN_EH_PROJ,
+    NEXTN_EMBED,
+    NEXTN_HEAD,
+    PP_PARTITION,
+    SKIPPED_LAYER,
+    layer_linears,
+    pp_stage_layers,
+    stage_weights,
+    unquantized_parameters,
+)
 from serving.spec.schema import GIB, Architecture, architecture_from_hf_config
 from tests.support.sglang_parsers import ROOT, SGLANG_PYTHON, SGLANG_VENV, run_json_script_args
 
@@ -39,23 +66,23 @@ def test_the_quoted_source_lines_are_sglangs() -> None:
     srt = next(SGLANG_VENV.glob("lib/python*/site-packages/sglang/srt"))
     checks = (
         *div.SOURCE_CHECKS,
-        sgl.PP_PARTITION,
-        sgl.PP_MIN_TOKENS,
-        sgl.GROUP_SCALES,
-        sgl.GROUP_ZEROS,
-        sgl.SKIPPED_LAYER,
-        sgl.DP_GRAPH_RESERVE,
-        sgl.KV_HEADS_ATTN_TP,
-        sgl.ATTN_TP_HEADS,
-        sgl.ATTN_TP_EMBEDDING,
-        sgl.DRAFT_WEIGHTS,
-        sgl.DRAFT_KV,
-        sgl.NEXTN_DRAFT_LAYERS,
-        sgl.DRAFT_TABLES_FREED_LATE,
-        sgl.NEXTN_EMBED,
-        sgl.NEXTN_HEAD,
-        sgl.NEXTN_EH_PROJ,
-        sgl.RUNNING_PER_WORKER,
+        PP_PARTITION,
+        PP_MIN_TOKENS,
+        GROUP_SCALES,
+        GROUP_ZEROS,
+        SKIPPED_LAYER,
+        DP_GRAPH_RESERVE,
+        KV_HEADS_ATTN_TP,
+        ATTN_TP_HEADS,
+        ATTN_TP_EMBEDDING,
+        DRAFT_WEIGHTS,
+        DRAFT_KV,
+        NEXTN_DRAFT_LAYERS,
+        DRAFT_TABLES_FREED_LATE,
+        NEXTN_EMBED,
+        NEXTN_HEAD,
+        NEXTN_EH_PROJ,
+        RUNNING_PER_WORKER,
     )
     for check in checks:
         line = (srt / check.path).read_text().splitlines()[check.line - 1]
@@ -68,10 +95,10 @@ def test_pp_partition_is_sglangs_get_pp_indices() -> None:
     cases = [{"kind": "pp", "layers": n, "pp": pp} for n in (7, 24, 32, 61, 80, 94, 126) for pp in (1, 2, 3, 4, 8, 16)]
     cases = [c for c in cases if c["pp"] <= c["layers"]]
     for r in _sglang(cases):
-        ours = [[s.start, s.stop] for s in sgl.pp_stage_layers(r["layers"], r["pp"])]
+        ours = [[s.start, s.stop] for s in pp_stage_layers(r["layers"], r["pp"])]
         assert ours == r["stages"], r
     # The extra layers go to the last stages: DeepSeek-V3's 61 layers over 8 stages are 7 × 3 then 8 × 5.
-    assert [len(s) for s in sgl.pp_stage_layers(61, 8)] == [7, 7, 7, 8, 8, 8, 8, 8]
+    assert [len(s) for s in pp_stage_layers(61, 8)] == [7, 7, 7, 8, 8, 8, 8, 8]
 
 
 def test_block_fp8_moe_rule_is_sglangs() -> None:
@@ -175,16 +202,16 @@ def test_pipeline_stages_hold_their_own_layers_and_the_pool_is_their_minimum() -
     stages, the LM head on the last; so the last stage is the fullest, heavier than ⌈61/8⌉ mean layers (the
     planner's former split), and the replica's pool is that stage's, the minimum over stages."""
     arch = _deepseek()
-    stages = sgl.stage_weights(arch, 1.0, 1, 8)
+    stages = stage_weights(arch, 1.0, 1, 8)
     assert [len(s.layers) for s in stages] == [7, 7, 7, 8, 8, 8, 8, 8]
     tables = 2 * arch.vocab_size * arch.hidden_size
     assert sum(s.layer_bytes for s in stages) == pytest.approx(arch.parameter_count - tables)
-    former = math.ceil(61 / 8) * (arch.parameter_count - tables) / 61 + tables / 2 * 2 + sgl.LOAD_OVERHEAD_GIB * GIB
+    former = math.ceil(61 / 8) * (arch.parameter_count - tables) / 61 + tables / 2 * 2 + LOAD_OVERHEAD_GIB * GIB
     last = stages[-1]
     assert last.total > max(s.total for s in stages[:-1])
     assert 3.5 * GIB < last.total - former < 4.5 * GIB  # 8 MoE layers of 11.5 B parameters, not 8 of the 10.97 B mean
     assert stages[0].total < stages[1].total  # stage 1 holds the small dense layers
-    rp = sgl.replica_pool(arch, 1.0, 2, 1, 8, 140 * GIB, 0.9)
+    rp = replica_pool(arch, 1.0, 2, 1, 8, 140 * GIB, 0.9)
     assert rp.binding == 7 and rp.tokens == min(pool.tokens for _, _, pool in rp.stages)
     assert len({pool.tokens for _, _, pool in rp.stages}) > 1
 
@@ -196,11 +223,11 @@ def test_int4_weights_carry_the_group_scales_and_zeros() -> None:
     cfg = json.loads((ROOT / "models" / "llama-3-70b" / "config.json").read_text())
     arch = Architecture.model_validate(architecture_from_hf_config(cfg, "llama-3-70b"))
     assert arch.quant_group_size is None
-    flat = sgl.stage_weights(arch, 0.5, 1, 1)[0]
-    grouped = sgl.stage_weights(arch, 0.5, 1, 1, sgl.DEFAULT_GROUP_SIZE)[0]
+    flat = stage_weights(arch, 0.5, 1, 1)[0]
+    grouped = stage_weights(arch, 0.5, 1, 1, DEFAULT_GROUP_SIZE)[0]
     assert grouped.layer_bytes == pytest.approx(flat.layer_bytes * (0.5 + 2.5 / 128) / 0.5)
     assert grouped.layer_bytes / flat.layer_bytes - 1 == pytest.approx(0.039, abs=0.001)
-    assert "2.5 / group 128" in grouped.formula and sgl.GROUP_SCALES.where in grouped.formula
+    assert "2.5 / group 128" in grouped.formula and GROUP_SCALES.where in grouped.formula
     declared = {**cfg, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 64}}
     arch64 = Architecture.model_validate(architecture_from_hf_config(declared, "awq"))
     assert arch64.quant_group_size == 64
@@ -215,7 +242,7 @@ def test_first_stage_weights_match_a_public_pp_log() -> None:
     24 mean layers would be 4 % over."""
     cfg = json.loads((ROOT / "models" / "qwen3-235b-a22b" / "config.json").read_text())
     arch = Architecture.model_validate(architecture_from_hf_config(cfg, "qwen3-235b-a22b"))
-    stages = sgl.stage_weights(arch, 2.0, 8, 4)
+    stages = stage_weights(arch, 2.0, 8, 4)
     assert [len(s.layers) for s in stages] == [23, 23, 24, 24]
     logged = 13.73
     assert stages[0].total / GIB == pytest.approx(logged, rel=0.005)
@@ -261,8 +288,8 @@ def test_unquantized_modules_are_the_layers_sglang_skips() -> None:
         cfg = {**_SKIP_ARCH, "quantization_config": {"quant_method": "fp8", "ignored_layers": ignored}}
         arch = Architecture.model_validate(architecture_from_hf_config(cfg, "config.json"))
         for i in range(arch.num_layers):
-            planner_names = {p: n for p, n in sgl.layer_linears(arch, i)}
-            skipped = set(sgl.unquantized_parameters(arch, range(i, i + 1))[1])
+            planner_names = {p: n for p, n in layer_linears(arch, i)}
+            skipped = set(unquantized_parameters(arch, range(i, i + 1))[1])
             for name in planner_names:
                 short = name.removeprefix(f"model.layers.{i}.")
                 fused = next((f for f, first in FUSED.items() if short.endswith(first)), None)

@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summ
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving import exposition
-from serving.sandbox.worker import SimulatedWorker, WorkerConfig
+from serving.sandbox.worker import SimulatedWorker
+from serving.sandbox.worker_config import WorkerConfig
 from tests.support.exposition import comparable, reference
 
 
@@ -38,13 +39,14 @@ def test_a_simulated_sglang_workers_exposition_after_traffic_takes_the_fast_path
 
     async def served() -> str:
         worker = SimulatedWorker(config)
+        metrics = worker.metrics
         for priority in ("0", "5"):
-            labels = worker._request_labels(priority)
-            worker._e2e.labels(**labels).observe(0.3)
-            worker._requests.labels(**labels).inc()
-        for rank, labels in enumerate(worker.scheduler_labels):
-            worker._export_rank(rank, labels, 0.25)
-        return generate_latest(worker.registry).decode()
+            labels = metrics.request_labels(priority)
+            metrics._e2e.labels(**labels).observe(0.3)
+            metrics._requests.labels(**labels).inc()
+        for rank, labels in enumerate(metrics.scheduler_labels):
+            metrics.export_rank(rank, labels, worker.scheduler.load, 0.25)
+        return generate_latest(metrics.registry).decode()
 
     text = asyncio.run(served())
     assert fast(text)

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from serving.plan.memory import GPU_PRODUCTS, RUNTIME_OVERHEAD_GIB
+from serving.plan.calibration import GPU_PRODUCTS, RUNTIME_OVERHEAD_GIB
 from serving.spec.schema import GIB
 from tests.support.gpu import cuda_device_count
 
@@ -90,7 +90,9 @@ def test_the_gpu_table_holds_this_devices_memory_total_as_nvidia_smi_reports_it(
     for name, total in gpus:
         label = name.replace(" ", "-")  # the nvidia.com/gpu.product label: GPU Feature Discovery's form of the name
         print(f"{label}: memory.total {total} MiB")
-        assert label in GPU_PRODUCTS, f"{label} is not in serving/plan/memory.py GPU_PRODUCTS (memory.total {total})"
+        assert label in GPU_PRODUCTS, (
+            f"{label} is not in serving/plan/calibration.py GPU_PRODUCTS (memory.total {total})"
+        )
         assert GPU_PRODUCTS[label].memory_total_mib == total, (label, GPU_PRODUCTS[label], total)
 
 

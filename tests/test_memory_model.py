@@ -11,9 +11,28 @@ from typing import Any
 import pytest
 
 from serving.checks import rules
-from serving.plan import memory as sgl
 from serving.plan import planner
+from serving.plan.calibration import (
+    CALIBRATION_LOGS,
+    GPU_PRODUCTS,
+    HELD_OUT_LOGS,
+    LOAD_OVERHEAD_GIB,
+    NVLINK_LOGS,
+    NVLINK_TP_OVERHEAD_GIB,
+    OBSERVED_FREE_AT_START_GIB,
+    RUNTIME_OVERHEAD_GIB,
+    StartupLog,
+    free_at_start_bytes,
+)
+from serving.plan.fit import enumerate_layouts
+from serving.plan.memory import (
+    draft_cell_bytes,
+    kv_cell_bytes,
+    running_requests_per_replica,
+    sglang_mem_fraction_static,
+)
 from serving.plan.model import Fleet
+from serving.plan.weights import layer_attention_parameters, stage_parameters
 from serving.render.sglang import server_argv
 from serving.result import Status, failures
 from serving.spec.schema import (
@@ -54,7 +73,7 @@ def test_mem_fraction_static_equals_sglangs_handle_gpu_memory_settings(regenerat
     resolved = _sglang_resolves(cases)
     mismatches = []
     for r in resolved:
-        ours = sgl.sglang_mem_fraction_static(
+        ours = sglang_mem_fraction_static(
             r["gpu_mib"], r["tp"], r["pp"], r["chunked_prefill_size"], r["max_running_requests"], r["mla"]
         )
         theirs = (r["mem_fraction_static"], r["resolved_chunked_prefill_size"], r["decode_graph_max_bs"])
@@ -94,7 +113,7 @@ def test_attention_dp_fraction_and_refusals_are_sglangs(regenerated: Path) -> No
     assert len(resolved) == len(cases) == 2_040
     mismatches, refusals = [], []
     for r in resolved:
-        ours = sgl.sglang_mem_fraction_static(
+        ours = sglang_mem_fraction_static(
             r["gpu_mib"], r["tp"], 1, None, r["max_running_requests"], r["mla"], r["attn_dp"]
         )
         if (ours.value, ours.decode_graph_max_bs) != (r["mem_fraction_static"], r["decode_graph_max_bs"]):
@@ -141,7 +160,7 @@ def test_deepseek_v3_attention_dp_8_on_8_h200_is_planned_as_sglang_sizes_it(rege
     )  # FP8 attention, bf16 table
     w8, w1 = (m.per_gpu["weights"].value + m.per_gpu["load_overhead"].value for m in (m8, m1))
     assert w8 - w1 == pytest.approx(whole)
-    free = sgl.free_at_start_bytes(sgl.GPU_PRODUCTS["NVIDIA-H200"], 8)
+    free = free_at_start_bytes(GPU_PRODUCTS["NVIDIA-H200"], 8)
     tokens = int((free * theirs8["mem_fraction_static"] - w8) // cell)
     assert m8.max_total_tokens.value == tokens
     assert m8.max_concurrent_sequences.value == tokens // lim.context_length * 8
@@ -182,7 +201,7 @@ def test_attention_dp_is_planned_for_the_models_whose_attention_sglang_splits_ov
     for name, cfg in configs.items():
         arch = Architecture.model_validate(architecture_from_hf_config(cfg, name))
         assert arch.attention_over_attn_tp == verdicts[cfg["architectures"][0]], name
-        fit = sgl.enumerate_layouts(arch, sgl.GPU_PRODUCTS["NVIDIA-H200"], 8, 1, 4096, 64, 8192, ("fp8",))
+        fit = enumerate_layouts(arch, GPU_PRODUCTS["NVIDIA-H200"], 8, 1, 4096, 64, 8192, ("fp8",))
         tried = {lay.attn_dp for lay in fit.layouts} | {e.attn_dp for e in fit.excluded}
         assert (max(tried) > 1) == verdicts[cfg["architectures"][0]], (name, tried)
     mixtral = {"model__hf_config": "models/mixtral-8x7b/config.json", "model__architecture": {}}
@@ -230,15 +249,15 @@ def test_nextn_draft_weights_and_kv_are_charged_as_sglang_does(regenerated: Path
         assert m1.kv_per_token_per_gpu.value == cell + int(cell * draft_layers / layers)
         # the MTP layer is a MoE layer: the target's last layer's weights, over TP (+ attention over attention-TP)
         arch = mtp.model.architecture
-        moe_layer = sgl.stage_parameters(arch, range(layers - 1, layers)) * 1.0  # FP8
-        attn = sgl.layer_attention_parameters(arch) * 1.0
+        moe_layer = stage_parameters(arch, range(layers - 1, layers)) * 1.0  # FP8
+        attn = layer_attention_parameters(arch) * 1.0
         table = cfg["vocab_size"] * h * 2  # its own 16-bit embedding (over attention-TP) and LM head (over TP)
         tables = table / (8 // attn_dp) + table / 8
         expected = draft_layers * (moe_layer / 8 + attn * (attn_dp / 8 - 1 / 8)) + draft_layers * 2 * h * h * 2 + tables
         draft = m1.per_gpu["draft_weights"].value
         assert draft == pytest.approx(expected)
         weights = m1.per_gpu["weights"].value + m1.per_gpu["load_overhead"].value
-        free = sgl.free_at_start_bytes(sgl.GPU_PRODUCTS["NVIDIA-H200"], 8)
+        free = free_at_start_bytes(GPU_PRODUCTS["NVIDIA-H200"], 8)
         budget = free * with_spec["mem_fraction_static"] if attn_dp == 1 else free * m1.mem_fraction_static.value
         assert m1.max_total_tokens.value == int((budget - weights - draft) // m1.kv_per_token_per_gpu.value)
         assert m1.max_total_tokens.value < m0.max_total_tokens.value
@@ -298,17 +317,14 @@ def test_a_replica_runs_the_requests_sglangs_resolve_max_num_reqs_gives_its_work
     script = ROOT / "tests" / "support" / "sglang_cell_size.py"
     for r in run_json_script_args(SGLANG_PYTHON, [str(script)], cases):
         assert (
-            sgl.running_requests_per_replica(r["max_running_requests"], r["attn_dp"])
-            == r["max_num_reqs"] * r["attn_dp"]
+            running_requests_per_replica(r["max_running_requests"], r["attn_dp"]) == r["max_num_reqs"] * r["attn_dp"]
         ), r
     for mr in (12, 4):
         spec = deepseek_h200_spec(8, limits__max_running_requests=mr, limits__p99_concurrency_per_replica=1024)
         chain = fleet_of(spec).plan.capacity
         assert chain.per_replica_concurrency.value == 8, chain.per_replica_concurrency.formula
         assert "kv_cache_configurator.py:3128" in chain.per_replica_concurrency.formula
-        fit = sgl.enumerate_layouts(
-            spec.model.architecture, sgl.GPU_PRODUCTS["NVIDIA-H200"], 8, 1, 4096, mr, 8192, ("fp8",)
-        )
+        fit = enumerate_layouts(spec.model.architecture, GPU_PRODUCTS["NVIDIA-H200"], 8, 1, 4096, mr, 8192, ("fp8",))
         assert {lay.served_sequences for lay in fit.layouts if lay.attn_dp == 8 and lay.tp == 8} == {8}
 
 
@@ -332,8 +348,8 @@ def test_kv_cell_with_attention_tp_and_draft_is_sglangs_own() -> None:
         arch = Architecture(
             num_layers=r["layers"], num_attention_heads=64, num_kv_heads=r["kv_heads"], head_dim=128, mla=mla
         )
-        target = sgl.kv_cell_bytes(arch, r["dtype_bytes"], r["attn_tp"], r["layers"])
-        ours = sgl.draft_cell_bytes(target, r["layers"], r["draft_layers"])
+        target = kv_cell_bytes(arch, r["dtype_bytes"], r["attn_tp"], r["layers"])
+        ours = draft_cell_bytes(target, r["layers"], r["draft_layers"])
         if ours != r["cell"]:
             mismatches.append((r, ours))
     assert not mismatches, mismatches[:5]
@@ -356,7 +372,7 @@ def test_an_eagle3_draft_is_counted_from_its_config(tmp_path: Path) -> None:
     }
     (tmp_path / "draft.json").write_text(json.dumps(draft_cfg))
     target = tmp_path / "target.json"
-    target.write_text(json.dumps(sgl.HELD_OUT_LOGS[0].config))
+    target.write_text(json.dumps(HELD_OUT_LOGS[0].config))
     spec = spec_from(
         "prod",
         cluster__gpu={"product": "NVIDIA-H100-80GB-HBM3", "memory_gb": 80},
@@ -410,13 +426,13 @@ def test_speculative_decoding_under_pp_is_a_spec_error() -> None:
         deepseek_h200_spec(1, parallelism__tp=4, parallelism__pp=2, model__speculative={"algorithm": "NEXTN"})
 
 
-def _planner_predicts(log: sgl.StartupLog, tmp_path: Path) -> tuple[int, float, float]:
+def _planner_predicts(log: StartupLog, tmp_path: Path) -> tuple[int, float, float]:
     """The whole chain through the planner for a log's hardware and checkpoint: GPU product → free at start,
     config.json → parameters → weights per GPU (load overhead included), SGLang's pool arithmetic → tokens.
     Returns (pool tokens, weights GiB, free-at-start GiB)."""
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(log.config))
-    gpu = sgl.GPU_PRODUCTS[log.gpu]
+    gpu = GPU_PRODUCTS[log.gpu]
     spec = spec_from(
         "dev",
         cluster__gpu={"product": log.gpu, "memory_gb": round(gpu.memory_total_mib / 1024)},
@@ -431,11 +447,11 @@ def _planner_predicts(log: sgl.StartupLog, tmp_path: Path) -> tuple[int, float, 
     m = planner.memory_plan(spec)
     assert m.model == "sglang"
     weights = m.per_gpu["weights"].value + m.per_gpu["load_overhead"].value
-    return int(m.max_total_tokens.value), weights / GIB, sgl.free_at_start_bytes(gpu, log.tp) / GIB
+    return int(m.max_total_tokens.value), weights / GIB, free_at_start_bytes(gpu, log.tp) / GIB
 
 
-@pytest.mark.parametrize("log", sgl.CALIBRATION_LOGS, ids=lambda c: c.name)
-def test_startup_log_kv_pool_reproduced_within_5_percent(log: sgl.StartupLog, tmp_path: Path) -> None:
+@pytest.mark.parametrize("log", CALIBRATION_LOGS, ids=lambda c: c.name)
+def test_startup_log_kv_pool_reproduced_within_5_percent(log: StartupLog, tmp_path: Path) -> None:
     """The logs the constants are fitted on: tokens within 5 %, weights within 2 % (consistency, not accuracy:
     the held-out test below measures that)."""
     tokens, weights, _ = _planner_predicts(log, tmp_path)
@@ -450,8 +466,8 @@ HELD_OUT_WEIGHTS_TOLERANCE = 0.02
 HELD_OUT_FREE_TOLERANCE = 0.01
 
 
-@pytest.mark.parametrize("log", sgl.HELD_OUT_LOGS, ids=lambda c: c.name)
-def test_held_out_log_predicted_by_the_planner(log: sgl.StartupLog, tmp_path: Path) -> None:
+@pytest.mark.parametrize("log", HELD_OUT_LOGS, ids=lambda c: c.name)
+def test_held_out_log_predicted_by_the_planner(log: StartupLog, tmp_path: Path) -> None:
     """Public logs the constants were NOT fitted on, predicted from the GPU table (free at start is memory.total
     less the fitted overhead, not the log's figure), config.json and the log's mem_fraction_static: KV pool
     tokens within 5 %, weights within 2 % and free at start within 1 % where the log gives them. The Qwen3-235B
@@ -473,14 +489,14 @@ def test_held_out_log_predicted_by_the_planner(log: sgl.StartupLog, tmp_path: Pa
 def test_held_out_logs_stay_out_of_the_fit() -> None:
     """No held-out GPU has a logged free-at-start figure (the planner must predict it), no held-out log is a
     calibration log, and every one carries a public address and a version."""
-    names = {c.name for c in sgl.CALIBRATION_LOGS}
-    assert len(sgl.HELD_OUT_LOGS) >= 2
-    nvlink_sources = {c.source.split()[0] for c in sgl.NVLINK_LOGS}
-    for log in sgl.HELD_OUT_LOGS:
-        assert log.name not in names and log.gpu not in sgl.OBSERVED_FREE_AT_START_GIB
+    names = {c.name for c in CALIBRATION_LOGS}
+    assert len(HELD_OUT_LOGS) >= 2
+    nvlink_sources = {c.source.split()[0] for c in NVLINK_LOGS}
+    for log in HELD_OUT_LOGS:
+        assert log.name not in names and log.gpu not in OBSERVED_FREE_AT_START_GIB
         assert log.source.split()[0] not in nvlink_sources
         assert log.source.startswith("https://github.com/") and log.sglang
-    for log in sgl.CALIBRATION_LOGS:
+    for log in CALIBRATION_LOGS:
         assert "exaserve issue" not in log.source
 
 
@@ -488,30 +504,30 @@ def test_a_recent_log_carries_the_pinned_formulas_fraction() -> None:
     """The 2026-08 Qwen3-30B-A3B-FP8 log ran a SGLang whose graph defaults match the pin (decode 'full',
     prefill 'breakable'): its mem_fraction_static, 0.83, is what the planner's formula gives an H100 at TP 1;
     the 0.4.4 log's 0.88 is that version's flat TP-1 default, which the current formula no longer gives."""
-    recent, old = sgl.HELD_OUT_LOGS[1], sgl.HELD_OUT_LOGS[0]
-    h100 = sgl.GPU_PRODUCTS["NVIDIA-H100-80GB-HBM3"].memory_total_mib
+    recent, old = HELD_OUT_LOGS[1], HELD_OUT_LOGS[0]
+    h100 = GPU_PRODUCTS["NVIDIA-H100-80GB-HBM3"].memory_total_mib
     assert recent.gpu == old.gpu == "NVIDIA-H100-80GB-HBM3"
-    assert sgl.sglang_mem_fraction_static(h100, recent.tp, 1, None, None, False).value == recent.mem_fraction_static
-    assert sgl.sglang_mem_fraction_static(h100, old.tp, 1, None, None, False).value != old.mem_fraction_static
+    assert sglang_mem_fraction_static(h100, recent.tp, 1, None, None, False).value == recent.mem_fraction_static
+    assert sglang_mem_fraction_static(h100, old.tp, 1, None, None, False).value != old.mem_fraction_static
 
 
 def test_constants_derive_from_the_logs() -> None:
     """The runtime overhead (memory.total − free at start) and the load overhead are means over the logs."""
     gaps = []
-    for c in sgl.CALIBRATION_LOGS:
+    for c in CALIBRATION_LOGS:
         assert c.free_at_start_gib is not None and c.weights_gib is not None
-        gaps.append(sgl.GPU_PRODUCTS[c.gpu].memory_total_mib / 1024 - c.free_at_start_gib)
-    assert min(gaps) <= sgl.RUNTIME_OVERHEAD_GIB <= max(gaps)
-    assert 0 < sgl.LOAD_OVERHEAD_GIB < 0.5
+        gaps.append(GPU_PRODUCTS[c.gpu].memory_total_mib / 1024 - c.free_at_start_gib)
+    assert min(gaps) <= RUNTIME_OVERHEAD_GIB <= max(gaps)
+    assert 0 < LOAD_OVERHEAD_GIB < 0.5
     # An unlogged product: memory.total less the mean overhead; at TP > 1 on NVLink also the fitted NVLink buffers.
-    h100 = sgl.GPU_PRODUCTS["NVIDIA-H100-80GB-HBM3"]
-    assert sgl.free_at_start_bytes(h100) == pytest.approx(81_559 * 2**20 - sgl.RUNTIME_OVERHEAD_GIB * GIB)
-    nvlink = sgl.RUNTIME_OVERHEAD_GIB + sgl.NVLINK_TP_OVERHEAD_GIB
-    assert sgl.free_at_start_bytes(h100, 4) == pytest.approx(81_559 * 2**20 - nvlink * GIB)
-    nv_gaps = [sgl.GPU_PRODUCTS[c.gpu].memory_total_mib / 1024 - c.free_at_start_gib for c in sgl.NVLINK_LOGS]
-    assert min(nv_gaps) <= nvlink <= max(nv_gaps) and 1.0 < sgl.NVLINK_TP_OVERHEAD_GIB < 2.5
-    l4 = sgl.GPU_PRODUCTS["NVIDIA-L4"]  # PCIe: the logged figure at any TP
-    assert not l4.nvlink and sgl.free_at_start_bytes(l4, 4) == sgl.free_at_start_bytes(l4, 1)
+    h100 = GPU_PRODUCTS["NVIDIA-H100-80GB-HBM3"]
+    assert free_at_start_bytes(h100) == pytest.approx(81_559 * 2**20 - RUNTIME_OVERHEAD_GIB * GIB)
+    nvlink = RUNTIME_OVERHEAD_GIB + NVLINK_TP_OVERHEAD_GIB
+    assert free_at_start_bytes(h100, 4) == pytest.approx(81_559 * 2**20 - nvlink * GIB)
+    nv_gaps = [GPU_PRODUCTS[c.gpu].memory_total_mib / 1024 - c.free_at_start_gib for c in NVLINK_LOGS]
+    assert min(nv_gaps) <= nvlink <= max(nv_gaps) and 1.0 < NVLINK_TP_OVERHEAD_GIB < 2.5
+    l4 = GPU_PRODUCTS["NVIDIA-L4"]  # PCIe: the logged figure at any TP
+    assert not l4.nvlink and free_at_start_bytes(l4, 4) == free_at_start_bytes(l4, 1)
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ import celpy
 import pytest
 from kubernetes_validate import utils as kv
 
-from serving.checks import policy
+from serving.checks.policy.stack import updater_admission_policy
 from serving.plan.model import Fleet
 from serving.pulumi.validate import CrdCatalog, Validator
 from serving.render.k8s import admission, updater
@@ -280,18 +280,18 @@ def test_the_guard_demands_the_policy_whenever_the_updater_may_patch() -> None:
     """Failing examples: the updater's Role without the policy, without the binding, and with a weakened policy."""
     fleet = _fleet(False)
     objects = updater.render(fleet)
-    assert policy.updater_admission_policy(_stack(fleet, objects), fleet) == []
+    assert updater_admission_policy(_stack(fleet, objects), fleet) == []
     without = [o for o in objects if o["kind"] != "ValidatingAdmissionPolicy"]
     unbound = [o for o in objects if o["kind"] != "ValidatingAdmissionPolicyBinding"]
     weakened = copy.deepcopy(objects)
     weakened[-2]["spec"]["validations"][0]["expression"] = "true"
     for stack, said in ((without, "no ValidatingAdmissionPolicy"), (unbound, "no ValidatingAdmissionPolicyBinding")):
-        (found,) = policy.updater_admission_policy(_stack(fleet, stack), fleet)
+        (found,) = updater_admission_policy(_stack(fleet, stack), fleet)
         assert said in found.observed and "Role" in found.observed
-    (found,) = policy.updater_admission_policy(_stack(fleet, weakened), fleet)
+    (found,) = updater_admission_policy(_stack(fleet, weakened), fleet)
     assert "differs from its render" in found.observed
     read_only = [o for o in without if o["kind"] != "Role"]
-    assert policy.updater_admission_policy(_stack(fleet, read_only), fleet) == []
+    assert updater_admission_policy(_stack(fleet, read_only), fleet) == []
 
 
 def test_every_field_the_cel_selects_exists_in_the_schemas(fleet: Fleet) -> None:

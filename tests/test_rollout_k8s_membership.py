@@ -68,7 +68,7 @@ from serving.sandbox.processes import (
     start_worker,
     stop_process,
 )
-from serving.sandbox.worker import WorkerConfig
+from serving.sandbox.worker_config import WorkerConfig
 from serving.spec.schema import FleetSpec
 from tests.support.apiserver import RELEASES, ApiServerStandIn
 from tests.support.stacks import fleet_of, spec_from

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from serving.cli.report import plan_json
-from serving.rollout.gates import Gates, Verdict, with_kv_pool
+from serving.rollout.gates.verdict import Gates, Verdict, with_kv_pool
 from serving.rollout.kvpool import (
     GIB,
     KV_CACHE_MEMORY_GB,
@@ -176,7 +176,7 @@ def test_the_simulated_worker_exports_the_plan_with_its_releases_skew() -> None:
     planned = kv_plan(spec, fleet.plan.memory)
     for version, skew in (("v1", 0.0), ("v2", -0.2)):
         worker = SimulatedWorker(worker_config(spec, fleet.plan.replicas[0], version))
-        got = KvReading.read(MetricsSnapshot.parse(generate_latest(worker.registry).decode()))
+        got = KvReading.read(MetricsSnapshot.parse(generate_latest(worker.metrics.registry).decode()))
         assert got is not None and got.tokens == round(planned.tokens * (1 + skew))
         assert got.weights_bytes == pytest.approx(planned.weights_bytes, rel=1e-9)
         assert got.pool_bytes == pytest.approx(got.tokens * planned.kv_bytes_per_token, rel=1e-9)

@@ -10,7 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from serving.fleet_http import FleetHttp, HttpFailure
-from serving.rollout.gates import ReplicaReading
+from serving.rollout.gates.window import ReplicaReading
 from serving.rollout.runner import Reading, asked_again_after_a_timeout, asked_again_note, spread
 from serving.router.client import MetricsSnapshot, parse_only
 from serving.sandbox.processes import free_port

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from serving.sandbox.worker import FAULT_PATH, SimulatedWorker, WorkerConfig
+from serving.sandbox.worker import FAULT_PATH, SimulatedWorker
+from serving.sandbox.worker_config import WorkerConfig
 from tests.support.sglang_routes import load_snapshot_fields, routes_in, sglang_routes
 
 SIMULATION_ONLY = {FAULT_PATH}
@@ -94,7 +95,7 @@ def test_metrics_render_once_per_state_and_never_show_a_stale_one(
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    import serving.sandbox.worker as worker_module
+    import serving.sandbox.worker_metrics as metrics_module
 
     renders = 0
 
@@ -103,7 +104,7 @@ def test_metrics_render_once_per_state_and_never_show_a_stale_one(
         renders += 1
         return generate_latest(registry)
 
-    monkeypatch.setattr(worker_module, "generate_latest", counted)
+    monkeypatch.setattr(metrics_module, "generate_latest", counted)
 
     def value(text: str, name: str) -> float:
         return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
@@ -120,9 +121,10 @@ def test_metrics_render_once_per_state_and_never_show_a_stale_one(
         worker = SimulatedWorker(config)
 
         def fresh() -> str:  # what the worker renders with no cache, now
-            for rank, labels in enumerate(worker.scheduler_labels):
-                worker._export_rank(rank, labels, worker._kv_usage())
-            return generate_latest(worker.registry).decode()
+            metrics, scheduler = worker.metrics, worker.scheduler
+            for rank, labels in enumerate(metrics.scheduler_labels):
+                metrics.export_rank(rank, labels, scheduler.load, scheduler.kv_usage())
+            return generate_latest(metrics.registry).decode()
 
         async with TestClient(TestServer(worker.build_app())) as client:
 

@@ -29,8 +29,8 @@ from serving.cli.options import (
     require_file,
     resolve_stack,
 )
-from serving.plan import memory as sgl
-from serving.plan import planner
+from serving.plan import calibration, planner
+from serving.plan.fit import Layout, enumerate_layouts
 from serving.plan.model import CapacityChain
 from serving.spec.checkpoint import CheckpointError, read_checkpoint
 from serving.spec.schema import GIB, Architecture, architecture_from_hf_config
@@ -57,7 +57,7 @@ def _architecture(path: Path, params: int | None) -> Architecture:
         fail(f"--hf-config {path} is not a transformer config.json ({exc}); point it at the model's config.json")
 
 
-def _layout_json(lay: sgl.Layout, rps: float) -> dict[str, Any]:
+def _layout_json(lay: Layout, rps: float) -> dict[str, Any]:
     return {
         "precision": lay.precision,
         "quantization": QUANTIZATION[lay.precision],
@@ -81,7 +81,7 @@ def _layout_json(lay: sgl.Layout, rps: float) -> dict[str, Any]:
     }
 
 
-def _dp(lay: sgl.Layout) -> str:
+def _dp(lay: Layout) -> str:
     """A layout's attention DP, as the table and the written stack's header name it (empty without)."""
     return f" (attention DP {lay.attn_dp})" if lay.attn_dp > 1 else ""
 
@@ -92,7 +92,7 @@ def _null(representer: Any, _: None) -> Any:
 
 
 def _write_stack(
-    out: Path, base: Path, lay: sgl.Layout, hf_config: Path, arch: Architecture, gpu: str, checkpoint: Path | None
+    out: Path, base: Path, lay: Layout, hf_config: Path, arch: Architecture, gpu: str, checkpoint: Path | None
 ) -> None:
     """The chosen layout written over the base stack's model, parallelism, serving and GPU product. The base file is
     edited round-trip (ruamel.yaml), so its comments, key order and quoting stay; only the fields set here change."""
@@ -195,13 +195,13 @@ def fit(
     arch = _architecture(hf_config, params)
     product = gpu or spec.cluster.gpu.product
     try:
-        gpu_product = sgl.gpu_product(product)
-    except sgl.UnknownGpuError as exc:
+        gpu_product = calibration.gpu_product(product)
+    except calibration.UnknownGpuError as exc:
         fail(f"--gpu: {exc}")
     precisions = tuple(precision or (("fp8",) if arch.weight_block_size is not None else ("bf16", "fp8")))
-    unknown = sorted(set(precisions) - set(sgl.PRECISION_BYTES))
+    unknown = sorted(set(precisions) - set(calibration.PRECISION_BYTES))
     if unknown:
-        fail(f"--precision {unknown}: not a precision; use {', '.join(sgl.PRECISION_BYTES)}")
+        fail(f"--precision {unknown}: not a precision; use {', '.join(calibration.PRECISION_BYTES)}")
     weights = None
     if checkpoint is not None:
         if len(precisions) != 1:
@@ -223,7 +223,7 @@ def fit(
     gpn = gpus_per_node or spec.cluster.gpu.count_per_node
     lim = spec.limits
     ctx = context_length or lim.context_length
-    result = sgl.enumerate_layouts(
+    result = enumerate_layouts(
         arch,
         gpu_product,
         gpn,

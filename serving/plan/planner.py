@@ -10,7 +10,15 @@ from __future__ import annotations
 import math
 from typing import Final
 
-from serving.plan import memory as sgl
+from serving.plan import calibration
+from serving.plan.memory import (
+    DRAFT_KV,
+    RUNNING_PER_WORKER,
+    kv_token_bytes_per_gpu,
+    replica_pool,
+    running_requests_per_replica,
+    sglang_mem_fraction_static,
+)
 from serving.plan.model import (
     HOURS_PER_MONTH,
     LOOPBACK,
@@ -29,6 +37,7 @@ from serving.plan.model import (
     fmt_gib,
     utilisation_band,
 )
+from serving.plan.weights import DEFAULT_GROUP_SIZE, draft_share
 from serving.spec.schema import GB, GIB, Architecture, FleetSpec, Node, Precision
 
 # ------------------------------------------------------------------------------------------ memory
@@ -69,7 +78,7 @@ def kv_bytes_per_token_per_gpu(arch: Architecture, bytes_per_element: int, tp: i
     below one head per rank (with TP > KV heads each head is replicated). MLA's latent is not split by TP.
     """
     layers = math.ceil(arch.num_layers / pp)
-    v = sgl.kv_token_bytes_per_gpu(arch, bytes_per_element, tp, pp)
+    v = kv_token_bytes_per_gpu(arch, bytes_per_element, tp, pp)
     if arch.mla is not None:
         width = arch.mla.kv_lora_rank + arch.mla.qk_rope_head_dim
         return Figure(
@@ -101,19 +110,19 @@ def replica_memory_budget(
     }
 
 
-def gpu_product(spec: FleetSpec) -> sgl.GpuProduct:
+def gpu_product(spec: FleetSpec) -> calibration.GpuProduct:
     """The cluster's GPU from the product table; an unknown product falls back on cluster.gpu.memory_gb."""
     gpu = spec.cluster.gpu
     try:
-        return sgl.gpu_product(gpu.product)
-    except sgl.UnknownGpuError:
-        return sgl.GpuProduct(gpu.product, round(gpu.memory_gb * GB / sgl.MIB), "cluster.gpu.memory_gb")
+        return calibration.gpu_product(gpu.product)
+    except calibration.UnknownGpuError:
+        return calibration.GpuProduct(gpu.product, round(gpu.memory_gb * GB / calibration.MIB), "cluster.gpu.memory_gb")
 
 
 def static_fraction(spec: FleetSpec) -> Figure:
     """``serving.mem_fraction_static`` when set, else SGLang's default for this GPU, TP, PP and limits."""
     par, lim, m = spec.parallelism, spec.limits, spec.model
-    default = sgl.sglang_mem_fraction_static(
+    default = sglang_mem_fraction_static(
         gpu_product(spec).memory_total_mib,
         par.tp,
         par.pp,
@@ -137,16 +146,16 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
         return source_memory_plan(spec)
     m, par, ctx = spec.model, spec.parallelism, spec.limits.context_length
     gpu = gpu_product(spec)
-    total = gpu.memory_total_mib * sgl.MIB
-    free = sgl.free_at_start_bytes(gpu, par.tp)
+    total = gpu.memory_total_mib * calibration.MIB
+    free = calibration.free_at_start_bytes(gpu, par.tp)
     mfs = static_fraction(spec)
-    group = (m.architecture.quant_group_size or sgl.DEFAULT_GROUP_SIZE) if m.precision == Precision.INT4 else None
+    group = (m.architecture.quant_group_size or DEFAULT_GROUP_SIZE) if m.precision == Precision.INT4 else None
     draft = (
-        sgl.draft_share(m.architecture, m.speculative, m.bytes_per_param, par.tp, par.attn_dp)
+        draft_share(m.architecture, m.speculative, m.bytes_per_param, par.tp, par.attn_dp)
         if m.speculative is not None
         else None
     )
-    rp = sgl.replica_pool(
+    rp = replica_pool(
         m.architecture,
         m.bytes_per_param,
         m.kv_bytes_per_element,
@@ -173,7 +182,7 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
             rp.cell_bytes,
             "B",
             f"{kv_tok_gpu.formula} + the draft's {draft.kv_layers} layer(s): int(that × {draft.kv_layers} / "
-            f"{m.architecture.num_layers}) ({sgl.DRAFT_KV.where}) = {rp.cell_bytes:,} B",
+            f"{m.architecture.num_layers}) ({DRAFT_KV.where}) = {rp.cell_bytes:,} B",
         )
     budget = max(0.0, pool.budget)
     slack = free * (1 - mfs.value)
@@ -184,7 +193,7 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
     per_gpu = {
         "weights": Figure(share.layer_bytes + share.embedding_bytes, "B", share.formula),
         "load_overhead": Figure(
-            share.load_overhead_bytes, "B", f"{sgl.LOAD_OVERHEAD_GIB:.2f} GiB (mean of the calibration logs)"
+            share.load_overhead_bytes, "B", f"{calibration.LOAD_OVERHEAD_GIB:.2f} GiB (mean of the calibration logs)"
         ),
         **({"draft_weights": Figure(draft.weights, "B", draft.formula)} if draft is not None else {}),
         "kv_cache": Figure(budget, "B", rp.formula),
@@ -197,8 +206,8 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
             f"{gpu.memory_total_mib:,} MiB − {free / GIB:,.2f} GiB free at start ("
             + (
                 "logged for this product"
-                if gpu.label in sgl.OBSERVED_FREE_AT_START_GIB
-                else sgl.runtime_overhead_for(gpu, par.tp)[1]
+                if gpu.label in calibration.OBSERVED_FREE_AT_START_GIB
+                else calibration.runtime_overhead_for(gpu, par.tp)[1]
             )
             + ")",
         ),
@@ -638,13 +647,13 @@ def plan(spec: FleetSpec, memory_model: MemoryModel = "sglang") -> Plan:
     deployable = min(spec.serving.replicas, p.max_replicas)
     lim = spec.limits
     attn_dp = spec.parallelism.attn_dp
-    running = sgl.running_requests_per_replica(lim.max_running_requests, attn_dp)
+    running = running_requests_per_replica(lim.max_running_requests, attn_dp)
     per_rep = min(lim.p99_concurrency_per_replica, running, int(mem.max_concurrent_sequences.value))
     runs = (
         f"max running {lim.max_running_requests}"
         if attn_dp == 1
         else f"max running {attn_dp} workers × max(1, {lim.max_running_requests} // {attn_dp}) = {running} "
-        f"({sgl.RUNNING_PER_WORKER.where})"
+        f"({RUNNING_PER_WORKER.where})"
     )
     why = (
         f"min(P99 concurrency {lim.p99_concurrency_per_replica}, {runs}, "
@@ -657,10 +666,10 @@ def plan(spec: FleetSpec, memory_model: MemoryModel = "sglang") -> Plan:
     replicas = fleet_replicas(spec)
     groups = rollout_groups(len(replicas), spec.rollout.batches)
     notes: list[str] = []
-    if mem.model == "sglang" and spec.cluster.gpu.product not in sgl.GPU_PRODUCTS:
+    if mem.model == "sglang" and spec.cluster.gpu.product not in calibration.GPU_PRODUCTS:
         notes.append(
             f"GPU product {spec.cluster.gpu.product!r} is not in the memory model's table: sized from "
-            f"cluster.gpu.memory_gb = {spec.cluster.gpu.memory_gb:g} GB; use one of {', '.join(sorted(sgl.GPU_PRODUCTS))}"
+            f"cluster.gpu.memory_gb = {spec.cluster.gpu.memory_gb:g} GB; use one of {', '.join(sorted(calibration.GPU_PRODUCTS))}"
         )
     target = spec.serving.target_replicas
     if target is not None and target != spec.serving.replicas:

@@ -28,7 +28,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from serving.rollout.gates import Gates, WindowStats
+from serving.rollout.gates.verdict import Gates
+from serving.rollout.gates.window import WindowStats
 from serving.rollout.plan import RolloutPlan
 
 

@@ -33,25 +33,21 @@ import httpx
 
 from serving.fleet_http import FleetHttp, HttpFailure
 from serving.rollout.backends import Backend, BackendError
-from serving.rollout.gates import (
-    MIN_REQUESTS,
+from serving.rollout.gates.findings import MIN_REQUESTS
+from serving.rollout.gates.judge import canary_budget_spent, judge, traffic_needed
+from serving.rollout.gates.verdict import Basis, Gates, with_kv_pool
+from serving.rollout.gates.window import (
     ROUTER_GATE_METRICS,
     WORKER_GATE_METRICS,
-    Basis,
-    Gates,
     GroupStats,
     ReplicaReading,
     ReplicaWindow,
     RouterReading,
     WindowStats,
-    canary_budget_spent,
     group_stats,
-    judge,
     replica_windows,
-    traffic_needed,
     window_break,
     window_stats,
-    with_kv_pool,
 )
 from serving.rollout.journal import Journal
 from serving.rollout.kvpool import check as check_kv_pool
@@ -357,7 +353,7 @@ class Runner:
         return {r: self.backend.worker_url(r) for r in replicas if r not in out}
 
     def _groups(self, batch: int) -> tuple[list[str], list[str], Basis, dict[str, str]]:
-        """The canary (the batch), its peers and their basis (see :mod:`serving.rollout.gates`), and the URL of
+        """The canary (the batch), its peers and their basis (see :mod:`serving.rollout.gates.judge`), and the URL of
         every replica measured: every one in the router, with those found on the target before the plan."""
         s = self.state
         plan = s.plan
@@ -633,7 +629,7 @@ class Runner:
 
     async def _soak(self, step: Step) -> Event | None:
         """Soak the batch for ``rollout.interval_s`` and judge it against its peers over the same window
-        (:func:`serving.rollout.gates.judge`): pass, roll back, or pause on evidence outside the batch. Between the
+        (:func:`serving.rollout.gates.judge.judge`): pass, roll back, or pause on evidence outside the batch. Between the
         window's two full reads (router and every replica) only the router is read, every ``SOAK_CHECK_S``. Once the
         canary's error budget for the interval is spent, the window so far is read in full and judged: a rollback
         verdict ends the soak at once; any other (evidence outside the batch, such as a traffic dip that leaves the

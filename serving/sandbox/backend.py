@@ -29,7 +29,7 @@ from serving.rollout.plan import kv_plan
 from serving.router.membership import RouterSet
 from serving.sandbox import worker_host
 from serving.sandbox.processes import SandboxError, StateDir, start_worker, stop_process
-from serving.sandbox.worker import WorkerConfig
+from serving.sandbox.worker_config import WorkerConfig
 from serving.sglang_health import HEALTH_ENDPOINT_GENERATION, HEALTH_POLL_S, server_health_timeout_s
 from serving.spec.schema import FleetSpec, SandboxSpec, ServingSpec
 

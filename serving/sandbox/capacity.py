@@ -33,7 +33,7 @@ from pathlib import Path
 
 from serving.runtime.agent import Agent, AgentConfig
 from serving.sandbox.processes import SandboxError, StateDir, cpu_seconds, free_port, free_port_block, stop_all
-from serving.sandbox.worker import WorkerConfig, ensure_model_dir
+from serving.sandbox.worker_config import WorkerConfig, ensure_model_dir
 from serving.sandbox.worker_host import start_host
 from serving.spec.schema import FleetSpec
 

@@ -9,7 +9,7 @@ from serving.plan.model import Fleet
 from serving.rollout.backends import Backend, local
 from serving.rollout.session import Endpoints, RolloutInputError
 from serving.sandbox.runtime import runtime_ports
-from serving.sandbox.worker import LOOPBACK
+from serving.sandbox.worker_config import LOOPBACK
 from serving.spec.schema import FleetSpec
 
 

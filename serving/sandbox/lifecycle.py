@@ -23,7 +23,7 @@ from serving.sandbox import capacity, processes, scale
 from serving.sandbox.backend import node_groups, router_flags, worker_config, worker_name
 from serving.sandbox.prometheus import start_prometheus
 from serving.sandbox.runtime import router_urls, start_extra_routers, start_runtime
-from serving.sandbox.worker import health_answer_bound_s
+from serving.sandbox.worker_config import health_answer_bound_s
 from serving.sandbox.worker_host import start_host
 from serving.spec.stack import SpecError, Stack
 

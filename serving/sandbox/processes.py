@@ -29,7 +29,7 @@ import httpx
 
 from serving.fleet_http import client_tls
 from serving.router.client import parse_workers
-from serving.sandbox.worker import LOOPBACK, WorkerConfig, health_answer_bound_s
+from serving.sandbox.worker_config import LOOPBACK, WorkerConfig, health_answer_bound_s
 
 Kind = Literal["worker", "worker-host", "router", "etcd", "controller", "agent", "prometheus"]
 WaitFor = Literal["healthy", "listening", "started"]

@@ -39,7 +39,7 @@ from serving.render.k8s.common import LABEL_NAME, ROUTER_APP, SERVING_APP, K8sOb
 from serving.sandbox.backend import worker_config
 from serving.sandbox.processes import ProcessRecord, SandboxError, StateDir, start_service
 from serving.sandbox.runtime import runtime_ports
-from serving.sandbox.worker import LOOPBACK
+from serving.sandbox.worker_config import LOOPBACK
 from serving.spec.schema import FleetSpec
 
 PROMETHEUS_BINARY = "prometheus"

@@ -26,7 +26,7 @@ from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.runtime.service import STATUS_PATH
 from serving.sandbox.backend import node_groups, restart_workers, router_flags, worker_config
 from serving.sandbox.processes import ProcessRecord, SandboxError, StateDir, start_router, start_service
-from serving.sandbox.worker import LOOPBACK
+from serving.sandbox.worker_config import LOOPBACK
 from serving.spec.schema import FleetSpec, SandboxSpec
 
 ETCD_BINARY = "etcd"

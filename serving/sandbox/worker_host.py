@@ -14,8 +14,8 @@ workers received, by method, path and client (the first word of its ``User-Agent
   its new config; answers once every old worker stopped and every new one is starting (its start-up delay runs on);
 * ``POST /v1/stop`` ``{"ports": […], "stop_timeout_s": s}``: stop them.
 
-A config is :class:`~serving.sandbox.worker.WorkerConfig` as a JSON object (:func:`config_json`). SIGTERM stops every
-worker (each within its ``shutdown_timeout_s``) and exits.
+A config is :class:`~serving.sandbox.worker_config.WorkerConfig` as a JSON object (:func:`config_json`). SIGTERM stops
+every worker (each within its ``shutdown_timeout_s``) and exits.
 
 Run: ``python -m serving.sandbox.worker_host --control-port P --configs FILE`` (FILE: a JSON list of configs).
 """
@@ -40,7 +40,8 @@ from aiohttp import web
 
 from serving.fleet_http import http_client
 from serving.sandbox.processes import ProcessRecord, SandboxError, StateDir, http_ok, start_service
-from serving.sandbox.worker import LOOPBACK, SimulatedWorker, WorkerConfig, _DropGrpcProbes, ensure_model_dir
+from serving.sandbox.worker import SimulatedWorker, _DropGrpcProbes
+from serving.sandbox.worker_config import LOOPBACK, WorkerConfig, ensure_model_dir
 
 WORKERS_PATH = "/v1/workers"
 RESTART_PATH = "/v1/restart"

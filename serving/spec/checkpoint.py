@@ -8,7 +8,7 @@ checkpoint keeps in 16 bit (:func:`read_checkpoint`). With the index alone, only
 known (:class:`CheckpointWeights` says which).
 
 The stack loader reads the checkpoint once (``model.checkpoint``) into ``model.checkpoint_weights``; the planner
-splits those bytes over TP and PP (:func:`serving.plan.memory.stage_weights`).
+splits those bytes over TP and PP (:func:`serving.plan.weights.stage_weights`).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_PART_OF = "app.kubernetes.io/part-of"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
-# A container may run privileged only in a DaemonSet named in serving.checks.policy.PRIVILEGED_DAEMONSETS that
+# A container may run privileged only in a DaemonSet named in serving.checks.policy.workloads.PRIVILEGED_DAEMONSETS that
 # states its reason in this annotation; a LoadBalancer Service needs the second one.
 ANNOTATION_PRIVILEGED_REASON = f"{PREFIX}/privileged-reason"
 ANNOTATION_ALLOW_LOAD_BALANCER = f"{PREFIX}/allow-load-balancer"

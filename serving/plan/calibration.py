@@ -1,0 +1,331 @@
+"""What a GPU has free when SGLang starts loading the weights, and what loading adds: the GPU products the planner knows
+and the public start-up logs its constants are fitted on.
+
+The free-at-start figure and the weights' load-time overhead come from public start-up logs
+(:data:`CALIBRATION_LOGS`); every constant is derived from them here, none is typed in twice. Other public logs
+(:data:`HELD_OUT_LOGS`) are kept out of the fit and predicted, to measure the model's accuracy
+(:mod:`serving.plan.memory` holds the arithmetic they feed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from serving.spec.schema import GIB, count_parameters
+
+MIB = 2**20
+
+# --------------------------------------------------------------------------------------- GPU products
+
+
+@dataclass(frozen=True)
+class GpuProduct:
+    """A GPU as SGLang sees it: ``memory.total`` in MiB (what ``get_nvgpu_memory_capacity`` reads)."""
+
+    label: str
+    memory_total_mib: int
+    source: str
+    nvlink: bool = False
+    """The product's GPUs talk over NVLink inside a node (SXM/HGX boards): at TP > 1 SGLang's custom all-reduce
+    and NCCL's peer buffers are set up before the weights load (:data:`NVLINK_LOGS`)."""
+
+
+GPU_PRODUCTS: dict[str, GpuProduct] = {
+    g.label: g
+    for g in (
+        GpuProduct(
+            "NVIDIA-A100-SXM4-40GB", 40_960, "NVIDIA A100 datasheet: 40 GiB HBM2 (nvidia-smi 40960MiB)", nvlink=True
+        ),
+        GpuProduct(
+            "NVIDIA-A100-SXM4-80GB", 81_920, "NVIDIA A100 datasheet: 80 GiB HBM2e (nvidia-smi 81920MiB)", nvlink=True
+        ),
+        GpuProduct("NVIDIA-H100-80GB-HBM3", 81_559, "nvidia-smi on H100 SXM5: 81559MiB", nvlink=True),
+        GpuProduct("NVIDIA-H20", 97_871, "nvidia-smi on H20: 97871MiB", nvlink=True),
+        GpuProduct("NVIDIA-H200", 143_771, "nvidia-smi on H200 SXM: 143771MiB", nvlink=True),
+        GpuProduct("NVIDIA-B200", 183_359, "nvidia-smi on B200: 183359MiB", nvlink=True),
+        GpuProduct("NVIDIA-L40S", 46_068, "nvidia-smi in https://github.com/sgl-project/sglang/pull/13023: 46068MiB"),
+        GpuProduct("NVIDIA-L4", 23_034, "nvidia-smi on L4: 23034MiB"),
+        GpuProduct(
+            "NVIDIA-GeForce-RTX-4090",
+            24_564,
+            "https://github.com/sgl-project/sglang-omni/issues/1168: 'RTX 4090, 24,564 MiB'",
+        ),
+    )
+}
+
+
+class UnknownGpuError(ValueError):
+    """A GPU product the table does not know."""
+
+
+def gpu_product(label: str) -> GpuProduct:
+    try:
+        return GPU_PRODUCTS[label]
+    except KeyError:
+        raise UnknownGpuError(
+            f"unknown GPU product {label!r}; use one of {', '.join(sorted(GPU_PRODUCTS))} "
+            "(cluster.gpu.product, the nvidia.com/gpu.product label), or add it to "
+            "serving/plan/calibration.py GPU_PRODUCTS with its nvidia-smi memory.total"
+        ) from None
+
+
+# ------------------------------------------------------------------------------------ calibration logs
+
+PRECISION_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+
+
+@dataclass(frozen=True)
+class StartupLog:
+    """One public SGLang start-up log: what the hardware and the checkpoint gave, and the pool it got."""
+
+    name: str
+    source: str
+    """The public address of the log."""
+    sglang: str
+    """The SGLang version that wrote it, as far as the source tells."""
+    gpu: str
+    tp: int
+    mem_fraction_static: float
+    free_at_start_gib: float | None
+    """``Load weight begin. avail mem=`` (or ``Load weight end`` avail + mem usage); None where not logged."""
+    weights_gib: float | None
+    """``Load weight end. … mem usage=``; None where not logged."""
+    kv_pool_tokens: int
+    """``KV Cache is allocated. #tokens:`` / ``max_total_num_tokens=``."""
+    config: dict[str, object]
+    """The checkpoint's config.json fields the model reads."""
+    precision: str = "bf16"
+    """The checkpoint's weight precision (a key of :data:`PRECISION_BYTES`); KV cache is 16-bit in every log."""
+
+
+CALIBRATION_LOGS: tuple[StartupLog, ...] = (
+    StartupLog(
+        name="QwQ-32B bf16, 4 × L4, TP 4",
+        source="https://github.com/didier-durand/llms-in-clouds/blob/b001c8690e894d234cf3a2e2345d259173acf293/"
+        "docs/sglang.md (section 'SGLang start sequence with Qwen QwQ-32B', AWS g6.12xlarge)",
+        sglang="0.4.3.post4 (the Dockerfile quoted in the same page)",
+        gpu="NVIDIA-L4",
+        tp=4,
+        mem_fraction_static=0.85,
+        free_at_start_gib=21.63,
+        weights_gib=15.54,
+        kv_pool_tokens=46_611,
+        config={
+            "hidden_size": 5120,
+            "intermediate_size": 27648,
+            "num_attention_heads": 40,
+            "num_hidden_layers": 64,
+            "num_key_value_heads": 8,
+            "vocab_size": 152064,
+        },
+    ),
+    StartupLog(
+        name="Qwen3-14B bf16, 4 × RTX 4090, TP 4",
+        source="a public repository document ('项目A-v2-服务基线', Qwen3-14B service baseline on 4 × RTX 4090 24564 MiB, "
+        "section 5 '关键启动日志'); the search index holds its text but not its repository address",
+        sglang="main at ebaf86d441447cb37dac92b7bd0838832fcdef48 (2026-06, per the same document)",
+        gpu="NVIDIA-GeForce-RTX-4090",
+        tp=4,
+        mem_fraction_static=0.80,
+        free_at_start_gib=16.00 + 7.08,
+        weights_gib=7.08,
+        kv_pool_tokens=298_447,
+        config={
+            "hidden_size": 5120,
+            "intermediate_size": 17408,
+            "num_attention_heads": 40,
+            "num_hidden_layers": 40,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "vocab_size": 151936,
+        },
+    ),
+)
+"""The logs the two constants below are fitted on."""
+
+HELD_OUT_LOGS: tuple[StartupLog, ...] = (
+    StartupLog(
+        name="Llama-3.1-8B-Instruct bf16, 1 × H100 80 GB, TP 1",
+        source="https://github.com/sgl-project/sglang/pull/4760 (description, 'Test Results'); the GPU is inferred: "
+        "the FlashAttention 3 backend under test runs on Hopper only, and 78.59 GiB free fits an 80 GB card; "
+        "mem_fraction_static is not logged: 0.88 is that version's default for TP 1 and reproduces the logged pool",
+        sglang="0.4.4 (2025-03-25)",
+        gpu="NVIDIA-H100-80GB-HBM3",
+        tp=1,
+        mem_fraction_static=0.88,
+        free_at_start_gib=63.48 + 15.11,
+        weights_gib=15.11,
+        kv_pool_tokens=442_750,
+        config={
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_attention_heads": 32,
+            "num_hidden_layers": 32,
+            "num_key_value_heads": 8,
+            "vocab_size": 128256,
+        },
+    ),
+    StartupLog(
+        name="Qwen3-30B-A3B-FP8 (MoE), 1 × H100 80 GB, TP 1",
+        source="https://github.com/mystous/vllm_hybrid/blob/f056911769698c5dec4cbea558d4fbd019509de7/"
+        "shadow_assists/features/IDE_023/whitepaper/IDE_023_TSK_043_RAW_DATA.md (§10, t1_gpu_only/server.log; "
+        "the kernel-config lines name NVIDIA_H100_80GB_HBM3)",
+        sglang="main of 2026-08 (decode graphs 'full', prefill graphs 'breakable', as the pinned 0.5.23)",
+        gpu="NVIDIA-H100-80GB-HBM3",
+        tp=1,
+        mem_fraction_static=0.83,
+        free_at_start_gib=78.48,
+        weights_gib=29.15,
+        kv_pool_tokens=392_920,
+        config={
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "moe_intermediate_size": 768,
+            "num_attention_heads": 32,
+            "num_hidden_layers": 48,
+            "num_key_value_heads": 4,
+            "head_dim": 128,
+            "num_experts": 128,
+            "num_experts_per_tok": 8,
+            "vocab_size": 151936,
+            "tie_word_embeddings": False,
+        },
+        precision="fp8",
+    ),
+    StartupLog(
+        name="Qwen3-235B-A22B-FP8 (MoE), 4 × H100 80 GB, TP 4",
+        source="https://github.com/vllm-project/vllm/issues/21348 (the SGLang command and its 'KV Cache is allocated' "
+        "line; the issue quotes no 'Load weight' line, so free-at-start and weights are not known)",
+        sglang="0.4.9 era (2025-07-22)",
+        gpu="NVIDIA-H100-80GB-HBM3",
+        tp=4,
+        mem_fraction_static=0.93,
+        free_at_start_gib=None,
+        weights_gib=None,
+        kv_pool_tokens=367_404,
+        config={
+            "hidden_size": 4096,
+            "intermediate_size": 12288,
+            "moe_intermediate_size": 1536,
+            "num_attention_heads": 64,
+            "num_hidden_layers": 94,
+            "num_key_value_heads": 4,
+            "head_dim": 128,
+            "num_experts": 128,
+            "num_experts_per_tok": 8,
+            "vocab_size": 151936,
+            "tie_word_embeddings": False,
+        },
+        precision="fp8",
+    ),
+)
+"""Logs the constants were NOT fitted on: the planner predicts them (free at start from the GPU table, weights
+from config.json) and ``tests/test_memory_model.py`` compares; ``docs/planner.md`` reports each error."""
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _logged(c: StartupLog) -> tuple[float, float]:
+    """A calibration log's free-at-start and weights figures (both needed to fit the constants)."""
+    if c.free_at_start_gib is None or c.weights_gib is None:
+        raise ValueError(
+            f"calibration log {c.name!r} lacks its free-at-start or weights figure; list it in HELD_OUT_LOGS"
+        )
+    return c.free_at_start_gib, c.weights_gib
+
+
+def runtime_overhead_gib() -> float:
+    """CUDA context + NCCL + allocator before the weights: memory.total − free at start, mean over the logs."""
+    return _mean([GPU_PRODUCTS[c.gpu].memory_total_mib * MIB / GIB - _logged(c)[0] for c in CALIBRATION_LOGS])
+
+
+def load_overhead_gib() -> float:
+    """What SGLang's ``mem usage`` at load adds to the parameters' bytes (rotary caches, vocab padding,
+    allocator rounding): logged weights − counted parameter bytes per GPU, mean over the logs."""
+    deltas = []
+    for c in CALIBRATION_LOGS:
+        params = count_parameters(dict(c.config))
+        if params is None:
+            raise ValueError(f"calibration log {c.name!r}: its config lacks a shape count_parameters needs")
+        deltas.append(_logged(c)[1] - params * PRECISION_BYTES[c.precision] / c.tp / GIB)
+    return _mean(deltas)
+
+
+RUNTIME_OVERHEAD_GIB = runtime_overhead_gib()
+LOAD_OVERHEAD_GIB = load_overhead_gib()
+OBSERVED_FREE_AT_START_GIB = {c.gpu: _logged(c)[0] for c in CALIBRATION_LOGS}
+
+
+@dataclass(frozen=True)
+class FreeAtStartLog:
+    """A public log of free memory before the weights load (``Load weight begin. avail mem=``, or ``Load weight
+    end`` avail + mem usage) on an NVLink node at TP > 1."""
+
+    name: str
+    source: str
+    sglang: str
+    gpu: str
+    tp: int
+    pp: int
+    free_at_start_gib: float
+
+
+NVLINK_LOGS: tuple[FreeAtStartLog, ...] = (
+    FreeAtStartLog(
+        name="8 × H200, TP 8",
+        source="https://github.com/sgl-project/sglang/pull/11716 (description: 'Init torch distributed ends. mem "
+        "usage=2.01 GB', 'Load weight begin. avail mem=137.29 GB' on six of the eight ranks, 137.34 and 137.52 on "
+        "the others; the pool takes the minimum over ranks)",
+        sglang="main of 2025-10-16",
+        gpu="NVIDIA-H200",
+        tp=8,
+        pp=1,
+        free_at_start_gib=137.29,
+    ),
+    FreeAtStartLog(
+        name="4 nodes × 8 H200, PP 4 × TP 8",
+        source="https://github.com/sgl-project/sglang/issues/8337 (description: TP0 PP0 'Load weight end. "
+        "type=Qwen3MoeForCausalLM, dtype=torch.bfloat16, avail mem=124.19 GB, mem usage=13.73 GB')",
+        sglang="0.4.9 era (2025-07-24)",
+        gpu="NVIDIA-H200",
+        tp=8,
+        pp=4,
+        free_at_start_gib=124.19 + 13.73,
+    ),
+)
+"""The NVLink TP > 1 logs :data:`NVLINK_TP_OVERHEAD_GIB` is fitted on."""
+
+
+def nvlink_tp_overhead_gib() -> float:
+    """What an NVLink node at TP > 1 takes before the weights beyond the PCIe/TP-1 runtime overhead: SGLang's
+    custom all-reduce (disabled on more than two PCIe-only GPUs, as the PCIe calibration logs say) and NCCL's
+    peer buffers, set up at distributed init, before ``measure_pre_model_load_memory``. Mean over the logs."""
+    gaps = [GPU_PRODUCTS[c.gpu].memory_total_mib * MIB / GIB - c.free_at_start_gib for c in NVLINK_LOGS]
+    return _mean(gaps) - RUNTIME_OVERHEAD_GIB
+
+
+NVLINK_TP_OVERHEAD_GIB = nvlink_tp_overhead_gib()
+
+
+def runtime_overhead_for(gpu: GpuProduct, tp: int) -> tuple[float, str]:
+    """Memory gone before the weights load, GiB, and why: the CUDA context and allocator (the PCIe logs' mean), plus
+    the NVLink all-reduce buffers when the product has NVLink and TP > 1."""
+    if gpu.nvlink and tp > 1:
+        v = RUNTIME_OVERHEAD_GIB + NVLINK_TP_OVERHEAD_GIB
+        return v, (
+            f"{RUNTIME_OVERHEAD_GIB:.2f} GiB runtime + {NVLINK_TP_OVERHEAD_GIB:.2f} GiB NVLink all-reduce buffers at "
+            f"TP {tp}, fitted on the NVLink logs"
+        )
+    why = "TP 1" if tp == 1 else "no NVLink"
+    return RUNTIME_OVERHEAD_GIB, f"{RUNTIME_OVERHEAD_GIB:.2f} GiB runtime; {why}, no all-reduce buffers"
+
+
+def free_at_start_bytes(gpu: GpuProduct, tp: int = 1) -> float:
+    """Free memory when SGLang starts loading weights: logged where a (PCIe) log of the product exists, else
+    memory.total less the runtime overhead for this product and TP (:func:`runtime_overhead_for`)."""
+    observed = OBSERVED_FREE_AT_START_GIB.get(gpu.label)
+    if observed is not None:
+        return observed * GIB
+    return gpu.memory_total_mib * MIB - runtime_overhead_for(gpu, tp)[0] * GIB

@@ -1,0 +1,188 @@
+"""``exaserve fit``'s search: every precision × KV dtype × TP × PP × attention DP that SGLang starts and whose KV
+pool (:mod:`serving.plan.memory`) holds a full-length sequence, ranked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from serving.plan.calibration import PRECISION_BYTES, GpuProduct, free_at_start_bytes
+from serving.plan.divisibility import rejections
+from serving.plan.memory import replica_pool, running_requests_per_replica, sglang_mem_fraction_static
+from serving.plan.weights import DEFAULT_GROUP_SIZE
+from serving.spec.schema import Architecture, CheckpointWeights
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to serve a model on the cluster, and what SGLang would make of it."""
+
+    precision: str
+    kv_cache_dtype: str
+    tp: int
+    pp: int
+    replicas: int
+    replicas_per_node: int | None
+    nodes_per_replica: int
+    mem_fraction_static: float
+    weights_per_gpu: float
+    kv_pool_tokens: int
+    sequences_per_replica: int
+    served_sequences: int
+    breakdown: str
+    attn_dp: int = 1
+    """Attention-DP groups inside the TP group (``--attn-dp-size``); each has its own pool of ``kv_pool_tokens``."""
+    rank_reason: str = ""
+    """Why the layout ranks where it does: against the one above it."""
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.pp
+
+
+@dataclass(frozen=True)
+class Excluded:
+    """A precision × TP size SGLang refuses to start, and why (each reason with the source check it mirrors)."""
+
+    precision: str
+    tp: int
+    reasons: tuple[str, ...]
+    attn_dp: int = 1
+
+
+@dataclass(frozen=True)
+class FitResult:
+    layouts: list[Layout]
+    """Ranked: most served sequences first; at equal capacity more bits, fewer GPUs, fewer PP stages, 16-bit KV."""
+    excluded: list[Excluded]
+
+
+KV_DTYPES: dict[str, int] = {"auto": 2, "fp8_e4m3": 1}
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, n = [], 1
+    while n <= limit:
+        out.append(n)
+        n *= 2
+    return out
+
+
+def _attn_dp_sizes(arch: Architecture, tp: int) -> tuple[int, ...]:
+    """The attention-DP sizes ``fit`` tries at ``tp``: none, and at TP > 1 full attention DP for a model whose
+    attention SGLang splits over attention-TP (:attr:`Architecture.attention_over_attn_tp`)."""
+    return (1, tp) if arch.attention_over_attn_tp and tp > 1 else (1,)
+
+
+def _rank_key(lay: Layout) -> tuple[int, float, int, int, int, int]:
+    return (
+        -lay.served_sequences,
+        -PRECISION_BYTES[lay.precision],
+        lay.gpus_per_replica,
+        lay.pp,
+        lay.attn_dp,
+        -KV_DTYPES[lay.kv_cache_dtype],
+    )
+
+
+def _rank_reason(rank: int, lay: Layout, above: Layout | None) -> str:
+    """Why ``lay`` (at ``rank``, from 1) ranks below ``above``: the first ranking field that differs."""
+    if above is None:
+        return f"#1: most served sequences ({lay.served_sequences:,})"
+    if lay.served_sequences < above.served_sequences:
+        return f"serves {lay.served_sequences:,} < #{rank - 1}'s {above.served_sequences:,}"
+    tie = f"ties #{rank - 1} at {lay.served_sequences:,}"
+    if PRECISION_BYTES[lay.precision] < PRECISION_BYTES[above.precision]:
+        return f"{tie}; {lay.precision} weights: fewer bits than {above.precision}"
+    if lay.gpus_per_replica > above.gpus_per_replica:
+        return f"{tie}; {lay.gpus_per_replica} GPUs a replica, not {above.gpus_per_replica}"
+    if lay.pp > above.pp:
+        return f"{tie}; PP {lay.pp} > PP {above.pp}: pipeline bubbles, more latency"
+    if lay.attn_dp > above.attn_dp:
+        return f"{tie}; attention DP {lay.attn_dp} > {above.attn_dp}: replicated attention, larger graph reserve"
+    if KV_DTYPES[lay.kv_cache_dtype] < KV_DTYPES[above.kv_cache_dtype]:
+        return f"{tie}; FP8 KV cache below 16-bit (accuracy)"
+    return f"{tie} on every ranked field"
+
+
+def enumerate_layouts(
+    arch: Architecture,
+    gpu: GpuProduct,
+    gpus_per_node: int,
+    nodes: int,
+    context_length: int,
+    max_running_requests: int,
+    chunked_prefill_size: int,
+    precisions: tuple[str, ...],
+    checkpoint: CheckpointWeights | None = None,
+) -> FitResult:
+    """Every precision × KV dtype × TP × PP (powers of two, a replica within a node or over whole nodes)
+    that SGLang starts (:func:`serving.plan.divisibility.rejections`) and whose KV pool holds at least one
+    full-length sequence, ranked (:class:`FitResult`); the TP sizes SGLang rejects with their reasons. With
+    ``checkpoint`` the weights are that checkpoint's bytes (one precision). A model whose attention splits over
+    attention-TP (DeepSeek, Qwen-MoE) is also tried with
+    full attention DP (``attn_dp`` = TP, attention-TP 1: DeepSeek's published ``--tp 8 --dp 8
+    --enable-dp-attention``), where each GPU runs its own scheduler and pool and takes ``max_running_requests /
+    attn_dp`` of the requests (``resolve_max_num_reqs``); intermediate sizes are not searched."""
+    out: list[Layout] = []
+    excluded: list[Excluded] = []
+    total_gpus = gpus_per_node * nodes
+    for precision in precisions:
+        bpp = PRECISION_BYTES[precision]
+        for tp, attn_dp in ((t, d) for t in _powers_of_two(min(total_gpus, 64)) for d in _attn_dp_sizes(arch, t)):
+            reasons = rejections(arch, tp, precision, attn_dp=attn_dp)
+            if reasons:
+                # a TP size refused without attention DP is listed once, not again for each attention-DP size
+                if not any(e.precision == precision and e.tp == tp for e in excluded):
+                    excluded.append(Excluded(precision, tp, tuple(reasons), attn_dp))
+                continue
+            free = free_at_start_bytes(gpu, tp)
+            running = running_requests_per_replica(max_running_requests, attn_dp)
+            for pp in _powers_of_two(min(total_gpus // tp, 16, arch.num_layers)):
+                gpr = tp * pp
+                if gpr > gpus_per_node and gpr % gpus_per_node:
+                    continue
+                fraction = sglang_mem_fraction_static(
+                    gpu.memory_total_mib,
+                    tp,
+                    pp,
+                    chunked_prefill_size,
+                    max_running_requests,
+                    arch.mla is not None,
+                    attn_dp,
+                ).value
+                group = (arch.quant_group_size or DEFAULT_GROUP_SIZE) if precision == "int4" else None
+                for kv_dtype, kv_bytes in KV_DTYPES.items():
+                    rp = replica_pool(arch, bpp, kv_bytes, tp, pp, free, fraction, group, checkpoint, attn_dp)
+                    seqs = min(running, rp.tokens // context_length * attn_dp)
+                    if seqs < 1:
+                        continue
+                    if gpr <= gpus_per_node:
+                        rpn: int | None = gpus_per_node // gpr
+                        replicas, span = nodes * (gpus_per_node // gpr), 1
+                    else:
+                        rpn, span = None, gpr // gpus_per_node
+                        replicas = nodes // span
+                    out.append(
+                        Layout(
+                            precision,
+                            kv_dtype,
+                            tp,
+                            pp,
+                            replicas,
+                            rpn,
+                            span,
+                            fraction,
+                            max(w.total for w, _, _ in rp.stages),
+                            rp.tokens,
+                            seqs,
+                            seqs * replicas,
+                            f"weights {rp.weights.loaded_formula}; KV pool {rp.formula}"
+                            + (f"; × {attn_dp} attention-DP pools" if attn_dp > 1 else ""),
+                            attn_dp,
+                        )
+                    )
+    out.sort(key=_rank_key)
+    ranked = [
+        replace(lay, rank_reason=_rank_reason(i + 1, lay, out[i - 1] if i else None)) for i, lay in enumerate(out)
+    ]
+    return FitResult(ranked, excluded)

@@ -1,0 +1,182 @@
+"""The SIMULATED SGLang worker's Prometheus series (:mod:`serving.sandbox.worker`): SGLang 0.5.23's names and label
+sets, its start-up constants, the simulation's own two series, and the ``/metrics`` exposition.
+tests/test_sandbox_worker_fidelity.py holds the names and label sets against the pinned source."""
+
+from __future__ import annotations
+
+import collections
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+
+from serving.sandbox.worker_config import WorkerConfig
+
+# The label sets of SGLang 0.5.23's metrics (observability/metrics_collector.py): the scheduler's collector labels its
+# series model_name, engine_type, tp_rank, pp_rank, moe_ep_rank (+ priority "" and dp_rank when those are on), the
+# tokenizer's model_name, engine_type (+ priority); counters and histograms of requests add is_streaming.
+ENGINE_TYPE = "unified"  # DisaggregationMode.to_engine_type of a server without PD disaggregation
+MAX_EXPOSITIONS = 8  # /metrics renderings kept between counter updates (one per state of the scheduler's gauges)
+
+
+def scheduler_metric_labels(config: WorkerConfig) -> list[dict[str, str]]:
+    """The labels of each scheduler's series, one dict per data-parallel rank, as SGLang 0.5.23 builds them
+    (``SchedulerMetricsCollector`` context, ``metrics_collector.py:~1382-1392``): data-parallel attention with one
+    tensor-parallel rank per DP rank, so every rank is a stats-logging rank (``attn_tp_rank == 0``) and exports."""
+    ranks = []
+    for rank in range(config.dp_size):
+        labels = {
+            "model_name": config.served_model_name,
+            "engine_type": ENGINE_TYPE,
+            "tp_rank": str(rank),
+            "pp_rank": "0",
+            "moe_ep_rank": "0",
+        }
+        if config.priority_scheduling:
+            labels["priority"] = ""  # the total; each priority's share is a series of its own
+        if config.dp_size > 1:
+            labels["dp_rank"] = str(rank)
+        ranks.append(labels)
+    return ranks
+
+
+def tokenizer_metric_labels(config: WorkerConfig) -> dict[str, str]:
+    """The labels of the tokenizer's series (``tokenizer_metric_labels``, ``metrics_collector.py``); a request fills
+    in its priority."""
+    labels = {"model_name": config.served_model_name, "engine_type": ENGINE_TYPE}
+    if config.priority_scheduling:
+        labels["priority"] = ""
+    return labels
+
+
+class WorkerMetrics:
+    """One simulated worker's registry: the scheduler's and the tokenizer's series, and the ``/metrics`` expositions
+    rendered since the last counter or histogram update."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.priority_scheduling = config.priority_scheduling
+        # The /metrics expositions rendered since the last counter or histogram update, by the gauges they showed:
+        # rendering costs 2.3 ms of CPU (8 times a /health), and node agents read every worker's each heartbeat
+        # while their own generating health check runs, so that the gauges alternate between two states (one
+        # running request and none) with nothing else changed: one cached exposition was rendered again each time
+        # (at 2,048 workers on two cores, a quarter of the worker processes' CPU). The key is the gauges' whole state,
+        # the load's zero entries included (they are never dropped: a priority seen once keeps its 0 series, so the
+        # same key is the same label sets). SGLang itself renders on every scrape (prometheus_client's multiprocess
+        # collector): per scrape this stand-in is cheaper than the server, a cost a fleet pays on each replica's own
+        # CPU and the sandbox on its shared cores.
+        self._changes = 0  # bumped by every counter or histogram update
+        self._expositions: dict[tuple[object, ...], bytes] = {}
+        self._expositions_at = 0  # the value of _changes they were rendered at
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.scheduler_labels = scheduler_metric_labels(config)
+        self.tokenizer_labels = tokenizer_metric_labels(config)
+        scheduler = list(self.scheduler_labels[0])
+        per_request = [*self.tokenizer_labels, "is_streaming"]
+        self._e2e = Histogram(
+            "sglang:e2e_request_latency_seconds",
+            "Histogram of End-to-end request latency in seconds",
+            per_request,
+            buckets=config.bucket_e2e_request_latency,
+            registry=self.registry,
+        )
+        self._running_gauge = Gauge(
+            "sglang:num_running_reqs", "The number of running requests.", scheduler, registry=self.registry
+        )
+        self._queue_gauge = Gauge(
+            "sglang:num_queue_reqs", "The number of requests in the waiting queue.", scheduler, registry=self.registry
+        )
+        self._token_usage = Gauge(
+            "sglang:token_usage",
+            "The token usage (share of the KV-cache pool in use).",
+            scheduler,
+            registry=self.registry,
+        )
+        self._requests = Counter(
+            "sglang:num_requests", "Number of requests processed.", per_request, registry=self.registry
+        )
+        self._prompt_tokens = Counter(
+            "sglang:prompt_tokens", "Number of prefill tokens processed.", per_request, registry=self.registry
+        )
+        self._generation_tokens = Counter(
+            "sglang:generation_tokens", "Number of generation tokens processed.", per_request, registry=self.registry
+        )
+        self._injected_errors = Counter(
+            "sim_worker_injected_errors",
+            "SIMULATION ONLY (not an SGLang metric): generation requests failed with HTTP 500 on purpose.",
+            ["model_name"],
+            registry=self.registry,
+        ).labels(model_name=config.served_model_name)
+        # SGLang's start-up constants (emit_constants, sglang/srt/observability/metrics_collector.py): set once.
+        constants: list[tuple[str, str, float]] = [
+            (
+                "sglang:max_total_num_tokens",
+                "Maximum total number of tokens in the KV cache pool.",
+                config.kv_pool_tokens,
+            )
+        ]
+        if config.weight_memory_gb > 0:
+            constants.append(
+                ("sglang:weight_memory_usage_gb", "Memory used by model weights in GB.", config.weight_memory_gb)
+            )
+        if config.kv_cache_memory_gb > 0:
+            constants.append(
+                (
+                    "sglang:kv_cache_memory_usage_gb",
+                    "Memory used by the KV cache pools in GB.",
+                    config.kv_cache_memory_gb,
+                )
+            )
+        for name, text, value in constants:
+            gauge = Gauge(name, text, scheduler, registry=self.registry)
+            for labels in self.scheduler_labels:
+                gauge.labels(**labels).set(value)
+        Info(
+            "sim_worker",
+            "SIMULATION ONLY (not an SGLang metric): identity of this simulated worker.",
+            registry=self.registry,
+        ).info({"version": config.version, "model_name": config.served_model_name, "simulated": "true"})
+
+    def request_labels(self, priority: str) -> dict[str, str]:
+        """A finished request's tokenizer labels: its priority (with priority scheduling) and is_streaming."""
+        labels = dict(self.tokenizer_labels)
+        if self.priority_scheduling:
+            labels["priority"] = priority
+        return labels | {"is_streaming": "false"}
+
+    def record_request(self, labels: dict[str, str], latency_s: float, prompt_tokens: int, generated: int) -> None:
+        """A generation served: its latency and its tokens, under ``labels`` (:meth:`request_labels`)."""
+        self._e2e.labels(**labels).observe(latency_s)
+        self._requests.labels(**labels).inc()
+        self._prompt_tokens.labels(**labels).inc(prompt_tokens)
+        self._generation_tokens.labels(**labels).inc(generated)
+        self._changes += 1
+
+    def record_injected_error(self) -> None:
+        """A request failed on purpose (``sim_worker_injected_errors``)."""
+        self._injected_errors.inc()
+        self._changes += 1
+
+    def exposition(self, load: collections.Counter[tuple[int, str, str]], usage: float) -> bytes:
+        """The ``/metrics`` body with the scheduler's gauges at ``load`` (requests by DP rank, priority and state) and
+        KV usage ``usage``: rendered once per state of the gauges between counter updates (see ``__init__``)."""
+        gauges = (tuple(sorted(load.items())), usage)
+        if self._expositions_at != self._changes or len(self._expositions) >= MAX_EXPOSITIONS:
+            self._expositions, self._expositions_at = {}, self._changes
+        body = self._expositions.get(gauges)
+        if body is None:
+            for rank, labels in enumerate(self.scheduler_labels):
+                self.export_rank(rank, labels, load, usage)
+            body = self._expositions[gauges] = generate_latest(self.registry)
+        return body
+
+    def export_rank(
+        self, rank: int, labels: dict[str, str], load: collections.Counter[tuple[int, str, str]], usage: float
+    ) -> None:
+        """One DP rank's scheduler gauges as ``_log_gauge_queue_count`` sets them: the total under the rank's labels
+        (``priority=""`` when priority scheduling is on) and, with priority scheduling, each priority seen so far
+        under ``priority="<n>"`` (0 once it has none)."""
+        for gauge, state in ((self._running_gauge, "running"), (self._queue_gauge, "waiting")):
+            by_priority = {p: n for (r, p, k), n in load.items() if r == rank and k == state}
+            gauge.labels(**labels).set(sum(by_priority.values()))
+            if self.priority_scheduling:
+                for priority, n in by_priority.items():
+                    gauge.labels(**(labels | {"priority": priority})).set(n)
+        self._token_usage.labels(**labels).set(usage)
