@@ -9,7 +9,8 @@ bash scripts/bootstrap.sh
 STACK=${STACK:-prod}
 exaserve=.venv/bin/exaserve
 "$exaserve" plan --stack "$STACK"
-# --allow-tags: prod's images are tags until the image workflow publishes their digests; check lists each as
-# pending with the digest to set (docs/infra.md, "Production images"); `pulumi up`'s policy pack refuses them.
-"$exaserve" check --stack "$STACK" --allow-tags
+# --allow-tags: prod's images are tags until the image workflow publishes their digests (docs/infra.md, "Production
+# images"); `pulumi up`'s policy pack refuses them. --summary says how many are pending in one line, so the plan stays
+# the first screen; `exaserve check --stack prod` (the line names it) lists each with the digest to set.
+"$exaserve" check --stack "$STACK" --allow-tags --summary
 "$exaserve" render --stack "$STACK" --out "build/render/$STACK"

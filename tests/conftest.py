@@ -18,12 +18,12 @@ from tests.support.ci import unavailable
 from tests.support.gpu import cuda_device_count
 from tests.support.hosts.netns import HostPool, unavailable_reason
 from tests.support.sandbox import running_sandbox
-from tests.support.schedule import deal, load_durations, scheduler
+from tests.support.schedule import deal, keep_collection_order, load_durations, longest_first, tell_worker
 from tests.support.systemd import make_systemd_root
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker names each item's group from these markers
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # around every other plugin's hook (pytest-xdist's, -m's)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
     """Mark what scripts/test.sh schedules by:
 
     * ``hosts``: the test uses the SSH test hosts (the ``ssh_hosts`` fixture);
@@ -33,6 +33,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
       its module-scoped sandbox up once; a module that sets ``SANDBOX_GROUPS = N`` is dealt into N groups, longest
       test first to the group with the least so far (tests/support/schedule.py), each with a sandbox of its own on
       its own worker (its tests must not depend on each other's order).
+
+    Then, once every other plugin's hook has run (the tests of the phase are selected), on an xdist worker under
+    ``--dist loadfile``/``loadgroup`` the items are ordered longest work unit first, the order in which xdist deals
+    the units (tests/support/schedule.py).
     """
     split: dict[str, list[pytest.Item]] = {}
     for item in items:
@@ -55,19 +59,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         groups = int(members[0].module.SANDBOX_GROUPS)  # type: ignore[attr-defined]
         for item, group in zip(members, deal([i.nodeid for i in members], groups, durations), strict=True):
             item.add_marker(pytest.mark.xdist_group(f"{name}-{group}"))
-
-
-@pytest.hookimpl(optionalhook=True)  # xdist's hook: `pytest -p no:xdist` must still load this conftest
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Longest work unit first (tests/support/schedule.py): a phase lasts as long as its busiest worker."""
-    return scheduler(config, log)
+    yield  # pytest-xdist's worker names each group from the markers; -m selects (pytest-random-order shuffles)
+    longest_first(config, items)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """A wide terminal for the CLI run in-process (tests/support/cli.py), as the subprocesses get: rich reads
-    ``COLUMNS`` when a console is made, at the CLI's import, and would otherwise wrap messages at 80 columns."""
+    ``COLUMNS`` when a console is made, at the CLI's import, and would otherwise wrap messages at 80 columns. Under
+    ``--dist loadfile``/``loadgroup`` xdist deals the work units in the collection's order, longest first
+    (tests/support/schedule.py): a phase lasts as long as its busiest worker."""
     os.environ["COLUMNS"] = "200"
+    keep_collection_order(config)
     _own_ports()
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: `pytest -p no:xdist` must still load this conftest
+def pytest_configure_node(node: Any) -> None:
+    """A worker runs under ``--dist no``: it learns the controller's mode from its ``config.workerinput``."""
+    tell_worker(node)
 
 
 def _own_ports() -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.schedule import UNLISTED_S, deal, seconds
+from tests.support.schedule import UNLISTED_S, deal, dealing_order, seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON_TREES = ("serving", "infra", "policies", "ansible", "bench", "scripts")
@@ -141,7 +141,10 @@ def test_importing_the_rollout_package_loads_no_http_server_tokenizer_or_torch()
         "serving.rollout",
         "serving.rollout.session",
         "serving.rollout.runner",
-        "serving.rollout.gates",
+        "serving.rollout.gates.window",
+        "serving.rollout.gates.findings",
+        "serving.rollout.gates.verdict",
+        "serving.rollout.gates.judge",
         "serving.rollout.journal",
         "serving.rollout.backends.ssh",
         "serving.rollout.backends.kubernetes",
@@ -209,7 +212,8 @@ def test_no_test_module_imports_another_and_shared_stand_ins_live_in_tests_suppo
         if p.parent != ROOT / "tests" / "support"
         and ROOT / "tests" / "support" not in p.parents
         and not (
-            p.parent == ROOT / "tests" and (p.name.startswith("test_") or p.name in ("conftest.py", "__init__.py"))
+            p.parent in (ROOT / "tests", ROOT / "tests" / "rehearsal")  # the CI tier and the rehearsal tier
+            and (p.name.startswith("test_") or p.name in ("conftest.py", "__init__.py"))
         )
     ]
     assert loose == [], f"helpers outside tests/support/: {loose}"
@@ -218,7 +222,8 @@ def test_no_test_module_imports_another_and_shared_stand_ins_live_in_tests_suppo
 def test_xdist_keeps_a_group_on_one_worker(tmp_path: Path) -> None:
     """scripts/test.sh's wait-bound phase relies on ``--dist loadgroup``: the tests of one group (a module and its
     sandbox; tests/conftest.py marks them in a collection hook, as here) run on one worker, in file order. pytest 9.2
-    broke it silently for pytest-xdist 3.8 (pyproject.toml pins pytest below it)."""
+    broke it silently for pytest-xdist 3.8, which renames ``item._nodeid`` to name the group (pyproject.toml pins pytest
+    below it; pytest-dev/pytest-xdist#1386)."""
     (tmp_path / "conftest.py").write_text(
         "import pytest\n\n"
         "@pytest.hookimpl(tryfirst=True)\n"
@@ -247,32 +252,42 @@ def test_xdist_keeps_a_group_on_one_worker(tmp_path: Path) -> None:
         assert [test.split("::")[1] for _, test in mine] == [f"test_{i}@{module}" for i in range(4)], mine
 
 
-def _scheduled(
-    tmp_path: Path, dist: str, modules: dict[str, tuple[float, float]], *, grouped: bool = False
-) -> list[tuple[float, str, str]]:
-    """Run two-test modules ``name → (seconds each test sleeps, weight in the durations file)`` under
-    tests/support/schedule.py on two xdist workers with ``--dist dist`` (each module an ``xdist_group`` of its name
-    when ``grouped``): (start time, module, worker) of every test, in start order."""
+def _tests(n: int) -> list[str]:
+    return [f"test_{i}" for i in range(n)]
+
+
+def _started(tmp_path: Path, dist: str, modules: dict[str, tuple[int, float]]) -> list[str]:
+    """Run modules ``name → (tests, seconds each weighs in the durations file)`` on two xdist workers under ``--dist
+    dist`` with tests/conftest.py's ordering (tests/support/schedule.py), each module an ``xdist_group`` of its name
+    under loadgroup: the modules in the order their first tests started, each checked to have run on one worker.
+    Each test sleeps a hundredth of its weight."""
     (tmp_path / "conftest.py").write_text(
-        "from tests.support.schedule import scheduler\n\n"
-        "def pytest_xdist_make_scheduler(config, log):\n"
-        "    return scheduler(config, log)\n"
+        "import pytest\n"
+        "from tests.support.schedule import keep_collection_order, longest_first, tell_worker\n\n"
+        "def pytest_configure(config):\n"
+        "    keep_collection_order(config)\n\n"
+        "def pytest_configure_node(node):\n"
+        "    tell_worker(node)\n\n"
+        "@pytest.hookimpl(wrapper=True, tryfirst=True)\n"
+        "def pytest_collection_modifyitems(config, items):\n"
+        "    yield\n"
+        "    longest_first(config, items)\n"
     )
     log = tmp_path / "ran.log"
-    for name, (sleep, _weight) in modules.items():
+    for name, (tests, weight) in modules.items():
         (tmp_path / f"test_{name}.py").write_text(
             "import os, time, pytest\n"
-            + (f"pytestmark = pytest.mark.xdist_group({name!r})\n" if grouped else "")
+            + (f"pytestmark = pytest.mark.xdist_group({name!r})\n" if dist == "loadgroup" else "")
             + "".join(
                 f"def test_{i}():\n"
                 f"    with open({str(log)!r}, 'a') as f:\n"
                 f"        f.write(f'{name} {{time.monotonic()}} {{os.environ[\"PYTEST_XDIST_WORKER\"]}}\\n')\n"
-                f"    time.sleep({sleep})\n"
-                for i in range(2)
+                f"    time.sleep({weight / 100})\n"
+                for i in range(tests)
             )
         )
     durations = tmp_path / "durations.json"
-    durations.write_text(json.dumps({f"test_{m}.py::test_{i}": w for m, (_s, w) in modules.items() for i in range(2)}))
+    durations.write_text(json.dumps({f"test_{m}.py::{t}": w for m, (n, w) in modules.items() for t in _tests(n)}))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", dist, str(tmp_path)],
         capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False,
@@ -280,37 +295,31 @@ def _scheduled(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     ran = sorted((float(t), m, w) for m, t, w in (line.split() for line in log.read_text().splitlines()))
-    assert len(ran) == 2 * len(modules), ran
-    return ran
+    assert len(ran) == sum(n for n, _w in modules.values()), ran
+    assert all(len({w for _t, m, w in ran if m == module}) == 1 for module in modules), ran
+    return list(dict.fromkeys(m for _t, m, _w in ran))
 
 
-def test_the_scheduler_deals_the_longest_module_first_and_refills_a_worker_only_at_its_last_test(
-    tmp_path: Path,
-) -> None:
-    """tests/support/schedule.py under ``--dist loadfile`` on two workers (the cpu-bound phase): the heaviest module by
-    its durations file (test_c, collected last) is dealt first, and the third goes to the worker that reaches its last
-    test first (test_b's, whose tests are shorter), not queued at the start behind test_c as xdist's own scheduler deals
-    it (it refills a worker that has two tests left)."""
-    ran = _scheduled(tmp_path, "loadfile", {"a": (0.1, 1.0), "b": (0.3, 10.0), "c": (1.5, 50.0)})
-    worker = {m: w for _t, m, w in reversed(ran)}
-    assert ran[0][1] == "c" or ran[1][1] == "c", ran  # dealt first (the two workers start together)
-    assert len({w for _t, m, w in ran if m == "c"}) == 1 and worker["b"] != worker["c"], ran
-    assert worker["a"] == worker["b"], f"test_a was queued behind test_c: {ran}"
+def test_xdist_deals_the_heaviest_module_first_not_the_one_with_most_tests(tmp_path: Path) -> None:
+    """The cpu-bound phase (``--dist loadfile``): xdist deals modules in the collection's order, which
+    tests/conftest.py sorts heaviest first by the durations file. xdist's own order (most tests first: a, then b)
+    would start test_c, the heaviest with the fewest tests, last."""
+    started = _started(tmp_path, "loadfile", {"a": (4, 1.0), "b": (3, 10.0), "c": (2, 50.0)})
+    assert sorted(started[:2]) == ["b", "c"], started  # the first wave: the two heaviest
 
 
-def test_the_group_scheduler_starts_every_other_worker_on_the_lightest_group_then_deals_the_longest(
-    tmp_path: Path,
-) -> None:
-    """tests/support/schedule.py under ``--dist loadgroup`` on two workers (the sandbox phases): the first wave is the
-    heaviest group by the durations file (h) and the lightest (l), not the two heaviest; the worker that started on
-    the light one takes the heaviest left (m) when it reaches its last test, and the other gets what remains (x)."""
-    # collected h, l, m, x (sorted), weighed h, m, x, l; l's worker reaches its last test first, then h's
-    modules = {"x": (0.3, 10.0), "m": (0.6, 40.0), "l": (0.05, 1.0), "h": (0.4, 50.0)}
-    runs: dict[str, list[str]] = {}
-    for _t, module, worker in _scheduled(tmp_path, "loadgroup", modules, grouped=True):
-        runs.setdefault(worker, []).append(module)
-    # strictly longest first, h and m would start together; xdist's own order queues m behind h at the start
-    assert sorted(runs.values()) == [["h", "h", "x", "x"], ["l", "l", "m", "m"]], runs
+def test_xdist_starts_the_sandbox_phases_on_the_lightest_and_the_heaviest_group(tmp_path: Path) -> None:
+    """The sandbox phases (``--dist loadgroup``): the first wave alternates the lightest and the heaviest group by the
+    durations file (c, d), so the heaviest rollouts do not all start together; xdist's own order (by test count, then
+    collection order) would start a and b."""
+    started = _started(tmp_path, "loadgroup", {"a": (3, 10.0), "b": (3, 40.0), "c": (3, 1.0), "d": (3, 50.0)})
+    assert sorted(started[:2]) == ["c", "d"] and started[2:] == ["b", "a"], started  # then the heaviest left
+
+
+def test_the_dealing_order_is_heaviest_first_but_for_an_alternating_first_wave() -> None:
+    weights = {"a": 10.0, "b": 40.0, "c": 1.0, "d": 50.0, "e": 5.0, "f": 40.0}
+    assert dealing_order(weights) == ["d", "b", "f", "a", "e", "c"]  # ties (b, f) in collection order
+    assert dealing_order(weights, 3) == ["c", "d", "e", "b", "f", "a"]  # lightest, heaviest, lightest; then heaviest
 
 
 def test_a_split_module_is_dealt_longest_test_first_to_the_lightest_group() -> None:

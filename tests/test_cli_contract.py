@@ -18,6 +18,7 @@ import contextlib
 import io
 import os
 import re
+import shlex
 import socket
 import subprocess
 import threading
@@ -403,3 +404,22 @@ def test_progress_lines_off_a_terminal_one_per_step_and_a_repeat_at_most_every_i
     assert terminal.file.getvalue() == ""  # type: ignore[attr-defined]
     ProgressLines(terminal, on_terminal=True)("starting 8 simulated workers")  # `sandbox up`: no spinner to show it
     assert terminal.file.getvalue().endswith("starting 8 simulated workers\n")  # type: ignore[attr-defined]
+
+
+def test_the_main_job_says_the_pending_digests_in_one_line_naming_the_command_that_lists_them() -> None:
+    """Issue 37: scripts/run.sh (the README's main job, on prod) printed a four-line block for each of prod's 15
+    tag-pinned images, some 60 lines after the plan. Its check (read from the script, run on its default stack) says
+    it in one line, how many and the command that lists each; that command still lists every one with its fix."""
+    script = (REPO / "scripts" / "run.sh").read_text().splitlines()
+    line = next(words for words in map(shlex.split, (s for s in script if not s.lstrip().startswith("#")))
+                if words[:2] == ["$exaserve", "check"])  # fmt: skip
+    result = exaserve(*[{"$STACK": "prod"}.get(w, w) for w in line[1:]])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(result.stdout.splitlines()) == 1 and "15 container images pending a digest" in result.stdout, (
+        result.stdout[-3000:]
+    )
+    named = re.findall(r"`(exaserve check [^`]*)`", result.stdout)
+    assert named == ["exaserve check --stack prod"], result.stdout
+    detail = exaserve_in_process(*shlex.split(named[0])[1:])
+    assert detail.returncode == 1 and detail.stdout.count("[images-by-digest]") == 15, detail.stdout[-3000:]
+    assert detail.stdout.count("fix:") == 15, detail.stdout[-3000:]

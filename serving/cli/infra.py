@@ -6,6 +6,7 @@ and schema-validates every object, check runs the policy pack's rules, diff comp
 
 from __future__ import annotations
 
+import shlex
 import sys
 import tempfile
 from dataclasses import replace
@@ -51,6 +52,15 @@ ProgramDirOpt = Annotated[
 ]
 ValidateOpt = Annotated[
     bool, typer.Option("--validate/--no-validate", help="Validate every object against its schema.")
+]
+SummaryOpt = Annotated[
+    bool,
+    typer.Option(
+        "--summary",
+        help="The images pending under --allow-tags as one line (how many, and the command that lists each with the "
+        "digest to set) instead of a block each: scripts/run.sh's first screen. Violations are listed in full either "
+        "way; --json is unchanged.",
+    ),
 ]
 
 
@@ -160,6 +170,7 @@ def check(
     stack: StackOpt = DEFAULT_STACK,
     stack_file: StackFileOpt = None,
     allow_tags: AllowTagsOpt = False,
+    summary: SummaryOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the CrossGuard policy pack's rules on the stack offline. Exit 1 on any violation."""
@@ -182,9 +193,16 @@ def check(
             ok=not findings,
         )
     else:
-        report.print_results(console, [*findings, *pending])
+        report.print_results(console, findings if summary else [*findings, *pending])
         verdict = f"{len(findings)} violation(s)" if findings else "no violations"
-        if pending:
+        if pending and summary:
+            # the command that lists each one: the same stack, without the waiver (each a violation, with its fix)
+            where = f"--stack-file {shlex.quote(str(stack_file))}" if stack_file is not None else f"--stack {st.name}"
+            verdict += (
+                f"; {len(pending)} container images pending a digest (tags allowed by --allow-tags, refused by "
+                f"`pulumi up`): `exaserve check {where}` lists each with the digest to set"
+            )
+        elif pending:
             verdict += (
                 f", {len(pending)} pending under --allow-tags (images not yet pinned by digest: `pulumi up` refuses "
                 "them)"

@@ -1,18 +1,27 @@
-"""Longest work first, for pytest-xdist's ``--dist loadfile`` and ``loadgroup`` (scripts/test.sh's phases).
+"""Longest work first under pytest-xdist's own ``--dist loadfile`` and ``loadgroup`` (scripts/test.sh's phases).
 
-xdist deals work units (a module, or an ``xdist_group``) in collection order, or by test count with its default
-``--loadscope-reorder``, and hands a worker its next unit as soon as it has two tests or fewer left. A phase lasts until
-its last worker finishes, and the longest units, dealt last or queued behind another long one, set that end: the
-wait-bound phase lasted 330 s for 1,318 s of tests on six workers (220 s a worker) because its longest group (130 s,
-two tests) came late and took a second group while both its tests were still to run.
+xdist deals work units (a module under loadfile; an ``xdist_group`` under loadgroup) one to each worker, then a second
+at once to a worker whose first has two tests or fewer, then the next to a worker as soon as it has two tests or fewer
+left (``xdist/scheduler/loadscope.py``, which both modes subclass). Which unit comes next is the queue's order: by
+default the units with the most tests first (``--loadscope-reorder``), so a long unit of one or two tests came last and
+set a phase's end (the wait-bound phase lasted 330 s for 1,318 s of tests on six workers; its longest group, 130 s,
+had two tests). Here the queue is the collection's order, set through xdist's public option and hook only:
 
-Here the units are dealt longest first (the longest-processing-time rule), and a worker gets its next unit only when
-its last test waits for it (xdist runs a test once it knows the next one, or that none comes). A module split into
-``SANDBOX_GROUPS`` is dealt into them by the same rule (tests/conftest.py). The weights are the seconds each test took
-in the last measured run, ``tests/durations.json`` (tests of :data:`LISTED_S` or more; the rest weigh
-:data:`UNLISTED_S`), refreshed with ``python -m tests.support.schedule test-output/pytest-*.xml``. They are a
-schedule's guess, never a result: a stale file makes a phase slower, not wrong (a split module's tests must not
-depend on which of them share a sandbox).
+* :func:`keep_collection_order` turns xdist's reordering off (``--no-loadscope-reorder``) under loadfile and
+  loadgroup: the units are dealt in the order their first tests were collected;
+* :func:`longest_first` orders each worker's collection once its tests are selected (tests/conftest.py's last
+  ``pytest_collection_modifyitems``; every worker collects, and xdist checks they agree) unit by unit, the heaviest
+  first, each unit's tests in the order they came. When the units are groups (the sandbox phases) the first wave
+  alternates the lightest and the heaviest left, starting with the lightest (:func:`dealing_order`): dealt strictly
+  longest first, the wait-bound phase started its heaviest rollouts together and two clean-clone CI runs failed two
+  timing judgments each (2026-12-04). A worker runs under ``--dist no``: the controller's mode reaches it through
+  xdist's ``pytest_configure_node`` hook (:func:`tell_worker`).
+
+A module split into ``SANDBOX_GROUPS`` is dealt into them by the same rule (:func:`deal`, tests/conftest.py). The
+weights are the seconds each test took in the last measured run, ``tests/durations.json`` (tests of :data:`LISTED_S`
+or more; the rest weigh :data:`UNLISTED_S`), refreshed with ``python -m tests.support.schedule
+test-output/pytest-*.xml``. They are a schedule's guess, never a result: a stale file makes a phase slower, not wrong
+(a split module's tests must not depend on which of them share a sandbox).
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from xdist.scheduler import LoadFileScheduling, LoadGroupScheduling
+import pytest
 
 # the suite's own file; EXASERVE_TEST_DURATIONS names another (tests/test_architecture.py's scheduler test)
 DURATIONS = Path(os.environ.get("EXASERVE_TEST_DURATIONS") or Path(__file__).resolve().parent.parent / "durations.json")
@@ -58,75 +67,61 @@ def deal(ids: Sequence[str], groups: int, durations: dict[str, float]) -> list[i
     return out
 
 
-class _LongestFirst:
-    """Deal the heaviest unit left; refill a worker when one test is left on it (it waits for its next item)."""
-
-    workqueue: Any
-    nodes: Any
-    assigned_work: Any
-    alternate_first_wave = False
-
-    def __init__(self, config: Any, log: Any = None) -> None:
-        super().__init__(config, log)  # type: ignore[call-arg]
-        self.durations = load_durations()
-        self.dealt = 0
-
-    def _weight(self, scope: str) -> float:
-        return sum(seconds(nodeid, self.durations) for nodeid, done in self.workqueue[scope].items() if not done)
-
-    def _assign_work_unit(self, node: Any) -> None:
-        # a crashed worker's units come back whole (xdist's remove_node), tests already run included: a unit with
-        # nothing left would send this worker nothing while its last test waits for a next item
-        for scope in [s for s, unit in self.workqueue.items() if all(unit.values())]:
-            del self.workqueue[scope]
-        if not self.workqueue:
-            node.shutdown()
-            return
-        lightest = self.alternate_first_wave and self.dealt < len(self.nodes) and self.dealt % 2 == 1
-        pick = min if lightest else max
-        self.workqueue.move_to_end(pick(self.workqueue, key=self._weight), last=False)
-        self.dealt += 1
-        super()._assign_work_unit(node)  # type: ignore[misc]
-
-    def _reschedule(self, node: Any) -> None:
-        if node.shutting_down:
-            return
-        if not self.workqueue:
-            node.shutdown()
-            return
-        if self._pending_of(self.assigned_work[node]) > 1:
-            return
-        self._assign_work_unit(node)
+DEALT_IN_ORDER = ("loadfile", "loadgroup")  # the --dist modes whose units follow the collection's order here
+DIST = "exaserve_dist"  # the controller's --dist, in each worker's ``config.workerinput`` (a worker runs --dist no)
 
 
-class LongestFileFirst(_LongestFirst, LoadFileScheduling):  # type: ignore[misc]
-    """``--dist loadfile`` (the cpu-bound phase), longest module first."""
+def dealing_order(weights: dict[str, float], alternate: int = 0) -> list[str]:
+    """The units of ``weights`` (unit → seconds, in collection order) in the order to deal them: the heaviest first,
+    ties in collection order; the first ``alternate`` of them alternate the lightest and the heaviest left, starting
+    with the lightest (the first wave of ``alternate`` workers mixes light and heavy units)."""
+    left = sorted(weights, key=lambda unit: -weights[unit])
+    out: list[str] = []
+    while left:
+        out.append(left.pop(-1 if len(out) < alternate and len(out) % 2 == 0 else 0))
+    return out
 
 
-class LongestGroupFirst(_LongestFirst, LoadGroupScheduling):  # type: ignore[misc]
-    """``--dist loadgroup`` (the sandbox phases), longest group first, but for the first wave: every other worker
-    starts on the lightest group left. Dealt strictly longest first, the wait-bound phase started its five heaviest
-    rollouts together, and two clean-clone CI runs failed two timing judgments each (a drain's requests finished
-    before the restart read them; 503s while a never-ready batch timed out; at six and eight workers and a 5 s health
-    timeout, 2026-12-04); xdist's own order (by test count, a worker refilled while two tests are left on it) avoided
-    that but lasted 359 s for 1,345 s of tests on five workers (2026-12-05), this deal 285-315 s on clean clones
-    (simulated over the same groups' times: 271 s). The first wave mixes heavy and light groups; the light groups'
-    workers take the heaviest left next."""
-
-    alternate_first_wave = True
+def keep_collection_order(config: pytest.Config) -> None:
+    """On the controller, under ``--dist loadfile``/``loadgroup``: xdist deals the units in the collection's order
+    (its own ``--no-loadscope-reorder``), which :func:`longest_first` sets. A no-op without xdist or under another
+    mode."""
+    if config.getoption("dist", default=None) in DEALT_IN_ORDER:
+        config.option.loadscopereorder = False
 
 
-def scheduler(config: Any, log: Any) -> Any:
-    """The scheduler for ``config``'s ``--dist``: longest file first under loadfile (the cpu-bound phase), longest
-    group first under loadgroup (the sandbox phases), None (xdist's own) otherwise."""
-    dist = config.getvalue("dist")
-    return (
-        LongestFileFirst(config, log)
-        if dist == "loadfile"
-        else LongestGroupFirst(config, log)
-        if dist == "loadgroup"
-        else None
-    )
+def tell_worker(node: Any) -> None:
+    """xdist's ``pytest_configure_node`` (on the controller, before a worker starts): the worker's
+    ``config.workerinput`` carries the ``--dist`` it works under."""
+    node.workerinput[DIST] = node.config.getoption("dist")
+
+
+def _unit(item: pytest.Item) -> tuple[str, bool]:
+    """The work unit of ``item`` under scripts/test.sh's phases, and whether it is a group: its ``xdist_group``
+    names joined as xdist joins them (loadgroup: the sandbox phases, where every test has one), else its file
+    (loadfile: the cpu-bound phase, where none has)."""
+    marks = item.iter_markers("xdist_group")
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks})
+    return ("_".join(names), True) if names else (item.nodeid.split("::", 1)[0], False)
+
+
+def longest_first(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker under ``--dist loadfile``/``loadgroup``, once the tests are selected (and shuffled, if
+    pytest-random-order was asked to): reorder ``items`` unit by unit in :func:`dealing_order`, each unit's tests in
+    the order they came. When the units are groups (the sandbox phases), the first wave alternates over the phase's
+    workers. Elsewhere (no xdist, another mode) nothing changes."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None or workerinput.get(DIST) not in DEALT_IN_ORDER:
+        return
+    durations = load_durations()
+    units = [_unit(item) for item in items]
+    weights: dict[str, float] = {}
+    for item, (unit, _group) in zip(items, units, strict=True):
+        weights[unit] = weights.get(unit, 0.0) + seconds(item.nodeid, durations)
+    alternate = int(workerinput["workercount"]) if any(group for _unit, group in units) else 0
+    rank = {unit: i for i, unit in enumerate(dealing_order(weights, alternate))}
+    order = sorted(range(len(items)), key=lambda i: rank[units[i][0]])  # stable: a unit's tests keep their order
+    items[:] = [items[i] for i in order]
 
 
 def junit_seconds(junit: Path) -> Iterable[tuple[str, float]]:
