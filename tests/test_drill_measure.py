@@ -21,7 +21,9 @@ from serving.drill.measure import (
     cadence_bound,
     counted_gaps,
     judge,
+    judge_order,
     measure,
+    served_again_after,
     slipped,
     verdict,
     windows,
@@ -391,3 +393,93 @@ def test_a_flapping_replica_back_before_its_restart_fails_stayed_out(
     earlier = [_flap_probe(-1.0, True, "serving", 1), *(_flap_probe(*row) for row in timeline)]
     m = measure(earlier, steady(-2, 50), subjects=(W1,), baseline_s=2, gates=GATES, end=50, healed=None)
     assert not {c.name: c for c in judge(flapping, (), m)}["stayed_out"].ok
+
+
+# --- judged by order (exaserve drill --judge order: the CI suite's drills) -------------------------------------------
+
+
+def _crash_timeline(restart_at: float | None, back_at: float) -> list[Probe]:
+    """W1 out at 24 s, its restart counted at ``restart_at`` (None: never), back at ``back_at``."""
+    rows = [(24.0, False, "out")]
+    if restart_at is not None:
+        rows.append((restart_at, False, "warming", 1))
+    rows.append((back_at, True, "serving", 0 if restart_at is None else 1))
+    return [_flap_probe(-1.0, True, "serving"), *(_flap_probe(*row) for row in rows)]
+
+
+@pytest.mark.parametrize(
+    ("restart_at", "back_at", "ok", "said"),
+    [
+        (41.0, 45.0, True, "out of rotation at 24.00 s, restart counted at 41.00 s, back in rotation at 45.00 s"),
+        (None, 45.0, False, "never seen: restart counted"),  # back with no restart: not what the runtime does
+        (46.0, 45.0, False, "out of order"),  # back before the restart was counted
+    ],
+)
+def test_drill_judged_by_order_asks_out_then_restarted_then_back_whatever_each_took(
+    restart_at: float | None, back_at: float, ok: bool, said: str
+) -> None:
+    """Times far past every target (out at 24 s against a 4 s detection) pass when the events came in order, and fail
+    when one is missing or out of order: the order judge never reads a time against a target."""
+    fl = fleet_of(spec_from("sandbox"))
+    crash = SCENARIOS["replica-crash"]
+    targets = scenario_targets(crash, fl)
+    assert crash.restarts
+    m = measure(_crash_timeline(restart_at, back_at), steady(-2, 50), subjects=(W1,), baseline_s=2, gates=GATES,
+                end=50, healed=None)  # fmt: skip
+    checks = {c.name: c for c in judge_order(crash, targets, m)}
+    assert set(checks) == {"out of rotation", "back in rotation", "served again", "in_order", "client_error_rate",
+                           "false_detections"}  # fmt: skip
+    assert checks["in_order"].ok is ok and said in checks["in_order"].reason, checks["in_order"]
+    assert checks["out of rotation"].ok and checks["out of rotation"].measured == 24.0
+    assert all(c.judged == "order" for n, c in checks.items() if n not in {"client_error_rate", "false_detections"})
+    assert verdict(list(checks.values()), []) == ("passed" if ok else "failed")
+    # the same timeline judged on the plan's targets never passes: detection at 24 s > 4 s (invalid here: the probe
+    # before the one that saw it was 25 s earlier)
+    assert verdict(judge(crash, targets, m), []) != "passed"
+
+
+def test_drill_judged_by_order_names_the_event_never_seen_and_keeps_the_counts() -> None:
+    """Never back, a client error share over the gate, another replica out: each its own failed check, named."""
+    fl = fleet_of(spec_from("sandbox"))
+    crash = SCENARIOS["replica-crash"]
+    probes = [
+        probe(-1.0, {A: everyone()}),
+        probe(1.0, {A: everyone(W1=False)}),
+        probe(2.0, {A: {W1: False, W2: False, W3: True}}),  # W2 out too: a false detection
+    ]
+    results = [*steady(-2, 0), *steady(0, 3), RequestResult(2.5, 0.1, 500)]
+    m = measure(probes, results, subjects=(W1,), baseline_s=2, gates=GATES, end=3, healed=None)
+    checks = {c.name: c for c in judge_order(crash, scenario_targets(crash, fl), m)}
+    assert not checks["back in rotation"].ok and "never observed" in checks["back in rotation"].reason
+    assert not checks["client_error_rate"].ok and "1 of 51 requests" in checks["client_error_rate"].reason
+    assert not checks["false_detections"].ok and W2 in checks["false_detections"].reason
+    assert checks["served again"].ok and checks["served again"].measured == pytest.approx(2.6)  # after the 500
+
+
+def test_takeover_judged_by_order_is_a_new_leader_seen() -> None:
+    fl = fleet_of(spec_from("sandbox"))
+    lost = SCENARIOS["leader-loss"]
+    led = [probe(-1.0, {A: everyone()}, leader="c0"), probe(30.0, {A: everyone()}, leader="c1")]
+    leaderless = [probe(-1.0, {A: everyone()}, leader="c0"), probe(30.0, {A: everyone()}, leader=None)]
+    for probes, ok in ((led, True), (leaderless, False)):
+        m = measure(probes, steady(-2, 31), subjects=(), baseline_s=2, gates=GATES, end=31, healed=None,
+                    lost_leader="c0")  # fmt: skip
+        checks = {c.name: c for c in judge_order(lost, scenario_targets(lost, fl), m)}
+        assert checks["new leader"].ok is ok, checks["new leader"]
+        assert "in_order" not in checks  # nothing leaves rotation in this scenario
+
+
+@pytest.mark.parametrize(
+    ("statuses", "expected"),
+    [
+        ([200, 200, 200], 0.0),  # nothing failed after the fault
+        ([200, 503, 200, 200], 2.0),  # from the first request after the last failure
+        ([200, TRANSPORT_ERROR, 429, 200], 2.0),  # a 429 is not counted as a failure (as the error gate)
+        ([200, 200, 502], None),  # the load ended on a failure
+        ([], None),  # nothing sent after the fault
+    ],
+)
+def test_served_again_counts_requests_not_latency(statuses: list[int], expected: float | None) -> None:
+    before = [RequestResult(-1.0, 9.0, 503)]  # before the fault: not the fault's
+    results = [*before, *(RequestResult(float(i), 30.0, s) for i, s in enumerate(statuses))]  # 30 s each: slow, served
+    assert served_again_after(results) == expected

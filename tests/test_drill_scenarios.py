@@ -260,7 +260,8 @@ def test_drill_list_prints_a_table_and_the_formulas() -> None:
         (["--list", "--render-only", "--out", "{tmp}"], "--list and --render-only ask for two things"),
         ([], "name the drill to run: --scenario NAME (replica-crash, "),
         (["--scenario", "replica-crash"], "stack 'dev' has no sandbox: section; drills run against the sandbox here"),
-        (["--list", "--report", "{tmp}"], "--report and --rate are for running a drill"),
+        (["--list", "--report", "{tmp}"], "--report, --rate and --judge are for running a drill"),
+        (["--list", "--judge", "order"], "--report, --rate and --judge are for running a drill"),
     ],
     ids=[
         "unknown-scenario",
@@ -270,6 +271,7 @@ def test_drill_list_prints_a_table_and_the_formulas() -> None:
         "no-mode",
         "no-sandbox",
         "report-without-run",
+        "judge-without-run",
     ],
 )
 def test_bad_drill_input_exits_2_naming_the_value_and_the_fix(args: list[str], message: str, tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ from serving.cli.state import locked, stack_state
 from serving.drill.scenarios import (
     NAMES,
     SCENARIOS,
+    Judging,
     Scenario,
     fault_sizes,
     plan_targets,
@@ -82,6 +83,16 @@ ReportOpt = Annotated[
         "--report",
         help="Directory for the drill's drill.json and timeline.png (default: <state-dir>/<stack>/drills/<time>-<scenario>).",
         file_okay=False,
+    ),
+]
+JudgeOpt = Annotated[
+    Judging,
+    typer.Option(
+        "--judge",
+        help="targets: each time against the plan's target (exit 3 when the probes cannot resolve it); order: what "
+        "happened and in what order (out of rotation, restarted, back, a new leader, clients served again), the client "
+        "error share, false detections and alerts, never how long each step took, waiting up to 3 x the plan's times "
+        "for each (a loaded machine; scripts/test.sh judges by order, scripts/rehearse.sh on targets).",
     ),
 ]
 RateOpt = Annotated[
@@ -272,6 +283,7 @@ def _run(
     state_dir: Path | None,
     report: Path | None,
     rate: float | None,
+    judging: Judging,
     as_json: bool,
 ) -> None:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: PLC0415
@@ -285,7 +297,7 @@ def _run(
     paths = stack_state(st, state_dir)
     sizes = fault_sizes(fleet)
     targets = scenario_targets(scenario, fleet)
-    settings = Settings.for_drill(fleet, targets, sizes, rate)
+    settings = Settings.for_drill(fleet, targets, sizes, rate, judging)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     directory = report if report is not None else paths.root / "drills" / f"{stamp}-{scenario.name}"
     injector = SandboxFaults(fleet, paths.sandbox_dir)
@@ -327,7 +339,9 @@ def _run(
             table.add_column(column, overflow="fold")
         for c in run.checks:
             shown = "-" if c.measured is None else f"{c.measured:.4g} {c.unit}".strip()
-            target = f"≤ {c.target:g} {c.unit}".strip() if c.unit else ""
+            target = (
+                "observed, in order" if c.judged == "order" else f"≤ {c.target:g} {c.unit}".strip() if c.unit else ""
+            )
             table.add_row(c.name, shown, target, ("✓ " if c.ok else "✗ ") + c.reason)
         console.print(table)
         console.print(f"injected: {'; '.join(run.injected)}", highlight=False, markup=False, soft_wrap=True)
@@ -354,6 +368,7 @@ def drill(
     crd_dir: CrdDirOpt = None,
     report: ReportOpt = None,
     rate: RateOpt = None,
+    judge: JudgeOpt = "targets",
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -363,9 +378,11 @@ def drill(
     with the plan's targets (and their formulas) and the alerts that must fire or stay quiet; --render-only --out
     DIR writes them as Chaos Mesh experiments (one file per scenario, applied on its own) and a Schedule for the
     regular drills (drills.schedule, drills.scheduled), each object validated against the pinned Chaos Mesh CRDs.
-    Exit 1 when a drill misses a target or an object fails validation, 2 on bad input, 3 when a drill is invalid:
-    its probes of the fleet came further apart than max(3 x the probe period, the period + 1 s), or a time was over
-    its target only by what the probes cannot resolve, so it is not judged (docs/drills.md)."""
+    --judge order asks what happened and in what order instead of how long each step took (CI on a shared machine).
+    Exit 1 when a drill misses a target (or, judged by order, an event or its order) or an object fails validation,
+    2 on bad input, 3 when a drill judged on targets is invalid: its probes of the fleet came further apart than
+    max(3 x the probe period, the period + 1 s), or a time was over its target only by what the probes cannot
+    resolve, so it is not judged (docs/drills.md)."""
     st = resolve_stack(stack, stack_file)
     only = _scenario(scenario)
     if list_ and render_only:
@@ -377,11 +394,11 @@ def drill(
     running = not list_ and not render_only
     if running and only is None:
         fail(f"name the drill to run: --scenario NAME ({', '.join(NAMES)}); --list shows what each does")
-    if not running and (report is not None or rate is not None):
-        fail("--report and --rate are for running a drill (--scenario NAME without --list or --render-only)")
+    if not running and (report is not None or rate is not None or judge != "targets"):
+        fail("--report, --rate and --judge are for running a drill (--scenario NAME without --list or --render-only)")
     fleet = load_fleet(st.name, st.spec)
     if running and only is not None:
-        _run(st, fleet, only, state_dir, report, rate, as_json)
+        _run(st, fleet, only, state_dir, report, rate, judge, as_json)
     elif list_:
         _list(fleet, only, as_json)
     elif out is not None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from serving.drill.measure import (
+    ORDER_PATIENCE,
     Check,
     Gap,
     Gates,
@@ -29,6 +30,7 @@ from serving.drill.measure import (
     Probe,
     counted_gaps,
     judge,
+    judge_order,
     measure,
     out_and_back,
     slipped,
@@ -40,6 +42,7 @@ from serving.drill.scenarios import (
     Fault,
     FaultKind,
     FaultSizes,
+    Judging,
     Scenario,
     Target,
     TargetName,
@@ -124,14 +127,28 @@ class Settings:
     # readmit_at, then the warm-up and the tick that readmits it (below the migrate line it is restarted instead,
     # within the restoration target)
     return_s: float = 0.0
+    # what the drill is judged on: the plan's targets (times against them), or what happened in what order
+    # (serving.drill.measure.judge_order), which waits ORDER_PATIENCE times longer for the events and the settling
+    judging: Judging = "targets"
+
+    @property
+    def patience(self) -> float:
+        """How many times the plan's times the drill waits for what it must see: 1 judged on targets (a later
+        event missed its target anyway), ORDER_PATIENCE judged by order (a loaded machine is slower, not wrong)."""
+        return ORDER_PATIENCE if self.judging == "order" else 1.0
 
     @classmethod
     def for_drill(
-        cls, fleet: Fleet, targets: Sequence[Target], sizes: FaultSizes, rate_per_s: float | None = None
+        cls,
+        fleet: Fleet,
+        targets: Sequence[Target],
+        sizes: FaultSizes,
+        rate_per_s: float | None = None,
+        judging: Judging = "targets",
     ) -> Settings:
         """A drill's settings from the plan: client load enough for the error gate over the baseline and the
         longest target (or ``rate_per_s``), the updater's baseline window, the fault's hold and the time a
-        restoration may take."""
+        restoration may take (times the patience of ``judging``)."""
         spec = fleet.spec
         hold = sizes.hold_s.value
         # the updater's baseline window, and at least 5 heartbeats: a short baseline on a busy machine sets a lax P99 limit
@@ -150,10 +167,12 @@ class Settings:
                 spec.serving.failure_threshold,
             ),
             hold_s=hold,
-            settle_s=plan_targets(fleet)[TargetName.RESTORATION].value + spec.serving.startup_budget_s,
+            settle_s=(plan_targets(fleet)[TargetName.RESTORATION].value + spec.serving.startup_budget_s)
+            * (ORDER_PATIENCE if judging == "order" else 1.0),
             out_alert_due_s=(spec.serving.failure_threshold + 2) * spec.serving.heartbeat_interval_s,
             alert_lead_s=spec.serving.heartbeat_interval_s,
             return_s=max(plan_targets(fleet)[TargetName.RESTORATION].value, climb_s(fleet)),
+            judging=judging,
         )
 
 
@@ -188,7 +207,8 @@ class Run:
 
     @property
     def verdict(self) -> str:
-        return verdict(self.checks, self.gaps)
+        """Judged by order, a probe gap cannot reorder what the probes saw: it makes no run invalid."""
+        return verdict(self.checks, self.gaps if self.settings.judging == "targets" else ())
 
     @property
     def ok(self) -> bool:
@@ -350,12 +370,13 @@ def climb_s(fleet: Fleet) -> float:
 
 def watch_s(scenario: Scenario, targets: Sequence[Target], settings: Settings) -> float:
     """How long after the fault the drill watches at most: 1.5 × its longest target (or the hold) + 10 s, the time
-    the error gate's requests need, and, for a held fault that takes replicas out, the hold + the slowest return."""
+    the error gate's requests need, and, for a held fault that takes replicas out, the hold + the slowest return;
+    times the patience of its judging (the watch ends as soon as everything was seen)."""
     longest = max([settings.hold_s, *(t.value for t in targets if t.unit == "s")])
     after = max(longest * 1.5 + 10, settings.min_requests / settings.rate_per_s - settings.baseline_s + 10)
     if scenario.evicts and any(_held(f) for f in scenario.faults):
         after = max(after, settings.hold_s + settings.return_s + 10)
-    return after
+    return after * settings.patience
 
 
 async def run_drill(
@@ -454,7 +475,7 @@ async def _watch(
             progress(f"healed at {t:.1f} s: {'; '.join(done) or 'nothing left to heal'}")
         until = deadline_after
         if run.healed_at is not None and scenario.evicts and run.drill_healed:  # the slowest return, from the heal
-            until = max(until, run.healed_at - run.t0 + settings.return_s + 10)
+            until = max(until, run.healed_at - run.t0 + settings.return_s * settings.patience + 10)
         if (not pending and _done(run, now)) or t >= until:
             run.end = time.monotonic()
             return
@@ -503,7 +524,10 @@ def _judge(run: Run) -> None:
     healing = [(a - run.t0, b - run.t0) for a, b in run.healing]
     run.gaps = slipped(probes, run.settings.probe_s, healing)
     run.longest_gap_s = max((g.gap_s for g in counted_gaps(probes, healing)), default=0.0)
-    run.checks = judge(run.scenario, run.targets, run.measured, run.settings.probe_s)
+    if run.settings.judging == "order":
+        run.checks = judge_order(run.scenario, run.targets, run.measured)
+    else:
+        run.checks = judge(run.scenario, run.targets, run.measured, run.settings.probe_s)
     run.checks += alert_checks(run)
     run.checks.append(
         Check(

@@ -18,6 +18,13 @@ held by then), and also keeps when they began. The figures, as the plan defines 
 * **takeover** — the first probe at which a controller other than the lost leader leads;
 * **false detections** — replicas that were in rotation before the fault and left it on some router instance,
   other than the faulted ones (and any replica at all in a scenario that takes none out).
+
+Two judges read them. :func:`judge` holds each time against the plan's target (``exaserve drill``, the rehearsal:
+``scripts/rehearse.sh``). :func:`judge_order` asks what happened and in what order, never how long it took
+(``exaserve drill --judge order``, the CI suite): every event the scenario is about was observed (out of rotation,
+restarted, back; a new leader; clients served again without errors), each after the one it follows, and the counts
+(client error share, false detections) as :func:`judge` holds them. Its verdict depends on the machine's speed only
+through the drill's patience, which is a liveness bound (:data:`ORDER_PATIENCE`), never a judged figure.
 """
 
 from __future__ import annotations
@@ -28,10 +35,13 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from serving.drill.scenarios import Scenario, Target, TargetName
+from serving.drill.scenarios import Judging, Scenario, Target, TargetName
 from serving.router.loadgen import TRANSPORT_ERROR, RequestResult, latency_quantile
 from serving.stats import P99, nearest_rank, p_slower_than_reference
 
+# How many times longer than the plan's targets a drill judged by order waits for the events it needs and for the
+# fleet to settle: a patience bound on a loaded machine, never a judged figure (the watch ends when all was seen)
+ORDER_PATIENCE = 3.0
 Membership = Mapping[str, bool]  # worker URL → healthy, as one router instance lists its workers
 # A window is slow when more of its requests are slower than the baseline's P99 × (1 + rollout.max_p99_rise) than the
 # 1 % a P99 allows, by an exact test at this level that counts the baseline's own noise (the rollout gates' P99 test,
@@ -142,6 +152,9 @@ class Check:
     # over the target on its upper bound but within it on its lower one (the probe resolution): the run cannot tell
     # whether the target was met, so it is neither passed nor failed (the verdict is invalid)
     undecided: bool = False
+    # "target": the figure against the plan's target; "order": an event observed in its place (its time is shown,
+    # never judged: ``target`` is 0 and means nothing)
+    judged: Judging = "targets"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -151,6 +164,7 @@ class Check:
             "unit": self.unit,
             "ok": self.ok,
             "undecided": self.undecided,
+            "judged": self.judged,
             "reason": self.reason,
         }
 
@@ -175,6 +189,9 @@ class Measured:
     # the first probe after detection at which the leader counted a restart of every faulted replica more than before
     # the fault: the process that had the fault was replaced by then; None when not seen
     restarted_s: float | None = None
+    # the start of the span after the fault, to the end of the load, in which no client request failed and some
+    # succeeded (the first request sent after the last failure); None when the load ended on a failure
+    served_again_s: float | None = None
 
     @property
     def client_error_rate(self) -> float:
@@ -350,6 +367,7 @@ def measure(
     recovery, blips = recovered(judged, gates)
     during = [r for r in results if r.sent_at_s >= -baseline_s]
     restarted = None if detection is None else restarted_after(probes, subjects, detection)
+    served_again = served_again_after(results)
     return Measured(
         detection,
         None if recovery is None else round(min(recovery, until), 3),
@@ -364,7 +382,20 @@ def measure(
         {name: round(x[1] + injection_s, 3) for name, x in seen.items() if x is not None},
         false_seen,
         restarted,
+        served_again,
     )
+
+
+def served_again_after(results: Sequence[RequestResult]) -> float | None:
+    """When the clients were served again for good: the send time of the first request after the fault that came
+    after its last failed one (0 when none failed), provided one of those succeeded; None when the load ended on a
+    failure or sent nothing after the fault. Counts requests, never compares a latency."""
+    after = sorted((r for r in results if r.sent_at_s >= 0), key=lambda r: r.sent_at_s)
+    last_failed = max((i for i, r in enumerate(after) if _failed(r)), default=-1)
+    tail = after[last_failed + 1 :]
+    if not any(map(_ok, tail)):
+        return None
+    return 0.0 if last_failed < 0 else tail[0].sent_at_s
 
 
 def restarted_after(probes: Sequence[Probe], subjects: Sequence[str], after: float) -> float | None:
@@ -488,6 +519,61 @@ def _stayed_out(m: Measured) -> Check:
         f"out from detection until its restart (counted at {m.restarted_s:.2f} s), back as a new process at "
         f"{m.restoration_s:.2f} s",
     )
+
+
+# what each time target says happened, for the order judge
+_EVENTS = {
+    TargetName.DETECTION: ("out of rotation", "every faulted replica out of every router instance"),
+    TargetName.RESTORATION: ("back in rotation", "every faulted replica healthy on every router and in rotation"),
+    TargetName.TAKEOVER: ("new leader", "a controller other than the lost leader leads"),
+    TargetName.RECOVERY: ("served again", "client requests succeed again with no failure after"),
+}
+
+
+def judge_order(scenario: Scenario, targets: Sequence[Target], m: Measured) -> list[Check]:
+    """What happened and in what order, never how long it took: each event the scenario's time targets stand for
+    was observed (:data:`_EVENTS`; recovery, the clients' latency back to the baseline, is judged here as the
+    clients served again without a failure: :attr:`Measured.served_again_s`), the faulted replicas left rotation
+    before a restart of each was counted and came back after it (a restart the scenario's fault calls for: every
+    replica fault but the node's, whose replicas come back when the node does), the client error share within the
+    plan's gate and no false detection, as :func:`judge` holds them. A probe gap cannot reorder what the probes saw,
+    so the cadence is not judged here."""
+    found: dict[TargetName, float | None] = {
+        TargetName.DETECTION: m.detection_s,
+        TargetName.RESTORATION: m.restoration_s,
+        TargetName.TAKEOVER: m.takeover_s,
+        TargetName.RECOVERY: m.served_again_s,
+    }
+    checks = []
+    for t in targets:
+        if t.name is TargetName.CLIENT_ERRORS:
+            continue
+        event, meaning = _EVENTS[t.name]
+        value = found[t.name]
+        reason = (
+            f"{event} at {value:.2f} s (its time is not judged here)"
+            if value is not None
+            else (f"never observed: {meaning}")
+        )
+        checks.append(Check(f"{event}", value, 0.0, "s", value is not None, reason, judged="order"))
+    if scenario.evicts and m.detection_s is not None:
+        checks.append(_in_order(scenario, m))
+    return checks + judge(scenario, [t for t in targets if t.unit != "s"], m)
+
+
+def _in_order(scenario: Scenario, m: Measured) -> Check:
+    """Out, then restarted (where the scenario restarts the replica), then back: each event after the one before."""
+    events = [("out of rotation", m.detection_s)]
+    if scenario.restarts:
+        events.append(("restart counted", m.restarted_s))
+    events.append(("back in rotation", m.restoration_s))
+    seen = [(name, t) for name, t in events if t is not None]
+    shown = ", ".join(f"{name} at {t:.2f} s" for name, t in seen)
+    missing = [name for name, t in events if t is None and name != "back in rotation"]
+    in_order = all(a[1] <= b[1] for a, b in pairwise(seen))
+    ok = in_order and not missing
+    reason = shown if ok else f"{shown}; " + (f"never seen: {', '.join(missing)}" if missing else "out of order")
+    return Check("in_order", None, 0.0, "", ok, reason, judged="order")
 
 
 def verdict(checks: Sequence[Check], gaps: Sequence[Gap]) -> str:

@@ -65,6 +65,9 @@ class Fault:
         return {"kind": self.kind.value, "component": self.component.value}
 
 
+Judging = Literal["targets", "order"]  # exaserve drill --judge: the plan's targets, or what happened in what order
+
+
 class TargetName(StrEnum):
     DETECTION = "detection_s"
     RECOVERY = "recovery_s"
@@ -118,6 +121,13 @@ class Scenario:
     @property
     def components(self) -> tuple[Component, ...]:
         return tuple(dict.fromkeys(f.component for f in self.faults))
+
+    @property
+    def restarts(self) -> bool:
+        """The runtime restarts the faulted replicas (their migration) before they come back: every fault is a
+        replica's and the scenario waits for the replicas to return (a held node fault brings them back with the
+        node; a lost leader's successor counts restarts of its own)."""
+        return TargetName.RESTORATION in self.targets and all(f.component is Component.REPLICA for f in self.faults)
 
 
 # Alert rules rendered by serving.render.k8s.monitoring and serving.render.k8s.runtime (a test checks each name).
