@@ -9,7 +9,7 @@ import pytest
 
 from serving.checks import rules
 from serving.plan import planner
-from serving.plan.memory import LOAD_OVERHEAD_GIB
+from serving.plan.calibration import LOAD_OVERHEAD_GIB
 from serving.render.k8s import system
 from serving.result import CheckResult, Status
 from serving.spec.schema import FleetSpec
@@ -106,6 +106,7 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("sandbox", {"rollout__batches": 9}, "rollout.batches-cover", "8 replicas cannot fill 9 non-empty batches"),
     ("prod", {"rollout__interval_s": 10}, "rollout.gate-window", "shorter than serving.warmup_duration_s 30"),
     ("prod", {"scheduler__instances": 1}, "scheduler.ha", "Use 3"),
+    ("prod", {"rollout__dry_run_gates": ("p99",)}, "rollout.dry-run-gates", "never pause or roll back"),
 ]
 
 
@@ -133,6 +134,11 @@ def test_warnings_do_not_fail_the_plan(changes: dict[str, Any], rule: str) -> No
     found = [v for v in violations(spec) if v.check == rule]
     assert found and all(v.status is Status.WARN for v in found)
     assert rule not in errors(spec)
+
+
+def test_a_sandbox_may_dry_run_its_latency_and_throughput_gates() -> None:
+    """The CI suite's sandbox rollouts: a sandbox stack with both gates in dry run plans clean."""
+    assert "rollout.dry-run-gates" not in errors(spec_from("sandbox", rollout__dry_run_gates=("qps", "p99")))
 
 
 def test_memory_rule_passes_when_quantised_and_fails_at_fp16_tp1() -> None:

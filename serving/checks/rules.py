@@ -328,6 +328,23 @@ def _gate_window(fleet: Fleet) -> Iterator[CheckResult]:
         )
 
 
+@rule("rollout.dry-run-gates")
+def _dry_run_gates(fleet: Fleet) -> Iterator[CheckResult]:
+    """Gates in dry run judge nothing: only a sandbox, whose throughput and latency are its machine's, may do that;
+    a fleet that serves clients enforces every gate."""
+    dry = fleet.spec.rollout.dry_run_gates
+    if dry and fleet.spec.sandbox is None:
+        yield CheckResult(
+            "rollout.dry-run-gates",
+            Status.FAIL,
+            f"Got {list(dry)}: the {' and '.join(dry)} gate(s) would be measured but never pause or roll back a "
+            "rollout of a fleet that serves clients",
+            "every gate enforced outside a sandbox (a stack with a sandbox: section)",
+            "Remove rollout.dry_run_gates.",
+            "rollout.dry_run_gates",
+        )
+
+
 @rule("scheduler.ha")
 def _ha(fleet: Fleet) -> Iterator[CheckResult]:
     """At least 3 scheduler instances with leader election (source §4.3); one alone is a single point of failure."""

@@ -57,18 +57,24 @@ class Timings:
 
 @dataclass(frozen=True)
 class GateLimits:
-    """The source's gates against the pre-update baseline (§4.4), and the shortest window whose QPS split is evidence
-    about the replicas (:func:`qps_window_min_s`; 0 in journals written before it)."""
+    """The source's gates against the pre-update baseline (§4.4), the shortest window whose QPS split is evidence
+    about the replicas (:func:`qps_window_min_s`; 0 in journals written before it), and the gates measured but not
+    enforced (``rollout.dry_run_gates``: none in journals written before it)."""
 
     max_qps_drop: float
     max_p99_rise: float
     max_error_rate: float
     qps_window_min_s: float = 0.0
+    dry_run: tuple[str, ...] = ()
 
     @classmethod
     def from_spec(cls, spec: FleetSpec) -> GateLimits:
         r = spec.rollout
-        return cls(r.max_qps_drop, r.max_p99_rise, r.max_error_rate, qps_window_min_s(spec))
+        return cls(r.max_qps_drop, r.max_p99_rise, r.max_error_rate, qps_window_min_s(spec), tuple(r.dry_run_gates))
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GateLimits:
+        return cls(**{**data, "dry_run": tuple(data.get("dry_run", ()))})
 
 
 def kv_plan(spec: FleetSpec, m: MemoryPlan) -> KvPlan:
@@ -210,7 +216,7 @@ class RolloutPlan:
                 for b in data["batches"]
             ),
             timings=Timings(**data["timings"]),
-            limits=GateLimits(**data["limits"]),
+            limits=GateLimits.from_json(data["limits"]),
             observed={str(r): None if v is None else str(v) for r, v in data.get("observed", {}).items()},
             kv=KvPlan.from_json(data["kv"]) if data.get("kv") else None,
         )

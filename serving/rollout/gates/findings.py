@@ -60,6 +60,10 @@ class Finding:
     text: str
 
 
+# The findings each gate of ``rollout.dry_run_gates`` stands for, on the canary and on the replicas outside the batch.
+# Errors, replicas down, client errors no replica explains and traffic too thin to judge anything are never dry run.
+DRY_RUN_FINDINGS: dict[str, frozenset[str]] = {"p99": frozenset({"p99"}), "qps": frozenset({"qps"})}
+
 
 def qps_check(
     name: str,

@@ -27,6 +27,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from serving.rollout.gates.findings import (
+    DRY_RUN_FINDINGS,
     FAMILY_ALPHA,
     MIN_REQUESTS,
     Finding,
@@ -220,6 +221,16 @@ def judge(
             )
         )
 
+    # Gates in dry run (rollout.dry_run_gates, Argo Rollouts' analysis dryRun): measured and shown, never decisive
+    dry_gates = {gate for name in limits.dry_run for gate in DRY_RUN_FINDINGS[name]}
+    dry = [f for f in (*outside, *breaches) if f.gate in dry_gates]
+    context += [
+        f"dry run, not enforced (rollout.dry_run_gates): would have {'paused' if f in outside else 'rolled back'}: "
+        + f.text
+        for f in dry
+    ]
+    outside = [f for f in outside if f not in dry]
+    breaches = [f for f in breaches if f not in dry]
     decision: Decision = "pause" if outside or (undecided and not breaches) else "rollback" if breaches else "pass"
     base_words = f"baseline: {BASIS_WORDS[basis]} — {_describe(reference)}"
     canary_words = f"canary {_describe(canary_stats)}"

@@ -85,6 +85,23 @@ class RolloutSpec(SpecModel):
     group_versions: dict[int, str] = Field(
         default_factory=dict, description="Per update group version overrides (group index → version)."
     )
+    dry_run_gates: tuple[Literal["qps", "p99"], ...] = Field(
+        default=(),
+        description="Gates measured and journaled but not enforced (Argo Rollouts' analysis dryRun): a breach of "
+        "one is shown in the batch's verdict as what it would have done and neither pauses nor rolls back. For a "
+        "test bed whose throughput and latency are its machine's, not the release's (the CI suite's sandbox, on a "
+        "shared 2-core machine); the error, health and KV pool gates are never dry run. Refused on a stack whose "
+        "kubernetes or bare-metal target serves clients (exaserve check).",
+    )
+
+    @field_validator("dry_run_gates")
+    @classmethod
+    def _each_gate_once(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        """A gate is named once."""
+        if len(set(v)) != len(v):
+            raise ValueError(f"dry_run_gates {list(v)} names a gate twice; list each of qps, p99 at most once")
+        return v
+
     @model_validator(mode="after")
     def _groups(self) -> Self:
         """Group indices must name existing update groups."""
