@@ -25,10 +25,19 @@
 #      (node-stall 4.01 s against 4 s twice, 2026-12-05). A starved prober is `invalid` and measured again; the
 #      recovery windows are judged by an exact test that counts the baseline's own requests (one slow request of ~60
 #      is no evidence: CI once failed replica-crash on it beside the rollout tests).
-# Every phase deals its work longest first (the cpu-bound phase its modules; the sandbox phases their groups, but the
-# first wave's every other worker starts on the lightest group), and the split sandbox modules' tests are dealt into
-# their groups longest first, by the seconds each test took in the last measured run (tests/durations.json;
-# tests/support/schedule.py says how, and how to refresh it): a phase lasts as long as its busiest worker.
+# How the work is dealt: by pytest-xdist's own loadfile and loadgroup (both its LoadScopeScheduling, xdist/scheduler/
+# loadscope.py; the project has no scheduler of its own). A phase's work units (a module under loadfile; an
+# xdist_group under loadgroup: a sandbox module, or one of its SANDBOX_GROUPS) are queued once every worker has
+# collected; each worker gets one unit, a worker whose unit has two tests or fewer a second at once, and then its next
+# unit as soon as it has two tests or fewer left, so a unit is never split and the queue's order decides what runs
+# last. xdist queues the units with the most tests first (--loadscope-reorder), which left a long unit of one or two
+# tests to the end; tests/conftest.py turns that off and orders each worker's collection unit by unit, the heaviest
+# first by the seconds each test took in the last measured run (tests/durations.json), so the longest unit is dealt
+# first: a phase lasts as long as its busiest worker. The sandbox phases' first wave alternates the lightest and the
+# heaviest group (their heaviest rollouts started together failed timing judgments), and a split sandbox module's
+# tests are dealt into its groups longest first (tests/support/schedule.py says how, and how to refresh the file).
+# Not worksteal: it moves single tests between workers, so a module's module-scoped fixtures (a sandbox module's
+# sandbox) would be set up again on each worker that takes some of its tests.
 # Each phase writes its JUnit XML (per-test times) to test-output/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,7 +73,8 @@ ran=0 failed=0
 phase() {  # phase NAME MARKERS WORKERS DIST [PYTEST_ARGS…]; exit 5 (nothing selected) is a failure only in a whole run
   # (PYTEST_ARGS may select one phase's tests); a failed phase does not stop the next one (CI's log shows both); the
   # script's status is the first failure's
-  local name=$1 markers=$2 workers=$3 dist=$4 rc=0 start=$SECONDS
+  # (the rehearsal tier, tests/rehearsal/, is never run here: its real-time judgments are scripts/rehearse.sh's)
+  local name=$1 markers="not rehearsal and ($2)" workers=$3 dist=$4 rc=0 start=$SECONDS
   shift 4
   echo "== pytest: $name (-m '$markers', $workers workers)"
   pytest -q -p no:cacheprovider -m "$markers" -n "$workers" --dist "$dist" --durations=10 \

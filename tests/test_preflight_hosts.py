@@ -13,7 +13,6 @@ import hashlib
 import json
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,41 +20,25 @@ import pytest
 
 from serving.checks.preflight import CHECKS
 from tests.support.cli import exaserve
-from tests.support.hosts.faults import HostFaults
-from tests.support.hosts.netns import HostFleet, HostPool
+from tests.support.hosts.netns import HostPool
 from tests.support.preflight import (
+    CONNECT_TIMEOUT_S,
+    PROBE_TIMEOUT_S,
+    SCENARIOS,
     VENV_BIN,
+    Deployed,
     ModelStore,
-    PlaybookRun,
+    Outcome,
     ansible_env,
-    fleet_stack_doc,
-    install_container_stubs,
+    deploy,
     model_store,
-    node_names,
     run_playbook,
-    write_inventory,
+    run_scenario,
+    scenario_fleet,
 )
-from tests.support.stacks import write_stack
 
 pytestmark = pytest.mark.slow
 
-# Test host -> (faults, checks that must fail on it, words its fix must contain).
-SCENARIOS: dict[str, tuple[HostFaults, set[str], str | None]] = {
-    "node01": (HostFaults(), set(), None),
-    "node02": (HostFaults(ib_down=("mlx5_3",)), {"ib_ports"}, "reseat or replace the cable"),
-    "node03": (HostFaults(ib_rate_gbps=200), {"ib_rate"}, "linked below 400 Gb/s"),
-    "node04": (HostFaults(clock_offset_s=0.25), {"ntp_offset"}, "chronyc makestep"),
-    "node05": (HostFaults(cgroup_v2=False), {"cgroup_v2"}, "systemd.unified_cgroup_hierarchy=1"),
-    "node06": (HostFaults(old_kernel=True), {"kernel"}, "Boot a kernel >= 5.15"),
-    "node07": (HostFaults(unreachable=True), {"ssh"}, "does not answer SSH"),
-    "node08": (HostFaults(), set(), None),
-    # One port of one HCA slow, the rest at the link rate: ib_rate must not pass on the fastest port.
-    "node09": (HostFaults(ib_port_rates=(("mlx5_2", 1, 200),)), {"ib_rate"}, "linked below 400 Gb/s"),
-    # nvidia-smi hangs (a wedged GPU): the probe kills it after its timeout, only the GPU checks fail.
-    "node10": (HostFaults(hangs=("nvidia-smi",)), {"gpu_count", "gpu_product", "gpu_memory", "driver", "cuda"}, "Xid"),
-}
-PROBE_TIMEOUT_S = 5
-CONNECT_TIMEOUT_S = 5
 # Every check a full run records on a reachable node (all but the fabric ones, which need --tags fabric, and the
 # system pool's, which run on its nodes only: tests/test_preflight_system.py).
 FULL_RUN_CHECKS = set(CHECKS) - {
@@ -74,27 +57,9 @@ def store() -> Iterator[ModelStore]:
         yield s
 
 
-@dataclass(frozen=True)
-class Deployed:
-    fleet: HostFleet
-    stack: Path
-    inventory: Path
-    names: dict[str, str]  # spec node name -> test host name
-
-    def spec_name(self, host: str) -> str:
-        return next(n for n, h in self.names.items() if h == host)
-
-
-def deploy(fleet: HostFleet, store: ModelStore, directory: Path, **sections: Any) -> Deployed:
-    install_container_stubs(fleet)
-    stack = write_stack(directory / "Pulumi.test.yaml", fleet_stack_doc(fleet, store, **sections))
-    return Deployed(fleet, stack, write_inventory(directory, stack, fleet), node_names(fleet, stack))
-
-
 @pytest.fixture(scope="module")
 def scenario(ssh_hosts: HostPool, store: ModelStore, tmp_path_factory: pytest.TempPathFactory) -> Deployed:
-    fleet = ssh_hosts(len(SCENARIOS), {h: f for h, (f, _, _) in SCENARIOS.items() if f != HostFaults()})
-    return deploy(fleet, store, tmp_path_factory.mktemp("scenario"))
+    return deploy(scenario_fleet(ssh_hosts), store, tmp_path_factory.mktemp("scenario"))
 
 
 @pytest.fixture(scope="module")
@@ -102,33 +67,10 @@ def healthy(ssh_hosts: HostPool, store: ModelStore, tmp_path_factory: pytest.Tem
     return deploy(ssh_hosts(4), store, tmp_path_factory.mktemp("healthy"))
 
 
-@dataclass(frozen=True)
-class Outcome:
-    run: PlaybookRun
-    report: dict[str, Any]
-
-
 @pytest.fixture(scope="module")
 def scenario_run(scenario: Deployed, tmp_path_factory: pytest.TempPathFactory) -> Outcome:
-    """One ansible-playbook preflight.yml over all eight scenario hosts, as users run it."""
-    out = tmp_path_factory.mktemp("scenario-run")
-    run = run_playbook(
-        "preflight.yml",
-        scenario.inventory,
-        out,
-        "-e",
-        f"preflight_report_path={out}/report.json",
-        "-e",
-        f"preflight_ssh_probe_timeout_s={PROBE_TIMEOUT_S}",
-        # The test hosts are veths on one 2-core machine that runs all their probes at once: pings there average
-        # 2–4 ms with 20 ms spikes, above the 2 ms a rack's fabric must meet. These scenarios attribute faults
-        # (no host here adds latency), so the average-RTT limit is the machine's, not the datacentre's.
-        "-e",
-        "preflight_connectivity_max_avg_rtt_ms=50",
-        env={"ANSIBLE_TIMEOUT": str(CONNECT_TIMEOUT_S)},
-    )
-    assert (out / "report.json").exists(), run.output[-4000:]
-    return Outcome(run, json.loads((out / "report.json").read_text()))
+    """One ansible-playbook preflight.yml over all ten scenario hosts, as users run it."""
+    return run_scenario(scenario, tmp_path_factory.mktemp("scenario-run"))
 
 
 @pytest.mark.parametrize("host", list(SCENARIOS))
@@ -176,7 +118,9 @@ def test_scenario_observations_name_the_fault(scenario: Deployed, scenario_run: 
     assert all(checks[h]["rack_peers"]["status"] == "pass" for h in ("node05", "node06", "node08"))
 
 
-def test_run_fails_names_the_bad_hosts_and_ends_in_bounded_time(scenario: Deployed, scenario_run: Outcome) -> None:
+def test_run_fails_names_the_bad_hosts_and_ends(scenario: Deployed, scenario_run: Outcome) -> None:
+    """The run ends (run_playbook's timeout is the patience), exits 2 and names the faulty hosts; how long it took
+    (one connect timeout for the dead node, the rest in parallel) is the rehearsal's: tests/rehearsal/test_hosts.py."""
     run = scenario_run.run
     assert run.rc == 2, run.output[-3000:]
     summary = scenario_run.report["summary"]
@@ -187,8 +131,6 @@ def test_run_fails_names_the_bad_hosts_and_ends_in_bounded_time(scenario: Deploy
         recap = next(line for line in run.output.splitlines() if line.startswith(scenario.spec_name(host) + " "))
         assert ("failed=1" in recap) == bool(failing), recap
     assert "EXASERVE SUMMARY: 10 hosts" in run.output
-    # One connect timeout for the dead node, the rest runs in parallel; generous for 2 loaded cores.
-    assert run.seconds < 150, run.seconds
 
 
 def run_cli(*args: str, control_dir: Path, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:

@@ -4,7 +4,9 @@ load from the bounded open-loop load generator, and `exaserve` run as users run 
 
 The sandbox is `Pulumi.sandbox.yaml` on free ports brought up by `exaserve sandbox up`
 (tests/support/sandbox.py), with its simulated latencies (100 ms, "50 % slower" = 150 ms) and the
-rollout windows of :data:`GATED`; :data:`FAST` drives the same sandbox with short windows.
+rollout windows of :data:`GATED`, the QPS and P99 gates in dry run (:data:`DRY_RUN_GATES`: the latency here is the
+shared machine's; tests/rehearsal/test_rollout_gates.py enforces them); :data:`FAST` drives the same sandbox with
+short windows.
 Every wait is bounded; the module takes about two and a half minutes.
 """
 
@@ -20,25 +22,24 @@ from typing import Any
 import httpx
 import pytest
 
-from serving.rollout.gates import MIN_REQUESTS, ROUTER_INFERENCE_REQUESTS
+from serving.rollout.gates.findings import MIN_REQUESTS
+from serving.rollout.gates.window import ROUTER_INFERENCE_REQUESTS
 from serving.rollout.journal import load_state
 from serving.rollout.machine import Outcome, Phase
 from serving.router.client import MetricsSnapshot
 from serving.sandbox.processes import start_router, stop_process
 from tests.support.cli import json_object
-from tests.support.sandbox import GATED, Load, Sandbox, p99_gate_breach, running_sandbox, wait_for_event
+from tests.support.sandbox import DRY_RUN_GATES, GATED, Load, Sandbox, running_sandbox, wait_for_event
 
 REPLICAS = 8
 LOAD_RATE = 100.0
-# A 1.5 s baseline with the QPS and P99 gates opened wide, for the tests of crash and router-restart consistency
-# (gate values are not what they check; the error gate stays 0.1 %). The soak is 2 s: two of the router's 1 s load
+# A 1.5 s baseline, for the tests of crash and router-restart consistency (the QPS and P99 gates stay in dry run, as
+# in the whole module: DRY_RUN_GATES; the error gate stays 0.1 %). The soak is 2 s: two of the router's 1 s load
 # polls (GATED's heartbeat), the shortest the stack loader accepts (issue 28). These rollouts pass --accept-inconclusive
 # (ACCEPT), as an operator who knows it would: a soak re-measured after a router restart may see little traffic.
 FAST: dict[str, Any] = {
     "rollout.interval_s": 2,
     "rollout.baseline_window_s": 1.5,
-    "rollout.max_qps_drop": 0.9,
-    "rollout.max_p99_rise": 5.0,
 }
 
 ACCEPT = "--accept-inconclusive"
@@ -47,13 +48,15 @@ SANDBOX_GROUPS = 4  # each test starts from v1 through its own rollback (at_v1),
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    with running_sandbox(tmp_path_factory.mktemp("rollout"), replicas=REPLICAS, changes=GATED) as box:
+    with running_sandbox(
+        tmp_path_factory.mktemp("rollout"), replicas=REPLICAS, changes={**GATED, **DRY_RUN_GATES}
+    ) as box:
         yield box
 
 
 @pytest.fixture(scope="module")
 def fast(sandbox: Sandbox) -> Sandbox:
-    """The same sandbox and state through a stack with short windows, QPS/P99 gates wide open."""
+    """The same sandbox and state through a stack with short windows."""
     return sandbox.variant("fast", FAST)
 
 
@@ -150,6 +153,8 @@ def test_healthy_rollout_completes_in_5_batches_with_no_client_errors_then_one_c
         assert b["verdict"]["decision"] == "pass" and g["error_rate"] == 0, b
         # issue 28: with 4 s soaks against 5 s load polls the QPS gate of 4 of 5 batches was "not judged"
         assert b["inconclusive"] == {"qps_drop": None, "p99_rise": None, "error_rate": None}, b
+        # the QPS and P99 gates measured the canary (in dry run here: tests/rehearsal/ enforces them)
+        assert g["qps_drop"] is not None and g["p99_rise"] is not None, g
     assert doc["client_errors"] == 0
     assert load.report.errors == 0, load.report.summary()
     assert load.report.count > 1500, load.report.summary()
@@ -212,15 +217,6 @@ def test_broken_release_trips_the_error_gate_in_the_first_batch_and_everything_e
     state = load_state(at_v1.paths.journal_path)
     assert state is not None and "error rate" in state.reason
     assert "by status {500: " in state.reason, state.reason  # the warm-up names what its failures were
-
-
-def test_fifty_percent_slower_release_trips_the_p99_gate(at_v1: Sandbox) -> None:
-    with Load(at_v1.router_url):
-        r = at_v1.cli("rollout", "--to", "v2-slow", "--json")
-    doc = json_object(r)
-    assert r.returncode == 1 and doc["outcome"] == "rolled_back", r.stderr
-    p99_gate_breach(doc["batches"][0])
-    assert set(at_v1.versions().values()) == {"v1"} and len(at_v1.workers()) == REPLICAS
 
 
 def test_release_that_never_becomes_healthy_hits_the_health_timeout_and_rolls_back(at_v1: Sandbox) -> None:

@@ -20,13 +20,14 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from serving.fleet_http import FleetHttp, HttpFailure
-from serving.router.client import RouterClient
 from serving.runtime.agent import AGENT_USER_AGENT, BOOT_ID, Agent, AgentConfig
 from serving.runtime.reports import NodeReport, parse_report
 from serving.sandbox.processes import StateDir, free_port, free_port_block, stop_process
-from serving.sandbox.worker import SimulatedWorker, WorkerConfig, health_answer_bound_s
+from serving.sandbox.worker import SimulatedWorker
+from serving.sandbox.worker_config import WorkerConfig, health_answer_bound_s
 from serving.sandbox.worker_host import WORKERS_PATH, control, start_host
 from serving.sglang_health import HEALTH_POLL_S
+from tests.support.drain_waits import drain_waits
 
 # The agent's probe timeout must exceed a healthy /health (one poll period of SGLang's 1 s and its step): the bound the
 # sandbox gives it; the slow worker answers one poll after its 2.5 s delay, past it.
@@ -175,7 +176,7 @@ def test_one_report_per_node_says_what_each_replica_answered_and_reaches_every_c
     assert report.boot_id == BOOT_ID.read_text().strip() and 0 < report.seq < time.monotonic_ns()  # this boot's clock
     ready = probes["ready"]
     assert ready.ok and ready.error is None and ready.latency_s is not None
-    assert HEALTH_POLL_S <= ready.latency_s < PROBE_TIMEOUT_S  # SGLang's /health: one poll period at least
+    assert ready.latency_s >= HEALTH_POLL_S  # SGLang's /health: one poll period at least (ok: within the timeout)
     assert ready.gpu_utilization == pytest.approx(0.5)  # DCGM, averaged over its GPUs 0 and 1: (40 + 60) / 2 %
     assert ready.memory_usage == pytest.approx(0.5)  # DCGM frame buffer: 80,000 used of 160,000 MiB
     assert ready.running == 0 and ready.queued == 0
@@ -396,28 +397,9 @@ def test_wedged_scheduler_a_migration_does_not_wait_for_requests_that_never_fini
     requests in flight for ever, so the controller's drain before a migration waited all of rollout.drain_timeout_s
     (restoration 30.6 s against 27 s). The drain now waits only while the replica's /health (its scheduler) answers;
     a request longer than a health check on a healthy replica is waited for."""
-    config = WorkerConfig(
-        port=1, model_path=str(tmp_path / "model"), latency_ms=600.0, jitter_ms=0.0, health_poll_s=0.1,
-        health_timeout_s=0.3,
-    )  # fmt: skip
-    worker = SimulatedWorker(config)
-
-    async def run() -> tuple[float, float]:
-        async with TestClient(TestServer(worker.build_app())) as client, RouterClient("http://127.0.0.1:1", "") as rc:
-            url = str(client.make_url("")).rstrip("/")
-            finishing = asyncio.create_task(client.post("/generate", json={"text": "a"}))
-            await asyncio.sleep(0.1)
-            waited_s = await rc.wait_until_idle(url, timeout_s=10, while_healthy=True)  # the request ends: waited for
-            await finishing
-            await client.put("/sim/fault", json={"wedged": True})
-            held = asyncio.create_task(client.post("/generate", json={"text": "a"}))
-            await asyncio.sleep(0.1)
-            started = time.monotonic()
-            with pytest.raises(TimeoutError, match="/health_generate answers 503"):
-                await rc.wait_until_idle(url, timeout_s=10, while_healthy=True)
-            gave_up_s = time.monotonic() - started
-            held.cancel()
-        return waited_s, gave_up_s
-
-    waited_s, gave_up_s = asyncio.run(run())
-    assert 0.3 < waited_s < 1.5 and 0.3 <= gave_up_s < 1.0, (waited_s, gave_up_s)
+    waits = drain_waits(tmp_path)
+    # the request on the healthy replica was in flight when the wait began, and ended (200) before it returned
+    assert waits.finished == 200, waits
+    # the wedged replica's wait gave up on its health, not on its timeout (the patience); how soon (within a health
+    # check, 1 s) is the rehearsal's: tests/rehearsal/test_runtime_timing.py
+    assert "/health_generate answers 503" in waits.gave_up and "will not finish" in waits.gave_up, waits

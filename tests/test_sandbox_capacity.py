@@ -43,12 +43,11 @@ def calibration_hosts(under: Path) -> list[str]:
 def test_costs_are_measured_with_the_real_worker_host_and_agent_which_are_gone_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The calibration measures both costs (what they come to against their bounds is the rehearsal's:
+    tests/rehearsal/test_capacity.py), turns them into the machine's speed, and leaves no worker host behind."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the calibration's temporary directory goes here
     costs = capacity.measure_costs(workers=16, probes=400)
-    assert 0 < costs.request_ms < 50 and 0 < costs.probe_ms < 200, costs
-    # an agent's probe is two requests plus parsing /metrics on the agent's side: it costs more than one request
-    # costs the worker host
-    assert costs.probe_ms > costs.request_ms, costs
+    assert costs.request_ms > 0 and costs.probe_ms > 0, costs
     assert costs.speed == pytest.approx(costs.probe_ms / capacity.REFERENCE_PROBE_MS)
     assert calibration_hosts(tmp_path) == []
 

@@ -15,14 +15,12 @@ import itertools
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -45,7 +43,7 @@ from serving.router.client import (
     RouterClient,
     WorkerInfo,
 )
-from serving.router.loadgen import LoadGenerator, LoadReport, LoadSpec, RequestResult, run_load
+from serving.router.loadgen import LoadGenerator, LoadReport, LoadSpec, RequestResult
 from serving.sandbox.processes import (
     Kind,
     ProcessRecord,
@@ -61,28 +59,25 @@ from serving.sandbox.processes import (
     stop_all,
     stop_process,
 )
-from serving.sandbox.worker import WorkerConfig, health_answer_bound_s, parse_config
-from serving.spec.schema import FleetSpec
+from serving.sandbox.worker_config import WorkerConfig, health_answer_bound_s, parse_config
 from tests.support.exposition import comparable, reference
-from tests.support.sandbox import Sandbox, running_sandbox, until_each
+from tests.support.patience import PATIENCE_S, eventually
+from tests.support.router_sandbox import (
+    TWO_WORKERS,
+    kill_a_loaded_worker,
+    listed_healthy,
+    load,
+    never_ready_registration,
+    removal_and_readdition,
+    run,
+    sigterm_drain,
+    worker_latency_median_s,
+    worker_requests,
+)
+from tests.support.sandbox import Sandbox, running_sandbox
 from tests.support.smg import DRAIN_SETTLE_S
 
-T = TypeVar("T")
 INJECTED_ERRORS = "sim_worker_injected_errors_total"
-
-
-# Two simulated workers behind the real router, round robin, health probed every second; 5 ms simulated latency
-# (scheduling noise aside, the requests' own time stays small next to the load tests' rates). The router takes
-# serving.failure_threshold for both its health checker and its circuit breaker: 5 consecutive failures keep a
-# 5 % error rate from opening the breaker (p ≈ 1e-4 over a 600-request run) at the cost of a slower detection.
-# The 1 s timeout is below checks.rules' health minimum on purpose: the stack is never checked, only run.
-TWO_WORKERS: dict[str, Any] = {
-    "scheduler.strategy": "round_robin",
-    "serving.heartbeat_interval_s": 1,
-    "serving.health_check_timeout_s": 1,
-    "serving.failure_threshold": 5,
-    "sandbox.versions.v1.latency_ms": 5,
-}
 
 
 @pytest.fixture(scope="session")
@@ -93,35 +88,6 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     """
     with running_sandbox(tmp_path_factory.mktemp("sandbox"), replicas=2, changes=TWO_WORKERS) as box:
         yield box
-
-
-def detection_budget_s(spec: FleetSpec) -> float:
-    """How long the router's health checker may take to mark a dead worker unhealthy: interval × threshold +
-    one probe's timeout, plus 1.5 s of slack for a loaded machine."""
-    serving = spec.serving
-    return serving.heartbeat_interval_s * serving.failure_threshold + serving.health_check_timeout_s + 1.5
-
-
-def run(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    return asyncio.run(factory())
-
-
-async def worker_requests(rc: RouterClient, url: str) -> float:
-    return (await rc.worker_metrics(url)).value(WORKER_REQUESTS)
-
-
-async def listed_healthy(rc: RouterClient, url: str, *, timeout_s: float) -> WorkerInfo:
-    """Poll the router's list until ``url`` is in it healthy: for a worker the test did not add (no id known)."""
-    deadline = time.monotonic() + timeout_s
-    while (worker := await rc.find_worker(url)) is None or not worker.is_healthy:
-        assert time.monotonic() < deadline, f"{url} not listed healthy after {timeout_s} s: {worker}"
-        await asyncio.sleep(0.1)
-    return worker
-
-
-async def load(url: str, rate: float, count: int) -> LoadReport:
-    """Exactly ``count`` requests at ``rate`` per second."""
-    return await run_load(LoadSpec(url, rate, duration_s=count / rate, max_requests=count))
 
 
 # ----- the router in front of two workers ----------------------------------------------------------
@@ -171,47 +137,26 @@ def test_requests_through_the_router_reach_both_workers(sandbox: Sandbox) -> Non
 
 @pytest.mark.slow
 def test_delete_stops_traffic_to_a_worker_and_readding_restores_it(sandbox: Sandbox) -> None:
+    """smg drains: out of routing at once (draining, health 0), gone from the registry after drain_settle_secs (not
+    before; how soon after is the rehearsal's: tests/rehearsal/test_router_timing.py)."""
     kept, removed = sandbox.configs
-
-    async def body() -> None:
-        async with sandbox.client() as rc:
-            target = await rc.find_worker(removed.url)
-            assert target is not None
-            started = time.monotonic()
-            await rc.remove_worker(target.id)
-            draining = await rc.get_worker(target.id)
-            health_while_draining = (await rc.metrics()).worker_gauge(ROUTER_WORKER_HEALTH).get(removed.url)
-            before = {c.url: await worker_requests(rc, c.url) for c in sandbox.configs}
-            report = await load(sandbox.router_url, 200, 30)
-            during = {c.url: await worker_requests(rc, c.url) for c in sandbox.configs}
-            await rc.wait_for_removal(target.id, timeout_s=DRAIN_SETTLE_S + 5)
-            removal_s = time.monotonic() - started
-            health_after_removal = (await rc.metrics()).worker_gauge(ROUTER_WORKER_HEALTH)
-
-            readded_id = await rc.add_worker(removed.url)
-            await rc.wait_for_worker(readded_id, timeout_s=10)
-            with pytest.raises(RouterApiError, match=r"409.*WORKER_ALREADY_EXISTS"):
-                await rc.add_worker(removed.url)
-            report_back = await load(sandbox.router_url, 200, 40)
-            after = {c.url: await worker_requests(rc, c.url) for c in sandbox.configs}
-            listed = await rc.list_workers()
-
-        # smg drains: out of routing at once (draining, health 0), gone from the registry after drain_settle_secs.
-        assert draining is not None and (draining.status, draining.is_healthy) == ("draining", False)
-        assert draining.job_status is not None and draining.job_status.job_type == "RemoveWorker"
-        assert health_while_draining == 0.0
-        assert DRAIN_SETTLE_S <= removal_s < DRAIN_SETTLE_S + 3
-        assert report.status_counts == {200: 30}
-        assert during[removed.url] - before[removed.url] == 0
-        assert during[kept.url] - before[kept.url] == 30
-        assert removed.url not in health_after_removal  # the series goes with the worker (0.3.2 left it at -1)
-        # A re-added worker gets a new id; adding a URL that is registered is refused (409), adds nothing.
-        assert readded_id != target.id
-        assert sorted(w.url for w in listed) == sorted(c.url for c in sandbox.configs)
-        assert report_back.status_counts == {200: 40}
-        assert after[removed.url] - during[removed.url] == 20
-
-    run(body)
+    seen = removal_and_readdition(sandbox)
+    draining, target = seen["draining"], seen["target"]
+    before, during, after = seen["before"], seen["during"], seen["after"]
+    assert draining is not None and (draining.status, draining.is_healthy) == ("draining", False)
+    assert draining.job_status is not None and draining.job_status.job_type == "RemoveWorker"
+    assert seen["health_while_draining"] == 0.0
+    assert seen["removal_s"] >= DRAIN_SETTLE_S
+    assert seen["report"].status_counts == {200: 30}
+    assert during[removed.url] - before[removed.url] == 0
+    assert during[kept.url] - before[kept.url] == 30
+    assert removed.url not in seen["health_after_removal"]  # the series goes with the worker (0.3.2 left it at -1)
+    # A re-added worker gets a new id; adding a URL that is registered is refused (409), adds nothing.
+    assert seen["readded_id"] != target.id
+    assert re.search(r"409.*WORKER_ALREADY_EXISTS", seen["added_again"]), seen["added_again"]
+    assert sorted(w.url for w in seen["listed"]) == sorted(c.url for c in sandbox.configs)
+    assert seen["report_back"].status_counts == {200: 40}
+    assert after[removed.url] - during[removed.url] == 20
 
 
 @pytest.mark.slow
@@ -270,7 +215,7 @@ def test_injected_5xx_are_retried_by_the_router_and_reach_clients_only_without_r
 
     async def body() -> tuple[LoadReport, MetricsSnapshot, MetricsSnapshot, float, LoadReport, float, float]:
         async with sandbox.client() as rc:
-            await listed_healthy(rc, flaky.url, timeout_s=15)
+            await listed_healthy(rc, flaky.url)
             errors_0 = (await rc.worker_metrics(flaky.url)).value(INJECTED_ERRORS)
             before = await rc.metrics()
             with_retries = await load(sandbox.router_url, 300, 600)
@@ -317,7 +262,7 @@ def test_injected_5xx_are_retried_by_the_router_and_reach_clients_only_without_r
 
 async def _wait_healthy(sandbox: Sandbox, url: str) -> None:
     async with sandbox.client() as rc:
-        await listed_healthy(rc, url, timeout_s=15)
+        await listed_healthy(rc, url)
 
 
 @pytest.mark.slow
@@ -357,7 +302,8 @@ def test_load_generator_agrees_with_the_routers_prometheus_counters(sandbox: San
     client_extra_s = (sum(r.latency_s for r in report.results) - histogram.sum) / report.count
     assert client_extra_s >= 0
     lower, upper = _bucket_around(histogram, report.p50_s)
-    assert abs(histogram.quantile(0.5) - report.p50_s) <= upper - lower + client_extra_s
+    gap = abs(histogram.quantile(0.5) - report.p50_s)
+    assert gap <= upper - lower + client_extra_s  # not a timing judgment: two readings of the same requests agree
 
 
 def _bucket_around(histogram: HistogramSnapshot, value: float) -> tuple[float, float]:
@@ -380,16 +326,22 @@ def test_delete_cannot_cancel_a_pending_registration(sandbox: Sandbox) -> None:
         async with sandbox.client() as rc:
             worker_id = await rc.add_worker(warming.url)
             await rc.remove_worker(worker_id)
-            started = time.monotonic()
-            while (job := await rc.get_worker(worker_id)) is not None and job.job_status is not None:
-                if job.job_status.job_type == "RemoveWorker" and job.job_status.status == "failed":
-                    break
-                assert time.monotonic() - started < 5, "removal job never finished"
-                await asyncio.sleep(0.05)
+            last: list[WorkerInfo | None] = []
+
+            async def removal_failed() -> bool:
+                last[:] = [job := await rc.get_worker(worker_id)]
+                return (
+                    job is None
+                    or job.job_status is None
+                    or (job.job_status.job_type == "RemoveWorker" and job.job_status.status == "failed")
+                )
+
+            await eventually(removal_failed, what="the removal job to finish", seen=lambda: last)
+            job = last[0]
             assert job is not None and job.job_status is not None
-            joined = await rc.wait_for_worker(worker_id, timeout_s=10)
+            joined = await rc.wait_for_worker(worker_id, timeout_s=PATIENCE_S)
             await rc.remove_worker(joined.id)
-            await rc.wait_for_removal(joined.id, timeout_s=DRAIN_SETTLE_S + 5)
+            await rc.wait_for_removal(joined.id, timeout_s=PATIENCE_S)
             # removed already (the drain ended): smg answers 404, which a removal takes as done
             assert await rc.remove_worker(joined.id) is False
         return job.job_status.status, job.job_status.message, joined.is_healthy
@@ -403,44 +355,16 @@ def test_delete_cannot_cancel_a_pending_registration(sandbox: Sandbox) -> None:
 
 
 @pytest.mark.slow
-def test_killed_worker_is_marked_unhealthy_within_the_health_budget_and_retried(sandbox: Sandbox) -> None:
+def test_killed_worker_is_marked_unhealthy_and_retried(sandbox: Sandbox) -> None:
     """SIGKILL (a crash, requests in flight cut): the router retries them elsewhere, clients see no
     error, and the health checker (serving.heartbeat_interval_s × serving.failure_threshold, 1 s × 5)
-    marks the worker unhealthy within its budget."""
-    budget_s = detection_budget_s(sandbox.spec)
-    (port,) = free_ports(1)
-    victim = replace(sandbox.configs[0], port=port, version="victim", latency_ms=300, jitter_ms=0)
-    record = start_worker(sandbox.processes, f"worker-{port}", victim)
-
-    async def body() -> tuple[float, LoadReport, float, bool]:
-        async with sandbox.client() as rc:
-            victim_id = await rc.add_worker(victim.url)
-            await rc.wait_for_worker(victim_id, timeout_s=10)
-            before = await rc.metrics()
-            generator = LoadGenerator(LoadSpec(sandbox.router_url, 60, duration_s=4.0, max_requests=240))
-            task = asyncio.create_task(generator.run())
-            await asyncio.sleep(1.0)
-            os.kill(record.pid, signal.SIGKILL)
-            killed = time.monotonic()
-            while (worker := await rc.get_worker(victim_id)) is not None and worker.is_healthy:
-                assert time.monotonic() - killed < 2 * budget_s, "router never marked the killed worker unhealthy"
-                await asyncio.sleep(0.05)
-            detected_s = time.monotonic() - killed
-            report = await task
-            retries = (await rc.metrics()).value(ROUTER_WORKER_RETRIES) - before.value(ROUTER_WORKER_RETRIES)
-            still_listed = worker is not None
-            await rc.remove_worker(victim_id)
-            await rc.wait_for_removal(victim_id, timeout_s=DRAIN_SETTLE_S + 5)
-        return detected_s, report, retries, still_listed
-
-    try:
-        detected_s, report, retries, still_listed = run(body)
-    finally:
-        stop_process(sandbox.processes, f"worker-{port}")
-    assert 0.5 <= detected_s <= budget_s
-    assert still_listed  # unhealthy workers stay registered; only DELETE removes them
-    assert report.errors == 0 and report.count == 240
-    assert retries >= 1
+    marks the worker unhealthy, not at once; within its budget is the rehearsal's
+    (tests/rehearsal/test_router_timing.py)."""
+    killed = kill_a_loaded_worker(sandbox)
+    assert killed.detected_s >= 0.5  # not at the first failed check
+    assert killed.still_listed  # unhealthy workers stay registered; only DELETE removes them
+    assert killed.report.errors == 0 and killed.report.count == 240
+    assert killed.retries >= 1
 
 
 # ----- worker behaviour -----------------------------------------------------------------------------
@@ -465,8 +389,9 @@ def test_worker_metrics_parse_with_sglang_names(sandbox: Sandbox) -> None:
     assert {s.labels["model_name"] for s in snapshot.select(WORKER_REQUESTS)} == {model}
     latency = snapshot.histogram(WORKER_E2E_LATENCY)
     assert latency.count == snapshot.value(WORKER_REQUESTS) > 0
-    configured_s = config.latency_ms / 1000  # ± config.jitter_ms, plus event-loop delay
-    assert 0.8 * configured_s <= latency.quantile(0.5) <= 4 * configured_s
+    # the configured latency is honoured (± config.jitter_ms); by how much the event loop adds to it: the rehearsal's
+    median_s, configured_s = worker_latency_median_s(url, text), config.latency_ms / 1000
+    assert median_s >= 0.8 * configured_s  # not a timing judgment: a lower bound, the configured latency
     [idle] = httpx.get(url + "/v1/loads", timeout=5).json()["loads"]
     assert (idle["num_running_reqs"], idle["num_waiting_reqs"], idle["queues"]["waiting"]) == (0, 0, 0)
     [core] = httpx.get(url + "/v1/loads", params={"include": "core"}, timeout=5).json()["loads"]
@@ -515,61 +440,28 @@ def test_worker_start_up_follows_sglang_port_closed_then_503_then_200(tmp_path: 
 
 @pytest.mark.slow
 def test_sigterm_drains_in_flight_requests_before_the_worker_exits(tmp_path: Path) -> None:
-    state = StateDir(tmp_path / "state")
-    (port,) = free_ports(1)
-    config = WorkerConfig(port=port, latency_ms=1500, jitter_ms=0, model_path=str(tmp_path / "model"))
-    start_worker(state, "w", config)
-
-    async def body() -> tuple[int, float, bool]:
-        async with httpx.AsyncClient(timeout=10) as http:
-            request = asyncio.create_task(http.post(config.url + "/generate", json={"text": "hi"}))
-            # the SIGTERM once the worker holds the request (a fixed 0.3 s wait: on a loaded machine the request had
-            # not reached it, and the worker closed the connection it had not read a request on)
-            await until_each([config.url], busy=True)
-            assert not request.done(), "the 1.5 s request ended before the SIGTERM"
-            started = time.monotonic()
-            stopped = await asyncio.to_thread(stop_process, state, "w")
-            response = await request
-        return response.status_code, time.monotonic() - started, stopped
-
-    status, stop_s, stopped = run(body)
+    """The request in flight completes (200) and the stop waited for it; that the worker then exited at once (within
+    5 s, no SIGKILL needed) is the rehearsal's (tests/rehearsal/test_router_timing.py)."""
+    status, stop_s, stopped = sigterm_drain(tmp_path)
     assert stopped and status == 200
-    assert 0.9 <= stop_s < 5  # waited for the 1.5 s request, did not need SIGKILL
+    assert stop_s >= 0.9  # waited for the 1.5 s request
 
 
 @pytest.mark.slow
 def test_never_ready_worker_is_never_routed_and_its_registration_times_out(tmp_path: Path) -> None:
-    state = StateDir(tmp_path / "state")
-    ports = free_ports(3)
-    worker = WorkerConfig(port=ports[0], never_ready=True, model_path=str(tmp_path / "model"))
-    spec = RouterSpec(port=ports[1], prometheus_port=ports[2], worker_startup_timeout_secs=2)
-    start_worker(state, "never", worker, wait="listening")
-    router = start_router(state, spec.to_argv())
-
-    async def body() -> None:
-        async with RouterClient(router.url, router.metrics_url) as rc:
-            worker_id = await rc.add_worker(worker.url)
-            pending = await rc.get_worker(worker_id)
-            assert pending is not None and pending.job_status is not None
-            # queued or being worked: smg's job queue takes it up when a job worker is free (CI read "pending" once)
-            assert not pending.is_healthy and pending.job_status.status in ("pending", "processing"), pending
-            assert await rc.list_workers() == []
-            routed = await load(router.url, 50, 5)
-            started = time.monotonic()
-            # smg drops a registration job that gives up: the worker's id answers 404 (its log says why)
-            with pytest.raises(RouterApiError, match="dropped its registration"):
-                await rc.wait_for_worker(worker_id, timeout_s=10)
-            gave_up_s = time.monotonic() - started
-            assert await rc.list_workers() == []
-        assert routed.status_counts == {404: 5}  # smg: "No worker available for model" (model_not_found)
-        # --worker-startup-timeout-secs 2, asked every --worker-startup-check-interval (1 s), plus a loaded machine
-        assert gave_up_s < 2 + 1 + 3
-
-    try:
-        run(body)
-        assert httpx.get(worker.url + "/health", timeout=2).status_code == 503
-    finally:
-        stop_all(state)
+    """smg drops the registration (--worker-startup-timeout-secs 2): its id answers 404, its log says why, and the
+    worker got no traffic meanwhile. That it gives up within its start-up timeout, a check interval and a loaded
+    machine's slack is the rehearsal's (tests/rehearsal/test_router_timing.py)."""
+    seen = never_ready_registration(tmp_path)
+    pending = seen.pending
+    # queued or being worked: smg's job queue takes it up when a job worker is free (CI read "pending" once)
+    assert pending is not None and pending.job_status is not None
+    assert not pending.is_healthy and pending.job_status.status in ("pending", "processing"), pending
+    assert seen.listed_while_pending == [] and seen.listed_after == []
+    assert seen.routed.status_counts == {404: 5}  # smg: "No worker available for model" (model_not_found)
+    # smg drops a registration job that gives up: the worker's id answers 404 (its log says why)
+    assert "dropped its registration" in seen.gave_up, seen.gave_up
+    assert seen.health == 503
 
 
 @pytest.mark.slow
@@ -588,31 +480,29 @@ def test_health_probe_slower_than_the_router_timeout_takes_the_worker_out(tmp_pa
     start_worker(state, "slow-health", worker, wait="listening")
     routers = [start_router(state, spec.to_argv(), name=name) for name, spec in (("tight", tight), ("roomy", roomy))]
 
-    async def body() -> tuple[float, LoadReport, LoadReport, bool]:
+    async def body() -> tuple[LoadReport, LoadReport, bool]:
         async with (
             RouterClient(routers[0].url, routers[0].metrics_url) as tight_rc,
             RouterClient(routers[1].url, routers[1].metrics_url) as roomy_rc,
         ):
             tight_id = await tight_rc.add_worker(worker.url)
             roomy_id = await roomy_rc.add_worker(worker.url)
-            started = time.monotonic()
+            # the patience is past smg's own bound on a registration job (liveness: it gives up or hangs)
             with pytest.raises(RouterApiError, match="dropped its registration"):
-                await tight_rc.wait_for_worker(tight_id, timeout_s=15)
-            refused_after_s = time.monotonic() - started
-            await roomy_rc.wait_for_worker(roomy_id, timeout_s=15)
+                await tight_rc.wait_for_worker(tight_id, timeout_s=PATIENCE_S)
+            await roomy_rc.wait_for_worker(roomy_id, timeout_s=PATIENCE_S)
             via_tight = await load(routers[0].url, 20, 4)
             via_roomy = await load(routers[1].url, 20, 4)
             still = await roomy_rc.get_worker(roomy_id)
-        return refused_after_s, via_tight, via_roomy, still is not None and still.is_healthy
+        return via_tight, via_roomy, still is not None and still.is_healthy
 
-    try:
-        refused_after_s, via_tight, via_roomy, roomy_healthy = run(body)
-    finally:
-        stop_all(state)
     # smg's job queue ends a registration job at --worker-startup-timeout-secs + 30 s (workflow/job_queue.rs:325 at smg
     # main 73da68c); the detection step's own attempts, max(3, ⌈0.9 × 3 s / 1 s⌉) = 3 (workflow/steps/mod.rs:80-85),
-    # each a timed-out probe and a check interval, end it sooner (8.2 s seen on a loaded machine).
-    assert refused_after_s < 3 + 30
+    # each a timed-out probe and a check interval, end it sooner (8.2 s seen on a loaded machine)
+    try:
+        via_tight, via_roomy, roomy_healthy = run(body)
+    finally:
+        stop_all(state)
     assert via_tight.status_counts == {404: 4}  # no worker registered: smg's model_not_found
     assert via_roomy.status_counts == {200: 4} and roomy_healthy
 

@@ -16,27 +16,20 @@ error fault, had no wedged scheduler, and labelled its metrics ``model_name`` on
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving.render.sglang import server_env
 from serving.router.client import WORKER_QUEUED, WORKER_RUNNING
 from serving.runtime.agent import PROBED_METRICS
 from serving.sandbox.backend import worker_config
-from serving.sandbox.worker import (
-    HEALTH_CHECK_TIMEOUT_S,
-    HEALTH_MAX_NEW_TOKENS,
-    HEALTH_PATHS,
-    SimulatedWorker,
-    WorkerConfig,
-)
-from serving.sglang_health import HEALTH_ENDPOINT_GENERATION, HEALTH_PATH, HEALTH_POLL_S, SCHEDULER_HEALTH_PATH
+from serving.sandbox.worker import HEALTH_PATHS, SimulatedWorker
+from serving.sandbox.worker_config import HEALTH_CHECK_TIMEOUT_S, HEALTH_MAX_NEW_TOKENS, WorkerConfig
+from serving.sglang_health import HEALTH_ENDPOINT_GENERATION, HEALTH_PATH, HEALTH_POLL_S
 from serving.spec.stack import load_stack
 from tests.support.sglang_worker_facts import (
     SCHEDULER,
@@ -47,34 +40,24 @@ from tests.support.sglang_worker_facts import (
     health_facts,
     metric_families,
 )
+from tests.support.sim_worker import (
+    FLAP_STALL_S,
+    POLL_S,
+    TIMEOUT_S,
+    cheap_and_scheduler_health,
+    flapping_scheduler,
+    healthy_then_wedged,
+    make_worker,
+    timed_health,
+    with_client,
+)
 from tests.support.stacks import fleet_of
-
-POLL_S, TIMEOUT_S = 0.2, 0.6  # a shortened poll and timeout, so the test runs in seconds; the defaults are SGLang's
 
 
 @pytest.fixture(scope="module")
 def health(regenerated: Path) -> HealthFacts:
     del regenerated  # builds the SGLang venv on first use
     return health_facts()
-
-
-def _worker(tmp_path: Path, **changes: Any) -> SimulatedWorker:
-    fields: dict[str, Any] = {"health_poll_s": POLL_S, "health_timeout_s": TIMEOUT_S, "latency_ms": 5.0} | changes
-    return SimulatedWorker(WorkerConfig(port=1, model_path=str(tmp_path / "model"), **fields))
-
-
-def _with_client(worker: SimulatedWorker, body: Callable[[TestClient[Any, Any]], Awaitable[Any]]) -> Any:
-    async def run() -> Any:
-        async with TestClient(TestServer(worker.build_app())) as client:
-            return await body(client)
-
-    return asyncio.run(run())
-
-
-async def _timed_health(client: TestClient[Any, Any], path: str = "/health") -> tuple[int, float]:
-    started = time.monotonic()
-    response = await client.get(path)
-    return response.status, time.monotonic() - started
 
 
 def test_health_serves_sglang_s_paths_and_polls_as_it_does(health: HealthFacts) -> None:
@@ -89,26 +72,11 @@ def test_health_serves_sglang_s_paths_and_polls_as_it_does(health: HealthFacts) 
 def test_a_healthy_answer_takes_a_poll_period_and_needs_the_scheduler(tmp_path: Path, health: HealthFacts) -> None:
     """200 after one poll (SGLang: ≥ 1 s); with the scheduler wedged, 503 after the timeout while /model_info and
     /metrics answer and a generation does not complete; healthy again once the scheduler runs."""
-    worker = _worker(tmp_path)
-
-    async def body(client: TestClient[Any, Any]) -> dict[str, Any]:
-        seen: dict[str, Any] = {"healthy": [await _timed_health(client, p) for p in sorted(health.paths)]}
-        await client.put("/sim/fault", json={"wedged": True})
-        generation = asyncio.create_task(client.post("/generate", json={"text": "hello"}))
-        seen["wedged"] = await _timed_health(client)
-        seen["model_info"] = (await client.get("/model_info")).status
-        seen["metrics"] = (await client.get("/metrics")).status
-        seen["generation_done"] = generation.done()
-        await client.delete("/sim/fault")
-        seen["generation"] = (await generation).status
-        seen["again"] = await _timed_health(client)
-        return seen
-
-    seen = _with_client(worker, body)
+    seen = healthy_then_wedged(tmp_path, health.paths)
     for status, took in seen["healthy"]:
         assert status == 200 and took >= POLL_S, seen
     status, took = seen["wedged"]
-    assert status == 503 and TIMEOUT_S <= took < TIMEOUT_S + POLL_S + 0.5, seen
+    assert status == 503 and took >= TIMEOUT_S, seen  # not before its timeout; how soon after: the rehearsal's
     assert (seen["model_info"], seen["metrics"], seen["generation_done"]) == (200, 200, False), seen
     assert seen["generation"] == 200 and seen["again"][0] == 200, seen
 
@@ -125,20 +93,9 @@ def test_health_without_generation_is_sglang_s_switch_and_what_the_sandbox_runs(
     rendered = server_env(fleet, fleet.plan.replicas[0])["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"]
     assert rendered == str(HEALTH_ENDPOINT_GENERATION).lower() == "false"
     assert worker_config(spec, fleet.plan.replicas[0], "v1").health_generation is HEALTH_ENDPOINT_GENERATION
-    worker = _worker(tmp_path, health_generation=False)
-
-    async def body(client: TestClient[Any, Any]) -> dict[str, Any]:
-        seen: dict[str, Any] = {
-            "cheap": await _timed_health(client),
-            "scheduler": await _timed_health(client, SCHEDULER_HEALTH_PATH),
-        }
-        await client.put("/sim/fault", json={"wedged": True})
-        seen["wedged_cheap"] = await _timed_health(client)
-        seen["wedged_scheduler"] = await _timed_health(client, SCHEDULER_HEALTH_PATH)
-        return seen
-
-    seen = _with_client(worker, body)
-    assert seen["cheap"][0] == 200 and seen["cheap"][1] < POLL_S, seen
+    seen = cheap_and_scheduler_health(tmp_path)
+    # the cheap check needs no scheduler (200 with it wedged); that it answers within a poll: the rehearsal's
+    assert seen["cheap"][0] == 200, seen
     assert seen["scheduler"][0] == 200 and seen["scheduler"][1] >= POLL_S, seen
     assert seen["wedged_cheap"][0] == 200 and seen["wedged_scheduler"][0] == 503, seen
 
@@ -146,18 +103,18 @@ def test_health_without_generation_is_sglang_s_switch_and_what_the_sandbox_runs(
 def test_health_answers_only_what_sglang_answers_in_every_state(tmp_path: Path, health: HealthFacts) -> None:
     """Starting, ready, every fault (the error fault included, which answered 500 before), shutting down."""
     codes: set[int] = set()
-    starting = _worker(tmp_path, warmup_s=60.0)
+    starting = make_worker(tmp_path, warmup_s=60.0)
 
     async def warming(client: TestClient[Any, Any]) -> None:
         codes.add((await client.get("/health")).status)
 
-    _with_client(starting, warming)
-    worker = _worker(tmp_path)
+    with_client(starting, warming)
+    worker = make_worker(tmp_path)
     faults = [
         {"errors": True},
         {"generation_errors": True},
         {"wedged": True},
-        {"flap_stall_s": TIMEOUT_S + POLL_S},
+        {"flap_stall_s": FLAP_STALL_S},
         {"delay_ms": 10.0},
         {"token_usage": 0.99},
     ]
@@ -171,21 +128,21 @@ def test_health_answers_only_what_sglang_answers_in_every_state(tmp_path: Path, 
         worker.begin_shutdown()
         codes.add((await client.get("/health")).status)
 
-    _with_client(worker, each)
+    with_client(worker, each)
     assert codes == health.status_codes == {200, 503}
 
 
 def test_generation_errors_leave_health_fine(tmp_path: Path, health: HealthFacts) -> None:
     """The scheduler runs, so SGLang's /health answers 200 while every generation fails."""
     del health
-    worker = _worker(tmp_path)
+    worker = make_worker(tmp_path)
 
     async def body(client: TestClient[Any, Any]) -> tuple[list[int], tuple[int, float], str]:
         await client.put("/sim/fault", json={"generation_errors": True})
         failed = [(await client.post("/generate", json={"text": "hello"})).status for _ in range(3)]
-        return failed, await _timed_health(client), await (await client.get("/metrics")).text()
+        return failed, await timed_health(client), await (await client.get("/metrics")).text()
 
-    failed, (status, took), text = _with_client(worker, body)
+    failed, (status, took), text = with_client(worker, body)
     assert failed == [500, 500, 500] and status == 200 and took >= POLL_S
     [injected] = [f for f in text_string_to_metric_families(text) if f.name == "sim_worker_injected_errors"]
     assert sum(s.value for s in injected.samples if s.name.endswith("_total")) == 3
@@ -199,30 +156,13 @@ def test_a_flapping_scheduler_stalls_at_every_other_check_failing_it_and_holding
     the 2nd, 4th … answer 200 after their poll; the cheap ``/health`` (generation off, as rendered) answers at once;
     without the fault every check passes. Before this change the fault answered 503 while generations flowed, a
     state SGLang cannot be in: its check passes on any request's output."""
-    stall = TIMEOUT_S + POLL_S
-    worker = _worker(tmp_path, health_generation=False)
-
-    async def body(client: TestClient[Any, Any]) -> dict[str, Any]:
-        seen: dict[str, Any] = {"before": await _timed_health(client, SCHEDULER_HEALTH_PATH)}
-        await client.put("/sim/fault", json={"flap_stall_s": stall})
-        first = asyncio.create_task(_timed_health(client, SCHEDULER_HEALTH_PATH))
-        await asyncio.sleep(0.05)  # the check has stalled the scheduler: a generation now waits it out
-        started = time.monotonic()
-        seen["generation"] = ((await client.post("/generate", json={"text": "hello"})).status, 0.0)
-        seen["generation"] = (seen["generation"][0], time.monotonic() - started)
-        seen["first"] = await first
-        seen["cheap"] = await _timed_health(client, HEALTH_PATH)
-        seen["checks"] = [(await _timed_health(client, SCHEDULER_HEALTH_PATH))[0] for _ in range(4)]
-        await client.delete("/sim/fault")
-        seen["after"] = [(await _timed_health(client, SCHEDULER_HEALTH_PATH))[0] for _ in range(2)]
-        return seen
-
-    seen = _with_client(worker, body)
+    seen = flapping_scheduler(tmp_path)
     assert seen["before"][0] == 200, seen
     assert seen["first"][0] == 503 and seen["first"][1] >= TIMEOUT_S, seen  # no output for its whole timeout
     status, took = seen["generation"]
-    assert status == 200 and took >= stall - 0.05 - 0.1, seen  # held up until the stall ended
-    assert seen["cheap"][0] == 200 and seen["cheap"][1] < POLL_S, seen
+    assert status == 200 and took >= FLAP_STALL_S - 0.05 - 0.1, seen  # held up until the stall ended
+    # the cheap check answered during the stall, before the stalled check; within a poll: the rehearsal's
+    assert seen["cheap"][0] == 200 and seen["order"] == ["cheap", "first"], seen
     assert seen["checks"] == [200, 503, 200, 503], seen
     assert seen["after"] == [200, 200], seen
 
@@ -232,7 +172,7 @@ def _exported(worker: SimulatedWorker) -> dict[str, Any]:
         await asyncio.gather(*(client.post("/generate", json={"text": "a b", "priority": p}) for p in (1, 2, 2)))
         return await (await client.get("/metrics")).text()
 
-    return {f.name: f for f in text_string_to_metric_families(_with_client(worker, body))}
+    return {f.name: f for f in text_string_to_metric_families(with_client(worker, body))}
 
 
 def _declared(families: dict[str, MetricFamily], name: str, kind: str) -> MetricFamily:
@@ -248,7 +188,7 @@ def test_metrics_carry_sglang_s_names_and_label_sets(
 ) -> None:
     del health
     families, own = metric_families(), collector_labels()
-    exported = _exported(_worker(tmp_path, priority_scheduling=priority, dp_size=dp_size))
+    exported = _exported(make_worker(tmp_path, priority_scheduling=priority, dp_size=dp_size))
     sglang = {name: f for name, f in exported.items() if name.startswith("sglang:")}
     assert {n.removesuffix("_total") for n in PROBED_METRICS} <= set(sglang)
 

@@ -9,6 +9,7 @@ whatever its start time) holding a tiny model directory.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -23,9 +24,10 @@ from typing import Any
 
 import yaml
 
+from tests.support.hosts.faults import HostFaults
 from tests.support.hosts.netns import HostFleet
 from tests.support.paths import REPO
-from tests.support.stacks import merge
+from tests.support.stacks import merge, write_stack
 
 ANSIBLE_DIR = REPO / "ansible"
 CONTAINER_DATA = REPO / "tests" / "data" / "container"
@@ -179,3 +181,77 @@ def run_playbook(
         check=False,
     )
     return PlaybookRun(proc.returncode, proc.stdout + proc.stderr, time.monotonic() - started)
+
+
+# ----- the ten-host scenario: tests/test_preflight_hosts.py (what each host's checks say, the exit code) and
+# tests/rehearsal/test_hosts.py (how long the run took) ----------------------------------------------------------------
+# Test host -> (faults, checks that must fail on it, words its fix must contain).
+SCENARIOS: dict[str, tuple[HostFaults, set[str], str | None]] = {
+    "node01": (HostFaults(), set(), None),
+    "node02": (HostFaults(ib_down=("mlx5_3",)), {"ib_ports"}, "reseat or replace the cable"),
+    "node03": (HostFaults(ib_rate_gbps=200), {"ib_rate"}, "linked below 400 Gb/s"),
+    "node04": (HostFaults(clock_offset_s=0.25), {"ntp_offset"}, "chronyc makestep"),
+    "node05": (HostFaults(cgroup_v2=False), {"cgroup_v2"}, "systemd.unified_cgroup_hierarchy=1"),
+    "node06": (HostFaults(old_kernel=True), {"kernel"}, "Boot a kernel >= 5.15"),
+    "node07": (HostFaults(unreachable=True), {"ssh"}, "does not answer SSH"),
+    "node08": (HostFaults(), set(), None),
+    # One port of one HCA slow, the rest at the link rate: ib_rate must not pass on the fastest port.
+    "node09": (HostFaults(ib_port_rates=(("mlx5_2", 1, 200),)), {"ib_rate"}, "linked below 400 Gb/s"),
+    # nvidia-smi hangs (a wedged GPU): the probe kills it after its timeout, only the GPU checks fail.
+    "node10": (HostFaults(hangs=("nvidia-smi",)), {"gpu_count", "gpu_product", "gpu_memory", "driver", "cuda"}, "Xid"),
+}
+PROBE_TIMEOUT_S = 5
+CONNECT_TIMEOUT_S = 5
+# How long the scenario's run may take: one connect timeout for the dead node and one probe timeout for the hung
+# tool, the rest in parallel; generous for 2 loaded cores (judged in the rehearsal only)
+SCENARIO_RUN_TARGET_S = 150
+
+
+@dataclass(frozen=True)
+class Deployed:
+    fleet: HostFleet
+    stack: Path
+    inventory: Path
+    names: dict[str, str]  # spec node name -> test host name
+
+    def spec_name(self, host: str) -> str:
+        return next(n for n, h in self.names.items() if h == host)
+
+
+def deploy(fleet: HostFleet, store: ModelStore, directory: Path, **sections: Any) -> Deployed:
+    install_container_stubs(fleet)
+    stack = write_stack(directory / "Pulumi.test.yaml", fleet_stack_doc(fleet, store, **sections))
+    return Deployed(fleet, stack, write_inventory(directory, stack, fleet), node_names(fleet, stack))
+
+
+def scenario_fleet(ssh_hosts: Any) -> HostFleet:
+    """The ten hosts of :data:`SCENARIOS`, each with its faults (``ssh_hosts``: tests/conftest.py's pool)."""
+    return ssh_hosts(len(SCENARIOS), {h: f for h, (f, _, _) in SCENARIOS.items() if f != HostFaults()})
+
+
+@dataclass(frozen=True)
+class Outcome:
+    run: PlaybookRun
+    report: dict[str, Any]
+
+
+def run_scenario(scenario: Deployed, out: Path) -> Outcome:
+    """One ansible-playbook preflight.yml over all ten scenario hosts, as users run it; its report lands in ``out``.
+    run_playbook's timeout (300 s) is the patience: a run that long has hung."""
+    run = run_playbook(
+        "preflight.yml",
+        scenario.inventory,
+        out,
+        "-e",
+        f"preflight_report_path={out}/report.json",
+        "-e",
+        f"preflight_ssh_probe_timeout_s={PROBE_TIMEOUT_S}",
+        # The test hosts are veths on one 2-core machine that runs all their probes at once: pings there average
+        # 2–4 ms with 20 ms spikes, above the 2 ms a rack's fabric must meet. These scenarios attribute faults
+        # (no host here adds latency), so the average-RTT limit is the machine's, not the datacentre's.
+        "-e",
+        "preflight_connectivity_max_avg_rtt_ms=50",
+        env={"ANSIBLE_TIMEOUT": str(CONNECT_TIMEOUT_S)},
+    )
+    assert (out / "report.json").exists(), run.output[-4000:]
+    return Outcome(run, json.loads((out / "report.json").read_text()))

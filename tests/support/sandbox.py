@@ -31,7 +31,7 @@ from serving.router.client import WORKER_QUEUED, WORKER_RUNNING, MetricsSnapshot
 from serving.router.loadgen import LoadGenerator, LoadReport, LoadSpec
 from serving.sandbox.backend import worker_name
 from serving.sandbox.processes import StateDir, free_port_block
-from serving.sandbox.worker import WorkerConfig, parse_config
+from serving.sandbox.worker_config import WorkerConfig, parse_config
 from serving.sandbox.worker_host import config_from_json
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack_file, spec_document
@@ -165,6 +165,11 @@ GATED: dict[str, Any] = {
     "rollout.health_timeout_s": 10,
     "rollout.drain_timeout_s": 10,
 }
+# The CI suite's rollouts measure the QPS and P99 gates and journal what they found, but do not enforce them
+# (rollout.dry_run_gates, Argo Rollouts' analysis dryRun): on a shared 2-core machine a batch's throughput and latency
+# are the machine's, not the release's. The error, health and KV pool gates stay enforced. The rehearsal
+# (tests/rehearsal/test_rollout_gates.py, scripts/rehearse.sh) runs the same rollouts with every gate enforced.
+DRY_RUN_GATES: dict[str, Any] = {"rollout.dry_run_gates": ["qps", "p99"]}
 
 
 class Load:
@@ -194,9 +199,9 @@ class Load:
 def p99_gate_breach(batch: Mapping[str, Any]) -> str:
     """The evidence of a batch rolled back by the P99 gate on its canary, asserted: the tail (the P99 more than 30 %
     over the reference's, with the requests over its bound counted) or, when load had inflated the reference's P99,
-    the bulk (the median more than 30 % over: the whole distribution moved; ``p99_check`` in serving/rollout/gates.py
-    documents both). CI saw the bulk twice on a release 50 % slower on every request: its P99 28 % over a loaded
-    baseline's, and 57 % under peers whose P99 a loaded moment had taken to 400 ms."""
+    the bulk (the median more than 30 % over: the whole distribution moved; ``p99_check`` in
+    serving/rollout/gates/findings.py documents both). CI saw the bulk twice on a release 50 % slower on every request:
+    its P99 28 % over a loaded baseline's, and 57 % under peers whose P99 a loaded moment had taken to 400 ms."""
     verdict = batch["verdict"]
     assert batch["passed"] is False and verdict["decision"] == "rollback", batch
     breach = str(verdict["evidence"][0])
