@@ -55,7 +55,7 @@ for ((i = 1; i <= runs; i++)); do
   line="run $i of $runs at $head$( ((load)) && echo ", stress-ng --cpu 2 beside it"): $verdict in $wall s; log $logs/run-$i.log"
   echo "$line"
   summary+=("$line")
-  grep -E "^== pytest: .*exit|^== test.sh:|passed|failed" "$logs/run-$i.log" | tail -n 8 | sed 's/^/    /'
+  { grep -E "^== pytest: .*exit|^== test.sh:|passed|failed" "$logs/run-$i.log" || true; } | tail -n 8 | sed 's/^/    /'
   chmod -R u+w "$run/shared"
   ((keep)) || rm -rf "$run"
 done

@@ -37,16 +37,23 @@ export EXASERVE_REHEARSAL_OUT="$out/records"
 tests=0
 pytest -q -p no:cacheprovider -m rehearsal --durations=10 --junitxml="$out/pytest-rehearsal.xml" tests/rehearsal "$@" \
   || tests=$?
+not_run=()
+(($#)) && not_run+=("tests/rehearsal/ selected by: $*")
 if ((scale)); then
   echo "== scale rehearsal (bench/scale_bench.py at the largest size this machine holds)"
   PYTHONPATH=. python bench/scale_bench.py --sections reference,rollout --rollout-batches 0 --cpu-share 1.0 --json \
     >"$out/scale.json" || echo "== rehearse.sh: the scale rehearsal exited $? (its record says why)"
   python -m tests.support.rehearsal scale "$out/scale.json" "$out/records"
+else
+  not_run+=("the scale rehearsal (--no-scale)")
 fi
 rc=0
-python -m tests.support.rehearsal gather "$out/records" "$out/report.json" || rc=$?
-if ((tests && !rc)); then  # a test that failed before it recorded anything (its sandbox did not start, say)
-  echo "== rehearse.sh: pytest exited $tests with every record passed: a test failed before measuring (see above)"
+# the records checked against pytest's own outcomes: a test that failed before it recorded anything (its sandbox did
+# not start, say), or after (an assert past its figures), fails the report
+python -m tests.support.rehearsal gather "$out/records" "$out/report.json" "$out/pytest-rehearsal.xml" \
+  "${not_run[@]}" || rc=$?
+if ((tests && !rc)); then  # pytest failed in a way no record or JUnit case shows (a collection error, say)
+  echo "== rehearse.sh: pytest exited $tests with every record passed: see its output above"
   rc=1
 fi
 echo "== rehearse.sh: $SECONDS s; report $out/report.json"

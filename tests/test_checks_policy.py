@@ -554,6 +554,20 @@ def test_check_fails_a_stack_with_a_1s_health_timeout(tmp_path: Path) -> None:
     ]
 
 
+def test_a_stack_with_gates_in_dry_run_is_refused_by_check_and_the_pack(tmp_path: Path) -> None:
+    """rollout.dry_run_gates is for a sandbox's own processes: a cluster stack with it fails `exaserve check` (the
+    CrossGuard pack's rule, so `pulumi up` too), and `exaserve rollout` refuses to run it against the cluster."""
+    path = write_variant(tmp_path, "dry", base="dev", changes={"rollout.dry_run_gates": ["p99"]})
+    as_json = json.loads(exaserve("check", "--stack-file", str(path), "--json").stdout)
+    assert as_json["ok"] is False
+    [found] = [v for v in as_json["violations"] if v["check"] == "rollout-gates-enforced"]
+    assert "would never pause or roll back" in found["observed"] and found["subject"] == "rollout.dry_run_gates"
+    r = exaserve("rollout", "--stack-file", str(path), "--to", "v2", "--dry-run", "--backend", "kubernetes",
+                 "--kube-server", "http://127.0.0.1:9", "--state-dir", str(tmp_path / "state"))  # fmt: skip
+    assert r.returncode == 2 and "rollout.dry_run_gates ['p99']" in r.stderr, r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+
+
 # ------------------------------------------------------------------------------------------ the pack as the engine sees it
 
 

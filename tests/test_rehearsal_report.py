@@ -68,3 +68,46 @@ def test_the_scale_bench_is_read_as_a_record_every_batch_passed_and_no_client_er
     assert main(["scale", str(tmp_path / "absent.json"), str(tmp_path / "records")]) == 0
     rec = json.loads((tmp_path / "records" / "scale.json").read_text())
     assert rec["verdict"] == "failed" and "left no JSON report" in rec["reason"]
+
+
+def _junit(path: Path, cases: dict[str, str]) -> Path:
+    """A JUnit XML as pytest writes it: each node id's case with its outcome's child element."""
+    body = []
+    for nodeid, outcome in cases.items():
+        module, name = nodeid.split(".py::")
+        child = {"passed": "", "failed": "<failure message='x'/>", "error": "<error message='x'/>",
+                 "skipped": "<skipped message='x'/>"}[outcome]  # fmt: skip
+        body.append(f'<testcase classname="{module.replace("/", ".")}" name="{name}">{child}</testcase>')
+    path.write_text(f'<testsuites><testsuite name="pytest">{"".join(body)}</testsuite></testsuites>')
+    return path
+
+
+def test_a_test_that_failed_without_a_record_or_after_it_fails_the_report(tmp_path: Path) -> None:
+    """A rehearsal whose sandbox never started writes no record: without pytest's outcomes the report would pass on
+    the records that are there. A record passed whose test then failed an assert is failed too; a skip measured
+    nothing. What the run left out is named."""
+    records = tmp_path / "records"
+    records.mkdir()
+    write = {"tests/rehearsal/test_a.py::test_ok": "passed", "tests/rehearsal/test_a.py::test_late[x]": "passed"}
+    for test, verdict in write.items():
+        (records / f"{test.replace('/', '_')}.json").write_text(
+            json.dumps({"test": test, "kind": "drill", "verdict": verdict, "figures": []})
+        )
+    junit = _junit(tmp_path / "j.xml", {"tests/rehearsal/test_a.py::test_ok": "passed",
+                                        "tests/rehearsal/test_a.py::test_late[x]": "failed",
+                                        "tests/rehearsal/test_b.py::test_no_sandbox": "error",
+                                        "tests/rehearsal/test_b.py::test_skipped": "skipped"})  # fmt: skip
+    doc = gather(records, junit, ["the scale rehearsal (--no-scale)"])
+    verdicts = {d["test"]: d["verdict"] for d in doc["records"]}
+    assert verdicts == {
+        "tests/rehearsal/test_a.py::test_ok": "passed",
+        "tests/rehearsal/test_a.py::test_late[x]": "failed",
+        "tests/rehearsal/test_b.py::test_no_sandbox": "failed",
+        "tests/rehearsal/test_b.py::test_skipped": "failed",
+    }
+    assert doc["verdict"] == "failed" and doc["not_run"] == ["the scale rehearsal (--no-scale)"]
+    # the same records, every test passed in pytest: passed, and still saying what was not run
+    clean = _junit(tmp_path / "k.xml", dict.fromkeys(write, "passed"))
+    assert gather(records, clean)["verdict"] == "passed"
+    # no JUnit report at all: pytest never ran them
+    assert gather(records, tmp_path / "absent.xml")["verdict"] == "failed"

@@ -480,6 +480,13 @@ def test_gates_in_dry_run_are_measured_and_shown_never_decisive() -> None:
     assert failing.verdict is not None and failing.verdict.decision == "rollback"
     thin = verdict_of({r: replica(ok=2) for r in CANARY + PEERS}, limits=dry)
     assert thin.verdict is not None and thin.verdict.decision == "pause"  # too little traffic to judge: no dry run
+    # a canary the traffic did not reach while the fleet's was ample: its QPS finding is all that shows the batch
+    # does not serve (the error gate has no attempt to count), so it stays decisive
+    unreached = verdict_of(healthy(c0=replica(ok=0), c1=replica(ok=0)), limits=dry)
+    assert unreached.verdict is not None and unreached.verdict.decision == "rollback", unreached.verdict
+    # a peer only a dry-run gate found slow stays in the reference: the dry run changes no enforced figure
+    assert shown is not None and verdict_of(peer, limits=dry).baseline.excluded == {}  # type: ignore[union-attr]
+    assert verdict_of(peer).baseline.excluded == {"p4": "slower than its peers"}  # type: ignore[union-attr]
 
 
 def test_dry_run_gates_come_from_the_spec_and_survive_the_journal() -> None:

@@ -84,16 +84,18 @@ COMMANDS: dict[str, Entry] = {
     ),
     "drill": Entry(
         "drill",
-        "Fault drills. --scenario NAME runs one against the running sandbox under bounded client load: inject, "
-        "watch, heal, measure detection, recovery, restoration and client errors against the plan's targets, check "
-        "the alerts in the sandbox's Prometheus, and write drill.json and a timeline.png (--report DIR). --list "
-        "names the scenarios with the plan's targets (and their formulas) and the alerts that must fire or stay "
-        "quiet; --render-only --out DIR writes them as Chaos Mesh experiments (one file per scenario, applied on its "
-        "own) and a Schedule for the regular drills (drills.schedule, drills.scheduled), each object validated "
-        "against the pinned Chaos Mesh CRDs. Exit 1 when a drill misses a target or an object fails validation, 2 on "
-        "bad input, 3 when a drill is invalid: its probes of the fleet came further apart than max(3 x the probe "
-        "period, the period + 1 s), or a time was over its target only by what the probes cannot resolve, so it is "
-        "not judged (docs/drills.md).",
+        "Fault drills. --scenario NAME runs one against the running sandbox under bounded client load: "
+        "inject, watch, heal, measure detection, recovery, restoration and client errors against the plan's "
+        "targets, check the alerts in the sandbox's Prometheus, and write drill.json and a timeline.png "
+        "(--report DIR). --list names the scenarios with the plan's targets (and their formulas) and the "
+        "alerts that must fire or stay quiet; --render-only --out DIR writes them as Chaos Mesh experiments "
+        "(one file per scenario, applied on its own) and a Schedule for the regular drills (drills.schedule, "
+        "drills.scheduled), each object validated against the pinned Chaos Mesh CRDs. --judge order asks what "
+        "happened and in what order instead of how long each step took (CI on a shared machine). Exit 1 when "
+        "a drill misses a target (or, judged by order, an event or its order) or an object fails validation, "
+        "2 on bad input, 3 when a drill judged on targets is invalid: its probes of the fleet came further "
+        "apart than max(3 x the probe period, the period + 1 s), or a time was over its target only by what "
+        "the probes cannot resolve, so it is not judged (docs/drills.md).",
     ),
 }
 

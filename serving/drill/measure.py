@@ -186,8 +186,8 @@ class Measured:
     uncertainty: Mapping[TargetName, float] = field(default_factory=dict)
     # false detection URL → where and when it was seen out, and what the leader made of it then (the evidence)
     false_seen: Mapping[str, str] = field(default_factory=dict)
-    # the first probe after detection at which the leader counted a restart of every faulted replica more than before
-    # the fault: the process that had the fault was replaced by then; None when not seen
+    # the first probe after the fault at which the leader counted a restart of every faulted replica more than before
+    # it: the process that had the fault was replaced by then; None when not seen (or nothing was detected)
     restarted_s: float | None = None
     # the start of the span after the fault, to the end of the load, in which no client request failed and some
     # succeeded (the first request sent after the last failure); None when the load ended on a failure
@@ -366,7 +366,8 @@ def measure(
     judged = windows(results, base, gates, until)
     recovery, blips = recovered(judged, gates)
     during = [r for r in results if r.sent_at_s >= -baseline_s]
-    restarted = None if detection is None else restarted_after(probes, subjects, detection)
+    # from the fault on, not from the detection: a restart of a replica still in rotation is the wrong order
+    restarted = None if detection is None else restarted_after(probes, subjects, 0.0)
     served_again = served_again_after(results)
     return Measured(
         detection,
@@ -536,8 +537,10 @@ def judge_order(scenario: Scenario, targets: Sequence[Target], m: Measured) -> l
     clients served again without a failure: :attr:`Measured.served_again_s`), the faulted replicas left rotation
     before a restart of each was counted and came back after it (a restart the scenario's fault calls for: every
     replica fault but the node's, whose replicas come back when the node does), the client error share within the
-    plan's gate and no false detection, as :func:`judge` holds them. A probe gap cannot reorder what the probes saw,
-    so the cadence is not judged here."""
+    plan's gate and no false detection, as :func:`judge` holds them, and no client error at all (the router's retries
+    and the load generator's failover hide a lost replica from clients: one that reaches them is the runtime's miss,
+    on any machine). A probe gap cannot reorder what the probes saw, so the cadence is not judged here; two events
+    first seen on the same probe are no order (:func:`_in_order`)."""
     found: dict[TargetName, float | None] = {
         TargetName.DETECTION: m.detection_s,
         TargetName.RESTORATION: m.restoration_s,
@@ -558,11 +561,22 @@ def judge_order(scenario: Scenario, targets: Sequence[Target], m: Measured) -> l
         checks.append(Check(f"{event}", value, 0.0, "s", value is not None, reason, judged="order"))
     if scenario.evicts and m.detection_s is not None:
         checks.append(_in_order(scenario, m))
-    return checks + judge(scenario, [t for t in targets if t.unit != "s"], m)
+    errors = Check(
+        "client_errors",
+        float(m.client_errors),
+        0.0,
+        "requests",
+        m.client_errors == 0,
+        f"{m.client_errors} of {m.client_requests} client requests failed (none may)",
+        judged="order",
+    )
+    return [*checks, errors, *judge(scenario, [t for t in targets if t.unit != "s"], m)]
 
 
 def _in_order(scenario: Scenario, m: Measured) -> Check:
-    """Out, then restarted (where the scenario restarts the replica), then back: each event after the one before."""
+    """Out, then restarted (where the scenario restarts the replica), then back: each event seen after the one
+    before, on a later probe (the restart is looked for from the fault on: one counted while the replica was still
+    in rotation is out of order)."""
     events = [("out of rotation", m.detection_s)]
     if scenario.restarts:
         events.append(("restart counted", m.restarted_s))
@@ -570,9 +584,19 @@ def _in_order(scenario: Scenario, m: Measured) -> Check:
     seen = [(name, t) for name, t in events if t is not None]
     shown = ", ".join(f"{name} at {t:.2f} s" for name, t in seen)
     missing = [name for name, t in events if t is None and name != "back in rotation"]
-    in_order = all(a[1] <= b[1] for a, b in pairwise(seen))
+    # strictly: two events first seen on the same probe (a gap in the probing) came in an order nobody saw
+    in_order = all(a[1] < b[1] for a, b in pairwise(seen))
     ok = in_order and not missing
-    reason = shown if ok else f"{shown}; " + (f"never seen: {', '.join(missing)}" if missing else "out of order")
+    reason = (
+        shown
+        if ok
+        else f"{shown}; "
+        + (
+            f"never seen: {', '.join(missing)}"
+            if missing
+            else "out of order, or seen on the same probe (order unknown)"
+        )
+    )
     return Check("in_order", None, 0.0, "", ok, reason, judged="order")
 
 

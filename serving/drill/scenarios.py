@@ -124,10 +124,10 @@ class Scenario:
 
     @property
     def restarts(self) -> bool:
-        """The runtime restarts the faulted replicas (their migration) before they come back: every fault is a
-        replica's and the scenario waits for the replicas to return (a held node fault brings them back with the
-        node; a lost leader's successor counts restarts of its own)."""
-        return TargetName.RESTORATION in self.targets and all(f.component is Component.REPLICA for f in self.faults)
+        """The runtime restarts the faulted replicas (their migration) before they come back: a replica's fault the
+        scenario waits on to return (with a lost leader, its successor restarts it; a held node fault brings its
+        replicas back with the node instead)."""
+        return TargetName.RESTORATION in self.targets and any(f.component is Component.REPLICA for f in self.faults)
 
 
 # Alert rules rendered by serving.render.k8s.monitoring and serving.render.k8s.runtime (a test checks each name).

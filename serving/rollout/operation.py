@@ -74,6 +74,12 @@ class BackendConfig:
 def open_backend(fleet: Fleet, paths: StackState, config: BackendConfig) -> Backend:
     """The backend ``config`` names, over ``fleet``; :class:`RolloutInputError` when it cannot be opened."""
     kind = config.resolved(fleet)
+    if kind != "local" and fleet.spec.rollout.dry_run_gates:
+        raise RolloutInputError(
+            f"--backend {kind}: rollout.dry_run_gates {list(fleet.spec.rollout.dry_run_gates)} would roll out to a "
+            "fleet that serves clients with those gates never pausing or rolling back; they are for a sandbox's own "
+            "processes (--backend local). Remove rollout.dry_run_gates from the stack"
+        )
     try:
         if kind == "local":
             return local.registered().open(fleet, paths.sandbox_dir)

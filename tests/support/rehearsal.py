@@ -7,6 +7,7 @@ import json
 import os
 import re
 import sys
+import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -51,14 +52,48 @@ def write_record(
     return doc
 
 
-def gather(records: Path) -> dict[str, Any]:
+def junit_outcomes(junit: Path) -> dict[str, str]:
+    """Each test pytest ran, by node id, and its outcome (passed, failed, error, skipped), from its JUnit XML."""
+    outcomes = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        module, name = case.get("classname", ""), case.get("name", "")
+        nodeid = f"{module.replace('.', '/')}.py::{name}"
+        found = {child.tag for child in case}
+        outcomes[nodeid] = next((o for o in ("error", "failure", "skipped") if o in found), "passed")
+    return {k: "failed" if v == "failure" else v for k, v in outcomes.items()}
+
+
+def gather(records: Path, junit: Path | None = None, not_run: Sequence[str] = ()) -> dict[str, Any]:
     """One report from the records in ``records``: every record, the count of each verdict, and the report's
     verdict: failed when any failed, else invalid when any was invalid (never passed), else passed; no record at all
-    is failed (nothing was measured)."""
+    is failed (nothing was measured). With pytest's ``junit``: a test that ran and wrote no record (it failed before
+    it measured, or was skipped: no measurement) is a failed record, and a record whose test failed afterwards (an
+    assert after the figures) is failed too. ``not_run`` names what the run left out (the report says so)."""
     docs = [json.loads(p.read_text()) for p in sorted(records.glob("*.json"))]
+    if junit is not None:
+        outcomes = junit_outcomes(junit) if junit.is_file() else {}
+        recorded = {d["test"] for d in docs}
+        for d in docs:
+            if outcomes.get(d["test"], "passed") != "passed" and d["verdict"] == "passed":
+                d["verdict"], d["pytest"] = "failed", outcomes[d["test"]]
+        docs += [
+            {
+                "test": t,
+                "kind": "test",
+                "verdict": "failed",
+                "figures": [],
+                "pytest": o,
+                "reason": f"pytest: {o}, and no record: it did not measure",
+            }
+            for t, o in sorted(outcomes.items())
+            if t not in recorded and o != "passed"
+        ]
+        if not outcomes:
+            docs.append({"test": str(junit), "kind": "test", "verdict": "failed", "figures": [],
+                         "reason": "pytest left no JUnit report: the rehearsal tests did not run"})  # fmt: skip
     counts = {v: sum(d["verdict"] == v for d in docs) for v in VERDICTS}
     verdict = "failed" if counts["failed"] or not docs else "invalid" if counts["invalid"] else "passed"
-    return {"verdict": verdict, "counts": counts, "records": docs}
+    return {"verdict": verdict, "counts": counts, "not_run": list(not_run), "records": docs}
 
 
 def scale_record(doc: dict[str, Any]) -> dict[str, Any]:
@@ -84,8 +119,9 @@ def scale_record(doc: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: Sequence[str]) -> int:
     """``python -m tests.support.rehearsal scale SCALE.json RECORDS_DIR``: the scale bench's JSON as a record;
-    ``python -m tests.support.rehearsal gather RECORDS_DIR REPORT``: the report, exit 0 when passed, 1 when a target
-    was missed (or nothing was measured), 3 when only invalid measurements stand in the way of a pass."""
+    ``python -m tests.support.rehearsal gather RECORDS_DIR REPORT [JUNIT.xml [NOT_RUN…]]``: the report (checked
+    against pytest's JUnit XML, naming what was not run), exit 0 when passed, 1 when a target was missed (or a test
+    failed, or nothing was measured), 3 when only invalid measurements stand in the way of a pass."""
     match argv:
         case ["scale", scale, records]:
             try:
@@ -96,16 +132,23 @@ def main(argv: Sequence[str]) -> int:
             Path(records).mkdir(parents=True, exist_ok=True)
             (Path(records) / "scale.json").write_text(json.dumps(rec, indent=1) + "\n")
             return 0
-        case ["gather", records, report]:
-            out = gather(Path(records))
+        case ["gather", records, report, *more]:
+            junit = Path(more[0]) if more else None
+            out = gather(Path(records), junit, more[1:])
             Path(report).write_text(json.dumps(out, indent=1) + "\n")
-            print(f"rehearsal: {out['verdict']}: {out['counts']}; report {report}")
+            partial = f" (partial: not run: {'; '.join(out['not_run'])})" if out["not_run"] else ""
+            print(f"rehearsal: {out['verdict']}{partial}: {out['counts']}; report {report}")
             for d in out["records"]:
                 for f in d["figures"]:
                     if not f["ok"]:
                         print(f"  missed: {d['test']}: {f['name']} {f['measured']} (target {f['target']} {f['unit']})")
+                if not d["figures"] and d["verdict"] != "passed":
+                    print(f"  failed: {d['test']}: {d.get('reason')}")
             return {"passed": 0, "failed": 1, "invalid": 3}[out["verdict"]]
-    print("usage: python -m tests.support.rehearsal scale SCALE.json RECORDS_DIR | gather RECORDS_DIR REPORT")
+    print(
+        "usage: python -m tests.support.rehearsal scale SCALE.json RECORDS_DIR"
+        " | gather RECORDS_DIR REPORT [JUNIT.xml [NOT_RUN…]]"
+    )
     return 2
 
 

@@ -283,6 +283,27 @@ def images_by_digest(resources: Sequence[tuple[str, Props]], fleet: Fleet) -> li
     return out
 
 
+@stack_rule(
+    "rollout-gates-enforced",
+    "A stack deployed to a cluster enforces every rollout gate: rollout.dry_run_gates (measured, never decisive) is "
+    "for a sandbox's own processes.",
+)
+def rollout_gates_enforced(resources: Sequence[tuple[str, Props]], fleet: Fleet) -> list[CheckResult]:
+    dry = list(fleet.spec.rollout.dry_run_gates)
+    if not dry:
+        return []
+    return [
+        violation(
+            "rollout-gates-enforced",
+            "rollout.dry_run_gates",
+            f"rollout.dry_run_gates is {dry}: the {' and '.join(dry)} gate(s) of this cluster's rollouts would never "
+            "pause or roll back",
+            "every gate enforced on a cluster (rollout.dry_run_gates empty)",
+            "Remove rollout.dry_run_gates from the stack.",
+        )
+    ]
+
+
 def _plain(value: Any) -> Any:
     """``value`` as plain dicts and lists (the CrossGuard engine hands properties over as read-only proxies, which
     do not compare equal to the rendered dicts and lists)."""

@@ -98,7 +98,10 @@ def judge(
             rest_p99, rest_median, rest_count = None, None, 0.0
         if (f := p99_check(r, [r], windows, rest_p99, limits, alpha, rest_median, rest_count)[1]) is not None:
             outside.append(f)
-    flagged = {r for f in outside for r in f.replicas}
+    # A gate in dry run (rollout.dry_run_gates, Argo Rollouts' analysis dryRun) is measured and shown, never decisive:
+    # its findings on a peer do not take that peer out of the reference either
+    dry_gates = {gate for name in limits.dry_run for gate in DRY_RUN_FINDINGS[name]}
+    flagged = {r for f in outside if f.gate not in dry_gates for r in f.replicas}
 
     # The canary against the clean peers (or the pre-rollout figures).
     reasons = {r: broken.get(r, "slower than its peers") for r in peer_windows if r in flagged}
@@ -221,9 +224,11 @@ def judge(
             )
         )
 
-    # Gates in dry run (rollout.dry_run_gates, Argo Rollouts' analysis dryRun): measured and shown, never decisive
-    dry_gates = {gate for name in limits.dry_run for gate in DRY_RUN_FINDINGS[name]}
-    dry = [f for f in (*outside, *breaches) if f.gate in dry_gates]
+    # The gates in dry run: their findings shown as what they would have done. Not a canary the traffic did not
+    # reach while the fleet's was ample (its QPS finding is then the only evidence that the batch serves at all: the
+    # error gate has nothing to count), which stays decisive.
+    unreached = canary_stats.requests < MIN_REQUESTS and not thin_traffic
+    dry = [f for f in (*outside, *breaches) if f.gate in dry_gates and not (f.gate == "qps" and unreached)]
     context += [
         f"dry run, not enforced (rollout.dry_run_gates): would have {'paused' if f in outside else 'rolled back'}: "
         + f.text

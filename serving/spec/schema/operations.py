@@ -91,7 +91,8 @@ class RolloutSpec(SpecModel):
         "one is shown in the batch's verdict as what it would have done and neither pauses nor rolls back. For a "
         "test bed whose throughput and latency are its machine's, not the release's (the CI suite's sandbox, on a "
         "shared 2-core machine); the error, health and KV pool gates are never dry run. Refused on a stack whose "
-        "kubernetes or bare-metal target serves clients (exaserve check).",
+        "fleet serves clients: exaserve plan (rule rollout.dry-run-gates), exaserve check and the policy pack "
+        "(rollout-gates-enforced), and exaserve rollout with --backend ssh or kubernetes.",
     )
 
     @field_validator("dry_run_gates")
