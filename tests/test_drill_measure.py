@@ -424,7 +424,8 @@ def _crash_timeline(restart_at: float | None, back_at: float) -> list[Probe]:
             False,
             "restart counted at 10.00 s, back in rotation at 45.00 s; out of order",
         ),  # still in rotation
-        (24.0, 45.0, False, "seen on the same probe (order unknown)"),  # out and restarted on one probe: no order
+        (24.0, 45.0, True, "restart counted at 24.00 s"),  # out and restarted on one probe: removal comes first
+        (45.0, 45.0, False, "back seen on the restart's probe"),  # restarted and back on one probe: no order
     ],
 )
 def test_drill_judged_by_order_asks_out_then_restarted_then_back_whatever_each_took(

@@ -4,7 +4,7 @@
 
 Judged by order, a drill passes when every event its scenario is about was observed in its place: the faulted
 replicas out of every router instance, then restarted (the leader counted it, not before they were out), then back
-in every router and in rotation, each on a later probe; a new leader; clients served after the fault; not one client
+in every router and in rotation, on a later probe than the restart; a new leader; clients served after the fault; not one client
 request failed; no other replica out; the alerts that must fire fired and the quiet ones quiet; the fleet whole
 again. How long each step took is the rehearsal's to judge against the plan's targets
 (tests/rehearsal/test_drills.py, scripts/rehearse.sh): a verdict here does not depend on how fast or loaded the

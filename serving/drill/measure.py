@@ -539,8 +539,8 @@ def judge_order(scenario: Scenario, targets: Sequence[Target], m: Measured) -> l
     replica fault but the node's, whose replicas come back when the node does), the client error share within the
     plan's gate and no false detection, as :func:`judge` holds them, and no client error at all (the router's retries
     and the load generator's failover hide a lost replica from clients: one that reaches them is the runtime's miss,
-    on any machine). A probe gap cannot reorder what the probes saw, so the cadence is not judged here; two events
-    first seen on the same probe are no order (:func:`_in_order`)."""
+    on any machine). A probe gap cannot reorder what the probes saw, so the cadence is not judged here; back and
+    restarted first seen on the same probe are no order (:func:`_in_order`)."""
     found: dict[TargetName, float | None] = {
         TargetName.DETECTION: m.detection_s,
         TargetName.RESTORATION: m.restoration_s,
@@ -574,9 +574,9 @@ def judge_order(scenario: Scenario, targets: Sequence[Target], m: Measured) -> l
 
 
 def _in_order(scenario: Scenario, m: Measured) -> Check:
-    """Out, then restarted (where the scenario restarts the replica), then back: each event seen after the one
-    before, on a later probe (the restart is looked for from the fault on: one counted while the replica was still
-    in rotation is out of order)."""
+    """Out, then restarted (where the scenario restarts the replica), then back: the restart no earlier than the
+    probe that saw the replica out (looked for from the fault on: one counted while the replica was still in
+    rotation is out of order), back on a later probe than the restart."""
     events = [("out of rotation", m.detection_s)]
     if scenario.restarts:
         events.append(("restart counted", m.restarted_s))
@@ -584,19 +584,13 @@ def _in_order(scenario: Scenario, m: Measured) -> Check:
     seen = [(name, t) for name, t in events if t is not None]
     shown = ", ".join(f"{name} at {t:.2f} s" for name, t in seen)
     missing = [name for name, t in events if t is None and name != "back in rotation"]
-    # strictly: two events first seen on the same probe (a gap in the probing) came in an order nobody saw
-    in_order = all(a[1] < b[1] for a, b in pairwise(seen))
+    # A restart first seen on the probe that first saw the replica out is in order (the leader takes a replica out of
+    # every router before it restarts it, so a count raised by then came after the removal); back must come on a later
+    # probe than the restart: back and restarted first seen together (a gap in the probing) came in an order nobody saw
+    in_order = all(a[1] <= b[1] if a[0] == "out of rotation" else a[1] < b[1] for a, b in pairwise(seen))
     ok = in_order and not missing
-    reason = (
-        shown
-        if ok
-        else f"{shown}; "
-        + (
-            f"never seen: {', '.join(missing)}"
-            if missing
-            else "out of order, or seen on the same probe (order unknown)"
-        )
-    )
+    problem = f"never seen: {', '.join(missing)}" if missing else "out of order, or back seen on the restart's probe"
+    reason = shown if ok else f"{shown}; {problem}"
     return Check("in_order", None, 0.0, "", ok, reason, judged="order")
 
 
