@@ -340,7 +340,7 @@ def test_look_times_a_probe_when_a_slow_router_answered() -> None:
                 return before, p, time.monotonic()
 
         before, p, after = asyncio.run(one())
-    assert p.sent is not None and before <= p.sent <= before + 0.1
+    assert p.sent is not None and before <= p.sent  # stamped when the probe began (the line below: before it ended)
     assert p.sent + 0.3 <= p.t <= after  # timed when the 0.3 s answer had come
     assert p.routers == {router: {}}  # it answered (no workers), not silent
 

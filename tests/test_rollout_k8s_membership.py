@@ -37,6 +37,7 @@ import copy
 import itertools
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -71,6 +72,7 @@ from serving.sandbox.processes import (
 from serving.sandbox.worker_config import WorkerConfig
 from serving.spec.schema import FleetSpec
 from tests.support.apiserver import RELEASES, ApiServerStandIn
+from tests.support.patience import wait_until
 from tests.support.stacks import fleet_of, spec_from
 
 # real routers and workers, membership changes waited on in real time: the wait-bound phase (tests/conftest.py)
@@ -354,9 +356,23 @@ def test_out_of_the_selection_on_every_router_and_a_restarted_router_keeps_it_ou
     # Router 2 restarts: it lists and watches anew and registers exactly what the selection holds.
     record = cluster.state.read("router-2")
     assert record is not None
+    log, start = cluster.logs[2], cluster.logs[2].stat().st_size  # its log is appended to: what the new process wrote
     stop_process(cluster.state, "router-2", timeout_s=10)
     cluster.start_router("router-2", list(record.argv[3:]), selected=len(others))  # argv: python -m … FLAGS
-    time.sleep(2 * cluster.spec.serving.heartbeat_interval_s)  # a late registration of group 0 would show by now
+
+    # A registration of group 0 would come from its discovery's pass over what the selector publishes (and no pod
+    # changes after it): the pass is the event, its log says what it wanted (``Reconciling workers: N to add, M to
+    # remove (D desired)``, reconciler.rs) and what it registered, and group 0's absence is read after it
+    def since_restart() -> str:
+        return re.sub(r"\x1b\[[0-9;]*m", "", log.read_bytes()[start:].decode(errors="replace"))
+
+    desired = wait_until(
+        lambda: [int(d) for d in re.findall(r"Reconciling workers: .*\((\d+) desired\)", since_restart())],
+        what="router 2's discovery to reconcile",
+        seen=lambda: since_restart()[-2000:],
+    )
+    registered = {f"http://{a}" for a in re.findall(r"Registering worker (\S+) ", since_restart())}
+    assert set(desired) == {len(others)} and registered == others, (desired, registered)
     assert set(cluster.listed()[2]) == others
 
     added = asyncio.run(change(out=False))

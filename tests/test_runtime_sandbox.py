@@ -38,7 +38,7 @@ from serving.router.loadgen import LoadReport, LoadSpec, run_load_sync
 from serving.runtime.agent import boot_id
 from serving.sandbox.processes import StateDir, start_service, stop_process
 from serving.sandbox.runtime import controller_urls, router_urls
-from tests.support.patience import wait_until
+from tests.support.patience import PATIENCE_S, wait_until
 from tests.support.runtime_sandbox import (
     INTERVAL_S,
     depose_the_leader,
@@ -80,11 +80,15 @@ class Timeline:
         return found[0]
 
 
-def watch(sb: Sandbox, rid: str, until: Callable[[Timeline], bool], timeout_s: float, t0: float) -> Timeline:
+def watch(
+    sb: Sandbox, rid: str, until: Callable[[Timeline], bool], t0: float, patience_s: float = PATIENCE_S
+) -> Timeline:
+    """The replica's timeline from the leader's status and the routers' lists, sampled until ``until`` holds; fails
+    with the timeline when ``patience_s`` passed first (a liveness bound: tests/support/patience.py)."""
     url = replica(leader_status(sb), rid)["url"]
     tl = Timeline([])
     last: tuple[Any, ...] | None = None
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + patience_s
     while time.monotonic() < deadline:
         status = leader_status(sb)
         rep = replica(status, rid)
@@ -96,15 +100,16 @@ def watch(sb: Sandbox, rid: str, until: Callable[[Timeline], bool], timeout_s: f
         if until(tl):
             return tl
         time.sleep(0.15)
-    raise AssertionError(f"{rid}: condition not reached in {timeout_s} s; timeline {tl.events}")
+    raise AssertionError(f"{rid}: condition not reached in {patience_s:g} s; timeline {tl.events}")
 
 
 class Load:
-    """Bounded client load through router 0 in a thread (40 requests/s: 28 s make 1,120 requests)."""
+    """Bounded client load through router 0 in a thread (40 requests/s: 28 s make 1,120 requests, every one sent
+    however late: serving.router.loadgen)."""
 
     def __init__(self, sb: Sandbox, duration_s: float) -> None:
         self.report: LoadReport | None = None
-        spec = LoadSpec(url=sb.router_url, rate_per_s=40, duration_s=duration_s, timeout_s=10)
+        self.spec = spec = LoadSpec(url=sb.router_url, rate_per_s=40, duration_s=duration_s, timeout_s=10)
         self.thread = threading.Thread(target=lambda: setattr(self, "report", run_load_sync(spec)))
         self.thread.start()
 
@@ -139,7 +144,7 @@ def test_dead_or_hung_replica_is_removed_from_every_router_migrated_and_readmitt
     t0 = time.monotonic()
     os.kill(old.pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
     wall0 = time.time()
-    tl = watch(sandbox, rid, back, timeout_s=60, t0=t0)
+    tl = watch(sandbox, rid, back, t0=t0)
     report = load.join()
     remove, migrate, readmit = [a for a in tl.actions if a["ok"]][-3:]
     at = {a["kind"]: round(a["at"] - wall0, 2) for a in (remove, migrate, readmit)}
@@ -175,7 +180,9 @@ def test_dead_or_hung_replica_is_removed_from_every_router_migrated_and_readmitt
     new = worker_record(sandbox, rid)
     assert new.pid != old.pid  # restarted through the sandbox backend
     failed = [(round(r.sent_at_s - 2, 2), r.status, r.error) for r in report.results if r.status != 200]
-    assert len(report.results) >= 1000
+    # every planned request was sent and answered across the fault (a count: the generator sends each one, late or
+    # not; how many it sent late is its pace, no judgment here)
+    assert report.count == load.spec.planned_requests
     assert report.errors == 0, (report.status_counts, failed)
     assert len(remove["detail"]["seconds_by_router"]) == 3  # the removal was observed on each instance
     assert len(readmit["detail"]["added"]["seconds_by_router"]) == 3
@@ -208,19 +215,17 @@ def test_flapping_replica_stays_out_until_it_is_steady(sandbox: Sandbox) -> None
     flapper.start()
     try:
         # out of rotation, and the removal recorded as done (its action record is written when it completes)
-        tl = watch(sandbox, rid, lambda t: any(a["kind"] == "remove" and a["ok"] for a in t.actions), 60, t0)
+        tl = watch(sandbox, rid, lambda t: any(a["kind"] == "remove" and a["ok"] for a in t.actions), t0)
         removed_at = tl.events[-1][0]
         removal = next(a for a in reversed(tl.actions) if a["kind"] == "remove")
-        during = watch(
-            sandbox, rid, lambda _t: bool(ended) or time.monotonic() - t0 > removed_at + 6, timeout_s=30, t0=t0
-        )
+        during = watch(sandbox, rid, lambda _t: bool(ended) or time.monotonic() - t0 > removed_at + 6, t0=t0)
     finally:
         stop.set()
         flapper.join()
         with contextlib.suppress(ProcessLookupError):
             os.kill(rec.pid, signal.SIGCONT)
     steady_at = ended[0] if ended else time.monotonic() - t0
-    after = watch(sandbox, rid, lambda t: t.events[-1][1] == "serving" and t.events[-1][3], timeout_s=60, t0=t0)
+    after = watch(sandbox, rid, lambda t: t.events[-1][1] == "serving" and t.events[-1][3], t0=t0)
     print(f"flap: removed at {removed_at} s ({removal['reason']}); ended {ended}; {during.events}; {after.events}")
     assert removal["reason"].startswith("score 5") and removed_at >= 8 * INTERVAL_S
     assert not any(e[3] for e in during.events if removed_at < e[0] < steady_at)  # never back while flapping
@@ -245,18 +250,33 @@ def test_flapping_replica_stays_out_until_it_is_steady(sandbox: Sandbox) -> None
 
 
 def test_dead_agent_makes_its_node_suspect_and_evicts_nothing(sandbox: Sandbox) -> None:
+    """The node is suspect, its replicas stay in rotation and on every router while the leader counts it silent, and
+    no controller acts on them from the kill until the agent is back: read from their action records afterwards."""
     healthy_fleet(sandbox)
     agent = sandbox.processes.read("agent-sandbox-1")
     assert agent is not None
+    on_node = {r["id"] for r in leader_status(sandbox)["replicas"] if r["node"] == "sandbox-1"}
+    killed_at = time.time()  # wall clock, as the controllers' action records are
     os.kill(agent.pid, signal.SIGKILL)
     t0 = time.monotonic()
 
+    def node() -> dict[str, Any]:
+        return next(n for n in leader_status(sandbox)["nodes"] if n["name"] == "sandbox-1")
+
     def node_state() -> str:
-        return next(n for n in leader_status(sandbox)["nodes"] if n["name"] == "sandbox-1")["state"]
+        return node()["state"]
 
     wait_until(lambda: node_state() == "suspect", what="sandbox-1 suspect", every_s=0.2, seen=node_state)
     suspect_after = time.monotonic() - t0
-    time.sleep(3 * INTERVAL_S)
+    # the window: the leader itself counts the node silent for 3 heartbeats past its suspicion (3 missed reports), on
+    # its own clock; a slower machine waits longer for that, and the absence of actions is read from the records
+    silent_for = (sandbox.spec.serving.failure_threshold + 3) * INTERVAL_S
+    wait_until(
+        lambda: (node()["last_report_s"] or 0) >= silent_for,
+        what=f"the leader to count sandbox-1 silent for {silent_for:g} s",
+        every_s=0.2,
+        seen=node,
+    )
     status = leader_status(sandbox)
     print(f"dead agent: suspect after {suspect_after:.1f} s")
     assert suspect_after >= 2 * INTERVAL_S  # 3 missed reports, the last one sent up to an interval before the kill
@@ -272,6 +292,11 @@ def test_dead_agent_makes_its_node_suspect_and_evicts_nothing(sandbox: Sandbox) 
     stop_process(state, "agent-sandbox-1", timeout_s=1)
     start_service(state, "agent-sandbox-1", "agent", list(agent.argv), "", lambda: True, 10)
     wait_until(lambda: node_state() == "ok", what="sandbox-1 ok again", every_s=0.2, seen=node_state)
+    # nothing was evicted while it was suspect: no controller acted on its replicas from the kill until it was back
+    acted = [
+        a for s in statuses(sandbox) if s for a in s["actions"] if a["replica"] in on_node and a["at"] >= killed_at
+    ]
+    assert not acted, acted
 
 
 def test_status_json_and_bad_reports_over_http(sandbox: Sandbox) -> None:
@@ -407,16 +432,24 @@ def test_one_router_instance_down_does_not_stall_the_runtime(sandbox: Sandbox) -
     old = worker_record(sandbox, rid)
     os.kill(silent.pid, signal.SIGSTOP)
     stopped = True
+    seen: dict[str, Any] = {}
+
+    def leads() -> dict[str, Any]:
+        seen["status"] = leader_status(sandbox)
+        return seen["status"]
+
+    def on_rid() -> list[dict[str, Any]]:
+        return [a for a in seen["status"]["actions"] if a["replica"] == rid]
+
     try:
         os.kill(old.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 60
-        while True:
-            status = leader_status(sandbox)
-            removal = [a for a in status["actions"] if a["replica"] == rid and a["kind"] == "remove" and a["ok"]]
-            if removal:
-                break
-            assert time.monotonic() < deadline, [a for a in status["actions"] if a["replica"] == rid]
-            time.sleep(0.2)
+        removal = wait_until(
+            lambda: [a for a in leads()["actions"] if a["replica"] == rid and a["kind"] == "remove" and a["ok"]],
+            what=f"the leader to remove {rid} with router 2 stopped",
+            every_s=0.2,
+            seen=on_rid,
+        )
+        status = seen["status"]
         os.kill(silent.pid, signal.SIGCONT)  # router 2 answers again while the replica is out
         stopped = False
         assert set(removal[-1]["detail"]["seconds_by_router"]) == set(routers[:2])
@@ -427,14 +460,16 @@ def test_one_router_instance_down_does_not_stall_the_runtime(sandbox: Sandbox) -
     finally:
         if stopped:
             os.kill(silent.pid, signal.SIGCONT)
-    deadline = time.monotonic() + 30
-    while routers[2] in (status := leader_status(sandbox))["unsynced_routers"]:
-        assert time.monotonic() < deadline, status["unsynced_routers"]
-        time.sleep(0.2)
+    status = wait_until(
+        lambda: routers[2] not in leads()["unsynced_routers"] and seen["status"],
+        what="router 2 reconciled: no longer unsynced",
+        every_s=0.2,
+        seen=lambda: seen["status"]["unsynced_routers"],
+    )
     [reconciled] = [r for r in status["reconciled_routers"] if r["router"] == routers[2]][-1:]
     print(f"router down: removal {removal[-1]['detail']}; reconciled {reconciled}")
     assert reconciled["removed"] == [url] and reconciled["added"] == []
-    tl = watch(sandbox, rid, back, timeout_s=60, t0=time.monotonic())
+    tl = watch(sandbox, rid, back, t0=time.monotonic())
     assert tl.events[-1][4] == (True, True, True)  # readmitted on every instance, router 2 included
 
 
@@ -444,12 +479,17 @@ def test_status_shows_what_each_router_does_beside_the_controllers_view(sandbox:
     replica carries what every router instance does with it, beside the controller's view, and status is not ok."""
     healthy_fleet(sandbox)
     rid = "sandbox-0-s2"
+    killed_at = time.time()  # wall clock, as the controllers' action records are; the kill follows
     views = kill_and_read_the_router_views(sandbox, rid)
     rep, doc = views.replica, views.doc
     print(f"status: every router stopped routing to {rid} {views.seen_s:.1f} s after the kill; controller view {rep}")
     assert set(rep["routers"]) == set(router_urls(sandbox.spec)) and set(doc["routers"].values()) == {"answering"}
     assert rep["version"] == "down"  # its worker answers nothing: down, as a rollout would read it
-    assert rep["in_rotation"] is True  # the controller's score is still above 60: the two views disagree, both shown
+    # the controller's view beside the routers', its own: in rotation until the leader recorded its removal. That the
+    # routers' checks (2 failures) come before the controller's score falls below 60 (9), so the two views disagree,
+    # is the rehearsal's (tests/rehearsal/test_runtime_timing.py): on a loaded machine a status read may come late
+    removed = [a for a in leader_status(sandbox)["actions"] if a["replica"] == rid and a["kind"] == "remove"]
+    assert rep["in_rotation"] is True or [a for a in removed if a["at"] >= killed_at], (rep, removed)
     assert views.returncode == 1 and doc["ok"] is False
     others = [r for r in doc["replicas"] if r["id"] != rid]
     assert all(set(r["routers"].values()) == {"routes"} for r in others)

@@ -1,7 +1,7 @@
 """The rehearsal tier: real-time judgments against the plan's targets, run by ``scripts/rehearse.sh``, never by
 ``scripts/test.sh`` (the CI suite's verdicts must not depend on how fast or loaded its machine is).
 
-Every test here is marked ``rehearsal`` (test.sh deselects the marker; tests/test_architecture.py keeps real-time
+Every test here is marked ``rehearsal`` (test.sh deselects the marker; tests/test_architecture_tiers.py keeps real-time
 judgments out of the rest) and records what it measured through the ``rehearsal`` fixture
 (tests/support/rehearsal.py): each figure, its target and its verdict, which rehearse.sh gathers into its report.
 A test fails when a figure misses its target; a measurement that slipped (a starved prober, a time over its target

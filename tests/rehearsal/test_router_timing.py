@@ -1,9 +1,10 @@
 """Real-time judgments on the real smg gateway and the simulated SGLang worker: how soon the router notices a dead
 worker against the budget its flags give, how soon smg drops a removed worker and a registration that never gets
-ready, how soon a worker stops on SIGTERM, how close the worker's latency keeps to its configuration, and how soon
-its health answers come against SGLang's poll and timeout. The CI tests (tests/test_render_router_live.py,
-tests/test_sandbox_processes.py, tests/test_sandbox_worker_fidelity.py) run the same scenarios (tests/support/
-rendered_router.py, router_sandbox.py, sim_worker.py) and judge what happened and in what order."""
+ready, how soon a worker stops on SIGTERM, how close the worker's latency keeps to its configuration, whether the load
+generator keeps its pace and the router's timing the clients', and how soon its health answers come against SGLang's
+poll and timeout. The CI tests (tests/test_render_router_live.py, tests/test_sandbox_processes.py,
+tests/test_sandbox_worker_fidelity.py) run the same scenarios (tests/support/rendered_router.py, router_sandbox.py,
+sim_worker.py) and judge what happened and in what order."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support import rendered_router, router_sandbox, sim_worker
-from tests.support.rehearsal import verdict, within
+from tests.support.rehearsal import at_least, verdict, within
 from tests.support.sandbox import Sandbox, running_sandbox
 from tests.support.smg import DRAIN_SETTLE_S
 
@@ -70,6 +71,25 @@ def test_the_workers_latency_keeps_to_its_configuration(sandbox: Sandbox, rehear
     figures = [within("median latency", median_s, 4 * configured_s, configured_s=configured_s)]
     rehearsal("worker", verdict(figures), figures, client_errors=report.errors)
     assert 0.8 * configured_s <= median_s <= 4 * configured_s, (median_s, configured_s)
+
+
+def test_the_load_generator_keeps_its_pace_and_the_routers_median_the_clients(
+    sandbox: Sandbox, rehearsal: Record
+) -> None:
+    """600 requests at 300/s: the sends keep the rate within 10 % (a starved sender falls behind, counting the late
+    ones: the CI test holds that count); the router's median of the same requests within its histogram bucket holding
+    the clients' median plus the clients' mean extra time (their HTTP stack) of the clients' own."""
+    counted = router_sandbox.counted_load(sandbox)
+    pace, rate = counted.pace(), router_sandbox.COUNTED_RATE
+    gap, allowed = counted.medians_apart()
+    figures = [
+        at_least("offered pace", pace, 0.9 * rate, "req/s", late=counted.report.late),
+        within("offered pace, at most", pace, 1.1 * rate, "req/s"),
+        within("router median from the clients'", gap, allowed, client_p50_s=counted.report.p50_s),
+    ]
+    rehearsal("router", verdict(figures), figures, client_errors=counted.report.errors)
+    assert counted.report.ok == router_sandbox.COUNTED_REQUESTS, counted.report.summary()
+    assert all(f["ok"] for f in figures), figures
 
 
 def test_sigterm_stops_a_worker_once_its_request_finished(tmp_path: Path, rehearsal: Record) -> None:

@@ -49,7 +49,7 @@ def leader_through_etcd_stalls(etcd: Etcd) -> Stalls:
         held: list[bool] = []
 
         async def watch(seconds: float) -> None:
-            until = time.monotonic() + seconds
+            until = time.monotonic() + seconds  # not a timing judgment: how long to sample, bounding nothing
             while time.monotonic() < until:
                 held.append(svc.term is not None and svc.term.token == term.token)
                 await asyncio.sleep(0.05)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ import httpx
 
 from serving.sandbox.processes import free_port_block
 from tests.support.ci import require_binaries
+from tests.support.patience import wait_until
 
 
 def require_etcd() -> str:
@@ -60,16 +60,15 @@ def running_etcd(directory: Path) -> Iterator[Etcd]:
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 20
-        while True:
+
+        def answers() -> bool:
+            assert proc.poll() is None, (directory / "etcd.log").read_text()  # exited: no patience brings it back
             try:
-                if httpx.get(client + "/health", timeout=1).status_code == 200:
-                    break
+                return httpx.get(client + "/health", timeout=1).status_code == 200
             except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, (directory / "etcd.log").read_text()
-            assert time.monotonic() < deadline, "etcd did not answer /health within 20 s"
-            time.sleep(0.1)
+                return False
+
+        wait_until(answers, what=f"etcd to answer {client}/health", seen=(directory / "etcd.log").read_text)
         yield Etcd(client, proc.pid)
     finally:
         proc.terminate()

@@ -1,6 +1,6 @@
 """Waiting on real processes without judging time: a patience bound is a liveness limit (the thing did not happen,
 or hung), never a figure compared with a target. The CI suite waits through these; how long a thing took is judged
-only in the rehearsal tier (tests/rehearsal/, scripts/rehearse.sh; tests/test_architecture.py keeps the rule).
+only in the rehearsal tier (tests/rehearsal/, scripts/rehearse.sh; tests/test_architecture_tiers.py keeps the rule).
 
 When patience runs out, the failure says what was awaited and what was last seen, so a hang reads as a hang."""
 

@@ -20,10 +20,12 @@ from typing import Any, TypeVar
 import httpx
 
 from serving.router.client import (
+    ROUTER_DURATION,
     ROUTER_WORKER_HEALTH,
     ROUTER_WORKER_RETRIES,
     WORKER_E2E_LATENCY,
     WORKER_REQUESTS,
+    HistogramSnapshot,
     MetricsSnapshot,
     RouterApiError,
     RouterClient,
@@ -124,6 +126,64 @@ def removal_and_readdition(sandbox: Sandbox) -> dict[str, Any]:
 
     run(body)
     return seen
+
+
+COUNTED_RATE, COUNTED_REQUESTS = 300, 600  # the counted load: 2 s of sends on a quiet machine
+
+
+@dataclass(frozen=True)
+class CountedLoad:
+    report: LoadReport  # COUNTED_REQUESTS requests at COUNTED_RATE per second through the router
+    before: MetricsSnapshot  # the router's metrics before the load
+    after: MetricsSnapshot  # and after it
+
+    @property
+    def histogram(self) -> HistogramSnapshot:
+        """The router's own timing of the load's requests (its ``/generate`` duration histogram, after − before)."""
+        return self.after.histogram(ROUTER_DURATION, path="/generate") - self.before.histogram(
+            ROUTER_DURATION, path="/generate"
+        )
+
+    @property
+    def client_extra_s(self) -> float:
+        """The clients' mean time per request beyond the router's own (their HTTP stack), exact from the two sums."""
+        return (sum(r.latency_s for r in self.report.results) - self.histogram.sum) / self.report.count
+
+    def pace(self) -> float:
+        """The offered rate as the sends kept it (count / wall also counts the last responses' latency: 600 at 300/s
+        took 2.1 s of wall for 2.0 s of sends on a quiet machine)."""
+        sent = sorted(r.sent_at_s for r in self.report.results)
+        return (len(sent) - 1) / (sent[-1] - sent[0])
+
+    def late_by_the_stamps(self) -> tuple[int, int]:
+        """How many requests left more than one interval after they were due, recounted from the generator's own send
+        stamps (request ``i``, the ``i``-th sent, is due ``i / rate`` after the start: serving.router.loadgen), with a
+        microsecond either way for the rounding: (surely late, at most late)."""
+        interval = 1 / COUNTED_RATE
+        behind = [s - i * interval for i, s in enumerate(sorted(r.sent_at_s for r in self.report.results))]
+        return sum(b > interval + 1e-6 for b in behind), sum(b > interval - 1e-6 for b in behind)
+
+    def medians_apart(self) -> tuple[float, float]:
+        """How far the router's median is from the clients' (the seconds between them), and how far they may be: the
+        width of the router's histogram bucket holding the clients' median (the fleet's fine buckets, ratio
+        1 + max_p99_rise / 3) plus the clients' mean extra time."""
+        histogram, client = self.histogram, self.report.p50_s
+        bounds = [0.0] + [le for le, _ in histogram.buckets]
+        upper = next(b for b in bounds[1:] if b >= client)
+        lower = bounds[bounds.index(upper) - 1]
+        return abs(histogram.quantile(0.5) - client), upper - lower + self.client_extra_s
+
+
+def counted_load(sandbox: Sandbox) -> CountedLoad:
+    """COUNTED_REQUESTS requests at COUNTED_RATE per second through the router, its metrics read before and after."""
+
+    async def body() -> CountedLoad:
+        async with sandbox.client() as rc:
+            before = await rc.metrics()
+            report = await load(sandbox.router_url, COUNTED_RATE, COUNTED_REQUESTS)
+            return CountedLoad(report, before, await rc.metrics())
+
+    return run(body)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from serving.sandbox.worker_host import config_from_json
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack_file, spec_document
 from tests.support.cli import exaserve, exaserve_started, json_object
+from tests.support.patience import PATIENCE_S, eventually
 from tests.support.stacks import sandbox_stack_file, stack_doc, with_changes, write_stack
 
 _WORKER_ENTRY = 3  # a worker record's argv: python -m serving.sandbox.worker FLAGS…
@@ -234,13 +235,20 @@ async def in_flight(client: httpx.AsyncClient, url: str) -> float:
     return snap.value(WORKER_RUNNING) + snap.value(WORKER_QUEUED)
 
 
-async def until_each(urls: Sequence[str], *, busy: bool, deadline_s: float = 10) -> dict[str, float]:
+async def until_each(urls: Sequence[str], *, busy: bool, patience_s: float = PATIENCE_S) -> dict[str, float]:
     """Wait until every worker in ``urls`` has a request in flight (``busy``) or none; their in-flight counts then."""
+    last: dict[str, float] = {}
     async with httpx.AsyncClient() as client:
-        end = time.monotonic() + deadline_s
-        while True:
-            counts = {u: await in_flight(client, u) for u in urls}
-            if all(bool(n) == busy for n in counts.values()):
-                return counts
-            assert time.monotonic() < end, f"{list(urls)} never all {'busy' if busy else 'idle'}: {counts}"
-            await asyncio.sleep(0.02)
+
+        async def reached() -> tuple[dict[str, float]] | None:
+            last.update({u: await in_flight(client, u) for u in urls})
+            return (dict(last),) if all(bool(last[u]) == busy for u in urls) else None
+
+        (counts,) = await eventually(
+            reached,
+            what=f"{list(urls)} all {'busy' if busy else 'idle'}",
+            patience_s=patience_s,
+            every_s=0.02,
+            seen=lambda: last,
+        )
+    return counts
