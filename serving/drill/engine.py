@@ -412,7 +412,9 @@ async def run_drill(
         failover=fleet.routers[1:],
         rate_per_s=settings.rate_per_s,
         duration_s=settings.baseline_s + deadline_after + settings.hold_s + 60,
-        timeout_s=30.0,
+        # a client gives up after 30 s (judged on targets); by order, after the patience's multiple of it: a request
+        # a loaded machine made slow is served, not failed (only a router that fails it, or a hang, is an error)
+        timeout_s=30.0 * settings.patience,
     )
     loadgen = LoadGenerator(spec)
     stop = asyncio.Event()

@@ -177,7 +177,9 @@ class Load:
     """Bounded open-loop client load on the router, in a thread, for the length of a `with` block."""
 
     def __init__(self, url: str, rate: float = LOAD_RATE, max_s: float = 300.0) -> None:
-        self.gen = LoadGenerator(LoadSpec(url=url, rate_per_s=rate, duration_s=max_s, timeout_s=10.0))
+        # the client's timeout is patience: a request a loaded machine made slow is served late, not failed (the gates
+        # see its latency; only a router that fails it, or a hang, is a client error)
+        self.gen = LoadGenerator(LoadSpec(url=url, rate_per_s=rate, duration_s=max_s, timeout_s=PATIENCE_S))
         self._loop = asyncio.new_event_loop()
         self._stop = asyncio.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
