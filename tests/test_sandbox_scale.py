@@ -87,7 +87,7 @@ def test_one_report_per_node_reaches_the_controller_and_no_client_sees_a_node_lo
     before = loss.report.window(0, loss.stopped_at_s)
     after = loss.report.window(loss.serving_at_s, math.inf)
     assert before.ok >= CLIENT_RATE and after.ok >= CLIENT_RATE, (before.summary(), after.summary())
-    assert loss.report.errors == 0, loss.report.status_counts
+    assert loss.report.errors == 0, (loss.report.status_counts, [r.error for r in loss.report.results if r.error][:5])
 
 
 # ----- the derivation and the bounds, without starting anything -----------------------------------------------------
