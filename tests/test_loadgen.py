@@ -26,6 +26,6 @@ def test_a_sender_held_past_its_schedule_counts_the_requests_it_sent_late() -> N
         report = asyncio.run(held())
     assert report.count == 100 and report.status_counts == {TRANSPORT_ERROR: 100}
     # the ~30 requests due while the loop was held left late (the last one or two due in the hold may still leave
-    # within their interval); of the 70 due before or after it, only a machine stalled besides makes some late: a
-    # count of every request would be a bug
-    assert 25 <= report.late <= 70, report.late
+    # within their interval); a machine stalled besides makes more of the others late (beside stress-ng: 80), never
+    # the first, due when the sender starts and sent at once: a count of every request would be a bug
+    assert 25 <= report.late < report.count, report.late
