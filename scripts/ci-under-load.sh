@@ -7,7 +7,7 @@
 #
 # --runs N: how many runs (default 3); --no-load: the same without stress-ng (the comparison); --keep: keep the
 # clones and their logs (default: the logs only, under test-output/ci-under-load/). Exit 0 when every run was
-# green, 1 otherwise. What is tested is HEAD as committed: commit first.
+# green, 1 otherwise. What is tested is HEAD as committed when each run starts (each line names it): commit first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=3 load=1 keep=0
@@ -28,7 +28,6 @@ if ((load)) && ! command -v stress-ng >/dev/null; then
 fi
 logs=$PWD/test-output/ci-under-load
 mkdir -p "$logs"
-head=$(git rev-parse --short HEAD)
 work=$(mktemp -d /tmp/ci-under-load.XXXXXX)
 stress=""
 cleanup() {
@@ -41,6 +40,7 @@ for ((i = 1; i <= runs; i++)); do
   run=$work/run-$i
   mkdir -p "$run"
   git clone --quiet --no-hardlinks "$PWD" "$run/main"
+  head=$(git -C "$run/main" rev-parse --short HEAD)  # each run clones the HEAD of its own start
   cp -r "$shared" "$run/shared"
   chmod -R a-w "$run/shared"
   if ((load)); then
@@ -59,6 +59,6 @@ for ((i = 1; i <= runs; i++)); do
   chmod -R u+w "$run/shared"
   ((keep)) || rm -rf "$run"
 done
-echo "== ci-under-load.sh: $runs run(s) at $head"
+echo "== ci-under-load.sh: $runs run(s)"
 printf '%s\n' "${summary[@]}"
 exit "$failed"
