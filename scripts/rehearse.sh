@@ -35,10 +35,10 @@ out=$(cd "$out" && pwd)
 export EXASERVE_REHEARSAL_OUT="$out/records"
 # one at a time: a rehearsal measures the product, not its neighbours
 tests=0
-pytest -q -p no:cacheprovider -m rehearsal --durations=10 --junitxml="$out/pytest-rehearsal.xml" tests/rehearsal "$@" \
-  || tests=$?
+(($#)) || set -- tests/rehearsal  # PYTEST_ARGS: what to run of the rehearsal tier (default: all of it)
+pytest -q -p no:cacheprovider -m rehearsal --durations=10 --junitxml="$out/pytest-rehearsal.xml" "$@" || tests=$?
 not_run=()
-(($#)) && not_run+=("tests/rehearsal/ selected by: $*")
+[[ "$*" != tests/rehearsal ]] && not_run+=("tests/rehearsal/ but what was selected by: $*")
 if ((scale)); then
   echo "== scale rehearsal (bench/scale_bench.py at the largest size this machine holds)"
   PYTHONPATH=. python bench/scale_bench.py --sections reference,rollout --rollout-batches 0 --cpu-share 1.0 --json \
