@@ -4,6 +4,8 @@ client requests, checked on timelines written out by hand, each figure derived h
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import math
 import time
 from typing import Any
@@ -20,6 +22,7 @@ from serving.drill.measure import (
     baseline_of,
     cadence_bound,
     counted_gaps,
+    journaled,
     judge,
     judge_order,
     measure,
@@ -31,6 +34,7 @@ from serving.drill.measure import (
 from serving.drill.scenarios import SCENARIOS, TargetName, plan_targets, scenario_targets
 from serving.fleet_http import FleetHttp
 from serving.router.loadgen import TRANSPORT_ERROR, RequestResult
+from serving.runtime.controller import Action, Kind
 from serving.stats import p_slower_than_reference
 from tests.support.json_server import json_server
 from tests.support.stacks import fleet_of, spec_from
@@ -346,8 +350,8 @@ def test_look_times_a_probe_when_a_slow_router_answered() -> None:
 
 
 def _flap_probe(t: float, listed: bool, state: str, restarts: int = 0) -> Probe:
-    """W1 as every router lists it (listed healthy, or not registered), the leader's state for it and its count of
-    W1's restarts."""
+    """W1 as every router lists it (listed healthy, or not registered), the leader's state for it and the
+    migrations of W1 its journal holds (``restarts`` of them, their restarts asked for)."""
     member = {W1: True, W2: True, W3: True} if listed else {W2: True, W3: True}
     return Probe(
         t,
@@ -356,27 +360,28 @@ def _flap_probe(t: float, listed: bool, state: str, restarts: int = 0) -> Probe:
         {W1: state == "serving", W2: True, W3: True},
         states={W1: state, W2: "serving", W3: "serving"},
         restarts={W1: restarts, W2: 0, W3: 0},
+        migrated={W1: frozenset(f"1@{i}" for i in range(restarts))},
     )
 
 
 @pytest.mark.parametrize(
     ("timeline", "ok", "said"),
     [
-        # out at 24 s, restarted (counted at 41 s), back as a new process at 45 s
+        # out at 24 s, restarted (journaled at 41 s), back as a new process at 45 s
         (
             [(24.0, False, "out"), (40.0, False, "migrating"), (41.0, False, "warming", 1), (45.0, True, "serving", 1)],
             True,
-            "until its restart (counted at 41.00 s), back as a new process at 45.00 s",
+            "until its restart (journaled at 41.00 s), back as a new process at 45.00 s",
         ),
         # a restart so quick that no probe saw it migrating still counts
-        ([(24.0, False, "out"), (41.0, False, "warming", 1), (45.0, True, "serving", 1)], True, "counted at 41.00 s"),
+        ([(24.0, False, "out"), (41.0, False, "warming", 1), (45.0, True, "serving", 1)], True, "journaled at 41.00 s"),
         # back at 30 s with no restart: the replica that still flapped was readmitted
         (
             [(24.0, False, "out"), (30.0, True, "serving"), (40.0, False, "migrating", 1)],
             False,
-            "back in rotation at 30.00 s without a restart (a restart counted at 40.00 s)",
+            "back in rotation at 30.00 s without a restart (a restart journaled at 40.00 s)",
         ),
-        ([(24.0, False, "out"), (30.0, True, "serving")], False, "(a restart never counted)"),
+        ([(24.0, False, "out"), (30.0, True, "serving")], False, "(a restart never journaled)"),
     ],
 )
 def test_a_flapping_replica_back_before_its_restart_fails_stayed_out(
@@ -389,17 +394,50 @@ def test_a_flapping_replica_back_before_its_restart_fails_stayed_out(
     assert checks["stayed_out"].ok is ok and said in checks["stayed_out"].reason, checks["stayed_out"]
     # a scenario that does not flap is not judged on it
     assert "stayed_out" not in {c.name for c in judge(SCENARIOS["replica-crash"], (), m)}
-    # a count already raised before the fault (an earlier restart) is not this one
-    earlier = [_flap_probe(-1.0, True, "serving", 1), *(_flap_probe(*row) for row in timeline)]
-    m = measure(earlier, steady(-2, 50), subjects=(W1,), baseline_s=2, gates=GATES, end=50, healed=None)
-    assert not {c.name: c for c in judge(flapping, (), m)}["stayed_out"].ok
+    # a migration journaled before the fault (an earlier restart) is not this one, on whichever probe before it
+    for t in (-1.0, -5.0):
+        earlier = [_flap_probe(t, True, "serving", 1), _flap_probe(-0.5, True, "serving")]
+        m = measure(
+            [*earlier, *(_flap_probe(*row) for row in timeline)],
+            steady(-6, 50),
+            subjects=(W1,),
+            baseline_s=2,
+            gates=GATES,
+            end=50,
+            healed=None,
+        )
+        assert not {c.name: c for c in judge(flapping, (), m)}["stayed_out"].ok, t
+
+
+def test_the_journal_names_each_migration_whose_restart_was_asked_for_as_the_status_serves_it() -> None:
+    """What ``exaserve status`` serves of the leader's journal (the entries :class:`ControllerService` makes, through
+    JSON): a migration whose restart was asked for, by its term and start; not one that failed before the restart
+    (its removal or its fencing check), nor a removal or a readmission."""
+
+    def entry(kind: Kind, url: str, at: float, **more: Any) -> dict[str, Any]:
+        return {**dataclasses.asdict(Action(kind, "r", url, "why")), "term": 7, "at": at, "ok": True, **more}
+
+    served = json.loads(
+        json.dumps(
+            [
+                entry(Kind.REMOVE, W1, 1.0),
+                entry(Kind.MIGRATE, W1, 2.0, restarted=True),
+                entry(Kind.MIGRATE, W1, 3.0, restarted=False, ok=False),
+                entry(Kind.READMIT, W1, 4.0),
+                entry(
+                    Kind.MIGRATE, W2, 5.0, restarted=True, ok=False
+                ),  # asked for, then failed: restarted all the same
+            ]
+        )
+    )
+    assert journaled(served) == {W1: frozenset({"7@2.0"}), W2: frozenset({"7@5.0"})}
 
 
 # --- judged by order (exaserve drill --judge order: the CI suite's drills) -------------------------------------------
 
 
 def _crash_timeline(restart_at: float | None, back_at: float) -> list[Probe]:
-    """W1 in rotation until 24 s, out then, its restart counted at ``restart_at`` (None: never; before 24 s: while
+    """W1 in rotation until 24 s, out then, its restart journaled at ``restart_at`` (None: never; before 24 s: while
     still in rotation), back at ``back_at``; a probe every second."""
     rows: list[tuple[Any, ...]] = []
     for t in range(0, int(back_at) + 1):
@@ -416,15 +454,15 @@ def _crash_timeline(restart_at: float | None, back_at: float) -> list[Probe]:
 @pytest.mark.parametrize(
     ("restart_at", "back_at", "ok", "said"),
     [
-        (41.0, 45.0, True, "out of rotation at 24.00 s, restart counted at 41.00 s, back in rotation at 45.00 s"),
-        (None, 45.0, False, "never seen: restart counted"),  # back with no restart: not what the runtime does
+        (41.0, 45.0, True, "out of rotation at 24.00 s, restart journaled at 41.00 s, back in rotation at 45.00 s"),
+        (None, 45.0, False, "never seen: restart journaled"),  # back with no restart: not what the runtime does
         (
             10.0,
             45.0,
             False,
-            "restart counted at 10.00 s, back in rotation at 45.00 s; out of order",
+            "restart journaled at 10.00 s, back in rotation at 45.00 s; out of order",
         ),  # still in rotation
-        (24.0, 45.0, True, "restart counted at 24.00 s"),  # out and restarted on one probe: removal comes first
+        (24.0, 45.0, True, "restart journaled at 24.00 s"),  # out and journaled on one probe: removal comes first
         (45.0, 45.0, False, "back seen on the restart's probe"),  # restarted and back on one probe: no order
     ],
 )

@@ -3,7 +3,7 @@
 (tests/support/drills.py says what runs in it and how it is set).
 
 Judged by order, a drill passes when every event its scenario is about was observed in its place: the faulted
-replicas out of every router instance, then restarted (the leader counted it, not before they were out), then back
+replicas out of every router instance, then restarted (the leader journaled it, not before they were out), then back
 in every router and in rotation, on a later probe than the restart; a new leader; clients served after the fault; not one client
 request failed; no other replica out; the alerts that must fire fired and the quiet ones quiet; the fleet whole
 again. How long each step took is the rehearsal's to judge against the plan's targets
@@ -67,7 +67,7 @@ def test_each_drill_does_what_its_scenario_says_in_order_on_the_sandbox(
     assert not any(c["undecided"] for c in doc["checks"])
     if s.evicts:  # out, (restarted,) back: each after the one before
         assert checks["in_order"]["ok"], checks["in_order"]
-        assert ("restart counted" in checks["in_order"]["reason"]) is s.restarts, checks["in_order"]
+        assert ("restart journaled" in checks["in_order"]["reason"]) is s.restarts, checks["in_order"]
     else:
         assert "in_order" not in checks
     assert {"client_errors", "client_error_rate", "false_detections", "alerts_fired", "alerts_quiet", "settled"} <= set(

@@ -29,6 +29,7 @@ from serving.drill.measure import (
     Measured,
     Probe,
     counted_gaps,
+    journaled,
     judge,
     judge_order,
     measure,
@@ -247,6 +248,7 @@ async def look(http: FleetHttp, fleet: FleetUrls) -> Probe:
         {r["url"]: str(r["state"]) for r in reps},
         sent,
         {r["url"]: int(r.get("restarts", 0)) for r in reps},
+        journaled(lead.get("actions", [])),
     )
 
 

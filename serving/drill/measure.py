@@ -62,6 +62,9 @@ class Probe:
     states: Mapping[str, str] = field(default_factory=dict)  # replica URL → state (the leader's view)
     sent: float | None = None  # when its calls began; None: at ``t``
     restarts: Mapping[str, int] = field(default_factory=dict)  # replica URL → restarts in its current run (leader)
+    # replica URL → the leader's journaled migrations of it whose restart was asked for (:func:`journaled`); the
+    # leader journals a migration when it ended: after the replica's removal from every router, its drain and restart
+    migrated: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     @property
     def began(self) -> float:
@@ -186,8 +189,9 @@ class Measured:
     uncertainty: Mapping[TargetName, float] = field(default_factory=dict)
     # false detection URL → where and when it was seen out, and what the leader made of it then (the evidence)
     false_seen: Mapping[str, str] = field(default_factory=dict)
-    # the first probe after the fault at which the leader counted a restart of every faulted replica more than before
-    # it: the process that had the fault was replaced by then; None when not seen (or nothing was detected)
+    # the first probe after the fault at which the leader's journal held a migration of every faulted replica that
+    # it did not hold before the fault, its restart asked for: the process that had the fault was replaced by then;
+    # None when not seen (or nothing was detected)
     restarted_s: float | None = None
     # the start of the span after the fault, to the end of the load, in which no client request failed and some
     # succeeded (the first request sent after the last failure); None when the load ended on a failure
@@ -399,15 +403,30 @@ def served_again_after(results: Sequence[RequestResult]) -> float | None:
     return 0.0 if last_failed < 0 else tail[0].sent_at_s
 
 
+def journaled(actions: Sequence[Any]) -> dict[str, frozenset[str]]:
+    """Replica URL → the migrations of it in a leader's action journal (``exaserve status``'s ``actions``) whose
+    restart was asked for, each named by its term and start (a new leader's journal starts empty; one leader's
+    entries differ in their start)."""
+    out: dict[str, set[str]] = {}
+    for a in actions:
+        if isinstance(a, dict) and a.get("kind") == "migrate" and a.get("restarted") is True:
+            out.setdefault(str(a.get("url")), set()).add(f"{a.get('term')}@{a.get('at')}")
+    return {u: frozenset(keys) for u, keys in out.items()}
+
+
 def restarted_after(probes: Sequence[Probe], subjects: Sequence[str], after: float) -> float | None:
-    """The first probe at or after ``after`` by which the leader had counted one more restart of each of
-    ``subjects`` than at the last probe before the fault (its ``restarts``, which a restart raises and only a long
-    stable service resets); None while one was never seen so."""
-    before = next((p.restarts for p in reversed(probes) if p.t < 0), {})
+    """The first probe at or after ``after`` by which the leading controller had journaled a migration of each of
+    ``subjects`` that no probe saw before the fault, its restart asked for (the leader journals a migration when it
+    ended, so its removal from every router and the restart came before); None while one was never seen so."""
+    before: dict[str, set[str]] = {}
+    for p in probes:
+        if p.t < 0:
+            for u, keys in p.migrated.items():
+                before.setdefault(u, set()).update(keys)
     left = set(subjects)
     for p in probes:
         if p.t >= after:
-            left -= {u for u in left if p.restarts.get(u, 0) > before.get(u, 0)}
+            left -= {u for u in left if p.migrated.get(u, frozenset()) - before.get(u, set())}
             if not left:
                 return p.t
     return None
@@ -494,9 +513,9 @@ def judge(scenario: Scenario, targets: Sequence[Target], m: Measured, resolution
 
 def _stayed_out(m: Measured) -> Check:
     """A flapping replica comes back only as a new process: its flapping lasts as long as the process, and the score
-    cannot climb to readmit_at while one probe in two fails (hysteresis), so a restoration before the leader counted
-    its restart was a readmission of a replica that still flapped. (That the restart replaced the process is the
-    backend's to prove: the sandbox's starts a new one.)"""
+    cannot climb to readmit_at while one probe in two fails (hysteresis), so a restoration before the leader
+    journaled its restart was a readmission of a replica that still flapped. (That the restart replaced the process
+    is the backend's to prove: the sandbox's starts a new one.)"""
     if m.restoration_s is None:
         return Check("stayed_out", None, 0.0, "", True, "not back: restoration is judged on its own")
     early = m.restarted_s is None or m.restarted_s > m.restoration_s
@@ -508,7 +527,7 @@ def _stayed_out(m: Measured) -> Check:
             "",
             False,
             f"back in rotation at {m.restoration_s:.2f} s without a restart (a restart "
-            f"{'never counted' if m.restarted_s is None else f'counted at {m.restarted_s:.2f} s'}): readmitted while "
+            f"{'never journaled' if m.restarted_s is None else f'journaled at {m.restarted_s:.2f} s'}): readmitted while "
             "it still flapped",
         )
     return Check(
@@ -517,7 +536,7 @@ def _stayed_out(m: Measured) -> Check:
         0.0,
         "",
         True,
-        f"out from detection until its restart (counted at {m.restarted_s:.2f} s), back as a new process at "
+        f"out from detection until its restart (journaled at {m.restarted_s:.2f} s), back as a new process at "
         f"{m.restoration_s:.2f} s",
     )
 
@@ -535,7 +554,7 @@ def judge_order(scenario: Scenario, targets: Sequence[Target], m: Measured) -> l
     """What happened and in what order, never how long it took: each event the scenario's time targets stand for
     was observed (:data:`_EVENTS`; recovery, the clients' latency back to the baseline, is judged here as the
     clients served again without a failure: :attr:`Measured.served_again_s`), the faulted replicas left rotation
-    before a restart of each was counted and came back after it (a restart the scenario's fault calls for: every
+    before a restart of each was journaled and came back after it (a restart the scenario's fault calls for: every
     replica fault but the node's, whose replicas come back when the node does), the client error share within the
     plan's gate and no false detection, as :func:`judge` holds them, and no client error at all (the router's retries
     and the load generator's failover hide a lost replica from clients: one that reaches them is the runtime's miss,
@@ -575,18 +594,19 @@ def judge_order(scenario: Scenario, targets: Sequence[Target], m: Measured) -> l
 
 def _in_order(scenario: Scenario, m: Measured) -> Check:
     """Out, then restarted (where the scenario restarts the replica), then back: the restart no earlier than the
-    probe that saw the replica out (looked for from the fault on: one counted while the replica was still in
-    rotation is out of order), back on a later probe than the restart."""
+    probe that saw the replica out (looked for from the fault on: one journaled while a router still listed the
+    replica is out of order: the leader journals a migration after its removal from every router), back on a later
+    probe than the restart."""
     events = [("out of rotation", m.detection_s)]
     if scenario.restarts:
-        events.append(("restart counted", m.restarted_s))
+        events.append(("restart journaled", m.restarted_s))
     events.append(("back in rotation", m.restoration_s))
     seen = [(name, t) for name, t in events if t is not None]
     shown = ", ".join(f"{name} at {t:.2f} s" for name, t in seen)
     missing = [name for name, t in events if t is None and name != "back in rotation"]
-    # A restart first seen on the probe that first saw the replica out is in order (the leader takes a replica out of
-    # every router before it restarts it, so a count raised by then came after the removal); back must come on a later
-    # probe than the restart: back and restarted first seen together (a gap in the probing) came in an order nobody saw
+    # A restart first seen on the probe that first saw the replica out is in order (the leader journals a migration
+    # once it ended, so by then the removal it began with was over); back must come on a later probe than the restart:
+    # back and restarted first seen together (a gap in the probing) came in an order nobody saw
     in_order = all(a[1] <= b[1] if a[0] == "out of rotation" else a[1] < b[1] for a, b in pairwise(seen))
     ok = in_order and not missing
     problem = f"never seen: {', '.join(missing)}" if missing else "out of order, or back seen on the restart's probe"
