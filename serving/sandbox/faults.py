@@ -43,6 +43,8 @@ from serving.sandbox.prometheus import prometheus_url
 from serving.sandbox.runtime import controller_urls
 from serving.sandbox.worker import FAULT_PATH
 
+CONTROL_TIMEOUT_S = 60.0  # a worker host's fault endpoint, on loopback
+
 
 class SandboxFaults:
     """Faults on the sandbox whose process records are in ``processes_dir``."""
@@ -75,7 +77,9 @@ class SandboxFaults:
         self.killed[record.name] = record
 
     async def _put(self, urls: tuple[str, ...], body: dict[str, object] | None) -> None:
-        async with http_client(timeout=2.0) as http:
+        # a loaded machine answers late (CI beside stress-ng: ConnectTimeout at 2 s); a fault not injected fails the
+        # drill, a late one only widens its injection time, which the drill measures (Run.injection_s)
+        async with http_client(timeout=CONTROL_TIMEOUT_S) as http:
             for url in urls:
                 if body is None:
                     with contextlib.suppress(httpx.HTTPError):  # restarted since: a fresh worker has no fault

@@ -28,15 +28,17 @@ from typer.testing import CliRunner
 
 from serving.cli.commands import app
 from tests.support.paths import REPO
+from tests.support.patience import PATIENCE_S
 
 EXASERVE = Path(sys.executable).parent / "exaserve"
 
 
 def exaserve(
-    *args: str, cwd: Path = REPO, env: Mapping[str, str] | None = None, timeout_s: float = 120
+    *args: str, cwd: Path = REPO, env: Mapping[str, str] | None = None, timeout_s: float = 5 * PATIENCE_S
 ) -> subprocess.CompletedProcess[str]:
     """Run ``exaserve ARGS`` in ``cwd`` (the checkout: its ``Pulumi.<stack>.yaml`` files are the named stacks), with
-    the environment plus ``env`` and a wide terminal so that messages are not wrapped."""
+    the environment plus ``env`` and a wide terminal so that messages are not wrapped. The timeout only catches a
+    hang: beside stress-ng and other test runs, rendering prod's 2,048 replicas took more than 120 s."""
     return subprocess.run(
         [str(EXASERVE), *args], capture_output=True, text=True, cwd=cwd, env=_env(env), timeout=timeout_s, check=False
     )
