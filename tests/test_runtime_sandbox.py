@@ -168,7 +168,7 @@ def test_dead_or_hung_replica_is_removed_from_every_router_migrated_and_readmitt
         if why.startswith("NoRouterAnswered: no router instance answered: "):
             reasons = re.findall(r"\(([^()]*)\)", why)
             return bool(reasons) and all(r in {"ConnectTimeout", "ReadTimeout", "PoolTimeout"} for r in reasons)
-        return a["kind"] == "readmit" and "warm-up failed" in why
+        return a["kind"] == "readmit" and ("warm-up failed" in why or "warm-up too slow" in why)
 
     shown = "; ".join(
         f"{a['kind']} at {a['at'] - wall0:.2f} s after {a['seconds']} s: {a['detail']}" for a in failed_actions

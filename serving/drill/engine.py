@@ -247,7 +247,7 @@ async def look(http: FleetHttp, fleet: FleetUrls) -> Probe:
         {r["url"]: int(r["score"]) for r in reps},
         {r["url"]: str(r["state"]) for r in reps},
         sent,
-        {r["url"]: int(r.get("restarts", 0)) for r in reps},
+        {r["url"]: int(r.get("restarts_in_window", 0)) + int(r.get("restarts", 0)) for r in reps},
         journaled(lead.get("actions", [])),
     )
 
@@ -288,10 +288,12 @@ async def look_once(fleet: FleetUrls) -> Probe:
 def choose_subject(
     scenario: Scenario, fleet: FleetUrls, leader: str | None, restarts: Mapping[str, int] | None = None
 ) -> Subject:
-    """For a replica fault, the replica outside the last node with the fewest restarts in its current run as the
-    leader reports them (``restarts``: URL → count; the first in fleet order on a tie): the controller backs off
-    a replica restarted lately (until it has served 2 × ``runtime.restart_backoff_max_s``), and the restoration
-    target counts one restart, so drills run one after another must not all fault the same replica. The last node
+    """For a replica fault, the replica outside the last node with the fewest restarts as the leader reports them
+    (``restarts``: URL → its restarts in the quarantine window and in its current run; the first in fleet order on
+    a tie): the controller backs off a replica restarted lately (until it has served 2 ×
+    ``runtime.restart_backoff_max_s``) and quarantines one restarted ``runtime.quarantine_after`` times in
+    ``runtime.quarantine_window_s``, and the restoration target counts one restart, so drills run one after another
+    must not all fault the same replica. The last node
     for a node fault, the last router instance, the current leader. A drill the fleet cannot run (one router, no
     controllers) raises naming the fix."""
     parts: dict[str, Any] = {}

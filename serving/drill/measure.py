@@ -405,8 +405,9 @@ def served_again_after(results: Sequence[RequestResult]) -> float | None:
 
 def journaled(actions: Sequence[Any]) -> dict[str, frozenset[str]]:
     """Replica URL → the migrations of it in a leader's action journal (``exaserve status``'s ``actions``) whose
-    restart was asked for, each named by its term and start (a new leader's journal starts empty; one leader's
-    entries differ in their start)."""
+    restart reached the deployment (``restarted: true``; one the deployment refused or never got, SSH not connected or
+    the API server silent before the eviction, says false), each named by its term and start (a new leader's journal
+    starts empty; one leader's entries differ in their start)."""
     out: dict[str, set[str]] = {}
     for a in actions:
         if isinstance(a, dict) and a.get("kind") == "migrate" and a.get("restarted") is True:

@@ -237,13 +237,16 @@ def _scenarios() -> dict[DrillName, Scenario]:
             "generation-errors",
             "One replica fails every generation with HTTP 500 while its /health answers 200 (its scheduler still "
             "runs, so SGLang's health_generate passes): the agents' probes see nothing; the routers' circuit breakers "
-            "open on the failures, and the leader, which reads them, restarts the replica.",
+            "open on the failures, and the leader, which reads them, takes the replica out of rotation once they have "
+            "stayed open runtime.breaker_dwell_s (request errors alone restart nothing); its warm-up's requests fail "
+            "while /health answers, the controller's own evidence, and it restarts the replica.",
             (Fault(FaultKind.GENERATION_ERRORS, replica),),
             _EVICTING,
             True,
             (OUT_OF_ROTATION,),
-            _REPLICA_QUIET,
-            _SELF_HEALED,
+            (ERROR_RATE, WORKERS_UNHEALTHY, EVICTION_CAP, QUARANTINED),
+            _SELF_HEALED + " ExaServeRuntimeActionsFailing may fire: the readmission's warm-up failing on its requests "
+            "is what tells the controller to restart it.",
         ),
         Scenario(
             "memory-pressure",

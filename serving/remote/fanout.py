@@ -90,6 +90,10 @@ def run_one(
         return _error(target, "host-key", f"cannot read known_hosts {known_hosts}: {exc}", started)
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
     hostport = target.address if target.port == 22 else f"[{target.address}]:{target.port}"
+    # once the exec request is on its way the command may run, whatever the connection does after: paramiko's
+    # exec_command re-raises the transport's saved socket error (Channel._wait_for_event), so a reset while it waits
+    # for the answer must not read as "unreachable" (nothing ran), which the runtime takes as a restart never made
+    sent = False
     try:
         client.connect(
             target.address,
@@ -104,6 +108,7 @@ def run_one(
             look_for_keys=identity is None,
         )
         channel = client.get_transport().open_session(timeout=connect_timeout_s)  # type: ignore[union-attr]
+        sent = True
         channel.exec_command(command)
         out, err = bytearray(), bytearray()
         channel.settimeout(0.2)
@@ -154,14 +159,18 @@ def run_one(
         if isinstance(exc, paramiko.AuthenticationException):
             return _error(target, "auth", f"authentication as {target.user} failed: {exc}", started)
         return _error(target, "ssh-error", f"SSH error: {exc}", started)
-    except TimeoutError:
-        return _error(
-            target,
-            "unreachable",
-            f"no SSH answer from {hostport} within {connect_timeout_s:g} s (connect timeout)",
-            started,
-        )
-    except OSError as exc:
+    except (TimeoutError, OSError) as exc:
+        if sent:
+            return _error(
+                target, "ssh-error", f"connection to {hostport} lost after the command was sent: {exc}", started
+            )
+        if isinstance(exc, TimeoutError):
+            return _error(
+                target,
+                "unreachable",
+                f"no SSH answer from {hostport} within {connect_timeout_s:g} s (connect timeout)",
+                started,
+            )
         return _error(target, "unreachable", f"cannot connect to {hostport}: {exc.strerror or exc}", started)
     finally:
         client.close()

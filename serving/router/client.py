@@ -47,7 +47,8 @@ ROUTER_UPSTREAM_RESPONSES = "smg_router_upstream_responses_total"
 ROUTER_WORKER_HEALTH = "smg_worker_health"
 ROUTER_WORKER_RETRIES = "smg_worker_retries_total"
 ROUTER_WORKER_CB_STATE = "smg_worker_cb_state"
-CIRCUIT_OPEN = 1.0  # smg_worker_cb_state: 0 closed, 1 open, 2 half-open
+CIRCUIT_CLOSED = 0.0  # smg_worker_cb_state: 0 closed, 1 open, 2 half-open
+CIRCUIT_OPEN = 1.0
 # Worker (SGLang) metric names.
 WORKER_RUNNING = "sglang:num_running_reqs"
 WORKER_QUEUED = "sglang:num_queue_reqs"
@@ -57,7 +58,23 @@ WORKER_E2E_LATENCY = "sglang:e2e_request_latency_seconds"
 
 
 class RouterApiError(RuntimeError):
-    """The router answered something other than what its API promises."""
+    """The router answered something other than what its API promises: ``status`` is the answer's HTTP status (None:
+    the status was the promised one, the body was not), ``code`` smg's error code when its body carries one
+    (``{"error": …, "code": "WORKER_NOT_FOUND"}``, ``WorkerServiceError::error_code`` in smg 1.13.0's
+    ``model_gateway/src/worker/service.rs:228-240``)."""
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+    @property
+    def transient(self) -> bool:
+        """The router could not do it now, the request was right: a 5xx (smg answers 500 when its job queue takes no
+        job, ``QueueSubmitFailed``/``QueueNotInitialized``, service.rs:250-251; a proxy in front of it 502-504), a 408
+        or a 429. Any other 4xx says the request is wrong (smg: 400 ``BAD_REQUEST`` for an id that is no UUID or a URL
+        or label it refuses, service.rs:245-249; 401/403 for a missing admin key), which asking again will not fix."""
+        return self.status is not None and (self.status >= 500 or self.status in (408, 429))
 
 
 @dataclass(frozen=True)
@@ -236,6 +253,7 @@ def parse_workers(data: Any) -> list[WorkerInfo]:
 
 
 _IN_PROGRESS = re.compile(r"already in progress for URL '[^']*' with ID ([0-9A-Za-z-]+)\.")
+_EXISTS = re.compile(r"already exists at URL '[^']*' with ID ([0-9A-Za-z-]+)\.")
 
 
 def _error(response: httpx.Response) -> tuple[str | None, str]:
@@ -256,6 +274,34 @@ def _in_progress_id(response: httpx.Response) -> str | None:
         return None
     found = _IN_PROGRESS.search(message)
     return found.group(1) if found else None
+
+
+def _existing_id(response: httpx.Response) -> str | None:
+    """The registered worker's id from smg's 409 ``WORKER_ALREADY_EXISTS`` ("Worker already exists at URL '…' with
+    ID …", service.rs:267-274, raised by ``create_worker`` when the URL's reserved id is in the registry,
+    service.rs:485-491); None for any other answer."""
+    code, message = _error(response)
+    if code != "WORKER_ALREADY_EXISTS":
+        return None
+    found = _EXISTS.search(message)
+    return found.group(1) if found else None
+
+
+def api_error(method: str, path: str, response: httpx.Response) -> RouterApiError:
+    """The error for an answer the API does not promise: its status, smg's code and the start of its body."""
+    return RouterApiError(
+        f"{method} {path} answered {response.status_code}: {response.text[:300]}",
+        status=response.status_code,
+        code=_error(response)[0],
+    )
+
+
+def _body(method: str, path: str, response: httpx.Response) -> Any:
+    """The JSON body of a promised answer; a body that does not parse is the API's error (a proxy's HTML page)."""
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise RouterApiError(f"{method} {path}: body is not JSON ({exc}): {response.text[:300]}") from exc
 
 
 def parse_only(text: str, names: tuple[str, ...], scraped_at: float = 0.0) -> MetricsSnapshot:
@@ -305,20 +351,26 @@ class RouterClient:
     async def _json(self, method: str, path: str, expect: Iterable[int], **kwargs: Any) -> Any:
         response = await self._request(method, self.base_url + path, **kwargs)
         if response.status_code not in set(expect):
-            raise RouterApiError(f"{method} {path} answered {response.status_code}: {response.text[:300]}")
-        return response.json()
+            raise api_error(method, path, response)
+        return _body(method, path, response)
 
-    async def add_worker(self, url: str) -> str:
+    async def add_worker(self, url: str, *, existing_ok: bool = False) -> str:
         """Queue the registration of ``url``; returns the worker id (202 Accepted), or the id of the registration of
         ``url`` already queued: ``GET /workers`` does not list a pending registration, so an addition retried while
         the first waits for its worker POSTs again, and smg 1.13.0 answers 409 ``WORKER_CREATE_IN_PROGRESS`` with the
-        pending one's id in its message only (seen live; the string is in the wheel's binary, in no stored source)."""
+        pending one's id in its message only (``CreateInProgress``, model_gateway/src/worker/service.rs:275-282 and
+        507-511 of the 1.13.0 sdist). With ``existing_ok`` a URL that is registered already (409
+        ``WORKER_ALREADY_EXISTS``, service.rs:485-491: a registration that ended between the caller's list and this
+        POST) answers that worker's id: the addition is done, or its caller's check of that id says why not (a draining
+        entry). Without it that 409 raises, as it did for every caller before."""
         response = await self._request("POST", self.base_url + "/workers", json={"url": url})
         if response.status_code == 409 and (pending := _in_progress_id(response)) is not None:
             return pending
+        if existing_ok and response.status_code == 409 and (existing := _existing_id(response)) is not None:
+            return existing
         if response.status_code != 202:
-            raise RouterApiError(f"POST /workers answered {response.status_code}: {response.text[:300]}")
-        return str(response.json()["worker_id"])
+            raise api_error("POST", "/workers", response)
+        return str(_body("POST", "/workers", response)["worker_id"])
 
     async def list_workers(self) -> list[WorkerInfo]:
         return parse_workers(await self._json("GET", "/workers", (200,)))
@@ -329,8 +381,8 @@ class RouterClient:
         if response.status_code == 404:
             return None
         if response.status_code != 200:
-            raise RouterApiError(f"GET /workers/{worker_id} answered {response.status_code}: {response.text}")
-        return parse_worker(response.json())
+            raise api_error("GET", f"/workers/{worker_id}", response)
+        return parse_worker(_body("GET", f"/workers/{worker_id}", response))
 
     async def remove_worker(self, worker_id: str) -> bool:
         """Queue the removal (202: True). New requests stop going to it at once; in-flight ones finish. False when
@@ -340,8 +392,8 @@ class RouterClient:
         if response.status_code == 202:
             return True
         if response.status_code == 404 and _error(response)[0] == "WORKER_NOT_FOUND":
-            return False
-        raise RouterApiError(f"DELETE /workers/{worker_id} answered {response.status_code}: {response.text[:300]}")
+            return False  # already out: smg's delete_worker finds no URL for the id (service.rs:681-686)
+        raise api_error("DELETE", f"/workers/{worker_id}", response)
 
     async def find_worker(self, url: str) -> WorkerInfo | None:
         """The registered worker serving ``url``, from one full list (ready and draining workers, not pending ones):

@@ -26,9 +26,29 @@ operation (``httpx.HTTPError``), one that does not show the change in time raise
 it and the URLs it holds no entry for.
 
 With ``answering_only`` (the fleet controller's set: one router instance down must not stall every removal) an
-instance that does not answer at all (refused, reset, timed out: ``httpx.TransportError``) is left out and named in
-:attr:`Observed.silent`; the operation fails only when no instance answers. The caller reconciles a silent instance
-when it answers again.
+instance that cannot do the change now is left out and named in :attr:`Observed.silent` with why; the operation fails
+only when no instance answers (:class:`NoRouterAnswered`). The caller reconciles a silent instance when it answers
+again. Silent is (:func:`_silent`):
+
+* no answer at all: refused, reset, timed out (``httpx.TransportError``);
+* an answer that says "not now": a 5xx, 408 or 429 (:attr:`RouterApiError.transient`; smg 1.13.0 answers 500 when
+  its job queue takes no job, ``QueueSubmitFailed`` in ``model_gateway/src/worker/service.rs:250-251``, and a proxy
+  or load balancer in front of it 502-504). An instance answering errors is as useless to the change as one that is
+  down, and the others applied it;
+* an instance that answered but did not show the change in time (:class:`MembershipTimeout`) while another instance
+  did: that instance lags (its job queue, its path to the worker), not the change. When no instance showed it, the
+  change itself failed (a worker that never becomes ready) and the timeout raises;
+* for a listing (:meth:`RouterSet.membership`: nothing is changed, the caller only learns what each instance holds)
+  any error answer: an instance whose list cannot be read holds nothing to act on, and a new leader must take office
+  on the instances that answer.
+
+A 4xx that means "already in that state" is no error at all: ``DELETE`` of an id smg no longer holds answers 404
+``WORKER_NOT_FOUND`` (``delete_worker``, service.rs:681-686: the worker is out, which a removal wants), ``POST`` of a
+URL registered meanwhile 409 ``WORKER_ALREADY_EXISTS`` (service.rs:485-491: the addition then proves that worker ready,
+:meth:`RouterClient.add_worker` ``existing_ok``) or ``WORKER_CREATE_IN_PROGRESS`` (service.rs:507-511: the pending
+registration is polled). Any other 4xx says our request is wrong (smg: 400 ``BAD_REQUEST`` for an id that is no UUID,
+a URL or label it refuses, service.rs:245-249; 401/403 for a missing admin key): it raises, an instance that refuses
+the request is a fault to fix, not one to wait out.
 """
 
 from __future__ import annotations
@@ -44,7 +64,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from serving.router.client import RouterClient, WorkerInfo
+from serving.router.client import RouterApiError, RouterClient, WorkerInfo
 
 POLL_S = 0.05  # between two rounds of GET /workers/{id} on one instance while waiting for a change, at least
 # ... and at least this many times as long as the last round took: a batch's 410 workers are 410 small reads per round
@@ -71,7 +91,7 @@ class Observed:
     change: str
     urls: tuple[str, ...]
     seconds_by_router: dict[str, float]
-    silent: Silent = field(default_factory=dict)  # instances that did not answer (``answering_only``)
+    silent: Silent = field(default_factory=dict)  # instances left out, each with why (``answering_only``)
 
     def summary(self) -> str:
         """``removed on every router (3): http://r1 0.05 s, …`` — the evidence a journal event carries."""
@@ -140,7 +160,7 @@ class RouterSet:
         """Router URL → (worker URL → worker) as each instance lists its workers now (ready and draining ones), and
         the silent instances."""
         async with self.clients() as clients:
-            lists, silent = await self._gather(clients, lambda c: c.list_workers())
+            lists, silent = await self._gather(clients, lambda c: c.list_workers(), read=True)
         return {c.base_url: {w.url: w for w in workers} for c, workers in lists}, silent
 
     async def listed(self) -> dict[str, dict[str, WorkerInfo]]:
@@ -248,7 +268,8 @@ class RouterSet:
             await _until_drains_end(client, started, timeout_s, held.values())
             ids = {w.id: w.url for w in held.values() if w.status != DRAINING}
             new = sorted(wanted - set(ids.values()))
-            ids.update(zip(await asyncio.gather(*(client.add_worker(u) for u in new)), new, strict=True))
+            added = await asyncio.gather(*(client.add_worker(u, existing_ok=True) for u in new))
+            ids.update(zip(added, new, strict=True))
             await _until_each(client, started, timeout_s, ids, _ready, "does not answer ready and healthy")
             return time.monotonic() - started
 
@@ -260,23 +281,47 @@ class RouterSet:
         return Observed(change, tuple(sorted(urls)), {c.base_url: s for c, s in seconds}, silent)
 
     async def _gather(
-        self, clients: list[RouterClient], op: Callable[[RouterClient], Awaitable[T]]
+        self, clients: list[RouterClient], op: Callable[[RouterClient], Awaitable[T]], *, read: bool = False
     ) -> tuple[list[tuple[RouterClient, T]], Silent]:
-        """``op`` on every instance at once. Strict: the first failure raises. ``answering_only``: an instance that
-        does not answer is left out and named; any other failure raises, and so does no instance answering."""
+        """``op`` on every instance at once. Strict: the first failure raises. ``answering_only``: an instance that is
+        silent (:func:`_silent`; ``read``: ``op`` changes nothing, any error answer) is left out and named with why;
+        any other failure raises, and so does no instance answering."""
         results = await asyncio.gather(*(op(c) for c in clients), return_exceptions=self.answering_only)
         done: list[tuple[RouterClient, T]] = []
         silent: Silent = {}
+        late: dict[str, MembershipTimeout] = {}
         for client, result in zip(clients, results, strict=True):
-            if isinstance(result, httpx.TransportError):
-                silent[client.base_url] = f"{type(result).__name__}: {result}".rstrip(": ")
+            if isinstance(result, MembershipTimeout):
+                late[client.base_url] = result
+            elif isinstance(result, Exception) and _silent(result, read=read):
+                silent[client.base_url] = _why(result)
             elif isinstance(result, BaseException):
                 raise result
             else:
                 done.append((client, result))
+        if late and not done:  # no instance showed the change: the change failed, not one instance
+            raise next(iter(late.values()))
+        silent.update({router: _why(exc) for router, exc in late.items()})
         if silent and not done:
             raise NoRouterAnswered(silent)
         return done, silent
+
+
+def _silent(exc: Exception, *, read: bool) -> bool:
+    """Whether an instance that failed ``exc`` counts as silent (module docstring): no answer, or an answer that says
+    "not now"; for a read, any error answer."""
+    if isinstance(exc, httpx.TransportError):
+        return True
+    if isinstance(exc, RouterApiError):
+        return read or exc.transient
+    return read and isinstance(exc, httpx.HTTPError)
+
+
+def _why(exc: Exception) -> str:
+    """A silent instance's reason as ``status`` and the journal show it: the error's type and message (an error answer's
+    status and the start of its body), at most 200 characters."""
+    why = f"{type(exc).__name__}: {exc}".rstrip(": ")
+    return why if len(why) <= 200 else why[:199] + "…"
 
 
 def _host(url: str) -> str:

@@ -4,10 +4,11 @@ Per replica: ``GET /health_generate`` bounded by ``serving.health_check_timeout_
 the scheduler, ≥ 1 s on SGLang 0.5.23: a wedged scheduler or a hung process times out; the routers check the cheap
 ``/health``, serving.render.sglang), then ``GET /metrics`` for SGLang's load figures (``sglang:num_running_reqs``,
 ``sglang:num_queue_reqs``, ``sglang:token_usage``, ``sglang:num_requests_total``; the scheduler's gauges counted
-once per data-parallel rank, :meth:`serving.router.client.MetricsSnapshot.per_scheduler`). GPU utilisation,
-frame-buffer use and PCIe throughput come from NVIDIA's DCGM exporter when ``dcgm_url`` is given
-(averaged over the replica's GPUs); without it GPU utilisation is estimated as running requests over
-``limits.max_running_requests``, memory as SGLang's token usage and network as 0 (docs/runtime.md).
+once per data-parallel rank, :meth:`serving.router.client.MetricsSnapshot.per_scheduler`). GPU utilisation and
+PCIe throughput come from NVIDIA's DCGM exporter when ``dcgm_url`` is given (averaged over the replica's GPUs);
+without it GPU utilisation is estimated as running requests over ``limits.max_running_requests`` and network as 0.
+Memory is SGLang's token usage (its KV pool's fill) either way: DCGM's frame-buffer use is the pool SGLang allocated
+at start-up (``--mem-fraction-static``), ~0.9 on an idle replica (docs/runtime.md).
 
 The report goes to every controller instance (followers keep warm state); a controller that does not
 answer is skipped, the next interval's report supersedes this one.
@@ -39,8 +40,6 @@ from serving.sglang_health import SCHEDULER_HEALTH_PATH
 REPORTS_PATH = "/v1/reports"
 WORKER_TOKEN_USAGE = "sglang:token_usage"  # noqa: S105 - a metric name, not a secret
 DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # percent
-DCGM_FB_USED = "DCGM_FI_DEV_FB_USED"  # MiB
-DCGM_FB_FREE = "DCGM_FI_DEV_FB_FREE"  # MiB
 DCGM_PCIE_TX = "DCGM_FI_DEV_PCIE_TX_THROUGHPUT"  # KB/s
 DCGM_PCIE_RX = "DCGM_FI_DEV_PCIE_RX_THROUGHPUT"  # KB/s
 # What a probe reads of the replica's /metrics: parsing only these families takes a tenth of the full text's time
@@ -135,7 +134,7 @@ class Agent:
             return ReplicaProbe(id=rid, ok=False, latency_s=None, error=exc.why)
         running = sum(snap.per_scheduler(WORKER_RUNNING).values())
         usage = snap.per_scheduler(WORKER_TOKEN_USAGE).values()  # each DP rank's own pool: the fullest one counts
-        gpu, mem, net = self._gpu_figures(gpus, dcgm)
+        gpu, net = self._gpu_figures(gpus, dcgm)
         return ReplicaProbe(
             id=rid,
             ok=True,
@@ -144,27 +143,26 @@ class Agent:
             queued=int(sum(snap.per_scheduler(WORKER_QUEUED).values())),
             requests_total=snap.value(WORKER_REQUESTS_TOTAL),
             gpu_utilization=_share(running / self.config.max_running_requests) if gpu is None else gpu,
-            memory_usage=_share(max(usage, default=0.0)) if mem is None else mem,
+            # the KV pool's fill, never DCGM's frame-buffer use: SGLang allocates its pool at start-up
+            # (--mem-fraction-static), so an idle replica's GPU memory reads ~0.9 and a shed one never looked idle
+            memory_usage=_share(max(usage, default=0.0)),
             network_bandwidth=net or 0.0,
         )
 
-    def _gpu_figures(
-        self, gpus: tuple[int, ...], dcgm: MetricsSnapshot | None
-    ) -> tuple[float | None, float | None, float | None]:
-        """(GPU utilisation, frame-buffer use, PCIe share of the link) averaged over ``gpus``, from DCGM."""
+    def _gpu_figures(self, gpus: tuple[int, ...], dcgm: MetricsSnapshot | None) -> tuple[float | None, float | None]:
+        """(GPU utilisation, PCIe share of the link) averaged over ``gpus``, from DCGM."""
         if dcgm is None or not gpus:
-            return None, None, None
+            return None, None
 
         def per_gpu(name: str) -> list[float]:
             by_gpu = dcgm.by_label(name, "gpu")
             return [by_gpu[str(g)] for g in gpus if str(g) in by_gpu]
 
-        util, used, free = per_gpu(DCGM_GPU_UTIL), per_gpu(DCGM_FB_USED), per_gpu(DCGM_FB_FREE)
+        util = per_gpu(DCGM_GPU_UTIL)
         pcie = [tx + rx for tx, rx in zip(per_gpu(DCGM_PCIE_TX), per_gpu(DCGM_PCIE_RX), strict=False)]
         link_kbps = self.config.link_rate_gbps * 1e9 / 8 / 1e3
         return (
             _share(sum(util) / len(util) / 100) if util else None,
-            _share(sum(used) / (sum(used) + sum(free))) if used and free and sum(used) + sum(free) > 0 else None,
             _share(sum(pcie) / len(pcie) / link_kbps) if pcie and link_kbps > 0 else None,
         )
 

@@ -16,13 +16,26 @@ Decisions (docs/runtime.md):
   a node-wide fault cannot restart the same fresh replicas again and again (a restart storm).
 * A restarted replica is *loading* until its warm-up ends: its probes (a loading SGLang does not answer
   ``/health``) move neither its score nor its node's; the warm-up, which waits up to
-  ``serving.startup_budget_s`` for it, judges it.
+  ``serving.startup_budget_s`` for it, judges it. A node that reports a boot younger than the startup budget
+  (its ``seq`` is its monotonic clock) has its replicas *booting*: their probes count from their first answer, or
+  once the budget since the boot is spent. Both are read from what every instance sees (reports), so a reboot wave
+  restarts nothing on any leader.
 * Restarts back off: the n-th restart in a row waits ``runtime.restart_backoff_s`` × 2^(n−2) after the one
   before (at most ``runtime.restart_backoff_max_s``; kubelet's crash-loop back-off); the run of restarts ends
-  after the replica served for twice the longest back-off (client-go's back-off reset). A replica whose
-  ``runtime.quarantine_after`` restarts since it last passed a warm-up failed to bring it back is
-  *quarantined*: out of rotation, not restarted again, named by an alert; it returns only through a passed
-  warm-up. A restart that worked (the warm-up passed) is no failure, however many came before it.
+  after the replica served for twice the longest back-off (client-go's back-off reset). A replica restarted
+  ``runtime.quarantine_after`` times within ``runtime.quarantine_window_s``, whatever warm-ups passed between, is
+  *quarantined* (systemd's start limit): not restarted again until it has served a whole window, named by an alert
+  while out of rotation; it returns to rotation only through a passed warm-up. A live process whose warm-up requests
+  fail after a restart is quarantined at once (a restart did not fix its generations).
+* Restarts are a fleet-wide budget (``runtime.restart_rate_per_min``, ``runtime.restart_burst``: a token bucket, the
+  node lifecycle controller's eviction rate), and none starts in a *disrupted* rack: more than 2 of its nodes, and
+  at least ``runtime.disrupted_share`` of them, unhealthy (a leaf switch, a PDU, a reboot wave; Kubernetes' zone
+  states). Replicas there leave rotation within the cap; when every rack is wholly unhealthy nothing is acted on
+  (the controller's own view is what failed).
+* Request errors alone (a router's circuit breaker open) never restart a replica: a breaker every router holds open
+  for ``runtime.breaker_dwell_s`` takes it out of rotation, within the cap, unless more breakers than the cap are
+  open at once (an overload, not outliers: Envoy's outlier detection ejects, never restarts). A restart needs the
+  agent's probes to agree.
 * Missed reports do not move any score: after ``serving.failure_threshold`` intervals without a report
   the node is *suspect* and its replicas keep their rotation state. A dead agent is no evidence against
   replicas the router still reaches; the router's own health check (interval × failure threshold)
@@ -30,7 +43,10 @@ Decisions (docs/runtime.md):
 * Eviction cap: at most ``max_evicted`` replicas out of rotation (out, migrating, warming) at once;
   a removal past the cap is refused and counted.
 * A replica returns to rotation only through a passed warm-up (:attr:`Kind.READMIT`), and only once
-  its score is at least ``health.readmit_at`` (hysteresis); a restarted replica starts at ``health.start``.
+  its score is at least ``health.readmit_at`` (hysteresis); a restarted replica starts at ``health.start``. A new
+  process warms up for ``serving.warmup_duration_s``; one that kept running (out for a breaker, a partition, its
+  score) for one heartbeat interval. A failed warm-up backs the next one off as restarts do.
+* Freshness is the controller's receive time; a report's send time only measures its node's clock skew.
 * Load moves (source §4.3, "migrate when load exceeds 1.5 × the mean"): a serving replica whose weighted load is
   above ``scheduler.migration_load_ratio`` × the fleet's mean, and at least ``scheduler.shed_min_load`` in
   ``serving.failure_threshold`` reports in a row (a burst is not an overload), is *shed*:
@@ -41,150 +57,27 @@ Decisions (docs/runtime.md):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
 
-from serving.plan.model import Plan, Replica
+from serving.plan.model import Replica
+from serving.runtime.records import (
+    _RUNNING,
+    MIN_WARMUP_RATE_PER_S,
+    Action,
+    Budget,
+    ControllerConfig,
+    Counters,
+    Kind,
+    NodeRecord,
+    ReplicaRecord,
+    ReplicaState,
+    Tally,
+    replica_urls,
+)
 from serving.runtime.reports import NodeReport, Rejection, ReportRejected
 from serving.runtime.score import Band, above_mean, band, may_readmit, next_score, weighted_load
-from serving.spec.schema import FleetSpec, HealthScoreSpec, LoadMetric
 
-FUTURE_SKEW_S = 1.0  # accepted clock skew between agent and controller (chrony keeps nodes ≤ 100 ms apart)
-MIN_WARMUP_RATE_PER_S = 1.0  # a warm-up needs requests to judge, even when the fleet is idle
-
-
-def replica_urls(plan: Plan) -> dict[str, str]:
-    """Replica id → the URL the routers know it by (the plan's :attr:`~serving.plan.model.Replica.url`)."""
-    return {r.id: r.url for r in plan.replicas}
-
-
-class ReplicaState(StrEnum):
-    SERVING = "serving"
-    OUT = "out"
-    MIGRATING = "migrating"
-    WARMING = "warming"
-
-
-class Kind(StrEnum):
-    REMOVE = "remove"
-    MIGRATE = "migrate"
-    READMIT = "readmit"
-
-
-_RUNNING = {Kind.MIGRATE: ReplicaState.MIGRATING, Kind.READMIT: ReplicaState.WARMING}
-
-
-@dataclass(frozen=True)
-class Action:
-    """What the leader must do to one replica; ``rate_per_s`` is the warm-up rate of a readmission."""
-
-    kind: Kind
-    replica: str
-    url: str
-    reason: str
-    rate_per_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class ControllerConfig:
-    health: HealthScoreSpec
-    interval_s: float
-    missed_to_suspect: int
-    max_evicted: int
-    max_age_s: float
-    weights: Mapping[LoadMetric, float]
-    warmup_share: float
-    warmup_s: float
-    move_ratio: float
-    shed_min_load: float
-    shed_after: int  # reports in a row at or above shed_min_load before a replica is shed
-    restart_backoff_s: float
-    restart_backoff_max_s: float
-    quarantine_after: int
-
-    @classmethod
-    def from_spec(cls, spec: FleetSpec, replicas: int) -> ControllerConfig:
-        iv = spec.serving.heartbeat_interval_s
-        return cls(
-            health=spec.health,
-            interval_s=iv,
-            missed_to_suspect=spec.serving.failure_threshold,
-            max_evicted=max(1, math.floor(spec.runtime.max_eviction_share * replicas)),
-            max_age_s=spec.runtime.report_max_age_s or 3 * iv,
-            weights=dict(spec.scheduler.weights),
-            warmup_share=spec.serving.warmup_share,
-            warmup_s=spec.serving.warmup_duration_s,
-            move_ratio=spec.scheduler.migration_load_ratio,
-            shed_min_load=spec.scheduler.shed_min_load,
-            shed_after=spec.serving.failure_threshold,
-            restart_backoff_s=spec.runtime.restart_backoff_s,
-            restart_backoff_max_s=spec.runtime.restart_backoff_max_s,
-            quarantine_after=spec.runtime.quarantine_after,
-        )
-
-    def backoff_s(self, restarts: int) -> float:
-        """The wait after the ``restarts``-th restart in a row before the next one may start."""
-        return min(self.restart_backoff_max_s, self.restart_backoff_s * 2.0 ** max(0, restarts - 1))
-
-
-@dataclass
-class ReplicaRecord:
-    id: str
-    node: str
-    url: str
-    score: int
-    state: ReplicaState = ReplicaState.SERVING
-    pending: Kind | None = None
-    figures: dict[LoadMetric, float] = field(default_factory=dict)
-    requests_total: float | None = None
-    rate_per_s: float = 0.0
-    shed: bool = False  # out of rotation for its load, not for failing
-    hot: int = 0  # reports in a row with its load at or above the shed floor
-    restarts: int = 0  # restarts in a row without stable service since (the back-off's exponent)
-    unproven: int = 0  # restarts since the replica last passed a warm-up: failed ones (quarantine counts these)
-    restarted_at: float | None = None
-    serving_since: float | None = None
-    loading: bool = False  # restarted, its warm-up not over: its probes move no score
-    node_forgiven: bool = False  # restarted for its node's score: that score no longer counts until the node recovers
-    quarantined: bool = False
-    # the lowest score a report put it at since the leader's last decision on it: a flapping replica dips under a
-    # line for one report (59, then 60 at the next pass), and a tick that came after the pass missed it (the
-    # replica-flapping drill: out at the next failure, one pair of probes later than the plan)
-    lowest: int | None = None
-
-    @property
-    def in_rotation(self) -> bool:
-        return self.state is ReplicaState.SERVING and self.pending not in (Kind.REMOVE, Kind.MIGRATE)
-
-
-@dataclass
-class NodeRecord:
-    name: str
-    score: int
-    last_report_at: float
-    replicas: tuple[str, ...]
-    last_key: tuple[str, int] | None = None  # (boot id, monotonic seq) of the last applied report
-    boots: set[str] = field(default_factory=set)  # boot ids the node reported from: an earlier boot is over
-    last_sent_at: float | None = None
-    missed: int = 0
-
-    def suspect(self, threshold: int) -> bool:
-        return self.missed >= threshold
-
-
-@dataclass
-class Counters:
-    accepted: int = 0
-    replicas: int = 0  # the replica probes the accepted reports carried (accepted × replicas per node when aggregated)
-    rejected: dict[Rejection, int] = field(default_factory=lambda: dict.fromkeys(Rejection, 0))
-    actions: dict[Kind, int] = field(default_factory=lambda: dict.fromkeys(Kind, 0))
-    capped: int = 0
-    failed: dict[Kind, int] = field(default_factory=lambda: dict.fromkeys(Kind, 0))
-    quarantined: int = 0  # replicas put in quarantine (each time)
-    refused: int = 0  # restarts the deployment refused to start (a disruption budget)
-    breakers: int = 0  # replicas put in the migrate band for a circuit breaker the routers hold open
+__all__ = ["Action", "Controller", "ControllerConfig", "Kind", "ReplicaState", "replica_urls"]
 
 
 class Controller:
@@ -205,17 +98,24 @@ class Controller:
         self.config = config
         self.discovered = discovered
         by_node: dict[str, list[str]] = {}
+        racks: dict[str, str] = {}
         for r in replicas:
             by_node.setdefault(r.node.name, []).append(r.id)
+            racks[r.node.name] = r.node.rack
         self.replicas: dict[str, ReplicaRecord] = (
             {}
             if discovered
             else {r.id: ReplicaRecord(r.id, r.node.name, urls[r.id], config.health.start) for r in replicas}
         )
         self.nodes = {
-            n: NodeRecord(n, config.health.start, now, () if discovered else tuple(ids)) for n, ids in by_node.items()
+            n: NodeRecord(n, config.health.start, now, () if discovered else tuple(ids), racks[n])
+            for n, ids in by_node.items()
         }
         self.counters = Counters()
+        self.budget = Budget(config.restart_rate_per_s, config.restart_burst, float(config.restart_burst), now)
+        self.disrupted: dict[str, tuple[int, int]] = {}  # rack → (unhealthy nodes, nodes), at the last tick
+        self.breaker_share = 0.0  # of the replicas in rotation, those whose breaker is open (the last read)
+        self._tick_warmup_rate = MIN_WARMUP_RATE_PER_S
 
     # ----- reports ---------------------------------------------------------------------------------
     def receive(self, report: NodeReport, now: float) -> None:
@@ -228,12 +128,24 @@ class Controller:
         node = self.nodes[report.node]
         if self.discovered:
             self._sync(node, report)
+        node.skew_s = report.sent_at - now
+        self._boot(node, report, now)
+        # a disrupted rack's probes are one fault's, not each replica's: no score moves (as for a silent agent) and
+        # the rack's replicas keep what they earned, so they return as soon as it heals (:meth:`racks`)
+        disrupted = node.rack in self.disrupted
         failed = judged = 0
         for probe in report.replicas:
             rec = self.replicas[probe.id]
-            if not rec.loading:
-                rec.score = next_score(rec.score, probe.ok, self.config.health)
-                rec.lowest = rec.score if rec.lowest is None else min(rec.lowest, rec.score)
+            rec.answered = probe.ok
+            if probe.ok and rec.in_rotation and rec.booting_until is None:
+                rec.fresh = False  # a booted process serving: a later failure is its own, not its start-up's
+            if rec.booting_until is not None and (probe.ok or now >= rec.booting_until):
+                rec.booting_until = None  # loaded, or past the startup budget: judged from here on
+            if not rec.loading and rec.booting_until is None:
+                rec.last_ok = probe.ok
+                if not disrupted:
+                    rec.score = next_score(rec.score, probe.ok, self.config.health)
+                    rec.lowest = rec.score if rec.lowest is None else min(rec.lowest, rec.score)
                 judged += 1
                 failed += not probe.ok
             rec.figures = {
@@ -249,7 +161,8 @@ class Controller:
                     rec.rate_per_s = (probe.requests_total - rec.requests_total) / dt
             if probe.ok:
                 rec.requests_total = probe.requests_total
-        if judged:  # replicas the controller restarted are no evidence against their node
+        node.failing = judged > 0 and 2 * failed > judged
+        if judged and not disrupted:  # replicas the controller restarted are no evidence against their node
             node.score = next_score(node.score, 2 * failed <= judged, self.config.health)
         if band(node.score, self.config.health) is Band.OK:
             for rid in node.replicas:
@@ -261,6 +174,20 @@ class Controller:
         node.missed = 0
         self.counters.accepted += 1
         self.counters.replicas += len(report.replicas)
+
+    def _boot(self, node: NodeRecord, report: NodeReport, now: float) -> None:
+        """A node that booted less than ``serving.startup_budget_s`` ago (its report's ``seq`` is its monotonic clock:
+        the time since its boot) on a boot id not seen before: its replicas are loading their model, not failing,
+        until each answers or the budget since the boot is spent. Read from the reports alone, so every instance
+        agrees, and a leader handed over mid-wave restarts nothing the old one would not have."""
+        if node.last_key is not None and report.boot_id == node.last_key[0]:
+            return
+        up_s = report.seq / 1e9
+        if up_s >= self.config.startup_budget_s:
+            return
+        for rid in node.replicas:
+            rec = self.replicas[rid]
+            rec.booting_until, rec.fresh = now - up_s + self.config.startup_budget_s, True
 
     def _sync(self, node: NodeRecord, report: NodeReport) -> None:
         """Discovered replicas: the node's report lists its pods. A new pod starts serving (the router discovered it
@@ -299,14 +226,6 @@ class Controller:
                     Rejection.REPLAYED,
                     f"node {report.node!r} boot {report.boot_id} is over: the node reported since from boot {boot}",
                 )
-        if report.sent_at < now - self.config.max_age_s:
-            raise ReportRejected(
-                Rejection.STALE, f"sent {now - report.sent_at:.1f} s ago, more than {self.config.max_age_s:g} s"
-            )
-        if report.sent_at > now + FUTURE_SKEW_S:
-            raise ReportRejected(
-                Rejection.FUTURE, f"sent {report.sent_at - now:.1f} s in the future (check the node's clock)"
-            )
         unknown = sorted({p.id for p in report.replicas} - set(node.replicas))
         if self.discovered:
             unknown = sorted(p.id for p in report.replicas if not p.url and p.id not in node.replicas)
@@ -322,72 +241,210 @@ class Controller:
         """Replicas out of rotation now or about to be (the eviction cap counts these)."""
         return sum(not r.in_rotation for r in self.replicas.values())
 
-    def breakers_open(self, urls: Collection[str]) -> list[str]:
-        """Replicas in rotation whose circuit breaker a router holds open (smg's ``smg_worker_cb_state`` 1: its
-        requests failed ``serving.failure_threshold`` times in a row): a replica failing every generation while its
-        ``/health`` answers, which the agents' probes cannot see. Each is put in the migrate band, so the next tick
-        removes and restarts it as any failed replica (eviction cap, back-off, quarantine). Returns their ids."""
-        hit = []
+    def breakers_open(self, urls: Collection[str], now: float) -> list[str]:
+        """Read before each tick: the replica URLs whose circuit breaker every router instance tracking them holds open
+        (smg's ``smg_worker_cb_state`` 1: ``serving.failure_threshold`` failed requests in a row). Each replica's
+        ``breaker_since`` starts at the first read that has it open and ends at the first that does not. Request errors
+        alone never restart a replica, since an overload or a partition opens the breakers of healthy ones: a breaker
+        held open ``runtime.breaker_dwell_s`` takes the replica out of rotation (:meth:`_breaker_due`), within the
+        cap, while few are open (Envoy's outlier detection ejects, never restarts). Returns the ids whose breaker
+        opened at this read."""
+        opened = []
+        serving = held = 0
         for rec in self.replicas.values():
-            if rec.url in urls and rec.in_rotation and rec.pending is None:
-                rec.score = min(rec.score, self.config.health.migrate_below - 1)
-                self.counters.breakers += 1
-                hit.append(rec.id)
-        return hit
+            serving += rec.in_rotation
+            if rec.url not in urls:
+                rec.breaker_since = None
+            elif rec.in_rotation:
+                held += 1
+                if rec.breaker_since is None:
+                    rec.breaker_since = now
+                    opened.append(rec.id)
+        self.breaker_share = held / serving if serving else 0.0
+        return opened
+
+    def _breaker_due(self, rec: ReplicaRecord, now: float) -> bool:
+        """A breaker held open for the dwell, while the routers hold at most the eviction cap's share of the serving
+        replicas' breakers open: when more fail at once the fault is the fleet's load or something they share (Envoy:
+        no outlier when all are out), and taking them out would only move the load onto fewer."""
+        return (
+            rec.breaker_since is not None
+            and now - rec.breaker_since >= self.config.breaker_dwell_s
+            and self.breaker_share * len(self.replicas) <= self.config.max_evicted
+        )
+
+    def _unhealthy(self, node: NodeRecord) -> bool:
+        """For its rack's state: its agent is silent, most replicas its last report judged failed their probes, or
+        the routers hold most of its replicas' breakers open. Read from the latest reports, not the scores, which a
+        disrupted rack's reports do not move: the disruption ends with the first good reports."""
+        if node.suspect(self.config.missed_to_suspect) or node.failing:
+            return True
+        held = sum(self.replicas[r].breaker_since is not None for r in node.replicas)
+        return 2 * held > len(node.replicas) > 0
+
+    def racks(self) -> dict[str, tuple[int, int]]:
+        """Disrupted racks: rack → (unhealthy nodes, nodes). A rack is disrupted when more than 2 of its nodes are
+        unhealthy and they make at least ``runtime.disrupted_share`` of it: Kubernetes' node lifecycle controller
+        calls a zone so (``ComputeZoneState``: partial disruption at ``--unhealthy-zone-threshold``, full when no node
+        is ready) and slows or stops its evictions there; one leaf switch, PDU or rack of reboots is one fault, and a
+        restart reaches none of it or repairs nothing."""
+        counts: dict[str, list[int]] = {}
+        for node in self.nodes.values():
+            seen = counts.setdefault(node.rack, [0, 0])
+            seen[0] += self._unhealthy(node)
+            seen[1] += 1
+        return {
+            rack: (bad, n) for rack, (bad, n) in counts.items() if bad > 2 and bad >= self.config.disrupted_share * n
+        }
 
     def tick(self, now: float, *, acting: bool) -> list[Action]:
-        """Count missed reports; when ``acting`` (the leader), the actions to take now, in place."""
+        """Count missed reports; when ``acting`` (the leader), the actions to take now, in place. One pass over the
+        fleet: O(replicas).
+
+        A follower (not ``acting``) decides as the leader would and takes each decision as carried out (it never sees
+        the leader's actions, only the same reports): what it restarted is loading, backed off and counted towards
+        quarantine as on the leader, so a hand-over changes no decision; at the hand-over the routers' lists say what
+        is in rotation (:meth:`adopt`). Its counters count only what it did as the leader."""
         for node in self.nodes.values():
             node.missed = int(max(0.0, now - node.last_report_at) // self.config.interval_s)
-        if not acting:
+        self.disrupted = self.racks()
+        if acting:
+            return self._decisions(now)
+        counters, self.counters = self.counters, Counters()
+        try:
+            for (
+                rec
+            ) in self.replicas.values():  # the leader's warm-up: passed once it has run with the replica answering
+                if rec.pending is Kind.READMIT and rec.answered and now >= (rec.readmit_started or now) + rec.warm_s:
+                    self.complete(Action(Kind.READMIT, rec.id, rec.url, "the leader's warm-up"), True, now=now)
+            for action in self._decisions(now):
+                if action.kind is not Kind.READMIT:
+                    self.complete(action, True, now=now)
+        finally:
+            self.counters = counters
+        return []
+
+    def _decisions(self, now: float) -> list[Action]:
+        if (
+            self.disrupted
+            and all(bad == n for bad, n in self.disrupted.values())
+            and len(self.disrupted) == len({n.rack for n in self.nodes.values()})
+        ):
+            # every rack wholly unhealthy: what failed is this controller's view of the fleet (Kubernetes stops all
+            # evictions when every zone is in full disruption); nothing is acted on until some node is healthy again
             for rec in self.replicas.values():
                 rec.lowest = None
             return []
         actions = []
         loads = self.loads()
         overloaded = set(self.shed_candidates(loads))
+        self._tick_warmup_rate = self.warmup_rate()  # once a tick: a mass readmission was O(n²)
+        out = Tally(
+            sum(not r.in_rotation and not r.shed for r in self.replicas.values()),
+            sum(not r.in_rotation and r.shed for r in self.replicas.values()),
+        )
         for rec in self.replicas.values():
             self._settle(rec, now)
             # what reports said since the last tick is this tick's to decide on; skipped (its action running, a
             # drain), it is no news for the decision after
             lowest, rec.lowest = rec.lowest, None
-            if rec.pending is not None or self.nodes[rec.node].suspect(self.config.missed_to_suspect):
+            if rec.pending is not None:
                 continue
-            action = self._decide(rec, lowest, loads[rec.id], rec.id in overloaded, now)
-            if action is not None:
-                rec.pending = action.kind
-                rec.state = _RUNNING.get(action.kind, rec.state)
-                self.counters.actions[action.kind] += 1
-                if action.kind is Kind.MIGRATE:
-                    rec.restarts += 1
-                    rec.restarted_at = now
-                actions.append(action)
+            if self.nodes[rec.node].suspect(self.config.missed_to_suspect):
+                # a silent agent is no evidence against its replicas: only the routers' breakers (below) are
+                action = self._breaker_removal(rec, now, out)
+            else:
+                action = self._decide(rec, lowest, loads[rec.id], rec.id in overloaded, now, out)
+            if action is None:
+                continue
+            if rec.in_rotation and action.kind is not Kind.READMIT:
+                if rec.shed:
+                    out.soft += 1
+                else:
+                    out.hard += 1
+            rec.pending = action.kind
+            rec.state = _RUNNING.get(action.kind, rec.state)
+            self.counters.actions[action.kind] += 1
+            if action.kind is Kind.MIGRATE:
+                rec.restarts += 1
+                rec.restarted_at = now
+            elif action.kind is Kind.READMIT:
+                rec.readmit_started, rec.warm_s = now, action.warmup_s
+            actions.append(action)
         return actions
 
     def _settle(self, rec: ReplicaRecord, now: float) -> None:
-        """Time in service: after twice the longest back-off serving, a replica's run of restarts is over."""
+        """Time in service: after twice the longest back-off serving, a replica's run of restarts is over (its back-off
+        starts again); after a whole quarantine window, so are the restarts quarantine counts."""
         if not rec.in_rotation or rec.pending is not None:
             rec.serving_since = None
         elif rec.serving_since is None:
             rec.serving_since = now
-        elif now - rec.serving_since >= 2 * self.config.restart_backoff_max_s:
-            rec.restarts = 0
+        else:
+            if now - rec.serving_since >= 2 * self.config.restart_backoff_max_s:
+                rec.restarts = 0
+            if now - rec.serving_since >= self.config.quarantine_window_s:
+                rec.quarantined = False  # a whole window served: it may be restarted again
 
     def _may_restart(self, rec: ReplicaRecord, now: float) -> bool:
-        """Whether a restart may start now: not quarantined, its back-off over; puts the replica in quarantine when
-        ``quarantine_after`` restarts since it last passed a warm-up did not bring it back."""
-        if rec.unproven >= self.config.quarantine_after and not rec.quarantined:
-            rec.quarantined = True
-            self.counters.quarantined += 1
+        """Whether a restart may start now: not quarantined, its back-off over, its rack not disrupted, and the
+        fleet-wide restart budget not spent (in that order; only a restart that starts takes from the budget). A
+        replica restarted ``runtime.quarantine_after`` times within the last ``runtime.quarantine_window_s`` is put in
+        quarantine (systemd's StartLimitBurst in StartLimitIntervalSec), whatever warm-ups passed in between (a
+        replica that flaps passes its warm-up each time), and stays there until it has served a whole window: it
+        returns to rotation through a passed warm-up, but is not restarted again before."""
+        rec.restart_times = [t for t in rec.restart_times if t > now - self.config.quarantine_window_s]
+        if len(rec.restart_times) >= self.config.quarantine_after and not rec.quarantined:
+            self._quarantine(rec)
         if rec.quarantined:
             return False
-        return rec.restarted_at is None or now >= rec.restarted_at + self.config.backoff_s(rec.restarts)
+        if rec.restarted_at is not None and now < rec.restarted_at + self.config.backoff_s(rec.restarts):
+            return False
+        if self.nodes[rec.node].rack in self.disrupted:
+            self.counters.withheld += 1
+            return False
+        if not self.budget.take(now):
+            self.counters.limited += 1
+            return False
+        return True
+
+    @staticmethod
+    def _removal_backed_off(rec: ReplicaRecord, now: float) -> bool:
+        """Its last removal failed on the routers and the back-off since has not passed."""
+        return rec.remove_after is not None and now < rec.remove_after
+
+    def _quarantine(self, rec: ReplicaRecord) -> None:
+        rec.quarantined = True
+        self.counters.quarantined += 1
+
+    def _breaker_removal(self, rec: ReplicaRecord, now: float, out: Tally) -> Action | None:
+        if not (rec.state is ReplicaState.SERVING and self._breaker_due(rec, now)) or self._removal_backed_off(
+            rec, now
+        ):
+            return None
+        if out.hard >= self.config.max_evicted:
+            self.counters.capped += 1
+            return None
+        self.counters.breakers += 1
+        assert rec.breaker_since is not None
+        reason = (
+            f"circuit breaker open on every router for {now - rec.breaker_since:.0f} s: out of rotation, not "
+            "restarted (request errors alone restart nothing)"
+        )
+        return Action(Kind.REMOVE, rec.id, rec.url, reason)
 
     def _decide(
-        self, rec: ReplicaRecord, lowest: int | None, load: float, overloaded: bool, now: float
+        self,
+        rec: ReplicaRecord,
+        lowest: int | None,
+        load: float,
+        overloaded: bool,
+        now: float,
+        out: Tally,
     ) -> Action | None:
         """On the replica's ``lowest`` score since its last decision (a dip a later report reversed counts), with the
-        node's current one."""
+        node's current one; ``out``: the replicas out of rotation so far, this tick's decisions included, for a
+        failure (the eviction cap) and for load (a cap of their own: shedding never spends the failures')."""
         score = self.effective_score(rec.id)
         dipped = lowest is not None and lowest < score
         score = min(score, lowest) if lowest is not None else score
@@ -396,11 +453,25 @@ class Controller:
         if dipped:
             now_at = f"replica now {rec.score}, node {self.nodes[rec.node].score}"
             reason = f"score {score}, the lowest since the last tick ({now_at})"
-        if rec.state is ReplicaState.SERVING and (where is not Band.OK or overloaded):
-            if self.evicted() >= self.config.max_evicted:
+        rack = self.nodes[rec.node].rack
+        if rack in self.disrupted and rec.state is ReplicaState.SERVING and not rec.last_ok:
+            if self._removal_backed_off(rec, now):
+                return None
+            if out.hard >= self.config.max_evicted:
                 self.counters.capped += 1
                 return None
-            if where is Band.OK:  # healthy but overloaded: shed its load
+            bad, n = self.disrupted[rack]
+            why = f"rack {rack} disrupted ({bad} of its {n} nodes unhealthy): out of rotation, not restarted"
+            return Action(Kind.REMOVE, rec.id, rec.url, why)
+        if rec.state is ReplicaState.SERVING and where is Band.OK and (self._breaker_due(rec, now) or not overloaded):
+            return self._breaker_removal(rec, now, out)
+        if rec.state is ReplicaState.SERVING:
+            if self._removal_backed_off(rec, now):
+                return None
+            if (out.soft if where is Band.OK else out.hard) >= self.config.max_evicted:
+                self.counters.capped += 1
+                return None
+            if where is Band.OK and overloaded:  # healthy but overloaded: shed its load
                 rec.shed = True
                 reason = (
                     f"load {load:.3f} above {self.config.move_ratio:g} × the mean and {self.config.shed_min_load:g}: "
@@ -413,18 +484,38 @@ class Controller:
                 return Action(Kind.MIGRATE, rec.id, rec.url, reason) if self._may_restart(rec, now) else None
             if rec.shed and load >= self.config.shed_min_load / 2:
                 return None  # still loaded: stays out (hysteresis: back under half the floor)
+            if rec.readmit_after is not None and now < rec.readmit_after:
+                return None  # its last warm-up failed: backed off
             if may_readmit(score, self.config.health):
                 why = f"load {load:.3f} back under {self.config.shed_min_load / 2:g}" if rec.shed else reason
-                return Action(Kind.READMIT, rec.id, rec.url, why, self.warmup_rate())
+                # a process restarted since it served warms up for serving.warmup_duration_s; one that kept running
+                # (out for a breaker, a partition, its score) was serving moments ago: one interval's check
+                warm_s = self.config.warmup_s if rec.fresh else min(self.config.warmup_s, self.config.interval_s)
+                return Action(Kind.READMIT, rec.id, rec.url, why, self._tick_warmup_rate, warm_s)
         return None
 
-    def complete(self, action: Action, ok: bool, *, refused: bool = False, restart_made: bool = True) -> None:
+    def complete(
+        self,
+        action: Action,
+        ok: bool,
+        *,
+        refused: bool = False,
+        restart_made: bool = True,
+        answered: bool = False,
+        fenced: bool = False,
+        now: float | None = None,
+    ) -> None:
         """The leader's report of what became of ``action``. ``refused``: a migration whose restart the deployment
         refused to start (Kubernetes: the pod's disruption budget allows none now); it backs off like a failed one
-        but is no failed restart of the replica, so it does not count towards quarantine. ``restart_made`` False: a
-        migration that failed before its restart was asked for (the leader's fencing check, the replica's removal from
-        the routers or its drain failed): a failed action, backed off, but no restart of the replica either, so no
-        step towards its quarantine."""
+        but is no restart of the replica, so quarantine does not count it. ``restart_made`` False: a migration that
+        failed before its restart reached the deployment (the leader's fencing check, the replica's removal from the
+        routers or its drain failed, or the restart never reached the node): a failed action, backed off, no restart
+        either. ``answered``: a failed readmission whose replica answered ``/health`` while its warm-up requests
+        failed (generations fail in a live process): restarted once, quarantined if a restart already did not fix
+        it. ``fenced``: the action never reached the routers (the leader's fencing check failed, its term ended): no
+        failure of the routers to back off from. A removal the routers failed is asked again only after the restart
+        back-off's next step (routers refusing every change were asked on every tick). ``now``: when the outcome came
+        (a restart counts from when it was decided, else from then)."""
         rec = self.replicas[action.replica]
         rec.pending = None
         rec.loading = rec.loading and action.kind is not Kind.READMIT
@@ -432,9 +523,17 @@ class Controller:
             self.counters.refused += 1
         elif not ok:
             self.counters.failed[action.kind] += 1
-        if action.kind is Kind.MIGRATE and restart_made and not refused:  # whether it brought the replica back or not
-            rec.unproven += 1
+        at = rec.restarted_at if rec.restarted_at is not None else now
+        if action.kind is Kind.MIGRATE and restart_made and not refused and at is not None:
+            rec.restart_times.append(at)  # whether it brought the replica back or not
+        elif action.kind is Kind.MIGRATE:  # no restart was made: its token goes back to the fleet's budget
+            self.budget.tokens = min(float(self.budget.burst), self.budget.tokens + 1.0)
         if action.kind is Kind.REMOVE:
+            if ok:
+                rec.failed_removals, rec.remove_after = 0, None
+            elif not fenced and now is not None:
+                rec.failed_removals += 1
+                rec.remove_after = now + self.config.backoff_s(rec.failed_removals)
             rec.state = ReplicaState.OUT if ok else rec.state
             # what its probes said while it drained was the removal's; the next decision is on what follows
             rec.lowest = None
@@ -445,16 +544,26 @@ class Controller:
                 rec.score, rec.lowest = self.config.health.start, None
                 rec.requests_total = None
                 rec.shed = False
-                rec.loading = True
+                rec.loading = rec.fresh = True
                 rec.node_forgiven = band(self.nodes[rec.node].score, self.config.health) is not Band.OK
         elif ok:
             rec.state = ReplicaState.SERVING
             rec.shed = False
-            rec.quarantined = False
-            rec.unproven = 0
-        else:  # failed warm-up: earn the hysteresis margin again before the next try
+            rec.fresh = False
+            rec.failed_warmups, rec.readmit_after = 0, None
+        else:  # failed warm-up: backed off; earn the hysteresis margin again, or restart a live process that fails
             rec.state = ReplicaState.OUT
-            rec.score = min(rec.score, self.config.health.stop_routing_below - 1)
+            rec.failed_warmups += 1
+            started = rec.readmit_started if rec.readmit_started is not None else now
+            if started is not None:
+                rec.readmit_after = started + self.config.backoff_s(rec.failed_warmups)
+            if not answered:
+                rec.score = min(rec.score, self.config.health.stop_routing_below - 1)
+            elif rec.fresh:  # a restart (or its node's reboot) did not fix its generations: another will not
+                if not rec.quarantined:
+                    self._quarantine(rec)
+            else:  # the controller's own requests failed: agreement enough for one restart
+                rec.score = min(rec.score, self.config.health.migrate_below - 1)
 
     def adopt(self, registered: Iterable[str]) -> None:
         """A new leader's start: what every router lists is in rotation, anything else is out. A follower's score of a
@@ -468,6 +577,9 @@ class Controller:
             rec.state = ReplicaState.SERVING if rec.url in on_routers else ReplicaState.OUT
             if rec.state is ReplicaState.SERVING:
                 rec.score, rec.lowest = max(rec.score, self.config.health.readmit_at), None
+                # routed: it serves, whatever this instance took as the old leader's restart of it (a follower's
+                # decisions are taken as done: a restart that never happened would leave its probes unjudged)
+                rec.loading = False
 
     # ----- load ------------------------------------------------------------------------------------
     def loads(self) -> dict[str, float]:
@@ -536,6 +648,8 @@ class Controller:
                     "score": n.score,
                     "state": self.node_state(n.name),
                     "last_report_s": round(now - n.last_report_at, 3) if n.last_key is not None else None,
+                    "rack": n.rack,
+                    "clock_skew_s": None if n.skew_s is None else round(n.skew_s, 3),
                 }
                 for n in self.nodes.values()
             ],
@@ -549,6 +663,9 @@ class Controller:
                     "in_rotation": r.in_rotation,
                     "load": round(loads[r.id], 4),
                     "restarts": r.restarts,
+                    "restarts_in_window": sum(t > now - self.config.quarantine_window_s for t in r.restart_times),
+                    "quarantined": r.quarantined,
+                    "booting": r.booting_until is not None,
                 }
                 for r in self.replicas.values()
             ],

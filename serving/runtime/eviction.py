@@ -16,6 +16,10 @@ it again under the same name; the restart is done when a pod of that name with a
 not awaited here: the controller's warm-up judges the new process. The eviction carries the observed UID as a
 precondition, so a pod already replaced is never evicted by mistake (409 Conflict: the restart already happened).
 
+An API server that does not answer before the eviction is sent (the pod's read, or the eviction's connection never
+opened) restarted nothing: :class:`~serving.rollout.backends.RestartUnreached`, which the controller counts as a failed
+action, not a failed restart. One that stops answering once the eviction may have been received is a failed restart.
+
 The controller's service account needs ``get`` on pods and ``create`` on ``pods/eviction`` in the fleet's namespace,
 nothing more (:func:`serving.render.k8s.runtime.render`).
 """
@@ -28,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from serving.rollout.backends import BackendError
+from serving.rollout.backends import BackendError, RestartUnreached
 from serving.rollout.backends.kubernetes import POLL_S, KubeApi
 
 
@@ -49,23 +53,32 @@ class PodEvictionRestarter:
     def _path(self, pod: str) -> str:
         return f"/api/v1/namespaces/{self.namespace}/pods/{pod}"
 
-    async def _uid(self, pod: str) -> str | None:
-        """The UID of the pod named ``pod``, or None while none exists."""
-        response = await self._call("GET", self._path(pod))
+    async def _uid(self, pod: str, *, asked: bool = True) -> str | None:
+        """The UID of the pod named ``pod``, or None while none exists. ``asked`` False: no eviction was sent yet."""
+        response = await self._call("GET", self._path(pod), asked=asked)
         if response.status_code == 404:
             return None
         _ok(response, f"reading pod {self.namespace}/{pod}")
         return str(response.json()["metadata"]["uid"])
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    async def _call(
+        self, method: str, path: str, body: dict[str, Any] | None = None, *, asked: bool = True
+    ) -> httpx.Response:
+        """One request; an API server that does not answer raises :class:`BackendError`, or
+        :class:`~serving.rollout.backends.RestartUnreached` where that proves the restart was never asked for:
+        ``asked`` False (nothing sent yet but reads) and the request is a read or its connection never opened
+        (``httpx.ConnectError``/``ConnectTimeout`` come before any byte of the request is written)."""
         try:
             return await self._http.request(method, path, json=body)
         except httpx.HTTPError as exc:
-            raise BackendError(f"the API server did not answer {method} {path}: {exc!r}") from exc
+            message = f"the API server did not answer {method} {path}: {exc!r}"
+            if not asked and (method == "GET" or isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)):
+                raise RestartUnreached(f"{message}; no eviction was sent, nothing was restarted") from exc
+            raise BackendError(message) from exc
 
     async def restart(self, replica_id: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        old = await self._uid(replica_id)
+        old = await self._uid(replica_id, asked=False)
         if old is not None:
             eviction = {
                 "apiVersion": "policy/v1",
@@ -73,7 +86,7 @@ class PodEvictionRestarter:
                 "metadata": {"name": replica_id, "namespace": self.namespace},
                 "deleteOptions": {"preconditions": {"uid": old}},
             }
-            response = await self._call("POST", self._path(replica_id) + "/eviction", eviction)
+            response = await self._call("POST", self._path(replica_id) + "/eviction", eviction, asked=False)
             # The budget is judged before the UID precondition (eviction.go): a pod replaced since it was read can
             # still be answered 429. Only a refusal of the pod that was read is one.
             if response.status_code == 429 and await self._uid(replica_id) == old:

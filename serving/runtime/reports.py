@@ -4,8 +4,9 @@ Strict and versioned: unknown fields, wrong types and a schema version other tha
 :data:`REPORT_SCHEMA_VERSION` are refused. Each report carries the node's name, the node's boot id and a sequence
 number read from the node's monotonic clock (it grows within a boot, across agent restarts, whatever the wall clock
 does), and the agent's wall-clock send time, so that the controller can refuse a report from a node it does not
-know, a replayed or out-of-order one, and one too old or from too far in the future (:class:`Rejection`); every
-refusal is counted, none is applied. Version 2: version 1 ordered reports by the agent's wall-clock start, so an
+know and a replayed or out-of-order one (:class:`Rejection`; every refusal is counted, none is applied). The send
+time only measures the node's clock skew: freshness is the controller's receive time, so a node whose clock is off
+is shown and alerted on, never refused. Version 2: version 1 ordered reports by the agent's wall-clock start, so an
 agent restarted with its clock behind had every report refused.
 """
 
@@ -63,8 +64,6 @@ class Rejection(StrEnum):
     UNKNOWN_NODE = "unknown_node"
     UNKNOWN_REPLICA = "unknown_replica"
     REPLAYED = "replayed"
-    STALE = "stale"
-    FUTURE = "future"
 
 
 class ReportRejected(ValueError):

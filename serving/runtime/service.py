@@ -7,10 +7,17 @@ only while its term is valid and verified against the coordination service (:mod
 Losing the term cancels the actions in flight.
 
 The leader acts on the router instances that answer (a :class:`~serving.router.membership.RouterSet` with
-``answering_only``): one instance down must not stall every removal and readmission, nor keep a new leader from
-taking office. An instance that did not answer a change is *unsynced* (``exaserve_runtime_router_unsynced``, alert
-ExaServeRouterUnsynced, ``status`` → ``unsynced_routers``); every heartbeat interval the leader asks it again and,
-once it answers, makes its worker list match the controller's view (what is in rotation listed, what is out not).
+``answering_only``): one instance down, or answering errors (5xx, 408, 429), must not stall every removal and
+readmission, nor keep a new leader from taking office: a won campaign resigns only when no instance answers. An
+instance that missed a change is *unsynced* (``exaserve_runtime_router_unsynced``, alert ExaServeRouterUnsynced,
+``status`` → ``unsynced_routers``); every heartbeat interval the leader asks it again and, once it answers, makes its
+worker list match the controller's view (what is in rotation listed, what is out not).
+
+Actions are counted as they happened. A migration's record says ``restarted``: whether its restart reached the
+deployment; a restart that provably never reached the replica (:class:`~serving.rollout.backends.RestartUnreached`:
+SSH never connected, the API server never answered before the eviction) or that the deployment refused is a failed
+action with the restart back-off, no step towards quarantine. A removal the routers failed backs off the same way
+before the controller decides it again (:meth:`~serving.runtime.controller.Controller.complete`, ``fenced``).
 """
 
 from __future__ import annotations
@@ -32,8 +39,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from serving.fleet_http import http_client
 from serving.plan.model import Fleet
-from serving.rollout.backends import Backend, BackendError, ReplicaIndex
-from serving.router.client import CIRCUIT_OPEN, ROUTER_WORKER_CB_STATE, RouterApiError, RouterClient
+from serving.rollout.backends import Backend, BackendError, ReplicaIndex, RestartUnreached
+from serving.router.client import CIRCUIT_CLOSED, ROUTER_WORKER_CB_STATE, RouterApiError, RouterClient
 from serving.router.loadgen import LoadSpec, run_load
 from serving.router.membership import NoRouterAnswered, Observed, RouterSet, Silent, routed
 from serving.runtime.agent import REPORTS_PATH
@@ -71,16 +78,32 @@ class BackendRestarter(ReplicaIndex):
         await self.backend.update([replica_id], self.spec.group_version(replica.group), timeout_s)
 
 
+class WarmupFailed(BackendError):
+    """The replica answered ``/health`` and its warm-up requests failed: a live process whose generations fail, which
+    :meth:`Controller.complete` is told (``answered``)."""
+
+
+class WarmupSlow(BackendError):
+    """The replica answered ``/health`` and its warm-up requests were too slow (or none was answered): no restart."""
+
+
 class Deposed(RuntimeError):
     """This instance's term ended; it must not act."""
 
 
-def _warmup_passed(spec: FleetSpec, errors: float, p99_s: float, count: int) -> tuple[bool, str]:
-    ok = count > 0 and errors <= spec.rollout.max_error_rate and p99_s <= spec.limits.p99_target_s
-    return ok, (
+def _warmup_verdict(spec: FleetSpec, errors: float, p99_s: float, count: int) -> tuple[BackendError | None, str]:
+    """Why a warm-up failed (None when it passed), and its figures: its requests failing is :class:`WarmupFailed`
+    (generations fail in a live process: a restart is due), too slow or none answered is :class:`WarmupSlow`
+    (latency alone restarts nothing: the readmission backs off)."""
+    detail = (
         f"{count} warm-up requests: error rate {errors:.3%} (max {spec.rollout.max_error_rate:.3%}), "
         f"P99 {p99_s:.3f} s (max {spec.limits.p99_target_s:g} s)"
     )
+    if count > 0 and errors > spec.rollout.max_error_rate:
+        return WarmupFailed(f"warm-up failed: {detail}"), detail
+    if count == 0 or p99_s > spec.limits.p99_target_s:
+        return WarmupSlow(f"warm-up too slow: {detail}"), detail
+    return None, detail
 
 
 class ControllerService:
@@ -118,6 +141,7 @@ class ControllerService:
         self.unsynced: Silent = {}  # router instance → why it missed a membership change
         self.reconciled: deque[dict[str, Any]] = deque(maxlen=_RECENT_ACTIONS)
         self.routers_seen: set[str] = set()
+        # replica → (its removals that failed in a row, time.monotonic() of the last failure)
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_Collector(self))
 
@@ -159,6 +183,17 @@ class ControllerService:
                 "rejected": {k.value: v for k, v in c.rejected.items()},
             },
             "actions": list(self.recent),
+            "disrupted_racks": {
+                rack: {"unhealthy_nodes": bad, "nodes": n}
+                for rack, (bad, n) in sorted(self.controller.disrupted.items())
+            },
+            "restart_budget": {
+                "tokens": round(self.controller.budget.refill(self.clock()), 2),
+                "burst": self.controller.budget.burst,
+                "per_min": round(self.controller.budget.rate_per_s * 60, 2),
+                "withheld_disrupted": self.controller.counters.withheld,
+                "withheld_budget": self.controller.counters.limited,
+            },
             "unsynced_routers": dict(self.unsynced),
             "reconciled_routers": list(self.reconciled),
         }
@@ -225,7 +260,10 @@ class ControllerService:
                 try:
                     listed, silent = await self.routers.membership()
                 except (RouterApiError, httpx.HTTPError, OSError):
-                    await self.election.resign(term)  # cannot see any router: let another instance lead
+                    # no instance answered (NoRouterAnswered) or none was found (the routers' Service did not
+                    # resolve): this instance cannot know what is in rotation, let another one lead. One instance that
+                    # fails, in any way, is silent in the answering set's listing: never a reason to resign.
+                    await self.election.resign(term)
                     raise
                 registered = set.intersection(*(routed(workers) for workers in listed.values()))
                 self._saw(listed, silent)
@@ -244,6 +282,8 @@ class ControllerService:
         log.warning("%s: no longer leader: %s", self.identity, why)
         self.term = None
         self._cancel_actions()
+        # only the leader reads the routers' breakers: what it last read must not hold a follower's racks disrupted
+        self.controller.breakers_open((), self.clock())
 
     def _cancel_actions(self) -> None:
         for task in list(self._tasks):
@@ -254,8 +294,10 @@ class ControllerService:
             term = self.term if self.acting() else None
             if term is not None:
                 open_urls = await self._open_breakers()
-                for rid in self.controller.breakers_open(open_urls):
-                    log.warning("%s: %s: a router holds its circuit breaker open: requests fail", self.identity, rid)
+                for rid in self.controller.breakers_open(open_urls, self.clock()):
+                    log.warning(
+                        "%s: %s: every router holds its circuit breaker open: requests fail", self.identity, rid
+                    )
             actions = self.controller.tick(self.clock(), acting=term is not None)
             if term is not None:
                 for action in actions:
@@ -279,7 +321,10 @@ class ControllerService:
 
         seen = await asyncio.gather(*(one(r) for r in await self.routers.urls()))
         urls = set().union(*seen)
-        return {u for u in urls if all(states[u] == CIRCUIT_OPEN for states in seen if u in states)}
+        # half-open (2) is not closed: smg moves an open breaker to half-open after its timeout (the rendered
+        # --cb-timeout-duration-secs) to let trial requests through, and back to open when they fail; a replica whose
+        # requests keep failing alternates between the two, and the dwell must not start again at each trial
+        return {u for u in urls if all(states[u] != CIRCUIT_CLOSED for states in seen if u in states)}
 
     def _saw(self, answered: Iterable[str], silent: Silent) -> None:
         self.routers_seen.update(answered, silent)
@@ -345,17 +390,20 @@ class ControllerService:
         started = time.monotonic()
         entry: dict[str, Any] = {**asdict(action), "term": term.token, "at": self.clock()}
         if action.kind is Kind.MIGRATE:
-            entry["restarted"] = False  # until the restart is asked for (_perform)
+            entry["restarted"] = False  # until the restart reached the deployment (_perform)
         ok = refused = False
+        failure: BaseException | None = None
         try:
             await self._fence(term)
             entry["detail"] = await self._perform(action, term, entry)
             ok = True
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             entry["detail"] = "cancelled: leadership lost"
+            failure = exc
             raise
         except (Deposed, RouterApiError, httpx.HTTPError, TimeoutError, BackendError, ElectionError, OSError) as exc:
             entry["detail"] = f"{type(exc).__name__}: {exc}"
+            failure = exc
             if isinstance(exc, NoRouterAnswered):  # each instance missed this change: reconciled once it answers
                 self._saw((), exc.silent)
             refused = isinstance(exc, RestartRefused)
@@ -366,11 +414,22 @@ class ControllerService:
             # without a deployment backend no migration can restart anything: each one counts as a failed restart,
             # so quarantine ends the asking and ExaServeReplicaQuarantined names the replica
             made = entry.get("restarted", False) or self.restarter is None
-            self.controller.complete(action, ok, refused=refused, restart_made=made)
+            self.controller.complete(
+                action,
+                ok,
+                refused=refused,
+                restart_made=made,
+                answered=isinstance(failure, WarmupFailed),
+                fenced=isinstance(failure, Deposed | ElectionError | asyncio.CancelledError),
+                now=self.clock(),
+            )
 
     async def _perform(self, action: Action, term: Term, entry: dict[str, Any]) -> Any:
-        """Carry ``action`` out; a migration's ``entry`` (its record) says ``restarted``: whether the restart was asked
-        for (False until then: the fencing checks, the removal and the drain before it)."""
+        """Carry ``action`` out; a migration's ``entry`` (its record) says ``restarted``: whether the restart reached
+        the deployment (False until it is asked for: the fencing checks, the removal and the drain before it; False
+        after it when the deployment provably never got it, :class:`RestartUnreached`, or refused it,
+        :class:`RestartRefused`). A restart that reached the replica and then failed, or whose outcome is unknown
+        (cancelled while under way, an error after the command was sent), counts as made."""
         timeout = self.spec.rollout.drain_timeout_s
         if action.kind is Kind.REMOVE:
             return asdict(self._observed(await self.routers.remove(action.url, timeout_s=timeout)))
@@ -381,7 +440,11 @@ class ControllerService:
                 raise BackendError("no deployment backend given to this controller; cannot restart the replica")
             await self._fence(term)
             entry["restarted"] = True
-            await self.restarter.restart(action.replica, self.spec.serving.startup_budget_s)
+            try:
+                await self.restarter.restart(action.replica, self.spec.serving.startup_budget_s)
+            except (RestartUnreached, RestartRefused):
+                entry["restarted"] = False  # nothing was restarted: a failed action, not a failed restart
+                raise
             return {"removed": asdict(removed), "restarted": True}
         warm = await self._warm_up(action)
         await self._fence(term)
@@ -413,11 +476,11 @@ class ControllerService:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{action.url} not healthy within serving.startup_budget_s")
                 await asyncio.sleep(min(1.0, self.spec.serving.heartbeat_interval_s))
-        duration = max(self.spec.serving.warmup_duration_s, 1.0 / action.rate_per_s)
+        duration = max(action.warmup_s or self.spec.serving.warmup_duration_s, 1.0 / action.rate_per_s)
         report = await run_load(LoadSpec(url=action.url, rate_per_s=action.rate_per_s, duration_s=duration))
-        passed, detail = _warmup_passed(self.spec, report.error_rate, report.p99_s, report.count)
-        if not passed:
-            raise BackendError(f"warm-up failed: {detail}")
+        failure, detail = _warmup_verdict(self.spec, report.error_rate, report.p99_s, report.count)
+        if failure is not None:
+            raise failure
         return detail
 
 
@@ -444,11 +507,28 @@ class _Collector:
         node_last = GaugeMetricFamily(
             "exaserve_runtime_node_last_report_age_seconds", "Seconds since the node's last report.", labels=["node"]
         )
+        skew = GaugeMetricFamily(
+            "exaserve_runtime_node_clock_skew_seconds",
+            "The node's last report: its agent's send time minus the controller's receive time (its clock's offset, "
+            "plus the transit).",
+            labels=["node"],
+        )
         now = self.s.clock()
         for name, node in ctl.nodes.items():
             node_score.add_metric([name], node.score)
             node_suspect.add_metric([name], float(node.suspect(ctl.config.missed_to_suspect)))
             node_last.add_metric([name], now - node.last_report_at)
+            if node.skew_s is not None:
+                skew.add_metric([name], node.skew_s)
+        racks = GaugeMetricFamily(
+            "exaserve_runtime_rack_disrupted",
+            "1 while the rack is disrupted (more than 2 of its nodes, and runtime.disrupted_share of them, unhealthy): "
+            "the controller restarts nothing there.",
+            labels=["rack"],
+        )
+        for rack in sorted({n.rack for n in ctl.nodes.values()}):
+            racks.add_metric([rack], float(rack in ctl.disrupted))
+        yield from (skew, racks)
         score = GaugeMetricFamily(
             "exaserve_runtime_replica_score", "Replica health score (0-100).", labels=["replica", "node"]
         )
@@ -463,7 +543,8 @@ class _Collector:
         )
         quarantined = GaugeMetricFamily(
             "exaserve_runtime_replica_quarantined",
-            "1 while the replica is quarantined: runtime.quarantine_after restarts in a row did not bring it back.",
+            "1 while the replica is quarantined and out of rotation: runtime.quarantine_after restarts within "
+            "runtime.quarantine_window_s, or a restart did not fix its failing generations.",
             labels=["replica"],
         )
         restarts = GaugeMetricFamily(
@@ -477,7 +558,7 @@ class _Collector:
             rotation.add_metric([rid], float(rec.in_rotation))
             state.add_metric([rid, ctl.replica_state(rid)], 1.0)
             load.add_metric([rid], loads.get(rid, 0.0))
-            quarantined.add_metric([rid], float(rec.quarantined))
+            quarantined.add_metric([rid], float(rec.quarantined and not rec.in_rotation))
             restarts.add_metric([rid], rec.restarts)
         yield from (node_score, node_suspect, node_last, score, rotation, state, load, quarantined, restarts)
         evicted = GaugeMetricFamily("exaserve_runtime_evicted_replicas", "Replicas out of rotation now.")
@@ -493,9 +574,18 @@ class _Collector:
         refused.add_metric([], ctl.counters.refused)
         breakers = CounterMetricFamily(
             "exaserve_runtime_breakers_open",
-            "Replicas judged failed because a router held their circuit breaker open (requests failing, /health fine).",
+            "Replicas taken out of rotation because every router held their circuit breaker open past "
+            "runtime.breaker_dwell_s (requests failing); never restarted for it.",
         )
         breakers.add_metric([], ctl.counters.breakers)
+        withheld = CounterMetricFamily(
+            "exaserve_runtime_restarts_withheld",
+            "Restart decisions not carried out, by why: the replica's rack is disrupted, or the fleet-wide restart "
+            "budget (runtime.restart_rate_per_min) was spent.",
+            labels=["reason"],
+        )
+        withheld.add_metric(["rack_disrupted"], ctl.counters.withheld)
+        withheld.add_metric(["budget"], ctl.counters.limited)
         accepted = CounterMetricFamily("exaserve_runtime_reports_accepted", "Agent reports applied.")
         accepted.add_metric([], ctl.counters.accepted)
         rejected = CounterMetricFamily(
@@ -527,6 +617,7 @@ class _Collector:
             capped,
             refused,
             breakers,
+            withheld,
             accepted,
             rejected,
             actions,

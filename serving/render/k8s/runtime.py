@@ -213,10 +213,31 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
                     "(exaserve_runtime_leader == 1)) == 1",
                     "0m",
                     "critical",
-                    "runtime.quarantine_after restarts in a row did not bring a replica back: the controller stopped "
-                    "restarting it",
-                    "Check the replica's log and its node (exaserve status shows its restarts); it returns by itself "
-                    "once it passes a warm-up.",
+                    "A replica restarted runtime.quarantine_after times within runtime.quarantine_window_s (or whose "
+                    "generations a restart did not fix) is out of rotation: the controller stopped restarting it",
+                    "Check the replica's log and its node (exaserve status shows its restarts); it returns to rotation "
+                    "by itself once it passes a warm-up, and is restarted again only after serving a whole window.",
+                ),
+                alert(
+                    # the leader's view: followers compute the same racks but only the leader withholds restarts
+                    "ExaServeRackDisrupted",
+                    "max by (rack) (exaserve_runtime_rack_disrupted * on (instance) group_left () "
+                    "(exaserve_runtime_leader == 1)) == 1",
+                    "0m",
+                    "critical",
+                    "Most of a rack's nodes are unhealthy at once (a leaf switch, power, a reboot wave): the "
+                    "controller restarts nothing there and takes its replicas out of rotation within the cap",
+                    "Check the rack's leaf switch, PDU and the nodes' boot times (exaserve status: disrupted_racks); "
+                    "restarts resume by themselves once fewer than runtime.disrupted_share of its nodes are unhealthy.",
+                ),
+                alert(
+                    "ExaServeNodeClockSkew",
+                    f"max by (node) (abs(exaserve_runtime_node_clock_skew_seconds)) > {spec.runtime.clock_skew_alert_s:g}",
+                    "5m",
+                    "warning",
+                    "A node's clock is off from the controller's by more than runtime.clock_skew_alert_s; its reports "
+                    "are still applied (freshness is the controller's receive time)",
+                    "Check chrony on that node (chronyc tracking); logs and traces from it carry the wrong time.",
                 ),
                 alert(
                     "ExaServeRouterUnsynced",
@@ -242,8 +263,8 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
                     "sum(rate(exaserve_runtime_reports_rejected_total[5m])) > 0",
                     "10m",
                     "warning",
-                    "Controllers reject agent reports (malformed, unknown node, replayed, stale)",
-                    "See the reason label; a stale or future reason points at a node's clock (chrony).",
+                    "Controllers reject agent reports (malformed, unknown node or replica, replayed)",
+                    "See the reason label: a replayed reason points at a duplicated agent (two agents for one node).",
                 ),
                 alert(
                     # A refused restart is asked again after the back-off, at most runtime.restart_backoff_max_s

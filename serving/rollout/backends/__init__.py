@@ -19,6 +19,14 @@ class BackendError(RuntimeError):
     """An update could not be applied; the message says which replica, what failed and what to do."""
 
 
+class RestartUnreached(BackendError):
+    """The update provably never reached the replica: no command ran on any of its nodes (SSH could not connect,
+    verify the host key or log in), or the API server never answered before anything was asked to change. Nothing
+    was restarted: the fleet controller counts it as a failed action, backed off, never as a failed restart of the
+    replica (no step towards its quarantine). An update that reached the replica and then failed stays a plain
+    :class:`BackendError`."""
+
+
 class ReplicaIndex:
     """The stack's replicas by id, for backends: one lookup with one error message."""
 

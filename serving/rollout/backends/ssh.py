@@ -24,7 +24,7 @@ from pathlib import Path
 from serving.plan.model import Fleet, Replica
 from serving.remote.fanout import HostResult, Target, run_one
 from serving.render.systemd import systemd_unit, unit_name
-from serving.rollout.backends import BackendError, ReplicaIndex
+from serving.rollout.backends import BackendError, ReplicaIndex, RestartUnreached
 from serving.rollout.membership import RouterApiMembership
 from serving.rollout.plan import with_group_version
 from serving.router.membership import RouterSet
@@ -32,6 +32,12 @@ from serving.spec.schema import Node
 
 UNIT_DIR = "/etc/systemd/system"
 RELEASE_ENV = "EXASERVE_RELEASE"
+# run_one's statuses that come only from paramiko's connect, before a session opens or a command is sent
+# (serving/remote/fanout.py): the TCP connect refused or timed out ("unreachable": connect and its socket errors are
+# the only OSError/TimeoutError of that call, the command's reads catch their own timeouts), the host key refused
+# ("host-key") or the login refused ("auth"). "ssh-error" is not one: paramiko raises SSHException from opening the
+# session or sending the command too, where the command may have started; "timeout" and "exit" ran it.
+NOT_CONNECTED = frozenset({"unreachable", "host-key", "auth"})
 
 
 @dataclass(frozen=True)
@@ -180,7 +186,10 @@ class SshBackend(ReplicaIndex):
                 f"{name} ({r.address}): {r.error}{': ' + r.stderr.strip()[:200] if r.stderr.strip() else ''}"
                 for name, r in sorted(failed.items())
             )
-            raise BackendError(f"updating systemd units to {version} failed on {len(failed)} node(s): {detail}")
+            message = f"updating systemd units to {version} failed on {len(failed)} node(s): {detail}"
+            if all(r.status in NOT_CONNECTED for r in results.values()):
+                raise RestartUnreached(f"{message}; no node was reached, nothing ran")
+            raise BackendError(message)
 
     async def aclose(self) -> None:
         return None

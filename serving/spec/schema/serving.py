@@ -293,8 +293,12 @@ class RuntimeSpec(SpecModel):
     controller_port: int = Field(
         default=9410, gt=0, lt=65536, description="Controller HTTP port (reports, status, metrics)."
     )
-    report_max_age_s: float | None = Field(
-        default=None, gt=0, description="Reject reports older than this; default 3 × serving.heartbeat_interval_s."
+    clock_skew_alert_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="A node whose reports' send time differs from the controller's receive time by more than this is "
+        "named by alert ExaServeNodeClockSkew. Freshness is judged on the controller's own clock (when a report "
+        "arrives, its sequence number orders it): a skewed clock never makes the controller refuse a report.",
     )
     restart_backoff_s: float = Field(
         default=10.0,
@@ -311,8 +315,45 @@ class RuntimeSpec(SpecModel):
     quarantine_after: int = Field(
         default=3,
         gt=0,
-        description="Restarts that did not bring the replica back (no passed warm-up since) before it is "
-        "quarantined: out of rotation, no further restart, alert ExaServeReplicaQuarantined names it.",
+        description="Restarts within runtime.quarantine_window_s, whatever warm-ups passed between them, before the "
+        "replica is quarantined: no further restart until it has served for a whole window, alert "
+        "ExaServeReplicaQuarantined names it (systemd's StartLimitBurst).",
+    )
+    quarantine_window_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="The window runtime.quarantine_after counts restarts in (systemd's StartLimitIntervalSec); a "
+        "quarantined replica is restarted again only after serving this long without a break.",
+    )
+    restart_rate_per_min: float | None = Field(
+        default=None,
+        gt=0,
+        description="Fleet-wide restart budget: restarts started per minute at most, refilled continuously (a "
+        "token bucket; the Kubernetes node lifecycle controller's eviction rate). Default: the eviction cap's "
+        "worth of replicas per serving.startup_budget_s (prod: 204 per 600 s, 20.4 a minute).",
+    )
+    restart_burst: int | None = Field(
+        default=None,
+        gt=0,
+        description="Restarts the budget allows at once. Default: one node's replicas or 1 % of the fleet, whichever "
+        "is more (prod: 21).",
+    )
+    disrupted_share: float = Field(
+        default=0.55,
+        gt=0,
+        le=1,
+        description="A rack (its leaf switch) with more than 2 unhealthy nodes making at least this share of its nodes "
+        "is disrupted: a partition or a rack outage, not replica faults; the controller restarts nothing there, "
+        "removes within the eviction cap and alert ExaServeRackDisrupted names it (Kubernetes' "
+        "--unhealthy-zone-threshold, 0.55).",
+    )
+    breaker_dwell_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="How long every router that tracks a replica must hold its circuit breaker open before the "
+        "controller takes it out of rotation (never restarts it: request errors alone do not). Default: twice "
+        "serving.failure_threshold × serving.heartbeat_interval_s (prod: 30 s), so a blip the routers' own breakers "
+        "ride out (a 20 s one) changes no membership.",
     )
     image: str = Field(
         default="exaserve/exaserve-deploy:0.1.0",
