@@ -51,6 +51,14 @@ def test_one_router_answering_500_keeps_a_leader_restarts_the_dead_and_backs_off
     fs.check(fs.router_500())
 
 
+def test_breakers_the_agents_contradict_disrupt_no_rack_and_a_dead_node_there_is_restarted() -> None:
+    fs.check(fs.stale_breakers())
+
+
+def test_one_failed_round_of_a_racks_probes_takes_nothing_out() -> None:
+    fs.check(fs.rack_blip())
+
+
 def test_the_sims_warm_up_waits_for_health_then_judges_the_load_as_the_service_does() -> None:
     """``ControllerService._warm_up`` waits for /health up to the startup budget, then runs its load and judges it at
     the end. FleetSim failed a warm-up at once when the replica's requests failed, while it was still loading (the

@@ -142,7 +142,7 @@ class Controller:
             if rec.booting_until is not None and (probe.ok or now >= rec.booting_until):
                 rec.booting_until = None  # loaded, or past the startup budget: judged from here on
             if not rec.loading and rec.booting_until is None:
-                rec.last_ok = probe.ok
+                rec.failed_in_row = 0 if probe.ok else rec.failed_in_row + 1
                 if not disrupted:
                     rec.score = next_score(rec.score, probe.ok, self.config.health)
                     rec.lowest = rec.score if rec.lowest is None else min(rec.lowest, rec.score)
@@ -275,11 +275,18 @@ class Controller:
 
     def _unhealthy(self, node: NodeRecord) -> bool:
         """For its rack's state: its agent is silent, most replicas its last report judged failed their probes, or
-        the routers hold most of its replicas' breakers open. Read from the latest reports, not the scores, which a
-        disrupted rack's reports do not move: the disruption ends with the first good reports."""
+        the routers hold most of its replicas' breakers open and its agent has not reported since they opened. Read
+        from the latest reports, not the scores, which a disrupted rack's reports do not move: the disruption ends
+        with the first good reports. A breaker its agent's later report contradicts is no evidence: smg publishes
+        ``smg_worker_cb_state`` only on a transition (``circuit_breaker.rs`` ``transition_to``) and closes a breaker
+        only on requests that succeed, so a healthy replica that gets little traffic reads open or half-open long
+        after its fault ended (a sandbox under load kept two racks disrupted so, and a dead node there unrestarted)."""
         if node.suspect(self.config.missed_to_suspect) or node.failing:
             return True
-        held = sum(self.replicas[r].breaker_since is not None for r in node.replicas)
+        held = sum(
+            rec.breaker_since is not None and rec.breaker_since >= node.last_report_at
+            for rec in (self.replicas[r] for r in node.replicas)
+        )
         return 2 * held > len(node.replicas) > 0
 
     def racks(self) -> dict[str, tuple[int, int]]:
@@ -408,6 +415,12 @@ class Controller:
             return False
         return True
 
+    def _would_stop_routing(self, rec: ReplicaRecord) -> bool:
+        """In a disrupted rack, where no score moves: its probes failed in a row as many times as would have taken its
+        score below ``health.stop_routing_below`` outside one (one failed round, a host's hiccup, removes nothing)."""
+        health = self.config.health
+        return self.effective_score(rec.id) - rec.failed_in_row * health.timeout_penalty < health.stop_routing_below
+
     @staticmethod
     def _removal_backed_off(rec: ReplicaRecord, now: float) -> bool:
         """Its last removal failed on the routers and the back-off since has not passed."""
@@ -454,7 +467,7 @@ class Controller:
             now_at = f"replica now {rec.score}, node {self.nodes[rec.node].score}"
             reason = f"score {score}, the lowest since the last tick ({now_at})"
         rack = self.nodes[rec.node].rack
-        if rack in self.disrupted and rec.state is ReplicaState.SERVING and not rec.last_ok:
+        if rack in self.disrupted and rec.state is ReplicaState.SERVING and self._would_stop_routing(rec):
             if self._removal_backed_off(rec, now):
                 return None
             if out.hard >= self.config.max_evicted:
@@ -666,6 +679,7 @@ class Controller:
                     "restarts_in_window": sum(t > now - self.config.quarantine_window_s for t in r.restart_times),
                     "quarantined": r.quarantined,
                     "booting": r.booting_until is not None,
+                    "loading": r.loading,
                 }
                 for r in self.replicas.values()
             ],

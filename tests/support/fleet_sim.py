@@ -121,6 +121,10 @@ class FleetSim:
     refuse: Up | None = None  # (replica id, t) → the deployment refuses to restart it then (a disruption budget)
     refused: Counter[str] = field(default_factory=Counter)
     breaker: Up | None = None  # (replica id, t) → its requests fail then: a router listing it holds its breaker open
+    # (replica id, t) → a router listing it reads its breaker open though its requests succeed, until it is added
+    # again: smg publishes the gauge only at a transition and closes a breaker only on requests that succeed (little
+    # traffic: it stays open); a worker added again starts with a closed one (worker/registry.rs)
+    stale_breaker: Up | None = None
     unroutable: Up | None = None  # (replica id, t) → no router instance answers a membership change for it then
     ready_at: dict[str, float] = field(default_factory=dict)
     seq: int = 0  # report rounds so far (a report's seq is its node's uptime in ns, as the agent's monotonic clock)
@@ -162,6 +166,7 @@ class FleetSim:
         self._rebooted: set[str] = set()
         self._probes: dict[str, ReplicaProbe] = {}
         self.routed: set[str] = set(self.ids)  # what every router instance lists
+        self.added: set[str] = set()  # added to the routers again since the start (a fresh breaker)
         self.asked: Counter[str] = Counter()  # migrations (restarts) the leader asked for
         self.unreached: Counter[str] = Counter()  # ... whose restart did not reach the node
         self.failed_changes: Counter[str] = Counter()  # membership changes that failed (removal, migration, addition)
@@ -196,7 +201,9 @@ class FleetSim:
         return {
             self.urls[rid]
             for rid in self.routed
-            if self.failing(rid, t) or (self.breaker_when_down and not self.answers(rid, t))
+            if self.failing(rid, t)
+            or (self.breaker_when_down and not self.answers(rid, t))
+            or (self.stale_breaker is not None and rid not in self.added and self.stale_breaker(rid, t))
         }
 
     def _reaches(self, node: str, t: float) -> bool:
@@ -318,6 +325,7 @@ class FleetSim:
                     done = False
                 else:
                     self.routed.add(rid)
+                    self.added.add(rid)
                 self._complete(w.by, w.action, done, answered=answered)
 
     def _hand_over(self) -> None:
@@ -355,7 +363,9 @@ class FleetSim:
             if self.handover_at is not None and not self.handed_over and self.now >= self.handover_at:
                 self._hand_over()
             leader = self.leader
-            read = leader is not None and (self.breaker is not None or self.breaker_when_down)
+            read = leader is not None and (
+                self.breaker is not None or self.breaker_when_down or self.stale_breaker is not None
+            )
             urls = self.breakers(self.now) if read else None
             for ctl in self.controllers:
                 tick0 = time.process_time()  # the controller's own CPU: the breakers' read, the tick (not the sim's)

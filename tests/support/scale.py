@@ -154,7 +154,8 @@ def leader_view(lead: dict[str, Any], victims: list[Replica], leaders: set[str])
     return (
         f"leaders seen {sorted(leaders)}; the victims {replicas}; their node {node}; replica states {dict(states)}; "
         f"out of rotation {len(out)} (cap {lead['eviction_cap']}): {out[:20]}; last {len(lead['actions'])} actions "
-        f"{kinds}: {lead['actions'][-5:]}"
+        f"{kinds}: {lead['actions'][-5:]}; disrupted racks {lead['disrupted_racks']}; restart budget "
+        f"{lead['restart_budget']}"
     )
 
 
