@@ -15,7 +15,8 @@ asserts nothing.
 (tests/support/fleet_scenarios.py, the scenarios tests/test_runtime_correlated.py asserts), then the CPU of one
 ``Controller.tick`` at 2,048 replicas. With ``--json`` a JSON list: one object per scenario (``measured``,
 ``expected``, ``met``, ``cpu_s``), then ``{"scenario": "tick", "replicas": 2048, "tick_cpu_ms": …}`` (the median;
-``tick_cpu_ms_max`` the worst). ``--prod-size`` runs the hand-over sweep and the 4 h flapping run at 2,048 replicas
+``tick_cpu_ms_max`` the worst; ``reports_round_cpu_ms_discovered`` one heartbeat's reports with Kubernetes' discovered
+replicas). ``--prod-size`` runs the hand-over sweep and the 4 h flapping run at 2,048 replicas
 too (the tests run those on a 16-node cut; minutes of CPU); ``--cpu-budget-s`` bounds each scenario's CPU (a tick that
 is not O(n) stops its scenario, reported as ``aborted``); ``--only`` runs the scenarios whose name contains it.
 """

@@ -748,6 +748,19 @@ def test_discovered_replicas_follow_the_agents_reports() -> None:
     }
     assert ctl.nodes[NODES[0]].replicas == ("sglang-g0-0",) and ctl.nodes[NODES[1]].replicas == ("sglang-g1-0",)
     assert ctl.node_loads().keys() == set(NODES)
+    # the new node reports a moved pod before the old one stops listing it: it follows, and the old node's next
+    # report (without it) does not drop it
+    ctl.receive(report(NODES[0], 3, {"sglang-g0-0": "http://10.1.0.11:30000"}), T0 + 3)
+    assert ctl.nodes[NODES[0]].replicas == ("sglang-g0-0",) and ctl.nodes[NODES[1]].replicas == ("sglang-g1-0",)
+    ctl.receive(
+        report(NODES[1], 3, {"sglang-g1-0": "http://10.1.0.9:30000", "sglang-g0-0": "http://10.1.0.12:30000"}), T0 + 3
+    )
+    assert ctl.nodes[NODES[0]].replicas == () and ctl.nodes[NODES[1]].replicas == ("sglang-g1-0", "sglang-g0-0")
+    ctl.receive(report(NODES[0], 4, {}), T0 + 4)
+    assert {r.id: (r.node, r.url) for r in ctl.replicas.values()} == {
+        "sglang-g0-0": (NODES[1], "http://10.1.0.12:30000"),
+        "sglang-g1-0": (NODES[1], "http://10.1.0.9:30000"),
+    }
 
 
 def test_node_pods_lists_running_serving_pods_on_its_node_through_an_api_server_stand_in() -> None:

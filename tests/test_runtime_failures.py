@@ -315,3 +315,24 @@ def test_generation_errors_that_a_restart_does_not_clear_end_in_quarantine_not_a
     sim.run(HOUR)
     assert sim.restarts == {rid: 1}
     assert sim.ctl.replica_state(rid) == "quarantined"
+
+
+def test_breakers_are_counted_against_the_cap_not_scaled_by_the_replicas_already_out() -> None:
+    """As many breakers held open as the eviction cap, with 2 replicas already out of rotation: after the dwell the
+    cap's remaining room is taken out (10 of them). Counting them as a share of the serving replicas scaled to the
+    whole fleet (12 / 126 × 128 = 12.2 > 12) read an overload and took none out."""
+    sim = node_fault(0)
+    ctl, cap = sim.ctl, sim.ctl.config.max_evicted
+    ids = [r.id for r in PROD.plan.replicas]
+    for rid in ids[:2]:
+        ctl.replicas[rid].state = ReplicaState.OUT
+    held = ids[8 : 8 + cap]
+    urls = {ctl.replicas[rid].url for rid in held}
+    t = sim.t0 + 1.0
+    assert ctl.breakers_open(urls, t) == held
+    t += ctl.config.breaker_dwell_s
+    for node in ctl.nodes.values():
+        node.last_report_at = t  # every agent reporting: nothing is suspect
+    assert ctl.breakers_open(urls, t) == []
+    removed = [a.replica for a in ctl.tick(t, acting=True) if a.kind is Kind.REMOVE]
+    assert removed == held[: cap - 2], removed

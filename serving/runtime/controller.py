@@ -114,7 +114,7 @@ class Controller:
         self.counters = Counters()
         self.budget = Budget(config.restart_rate_per_s, config.restart_burst, float(config.restart_burst), now)
         self.disrupted: dict[str, tuple[int, int]] = {}  # rack → (unhealthy nodes, nodes), at the last tick
-        self.breaker_share = 0.0  # of the replicas in rotation, those whose breaker is open (the last read)
+        self.breakers_held = 0  # replicas in rotation whose breaker every router held open at the last read
         self._tick_warmup_rate = MIN_WARMUP_RATE_PER_S
 
     # ----- reports ---------------------------------------------------------------------------------
@@ -194,17 +194,27 @@ class Controller:
         Ready); a pod that moved here (LeaderWorkerSet pods keep their names) follows, with its new URL; a pod no
         longer listed is forgotten unless an action on it is still running."""
         present = {p.id: p.url for p in report.replicas if p.url}
+        kept = []
         for rid in node.replicas:
-            if rid not in present and rid in self.replicas and self.replicas[rid].pending is None:
+            rec = self.replicas.get(rid)
+            if rec is None or rec.node != node.name:
+                continue  # moved away: the node it reported from holds it now
+            if rid in present or rec.pending is not None:
+                kept.append(rid)
+            else:
                 del self.replicas[rid]
         for rid, url in present.items():
             rec = self.replicas.get(rid)
             if rec is None:
-                self.replicas[rid] = ReplicaRecord(rid, node.name, url, self.config.health.start)
+                self.replicas[rid] = rec = ReplicaRecord(rid, node.name, url, self.config.health.start)
             elif rec.pending is None and (rec.node, rec.url) != (node.name, url):
+                if rec.node != node.name:  # moved here: it leaves the node that listed it (O(that node's replicas))
+                    old = self.nodes[rec.node]
+                    old.replicas = tuple(r for r in old.replicas if r != rid)
                 rec.node, rec.url = node.name, url
-        for n in self.nodes.values():
-            n.replicas = tuple(rid for rid, rec in self.replicas.items() if rec.node == n.name)
+            if rec.node == node.name and rid not in kept:
+                kept.append(rid)
+        node.replicas = tuple(kept)
 
     def reject_malformed(self) -> None:
         """Count a body that did not parse (the service calls this; nothing else to apply)."""
@@ -250,9 +260,8 @@ class Controller:
         cap, while few are open (Envoy's outlier detection ejects, never restarts). Returns the ids whose breaker
         opened at this read."""
         opened = []
-        serving = held = 0
+        held = 0
         for rec in self.replicas.values():
-            serving += rec.in_rotation
             if rec.url not in urls:
                 rec.breaker_since = None
             elif rec.in_rotation:
@@ -260,17 +269,17 @@ class Controller:
                 if rec.breaker_since is None:
                     rec.breaker_since = now
                     opened.append(rec.id)
-        self.breaker_share = held / serving if serving else 0.0
+        self.breakers_held = held
         return opened
 
     def _breaker_due(self, rec: ReplicaRecord, now: float) -> bool:
-        """A breaker held open for the dwell, while the routers hold at most the eviction cap's share of the serving
-        replicas' breakers open: when more fail at once the fault is the fleet's load or something they share (Envoy:
+        """A breaker held open for the dwell, while the routers hold no more breakers of replicas in rotation open
+        than the eviction cap (a count: replicas already out do not inflate it): when more fail at once the fault is the fleet's load or something they share (Envoy:
         no outlier when all are out), and taking them out would only move the load onto fewer."""
         return (
             rec.breaker_since is not None
             and now - rec.breaker_since >= self.config.breaker_dwell_s
-            and self.breaker_share * len(self.replicas) <= self.config.max_evicted
+            and self.breakers_held <= self.config.max_evicted
         )
 
     def _unhealthy(self, node: NodeRecord) -> bool:

@@ -779,6 +779,38 @@ def _ticks(fleet: Fleet, ticks: int, failing: Callable[[int, random.Random], boo
     return cpu
 
 
+def reports_cpu(rounds: int = 5, nodes: int = PROD_NODES) -> list[float]:
+    """CPU of each of ``rounds`` rounds of every node's report (``Controller.receive``) with the replicas discovered
+    from the reports (Kubernetes: pod names and URLs), as the service applies them in one heartbeat interval."""
+    fleet = prod_fleet(nodes)
+    plan = fleet.plan
+    ctl = Controller(
+        ControllerConfig.from_spec(fleet.spec, len(plan.replicas)),
+        plan.replicas,
+        replica_urls(plan),
+        0.0,
+        discovered=True,
+    )
+    by_node: dict[str, list[tuple[str, str]]] = {}
+    for r in plan.replicas:
+        by_node.setdefault(r.node.name, []).append((r.id, f"http://10.{r.index // 250}.{r.index % 250}.1:30000"))
+    iv = fleet.spec.serving.heartbeat_interval_s
+    cpu: list[float] = []
+    now = 1_800_000_000.0
+    for i in range(rounds):
+        now += iv
+        t = time.process_time()
+        for node, pods in by_node.items():
+            probes = tuple(ReplicaProbe(id=rid, url=url, ok=True, latency_s=BASE_LATENCY_S) for rid, url in pods)
+            report = NodeReport(
+                schema_version=2, node=node, seq=(86_400 + i) * 10**9, boot_id=boot_id(node, 0), sent_at=now,
+                replicas=probes,
+            )  # fmt: skip
+            ctl.receive(report, now)
+        cpu.append(time.process_time() - t)
+    return cpu
+
+
 def tick_cpu(ticks: int = 60, nodes: int = PROD_NODES) -> dict[str, Any]:
     """CPU of one ``Controller.tick`` (the leader's) at prod size, timed with ``time.process_time``: steady (1 % of the
     probes failing at random), and over the cap (30 % of the replicas failing every probe: from the 20th tick on more
@@ -787,6 +819,10 @@ def tick_cpu(ticks: int = 60, nodes: int = PROD_NODES) -> dict[str, Any]:
     fleet = prod_fleet(nodes)
     steady = _ticks(fleet, ticks, lambda _i, rng: rng.random() < 0.01)
     over = _ticks(fleet, ticks, lambda i, _rng: i % 10 < 3)[ticks // 2 :]
+    # a round of discovered reports (Kubernetes) within a tenth of one core's heartbeat interval: each report had
+    # re-listed every node's replicas from the whole fleet (4.5 s of CPU a round at 2,048 replicas, 2026-12-06)
+    rounds = reports_cpu(nodes=nodes)
+    reports_goal_ms = fleet.spec.serving.heartbeat_interval_s * 1000 / 10
     return {
         "scenario": "tick",
         "replicas": len(fleet.plan.replicas),
@@ -795,6 +831,11 @@ def tick_cpu(ticks: int = 60, nodes: int = PROD_NODES) -> dict[str, Any]:
         "tick_cpu_ms_max": round(max(steady) * 1000, 2),
         "tick_cpu_ms_over_cap": round(statistics.median(over) * 1000, 2),
         "tick_cpu_ms_over_cap_max": round(max(over) * 1000, 2),
-        "expected": {"tick_cpu_ms_max": "<= 50", "tick_cpu_ms_over_cap_max": "<= 50"},
-        "met": max(steady + over) * 1000 <= 50,
+        "reports_round_cpu_ms_discovered": round(max(rounds) * 1000, 1),
+        "expected": {
+            "tick_cpu_ms_max": "<= 50",
+            "tick_cpu_ms_over_cap_max": "<= 50",
+            "reports_round_cpu_ms_discovered": f"<= {reports_goal_ms:g}",
+        },
+        "met": max(steady + over) * 1000 <= 50 and max(rounds) * 1000 <= reports_goal_ms,
     }
