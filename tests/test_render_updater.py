@@ -71,6 +71,13 @@ def test_the_updater_role_is_exactly_the_backends_calls(runs: dict[str, list[Ren
             "resourceNames": [f"sglang-g{g}-{i}" for g, n in enumerate(sizes) for i in range(n)],
             "verbs": ["patch", "delete"],
         },
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["exaserve-rollout-exaserve"],
+            "verbs": ["get", "update"],
+        },
     ]
     binding = one(objects, "RoleBinding", "exaserve-updater-rollout")
     assert binding["roleRef"] == {
@@ -113,10 +120,12 @@ async def _a_batch_moved_and_readmitted(spec: FleetSpec, api: AuthorizingApiServ
     backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
     try:
         await backend.versions(every)
+        await backend.announce(True)  # the batch Lease, held while the batch is out (alert ExaServeWorkersUnhealthy)
         await backend.update(batch, "v2", timeout_s=10)
         for pod in (await backend.leader_pods(batch)).values():
             assert pod is not None
             await backend.admit(pod, admitted=True)
+        await backend.announce(False)
         return await backend.versions(batch)
     finally:
         await backend.aclose()
@@ -137,6 +146,40 @@ def test_every_call_of_a_batch_is_allowed_and_every_grant_is_used(multi: bool) -
     assert used == granted, "each verb the Role grants is one the backend uses"
     patched_pods = {name for verb, _, resource, name, _ in api.decisions if (verb, resource) == ("patch", "pods")}
     assert patched_pods and patched_pods <= set(updater.leader_pods(fleet_of(spec).plan))
+
+
+def test_the_batch_lease_is_held_while_the_batch_is_out_and_given_up_after() -> None:
+    """The updater announces a batch on its Lease (what alert ExaServeWorkersUnhealthy reads through
+    kube-state-metrics' ``kube_lease_renew_time``): held by the updater with a current renewTime while the batch is
+    out, then the holder cleared and renewTime the epoch (KSM then publishes 0: no longer fresh); a second announcement
+    while another holder keeps it is refused, naming the holder."""
+    spec = k8s_spec(False)
+    api = AuthorizingApiServer(spec, _updater_role(spec))
+    lease_path = f"/apis/coordination.k8s.io/v1/namespaces/{spec.kubernetes.namespace}/leases/exaserve-rollout-exaserve"
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], str]:
+        backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
+        try:
+            await backend.announce(True)
+            held = copy.deepcopy(api.objects[lease_path]["spec"])
+            await backend.announce(False)
+            released = copy.deepcopy(api.objects[lease_path]["spec"])
+            # another updater (another identity) holds it now: this one is refused, naming it
+            api.objects[lease_path]["spec"] |= {"holderIdentity": "someone-else", "leaseDurationSeconds": 60}
+            try:
+                await backend.announce(True)
+            except BackendError as exc:
+                return held, released, str(exc)
+            return held, released, ""
+        finally:
+            await backend.aclose()
+
+    with api:
+        held, released, refused = asyncio.run(scenario())
+    assert held["holderIdentity"] == "exaserve-updater/exaserve" and held["renewTime"] > "2026"
+    assert released["holderIdentity"] == "" and released["renewTime"].startswith("1970-01-01T00:00:00")
+    assert "held by 'someone-else'" in refused and "another updater" in refused, refused
+    assert [d for d in api.decisions if not d[-1]] == []
 
 
 def test_a_role_without_the_pod_patch_fails_the_update_naming_the_answer() -> None:

@@ -52,7 +52,7 @@ from aiohttp import web
 
 from serving.render.k8s.common import LABEL_ADMITTED
 from serving.render.router import ROUTER_ENTRY, router_args
-from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend
+from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend, batch_lease_name
 from serving.rollout.journal import Journal
 from serving.rollout.machine import Event, Phase, initial
 from serving.rollout.plan import kv_plan, plan_rollout
@@ -352,6 +352,10 @@ def test_out_of_the_selection_on_every_router_and_a_restarted_router_keeps_it_ou
     assert sorted(removed.seconds_by_router) == sorted(cluster.routers), removed
     assert all(not (group0 & set(r)) and others <= set(r) for r in cluster.listed())
     assert {cluster.api.pods[p]["metadata"]["labels"][LABEL_ADMITTED] for p in cluster.pod_urls(0)} == {"false"}
+    # the batch is announced on its Lease before any worker leaves (alert ExaServeWorkersUnhealthy counts it planned)
+    ns = cluster.spec.kubernetes.namespace
+    lease = cluster.api.objects[f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{batch_lease_name(ns)}"]
+    assert lease["spec"]["holderIdentity"] == f"exaserve-updater/{ns}", lease
 
     # Router 2 restarts: it lists and watches anew and registers exactly what the selection holds.
     record = cluster.state.read("router-2")

@@ -1,7 +1,8 @@
 """STAND-IN for the Kubernetes API server and the StatefulSet/LeaderWorkerSet controllers, for the updater's and the
 runtime's Kubernetes tests (there is no API server here).
 
-It speaks the API's REST paths, JSON merge patch (RFC 7386), pod DELETE, pod eviction (``policy/v1`` Eviction, judged
+It speaks the API's REST paths, JSON merge patch (RFC 7386), pod DELETE, Lease create/get/update (with
+``resourceVersion`` conflicts), pod eviction (``policy/v1`` Eviction, judged
 against the rendered PodDisruptionBudgets as ``eviction.go`` judges it) and the generation/status bookkeeping of the
 StatefulSet and LeaderWorkerSet controllers; every patched object is validated with the real Kubernetes OpenAPI schema
 (kubernetes-validate) or the upstream LeaderWorkerSet CRD, as an API server would. Its pods are made from the
@@ -158,6 +159,8 @@ class ApiServerStandIn:
         self.deleted: list[str] = []
         self.evicted: list[str] = []  # pods the Eviction API deleted, in order (also in ``deleted``)
         self.budgets: dict[str, dict[str, Any]] = {}  # PodDisruptionBudget name → object, as rendered
+        self.versions = 0  # the last resourceVersion given (Leases)
+        self.lease_writes: list[tuple[str, dict[str, Any]]] = []  # (Lease name, spec) of every update, in order
         self._tasks: set[asyncio.Task[None]] = set()
         for rendered in render(fleet_of(spec)):
             if rendered["kind"] == "PodDisruptionBudget":
@@ -270,6 +273,46 @@ class ApiServerStandIn:
             )
         return None
 
+    async def _post(self, request: web.Request) -> web.Response:
+        """POST: a Lease created (coordination.k8s.io/v1 ``leases``), or a pod's eviction."""
+        if request.path.endswith("/leases"):
+            return await self._create_lease(request)
+        return await self._evict(request)
+
+    async def _create_lease(self, request: web.Request) -> web.Response:
+        """A Lease created as the API server creates one: validated against the OpenAPI schema, 409 AlreadyExists
+        when the name is taken, ``resourceVersion`` set (an update must carry the one it read)."""
+        body = await request.json()
+        problems = self.validator.problems(body)
+        if problems:
+            return _status(422, "Invalid", str(problems))
+        name = body["metadata"]["name"]
+        path = f"{request.path}/{name}"
+        if path in self.objects:
+            return _status(409, "AlreadyExists", f'leases.coordination.k8s.io "{name}" already exists')
+        self.versions += 1
+        body["metadata"]["resourceVersion"] = str(self.versions)
+        self.objects[path] = body
+        return web.json_response(body, status=201)
+
+    async def _put(self, request: web.Request) -> web.Response:
+        """PUT (update) of a Lease: 409 Conflict unless it carries the stored ``resourceVersion`` (optimistic
+        concurrency, as client-go's leader election relies on)."""
+        stored = self.objects.get(request.path)
+        if stored is None or request.path.rsplit("/", 2)[-2] != "leases":
+            return _status(404, "NotFound", "not found")
+        body = await request.json()
+        if body.get("metadata", {}).get("resourceVersion") != stored["metadata"]["resourceVersion"]:
+            return _status(409, "Conflict", "the object has been modified; please apply your changes to the latest")
+        problems = self.validator.problems(body)
+        if problems:
+            return _status(422, "Invalid", str(problems))
+        self.versions += 1
+        body["metadata"]["resourceVersion"] = str(self.versions)
+        self.objects[request.path] = body
+        self.lease_writes.append((request.path.rsplit("/", 1)[1], copy.deepcopy(body["spec"])))
+        return web.json_response(body)
+
     async def _evict(self, request: web.Request) -> web.Response:
         """POST pods/NAME/eviction (policy/v1 Eviction): the pod goes, within its budget (:meth:`_budget_verdict`),
         and its StatefulSet recreates it as after a DELETE; a UID precondition that no longer matches is 409."""
@@ -369,7 +412,8 @@ class ApiServerStandIn:
         app.router.add_get("/{tail:.*}", self._get)
         app.router.add_patch("/{tail:.*}", self._patch)
         app.router.add_delete("/{tail:.*}", self._delete)
-        app.router.add_post("/{tail:.*}", self._evict)
+        app.router.add_post("/{tail:.*}", self._post)
+        app.router.add_put("/{tail:.*}", self._put)
         runner = web.AppRunner(app, access_log=None)
 
         async def start() -> int:
@@ -459,3 +503,9 @@ class AuthorizingApiServer(ApiServerStandIn):
 
     async def _evict(self, request: web.Request) -> web.Response:
         return self._forbidden(request) or await super()._evict(request)
+
+    async def _create_lease(self, request: web.Request) -> web.Response:
+        return self._forbidden(request) or await super()._create_lease(request)
+
+    async def _put(self, request: web.Request) -> web.Response:
+        return self._forbidden(request) or await super()._put(request)

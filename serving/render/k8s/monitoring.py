@@ -28,6 +28,7 @@ from serving.plan.model import Fleet
 from serving.render.k8s import gateway
 from serving.render.k8s.common import LABEL_NAME, ROUTER_APP, SERVING_APP, K8sObject, alert, duration, labels, metadata
 from serving.render.k8s.fleet import HTTP_PORT_NAME, SERVING_CONTAINER, WORKERS_SERVICE
+from serving.rollout.backends.kubernetes import ANNOUNCE_TTL_S, batch_lease_name
 
 COMPONENT = "monitoring"
 RULE_NAME = "exaserve-alerts"
@@ -70,6 +71,7 @@ def rule_groups(fleet: Fleet) -> list[dict[str, Any]]:
     soak = duration(max(r.interval_s, 60))
     offset_limit = fleet.spec.cluster.ntp.max_offset_ms / 1000
     healthy_min = min_healthy_workers(fleet)
+    batch = max(fleet.plan.rollout_group_sizes)  # the most a rollout batch takes out at once
     routers = gateway.router_replicas(fleet.spec)
     return [
         {
@@ -142,11 +144,17 @@ def rule_groups(fleet: Fleet) -> list[dict[str, Any]]:
                     # a sum would subtract each of them: after a full rollout the replaced pods' old addresses cancel
                     # the new ones out. `== bool 1` turns each series into 1 (healthy) or 0 (anything else), so an
                     # instance whose workers are all unhealthy counts 0 rather than dropping out of the min.
+                    # A rollout batch is out by plan: while the updater renews its batch Lease (kube-state-metrics'
+                    # kube_lease_renew_time, fresh within twice the Lease's duration) the largest batch counts as
+                    # healthy; an updater that died with a batch out stops renewing, and the page comes.
                     "ExaServeWorkersUnhealthy",
-                    f"(min(sum by (pod) (smg_worker_health{{{router}}} == bool 1)) or on () vector(0)) < {healthy_min}",
+                    f"(min(sum by (pod) (smg_worker_health{{{router}}} == bool 1)) or on () vector(0)) + "
+                    f'(max(time() - kube_lease_renew_time{{lease="{batch_lease_name(ns)}"}} < bool '
+                    f"{2 * ANNOUNCE_TTL_S:g}) * {batch} or on () vector(0)) < {healthy_min}",
                     "5m",
                     "critical",
-                    f"Fewer than {healthy_min} of the plan's {sum(fleet.plan.rollout_group_sizes)} workers are healthy: the "
+                    f"Fewer than {healthy_min} of the plan's {sum(fleet.plan.rollout_group_sizes)} workers are healthy "
+                    f"(a rollout batch the updater announces, up to {batch}, counts as healthy): the "
                     f"{lim.failure_reserve:.0%} failure reserve is used up.",
                     "Find the missing workers (kubectl get pods -l app.kubernetes.io/name=sglang: Pending, Init, "
                     "CrashLoopBackOff) and their nodes (exaserve.io/rack labels); run the preflight playbook.",

@@ -12,7 +12,10 @@ The backend's calls, and the rule that allows each:
   leader pods ``sglang-g<i>-<ordinal>`` of the stack's replicas, so the account cannot touch the router's, the
   controllers' or a multi-node replica's worker pods (a pod's image is patchable);
 * ``DELETE`` of those same pods (StatefulSet groups only): ``delete`` on ``pods``, by name — an OnDelete StatefulSet
-  replaces a pod only when it is deleted (:mod:`serving.rollout.backends.kubernetes`).
+  replaces a pod only when it is deleted (:mod:`serving.rollout.backends.kubernetes`);
+* the batch Lease ``exaserve-rollout-<namespace>`` it holds while a batch is out (``KubernetesBackend.announce``):
+  ``get``/``update`` on that Lease by name, and ``create`` on ``leases`` (RBAC cannot narrow a create by name: the
+  account may create other Leases in the namespace, none of which anything reads).
 
 RBAC cannot narrow a ``patch`` to fields; a ValidatingAdmissionPolicy bound to this account does
 (:mod:`serving.render.k8s.admission`): only images, the release and the version label of a workload, only the
@@ -33,6 +36,7 @@ from serving.plan.model import Fleet, Plan
 from serving.render.k8s import admission
 from serving.render.k8s.common import UPDATER_APP, K8sObject, labels, service_account_with_role
 from serving.render.k8s.fleet import group_name, workload_kind
+from serving.rollout.backends.kubernetes import batch_lease_name
 
 COMPONENT = "rollout"
 ROLE = f"{UPDATER_APP}-rollout"
@@ -60,6 +64,13 @@ def rules(fleet: Fleet) -> list[dict[str, Any]]:
             "resourceNames": leader_pods(fleet.plan),
             # An OnDelete StatefulSet replaces a pod only when it is deleted; a LeaderWorkerSet replaces its own.
             "verbs": ["patch", "delete"] if kind == "StatefulSet" else ["patch"],
+        },
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [batch_lease_name(fleet.spec.kubernetes.namespace)],
+            "verbs": ["get", "update"],
         },
     ]
 

@@ -33,6 +33,15 @@ pod listing (the runner refreshes it before every step); the NetworkPolicy admit
 port (:mod:`serving.render.k8s.netpol`). Its service account needs ``get``/``patch`` on the groups' workloads and
 ``list`` on pods, ``patch``/``delete`` on the replicas' serving pods (:mod:`serving.render.k8s.updater`).
 
+Announcing a batch (:meth:`KubernetesBackend.announce`): while a batch is out of the routers, the updater holds the
+Lease ``exaserve-rollout-<namespace>`` (:func:`batch_lease_name`), renewed every third of :data:`ANNOUNCE_TTL_S`, and
+gives it up (holder cleared, ``renewTime`` the epoch) once the batch is back. kube-state-metrics publishes its
+``renewTime`` as ``kube_lease_renew_time{lease=…}`` (a default resource; the metric has no namespace label, hence the
+namespace in the name), and alert ExaServeWorkersUnhealthy counts a batch as planned while that renewal is fresh
+(:mod:`serving.render.k8s.monitoring`): a planned batch pages nobody, an updater that died with a batch out stops
+renewing and the page comes. The Lease is written the way the controller's election writes its own
+(:class:`serving.runtime.leader.KubernetesLeaseElection`, reused here).
+
 The API client is deliberately small: a bearer token and a CA bundle (the in-cluster service account
 by default), JSON over HTTPS; plain HTTP only to a loopback address (a local proxy or test stand-in).
 """
@@ -58,12 +67,20 @@ from serving.render.k8s.fleet import SERVING_CONTAINER, group_name, render
 from serving.rollout.backends import BackendError, ReplicaIndex
 from serving.rollout.plan import with_group_version
 from serving.router.membership import Observed, RouterSet
+from serving.runtime.leader import ElectionError, KubernetesLeaseElection, Term
 from serving.spec.schema import FleetSpec
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 POLL_S = 0.5
 # The StatefulSet controller's label naming the revision a pod was created from (apps/v1 ControllerRevisionHashLabelKey).
 REVISION_LABEL = "controller-revision-hash"
+ANNOUNCE_TTL_S = 60.0  # the batch Lease's duration: renewed every third of it while a batch is out
+
+
+def batch_lease_name(namespace: str) -> str:
+    """The Lease the updater holds while a batch is out (module docstring): one per stack namespace, named with it
+    because ``kube_lease_renew_time`` carries the Lease's name only."""
+    return f"exaserve-rollout-{namespace}"
 
 
 @dataclass(frozen=True)
@@ -184,6 +201,19 @@ class KubernetesBackend(ReplicaIndex):
         self._http = api.client()
         self._workloads = {g: workload(fleet, g) for g in range(fleet.spec.rollout.batches)}
         self._pod_urls: dict[str, str] = {}  # replica → http://POD_IP:PORT from the latest listing
+        namespace = fleet.spec.kubernetes.namespace
+        self._lease = KubernetesLeaseElection(
+            api.server,
+            namespace,
+            batch_lease_name(namespace),
+            f"exaserve-updater/{namespace}",  # a resumed rollout takes back what its crashed run held
+            ANNOUNCE_TTL_S,
+            token=api.token,
+            ca_path=str(api.ca_file) if api.ca_file else None,
+            timeout_s=10.0,
+        )
+        self._term: Term | None = None
+        self._renewing: asyncio.Task[None] | None = None
 
     @property
     def name(self) -> str:
@@ -358,7 +388,50 @@ class KubernetesBackend(ReplicaIndex):
             if pod is not None and pod["metadata"].get("labels", {}).get(LABEL_ADMITTED) != "false":
                 await self.admit(pod, admitted=False, missing_ok=True)
 
+    async def announce(self, out: bool) -> None:
+        """``out``: hold the batch Lease (take it, then renew it in the background) while a batch is out of the
+        routers; otherwise give it up (module docstring). BackendError when another holder keeps it (another updater
+        of this stack is rolling) or the API server refuses."""
+        try:
+            if out and self._term is None:
+                term = await self._lease.campaign()
+                if term is None:
+                    holder = await self._lease.leader()
+                    raise BackendError(
+                        f"Lease {self._lease.name} is held by {holder!r}: another updater is rolling a batch of this "
+                        f"stack; wait for it, or once it is gone for {ANNOUNCE_TTL_S:g} s run the rollout again"
+                    )
+                self._term = term
+                self._renewing = asyncio.create_task(self._renew(term))
+            elif not out and self._term is not None:
+                self._stop_renewing()
+                term, self._term = self._term, None
+                await self._lease.resign(term)
+        except ElectionError as exc:
+            raise BackendError(f"announcing the batch on Lease {self._lease.name}: {exc}") from exc
+
+    async def _renew(self, term: Term) -> None:
+        """Renew every third of the Lease's duration; a renewal that fails is tried at the next (the alert's
+        window is twice the duration); a Lease lost to another holder ends the renewals."""
+        while True:
+            await asyncio.sleep(ANNOUNCE_TTL_S / 3)
+            try:
+                renewed = await self._lease.renew(term)
+            except ElectionError:
+                continue
+            if renewed is None:
+                return
+            term = renewed
+
+    def _stop_renewing(self) -> None:
+        if self._renewing is not None:
+            self._renewing.cancel()
+            self._renewing = None
+
     async def aclose(self) -> None:
+        """Close the connections. A batch still out keeps its Lease unrenewed: it lapses, and the alert pages."""
+        self._stop_renewing()
+        await self._lease.aclose()
         await self._http.aclose()
 
 
@@ -369,6 +442,7 @@ class DiscoveryMembership:
     def __init__(self, backend: KubernetesBackend, routers: RouterSet) -> None:
         self.backend = backend
         self.routers = routers
+        self.out: set[str] = set()  # replicas taken out and not brought back: announced while any are
 
     async def _pods(self, replica_ids: Sequence[str]) -> dict[str, K8sObject]:
         pods = await self.backend.leader_pods(replica_ids)
@@ -383,6 +457,8 @@ class DiscoveryMembership:
     async def take_out(self, replica_ids: Sequence[str], timeout_s: float) -> Observed:
         """Out of the selection; done when no instance routes to them (discovery drains them: module docstring)."""
         pods = await self._pods(replica_ids)
+        await self.backend.announce(True)  # before any worker leaves: the alert counts the batch as planned
+        self.out.update(pods)
         await asyncio.gather(*(self.backend.admit(p, admitted=False) for p in pods.values()))
         return await self.routers.drained(*map(self.backend.worker_url, pods), timeout_s=timeout_s)
 
@@ -396,7 +472,11 @@ class DiscoveryMembership:
         deadline = time.monotonic() + timeout_s
         await self.routers.drains_ended(*urls, timeout_s=timeout_s)
         await asyncio.gather(*(self.backend.admit(p, admitted=True) for p in pods.values()))
-        return await self.routers.discovered(*urls, timeout_s=max(0.0, deadline - time.monotonic()))
+        seen = await self.routers.discovered(*urls, timeout_s=max(0.0, deadline - time.monotonic()))
+        self.out.difference_update(pods)
+        if not self.out:
+            await self.backend.announce(False)
+        return seen
 
     async def reconcile(self, replica_ids: Sequence[str], out: Set[str]) -> list[str]:
         """Each pod's label as the state wants it (a pod re-created by its workload comes back ``true``); a pod
@@ -404,6 +484,9 @@ class DiscoveryMembership:
         readmission's proof."""
         notes: list[str] = []
         deselected: list[str] = []
+        # what the state holds out is announced (a resumed rollout's batch, taken out by the run that stopped)
+        self.out = (self.out - set(replica_ids)) | (set(replica_ids) & set(out))
+        await self.backend.announce(bool(self.out))
         for rid, pod in (await self.backend.leader_pods(replica_ids)).items():
             if pod is None:
                 continue
