@@ -27,6 +27,15 @@ class Etcd:
     url: str  # the client URL (v3 JSON gateway)
     pid: int
 
+    async def silent(self, within_s: float = 0.25) -> bool:
+        """Whether etcd leaves a status request unanswered for ``within_s``: what a stall looks like to a client."""
+        async with httpx.AsyncClient(timeout=within_s) as client:
+            try:
+                await client.post(self.url + "/v3/maintenance/status", json={})
+            except httpx.TimeoutException:
+                return True
+        return False
+
     @contextmanager
     def stalled(self) -> Iterator[None]:
         """etcd stopped (SIGSTOP) for the block: its connections stay open and nothing is answered, as from an etcd
