@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -224,3 +225,72 @@ def test_fit_excludes_what_sglang_refuses_naming_the_check() -> None:
     (reason,) = excluded["reasons"]
     assert "1536 / (TP 8 / EP 1) = 192" in reason and "moe_ep_setup.py:169" in reason and "--ep-size 2" in reason
     assert "excluded fp8 TP 8 (SGLang refuses it)" in exaserve(*qwen_fp8, "--nodes", "1").stdout
+
+
+# Issue 41: online FP8. A config.json without quantization_config is a 16-bit checkpoint; SGLang 0.5.23 serves it as
+# FP8 (--quantization fp8) by loading it whole in 16 bit and quantising afterwards (model_loader/loader.py:1063,
+# :1089; layers/quantization/fp8.py:655), so its 16-bit shard must fit in the GPU at load.
+LLAMA_405B = "models/llama-3.1-405b/config.json"
+ONE_H100_NODE = ("--gpu", "NVIDIA-H100-80GB-HBM3", "--nodes", "1", "--gpus-per-node", "8")
+
+
+def test_fit_refuses_online_fp8_of_llama_405b_on_one_h100_node_naming_the_load_peak() -> None:
+    """Llama-3.1-405B's 16-bit config.json on 8 × H100: fit offered fp8 at TP 8 as if the checkpoint were FP8 (47.98
+    GiB a GPU). SGLang loads the 16-bit shard first: 401.65 B layer params × 2 B / 8 = 93.52 GiB + the 16-bit tables
+    0.98 + load overhead 0.24 + the FP8 copy of one layer's largest module (gate_up 2 × 16384 × 53248 / 8 = 0.20 GiB)
+    = 94.94 GiB > 76.85 GiB free at start: refused, with the figure and the fix."""
+    r = exaserve("fit", "--hf-config", LLAMA_405B, *ONE_H100_NODE, "--json")
+    doc = json_object(r)
+    assert r.returncode == 1 and doc["ok"] is False, r.stdout + r.stderr  # neither bf16 nor online FP8 loads here
+    assert not [lay for lay in doc["layouts"] if lay["precision"].startswith("fp8")], doc["layouts"]
+    by = {(e["precision"], e["tp"], e.get("pp")): e for e in doc["excluded"]}
+    (reason,) = by[("fp8-online", 8, 1)]["reasons"]
+    assert "94.94 GiB a GPU at load" in reason and "> 76.85 GiB free at start" in reason, reason
+    assert "model_loader/loader.py:1063" in reason and "layers/quantization/fp8.py:655" in reason, reason
+    assert "use an FP8 checkpoint" in reason and "--precision fp8" in reason, reason
+    text = " ".join(exaserve("fit", "--hf-config", LLAMA_405B, *ONE_H100_NODE).stdout.split())
+    assert "excluded fp8-online TP 8 × PP 1 (out of GPU memory while SGLang loads it): " in text, text
+    assert "94.94 GiB a GPU at load" in text
+
+
+def test_an_fp8_checkpoint_is_still_planned_at_one_byte_a_parameter(tmp_path: Path) -> None:
+    """A config.json declaring quantization_config.quant_method fp8 is an FP8 checkpoint (Fp8Config.from_config,
+    layers/quantization/fp8.py:349): loaded as FP8, 1 B a parameter, no 16-bit load peak; fit offers only fp8 for it
+    (not bf16, which the checkpoint does not have, nor online FP8), and TP 8 on 8 × H100 still fits at 47.98 GiB."""
+    cfg = yaml.safe_load((REPO / LLAMA_405B).read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    r = exaserve("fit", "--hf-config", str(path), "--gpu", "NVIDIA-H100-80GB-HBM3", "--nodes", "2",
+                 "--gpus-per-node", "8", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json_object(r)
+    assert {lay["precision"] for lay in doc["layouts"]} == {"fp8"}, {lay["precision"] for lay in doc["layouts"]}
+    best = doc["layouts"][0]
+    assert (best["tp"], best["pp"], best["online_quantization"]) == (8, 1, False), best
+    assert round(best["weights_bytes_per_gpu"] / 2**30, 2) == 47.98 and best["load_peak_bytes_per_gpu"] is None
+    assert not any(e["precision"] == "fp8-online" for e in doc["excluded"])
+    online = exaserve("fit", "--hf-config", str(path), "--precision", "fp8-online", "--json")
+    assert online.returncode == 2 and "already FP8" in online.stderr and "--precision fp8" in online.stderr
+
+
+def test_fit_labels_checkpoint_fp8_and_online_fp8_apart() -> None:
+    """On 2 × 8 H100 both load at 16 GPUs; the table and the JSON name which is which, the online layout's breakdown
+    gives its load peak, and at equal capacity the FP8 checkpoint ranks first, the reason saying why."""
+    args = ("fit", "--hf-config", LLAMA_405B, "--gpu", "NVIDIA-H100-80GB-HBM3", "--nodes", "2", "--gpus-per-node", "8",
+            "--precision", "fp8", "--precision", "fp8-online")  # fmt: skip
+    doc = json_object(exaserve(*args, "--json"))
+    layouts = doc["layouts"]
+    assert {(lay["precision"], lay["online_quantization"]) for lay in layouts} == {("fp8", False), ("fp8-online", True)}
+    online = [lay for lay in layouts if lay["precision"] == "fp8-online"]
+    assert online and all(lay["gpus_per_replica"] == 16 and lay["quantization"] == "fp8" for lay in online), online
+    assert all(lay["load_peak_bytes_per_gpu"] > lay["weights_bytes_per_gpu"] for lay in online)
+    assert all("at load" in lay["breakdown"] for lay in online)
+    twin = next(lay for lay in layouts if lay["precision"] == "fp8" and lay["gpus_per_replica"] == 16)
+    first_online = online[0]
+    assert layouts.index(first_online) > layouts.index(twin)
+    ties = [lay for lay in online if lay["served_sequences"] == twin["served_sequences"]]
+    assert any("fp8-online (16-bit checkpoint quantised at load) below an FP8 checkpoint" in lay["rank_reason"]
+               for lay in ties), [lay["rank_reason"] for lay in ties]  # fmt: skip
+    text = exaserve(*args, "--top", "40", "-o", "wide").stdout
+    assert re.search(r"^\s*fp8-online\s", text, re.M) and re.search(r"^\s*fp8\s", text, re.M), text

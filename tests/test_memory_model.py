@@ -32,7 +32,13 @@ from serving.plan.memory import (
     sglang_mem_fraction_static,
 )
 from serving.plan.model import Fleet
-from serving.plan.weights import layer_attention_parameters, stage_parameters
+from serving.plan.weights import (
+    EXPERTS_HELD_AFTER_LOAD,
+    ONLINE_FP8_SOURCE,
+    layer_attention_parameters,
+    stage_parameters,
+    stage_weights,
+)
 from serving.render.sglang import server_argv
 from serving.result import Status, failures
 from serving.spec.schema import (
@@ -655,3 +661,46 @@ def test_a_pool_smaller_than_one_sequence_is_rejected_quoting_sglangs_arithmetic
     bad = [r for r in rules.check(fleet_of(spec)) if r.check == "memory.per-gpu"]
     assert bad and bad[0].status is Status.FAIL
     assert "free at start ×" in bad[0].observed and "less than one sequence of 4,096 tokens" in bad[0].observed
+
+
+def test_online_fp8_source_lines_are_sglangs() -> None:
+    """Issue 41: every SGLang line the online-FP8 arithmetic cites is at the quoted line of the installed 0.5.23."""
+    srt = next(SGLANG_VENV.glob("lib/python*/site-packages/sglang/srt"))
+    for check in (*ONLINE_FP8_SOURCE, *EXPERTS_HELD_AFTER_LOAD.values()):
+        line = (srt / check.path).read_text().splitlines()[check.line - 1]
+        assert check.fragment in line, f"{check.where}: {line.strip()!r} does not hold {check.fragment!r}"
+
+
+def test_online_fp8_charges_the_16_bit_shard_at_load_and_fp8_after() -> None:
+    """Llama-3.1-405B (16-bit config.json) at TP 8: at load the 16-bit layers (401.65 B params × 2 B / 8 = 93.52
+    GiB), tables (0.98), load overhead (0.24) and the FP8 copy of the largest module while it is quantised
+    (gate_up_proj 2 × 16384 × 53248 / 8 = 0.20 GiB): 94.94 GiB. Resident after: the FP8 checkpoint's 47.98 GiB plus
+    one FP32 scale per output row (fp8.py:1160; 48,384 rows a layer a GPU × 4 B × 126 layers = 0.02 GiB)."""
+    arch = _hf_arch("llama-3.1-405b")
+    (online,) = stage_weights(arch, 1.0, 8, 1, online_fp8=True)
+    (ckpt,) = stage_weights(arch, 1.0, 8, 1)
+    assert round(online.load_peak_bytes / GIB, 2) == 94.94
+    assert round(ckpt.total / GIB, 2) == 47.98 and ckpt.load_peak_bytes is None
+    assert online.total - ckpt.total == pytest.approx(4 * 48_384 * 126)
+    assert "at load" in online.load_formula and "fp8.py:655" in online.load_formula
+
+
+def test_online_fp8_resident_weights_reproduce_the_public_pp_log() -> None:
+    """https://github.com/sgl-project/sglang/issues/8337: Qwen3-235B-A22B at PP 4 × TP 8 on H200, rank TP0 PP0 logs
+    ``mem usage=19.99 GB`` with ``--quantization fp8`` against 13.73 GB in bf16. That era's Qwen3-MoE ``load_weights``
+    built its EPLB table eagerly (``routed_experts_weights_of_layer = {… get_moe_weights() …}``, before
+    ``process_weights_after_loading``), holding the 16-bit experts: FP8 weights + the 16-bit experts is 19.99 GiB.
+    0.5.23 builds it lazily (models/qwen3_moe.py:1027), so the experts are freed: 7.05 GiB. A model class that still
+    builds it eagerly (:data:`EXPERTS_HELD_AFTER_LOAD`) is charged the 16-bit experts too."""
+    arch = _hf_arch("qwen3-235b-a22b")
+    lazy = stage_weights(arch, 1.0, 8, 4, online_fp8=True)[0]
+    assert lazy.total / GIB == pytest.approx(7.05, abs=0.01)
+    held = arch.model_copy(update={"model_class": "BailingMoeForCausalLM"})
+    eager = stage_weights(held, 1.0, 8, 4, online_fp8=True)[0]
+    assert eager.total / GIB == pytest.approx(19.99, rel=0.002)
+    assert "models/bailing_moe.py:1082" in eager.formula
+
+
+def _hf_arch(name: str) -> Architecture:
+    cfg = json.loads((ROOT / "models" / name / "config.json").read_text())
+    return Architecture.model_validate(architecture_from_hf_config(cfg, name))

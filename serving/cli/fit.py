@@ -30,16 +30,27 @@ from serving.cli.options import (
     resolve_stack,
 )
 from serving.plan import calibration, planner
-from serving.plan.fit import Layout, enumerate_layouts
+from serving.plan.fit import ONLINE_FP8, WEIGHT_BYTES, Layout, enumerate_layouts
 from serving.plan.model import CapacityChain
+from serving.plan.weights import FP8_CHECKPOINT
 from serving.spec.checkpoint import CheckpointError, read_checkpoint
 from serving.spec.schema import GIB, Architecture, architecture_from_hf_config
 from serving.spec.stack import NAMESPACE, SpecError, load_stack_file, read_stack_document
 
-QUANTIZATION = {"bf16": None, "fp8": "fp8", "int8": "w8a8_int8", "int4": "awq"}
+QUANTIZATION = {"bf16": None, "fp8": "fp8", ONLINE_FP8: "fp8", "int8": "w8a8_int8", "int4": "awq"}
+STACK_PRECISION = {ONLINE_FP8: "fp8"}
+"""``model.precision`` of a written layout where it differs from fit's label: online FP8 serves FP8 weights."""
 
 
-def _architecture(path: Path, params: int | None) -> Architecture:
+def _quant_method(cfg: dict[str, Any]) -> str | None:
+    """config.json's ``quantization_config.quant_method``, as SGLang reads it to tell an FP8 checkpoint from a
+    16-bit one it quantises online (:data:`serving.plan.weights.FP8_CHECKPOINT`); None without one."""
+    quant = cfg.get("quantization_config")
+    return str(quant.get("quant_method") or "") if isinstance(quant, dict) else None
+
+
+def _architecture(path: Path, params: int | None) -> tuple[Architecture, str | None]:
+    """The model's architecture and its checkpoint's quantisation method (None: a 16-bit checkpoint)."""
     try:
         cfg = json.loads(path.read_text())
         if not isinstance(cfg, dict):
@@ -52,7 +63,7 @@ def _architecture(path: Path, params: int | None) -> Architecture:
                 f"--hf-config {path}: the parameter count cannot be counted from it (a layer shape such as "
                 "intermediate_size is missing); give it with --params"
             )
-        return Architecture.model_validate(fields)
+        return Architecture.model_validate(fields), _quant_method(cfg)
     except (ValueError, ValidationError) as exc:
         fail(f"--hf-config {path} is not a transformer config.json ({exc}); point it at the model's config.json")
 
@@ -61,6 +72,7 @@ def _layout_json(lay: Layout, rps: float) -> dict[str, Any]:
     return {
         "precision": lay.precision,
         "quantization": QUANTIZATION[lay.precision],
+        "online_quantization": lay.online,
         "kv_cache_dtype": lay.kv_cache_dtype,
         "tp": lay.tp,
         "pp": lay.pp,
@@ -71,6 +83,7 @@ def _layout_json(lay: Layout, rps: float) -> dict[str, Any]:
         "nodes_per_replica": lay.nodes_per_replica,
         "mem_fraction_static": lay.mem_fraction_static,
         "weights_bytes_per_gpu": lay.weights_per_gpu,
+        "load_peak_bytes_per_gpu": lay.load_peak_per_gpu,
         "kv_pool_tokens_per_replica": lay.kv_pool_tokens,
         "kv_pools_per_replica": lay.attn_dp,
         "sequences_per_replica": lay.sequences_per_replica,
@@ -120,7 +133,7 @@ def _write_stack(
     model.update(
         # relative to the written file, as the stack loader reads it: the file moves with its checkout
         hf_config=os.path.relpath(hf_config.resolve(), out.resolve().parent),
-        precision=lay.precision,
+        precision=STACK_PRECISION.get(lay.precision, lay.precision),
         quantization=QUANTIZATION[lay.precision],
         kv_cache_dtype=lay.kv_cache_dtype,
         architecture=CommentedMap(parameter_count=arch.parameter_count),
@@ -131,8 +144,10 @@ def _write_stack(
     text = io.StringIO()
     rt.dump(raw, text)
     out.write_text(
-        f"# Written by `exaserve fit` from {base.name}: {lay.precision} TP {lay.tp} × PP {lay.pp}{_dp(lay)}, "
-        f"{lay.replicas} replicas, {lay.sequences_per_replica} sequences each.\n" + text.getvalue(),
+        f"# Written by `exaserve fit` from {base.name}: {lay.precision} TP {lay.tp} × PP {lay.pp}{_dp(lay)}"
+        + (" (a 16-bit checkpoint SGLang quantises to FP8 at load)" if lay.online else "")
+        + f", {lay.replicas} replicas, {lay.sequences_per_replica} sequences each.\n"
+        + text.getvalue(),
         encoding="utf-8",
     )
     try:
@@ -165,8 +180,9 @@ def fit(
         list[str] | None,
         typer.Option(
             "--precision",
-            help="Checkpoint precisions the model has (repeat; default: fp8 for a config.json that declares FP8 "
-            "quantization, else bf16 and fp8).",
+            help="Checkpoint precisions the model has (repeat): bf16, fp8 (an FP8 checkpoint), int8, int4, or "
+            f"{ONLINE_FP8} (a 16-bit checkpoint SGLang quantises to FP8 as it loads it). Default: fp8 for a config.json "
+            f"whose quantization_config.quant_method is fp8, bf16 and {ONLINE_FP8} for one without quantization_config.",
         ),
     ] = None,
     checkpoint: Annotated[
@@ -192,16 +208,24 @@ def fit(
     require_file(hf_config, "--hf-config", "point it at the model's config.json")
     st = resolve_stack(stack, stack_file)
     spec = st.spec
-    arch = _architecture(hf_config, params)
+    arch, quant_method = _architecture(hf_config, params)
     product = gpu or spec.cluster.gpu.product
     try:
         gpu_product = calibration.gpu_product(product)
     except calibration.UnknownGpuError as exc:
         fail(f"--gpu: {exc}")
-    precisions = tuple(precision or (("fp8",) if arch.weight_block_size is not None else ("bf16", "fp8")))
-    unknown = sorted(set(precisions) - set(calibration.PRECISION_BYTES))
+    fp8_checkpoint = arch.weight_block_size is not None or "fp8" in (quant_method or "")
+    default = ("fp8",) if fp8_checkpoint else ("bf16", ONLINE_FP8) if quant_method is None else ("bf16", "fp8")
+    precisions = tuple(precision or default)
+    unknown = sorted(set(precisions) - set(WEIGHT_BYTES))
     if unknown:
-        fail(f"--precision {unknown}: not a precision; use {', '.join(calibration.PRECISION_BYTES)}")
+        fail(f"--precision {unknown}: not a precision; use {', '.join(WEIGHT_BYTES)}")
+    if ONLINE_FP8 in precisions and fp8_checkpoint:
+        fail(
+            f"--precision {ONLINE_FP8}: --hf-config {hf_config} is already FP8 (quantization_config.quant_method = "
+            f"{quant_method!r}, {FP8_CHECKPOINT.where}); SGLang loads it as FP8 and quantises nothing. Use "
+            "--precision fp8"
+        )
     weights = None
     if checkpoint is not None:
         if len(precisions) != 1:
@@ -276,7 +300,7 @@ def fit(
                 "layouts": [_layout_json(layouts[i], chains[i].requests_per_second.value) for i in range(len(layouts))],
                 "meets_target": [_layout_json(layouts[i], chains[i].requests_per_second.value) for i in meets[:1]],
                 "excluded": [
-                    {"precision": e.precision, "tp": e.tp, "attn_dp": e.attn_dp, "reasons": list(e.reasons)}
+                    {"precision": e.precision, "tp": e.tp, "pp": e.pp, "attn_dp": e.attn_dp, "reasons": list(e.reasons)}
                     for e in result.excluded
                 ],
                 "written": str(write_stack) if write_stack else None,
@@ -315,7 +339,8 @@ def fit(
             console.print(f"best: {layouts[0].breakdown}", soft_wrap=True)
         for e in result.excluded:
             console.print(
-                f"excluded {e.precision} TP {e.tp}{' attention DP ' + str(e.attn_dp) if e.attn_dp > 1 else ''} (SGLang refuses it): {'; '.join(e.reasons)}",
+                f"excluded {e.precision} TP {e.tp}{f' × PP {e.pp}' if e.pp is not None else ''}"
+                f"{' attention DP ' + str(e.attn_dp) if e.attn_dp > 1 else ''} ({e.why}): {'; '.join(e.reasons)}",
                 soft_wrap=True,
             )
         console.print(

@@ -1,15 +1,28 @@
 """``exaserve fit``'s search: every precision × KV dtype × TP × PP × attention DP that SGLang starts and whose KV
-pool (:mod:`serving.plan.memory`) holds a full-length sequence, ranked."""
+pool (:mod:`serving.plan.memory`) holds a full-length sequence, ranked.
+
+Precisions are the checkpoint's (``bf16``, ``fp8``, ``int8``, ``int4``: the weights load as they stay) and
+:data:`ONLINE_FP8`, a 16-bit checkpoint SGLang quantises to FP8 as it loads it: planned with its 16-bit load peak
+checked against the GPU's free memory and the FP8 weights SGLang keeps after
+(:func:`serving.plan.weights.online_fp8_stage_weights`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Final
 
 from serving.plan.calibration import PRECISION_BYTES, GpuProduct, free_at_start_bytes
 from serving.plan.divisibility import rejections
 from serving.plan.memory import replica_pool, running_requests_per_replica, sglang_mem_fraction_static
-from serving.plan.weights import DEFAULT_GROUP_SIZE
-from serving.spec.schema import Architecture, CheckpointWeights
+from serving.plan.weights import DEFAULT_GROUP_SIZE, FP8_CHECKPOINT, WeightShare
+from serving.spec.schema import GIB, Architecture, CheckpointWeights
+
+ONLINE_FP8: Final = "fp8-online"
+"""A 16-bit checkpoint served as FP8 (``--quantization fp8``; config.json without ``quantization_config``): SGLang
+loads it in 16 bit and quantises it afterwards. ``fp8`` is an FP8 checkpoint (``quant_method`` fp8,
+:data:`~serving.plan.weights.FP8_CHECKPOINT`), loaded as FP8."""
+WEIGHT_BYTES: dict[str, float] = {**PRECISION_BYTES, ONLINE_FP8: 1.0}
+"""Bytes a parameter of each precision ``fit`` searches, once loaded (online FP8: after quantisation)."""
 
 
 @dataclass(frozen=True)
@@ -33,10 +46,17 @@ class Layout:
     """Attention-DP groups inside the TP group (``--attn-dp-size``); each has its own pool of ``kv_pool_tokens``."""
     rank_reason: str = ""
     """Why the layout ranks where it does: against the one above it."""
+    load_peak_per_gpu: float | None = None
+    """Online FP8: the fullest stage's GPU while SGLang loads the 16-bit checkpoint and quantises it; else None."""
 
     @property
     def gpus_per_replica(self) -> int:
         return self.tp * self.pp
+
+    @property
+    def online(self) -> bool:
+        """SGLang quantises a 16-bit checkpoint to FP8 at load (:data:`ONLINE_FP8`)."""
+        return self.precision == ONLINE_FP8
 
 
 @dataclass(frozen=True)
@@ -47,6 +67,9 @@ class Excluded:
     tp: int
     reasons: tuple[str, ...]
     attn_dp: int = 1
+    pp: int | None = None
+    """The PP size refused with this TP, where the refusal depends on it (online FP8's load peak); None: every PP."""
+    why: str = "SGLang refuses it"
 
 
 @dataclass(frozen=True)
@@ -73,10 +96,11 @@ def _attn_dp_sizes(arch: Architecture, tp: int) -> tuple[int, ...]:
     return (1, tp) if arch.attention_over_attn_tp and tp > 1 else (1,)
 
 
-def _rank_key(lay: Layout) -> tuple[int, float, int, int, int, int]:
+def _rank_key(lay: Layout) -> tuple[int, float, bool, int, int, int, int]:
     return (
         -lay.served_sequences,
-        -PRECISION_BYTES[lay.precision],
+        -WEIGHT_BYTES[lay.precision],
+        lay.online,
         lay.gpus_per_replica,
         lay.pp,
         lay.attn_dp,
@@ -91,8 +115,13 @@ def _rank_reason(rank: int, lay: Layout, above: Layout | None) -> str:
     if lay.served_sequences < above.served_sequences:
         return f"serves {lay.served_sequences:,} < #{rank - 1}'s {above.served_sequences:,}"
     tie = f"ties #{rank - 1} at {lay.served_sequences:,}"
-    if PRECISION_BYTES[lay.precision] < PRECISION_BYTES[above.precision]:
+    if WEIGHT_BYTES[lay.precision] < WEIGHT_BYTES[above.precision]:
         return f"{tie}; {lay.precision} weights: fewer bits than {above.precision}"
+    if lay.online and not above.online:
+        return (
+            f"{tie}; {ONLINE_FP8} (16-bit checkpoint quantised at load) below an FP8 checkpoint: its 16-bit shard "
+            "must fit at load"
+        )
     if lay.gpus_per_replica > above.gpus_per_replica:
         return f"{tie}; {lay.gpus_per_replica} GPUs a replica, not {above.gpus_per_replica}"
     if lay.pp > above.pp:
@@ -102,6 +131,28 @@ def _rank_reason(rank: int, lay: Layout, above: Layout | None) -> str:
     if KV_DTYPES[lay.kv_cache_dtype] < KV_DTYPES[above.kv_cache_dtype]:
         return f"{tie}; FP8 KV cache below 16-bit (accuracy)"
     return f"{tie} on every ranked field"
+
+
+LOAD_REFUSED = "out of GPU memory while SGLang loads it"
+
+
+def _load_refusal(
+    tp: int, pp: int, share: WeightShare, free: float, gpu: GpuProduct, loads: list[tuple[int, int, int]]
+) -> str:
+    """Why an online-FP8 layout cannot start, with the figure and the fix: the fullest stage's load peak against
+    the GPU's free memory at start, an FP8 checkpoint, or the smallest layout of the search whose shard loads."""
+    more = (
+        f"; or TP {loads[0][2]} × PP {loads[0][1]} ({loads[0][0]} GPUs a replica), the smallest layout here whose "
+        "16-bit shard loads"
+        if loads
+        else "; no layout of this cluster loads its 16-bit shard"
+    )
+    return (
+        f"{share.load_formula} > {free / GIB:,.2f} GiB free at start on "
+        f"{gpu.label} (memory.total less the CUDA context and NCCL buffers): SGLang would run out of memory loading "
+        f"the 16-bit checkpoint; use an FP8 checkpoint (its config.json's quantization_config.quant_method fp8, "
+        f"{FP8_CHECKPOINT.where}: --hf-config that config.json, or --precision fp8){more}"
+    )
 
 
 def enumerate_layouts(
@@ -122,12 +173,17 @@ def enumerate_layouts(
     attention-TP (DeepSeek, Qwen-MoE) is also tried with
     full attention DP (``attn_dp`` = TP, attention-TP 1: DeepSeek's published ``--tp 8 --dp 8
     --enable-dp-attention``), where each GPU runs its own scheduler and pool and takes ``max_running_requests /
-    attn_dp`` of the requests (``resolve_max_num_reqs``); intermediate sizes are not searched."""
+    attn_dp`` of the requests (``resolve_max_num_reqs``); intermediate sizes are not searched.
+
+    :data:`ONLINE_FP8` layouts whose 16-bit shard does not fit a GPU's free memory at load are excluded, each with
+    its load peak and the fix (:func:`_load_refusal`)."""
     out: list[Layout] = []
     excluded: list[Excluded] = []
+    too_big: list[tuple[int, int, int, WeightShare, float]] = []  # online FP8: tp, pp, attn_dp, fullest stage, free
     total_gpus = gpus_per_node * nodes
     for precision in precisions:
-        bpp = PRECISION_BYTES[precision]
+        bpp = WEIGHT_BYTES[precision]
+        online = precision == ONLINE_FP8
         for tp, attn_dp in ((t, d) for t in _powers_of_two(min(total_gpus, 64)) for d in _attn_dp_sizes(arch, t)):
             reasons = rejections(arch, tp, precision, attn_dp=attn_dp)
             if reasons:
@@ -152,7 +208,13 @@ def enumerate_layouts(
                 ).value
                 group = (arch.quant_group_size or DEFAULT_GROUP_SIZE) if precision == "int4" else None
                 for kv_dtype, kv_bytes in KV_DTYPES.items():
-                    rp = replica_pool(arch, bpp, kv_bytes, tp, pp, free, fraction, group, checkpoint, attn_dp)
+                    rp = replica_pool(
+                        arch, bpp, kv_bytes, tp, pp, free, fraction, group, checkpoint, attn_dp, online_fp8=online
+                    )
+                    peak = max(rp.stages, key=lambda s: s[0].load_peak_bytes or 0.0)[0] if online else None
+                    if peak is not None and (peak.load_peak_bytes or 0.0) > free:
+                        too_big.append((tp, pp, attn_dp, peak, free))
+                        break  # the KV dtype does not change what loads
                     seqs = min(running, rp.tokens // context_length * attn_dp)
                     if seqs < 1:
                         continue
@@ -176,11 +238,18 @@ def enumerate_layouts(
                             rp.tokens,
                             seqs,
                             seqs * replicas,
-                            f"weights {rp.weights.loaded_formula}; KV pool {rp.formula}"
+                            (f"load {peak.load_formula} ≤ {free / GIB:,.2f} GiB free at start; " if peak else "")
+                            + f"weights {rp.weights.loaded_formula}; KV pool {rp.formula}"
                             + (f"; × {attn_dp} attention-DP pools" if attn_dp > 1 else ""),
                             attn_dp,
+                            load_peak_per_gpu=peak.load_peak_bytes if peak else None,
                         )
                     )
+    loads = sorted({(lay.gpus_per_replica, lay.pp, lay.tp) for lay in out if lay.online})
+    excluded += [
+        Excluded(ONLINE_FP8, tp, (_load_refusal(tp, pp, share, free, gpu, loads),), attn_dp, pp, LOAD_REFUSED)
+        for tp, pp, attn_dp, share, free in too_big
+    ]
     out.sort(key=_rank_key)
     ranked = [
         replace(lay, rank_reason=_rank_reason(i + 1, lay, out[i - 1] if i else None)) for i, lay in enumerate(out)

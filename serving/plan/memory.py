@@ -221,13 +221,17 @@ def replica_pool(
     checkpoint: CheckpointWeights | None = None,
     attn_dp: int = 1,
     draft: DraftShare | None = None,
+    online_fp8: bool = False,
 ) -> ReplicaPool:
     """Every stage's pool by its own weights and layers (counted from ``checkpoint`` where the stack names one);
     the replica's token count is the minimum over the stages, as SGLang's PP ranks agree on it. With attention
     DP that count is each attention-DP group's own pool, its KV heads split over attention-TP
-    (:data:`KV_HEADS_ATTN_TP`)."""
+    (:data:`KV_HEADS_ATTN_TP`). ``online_fp8``: a 16-bit checkpoint quantised to FP8 at load, the weights as SGLang
+    keeps them after quantising (:func:`serving.plan.weights.online_fp8_stage_weights`); whether its 16-bit shard
+    fits at load is each stage's :attr:`~serving.plan.weights.WeightShare.load_peak_bytes`, for the caller to check."""
     stages = []
-    for share in stage_weights(arch, bytes_per_param, tp, pp, group_size, checkpoint, attn_dp):
+    shares = stage_weights(arch, bytes_per_param, tp, pp, group_size, checkpoint, attn_dp, online_fp8)
+    for share in shares:
         cell = kv_cell_bytes(arch, kv_bytes_per_element, tp // attn_dp, len(share.layers))
         weights = share.total
         if draft is not None:

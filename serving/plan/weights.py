@@ -6,7 +6,7 @@ draft's weights (:mod:`serving.plan.memory` subtracts them from the pool's budge
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from serving.plan.calibration import LOAD_OVERHEAD_GIB
 from serving.plan.divisibility import SourceCheck
@@ -129,6 +129,10 @@ class WeightShare:
     embedding_bytes: float
     load_overhead_bytes: float
     formula: str
+    load_peak_bytes: float | None = None
+    """Online FP8 only (:func:`online_fp8_stage_weights`): what the GPU holds while SGLang loads the 16-bit checkpoint
+    and quantises it, which must fit in its free memory; None where the weights load as they stay."""
+    load_formula: str = ""
 
     @property
     def total(self) -> float:
@@ -187,6 +191,7 @@ def stage_weights(
     group_size: int | None = None,
     checkpoint: CheckpointWeights | None = None,
     attn_dp: int = 1,
+    online_fp8: bool = False,
 ) -> list[WeightShare]:
     """Each stage's weights per GPU: its layers' parameters (every expert) in the checkpoint's precision over
     TP, plus a group-quantised checkpoint's scales and zeros (``group_size``: 4-bit AWQ/GPTQ, see
@@ -196,7 +201,12 @@ def stage_weights(
 
     With attention DP (``attn_dp`` > 1) the attention projections and the input embedding are split over the
     attention-TP group (TP / attn_dp GPUs) only, so each attention-DP group holds a whole copy
-    (:func:`attention_dp_extra`); the MLP, the experts and the LM head stay over TP."""
+    (:func:`attention_dp_extra`); the MLP, the experts and the LM head stay over TP.
+
+    ``online_fp8``: a 16-bit checkpoint SGLang quantises to FP8 as it loads (``--quantization fp8`` without a
+    ``quantization_config`` in config.json): :func:`online_fp8_stage_weights`, ``bytes_per_param`` ignored."""
+    if online_fp8:
+        return online_fp8_stage_weights(arch, tp, pp, checkpoint, attn_dp)
     table = arch.vocab_size * arch.hidden_size
     load = LOAD_OVERHEAD_GIB * GIB
     per_param, bpp = bytes_per_param, f"{bytes_per_param:g} B"
@@ -242,6 +252,176 @@ def stage_weights(
             f"{dp_text}"
         )
         out.append(WeightShare(rank, layers, layer_bytes + dp_bytes, emb, load, formula))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ online FP8
+
+FP8_CHECKPOINT = SourceCheck(
+    "layers/quantization/fp8.py", 349, 'is_checkpoint_fp8_serialized = ("fp8" in quant_method) or use_mxfp8'
+)
+"""``Fp8Config.from_config``: a checkpoint is FP8 when its ``quantization_config.quant_method`` names fp8; with
+``--quantization fp8`` and no ``quantization_config`` SGLang builds ``Fp8Config()``, ``is_checkpoint_fp8_serialized``
+False: online FP8."""
+ONLINE_LINEAR_16BIT = SourceCheck(
+    "layers/quantization/fp8.py", 655, "torch.float8_e4m3fn if is_checkpoint_fp8_serialized else params_dtype"
+)
+"""``create_fp8_weight_``: an online-FP8 linear layer's weight is allocated in the 16-bit ``params_dtype``."""
+ONLINE_MOE_16BIT = SourceCheck(
+    "layers/quantization/fp8.py", 1566, "params_dtype = torch.uint32 if _use_hip_int4 else torch.float8_e4m3fn"
+)
+"""``create_fp8_moe_weight_``: the experts are FP8 only for an FP8 checkpoint, else in the 16-bit ``params_dtype``."""
+LOAD_WHOLE_MODEL = SourceCheck("model_loader/loader.py", 1063, "model.load_weights(weights)")
+"""``DefaultModelLoader.load_weights_only``: every weight of the stage is loaded first …"""
+QUANTISE_AFTER_LOAD = SourceCheck("model_loader/loader.py", 1089, "quant_method.process_weights_after_loading(module)")
+"""… and only then ``postprocess_weights`` quantises each module, one after the other."""
+ONLINE_LINEAR_SCALES = SourceCheck(
+    "layers/quantization/fp8.py", 1160, "qweight, weight_scale = per_token_group_quant_fp8("
+)
+"""A linear layer on CUDA (CUTLASS) is quantised per channel: one FP32 scale per output row."""
+ONLINE_LINEAR_SWAP = SourceCheck(
+    "layers/quantization/fp8.py", 1173, "layer.weight = Parameter(qweight.t(), requires_grad=False)"
+)
+"""The FP8 weight replaces the 16-bit parameter, whose tensor loses its last reference (freed)."""
+ONLINE_MOE_COPY = SourceCheck(
+    "layers/quantization/fp8.py", 2621, "w13_weight = torch.empty_like(layer.w13_weight.data, dtype=fp8_dtype)"
+)
+"""A MoE layer allocates the FP8 copies of all its experts (w13 and w2) before it quantises them, one FP32 scale an
+expert each, and then replaces the 16-bit parameters (``:2641``)."""
+ONLINE_MOE_SWAP = SourceCheck(
+    "layers/quantization/fp8.py", 2641, "layer.w13_weight = torch.nn.Parameter(w13_weight, requires_grad=False)"
+)
+CACHE_RELEASED = SourceCheck("utils/common.py", 447, "empty_device_cache(torch.cuda)")
+"""``get_available_gpu_memory`` (called after the load, before the pool is sized) returns the freed 16-bit blocks to
+the device first, so the pool's budget sees the FP8 weights only."""
+EPLB_TABLE_LAZY = SourceCheck("models/qwen3_moe.py", 1027, "self.routed_experts_weights_of_layer = LazyValue(")
+"""0.5.23's Qwen3-MoE builds its EPLB table of expert tensors lazily (after quantisation); sglang#8337's 0.4.9-era
+log came from a ``load_weights`` that built it eagerly, holding the 16-bit experts (see :data:`EXPERTS_HELD_AFTER_LOAD`)."""
+
+EXPERTS_HELD_AFTER_LOAD: dict[str, SourceCheck] = {
+    **dict.fromkeys(
+        ("BailingMoEForCausalLM", "BailingMoeForCausalLM", "BailingMoeV2ForCausalLM", "SarvamMoEForCausalLM"),
+        SourceCheck("models/bailing_moe.py", 1082, "self.routed_experts_weights_of_layer = {"),
+    ),
+    "SarvamMLAForCausalLM": SourceCheck("models/sarvam_moe.py", 1355, "self.routed_experts_weights_of_layer = {"),
+}
+"""Model classes (config.json ``architectures``) whose 0.5.23 ``load_weights`` still keeps a table of every routed
+expert's tensor (``get_moe_weights()``) built before ``process_weights_after_loading``: under online FP8 their 16-bit
+experts stay on the GPU beside the FP8 copies, as sglang#8337 logged for the Qwen3-MoE of its day (19.99 GiB a GPU,
+:func:`online_fp8_stage_weights`)."""
+
+ONLINE_FP8_SOURCE = (
+    FP8_CHECKPOINT,
+    ONLINE_LINEAR_16BIT,
+    ONLINE_MOE_16BIT,
+    LOAD_WHOLE_MODEL,
+    QUANTISE_AFTER_LOAD,
+    ONLINE_LINEAR_SCALES,
+    ONLINE_LINEAR_SWAP,
+    ONLINE_MOE_COPY,
+    ONLINE_MOE_SWAP,
+    CACHE_RELEASED,
+    EPLB_TABLE_LAZY,
+)
+"""The SGLang lines the online-FP8 arithmetic cites (``tests/test_memory_model.py`` reads each one)."""
+
+_ROW_PARALLEL = ("self_attn.o_proj", "down_proj")
+
+
+def online_fp8_modules(arch: Architecture, i: int) -> list[tuple[str, int]]:
+    """Layer ``i``'s modules as SGLang quantises them one at a time, with their parameters: the fused ``qkv_proj``
+    and ``gate_up_proj`` (a checkpoint's q/k/v and gate/up), ``o_proj``, ``down_proj``, and a MoE layer's routed
+    experts (w13 and w2 together, :data:`ONLINE_MOE_COPY`)."""
+    fused: dict[str, int] = {}
+    for name, n in layer_linears(arch, i):
+        key = name.rsplit(".", 1)[0] + ".qkv_proj" if name.endswith(("q_proj", "k_proj", "v_proj")) else name
+        key = key.rsplit(".", 1)[0] + ".gate_up_proj" if key.endswith(("gate_proj", "up_proj")) else key
+        fused[key] = fused.get(key, 0) + n
+    return list(fused.items())
+
+
+def online_fp8_scale_bytes(arch: Architecture, layers: range, tp: int) -> float:
+    """The FP32 scales online FP8 adds on one GPU: one per output row of each linear layer (per channel,
+    :data:`ONLINE_LINEAR_SCALES`; a column-parallel layer's rows split over TP, a row-parallel one's, ``o_proj`` and
+    ``down_proj``, whole), and one per expert for each of w13 and w2 (per tensor, :data:`ONLINE_MOE_COPY`)."""
+    rows = 0.0
+    h = arch.hidden_size
+    for i, count in _layer_kinds(arch, layers):
+        for name, n in layer_linears(arch, i):
+            if name.endswith(".experts"):
+                rows += count * 2 * (arch.moe.num_experts if arch.moe is not None else 0)
+            elif name.endswith(_ROW_PARALLEL):
+                rows += count * h
+            else:
+                rows += count * n / h / tp
+    return 4 * rows
+
+
+def _layer_kinds(arch: Architecture, layers: range) -> list[tuple[int, int]]:
+    """``layers`` as (one layer, how many of its kind): a MoE model's leading dense layers and its MoE layers have
+    different projections (:func:`layer_linears`), every other layer is shaped alike."""
+    moe = arch.moe
+    split = min(max(moe.dense_layers if moe is not None else 0, layers.start), layers.stop)
+    return [(r.start, len(r)) for r in (range(layers.start, split), range(split, layers.stop)) if len(r)]
+
+
+def online_fp8_stage_weights(
+    arch: Architecture,
+    tp: int,
+    pp: int,
+    checkpoint: CheckpointWeights | None = None,
+    attn_dp: int = 1,
+) -> list[WeightShare]:
+    """Each stage's weights per GPU under online FP8: a 16-bit checkpoint served with ``--quantization fp8``, as
+    SGLang 0.5.23 loads it.
+
+    At load (:attr:`WeightShare.load_peak_bytes`): every quantised layer is allocated in 16 bit
+    (:data:`ONLINE_LINEAR_16BIT`, :data:`ONLINE_MOE_16BIT`) and the whole stage is loaded (:data:`LOAD_WHOLE_MODEL`)
+    before any module is quantised (:data:`QUANTISE_AFTER_LOAD`), so the GPU holds the stage's 16-bit weights (from
+    ``checkpoint``'s own bytes where given), the load overhead, and, while a module is quantised, its FP8 copy
+    beside its 16-bit tensor: the largest module's (:func:`online_fp8_modules`) is added.
+
+    Resident after (what the KV pool's budget subtracts): the FP8 weights, 1 B a parameter (tables in 16 bit, as an
+    FP8 checkpoint's), plus their FP32 scales (:func:`online_fp8_scale_bytes`): each 16-bit tensor is replaced
+    (:data:`ONLINE_LINEAR_SWAP`, :data:`ONLINE_MOE_SWAP`) and its blocks handed back before the budget is measured
+    (:data:`CACHE_RELEASED`). A model class whose ``load_weights`` keeps its experts' 16-bit tensors
+    (:data:`EXPERTS_HELD_AFTER_LOAD`) keeps those too."""
+    loads = stage_weights(arch, 2.0, tp, pp, None, checkpoint, attn_dp)
+    held = EXPERTS_HELD_AFTER_LOAD.get(arch.model_class or "")
+    out = []
+    for fp8, load in zip(stage_weights(arch, 1.0, tp, pp, None, None, attn_dp), loads, strict=True):
+        kinds = _layer_kinds(arch, fp8.layers)
+        modules = [m for i, _ in kinds for m in online_fp8_modules(arch, i)]
+        name, largest = max(modules, key=lambda m: m[1]) if modules else ("", 0)
+        copy = largest / tp
+        scales = online_fp8_scale_bytes(arch, fp8.layers, tp)
+        experts = sum(c * n for i, c in kinds for m, n in layer_linears(arch, i) if m.endswith(".experts")) * 2.0 / tp
+        kept = experts if held is not None else 0.0
+        peak = load.total + copy
+        formula = (
+            f"online FP8 (16-bit checkpoint quantised at load, {QUANTISE_AFTER_LOAD.where}): {fp8.formula} + FP32 "
+            f"scales {scales / GIB:,.2f} GiB ({ONLINE_LINEAR_SCALES.where})"
+            + (
+                f" + the 16-bit experts {experts / GIB:,.2f} GiB, still referenced after quantisation ({held.where})"
+                if held is not None
+                else ""
+            )
+        )
+        load_formula = (
+            f"{peak / GIB:,.2f} GiB a GPU at load (stage {fp8.stage + 1}/{pp}): 16-bit weights "
+            f"({ONLINE_LINEAR_16BIT.where}, loaded whole before quantising, {LOAD_WHOLE_MODEL.where}) "
+            f"{load.loaded_formula} + the FP8 copy of its largest module {name.rsplit('.', 1)[-1]} "
+            f"{copy / GIB:,.2f} GiB while it is quantised"
+        )
+        out.append(
+            replace(
+                fp8,
+                layer_bytes=fp8.layer_bytes + scales + kept,
+                formula=formula,
+                load_peak_bytes=peak,
+                load_formula=load_formula,
+            )
+        )
     return out
 
 
