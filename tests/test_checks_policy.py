@@ -35,6 +35,7 @@ from serving.checks import policy
 from serving.checks.policy.stack import images_by_digest, images_through_mirror, system_pool_placement
 from serving.pulumi.program import RenderedObject, kubernetes_objects, run_program
 from serving.render.k8s.common import ANNOTATION_ALLOW_LOAD_BALANCER, ANNOTATION_PRIVILEGED_REASON
+from serving.rollout.backends.kubernetes import batch_lease_name
 from serving.spec.stack import load_stack_file
 from tests.support.cli import exaserve
 from tests.support.k8s import policy_pack, render_file
@@ -176,6 +177,21 @@ def _commented_cache_wait(p: dict[str, Any]) -> None:
     _pod(p)["spec"]["initContainers"][0]["command"] = ["/bin/sh", "-c", "true # .exaserve-complete"]
 
 
+def _cache_wait_script(p: dict[str, Any], edit: Callable[[str], str]) -> None:
+    command = _pod(p)["spec"]["initContainers"][0]["command"]
+    command[2] = edit(command[2])
+
+
+def _cache_wait_breaks(p: dict[str, Any]) -> None:
+    """Issue 40: the loop's shape, but its body leaves at once (the pod starts before the cache is complete)."""
+    _cache_wait_script(p, lambda s: s.replace("sleep 10", "break"))
+
+
+def _other_models_cache_wait(p: dict[str, Any]) -> None:
+    """Issue 40: a well-formed wait, for a marker another model's warm-up writes."""
+    _cache_wait_script(p, lambda s: s.replace("meta-llama/Meta-Llama-3-70B-Instruct-AWQ-INT4", "org/other-model"))
+
+
 def _slow_awq(p: dict[str, Any]) -> None:
     args = _container(p)["args"]
     args[args.index("--quantization") + 1] = "awq"
@@ -247,7 +263,40 @@ RESOURCE_CASES: list[tuple[str, str, str, Mutation, str]] = [
     # Issue 25: both passed before (the rule skipped init containers; any command naming the marker counted).
     ("serving-guaranteed-cpu", "StatefulSet", "sglang-g3", _burstable_init, "initContainers[wait-for-cache] requests"),
     ("serving-waits-for-node-cache", "StatefulSet", "sglang-g1", _commented_cache_wait, "no init container waiting"),
+    ("serving-waits-for-node-cache", "StatefulSet", "sglang-g2", _cache_wait_breaks, "'break'"),
+    ("serving-waits-for-node-cache", "StatefulSet", "sglang-g3", _other_models_cache_wait, "org/other-model"),
     ("no-slow-awq-kernel", "StatefulSet", "sglang-g3", _slow_awq, "passes --quantization awq"),
+    # Issue 40: host namespaces passed every guard; the serving and warmer pods mounted a token they never use.
+    ("pod-host-isolation", "StatefulSet", "sglang-g0", lambda p: _pod(p)["spec"].update(hostPID=True), "hostPID"),
+    ("pod-host-isolation", "StatefulSet", "sglang-g1", lambda p: _pod(p)["spec"].update(hostIPC=True), "hostIPC"),
+    (
+        "pod-host-isolation",
+        "Deployment",
+        "sglang-router",
+        lambda p: _pod(p)["spec"].update(hostNetwork=True),
+        "hostNetwork",
+    ),
+    (
+        "pod-host-isolation",
+        "DaemonSet",
+        "exaserve-agent",
+        lambda p: _pod(p)["spec"].update(hostNetwork=True),
+        "hostNetwork",
+    ),
+    (
+        "pod-host-isolation",
+        "StatefulSet",
+        "sglang-g2",
+        lambda p: _pod(p)["spec"].pop("automountServiceAccountToken"),
+        "token",
+    ),
+    (
+        "pod-host-isolation",
+        "DaemonSet",
+        "model-cache-warmer",
+        lambda p: _pod(p)["spec"].update(automountServiceAccountToken=True),
+        "mounts a service-account token",
+    ),
     ("spread-satisfiable", "StatefulSet", "sglang-g4", _hard_spread, "maxSkew=1"),
     ("hardened-pods", "StatefulSet", "sglang-g0", _no_pre_stop, "no preStop hook"),
     # Issue 25: the router had the default 30 s against its 120 s drain.
@@ -680,3 +729,253 @@ def test_a_stack_without_a_system_pool_fails_the_placement_guard(tmp_path: Path)
     # With the pool declared, the same stack renders the selector and passes.
     declared = write_variant(tmp_path, "pool", base="dev", changes={})
     assert _system_findings([o.obj for o in render_file(declared)], declared) == []
+
+
+# ------------------------------------------------------------------------------------------ issue 40: guards that let
+# through what they should refuse. Each failing example passed every guard of the pack before (policy.check: only
+# prod's pending digests were found).
+
+RBAC_KINDS = ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
+
+
+def _pack(objects: list[dict[str, Any]], fleet: Any) -> list[Any]:
+    """Every rule of the pack over the objects, less prod's pending digests (images-by-digest)."""
+    return [
+        f
+        for f in policy.check([(f"kubernetes:x:{o['kind']}", o) for o in objects], fleet)
+        if f.check != "images-by-digest"
+    ]
+
+
+@pytest.fixture(scope="module")
+def prod_fleet() -> Any:
+    return fleet_of(load_stack_file(REPO / "Pulumi.prod.yaml").spec)
+
+
+@pytest.fixture(scope="module")
+def prod_objects(prod: list[RenderedObject]) -> list[dict[str, Any]]:
+    return [copy.deepcopy(o.obj) for o in prod]
+
+
+def _role(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == "Role" and o["metadata"]["name"] == name)
+
+
+UPDATER_ROLE, CONTROLLER_ROLE = "exaserve-updater-rollout", "exaserve-controller-runtime"
+LEASE_BY_NAME = {  # the updater's batch Lease rule as rendered (serving/render/k8s/updater.py)
+    "apiGroups": ["coordination.k8s.io"],
+    "resources": ["leases"],
+    "resourceNames": [batch_lease_name("exaserve")],
+    "verbs": ["get", "update"],
+}
+EXTRA_RULES: dict[str, tuple[str, dict[str, Any], str]] = {
+    # in a privileged namespace, pods: create alone is root on any node (a hostPath / privileged pod of its own)
+    "updater pods create": (
+        UPDATER_ROLE,
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]},
+        "create on pods",
+    ),
+    "updater pods/exec create": (
+        UPDATER_ROLE,
+        {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]},
+        "create on pods/exec",
+    ),
+    "updater pods/ephemeralcontainers patch": (
+        UPDATER_ROLE,
+        {"apiGroups": [""], "resources": ["pods/ephemeralcontainers"], "verbs": ["patch"]},
+        "patch on pods/ephemeralcontainers",
+    ),
+    "updater pods/ephemeralcontainers update": (
+        UPDATER_ROLE,
+        {"apiGroups": [""], "resources": ["pods/ephemeralcontainers"], "verbs": ["update"]},
+        "update on pods/ephemeralcontainers",
+    ),
+    "controller pods delete": (
+        CONTROLLER_ROLE,
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]},
+        "delete on pods, which the fleet controller never calls",
+    ),
+    "controller pods deletecollection": (
+        CONTROLLER_ROLE,
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["deletecollection"]},
+        "deletecollection on pods",
+    ),
+    "wildcard verbs": (CONTROLLER_ROLE, {"apiGroups": [""], "resources": ["pods"], "verbs": ["*"]}, "a wildcard"),
+    "wildcard resources": (UPDATER_ROLE, {"apiGroups": [""], "resources": ["*"], "verbs": ["get"]}, "a wildcard"),
+    "updater leases of another name": (
+        UPDATER_ROLE,
+        {**LEASE_BY_NAME, "resourceNames": ["exaserve-controller"]},
+        "names the rolling updater never uses",
+    ),
+    "updater leases without a name": (
+        UPDATER_ROLE,
+        {k: v for k, v in LEASE_BY_NAME.items() if k != "resourceNames"},
+        "update on leases (coordination.k8s.io) for any name",
+    ),
+    "updater leases list": (
+        UPDATER_ROLE,
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list"]},
+        "list on leases",
+    ),
+    "updater patches another pod": (
+        UPDATER_ROLE,
+        {"apiGroups": [""], "resources": ["pods"], "resourceNames": ["sglang-router-0"], "verbs": ["patch"]},
+        "names the rolling updater never uses",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", EXTRA_RULES.values(), ids=EXTRA_RULES.keys())
+def test_a_role_beyond_its_accounts_calls_is_refused(
+    prod_objects: list[dict[str, Any]], prod_fleet: Any, case: tuple[str, dict[str, Any], str]
+) -> None:
+    role_name, rule, said = case
+    assert _pack(prod_objects, prod_fleet) == []
+    objects = copy.deepcopy(prod_objects)
+    role = _role(objects, role_name)
+    role["rules"].append(rule)
+    (found,) = _pack(objects, prod_fleet)
+    assert found.check == "rbac-allowlist" and found.subject == f"Role exaserve/{role_name}"
+    assert f"rules[{len(role['rules']) - 1}]" in found.observed and said in found.observed, found.observed
+    assert "allowlist" in found.expected and found.fix.startswith("Remove the extra rule")
+
+
+def test_the_updaters_rollout_lease_rules_pass_and_a_lease_delete_does_not(
+    prod_objects: list[dict[str, Any]], prod_fleet: Any
+) -> None:
+    """The updater's batch Lease (serving/rollout/backends/kubernetes.py ``announce``): create, then get/update by
+    name, as rendered, pass; a delete, which the backend never calls (it resigns the Lease), is refused."""
+    rules = _role(prod_objects, UPDATER_ROLE)["rules"]
+    lease = [r for r in rules if r["resources"] == ["leases"]]
+    assert lease == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [batch_lease_name("exaserve")],
+            "verbs": ["get", "update"],
+        },
+    ]
+    assert _pack(prod_objects, prod_fleet) == []
+    objects = copy.deepcopy(prod_objects)
+    (named,) = [
+        r for r in _role(objects, UPDATER_ROLE)["rules"] if r.get("resourceNames") == [batch_lease_name("exaserve")]
+    ]
+    named["verbs"] = ["get", "update", "delete"]
+    (found,) = _pack(objects, prod_fleet)
+    assert found.check == "rbac-allowlist" and "delete on leases" in found.observed, found.observed
+
+
+def test_access_beside_the_roles_is_refused(prod_objects: list[dict[str, Any]], prod_fleet: Any) -> None:
+    """A binding to a ClusterRole, a ClusterRole(Binding), an unknown Role: each passed before."""
+    objects = copy.deepcopy(prod_objects)
+    binding = next(o for o in objects if o["kind"] == "RoleBinding" and o["metadata"]["name"] == UPDATER_ROLE)
+    binding["roleRef"] = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"}
+    cluster_role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "tools"},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}],
+    }
+    unknown = {**copy.deepcopy(_role(objects, UPDATER_ROLE)), "metadata": {"name": "debug", "namespace": "exaserve"}}
+    found = _pack([*objects, cluster_role, unknown], prod_fleet)
+    assert sorted((f.check, f.subject) for f in found) == [
+        ("rbac-allowlist", "ClusterRole tools"),
+        ("rbac-allowlist", "Role exaserve/debug"),
+        ("rbac-allowlist", f"RoleBinding exaserve/{UPDATER_ROLE}"),
+    ]
+    assert any("roleRef ClusterRole/admin" in f.observed for f in found)
+
+
+def test_the_multi_node_roles_pass_and_a_leader_pod_delete_does_not(tmp_path: Path) -> None:
+    """A LeaderWorkerSet replaces its own pods: its updater may patch the leader pods but delete none."""
+    path = write_variant(tmp_path, "tp16", changes=MULTI_NODE)
+    fleet = fleet_of(load_stack_file(path).spec)
+    objects = [o.obj for o in render_file(path)]
+    assert _pack(objects, fleet) == []
+    role = _role(objects, UPDATER_ROLE)
+    (by_name,) = [r for r in role["rules"] if r.get("resourceNames") and r["resources"] == ["pods"]]
+    by_name["verbs"] = ["patch", "delete"]
+    (found,) = _pack(objects, fleet)
+    assert "delete on pods, which the rolling updater never calls" in found.observed
+
+
+LWS_BUDGETS: dict[str, tuple[dict[str, Any], str]] = {
+    # maxSurge is added onto the leader StatefulSet's maxUnavailable (ignored without the alpha gate) and creates
+    # replicas beyond the plan; a partition keeps the groups below it on the old template for good.
+    "maxSurge": ({"maxSurge": 41}, "rollingUpdateConfiguration.maxSurge=41"),
+    "maxSurge percent": ({"maxSurge": "10%"}, "rollingUpdateConfiguration.maxSurge=10%"),
+    "partition": ({"partition": 3}, "rollingUpdateConfiguration.partition=3"),
+}
+
+
+@pytest.mark.parametrize("case", LWS_BUDGETS.values(), ids=LWS_BUDGETS.keys())
+def test_a_leaderworkerset_with_a_surge_or_a_partition_fails_rollout_ga_only(
+    multi_node: list[RenderedObject], case: tuple[dict[str, Any], str]
+) -> None:
+    config, said = case
+    lws = _find(multi_node, "LeaderWorkerSet", "sglang-g0")
+    budget = copy.deepcopy(lws.obj)
+    budget["spec"]["rolloutStrategy"] = {"type": "RollingUpdate", "rollingUpdateConfiguration": config}
+    messages = _validate("rollout-ga-only", lws, budget)
+    assert len(messages) == 1 and said in messages[0], messages
+    # LWS's defaults written out (maxSurge 0, partition 0) are what the render leaves unset: they pass
+    default = copy.deepcopy(lws.obj)
+    default["spec"]["rolloutStrategy"] = {
+        "type": "RollingUpdate",
+        "rollingUpdateConfiguration": {"maxSurge": 0, "partition": 0},
+    }
+    assert _validate("rollout-ga-only", lws, default) == []
+
+
+EARLY_EXITS = {
+    "exit before the loop": lambda s: "exit 0; " + s,
+    "true in the test": lambda s: s.replace("until [", "until true || ["),
+    "in the background": lambda s: s.replace("; done", " & done", 1),
+    "a command substitution": lambda s: s.replace("echo model cache complete", "echo $(rm -rf /)"),
+    "a redirect": lambda s: s.replace("sleep 10", "sleep 10 > /dev/null"),
+    "a file test that is not -f": lambda s: s.replace("[ -f", "[ ! -f"),
+    "no loop at all": lambda s: "echo model cache complete",
+}
+
+
+@pytest.mark.parametrize("edit", EARLY_EXITS.values(), ids=EARLY_EXITS.keys())
+def test_a_cache_wait_that_can_end_before_the_marker_exists_is_refused(
+    prod: list[RenderedObject], edit: Callable[[str], str]
+) -> None:
+    sts = _find(prod, "StatefulSet", "sglang-g0")
+    bad = copy.deepcopy(sts.obj)
+    _cache_wait_script(bad, edit)
+    (message,) = _validate("serving-waits-for-node-cache", sts, bad)
+    assert "Meta-Llama-3-70B-Instruct-AWQ-INT4/.exaserve-complete" in message and "Fix: " in message
+
+
+def test_a_draft_models_cache_is_waited_for_too(prod: list[RenderedObject]) -> None:
+    """A server that loads a speculative draft from the cache waits for the draft's marker as well (the render's
+    wait_script loops once per model, tests/test_pulumi_program.py runs it)."""
+    sts = _find(prod, "StatefulSet", "sglang-g0")
+    drafted = copy.deepcopy(sts.obj)
+    _container(drafted)["args"] += ["--speculative-draft-model-path", "/var/cache/exaserve/models/org/d"]
+    (message,) = _validate("serving-waits-for-node-cache", sts, drafted)
+    assert "/var/cache/exaserve/models/org/d/.exaserve-complete" in message
+    loop = "until [ -f /var/cache/exaserve/models/org/d/.exaserve-complete ]; do sleep 10; done; "
+    _cache_wait_script(drafted, lambda s: loop + s)
+    assert _validate("serving-waits-for-node-cache", sts, drafted) == []
+
+
+def test_only_the_rdma_device_plugin_shares_the_hosts_network(multi_node: list[RenderedObject]) -> None:
+    """The RDMA device plugin finds its HCAs through the host's network devices (hostNetwork, as upstream renders it):
+    it passes; the same DaemonSet sharing the host's PIDs, or a LeaderWorkerSet on the host network, does not."""
+    ds = _find(multi_node, "DaemonSet", "rdma-shared-device-plugin")
+    assert _pod(ds.obj)["spec"]["hostNetwork"] is True
+    assert _validate("pod-host-isolation", ds) == []
+    pid = copy.deepcopy(ds.obj)
+    _pod(pid)["spec"]["hostPID"] = True
+    (message,) = _validate("pod-host-isolation", ds, pid)
+    assert "hostPID" in message
+    lws = _find(multi_node, "LeaderWorkerSet", "sglang-g0")
+    assert _validate("pod-host-isolation", lws) == []
+    host = copy.deepcopy(lws.obj)
+    host["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["hostNetwork"] = True
+    (message,) = _validate("pod-host-isolation", lws, host)
+    assert "leaderTemplate" in message and "hostNetwork" in message

@@ -71,14 +71,15 @@ def _patched(fleet: Fleet) -> Obj:
     return copy.deepcopy(_rendered(fleet)[2])
 
 
-def admit(vap: Obj, old: Obj, new: Obj, *, resource: str, username: str) -> list[str]:
-    """The messages of the validations that refuse ``old`` → ``new`` (empty: admitted). STAND-IN (module doc)."""
+def admit(vap: Obj, old: Obj | None, new: Obj, *, resource: str, username: str, operation: str = "UPDATE") -> list[str]:
+    """The messages of the validations that refuse ``old`` → ``new`` (empty: admitted). STAND-IN (module doc); on
+    CREATE ``oldObject`` is null, as the API server binds it."""
     env = celpy.Environment()
     activation = {
         "object": celpy.json_to_cel(new),
         "oldObject": celpy.json_to_cel(old),
         "request": celpy.json_to_cel(
-            {"operation": "UPDATE", "resource": {"resource": resource}, "userInfo": {"username": username}}
+            {"operation": operation, "resource": {"resource": resource}, "userInfo": {"username": username}}
         ),
     }
 
@@ -197,6 +198,12 @@ WORKLOAD_REFUSED: dict[str, Callable[[Obj], None]] = {
     "workload label": lambda o: o["metadata"]["labels"].update({"exaserve.io/group": "7"}),
     "workload label removed": lambda o: o["metadata"]["labels"].pop("exaserve.io/group"),
     "workload annotation": lambda o: o["metadata"].setdefault("annotations", {}).update(x="y"),
+    # Issue 40: the workload's own finalizers and owners were not compared (a finalizer pins it against deletion,
+    # an owner hands it to another object's garbage collection)
+    "workload finalizer": lambda o: o["metadata"].setdefault("finalizers", []).append("example.com/hold"),
+    "workload owner": lambda o: o["metadata"].update(
+        ownerReferences=[{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "0"}]
+    ),
 }
 
 
@@ -233,7 +240,7 @@ def test_the_policy_matches_only_the_updater_and_its_namespace(fleet: Fleet) -> 
     assert binding["spec"]["matchResources"]["namespaceSelector"]["matchLabels"] == {
         "kubernetes.io/metadata.name": fleet.spec.kubernetes.namespace
     }
-    (rule,) = [r for r in vap["spec"]["matchConstraints"]["resourceRules"] if r["resources"] != ["pods"]]
+    (rule,) = [r for r in vap["spec"]["matchConstraints"]["resourceRules"] if "pods" not in r["resources"]]
     assert rule["resources"] == [_resource(_old(fleet))] and rule["operations"] == ["UPDATE"]
     assert vap["spec"]["failurePolicy"] == "Fail"
 
@@ -297,7 +304,7 @@ def test_the_guard_demands_the_policy_whenever_the_updater_may_patch() -> None:
 def test_every_field_the_cel_selects_exists_in_the_schemas(fleet: Fleet) -> None:
     """Fidelity: cel-python reads any name off a map and returns an error only when it is absent at run time, while
     the API server type-checks each field selection against the schema. So every ``.name`` the policy selects (on
-    ``object``/``oldObject``, beyond the request's own ``resource``/``userInfo.username``) must be a property of the
+    ``object``/``oldObject``, beyond the request's own ``resource``/``userInfo.username``/``operation``) must be a property of the
     pinned schemas it walks: a misspelt field fails here instead of being refused by the API server at ``up``."""
     version = Validator(fleet.spec.kubernetes.version, None).k8s_version
     known: set[str] = set()
@@ -322,6 +329,75 @@ def test_every_field_the_cel_selects_exists_in_the_schemas(fleet: Fleet) -> None
     selected: set[str] = set()
     for expression in expressions:
         bare = re.sub(r"'[^']*'", "''", expression)  # string literals ('exaserve.io/version') select nothing
-        bare = bare.replace("request.resource.resource", "").replace("request.userInfo.username", "")
+        for attribute in ("request.resource.resource", "request.userInfo.username", "request.operation"):
+            bare = bare.replace(attribute, "")  # the admission request's own attributes, not the object's
         selected |= set(re.findall(r"\.([A-Za-z_]\w*)\b(?!\s*\()", bare))  # not a method call (.all(, .size()
     assert selected and selected - known == set()
+
+
+# ------------------------------------------------------------------------------------------ issue 40
+
+
+def test_a_pods_finalizers_and_owners_are_not_the_updaters() -> None:
+    """Issue 40: the pod validation compared labels, annotations and the spec, not the top-level finalizers and
+    ownerReferences: the updater could orphan a pod from its StatefulSet or pin it with a finalizer."""
+    fleet = _fleet(False)
+    old, vap, user = _pod(fleet), _policy(fleet), _updater(fleet)
+    orphan = merge_patch(
+        old, {"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "x", "uid": "0"}]}}
+    )
+    pinned = merge_patch(old, {"metadata": {"finalizers": ["example.com/hold"]}})
+    for new in (orphan, pinned):
+        assert admit(vap, old, new, resource="pods", username=user) == [vap["spec"]["validations"][1]["message"]]
+
+
+def _serving(template: Obj) -> Obj:
+    (container,) = [c for c in template["spec"]["containers"] if c["name"] == "sglang"]
+    return container
+
+
+IMAGE_REFUSED: dict[str, Callable[[Obj], None]] = {
+    "serving image from another registry": lambda t: _serving(t).update(image="evil.example/sglang:v0.5.5"),
+    "serving image of no release": lambda t: _serving(t).update(image="lmsysorg/sglang:v0.0.1"),
+    "cache wait image of no release": lambda t: t["spec"]["initContainers"][0].update(image="busybox:1.36"),
+}
+
+
+@pytest.mark.parametrize("mutation", IMAGE_REFUSED.values(), ids=IMAGE_REFUSED.keys())
+def test_an_image_outside_the_stacks_releases_is_refused(fleet: Fleet, mutation: Callable[[Obj], None]) -> None:
+    """Issue 40: the release patch's images were unconstrained (any registry, any tag); now an image the updater
+    sets is one of serving.releases' pinned references (through the stack's mirror), as rendered into the policy."""
+    old, new = _old(fleet), _patched(fleet)
+    vap = _policy(fleet)
+    for i in range(len(_templates(new))):
+        changed = copy.deepcopy(new)
+        mutation(_templates(changed)[i])
+        refused = admit(vap, old, changed, resource=_resource(old), username=_updater(fleet))
+        assert refused == [vap["spec"]["validations"][0]["message"]]
+    allowed = [image(fleet.spec, ref) for ref in fleet.spec.serving.releases.values()]
+    assert all(f"'{ref}'" in vap["spec"]["validations"][0]["expression"] for ref in allowed)
+
+
+def test_a_rollback_to_any_release_is_admitted(fleet: Fleet) -> None:
+    """v2 → v1 (an image of the list that the workload ran before) is as admitted as v1 → v2."""
+    old, new = _old(fleet), _patched(fleet)
+    assert admit(_policy(fleet), new, old, resource=_resource(old), username=_updater(fleet)) == []
+
+
+def test_the_updater_creates_no_pod_and_adds_no_ephemeral_container() -> None:
+    """Issue 40: the policy matched only UPDATE of pods. In a privileged namespace a pod the updater creates (a
+    hostPath, a privileged container) is root on its node, and an ephemeral container is a new process in a serving
+    pod: the policy now matches CREATE of pods and the ephemeralcontainers subresource, and refuses both (RBAC
+    grants neither: guard rbac-allowlist)."""
+    fleet = _fleet(False)
+    vap, user = _policy(fleet), _updater(fleet)
+    (pods,) = [r for r in vap["spec"]["matchConstraints"]["resourceRules"] if "pods" in r["resources"]]
+    assert set(pods["resources"]) == {"pods", "pods/ephemeralcontainers"}
+    assert set(pods["operations"]) == {"CREATE", "UPDATE"}
+    created = _pod(fleet)
+    refused = admit(vap, None, created, resource="pods", username=user, operation="CREATE")
+    assert refused == [vap["spec"]["validations"][1]["message"]]
+    old = _pod(fleet)
+    debug = copy.deepcopy(old)
+    debug["spec"]["ephemeralContainers"] = [{"name": "debug", "image": "busybox:1.36", "targetContainerName": "sglang"}]
+    assert admit(vap, old, debug, resource="pods", username=user) == [vap["spec"]["validations"][1]["message"]]

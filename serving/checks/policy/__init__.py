@@ -6,7 +6,7 @@ returns failing :class:`~serving.result.CheckResult`s; a stack rule takes every 
 (the spec and its plan). Each result names the rule (``check``), the resource (``subject``), what is wrong with the offending value
 (``observed``), what the rule asks for (``expected``) and the fix.
 
-The rules live by concern in the package's modules (:mod:`.workloads`, :mod:`.real_cluster`, :mod:`.stack`); each
+The rules live by concern in the package's modules (:mod:`.workloads`, :mod:`.real_cluster`, :mod:`.stack`, :mod:`.access`); each
 registers its rules in :mod:`.common`'s two registries when imported, and importing the package imports every one.
 """
 
@@ -32,7 +32,7 @@ from serving.result import CheckResult
 from serving.checks.policy import workloads  # noqa: F401
 
 # isort: split
-from serving.checks.policy import real_cluster, stack  # noqa: F401
+from serving.checks.policy import access, real_cluster, stack  # noqa: F401
 
 __all__ = ["RESOURCE_RULES", "STACK_RULES", "ResourceRule", "Rule", "StackRule", "check", "describe"]
 

@@ -6,6 +6,7 @@ pinning, the AWQ kernel, hardened pods and alert expressions."""
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterator, Mapping
 from itertools import pairwise
 from typing import Any
@@ -47,8 +48,21 @@ NOT_AWAITED_APPS = frozenset({SERVING_APP, ROUTER_APP, WARMER})
 # A group this small may keep a rack spread of 1: one rack's share is a single pod.
 RACK_SHARE_FLOOR = 16
 OFFSET_AFTER_PARENS = re.compile(r"\)\s*offset\s")
-# The cache wait as a shell really runs it: a loop until the marker file exists (a comment naming the marker is not).
-CACHE_WAIT = re.compile(r"^until \[ -f '?/[^' ]+/" + re.escape(COMPLETE_MARKER) + r"'? \]; do [^#]*; done\b")
+# The server's flags naming a model directory it loads from the node cache (the cache warmer fills each, and its
+# marker says the copy is complete): the model and a speculative draft.
+CACHED_MODEL_FLAGS = ("--model-path", "--speculative-draft-model-path")
+# What a cache wait's loop body may run: it prints and sleeps, and nothing in it ends the loop.
+WAIT_BODY_COMMANDS = frozenset({"echo", "sleep"})
+
+
+def _number(value: Any) -> str:
+    """An int-or-string as written (the engine hands integers over as floats: 41.0 is shown 41)."""
+    return str(value).removesuffix(".0") if isinstance(value, float) else str(value)
+
+
+def _zero(value: Any) -> bool:
+    """An int-or-string budget that is zero: 0 (or 0.0 from the engine), "0" or "0%"."""
+    return _number(value).strip() in ("0", "0%")
 
 
 def _containers_of(resource_type: str, props: Props, *, init: bool = False) -> Iterator[tuple[str, Props, Props]]:
@@ -73,30 +87,117 @@ def _serving_leader_templates(resource_type: str, props: Props) -> list[tuple[st
     return out
 
 
+def cached_models(template: Props) -> list[str]:
+    """The model directories the pod's serving container loads (:data:`CACHED_MODEL_FLAGS`, ``--flag DIR`` or
+    ``--flag=DIR``)."""
+    out = []
+    for _, c in containers(template):
+        if c.get("name") != SERVING_APP:
+            continue
+        words = [str(w) for w in [*(c.get("command") or []), *(c.get("args") or [])]]
+        for i, word in enumerate(words):
+            flag, eq, value = word.partition("=")
+            if flag in CACHED_MODEL_FLAGS:
+                if eq:
+                    out.append(value)
+                elif i + 1 < len(words):
+                    out.append(words[i + 1])
+    return out
+
+
+def cache_waits(script: str) -> tuple[list[str], str | None]:
+    """The marker files a ``/bin/sh -c`` script waits for, in order, and why it may end before they all exist (None:
+    it cannot). What it accepts is the whole grammar of the render's :func:`~serving.render.k8s.container.wait_script`:
+    ``until [ -f FILE ]; do BODY; done`` loops, whose BODY only echoes and sleeps, then echoes; no other command,
+    operator (``&&``, ``||``, ``&``, ``|``), redirect, substitution or expansion, so nothing can leave a loop early or
+    run instead of it."""
+    try:
+        lexer = shlex.shlex(script, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        lexer.commenters = ""  # a '#' is refused below, never read as the end of the script
+        tokens = list(lexer)
+    except ValueError as exc:
+        return [], f"the script does not parse ({exc})"
+    bad = [t for t in tokens if any(ch in t for ch in "$`#") or (t and set(t) <= set("();<>|&") and t != ";")]
+    if bad:
+        return [], (
+            f"it uses {bad[:3]}: an operator, redirect, subshell, substitution or comment outside the wait's grammar"
+        )
+    commands: list[list[str]] = [[]]
+    for t in tokens:
+        if t == ";":
+            commands.append([])
+        else:
+            commands[-1].append(t)
+    commands = [c for c in commands if c]
+    markers: list[str] = []
+    i = 0
+    while i < len(commands):
+        c = commands[i]
+        if c[0] != "until":
+            break
+        if len(c) != 5 or c[1:3] != ["[", "-f"] or c[4] != "]":
+            return markers, f"the loop test {' '.join(c[1:])!r} is not '[ -f FILE ]'"
+        body = []
+        j = i + 1
+        while j < len(commands) and commands[j][0] != "done":
+            body.append(commands[j])
+            j += 1
+        if j == len(commands) or commands[j] != ["done"] or not body or body[0][:1] != ["do"]:
+            return markers, f"the loop on {c[3]!r} is not 'do …; done'"
+        body[0] = body[0][1:]
+        for command in (b for b in body if b):
+            if command[0] not in WAIT_BODY_COMMANDS:
+                return markers, f"the loop on {c[3]!r} runs {command[0]!r} (only {sorted(WAIT_BODY_COMMANDS)} may)"
+        markers.append(c[3])
+        i = j + 1
+    for c in commands[i:]:
+        if c[0] != "echo":
+            return markers, f"it runs {' '.join(c)!r} outside a wait loop"
+    return markers, None
+
+
 @resource_rule(
     "serving-waits-for-node-cache",
-    "Serving pods wait for their own node's model cache in an init container (never the fleet for the warmer).",
+    "Serving pods wait for their own node's model cache in an init container (never the fleet for the warmer): a "
+    "loop that ends only once the marker of every model the server loads exists.",
 )
 def serving_waits_for_node_cache(resource_type: str, props: Props) -> list[CheckResult]:
     out = []
     for where, template in pod_templates(resource_type, props):
         if app_of(template) != SERVING_APP:
             continue
+        models = cached_models(template)
+        wanted = [f"{m.rstrip('/')}/{COMPLETE_MARKER}" for m in models]
         inits = (template.get("spec") or {}).get("initContainers") or []
         commands = [[str(w) for w in c.get("command") or []] for c in inits]
-        if not any(len(cmd) == 3 and cmd[1] == "-c" and CACHE_WAIT.match(cmd[2]) for cmd in commands):
-            out.append(
-                finding(
-                    "serving-waits-for-node-cache",
-                    resource_type,
-                    props,
-                    f"{where} has no init container waiting for the cache marker {COMPLETE_MARKER} (commands: "
-                    f"{commands})",
-                    "an init container that holds each serving pod until its node's cache is complete",
-                    "Add serving.render.k8s.container.cache_init_container; never make the fleet depend on the "
-                    "cache warmer DaemonSet (Pulumi would wait for every node's copy).",
-                )
+        scripts = [cmd[2] for cmd in commands if len(cmd) == 3 and cmd[1] == "-c"]
+        seen = [cache_waits(script) for script in scripts]
+        if models and any(why is None and set(wanted) <= set(markers) for markers, why in seen):
+            continue
+        if not models:
+            problem = f"its serving container names no {' or '.join(CACHED_MODEL_FLAGS)}, so no wait can be checked"
+        elif not scripts:
+            problem = f"no init container runs a '/bin/sh -c' wait (commands: {commands})"
+        else:
+            problem = "; ".join(
+                f"wait script {i}: "
+                + (why if why is not None else f"waits for {markers}, not {sorted(set(wanted) - set(markers))}")
+                for i, (markers, why) in enumerate(seen)
             )
+        out.append(
+            finding(
+                "serving-waits-for-node-cache",
+                resource_type,
+                props,
+                f"{where} has no init container waiting for the cache marker(s) {wanted} of the models it loads: "
+                + problem,
+                f"an init container holding each serving pod until its node's cache has {wanted}: "
+                "'until [ -f MARKER ]; do echo …; sleep N; done' for each, nothing else",
+                "Add serving.render.k8s.container.cache_init_container; never make the fleet depend on the "
+                "cache warmer DaemonSet (Pulumi would wait for every node's copy).",
+            )
+        )
     return out
 
 
@@ -181,7 +282,8 @@ def no_clock_daemons(resource_type: str, props: Props) -> list[CheckResult]:
 @resource_rule(
     "rollout-ga-only",
     "No workload relies on a rollout budget Kubernetes 1.33 ignores: no StatefulSet rollingUpdate.maxUnavailable "
-    "(alpha MaxUnavailableStatefulSet), no LeaderWorkerSet maxUnavailable (copied onto its leader StatefulSet); a "
+    "(alpha MaxUnavailableStatefulSet), no LeaderWorkerSet maxUnavailable or maxSurge (copied onto its leader "
+    "StatefulSet; a surge also creates replicas beyond the plan) nor partition (the replicas below it never update); a "
     "serving StatefulSet is OnDelete and Parallel, so the updater replaces a batch's pods at once.",
 )
 def rollout_ga_only(resource_type: str, props: Props) -> list[CheckResult]:
@@ -210,6 +312,17 @@ def rollout_ga_only(resource_type: str, props: Props) -> list[CheckResult]:
                 "copies it onto its leader StatefulSet, where it is ignored without the alpha "
                 "MaxUnavailableStatefulSet gate, so replicas update one at a time"
             )
+        if not _zero(surge := config.get("maxSurge", 0)):
+            problems.append(
+                f"spec.rolloutStrategy.rollingUpdateConfiguration.maxSurge={_number(surge)}: LWS adds it onto its leader "
+                "StatefulSet's maxUnavailable (ignored without the alpha gate) and creates that many replicas beyond "
+                "the plan's, each needing its own GPUs and nodes"
+            )
+        if not _zero(partition := config.get("partition", 0)):
+            problems.append(
+                f"spec.rolloutStrategy.rollingUpdateConfiguration.partition={_number(partition)}: LWS never updates the "
+                "replicas below it, so the updater's batch never completes and those replicas keep the old release"
+            )
     if not problems:
         return []
     return [
@@ -218,7 +331,8 @@ def rollout_ga_only(resource_type: str, props: Props) -> list[CheckResult]:
             resource_type,
             props,
             "; ".join(problems),
-            "a rollout the target Kubernetes performs: serving StatefulSets OnDelete + Parallel, no maxUnavailable",
+            "a rollout the target Kubernetes performs: serving StatefulSets OnDelete + Parallel, no maxUnavailable; "
+            "a LeaderWorkerSet at LWS's default rollout (no maxUnavailable, maxSurge 0, partition 0)",
             "Render the group with serving.render.k8s.fleet (docs/infra.md, 'How a batch is rolled'): the updater "
             "deletes a batch's pods and the StatefulSet recreates them at once.",
         )

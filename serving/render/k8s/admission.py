@@ -9,11 +9,14 @@ of the updater's service account only (``matchConditions``), an ``UPDATE`` of a 
 what :func:`serving.rollout.backends.kubernetes.version_patch` changes between two releases, comparing ``object``
 with ``oldObject``:
 
-* every container's and init container's ``image``;
+* every container's and init container's ``image``, to one of the stack's releases (``serving.releases``' pinned
+  references, through the stack's mirror: :func:`release_images`, rendered into the CEL as a list);
 * the value of the serving container's ``EXASERVE_RELEASE`` (a plain value, never ``valueFrom``);
 * the version label :data:`~serving.render.k8s.common.LABEL_VERSION`, on the workload and its pod template(s);
 
-and an ``UPDATE`` of a pod may change only its :data:`~serving.render.k8s.common.LABEL_ADMITTED` label.
+never the workload's annotations, finalizers or ownerReferences; an ``UPDATE`` of a pod may change only its
+:data:`~serving.render.k8s.common.LABEL_ADMITTED` label (not its finalizers, owners or spec, ephemeral containers
+included: the ``pods/ephemeralcontainers`` subresource is matched too), and a ``CREATE`` of a pod is refused.
 
 The comparison is field by field (Kubernetes' CEL cannot iterate a typed object's fields): the field lists below
 are the schemas' properties less the ones allowed to change, and ``tests/test_render_admission.py`` derives them
@@ -24,7 +27,7 @@ Semantics and upstream lines: docs/k8s-semantics.md ("ValidatingAdmissionPolicy"
 from __future__ import annotations
 
 from serving.plan.model import Fleet
-from serving.render.k8s.common import LABEL_ADMITTED, LABEL_VERSION, UPDATER_APP, K8sObject, labels
+from serving.render.k8s.common import LABEL_ADMITTED, LABEL_VERSION, UPDATER_APP, K8sObject, image, labels
 from serving.render.k8s.fleet import workload_kind
 from serving.render.k8s.netpol import NAMESPACE_NAME_LABEL
 
@@ -101,6 +104,9 @@ POD_SPEC_FIELDS = (
 )
 # io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta's fields a pod template's metadata may carry, less ``labels``.
 TEMPLATE_META_FIELDS = ("annotations", "finalizers", "name", "namespace", "ownerReferences")
+# The top-level ObjectMeta fields of a workload or pod the updater may never change (beside ``labels``, compared but
+# for one key): the API server sets the rest (resourceVersion, generation, managedFields, …) or they are immutable.
+OBJECT_META_FIELDS = ("annotations", "finalizers", "ownerReferences")
 # Per workload kind: the spec's fields compared whole, and the fields holding pod templates.
 WORKLOAD_SPEC_FIELDS = {
     # io.k8s.api.apps.v1.StatefulSetSpec less ``template``
@@ -159,57 +165,80 @@ def _env_same(c: str, o: str) -> str:
     )
 
 
-def _containers_same(new: str, old: str, field: str) -> str:
-    """CEL: the pod specs' ``field`` lists hold the same containers by name, differing only in image and release."""
+def _literal(value: str) -> str:
+    """A CEL string literal (single-quoted); a value needing escapes is refused, never rendered half-quoted."""
+    if any(ch in value for ch in "'\\\n\r"):
+        raise ValueError(f"{value!r} cannot be a plain CEL string literal")
+    return f"'{value}'"
+
+
+def _image_allowed(c: str, o: str, images: tuple[str, ...]) -> str:
+    """CEL: container ``c`` keeps ``o``'s image, or runs one of ``images`` (the stack's releases, as pulled)."""
+    return f"({c}.image == {o}.image || {c}.image in [{', '.join(_literal(i) for i in images)}])"
+
+
+def _containers_same(new: str, old: str, field: str, images: tuple[str, ...]) -> str:
+    """CEL: the pod specs' ``field`` lists hold the same containers by name, differing only in the release and in an
+    image, which is then one of ``images``."""
     a, b = f"{new}.{field}", f"{old}.{field}"
-    each = f"{_all_same('c', 'o', CONTAINER_FIELDS)} && {_env_same('c', 'o')}"
+    each = f"{_all_same('c', 'o', CONTAINER_FIELDS)} && {_env_same('c', 'o')} && {_image_allowed('c', 'o', images)}"
     return (
         f"has({a}) == has({b}) && (!has({a}) || ({a}.size() == {b}.size()"
         f" && {a}.all(c, {b}.exists_one(o, o.name == c.name) && {b}.filter(o, o.name == c.name).all(o, {each}))))"
     )
 
 
-def template_same(new: str, old: str) -> str:
-    """CEL: the pod templates at ``new`` and ``old`` differ only in images, the release and the version label."""
+def template_same(new: str, old: str, images: tuple[str, ...]) -> str:
+    """CEL: the pod templates at ``new`` and ``old`` differ only in images (each one of ``images``), the release and
+    the version label."""
     return " && ".join(
         [
             f"has({new}.metadata) == has({old}.metadata)",
             f"(!has({new}.metadata) || ({_all_same(f'{new}.metadata', f'{old}.metadata', TEMPLATE_META_FIELDS)}"
             f" && {_labels_same_except(f'{new}.metadata', f'{old}.metadata', LABEL_VERSION)}))",
             _all_same(f"{new}.spec", f"{old}.spec", POD_SPEC_FIELDS),
-            _containers_same(f"{new}.spec", f"{old}.spec", "containers"),
-            _containers_same(f"{new}.spec", f"{old}.spec", "initContainers"),
+            _containers_same(f"{new}.spec", f"{old}.spec", "containers", images),
+            _containers_same(f"{new}.spec", f"{old}.spec", "initContainers", images),
         ]
     )
 
 
-def workload_same(kind: str) -> str:
-    """CEL: a ``kind`` update (object vs oldObject) changes only images, the release and the version label."""
+def workload_same(kind: str, images: tuple[str, ...]) -> str:
+    """CEL: a ``kind`` update (object vs oldObject) changes only images (each one of ``images``), the release and the
+    version label."""
     parts = [
         _labels_same_except("object.metadata", "oldObject.metadata", LABEL_VERSION),
-        _same("object.metadata", "oldObject.metadata", "annotations"),
+        _all_same("object.metadata", "oldObject.metadata", OBJECT_META_FIELDS),
         _all_same("object.spec", "oldObject.spec", WORKLOAD_SPEC_FIELDS[kind]),
     ]
     if kind == "StatefulSet":
-        parts.append(template_same("object.spec.template", "oldObject.spec.template"))
+        parts.append(template_same("object.spec.template", "oldObject.spec.template", images))
     else:
         new, old = "object.spec.leaderWorkerTemplate", "oldObject.spec.leaderWorkerTemplate"
+        leader = template_same(f"{new}.leaderTemplate", f"{old}.leaderTemplate", images)
         parts += [
             _all_same(new, old, LWS_TEMPLATE_FIELDS),
-            template_same(f"{new}.workerTemplate", f"{old}.workerTemplate"),
+            template_same(f"{new}.workerTemplate", f"{old}.workerTemplate", images),
             f"has({new}.leaderTemplate) == has({old}.leaderTemplate)",
-            f"(!has({new}.leaderTemplate) || ({template_same(f'{new}.leaderTemplate', f'{old}.leaderTemplate')}))",
+            f"(!has({new}.leaderTemplate) || ({leader}))",
         ]
     return " && ".join(parts)
 
 
 def pod_same() -> str:
-    """CEL: a pod update changes only the :data:`LABEL_ADMITTED` label (a pod's image is mutable in place)."""
+    """CEL: a pod update changes only the :data:`LABEL_ADMITTED` label (a pod's image is mutable in place); its
+    finalizers and owners stay, and the spec (ephemeral containers included) is untouched."""
     return (
         f"{_labels_same_except('object.metadata', 'oldObject.metadata', LABEL_ADMITTED)}"
         " && object.spec == oldObject.spec"
-        f" && {_same('object.metadata', 'oldObject.metadata', 'annotations')}"
+        f" && {_all_same('object.metadata', 'oldObject.metadata', OBJECT_META_FIELDS)}"
     )
+
+
+def release_images(fleet: Fleet) -> tuple[str, ...]:
+    """Every image the updater may set: each of ``serving.releases``' pinned references, as the pods pull it
+    (through ``kubernetes.image_registry``); sorted, without repeats (two releases may share an image)."""
+    return tuple(sorted({image(fleet.spec, ref) for ref in fleet.spec.serving.releases.values()}))
 
 
 def updater_username(namespace: str) -> str:
@@ -223,6 +252,7 @@ def render(fleet: Fleet) -> list[K8sObject]:
     api_version, kind = workload_kind(fleet)
     group, version = api_version.rsplit("/", 1)
     resource = f"{kind.lower()}s"
+    images = release_images(fleet)
     meta = {"labels": labels(COMPONENT, UPDATER_APP)}
     policy = {
         "apiVersion": API_VERSION,
@@ -238,7 +268,14 @@ def render(fleet: Fleet) -> list[K8sObject]:
                         "resources": [resource],
                         "operations": ["UPDATE"],
                     },
-                    {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["UPDATE"]},
+                    # CREATE: a pod of its own in this privileged namespace is root on its node; the
+                    # ephemeralcontainers subresource adds a process to a running pod. Both are refused below.
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "resources": ["pods", "pods/ephemeralcontainers"],
+                        "operations": ["CREATE", "UPDATE"],
+                    },
                 ]
             },
             "matchConditions": [
@@ -246,16 +283,19 @@ def render(fleet: Fleet) -> list[K8sObject]:
             ],
             "validations": [
                 {
-                    "expression": f"request.resource.resource != '{resource}' || ({workload_same(kind)})",
+                    "expression": f"request.resource.resource != '{resource}' || ({workload_same(kind, images)})",
                     "message": (
-                        f"{UPDATER_APP} may change only a {kind}'s images, the {RELEASE_ENV} value and the "
-                        f"{LABEL_VERSION} label"
+                        f"{UPDATER_APP} may change only a {kind}'s images (to a release of serving.releases), the "
+                        f"{RELEASE_ENV} value and the {LABEL_VERSION} label"
                     ),
                     "reason": "Forbidden",
                 },
                 {
-                    "expression": f"request.resource.resource != 'pods' || ({pod_same()})",
-                    "message": f"{UPDATER_APP} may change only a pod's {LABEL_ADMITTED} label",
+                    # on CREATE oldObject is null: the operation is tested first (&& short-circuits)
+                    "expression": (
+                        f"request.resource.resource != 'pods' || (request.operation == 'UPDATE' && {pod_same()})"
+                    ),
+                    "message": f"{UPDATER_APP} may change only an existing pod's {LABEL_ADMITTED} label",
                     "reason": "Forbidden",
                 },
             ],

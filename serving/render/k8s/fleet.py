@@ -133,6 +133,8 @@ def pod_template(fleet: Fleet, group: int, size: int, *, leader: bool = True) ->
         "tolerations": [serving_toleration()],
         "terminationGracePeriodSeconds": whole_seconds(fleet.spec.rollout.drain_timeout_s),
         "enableServiceLinks": False,
+        # SGLang calls no Kubernetes API: no token in the pod (guard pod-host-isolation); no host namespace either.
+        "automountServiceAccountToken": False,
         "initContainers": [cache_init_container(fleet.spec, group)],
         "containers": [pod_container(fleet, group, leader=leader)],
         "volumes": pod_volumes(fleet),

@@ -129,6 +129,7 @@ def render(spec: FleetSpec) -> list[K8sObject]:
                     "affinity": gpu_node_affinity(spec),
                     "tolerations": [serving_toleration()],
                     "enableServiceLinks": False,
+                    "automountServiceAccountToken": False,  # it copies files: no API call, no token
                     **pull_secrets(spec),
                     "initContainers": [
                         {
