@@ -59,6 +59,10 @@ def test_one_failed_round_of_a_racks_probes_takes_nothing_out() -> None:
     fs.check(fs.rack_blip())
 
 
+def test_failures_before_a_racks_disruption_count_once() -> None:
+    fs.check(fs.rack_degrades())
+
+
 def test_the_sims_warm_up_waits_for_health_then_judges_the_load_as_the_service_does() -> None:
     """``ControllerService._warm_up`` waits for /health up to the startup budget, then runs its load and judges it at
     the end. FleetSim failed a warm-up at once when the replica's requests failed, while it was still loading (the

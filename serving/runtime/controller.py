@@ -142,7 +142,8 @@ class Controller:
             if rec.booting_until is not None and (probe.ok or now >= rec.booting_until):
                 rec.booting_until = None  # loaded, or past the startup budget: judged from here on
             if not rec.loading and rec.booting_until is None:
-                rec.failed_in_row = 0 if probe.ok else rec.failed_in_row + 1
+                # failures its frozen score does not show (outside a disrupted rack the score carries them)
+                rec.failed_in_row = rec.failed_in_row + 1 if disrupted and not probe.ok else 0
                 if not disrupted:
                     rec.score = next_score(rec.score, probe.ok, self.config.health)
                     rec.lowest = rec.score if rec.lowest is None else min(rec.lowest, rec.score)
@@ -286,10 +287,12 @@ class Controller:
         """For its rack's state: its agent is silent, most replicas its last report judged failed their probes, or
         the routers hold most of its replicas' breakers open and its agent has not reported since they opened. Read
         from the latest reports, not the scores, which a disrupted rack's reports do not move: the disruption ends
-        with the first good reports. A breaker its agent's later report contradicts is no evidence: smg publishes
-        ``smg_worker_cb_state`` only on a transition (``circuit_breaker.rs`` ``transition_to``) and closes a breaker
-        only on requests that succeed, so a healthy replica that gets little traffic reads open or half-open long
-        after its fault ended (a sandbox under load kept two racks disrupted so, and a dead node there unrestarted)."""
+        with the first good reports. A breaker its agent's later report contradicts is no evidence: in smg an open
+        breaker turns half-open at the first read after ``--cb-timeout-duration-secs`` and closes only after
+        ``success_threshold`` requests succeed (``circuit_breaker.rs`` ``check_and_update_state_returning``,
+        ``record_success``), so a healthy replica that gets little traffic reads open or half-open long after its
+        fault ended (a sandbox under load kept two racks disrupted so, and a dead node there unrestarted). What this
+        misses: a cut between the routers and a rack whose agents, probing on the node, keep reporting."""
         if node.suspect(self.config.missed_to_suspect) or node.failing:
             return True
         held = sum(
@@ -425,8 +428,9 @@ class Controller:
         return True
 
     def _would_stop_routing(self, rec: ReplicaRecord) -> bool:
-        """In a disrupted rack, where no score moves: its probes failed in a row as many times as would have taken its
-        score below ``health.stop_routing_below`` outside one (one failed round, a host's hiccup, removes nothing)."""
+        """In a disrupted rack, where no score moves: its probes failed in a row there as many times as would have
+        taken its score (frozen where the failures before the disruption left it) below
+        ``health.stop_routing_below`` outside one (one failed round, a host's hiccup, removes nothing)."""
         health = self.config.health
         return self.effective_score(rec.id) - rec.failed_in_row * health.timeout_penalty < health.stop_routing_below
 

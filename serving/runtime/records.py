@@ -129,7 +129,7 @@ class ReplicaRecord:
     # its node booted (a new boot id, or a young one): loading until it answers or this time passes
     booting_until: float | None = None
     fresh: bool = False  # a new process (restarted, or its node booted) that has not passed a warm-up yet
-    failed_in_row: int = 0  # judged probes failed in a row (a disrupted rack's removal counts these)
+    failed_in_row: int = 0  # judged probes failed in a row in a disrupted rack (its frozen score does not show them)
     answered: bool = True  # its last probe, judged or not (a loading replica's too)
     breaker_since: float | None = None  # since when every router tracking it has held its circuit breaker open
     failed_warmups: int = 0  # in a row: readmissions back off on these

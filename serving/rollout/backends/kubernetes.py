@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import os
 import time
 from collections.abc import Sequence, Set
@@ -70,6 +71,7 @@ from serving.router.membership import Observed, RouterSet
 from serving.runtime.leader import ElectionError, KubernetesLeaseElection, Term
 from serving.spec.schema import FleetSpec
 
+log = logging.getLogger(__name__)
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 POLL_S = 0.5
 # The StatefulSet controller's label naming the revision a pod was created from (apps/v1 ControllerRevisionHashLabelKey).
@@ -390,36 +392,49 @@ class KubernetesBackend(ReplicaIndex):
 
     async def announce(self, out: bool) -> None:
         """``out``: hold the batch Lease (take it, then renew it in the background) while a batch is out of the
-        routers; otherwise give it up (module docstring). BackendError when another holder keeps it (another updater
-        of this stack is rolling) or the API server refuses."""
-        try:
-            if out and self._term is None:
+        routers; otherwise give it up (module docstring). Taking it raises BackendError when another identity holds
+        it or the API server refuses. Giving it up is best effort: a Lease not resigned lapses unrenewed within the
+        alert's window, and the batch it announced is back already."""
+        if out and (self._renewing is None or self._renewing.done()):  # not held, or its renewals ended
+            try:
                 term = await self._lease.campaign()
-                if term is None:
-                    holder = await self._lease.leader()
-                    raise BackendError(
-                        f"Lease {self._lease.name} is held by {holder!r}: another updater is rolling a batch of this "
-                        f"stack; wait for it, or once it is gone for {ANNOUNCE_TTL_S:g} s run the rollout again"
-                    )
-                self._term = term
-                self._renewing = asyncio.create_task(self._renew(term))
-            elif not out and self._term is not None:
-                self._stop_renewing()
-                term, self._term = self._term, None
+                holder = None if term is not None else await self._lease.leader()
+            except ElectionError as exc:
+                raise BackendError(f"announcing the batch on Lease {self._lease.name}: {exc}") from exc
+            if term is None:
+                raise BackendError(
+                    f"Lease {self._lease.name} is held by {holder!r}, not this stack's updater "
+                    f"({self._lease.identity}); once its holder stops renewing it for {ANNOUNCE_TTL_S:g} s, run the "
+                    "rollout again"
+                )
+            self._term = term
+            self._renewing = asyncio.create_task(self._renew(term))
+        elif not out and self._term is not None:
+            self._stop_renewing()
+            term, self._term = self._term, None
+            try:
                 await self._lease.resign(term)
-        except ElectionError as exc:
-            raise BackendError(f"announcing the batch on Lease {self._lease.name}: {exc}") from exc
+            except ElectionError as exc:
+                log.warning("Lease %s not resigned (%s): it lapses unrenewed", self._lease.name, exc)
 
     async def _renew(self, term: Term) -> None:
-        """Renew every third of the Lease's duration; a renewal that fails is tried at the next (the alert's
-        window is twice the duration); a Lease lost to another holder ends the renewals."""
+        """Renew every third of the Lease's duration; a renewal that fails is logged and tried at the next (the
+        alert's window is twice the duration); a Lease lost to another holder, or an error no renewal can mend, ends
+        the renewals, and the next :meth:`announce` takes the Lease again."""
         while True:
             await asyncio.sleep(ANNOUNCE_TTL_S / 3)
             try:
                 renewed = await self._lease.renew(term)
-            except ElectionError:
+            except ElectionError as exc:
+                log.warning(
+                    "Lease %s: renewal failed (%s); asked again in %g s", self._lease.name, exc, ANNOUNCE_TTL_S / 3
+                )
                 continue
+            except Exception as exc:  # a background task: said, not lost; the next announce takes the Lease again
+                log.warning("Lease %s: renewals stopped: %r", self._lease.name, exc)
+                return
             if renewed is None:
+                log.warning("Lease %s is no longer this updater's: the batch is no longer announced", self._lease.name)
                 return
             term = renewed
 
