@@ -181,10 +181,12 @@ def test_diff_shows_one_group_version_change_as_exactly_that(repo: Path) -> None
     assert doc["stack"] == "prod" and doc["ok"] is True
     assert doc["added"] == [] and doc["removed"] == [] and doc["capacity"] == []
     assert doc["base"]["objects"] == doc["head"]["objects"] == len(render_file(REPO / "Pulumi.prod.yaml"))
-    # The group's workload, and the stack the runtime controllers read (a ConfigMap of the stack file).
+    # The group's workload, the stack the runtime controllers read (a ConfigMap of the stack file), and the updater's
+    # admission policy: the new release's image is one it may now set (issue 40: only the stack's releases' images)
     assert [(c["kind"], c["name"], c["component"]) for c in doc["changed"]] == [
         ("StatefulSet", "sglang-g2", "fleet"),
         ("ConfigMap", "exaserve-runtime-stack", "runtime"),
+        ("ValidatingAdmissionPolicy", "exaserve-updater-release-only", "updater"),
     ]
     fields = {f["path"]: (f["base"], f["head"]) for f in doc["changed"][0]["fields"]}
     pod = "spec.template"

@@ -27,6 +27,7 @@ import yaml
 from tests.support.hosts.faults import HostFaults
 from tests.support.hosts.netns import HostFleet
 from tests.support.paths import REPO
+from tests.support.patience import PATIENCE_S
 from tests.support.stacks import merge, write_stack
 
 ANSIBLE_DIR = REPO / "ansible"
@@ -168,8 +169,11 @@ def run_playbook(
     control_dir: Path,
     *args: str,
     env: Mapping[str, str] | None = None,
-    timeout_s: float = 300,
+    timeout_s: float = 5 * PATIENCE_S,
 ) -> PlaybookRun:
+    """``ansible-playbook`` against the test hosts. ``timeout_s`` is patience, a hang detector (CI under load saw
+    site.yml in check mode on two hosts pass 300 s, where it takes about 60 s quiet); how long it took is
+    ``seconds``, judged only by the rehearsal (tests/rehearsal/test_hosts.py)."""
     started = time.monotonic()
     proc = subprocess.run(
         [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(ANSIBLE_DIR / playbook), *args],

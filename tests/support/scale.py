@@ -155,7 +155,8 @@ def leader_view(lead: dict[str, Any], victims: list[Replica], leaders: set[str])
         f"leaders seen {sorted(leaders)}; the victims {replicas}; their node {node}; replica states {dict(states)}; "
         f"out of rotation {len(out)} (cap {lead['eviction_cap']}): {out[:20]}; last {len(lead['actions'])} actions "
         f"{kinds}: {lead['actions'][-5:]}; disrupted racks {lead['disrupted_racks']}; restart budget "
-        f"{lead['restart_budget']}"
+        f"{lead['restart_budget']}; node states {dict(Counter(n['state'] for n in lead['nodes']))}, the oldest last "
+        f"report {max((n['last_report_s'] or 0.0) for n in lead['nodes']):.1f} s ago"
     )
 
 
