@@ -201,7 +201,7 @@ def test_diff_shows_one_group_version_change_as_exactly_that(repo: Path) -> None
         ),
     }
     assert markdown.returncode == 0, markdown.stderr
-    assert "**2 changed, 0 added, 0 removed**" in markdown.stdout
+    assert "**3 changed, 0 added, 0 removed**" in markdown.stdout
     assert '| `metadata.labels["exaserve.io/version"]` | `v1` | `v2` |' in markdown.stdout
     assert "No capacity figure changed." in markdown.stdout
 
