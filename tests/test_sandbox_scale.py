@@ -38,12 +38,6 @@ from tests.support.scale import (
 )
 from tests.support.stacks import fleet_of
 
-# scripts/test.sh runs it in the wait-bound phase (tests/conftest.py): its 512 simulated replicas answer the agents'
-# probes within the stack's 3 s only when the machine has the CPU for them, and the cpu-bound phase, beside mypy and
-# ansible-test, under stress-ng, left none: every rack's probes failed at once and the controller rightly acted on
-# nothing (CI under load at 5fb21ad; stop 43's red CI ran it there too)
-pytestmark = pytest.mark.sandbox
-
 
 @pytest.fixture(scope="module")
 def scale(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scale]:
