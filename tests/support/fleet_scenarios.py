@@ -138,6 +138,14 @@ def _ids(fleet: Fleet, keep: Callable[[Any], bool]) -> list[str]:
     return [r.id for r in fleet.plan.replicas if keep(r)]
 
 
+def _first_rack(fleet: Fleet) -> tuple[set[str], set[str]]:
+    """rack-00's nodes and its replicas' ids: where the rack-wide faults strike."""
+    rack = fleet.plan.replicas[0].node.rack
+    return {r.node.name for r in fleet.plan.replicas if r.node.rack == rack}, set(
+        _ids(fleet, lambda r: r.node.rack == rack)
+    )
+
+
 def _common(sim: FleetSim, during: tuple[float, float] | None = None) -> dict[str, Any]:
     """What every scenario reports: restarts asked (migrations started) and made (reached the node), per tick, the
     removals and those the cap refused, quarantines, rejected reports, the slowest tick."""
@@ -201,9 +209,7 @@ def leaf_switch(
     the rack back in rotation ≤ 30 s after the heal."""
     started = time.process_time()
     fleet = prod_fleet(nodes)
-    rack = fleet.plan.replicas[0].node.rack
-    racked = {r.node.name for r in fleet.plan.replicas if r.node.rack == rack}
-    ids = set(_ids(fleet, lambda r: r.node.rack == rack))
+    racked, ids = _first_rack(fleet)
     heal = FAULT_AT + 120.0
 
     def cut(node: str, t: float) -> bool:
@@ -239,9 +245,7 @@ def rack_probes_fail(*, nodes: int = PROD_NODES, service: ServiceModel | None = 
     heal (the leaf switch's bound)."""
     started = time.process_time()
     fleet = prod_fleet(nodes)
-    rack = fleet.plan.replicas[0].node.rack
-    racked = {r.node.name for r in fleet.plan.replicas if r.node.rack == rack}
-    ids = set(_ids(fleet, lambda r: r.node.rack == rack))
+    racked, ids = _first_rack(fleet)
     heal = FAULT_AT + 120.0
     sim = _sim(
         fleet,
@@ -694,8 +698,7 @@ def rack_blip(*, nodes: int = PROD_NODES) -> Result:
     must not either: 0 removals, 0 restarts."""
     started = time.process_time()
     fleet = prod_fleet(nodes)
-    rack = fleet.plan.replicas[0].node.rack
-    ids = set(_ids(fleet, lambda r: r.node.rack == rack))
+    _, ids = _first_rack(fleet)
     blip = fleet.spec.serving.heartbeat_interval_s
     sim = _sim(fleet, lambda r, t: r not in ids or not FAULT_AT <= t < FAULT_AT + blip, load_s=120.0, watch=ids)
     aborted = _run(sim, FAULT_AT + 120.0)
@@ -705,10 +708,9 @@ def rack_blip(*, nodes: int = PROD_NODES) -> Result:
 
 
 def _two_nodes_then_their_rack(fleet: Fleet, rack_joins: bool) -> tuple[FleetSim, set[str], str | None]:
-    rack = fleet.plan.replicas[0].node.rack
     first = {r.node.name for r in fleet.plan.replicas[:16]}  # the rack's first two nodes
     early = set(_ids(fleet, lambda r: r.node.name in first))
-    racked = set(_ids(fleet, lambda r: r.node.rack == rack))
+    _, racked = _first_rack(fleet)
     joins = FAULT_AT + 4 * fleet.spec.serving.heartbeat_interval_s
 
     def up(r: str, t: float) -> bool:
