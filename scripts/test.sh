@@ -9,17 +9,21 @@
 # No test here judges how long something took: the real-time judgments against the plan's targets are the
 # rehearsal's (scripts/rehearse.sh, tests/rehearsal/, deselected here by the `rehearsal` marker; docs/testing.md,
 # "Two tiers"), so every verdict below is the same on a quiet machine and a loaded one (scripts/ci-under-load.sh).
-# pytest runs in three phases (pytest-xdist), each dealt so that its busiest worker ends as early as it can:
-#   1. cpu-bound: every test not marked `sandbox`, one module per worker (--dist loadfile), three workers (these
-#      tests wait on SSH hosts and subprocesses too: three workers kept 1.4 of the 2 cores busy); mypy and the YAML
-#      and Ansible checks run beside it;
+# pytest runs in four phases (pytest-xdist), each dealt so that its busiest worker ends as early as it can:
+#   1. cpu-bound: every test not marked `sandbox` or `scale`, one module per worker (--dist loadfile), three workers
+#      (these tests wait on SSH hosts and subprocesses too: three workers kept 1.4 of the 2 cores busy); mypy and the
+#      YAML and Ansible checks run beside it;
 #   2. wait-bound: the `sandbox` tests but the drills (tests/conftest.py marks them), five workers, one sandbox each
 #      (--dist loadgroup: one module, or one of its SANDBOX_GROUPS, per worker); they wait on real routers, workers,
 #      etcd and Prometheus by events, with patience (tests/support/patience.py), and their rollouts keep the QPS and
 #      P99 gates in dry run (tests/support/sandbox.py DRY_RUN_GATES);
 #   3. drills: the fault drills judged by order (`exaserve drill --judge order`, tests/test_drill_run.py), three
 #      workers, one sandbox per drill group: out of rotation, restarted, back, a new leader, no client error, the
-#      alerts; a drill group takes half a core.
+#      alerts; a drill group takes half a core;
+#   4. scale: the scale sandbox (tests/test_sandbox_scale.py, marked `scale`), alone: its 512 simulated replicas,
+#      64 agents and 3 controllers take what the machine has. Beside the cpu-bound phase under load they missed
+#      their 3 s probes everywhere at once (every rack read unhealthy, so the controller rightly acted on nothing);
+#      beside the wait-bound phase they starved its sandboxes (CI under load at 5fb21ad and 0c95f41).
 # How the work is dealt: by pytest-xdist's own loadfile and loadgroup (both its LoadScopeScheduling, xdist/scheduler/
 # loadscope.py; the project has no scheduler of its own). A phase's work units (a module under loadfile; an
 # xdist_group under loadgroup: a sandbox module, or one of its SANDBOX_GROUPS) are queued once every worker has
@@ -90,12 +94,13 @@ else
   # (cold on a clean clone) and the YAML and Ansible checks (about 40 s of one core) run beside it, their output
   # shown after it
   static_checks > test-output/static-checks.log 2>&1 & checks=$!
-  phase cpu-bound "not sandbox$gpu" 3 loadfile "$@"
+  phase cpu-bound "not sandbox and not scale$gpu" 3 loadfile "$@"
   checks_rc=0; wait "$checks" || checks_rc=$?
   cat test-output/static-checks.log
   if ((checks_rc)); then echo "== mypy or the YAML and Ansible checks failed (exit $checks_rc)"; ran=1; ((failed)) || failed=$checks_rc; fi
   phase wait-bound "sandbox and not drill$gpu" 5 loadgroup "$@"
   phase drills "drill$gpu" 3 loadgroup "$@"
+  phase scale "scale$gpu" 1 loadfile "$@"
 fi
 if ((!ran)); then
   echo "test.sh: no test was selected by: $*" >&2

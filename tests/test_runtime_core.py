@@ -442,6 +442,9 @@ def test_unknown_and_replayed_reports_are_rejected_counted_and_not_applied_a_ske
         assert info.value.reason is reason
     assert ctl.replicas[rid].score == score
     assert ctl.counters.accepted == 3
+    # the probes they carried, and of those the answered ones: one replica failed its probe in each of the three
+    per_node = len(first.replicas)
+    assert (ctl.counters.replicas, ctl.counters.answered) == (3 * per_node, 3 * (per_node - 1))
     assert {k: v for k, v in ctl.counters.rejected.items() if v} == {
         Rejection.REPLAYED: 2,
         Rejection.UNKNOWN_NODE: 1,

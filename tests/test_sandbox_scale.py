@@ -46,6 +46,7 @@ def scale(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scale]:
 
 
 @pytest.mark.slow
+@pytest.mark.scale
 def test_the_derived_layout_hosts_whole_nodes_many_workers_per_process(scale: Scale) -> None:
     sandbox = scale.spec.sandbox
     assert sandbox is not None and sandbox.nodes_per_process == 32 and sandbox.runtime
@@ -63,6 +64,7 @@ def test_the_derived_layout_hosts_whole_nodes_many_workers_per_process(scale: Sc
 
 
 @pytest.mark.slow
+@pytest.mark.scale
 def test_one_report_per_node_reaches_the_controller_and_no_client_sees_a_node_loss(scale: Scale) -> None:
     """What the controller received in WINDOW heartbeats: one message per node carrying its replicas, and the
     probes the reports carried the workers saw made. That the agents keep their interval (the report rate against
@@ -73,9 +75,12 @@ def test_one_report_per_node_reaches_the_controller_and_no_client_sees_a_node_lo
     assert window.accepted > 0, window
     # one message per node: what the controller received carries the replicas per node
     assert window.carried == pytest.approx(PER_NODE * window.accepted), window.summary()
-    # and the probes were made: the workers counted them (the two counters are read a moment apart, and a report the
-    # agent gave up on after probing reached no controller: hence the margin above, none below)
-    assert window.carried * 0.9 <= window.probed <= window.carried * 1.5, window.summary()
+    # and the probes were made: every probe a report carried as answered the workers counted. Not every probe carried:
+    # one that timed out on a loaded machine (CI at 40dac24: 6,272 carried, 5,403 counted) may never have reached its
+    # worker. The workers count no more than were made: a probe counted is carried, answered or not, but for the two
+    # counters being read a moment apart and a report the agent gave up on after probing (hence the margins)
+    assert 0 < window.answered <= window.carried, window.summary()
+    assert window.answered * 0.9 <= window.probed <= window.carried * 1.5, window.summary()
 
     loss = lose_a_node(scale)
     print(loss.report.summary())

@@ -175,6 +175,7 @@ class Controller:
         node.missed = 0
         self.counters.accepted += 1
         self.counters.replicas += len(report.replicas)
+        self.counters.answered += sum(probe.ok for probe in report.replicas)
 
     def _boot(self, node: NodeRecord, report: NodeReport, now: float) -> None:
         """A node that booted less than ``serving.startup_budget_s`` ago (its report's ``seq`` is its monotonic clock:

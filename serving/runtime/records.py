@@ -172,6 +172,7 @@ class NodeRecord:
 class Counters:
     accepted: int = 0
     replicas: int = 0  # the replica probes the accepted reports carried (accepted × replicas per node when aggregated)
+    answered: int = 0  # of those, the probes the replica answered (ok): each one a health call the replica served
     rejected: dict[Rejection, int] = field(default_factory=lambda: dict.fromkeys(Rejection, 0))
     actions: dict[Kind, int] = field(default_factory=lambda: dict.fromkeys(Kind, 0))
     capped: int = 0

@@ -180,6 +180,7 @@ class ControllerService:
             "reports": {
                 "accepted": c.accepted,
                 "replicas": c.replicas,
+                "answered": c.answered,
                 "rejected": {k.value: v for k, v in c.rejected.items()},
             },
             "actions": list(self.recent),

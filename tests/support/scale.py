@@ -98,6 +98,7 @@ class ReportWindow:
 
     accepted: float  # node reports the leader accepted
     carried: float  # replica probes those reports carried
+    answered: float  # of those, the probes the replicas answered (a timed-out probe the worker may never have counted)
     probed: float  # agent probes the worker hosts counted
     seconds: float  # the window's length, measured
     interval_s: float  # the heartbeat
@@ -113,8 +114,8 @@ class ReportWindow:
 
     def summary(self) -> str:
         return (
-            f"controller: {self.rate:.1f} msg/s carrying {self.carried / self.seconds:.1f} replica probes/s (the "
-            f"workers counted {self.probed / self.seconds:.1f}/s) over {self.intervals:.2f} intervals; direct: "
+            f"controller: {self.rate:.1f} msg/s carrying {self.carried / self.seconds:.1f} replica probes/s, "
+            f"{self.answered / self.seconds:.1f}/s answered (the workers counted {self.probed / self.seconds:.1f}/s) over {self.intervals:.2f} intervals; direct: "
             f"{REPLICAS / self.interval_s:.1f} msg/s"
         )
 
@@ -127,6 +128,7 @@ def report_window(sc: Scale) -> ReportWindow:
     return ReportWindow(
         accepted=reports1["accepted"] - reports0["accepted"],
         carried=reports1["replicas"] - reports0["replicas"],
+        answered=reports1["answered"] - reports0["answered"],
         probed=probes1 - probes0,
         seconds=t1 - t0,
         interval_s=interval,
