@@ -129,8 +129,15 @@ def _arch(cfg: dict[str, Any]) -> Architecture:
 
 
 def _plan_405b(
-    tmp_path: Path, checkpoint: Path | None, tp: int = 8, pp: int = 1, hf_config: Path = LLAMA_405B
+    tmp_path: Path, checkpoint: Path | None, tp: int = 8, pp: int = 1, hf_config: Path | None = None
 ) -> tuple[float, str]:
+    """Meta's FP8 checkpoint (its config.json names its quantisation, so SGLang loads it as FP8, not online), from
+    ``hf_config`` or else models/llama-3.1-405b with a quantization_config naming FP8 and nothing kept in 16 bit."""
+    if hf_config is None:
+        hf_config = tmp_path / "fp8-config.json"
+        hf_config.write_text(
+            json.dumps({**json.loads(LLAMA_405B.read_text()), "quantization_config": {"quant_method": "fp8"}})
+        )
     spec = spec_from(
         "dev",
         cluster__gpu={"product": "NVIDIA-H100-80GB-HBM3", "memory_gb": 80},

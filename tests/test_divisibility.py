@@ -33,11 +33,15 @@ from serving.plan.weights import (
     DRAFT_WEIGHTS,
     GROUP_SCALES,
     GROUP_ZEROS,
+    MLA_W_KC,
+    MLA_W_VC,
+    MOE_GATE_WHOLE,
     NEXTN_DRAFT_LAYERS,
     NEXTN_EH_PROJ,
     NEXTN_EMBED,
     NEXTN_HEAD,
     PP_PARTITION,
+    REPLICATED_A_PROJ,
     SKIPPED_LAYER,
     layer_linears,
     pp_stage_layers,
@@ -83,6 +87,10 @@ def test_the_quoted_source_lines_are_sglangs() -> None:
         NEXTN_HEAD,
         NEXTN_EH_PROJ,
         RUNNING_PER_WORKER,
+        REPLICATED_A_PROJ,
+        MOE_GATE_WHOLE,
+        MLA_W_KC,
+        MLA_W_VC,
     )
     for check in checks:
         line = (srt / check.path).read_text().splitlines()[check.line - 1]
@@ -205,7 +213,11 @@ def test_pipeline_stages_hold_their_own_layers_and_the_pool_is_their_minimum() -
     stages = stage_weights(arch, 1.0, 1, 8)
     assert [len(s.layers) for s in stages] == [7, 7, 7, 8, 8, 8, 8, 8]
     tables = 2 * arch.vocab_size * arch.hidden_size
-    assert sum(s.layer_bytes for s in stages) == pytest.approx(arch.parameter_count - tables)
+    # every layer's parameters at 1 B, but the MoE gates at 2 B and kv_b_proj's 16-bit w_kc/w_vc copies (TP 1)
+    assert arch.mla is not None and arch.moe is not None
+    gates = (arch.num_layers - arch.moe.dense_layers) * arch.moe.num_experts * arch.hidden_size * (2 - 1)
+    copies = arch.num_layers * arch.mla.kv_b_parameters(arch.num_attention_heads) * 2
+    assert sum(s.layer_bytes for s in stages) == pytest.approx(arch.parameter_count - tables + gates + copies)
     former = math.ceil(61 / 8) * (arch.parameter_count - tables) / 61 + tables / 2 * 2 + LOAD_OVERHEAD_GIB * GIB
     last = stages[-1]
     assert last.total > max(s.total for s in stages[:-1])
@@ -232,7 +244,11 @@ def test_int4_weights_carry_the_group_scales_and_zeros() -> None:
     arch64 = Architecture.model_validate(architecture_from_hf_config(declared, "awq"))
     assert arch64.quant_group_size == 64
     with pytest.raises(ValueError, match="group_size = 'x' is not a positive integer"):
-        architecture_from_hf_config({**cfg, "quantization_config": {"group_size": "x"}}, "bad")
+        architecture_from_hf_config({**cfg, "quantization_config": {"quant_method": "awq", "group_size": "x"}}, "bad")
+    # a quantization_config without its quant_method: loaded quantised or quantised online cannot be told
+    with pytest.raises(ValueError, match=r"names no quant_method.*as the model repository publishes it"):
+        architecture_from_hf_config({**cfg, "quantization_config": {"group_size": 64}}, "bad")
+    assert arch64.quant_method == "awq" and not arch64.fp8_checkpoint
 
 
 def test_first_stage_weights_match_a_public_pp_log() -> None:
@@ -308,3 +324,38 @@ def test_unquantized_modules_are_the_layers_sglang_skips() -> None:
     assert "unquantized_modules" not in architecture_from_hf_config({**_SKIP_ARCH, "quantization_config": both}, "c")
     # Every list changes something, and some leave something quantised: the grid is not degenerate.
     assert sum(mine) and not all(mine)
+
+
+def test_deepseeks_replicated_projection_and_gates_are_whole_on_every_gpu() -> None:
+    """Issue 41 item 4 (and its review): SGLang builds DeepSeek's fused_qkv_a_proj_with_mqa as a ReplicatedLinear (whole on every GPU,
+    in the checkpoint's precision) and its MoE router gate as a 16-bit parameter, also whole; the planner split both
+    over TP. DeepSeek-V3 (block FP8) at TP 8: 61 × 7168 × (1536 + 512 + 64) params × 1 B whole instead of / 8 adds
+    0.75 GiB; the 58 MoE layers' 256 × 7168 gates at 2 B whole instead of 1 B / 8, 0.19 GiB. Under attention DP 8
+    (attention-TP 1) the projection was already whole, so only the gates add."""
+    cfg = json.loads((ROOT / "models/deepseek-v3/config.json").read_text())
+    arch = Architecture.model_validate(architecture_from_hf_config(cfg, "deepseek-v3"))
+    assert arch.mla is not None and arch.mla.q_lora_rank == 1536
+    split = {dp: stage_weights(arch, 1.0, 8, 1, attn_dp=dp)[0] for dp in (1, 8)}
+    flat = arch.model_copy(update={"mla": None})  # the same bytes split over TP, attention DP aside
+    proj = 61 * 7168 * (1536 + 512 + 64) * 1.0 * (1 - 1 / 8)
+    gates = 58 * 256 * 7168 * (2 - 1.0 / 8)
+    # and post_load_weights' 16-bit w_kc/w_vc copies of each kv_b_proj (512 × 128 heads × (128 + 128)), over
+    # attention-TP: 8 without attention DP, 1 with attention DP 8
+    copies = {dp: 61 * 512 * 128 * (128 + 128) * 2 / (8 // dp) for dp in (1, 8)}
+    even = stage_weights(flat, 1.0, 8, 1)[0].total
+    assert split[1].total - even == pytest.approx(proj + gates + copies[1], rel=1e-9)
+    assert (round(proj / GIB, 2), round(gates / GIB, 2), round(copies[1] / GIB, 2), round(copies[8] / GIB, 2)) == (
+        0.75,
+        0.19,
+        0.24,
+        1.91,
+    )
+    assert MLA_W_KC.where in split[1].formula and MLA_W_VC.where in split[8].formula
+    assert "fused_qkv_a_proj_with_mqa" in split[1].formula and REPLICATED_A_PROJ.where in split[1].formula
+    assert "fused_qkv_a_proj_with_mqa" not in split[8].formula and MOE_GATE_WHOLE.where in split[8].formula
+    # a dense GQA model has neither: nothing added
+    llama = json.loads((ROOT / "models/llama-3-70b/config.json").read_text())
+    gqa = Architecture.model_validate(
+        {**architecture_from_hf_config(llama, "llama"), "parameter_count": 70_553_706_496}
+    )
+    assert "whole on every GPU" not in stage_weights(gqa, 2.0, 8, 1)[0].formula

@@ -58,8 +58,18 @@ def test_fit_counts_the_weights_from_a_checkpoint_and_writes_it_into_the_stack(t
     index = meta_fp8_checkpoint(tmp_path / "ckpt", REPO / "models/llama-3.1-405b/config.json")
     out = tmp_path / "stacks" / "Pulumi.fit.yaml"
     out.parent.mkdir()
-    args = ["fit", "--hf-config", "models/llama-3.1-405b/config.json", "--gpu", "NVIDIA-H100-80GB-HBM3", "--stack",
-            "dev", "--precision", "fp8", "--json"]  # fmt: skip
+    # the 16-bit config: an FP8 layout written into a stack would plan as online FP8 there, so it is refused
+    bf16 = ["fit", "--hf-config", "models/llama-3.1-405b/config.json", "--gpu", "NVIDIA-H100-80GB-HBM3", "--stack",
+            "dev", "--precision", "fp8"]  # fmt: skip
+    refused = exaserve(*bf16, "--checkpoint", str(index.parent), "--write-stack", str(out))
+    assert refused.returncode == 2 and not out.exists(), refused.stdout + refused.stderr
+    assert "names none" in " ".join(refused.stderr.split()), refused.stderr
+    # an FP8 checkpoint's config.json names its quantisation (quant_method fp8, as SGLang 0.5.23 loads it)
+    config = tmp_path / "config.json"
+    published = json.loads((REPO / "models/llama-3.1-405b/config.json").read_text())
+    config.write_text(json.dumps({**published, "quantization_config": {"quant_method": "fp8"}}))
+    args = ["fit", "--hf-config", str(config), "--gpu", "NVIDIA-H100-80GB-HBM3", "--stack", "dev", "--precision",
+            "fp8", "--json"]  # fmt: skip
     before = json_object(exaserve(*args))["layouts"][0]
     r = exaserve(*args, "--checkpoint", str(index.parent), "--write-stack", str(out))
     assert r.returncode == 0, r.stderr
@@ -210,6 +220,20 @@ def test_fit_tries_full_attention_dp_for_a_moe_model() -> None:
     assert {lay["attn_dp"] for lay in layouts if lay["tp"] == 1} == {1}
     llama = exaserve("fit", "--hf-config", "models/llama-3-70b/config.json", "--json")
     assert {lay["attn_dp"] for lay in json_object(llama)["layouts"]} == {1}
+
+
+def test_fit_refuses_deepseek_v3_tp_32_with_its_published_quantization_config() -> None:
+    """Issue 41: models/deepseek-v3/config.json lacked the checkpoint's quantization_config, so no block-FP8 shape
+    check ran and fit listed TP 32 on 4 × 8 H100, which SGLang refuses (2048 / 32 = 64 is not a multiple of the
+    128-wide block). With DeepSeek's published quantization_config the config defaults to fp8 and TP 32 is excluded."""
+    r = exaserve("fit", "--hf-config", "models/deepseek-v3/config.json", "--gpu", "NVIDIA-H100-80GB-HBM3", "--nodes",
+                 "4", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json_object(r)
+    assert {lay["precision"] for lay in doc["layouts"]} == {"fp8"} and doc["layouts"]
+    assert not [lay for lay in doc["layouts"] if lay["tp"] == 32], doc["layouts"]
+    tp32 = [e for e in doc["excluded"] if e["tp"] == 32]
+    assert tp32 and any("moe_intermediate_size 2048 / (TP 32" in reason for reason in tp32[0]["reasons"]), tp32
 
 
 def test_fit_excludes_what_sglang_refuses_naming_the_check() -> None:

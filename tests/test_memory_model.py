@@ -164,8 +164,12 @@ def test_deepseek_v3_attention_dp_8_on_8_h200_is_planned_as_sglang_sizes_it(rege
     whole = (attention * layers * 1 + cfg["vocab_size"] * cfg["hidden_size"] * 2) * (
         1 - 1 / 8
     )  # FP8 attention, bf16 table
+    # but for fused_qkv_a_proj_with_mqa, a ReplicatedLinear whole on every GPU with or without attention DP
+    a_proj = layers * cfg["hidden_size"] * (cfg["q_lora_rank"] + cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"])
     w8, w1 = (m.per_gpu["weights"].value + m.per_gpu["load_overhead"].value for m in (m8, m1))
-    assert w8 - w1 == pytest.approx(whole)
+    # and kv_b_proj's 16-bit w_kc/w_vc copies (post_load_weights) over attention-TP: 1 GPU here, 8 without
+    kv_b = layers * cfg["kv_lora_rank"] * cfg["num_attention_heads"] * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"])
+    assert w8 - w1 == pytest.approx(whole - a_proj * 1 * (1 - 1 / 8) + kv_b * 2 * (1 - 1 / 8))
     free = free_at_start_bytes(GPU_PRODUCTS["NVIDIA-H200"], 8)
     tokens = int((free * theirs8["mem_fraction_static"] - w8) // cell)
     assert m8.max_total_tokens.value == tokens
@@ -565,6 +569,8 @@ def _flagship(**changes: Any) -> tuple[Fleet, list[rules.CheckResult]]:
 FLAGSHIPS = {
     "llama-3.1-405b fp8, TP 8, one 8 × H100 node": {
         "model__hf_config": "models/llama-3.1-405b/config.json",
+        # an FP8 checkpoint of it (quant_method fp8, the one SGLang 0.5.23 loads under --quantization fp8)
+        "model__architecture": {"quant_method": "fp8"},
         "model__precision": "fp8",
         "model__quantization": "fp8",
         "parallelism__tp": 8,
@@ -590,7 +596,7 @@ FLAGSHIPS = {
         "serving__replicas_per_node": None,
     },
     "qwen3-235b-a22b fp8, TP 4": {
-        "model__hf_config": "models/qwen3-235b-a22b/config.json",
+        "model__hf_config": "models/qwen3-235b-a22b-fp8/config.json",
         "model__precision": "fp8",
         "model__quantization": "fp8",
         "parallelism__tp": 4,
@@ -598,6 +604,42 @@ FLAGSHIPS = {
         "serving__replicas_per_node": 2,
     },
 }
+
+
+def test_online_fp8_of_the_16_bit_405b_on_h100_is_refused_by_its_load_peak() -> None:
+    """The 16-bit Llama-3.1-405B served with ``--quantization fp8`` (issue 41): SGLang allocates and loads the 16-bit
+    weights before quantising (layers/quantization/fp8.py:655, model_loader/loader.py), so TP 8 needs its 16-bit
+    shard (~94 GiB) on an 80 GB H100, where the FP8 checkpoint of the same model fits. On 141 GB H200s it loads,
+    and what stays resident is the FP8 weights with their scales, not the 16-bit shard."""
+    online = {**FLAGSHIPS["llama-3.1-405b fp8, TP 8, one 8 × H100 node"], "model__architecture": {}}
+    fleet, found = _flagship(**online)
+    m = fleet.plan.memory
+    assert m.load_peak_per_gpu is not None and m.free_at_start is not None
+    assert m.load_peak_per_gpu.value > m.free_at_start.value
+    bad = [r for r in found if r.check == "memory.per-gpu"]
+    assert len(bad) == 1 and bad[0].status is Status.FAIL and "Online FP8" in bad[0].observed, found
+    assert "GiB a GPU at load" in bad[0].observed and "Serve an FP8 checkpoint" in bad[0].fix
+    h200, found = _flagship(**online, cluster__gpu={"product": "NVIDIA-H200", "memory_gb": 141})
+    m = h200.plan.memory
+    assert m.load_peak_per_gpu is not None and m.free_at_start is not None
+    assert m.load_peak_per_gpu.value <= m.free_at_start.value
+    assert not [r for r in found if r.check == "memory.per-gpu"], found
+    resident = m.per_gpu["weights"].value
+    shard_16bit = fleet.spec.model.architecture.parameter_count * 2 / 8
+    assert resident < 0.6 * shard_16bit and "online FP8" in m.per_gpu["weights"].formula
+    # a checkpoint whose quant_method SGLang does not load under --quantization fp8 (Meta's fbgemm_fp8 among them):
+    # refused at start as a mismatch, so refused here
+    with pytest.raises(SpecError, match=r"'fbgemm_fp8'.*configs/model_config.py:2143"):
+        spec_from(
+            "dev",
+            **{
+                **FLAGSHIPS["llama-3.1-405b fp8, TP 8, one 8 × H100 node"],
+                "model__architecture": {"quant_method": "fbgemm_fp8"},
+            },
+        )
+    # the FP8 checkpoint of the same model is not charged a load peak
+    fp8, _ = _flagship(**FLAGSHIPS["llama-3.1-405b fp8, TP 8, one 8 × H100 node"])
+    assert fp8.plan.memory.load_peak_per_gpu is None
 
 
 @pytest.mark.parametrize("name", FLAGSHIPS)
@@ -634,7 +676,7 @@ def test_tp16_recipe_renders_one_server_per_node_joined_by_nnodes_2() -> None:
 
 def test_source_heuristic_rejects_what_sglang_serves() -> None:
     """The source's budget (15 % activations, 5 GB, 15 % margin) turns 405B FP8 on one node away."""
-    spec = spec_from("dev", model__architecture={}, **FLAGSHIPS["llama-3.1-405b fp8, TP 8, one 8 × H100 node"])
+    spec = spec_from("dev", **FLAGSHIPS["llama-3.1-405b fp8, TP 8, one 8 × H100 node"])
     fleet = fleet_of(spec, memory_model="source")
     src = fleet.plan
     assert src.memory.model == "source"

@@ -109,6 +109,19 @@ def _memory(fleet: Fleet) -> Iterator[CheckResult]:
     ctx = fleet.spec.limits.context_length
     fix = "Raise tp/pp, quantise (model.precision), use fp8 KV (model.kv_cache_dtype), or lower limits.context_length."
     if m.model == "sglang":
+        peak, free = m.load_peak_per_gpu, m.free_at_start
+        if peak is not None and free is not None and peak.value > free.value:
+            yield CheckResult(
+                "memory.per-gpu",
+                Status.FAIL,
+                f"Online FP8 (model.precision fp8 on a 16-bit checkpoint): {peak.formula}, more than the "
+                f"{fmt_bytes(free.value)} free at start ({free.formula}): SGLang runs out of memory loading it",
+                f"a 16-bit shard within {fmt_bytes(free.value)} a GPU at load",
+                "Serve an FP8 checkpoint (model.hf_config: its config.json names quantization_config.quant_method "
+                "fp8), or raise tp/pp until the 16-bit shard loads.",
+                "model",
+            )
+            return
         if m.max_total_tokens.value < ctx:
             yield CheckResult(
                 "memory.per-gpu",

@@ -42,15 +42,8 @@ STACK_PRECISION = {ONLINE_FP8: "fp8"}
 """``model.precision`` of a written layout where it differs from fit's label: online FP8 serves FP8 weights."""
 
 
-def _quant_method(cfg: dict[str, Any]) -> str | None:
-    """config.json's ``quantization_config.quant_method``, as SGLang reads it to tell an FP8 checkpoint from a
-    16-bit one it quantises online (:data:`serving.plan.weights.FP8_CHECKPOINT`); None without one."""
-    quant = cfg.get("quantization_config")
-    return str(quant.get("quant_method") or "") if isinstance(quant, dict) else None
-
-
-def _architecture(path: Path, params: int | None) -> tuple[Architecture, str | None]:
-    """The model's architecture and its checkpoint's quantisation method (None: a 16-bit checkpoint)."""
+def _architecture(path: Path, params: int | None) -> Architecture:
+    """The model's architecture, its checkpoint's quantisation method among it (None: a 16-bit checkpoint)."""
     try:
         cfg = json.loads(path.read_text())
         if not isinstance(cfg, dict):
@@ -63,7 +56,7 @@ def _architecture(path: Path, params: int | None) -> tuple[Architecture, str | N
                 f"--hf-config {path}: the parameter count cannot be counted from it (a layer shape such as "
                 "intermediate_size is missing); give it with --params"
             )
-        return Architecture.model_validate(fields), _quant_method(cfg)
+        return Architecture.model_validate(fields)
     except (ValueError, ValidationError) as exc:
         fail(f"--hf-config {path} is not a transformer config.json ({exc}); point it at the model's config.json")
 
@@ -208,14 +201,14 @@ def fit(
     require_file(hf_config, "--hf-config", "point it at the model's config.json")
     st = resolve_stack(stack, stack_file)
     spec = st.spec
-    arch, quant_method = _architecture(hf_config, params)
+    arch = _architecture(hf_config, params)
     product = gpu or spec.cluster.gpu.product
     try:
         gpu_product = calibration.gpu_product(product)
     except calibration.UnknownGpuError as exc:
         fail(f"--gpu: {exc}")
-    fp8_checkpoint = arch.weight_block_size is not None or "fp8" in (quant_method or "")
-    default = ("fp8",) if fp8_checkpoint else ("bf16", ONLINE_FP8) if quant_method is None else ("bf16", "fp8")
+    fp8_checkpoint = arch.fp8_checkpoint
+    default = ("fp8",) if fp8_checkpoint else ("bf16", ONLINE_FP8) if arch.quant_method is None else ("bf16", "fp8")
     precisions = tuple(precision or default)
     unknown = sorted(set(precisions) - set(WEIGHT_BYTES))
     if unknown:
@@ -223,7 +216,7 @@ def fit(
     if ONLINE_FP8 in precisions and fp8_checkpoint:
         fail(
             f"--precision {ONLINE_FP8}: --hf-config {hf_config} is already FP8 (quantization_config.quant_method = "
-            f"{quant_method!r}, {FP8_CHECKPOINT.where}); SGLang loads it as FP8 and quantises nothing. Use "
+            f"{arch.quant_method!r}, {FP8_CHECKPOINT.where}); SGLang loads it as FP8 and quantises nothing. Use "
             "--precision fp8"
         )
     weights = None
@@ -285,7 +278,15 @@ def fit(
                 f"--write-stack: --gpus-per-node {gpn} differs from the stack's {spec.cluster.gpu.count_per_node}; "
                 "drop --gpus-per-node"
             )
-        _write_stack(write_stack, st.path, layouts[meets[0]], hf_config, arch, gpu_product.label, checkpoint)
+        chosen = layouts[meets[0]]
+        if chosen.precision == "fp8" and not arch.fp8_checkpoint:
+            fail(
+                f"--write-stack: the best layout is an FP8 checkpoint's, but --hf-config {hf_config} names none "
+                f"(quantization_config.quant_method {arch.quant_method!r}): the stack would plan it as the 16-bit "
+                f"checkpoint quantised at load. Point --hf-config at the FP8 checkpoint's config.json, or search "
+                f"--precision {ONLINE_FP8}"
+            )
+        _write_stack(write_stack, st.path, chosen, hf_config, arch, gpu_product.label, checkpoint)
     refused = f"--write-stack: no layout meets the target ({_short_of(chains, concurrency, rate)}); nothing written"
     if as_json:
         if write_stack is not None and not ok:

@@ -189,6 +189,8 @@ HELD_OUT_LOGS: tuple[StartupLog, ...] = (
             "num_experts_per_tok": 8,
             "vocab_size": 151936,
             "tie_word_embeddings": False,
+            # an FP8 checkpoint (block 128, as models/qwen3-235b-a22b-fp8 records it): SGLang loads it as FP8
+            "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
         },
         precision="fp8",
     ),
@@ -215,6 +217,8 @@ HELD_OUT_LOGS: tuple[StartupLog, ...] = (
             "num_experts_per_tok": 8,
             "vocab_size": 151936,
             "tie_word_embeddings": False,
+            # an FP8 checkpoint (block 128, as models/qwen3-235b-a22b-fp8 records it): SGLang loads it as FP8
+            "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
         },
         precision="fp8",
     ),

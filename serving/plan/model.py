@@ -83,6 +83,10 @@ class MemoryPlan:
     max_concurrent_sequences: Figure
     mem_fraction_static: Figure
     max_total_tokens: Figure
+    free_at_start: Figure | None = None
+    """What each GPU has free once the CUDA context and NCCL are up (SGLang's arithmetic only)."""
+    load_peak_per_gpu: Figure | None = None
+    """Online FP8 only: the fullest stage's GPU while SGLang loads the 16-bit checkpoint and quantises it."""
 
 
 @dataclass(frozen=True)

@@ -167,14 +167,22 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
         m.checkpoint_weights,
         par.attn_dp,
         draft,
+        online_fp8=m.online_fp8,
     )
     share, pool = rp.weights, rp.pool
+    fullest = max((s for s, _, _ in rp.stages), key=lambda s: s.load_peak_bytes or 0.0)
     ckpt = m.checkpoint_weights
     weights = (
         Figure(ckpt.total_size, "B", f"{ckpt.source}: metadata.total_size = {fmt_bytes(ckpt.total_size)}")
         if ckpt is not None
         else weights_bytes(m.architecture.parameter_count, m.bytes_per_param)
     )
+    if m.online_fp8 and ckpt is None:
+        weights = Figure(
+            weights.value,
+            "B",
+            f"{weights.formula} once quantised (online FP8: the 16-bit checkpoint loads at 2 B a parameter)",
+        )
     kv_tok = kv_bytes_per_token(m.architecture, m.kv_bytes_per_element)
     kv_tok_gpu = kv_bytes_per_token_per_gpu(m.architecture, m.kv_bytes_per_element, par.attn_tp, par.pp)
     if draft is not None:  # the spec plans a draft at PP 1 only: one stage, one cell
@@ -245,6 +253,12 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
             pool.tokens,
             "tokens",
             pool.formula + (f" (each of the {par.attn_dp} attention-DP groups' own pool)" if par.attn_dp > 1 else ""),
+        ),
+        free_at_start=Figure(
+            free, "B", f"{gpu.memory_total_mib:,} MiB − {fmt_gib(total - free)} CUDA context and NCCL"
+        ),
+        load_peak_per_gpu=(
+            Figure(fullest.load_peak_bytes, "B", fullest.load_formula) if fullest.load_peak_bytes is not None else None
         ),
     )
 

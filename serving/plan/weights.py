@@ -229,17 +229,20 @@ def stage_weights(
             dp_bytes, dp_text = attention_dp_extra(
                 arch, layers, ckpt_layers, ckpt_tables / on_gpu if on_gpu else 0, rank, tp, attn_dp
             )
+            # the checkpoint stores the projection in its precision and the gate in 16 bit
+            rep_bytes, rep_text = replicated_extra(arch, layers, bytes_per_param, 2.0, tp, attn_dp)
             formula = (
                 f"{stage}{how}; + {on_gpu} table(s) {ckpt_tables / GIB:,.2f} GiB; / TP {tp} = "
-                f"{(layer_bytes + emb) / GIB:,.2f} GiB{dp_text}"
+                f"{(layer_bytes + emb) / GIB:,.2f} GiB{dp_text}{rep_text}"
             )
-            out.append(WeightShare(rank, layers, layer_bytes + dp_bytes, emb, load, formula))
+            out.append(WeightShare(rank, layers, layer_bytes + dp_bytes + rep_bytes, emb, load, formula))
             continue
         params = stage_parameters(arch, layers)
         kept, kept_names = unquantized_parameters(arch, layers) if per_param < 2 else (0, [])
         layer_bytes = (params * per_param + kept * (2 - per_param)) / tp
         emb = table * on_gpu * 2 / tp
         dp_bytes, dp_text = attention_dp_extra(arch, layers, params * per_param, table * 2, rank, tp, attn_dp)
+        rep_bytes, rep_text = replicated_extra(arch, layers, per_param, per_param, tp, attn_dp)
         params_text = f"{params:,.0f} params × {bpp}"
         if kept:
             params_text = (
@@ -249,10 +252,71 @@ def stage_weights(
         formula = (
             f"{stage}{params_text} / TP {tp} = {layer_bytes / GIB:,.2f} GiB + {on_gpu} × "
             f"{table:,} embedding params × 2 B / TP {tp} = {emb / GIB:,.2f} GiB = {(layer_bytes + emb) / GIB:,.2f} GiB"
-            f"{dp_text}"
+            f"{dp_text}{rep_text}"
         )
-        out.append(WeightShare(rank, layers, layer_bytes + dp_bytes, emb, load, formula))
+        out.append(WeightShare(rank, layers, layer_bytes + dp_bytes + rep_bytes, emb, load, formula))
     return out
+
+
+# ------------------------------------------------------------------------------- replicated on every GPU
+
+REPLICATED_A_PROJ = SourceCheck("models/deepseek_v2.py", 2070, "self.fused_qkv_a_proj_with_mqa = ReplicatedLinear(")
+"""DeepSeek-V2/V3's low-rank q/kv input projection is whole on every GPU (``kv_a_proj_with_mqa`` without
+``q_lora_rank``, :2095), in the checkpoint's precision (``quant_config=quant_config``)."""
+MLA_W_KC = SourceCheck("models/deepseek_common/deepseek_weight_loader.py", 780, "self_attn.w_kc = bind_or_assign(")
+MLA_W_VC = SourceCheck(
+    "models/deepseek_common/deepseek_weight_loader.py", 786, "self_attn.w_vc = bind_or_assign(self_attn.w_vc, w_vc)"
+)
+"""``post_load_weights``: each layer's ``kv_b_proj`` (dequantised to 16 bit when block FP8, :703) is split into
+``w_kc`` and ``w_vc``, each made contiguous (a copy) and kept beside ``kv_b_proj`` itself, which prefill still uses:
+the layer's kv_b_proj once more in 16 bit, over attention-TP."""
+MOE_GATE_WHOLE = SourceCheck("models/deepseek_v2.py", 509, "self.weight = nn.Parameter(")
+"""``MoEGate``: the router is a plain ``n_routed_experts × hidden_size`` parameter in the default (16-bit) dtype,
+whole on every GPU and never quantised."""
+
+
+def replicated_extra(
+    arch: Architecture, layers: range, a_proj_bytes: float, gate_counted: float, tp: int, attn_dp: int
+) -> tuple[float, str]:
+    """What DeepSeek's MLA layers hold beyond an even split of their parameters: each layer's
+    ``fused_qkv_a_proj_with_mqa`` (:data:`REPLICATED_A_PROJ`, ``a_proj_bytes`` a parameter) whole, where it was
+    counted over attention-TP (TP without attention DP, :func:`attention_dp_extra` otherwise); each MoE layer's
+    router gate (:data:`MOE_GATE_WHOLE`, 2 B a parameter) whole, where it was counted at ``gate_counted`` bytes a
+    parameter over TP; and the 16-bit ``w_kc``/``w_vc`` copies of each ``kv_b_proj`` made after loading
+    (:data:`MLA_W_VC`), over attention-TP. Zero for a model without MLA."""
+    mla, moe = arch.mla, arch.moe
+    if mla is None:
+        return 0.0, ""
+    attn_tp = tp // attn_dp
+    proj_params = mla.a_proj_parameters(arch.hidden_size) * len(layers)
+    proj = proj_params * a_proj_bytes * (1 - 1 / attn_tp)
+    moe_layers = sum(1 for i in layers if i >= moe.dense_layers) if moe is not None else 0
+    gate_params = moe_layers * moe.num_experts * arch.hidden_size if moe is not None else 0
+    gate = gate_params * (2 - gate_counted / tp)
+    kv_b_params = mla.kv_b_parameters(arch.num_attention_heads) * len(layers)
+    copies = kv_b_params * 2 / attn_tp
+    if proj + gate + copies <= 0:
+        return 0.0, ""
+    parts = (
+        [
+            f"the {len(layers)} layers' fused_qkv_a_proj_with_mqa, {proj_params:,} params × {a_proj_bytes:g} B "
+            f"({REPLICATED_A_PROJ.where}), not over attention-TP {attn_tp}: + {proj / GIB:,.2f} GiB"
+        ]
+        if proj > 0
+        else []
+    )
+    if gate_params:
+        parts.append(
+            f"{moe_layers} MoE gates, {gate_params:,} params × 2 B ({MOE_GATE_WHOLE.where}), not × {gate_counted:g} B "
+            f"/ TP {tp}: + {gate / GIB:,.2f} GiB"
+        )
+    text = "; whole on every GPU: " + ", ".join(parts) if parts else ""
+    if copies:
+        text += (
+            f"; MLA's 16-bit w_kc/w_vc copies of kv_b_proj, {kv_b_params:,} params × 2 B / attention-TP {attn_tp} "
+            f"({MLA_W_KC.where}, {MLA_W_VC.where}): + {copies / GIB:,.2f} GiB"
+        )
+    return proj + gate + copies, text
 
 
 # ------------------------------------------------------------------------------------------ online FP8

@@ -35,6 +35,18 @@ class MlaSpec(SpecModel):
 
     kv_lora_rank: int = Field(gt=0, description="Latent dimension cached per token per layer.")
     qk_rope_head_dim: int = Field(gt=0, description="Decoupled RoPE key dimension cached alongside.")
+    q_lora_rank: int = Field(default=0, ge=0, description="The query's low-rank dimension; 0: a full-rank q_proj.")
+    qk_nope_head_dim: int = Field(default=0, ge=0, description="Each head's key dimension without RoPE (kv_b_proj).")
+    v_head_dim: int = Field(default=0, ge=0, description="Each head's value dimension (kv_b_proj).")
+
+    def a_proj_parameters(self, hidden_size: int) -> int:
+        """One layer's ``fused_qkv_a_proj_with_mqa`` (``kv_a_proj_with_mqa`` without ``q_lora_rank``): hidden ×
+        (q_lora_rank + kv_lora_rank + qk_rope_head_dim), a ``ReplicatedLinear`` whole on every GPU."""
+        return hidden_size * (self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim)
+
+    def kv_b_parameters(self, heads: int) -> int:
+        """One layer's ``kv_b_proj``: kv_lora_rank × heads × (qk_nope_head_dim + v_head_dim)."""
+        return self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
 
 
 class MoeSpec(SpecModel):
@@ -102,6 +114,11 @@ class Architecture(SpecModel):
         default=None,
         description="The checkpoint's block-FP8 block [n, k] (config.json quantization_config.weight_block_size).",
     )
+    quant_method: str | None = Field(
+        default=None,
+        description="The checkpoint's quantisation (config.json quantization_config.quant_method); None: a 16-bit "
+        "checkpoint, which SGLang quantises as it loads it when served with --quantization fp8 (online FP8).",
+    )
     quant_group_size: int | None = Field(
         default=None,
         gt=0,
@@ -132,6 +149,14 @@ class Architecture(SpecModel):
         """Whether SGLang splits this model's attention over the attention-TP group (:data:`ATTN_TP_ATTENTION`):
         the models attention DP is planned (and ``fit`` tries it) for."""
         return self.model_class in ATTN_TP_ATTENTION
+
+    @property
+    def fp8_checkpoint(self) -> bool:
+        """The checkpoint is one SGLang loads as FP8 under ``--quantization fp8``: its ``quant_method`` is ``fp8``
+        (``Fp8Config.from_config``, layers/quantization/fp8.py:349). Another method (``fbgemm_fp8``,
+        ``compressed-tensors``, ``w8a8_fp8``…) with ``--quantization fp8`` is refused at start as a mismatch
+        (configs/model_config.py:2143); none quantises a 16-bit checkpoint after loading it whole (online FP8)."""
+        return self.quant_method == "fp8"
 
     @model_validator(mode="after")
     def _heads(self) -> Self:
@@ -171,7 +196,13 @@ def architecture_from_hf_config(cfg: dict[str, Any], source: str) -> dict[str, A
     if isinstance(classes, list) and classes and isinstance(classes[0], str):
         out["model_class"] = classes[0]
     if cfg.get("kv_lora_rank"):
-        out["mla"] = {"kv_lora_rank": int(cfg["kv_lora_rank"]), "qk_rope_head_dim": int(need("qk_rope_head_dim"))}
+        out["mla"] = {
+            "kv_lora_rank": int(cfg["kv_lora_rank"]),
+            "qk_rope_head_dim": int(need("qk_rope_head_dim")),
+            "q_lora_rank": int(cfg.get("q_lora_rank") or 0),
+            "qk_nope_head_dim": int(cfg.get("qk_nope_head_dim") or 0),
+            "v_head_dim": int(cfg.get("v_head_dim") or 0),
+        }
     experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts")
     if cfg.get("intermediate_size"):
         out["intermediate_size"] = int(cfg["intermediate_size"])
@@ -185,6 +216,13 @@ def architecture_from_hf_config(cfg: dict[str, Any], source: str) -> dict[str, A
             **({"intermediate_size": int(moe_i)} if moe_i else {}),
         }
     quant = cfg.get("quantization_config")
+    if quant is not None and not (isinstance(quant, dict) and isinstance(quant.get("quant_method"), str)):
+        raise ValueError(
+            f"{source}: quantization_config = {quant!r} names no quant_method, so whether SGLang loads the checkpoint "
+            "quantised or quantises it online cannot be read; copy config.json as the model repository publishes it"
+        )
+    if isinstance(quant, dict):
+        out["quant_method"] = quant["quant_method"]
     if isinstance(quant, dict) and quant.get("weight_block_size"):
         block = quant["weight_block_size"]
         if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
@@ -400,6 +438,21 @@ class ModelSpec(SpecModel):
             raise ValueError(
                 f"precision {self.precision.value} needs model.quantization (awq/gptq for int4, w8a8_int8 for int8)"
             )
+        method = self.architecture.quant_method
+        if self.precision == Precision.FP8 and method not in (None, "fp8"):
+            raise ValueError(
+                f"precision fp8 with a checkpoint whose quantization_config.quant_method is {method!r}: SGLang 0.5.23 "
+                "refuses --quantization fp8 for it (configs/model_config.py:2143, the checkpoint's method and the "
+                "flag differ) and serves no such FP8 method this spec can name; use an FP8 checkpoint whose "
+                "quant_method is fp8, or the 16-bit checkpoint (online FP8)"
+            )
+        if self.online_fp8 and self.quantization != "fp8":
+            raise ValueError(
+                f"precision fp8 with model.quantization={self.quantization!r}: the architecture names no FP8 "
+                f"checkpoint (quantization_config.quant_method {self.architecture.quant_method!r}), so SGLang serves "
+                "it as FP8 only by quantising its 16-bit weights at load (--quantization fp8); set model.quantization "
+                "fp8, or point model.hf_config at the FP8 checkpoint's config.json"
+            )
         if self.precision in (Precision.FP16, Precision.BF16) and self.quantization is not None:
             raise ValueError(
                 f"model.quantization={self.quantization!r} contradicts precision {self.precision.value}; "
@@ -421,6 +474,12 @@ class ModelSpec(SpecModel):
                 "model.checkpoint and model.hf_config at the same checkpoint"
             )
         return self
+
+    @property
+    def online_fp8(self) -> bool:
+        """FP8 served from a 16-bit checkpoint: SGLang allocates and loads the 16-bit weights, then quantises them
+        (:data:`serving.plan.weights.ONLINE_FP8_SOURCE`); planned by its load peak and what stays resident."""
+        return self.precision == Precision.FP8 and not self.architecture.fp8_checkpoint
 
     @property
     def bytes_per_param(self) -> float:
