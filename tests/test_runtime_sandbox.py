@@ -484,12 +484,17 @@ def test_status_shows_what_each_router_does_beside_the_controllers_view(sandbox:
     rep, doc = views.replica, views.doc
     print(f"status: every router stopped routing to {rid} {views.seen_s:.1f} s after the kill; controller view {rep}")
     assert set(rep["routers"]) == set(router_urls(sandbox.spec)) and set(doc["routers"].values()) == {"answering"}
-    assert rep["version"] == "down"  # its worker answers nothing: down, as a rollout would read it
     # the controller's view beside the routers', its own: in rotation until the leader recorded its removal. That the
     # routers' checks (2 failures) come before the controller's score falls below 60 (9), so the two views disagree,
     # is the rehearsal's (tests/rehearsal/test_runtime_timing.py): on a loaded machine a status read may come late
-    removed = [a for a in leader_status(sandbox)["actions"] if a["replica"] == rid and a["kind"] == "remove"]
-    assert rep["in_rotation"] is True or [a for a in removed if a["at"] >= killed_at], (rep, removed)
+    actions = [a for a in leader_status(sandbox)["actions"] if a["replica"] == rid and a["at"] >= killed_at]
+    removed = [a for a in actions if a["kind"] == "remove"]
+    assert rep["in_rotation"] is True or removed, (rep, actions)
+    # its worker answers nothing: down, as a rollout would read it; but a status read that came late may find it
+    # restarted already (CI under load at 08ee375: 'v1', the routers not yet readmitting it), after a migration the
+    # leader recorded
+    migrated = [a for a in actions if a["kind"] == "migrate"]
+    assert rep["version"] == "down" or (rep["version"] == "v1" and migrated), (rep, actions)
     assert views.returncode == 1 and doc["ok"] is False
     others = [r for r in doc["replicas"] if r["id"] != rid]
     assert all(set(r["routers"].values()) == {"routes"} for r in others)
