@@ -51,7 +51,10 @@ def test_a_wave_of_worker_calls_keeps_few_in_flight_on_connections_kept_alive() 
 
     assert asyncio.run(wave()) == [str(i) for i in range(400)]
     assert most == router_client.AT_ONCE, most
-    assert len(peers) <= router_client.AT_ONCE, f"{len(peers)} connections for 400 calls"
+    # kept alive: a connection a call, as before AT_ONCE, would be ~400; kept alive it is AT_ONCE, plus one for each
+    # connection httpx closed after it sat idle keepalive_expiry (5 s, httpx Limits) while the process was starved
+    # (CI under load at 08ee375: 24), a matter of the machine's load, so the bound is calls per connection, not 16
+    assert len(peers) <= 400 // 10, f"{len(peers)} connections for 400 calls"
 
 
 def removal_against(registered_again: bool) -> tuple[Observed, list[str]]:
