@@ -279,7 +279,7 @@ def fit(
                 "drop --gpus-per-node"
             )
         chosen = layouts[meets[0]]
-        if chosen.precision == "fp8" and not arch.fp8_checkpoint:
+        if chosen.precision == "fp8" and not fp8_checkpoint:
             fail(
                 f"--write-stack: the best layout is an FP8 checkpoint's, but --hf-config {hf_config} names none "
                 f"(quantization_config.quant_method {arch.quant_method!r}): the stack would plan it as the 16-bit "

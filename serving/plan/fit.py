@@ -211,7 +211,7 @@ def enumerate_layouts(
                     rp = replica_pool(
                         arch, bpp, kv_bytes, tp, pp, free, fraction, group, checkpoint, attn_dp, online_fp8=online
                     )
-                    peak = max(rp.stages, key=lambda s: s[0].load_peak_bytes or 0.0)[0] if online else None
+                    peak = rp.fullest_at_load
                     if peak is not None and (peak.load_peak_bytes or 0.0) > free:
                         too_big.append((tp, pp, attn_dp, peak, free))
                         break  # the KV dtype does not change what loads

@@ -201,6 +201,13 @@ class ReplicaPool:
         return self.pool.tokens
 
     @property
+    def fullest_at_load(self) -> WeightShare | None:
+        """Online FP8: the stage whose GPU holds the most while SGLang loads and quantises it (its
+        :attr:`~serving.plan.weights.WeightShare.load_peak_bytes`); None where the weights load as they stay."""
+        peaks = [w for w, _, _ in self.stages if w.load_peak_bytes is not None]
+        return max(peaks, key=lambda w: w.load_peak_bytes or 0.0) if peaks else None
+
+    @property
     def formula(self) -> str:
         text = self.pool.formula
         if len(self.stages) > 1:

@@ -170,7 +170,6 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
         online_fp8=m.online_fp8,
     )
     share, pool = rp.weights, rp.pool
-    fullest = max((s for s, _, _ in rp.stages), key=lambda s: s.load_peak_bytes or 0.0)
     ckpt = m.checkpoint_weights
     weights = (
         Figure(ckpt.total_size, "B", f"{ckpt.source}: metadata.total_size = {fmt_bytes(ckpt.total_size)}")
@@ -258,7 +257,9 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
             free, "B", f"{gpu.memory_total_mib:,} MiB − {fmt_gib(total - free)} CUDA context and NCCL"
         ),
         load_peak_per_gpu=(
-            Figure(fullest.load_peak_bytes, "B", fullest.load_formula) if fullest.load_peak_bytes is not None else None
+            Figure(fullest.load_peak_bytes or 0.0, "B", fullest.load_formula)
+            if (fullest := rp.fullest_at_load) is not None
+            else None
         ),
     )
 

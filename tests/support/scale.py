@@ -115,8 +115,8 @@ class ReportWindow:
     def summary(self) -> str:
         return (
             f"controller: {self.rate:.1f} msg/s carrying {self.carried / self.seconds:.1f} replica probes/s, "
-            f"{self.answered / self.seconds:.1f}/s answered (the workers counted {self.probed / self.seconds:.1f}/s) over {self.intervals:.2f} intervals; direct: "
-            f"{REPLICAS / self.interval_s:.1f} msg/s"
+            f"{self.answered / self.seconds:.1f}/s answered (the workers counted {self.probed / self.seconds:.1f}/s) "
+            f"over {self.intervals:.2f} intervals; direct: {REPLICAS / self.interval_s:.1f} msg/s"
         )
 
 

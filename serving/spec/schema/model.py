@@ -449,7 +449,7 @@ class ModelSpec(SpecModel):
         if self.online_fp8 and self.quantization != "fp8":
             raise ValueError(
                 f"precision fp8 with model.quantization={self.quantization!r}: the architecture names no FP8 "
-                f"checkpoint (quantization_config.quant_method {self.architecture.quant_method!r}), so SGLang serves "
+                f"checkpoint (quantization_config.quant_method {method!r}), so SGLang serves "
                 "it as FP8 only by quantising its 16-bit weights at load (--quantization fp8); set model.quantization "
                 "fp8, or point model.hf_config at the FP8 checkpoint's config.json"
             )
