@@ -136,7 +136,12 @@ def _plan_405b(
     if hf_config is None:
         hf_config = tmp_path / "fp8-config.json"
         hf_config.write_text(
-            json.dumps({**json.loads(LLAMA_405B.read_text()), "quantization_config": {"quant_method": "fp8"}})
+            json.dumps(
+                {
+                    **json.loads(LLAMA_405B.read_text()),
+                    "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"},
+                }
+            )
         )
     spec = spec_from(
         "dev",
@@ -179,7 +184,14 @@ def test_llama_405b_fp8_without_the_checkpoint_counts_the_modules_its_config_kee
     n = cfg["num_hidden_layers"]
     keep = [f"model.layers.{i}.self_attn.{p}" for i in range(n) for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
     keep += [f"model.layers.{i}.mlp.{p}" for i in (0, n - 1) for p in ("gate_proj", "up_proj", "down_proj")]
-    quantized = {**cfg, "quantization_config": {"quant_method": "fp8", "modules_to_not_convert": [*keep, "lm_head"]}}
+    quantized = {
+        **cfg,
+        "quantization_config": {
+            "quant_method": "fp8",
+            "activation_scheme": "dynamic",
+            "modules_to_not_convert": [*keep, "lm_head"],
+        },
+    }
     (tmp_path / "config.json").write_text(json.dumps(quantized))
     from_config, formula = _plan_405b(tmp_path, None, hf_config=tmp_path / "config.json")
     from_headers, _ = _plan_405b(tmp_path, meta_fp8_checkpoint(tmp_path / "405b", LLAMA_405B))

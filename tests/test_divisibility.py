@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from serving.plan import divisibility as div
-from serving.plan.calibration import LOAD_OVERHEAD_GIB
+from serving.plan.calibration import FREE_AT_START_SOURCE, LOAD_OVERHEAD_GIB
+from serving.plan.fit import EXPERTS_PER_GPU
+from serving.plan.latency import PP_MICRO_BATCH_SIZE, PP_MICRO_BATCHES
 from serving.plan.memory import (
     DP_GRAPH_RESERVE,
     DRAFT_KV,
@@ -70,6 +72,10 @@ def test_the_quoted_source_lines_are_sglangs() -> None:
     srt = next(SGLANG_VENV.glob("lib/python*/site-packages/sglang/srt"))
     checks = (
         *div.SOURCE_CHECKS,
+        *FREE_AT_START_SOURCE,
+        EXPERTS_PER_GPU,
+        PP_MICRO_BATCHES,
+        PP_MICRO_BATCH_SIZE,
         PP_PARTITION,
         PP_MIN_TOKENS,
         GROUP_SCALES,
@@ -301,7 +307,10 @@ def test_unquantized_modules_are_the_layers_sglang_skips() -> None:
     ``is_layer_skipped`` exactly when the planner counts it at 2 bytes."""
     cases, mine = [], []
     for ignored in SKIP_LISTS.values():
-        cfg = {**_SKIP_ARCH, "quantization_config": {"quant_method": "fp8", "ignored_layers": ignored}}
+        cfg = {
+            **_SKIP_ARCH,
+            "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "ignored_layers": ignored},
+        }
         arch = Architecture.model_validate(architecture_from_hf_config(cfg, "config.json"))
         for i in range(arch.num_layers):
             planner_names = {p: n for p, n in layer_linears(arch, i)}
@@ -320,7 +329,12 @@ def test_unquantized_modules_are_the_layers_sglang_skips() -> None:
     ]
     assert not wrong, wrong[:5]
     # SGLang's Fp8Config takes the first key present: an empty ignored_layers leaves modules_to_not_convert unread.
-    both = {"quant_method": "fp8", "ignored_layers": [], "modules_to_not_convert": ["self_attn"]}
+    both = {
+        "quant_method": "fp8",
+        "activation_scheme": "dynamic",
+        "ignored_layers": [],
+        "modules_to_not_convert": ["self_attn"],
+    }
     assert "unquantized_modules" not in architecture_from_hf_config({**_SKIP_ARCH, "quantization_config": both}, "c")
     # Every list changes something, and some leave something quantised: the grid is not degenerate.
     assert sum(mine) and not all(mine)
@@ -359,3 +373,15 @@ def test_deepseeks_replicated_projection_and_gates_are_whole_on_every_gpu() -> N
         {**architecture_from_hf_config(llama, "llama"), "parameter_count": 70_553_706_496}
     )
     assert "whole on every GPU" not in stage_weights(gqa, 2.0, 8, 1)[0].formula
+
+
+def test_experts_that_do_not_divide_over_ep_are_refused() -> None:
+    """SGLang asserts the routed experts divide over EP (layers/moe/fused_moe_triton/layer.py:413): Mixtral's 8 at
+    TP 16 / EP 16 is refused naming the check; EP 8 passes; EP 1 never trips it."""
+    mixtral = _arch(
+        num_layers=32, num_attention_heads=32, num_kv_heads=8, moe={"num_experts": 8, "experts_per_token": 2}
+    )
+    assert any("8 experts are not divisible by EP 16" in r and div.EXPERTS_DIVIDE.where in r
+               for r in div.rejections(mixtral, 16, "bf16", ep=16))  # fmt: skip
+    assert not [r for r in div.rejections(mixtral, 8, "bf16", ep=8) if "experts" in r]
+    assert not [r for r in div.rejections(mixtral, 16, "bf16", ep=1) if "experts are not" in r]

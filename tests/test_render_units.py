@@ -25,6 +25,7 @@ import pytest
 from smg.launch_router import parse_router_args
 from typer.testing import CliRunner
 
+from serving.checks import rules
 from serving.cli.commands import register
 from serving.cli.options import app
 from serving.flags import FlagValidationError, load_router_manifest, load_server_manifest
@@ -61,7 +62,7 @@ from serving.render.sglang import (
 from serving.render.systemd import RESTART_SEC, START_LIMIT_BURST, systemd_unit, systemd_word, unit_name
 from serving.sglang_health import HEALTH_POLL_S
 from serving.spec.schema import FleetSpec
-from serving.spec.stack import load_stack
+from serving.spec.stack import SpecError, load_stack
 from tests.support.ci import in_ci
 from tests.support.cli import exaserve
 from tests.support.paths import REPO
@@ -345,6 +346,8 @@ def test_memory_flags_come_from_the_planner() -> None:
     # SGLang sizes its own pool from the static fraction: an estimate good to ±5 % must not cap it.
     assert "--max-total-tokens" not in flags
     assert flags["--mem-fraction-static"] == (f"{math.floor(mp.mem_fraction_static.value * 1000) / 1000:.3f}",)
+    # issue 41: the default differs between SGLang versions; the plan says whose it is (the pin's, 0.5.23)
+    assert mp.mem_fraction_static.formula.startswith("SGLang 0.5.23's default"), mp.mem_fraction_static.formula
     assert int(flags["--max-running-requests"][0]) == min(
         spec.limits.max_running_requests, int(mp.max_concurrent_sequences.value)
     )
@@ -361,6 +364,39 @@ def test_attention_dp_renders_attn_dp_size_and_its_fraction() -> None:
     plain_flags = flag_values(server_argv(fleet_of(plain), first(plain)), SERVER_ENTRY)
     assert "--attn-dp-size" not in plain_flags
     assert float(flags["--mem-fraction-static"][0]) < float(plain_flags["--mem-fraction-static"][0])
+
+
+def test_expert_parallelism_renders_ep_size_and_passes_the_block_check_tp_alone_fails() -> None:
+    """parallelism.ep renders --ep-size (ep 1 renders none). Qwen3-235B-A22B-FP8 at TP 8: SGLang refuses the block-FP8
+    expert width 1536 / 8 = 192 (not a multiple of 128) unless EP spreads whole experts (--ep-size 8: 1536 / 1);
+    rule model.sglang-shapes judges the layout with its EP. A dense model with EP is a spec error."""
+    qwen = {
+        "cluster__gpu": {"product": "NVIDIA-H100-80GB-HBM3", "memory_gb": 80},
+        "model__name": "qwen3-235b-a22b-fp8",
+        "model__hf_config": "models/qwen3-235b-a22b-fp8/config.json",
+        "model__architecture": {},
+        "model__precision": "fp8",
+        "model__quantization": "fp8",
+        "parallelism__tp": 8,
+        "parallelism__pp": 1,
+        "serving__replicas_per_node": 1,
+    }
+
+    def shapes(spec: FleetSpec) -> list[Any]:
+        return [r for r in rules.check(fleet_of(spec)) if r.check == "model.sglang-shapes"]
+
+    ep8 = spec_from("prod", **qwen, parallelism__ep=8)
+    flags = flag_values(server_argv(fleet_of(ep8), first(ep8)), SERVER_ENTRY)
+    assert flags["--ep-size"] == ("8",) and flags["--tp-size"] == ("8",)
+    assert not shapes(ep8)
+    tp8 = spec_from("prod", **qwen)
+    assert "--ep-size" not in flag_values(server_argv(fleet_of(tp8), first(tp8)), SERVER_ENTRY)
+    [refused] = shapes(tp8)
+    assert "1536 / (TP 8 / EP 1) = 192" in refused.observed and "--ep-size 2 passes" in refused.observed
+    with pytest.raises(SpecError, match=r"parallelism.ep = 2 on llama-3-70b, which has no experts"):
+        spec_from("prod", parallelism__tp=2, parallelism__ep=2, serving__replicas_per_node=4, serving__replicas=1024)
+    with pytest.raises(SpecError, match=r"parallelism.ep = 3 does not divide parallelism.tp = 8"):
+        spec_from("prod", **qwen, parallelism__ep=3)
 
 
 def test_speculative_decoding_renders_the_draft_flags() -> None:
@@ -799,3 +835,30 @@ def test_docs_say_which_server_flags_prod_does_not_render() -> None:
     missing = sorted(f for f in flags if f not in rendered and "only" not in rows.get(f, "only"))
     assert missing == [], f"docs/units.md lists {missing} as rendered; prod's command line has none of them"
     assert "--max-total-tokens" in flags - rendered and "only" in rows["--max-total-tokens"]
+
+
+def test_a_quantised_checkpoint_renders_the_kernel_sglang_runs_it_with_on_cuda(tmp_path: Path) -> None:
+    """An AWQ checkpoint renders --quantization awq_marlin (awq forces the slow kernel) and a GPTQ one gptq_marlin:
+    SGLang 0.5.23 registers "gptq" for NPU, CPU and XPU only, and on CUDA refuses it as an unknown method; both
+    are choices SGLang's own parser accepts. A compressed-tensors checkpoint under w8a8_int8 (which SGLang accepts
+    over it, configs/model_config.py:2052) is not refused by the spec's method check."""
+    base = json.loads((REPO / "models/llama-3-70b/config.json").read_text())
+    argvs = []
+    for method, kernel in (("awq", "awq_marlin"), ("gptq", "gptq_marlin")):
+        path = tmp_path / f"{method}.json"
+        path.write_text(json.dumps({**base, "quantization_config": {"quant_method": method, "bits": 4}}))
+        spec = spec_from("prod", model__hf_config=str(path), model__architecture={}, model__quantization=method)
+        argvs.append(server_argv(fleet_of(spec), first(spec)))
+        assert flag_values(argvs[-1], SERVER_ENTRY)["--quantization"] == (kernel,)
+    results = real_parse("server", [a[len(SERVER_ENTRY) :] for a in argvs])
+    assert [r["error"] for r in results] == ["", ""] and all(r["ok"] for r in results), results
+    ct = tmp_path / "ct.json"
+    ct.write_text(json.dumps({**base, "quantization_config": {"quant_method": "compressed-tensors"}}))
+    spec = spec_from(
+        "prod",
+        model__hf_config=str(ct),
+        model__architecture={},
+        model__precision="int8",
+        model__quantization="w8a8_int8",
+    )
+    assert spec.model.quantization == "w8a8_int8"

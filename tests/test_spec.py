@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from serving.spec.schema import FleetSpec, LogLevel, Precision
+from serving.spec.schema import Architecture, FleetSpec, LogLevel, Precision, architecture_from_hf_config
+from serving.spec.schema.model import MULTIMODAL_ARCHS
 from serving.spec.stack import SpecError, load_stack, load_stack_file, parse_spec
 from tests.support.paths import REPO
+from tests.support.sglang_multimodal import multimodal_archs
+from tests.support.sglang_parsers import SGLANG_VENV
 from tests.support.stacks import SOURCE_PLAN, spec_from, stack_doc, with_changes
 
 
@@ -180,7 +185,7 @@ def test_log_level_accepts_warn_alias() -> None:
     assert spec_from("dev", serving__log_level="WARN").serving.log_level is LogLevel.WARNING
 
 
-def test_stack_file_errors(tmp_path: Any) -> None:
+def test_stack_file_errors(tmp_path: Path) -> None:
     bad = tmp_path / "Pulumi.bad.yaml"
     bad.write_text("config: [unclosed")
     with pytest.raises(SpecError, match="not valid YAML"):
@@ -196,3 +201,90 @@ def test_non_mapping_architecture_with_hf_config_is_a_spec_error() -> None:
     """Found by the hypothesis fuzz: a scalar architecture beside hf_config crashed the merge."""
     with pytest.raises(SpecError, match=r"model\.architecture: got 5: expected a mapping"):
         spec_from("prod", model__architecture=5)
+
+
+def test_the_model_configs_are_whole_published_files() -> None:
+    """Issue 41: models/ carried subsets of the published config.json files (Qwen3-235B-A22B-FP8's lacked its
+    activation_scheme and modules_to_not_convert). Each is now a whole published file (models/README.md names the
+    copy); every one loads, and an FP8 checkpoint's carries what SGLang's Fp8Config requires."""
+    readme = (REPO / "models" / "README.md").read_text()
+    configs = sorted((REPO / "models").glob("*/config.json"))
+    assert len(configs) >= 7
+    for path in configs:
+        cfg = json.loads(path.read_text())
+        assert {"architectures", "model_type", "torch_dtype", "transformers_version"} <= cfg.keys(), path
+        assert f"`{path.parent.name}`" in readme, path
+        arch = Architecture.model_validate(architecture_from_hf_config(cfg, str(path)))
+        if arch.quant_method == "fp8":
+            assert cfg["quantization_config"]["activation_scheme"] == "dynamic", path
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        ({"vision_config": {"hidden_size": 1280}}, "a multimodal config.json (it has vision_config)"),
+        ({"text_config": {"hidden_size": 8192}}, "a multimodal config.json (it has text_config)"),
+        (
+            {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}},
+            "quantization_config names quant_method fp8 but activation_scheme None",
+        ),
+        (
+            {
+                "quantization_config": {
+                    "quant_method": "fp8",
+                    "activation_scheme": "static",
+                    "weight_block_size": [128, 128],
+                }
+            },
+            "block FP8 (weight_block_size) with activation_scheme static",
+        ),
+    ],
+)
+def test_a_config_sglang_would_size_or_refuse_otherwise_is_refused_naming_why(
+    change: dict[str, Any], refusal: str, tmp_path: Path
+) -> None:
+    """A multimodal config (SGLang lowers the fraction for its vision tower and reserves multimodal memory out of the
+    KV budget, neither planned) and an FP8 quantization_config without activation_scheme (SGLang refuses to start)
+    are spec errors naming the file, the cause and the SGLang line."""
+    cfg = {**json.loads((REPO / "models/llama-3-70b/config.json").read_text()), **change}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(SpecError) as info:
+        parse({"model.hf_config": str(path), "model.architecture": {}})
+    text = str(info.value)
+    assert refusal in text and str(path) in text, text
+    assert "memory_hook.py:331" in text or "fp8.py:350" in text or "fp8.py:311" in text, text
+
+
+def test_a_quantization_flag_other_than_the_checkpoints_method_is_refused(tmp_path: Path) -> None:
+    """SGLang refuses --quantization awq for a GPTQ checkpoint (configs/model_config.py:2143: the flag and the
+    checkpoint's quant_method differ); so does the spec, naming the method to set."""
+    cfg = {
+        **json.loads((REPO / "models/llama-3-70b/config.json").read_text()),
+        "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128},
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(SpecError) as info:
+        parse({"model.hf_config": str(path), "model.architecture": {}})
+    assert "model.quantization='awq' with a checkpoint whose quantization_config.quant_method is 'gptq'" in str(
+        info.value
+    ) and "set model.quantization to 'gptq'" in str(info.value)
+    assert (
+        parse({"model.hf_config": str(path), "model.architecture": {}, "model.quantization": "gptq"}).model.quantization
+        == "gptq"
+    )
+
+
+def test_the_pinned_multimodal_architectures_are_sglangs_and_refused() -> None:
+    """serving/data/sglang-0.5.23-multimodal-archs.json is SGLang's own multimodal_model_archs (read from the installed
+    source); a config whose architecture is on it is refused though it carries no vision_config (LLaVA's)."""
+    srt = next(SGLANG_VENV.glob("lib/python*/site-packages/sglang/srt"))
+    assert sorted(MULTIMODAL_ARCHS) == sorted(multimodal_archs(srt / "configs" / "model_config.py"))
+    assert "LlavaLlamaForCausalLM" in MULTIMODAL_ARCHS
+    cfg = {
+        **json.loads((REPO / "models/llama-3-70b/config.json").read_text()),
+        "architectures": ["LlavaLlamaForCausalLM"],
+    }
+    with pytest.raises(ValueError, match=r"multimodal config.json \(it has architecture LlavaLlamaForCausalLM\)"):
+        architecture_from_hf_config(cfg, "llava/config.json")

@@ -154,10 +154,10 @@ def _sglang_shapes(fleet: Fleet) -> Iterator[CheckResult]:
     evenly over) the TP ranks, and a block-FP8 checkpoint's MLP and expert widths split into whole blocks
     (:mod:`serving.plan.divisibility`, each reason citing the SGLang check it mirrors)."""
     spec = fleet.spec
-    tp, attn_dp = spec.parallelism.tp, spec.parallelism.attn_dp
-    reasons = rejections(spec.model.architecture, tp, spec.model.precision.value, attn_dp=attn_dp)
+    tp, attn_dp, ep = spec.parallelism.tp, spec.parallelism.attn_dp, spec.parallelism.ep
+    reasons = rejections(spec.model.architecture, tp, spec.model.precision.value, ep=ep, attn_dp=attn_dp)
     if reasons:
-        dp = f" with attention DP {attn_dp}" if attn_dp > 1 else ""
+        dp = (f" with attention DP {attn_dp}" if attn_dp > 1 else "") + (f" and EP {ep}" if ep > 1 else "")
         yield CheckResult(
             "model.sglang-shapes",
             Status.FAIL,
@@ -165,6 +165,7 @@ def _sglang_shapes(fleet: Fleet) -> Iterator[CheckResult]:
             "a TP size SGLang accepts for this model",
             "Pick another parallelism.tp"
             + (" or parallelism.attn_dp" if attn_dp > 1 else "")
+            + (" or parallelism.ep" if spec.model.architecture.moe is not None else "")
             + " (`exaserve fit` lists the sizes SGLang accepts).",
             "parallelism.tp",
         )

@@ -29,9 +29,11 @@ COMMANDS: dict[str, Entry] = {
     ),
     "fit": Entry(
         "fit",
-        "Enumerate the layouts (precision, KV dtype, TP, PP, replicas per node) that serve a model on the cluster by "
-        "SGLang's memory arithmetic, ranked by served concurrent sequences. Exit 1 when none meets the target. The "
-        "stack (default prod) gives the cluster, the limits and the base for --write-stack.",
+        "Enumerate the layouts (precision, KV dtype, TP, PP, attention DP, EP, replicas per node) that serve a model "
+        "on the cluster by SGLang's memory arithmetic, ranked by the output tokens a second the fleet makes at the "
+        "load (every replica running what --max-running-requests and its KV pool allow; a decode step's roofline, "
+        "docs/planner.md). Exit 1 when none meets the target. The stack (default prod) gives the cluster, the limits "
+        "and the base for --write-stack.",
     ),
     "audit-source": Entry(
         "plancmd",

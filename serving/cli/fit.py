@@ -38,6 +38,22 @@ from serving.spec.schema import GIB, Architecture, architecture_from_hf_config
 from serving.spec.stack import NAMESPACE, SpecError, load_stack_file, read_stack_document
 
 QUANTIZATION = {"bf16": None, "fp8": "fp8", ONLINE_FP8: "fp8", "int8": "w8a8_int8", "int4": "awq"}
+"""SGLang's ``--quantization`` for a precision, where the checkpoint's own method does not name it."""
+CHECKPOINT_PRECISION = {"fp8": "fp8", "awq": "int4", "gptq": "int4", "w8a8_int8": "int8"}
+"""A quantised checkpoint's precision by its config.json ``quantization_config.quant_method``: the methods SGLang
+0.5.23 registers under these names (``layers/quantization/__init__.py``) that the spec can name. SGLang refuses a
+``--quantization`` other than the checkpoint's method (``configs/model_config.py:2143``), so ``fit`` searches that
+precision alone and writes the checkpoint's method."""
+
+
+def _quantization(lay: Layout, arch: Architecture) -> str | None:
+    """The ``--quantization`` a layout runs with: the checkpoint's own method where the layout keeps its precision."""
+    method = arch.quant_method
+    if method is not None and CHECKPOINT_PRECISION.get(method) == lay.precision:
+        return method
+    return QUANTIZATION[lay.precision]
+
+
 STACK_PRECISION = {ONLINE_FP8: "fp8"}
 """``model.precision`` of a written layout where it differs from fit's label: online FP8 serves FP8 weights."""
 
@@ -61,10 +77,10 @@ def _architecture(path: Path, params: int | None) -> Architecture:
         fail(f"--hf-config {path} is not a transformer config.json ({exc}); point it at the model's config.json")
 
 
-def _layout_json(lay: Layout, rps: float) -> dict[str, Any]:
+def _layout_json(lay: Layout, rps: float, arch: Architecture) -> dict[str, Any]:
     return {
         "precision": lay.precision,
-        "quantization": QUANTIZATION[lay.precision],
+        "quantization": _quantization(lay, arch),
         "online_quantization": lay.online,
         "kv_cache_dtype": lay.kv_cache_dtype,
         "tp": lay.tp,
@@ -82,14 +98,18 @@ def _layout_json(lay: Layout, rps: float) -> dict[str, Any]:
         "sequences_per_replica": lay.sequences_per_replica,
         "served_sequences": lay.served_sequences,
         "requests_per_second": round(rps, 3),
+        "ep": lay.ep,
+        "decode_step_s": lay.step.seconds,
+        "decode_step_bound": lay.step.bound,
+        "output_tokens_per_second": round(lay.tokens_per_s, 1),
         "rank_reason": lay.rank_reason,
         "breakdown": lay.breakdown,
     }
 
 
 def _dp(lay: Layout) -> str:
-    """A layout's attention DP, as the table and the written stack's header name it (empty without)."""
-    return f" (attention DP {lay.attn_dp})" if lay.attn_dp > 1 else ""
+    """A layout's attention DP and EP, as the table and the written stack's header name them (empty without)."""
+    return (f" (attention DP {lay.attn_dp})" if lay.attn_dp > 1 else "") + (f" EP {lay.ep}" if lay.ep > 1 else "")
 
 
 def _null(representer: Any, _: None) -> Any:
@@ -98,10 +118,19 @@ def _null(representer: Any, _: None) -> Any:
 
 
 def _write_stack(
-    out: Path, base: Path, lay: Layout, hf_config: Path, arch: Architecture, gpu: str, checkpoint: Path | None
+    out: Path,
+    base: Path,
+    lay: Layout,
+    hf_config: Path,
+    arch: Architecture,
+    gpu: str,
+    checkpoint: Path | None,
+    limits: dict[str, int],
 ) -> None:
-    """The chosen layout written over the base stack's model, parallelism, serving and GPU product. The base file is
-    edited round-trip (ruamel.yaml), so its comments, key order and quoting stay; only the fields set here change."""
+    """The chosen layout written over the base stack's model, parallelism, serving and GPU product, and the
+    ``limits`` it was ranked at where given on the command line (``--context-length``, ``--max-running-requests``).
+    The base file is edited round-trip (ruamel.yaml), so its comments, key order and quoting stay; only the fields
+    set here change."""
     read_stack_document(base)  # a base that is no stack file fails here, naming the file and the fix
     rt = YAML()  # round-trip: a CommentedMap keeps each comment beside its key
     rt.preserve_quotes, rt.width = True, 4096  # the base's quoting; never fold a long value onto a second line
@@ -127,12 +156,14 @@ def _write_stack(
         # relative to the written file, as the stack loader reads it: the file moves with its checkout
         hf_config=os.path.relpath(hf_config.resolve(), out.resolve().parent),
         precision=STACK_PRECISION.get(lay.precision, lay.precision),
-        quantization=QUANTIZATION[lay.precision],
+        quantization=_quantization(lay, arch),
         kv_cache_dtype=lay.kv_cache_dtype,
         architecture=CommentedMap(parameter_count=arch.parameter_count),
     )
-    section("parallelism").update(tp=lay.tp, pp=lay.pp, dp=1, attn_dp=lay.attn_dp)
+    section("parallelism").update(tp=lay.tp, pp=lay.pp, dp=1, attn_dp=lay.attn_dp, ep=lay.ep)
     section("serving").update(replicas=lay.replicas, replicas_per_node=lay.replicas_per_node)
+    if limits:
+        section("limits").update(limits)
     section("gpu", section("cluster"))["product"] = gpu
     text = io.StringIO()
     rt.dump(raw, text)
@@ -163,6 +194,15 @@ def fit(
         int | None, typer.Option("--gpus-per-node", min=1, help="GPUs per node; default: the stack's.")
     ] = None,
     context_length: Annotated[int | None, typer.Option("--context-length", min=1)] = None,
+    max_running_requests: Annotated[
+        int | None,
+        typer.Option(
+            "--max-running-requests",
+            min=1,
+            help="Requests a replica runs at once (SGLang --max-running-requests): the load the layouts are ranked "
+            "at. Default: the stack's limits.max_running_requests.",
+        ),
+    ] = None,
     concurrency: Annotated[
         int | None, typer.Option("--concurrency", min=1, help="Target concurrent sequences across the fleet.")
     ] = None,
@@ -174,8 +214,9 @@ def fit(
         typer.Option(
             "--precision",
             help="Checkpoint precisions the model has (repeat): bf16, fp8 (an FP8 checkpoint), int8, int4, or "
-            f"{ONLINE_FP8} (a 16-bit checkpoint SGLang quantises to FP8 as it loads it). Default: fp8 for a config.json "
-            f"whose quantization_config.quant_method is fp8, bf16 and {ONLINE_FP8} for one without quantization_config.",
+            f"{ONLINE_FP8} (a 16-bit checkpoint SGLang quantises to FP8 as it loads it). Default: the checkpoint's own "
+            "for a config.json whose quantization_config.quant_method is fp8 (fp8), awq or gptq (int4) or w8a8_int8 "
+            f"(int8); bf16 and {ONLINE_FP8} for one without quantization_config.",
         ),
     ] = None,
     checkpoint: Annotated[
@@ -195,9 +236,11 @@ def fit(
     output: OutputOpt = "table",
     as_json: JsonOpt = False,
 ) -> None:
-    """Enumerate the layouts (precision, KV dtype, TP, PP, replicas per node) that serve a model on the
-    cluster by SGLang's memory arithmetic, ranked by served concurrent sequences. Exit 1 when none meets the
-    target. The stack (default prod) gives the cluster, the limits and the base for --write-stack."""
+    """Enumerate the layouts (precision, KV dtype, TP, PP, attention DP, EP, replicas per node) that serve a model
+    on the cluster by SGLang's memory arithmetic, ranked by the output tokens a second the fleet makes at the load
+    (every replica running what --max-running-requests and its KV pool allow; a decode step's roofline, docs/planner.md).
+    Exit 1 when none meets the target. The stack (default prod) gives the cluster, the limits and the base for
+    --write-stack."""
     require_file(hf_config, "--hf-config", "point it at the model's config.json")
     st = resolve_stack(stack, stack_file)
     spec = st.spec
@@ -208,8 +251,19 @@ def fit(
     except calibration.UnknownGpuError as exc:
         fail(f"--gpu: {exc}")
     fp8_checkpoint = arch.fp8_checkpoint
-    default = ("fp8",) if fp8_checkpoint else ("bf16", ONLINE_FP8) if arch.quant_method is None else ("bf16", "fp8")
-    precisions = tuple(precision or default)
+    method = arch.quant_method
+    if precision:
+        precisions = tuple(precision)
+    elif method is None:
+        precisions = ("bf16", ONLINE_FP8)
+    elif method in CHECKPOINT_PRECISION:
+        precisions = (CHECKPOINT_PRECISION[method],)
+    else:
+        fail(
+            f"--hf-config {hf_config}: quantization_config.quant_method {method!r} is not a method fit plans (it "
+            f"knows {', '.join(f'{m} as {p}' for m, p in CHECKPOINT_PRECISION.items())}, and 16-bit checkpoints); "
+            "give the precision of the checkpoint's weights with --precision"
+        )
     unknown = sorted(set(precisions) - set(WEIGHT_BYTES))
     if unknown:
         fail(f"--precision {unknown}: not a precision; use {', '.join(WEIGHT_BYTES)}")
@@ -240,15 +294,24 @@ def fit(
     gpn = gpus_per_node or spec.cluster.gpu.count_per_node
     lim = spec.limits
     ctx = context_length or lim.context_length
+    running = max_running_requests or lim.max_running_requests
+    if gpu_product.speed is None:
+        fail(
+            f"--gpu {gpu_product.label}: its datasheet figures (HBM bandwidth, tensor-core peaks, GPU link) are not in "
+            "serving/plan/calibration.py GPU_PRODUCTS; add them as GpuSpeed with their source"
+        )
+    fabric = spec.cluster.fabric
     result = enumerate_layouts(
         arch,
         gpu_product,
+        gpu_product.speed,
         gpn,
         n,
         ctx,
-        lim.max_running_requests,
+        running,
         lim.chunked_prefill_size,
         precisions,
+        fabric.link_rate_gbps / 8 * max(1, len(fabric.hcas)) / gpn,
         weights,
     )
     layouts = result.layouts
@@ -286,7 +349,17 @@ def fit(
                 f"checkpoint quantised at load. Point --hf-config at the FP8 checkpoint's config.json, or search "
                 f"--precision {ONLINE_FP8}"
             )
-        _write_stack(write_stack, st.path, chosen, hf_config, arch, gpu_product.label, checkpoint)
+        given = {"context_length": context_length, "max_running_requests": max_running_requests}
+        _write_stack(
+            write_stack,
+            st.path,
+            chosen,
+            hf_config,
+            arch,
+            gpu_product.label,
+            checkpoint,
+            {k: v for k, v in given.items() if v is not None},
+        )
     refused = f"--write-stack: no layout meets the target ({_short_of(chains, concurrency, rate)}); nothing written"
     if as_json:
         if write_stack is not None and not ok:
@@ -297,9 +370,14 @@ def fit(
                 "nodes": n,
                 "gpus_per_node": gpn,
                 "context_length": ctx,
+                "max_running_requests": running,
                 "parameter_count": arch.parameter_count,
-                "layouts": [_layout_json(layouts[i], chains[i].requests_per_second.value) for i in range(len(layouts))],
-                "meets_target": [_layout_json(layouts[i], chains[i].requests_per_second.value) for i in meets[:1]],
+                "layouts": [
+                    _layout_json(layouts[i], chains[i].requests_per_second.value, arch) for i in range(len(layouts))
+                ],
+                "meets_target": [
+                    _layout_json(layouts[i], chains[i].requests_per_second.value, arch) for i in meets[:1]
+                ],
                 "excluded": [
                     {"precision": e.precision, "tp": e.tp, "pp": e.pp, "attn_dp": e.attn_dp, "reasons": list(e.reasons)}
                     for e in result.excluded
@@ -312,13 +390,15 @@ def fit(
     else:
         table = Table(
             title=f"{hf_config} ({arch.parameter_count / 1e9:,.1f} B params) on {n} × "
-            f"{gpn} {gpu_product.label}, {ctx:,}-token context",
+            f"{gpn} {gpu_product.label}, {ctx:,}-token context, {running:,} running requests a replica",
             title_justify="left",
         )
         for col in ("precision", "kv", "TP×PP", "replicas", "mfs", "weights/GPU", "KV tokens", "seqs/rep", "served",
                     "sustained"):  # fmt: skip
             table.add_column(col, justify="right")
         table.add_column("req/s", justify="right")
+        table.add_column("step", justify="right")
+        table.add_column("tok/s", justify="right")
         table.add_column("why here")
         for lay, chain in list(zip(layouts, chains, strict=True))[:top]:
             table.add_row(
@@ -333,6 +413,8 @@ def fit(
                 f"{lay.served_sequences:,}",
                 f"{chain.sustained.value:,.0f}",
                 f"{chain.requests_per_second.value:,.0f}",
+                f"{lay.step.seconds * 1e3:,.1f} ms",
+                f"{lay.tokens_per_s:,.0f}",
                 lay.rank_reason,
             )
         print_table(table, output)

@@ -10,6 +10,7 @@ Rules, for tensor parallel size ``tp`` and expert parallel size ``ep`` (``--ep-s
 - attention heads: ``num_heads % tp == 0`` (:data:`HEADS`);
 - KV heads: split when ``kv ≥ tp`` (``kv % tp == 0``), replicated when ``kv < tp`` (``tp % kv == 0``)
   (:data:`KV_SPLIT`, :data:`KV_REPLICATED`);
+- EP > 1: the routed experts divide over EP (:data:`EXPERTS_DIVIDE`; Mixtral's 8 experts refuse EP 16);
 - block-FP8 checkpoints (config.json ``quantization_config.weight_block_size = [n, k]``):
   - MoE: ``tp % ep == 0``, and with ``moe_tp = tp / ep`` the expert width ``moe_intermediate_size % moe_tp == 0``
     and ``(moe_intermediate_size / moe_tp) % n == 0`` (:data:`MOE_EP`, :data:`MOE_TP`, :data:`MOE_BLOCK`);
@@ -62,10 +63,14 @@ LINEAR_BLOCK_N = SourceCheck("layers/quantization/fp8.py", 605, "if output_parti
 
 ATTN_DP_DIVIDES = SourceCheck("arg_groups/parallel_hook.py", 326, "assert cfg.tp_size % cfg.attn_dp_size == 0")
 ATTN_DP_WITH_DP = SourceCheck("arg_groups/parallel_hook.py", 287, "if cfg.attn_dp_size > 1 and cfg.dp_size > 1:")
+EXPERTS_DIVIDE = SourceCheck(
+    "layers/moe/fused_moe_triton/layer.py", 414, "assert self._num_global_routed % storage_ep_size == 0"
+)
 MOE_KV_SPLIT = SourceCheck("models/qwen3_moe.py", 512, "assert self.total_num_kv_heads % attn_tp_size == 0")
 MOE_KV_REPLICATED = SourceCheck("models/qwen3_moe.py", 516, "assert attn_tp_size % self.total_num_kv_heads == 0")
 
 SOURCE_CHECKS: tuple[SourceCheck, ...] = (
+    EXPERTS_DIVIDE,
     ATTN_DP_DIVIDES,
     ATTN_DP_WITH_DP,
     MOE_KV_SPLIT,
@@ -125,6 +130,8 @@ def rejections(arch: Architecture, tp: int, precision: str, ep: int = 1, attn_dp
                 out.append(
                     f"attention-TP {atp} is not a multiple of the {kv} KV heads it replicates ({MOE_KV_REPLICATED.where})"
                 )
+    if ep > 1 and arch.moe is not None and arch.moe.num_experts % ep:
+        out.append(f"{arch.moe.num_experts} experts are not divisible by EP {ep} ({EXPERTS_DIVIDE.where})")
     block = arch.weight_block_size
     if precision != "fp8" or block is None:
         return out

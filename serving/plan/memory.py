@@ -229,15 +229,19 @@ def replica_pool(
     attn_dp: int = 1,
     draft: DraftShare | None = None,
     online_fp8: bool = False,
+    shares: list[WeightShare] | None = None,
 ) -> ReplicaPool:
     """Every stage's pool by its own weights and layers (counted from ``checkpoint`` where the stack names one);
     the replica's token count is the minimum over the stages, as SGLang's PP ranks agree on it. With attention
     DP that count is each attention-DP group's own pool, its KV heads split over attention-TP
     (:data:`KV_HEADS_ATTN_TP`). ``online_fp8``: a 16-bit checkpoint quantised to FP8 at load, the weights as SGLang
     keeps them after quantising (:func:`serving.plan.weights.online_fp8_stage_weights`); whether its 16-bit shard
-    fits at load is each stage's :attr:`~serving.plan.weights.WeightShare.load_peak_bytes`, for the caller to check."""
+    fits at load is each stage's :attr:`~serving.plan.weights.WeightShare.load_peak_bytes`, for the caller to check.
+    ``shares``: the stages' weights where the caller has them already (:func:`stage_weights` of the same arguments;
+    ``fit`` sizes one layout's pool for each KV dtype)."""
     stages = []
-    shares = stage_weights(arch, bytes_per_param, tp, pp, group_size, checkpoint, attn_dp, online_fp8)
+    if shares is None:
+        shares = stage_weights(arch, bytes_per_param, tp, pp, group_size, checkpoint, attn_dp, online_fp8)
     for share in shares:
         cell = kv_cell_bytes(arch, kv_bytes_per_element, tp // attn_dp, len(share.layers))
         weights = share.total

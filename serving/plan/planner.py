@@ -134,7 +134,12 @@ def static_fraction(spec: FleetSpec) -> Figure:
     if spec.serving.mem_fraction_static is not None:
         v = spec.serving.mem_fraction_static
         return Figure(v, "", f"serving.mem_fraction_static = {v:.3f} (SGLang's default here: {default.value:.3f})")
-    return Figure(default.value, "", f"SGLang default: {default.formula}")
+    return Figure(
+        default.value,
+        "",
+        "SGLang 0.5.23's default (arg_groups/memory_hook.py: handle_gpu_memory_settings; other versions compute "
+        f"another, so the rendered command pins this one): {default.formula}",
+    )
 
 
 def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
@@ -147,7 +152,7 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
     m, par, ctx = spec.model, spec.parallelism, spec.limits.context_length
     gpu = gpu_product(spec)
     total = gpu.memory_total_mib * calibration.MIB
-    free = calibration.free_at_start_bytes(gpu, par.tp)
+    free = calibration.free_at_start_bytes(gpu, par.tp, par.pp)
     mfs = static_fraction(spec)
     group = (m.architecture.quant_group_size or DEFAULT_GROUP_SIZE) if m.precision == Precision.INT4 else None
     draft = (
@@ -214,7 +219,7 @@ def memory_plan(spec: FleetSpec, model: MemoryModel = "sglang") -> MemoryPlan:
             + (
                 "logged for this product"
                 if gpu.label in calibration.OBSERVED_FREE_AT_START_GIB
-                else calibration.runtime_overhead_for(gpu, par.tp)[1]
+                else calibration.runtime_overhead_for(gpu, par.tp, par.pp)[1]
             )
             + ")",
         ),

@@ -93,7 +93,10 @@ def model_dir(spec: FleetSpec, root: str | None = None, path: str | None = None)
 
 _DTYPE: Final[Mapping[Precision, str]] = {Precision.FP16: "float16", Precision.BF16: "bfloat16"}
 # --quantization awq forces SGLang's slow AWQ kernel (it logs that awq_marlin would run); the checkpoint is the same.
-_KERNEL = {"awq": "awq_marlin"}
+# --quantization gptq is no method on CUDA at all in 0.5.23 ("gptq" is registered for NPU, CPU and XPU only,
+# layers/quantization/__init__.py:110, :126, :134; on CUDA ModelConfig refuses it as unknown): gptq_marlin (:79) is
+# the kernel a GPTQ checkpoint runs on there.
+_KERNEL = {"awq": "awq_marlin", "gptq": "gptq_marlin"}
 
 
 def _fraction(value: float) -> str:
@@ -134,6 +137,11 @@ SERVER_FLAGS: Final[tuple[FlagRule[ServerContext], ...]] = (
         "--attn-dp-size",
         "parallelism.attn_dp, when > 1 (replaces the deprecated --enable-dp-attention, SGLang server_args.py:419)",
         lambda c: str(c.spec.parallelism.attn_dp) if c.spec.parallelism.attn_dp > 1 else None,
+    ),
+    FlagRule(
+        "--ep-size",
+        "parallelism.ep, when > 1 (a MoE model's experts spread whole over the TP group)",
+        lambda c: str(c.spec.parallelism.ep) if c.spec.parallelism.ep > 1 else None,
     ),
     FlagRule(
         "--nnodes",

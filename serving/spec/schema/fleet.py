@@ -102,6 +102,17 @@ class FleetSpec(SpecModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _ep_on_moe(self) -> Self:
+        """EP spreads experts: SGLang builds its EP groups for any model, but a dense one has nothing to spread and
+        the planner counts no such layout."""
+        if self.parallelism.ep > 1 and self.model.architecture.moe is None:
+            raise ValueError(
+                f"parallelism.ep = {self.parallelism.ep} on {self.model.name}, which has no experts (a dense model); "
+                "set parallelism.ep to 1"
+            )
+        return self
+
     def group_version(self, group: int) -> str:
         return self.rollout.group_versions.get(group, self.serving.version)
 

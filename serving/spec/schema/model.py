@@ -169,6 +169,19 @@ class Architecture(SpecModel):
         return self
 
 
+MULTIMODAL_ARCHS: frozenset[str] = frozenset(
+    json.loads((Path(__file__).resolve().parents[2] / "data" / "sglang-0.5.23-multimodal-archs.json").read_text())[
+        "architectures"
+    ]
+)
+"""The architectures SGLang 0.5.23 treats as multimodal (``configs/model_config.py: multimodal_model_archs``), pinned
+as package data and compared with the installed source by ``tests/test_spec.py``."""
+
+COMPATIBLE_CHECKPOINTS: dict[str, tuple[str, ...]] = {"w8a8_int8": ("compressed-tensors", "compressed_tensors")}
+"""A ``--quantization`` SGLang 0.5.23 accepts over a checkpoint of another ``quant_method``
+(``compatible_quantization_methods``, ``configs/model_config.py:2052``), for the methods the spec can name."""
+
+
 def architecture_from_hf_config(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     """Map a Hugging Face ``config.json`` to :class:`Architecture` fields.
 
@@ -182,6 +195,15 @@ def architecture_from_hf_config(cfg: dict[str, Any], source: str) -> dict[str, A
                 return cfg[k]
         raise ValueError(f"{source}: none of {list(keys)} present; is this a transformer config.json?")
 
+    classes = cfg.get("architectures")
+    sub: list[str] = [k for k in ("text_config", "vision_config", "audio_config") if k in cfg]
+    sub += [f"architecture {c}" for c in classes or () if c in MULTIMODAL_ARCHS]
+    if sub:
+        raise ValueError(
+            f"{source}: a multimodal config.json (it has {', '.join(sub)}): SGLang lowers mem_fraction_static for its "
+            "vision tower (arg_groups/memory_hook.py:331) and keeps a multimodal reservation out of the KV budget "
+            "(mem_cache/kv_cache_configurator.py:202), neither of which the planner models; plan a text-only model"
+        )
     heads = int(need("num_attention_heads", "n_head"))
     hidden = int(need("hidden_size", "n_embd", "d_model"))
     out: dict[str, Any] = {
@@ -192,7 +214,6 @@ def architecture_from_hf_config(cfg: dict[str, Any], source: str) -> dict[str, A
         "head_dim": int(cfg.get("head_dim") or hidden // heads),
         "vocab_size": int(need("vocab_size")),
     }
-    classes = cfg.get("architectures")
     if isinstance(classes, list) and classes and isinstance(classes[0], str):
         out["model_class"] = classes[0]
     if cfg.get("kv_lora_rank"):
@@ -223,6 +244,20 @@ def architecture_from_hf_config(cfg: dict[str, Any], source: str) -> dict[str, A
         )
     if isinstance(quant, dict):
         out["quant_method"] = quant["quant_method"]
+        if quant["quant_method"] == "fp8":
+            scheme = quant.get("activation_scheme")
+            if scheme not in ("static", "dynamic"):
+                raise ValueError(
+                    f"{source}: quantization_config names quant_method fp8 but activation_scheme {scheme!r}; SGLang "
+                    "0.5.23 requires static or dynamic (Fp8Config.from_config, layers/quantization/fp8.py:350, :285: "
+                    "it refuses to start otherwise); copy config.json as the model repository publishes it"
+                )
+            if scheme == "static" and quant.get("weight_block_size"):
+                raise ValueError(
+                    f"{source}: quantization_config declares block FP8 (weight_block_size) with activation_scheme "
+                    "static, which SGLang 0.5.23 refuses (block-wise quantization supports only dynamic, "
+                    "layers/quantization/fp8.py:311)"
+                )
     if isinstance(quant, dict) and quant.get("weight_block_size"):
         block = quant["weight_block_size"]
         if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
@@ -445,6 +480,16 @@ class ModelSpec(SpecModel):
                 "refuses --quantization fp8 for it (configs/model_config.py:2143, the checkpoint's method and the "
                 "flag differ) and serves no such FP8 method this spec can name; use an FP8 checkpoint whose "
                 "quant_method is fp8, or the 16-bit checkpoint (online FP8)"
+            )
+        if (
+            method not in (None, "fp8")
+            and self.quantization not in (None, method)
+            and method not in COMPATIBLE_CHECKPOINTS.get(self.quantization or "", ())
+        ):
+            raise ValueError(
+                f"model.quantization={self.quantization!r} with a checkpoint whose quantization_config.quant_method is "
+                f"{method!r}: SGLang 0.5.23 refuses a --quantization other than the checkpoint's method "
+                f"(configs/model_config.py:2143); set model.quantization to {method!r}"
             )
         if self.online_fp8 and self.quantization != "fp8":
             raise ValueError(

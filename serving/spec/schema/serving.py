@@ -24,6 +24,13 @@ class ParallelismSpec(SpecModel):
         description="Attention data parallelism inside the TP group (SGLang --attn-dp-size): attn_dp groups of "
         "tp / attn_dp GPUs, each with its own scheduler and KV pool; adds no GPUs.",
     )
+    ep: int = Field(
+        default=1,
+        gt=0,
+        le=64,
+        description="Expert parallelism inside the TP group (SGLang --ep-size): a MoE model's experts spread whole "
+        "over ep groups of tp / ep GPUs; adds no GPUs.",
+    )
 
     @model_validator(mode="after")
     def _attn_dp(self) -> Self:
@@ -37,6 +44,11 @@ class ParallelismSpec(SpecModel):
             raise ValueError(
                 f"parallelism.attn_dp = {self.attn_dp} does not divide parallelism.tp = {self.tp} (SGLang asserts "
                 "tp_size % attn_dp_size == 0, arg_groups/parallel_hook.py:326); pick a divisor of tp"
+            )
+        if self.tp % self.ep:
+            raise ValueError(
+                f"parallelism.ep = {self.ep} does not divide parallelism.tp = {self.tp} (SGLang refuses it, "
+                "model_executor/model_runner_components/moe_ep_setup.py:150); pick a divisor of tp"
             )
         return self
 
