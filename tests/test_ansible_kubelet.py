@@ -10,19 +10,22 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible.errors import AnsibleFilterError
 
+from tests.support.hosts.collection import load
 from tests.support.preflight import run_playbook
 
 TAINT = "nvidia.com/gpu=present:NoSchedule"
 
 
-def _converge(tmp_path: Path, env_file: Path, state: Path) -> tuple[int, str]:
+def _converge(tmp_path: Path, env_file: Path, state: Path, **extra: object) -> tuple[int, str]:
     playbook = tmp_path / "kubelet.yml"
     playbook.write_text(
         json.dumps([{
             "hosts": "localhost", "connection": "local", "gather_facts": False,
             "vars": {"kubelet_extra_args_path": str(env_file), "kubelet_cpu_manager_state": str(state),
-                     "kubelet_register_with_taints": [TAINT], "kubelet_service": "exaserve-test-no-such-kubelet"},
+                     "kubelet_register_with_taints": [TAINT], "kubelet_service": "exaserve-test-no-such-kubelet",
+                     "kubelet_config_path": str(tmp_path / "no-config.yaml"), **extra},
             "roles": ["exaserve.fleet.kubelet"],
         }])
     )  # fmt: skip
@@ -64,3 +67,75 @@ def test_kubelet_role_merges_its_flags_and_keeps_the_nodes_own(tmp_path: Path, e
     assert rc == 0, output
     assert env_file.read_text() == before and state.exists()
     assert "changed=0" in output, output[-2000:]
+
+
+# Issue 40, item 3: the role took any --kube-reserved=/--system-reserved= for a CPU reservation, so a node with
+# --kube-reserved=memory=2Gi got the static CPU manager with 0 CPU reserved, which the kubelet refuses at start
+# (kubernetes pkg/kubelet/cm/cpumanager/cpu_manager.go NewManager: "the static policy requires systemreserved.cpu +
+# kubereserved.cpu to be greater than zero"): every such node NotReady at once. It also ignored config.yaml.
+@pytest.mark.parametrize(
+    ("existing", "config", "adds"),
+    [
+        ("--kube-reserved=memory=2Gi", None, True),
+        ("--system-reserved=cpu=500m,memory=1Gi", None, False),
+        ("--kube-reserved=cpu=0,memory=1Gi", None, True),
+        ("", {"kind": "KubeletConfiguration", "kubeReserved": {"cpu": "1", "memory": "2Gi"}}, False),
+        ("", {"kind": "KubeletConfiguration", "reservedSystemCPUs": "0,2"}, False),
+        # a flag replaces the config file's whole field: the file's CPU no longer counts
+        ("--kube-reserved=memory=1Gi", {"kind": "KubeletConfiguration", "kubeReserved": {"cpu": "1"}}, True),
+    ],
+    ids=[
+        "memory-only-flag",
+        "system-cpu-flag",
+        "zero-cpu",
+        "config-kube-cpu",
+        "config-reserved-cpus",
+        "flag-over-config",
+    ],
+)
+def test_kubelet_role_counts_reserved_cpu_as_the_kubelet_does(
+    tmp_path: Path, existing: str, config: dict[str, object] | None, adds: bool
+) -> None:
+    env_file, state = tmp_path / "kubelet.env", tmp_path / "cpu_manager_state"
+    env_file.write_text(f'KUBELET_EXTRA_ARGS="--node-ip=10.40.0.11 {existing}"\n')
+    extra: dict[str, object] = {}
+    if config is not None:
+        (tmp_path / "config.yaml").write_text(json.dumps(config))
+        extra["kubelet_config_path"] = str(tmp_path / "config.yaml")
+    rc, output = _converge(tmp_path, env_file, state, **extra)
+    assert rc == 0, output
+    args = _args(env_file)
+    assert ("--reserved-cpus=0-1" in args) is adds, args
+    assert "--cpu-manager-policy=static" in args and (not existing or existing in args)
+
+
+def test_kubelet_role_refuses_static_without_reserved_cpu_and_writes_nothing(tmp_path: Path) -> None:
+    """No CPU reserved on the node and kubelet_reserved_cpus empty: the role stops before writing the line, naming
+    what the node has and the three fixes."""
+    env_file, state = tmp_path / "kubelet.env", tmp_path / "cpu_manager_state"
+    env_file.write_text('KUBELET_EXTRA_ARGS="--kube-reserved=memory=2Gi"\n')
+    before = env_file.read_text()
+    rc, output = _converge(tmp_path, env_file, state, kubelet_reserved_cpus="")
+    assert rc != 0 and env_file.read_text() == before, output
+    text = " ".join(output.split())
+    assert "kubelet refuses the static CPU manager without reserved CPU" in text, output[-3000:]
+    assert "no CPU reservation on this node" in text and "Set kubelet_reserved_cpus" in text, output[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("args", "config", "milli"),
+    [
+        (["--reserved-cpus=0-1,4"], None, 3000),
+        (["--kube-reserved=cpu=1.5", "--system-reserved=cpu=250m"], None, 1750),
+        (["--kube-reserved=memory=2Gi"], {"kubeReserved": {"cpu": "2"}}, 0),
+        ([], {"kubeReserved": {"cpu": "2"}, "systemReserved": {"cpu": "500m"}}, 2500),
+        ([], {"reservedSystemCPUs": "0-3", "kubeReserved": {"cpu": "1"}}, 4000),
+    ],
+)
+def test_the_reserved_cpu_filter_follows_the_kubelets_precedence(
+    args: list[str], config: dict[str, object] | None, milli: int
+) -> None:
+    reserved_cpu = load("fleet", "filter").kubelet_reserved_cpu
+    assert reserved_cpu(args, config)["milli"] == milli
+    with pytest.raises(AnsibleFilterError, match=r"--kube-reserved cpu='two' is not a CPU quantity"):
+        reserved_cpu(["--kube-reserved=cpu=two"])

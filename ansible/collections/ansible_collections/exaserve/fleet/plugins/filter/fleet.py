@@ -2,11 +2,12 @@
 
 ``preflight_report``, ``preflight_summary``, ``fabric_groups`` and ``fabric_check`` are thin shells over
 the controller package ``serving`` (reached through plugin_utils/controller.py, which says why), tested
-there; ``mount_unit`` and ``version_max`` stand alone.
+there; ``mount_unit``, ``version_max`` and ``kubelet_reserved_cpu`` stand alone.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -92,6 +93,59 @@ def version_max(versions: Sequence[str]) -> str:
         ) from exc
 
 
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m?)$")
+
+
+def _cpu_milli(quantity: str, where: str) -> int:
+    """A CPU quantity (``2``, ``1.5``, ``500m``) in millicores."""
+    m = _QUANTITY.match(quantity.strip())
+    if not m:
+        raise AnsibleFilterError(f"exaserve.fleet.kubelet_reserved_cpu: {where} cpu={quantity!r} is not a CPU quantity")
+    value = float(m.group(1))
+    return round(value if m.group(2) else value * 1000)
+
+
+def _cpuset_size(cpus: str) -> int:
+    """The CPUs of a cpuset list (``0-1,4``: 3)."""
+    size = 0
+    for part in filter(None, (p.strip() for p in cpus.split(","))):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise AnsibleFilterError(f"exaserve.fleet.kubelet_reserved_cpu: reserved CPUs {cpus!r} are not a cpuset")
+        size += int(hi or lo) - int(lo) + 1
+    return size
+
+
+def _reserved_map(value: str) -> dict[str, str]:
+    """``--kube-reserved=cpu=1,memory=2Gi`` -> ``{"cpu": "1", "memory": "2Gi"}``."""
+    return dict(kv.split("=", 1) for kv in value.split(",") if "=" in kv)
+
+
+def kubelet_reserved_cpu(args: Sequence[str], config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The CPU the kubelet reserves with these flags over this KubeletConfiguration (``config.yaml``), as it works
+    it out: a flag replaces the config file's field (flags take precedence over the file), ``--reserved-cpus`` /
+    ``reservedSystemCPUs`` overwrites the CPU of both reservations with its count (kubernetes
+    ``cmd/kubelet/app/server.go``, ``run``), else ``kubeReserved.cpu + systemReserved.cpu``. The static CPU manager
+    refuses to start when that is zero (``pkg/kubelet/cm/cpumanager/cpu_manager.go``, ``NewManager``: "the static
+    policy requires systemreserved.cpu + kubereserved.cpu to be greater than zero"), so ``--kube-reserved=memory=2Gi``
+    reserves no CPU. Returns ``{"milli": int, "source": str}``."""
+    cfg = dict(config or {})
+    flags = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if a.startswith("--") and "=" in a}
+    cpus = flags.get("--reserved-cpus", cfg.get("reservedSystemCPUs") or "")
+    if str(cpus).strip():
+        n = _cpuset_size(str(cpus))
+        where = "--reserved-cpus" if "--reserved-cpus" in flags else "config reservedSystemCPUs"
+        return {"milli": n * 1000, "source": f"{where} {cpus} ({n} CPUs)"}
+    total, parts = 0, []
+    for flag, field in (("--kube-reserved", "kubeReserved"), ("--system-reserved", "systemReserved")):
+        reserved = _reserved_map(flags[flag]) if flag in flags else dict(cfg.get(field) or {})
+        if "cpu" in reserved:
+            where = flag if flag in flags else f"config {field}"
+            total += _cpu_milli(str(reserved["cpu"]), where)
+            parts.append(f"{where} cpu={reserved['cpu']}")
+    return {"milli": total, "source": " + ".join(parts) or "no CPU reservation"}
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -101,4 +155,5 @@ class FilterModule:
             "fabric_check": fabric_check,
             "mount_unit": mount_unit,
             "version_max": version_max,
+            "kubelet_reserved_cpu": kubelet_reserved_cpu,
         }
