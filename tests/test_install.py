@@ -94,6 +94,7 @@ def test_the_wheel_ships_the_package_data_and_nothing_of_the_checkout(wheel: Pat
         "serving/data/source-plan.yaml",
         "serving/data/sglang-0.5.23-server-flags.json",
         "serving/data/smg-1.13.0-flags.json",
+        "serving/data/sglang-0.5.23-multimodal-archs.json",
         "serving/pulumi/components/stack.py",
         "serving/py.typed",
     ):
@@ -106,6 +107,54 @@ def test_the_wheel_ships_the_package_data_and_nothing_of_the_checkout(wheel: Pat
         if line.startswith("Requires-Dist:") and "torch" in line
     ]
     assert requires == ['Requires-Dist: torch==2.13.0; extra == "node"'], "torch only in the node extra"
+    # issue 42: `license = "Apache-2.0"` (PEP 639, setuptools >= 77) and the license text the wheel carries
+    meta = zipfile.ZipFile(wheel).read(metadata).decode()
+    assert "License-Expression: Apache-2.0" in meta and "License-File: LICENSE" in meta, meta[:2000]
+    assert [n for n in names if n.endswith(".dist-info/licenses/LICENSE")], sorted(names)[-10:]
+
+
+def test_every_third_party_import_is_a_declared_dependency() -> None:
+    """Issue 42: serving/pulumi/validate.py imported packaging and referencing, which the project never declared (they
+    came through other packages' dependencies, and leave with them). Every top-level import of the package, the
+    Pulumi program and the policy pack is the standard library, the project's own, or a distribution that
+    pyproject.toml declares: the dependencies, or the node extra for serving/node/ (torch). Imports under
+    TYPE_CHECKING are left out (they never run)."""
+    import ast
+    import re
+    import tomllib
+    from importlib.metadata import packages_distributions
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+    def names(reqs: list[str]) -> set[str]:
+        return {re.split(r"[<>=!~ \[;]", r, maxsplit=1)[0].lower().replace("_", "-") for r in reqs}
+
+    declared, node = names(project["dependencies"]), names(project["optional-dependencies"]["node"])
+    dists = packages_distributions()
+    own = {"serving", "infra", "policies", "exaserve_policies", "__future__"}
+    missing = []
+    for root in ("serving", "infra", "policies"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            typing_only = {
+                id(n) for b in ast.walk(tree) if isinstance(b, ast.If) and "TYPE_CHECKING" in ast.unparse(b.test)
+                for n in ast.walk(b)
+            }  # fmt: skip
+            for node_ in ast.walk(tree):
+                if id(node_) in typing_only:
+                    continue
+                if isinstance(node_, ast.Import):
+                    mods = [a.name for a in node_.names]
+                elif isinstance(node_, ast.ImportFrom) and node_.level == 0 and node_.module:
+                    mods = [node_.module]
+                else:
+                    continue
+                for top in {m.split(".")[0] for m in mods} - own - set(sys.stdlib_module_names):
+                    allowed = declared | (node if path.is_relative_to(REPO / "serving" / "node") else set())
+                    providers = {d.lower().replace("_", "-") for d in dists.get(top, [])}
+                    if not providers & allowed:
+                        missing.append(f"{path.relative_to(REPO)}: {top} (distribution {sorted(providers)})")
+    assert not missing, "imported but not declared in pyproject.toml: " + "; ".join(missing)
 
 
 def test_plan_render_and_check_from_an_empty_directory(venv: Path, tmp_path: Path) -> None:
