@@ -33,6 +33,7 @@ from serving.plan.model import Replica
 from serving.plan.planner import fleet_replicas
 from serving.render.chrony import chrony_conf
 from serving.render.common import FlagRule, RenderError
+from serving.render.k8s import monitoring
 from serving.render.k8s.common import image
 from serving.render.k8s.container import (
     SERVER_POD_LABELS,
@@ -862,3 +863,18 @@ def test_a_quantised_checkpoint_renders_the_kernel_sglang_runs_it_with_on_cuda(t
         model__quantization="w8a8_int8",
     )
     assert spec.model.quantization == "w8a8_int8"
+
+
+def test_the_pod_monitor_scrapes_only_pods_that_serve_http() -> None:
+    """Issue 40: on a multi-node stack the PodMonitor selected every pod of a LeaderWorkerSet group, and the worker
+    pods serve no HTTP (only the leader runs the server's HTTP port): half the targets were down. It now selects the
+    leaders (worker-index 0) there, and every serving pod where a replica is one pod."""
+    def selector(spec: FleetSpec) -> dict[str, str]:
+        (pods,) = [o for o in monitoring.render(fleet_of(spec)) if o["kind"] == "PodMonitor"]
+        return dict(pods["spec"]["selector"]["matchLabels"])
+
+    assert selector(multi_node_spec()) == {
+        "app.kubernetes.io/name": "sglang",
+        "leaderworkerset.sigs.k8s.io/worker-index": "0",
+    }
+    assert selector(load_stack("prod").spec) == {"app.kubernetes.io/name": "sglang"}

@@ -27,6 +27,7 @@ from typing import Any
 from serving.plan.model import Fleet
 from serving.render.k8s import gateway
 from serving.render.k8s.common import LABEL_NAME, ROUTER_APP, SERVING_APP, K8sObject, alert, duration, labels, metadata
+from serving.render.k8s.container import LWS_LEADER_LABEL
 from serving.render.k8s.fleet import HTTP_PORT_NAME, SERVING_CONTAINER, WORKERS_SERVICE
 from serving.rollout.backends.kubernetes import ANNOUNCE_TTL_S, batch_lease_name
 
@@ -225,7 +226,12 @@ def render(fleet: Fleet) -> list[K8sObject]:
             "kind": "PodMonitor",
             "metadata": metadata(WORKERS_MONITOR, ns, labels(COMPONENT, WORKERS_MONITOR, **selected)),
             "spec": {
-                "selector": {"matchLabels": {LABEL_NAME: SERVING_APP}},
+                # a multi-node group's worker pods serve no HTTP (only its leader does): scraping them would add a
+                # target that is always down for each worker (issue 40)
+                "selector": {
+                    "matchLabels": {LABEL_NAME: SERVING_APP}
+                    | (dict([LWS_LEADER_LABEL]) if fleet.plan.multi_node else {})
+                },
                 "namespaceSelector": {"matchNames": [ns]},
                 "podMetricsEndpoints": [{"port": HTTP_PORT_NAME, **endpoint}],
             },
