@@ -109,10 +109,10 @@ def _cpuset_size(cpus: str) -> int:
     """The CPUs of a cpuset list (``0-1,4``: 3)."""
     size = 0
     for part in filter(None, (p.strip() for p in cpus.split(","))):
-        lo, _, hi = part.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
+        bounds = part.split("-", 1)  # "4" or "0-3"
+        if not all(b.isdigit() for b in bounds):
             raise AnsibleFilterError(f"exaserve.fleet.kubelet_reserved_cpu: reserved CPUs {cpus!r} are not a cpuset")
-        size += int(hi or lo) - int(lo) + 1
+        size += int(bounds[-1]) - int(bounds[0]) + 1
     return size
 
 
