@@ -869,6 +869,7 @@ def test_the_pod_monitor_scrapes_only_pods_that_serve_http() -> None:
     """Issue 40: on a multi-node stack the PodMonitor selected every pod of a LeaderWorkerSet group, and the worker
     pods serve no HTTP (only the leader runs the server's HTTP port): half the targets were down. It now selects the
     leaders (worker-index 0) there, and every serving pod where a replica is one pod."""
+
     def selector(spec: FleetSpec) -> dict[str, str]:
         (pods,) = [o for o in monitoring.render(fleet_of(spec)) if o["kind"] == "PodMonitor"]
         return dict(pods["spec"]["selector"]["matchLabels"])
