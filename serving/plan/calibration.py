@@ -505,13 +505,28 @@ def rank0_spread_gib() -> float:
     return max(c.rank0_gib - c.free_at_start_gib for c in NVLINK_LOGS if c.rank0_gib is not None)
 
 
+RANK0_SPREAD_GIB = rank0_spread_gib()
+
+
 def _least_free(c: FreeAtStartLog) -> float:
     """A log's free memory at start as SGLang uses it: the minimum over ranks, or rank 0's less the spread."""
-    return c.free_at_start_gib if c.rank0_gib is not None else c.free_at_start_gib - rank0_spread_gib()
+    return c.free_at_start_gib if c.rank0_gib is not None else c.free_at_start_gib - RANK0_SPREAD_GIB
 
 
-def _widest_gap(logs: list[FreeAtStartLog]) -> float:
-    return max(GPU_PRODUCTS[c.gpu].memory_total_mib * MIB / GIB - _least_free(c) for c in logs)
+def _nvlink_overhead(label: str) -> tuple[float, str]:
+    """:func:`nvlink_overhead_gib` of one NVLink product, from its own logs or those of the product it borrows."""
+    own = [c for c in NVLINK_LOGS if c.gpu == label]
+    like = label if own else NVLINK_EXTRAPOLATED[label]
+    logs = own or [c for c in NVLINK_LOGS if c.gpu == like]
+    gap = max(GPU_PRODUCTS[c.gpu].memory_total_mib * MIB / GIB - _least_free(c) for c in logs)
+    how = f"calibrated on {len(own)} {label} log(s)" if own else f"extrapolated from the {like} log(s)"
+    return gap - RUNTIME_OVERHEAD_GIB, how
+
+
+NVLINK_OVERHEAD_GIB: dict[str, tuple[float, str]] = {
+    g.label: _nvlink_overhead(g.label) for g in GPU_PRODUCTS.values() if g.nvlink
+}
+"""Every NVLink product's extra and where it comes from, derived once from the logs (``fit`` asks per layout)."""
 
 
 def nvlink_overhead_gib(gpu: GpuProduct) -> tuple[float, str]:
@@ -519,15 +534,9 @@ def nvlink_overhead_gib(gpu: GpuProduct) -> tuple[float, str]:
     overhead, GiB, and where the figure comes from: NCCL's peer buffers of the TP and PP groups' communicators and
     SGLang's custom all-reduce, all set up before the measurement (:data:`FREE_AT_START_SOURCE`). The widest gap
     (the least free memory, as SGLang takes the minimum over ranks: :func:`_least_free`) over the product's own
-    :data:`NVLINK_LOGS` (calibrated), else over the product :data:`NVLINK_EXTRAPOLATED` names (extrapolated)."""
-    own = [c for c in NVLINK_LOGS if c.gpu == gpu.label]
-    if own:
-        return _widest_gap(own) - RUNTIME_OVERHEAD_GIB, f"calibrated on {len(own)} {gpu.label} log(s)"
-    like = NVLINK_EXTRAPOLATED.get(gpu.label)
-    logs = [c for c in NVLINK_LOGS if c.gpu == like] if like else list(NVLINK_LOGS)
-    return _widest_gap(logs) - RUNTIME_OVERHEAD_GIB, (
-        f"extrapolated from the {like} log(s)" if like else "extrapolated: the widest gap of every NVLink log"
-    )
+    :data:`NVLINK_LOGS` (calibrated), else over the product :data:`NVLINK_EXTRAPOLATED` names (extrapolated); every
+    NVLink product of the table has one or the other (``tests/test_memory_model.py``)."""
+    return NVLINK_OVERHEAD_GIB[gpu.label]
 
 
 def runtime_overhead_for(gpu: GpuProduct, tp: int, pp: int = 1) -> tuple[float, str]:

@@ -23,7 +23,7 @@ from serving.plan.calibration import GpuProduct, GpuSpeed
 from serving.plan.divisibility import SourceCheck
 from serving.plan.memory import ReplicaPool
 from serving.plan.weights import stage_parameters
-from serving.spec.schema import Architecture
+from serving.spec.schema import GIB, Architecture
 
 PP_MICRO_BATCHES = SourceCheck("managers/scheduler_pp_mixin.py", 562, "self.pp_loop_size: int = (")
 """SGLang's PP scheduler keeps ``pp_size`` micro-batches in flight (``pp_loop_size = pp_size +
@@ -195,10 +195,9 @@ def decode_step(
         parts.append((bound, weights_read, kv_read, compute_s, comm_s))
     slowest = max(range(len(times)), key=lambda i: times[i])
     bound, weights_read, kv_read, compute_s, comm_s = parts[slowest]
-    gib = 2**30
     text = (
         f"stage {slowest + 1}/{pp}: " if pp > 1 else ""
-    ) + f"({weights_read / gib:,.2f} GiB weights + {kv_read / gib:,.2f} GiB KV) / {speed.hbm_gb_s:,.0f} GB/s"
+    ) + f"({weights_read / GIB:,.2f} GiB weights + {kv_read / GIB:,.2f} GiB KV) / {speed.hbm_gb_s:,.0f} GB/s"
     if arch.moe is not None:
         text += f" ({touched:.0%} of the experts touched by {b:,.1f} tokens"
         text += f"; the busiest of EP {ep}'s GPUs {busiest:.0%} of its own)" if ep > 1 else ")"

@@ -10,6 +10,7 @@ from typing import Any, Literal, Self
 
 from pydantic import Field, model_validator
 
+from serving.flags import DATA_DIR
 from serving.spec.schema.base import SpecModel
 
 
@@ -170,9 +171,7 @@ class Architecture(SpecModel):
 
 
 MULTIMODAL_ARCHS: frozenset[str] = frozenset(
-    json.loads((Path(__file__).resolve().parents[2] / "data" / "sglang-0.5.23-multimodal-archs.json").read_text())[
-        "architectures"
-    ]
+    json.loads((DATA_DIR / "sglang-0.5.23-multimodal-archs.json").read_text())["architectures"]
 )
 """The architectures SGLang 0.5.23 treats as multimodal (``configs/model_config.py: multimodal_model_archs``), pinned
 as package data and compared with the installed source by ``tests/test_spec.py``."""
