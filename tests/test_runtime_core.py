@@ -8,6 +8,7 @@ used because no API server can run here; etcd is the real Debian ``etcd-server``
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import time
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from serving.runtime.discovery import NodePods
 from serving.runtime.leader import ElectionError, EtcdElection, KubernetesLeaseElection
 from serving.runtime.reports import NodeReport, Rejection, ReplicaProbe, ReportRejected, parse_report
 from serving.runtime.score import above_mean, band, next_score, weighted_load
+from serving.runtime.service import ControllerService
 from serving.sandbox.processes import free_port
 from serving.spec.schema import FleetSpec, HealthScoreSpec
 from serving.spec.stack import load_stack_file
@@ -80,7 +82,9 @@ class Agents:
         loaded: dict[str, dict[str, float]] | None = None,  # replica id → its figures (the others: ``figures``)
         **figures: float,
     ) -> NodeReport:
-        self.seq[node] += 1
+        # the node's monotonic clock: it advances with the controller's (a report's freshness is seq + the transit's
+        # floor, Controller._sent), by 1 ns at least between two reports sent at the same instant
+        self.seq[node] = max(self.seq[node] + 1, UP_NS + round((now - T0) * 1e9))
         probes = tuple(
             ReplicaProbe(
                 id=r.id,
@@ -432,7 +436,7 @@ def test_unknown_and_replayed_reports_are_rejected_counted_and_not_applied_a_ske
         (first.model_copy(update={"seq": 0}), Rejection.REPLAYED),
         (first.model_copy(update={"node": "nowhere", "seq": 9}), Rejection.UNKNOWN_NODE),
         (
-            agents.report(NODES[1], T0 + 1).model_copy(update={"node": NODES[0], "seq": UP_NS + 12}),
+            agents.report(NODES[1], T0 + 1).model_copy(update={"node": NODES[0], "seq": first.seq + 12}),
             Rejection.UNKNOWN_REPLICA,
         ),
     ]
@@ -456,6 +460,64 @@ def test_unknown_and_replayed_reports_are_rejected_counted_and_not_applied_a_ske
     with pytest.raises(ReportRejected, match=f"boot {BOOT} is over") as info:  # a report of the earlier boot
         ctl.receive(first.model_copy(update={"seq": 10**12, "sent_at": T0 + 2.5}), T0 + 2.5)
     assert info.value.reason is Rejection.REPLAYED
+
+
+def test_decisions_read_the_monotonic_clock_a_wall_clock_step_only_shows_as_skew() -> None:
+    """Issue 38: the controller judged freshness, back-off and dwell on ``time.time``, so a step of its wall clock
+    (NTP, an operator) made every node miss its reports at once. The service now hands the controller its monotonic
+    clock; the wall clock only measures the agents' skew. A step of an hour between two reports: the node is fresh,
+    nothing is decided, and its skew reads the hour."""
+    ctl, agents = controller(), Agents()
+    for i in range(4):
+        mono = T0 + 5 * i
+        wall = mono + (3600.0 if i >= 2 else 0.0)  # the controller's wall clock stepped an hour ahead after report 2
+        for node in NODES:
+            ctl.receive(agents.report(node, mono).model_copy(update={"sent_at": mono}), mono, wall=wall)
+        assert run_actions(ctl, mono + 1) == []
+    assert {ctl.node_state(n) for n in NODES} == {"ok"} and all(n.missed == 0 for n in ctl.nodes.values())
+    assert {n.skew_s for n in ctl.nodes.values()} == {-3600.0}
+    # and the service's clocks: decisions on the monotonic one, the wall clock for skew and the actions' stamps
+    defaults = inspect.signature(ControllerService).parameters
+    assert (defaults["clock"].default, defaults["wall_clock"].default) == (time.monotonic, time.time)
+
+
+def test_a_report_held_up_in_transit_is_applied_but_only_as_fresh_as_when_it_was_sent() -> None:
+    """Issue 38: with freshness the receive time, a report delayed in transit counted as fresh. Now the least
+    (receive − seq) a node showed is the transit's floor: a report that arrives 20 s after it left (its seq says when)
+    is applied (its failed probe moves the score) and counted late, and its node is as fresh as the report's send
+    time, so it goes suspect at the same tick as if the report had never come (3 missed heartbeats of 5 s)."""
+    ctl, agents = controller(), Agents()
+    rid = PLAN.replicas[0].id
+    for i in range(3):  # in time: the floor
+        ctl.receive(agents.report(NODES[0], T0 + 5 * i), T0 + 5 * i)
+    sent = T0 + 15
+    held = agents.report(NODES[0], sent, failing={rid})
+    score = ctl.replicas[rid].score
+    ctl.receive(held, sent + 20)
+    assert ctl.replicas[rid].score < score  # applied
+    # its send time, but for the floor's allowed drift since the last report (CLOCK_DRIFT × 25 s = 25 ms)
+    assert ctl.counters.late == 1 and ctl.nodes[NODES[0]].last_report_at == pytest.approx(sent, abs=0.03)
+    ctl.tick(sent + 20, acting=False)
+    assert ctl.node_state(NODES[0]) == "suspect", ctl.nodes[NODES[0]]
+    ctl.receive(agents.report(NODES[0], sent + 21), sent + 21)  # the next one in time: fresh again, nothing late
+    ctl.tick(sent + 21, acting=False)
+    assert ctl.node_state(NODES[0]) != "suspect" and ctl.counters.late == 1
+
+
+@pytest.mark.parametrize("ppm", [-500.0, 500.0])
+def test_a_node_clock_drifting_by_the_most_ntp_slews_counts_no_report_late_in_a_day(ppm: float) -> None:
+    """CLOCK_MONOTONIC is slewed by NTP up to 500 ppm (the kernel's MAXFREQ): a node's seq runs apart from the
+    controller's clock by up to 43 s a day. The transit floor follows (it may rise by CLOCK_DRIFT a second), so a
+    day of reports on time, each with a transit of 0–100 ms, counts none late and keeps the node fresh."""
+    ctl, agents = controller(), Agents()
+    iv = SPEC.serving.heartbeat_interval_s
+    for i in range(int(86_400 / iv)):
+        now = T0 + i * iv
+        report = agents.report(NODES[0], now)
+        seq = UP_NS + round(i * iv * (1 + ppm * 1e-6) * 1e9)
+        ctl.receive(report.model_copy(update={"seq": seq}), now + (i % 11) * 0.01)
+    ctl.tick(now + 1, acting=False)
+    assert ctl.counters.late == 0 and ctl.nodes[NODES[0]].missed == 0
 
 
 # ----- leader election ------------------------------------------------------------------------------
@@ -728,7 +790,9 @@ def test_discovered_replicas_follow_the_agents_reports() -> None:
 
     def report(node: str, seq: int, pods: dict[str, str | None]) -> NodeReport:
         probes = tuple(ReplicaProbe(id=p, url=u, ok=True, latency_s=0.01) for p, u in pods.items())
-        return NodeReport(schema_version=2, node=node, boot_id=BOOT, seq=UP_NS + seq, sent_at=T0 + seq, replicas=probes)
+        return NodeReport(
+            schema_version=2, node=node, boot_id=BOOT, seq=UP_NS + seq * 10**9, sent_at=T0 + seq, replicas=probes
+        )
 
     ctl.receive(
         report(NODES[0], 1, {"sglang-g0-0": "http://10.1.0.5:30000", "sglang-g1-0": "http://10.1.0.6:30000"}), T0 + 1

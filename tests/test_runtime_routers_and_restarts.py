@@ -224,6 +224,7 @@ def service(
         routers=RouterSet(routers, timeout_s=2.0, answering_only=True),
         restarter=restarter,
         clock=clock,
+        wall_clock=clock,  # one clock, often simulated: the actions' "at" read on it
     )
 
 

@@ -472,6 +472,7 @@ async def _service_run(script: Script, monkeypatch: pytest.MonkeyPatch) -> Run:
         routers=_Routers(world),  # type: ignore[arg-type]  # urls, metrics_url, timeout_s, remove, add
         restarter=_Restarter(world),
         clock=lambda: T0 + loop.now,
+        wall_clock=lambda: T0 + loop.now,
     )
     svc.term = Term("c0", 7, math.inf)  # leader for good: acting() and every fencing check hold
     decisions: list[Decision] = []

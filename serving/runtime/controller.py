@@ -46,7 +46,12 @@ Decisions (docs/runtime.md):
   its score is at least ``health.readmit_at`` (hysteresis); a restarted replica starts at ``health.start``. A new
   process warms up for ``serving.warmup_duration_s``; one that kept running (out for a breaker, a partition, its
   score) for one heartbeat interval. A failed warm-up backs the next one off as restarts do.
-* Freshness is the controller's receive time; a report's send time only measures its node's clock skew.
+* Every decision reads the controller's own monotonic clock (``now``): a step of its wall clock (NTP, an operator)
+  moves no back-off, dwell, budget or missed report. A report's wall-clock send time only measures its node's skew
+  against the controller's wall clock (``wall``). Freshness is when a report was *sent*, on the controller's clock:
+  per node and boot, the least (receive time − the node's monotonic ``seq``) seen is the transit's floor (allowed to
+  rise by :data:`CLOCK_DRIFT` a second: NTP slews CLOCK_MONOTONIC up to 500 ppm on each machine), so a report held
+  up in transit is applied (its probes count) but is only as fresh as when it left the node, and counted late.
 * Load moves (source §4.3, "migrate when load exceeds 1.5 × the mean"): a serving replica whose weighted load is
   above ``scheduler.migration_load_ratio`` × the fleet's mean, and at least ``scheduler.shed_min_load`` in
   ``serving.failure_threshold`` reports in a row (a burst is not an overload), is *shed*:
@@ -62,6 +67,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from serving.plan.model import Replica
 from serving.runtime.records import (
     _RUNNING,
+    CLOCK_DRIFT,
     MIN_WARMUP_RATE_PER_S,
     Action,
     Budget,
@@ -118,8 +124,10 @@ class Controller:
         self._tick_warmup_rate = MIN_WARMUP_RATE_PER_S
 
     # ----- reports ---------------------------------------------------------------------------------
-    def receive(self, report: NodeReport, now: float) -> None:
-        """Apply one node's report, or raise :class:`ReportRejected` (counted, nothing applied)."""
+    def receive(self, report: NodeReport, now: float, *, wall: float | None = None) -> None:
+        """Apply one node's report received at ``now`` (the controller's monotonic clock), or raise
+        :class:`ReportRejected` (counted, nothing applied). ``wall`` is the controller's wall clock at receipt, which
+        only the node's skew reads (a caller with one clock, a simulation, passes none: ``now`` is both)."""
         try:
             self._check(report, now)
         except ReportRejected as exc:
@@ -128,8 +136,12 @@ class Controller:
         node = self.nodes[report.node]
         if self.discovered:
             self._sync(node, report)
-        node.skew_s = report.sent_at - now
+        node.skew_s = report.sent_at - (now if wall is None else wall)
         self._boot(node, report, now)
+        sent = self._sent(node, report, now)
+        # the seconds since the node's last report of this boot, on its own monotonic clock (its requests' rate)
+        same_boot = node.last_key is not None and node.last_key[0] == report.boot_id
+        dt = (report.seq - node.last_key[1]) / 1e9 if node.last_key is not None and same_boot else 0.0
         # a disrupted rack's probes are one fault's, not each replica's: no score moves (as for a silent agent) and
         # the rack's replicas keep what they earned, so they return as soon as it heals (:meth:`racks`)
         disrupted = node.rack in self.disrupted
@@ -156,8 +168,7 @@ class Controller:
             }
             hot = weighted_load(rec.figures, self.config.weights) >= self.config.shed_min_load
             rec.hot = rec.hot + 1 if hot else 0
-            if probe.ok and rec.requests_total is not None and node.last_sent_at is not None:
-                dt = report.sent_at - node.last_sent_at
+            if probe.ok and rec.requests_total is not None:
                 if dt > 0 and probe.requests_total >= rec.requests_total:
                     rec.rate_per_s = (probe.requests_total - rec.requests_total) / dt
             if probe.ok:
@@ -170,8 +181,7 @@ class Controller:
                 self.replicas[rid].node_forgiven = False
         node.last_key = (report.boot_id, report.seq)
         node.boots.add(report.boot_id)
-        node.last_sent_at = report.sent_at
-        node.last_report_at = now
+        node.last_report_at = max(node.last_report_at, sent)
         node.missed = 0
         self.counters.accepted += 1
         self.counters.replicas += len(report.replicas)
@@ -190,6 +200,19 @@ class Controller:
         for rid in node.replicas:
             rec = self.replicas[rid]
             rec.booting_until, rec.fresh = now - up_s + self.config.startup_budget_s, True
+
+    def _sent(self, node: NodeRecord, report: NodeReport, now: float) -> float:
+        """When ``report`` left its node, on this controller's monotonic clock: its ``seq`` (the node's monotonic
+        clock) plus the least offset (receive − seq) seen from this boot, the offset of a report that met no delay;
+        a report more than an interval behind that is counted late."""
+        offset = now - report.seq / 1e9
+        if node.offset is not None and node.last_key is not None and node.last_key[0] == report.boot_id:
+            offset = min(offset, node.offset + CLOCK_DRIFT * max(0.0, now - node.offset_at))
+        node.offset, node.offset_at = offset, now
+        sent = offset + report.seq / 1e9
+        if now - sent > self.config.interval_s:
+            self.counters.late += 1
+        return sent
 
     def _sync(self, node: NodeRecord, report: NodeReport) -> None:
         """Discovered replicas: the node's report lists its pods. A new pod starts serving (the router discovered it

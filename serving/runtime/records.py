@@ -14,6 +14,9 @@ from serving.runtime.reports import Rejection
 from serving.spec.schema import FleetSpec, HealthScoreSpec, LoadMetric
 
 MIN_WARMUP_RATE_PER_S = 1.0  # a warm-up needs requests to judge, even when the fleet is idle
+# how fast a node's monotonic clock may run apart from the controller's, a second: NTP slews CLOCK_MONOTONIC by up to
+# 500 ppm on each machine (adjtimex's MAXFREQ), so the transit floor (Controller._sent) may rise by 1,000 ppm
+CLOCK_DRIFT = 1e-3
 
 
 def replica_urls(plan: Plan) -> dict[str, str]:
@@ -158,10 +161,13 @@ class NodeRecord:
     replicas: tuple[str, ...]
     rack: str = ""
     failing: bool = False  # more than half of the replicas its last report judged failed their probes
-    skew_s: float | None = None  # the last report's send time minus its receive time (the agent's clock is off)
+    skew_s: float | None = None  # the last report's wall-clock send time minus the controller's wall clock at receipt
     last_key: tuple[str, int] | None = None  # (boot id, monotonic seq) of the last applied report
     boots: set[str] = field(default_factory=set)  # boot ids the node reported from: an earlier boot is over
-    last_sent_at: float | None = None
+    # the least (receive time − seq) seen from this boot, the transit's floor, and when it was last updated (the
+    # controller's monotonic clock): a report's send time on the controller's clock is seq + offset
+    offset: float | None = None
+    offset_at: float = 0.0
     missed: int = 0
 
     def suspect(self, threshold: int) -> bool:
@@ -171,6 +177,7 @@ class NodeRecord:
 @dataclass
 class Counters:
     accepted: int = 0
+    late: int = 0  # of those, reports that arrived more than an interval after they were sent (transit, a queue)
     replicas: int = 0  # the replica probes the accepted reports carried (accepted × replicas per node when aggregated)
     answered: int = 0  # of those, the probes the replica answered (ok): each one a health call the replica served
     rejected: dict[Rejection, int] = field(default_factory=lambda: dict.fromkeys(Rejection, 0))

@@ -118,14 +118,17 @@ class ControllerService:
         routers: RouterSet,
         restarter: Restarter | None,
         discovered: bool = False,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        """``clock`` times every decision (monotonic: a step of the wall clock moves none); ``wall_clock`` only
+        stamps what people read (an action's ``at``) and measures the agents' clock skew."""
         self.spec = fleet.spec
         self.identity = identity
         self.election = election
         self.routers = routers
         self.restarter = restarter
-        self.clock = clock
+        self.clock, self.wall_clock = clock, wall_clock
         self.controller = Controller(
             ControllerConfig.from_spec(fleet.spec, len(fleet.plan.replicas)),
             fleet.plan.replicas,
@@ -161,7 +164,7 @@ class ControllerService:
             self.controller.reject_malformed()
             return web.json_response({"rejected": exc.reason.value, "detail": exc.detail}, status=400)
         try:
-            self.controller.receive(report, self.clock())
+            self.controller.receive(report, self.clock(), wall=self.wall_clock())
         except ReportRejected as exc:
             status = 404 if exc.reason in (Rejection.UNKNOWN_NODE, Rejection.UNKNOWN_REPLICA) else 409
             return web.json_response({"rejected": exc.reason.value, "detail": exc.detail}, status=status)
@@ -181,6 +184,7 @@ class ControllerService:
                 "accepted": c.accepted,
                 "replicas": c.replicas,
                 "answered": c.answered,
+                "late": c.late,
                 "rejected": {k.value: v for k, v in c.rejected.items()},
             },
             "actions": list(self.recent),
@@ -359,7 +363,7 @@ class ControllerService:
         if missing:
             await one.add(*missing, timeout_s=self.spec.serving.startup_budget_s)
         del self.unsynced[router]
-        self.reconciled.append({"router": router, "removed": extra, "added": missing, "at": self.clock()})
+        self.reconciled.append({"router": router, "removed": extra, "added": missing, "at": self.wall_clock()})
         log.warning("%s: router %s answers again: removed %s, added %s", self.identity, router, extra, missing)
 
     async def _load_loop(self, stop: asyncio.Event) -> None:
@@ -389,7 +393,7 @@ class ControllerService:
 
     async def _execute(self, action: Action, term: Term) -> None:
         started = time.monotonic()
-        entry: dict[str, Any] = {**asdict(action), "term": term.token, "at": self.clock()}
+        entry: dict[str, Any] = {**asdict(action), "term": term.token, "at": self.wall_clock()}
         if action.kind is Kind.MIGRATE:
             entry["restarted"] = False  # until the restart reached the deployment (_perform)
         ok = refused = False
@@ -506,12 +510,14 @@ class _Collector:
             "exaserve_runtime_node_suspect", "1 when the node's agent missed its reports.", labels=["node"]
         )
         node_last = GaugeMetricFamily(
-            "exaserve_runtime_node_last_report_age_seconds", "Seconds since the node's last report.", labels=["node"]
+            "exaserve_runtime_node_last_report_age_seconds",
+            "Seconds since the node's last report was sent (its receipt, less any delay in transit).",
+            labels=["node"],
         )
         skew = GaugeMetricFamily(
             "exaserve_runtime_node_clock_skew_seconds",
-            "The node's last report: its agent's send time minus the controller's receive time (its clock's offset, "
-            "plus the transit).",
+            "The node's last report: its agent's wall-clock send time minus the controller's wall clock at receipt "
+            "(its clock's offset, plus the transit).",
             labels=["node"],
         )
         now = self.s.clock()
@@ -589,6 +595,11 @@ class _Collector:
         withheld.add_metric(["budget"], ctl.counters.limited)
         accepted = CounterMetricFamily("exaserve_runtime_reports_accepted", "Agent reports applied.")
         accepted.add_metric([], ctl.counters.accepted)
+        late = CounterMetricFamily(
+            "exaserve_runtime_reports_late",
+            "Agent reports applied that arrived more than a heartbeat interval after they were sent (counted stale).",
+        )
+        late.add_metric([], ctl.counters.late)
         rejected = CounterMetricFamily(
             "exaserve_runtime_reports_rejected", "Agent reports refused, by reason.", labels=["reason"]
         )
@@ -620,6 +631,7 @@ class _Collector:
             breakers,
             withheld,
             accepted,
+            late,
             rejected,
             actions,
             failures,

@@ -807,7 +807,7 @@ def _ticks(fleet: Fleet, ticks: int, failing: Callable[[int, random.Random], boo
                 report = NodeReport(
                     schema_version=2,
                     node=node,
-                    seq=(86_400 + i) * 10**9,
+                    seq=round((86_400 + i * iv / 2) * 1e9),
                     boot_id=boot_id(node, 0),
                     sent_at=now,
                     replicas=probes,
@@ -845,7 +845,7 @@ def reports_cpu(rounds: int = 5, nodes: int = PROD_NODES) -> list[float]:
         for node, pods in by_node.items():
             probes = tuple(ReplicaProbe(id=rid, url=url, ok=True, latency_s=BASE_LATENCY_S) for rid, url in pods)
             report = NodeReport(
-                schema_version=2, node=node, seq=(86_400 + i) * 10**9, boot_id=boot_id(node, 0), sent_at=now,
+                schema_version=2, node=node, seq=round((86_400 + i * iv) * 1e9), boot_id=boot_id(node, 0), sent_at=now,
                 replicas=probes,
             )  # fmt: skip
             ctl.receive(report, now)
