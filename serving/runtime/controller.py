@@ -168,9 +168,8 @@ class Controller:
             }
             hot = weighted_load(rec.figures, self.config.weights) >= self.config.shed_min_load
             rec.hot = rec.hot + 1 if hot else 0
-            if probe.ok and rec.requests_total is not None:
-                if dt > 0 and probe.requests_total >= rec.requests_total:
-                    rec.rate_per_s = (probe.requests_total - rec.requests_total) / dt
+            if probe.ok and rec.requests_total is not None and dt > 0 and probe.requests_total >= rec.requests_total:
+                rec.rate_per_s = (probe.requests_total - rec.requests_total) / dt
             if probe.ok:
                 rec.requests_total = probe.requests_total
         node.failing = judged > 0 and 2 * failed > judged
