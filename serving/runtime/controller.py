@@ -49,9 +49,11 @@ Decisions (docs/runtime.md):
 * Every decision reads the controller's own monotonic clock (``now``): a step of its wall clock (NTP, an operator)
   moves no back-off, dwell, budget or missed report. A report's wall-clock send time only measures its node's skew
   against the controller's wall clock (``wall``). Freshness is when a report was *sent*, on the controller's clock:
-  per node and boot, the least (receive time − the node's monotonic ``seq``) seen is the transit's floor (allowed to
-  rise by :data:`CLOCK_DRIFT` a second: NTP slews CLOCK_MONOTONIC up to 500 ppm on each machine), so a report held
-  up in transit is applied (its probes count) but is only as fresh as when it left the node, and counted late.
+  its ``seq`` (the node's monotonic clock) plus the least (receive time − ``seq``) among the node's last
+  ``serving.failure_threshold`` + 1 reports of this boot, the transit's floor. A report held up in transit is applied
+  (its probes count) but is only as fresh as when it left the node, and counted late. The floor is a recent minimum,
+  not an all-time one, so it follows what moves the two clocks apart for good (a node suspended or paused by its
+  hypervisor: CLOCK_MONOTONIC stops; chrony slewing a clock that ran ahead; frequency drift) within that many reports.
 * Load moves (source §4.3, "migrate when load exceeds 1.5 × the mean"): a serving replica whose weighted load is
   above ``scheduler.migration_load_ratio`` × the fleet's mean, and at least ``scheduler.shed_min_load`` in
   ``serving.failure_threshold`` reports in a row (a burst is not an overload), is *shed*:
@@ -67,7 +69,6 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from serving.plan.model import Replica
 from serving.runtime.records import (
     _RUNNING,
-    CLOCK_DRIFT,
     MIN_WARMUP_RATE_PER_S,
     Action,
     Budget,
@@ -202,13 +203,14 @@ class Controller:
 
     def _sent(self, node: NodeRecord, report: NodeReport, now: float) -> float:
         """When ``report`` left its node, on this controller's monotonic clock: its ``seq`` (the node's monotonic
-        clock) plus the least offset (receive − seq) seen from this boot, the offset of a report that met no delay;
-        a report more than an interval behind that is counted late."""
-        offset = now - report.seq / 1e9
-        if node.offset is not None and node.last_key is not None and node.last_key[0] == report.boot_id:
-            offset = min(offset, node.offset + CLOCK_DRIFT * max(0.0, now - node.offset_at))
-        node.offset, node.offset_at = offset, now
-        sent = offset + report.seq / 1e9
+        clock) plus the least offset (receive − seq) of the node's last reports of this boot, the offset of a report
+        that met no delay; a report more than an interval behind that is counted late."""
+        if node.last_key is None or node.last_key[0] != report.boot_id:
+            node.offsets.clear()  # a new boot: its monotonic clock started again
+        node.offsets.append(now - report.seq / 1e9)
+        if len(node.offsets) > self.config.missed_to_suspect + 1:
+            node.offsets.popleft()
+        sent = min(node.offsets) + report.seq / 1e9
         if now - sent > self.config.interval_s:
             self.counters.late += 1
         return sent

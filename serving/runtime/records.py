@@ -5,6 +5,7 @@ its counters, the fleet-wide restart budget and the tally of replicas out of rot
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -14,9 +15,6 @@ from serving.runtime.reports import Rejection
 from serving.spec.schema import FleetSpec, HealthScoreSpec, LoadMetric
 
 MIN_WARMUP_RATE_PER_S = 1.0  # a warm-up needs requests to judge, even when the fleet is idle
-# how fast a node's monotonic clock may run apart from the controller's, a second: NTP slews CLOCK_MONOTONIC by up to
-# 500 ppm on each machine (adjtimex's MAXFREQ), so the transit floor (Controller._sent) may rise by 1,000 ppm
-CLOCK_DRIFT = 1e-3
 
 
 def replica_urls(plan: Plan) -> dict[str, str]:
@@ -164,10 +162,9 @@ class NodeRecord:
     skew_s: float | None = None  # the last report's wall-clock send time minus the controller's wall clock at receipt
     last_key: tuple[str, int] | None = None  # (boot id, monotonic seq) of the last applied report
     boots: set[str] = field(default_factory=set)  # boot ids the node reported from: an earlier boot is over
-    # the least (receive time − seq) seen from this boot, the transit's floor, and when it was last updated (the
-    # controller's monotonic clock): a report's send time on the controller's clock is seq + offset
-    offset: float | None = None
-    offset_at: float = 0.0
+    # (receive time − seq) of this boot's last reports, the controller's monotonic clock against the node's: their
+    # least is the transit's floor, and a report's send time on the controller's clock is seq + that floor
+    offsets: deque[float] = field(default_factory=deque)
     missed: int = 0
 
     def suspect(self, threshold: int) -> bool:

@@ -5,8 +5,9 @@ Strict and versioned: unknown fields, wrong types and a schema version other tha
 number read from the node's monotonic clock (it grows within a boot, across agent restarts, whatever the wall clock
 does), and the agent's wall-clock send time, so that the controller can refuse a report from a node it does not
 know and a replayed or out-of-order one (:class:`Rejection`; every refusal is counted, none is applied). The send
-time only measures the node's clock skew: freshness is the controller's receive time, so a node whose clock is off
-is shown and alerted on, never refused. Version 2: version 1 ordered reports by the agent's wall-clock start, so an
+time only measures the node's clock skew: freshness is when the report was sent on the controller's monotonic clock
+(the sequence number plus the transit's recent floor, ``Controller._sent``), so a node whose wall clock is off is
+shown and alerted on, never refused. Version 2: version 1 ordered reports by the agent's wall-clock start, so an
 agent restarted with its clock behind had every report refused.
 """
 

@@ -28,14 +28,18 @@ class Etcd:
     pid: int
 
     def stopped(self) -> list[str]:
-        """The states of etcd's threads (/proc/PID/task/*/stat) that are not stopped yet: empty once SIGSTOP holds."""
+        """The states of etcd's threads (/proc/PID/task/*/stat) that can still run: empty once SIGSTOP holds (a
+        thread stopped, T or t, or exited, Z or X). An etcd that is gone fails here rather than reading as stopped."""
+        tasks = Path(f"/proc/{self.pid}/task")
+        if not tasks.is_dir():
+            raise AssertionError(f"etcd (pid {self.pid}) is not running: nothing to stall")
         states = []
-        for stat in Path(f"/proc/{self.pid}/task").glob("*/stat"):
+        for stat in tasks.glob("*/stat"):
             try:
-                states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+                states.append(stat.read_text().rsplit(")", 1)[1].split()[0])  # the name may hold spaces and ')'
             except (FileNotFoundError, ProcessLookupError):
                 continue  # the thread exited
-        return [s for s in states if s not in ("T", "t")]
+        return [s for s in states if s not in ("T", "t", "Z", "X")]
 
     @contextmanager
     def stalled(self) -> Iterator[None]:
@@ -45,7 +49,11 @@ class Etcd:
         kill answered (a renewal inside the block answered, test_etcd_election_an_unanswered_renewal_is_no_verdict)."""
         os.kill(self.pid, signal.SIGSTOP)
         try:
-            wait_until(lambda: not self.stopped(), what=f"etcd (pid {self.pid}) stopped by SIGSTOP", seen=self.stopped)
+            # polled often: the callers run it inside their event loop, whose timers it holds up meanwhile
+            wait_until(
+                lambda: not self.stopped(), what=f"etcd (pid {self.pid}) stopped by SIGSTOP", every_s=0.005,
+                seen=self.stopped,
+            )  # fmt: skip
             yield
         finally:
             os.kill(self.pid, signal.SIGCONT)

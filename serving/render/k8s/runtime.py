@@ -236,7 +236,7 @@ def rule_groups(spec: FleetSpec) -> list[dict[str, Any]]:
                     "5m",
                     "warning",
                     "A node's clock is off from the controller's by more than runtime.clock_skew_alert_s; its reports "
-                    "are still applied (freshness is the controller's receive time)",
+                    "are still applied (freshness is judged on the controller's monotonic clock)",
                     "Check chrony on that node (chronyc tracking); logs and traces from it carry the wrong time.",
                 ),
                 alert(

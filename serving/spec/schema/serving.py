@@ -308,9 +308,10 @@ class RuntimeSpec(SpecModel):
     clock_skew_alert_s: float = Field(
         default=1.0,
         gt=0,
-        description="A node whose reports' send time differs from the controller's receive time by more than this is "
-        "named by alert ExaServeNodeClockSkew. Freshness is judged on the controller's own clock (when a report "
-        "arrives, its sequence number orders it): a skewed clock never makes the controller refuse a report.",
+        description="A node whose reports' wall-clock send time differs from the controller's wall clock at receipt "
+        "by more than this is named by alert ExaServeNodeClockSkew. Freshness is judged on the controller's own "
+        "monotonic clock (the report's sequence number, the node's monotonic clock, orders it and dates it): a skewed "
+        "clock never makes the controller refuse a report.",
     )
     restart_backoff_s: float = Field(
         default=10.0,
