@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from serving.fleet_http import FleetHttp, HttpFailure
 from serving.runtime.agent import AGENT_USER_AGENT, BOOT_ID, Agent, AgentConfig
-from serving.runtime.reports import NodeReport, parse_report
+from serving.runtime.reports import NodeReport, ReplicaProbe, parse_report
 from serving.sandbox.processes import StateDir, free_port, free_port_block, stop_process
 from serving.sandbox.worker import SimulatedWorker
 from serving.sandbox.worker_config import WorkerConfig, health_answer_bound_s
@@ -391,6 +391,43 @@ def test_the_agent_counts_each_scheduler_once_with_priority_scheduling_and_dp_ra
         return probe.running, probe.queued, probe.memory_usage
 
     assert asyncio.run(run()) == (3, 0, pytest.approx(0.4))
+
+
+def test_the_agent_reports_a_replicas_request_seconds_and_generated_tokens_for_the_latency_signal(
+    tmp_path: Path,
+) -> None:
+    """Issue 38 (report version 3): the agent reads SGLang's ``sglang:e2e_request_latency_seconds_sum`` and
+    ``sglang:generation_tokens_total`` (summed over their series: streaming or not, each priority), cumulative, from
+    which the controller takes a replica's request time per generated token. Before the worker served a request
+    neither series exists (prometheus_client creates a labelled series at its first observation, as SGLang's
+    collector does): the probe carries none, no figure."""
+    config = WorkerConfig(port=1, model_path=str(tmp_path / "model"), latency_ms=50.0, jitter_ms=0.0, health_poll_s=0.2)
+    worker = SimulatedWorker(config)
+
+    async def run() -> list[ReplicaProbe]:
+        async with TestClient(TestServer(worker.build_app())) as client:
+            agent = Agent(
+                AgentConfig(
+                    node="n0", replicas=(("r0", str(client.make_url("")).rstrip("/"), ()),), controllers=(),
+                    interval_s=5.0, timeout_s=2.0, max_running_requests=256, link_rate_gbps=400.0,
+                )
+            )  # fmt: skip
+            try:
+                probes = [(await agent.report()).replicas[0]]
+                for tokens in (7, 9):
+                    answer = await client.post(
+                        "/generate", json={"text": "a", "sampling_params": {"max_new_tokens": tokens}}
+                    )
+                    assert answer.status == 200, await answer.text()
+                probes.append((await agent.report()).replicas[0])
+            finally:
+                await agent.aclose()
+        return probes
+
+    idle, served = asyncio.run(run())
+    assert idle.ok and (idle.e2e_seconds_total, idle.generated_tokens_total) == (None, None)
+    assert served.ok and served.generated_tokens_total == 16
+    assert served.e2e_seconds_total is not None and 2 * 0.05 <= served.e2e_seconds_total < 2 * 0.05 + 5.0
 
 
 def test_wedged_scheduler_a_migration_does_not_wait_for_requests_that_never_finish(tmp_path: Path) -> None:

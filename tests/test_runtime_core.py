@@ -322,7 +322,8 @@ Event = tuple[str, int, bool]  # (kind, replica index or node index, ok)
 def test_state_machine_invariants(events: list[Event], outcomes: list[bool]) -> None:
     """Random reports, missed reports, ticks and action outcomes: the eviction cap is never exceeded, nothing is
     removed at or above the stop line, nothing is readmitted below the hysteresis line, and a replica returns to
-    rotation only through a passed warm-up."""
+    rotation only through a passed warm-up. (A latency outlier, here a replica whose lone probes failed now and then,
+    leaves rotation at any score: that removal is the shedding cap's, never a restart.)"""
     ctl, agents = controller(), Agents()
     now, k = T0, 0
     ids = [r.id for r in PLAN.replicas]
@@ -339,11 +340,14 @@ def test_state_machine_invariants(events: list[Event], outcomes: list[bool]) -> 
         before = {rid: r.in_rotation for rid, r in ctl.replicas.items()}
         for a in ctl.tick(now, acting=True):
             score = ctl.effective_score(a.replica)
-            if a.kind is Kind.REMOVE:
+            if a.kind is Kind.REMOVE and not ctl.replicas[a.replica].slow:
                 assert score < HEALTH.stop_routing_below
             if a.kind is Kind.READMIT:
                 assert score >= HEALTH.readmit_at
-            assert ctl.evicted() <= ctl.config.max_evicted or a.kind is not Kind.REMOVE
+            # the eviction cap for failures, and one of its size for shedding (load, latency)
+            hard = sum(not r.in_rotation and not r.shed for r in ctl.replicas.values())
+            soft = sum(not r.in_rotation and r.shed for r in ctl.replicas.values())
+            assert max(hard, soft) <= ctl.config.max_evicted or a.kind is not Kind.REMOVE
             done = outcomes[k % len(outcomes)]
             k += 1
             ctl.complete(a, done)

@@ -29,6 +29,16 @@ def test_generation_failing_after_a_restart_is_quarantined_after_at_most_2_resta
     fs.check(fs.generation_failing())
 
 
+def test_ten_percent_slow_replicas_leave_rotation_within_the_cap_in_60_s_and_none_is_restarted() -> None:
+    """Issue 38: 204 of 2,048 replicas 5× slower for 10 min; their probes show nothing (before: never detected)."""
+    fs.check(fs.slow())
+
+
+def test_repeated_stalls_take_a_replica_out_of_rotation_within_60_s_and_never_restart_it() -> None:
+    """Issue 38: a 4 s stall every 20 s: one failed probe in four (before: never detected)."""
+    fs.check(fs.stalls())
+
+
 def test_saturated_slow_replicas_are_shed_outside_the_failure_budget_and_return_when_idle() -> None:
     fs.check(fs.slow_saturated())
 

@@ -36,6 +36,12 @@ Decisions (docs/runtime.md):
   for ``runtime.breaker_dwell_s`` takes it out of rotation, within the cap, unless more breakers than the cap are
   open at once (an overload, not outliers: Envoy's outlier detection ejects, never restarts). A restart needs the
   agent's probes to agree.
+* Latency outliers leave rotation, within the shedding cap, and are never restarted for it (Envoy's outlier
+  detection): a replica whose request time per generated token over a report (SGLang's e2e latency sum and generated
+  tokens, report version 3) is over ``runtime.latency_outlier_ratio`` × the fleet's median, or whose probe failed
+  after one that passed while its node's others passed (a stall), in :data:`LATENCY_HITS` of its last
+  :data:`LATENCY_WINDOW` verdicts, is out for ``runtime.latency_ejection_s`` × its ejections in a row, then a warm-up
+  readmits it.
 * Missed reports do not move any score: after ``serving.failure_threshold`` intervals without a report
   the node is *suspect* and its replicas keep their rotation state. A dead agent is no evidence against
   replicas the router still reaches; the router's own health check (interval × failure threshold)
@@ -64,11 +70,17 @@ Decisions (docs/runtime.md):
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from serving.plan.model import Replica
 from serving.runtime.records import (
     _RUNNING,
+    LATENCY_HITS,
+    LATENCY_MAX_EJECTIONS,
+    LATENCY_MIN_REPLICAS,
+    LATENCY_MIN_TOKENS,
+    LATENCY_WINDOW,
     MIN_WARMUP_RATE_PER_S,
     Action,
     Budget,
@@ -123,6 +135,7 @@ class Controller:
         self.disrupted: dict[str, tuple[int, int]] = {}  # rack → (unhealthy nodes, nodes), at the last tick
         self.breakers_held = 0  # replicas in rotation whose breaker every router held open at the last read
         self._tick_warmup_rate = MIN_WARMUP_RATE_PER_S
+        self._latency_median: float | None = None  # the fleet's request seconds per token at the last tick
 
     # ----- reports ---------------------------------------------------------------------------------
     def receive(self, report: NodeReport, now: float, *, wall: float | None = None) -> None:
@@ -147,6 +160,7 @@ class Controller:
         # the rack's replicas keep what they earned, so they return as soon as it heals (:meth:`racks`)
         disrupted = node.rack in self.disrupted
         failed = judged = 0
+        lone: list[ReplicaRecord] = []  # a failed probe after a passed one: an intermittent failure, or a dead start
         for probe in report.replicas:
             rec = self.replicas[probe.id]
             rec.answered = probe.ok
@@ -160,6 +174,9 @@ class Controller:
                 if not disrupted:
                     rec.score = next_score(rec.score, probe.ok, self.config.health)
                     rec.lowest = rec.score if rec.lowest is None else min(rec.lowest, rec.score)
+                    if not probe.ok and rec.passed_last:
+                        lone.append(rec)
+                    rec.passed_last = probe.ok
                 judged += 1
                 failed += not probe.ok
             rec.figures = {
@@ -173,7 +190,11 @@ class Controller:
                 rec.rate_per_s = (probe.requests_total - rec.requests_total) / dt
             if probe.ok:
                 rec.requests_total = probe.requests_total
+                self._per_token(rec, probe.e2e_seconds_total, probe.generated_tokens_total)
         node.failing = judged > 0 and 2 * failed > judged
+        if not node.failing:  # the node's others passed: each failure is its replica's own (a latency verdict)
+            for rec in lone:
+                rec.probe_failed_new = True
         if judged and not disrupted:  # replicas the controller restarted are no evidence against their node
             node.score = next_score(node.score, 2 * failed <= judged, self.config.health)
         if band(node.score, self.config.health) is Band.OK:
@@ -200,6 +221,46 @@ class Controller:
         for rid in node.replicas:
             rec = self.replicas[rid]
             rec.booting_until, rec.fresh = now - up_s + self.config.startup_budget_s, True
+
+    @staticmethod
+    def _per_token(rec: ReplicaRecord, seconds: float | None, tokens: float | None) -> None:
+        """The replica's request seconds per generated token since its last figure, once it generated
+        :data:`LATENCY_MIN_TOKENS` more (a quiet replica's figure spans several reports); counters that went down (a
+        new process) start again."""
+        if seconds is None or tokens is None:
+            return
+        if rec.tokens_at is None or tokens < rec.tokens_at[1] or seconds < rec.tokens_at[0]:
+            rec.tokens_at = (seconds, tokens)
+            return
+        generated = tokens - rec.tokens_at[1]
+        if generated >= LATENCY_MIN_TOKENS:
+            rec.per_token_s, rec.per_token_new = (seconds - rec.tokens_at[0]) / generated, True
+            rec.tokens_at = (seconds, tokens)
+
+    def _latency_verdicts(self) -> float | None:
+        """Judge what came since the last tick, once, for the replicas in rotation: a figure against
+        ``runtime.latency_outlier_ratio`` × the median of the figures (none when fewer than
+        :data:`LATENCY_MIN_REPLICAS` have one), and a probe that failed after one that passed while the node's other
+        replicas passed theirs (a stall catches a probe now and then: SGLang's /health_generate answers 503 past its
+        timeout; a replica that died fails in a row, one verdict, and its score acts). Returns the median."""
+        figures = [r.per_token_s for r in self.replicas.values() if r.per_token_new and r.in_rotation]
+        median = (
+            statistics.median(f for f in figures if f is not None) if len(figures) >= LATENCY_MIN_REPLICAS else None
+        )
+        for rec in self.replicas.values():
+            if not (rec.per_token_new or rec.probe_failed_new):
+                continue
+            figure = rec.per_token_new and median is not None and rec.per_token_s is not None
+            outlier = rec.probe_failed_new or (
+                figure and (rec.per_token_s or 0.0) > self.config.latency_outlier_ratio * (median or 0.0)
+            )
+            rec.per_token_new = rec.probe_failed_new = False
+            if not rec.in_rotation or not (figure or outlier):
+                continue
+            rec.slow_verdicts.append(outlier)
+            if len(rec.slow_verdicts) > LATENCY_WINDOW:
+                rec.slow_verdicts.popleft()
+        return median
 
     def _sent(self, node: NodeRecord, report: NodeReport, now: float) -> float:
         """When ``report`` left its node, on this controller's monotonic clock: its ``seq`` (the node's monotonic
@@ -382,6 +443,7 @@ class Controller:
         actions = []
         loads = self.loads()
         overloaded = set(self.shed_candidates(loads))
+        self._latency_median = self._latency_verdicts()
         self._tick_warmup_rate = self.warmup_rate()  # once a tick: a mass readmission was O(n²)
         out = Tally(
             sum(not r.in_rotation and not r.shed for r in self.replicas.values()),
@@ -426,7 +488,7 @@ class Controller:
             rec.serving_since = now
         else:
             if now - rec.serving_since >= 2 * self.config.restart_backoff_max_s:
-                rec.restarts = 0
+                rec.restarts = rec.ejections = 0
             if now - rec.serving_since >= self.config.quarantine_window_s:
                 rec.quarantined = False  # a whole window served: it may be restarted again
 
@@ -514,7 +576,12 @@ class Controller:
             bad, n = self.disrupted[rack]
             why = f"rack {rack} disrupted ({bad} of its {n} nodes unhealthy): out of rotation, not restarted"
             return Action(Kind.REMOVE, rec.id, rec.url, why)
-        if rec.state is ReplicaState.SERVING and where is Band.OK and (self._breaker_due(rec, now) or not overloaded):
+        slow = sum(rec.slow_verdicts) >= LATENCY_HITS
+        if (
+            rec.state is ReplicaState.SERVING
+            and where is Band.OK
+            and (self._breaker_due(rec, now) or not (overloaded or slow))
+        ):
             return self._breaker_removal(rec, now, out)
         if rec.state is ReplicaState.SERVING:
             if self._removal_backed_off(rec, now):
@@ -522,7 +589,20 @@ class Controller:
             if (out.soft if where is Band.OK else out.hard) >= self.config.max_evicted:
                 self.counters.capped += 1
                 return None
-            if where is Band.OK and overloaded:  # healthy but overloaded: shed its load
+            if where is Band.OK and slow:  # healthy but slow: out for latency (Envoy's outlier ejection)
+                rec.shed = rec.slow = True
+                rec.ejections = min(rec.ejections + 1, LATENCY_MAX_EJECTIONS)
+                rec.slow_until = now + self.config.latency_ejection_s * rec.ejections
+                figure = "none" if rec.per_token_s is None else f"{rec.per_token_s * 1000:.1f} ms"
+                median = "none" if self._latency_median is None else f"{self._latency_median * 1000:.1f} ms"
+                reason = (
+                    f"latency outlier in {sum(rec.slow_verdicts)} of its last {len(rec.slow_verdicts)} reports (a lone "
+                    f"failed probe, or request time per generated token over {self.config.latency_outlier_ratio:g}× "
+                    f"the fleet's median; its last figure {figure}, the median {median}): out of rotation for "
+                    f"{rec.slow_until - now:g} s, not restarted"
+                )
+                rec.slow_verdicts.clear()
+            elif where is Band.OK and overloaded:  # healthy but overloaded: shed its load
                 rec.shed = True
                 reason = (
                     f"load {load:.3f} above {self.config.move_ratio:g} × the mean and {self.config.shed_min_load:g}: "
@@ -533,12 +613,16 @@ class Controller:
         if rec.state is ReplicaState.OUT:
             if where is Band.MIGRATE:
                 return Action(Kind.MIGRATE, rec.id, rec.url, reason) if self._may_restart(rec, now) else None
+            if rec.slow and rec.slow_until is not None and now < rec.slow_until:
+                return None  # out for its latency: its ejection time is not over
             if rec.shed and load >= self.config.shed_min_load / 2:
                 return None  # still loaded: stays out (hysteresis: back under half the floor)
             if rec.readmit_after is not None and now < rec.readmit_after:
                 return None  # its last warm-up failed: backed off
             if may_readmit(score, self.config.health):
                 why = f"load {load:.3f} back under {self.config.shed_min_load / 2:g}" if rec.shed else reason
+                if rec.slow:
+                    why = f"latency outlier: its {self.config.latency_ejection_s * rec.ejections:g} s out are over"
                 # a process restarted since it served warms up for serving.warmup_duration_s; one that kept running
                 # (out for a breaker, a partition, its score) was serving moments ago: one interval's check
                 warm_s = self.config.warmup_s if rec.fresh else min(self.config.warmup_s, self.config.interval_s)
@@ -589,17 +673,18 @@ class Controller:
             # what its probes said while it drained was the removal's; the next decision is on what follows
             rec.lowest = None
             rec.shed = rec.shed and ok
+            rec.slow = rec.slow and ok
         elif action.kind is Kind.MIGRATE:
             rec.state = ReplicaState.OUT
             if ok:  # a fresh process: its own history starts again, warm-up still stands between it and clients
                 rec.score, rec.lowest = self.config.health.start, None
-                rec.requests_total = None
-                rec.shed = False
+                rec.requests_total = rec.tokens_at = None
+                rec.shed = rec.slow = False
                 rec.loading = rec.fresh = True
                 rec.node_forgiven = band(self.nodes[rec.node].score, self.config.health) is not Band.OK
         elif ok:
             rec.state = ReplicaState.SERVING
-            rec.shed = False
+            rec.shed = rec.slow = False
             rec.fresh = False
             rec.failed_warmups, rec.readmit_after = 0, None
         else:  # failed warm-up: backed off; earn the hysteresis margin again, or restart a live process that fails
@@ -681,6 +766,8 @@ class Controller:
         rec = self.replicas[replica_id]
         if rec.pending is Kind.REMOVE:
             return "removing"
+        if rec.slow and rec.state is ReplicaState.OUT:
+            return "slow"
         if rec.shed and rec.state is ReplicaState.OUT:
             return "shed"
         if rec.quarantined and rec.state is ReplicaState.OUT:

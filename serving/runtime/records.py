@@ -15,6 +15,15 @@ from serving.runtime.reports import Rejection
 from serving.spec.schema import FleetSpec, HealthScoreSpec, LoadMetric
 
 MIN_WARMUP_RATE_PER_S = 1.0  # a warm-up needs requests to judge, even when the fleet is idle
+# The latency-outlier signal (runtime.latency_outlier_ratio): a replica's figure is its request time per generated
+# token over the tokens of one report or more (at least LATENCY_MIN_TOKENS, so a few requests are no verdict); the
+# fleet's median needs LATENCY_MIN_REPLICAS replicas with a figure (Envoy's success_rate_minimum_hosts, 5); a replica is
+# an outlier in LATENCY_HITS of its last LATENCY_WINDOW verdicts (2 of 12: a stall every 20 s shows in one report of 4)
+LATENCY_MIN_TOKENS = 100
+LATENCY_MIN_REPLICAS = 5
+LATENCY_HITS = 2
+LATENCY_WINDOW = 12
+LATENCY_MAX_EJECTIONS = 10  # the ejection time grows with ejections in a row up to this many times the base
 
 
 def replica_urls(plan: Plan) -> dict[str, str]:
@@ -72,6 +81,8 @@ class ControllerConfig:
     disrupted_share: float = 0.55
     breaker_dwell_s: float = 0.0
     clock_skew_alert_s: float = 1.0
+    latency_outlier_ratio: float = 3.0
+    latency_ejection_s: float = 30.0
 
     @classmethod
     def from_spec(cls, spec: FleetSpec, replicas: int) -> ControllerConfig:
@@ -101,6 +112,8 @@ class ControllerConfig:
             disrupted_share=rt.disrupted_share,
             breaker_dwell_s=rt.breaker_dwell_s or 2 * spec.serving.failure_threshold * iv,
             clock_skew_alert_s=rt.clock_skew_alert_s,
+            latency_outlier_ratio=rt.latency_outlier_ratio,
+            latency_ejection_s=rt.latency_ejection_s,
         )
 
     def backoff_s(self, restarts: int) -> float:
@@ -119,7 +132,19 @@ class ReplicaRecord:
     figures: dict[LoadMetric, float] = field(default_factory=dict)
     requests_total: float | None = None
     rate_per_s: float = 0.0
-    shed: bool = False  # out of rotation for its load, not for failing
+    shed: bool = False  # out of rotation for its load or its latency, not for failing
+    # the latency-outlier signal: the cumulative (request seconds, generated tokens) of the process at the last figure,
+    # the figure (seconds per token) and whether a tick has judged it yet, the recent verdicts (True: an outlier), and
+    # whether it is out for latency, until when, after how many ejections in a row
+    tokens_at: tuple[float, float] | None = None
+    per_token_s: float | None = None
+    per_token_new: bool = False
+    passed_last: bool = True  # its last judged probe (outside a disrupted rack) passed
+    probe_failed_new: bool = False  # a failed probe after a passed one, its node's others passing: not judged yet
+    slow_verdicts: deque[bool] = field(default_factory=deque)
+    slow: bool = False
+    slow_until: float | None = None
+    ejections: int = 0
     hot: int = 0  # reports in a row with its load at or above the shed floor
     restarts: int = 0  # restarts in a row without stable service since (the back-off's exponent)
     # when each restart made within the last quarantine window started (quarantine counts these)

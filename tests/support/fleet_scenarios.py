@@ -40,6 +40,7 @@ FAULT_AT = 10.0  # every fault starts here (s on the simulated clock)
 CPU_BUDGET_S = 600.0  # per scenario, a liveness bound: a tick that is not O(n) fails the scenario, never hangs CI
 # /health_generate on a healthy replica: SGLang polls for the one-token generation with sleep(1), so at least 1 s
 # (serving/sglang_health.py), and answers 503 once SGLANG_HEALTH_CHECK_TIMEOUT (the agent's timeout - 1 s) passes
+BASE_PER_TOKEN_S = 0.02  # a healthy replica's request seconds per generated token (the latency-outlier signal)
 BASE_LATENCY_S = 1.0
 PROD_NODES = 256
 HOUR = 3600.0
@@ -494,9 +495,10 @@ def stalls(*, nodes: int = PROD_NODES, stall_s: float = 4.0, every_s: float = 20
     """One replica stops for ``stall_s`` every ``every_s`` (SIGSTOP-like) from 10 s in; each stall catches one probe
     2 s in: its health generation waits out the stall's 2 s left and SGLang's own health timeout (the agent's
     3 s - 1 s) answers 503 first, so the probe fails (a probe is never slow but under the timeout: it polls in 1 s
-    steps). The routers' breakers stay closed (requests wait, not fail). Expected: out of routing within 60 s. Not
-    met: one failed probe in four moves the score down 2 points per 20 s, and no latency signal exists yet
-    (docs/runtime.md, "Correlated faults")."""
+    steps). The routers' breakers stay closed (requests wait, not fail). Its requests' time per generated token over a
+    report's interval rises by interval ÷ (interval − the stall's share of it): 5× for a report whose interval a 4 s
+    stall fills (the latency-outlier signal: one failed probe in four moves its score down 2 points per 20 s, which
+    alone took it out never). Expected: out of routing within 60 s, never restarted for it."""
     started = time.process_time()
     fleet = prod_fleet(nodes)
     rid = fleet.plan.replicas[3].id
@@ -509,13 +511,22 @@ def stalls(*, nodes: int = PROD_NODES, stall_s: float = 4.0, every_s: float = 20
         lat = stall_s - (t - first) % every_s + BASE_LATENCY_S
         return lat if lat <= timeout - 1 else None
 
-    sim = _sim(fleet, lambda _r, _t: True, load_s=load_time, latency=latency)
+    iv = fleet.spec.serving.heartbeat_interval_s
+
+    def per_token(r: str, t: float) -> float:
+        if r != rid or t < first:
+            return BASE_PER_TOKEN_S
+        starts = [first + k * every_s for k in range(int((t - iv - first) // every_s), int((t - first) // every_s) + 1)]
+        stalled = sum(max(0.0, min(t, s + stall_s) - max(t - iv, s)) for s in starts if s >= first)
+        return BASE_PER_TOKEN_S * iv / max(iv - stalled, 0.1 * iv)
+
+    sim = _sim(fleet, lambda _r, _t: True, load_s=load_time, latency=latency, per_token=per_token)
     aborted = _run(sim, FAULT_AT + 300.0)
     out = _first(sim, rid, (Kind.REMOVE, Kind.MIGRATE), FAULT_AT)
     measured = _common(sim)
     measured["stalling_out_after_s"] = None if out is None else out - FAULT_AT
     measured["stalling_restarts"] = sim.restarts[rid]
-    expected = [Expect("stalling_out_after_s", "<=", 60.0)]
+    expected = [Expect("stalling_out_after_s", "<=", 60.0), Expect("stalling_restarts", "==", 0)]
     return _finish("stalls", sim, measured, expected, started, aborted)
 
 
@@ -552,15 +563,19 @@ def _slow_ids(fleet: Fleet) -> list[str]:
 
 def slow(*, nodes: int = PROD_NODES) -> Result:
     """10 % of the replicas answer 5× slower for 10 min. Their probes show nothing: a one-token generation 5× slower
-    still ends within SGLang's first 1 s poll of /health_generate. Expected: out of routing within the cap
-    (``ControllerConfig.max_evicted``) in ≤ 60 s, never more than the cap out, 0 restarts. Not met: no latency signal
-    exists yet (docs/runtime.md, "Correlated faults")."""
+    still ends within SGLang's first 1 s poll of /health_generate; their requests' time per generated token is 5×
+    the fleet's (the latency-outlier signal). Expected: out of routing within the cap (``ControllerConfig.max_evicted``)
+    in ≤ 60 s, never more than the cap out, 0 restarts; back once the slowness ended (ejected again meanwhile each time
+    its ejection time, growing, ran out: Envoy's outlier detection)."""
     started = time.process_time()
     fleet = prod_fleet(nodes)
     ids = set(_slow_ids(fleet))
     end = FAULT_AT + SLOW_S
 
-    sim = _sim(fleet, lambda _r, _t: True, load_s=load_time, watch=ids)
+    def per_token(r: str, t: float) -> float:
+        return BASE_PER_TOKEN_S * (5.0 if r in ids and FAULT_AT <= t < end else 1.0)
+
+    sim = _sim(fleet, lambda _r, _t: True, load_s=load_time, watch=ids, per_token=per_token)
     aborted = _run(sim, FAULT_AT + 60.0)
     out_at_60 = len(ids - sim.routed)
     aborted = aborted or _run(sim, end + 120.0)
@@ -574,6 +589,7 @@ def slow(*, nodes: int = PROD_NODES) -> Result:
         Expect("slow_out_at_60s", ">=", min(len(ids), cap)),
         Expect("out_of_rotation_max", "<=", cap),
         Expect("restarts_asked", "==", 0),
+        Expect("slow_back_after_end_s", "<=", 360.0),
     ]
     return _finish("slow", sim, measured, expected, started, aborted)
 

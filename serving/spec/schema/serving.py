@@ -368,6 +368,21 @@ class RuntimeSpec(SpecModel):
         "serving.failure_threshold × serving.heartbeat_interval_s (prod: 30 s), so a blip the routers' own breakers "
         "ride out (a 20 s one) changes no membership.",
     )
+    latency_outlier_ratio: float = Field(
+        default=3.0,
+        gt=1,
+        description="A serving replica whose request time per generated token over a report's interval (the deltas of "
+        "SGLang's sglang:e2e_request_latency_seconds_sum and sglang:generation_tokens_total, from its agent) is above "
+        "this many times the fleet's median, in 2 of its last 12 reports, is a latency outlier: out of rotation within "
+        "the shedding cap, never restarted for it (Envoy's outlier detection ejects, never restarts), readmitted "
+        "through a warm-up after runtime.latency_ejection_s × its ejections in a row.",
+    )
+    latency_ejection_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long a latency outlier stays out of rotation, times its ejections in a row, at most 10 times "
+        "this (Envoy's base_ejection_time and max_ejection_time, 30 s and 300 s).",
+    )
     image: str = Field(
         default="exaserve/exaserve-deploy:0.1.0",
         description="Container image with this package (the exaserve command) for the controller and the agents.",
