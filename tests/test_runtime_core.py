@@ -308,6 +308,32 @@ def test_failed_warmup_sends_the_replica_back_below_the_hysteresis_line() -> Non
     assert not ctl.replicas[rid].in_rotation
 
 
+def test_a_replica_that_stalls_now_and_then_is_out_for_its_latency_and_stays_out_while_it_flaps() -> None:
+    """Issue 38: a replica failing every other probe while its node's others pass (a stall catches a probe now and
+    then) is a latency outlier at its second lone failure: out of rotation (state ``slow``), not restarted, long before
+    its score (−5 + 1 a pair) reaches the stop-routing line (11 pairs). Each lone failure while out keeps it out another
+    runtime.latency_ejection_s, so it is never readmitted while it flaps; its score, falling still, restarts it below
+    the migrate line (the replica-flapping drill's order: out, restarted, back as a new process)."""
+    ctl, agents = controller(), Agents()
+    rid = PLAN.replicas[0].id
+    actions: list[tuple[float, Kind, str]] = []
+    for i in range(60):  # 300 s
+        now = T0 + 5 * i
+        ctl.receive(agents.report(NODES[0], now, failing={rid} if i % 2 else set()), now)
+        ctl.receive(agents.report(NODES[1], now), now)
+        for a in run_actions(ctl, now + 1):
+            actions.append((now - T0, a.kind, a.reason))
+        if actions and actions[0][1] is Kind.REMOVE and not any(k is Kind.MIGRATE for _t, k, _r in actions):
+            assert ctl.replica_state(rid) == "slow", (i, actions)
+    first_at, kind, why = actions[0]
+    assert kind is Kind.REMOVE and why.startswith("latency outlier in 2 of its last 2 reports"), actions[0]
+    assert first_at <= 15.0 and ctl.replicas[rid].restarts <= 1
+    kinds = [k for _t, k, _r in actions]
+    migrate = kinds.index(Kind.MIGRATE)
+    assert Kind.READMIT not in kinds[:migrate], actions  # never back while it flapped: only as a new process
+    assert actions[migrate][0] >= 150.0  # its score's doing (under 30 after 18 pairs), not the latency signal's
+
+
 Event = tuple[str, int, bool]  # (kind, replica index or node index, ok)
 
 

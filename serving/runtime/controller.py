@@ -237,12 +237,14 @@ class Controller:
             rec.per_token_s, rec.per_token_new = (seconds - rec.tokens_at[0]) / generated, True
             rec.tokens_at = (seconds, tokens)
 
-    def _latency_verdicts(self) -> float | None:
+    def _latency_verdicts(self, now: float) -> float | None:
         """Judge what came since the last tick, once, for the replicas in rotation: a figure against
         ``runtime.latency_outlier_ratio`` × the median of the figures (none when fewer than
         :data:`LATENCY_MIN_REPLICAS` have one), and a probe that failed after one that passed while the node's other
         replicas passed theirs (a stall catches a probe now and then: SGLang's /health_generate answers 503 past its
-        timeout; a replica that died fails in a row, one verdict, and its score acts). Returns the median."""
+        timeout; a replica that died fails in a row, one verdict, and its score acts). A replica out for its latency
+        that fails such a probe again stays out another ``runtime.latency_ejection_s`` from then (a flapping one is
+        never readmitted while it flaps; its score restarts it). Returns the median."""
         figures = [r.per_token_s for r in self.replicas.values() if r.per_token_new and r.in_rotation]
         median = (
             statistics.median(f for f in figures if f is not None) if len(figures) >= LATENCY_MIN_REPLICAS else None
@@ -254,6 +256,8 @@ class Controller:
             outlier = rec.probe_failed_new or (
                 figure and (rec.per_token_s or 0.0) > self.config.latency_outlier_ratio * (median or 0.0)
             )
+            if rec.slow and rec.probe_failed_new and rec.slow_until is not None:
+                rec.slow_until = max(rec.slow_until, now + self.config.latency_ejection_s)
             rec.per_token_new = rec.probe_failed_new = False
             if not rec.in_rotation or not (figure or outlier):
                 continue
@@ -443,7 +447,7 @@ class Controller:
         actions = []
         loads = self.loads()
         overloaded = set(self.shed_candidates(loads))
-        self._latency_median = self._latency_verdicts()
+        self._latency_median = self._latency_verdicts(now)
         self._tick_warmup_rate = self.warmup_rate()  # once a tick: a mass readmission was O(n²)
         out = Tally(
             sum(not r.in_rotation and not r.shed for r in self.replicas.values()),
