@@ -11,9 +11,11 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from serving.remote.fanout import fan_out
+from serving.remote.fanout import Target, fan_out, load_ssh_config, run_one
+from serving.remote.probes import FanoutError
 from tests.support import fanout
 from tests.support.fanout import targets
+from tests.support.hosts.faults import HostFaults
 from tests.support.hosts.netns import HostFleet, HostPool
 from tests.support.patience import finishes
 from tests.support.preflight import VENV_BIN, ModelStore, fleet_stack_doc
@@ -112,3 +114,64 @@ def test_cli_fleet_exec_json_and_exit_codes(fleet: HostFleet, tmp_path: Path) ->
     assert r.returncode == 2 and "not a read-only probe" in r.stderr
     r = fleet_exec("--stack-file", str(stack), "--known-hosts", str(tmp_path / "none"), "--", "uptime")
     assert r.returncode == 2 and "host keys are always verified" in r.stderr
+
+
+# ----- ~/.ssh/config: reaching nodes through a bastion (issue 42) ------------------------------------------------------
+BEHIND = {"node01": HostFaults(bastion=True), "node02": HostFaults(behind_bastion=True)}  # node03: forwards nothing
+
+
+@pytest.fixture(scope="module")
+def bastioned(ssh_hosts: HostPool) -> HostFleet:
+    """node01 a bastion (its sshd forwards TCP), node02 reachable only from its peers, node03 a plain host."""
+    return ssh_hosts(3, BEHIND)
+
+
+def _via(fleet: HostFleet, jump: str, tmp_path: Path, known_hosts: Path | None = None) -> tuple[str, Path]:
+    """``hostname`` on node02 with a client configuration that sends it through ``jump``; (its result, the config)."""
+    hidden, hop = fleet["node02"], fleet[jump]
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host {hidden.address}\n    ProxyJump root@{hop.address}\n")
+    result = run_one(
+        Target("node02", hidden.address, hidden.port, "root"), "hostname", known_hosts=known_hosts or fleet.known_hosts,
+        identity=fleet.client_key, connect_timeout_s=3, timeout_s=10, ssh_config=load_ssh_config(config),
+    )  # fmt: skip
+    return f"{result.status}: {result.stdout.strip() or result.error}", config
+
+
+def test_a_node_behind_a_bastion_is_reached_through_the_proxyjump_of_the_ssh_config(
+    bastioned: HostFleet, tmp_path: Path
+) -> None:
+    """paramiko reads no ~/.ssh/config: operators reach 256 nodes through bastions, and the fan-out (fleet exec, the
+    SSH backend's restarts) could not. Direct, node02 does not answer this machine; through node01's sshd (a
+    direct-tcpip channel, its host key verified) it runs the command on node02 itself; through node03, whose sshd
+    forwards nothing, it fails naming the hop, never silently reaching it another way."""
+    hidden = bastioned["node02"]
+    direct = fan_out(
+        [Target("node02", hidden.address, hidden.port, "root")], ["hostname"], known_hosts=bastioned.known_hosts,
+        identity=bastioned.client_key, connect_timeout_s=2, timeout_s=4,
+    )  # fmt: skip
+    assert [r.status for r in direct] == ["unreachable"], direct
+    assert _via(bastioned, "node01", tmp_path)[0] == "ok: node02"
+    refused, _config = _via(bastioned, "node03", tmp_path)
+    hop = bastioned["node03"].address
+    assert refused.startswith(f"unreachable: cannot reach {hidden.address} through its ProxyJump root@{hop}:22: ")
+    # the hop's host key is verified against the same known_hosts: a hop missing from it is refused
+    lines = [line for line in bastioned.known_hosts.read_text().splitlines() if bastioned["node01"].address not in line]
+    partial = tmp_path / "known_hosts"
+    partial.write_text("\n".join(lines) + "\n")
+    unknown, _config = _via(bastioned, "node01", tmp_path, known_hosts=partial)
+    assert unknown.startswith("host-key: ") and f"root@{bastioned['node01'].address}:22" in unknown, unknown
+
+
+def test_an_ssh_config_that_cannot_be_read_names_itself_and_none_given_reads_the_default(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    with pytest.raises(FanoutError, match=f"--ssh-config {missing}: cannot read it .*/dev/null for none"):
+        load_ssh_config(missing)
+    assert load_ssh_config(Path("/dev/null")) == ""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(home))
+        assert load_ssh_config(None) == ""  # no ~/.ssh/config: none, as ssh without one
+        (home / ".ssh" / "config").write_text("Host *\n    ProxyJump bastion\n")
+        assert "ProxyJump bastion" in load_ssh_config(None)

@@ -21,17 +21,19 @@ from tests.support.stacks import fleet_of
 
 REPLICAS = 6
 # A short baseline, the QPS and P99 gates in dry run (DRY_RUN_GATES): what these tests check is what gets planned,
-# not gate values (the error gate stays 0.1 %). The soak is the shortest the stack loader accepts: two of the
-# router's load polls, at a 1 s heartbeat.
+# not gate values (the error gate stays 0.1 %). The soak is four of the router's load polls at a 1 s heartbeat: a
+# one-replica batch then expects 10 req/s × 4 s = 40 requests, so a dip of the test's own clients must pass 50 % to
+# leave the canary under the gates' 20 (MIN_REQUESTS) and pause the rollout on evidence outside the batch. At 2 s
+# (20 expected) the clients slowed 24 % by a loaded machine paused batch 4 of a clean clone's run (at f3e77d5).
 FAST: dict[str, Any] = {
     "serving.heartbeat_interval_s": 1,
-    "rollout.interval_s": 2,
+    "rollout.interval_s": 4,
     "rollout.baseline_window_s": 1.5,
     "rollout.health_timeout_s": 10,
     **DRY_RUN_GATES,
 }
 LOAD_RATE = 60.0
-# A one-replica batch expects 10 × 10 = 100 requests in its soak at LOAD_RATE, enough for the gates, but a degraded
+# A one-replica batch expects 10 × 4 = 40 requests in its soak at LOAD_RATE, enough for the gates, but a degraded
 # fleet's or a restarted router's window may hold fewer: these rollouts go ahead with such gates inconclusive, explicitly.
 ACCEPT = "--accept-inconclusive"
 SANDBOX_GROUPS = 2  # a sandbox per test (tests/conftest.py): 83 s and 41 s in one worker set the wait-bound phase's end

@@ -21,6 +21,7 @@ from serving.cli.options import (
     IdentityOpt,
     JsonOpt,
     KnownHostsOpt,
+    SshConfigOpt,
     StackFileOpt,
     StackOpt,
     app,
@@ -30,7 +31,7 @@ from serving.cli.options import (
     require_file,
     resolve_stack,
 )
-from serving.remote.fanout import HostResult, Target, fan_out
+from serving.remote.fanout import HostResult, Target, fan_out, load_ssh_config
 from serving.remote.probes import FanoutError, check_read_only
 from serving.render.inventory import limit_nodes, unmatched_limit_patterns
 
@@ -60,6 +61,7 @@ def fleet_exec(
     limit: Annotated[str | None, typer.Option("--limit", "-l", help="Node names or groups (globs allowed).")] = None,
     known_hosts: KnownHostsOpt = DEFAULT_KNOWN_HOSTS,
     identity: IdentityOpt = None,
+    ssh_config: SshConfigOpt = None,
     timeout_s: Annotated[
         float, typer.Option("--timeout-s", help="Seconds per node, connect included.", min=0.1)
     ] = 15.0,
@@ -83,6 +85,10 @@ def fleet_exec(
         if bad:
             fail(f"--limit {limit!r}: {', '.join(map(repr, bad))} match no node or group of stack {st.name!r}")
     nodes = limit_nodes(st.spec, limit)
+    try:
+        config_text = load_ssh_config(ssh_config)
+    except FanoutError as exc:
+        fail(str(exc))
     results = fan_out(
         [Target.from_node(n) for n in nodes],
         argv,
@@ -91,6 +97,7 @@ def fleet_exec(
         connect_timeout_s=connect_timeout_s,
         timeout_s=timeout_s,
         max_parallel=max_parallel,
+        ssh_config=config_text,
     )
     if as_json:
         doc = {"command": argv, "results": [result_json(r) for r in results]}

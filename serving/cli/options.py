@@ -161,6 +161,16 @@ KnownHostsOpt = Annotated[
         callback=_expand_user,
     ),
 ]
+SshConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--ssh-config",
+        help="OpenSSH client configuration to reach the nodes through (ProxyJump, ProxyCommand, IdentityFile, "
+        "HostName, looked up by each node's address; default ~/.ssh/config when it exists); /dev/null for none.",
+        dir_okay=False,
+        callback=_expand_user,
+    ),
+]
 IdentityOpt = Annotated[
     Path | None,
     typer.Option(
@@ -361,6 +371,7 @@ __all__ = [
     "JsonOpt",
     "KnownHostsOpt",
     "ProgressLines",
+    "SshConfigOpt",
     "StackFileOpt",
     "StackOpt",
     "StateDirOpt",

@@ -34,6 +34,7 @@ from serving.cli.options import (
     IdentityOpt,
     JsonOpt,
     KnownHostsOpt,
+    SshConfigOpt,
     StackFileOpt,
     StackOpt,
     StateDirOpt,
@@ -147,6 +148,7 @@ class FleetOptions:
     backend_kind: BackendOpt = "auto"
     known_hosts: KnownHostsOpt = DEFAULT_KNOWN_HOSTS
     identity: IdentityOpt = None
+    ssh_config: SshConfigOpt = None
     kube_server: KubeServerOpt = None
     kube_token_file: KubeTokenOpt = None
     kube_ca_file: KubeCaOpt = None
@@ -171,7 +173,7 @@ def _confirm_production(st: Stack, opts: FleetOptions, action: str) -> None:
 def _operation(st: Stack, opts: FleetOptions, *, accept_inconclusive: bool = False) -> RolloutOperation:
     """``st``'s rollout operation as ``opts`` describe it."""
     backend = BackendConfig(opts.backend_kind, opts.known_hosts, opts.identity, opts.kube_server,
-                            opts.kube_token_file, opts.kube_ca_file)  # fmt: skip
+                            opts.kube_token_file, opts.kube_ca_file, opts.ssh_config)  # fmt: skip
     routers = RouterTargets(tuple(opts.routers or ()), opts.router_service, opts.router_metrics_port)
     with _refusals():
         return RolloutOperation.open(StackState.for_stack(st.name, opts.state_dir), load_fleet(st.name, st.spec),

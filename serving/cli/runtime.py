@@ -26,6 +26,7 @@ from serving.cli.options import (
     JsonOpt,
     KnownHostsOpt,
     OutputOpt,
+    SshConfigOpt,
     StackFileOpt,
     StackOpt,
     StateDirOpt,
@@ -96,6 +97,7 @@ def _restarter(
     state_dir: Path | None,
     known_hosts: Path,
     identity: Path | None,
+    ssh_config: Path | None,
 ) -> Restarter | None:
     if kind == "auto":
         kind = "local" if st.spec.sandbox is not None else "none"
@@ -114,7 +116,7 @@ def _restarter(
             fail(f"--backend kubernetes: {exc}")
     from serving.rollout.operation import BackendConfig, open_backend  # noqa: PLC0415 - loads the ssh client
 
-    config = BackendConfig(kind, known_hosts=known_hosts, identity=identity)
+    config = BackendConfig(kind, known_hosts=known_hosts, identity=identity, ssh_config=ssh_config)
     try:
         return BackendRestarter(fleet, open_backend(fleet, stack_state(st, state_dir), config))
     except RolloutInputError as exc:
@@ -168,6 +170,7 @@ def controller_run(
     ] = "auto",
     known_hosts: KnownHostsOpt = DEFAULT_KNOWN_HOSTS,
     ssh_identity: IdentityOpt = None,
+    ssh_config: SshConfigOpt = None,
     discover: DiscoverOpt = "plan",
     as_json: JsonOpt = False,
 ) -> None:
@@ -193,7 +196,7 @@ def controller_run(
             metrics=_sandbox_urls(st, "router-metrics") if not routers and not router_service else (),
             metrics_port=router_args(fleet).metrics_port,
         ),
-        restarter=_restarter(st, fleet, backend, state_dir, known_hosts, ssh_identity),
+        restarter=_restarter(st, fleet, backend, state_dir, known_hosts, ssh_identity, ssh_config),
         discovered=discover == "kubernetes",
     )
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {name} %(levelname)s %(message)s")
@@ -308,7 +311,13 @@ def _on_routers(url: str, views: dict[str, dict[str, bool]], silent: dict[str, s
 
 
 async def _versions(
-    st: Stack, fleet: Fleet, kind: RestartBackend, state_dir: Path | None, known_hosts: Path, identity: Path | None
+    st: Stack,
+    fleet: Fleet,
+    kind: RestartBackend,
+    state_dir: Path | None,
+    known_hosts: Path,
+    identity: Path | None,
+    ssh_config: Path | None = None,
 ) -> tuple[dict[str, str | None], str | None]:
     """What each replica runs as its backend observes it (the reading a rollout plans from: None is down), or why
     it could not be read."""
@@ -320,7 +329,7 @@ async def _versions(
         from serving.sandbox.endpoints import register  # noqa: PLC0415 - sandbox stacks only
 
         register()  # the sandbox's workers are --backend local
-    config = BackendConfig(kind, known_hosts=known_hosts, identity=identity)
+    config = BackendConfig(kind, known_hosts=known_hosts, identity=identity, ssh_config=ssh_config)
     try:
         backend = open_backend(fleet, stack_state(st, state_dir), config)
     except RolloutInputError as exc:
@@ -349,6 +358,7 @@ def status(
     ] = "auto",
     known_hosts: KnownHostsOpt = DEFAULT_KNOWN_HOSTS,
     identity: IdentityOpt = None,
+    ssh_config: SshConfigOpt = None,
     state_dir: StateDirOpt = None,
     output: OutputOpt = "table",
     as_json: JsonOpt = False,
@@ -368,7 +378,7 @@ def status(
     if not answers:
         fail(f"no controller answered: {found}", EXIT_PROBLEM)
     fleet = load_fleet(st.name, st.spec)
-    versions, versions_unread = asyncio.run(_versions(st, fleet, backend, state_dir, known_hosts, identity))
+    versions, versions_unread = asyncio.run(_versions(st, fleet, backend, state_dir, known_hosts, identity, ssh_config))
     # the leader's view acts; any follower's is as fresh for scores (every instance applies every report)
     view = next((s for s in answers.values() if s.get("is_leader")), next(iter(answers.values())))
     leader = view.get("leader")

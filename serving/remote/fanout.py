@@ -10,6 +10,16 @@ source's per-node monitoring loop run in parallel. Safety rules, all enforced he
   so shell operators in it are literal arguments, not pipelines or redirections;
 * every host has a connect timeout and an overall deadline; at most ``max_parallel`` connections
   are open at once; one host's failure is reported for that host and never stops the others.
+
+OpenSSH's client configuration (``~/.ssh/config`` by default, ``--ssh-config``) is read as ``ssh -p PORT -l USER
+ADDRESS`` would read it, so operators reach the fleet through their bastions: the node's address is looked up;
+its ``HostName``, ``IdentityFile`` (a ``KEY-cert.pub`` beside a key is offered as its certificate, paramiko's
+``key_filename``), ``ProxyJump`` (a chain of ``[user@]host[:port]``, each hop looked up in the same file, its host
+key verified against the same known_hosts; a hop's own ``HostName``, ``Port``, ``User`` and ``IdentityFile`` are
+read, not its own ``ProxyJump``) and ``ProxyCommand`` apply; the stack's port and user win over the
+file's ``Port`` and ``User`` (as ``-p`` and ``-l`` do; ``%p`` and ``%r`` expand to them); ``--identity`` wins over
+``IdentityFile``; known_hosts is always the one given (``UserKnownHostsFile`` and ``StrictHostKeyChecking`` are not
+read: keys are never accepted unverified). paramiko reads no ``Include`` or ``Match exec``.
 """
 
 from __future__ import annotations
@@ -50,6 +60,72 @@ class Target:
         return cls(node.name, str(node.address), node.ssh_port, node.ssh_user)
 
 
+DEFAULT_SSH_CONFIG = Path("~/.ssh/config")
+
+
+def load_ssh_config(path: Path | None) -> str:
+    """The client configuration's text from ``path``, or from :data:`DEFAULT_SSH_CONFIG` when ``path`` is None (``""``
+    when that does not exist, as ssh runs without one); a file given that cannot be read or parsed is a
+    :class:`FanoutError` naming it."""
+    where = (path or DEFAULT_SSH_CONFIG).expanduser()
+    if path is None and not where.exists():
+        return ""
+    try:
+        text = where.read_text()
+        paramiko.SSHConfig.from_text(text)
+    except (OSError, UnicodeDecodeError, paramiko.ConfigParseError) as exc:
+        raise FanoutError(
+            f"--ssh-config {where}: cannot read it ({exc}); pass an OpenSSH client config, or /dev/null for none"
+        ) from None
+    return text
+
+
+class _HopFailed(Exception):
+    """A ProxyJump hop that could not be reached or would not forward: which one, and why."""
+
+    def __init__(self, hop: str, cause: Exception) -> None:
+        super().__init__(f"{hop}: {cause}")
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class _Route:
+    """How ``ssh -p PORT -l USER ADDRESS`` would reach a node under a client configuration."""
+
+    hostname: str
+    identities: list[str]
+    jumps: list[tuple[str, int, str, list[str]]]  # (host, port, user, IdentityFiles) of each ProxyJump hop, in order
+    proxy_command: str | None
+
+
+def _route(target: Target, config_text: str) -> _Route:
+    # the stack's port and user are the command line's -p and -l: put first, they win (the first value obtained wins)
+    first = f"Host *\n    Port {target.port}\n    User {target.user}\n\n"
+    found = paramiko.SSHConfig.from_text(first + config_text).lookup(target.address)
+    jumps = []
+    for hop in filter(None, (h.strip() for h in str(found.get("proxyjump", "")).split(","))):
+        if hop.lower() == "none":
+            break
+        user, _, hostport = hop.rpartition("@")
+        host, _, port = hostport.partition(":")
+        own = paramiko.SSHConfig.from_text(config_text).lookup(host)
+        jumps.append(
+            (
+                own.get("hostname", host),
+                int(port or own.get("port", "22")),
+                user or own.get("user", target.user),
+                list(own.get("identityfile", [])),
+            )
+        )
+    command = found.get("proxycommand")
+    return _Route(
+        hostname=found.get("hostname", target.address),
+        identities=list(found.get("identityfile", [])),
+        jumps=jumps,
+        proxy_command=None if command is None or command.lower() == "none" else command,
+    )
+
+
 @dataclass(frozen=True)
 class HostResult:
     host: str
@@ -78,34 +154,53 @@ def run_one(
     identity: Path | None,
     connect_timeout_s: float,
     timeout_s: float,
+    ssh_config: str = "",
     max_output_bytes: int = 1 << 20,
 ) -> HostResult:
-    """Run ``command`` on one host; every outcome, failures included, is a :class:`HostResult`."""
+    """Run ``command`` on one host (reached as ``ssh_config``, the client configuration's text, says); every outcome,
+    failures included, is a :class:`HostResult`."""
     started = time.monotonic()
     deadline = started + timeout_s
     client = paramiko.SSHClient()
+    hops: list[paramiko.SSHClient] = []
     try:
         client.load_host_keys(str(known_hosts))
     except OSError as exc:
         return _error(target, "host-key", f"cannot read known_hosts {known_hosts}: {exc}", started)
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    hostport = target.address if target.port == 22 else f"[{target.address}]:{target.port}"
+    route = _route(target, ssh_config)
+    keys = [str(identity)] if identity else route.identities or None
+    hostport = route.hostname if target.port == 22 else f"[{route.hostname}]:{target.port}"
     # once the exec request is on its way the command may run, whatever the connection does after: paramiko's
     # exec_command re-raises the transport's saved socket error (Channel._wait_for_event), so a reset while it waits
     # for the answer must not read as "unreachable" (nothing ran), which the runtime takes as a restart never made
     sent = False
     try:
+        try:
+            sock = _through(route, target, known_hosts, keys, connect_timeout_s, hops)
+        except (_HopFailed, paramiko.SSHException, OSError) as exc:  # a hop, or the ProxyCommand's process
+            cause = exc.cause if isinstance(exc, _HopFailed) else exc
+            status: Status = (
+                "host-key"
+                if isinstance(cause, paramiko.BadHostKeyException) or "known_hosts" in str(cause)
+                else "auth"
+                if isinstance(cause, paramiko.AuthenticationException)
+                else "unreachable"
+            )
+            via = "ProxyJump" if route.jumps else "ProxyCommand"
+            return _error(target, status, f"cannot reach {hostport} through its {via} {exc}", started)
         client.connect(
-            target.address,
+            route.hostname,
             port=target.port,
             username=target.user,
-            key_filename=str(identity) if identity else None,
+            key_filename=keys,  # type: ignore[arg-type]  # paramiko takes a list of files too (SSHClient.connect)
             timeout=connect_timeout_s,
             banner_timeout=connect_timeout_s,
             auth_timeout=connect_timeout_s,
             channel_timeout=connect_timeout_s,
             allow_agent=identity is None,
             look_for_keys=identity is None,
+            sock=sock,
         )
         channel = client.get_transport().open_session(timeout=connect_timeout_s)  # type: ignore[union-attr]
         sent = True
@@ -174,6 +269,44 @@ def run_one(
         return _error(target, "unreachable", f"cannot connect to {hostport}: {exc.strerror or exc}", started)
     finally:
         client.close()
+        for hop in reversed(hops):
+            hop.close()
+
+
+def _through(
+    route: _Route,
+    target: Target,
+    known_hosts: Path,
+    keys: list[str] | None,
+    timeout_s: float,
+    hops: list[paramiko.SSHClient],
+) -> paramiko.Channel | paramiko.ProxyCommand | None:
+    """The socket to reach the node through: a ``direct-tcpip`` channel through each ProxyJump hop in turn (each
+    hop's host key verified against ``known_hosts``; the clients are appended to ``hops`` for the caller to close),
+    the ProxyCommand's pipe, or None (connect directly)."""
+    if not route.jumps:
+        return paramiko.ProxyCommand(route.proxy_command) if route.proxy_command else None
+    sock: paramiko.Channel | None = None
+    for i, (host, port, user, own_keys) in enumerate(route.jumps):
+        hop_keys = own_keys or keys  # the hop's own IdentityFile, else the node's keys
+        hop = paramiko.SSHClient()
+        hops.append(hop)
+        hop.load_host_keys(str(known_hosts))
+        hop.set_missing_host_key_policy(paramiko.RejectPolicy())
+        try:
+            hop.connect(
+                host, port=port, username=user, key_filename=hop_keys,  # type: ignore[arg-type]  # a list too
+                timeout=timeout_s, banner_timeout=timeout_s, auth_timeout=timeout_s, channel_timeout=timeout_s,
+                allow_agent=hop_keys is None, look_for_keys=hop_keys is None,
+                sock=sock,
+            )  # fmt: skip
+            nxt = route.jumps[i + 1][:2] if i + 1 < len(route.jumps) else (route.hostname, target.port)
+            sock = hop.get_transport().open_channel(  # type: ignore[union-attr]
+                "direct-tcpip", nxt, ("127.0.0.1", 0), timeout=timeout_s
+            )
+        except (paramiko.SSHException, TimeoutError, OSError) as exc:
+            raise _HopFailed(f"{user}@{host}:{port}", exc) from exc
+    return sock
 
 
 def fan_out(
@@ -185,6 +318,7 @@ def fan_out(
     connect_timeout_s: float = 5.0,
     timeout_s: float = 15.0,
     max_parallel: int = 64,
+    ssh_config: str = "",
     on_result: Callable[[HostResult], None] | None = None,
 ) -> list[HostResult]:
     """Run a read-only ``argv`` on every target, at most ``max_parallel`` at a time; results in target order.
@@ -215,6 +349,7 @@ def fan_out(
                 identity=identity,
                 connect_timeout_s=connect_timeout_s,
                 timeout_s=timeout_s,
+                ssh_config=ssh_config,
             )
             with lock:
                 results[i] = r

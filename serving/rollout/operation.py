@@ -19,6 +19,8 @@ import httpx
 
 from serving.paths import MissingFileError, require_file
 from serving.plan.model import Fleet
+from serving.remote.fanout import load_ssh_config
+from serving.remote.probes import FanoutError
 from serving.render.k8s import gateway
 from serving.rollout.backends import Backend, BackendError, local
 from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend
@@ -55,7 +57,7 @@ class PlatformError(RuntimeError):
 @dataclass(frozen=True)
 class BackendConfig:
     """Which backend updates the replicas (``auto``: local processes for a sandbox stack, kubernetes otherwise)
-    and what it needs: ``known_hosts``/``identity`` for ssh; for kubernetes the API server (in-cluster without
+    and what it needs: ``known_hosts``/``identity``/``ssh_config`` for ssh; for kubernetes the API server (in-cluster without
     ``kube_server``), its bearer token file and CA bundle."""
 
     kind: BackendKind = "auto"
@@ -64,6 +66,7 @@ class BackendConfig:
     kube_server: str | None = None
     kube_token_file: Path | None = None
     kube_ca_file: Path | None = None
+    ssh_config: Path | None = None  # OpenSSH client configuration (serving.remote.fanout.load_ssh_config)
 
     def resolved(self, fleet: Fleet) -> BackendKind:
         if self.kind == "auto":
@@ -88,7 +91,11 @@ def open_backend(fleet: Fleet, paths: StackState, config: BackendConfig) -> Back
             require_file(config.identity, "--identity", "pass an existing private key, or none to use your agent")
             if config.known_hosts is None:
                 raise RolloutInputError("--backend ssh: pass --known-hosts, the SSH backend verifies every host key")
-            return SshBackend(fleet, known_hosts=config.known_hosts, identity=config.identity)
+            try:
+                ssh_config = load_ssh_config(config.ssh_config)
+            except FanoutError as exc:
+                raise RolloutInputError(str(exc)) from None
+            return SshBackend(fleet, known_hosts=config.known_hosts, identity=config.identity, ssh_config=ssh_config)
         if config.kube_server is None:
             api = KubeApi.in_cluster()
         else:

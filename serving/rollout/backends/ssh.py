@@ -107,12 +107,14 @@ class SshBackend(ReplicaIndex):
         identity: Path | None = None,
         connect_timeout_s: float = 5.0,
         unit_dir: str = UNIT_DIR,
+        ssh_config: str = "",
     ) -> None:
         self.fleet = fleet
         self.spec = fleet.spec
         self.known_hosts = known_hosts
         self.identity = identity
         self.connect_timeout_s = connect_timeout_s
+        self.ssh_config = ssh_config  # the OpenSSH client configuration's text (run_one reads it per node)
         self.unit_dir = unit_dir
         self._unreachable: dict[str, str] = {}
         super().__init__(list(fleet.plan.replicas))
@@ -142,6 +144,7 @@ class SshBackend(ReplicaIndex):
             identity=self.identity,
             connect_timeout_s=self.connect_timeout_s,
             timeout_s=timeout_s,
+            ssh_config=self.ssh_config,
         )
 
     async def _per_node(self, commands: dict[Node, str], timeout_s: float) -> dict[Node, HostResult]:

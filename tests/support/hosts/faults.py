@@ -28,6 +28,11 @@ class HostFaults:
     """
 
     unreachable: bool = False
+    # reachable only from its peers: its replies to this machine are dropped (a blackhole route to the bridge's
+    # address in its namespace), as a node behind a bastion (reach it with ProxyJump through a `bastion` peer)
+    behind_bastion: bool = False
+    # its sshd forwards TCP (AllowTcpForwarding yes): a jump host; every other test host refuses to
+    bastion: bool = False
     old_kernel: bool = False
     # The kubelet's KUBELET_EXTRA_ARGS in /etc/default/kubelet (a tmpfs over /etc/default in the node's mount
     # namespace holding only that file); None leaves the machine's /etc/default as it is.

@@ -169,8 +169,9 @@ def _write_private(path: Path, text: str) -> None:
         handle.write(text)
 
 
-def sshd_config(*, address: str, host_key: Path, authorized_keys: Path) -> str:
-    """sshd_config of one test host: root by key only, no PAM, no DNS, internal sftp."""
+def sshd_config(*, address: str, host_key: Path, authorized_keys: Path, forwarding: bool = False) -> str:
+    """sshd_config of one test host: root by key only, no PAM, no DNS, internal sftp; TCP forwarding only for a
+    bastion (``forwarding``)."""
     return "\n".join(
         [
             f"ListenAddress {address}:{SSH_PORT}",
@@ -187,7 +188,7 @@ def sshd_config(*, address: str, host_key: Path, authorized_keys: Path) -> str:
             "PrintMotd no",
             "PrintLastLog no",
             "X11Forwarding no",
-            "AllowTcpForwarding no",
+            f"AllowTcpForwarding {'yes' if forwarding else 'no'}",
             "Subsystem sftp internal-sftp",
             "LogLevel ERROR",
             "",
@@ -359,7 +360,12 @@ class HostPool:
             node_dir = host_key.parent
             address = addresses[name]
             config = node_dir / "sshd_config"
-            config.write_text(sshd_config(address=address, host_key=host_key, authorized_keys=self.authorized_keys))
+            config.write_text(
+                sshd_config(
+                    address=address, host_key=host_key, authorized_keys=self.authorized_keys,
+                    forwarding=host_faults.bastion,
+                )
+            )  # fmt: skip
             stub_dir = node_dir / "stubs"
             write_stubs(stub_dir, name, host_faults)
             (node_dir / "etc").mkdir()
@@ -436,6 +442,8 @@ class HostPool:
                 # ping to it time out, as to a node that went dark, while its sshd keeps running.
                 peers = [h.address for h in hosts if h is not host]
                 _ip_batch([f"route add blackhole {a}/32" for a in (self.gateway, *peers)], netns=host.netns)
+            elif host.faults.behind_bastion:  # its peers reach it; this machine does not
+                _ip_batch([f"route add blackhole {self.gateway}/32"], netns=host.netns)
         return HostFleet(tuple(hosts), known_hosts, self.client_key)
 
     def _wait_ready(self, hosts: list[SshHost]) -> None:
