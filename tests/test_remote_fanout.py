@@ -11,7 +11,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from serving.remote.fanout import Target, fan_out, load_ssh_config, run_one
+from serving.remote.fanout import Target, _hop, fan_out, load_ssh_config, run_one
 from serving.remote.probes import FanoutError
 from tests.support import fanout
 from tests.support.fanout import targets
@@ -126,11 +126,14 @@ def bastioned(ssh_hosts: HostPool) -> HostFleet:
     return ssh_hosts(3, BEHIND)
 
 
-def _via(fleet: HostFleet, jump: str, tmp_path: Path, known_hosts: Path | None = None) -> tuple[str, Path]:
-    """``hostname`` on node02 with a client configuration that sends it through ``jump``; (its result, the config)."""
+def _via(
+    fleet: HostFleet, jump: str, tmp_path: Path, known_hosts: Path | None = None, more: str = ""
+) -> tuple[str, Path]:
+    """``hostname`` on node02 with a client configuration that sends it through ``jump`` (and ``more`` of it);
+    (its result, the config)."""
     hidden, hop = fleet["node02"], fleet[jump]
     config = tmp_path / "ssh_config"
-    config.write_text(f"Host {hidden.address}\n    ProxyJump root@{hop.address}\n")
+    config.write_text(f"Host {hidden.address}\n    ProxyJump root@{hop.address}\n{more}")
     result = run_one(
         Target("node02", hidden.address, hidden.port, "root"), "hostname", known_hosts=known_hosts or fleet.known_hosts,
         identity=fleet.client_key, connect_timeout_s=3, timeout_s=10, ssh_config=load_ssh_config(config),
@@ -175,3 +178,52 @@ def test_an_ssh_config_that_cannot_be_read_names_itself_and_none_given_reads_the
         assert load_ssh_config(None) == ""  # no ~/.ssh/config: none, as ssh without one
         (home / ".ssh" / "config").write_text("Host *\n    ProxyJump bastion\n")
         assert "ProxyJump bastion" in load_ssh_config(None)
+
+
+def test_a_hops_own_proxyjump_and_an_included_file_are_followed_never_dialled_around(
+    bastioned: HostFleet, tmp_path: Path
+) -> None:
+    """A review of the first cut: a hop's own ProxyJump was dropped (the hop dialled directly) and ``Include`` was
+    never read (paramiko keeps it unread), so a bastion defined in ~/.ssh/config.d was skipped. node01's own ProxyJump
+    through node03 (which forwards nothing) now fails naming node03; node02 sent through node01 by an included file
+    is reached."""
+    n1, n3 = bastioned["node01"].address, bastioned["node03"].address
+    chained, _config = _via(bastioned, "node01", tmp_path, more=f"Host {n1}\n    ProxyJump root@{n3}\n")
+    assert chained.startswith("unreachable: ") and f"root@{n3}:22" in chained, chained
+    (tmp_path / "bastions").write_text(f"Host {bastioned['node02'].address}\n    ProxyJump root@{n1}\n")
+    main = tmp_path / "main_config"
+    main.write_text(f"Include {tmp_path / 'bast*'}\n")
+    hidden = bastioned["node02"]
+    result = run_one(
+        Target("node02", hidden.address, hidden.port, "root"), "hostname", known_hosts=bastioned.known_hosts,
+        identity=bastioned.client_key, connect_timeout_s=3, timeout_s=10, ssh_config=load_ssh_config(main),
+    )  # fmt: skip
+    assert (result.status, result.stdout.strip()) == ("ok", "node02"), result
+
+
+@pytest.mark.parametrize(
+    ("spec", "hop"),
+    [
+        ("jump", (None, "jump", None)),
+        ("bob@jump:2222", ("bob", "jump", 2222)),
+        ("ssh://bob@jump:2022", ("bob", "jump", 2022)),
+        ("ssh://jump/", (None, "jump", None)),
+        ("[2001:db8::1]:2222", (None, "2001:db8::1", 2222)),
+        ("2001:db8::1", (None, "2001:db8::1", None)),
+    ],
+)
+def test_proxyjump_hops_parse_as_openssh_reads_them(spec: str, hop: tuple[str | None, str, int | None]) -> None:
+    assert _hop(spec) == hop
+
+
+@pytest.mark.parametrize("spec", ["jump:ssh", "[2001:db8::1", "[2001:db8::1]x", "bob@"])
+def test_a_proxyjump_ssh_cannot_follow_is_that_nodes_unreachable_naming_it(spec: str, tmp_path: Path) -> None:
+    """Before, ``[addr]:port`` or ``ssh://`` raised ValueError out of run_one: the fan-out's worker died (the node
+    read "abandoned") and the SSH backend's gather raised. Now nothing is dialled and the node says why."""
+    config = f"Host 10.0.0.7\n    ProxyJump {spec}\n"
+    result = run_one(
+        Target("n7", "10.0.0.7", 22, "root"), "uptime", known_hosts=Path("/dev/null"), identity=None,
+        connect_timeout_s=1, timeout_s=2, ssh_config=config,
+    )  # fmt: skip
+    assert result.status == "unreachable" and result.error is not None
+    assert result.error.startswith(f"--ssh-config: ProxyJump {spec!r}: "), result.error

@@ -14,16 +14,21 @@ source's per-node monitoring loop run in parallel. Safety rules, all enforced he
 OpenSSH's client configuration (``~/.ssh/config`` by default, ``--ssh-config``) is read as ``ssh -p PORT -l USER
 ADDRESS`` would read it, so operators reach the fleet through their bastions: the node's address is looked up;
 its ``HostName``, ``IdentityFile`` (a ``KEY-cert.pub`` beside a key is offered as its certificate, paramiko's
-``key_filename``), ``ProxyJump`` (a chain of ``[user@]host[:port]``, each hop looked up in the same file, its host
-key verified against the same known_hosts; a hop's own ``HostName``, ``Port``, ``User`` and ``IdentityFile`` are
-read, not its own ``ProxyJump``) and ``ProxyCommand`` apply; the stack's port and user win over the
+``key_filename``), ``ProxyJump`` (a chain of ``[user@]host[:port]`` or ``ssh://`` URIs, each hop looked up in the
+same file for its ``HostName``, ``Port``, ``User``, ``IdentityFile`` and its own ``ProxyJump``, its host key verified
+against the same known_hosts; a hop with only a ``ProxyCommand`` is refused, never dialled directly) and
+``ProxyCommand`` (run without a shell, as paramiko does: ``exec`` and ``$VAR`` are not a shell's; a command that
+exits is that node's ``unreachable``) apply; ``Include`` is read (paramiko keeps it unread); the stack's port and user win over the
 file's ``Port`` and ``User`` (as ``-p`` and ``-l`` do; ``%p`` and ``%r`` expand to them); ``--identity`` wins over
 ``IdentityFile``; known_hosts is always the one given (``UserKnownHostsFile`` and ``StrictHostKeyChecking`` are not
-read: keys are never accepted unverified). paramiko reads no ``Include`` or ``Match exec``.
+read: keys are never accepted unverified). Where a host has both, ``ProxyJump`` is taken (OpenSSH takes the first
+given). The default file applies to every caller, the controller service included (``--ssh-config /dev/null``).
 """
 
 from __future__ import annotations
 
+import getpass
+import glob
 import logging
 import threading
 import time
@@ -61,23 +66,93 @@ class Target:
 
 
 DEFAULT_SSH_CONFIG = Path("~/.ssh/config")
+MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
+MAX_JUMPS = 8
 
 
 def load_ssh_config(path: Path | None) -> str:
     """The client configuration's text from ``path``, or from :data:`DEFAULT_SSH_CONFIG` when ``path`` is None (``""``
-    when that does not exist, as ssh runs without one); a file given that cannot be read or parsed is a
-    :class:`FanoutError` naming it."""
+    when that does not exist, as ssh runs without one), its ``Include`` lines replaced by the files they name (paramiko
+    keeps them unread: a bastion defined in ``~/.ssh/config.d`` would be skipped and the node dialled directly); a
+    file given that cannot be read or parsed is a :class:`FanoutError` naming it."""
     where = (path or DEFAULT_SSH_CONFIG).expanduser()
     if path is None and not where.exists():
         return ""
     try:
-        text = where.read_text()
+        text = _included(where, 0)
         paramiko.SSHConfig.from_text(text)
     except (OSError, UnicodeDecodeError, paramiko.ConfigParseError) as exc:
         raise FanoutError(
             f"--ssh-config {where}: cannot read it ({exc}); pass an OpenSSH client config, or /dev/null for none"
         ) from None
     return text
+
+
+def _included(path: Path, depth: int) -> str:
+    """``path``'s text with each ``Include`` replaced, in place, by the files its patterns match (relative ones under
+    ~/.ssh, as ssh_config(5) has it for a user's file), in order, recursively (at most 16 deep, as OpenSSH)."""
+    if depth > MAX_INCLUDE_DEPTH:
+        raise OSError(f"Include nested more than {MAX_INCLUDE_DEPTH} deep at {path}")
+    out = []
+    for line in path.read_text().splitlines():
+        words = line.replace("=", " ", 1).split()
+        if not words or words[0].lower() != "include":
+            out.append(line)
+            continue
+        for pattern in words[1:]:
+            full = Path(pattern).expanduser()
+            full = full if full.is_absolute() else DEFAULT_SSH_CONFIG.expanduser().parent / full
+            for found in sorted(glob.glob(str(full))):
+                out.extend(_included(Path(found), depth + 1).splitlines())
+    return "".join(f"{line}\n" for line in out)
+
+
+def _hop(spec: str) -> tuple[str | None, str, int | None]:
+    """One ProxyJump hop as OpenSSH parses it: ``[user@]host[:port]`` or ``ssh://[user@]host[:port]``, the host an
+    IPv6 address in brackets where it has a port; (user, host, port), None where not given."""
+    text = spec.strip()
+    if text.lower().startswith("ssh://"):
+        text = text[len("ssh://") :].rstrip("/")
+    user, _, hostport = text.rpartition("@")
+    port = ""
+    if hostport.startswith("["):
+        host, bracket, rest = hostport[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise FanoutError(f"ProxyJump {spec!r}: an IPv6 host is [ADDRESS]:PORT")
+        port = rest[1:]
+    elif hostport.count(":") == 1:
+        host, _, port = hostport.partition(":")
+    else:
+        host = hostport  # a bare IPv6 address has no port
+    if not host or (port and not port.isdigit()):
+        raise FanoutError(f"ProxyJump {spec!r}: expected [user@]host[:port] or ssh://[user@]host[:port]")
+    return user or None, host, int(port) if port else None
+
+
+def _hops(spec: str, config_text: str, seen: tuple[str, ...]) -> list[tuple[str, int, str, list[str]]]:
+    """The hops of a ProxyJump value, each looked up in the configuration as ssh does for it (its ``HostName``,
+    ``Port``, ``User``, ``IdentityFile``, and its own ``ProxyJump``, whose hops come first); a loop is refused."""
+    hops: list[tuple[str, int, str, list[str]]] = []
+    for part in filter(None, (h.strip() for h in spec.split(","))):
+        if part.lower() == "none":
+            break
+        user, host, port = _hop(part)
+        if host in seen or len(seen) > MAX_JUMPS:
+            raise FanoutError(f"ProxyJump {part!r}: a loop, or more than {MAX_JUMPS} hops ({' → '.join(seen)})")
+        own = paramiko.SSHConfig.from_text(config_text).lookup(host)
+        if own.get("proxycommand") and not own.get("proxyjump"):
+            raise FanoutError(f"ProxyJump {part!r}: its own ProxyCommand is not followed; use ProxyJump for it too")
+        if own.get("proxyjump"):
+            hops.extend(_hops(str(own["proxyjump"]), config_text, (*seen, host)))
+        hops.append(
+            (
+                own.get("hostname", host),
+                port or int(own.get("port", "22")),
+                user or own.get("user") or getpass.getuser(),  # ssh's default: the local user
+                list(own.get("identityfile", [])),
+            )
+        )
+    return hops
 
 
 class _HopFailed(Exception):
@@ -99,29 +174,15 @@ class _Route:
 
 
 def _route(target: Target, config_text: str) -> _Route:
+    """How ssh would reach ``target`` under ``config_text``; a :class:`FanoutError` for a ProxyJump it cannot follow."""
     # the stack's port and user are the command line's -p and -l: put first, they win (the first value obtained wins)
     first = f"Host *\n    Port {target.port}\n    User {target.user}\n\n"
     found = paramiko.SSHConfig.from_text(first + config_text).lookup(target.address)
-    jumps = []
-    for hop in filter(None, (h.strip() for h in str(found.get("proxyjump", "")).split(","))):
-        if hop.lower() == "none":
-            break
-        user, _, hostport = hop.rpartition("@")
-        host, _, port = hostport.partition(":")
-        own = paramiko.SSHConfig.from_text(config_text).lookup(host)
-        jumps.append(
-            (
-                own.get("hostname", host),
-                int(port or own.get("port", "22")),
-                user or own.get("user", target.user),
-                list(own.get("identityfile", [])),
-            )
-        )
     command = found.get("proxycommand")
     return _Route(
         hostname=found.get("hostname", target.address),
         identities=list(found.get("identityfile", [])),
-        jumps=jumps,
+        jumps=_hops(str(found.get("proxyjump", "")), config_text, (target.address,)),
         proxy_command=None if command is None or command.lower() == "none" else command,
     )
 
@@ -168,7 +229,10 @@ def run_one(
     except OSError as exc:
         return _error(target, "host-key", f"cannot read known_hosts {known_hosts}: {exc}", started)
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    route = _route(target, ssh_config)
+    try:
+        route = _route(target, ssh_config)
+    except FanoutError as exc:  # nothing was sent: unreachable, as the SSH backend must read it
+        return _error(target, "unreachable", f"--ssh-config: {exc}", started)
     keys = [str(identity)] if identity else route.identities or None
     hostport = route.hostname if target.port == 22 else f"[{route.hostname}]:{target.port}"
     # once the exec request is on its way the command may run, whatever the connection does after: paramiko's
@@ -253,6 +317,11 @@ def run_one(
             )
         if isinstance(exc, paramiko.AuthenticationException):
             return _error(target, "auth", f"authentication as {target.user} failed: {exc}", started)
+        if route.proxy_command and not route.jumps and not sent:  # the command exited, or said nothing SSH
+            return _error(
+                target, "unreachable", f"cannot reach {hostport} through its ProxyCommand "
+                f"{route.proxy_command!r}: {exc}", started,
+            )  # fmt: skip
         return _error(target, "ssh-error", f"SSH error: {exc}", started)
     except (TimeoutError, OSError) as exc:
         if sent:

@@ -44,13 +44,14 @@ DCGM_PCIE_TX = "DCGM_FI_DEV_PCIE_TX_THROUGHPUT"  # KB/s
 DCGM_PCIE_RX = "DCGM_FI_DEV_PCIE_RX_THROUGHPUT"  # KB/s
 # What a probe reads of the replica's /metrics: parsing only these families takes a tenth of the full text's time
 # (a server's latency histograms are most of it), which at 256 replicas per agent process is most of its CPU.
-# SGLang's e2e latency histogram is read by its _sum alone (the buckets are most of the exposition's lines): with the
-# generated tokens, the seconds its requests took per token generated (the controller's latency-outlier signal)
-WORKER_E2E_SECONDS = "sglang:e2e_request_latency_seconds_sum"
-WORKER_GENERATED_TOKENS = "sglang:generation_tokens_total"
+# SGLang's per-request time per output token (decode time ÷ (completion tokens − 1), observed for requests that
+# finished by stop or length: queueing, prefill and aborts excluded; tokenizer_manager.py collect_metrics), read by its
+# _sum and _count alone (the buckets are most of the exposition's lines): the controller's latency-outlier signal
+WORKER_TPOT_SECONDS = "sglang:request_time_per_output_token_seconds_sum"
+WORKER_TPOT_REQUESTS = "sglang:request_time_per_output_token_seconds_count"
 PROBED_METRICS = (
-    WORKER_RUNNING, WORKER_QUEUED, WORKER_TOKEN_USAGE, WORKER_REQUESTS_TOTAL, WORKER_E2E_SECONDS,
-    WORKER_GENERATED_TOKENS,
+    WORKER_RUNNING, WORKER_QUEUED, WORKER_TOKEN_USAGE, WORKER_REQUESTS_TOTAL, WORKER_TPOT_SECONDS,
+    WORKER_TPOT_REQUESTS,
 )  # fmt: skip
 AGENT_USER_AGENT = f"exaserve-agent/{VERSION}"
 log = logging.getLogger(__name__)
@@ -149,11 +150,9 @@ class Agent:
             running=int(running),
             queued=int(sum(snap.per_scheduler(WORKER_QUEUED).values())),
             requests_total=snap.value(WORKER_REQUESTS_TOTAL),
-            # summed over the tokenizer's series (is_streaming, priority): a histogram's sum and a counter add up
-            e2e_seconds_total=snap.value(WORKER_E2E_SECONDS) if snap.select(WORKER_E2E_SECONDS) else None,
-            generated_tokens_total=snap.value(WORKER_GENERATED_TOKENS)
-            if snap.select(WORKER_GENERATED_TOKENS)
-            else None,
+            # summed over the tokenizer's series (is_streaming, priority): a histogram's sums and counts add up
+            tpot_seconds_total=snap.value(WORKER_TPOT_SECONDS) if snap.select(WORKER_TPOT_SECONDS) else None,
+            tpot_requests_total=snap.value(WORKER_TPOT_REQUESTS) if snap.select(WORKER_TPOT_REQUESTS) else None,
             gpu_utilization=_share(running / self.config.max_running_requests) if gpu is None else gpu,
             # the KV pool's fill, never DCGM's frame-buffer use: SGLang allocates its pool at start-up
             # (--mem-fraction-static), so an idle replica's GPU memory reads ~0.9 and a shed one never looked idle

@@ -37,10 +37,10 @@ Decisions (docs/runtime.md):
   open at once (an overload, not outliers: Envoy's outlier detection ejects, never restarts). A restart needs the
   agent's probes to agree.
 * Latency outliers leave rotation, within the shedding cap, and are never restarted for it (Envoy's outlier
-  detection): a replica whose request time per generated token over a report (SGLang's e2e latency sum and generated
-  tokens, report version 3) is over ``runtime.latency_outlier_ratio`` × the fleet's median, or whose probe failed
-  after one that passed while its node's others passed (a stall), in :data:`LATENCY_HITS` of its last
-  :data:`LATENCY_WINDOW` verdicts, is out for ``runtime.latency_ejection_s`` × its ejections in a row, then a warm-up
+  detection): a replica whose mean time per output token over a report (SGLang's
+  ``sglang:request_time_per_output_token_seconds``, report version 3) is over ``runtime.latency_outlier_ratio`` × the
+  fleet's median, or whose probe failed after one that passed while every other replica of its node passed (a stall),
+  :data:`LATENCY_HITS` times within :data:`LATENCY_WINDOW` heartbeat intervals, is out for ``runtime.latency_ejection_s`` × its ejections in a row, then a warm-up
   readmits it.
 * Missed reports do not move any score: after ``serving.failure_threshold`` intervals without a report
   the node is *suspect* and its replicas keep their rotation state. A dead agent is no evidence against
@@ -79,7 +79,7 @@ from serving.runtime.records import (
     LATENCY_HITS,
     LATENCY_MAX_EJECTIONS,
     LATENCY_MIN_REPLICAS,
-    LATENCY_MIN_TOKENS,
+    LATENCY_MIN_REQUESTS,
     LATENCY_WINDOW,
     MIN_WARMUP_RATE_PER_S,
     Action,
@@ -190,9 +190,9 @@ class Controller:
                 rec.rate_per_s = (probe.requests_total - rec.requests_total) / dt
             if probe.ok:
                 rec.requests_total = probe.requests_total
-                self._per_token(rec, probe.e2e_seconds_total, probe.generated_tokens_total)
+                self._per_token(rec, probe.tpot_seconds_total, probe.tpot_requests_total)
         node.failing = judged > 0 and 2 * failed > judged
-        if not node.failing:  # the node's others passed: each failure is its replica's own (a latency verdict)
+        if failed == 1:  # one replica failed, its node's others passed: that failure is its own (a latency verdict)
             for rec in lone:
                 rec.probe_failed_new = True
         if judged and not disrupted:  # replicas the controller restarted are no evidence against their node
@@ -223,25 +223,25 @@ class Controller:
             rec.booting_until, rec.fresh = now - up_s + self.config.startup_budget_s, True
 
     @staticmethod
-    def _per_token(rec: ReplicaRecord, seconds: float | None, tokens: float | None) -> None:
-        """The replica's request seconds per generated token since its last figure, once it generated
-        :data:`LATENCY_MIN_TOKENS` more (a quiet replica's figure spans several reports); counters that went down (a
+    def _per_token(rec: ReplicaRecord, seconds: float | None, requests: float | None) -> None:
+        """The mean time per output token of the requests the replica finished since its last figure, once it finished
+        :data:`LATENCY_MIN_REQUESTS` more (a quiet replica's figure spans several reports); counters that went down (a
         new process) start again."""
-        if seconds is None or tokens is None:
+        if seconds is None or requests is None:
             return
-        if rec.tokens_at is None or tokens < rec.tokens_at[1] or seconds < rec.tokens_at[0]:
-            rec.tokens_at = (seconds, tokens)
+        if rec.tpot_at is None or requests < rec.tpot_at[1] or seconds < rec.tpot_at[0]:
+            rec.tpot_at = (seconds, requests)
             return
-        generated = tokens - rec.tokens_at[1]
-        if generated >= LATENCY_MIN_TOKENS:
-            rec.per_token_s, rec.per_token_new = (seconds - rec.tokens_at[0]) / generated, True
-            rec.tokens_at = (seconds, tokens)
+        finished = requests - rec.tpot_at[1]
+        if finished >= LATENCY_MIN_REQUESTS:
+            rec.per_token_s, rec.per_token_new = (seconds - rec.tpot_at[0]) / finished, True
+            rec.tpot_at = (seconds, requests)
 
     def _latency_verdicts(self, now: float) -> float | None:
         """Judge what came since the last tick, once, for the replicas in rotation: a figure against
         ``runtime.latency_outlier_ratio`` × the median of the figures (none when fewer than
-        :data:`LATENCY_MIN_REPLICAS` have one), and a probe that failed after one that passed while the node's other
-        replicas passed theirs (a stall catches a probe now and then: SGLang's /health_generate answers 503 past its
+        :data:`LATENCY_MIN_REPLICAS` have one), and a probe that failed after one that passed while every other replica
+        of its node passed (a stall catches a probe now and then: SGLang's /health_generate answers 503 past its
         timeout; a replica that died fails in a row, one verdict, and its score acts). A replica out for its latency
         that fails such a probe again stays out another ``runtime.latency_ejection_s`` from then (a flapping one is
         never readmitted while it flaps; its score restarts it). Returns the median."""
@@ -261,10 +261,17 @@ class Controller:
             rec.per_token_new = rec.probe_failed_new = False
             if not rec.in_rotation or not (figure or outlier):
                 continue
-            rec.slow_verdicts.append(outlier)
-            if len(rec.slow_verdicts) > LATENCY_WINDOW:
-                rec.slow_verdicts.popleft()
+            rec.slow_verdicts.append((now, outlier))
+            self._slow(rec, now)  # and the old ones dropped
         return median
+
+    def _slow(self, rec: ReplicaRecord, now: float) -> int:
+        """The replica's outlier verdicts within the last :data:`LATENCY_WINDOW` heartbeat intervals (older ones are
+        dropped: two lone failed probes an hour apart are no stall)."""
+        horizon = now - LATENCY_WINDOW * self.config.interval_s
+        while rec.slow_verdicts and rec.slow_verdicts[0][0] < horizon:
+            rec.slow_verdicts.popleft()
+        return sum(outlier for _at, outlier in rec.slow_verdicts)
 
     def _sent(self, node: NodeRecord, report: NodeReport, now: float) -> float:
         """When ``report`` left its node, on this controller's monotonic clock: its ``seq`` (the node's monotonic
@@ -580,7 +587,7 @@ class Controller:
             bad, n = self.disrupted[rack]
             why = f"rack {rack} disrupted ({bad} of its {n} nodes unhealthy): out of rotation, not restarted"
             return Action(Kind.REMOVE, rec.id, rec.url, why)
-        slow = sum(rec.slow_verdicts) >= LATENCY_HITS
+        slow = self._slow(rec, now) >= LATENCY_HITS
         if (
             rec.state is ReplicaState.SERVING
             and where is Band.OK
@@ -600,9 +607,10 @@ class Controller:
                 figure = "none" if rec.per_token_s is None else f"{rec.per_token_s * 1000:.1f} ms"
                 median = "none" if self._latency_median is None else f"{self._latency_median * 1000:.1f} ms"
                 reason = (
-                    f"latency outlier in {sum(rec.slow_verdicts)} of its last {len(rec.slow_verdicts)} reports (a lone "
-                    f"failed probe, or request time per generated token over {self.config.latency_outlier_ratio:g}× "
-                    f"the fleet's median; its last figure {figure}, the median {median}): out of rotation for "
+                    f"latency outlier in {self._slow(rec, now)} of its {len(rec.slow_verdicts)} verdicts of the last "
+                    f"{LATENCY_WINDOW * self.config.interval_s:g} s (a lone failed probe, or its time per output token "
+                    f"over {self.config.latency_outlier_ratio:g}× the fleet's median; its last figure {figure}, the "
+                    f"median {median}): out of rotation for "
                     f"{rec.slow_until - now:g} s, not restarted"
                 )
                 rec.slow_verdicts.clear()
@@ -682,8 +690,10 @@ class Controller:
             rec.state = ReplicaState.OUT
             if ok:  # a fresh process: its own history starts again, warm-up still stands between it and clients
                 rec.score, rec.lowest = self.config.health.start, None
-                rec.requests_total = rec.tokens_at = None
+                rec.requests_total = rec.tpot_at = None
                 rec.shed = rec.slow = False
+                rec.slow_verdicts.clear()  # a new process: what the old one did is no evidence against it
+                rec.passed_last = True
                 rec.loading = rec.fresh = True
                 rec.node_forgiven = band(self.nodes[rec.node].score, self.config.health) is not Band.OK
         elif ok:

@@ -15,11 +15,12 @@ from serving.runtime.reports import Rejection
 from serving.spec.schema import FleetSpec, HealthScoreSpec, LoadMetric
 
 MIN_WARMUP_RATE_PER_S = 1.0  # a warm-up needs requests to judge, even when the fleet is idle
-# The latency-outlier signal (runtime.latency_outlier_ratio): a replica's figure is its request time per generated
-# token over the tokens of one report or more (at least LATENCY_MIN_TOKENS, so a few requests are no verdict); the
-# fleet's median needs LATENCY_MIN_REPLICAS replicas with a figure (Envoy's success_rate_minimum_hosts, 5); a replica is
-# an outlier in LATENCY_HITS of its last LATENCY_WINDOW verdicts (2 of 12: a stall every 20 s shows in one report of 4)
-LATENCY_MIN_TOKENS = 100
+# The latency-outlier signal (runtime.latency_outlier_ratio): a replica's figure is the mean time per output token of
+# the requests it finished over one report or more (at least LATENCY_MIN_REQUESTS, so a few requests are no verdict);
+# the fleet's median needs LATENCY_MIN_REPLICAS replicas with a figure (Envoy's success_rate_minimum_hosts, 5); a
+# replica is an outlier in LATENCY_HITS of its verdicts of the last LATENCY_WINDOW heartbeat intervals (2 in 12: a
+# stall every 20 s shows in one report of 4); older verdicts, and those of a process since restarted, count for nothing
+LATENCY_MIN_REQUESTS = 10
 LATENCY_MIN_REPLICAS = 5
 LATENCY_HITS = 2
 LATENCY_WINDOW = 12
@@ -133,15 +134,15 @@ class ReplicaRecord:
     requests_total: float | None = None
     rate_per_s: float = 0.0
     shed: bool = False  # out of rotation for its load or its latency, not for failing
-    # the latency-outlier signal: the cumulative (request seconds, generated tokens) of the process at the last figure,
-    # the figure (seconds per token) and whether a tick has judged it yet, the recent verdicts (True: an outlier), and
+    # the latency-outlier signal: the cumulative (TPOT seconds, requests) of the process at the last figure, the figure
+    # (its mean time per output token) and whether a tick has judged it yet, the recent verdicts ((when, outlier)), and
     # whether it is out for latency, until when, after how many ejections in a row
-    tokens_at: tuple[float, float] | None = None
+    tpot_at: tuple[float, float] | None = None
     per_token_s: float | None = None
     per_token_new: bool = False
     passed_last: bool = True  # its last judged probe (outside a disrupted rack) passed
     probe_failed_new: bool = False  # a failed probe after a passed one, its node's others passing: not judged yet
-    slow_verdicts: deque[bool] = field(default_factory=deque)
+    slow_verdicts: deque[tuple[float, bool]] = field(default_factory=deque)
     slow: bool = False
     slow_until: float | None = None
     ejections: int = 0

@@ -8,8 +8,8 @@ know and a replayed or out-of-order one (:class:`Rejection`; every refusal is co
 time only measures the node's clock skew: freshness is when the report was sent on the controller's monotonic clock
 (the sequence number plus the transit's recent floor, ``Controller._sent``), so a node whose wall clock is off is
 shown and alerted on, never refused. Version 2: version 1 ordered reports by the agent's wall-clock start, so an
-agent restarted with its clock behind had every report refused. Version 3 adds each replica's request seconds and
-generated tokens (the latency-outlier signal); a version-2 report is still taken (an agent not yet upgraded).
+agent restarted with its clock behind had every report refused. Version 3 adds each replica's time per output token
+(the latency-outlier signal); a version-2 report is still taken (an agent not yet upgraded).
 """
 
 from __future__ import annotations
@@ -43,14 +43,16 @@ class ReplicaProbe(_Strict):
     running: int = Field(default=0, ge=0, description="sglang:num_running_reqs.")
     queued: int = Field(default=0, ge=0, description="sglang:num_queue_reqs.")
     requests_total: float = Field(default=0.0, ge=0, description="sglang:num_requests_total (counter).")
-    e2e_seconds_total: float | None = Field(
+    tpot_seconds_total: float | None = Field(
         default=None,
         ge=0,
-        description="sglang:e2e_request_latency_seconds_sum summed over its series (the seconds its finished requests "
-        "took, cumulative); None when the replica does not export it (a report of version 2).",
+        description="sglang:request_time_per_output_token_seconds_sum summed over its series (each finished request's "
+        "decode time per output token, cumulative); None before its first such request, or from a version-2 agent.",
     )
-    generated_tokens_total: float | None = Field(
-        default=None, ge=0, description="sglang:generation_tokens_total summed over its series (cumulative)."
+    tpot_requests_total: float | None = Field(
+        default=None,
+        ge=0,
+        description="sglang:request_time_per_output_token_seconds_count summed over its series (cumulative).",
     )
 
 
@@ -59,7 +61,7 @@ class NodeReport(_Strict):
 
     schema_version: Literal[2, 3] = Field(
         description="Report schema version; the controller takes 2 (no latency figures: an agent not yet upgraded) "
-        "and 3 (a replica's request seconds and generated tokens, the latency-outlier signal)."
+        "and 3 (a replica's time per output token, the latency-outlier signal)."
     )
     node: str = Field(min_length=1, max_length=253, description="Node name from the stack.")
     boot_id: str = Field(

@@ -351,11 +351,11 @@ class SimulatedWorker:
         prompt_tokens = _prompt_token_count(body, endpoint)
         latency_ms = self.config.latency_ms + self._rng.uniform(-1, 1) * self.config.jitter_ms
         started = time.monotonic()
-        await self.scheduler.schedule(
+        generating_s = await self.scheduler.schedule(
             prompt_tokens + max_tokens, max(0.0, latency_ms) * self.scheduler.fault.slowdown / 1000, priority
         )
         latency_s = time.monotonic() - started
-        self.metrics.record_request(per_request, latency_s, prompt_tokens, max_tokens)
+        self.metrics.record_request(per_request, latency_s, prompt_tokens, max_tokens, generating_s)
         text = " ".join(VOCAB_WORDS[i % len(VOCAB_WORDS)] for i in range(max_tokens))
         return web.json_response(self._payload(endpoint, text, prompt_tokens, max_tokens, latency_s))
 

@@ -14,6 +14,11 @@ from serving.sandbox.worker_config import WorkerConfig
 # series model_name, engine_type, tp_rank, pp_rank, moe_ep_rank (+ priority "" and dp_rank when those are on), the
 # tokenizer's model_name, engine_type (+ priority); counters and histograms of requests add is_streaming.
 ENGINE_TYPE = "unified"  # DisaggregationMode.to_engine_type of a server without PD disaggregation
+# SGLang 0.5.23's default --bucket-inter-token-latency, the buckets of its per-request TPOT histogram too
+ITL_BUCKETS_S = (
+    0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080, 0.100, 0.200, 0.400,
+    0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
+)  # fmt: skip
 MAX_EXPOSITIONS = 8  # /metrics renderings kept between counter updates (one per state of the scheduler's gauges)
 
 
@@ -75,6 +80,13 @@ class WorkerMetrics:
             "Histogram of End-to-end request latency in seconds",
             per_request,
             buckets=config.bucket_e2e_request_latency,
+            registry=self.registry,
+        )
+        self._tpot = Histogram(
+            "sglang:request_time_per_output_token_seconds",
+            "Per-request TPOT in seconds: (finished_time - first_token_time) / (completion_tokens - 1).",
+            per_request,
+            buckets=ITL_BUCKETS_S,
             registry=self.registry,
         )
         self._running_gauge = Gauge(
@@ -141,9 +153,16 @@ class WorkerMetrics:
             labels["priority"] = priority
         return labels | {"is_streaming": "false"}
 
-    def record_request(self, labels: dict[str, str], latency_s: float, prompt_tokens: int, generated: int) -> None:
-        """A generation served: its latency and its tokens, under ``labels`` (:meth:`request_labels`)."""
+    def record_request(
+        self, labels: dict[str, str], latency_s: float, prompt_tokens: int, generated: int, generating_s: float
+    ) -> None:
+        """A generation served: its latency, its tokens and, over more than one token, its time per output token (the
+        ``generating_s`` from its admission to its finish over its tokens but the first, as SGLang's
+        ``get_time_per_output_token``: decode time ÷ (completion tokens − 1)), under ``labels``
+        (:meth:`request_labels`)."""
         self._e2e.labels(**labels).observe(latency_s)
+        if generated > 1:
+            self._tpot.labels(**labels).observe(generating_s / (generated - 1))
         self._requests.labels(**labels).inc()
         self._prompt_tokens.labels(**labels).inc(prompt_tokens)
         self._generation_tokens.labels(**labels).inc(generated)

@@ -131,10 +131,11 @@ class SimulatedScheduler:
         self._wakers.add(task := asyncio.create_task(wake()))
         task.add_done_callback(self._wakers.discard)
 
-    async def schedule(self, tokens: int, duration_s: float, priority: str) -> None:
+    async def schedule(self, tokens: int, duration_s: float, priority: str) -> float:
         """One request through the simulated scheduler: it waits in its DP rank's queue until a slot (and, under
         memory pressure, the pool) admits it and the scheduler runs, holds ``tokens`` of the KV pool for
-        ``duration_s``, and finishes only while the scheduler is not wedged; finishing is the scheduler's output."""
+        ``duration_s``, and finishes only while the scheduler is not wedged; finishing is the scheduler's output.
+        Returns the seconds from its admission to its finish (its generation, a stall included; its queueing not)."""
         rank = self._admitted % self.config.dp_size
         self._admitted += 1
 
@@ -157,11 +158,13 @@ class SimulatedScheduler:
             self.load[rank, priority, "waiting"] -= 1
         self.load[rank, priority, "running"] += 1
         self.tokens_in_flight += tokens
+        admitted = time.monotonic()
         try:
             await asyncio.sleep(duration_s)
             async with self._finished:
                 await self._finished.wait_for(lambda: not self._stopped())
             self.last_output = time.monotonic()
+            return self.last_output - admitted
         finally:
             self.tokens_in_flight -= tokens
             self.load[rank, priority, "running"] -= 1

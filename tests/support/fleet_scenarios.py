@@ -40,7 +40,7 @@ FAULT_AT = 10.0  # every fault starts here (s on the simulated clock)
 CPU_BUDGET_S = 600.0  # per scenario, a liveness bound: a tick that is not O(n) fails the scenario, never hangs CI
 # /health_generate on a healthy replica: SGLang polls for the one-token generation with sleep(1), so at least 1 s
 # (serving/sglang_health.py), and answers 503 once SGLANG_HEALTH_CHECK_TIMEOUT (the agent's timeout - 1 s) passes
-BASE_PER_TOKEN_S = 0.02  # a healthy replica's request seconds per generated token (the latency-outlier signal)
+BASE_PER_TOKEN_S = 0.02  # a healthy replica's time per output token (the latency-outlier signal)
 BASE_LATENCY_S = 1.0
 PROD_NODES = 256
 HOUR = 3600.0
@@ -495,10 +495,11 @@ def stalls(*, nodes: int = PROD_NODES, stall_s: float = 4.0, every_s: float = 20
     """One replica stops for ``stall_s`` every ``every_s`` (SIGSTOP-like) from 10 s in; each stall catches one probe
     2 s in: its health generation waits out the stall's 2 s left and SGLang's own health timeout (the agent's
     3 s - 1 s) answers 503 first, so the probe fails (a probe is never slow but under the timeout: it polls in 1 s
-    steps). The routers' breakers stay closed (requests wait, not fail). Its requests' time per generated token over a
-    report's interval rises by interval ÷ (interval − the stall's share of it): 5× for a report whose interval a 4 s
-    stall fills (the latency-outlier signal: one failed probe in four moves its score down 2 points per 20 s, which
-    alone took it out never). Expected: out of routing within 60 s, never restarted for it."""
+    steps). The routers' breakers stay closed (requests wait, not fail). The time per output token of its requests
+    finishing in a report's interval rises at most by interval ÷ (interval − the stall's share of it): 1.67× for each
+    of the two reports a 4 s stall spans here, under the 3× ratio, so what takes it out is the lone failed probes (the
+    failed probe is its own: its node's others pass), where one failed probe in four alone moved its score down 2
+    points per 20 s and never took it out. Expected: out of routing within 60 s, never restarted for it."""
     started = time.process_time()
     fleet = prod_fleet(nodes)
     rid = fleet.plan.replicas[3].id
@@ -563,8 +564,8 @@ def _slow_ids(fleet: Fleet) -> list[str]:
 
 def slow(*, nodes: int = PROD_NODES) -> Result:
     """10 % of the replicas answer 5× slower for 10 min. Their probes show nothing: a one-token generation 5× slower
-    still ends within SGLang's first 1 s poll of /health_generate; their requests' time per generated token is 5×
-    the fleet's (the latency-outlier signal). Expected: out of routing within the cap (``ControllerConfig.max_evicted``)
+    still ends within SGLang's first 1 s poll of /health_generate; their requests' time per output token is 5× the
+    fleet's (the latency-outlier signal). Expected: out of routing within the cap (``ControllerConfig.max_evicted``)
     in ≤ 60 s, never more than the cap out, 0 restarts; back once the slowness ended (ejected again meanwhile each time
     its ejection time, growing, ran out: Envoy's outlier detection)."""
     started = time.process_time()

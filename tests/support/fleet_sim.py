@@ -20,10 +20,10 @@ The correlated faults of issue 38 (tests/support/fleet_scenarios.py) add, all op
   (``load_s``, per replica) after the reboot is over;
 * ``latency`` (replica, t): the probe's ``latency_s`` (None: the probe timed out, so it fails); ``figures``
   (replica, t): its ``gpu_utilization`` and ``memory_usage``;
-* ``per_token`` (replica, t): the seconds its requests took per token generated over the report's interval (the
-  latency-outlier signal); a replica the routers list generates :data:`TOKENS_PER_REPORT` tokens an interval, one
-  they do not list none, and its agent reports the cumulative figures as SGLang's counters (without the hook the
-  probes carry none, as a version-2 agent's);
+* ``per_token`` (replica, t): the mean time per output token of the requests it finished over the report's interval
+  (the latency-outlier signal); a replica the routers list finishes :data:`REQUESTS_PER_REPORT` requests an interval,
+  one they do not list none, and its agent reports the cumulative figures as SGLang's histogram sum and count (without
+  the hook the probes carry none, as a version-2 agent's);
 * ``skew_s``: the agents' ``sent_at`` is the controller's time plus this;
 * ``router_error`` (t): one router instance answers HTTP 500 to membership calls; what the service then does is
   :class:`ServiceModel`'s (today: the change fails; a new leader cannot adopt, so it resigns);
@@ -67,7 +67,7 @@ Figures = Callable[[str, float], tuple[float, float]]  # (replica id, t) → (gp
 BOOT_ID = "4f1c9a52-7d3e-4b8a-9c61-2e5d8f0a7b13"  # every node's first boot
 FIRST_BOOT_AT = -86_400.0  # every node had been up a day when the sim starts (its seq: ns since its boot)
 PROBE_LATENCY_S = 0.01
-TOKENS_PER_REPORT = 1_000.0  # tokens a routed replica generates per heartbeat interval (``per_token``)
+REQUESTS_PER_REPORT = 50.0  # requests a routed replica finishes per heartbeat interval (``per_token``)
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ class FleetSim:
     reboots: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # node → (down at, back at)
     latency: Latency | None = None
     figures: Figures | None = None
-    per_token: Latency | None = None  # (replica id, t) → request seconds per generated token over the interval
+    per_token: Latency | None = None  # (replica id, t) → mean time per output token over the interval
     skew_s: float = 0.0  # agent clock − controller clock
     router_error: Callable[[float], bool] | None = None  # t → one router instance answers 500 to membership calls
     service: ServiceModel = ServiceModel()
@@ -171,7 +171,7 @@ class FleetSim:
         self._complete_takes = set(inspect.signature(Controller.complete).parameters)
         self._rebooted: set[str] = set()
         self._probes: dict[str, ReplicaProbe] = {}
-        self._generated: dict[str, tuple[float, float]] = {}  # replica → its (request seconds, tokens) so far
+        self._generated: dict[str, tuple[float, float]] = {}  # replica → its (TPOT seconds, requests) so far
         self.routed: set[str] = set(self.ids)  # what every router instance lists
         self.added: set[str] = set()  # added to the routers again since the start (a fresh breaker)
         self.asked: Counter[str] = Counter()  # migrations (restarts) the leader asked for
@@ -225,15 +225,15 @@ class FleetSim:
         ok = ok and latency is not None
         gpu, mem = self.figures(rid, self.now) if self.figures is not None else (0.0, 0.0)
         if self.per_token is not None:  # cumulative counters: a new probe every report
-            seconds, tokens = self._generated.get(rid, (0.0, 0.0))
+            seconds, requests = self._generated.get(rid, (0.0, 0.0))
             # its counters move while it serves, whether this probe timed out or not (a stall's report)
             per_token = self.per_token(rid, self.now) if rid in self.routed and self.answers(rid, self.now) else None
             if per_token is not None:
-                seconds, tokens = seconds + TOKENS_PER_REPORT * per_token, tokens + TOKENS_PER_REPORT
-                self._generated[rid] = (seconds, tokens)
+                seconds, requests = seconds + REQUESTS_PER_REPORT * per_token, requests + REQUESTS_PER_REPORT
+                self._generated[rid] = (seconds, requests)
             return ReplicaProbe.model_construct(
                 id=rid, ok=ok, latency_s=latency if ok else None, gpu_utilization=gpu, memory_usage=mem,
-                e2e_seconds_total=seconds if ok else None, generated_tokens_total=tokens if ok else None,
+                tpot_seconds_total=seconds if ok else None, tpot_requests_total=requests if ok else None,
             )  # fmt: skip
         last = self._probes.get(rid)
         if last is not None and (last.ok, last.latency_s, last.gpu_utilization, last.memory_usage) == (
