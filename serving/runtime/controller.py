@@ -39,9 +39,8 @@ Decisions (docs/runtime.md):
 * Latency outliers leave rotation, within the shedding cap, and are never restarted for it (Envoy's outlier
   detection): a replica whose mean time per output token over a report (SGLang's
   ``sglang:request_time_per_output_token_seconds``, report version 3) is over ``runtime.latency_outlier_ratio`` × the
-  fleet's median, or whose probe failed after one that passed while every other replica of its node passed (a stall),
-  :data:`LATENCY_HITS` times within :data:`LATENCY_WINDOW` heartbeat intervals, is out for ``runtime.latency_ejection_s`` × its ejections in a row, then a warm-up
-  readmits it.
+  fleet's median :data:`LATENCY_HITS` times within :data:`LATENCY_WINDOW` heartbeat intervals, is out for
+  ``runtime.latency_ejection_s`` × its ejections in a row, then a warm-up readmits it.
 * Missed reports do not move any score: after ``serving.failure_threshold`` intervals without a report
   the node is *suspect* and its replicas keep their rotation state. A dead agent is no evidence against
   replicas the router still reaches; the router's own health check (interval × failure threshold)
@@ -160,7 +159,6 @@ class Controller:
         # the rack's replicas keep what they earned, so they return as soon as it heals (:meth:`racks`)
         disrupted = node.rack in self.disrupted
         failed = judged = 0
-        lone: list[ReplicaRecord] = []  # a failed probe after a passed one: an intermittent failure, or a dead start
         for probe in report.replicas:
             rec = self.replicas[probe.id]
             rec.answered = probe.ok
@@ -174,9 +172,6 @@ class Controller:
                 if not disrupted:
                     rec.score = next_score(rec.score, probe.ok, self.config.health)
                     rec.lowest = rec.score if rec.lowest is None else min(rec.lowest, rec.score)
-                    if not probe.ok and rec.passed_last:
-                        lone.append(rec)
-                    rec.passed_last = probe.ok
                 judged += 1
                 failed += not probe.ok
             rec.figures = {
@@ -192,9 +187,6 @@ class Controller:
                 rec.requests_total = probe.requests_total
                 self._per_token(rec, probe.tpot_seconds_total, probe.tpot_requests_total)
         node.failing = judged > 0 and 2 * failed > judged
-        if failed == 1:  # one replica failed, its node's others passed: that failure is its own (a latency verdict)
-            for rec in lone:
-                rec.probe_failed_new = True
         if judged and not disrupted:  # replicas the controller restarted are no evidence against their node
             node.score = next_score(node.score, 2 * failed <= judged, self.config.health)
         if band(node.score, self.config.health) is Band.OK:
@@ -240,26 +232,18 @@ class Controller:
     def _latency_verdicts(self, now: float) -> float | None:
         """Judge what came since the last tick, once, for the replicas in rotation: a figure against
         ``runtime.latency_outlier_ratio`` × the median of the figures (none when fewer than
-        :data:`LATENCY_MIN_REPLICAS` have one), and a probe that failed after one that passed while every other replica
-        of its node passed (a stall catches a probe now and then: SGLang's /health_generate answers 503 past its
-        timeout; a replica that died fails in a row, one verdict, and its score acts). A replica out for its latency
-        that fails such a probe again stays out another ``runtime.latency_ejection_s`` from then (a flapping one is
-        never readmitted while it flaps; its score restarts it). Returns the median."""
+        :data:`LATENCY_MIN_REPLICAS` have one). Returns the median."""
         figures = [r.per_token_s for r in self.replicas.values() if r.per_token_new and r.in_rotation]
         median = (
             statistics.median(f for f in figures if f is not None) if len(figures) >= LATENCY_MIN_REPLICAS else None
         )
         for rec in self.replicas.values():
-            if not (rec.per_token_new or rec.probe_failed_new):
+            if not rec.per_token_new:
                 continue
             figure = rec.per_token_new and median is not None and rec.per_token_s is not None
-            outlier = rec.probe_failed_new or (
-                figure and (rec.per_token_s or 0.0) > self.config.latency_outlier_ratio * (median or 0.0)
-            )
-            if rec.slow and rec.probe_failed_new and rec.slow_until is not None:
-                rec.slow_until = max(rec.slow_until, now + self.config.latency_ejection_s)
-            rec.per_token_new = rec.probe_failed_new = False
-            if not rec.in_rotation or not (figure or outlier):
+            outlier = figure and (rec.per_token_s or 0.0) > self.config.latency_outlier_ratio * (median or 0.0)
+            rec.per_token_new = False
+            if not rec.in_rotation or not figure:
                 continue
             rec.slow_verdicts.append((now, outlier))
             self._slow(rec, now)  # and the old ones dropped
@@ -267,7 +251,7 @@ class Controller:
 
     def _slow(self, rec: ReplicaRecord, now: float) -> int:
         """The replica's outlier verdicts within the last :data:`LATENCY_WINDOW` heartbeat intervals (older ones are
-        dropped: two lone failed probes an hour apart are no stall)."""
+        dropped: two slow figures an hour apart are no outlier)."""
         horizon = now - LATENCY_WINDOW * self.config.interval_s
         while rec.slow_verdicts and rec.slow_verdicts[0][0] < horizon:
             rec.slow_verdicts.popleft()
@@ -608,7 +592,7 @@ class Controller:
                 median = "none" if self._latency_median is None else f"{self._latency_median * 1000:.1f} ms"
                 reason = (
                     f"latency outlier in {self._slow(rec, now)} of its {len(rec.slow_verdicts)} verdicts of the last "
-                    f"{LATENCY_WINDOW * self.config.interval_s:g} s (a lone failed probe, or its time per output token "
+                    f"{LATENCY_WINDOW * self.config.interval_s:g} s (its time per output token "
                     f"over {self.config.latency_outlier_ratio:g}× the fleet's median; its last figure {figure}, the "
                     f"median {median}): out of rotation for "
                     f"{rec.slow_until - now:g} s, not restarted"
@@ -693,7 +677,6 @@ class Controller:
                 rec.requests_total = rec.tpot_at = None
                 rec.shed = rec.slow = False
                 rec.slow_verdicts.clear()  # a new process: what the old one did is no evidence against it
-                rec.passed_last = True
                 rec.loading = rec.fresh = True
                 rec.node_forgiven = band(self.nodes[rec.node].score, self.config.health) is not Band.OK
         elif ok:

@@ -18,8 +18,8 @@ MIN_WARMUP_RATE_PER_S = 1.0  # a warm-up needs requests to judge, even when the 
 # The latency-outlier signal (runtime.latency_outlier_ratio): a replica's figure is the mean time per output token of
 # the requests it finished over one report or more (at least LATENCY_MIN_REQUESTS, so a few requests are no verdict);
 # the fleet's median needs LATENCY_MIN_REPLICAS replicas with a figure (Envoy's success_rate_minimum_hosts, 5); a
-# replica is an outlier in LATENCY_HITS of its verdicts of the last LATENCY_WINDOW heartbeat intervals (2 in 12: a
-# stall every 20 s shows in one report of 4); older verdicts, and those of a process since restarted, count for nothing
+# replica is an outlier in LATENCY_HITS of its verdicts of the last LATENCY_WINDOW heartbeat intervals (2 in 12);
+# older verdicts, and those of a process since restarted, count for nothing
 LATENCY_MIN_REQUESTS = 10
 LATENCY_MIN_REPLICAS = 5
 LATENCY_HITS = 2
@@ -140,8 +140,6 @@ class ReplicaRecord:
     tpot_at: tuple[float, float] | None = None
     per_token_s: float | None = None
     per_token_new: bool = False
-    passed_last: bool = True  # its last judged probe (outside a disrupted rack) passed
-    probe_failed_new: bool = False  # a failed probe after a passed one, its node's others passing: not judged yet
     slow_verdicts: deque[tuple[float, bool]] = field(default_factory=deque)
     slow: bool = False
     slow_until: float | None = None

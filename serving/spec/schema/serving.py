@@ -373,9 +373,8 @@ class RuntimeSpec(SpecModel):
         gt=1,
         description="A serving replica whose mean time per output token over a report's interval (the deltas of "
         "SGLang's sglang:request_time_per_output_token_seconds sum and count, from its agent: decode time only, "
-        "queueing and prefill excluded) is above this many times the fleet's median, or whose probe fails alone on its "
-        "node (a stall), twice within 12 heartbeat intervals, is a latency outlier: out of rotation within the shedding "
-        "cap, never restarted for it (Envoy's outlier detection ejects, never restarts), readmitted "
+        "queueing and prefill excluded) is above this many times the fleet's median twice within 12 heartbeat "
+        "intervals is a latency outlier: out of rotation within the shedding cap, never restarted for it (Envoy's outlier detection ejects, never restarts), readmitted "
         "through a warm-up after runtime.latency_ejection_s × its ejections in a row.",
     )
     latency_ejection_s: float = Field(
