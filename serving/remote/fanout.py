@@ -133,13 +133,16 @@ def _hops(spec: str, config_text: str, seen: tuple[str, ...]) -> list[tuple[str,
     """The hops of a ProxyJump value, each looked up in the configuration as ssh does for it (its ``HostName``,
     ``Port``, ``User``, ``IdentityFile``, and its own ``ProxyJump``, whose hops come first); a loop is refused."""
     hops: list[tuple[str, int, str, list[str]]] = []
+    if not spec.strip():
+        return hops  # no ProxyJump: nothing to look up
+    config = paramiko.SSHConfig.from_text(config_text)
     for part in filter(None, (h.strip() for h in spec.split(","))):
         if part.lower() == "none":
             break
         user, host, port = _hop(part)
         if host in seen or len(seen) > MAX_JUMPS:
             raise FanoutError(f"ProxyJump {part!r}: a loop, or more than {MAX_JUMPS} hops ({' → '.join(seen)})")
-        own = paramiko.SSHConfig.from_text(config_text).lookup(host)
+        own = config.lookup(host)
         if own.get("proxycommand") and not own.get("proxyjump"):
             raise FanoutError(f"ProxyJump {part!r}: its own ProxyCommand is not followed; use ProxyJump for it too")
         if own.get("proxyjump"):

@@ -153,8 +153,8 @@ class Controller:
         self._boot(node, report, now)
         sent = self._sent(node, report, now)
         # the seconds since the node's last report of this boot, on its own monotonic clock (its requests' rate)
-        same_boot = node.last_key is not None and node.last_key[0] == report.boot_id
-        dt = (report.seq - node.last_key[1]) / 1e9 if node.last_key is not None and same_boot else 0.0
+        last = node.last_key
+        dt = (report.seq - last[1]) / 1e9 if last is not None and last[0] == report.boot_id else 0.0
         # a disrupted rack's probes are one fault's, not each replica's: no score moves (as for a silent agent) and
         # the rack's replicas keep what they earned, so they return as soon as it heals (:meth:`racks`)
         disrupted = node.rack in self.disrupted
@@ -233,19 +233,14 @@ class Controller:
         """Judge what came since the last tick, once, for the replicas in rotation: a figure against
         ``runtime.latency_outlier_ratio`` × the median of the figures (none when fewer than
         :data:`LATENCY_MIN_REPLICAS` have one). Returns the median."""
-        figures = [r.per_token_s for r in self.replicas.values() if r.per_token_new and r.in_rotation]
-        median = (
-            statistics.median(f for f in figures if f is not None) if len(figures) >= LATENCY_MIN_REPLICAS else None
-        )
-        for rec in self.replicas.values():
-            if not rec.per_token_new:
-                continue
-            figure = rec.per_token_new and median is not None and rec.per_token_s is not None
-            outlier = figure and (rec.per_token_s or 0.0) > self.config.latency_outlier_ratio * (median or 0.0)
+        new = [r for r in self.replicas.values() if r.per_token_new]
+        figures = [r.per_token_s for r in new if r.in_rotation and r.per_token_s is not None]
+        median = statistics.median(figures) if len(figures) >= LATENCY_MIN_REPLICAS else None
+        for rec in new:
             rec.per_token_new = False
-            if not rec.in_rotation or not figure:
+            if median is None or rec.per_token_s is None or not rec.in_rotation:
                 continue
-            rec.slow_verdicts.append((now, outlier))
+            rec.slow_verdicts.append((now, rec.per_token_s > self.config.latency_outlier_ratio * median))
             self._slow(rec, now)  # and the old ones dropped
         return median
 
