@@ -424,8 +424,9 @@ def test_the_agent_reports_a_replicas_time_per_output_token_for_the_latency_sign
     idle, served = asyncio.run(run())
     assert idle.ok and (idle.tpot_seconds_total, idle.tpot_requests_total) == (None, None)
     assert served.ok and served.tpot_requests_total == 2  # the one-token request has none
-    # each generated for its 60 ms (a loaded machine's event loop may add to it, never take from it)
-    assert served.tpot_seconds_total is not None and 0.06 / 6 + 0.06 / 12 <= served.tpot_seconds_total < 5.0
+    # each generated for its 60 ms at least (a loaded machine's event loop may add to it, never take from it: no upper
+    # bound, which would judge this machine's speed), over its tokens but the first
+    assert served.tpot_seconds_total is not None and served.tpot_seconds_total >= 0.06 / 6 + 0.06 / 12
 
 
 def test_wedged_scheduler_a_migration_does_not_wait_for_requests_that_never_finish(tmp_path: Path) -> None:
