@@ -6,7 +6,9 @@ import asyncio
 import socket
 import time
 
-from serving.router.loadgen import TRANSPORT_ERROR, LoadGenerator, LoadReport, LoadSpec
+from aiohttp import web
+
+from serving.router.loadgen import ERROR_BODY_CHARS, TRANSPORT_ERROR, LoadGenerator, LoadReport, LoadSpec
 
 
 def test_a_sender_held_past_its_schedule_counts_the_requests_it_sent_late() -> None:
@@ -29,3 +31,42 @@ def test_a_sender_held_past_its_schedule_counts_the_requests_it_sent_late() -> N
     # within their interval); a machine stalled besides makes more of the others late (beside stress-ng: 80), never
     # the first, due when the sender starts and sent at once: a count of every request would be a bug
     assert 25 <= report.late < report.count, report.late
+
+
+def test_a_failed_run_names_its_errors_with_the_head_of_each_error_body() -> None:
+    """A server error's body (smg's JSON error code, say) is what tells a shed from a timeout or an upstream 500: the
+    report keeps its head per request and the summary names the commonest, so a red test says what failed; a 4xx is
+    kept too, and not counted as an error (the client's fault)."""
+    answers = iter([503, 200, 404, 200, 503, 200] * 5)
+    bodies = {
+        503: '{"error": {"code": "worker_overload_protection_shed"}}' + " " * 400,
+        404: "no such model",
+        200: "{}",
+    }
+
+    async def generate(_: web.Request) -> web.Response:
+        status = next(answers)
+        return web.Response(status=status, text=bodies[status])
+
+    async def body() -> LoadReport:
+        app = web.Application()
+        app.router.add_post("/generate", generate)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            return await LoadGenerator(
+                LoadSpec(url=f"http://127.0.0.1:{port}", rate_per_s=200.0, duration_s=0.15)
+            ).run()
+        finally:
+            await runner.cleanup()
+
+    report = asyncio.run(body())
+    shed = "HTTP 503: " + bodies[503][:ERROR_BODY_CHARS]  # a long body's head only
+    assert report.status_counts == {503: 10, 200: 15, 404: 5}
+    assert report.errors == 10 and report.distinct_errors() == {shed: 10}
+    assert sum(r.error == "HTTP 404: no such model" for r in report.results) == 5
+    assert all(r.error is None for r in report.results if r.status == 200)
+    assert report.summary().endswith(f"; 10 × {shed}")

@@ -482,7 +482,7 @@ def test_a_rollout_moves_each_group_through_discovery_on_every_router(cluster: C
             await backend.aclose()
 
     # the client load runs in its own event loop: on a busy machine the updater's work in its loop would delay the
-    # sends, a traffic dip the gates rightly pause on (seen once in CI)
+    # sends, a traffic dip that leaves the canary unjudged (seen once in CI, a pause before --accept-inconclusive took dips)
     load = LoadGenerator(LoadSpec(url=cluster.routers[0], rate_per_s=20, duration_s=180, timeout_s=10))
     load_loop, halt = asyncio.new_event_loop(), asyncio.Event()
     sender = threading.Thread(target=lambda: load_loop.run_until_complete(load.run(halt)), daemon=True)

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 DEFAULT_BODY: Mapping[str, Any] = {"text": "hello world", "sampling_params": {"max_new_tokens": 8}}
 TRANSPORT_ERROR = 0  # status recorded when no HTTP response arrived (refused, reset, timeout)
+ERROR_BODY_CHARS = 200  # of an error response's body, kept in RequestResult.error
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class RequestResult:
     sent_at_s: float  # seconds after the run started
     latency_s: float
     status: int  # HTTP status, or TRANSPORT_ERROR
-    error: str | None = None
+    error: str | None = None  # a transport error, or an HTTP error (>= 400) with the head of its body
 
 
 def latency_quantile(results: Iterable[RequestResult], q: float) -> float:
@@ -141,7 +142,16 @@ class LoadReport:
             f"{self.count} requests in {self.wall_s:.2f} s: {self.qps:.1f} ok/s, errors {self.errors} "
             f"({self.error_rate:.2%}), p50 {self.p50_s * 1000:.1f} ms, p99 {self.p99_s * 1000:.1f} ms, "
             f"statuses {dict(sorted(self.status_counts.items()))}, {self.late} sent late"
+            + "".join(f"; {n} × {error}" for error, n in self.distinct_errors().items())
         )
+
+    def distinct_errors(self, most: int = 5) -> dict[str, int]:
+        """The ``most`` commonest error texts among the requests counted as errors (:attr:`error_statuses`), with
+        their counts: what a failed run's message names, e.g. ``HTTP 503: {"error": ...}`` or a client timeout."""
+        counted = Counter(
+            r.error or f"HTTP {r.status}" for r in self.results if r.status >= 500 or r.status == TRANSPORT_ERROR
+        )
+        return dict(counted.most_common(most))
 
 
 class LoadGenerator:
@@ -189,8 +199,13 @@ class LoadGenerator:
             for attempt in range(min(2, len(targets))):
                 try:
                     async with session.post(targets[(i + attempt) % len(targets)], json=self.spec.body) as response:
-                        await response.read()
-                        status, error = response.status, None
+                        body = await response.read()
+                        status = response.status
+                        error = (
+                            None
+                            if status < 400
+                            else f"HTTP {status}: {body[:ERROR_BODY_CHARS].decode(errors='replace')}"
+                        )
                     break
                 except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:  # refused or reset: next, once
                     error = f"{type(exc).__name__}: {exc}"

@@ -71,7 +71,8 @@ def judge(
 
     A gate that too little traffic leaves unjudged is *inconclusive* (as Argo Rollouts calls such an analysis): with
     no breach and no evidence outside the batch the verdict is a pause that says how much traffic the soak needs,
-    never a pass; ``accept_inconclusive`` (the operator's ``--accept-inconclusive``) passes it, saying so. Every
+    never a pass; ``accept_inconclusive`` (the operator's ``--accept-inconclusive``) passes it, saying so, a traffic
+    dip that left the canary too few requests included (without it, evidence outside the batch: a pause). Every
     unjudged gate is named in :attr:`Gates.inconclusive` with the reason."""
     outside_ids = [r for r in windows if r not in canary]
     pre = before.replicas if before is not None else None
@@ -157,14 +158,15 @@ def judge(
         dip = (pre.qps_per_replica - traffic.qps_per_replica) / pre.qps_per_replica
         expected_then = pre.qps_per_replica * len(members) * seconds
         if thin_traffic and members and expected_then >= MIN_REQUESTS and dip > limits.max_qps_drop:
-            outside.append(
-                Finding(
-                    "traffic",
-                    (),
-                    f"traffic dip: {traffic.qps_per_replica:.2f} requests/s per replica vs {pre.qps_per_replica:.2f}/s "
-                    f"before the rollout ({dip:.0%} less), too few for the canary to be judged",
-                )
+            words = (
+                f"traffic dip: {traffic.qps_per_replica:.2f} requests/s per replica vs {pre.qps_per_replica:.2f}/s "
+                f"before the rollout ({dip:.0%} less), too few for the canary to be judged"
             )
+            # too little traffic to judge is what --accept-inconclusive accepts, whatever thinned it: said, not paused
+            if accept_inconclusive:
+                context.append(words + ": passed unjudged by --accept-inconclusive")
+            else:
+                outside.append(Finding("traffic", (), words))
         elif dip > limits.max_qps_drop:
             context.append(f"traffic per replica {dip:.0%} below the pre-rollout baseline: weather, not the batch")
         if (
