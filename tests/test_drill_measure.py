@@ -529,7 +529,8 @@ def test_takeover_judged_by_order_is_a_new_leader_seen() -> None:
     [
         ([200, 200, 200], 0.0),  # nothing failed after the fault
         ([200, 503, 200, 200], 2.0),  # from the first request after the last failure
-        ([200, TRANSPORT_ERROR, 429, 200], 2.0),  # a 429 is not counted as a failure (as the error gate)
+        ([200, TRANSPORT_ERROR, 429, 200], 3.0),  # a 429 failed its client too (the error gate counts it: window.py)
+        ([200, 400, 200], 2.0),  # so does any 4xx: a release answering 400 fails its clients
         ([200, 200, 502], None),  # the load ended on a failure
         ([], None),  # nothing sent after the fault
     ],
@@ -538,3 +539,11 @@ def test_served_again_counts_requests_not_latency(statuses: list[int], expected:
     before = [RequestResult(-1.0, 9.0, 503)]  # before the fault: not the fault's
     results = [*before, *(RequestResult(float(i), 30.0, s) for i, s in enumerate(statuses))]  # 30 s each: slow, served
     assert served_again_after(results) == expected
+
+
+def test_a_broken_stream_is_a_failed_request_though_its_status_is_200() -> None:
+    """smg keeps the 200 of a stream whose upstream broke (``stream_error``): the client's read says it failed."""
+    broken = RequestResult(1.0, 2.0, 200, "broken stream: the body ended after 3 chunks without data: [DONE]", True)
+    results = [RequestResult(0.0, 1.0, 200), broken, RequestResult(2.0, 1.0, 200, streamed=True, ttft_s=0.1)]
+    assert served_again_after(results) == 2.0
+    assert served_again_after(results[:2]) is None

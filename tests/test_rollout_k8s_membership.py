@@ -57,7 +57,7 @@ from serving.rollout.journal import Journal
 from serving.rollout.machine import Event, Phase, initial
 from serving.rollout.plan import kv_plan, plan_rollout
 from serving.rollout.runner import Progress, Runner
-from serving.router.loadgen import LoadGenerator, LoadSpec
+from serving.router.loadgen import DEFAULT_BODY, PRODUCTION_MIX, LoadGenerator, LoadSpec, run_load
 from serving.router.membership import DRAINING, Observed, RouterSet
 from serving.sandbox.backend import health_poll_s
 from serving.sandbox.processes import (
@@ -72,7 +72,7 @@ from serving.sandbox.processes import (
 from serving.sandbox.worker_config import WorkerConfig
 from serving.spec.schema import FleetSpec
 from tests.support.apiserver import RELEASES, ApiServerStandIn
-from tests.support.patience import wait_until
+from tests.support.patience import PATIENCE_S, wait_until
 from tests.support.stacks import fleet_of, spec_from
 
 # real routers and workers, membership changes waited on in real time: the wait-bound phase (tests/conftest.py)
@@ -268,9 +268,15 @@ class Cluster:
                 os.environ["KUBECONFIG"] = previous
 
 
-def router_flags(spec: FleetSpec, api_port: int, metrics_port: int) -> list[str]:
-    """The fleet's rendered Kubernetes router command, with loopback listeners on free ports and info logs."""
-    flags = router_args(fleet_of(spec), kubernetes=True).to_argv()[len(ROUTER_ENTRY) :]
+def router_flags(spec: FleetSpec, api_port: int, metrics_port: int, worker_urls: list[str] | None = None) -> list[str]:
+    """The fleet's rendered Kubernetes router command (or, given ``worker_urls``, its static one: the bare-metal
+    render), with loopback listeners on free ports and info logs."""
+    args = (
+        router_args(fleet_of(spec), kubernetes=True)
+        if worker_urls is None
+        else router_args(fleet_of(spec), worker_urls=worker_urls)
+    )
+    flags = args.to_argv()[len(ROUTER_ENTRY) :]
     for flag, value in (("--host", "127.0.0.1"), ("--port", str(api_port)), ("--prometheus-host", "127.0.0.1"),
                         ("--prometheus-port", str(metrics_port)), ("--log-level", "info")):  # fmt: skip
         flags[flags.index(flag) + 1] = value
@@ -328,6 +334,39 @@ def test_every_router_discovers_the_pods_it_selects_from_the_stand_in(cluster: C
             if "Registering worker " in line
         ]
         assert {f"http://{line.split(' ', 1)[0]}" for line in added} == expected, added
+
+
+def test_production_clients_are_served_through_discovery_as_through_static_urls(cluster: Cluster) -> None:
+    """Issue 39: on Kubernetes smg runs in IGW mode (``--service-discovery`` turns it on, smg launch_router.py:43-45,
+    main.rs ``enable_igw_for_discovery``), where ``/generate`` without ``model`` is 400 ``missing_model``
+    (gateway.rs): the load every test sent before. The production mix (chat, completions and /generate, streamed and
+    not, with the served model's name) through every discovery-mode router and through a router started with the
+    static render on the same pods: no error of any status, every stream read to its [DONE]."""
+    legacy = httpx.post(cluster.routers[0] + "/generate", json=dict(DEFAULT_BODY), timeout=PATIENCE_S)
+    assert legacy.status_code == 400 and legacy.json()["error"]["code"] == "missing_model", legacy.text
+    pods = sorted(cluster.pod_urls().values())
+    api_port, metrics_port = free_ports(2)
+    static = cluster.start_router(
+        "router-static", router_flags(cluster.spec, api_port, metrics_port, pods), selected=len(pods)
+    )
+    try:
+        assert "--service-discovery" not in static.argv and "--worker-urls" in static.argv
+        assert httpx.post(static.url + "/generate", json=dict(DEFAULT_BODY), timeout=PATIENCE_S).status_code == 200
+        count = 2 * len(PRODUCTION_MIX) * ROUTERS
+
+        def clients(urls: list[str]) -> LoadSpec:  # request i to instance i mod n
+            return LoadSpec(url=urls[0], failover=tuple(urls[1:]), rate_per_s=40.0, duration_s=count / 40.0,
+                            max_requests=count, timeout_s=PATIENCE_S, model=cluster.spec.model.name,
+                            shapes=PRODUCTION_MIX)  # fmt: skip
+
+        reports = {mode: asyncio.run(run_load(clients(urls)))
+                   for mode, urls in (("discovery", cluster.routers), ("static", [static.url]))}  # fmt: skip
+    finally:
+        stop_process(cluster.state, "router-static")
+    for mode, report in reports.items():
+        assert report.count == count and report.errors == 0, f"{mode}: {report.summary()}"
+        assert report.streamed == count * sum(s.stream for s in PRODUCTION_MIX) // len(PRODUCTION_MIX), mode
+        assert all(r.ttft_s is not None for r in report.results if r.streamed), mode
 
 
 def test_out_of_the_selection_on_every_router_and_a_restarted_router_keeps_it_out(cluster: Cluster) -> None:

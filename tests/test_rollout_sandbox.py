@@ -114,8 +114,8 @@ def test_bad_input_exits_2_with_the_fix(at_v1: Sandbox, args: tuple[str, ...], m
 
 
 def test_sandbox_load_command_reports_what_the_router_counted(sandbox: Sandbox) -> None:
-    """`exaserve sandbox load`: bounded client load on the sandbox router; its count agrees with the
-    router's own inference counter."""
+    """`exaserve sandbox load`: bounded client load on the sandbox router, the production mix by default (issue 39:
+    streamed and not, every route, the model named); its count agrees with the router's own inference counter."""
     before = MetricsSnapshot.parse(httpx.get(sandbox.metrics_url, timeout=5).text)
     r = sandbox.cli("sandbox", "load", "--rate", "40", "--duration-s", "2", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -127,6 +127,8 @@ def test_sandbox_load_command_reports_what_the_router_counted(sandbox: Sandbox) 
     doc = json_object(r)
     after = MetricsSnapshot.parse(httpx.get(sandbox.metrics_url, timeout=5).text)
     assert doc["errors"] == 0 and doc["status_counts"] == {"200": doc["count"]} and doc["late"] >= 0
+    assert doc["errors_by_status"] == {} and 0.4 <= doc["streamed_share"] <= 0.7, doc
+    assert doc["ttft_p99_s"] is not None and doc["itl_p99_s"] is not None and doc["p99_s"] is not None
     assert 60 <= doc["count"] <= 82  # 40 req/s for 2 s, fixed-rate
     counted = after.value(ROUTER_INFERENCE_REQUESTS) - before.value(ROUTER_INFERENCE_REQUESTS)
     assert counted == doc["count"]

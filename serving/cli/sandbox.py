@@ -9,6 +9,7 @@ measured first) CPU the sandbox needs, 1 when the sandbox did not start or the l
 from __future__ import annotations
 
 import asyncio
+from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -184,40 +185,51 @@ async def _load(spec: LoadSpec, lines: ProgressLines) -> LoadReport:
     return run.result()
 
 
+class LoadMix(StrEnum):
+    production = "production"
+    generate = "generate"
+
+
 @sandbox_app.command("load")
 def sandbox_load(
     stack: StackOpt = SANDBOX_STACK,
     stack_file: StackFileOpt = None,
     rate: Annotated[float, typer.Option("--rate", help="Requests per second, sent at a fixed rate.")] = 50.0,
     duration_s: Annotated[float, typer.Option("--duration-s", help="Seconds to run; bounded.")] = 60.0,
+    mix: Annotated[
+        LoadMix,
+        typer.Option(
+            "--mix",
+            help="production: chat, completions and /generate, streamed and not, short and long (what clients "
+            "send; serving.router.loadgen.PRODUCTION_MIX); generate: one short non-streamed /generate each.",
+        ),
+    ] = LoadMix.production,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="The model name every request carries. Default: the stack's model.name."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Bounded client load on the sandbox router (run it beside a rollout so the gates have traffic).
 
-    Exit 1 when any request failed as a client sees it."""
-    from serving.router.loadgen import LoadSpec  # noqa: PLC0415
+    Every request carries the served model's name (smg in Kubernetes discovery mode refuses one without it). Exit 1
+    when any request failed as a client sees it: any status but 2xx, or a stream that did not end in [DONE]."""
+    from serving.router.loadgen import PRODUCTION_MIX, LoadSpec  # noqa: PLC0415
 
     st = resolve_stack(stack, stack_file)
     try:
-        spec = LoadSpec(url=sandbox_endpoints(st.spec).router_url, rate_per_s=rate, duration_s=duration_s)
+        spec = LoadSpec(
+            url=sandbox_endpoints(st.spec).router_url,
+            rate_per_s=rate,
+            duration_s=duration_s,
+            model=model or st.spec.model.name,
+            shapes=PRODUCTION_MIX if mix is LoadMix.production else (),
+        )
     except ValueError as exc:  # RolloutInputError (no sandbox: section) included
         fail(str(exc))
     report = asyncio.run(_load(spec, ProgressLines(err_console)))
     if as_json:
-        emit_json(
-            {
-                "count": report.count,
-                "errors": report.errors,
-                "error_rate": report.error_rate,
-                "qps": report.qps,
-                "p50_s": report.p50_s,
-                "p99_s": report.p99_s,
-                "status_counts": report.status_counts,
-                "late": report.late,
-            },
-            stack=st.name,
-            ok=not report.errors,
-        )
+        emit_json(report.to_json(), stack=st.name, ok=not report.errors)
     else:
         console.print(report.summary(), highlight=False)
     if report.errors:

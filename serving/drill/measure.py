@@ -36,7 +36,7 @@ from itertools import pairwise
 from typing import Any
 
 from serving.drill.scenarios import Judging, Scenario, Target, TargetName
-from serving.router.loadgen import TRANSPORT_ERROR, RequestResult, latency_quantile
+from serving.router.loadgen import RequestResult, latency_quantile
 from serving.stats import P99, nearest_rank, p_slower_than_reference
 
 # How many times longer than the plan's targets a drill judged by order waits for the events it needs and for the
@@ -206,12 +206,6 @@ def _round(x: float | None) -> float | None:
     return None if x is None or math.isnan(x) else round(x, 3)
 
 
-def _ok(r: RequestResult) -> bool:
-    return 200 <= r.status < 300
-
-
-def _failed(r: RequestResult) -> bool:
-    return r.status >= 500 or r.status == TRANSPORT_ERROR
 
 
 def p99(results: Sequence[RequestResult]) -> float:
@@ -222,7 +216,7 @@ def p99(results: Sequence[RequestResult]) -> float:
 def baseline_of(results: Sequence[RequestResult], seconds: float) -> Baseline:
     """The client figures of the ``seconds`` before the fault (requests sent at t < 0)."""
     before = [r for r in results if -seconds <= r.sent_at_s < 0]
-    ok = sum(map(_ok, before))
+    ok = sum(r.ok for r in before)
     return Baseline(len(before), ok, ok / seconds if seconds > 0 else 0.0, p99(before))
 
 
@@ -239,8 +233,9 @@ def windows(results: Sequence[RequestResult], base: Baseline, gates: Gates, unti
     least = (1 - gates.max_qps_drop) * base.ok_per_s * w
     rank = nearest_rank(P99, base.ok)  # the baseline's P99 is its rank-th smallest success (p99 above)
     for i, bucket in enumerate(buckets):
-        ok, errors, latency = sum(map(_ok, bucket)), sum(map(_failed, bucket)), p99(bucket)
-        slow = sum(1 for r in bucket if _ok(r) and r.latency_s > limit)
+        ok, latency = sum(r.ok for r in bucket), p99(bucket)
+        errors = len(bucket) - ok
+        slow = sum(1 for r in bucket if r.ok and r.latency_s > limit)
         chance = p_slower_than_reference(slow, ok, rank, base.ok) if not math.isnan(limit) else 1.0
         bad = None
         if errors:
@@ -379,7 +374,7 @@ def measure(
         restoration,
         takeover,
         len(during),
-        sum(map(_failed, during)),
+        sum(not r.ok for r in during),
         base,
         tuple(judged),
         tuple(false),
@@ -396,9 +391,9 @@ def served_again_after(results: Sequence[RequestResult]) -> float | None:
     after its last failed one (0 when none failed), provided one of those succeeded; None when the load ended on a
     failure or sent nothing after the fault. Counts requests, never compares a latency."""
     after = sorted((r for r in results if r.sent_at_s >= 0), key=lambda r: r.sent_at_s)
-    last_failed = max((i for i, r in enumerate(after) if _failed(r)), default=-1)
+    last_failed = max((i for i, r in enumerate(after) if not r.ok), default=-1)
     tail = after[last_failed + 1 :]
-    if not any(map(_ok, tail)):
+    if not any(r.ok for r in tail):
         return None
     return 0.0 if last_failed < 0 else tail[0].sent_at_s
 

@@ -607,9 +607,9 @@ class Runner:
         p99 = max((r.p99_s for r in reports if r.ok), default=float("nan"))
         if failed:
             rate = sum(failed.values()) / sent
-            statuses: Counter[int] = Counter()
+            statuses: Counter[str] = Counter()
             for r in reports:
-                statuses.update(r.error_statuses)
+                statuses.update(r.errors_by_status)
             breach = (
                 f"warm-up error rate {rate:.2%} > {plan.limits.max_error_rate:.2%}: failed synthetic requests "
                 f"per replica {failed}, {n} sent to each; by status {dict(statuses)} ({TRANSPORT_ERROR}: no answer within "

@@ -13,6 +13,15 @@ request whose connection an instance refused or reset before any response came i
 as behind a load balancer that retries on connect failure and reset (Envoy's ``retry_on: connect-failure,reset``):
 the fault drills' ``router-loss``.
 
+Each request has a shape (:class:`RequestShape`): its route (``/generate``, ``/v1/completions``,
+``/v1/chat/completions``), streamed or not, its prompt and output lengths, and the served ``model`` name, which smg in
+Kubernetes discovery (IGW) mode requires on every route (400 ``missing_model`` without it). ``shapes`` cycles request
+``i`` through a mix (:data:`PRODUCTION_MIX`: what clients of an SGLang fleet send); without it every request is
+``body`` on ``path``. A streamed request is read as SSE to its ``data: [DONE]``: its time to the first token (TTFT)
+and the gaps between token chunks (inter-token latency) are kept, and a stream that breaks off, carries an error
+chunk or never ends is a failed request, whatever its status (smg keeps the 200 of a stream whose upstream broke).
+Every request but a 2xx answered in full is an error, 4xx included: a release that answers 400 fails its clients.
+
 Use it in-process (``await LoadGenerator(spec).run()``, with :meth:`LoadGenerator.report` readable
 while it runs, e.g. for an updater's gates) or from a test (:func:`run_load_sync`).
 """
@@ -20,12 +29,13 @@ while it runs, e.g. for an updater's gates) or from a test (:func:`run_load_sync
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from serving.stats import nearest_rank
 
@@ -35,6 +45,71 @@ if TYPE_CHECKING:
 DEFAULT_BODY: Mapping[str, Any] = {"text": "hello world", "sampling_params": {"max_new_tokens": 8}}
 TRANSPORT_ERROR = 0  # status recorded when no HTTP response arrived (refused, reset, timeout)
 ERROR_BODY_CHARS = 200  # of an error response's body, kept in RequestResult.error
+BROKEN_STREAM = "broken stream"  # LoadReport.errors_by_status's key for a 2xx stream that did not end in [DONE]
+SSE_DONE = b"[DONE]"  # SGLang's terminator on every streaming route (http_server.py, serving_base.py)
+
+Route = Literal["generate", "completions", "chat"]
+ROUTE_PATHS: Mapping[Route, str] = {
+    "generate": "/generate",
+    "completions": "/v1/completions",
+    "chat": "/v1/chat/completions",
+}
+_WORDS = ("the", "fleet", "serves", "tokens", "to", "clients", "across", "many", "nodes", "today")
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """One kind of client request: its route, streamed or not, its prompt length in words and its output length in
+    tokens (``max_new_tokens`` on ``/generate``, ``max_tokens`` on the OpenAI routes)."""
+
+    route: Route = "generate"
+    stream: bool = False
+    prompt_words: int = 2
+    max_tokens: int = 8
+
+    def __post_init__(self) -> None:
+        if self.route not in ROUTE_PATHS:
+            raise ValueError(f"request route {self.route!r}: must be one of {', '.join(ROUTE_PATHS)}")
+        if self.prompt_words < 1 or self.max_tokens < 1:
+            raise ValueError(
+                f"request shape prompt_words={self.prompt_words}, max_tokens={self.max_tokens}: both must be >= 1"
+            )
+
+    @property
+    def path(self) -> str:
+        return ROUTE_PATHS[self.route]
+
+    def body(self, model: str | None) -> dict[str, Any]:
+        prompt = " ".join(_WORDS[i % len(_WORDS)] for i in range(self.prompt_words))
+        body: dict[str, Any]
+        if self.route == "generate":
+            body = {"text": prompt, "sampling_params": {"max_new_tokens": self.max_tokens}}
+        elif self.route == "completions":
+            body = {"prompt": prompt, "max_tokens": self.max_tokens}
+        else:
+            body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": self.max_tokens}
+        if self.stream:
+            body["stream"] = True
+            if self.route != "generate":  # the usage chunk before [DONE], as OpenAI clients ask for it
+                body["stream_options"] = {"include_usage": True}
+        if model is not None:
+            body["model"] = model
+        return body
+
+
+# What clients of a chat-serving fleet send, cycled request by request: mostly streamed chat, some completions and
+# native /generate, short and long prompts and outputs (the sandbox's generation time is per request, so the lengths
+# shape the token chunks and the KV pool, not the time).
+PRODUCTION_MIX: tuple[RequestShape, ...] = (
+    RequestShape("chat", stream=True, prompt_words=64, max_tokens=32),
+    RequestShape("chat", stream=False, prompt_words=16, max_tokens=8),
+    RequestShape("completions", stream=True, prompt_words=256, max_tokens=16),
+    RequestShape("generate", stream=False, prompt_words=8, max_tokens=8),
+    RequestShape("chat", stream=True, prompt_words=8, max_tokens=64),
+    RequestShape("generate", stream=True, prompt_words=32, max_tokens=16),
+    RequestShape("completions", stream=False, prompt_words=128, max_tokens=4),
+    RequestShape("chat", stream=True, prompt_words=512, max_tokens=8),
+)
 
 
 @dataclass(frozen=True)
@@ -48,6 +123,8 @@ class LoadSpec:
     body: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_BODY))
     timeout_s: float = 10.0
     failover: tuple[str, ...] = ()  # more instances beside ``url``: round robin, refused or reset retried once
+    model: str | None = None  # the served model name, sent as ``model`` in every body
+    shapes: tuple[RequestShape, ...] = ()  # request i is shapes[i % len]; none: ``body`` on ``path``
 
     def __post_init__(self) -> None:
         problems = [
@@ -59,8 +136,16 @@ class LoadSpec:
             raise ValueError("invalid load spec: " + "; ".join(problems))
 
     @property
-    def targets(self) -> tuple[str, ...]:
-        return tuple(u.rstrip("/") + self.path for u in (self.url, *self.failover))
+    def instances(self) -> tuple[str, ...]:
+        return tuple(u.rstrip("/") for u in (self.url, *self.failover))
+
+    def request(self, i: int) -> tuple[str, Mapping[str, Any], bool]:
+        """Request ``i``'s path, body and whether it is streamed."""
+        if self.shapes:
+            shape = self.shapes[i % len(self.shapes)]
+            return shape.path, shape.body(self.model), shape.stream
+        body = dict(self.body) if self.model is None else {**self.body, "model": self.model}
+        return self.path, body, bool(body.get("stream"))
 
     @property
     def planned_requests(self) -> int:
@@ -72,15 +157,32 @@ class RequestResult:
     sent_at_s: float  # seconds after the run started
     latency_s: float
     status: int  # HTTP status, or TRANSPORT_ERROR
-    error: str | None = None  # a transport error, or an HTTP error (>= 400) with the head of its body
+    error: str | None = None  # a transport error, an HTTP error (>= 400) with the head of its body, a broken stream
+    streamed: bool = False
+    ttft_s: float | None = None  # a stream's time to its first token chunk
+    itl_s: tuple[float, ...] = ()  # a stream's gaps between token chunks
+
+    @property
+    def ok(self) -> bool:
+        """Answered 2xx in full: a stream to its ``[DONE]`` with no error chunk."""
+        return 200 <= self.status < 300 and self.error is None
+
+    @property
+    def error_kind(self) -> str:
+        """What :attr:`LoadReport.errors_by_status` counts a failed request under: its status, or a broken stream."""
+        return BROKEN_STREAM if 200 <= self.status < 300 else str(self.status)
 
 
 def latency_quantile(results: Iterable[RequestResult], q: float) -> float:
-    """Nearest-rank ``q``-quantile of the successful (2xx) requests' latency in seconds; NaN with none."""
-    latencies = sorted(r.latency_s for r in results if 200 <= r.status < 300)
-    if not latencies:
+    """Nearest-rank ``q``-quantile of the successful requests' latency in seconds (a stream's to its end); NaN with
+    none."""
+    return _quantile([r.latency_s for r in results if r.ok], q)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
         return math.nan
-    return latencies[nearest_rank(q, len(latencies)) - 1]
+    return sorted(values)[nearest_rank(q, len(values)) - 1]
 
 
 @dataclass(frozen=True)
@@ -99,17 +201,17 @@ class LoadReport:
 
     @property
     def ok(self) -> int:
-        return sum(200 <= r.status < 300 for r in self.results)
+        return sum(r.ok for r in self.results)
 
     @property
-    def error_statuses(self) -> dict[int, int]:
-        """The statuses counted as errors, with their counts: server errors (5xx) and transport errors
-        (:data:`TRANSPORT_ERROR`); 4xx are the client's fault and not counted."""
-        return {code: n for code, n in self.status_counts.items() if code >= 500 or code == TRANSPORT_ERROR}
+    def errors_by_status(self) -> dict[str, int]:
+        """The failed requests by what failed them: every non-2xx status (``"0"``: :data:`TRANSPORT_ERROR`, no answer)
+        and ``"broken stream"`` for a 2xx stream that did not end in ``[DONE]`` or carried an error chunk."""
+        return dict(Counter(r.error_kind for r in self.results if not r.ok))
 
     @property
     def errors(self) -> int:
-        return sum(self.error_statuses.values())
+        return self.count - self.ok
 
     @property
     def error_rate(self) -> float:
@@ -132,6 +234,18 @@ class LoadReport:
     def p99_s(self) -> float:
         return self.latency_quantile(0.99)
 
+    @property
+    def streamed(self) -> int:
+        return sum(r.streamed for r in self.results)
+
+    def ttft_quantile(self, q: float) -> float:
+        """Nearest-rank quantile of the successful streams' time to their first token chunk; NaN with none."""
+        return _quantile([r.ttft_s for r in self.results if r.ok and r.ttft_s is not None], q)
+
+    def itl_quantile(self, q: float) -> float:
+        """Nearest-rank quantile of every gap between token chunks of the successful streams; NaN with none."""
+        return _quantile([gap for r in self.results if r.ok for gap in r.itl_s], q)
+
     def window(self, start_s: float, end_s: float) -> LoadReport:
         """Requests sent in ``[start_s, end_s)`` (run-relative seconds), as a report of that window."""
         picked = tuple(r for r in self.results if start_s <= r.sent_at_s < end_s)
@@ -142,20 +256,47 @@ class LoadReport:
             f"{self.count} requests in {self.wall_s:.2f} s: {self.qps:.1f} ok/s, errors {self.errors} "
             f"({self.error_rate:.2%}), p50 {self.p50_s * 1000:.1f} ms, p99 {self.p99_s * 1000:.1f} ms, "
             f"statuses {dict(sorted(self.status_counts.items()))}, {self.late} sent late"
+            + (
+                f", {self.streamed} streamed (TTFT p99 {self.ttft_quantile(0.99) * 1000:.1f} ms, inter-token p99 "
+                f"{self.itl_quantile(0.99) * 1000:.1f} ms)"
+                if self.streamed
+                else ""
+            )
             + "".join(f"; {n} × {error}" for error, n in self.distinct_errors().items())
         )
 
     def distinct_errors(self, most: int = 5) -> dict[str, int]:
-        """The ``most`` commonest error texts among the requests counted as errors (:attr:`error_statuses`), with
-        their counts: what a failed run's message names, e.g. ``HTTP 503: {"error": ...}`` or a client timeout."""
-        counted = Counter(
-            r.error or f"HTTP {r.status}" for r in self.results if r.status >= 500 or r.status == TRANSPORT_ERROR
-        )
+        """The ``most`` commonest error texts among the failed requests, with their counts: what a failed run's
+        message names, e.g. ``HTTP 503: {"error": ...}``, a client timeout or a broken stream."""
+        counted = Counter(r.error or f"HTTP {r.status}" for r in self.results if not r.ok)
         return dict(counted.most_common(most))
+
+    def to_json(self) -> dict[str, Any]:
+        """The figures ``exaserve sandbox load --json`` reports; NaN (nothing to take a quantile of) is null."""
+
+        def ms(x: float) -> float | None:
+            return None if math.isnan(x) else round(x, 6)
+
+        return {
+            "count": self.count,
+            "errors": self.errors,
+            "error_rate": self.error_rate,
+            "errors_by_status": self.errors_by_status,
+            "status_counts": {str(k): v for k, v in sorted(self.status_counts.items())},
+            "streamed_share": self.streamed / self.count if self.count else 0.0,
+            "qps": self.qps,
+            "p50_s": ms(self.p50_s),
+            "p99_s": ms(self.p99_s),
+            "ttft_p50_s": ms(self.ttft_quantile(0.50)),
+            "ttft_p99_s": ms(self.ttft_quantile(0.99)),
+            "itl_p50_s": ms(self.itl_quantile(0.50)),
+            "itl_p99_s": ms(self.itl_quantile(0.99)),
+            "late": self.late,
+        }
 
 
 class LoadGenerator:
-    """One bounded run against ``spec.url + spec.path``; :meth:`report` may be read while it runs."""
+    """One bounded run against ``spec``'s router instances; :meth:`report` may be read while it runs."""
 
     def __init__(self, spec: LoadSpec) -> None:
         self.spec = spec
@@ -190,30 +331,92 @@ class LoadGenerator:
     async def _one(self, session: aiohttp.ClientSession, slots: asyncio.Semaphore, i: int, due: float) -> None:
         import aiohttp  # noqa: PLC0415 - already loaded by run()
 
-        targets = self.spec.targets
+        spec = self.spec
+        path, body, stream = spec.request(i)
+        instances = spec.instances
         sent = time.monotonic()
-        if sent - due > 1 / self.spec.rate_per_s:
+        if sent - due > 1 / spec.rate_per_s:
             self._late += 1
-        status, error = TRANSPORT_ERROR, None
+        status, error, ttft = TRANSPORT_ERROR, None, None
+        gaps: tuple[float, ...] = ()
         try:
-            for attempt in range(min(2, len(targets))):
-                try:
-                    async with session.post(targets[(i + attempt) % len(targets)], json=self.spec.body) as response:
-                        body = await response.read()
-                        status = response.status
-                        error = (
-                            None
-                            if status < 400
-                            else f"HTTP {status}: {body[:ERROR_BODY_CHARS].decode(errors='replace')}"
-                        )
-                    break
-                except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:  # refused or reset: next, once
+            for attempt in range(min(2, len(instances))):
+                try:  # refused or reset before any response: the next instance, once
+                    response = await session.post(instances[(i + attempt) % len(instances)] + path, json=body)
+                except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
                     error = f"{type(exc).__name__}: {exc}"
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            error = f"{type(exc).__name__}: {exc}"
+                    continue
+                async with response:
+                    status = response.status
+                    if stream and 200 <= status < 300:
+                        ttft, gaps, error = await _read_stream(response, sent)
+                    else:
+                        raw = await response.read()
+                        error = None if status < 400 else f"HTTP {status}: {_head(raw)}"
+                break
+        except (aiohttp.ClientError, TimeoutError) as exc:  # a timeout, or a body that broke off after the head
+            error = f"{type(exc).__name__}: {exc}" + (" (the body broke off)" if status != TRANSPORT_ERROR else "")
         finally:
             slots.release()
-        self._results.append(RequestResult(sent - self._started, time.monotonic() - sent, status, error))
+        self._results.append(RequestResult(sent - self._started, time.monotonic() - sent, status, error, stream,
+                                           ttft, gaps))  # fmt: skip
+
+
+def _head(raw: bytes) -> str:
+    return raw[:ERROR_BODY_CHARS].decode(errors="replace")
+
+
+async def _read_stream(
+    response: aiohttp.ClientResponse, sent: float
+) -> tuple[float | None, tuple[float, ...], str | None]:
+    """Read an SSE body to its ``data: [DONE]``: (time to the first token chunk, the gaps between token chunks,
+    why the stream failed or None). An error chunk (SGLang's ``{"error": …}`` mid-stream) or an end without
+    ``[DONE]`` fails it; a chunk carrying no output (a role-only first delta, the finish or usage chunk) is not timed."""
+    ttft: float | None = None
+    last = 0.0
+    gaps: list[float] = []
+    chunks = 0
+    async for raw in response.content:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue  # the blank line between events, or an SSE comment
+        data = line[len(b"data:") :].strip()
+        if data == SSE_DONE:
+            return ttft, tuple(gaps), None
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            return ttft, tuple(gaps), f"broken stream: chunk {chunks + 1} is not JSON: {_head(data)}"
+        if isinstance(chunk, dict) and "error" in chunk:
+            return (
+                ttft,
+                tuple(gaps),
+                f"stream error chunk after {chunks} chunks: {_head(json.dumps(chunk).encode())}",
+            )
+        chunks += 1
+        if not _carries_output(chunk):
+            continue
+        now = time.monotonic()
+        if ttft is None:
+            ttft = now - sent
+        else:
+            gaps.append(now - last)
+        last = now
+    return ttft, tuple(gaps), f"broken stream: the body ended after {chunks} chunks without data: [DONE]"
+
+
+def _carries_output(chunk: Any) -> bool:
+    """Whether an SSE chunk carries generated output: ``/generate``'s every chunk (its text so far), an OpenAI chunk
+    whose choice has text or a delta's content."""
+    if not isinstance(chunk, dict):
+        return False
+    choices = chunk.get("choices")
+    if choices is None:
+        return "text" in chunk or "output_ids" in chunk
+    return any(
+        isinstance(c, dict) and (c.get("text") or (isinstance(c.get("delta"), dict) and c["delta"].get("content")))
+        for c in choices
+    )
 
 
 async def _sleep_until(due: float, stop: asyncio.Event | None) -> bool:

@@ -59,7 +59,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
@@ -75,10 +75,11 @@ from serving.sandbox.worker_config import (
 )
 from serving.sandbox.worker_metrics import WorkerMetrics
 from serving.sandbox.worker_scheduler import NO_FAULT, InjectedFault, SimulatedScheduler
+from serving.sandbox.worker_stream import CONTENT_TYPE as STREAM_CONTENT_TYPE
+from serving.sandbox.worker_stream import Endpoint, StreamChunks
 
 SIMULATOR = "serving.sandbox.worker (SIMULATED SGLang worker, no model, no GPU)"
 SIMULATED_SGLANG_VERSION = "0.0.0+simulated"
-Endpoint = Literal["generate", "completions", "chat"]
 # The sections /v1/loads?include= takes (SGLang's LoadSnapshot.VALID_SECTIONS).
 LOADS_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 FAULT_PATH = "/sim/fault"
@@ -316,25 +317,23 @@ class SimulatedWorker:
         body = self.metrics.exposition(self.scheduler.load, self.scheduler.kv_usage())
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def generate(self, request: web.Request) -> web.Response:
+    async def generate(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "generate")
 
-    async def completions(self, request: web.Request) -> web.Response:
+    async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "completions")
 
-    async def chat_completions(self, request: web.Request) -> web.Response:
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "chat")
 
     # ----- generation -----------------------------------------------------------------------------
-    async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.Response:
+    async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             return _error(400, 'request body is not JSON; send a JSON object such as {"text": "hello"}')
         if not isinstance(body, dict):
             return _error(400, f"request body is {type(body).__name__}; send a JSON object")
-        if body.get("stream"):
-            return _error(400, "stream=true: the simulated worker does not stream; send stream=false")
         if self._shutting_down:
             return _error(503, "the simulated worker is shutting down; retry on another worker")
         priority = str(body.get("priority", REQUEST_PRIORITY)) if self.config.priority_scheduling else REQUEST_PRIORITY
@@ -350,16 +349,55 @@ class SimulatedWorker:
         max_tokens = _max_new_tokens(body, endpoint)
         prompt_tokens = _prompt_token_count(body, endpoint)
         latency_ms = self.config.latency_ms + self._rng.uniform(-1, 1) * self.config.jitter_ms
+        duration_s = max(0.0, latency_ms) * self.scheduler.fault.slowdown / 1000
+        words = [VOCAB_WORDS[i % len(VOCAB_WORDS)] for i in range(max_tokens)]
+        model = str(body.get("model") or "default")  # SGLang echoes the request's model (protocol.py: "default")
         started = time.monotonic()
-        generating_s = await self.scheduler.schedule(
-            prompt_tokens + max_tokens, max(0.0, latency_ms) * self.scheduler.fault.slowdown / 1000, priority
-        )
+        if body.get("stream"):
+            return await self._stream(request, endpoint, body, words, prompt_tokens, model, duration_s, priority)
+        generating_s = await self.scheduler.schedule(prompt_tokens + max_tokens, duration_s, priority)
         latency_s = time.monotonic() - started
         self.metrics.record_request(per_request, latency_s, prompt_tokens, max_tokens, generating_s)
-        text = " ".join(VOCAB_WORDS[i % len(VOCAB_WORDS)] for i in range(max_tokens))
-        return web.json_response(self._payload(endpoint, text, prompt_tokens, max_tokens, latency_s))
+        return web.json_response(self._payload(endpoint, " ".join(words), prompt_tokens, max_tokens, latency_s, model))
 
-    def _payload(self, endpoint: Endpoint, text: str, prompt: int, completion: int, latency_s: float) -> Any:
+    async def _stream(
+        self,
+        request: web.Request,
+        endpoint: Endpoint,
+        body: dict[str, Any],
+        words: list[str],
+        prompt_tokens: int,
+        model: str,
+        duration_s: float,
+        priority: str,
+    ) -> web.StreamResponse:
+        """SGLang's SSE stream (:mod:`serving.sandbox.worker_stream`): the 200 head once the first output is due to
+        be sent (starlette sends it before the first chunk), a chunk per output as the scheduler produces it, so a
+        stall or a wedge holds the stream mid-body, then ``[DONE]``. A client that goes away aborts the request."""
+        options = body.get("stream_options")
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        chunks = StreamChunks(endpoint, uuid.uuid4().hex, model, self.config.version, prompt_tokens, len(words),
+                              include_usage)  # fmt: skip
+        response = web.StreamResponse(headers={"Content-Type": STREAM_CONTENT_TYPE})
+        await response.prepare(request)
+
+        async def emit(produced: int) -> None:
+            await response.write(chunks.output(words[:produced]))
+
+        started = time.monotonic()
+        generating_s = await self.scheduler.schedule(
+            prompt_tokens + len(words), duration_s, priority, outputs=len(words), emit=emit
+        )
+        await response.write(chunks.end())
+        self.metrics.record_request(
+            self.metrics.request_labels(priority), time.monotonic() - started, prompt_tokens, len(words), generating_s
+        )
+        await response.write_eof()
+        return response
+
+    def _payload(
+        self, endpoint: Endpoint, text: str, prompt: int, completion: int, latency_s: float, model: str
+    ) -> Any:
         c = self.config
         rid = uuid.uuid4().hex
         usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
@@ -387,7 +425,7 @@ class SimulatedWorker:
             "id": rid,
             "object": kind,
             "created": int(time.time()),
-            "model": c.served_model_name,
+            "model": model,
             "choices": [choice],
             "usage": usage,
         }

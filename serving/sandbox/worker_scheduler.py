@@ -8,6 +8,7 @@ import asyncio
 import collections
 import dataclasses
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,11 +132,21 @@ class SimulatedScheduler:
         self._wakers.add(task := asyncio.create_task(wake()))
         task.add_done_callback(self._wakers.discard)
 
-    async def schedule(self, tokens: int, duration_s: float, priority: str) -> float:
+    async def schedule(
+        self,
+        tokens: int,
+        duration_s: float,
+        priority: str,
+        *,
+        outputs: int = 1,
+        emit: Callable[[int], Awaitable[None]] | None = None,
+    ) -> float:
         """One request through the simulated scheduler: it waits in its DP rank's queue until a slot (and, under
         memory pressure, the pool) admits it and the scheduler runs, holds ``tokens`` of the KV pool for
-        ``duration_s``, and finishes only while the scheduler is not wedged; finishing is the scheduler's output.
-        Returns the seconds from its admission to its finish (its generation, a stall included; its queueing not)."""
+        ``duration_s``, and produces ``outputs`` outputs evenly over it, each only while the scheduler is not wedged
+        (a stall holds the next one); each is the scheduler's output, handed to ``emit`` (a stream's chunk) with the
+        count so far. Returns the seconds from its admission to its last output (its generation, a stall included;
+        its queueing not). An ``emit`` that raises (the client went away) aborts the request."""
         rank = self._admitted % self.config.dp_size
         self._admitted += 1
 
@@ -160,10 +171,13 @@ class SimulatedScheduler:
         self.tokens_in_flight += tokens
         admitted = time.monotonic()
         try:
-            await asyncio.sleep(duration_s)
-            async with self._finished:
-                await self._finished.wait_for(lambda: not self._stopped())
-            self.last_output = time.monotonic()
+            for produced in range(1, outputs + 1):
+                await asyncio.sleep(duration_s / outputs)
+                async with self._finished:
+                    await self._finished.wait_for(lambda: not self._stopped())
+                self.last_output = time.monotonic()
+                if emit is not None:
+                    await emit(produced)
             return self.last_output - admitted
         finally:
             self.tokens_in_flight -= tokens
