@@ -31,6 +31,7 @@ from serving.sandbox.worker import HEALTH_PATHS, SimulatedWorker
 from serving.sandbox.worker_config import HEALTH_CHECK_TIMEOUT_S, HEALTH_MAX_NEW_TOKENS, WorkerConfig
 from serving.sglang_health import HEALTH_ENDPOINT_GENERATION, HEALTH_PATH, HEALTH_POLL_S
 from serving.spec.stack import load_stack
+from tests.support.sglang_routes import sglang_source
 from tests.support.sglang_worker_facts import (
     SCHEDULER,
     CollectorLabels,
@@ -212,3 +213,50 @@ def test_metrics_carry_sglang_s_names_and_label_sets(
         assert len(ranks) == dp_size and _declared(families, gauge, "gauge").collector == SCHEDULER
         if priority:  # the total under priority="", each priority under its own value: summing all double-counts
             assert {s.labels["priority"] for s in sglang[gauge].samples} == {"", "1", "2"}
+
+
+def test_a_wedged_scheduler_s_loads_and_gauges_freeze_at_its_last_publication(tmp_path: Path) -> None:
+    """Issue 39: SGLang's ``/v1/loads`` and its scheduler gauges are what the scheduler loop last published
+    (``publish_load_snapshot`` after each batch and at least every ``LOAD_STALL_REFRESH_S`` while not idle); a wedged
+    scheduler publishes nothing, so its figures and their timestamp freeze while requests pile up unseen (smg's
+    overload check, which reads ``num_waiting_reqs``, never sees the pile). The simulated worker computed them live:
+    its queue showed, and smg took the wedged worker out sooner than it would a real one."""
+    scheduler_py = (sglang_source() / "srt" / "managers" / "scheduler.py").read_text()
+    assert "LOAD_STALL_REFRESH_S = 0.05" in scheduler_py
+    assert scheduler_py.count("self.publish_load_snapshot(") >= 2  # after a batch; in on_idle's stall refresh
+    worker = make_worker(tmp_path, max_running_requests=1)
+
+    async def loads(client: TestClient[Any, Any]) -> dict[str, Any]:
+        [load] = (await (await client.get("/v1/loads")).json())["loads"]
+        return dict(load)
+
+    async def queued(client: TestClient[Any, Any]) -> float:
+        text = await (await client.get("/metrics")).text()
+        [family] = [f for f in text_string_to_metric_families(text) if f.name == WORKER_QUEUED]
+        return sum(s.value for s in family.samples)
+
+    async def body(client: TestClient[Any, Any]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        first = asyncio.create_task(
+            client.post("/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 1}})
+        )
+        await asyncio.sleep(0.001)  # the first request is admitted: it runs, one slot
+        await client.put("/sim/fault", json={"wedged": True})
+        seen["at_wedge"] = await loads(client)
+        seen["queued_at_wedge"] = await queued(client)
+        piled = [asyncio.create_task(client.post("/generate", json={"text": "b"})) for _ in range(4)]
+        await asyncio.sleep(0.05)  # SGLang's refresh floor: a running scheduler would have published by now
+        seen["wedged"] = await loads(client)
+        seen["queued_wedged"] = await queued(client)
+        seen["live_waiting"] = worker.scheduler.waiting
+        await client.delete("/sim/fault")
+        seen["running_again"] = await loads(client)
+        await asyncio.gather(first, *piled)
+        return seen
+
+    seen = with_client(worker, body)
+    assert seen["live_waiting"] >= 4, "the requests piled up behind the wedge"
+    assert seen["wedged"] == seen["at_wedge"], "frozen: figures and timestamp as the scheduler stopped"
+    assert seen["queued_wedged"] == seen["queued_at_wedge"] and seen["wedged"]["num_waiting_reqs"] < 4
+    after = seen["running_again"]
+    assert after["timestamp"] > seen["at_wedge"]["timestamp"] and after["num_waiting_reqs"] >= 3, after

@@ -28,7 +28,10 @@ for the rollout's check of the plan (:mod:`serving.rollout.kvpool`).
 check of the scheduler's output after every ``--health-poll-s`` (SGLang sleeps 1 s), so a healthy answer takes at
 least one period and a router health-check timeout of 1 s fails against it; 200 or 503 only, 503 after
 ``--health-timeout-s`` (``SGLANG_HEALTH_CHECK_TIMEOUT``) without output. A wedged scheduler (fault ``wedged``) keeps
-HTTP, ``/metrics`` and ``/model_info`` answering while generations and ``/health`` never complete. Metrics carry
+HTTP, ``/metrics`` and ``/model_info`` answering while generations and ``/health`` never complete; its ``/v1/loads``
+and scheduler gauges are what the scheduler last published (:class:`~serving.sandbox.worker_scheduler.LoadSnapshot`),
+frozen while it is wedged or stalled, as SGLang's. Generations stream as SGLang's when asked
+(:mod:`serving.sandbox.worker_stream`), a chunk per scheduler output. Metrics carry
 SGLang's labels (``engine_type``, ``tp_rank``, ``pp_rank``, ``moe_ep_rank``; ``priority`` and ``dp_rank`` with
 ``--priority-scheduling`` and ``--dp-size``). tests/test_sandbox_worker_fidelity.py holds all this against the
 pinned source.
@@ -252,22 +255,23 @@ class SimulatedWorker:
         if rank is not None and rank != "0":
             return web.json_response(_loads_body([]))
         c = self.config
+        published = self.scheduler.published()  # frozen while the scheduler is wedged or stalled
         load: dict[str, Any] = {
-            "timestamp": time.time(),
+            "timestamp": published.timestamp,
             "dp_rank": 0,
-            "num_running_reqs": self.scheduler.running,
-            "num_waiting_reqs": self.scheduler.waiting,
+            "num_running_reqs": published.running,
+            "num_waiting_reqs": published.waiting,
             "num_waiting_uncached_tokens": 0,
-            "num_used_tokens": self.scheduler.tokens_in_flight,
-            "num_total_tokens": self.scheduler.tokens_in_flight,
-            "num_active_tokens": self.scheduler.tokens_in_flight,
+            "num_used_tokens": published.tokens_in_flight,
+            "num_total_tokens": published.tokens_in_flight,
+            "num_active_tokens": published.tokens_in_flight,
             "num_prealloc_ready_tokens": 0,
             "max_total_num_tokens": c.kv_pool_tokens,
             "max_running_requests": c.max_running_requests,
-            "token_usage": round(self.scheduler.kv_usage(), 4),
+            "token_usage": round(published.kv_usage, 4),
             "gen_throughput": 0.0,
             "cache_hit_rate": 0.0,
-            "utilization": round(self.scheduler.running / c.max_running_requests, 4),
+            "utilization": round(published.running / c.max_running_requests, 4),
             "total_prefill_uncached_tokens": 0,
             "total_prefill_busy_us": 0,
             "decode_moments": None,
@@ -293,7 +297,7 @@ class SimulatedWorker:
             ),
             "queues": (
                 "queues",
-                {"waiting": self.scheduler.waiting, "grammar": 0, "paused": 0, "retracted": 0, "prealloc_ready": 0},
+                {"waiting": published.waiting, "grammar": 0, "paused": 0, "retracted": 0, "prealloc_ready": 0},
             ),
         }
         for name, (section, figures) in sections.items():
@@ -314,7 +318,8 @@ class SimulatedWorker:
         return web.json_response({"object": "list", "data": [card]})
 
     async def get_metrics(self, _request: web.Request) -> web.Response:
-        body = self.metrics.exposition(self.scheduler.load, self.scheduler.kv_usage())
+        published = self.scheduler.published()  # the scheduler's gauges: its published figures, frozen when it stops
+        body = self.metrics.exposition(published.load, published.kv_usage)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def generate(self, request: web.Request) -> web.StreamResponse:

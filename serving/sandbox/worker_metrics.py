@@ -4,7 +4,7 @@ tests/test_sandbox_worker_fidelity.py holds the names and label sets against the
 
 from __future__ import annotations
 
-import collections
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
@@ -173,7 +173,7 @@ class WorkerMetrics:
         self._injected_errors.inc()
         self._changes += 1
 
-    def exposition(self, load: collections.Counter[tuple[int, str, str]], usage: float) -> bytes:
+    def exposition(self, load: Mapping[tuple[int, str, str], int], usage: float) -> bytes:
         """The ``/metrics`` body with the scheduler's gauges at ``load`` (requests by DP rank, priority and state) and
         KV usage ``usage``: rendered once per state of the gauges between counter updates (see ``__init__``)."""
         gauges = (tuple(sorted(load.items())), usage)
@@ -187,7 +187,7 @@ class WorkerMetrics:
         return body
 
     def export_rank(
-        self, rank: int, labels: dict[str, str], load: collections.Counter[tuple[int, str, str]], usage: float
+        self, rank: int, labels: dict[str, str], load: Mapping[tuple[int, str, str], int], usage: float
     ) -> None:
         """One DP rank's scheduler gauges as ``_log_gauge_queue_count`` sets them: the total under the rank's labels
         (``priority=""`` when priority scheduling is on) and, with priority scheduling, each priority seen so far

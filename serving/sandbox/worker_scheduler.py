@@ -8,7 +8,7 @@ import asyncio
 import collections
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +82,22 @@ class InjectedFault:
 NO_FAULT = InjectedFault()
 
 
+@dataclass(frozen=True)
+class LoadSnapshot:
+    """The load figures a scheduler publishes: what ``/v1/loads`` and its ``/metrics`` gauges show. SGLang's
+    scheduler loop publishes them (``Scheduler.publish_load_snapshot`` after each batch, at least every
+    ``LOAD_STALL_REFRESH_S``, 50 ms, while not idle: sglang/srt/managers/scheduler.py) and the tokenizer's ``/v1/loads``
+    reads the last one from shared memory (``load_snapshot.py``): a scheduler that stops publishes nothing, so its
+    figures, timestamp included, freeze at the moment it stopped while its queue grows unseen."""
+
+    timestamp: float  # wall clock, when published
+    running: int
+    waiting: int
+    tokens_in_flight: int
+    kv_usage: float
+    load: Mapping[tuple[int, str, str], int]  # requests per (DP rank, priority, "running" | "waiting")
+
+
 class SimulatedScheduler:
     """One worker's simulated scheduler: requests wait in their DP rank's queue for a slot, hold KV-pool tokens while
     they run, and finish only while the scheduler makes progress; the fault on the worker (:attr:`fault`) can wedge
@@ -101,10 +117,32 @@ class SimulatedScheduler:
         self.fault = NO_FAULT
         self._stalled_until = float("-inf")  # the flapping scheduler's current stall ends then (monotonic)
         self._wakers: set[asyncio.Task[None]] = set()  # the tasks that end the stalls (held: the loop keeps weak refs)
+        self._frozen: LoadSnapshot | None = None  # what it published last before it stopped
+
+    def published(self) -> LoadSnapshot:
+        """The load figures as last published (:class:`LoadSnapshot`): the live ones while the scheduler runs (SGLang's
+        are at most 50 ms old), those of the moment it stopped while it is wedged or stalled."""
+        if self._stopped():
+            if self._frozen is None:  # stopped before anything was published (a fault given at start)
+                self._frozen = self._snapshot()
+            return self._frozen
+        self._frozen = None
+        return self._snapshot()
+
+    def _snapshot(self) -> LoadSnapshot:
+        return LoadSnapshot(time.time(), self.running, self.waiting, self.tokens_in_flight, self.kv_usage(),
+                            dict(self.load))  # fmt: skip
+
+    def _freeze(self) -> None:
+        """The scheduler is about to stop: what it published last is what it shows until it runs again."""
+        if not self._stopped():
+            self._frozen = self._snapshot()
 
     async def set_fault(self, fault: InjectedFault) -> None:
         """Put ``fault`` on the worker (:data:`NO_FAULT` clears it), ending any flapping stall; a fault admitting
         more, or none, lets the requests held back start."""
+        if fault.wedged:
+            self._freeze()
         self.fault = fault
         self._stalled_until = float("-inf")
         async with self._finished:
@@ -122,6 +160,7 @@ class SimulatedScheduler:
 
     async def stall(self, seconds: float) -> None:
         """Stall the scheduler for ``seconds`` from now, waking what waits on it when the stall ends."""
+        self._freeze()
         self._stalled_until = time.monotonic() + seconds
 
         async def wake() -> None:
