@@ -106,8 +106,8 @@ ROUTER_TEXT = """\
 # TYPE smg_router_requests_total counter
 smg_router_requests_total{{router_type="http",backend_type="regular",connection_mode="http",model="default",endpoint="generate",streaming="false"}} {requests}
 # TYPE smg_http_responses_total counter
-smg_http_responses_total{{status_code="200",error_code=""}} {ok}
-smg_http_responses_total{{status_code="503",error_code="no_available_workers"}} {client_err}
+smg_http_responses_total{{path="/generate",status_code="200",error_code=""}} {ok}
+smg_http_responses_total{{path="/generate",status_code="503",error_code="no_available_workers"}} {client_err}
 # TYPE smg_router_upstream_responses_total counter
 smg_router_upstream_responses_total{{router_type="http",status_code="200",error_code=""}} {ok}
 smg_router_upstream_responses_total{{router_type="http",status_code="500",error_code=""}} {upstream_err}
@@ -152,6 +152,41 @@ def test_window_stats_from_router_metric_text() -> None:
     assert w.p99_s == pytest.approx(0.198)
     # The upstream share (10 of 209) is far above the client-facing one: it decides the error rate.
     assert w.error_rate == pytest.approx(10 / 209)
+
+
+def test_clients_answers_count_on_the_generation_routes_a_broken_stream_an_error_a_4xx_a_refusal() -> None:
+    """smg's ``smg_http_responses_total{path, status_code, error_code}`` (middleware/metrics.rs): a stream whose
+    upstream broke keeps its 200 with error_code stream_error (an error); a 4xx but 429 is a refusal, counted apart;
+    499 is the client's own hang-up; the control API's and probes' answers are no client's."""
+    text = counters_text(1000, client_err=2) + "".join(
+        f'smg_http_responses_total{{path="{path}",status_code="{code}",error_code="{error}"}} {n}\n'
+        for path, code, error, n in [
+            ("/v1/chat/completions", "200", "stream_error", 3),
+            ("/v1/chat/completions", "400", "", 5),
+            ("/v1/completions", "404", "model_not_found", 7),
+            ("/generate", "429", "", 11),
+            ("/generate", "499", "client_closed_request", 13),
+            ("/workers/{worker_id}", "404", "WORKER_NOT_FOUND", 17),
+            ("/workers", "500", "", 19),
+            ("/health", "503", "", 23),
+        ]
+    )
+    c = Counters.read(MetricsSnapshot.parse(text))
+    assert c.client_errors == 2 + 3 + 11 and c.refused == 5 + 7
+
+
+def test_a_release_answering_400_is_rolled_back_though_smg_counts_its_4xx_as_successes() -> None:
+    """Issue 39: smg counts a worker's 400 as a success (worker/resilience.rs), so every per-replica figure of a
+    release refusing a tenth of its requests looked healthy and it passed every gate. The clients' refusals over the
+    pre-rollout rate are put on the canary; the clients' own rate of bad requests, and its noise, is not."""
+    refusing = verdict_of(healthy(), fleet=WindowStats(SECONDS, 400, 0, 400, 0, 0, 0.11, refused=10), before=PRE)
+    assert refusing.verdict is not None and refusing.verdict.decision == "rollback", refusing.verdict
+    assert refusing.breaches[0].startswith("clients refused: 10 of 400 requests answered a 4xx (2.50% against 0.00%")
+    assert refusing.verdict.replicas == CANARY
+    noisy_before = replace(PRE, requests=1000, refused=5)  # the clients' own 0.5 % of bad requests
+    noise = WindowStats(SECONDS, 400, 0, 400, 0, 0, 0.11, refused=4)  # 2 expected; 2 more is 1.4 sigma
+    assert verdict_of(healthy(), fleet=noise, before=noisy_before).verdict.decision == "pass"  # type: ignore[union-attr]
+    assert verdict_of(healthy(), fleet=noise, before=None).verdict.decision == "pass"  # type: ignore[union-attr]
 
 
 def test_the_gates_parse_only_the_families_they_read() -> None:

@@ -67,6 +67,34 @@ def test_a_broken_release_caught_in_the_soak_rolls_back_with_a_verdict_naming_th
     assert load.report is not None and load.report.errors == 0, load.report.summary()
 
 
+@pytest.mark.parametrize(
+    ("release", "breach"),
+    [
+        ("v2-refuses", "breach confined to the canary: clients refused: "),  # 10 % answered 400
+        ("v2-cuts-streams", "breach confined to the canary: canary error rate"),  # 20 % of streams dropped mid-body
+    ],
+)
+def test_a_release_that_fails_its_clients_past_the_breaker_s_view_rolls_back_in_the_soak(
+    at_v1: Sandbox, release: str, breach: str
+) -> None:
+    """Issue 39: a release answering 400 to a tenth of its requests (smg counts a worker's 4xx as its success: no
+    per-worker figure shows it) and one whose streams break mid-body (smg keeps the 200 and sends its clients a
+    stream_error chunk; the worker's breaker counts a failure) passed every gate that counted 5xx. The production mix
+    of clients, streams and the model's name included, with the warm-up off so the soak's gates decide."""
+    no_warmup = at_v1.variant("canary-no-warmup", {**GATED, "serving.warmup_duration_s": 0})
+    with Load(at_v1.router_url, production=at_v1.spec.model.name) as load:
+        r = no_warmup.cli("rollout", "--to", release, "--json")
+    doc = json_object(r)
+    assert r.returncode == 1 and doc["outcome"] == "rolled_back", r.stdout + r.stderr
+    verdict = doc["batches"][0]["verdict"]
+    assert verdict["decision"] == "rollback" and verdict["evidence"][0].startswith(breach), verdict
+    assert set(verdict["replicas"]) <= set(doc["batches"][0]["replicas"]) and verdict["replicas"]
+    assert set(doc["final_versions"].values()) == {"v1"}
+    assert load.report is not None and load.report.errors > 0, "the clients saw what the release did"
+    kinds = set(load.report.errors_by_status)
+    assert kinds <= ({"400", "broken stream"} if release == "v2-refuses" else {"broken stream"}), kinds
+
+
 def test_a_peer_crashing_mid_soak_pauses_names_it_and_rolls_nothing_back(at_v1: Sandbox) -> None:
     plan_batches = canary.batches(at_v1)
     victim = plan_batches[2][0]  # not yet updated while batch 0 soaks: one of batch 0's peers

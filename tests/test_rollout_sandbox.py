@@ -96,7 +96,8 @@ def test_dry_run_prints_the_plan_and_touches_nothing(at_v1: Sandbox) -> None:
     [
         (
             ("--to", "v3"),
-            "--to 'v3' is not in serving.releases (v1, v2, v2-broken, v2-slow, v2-stuck); add the release",
+            "--to 'v3' is not in serving.releases (v1, v2, v2-broken, v2-cuts-streams, v2-refuses, v2-slow, v2-stuck); "
+            "add the release",
         ),
         (("--to", "v2 beta"), "is not a version label"),
         ((), "give either --to VERSION"),
@@ -220,7 +221,7 @@ def test_broken_release_trips_the_error_gate_in_the_first_batch_and_everything_e
     assert load.report is not None and load.report.errors == 0, load.report.summary()
     state = load_state(at_v1.paths.journal_path)
     assert state is not None and "error rate" in state.reason
-    assert "by status {500: " in state.reason, state.reason  # the warm-up names what its failures were
+    assert "by status {'500': " in state.reason, state.reason  # the warm-up names what its failures were
 
 
 def test_release_that_never_becomes_healthy_hits_the_health_timeout_and_rolls_back(at_v1: Sandbox) -> None:

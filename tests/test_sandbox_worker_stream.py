@@ -230,3 +230,29 @@ def test_a_stream_that_does_not_end_in_done_is_a_failed_request_with_status_200(
     assert report.count == 3 and report.status_counts == {200: 3}
     assert report.errors == 3 and report.errors_by_status == {BROKEN_STREAM: 3}, report.summary()
     assert all(error in (r.error or "") for r in report.results), report.results[0].error
+
+
+def test_a_refusing_release_answers_as_sglang_refuses_and_a_breaking_one_drops_streams(tmp_path: Path) -> None:
+    """``bad_request_rate``: SGLang's context-length refusal (400 ``BadRequestError`` on the OpenAI routes, 400
+    ``{"error": {"message"}}`` on /generate, 200 with an error chunk on a streamed /generate); ``stream_break_rate``:
+    the connection drops after the first chunk. The load generator counts every one of them an error."""
+
+    async def run(changes: dict[str, Any]) -> LoadReport:
+        server = TestServer(make_worker(tmp_path, **changes).build_app())
+        await server.start_server()
+        try:
+            url = str(server.make_url("")).rstrip("/")
+            spec = LoadSpec(url=url, rate_per_s=400.0, duration_s=0.04, model="m", shapes=PRODUCTION_MIX)
+            return await LoadGenerator(spec).run()
+        finally:
+            await server.close()
+
+    refused = asyncio.run(run({"bad_request_rate": 1.0}))
+    streamed_generate = sum(1 for i in range(16) if PRODUCTION_MIX[i % 8] == RequestShape("generate", True, 32, 16))
+    assert refused.count == 16 and refused.errors == 16, refused.summary()
+    assert refused.errors_by_status == {"400": 16 - streamed_generate, BROKEN_STREAM: streamed_generate}
+    assert all("maximum context length" in (r.error or "") for r in refused.results)
+    broken = asyncio.run(run({"stream_break_rate": 1.0}))
+    streamed = sum(s.stream for s in PRODUCTION_MIX) * 2
+    assert broken.errors == streamed and broken.errors_by_status == {BROKEN_STREAM: streamed}, broken.summary()
+    assert broken.ok == 16 - streamed

@@ -106,6 +106,8 @@ def worker_config(spec: FleetSpec, replica: Replica, version: str) -> WorkerConf
         latency_ms=release.latency_ms,
         jitter_ms=release.latency_ms * JITTER_SHARE,
         error_rate=release.error_rate,
+        bad_request_rate=release.bad_request_rate,
+        stream_break_rate=release.stream_break_rate,
         seed=replica.index,
         startup_delay_s=release.startup_s,
         never_ready=release.never_ready,

@@ -71,6 +71,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from serving.sandbox.worker_config import (
     DEFAULT_MAX_NEW_TOKENS,
     HEALTH_MAX_NEW_TOKENS,
+    SIMULATED_CONTEXT_LENGTH,
     VOCAB_WORDS,
     WorkerConfig,
     ensure_model_dir,
@@ -79,7 +80,9 @@ from serving.sandbox.worker_config import (
 from serving.sandbox.worker_metrics import WorkerMetrics
 from serving.sandbox.worker_scheduler import NO_FAULT, InjectedFault, SimulatedScheduler
 from serving.sandbox.worker_stream import CONTENT_TYPE as STREAM_CONTENT_TYPE
+from serving.sandbox.worker_stream import DONE as STREAM_DONE
 from serving.sandbox.worker_stream import Endpoint, StreamChunks
+from serving.sandbox.worker_stream import event as stream_event
 
 SIMULATOR = "serving.sandbox.worker (SIMULATED SGLang worker, no model, no GPU)"
 SIMULATED_SGLANG_VERSION = "0.0.0+simulated"
@@ -313,7 +316,7 @@ class SimulatedWorker:
             "created": int(time.time()),
             "owned_by": "sglang",
             "root": c.model_path,
-            "max_model_len": 4096,
+            "max_model_len": SIMULATED_CONTEXT_LENGTH,
         }
         return web.json_response({"object": "list", "data": [card]})
 
@@ -343,7 +346,9 @@ class SimulatedWorker:
             return _error(503, "the simulated worker is shutting down; retry on another worker")
         priority = str(body.get("priority", REQUEST_PRIORITY)) if self.config.priority_scheduling else REQUEST_PRIORITY
         per_request = self.metrics.request_labels(priority)
-        if self.scheduler.fault.generation_errors or self._rng.random() < self.config.error_rate:
+        c = self.config
+        draw = 1.0 if self.scheduler.fault.generation_errors else self._rng.random()  # one draw: the request's outcome
+        if self.scheduler.fault.generation_errors or draw < c.error_rate:
             why = (
                 "every generation fails (fault)"
                 if self.scheduler.fault.generation_errors
@@ -353,6 +358,8 @@ class SimulatedWorker:
             return _error(500, f"simulated engine failure: {why}")
         max_tokens = _max_new_tokens(body, endpoint)
         prompt_tokens = _prompt_token_count(body, endpoint)
+        if draw < c.error_rate + c.bad_request_rate:
+            return await _refused(request, endpoint, bool(body.get("stream")), prompt_tokens, max_tokens)
         latency_ms = self.config.latency_ms + self._rng.uniform(-1, 1) * self.config.jitter_ms
         duration_s = max(0.0, latency_ms) * self.scheduler.fault.slowdown / 1000
         words = [VOCAB_WORDS[i % len(VOCAB_WORDS)] for i in range(max_tokens)]
@@ -385,14 +392,22 @@ class SimulatedWorker:
                               include_usage)  # fmt: skip
         response = web.StreamResponse(headers={"Content-Type": STREAM_CONTENT_TYPE})
         await response.prepare(request)
+        breaks = self.config.stream_break_rate > 0 and self._rng.random() < self.config.stream_break_rate
 
         async def emit(produced: int) -> None:
             await response.write(chunks.output(words[:produced]))
+            if breaks:  # the connection drops mid-body (a crashed process, a reset): no [DONE], no clean end
+                assert request.transport is not None
+                request.transport.abort()
+                raise ConnectionResetError(f"stream_break_rate={self.config.stream_break_rate}: dropped mid-stream")
 
         started = time.monotonic()
-        generating_s = await self.scheduler.schedule(
-            prompt_tokens + len(words), duration_s, priority, outputs=len(words), emit=emit
-        )
+        try:
+            generating_s = await self.scheduler.schedule(
+                prompt_tokens + len(words), duration_s, priority, outputs=len(words), emit=emit
+            )
+        except ConnectionResetError:  # the client went, or the break above: the request is aborted
+            return response
         await response.write(chunks.end())
         self.metrics.record_request(
             self.metrics.request_labels(priority), time.monotonic() - started, prompt_tokens, len(words), generating_s
@@ -447,6 +462,31 @@ def _loads_body(loads: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+async def _refused(
+    request: web.Request, endpoint: Endpoint, stream: bool, prompt_tokens: int, max_tokens: int
+) -> web.StreamResponse:
+    """A request SGLang refuses, as it refuses one over the context length (tokenizer_manager.py
+    ``_validate_one_request``'s ValueError): 400 ``BadRequestError`` on the OpenAI routes (streamed too: they check
+    before the first chunk), 400 ``{"error": {"message"}}`` on ``/generate``, and on a streamed ``/generate`` 200 with
+    one error chunk then ``[DONE]`` (http_server.py ``stream_results``)."""
+    message = (
+        f"Requested token count exceeds the model's maximum context length of {SIMULATED_CONTEXT_LENGTH} tokens. You "
+        f"requested a total of {prompt_tokens + max_tokens} tokens: {prompt_tokens} tokens from the input messages and "
+        f"{max_tokens} tokens for the completion (simulated: bad_request_rate)."
+    )
+    if endpoint != "generate":
+        body = {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
+        return web.json_response(body, status=400)
+    if not stream:
+        return web.json_response({"error": {"message": message}}, status=400)
+    response = web.StreamResponse(headers={"Content-Type": STREAM_CONTENT_TYPE})
+    await response.prepare(request)
+    chunk = {"error": {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}}
+    await response.write(stream_event(chunk) + STREAM_DONE)
+    await response.write_eof()
+    return response
+
+
 def _error(status: int, message: str) -> web.Response:
     """SGLang's error body (``ErrorResponse``): object, message, type, code."""
     kind = {400: "BadRequest", 500: "InternalServerError", 503: "ServiceUnavailable"}[status]
@@ -461,7 +501,7 @@ def _max_new_tokens(body: dict[str, Any], endpoint: Endpoint) -> int:
         value = params.get("max_new_tokens", default) if isinstance(params, dict) else default
     else:
         value = body.get("max_completion_tokens") or body.get("max_tokens") or default
-    return max(1, min(int(value), 4096)) if isinstance(value, int | float) else default
+    return max(1, min(int(value), SIMULATED_CONTEXT_LENGTH)) if isinstance(value, int | float) else default
 
 
 def _prompt_token_count(body: dict[str, Any], endpoint: Endpoint) -> int:

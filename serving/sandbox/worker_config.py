@@ -27,6 +27,7 @@ SGLANG_E2E_BUCKETS_S = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 
 E2E_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, *SGLANG_E2E_BUCKETS_S)
 _UNKNOWN = "[UNK]"
 # the tiny tokenizer's vocabulary; a generation's text repeats it
+SIMULATED_CONTEXT_LENGTH = 4096  # the simulated model's context: /v1/models max_model_len, the tokenizer's limit
 VOCAB_WORDS = ("simulated", "output", "from", "worker", "version", "the", "a", "token", "hello", "world")
 MAX_TOTAL_TOKENS = 65536  # the default simulated KV pool (--kv-pool-tokens)
 # SGLang 0.5.23's /health (http_server.py health_generate): a one-token generation through the scheduler, then a check
@@ -47,6 +48,8 @@ class WorkerConfig:
     latency_ms: float = 20.0
     jitter_ms: float = 5.0
     error_rate: float = 0.0
+    bad_request_rate: float = 0.0
+    stream_break_rate: float = 0.0
     seed: int = 0
     startup_delay_s: float = 0.0
     warmup_s: float = 0.0
@@ -69,8 +72,14 @@ class WorkerConfig:
         problems = []
         if not 0 < self.port < 65536:
             problems.append(f"port={self.port}: must be in 1..65535")
-        if not 0.0 <= self.error_rate <= 1.0:
-            problems.append(f"error_rate={self.error_rate}: must be a share in [0, 1], e.g. 0.05 for 5 %")
+        for name in ("error_rate", "bad_request_rate", "stream_break_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                problems.append(f"{name}={getattr(self, name)}: must be a share in [0, 1], e.g. 0.05 for 5 %")
+        if self.error_rate + self.bad_request_rate > 1.0:
+            problems.append(
+                f"error_rate={self.error_rate} + bad_request_rate={self.bad_request_rate}: the two shares of one "
+                "request's outcome must add up to 1 at most"
+            )
         for name in (
             "latency_ms",
             "jitter_ms",
@@ -131,7 +140,10 @@ _HELP = {
     "latency_ms": "mean simulated latency of one generation request",
     "jitter_ms": "latency varies uniformly by up to this much either way",
     "error_rate": "share of generation requests answered with HTTP 500, e.g. 0.05",
-    "seed": "seed of the error and jitter draws",
+    "bad_request_rate": "share answered as SGLang refuses a request it cannot serve: HTTP 400 (a streamed /generate: "
+    "200 and an error chunk)",
+    "stream_break_rate": "share of streamed generations whose connection drops after the first chunk",
+    "seed": "seed of the error, refusal, stream-break and jitter draws",
     "startup_delay_s": "simulated model loading: the port stays closed this long",
     "warmup_s": "after listening, /health answers 503 this long (SGLang's warmup)",
     "never_ready": "/health answers 503 for ever",
@@ -197,7 +209,11 @@ def ensure_model_dir(path: Path) -> Path:
     files = {
         "tokenizer.json": tiny_tokenizer_json(),
         "tokenizer_config.json": json.dumps(
-            {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": _UNKNOWN, "model_max_length": 4096}
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "unk_token": _UNKNOWN,
+                "model_max_length": SIMULATED_CONTEXT_LENGTH,
+            }
         ),
     }
     for name, text in files.items():

@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from serving.rollout.gates.window import GroupStats, ReplicaWindow, median_of, merge_histograms, p99_of
+from serving.rollout.gates.window import GroupStats, ReplicaWindow, WindowStats, median_of, merge_histograms, p99_of
 from serving.rollout.plan import GateLimits
 from serving.router.client import HistogramSnapshot
 from serving.stats import MEDIAN, P99, p_slower_than_reference
@@ -181,6 +181,40 @@ def error_check(
         failing,
         f"{name} error rate {failures / requests:.2%} > {limits.max_error_rate:.2%} "
         f"({failures:.0f} of {requests:.0f} upstream attempts failed: {per})",
+    )
+
+
+REFUSAL_SIGMAS = 3.0  # a refusal count within this many Poisson sigmas of the pre-rollout rate is the clients' own
+
+
+def refusal_check(
+    members: Sequence[str],
+    windows: Mapping[str, ReplicaWindow],
+    fleet: WindowStats,
+    before: WindowStats | None,
+    limits: GateLimits,
+) -> Finding | None:
+    """The error gate on refusals (4xx but 429): smg passes a worker's 4xx through and counts it a success for the
+    worker (``worker/resilience.rs``: only 408, 429 and 5xx are failures), so no per-replica figure shows a release
+    that answers 400; the clients' answers do (``smg_http_responses_total`` on the generation routes). The refusals
+    over what the pre-rollout rate gives this window's requests are put on the canary, the one change since: a
+    breach when they are more than ``limits.max_error_rate`` of the canary's upstream attempts and more than
+    :data:`REFUSAL_SIGMAS` Poisson sigmas of the clients' own rate (a fleet whose clients send 0.5 % bad requests
+    is not rolled back by its noise). None without a pre-rollout baseline to hold them against."""
+    attempts = sum(windows[r].requests for r in members)
+    if before is None or not attempts or not fleet.refused:
+        return None
+    expected = before.refused_rate * fleet.requests
+    excess = fleet.refused - expected
+    if excess <= limits.max_error_rate * attempts or excess <= REFUSAL_SIGMAS * math.sqrt(expected):
+        return None
+    return Finding(
+        "errors",
+        tuple(members),
+        f"clients refused: {fleet.refused:.0f} of {fleet.requests:.0f} requests answered a 4xx "
+        f"({fleet.refused_rate:.2%} against {before.refused_rate:.2%} before the rollout), {excess:.0f} more than "
+        f"that rate gives: {excess / attempts:.2%} of the canary's {attempts:.0f} attempts > "
+        f"{limits.max_error_rate:.2%} (smg counts a worker's 4xx as its success: the clients' answers show them)",
     )
 
 

@@ -35,6 +35,7 @@ from serving.rollout.gates.findings import (
     error_check,
     p99_check,
     qps_check,
+    refusal_check,
 )
 from serving.rollout.gates.verdict import BASIS_WORDS, Basis, Decision, Gates, Verdict
 from serving.rollout.gates.window import (
@@ -113,6 +114,8 @@ def judge(
     breaches: list[Finding] = down_check(windows, members)
     if (e := error_check("canary", members, windows, limits)) is not None:
         breaches.append(e)
+    if (refused := refusal_check(members, windows, fleet, before, limits)) is not None:
+        breaches.append(refused)
     qps_drop = p99_rise = None
     thin = True  # too little traffic for the QPS comparison (or nothing to compare)
     short = seconds < limits.qps_window_min_s

@@ -67,8 +67,23 @@ ROUTER_GATE_METRICS = (
 WORKER_GATE_METRICS = (WORKER_E2E_LATENCY, *KV_POOL_METRICS)
 
 
-def _is_error(status: str) -> bool:
-    return status.startswith("5") or status == "429"
+# The generation routes clients call: a response counted on any other path (the control API's /workers, probes,
+# /metrics) is no client's request. smg labels each response with its matched route template (middleware/metrics.rs).
+INFERENCE_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses"})
+STREAM_ERROR = "stream_error"  # smg's error_code on a response whose body broke after its head (it keeps the status)
+CLIENT_CLOSED = "499"  # smg's count of a request its client gave up on (nginx's spelling): the client's doing
+
+
+def _is_error(status: str, error_code: str) -> bool:
+    """A client got no answer: a 5xx, a 429 (SGLang and smg refuse load with it), or a stream that broke off."""
+    return status.startswith("5") or status == "429" or error_code == STREAM_ERROR
+
+
+def _is_refused(status: str, error_code: str) -> bool:
+    """A client's request refused with a 4xx (SGLang's 400 for a request it cannot serve, 404 for a model no
+    worker serves): smg passes a worker's 4xx through and counts it a success for the worker, so no per-worker
+    figure shows it; the clients' answers do."""
+    return status.startswith("4") and status not in ("429", CLIENT_CLOSED) and error_code != STREAM_ERROR
 
 
 @dataclass(frozen=True)
@@ -81,18 +96,24 @@ class Counters:
     upstream_errors: float
     retries: float
     duration: HistogramSnapshot
+    refused: float = 0.0  # clients' requests answered a 4xx but 429 (:func:`_is_refused`)
 
     @classmethod
     def read(cls, snap: MetricsSnapshot) -> Counters:
-        responses = snap.by_label(ROUTER_RESPONSES, "status_code")
+        answered = [
+            (s.labels.get("status_code", ""), s.labels.get("error_code", ""), s.value)
+            for s in snap.select(ROUTER_RESPONSES)
+            if s.labels.get("path") in INFERENCE_PATHS
+        ]
         upstream = snap.by_label(ROUTER_UPSTREAM_RESPONSES, "status_code")
         return cls(
             requests=snap.value(ROUTER_INFERENCE_REQUESTS),
-            client_errors=sum(n for code, n in responses.items() if _is_error(code)),
+            client_errors=sum(n for code, error, n in answered if _is_error(code, error)),
             upstream_responses=sum(upstream.values()),
             upstream_errors=sum(n for code, n in upstream.items() if code.startswith("5")),
             retries=snap.value(ROUTER_WORKER_RETRIES),
             duration=snap.histogram(ROUTER_INFERENCE_DURATION),
+            refused=sum(n for code, error, n in answered if _is_refused(code, error)),
         )
 
 
@@ -367,10 +388,15 @@ class WindowStats:
     retries: float
     p99_s: float | None
     replicas: GroupStats | None = None
+    refused: float = 0.0  # answered a 4xx but 429 (a journal written before it was kept reads 0)
 
     @property
     def qps(self) -> float:
         return max(0.0, self.requests - self.client_errors) / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def refused_rate(self) -> float:
+        return self.refused / self.requests if self.requests else 0.0
 
     @property
     def client_error_rate(self) -> float:
@@ -394,6 +420,7 @@ class WindowStats:
             "retries": self.retries,
             "p99_s": self.p99_s,
             "replicas": self.replicas.to_json() if self.replicas else None,
+            "refused": self.refused,
         }
 
     @classmethod
@@ -412,6 +439,7 @@ def _counters_delta(before: Counters, after: Counters) -> Counters | None:
         (before.client_errors, after.client_errors),
         (before.upstream_responses, after.upstream_responses),
         (before.retries, after.retries),
+        (before.refused, after.refused),
     ]
     duration = after.duration - before.duration
     if any(b > a for b, a in pairs) or any(n < 0 for _, n in duration.buckets):
@@ -423,6 +451,7 @@ def _counters_delta(before: Counters, after: Counters) -> Counters | None:
         upstream_errors=after.upstream_errors - before.upstream_errors,
         retries=after.retries - before.retries,
         duration=duration,
+        refused=after.refused - before.refused,
     )
 
 
@@ -442,4 +471,5 @@ def window_stats(
         upstream_errors=sum(d.upstream_errors for d in deltas),
         retries=sum(d.retries for d in deltas),
         p99_s=p99_of(merge_histograms(d.duration for d in deltas)),
+        refused=sum(d.refused for d in deltas),
     )

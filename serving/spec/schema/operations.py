@@ -162,7 +162,20 @@ class KubernetesSpec(SpecModel):
 
 class SandboxVersion(SpecModel):
     latency_ms: float = Field(default=20.0, ge=0)
-    error_rate: float = Field(default=0.0, ge=0, le=1)
+    error_rate: float = Field(default=0.0, ge=0, le=1, description="Share of generations answered HTTP 500.")
+    bad_request_rate: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Share of generations refused as SGLang refuses one it cannot serve: HTTP 400 (a streamed "
+        "/generate: 200 and an error chunk). smg passes a 4xx through and counts it a success for the worker.",
+    )
+    stream_break_rate: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Share of streamed generations whose connection the worker drops after the first chunk.",
+    )
     startup_s: float = Field(default=0.5, ge=0)
     never_ready: bool = False
     kv_skew: float = Field(
