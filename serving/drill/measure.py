@@ -206,8 +206,6 @@ def _round(x: float | None) -> float | None:
     return None if x is None or math.isnan(x) else round(x, 3)
 
 
-
-
 def p99(results: Sequence[RequestResult]) -> float:
     """Nearest-rank P99 of the successful requests' latency (as :class:`serving.router.loadgen.LoadReport`)."""
     return latency_quantile(results, P99)
