@@ -275,7 +275,7 @@ def test_render_runs_promtool_check_rules(tmp_path: Path, stack: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     checked = json.loads(result.stdout)["promtool"]
     assert checked["status"] == "pass", checked
-    assert "SUCCESS: 23 rules found" in checked["observed"]  # 10 monitoring + 13 runtime (serving.render.k8s.runtime)
+    assert "SUCCESS: 24 rules found" in checked["observed"]  # 11 monitoring + 13 runtime (serving.render.k8s.runtime)
 
 
 def test_promtool_rejects_offset_after_parentheses_and_render_fails(prod_rules: dict[str, Any]) -> None:

@@ -30,6 +30,7 @@ from serving.render.k8s.common import LABEL_NAME, ROUTER_APP, SERVING_APP, K8sOb
 from serving.render.k8s.container import LWS_LEADER_LABEL
 from serving.render.k8s.fleet import HTTP_PORT_NAME, SERVING_CONTAINER, WORKERS_SERVICE
 from serving.rollout.backends.kubernetes import ANNOUNCE_TTL_S, batch_lease_name
+from serving.router import INFERENCE_PATHS
 
 COMPONENT = "monitoring"
 RULE_NAME = "exaserve-alerts"
@@ -39,8 +40,6 @@ GPU_BUSY_PCT = 90
 GPU_IDLE_PCT = 30
 RESTARTS_PER_HOUR = 3
 SCRAPE_INTERVAL = "15s"
-# The router's client-facing inference endpoints (smg labels its smg_http_* metrics by path).
-INFERENCE_PATHS = ("/generate", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 
 
 def min_healthy_workers(fleet: Fleet) -> int:
@@ -61,7 +60,18 @@ def rule_groups(fleet: Fleet) -> list[dict[str, Any]]:
         buckets = f"smg_http_request_duration_seconds_bucket{{{inference}}}[{RATE_WINDOW}]{offset}"
         return f"histogram_quantile(0.99, sum by (le) (rate({buckets})))"
 
-    errors = f'sum(rate(smg_http_responses_total{{{router},status_code=~"5.."}}[{RATE_WINDOW}]))'
+    # A client got no answer: a 5xx or 429, or a stream that broke off mid-body (smg keeps its head's status and sets
+    # error_code stream_error); `or` counts a series matching both once. A refusal: a 4xx but 429 and 499 (the
+    # client hung up), which smg counts as its worker's success (serving.rollout.gates.window, the gates' figures).
+    answered = f"smg_http_responses_total{{{inference}"
+    errors = (
+        f'sum(rate({answered},status_code=~"5..|429"}}[{RATE_WINDOW}]) '
+        f'or rate({answered},error_code="stream_error"}}[{RATE_WINDOW}]))'
+    )
+
+    def refused(offset: str = "") -> str:
+        return f'sum(rate({answered},status_code=~"4..",status_code!~"429|499"}}[{RATE_WINDOW}]{offset}))'
+
     # Gates compare with the traffic before the rollout started: one whole rollout (all batches) ago; they apply
     # only while a rollout is under way (the serving containers run more than one image), so an ordinary dip in
     # client traffic does not page anyone.
@@ -101,8 +111,18 @@ def rule_groups(fleet: Fleet) -> list[dict[str, Any]]:
                     f"{errors} / {requests()} > {r.max_error_rate:g}",
                     "2m",
                     "critical",
-                    f"Client-facing error rate above {r.max_error_rate:.2%}.",
+                    f"Client-facing error rate above {r.max_error_rate:.2%} (5xx, 429, broken streams).",
                     "Check the newest update group first (exaserve.io/version label); roll back if it is the cause.",
+                ),
+                alert(
+                    "ExaServeRolloutRefusalsRise",
+                    f"{refused()} / {requests()} - (({refused(baseline)} / {requests(baseline)}) or vector(0)) "
+                    f"> {r.max_error_rate:g} and on () ({rolling})",
+                    soak,
+                    "critical",
+                    f"During a rollout, requests refused with a 4xx rose more than {r.max_error_rate:.2%} of all "
+                    "requests above the pre-rollout rate (smg counts a worker's 4xx as its success).",
+                    "Pause the rollout and roll back: exaserve rollback --stack STACK.",
                 ),
             ],
         },

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serving.rollout.kvpool import KV_POOL_METRICS, KvReading
+from serving.router import INFERENCE_PATHS
 from serving.router.client import (
     CIRCUIT_OPEN,
     ROUTER_RESPONSES,
@@ -67,9 +68,6 @@ ROUTER_GATE_METRICS = (
 WORKER_GATE_METRICS = (WORKER_E2E_LATENCY, *KV_POOL_METRICS)
 
 
-# The generation routes clients call: a response counted on any other path (the control API's /workers, probes,
-# /metrics) is no client's request. smg labels each response with its matched route template (middleware/metrics.rs).
-INFERENCE_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses"})
 STREAM_ERROR = "stream_error"  # smg's error_code on a response whose body broke after its head (it keeps the status)
 CLIENT_CLOSED = "499"  # smg's count of a request its client gave up on (nginx's spelling): the client's doing
 
