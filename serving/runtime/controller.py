@@ -1,70 +1,68 @@
 """The fleet controller's state machine: pure, driven by agent reports and an injected clock.
 
-Per node and per replica it keeps the plan's health score (:mod:`serving.runtime.score`) and decides, on
-each :meth:`Controller.tick`, what the leader must do: take a replica out of rotation, migrate it (drain,
-restart through the deployment backend), or readmit it after warm-up. The side effects (router
-membership, restarts, warm-up traffic) belong to :mod:`serving.runtime.service`, which reports each
-action's outcome back with :meth:`Controller.complete`. Nothing here reads a clock or does I/O.
+Per node and per replica it keeps the plan's health score (:mod:`serving.runtime.score`) and decides, on each
+:meth:`Controller.tick`, what the leader must do: take a replica out of rotation, migrate it (drain, restart through the
+deployment backend), or readmit it after warm-up. The side effects (router membership, restarts, warm-up traffic) belong
+to :mod:`serving.runtime.service`, which reports each action's outcome back with :meth:`Controller.complete`. Nothing
+here reads a clock or does I/O.
 
 Decisions (docs/runtime.md):
 
-* A replica's effective score is ``min(replica score, node score)``. The replica score moves with its
-  own probes; the node score moves per report: a failed heartbeat when more than half the node's
-  replicas failed their probes (a node-wide fault), a good one otherwise.
-* The node score is a node decision, carried out once per replica: a replica restarted while its node's
-  score was out of the OK band is judged on its own score until the node's score is back in that band, so
-  a node-wide fault cannot restart the same fresh replicas again and again (a restart storm).
-* A restarted replica is *loading* until its warm-up ends: its probes (a loading SGLang does not answer
-  ``/health``) move neither its score nor its node's; the warm-up, which waits up to
-  ``serving.startup_budget_s`` for it, judges it. A node that reports a boot younger than the startup budget
-  (its ``seq`` is its monotonic clock) has its replicas *booting*: their probes count from their first answer, or
-  once the budget since the boot is spent. Both are read from what every instance sees (reports), so a reboot wave
-  restarts nothing on any leader.
-* Restarts back off: the n-th restart in a row waits ``runtime.restart_backoff_s`` × 2^(n−2) after the one
-  before (at most ``runtime.restart_backoff_max_s``; kubelet's crash-loop back-off); the run of restarts ends
-  after the replica served for twice the longest back-off (client-go's back-off reset). A replica restarted
-  ``runtime.quarantine_after`` times within ``runtime.quarantine_window_s``, whatever warm-ups passed between, is
-  *quarantined* (systemd's start limit): not restarted again until it has served a whole window, named by an alert
-  while out of rotation; it returns to rotation only through a passed warm-up. A live process whose warm-up requests
-  fail after a restart is quarantined at once (a restart did not fix its generations).
+* A replica's effective score is ``min(replica score, node score)``. The replica score moves with its own probes; the
+  node score moves per report: a failed heartbeat when more than half the node's replicas failed their probes (a
+  node-wide fault), a good one otherwise.
+* The node score is a node decision, carried out once per replica: a replica restarted while its node's score was out of
+  the OK band is judged on its own score until the node's score is back in that band, so a node-wide fault cannot
+  restart the same fresh replicas again and again (a restart storm).
+* A restarted replica is *loading* until its warm-up ends: its probes (a loading SGLang does not answer ``/health``)
+  move neither its score nor its node's; the warm-up, which waits up to ``serving.startup_budget_s`` for it, judges it.
+  A node that reports a boot younger than the startup budget (its ``seq`` is its monotonic clock) has its replicas
+  *booting*: their probes count from their first answer, or once the budget since the boot is spent. Both are read from
+  what every instance sees (reports), so a reboot wave restarts nothing on any leader.
+* Restarts back off: the n-th restart in a row waits ``runtime.restart_backoff_s`` × 2^(n−2) after the one before (at
+  most ``runtime.restart_backoff_max_s``; kubelet's crash-loop back-off); the run of restarts ends after the replica
+  served for twice the longest back-off (client-go's back-off reset). A replica restarted ``runtime.quarantine_after``
+  times within ``runtime.quarantine_window_s``, whatever warm-ups passed between, is *quarantined* (systemd's start
+  limit): not restarted again until it has served a whole window, named by an alert while out of rotation; it returns to
+  rotation only through a passed warm-up. A live process whose warm-up requests fail after a restart is quarantined at
+  once (a restart did not fix its generations).
 * Restarts are a fleet-wide budget (``runtime.restart_rate_per_min``, ``runtime.restart_burst``: a token bucket, the
-  node lifecycle controller's eviction rate), and none starts in a *disrupted* rack: more than 2 of its nodes, and
-  at least ``runtime.disrupted_share`` of them, unhealthy (a leaf switch, a PDU, a reboot wave; Kubernetes' zone
-  states). Replicas there leave rotation within the cap; when every rack is wholly unhealthy nothing is acted on
-  (the controller's own view is what failed).
-* Request errors alone (a router's circuit breaker open) never restart a replica: a breaker every router holds open
-  for ``runtime.breaker_dwell_s`` takes it out of rotation, within the cap, unless more breakers than the cap are
-  open at once (an overload, not outliers: Envoy's outlier detection ejects, never restarts). A restart needs the
-  agent's probes to agree.
-* Latency outliers leave rotation, within the shedding cap, and are never restarted for it (Envoy's outlier
-  detection): a replica whose mean time per output token over a report (SGLang's
-  ``sglang:request_time_per_output_token_seconds``, report version 3) is over ``runtime.latency_outlier_ratio`` × the
-  fleet's median :data:`LATENCY_HITS` times within :data:`LATENCY_WINDOW` heartbeat intervals, is out for
-  ``runtime.latency_ejection_s`` × its ejections in a row, then a warm-up readmits it.
-* Missed reports do not move any score: after ``serving.failure_threshold`` intervals without a report
-  the node is *suspect* and its replicas keep their rotation state. A dead agent is no evidence against
-  replicas the router still reaches; the router's own health check (interval × failure threshold)
-  removes those that are really dead.
-* Eviction cap: at most ``max_evicted`` replicas out of rotation (out, migrating, warming) at once;
-  a removal past the cap is refused and counted.
-* A replica returns to rotation only through a passed warm-up (:attr:`Kind.READMIT`), and only once
-  its score is at least ``health.readmit_at`` (hysteresis); a restarted replica starts at ``health.start``. A new
-  process warms up for ``serving.warmup_duration_s``; one that kept running (out for a breaker, a partition, its
-  score) for one heartbeat interval. A failed warm-up backs the next one off as restarts do.
-* Every decision reads the controller's own monotonic clock (``now``): a step of its wall clock (NTP, an operator)
-  moves no back-off, dwell, budget or missed report. A report's wall-clock send time only measures its node's skew
-  against the controller's wall clock (``wall``). Freshness is when a report was *sent*, on the controller's clock:
-  its ``seq`` (the node's monotonic clock) plus the least (receive time − ``seq``) among the node's last
-  ``serving.failure_threshold`` + 1 reports of this boot, the transit's floor. A report held up in transit is applied
-  (its probes count) but is only as fresh as when it left the node, and counted late. The floor is a recent minimum,
-  not an all-time one, so it follows what moves the two clocks apart for good (a node suspended or paused by its
-  hypervisor: CLOCK_MONOTONIC stops; chrony slewing a clock that ran ahead; frequency drift) within that many reports.
-* Load moves (source §4.3, "migrate when load exceeds 1.5 × the mean"): a serving replica whose weighted load is
-  above ``scheduler.migration_load_ratio`` × the fleet's mean, and at least ``scheduler.shed_min_load`` in
-  ``serving.failure_threshold`` reports in a row (a burst is not an overload), is *shed*:
-  taken out of every router like a failing one (no restart: nothing is broken, SGLang cannot move its KV), and
-  readmitted through the warm-up once its load is under half the floor. The router cannot take a weight per worker,
-  so moving load means moving membership; per replica, not per node, because the router picks replicas.
+  node lifecycle controller's eviction rate), and none starts in a *disrupted* rack: more than 2 of its nodes, and at
+  least ``runtime.disrupted_share`` of them, unhealthy (a leaf switch, a PDU, a reboot wave; Kubernetes' zone states).
+  Replicas there leave rotation within the cap; when every rack is wholly unhealthy nothing is acted on (the
+  controller's own view is what failed).
+* Request errors alone (a router's circuit breaker open) never restart a replica: a breaker every router holds open for
+  ``runtime.breaker_dwell_s`` takes it out of rotation, within the cap, unless more breakers than the cap are open at
+  once (an overload, not outliers: Envoy's outlier detection ejects, never restarts). A restart needs the agent's probes
+  to agree.
+* Latency outliers leave rotation, within the shedding cap, and are never restarted for it (Envoy's outlier detection):
+  a replica whose mean time per output token over a report (SGLang's ``sglang:request_time_per_output_token_seconds``,
+  report version 3) is over ``runtime.latency_outlier_ratio`` × the fleet's median :data:`LATENCY_HITS` times within
+  :data:`LATENCY_WINDOW` heartbeat intervals, is out for ``runtime.latency_ejection_s`` × its ejections in a row, then a
+  warm-up readmits it.
+* Missed reports do not move any score: after ``serving.failure_threshold`` intervals without a report the node is
+  *suspect* and its replicas keep their rotation state. A dead agent is no evidence against replicas the router still
+  reaches; the router's own health check (interval × failure threshold) removes those that are really dead.
+* Eviction cap: at most ``max_evicted`` replicas out of rotation (out, migrating, warming) at once; a removal past the
+  cap is refused and counted.
+* A replica returns to rotation only through a passed warm-up (:attr:`Kind.READMIT`), and only once its score is at
+  least ``health.readmit_at`` (hysteresis); a restarted replica starts at ``health.start``. A new process warms up for
+  ``serving.warmup_duration_s``; one that kept running (out for a breaker, a partition, its score) for one heartbeat
+  interval. A failed warm-up backs the next one off as restarts do.
+* Every decision reads the controller's own monotonic clock (``now``): a step of its wall clock (NTP, an operator) moves
+  no back-off, dwell, budget or missed report. A report's wall-clock send time only measures its node's skew against the
+  controller's wall clock (``wall``). Freshness is when a report was *sent*, on the controller's clock: its ``seq`` (the
+  node's monotonic clock) plus the least (receive time − ``seq``) among the node's last ``serving.failure_threshold`` +
+  1 reports of this boot, the transit's floor. A report held up in transit is applied (its probes count) but is only as
+  fresh as when it left the node, and counted late. The floor is a recent minimum, not an all-time one, so it follows
+  what moves the two clocks apart for good (a node suspended or paused by its hypervisor: CLOCK_MONOTONIC stops; chrony
+  slewing a clock that ran ahead; frequency drift) within that many reports.
+* Load moves (source §4.3, "migrate when load exceeds 1.5 × the mean"): a serving replica whose weighted load is above
+  ``scheduler.migration_load_ratio`` × the fleet's mean, and at least ``scheduler.shed_min_load`` in
+  ``serving.failure_threshold`` reports in a row (a burst is not an overload), is *shed*: taken out of every router like
+  a failing one (no restart: nothing is broken, SGLang cannot move its KV), and readmitted through the warm-up once its
+  load is under half the floor. The router cannot take a weight per worker, so moving load means moving membership; per
+  replica, not per node, because the router picks replicas.
 """
 
 from __future__ import annotations
@@ -155,9 +153,7 @@ class Controller:
         # the seconds since the node's last report of this boot, on its own monotonic clock (its requests' rate)
         last = node.last_key
         dt = (report.seq - last[1]) / 1e9 if last is not None and last[0] == report.boot_id else 0.0
-        # a disrupted rack's probes are one fault's, not each replica's: no score moves (as for a silent agent) and
-        # the rack's replicas keep what they earned, so they return as soon as it heals (:meth:`racks`)
-        disrupted = node.rack in self.disrupted
+        disrupted = node.rack in self.disrupted  # one fault's probes: no score moves, back when it heals (racks)
         failed = judged = 0
         for probe in report.replicas:
             rec = self.replicas[probe.id]
