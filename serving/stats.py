@@ -38,6 +38,23 @@ def _tail(start: int, stop: int, step: int, log_pmf: Callable[[int], float]) -> 
     return min(1.0, total)
 
 
+def binom_sf(k: float, n: float, p: float) -> float:
+    """P(X ≥ k) for X ~ Binomial(n, p), 0 < p < 1; counts rounded; exact (summed from the tail's far side)."""
+    k_i, n_i = round(k), round(n)
+    if k_i <= 0:
+        return 1.0
+    if k_i > n_i:
+        return 0.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+
+    def log_pmf(i: int) -> float:
+        return math.lgamma(n_i + 1) - math.lgamma(i + 1) - math.lgamma(n_i - i + 1) + i * log_p + (n_i - i) * log_q
+
+    if k_i > n_i * p:
+        return _tail(k_i, n_i + 1, 1, log_pmf)
+    return max(0.0, 1.0 - _tail(k_i - 1, -1, -1, log_pmf))
+
+
 def betabinom_sf(k: float, n: float, a: float, b: float) -> float:
     """P(X ≥ k) for X ~ Binomial(n, U), U ~ Beta(a, b) (a, b > 0); counts rounded; exact (the tail is summed from
     its far side inwards)."""

@@ -54,7 +54,7 @@ from serving.rollout.plan import GateLimits, RolloutPlan, plan_batches, plan_rol
 from serving.rollout.runner import Reading, Runner
 from serving.router.client import HistogramSnapshot, MetricsSnapshot, parse_only
 from serving.spec.stack import load_stack
-from serving.stats import betabinom_sf, p_slower_than_reference
+from serving.stats import betabinom_sf, binom_sf, p_slower_than_reference
 from tests.support.cli import exaserve_in_process, json_object
 from tests.support.stacks import fleet_of, spec_from
 
@@ -154,16 +154,16 @@ def test_window_stats_from_router_metric_text() -> None:
     assert w.error_rate == pytest.approx(10 / 209)
 
 
-def test_clients_answers_count_on_the_generation_routes_a_broken_stream_an_error_a_4xx_a_refusal() -> None:
-    """smg's ``smg_http_responses_total{path, status_code, error_code}`` (middleware/metrics.rs): a stream whose
-    upstream broke keeps its 200 with error_code stream_error (an error); a 4xx but 429 is a refusal, counted apart;
-    499 is the client's own hang-up; the control API's and probes' answers are no client's."""
+def test_clients_errors_count_on_the_generation_routes_and_408_429_with_5xx() -> None:
+    """smg's ``smg_http_responses_total{path, status_code, error_code}`` (middleware/metrics.rs): 5xx, 408 and 429 on
+    the generation routes are client errors; a stream cut mid-body is not among them (smg ends it with an error event
+    and [DONE]: a 200 with no error code; its breaker counts the failure); 4xx and 499 are not errors here; the
+    control API's and probes' answers are no client's."""
     text = counters_text(1000, client_err=2) + "".join(
         f'smg_http_responses_total{{path="{path}",status_code="{code}",error_code="{error}"}} {n}\n'
         for path, code, error, n in [
-            ("/v1/chat/completions", "200", "stream_error", 3),
             ("/v1/chat/completions", "400", "", 5),
-            ("/v1/completions", "404", "model_not_found", 7),
+            ("/v1/completions", "408", "", 3),
             ("/generate", "429", "", 11),
             ("/generate", "499", "client_closed_request", 13),
             ("/workers/{worker_id}", "404", "WORKER_NOT_FOUND", 17),
@@ -171,22 +171,55 @@ def test_clients_answers_count_on_the_generation_routes_a_broken_stream_an_error
             ("/health", "503", "", 23),
         ]
     )
-    c = Counters.read(MetricsSnapshot.parse(text))
-    assert c.client_errors == 2 + 3 + 11 and c.refused == 5 + 7
+    assert Counters.read(MetricsSnapshot.parse(text)).client_errors == 2 + 3 + 11
+
+
+def test_a_worker_s_own_http_counts_give_its_refusals_on_the_generation_routes() -> None:
+    """SGLang's HTTP middleware counts each answer by route and status (``sglang:http_responses_total``, with
+    --enable-metrics): the replica's refusals are its 4xx but 408 and 429 on the generation routes; a server without
+    the family has no refusal figure (not a rate of 0)."""
+    lines = "".join(
+        f'sglang:http_responses_total{{endpoint="{path}",status_code="{code}",method="POST"}} {n}\n'
+        for path, code, n in [
+            ("/generate", "200", 90),
+            ("/v1/chat/completions", "400", 7),
+            ("/generate", "429", 2),
+            ("/v1/completions", "408", 1),
+            ("/health_generate", "503", 30),
+        ]
+    )
+    snap = MetricsSnapshot.parse("# TYPE sglang:http_responses_total counter\n" + lines)
+    reading = ReplicaReading.read({}, "http://w:1", snap)
+    assert reading.refusals == (100, 7)
+    assert ReplicaReading.read({}, "http://w:1", MetricsSnapshot.parse("")).refusals is None
+    later = replace(reading, refusals=(160, 9))
+    assert replica_window(reading, later).refusals == (60, 2)
+    assert replica_window(later, reading).refusals is None, "counters that went back: it restarted, not measured"
+
+
+def refusing(ok: int, refused: int) -> ReplicaWindow:
+    return replace(replica(ok=ok), refusals=(ok + refused, refused))
 
 
 def test_a_release_answering_400_is_rolled_back_though_smg_counts_its_4xx_as_successes() -> None:
     """Issue 39: smg counts a worker's 400 as a success (worker/resilience.rs), so every per-replica figure of a
-    release refusing a tenth of its requests looked healthy and it passed every gate. The clients' refusals over the
-    pre-rollout rate are put on the canary; the clients' own rate of bad requests, and its noise, is not."""
-    refusing = verdict_of(healthy(), fleet=WindowStats(SECONDS, 400, 0, 400, 0, 0, 0.11, refused=10), before=PRE)
-    assert refusing.verdict is not None and refusing.verdict.decision == "rollback", refusing.verdict
-    assert refusing.breaches[0].startswith("clients refused: 10 of 400 requests answered a 4xx (2.50% against 0.00%")
-    assert refusing.verdict.replicas == CANARY
-    noisy_before = replace(PRE, requests=1000, refused=5)  # the clients' own 0.5 % of bad requests
-    noise = WindowStats(SECONDS, 400, 0, 400, 0, 0, 0.11, refused=4)  # 2 expected; 2 more is 1.4 sigma
-    assert verdict_of(healthy(), fleet=noise, before=noisy_before).verdict.decision == "pass"  # type: ignore[union-attr]
-    assert verdict_of(healthy(), fleet=noise, before=None).verdict.decision == "pass"  # type: ignore[union-attr]
+    release refusing a tenth of its requests looked healthy and it passed every gate. The workers' own counts judge
+    the canary against its peers over the same window; the clients' own bad requests, spread on every replica alike,
+    do not roll a batch back."""
+    peers = {r: refusing(50, 0) for r in PEERS}
+    bad = verdict_of({**{r: refusing(45, 5) for r in CANARY}, **peers})
+    assert bad.verdict is not None and bad.verdict.decision == "rollback", bad.verdict
+    assert bad.breaches[0].startswith("canary refused 10 of 100 requests with a 4xx (10.00%) against its baseline's 0")
+    assert bad.verdict.replicas == CANARY
+    # the clients' own 2 % of bad requests on every replica, one more on the canary by chance: p = 0.3, no breach
+    noisy = verdict_of(
+        {**{r: refusing(48, 2) for r in CANARY}, "c0": refusing(47, 3), **{r: refusing(49, 1) for r in PEERS}}
+    )
+    assert noisy.verdict is not None and noisy.verdict.decision == "pass", noisy.verdict
+    unmeasured = verdict_of({**{r: refusing(45, 5) for r in CANARY}, **{r: replica() for r in PEERS}})
+    assert unmeasured.verdict is not None and unmeasured.verdict.decision == "pass", "no baseline figure: not judged"
+    assert binom_sf(10, 10, 0.4) == pytest.approx(0.4**10) and binom_sf(0, 5, 0.5) == 1.0
+    assert binom_sf(2, 4, 0.5) == pytest.approx(11 / 16)
 
 
 def test_the_gates_parse_only_the_families_they_read() -> None:

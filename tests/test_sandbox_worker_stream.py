@@ -32,6 +32,7 @@ from serving.router.loadgen import (
     RequestShape,
 )
 from serving.sandbox.worker_stream import DONE, StreamChunks
+from tests.support.patience import PATIENCE_S
 from tests.support.sglang_parsers import SGLANG_PYTHON
 from tests.support.sglang_routes import sglang_source
 from tests.support.sim_worker import make_worker
@@ -256,3 +257,61 @@ def test_a_refusing_release_answers_as_sglang_refuses_and_a_breaking_one_drops_s
     streamed = sum(s.stream for s in PRODUCTION_MIX) * 2
     assert broken.errors == streamed and broken.errors_by_status == {BROKEN_STREAM: streamed}, broken.summary()
     assert broken.ok == 16 - streamed
+
+
+def test_a_streamed_engine_failure_comes_after_the_200_head_and_the_client_counts_it(tmp_path: Path) -> None:
+    """SGLang sends a stream's 200 head before it generates: an engine failure then comes in the stream (``/generate``:
+    a last chunk whose ``finish_reason`` is an abort; the OpenAI routes: an error chunk), then [DONE]. smg sees a 200
+    and the worker's success; only the client's read counts it. Non-streamed, it is the 500 it was."""
+
+    async def run() -> LoadReport:
+        server = TestServer(make_worker(tmp_path, error_rate=1.0).build_app())
+        await server.start_server()
+        try:
+            url = str(server.make_url("")).rstrip("/")
+            spec = LoadSpec(url=url, rate_per_s=400.0, duration_s=0.04, model="m", shapes=PRODUCTION_MIX)
+            return await LoadGenerator(spec).run()
+        finally:
+            await server.close()
+
+    report = asyncio.run(run())
+    streamed = sum(s.stream for s in PRODUCTION_MIX) * 2
+    assert report.errors == 16 and report.errors_by_status == {BROKEN_STREAM: streamed, "500": 16 - streamed}
+    assert all("simulated engine failure" in (r.error or "") for r in report.results), report.summary()
+
+
+def test_the_openai_routes_hold_their_head_until_the_first_output_generate_does_not(tmp_path: Path) -> None:
+    """A wedged scheduler: ``/generate``'s stream has its 200 head at once (SGLang returns the StreamingResponse before
+    generating), the chat route's has none (serving_chat.py awaits the first output first), so smg's request timeout
+    ends it before any byte, a 504 it retries elsewhere."""
+
+    async def run() -> tuple[int, bool]:
+        async with TestClient(TestServer(make_worker(tmp_path).build_app())) as client:
+            await client.put("/sim/fault", json={"wedged": True})
+            generate = await asyncio.wait_for(
+                client.post("/generate", json={"text": "a", "stream": True}), PATIENCE_S
+            )  # its head must come while the scheduler is wedged: a hang here fails as one
+            chat = asyncio.create_task(
+                client.post(
+                    "/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}], "stream": True}
+                )
+            )
+            await asyncio.sleep(0.5)  # a wedged scheduler never produces: no head however long one waits
+            held = not chat.done()
+            chat.cancel()
+            generate.close()
+            await client.delete("/sim/fault")
+            return generate.status, held
+
+    assert asyncio.run(run()) == (200, True)
+
+
+def test_the_chat_usage_chunk_keeps_its_nulls_the_completions_one_does_not() -> None:
+    """serving_chat.py dumps its usage chunk with its None fields; serving_completions.py with exclude_none."""
+    chat = StreamChunks("chat", "r", "m", "v1", prompt_tokens=3, completion_tokens=1, include_usage=True)
+    completions = StreamChunks("completions", "r", "m", "v1", prompt_tokens=3, completion_tokens=1, include_usage=True)
+    chat_usage = _events(chat.end())[-2]["usage"]
+    completions_usage = _events(completions.end())[-2]["usage"]
+    assert chat_usage == {"prompt_tokens": 3, "total_tokens": 4, "completion_tokens": 1, "prompt_tokens_details": None,
+                          "reasoning_tokens": 0, "completion_tokens_details": None}  # fmt: skip
+    assert completions_usage == {"prompt_tokens": 3, "total_tokens": 4, "completion_tokens": 1, "reasoning_tokens": 0}

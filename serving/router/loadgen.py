@@ -14,12 +14,13 @@ as behind a load balancer that retries on connect failure and reset (Envoy's ``r
 the fault drills' ``router-loss``.
 
 Each request has a shape (:class:`RequestShape`): its route (``/generate``, ``/v1/completions``,
-``/v1/chat/completions``), streamed or not, its prompt and output lengths, and the served ``model`` name, which smg in
-Kubernetes discovery (IGW) mode requires on every route (400 ``missing_model`` without it). ``shapes`` cycles request
+``/v1/chat/completions``), streamed or not, its prompt and output lengths, and the served ``model`` name (smg requires
+it on the OpenAI routes in every mode, and on ``/generate`` in Kubernetes discovery (IGW) mode: 400 ``missing_model``). ``shapes`` cycles request
 ``i`` through a mix (:data:`PRODUCTION_MIX`: what clients of an SGLang fleet send); without it every request is
 ``body`` on ``path``. A streamed request is read as SSE to its ``data: [DONE]``: its time to the first token (TTFT)
 and the gaps between token chunks (inter-token latency) are kept, and a stream that breaks off, carries an error
-chunk or never ends is a failed request, whatever its status (smg keeps the 200 of a stream whose upstream broke).
+chunk (SGLang's own, smg's ``stream_error`` for an upstream that broke) or an abort, or ends without ``[DONE]`` is a
+failed request, whatever its status: the 200 head went out first.
 Every request but a 2xx answered in full is an error, 4xx included: a release that answers 400 fails its clients.
 
 Use it in-process (``await LoadGenerator(spec).run()``, with :meth:`LoadGenerator.report` readable
@@ -356,6 +357,8 @@ class LoadGenerator:
                 break
         except (aiohttp.ClientError, TimeoutError) as exc:  # a timeout, or a body that broke off after the head
             error = f"{type(exc).__name__}: {exc}" + (" (the body broke off)" if status != TRANSPORT_ERROR else "")
+        except Exception as exc:  # one request's surprise (a line past aiohttp's limit) is its own error
+            error = f"{type(exc).__name__}: {exc}"
         finally:
             slots.release()
         self._results.append(RequestResult(sent - self._started, time.monotonic() - sent, status, error, stream,
@@ -387,7 +390,7 @@ async def _read_stream(
             chunk = json.loads(data)
         except ValueError:
             return ttft, tuple(gaps), f"broken stream: chunk {chunks + 1} is not JSON: {_head(data)}"
-        if isinstance(chunk, dict) and "error" in chunk:
+        if isinstance(chunk, dict) and ("error" in chunk or _aborted(chunk)):
             return (
                 ttft,
                 tuple(gaps),
@@ -403,6 +406,17 @@ async def _read_stream(
             gaps.append(now - last)
         last = now
     return ttft, tuple(gaps), f"broken stream: the body ended after {chunks} chunks without data: [DONE]"
+
+
+def _aborted(chunk: dict[str, Any]) -> bool:
+    """SGLang's in-stream abort: ``/generate``'s ``meta_info.finish_reason.type == "abort"`` (an engine failure after
+    the 200 head, tokenizer_manager.py), an OpenAI choice's ``finish_reason == "abort"``."""
+    meta = chunk.get("meta_info")
+    reason = meta.get("finish_reason") if isinstance(meta, dict) else None
+    if isinstance(reason, dict) and reason.get("type") == "abort":
+        return True
+    choices = chunk.get("choices")
+    return isinstance(choices, list) and any(isinstance(c, dict) and c.get("finish_reason") == "abort" for c in choices)
 
 
 def _carries_output(chunk: Any) -> bool:

@@ -89,6 +89,7 @@ SIMULATED_SGLANG_VERSION = "0.0.0+simulated"
 # The sections /v1/loads?include= takes (SGLang's LoadSnapshot.VALID_SECTIONS).
 LOADS_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 FAULT_PATH = "/sim/fault"
+GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
 HEALTH_PATHS = ("/health", "/health_generate")  # one handler in SGLang (health_generate)
 REQUEST_PRIORITY = "0"  # a request without one, as --default-priority-value 0 gives it
 
@@ -108,7 +109,7 @@ class SimulatedWorker:
 
     # ----- routes -------------------------------------------------------------------------------
     def build_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._faulted])
+        app = web.Application(middlewares=[self._faulted, self._http_metrics])
         app.router.add_get(FAULT_PATH, self.get_fault)
         app.router.add_put(FAULT_PATH, self.put_fault)
         app.router.add_delete(FAULT_PATH, self.delete_fault)
@@ -125,6 +126,17 @@ class SimulatedWorker:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         return app
+
+    @web.middleware
+    async def _http_metrics(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """SGLang's HTTP metrics middleware: each answer counted by its route, status and method, at its head (inside
+        the fault, which stands for what is in front of the server). The generation routes only: SGLang counts every
+        route, but a probe or a scrape counted would change every ``/metrics`` answer (each rendered afresh, 512
+        workers a second in the scale sandbox) and no figure read from these counts one."""
+        response: web.StreamResponse = await handler(request)
+        if request.path in GENERATION_PATHS:
+            self.metrics.record_http(request.path, request.method, response.status)
+        return response
 
     @web.middleware
     async def _faulted(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -355,6 +367,8 @@ class SimulatedWorker:
                 else f"error_rate={self.config.error_rate}"
             )
             self.metrics.record_injected_error()
+            if body.get("stream"):  # SGLang has sent its 200 head already: the failure comes in the stream
+                return await _failed_stream(request, endpoint, f"simulated engine failure: {why}")
             return _error(500, f"simulated engine failure: {why}")
         max_tokens = _max_new_tokens(body, endpoint)
         prompt_tokens = _prompt_token_count(body, endpoint)
@@ -383,18 +397,24 @@ class SimulatedWorker:
         duration_s: float,
         priority: str,
     ) -> web.StreamResponse:
-        """SGLang's SSE stream (:mod:`serving.sandbox.worker_stream`): the 200 head once the first output is due to
-        be sent (starlette sends it before the first chunk), a chunk per output as the scheduler produces it, so a
-        stall or a wedge holds the stream mid-body, then ``[DONE]``. A client that goes away aborts the request."""
+        """SGLang's SSE stream (:mod:`serving.sandbox.worker_stream`): a chunk per output as the scheduler produces
+        it, so a stall or a wedge holds the stream mid-body, then ``[DONE]``. The 200 head goes out at once on
+        ``/generate`` (its StreamingResponse is returned before generating: http_server.py), at the first output on
+        the OpenAI routes (they await it first: serving_chat.py, serving_completions.py), so a wedged worker holds
+        their head and smg's request timeout ends such a request before any byte. A client that goes away aborts
+        the request."""
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         chunks = StreamChunks(endpoint, uuid.uuid4().hex, model, self.config.version, prompt_tokens, len(words),
                               include_usage)  # fmt: skip
         response = web.StreamResponse(headers={"Content-Type": STREAM_CONTENT_TYPE})
-        await response.prepare(request)
+        if endpoint == "generate":
+            await response.prepare(request)
         breaks = self.config.stream_break_rate > 0 and self._rng.random() < self.config.stream_break_rate
 
         async def emit(produced: int) -> None:
+            if not response.prepared:
+                await response.prepare(request)
             await response.write(chunks.output(words[:produced]))
             if breaks:  # the connection drops mid-body (a crashed process, a reset): no [DONE], no clean end
                 assert request.transport is not None
@@ -410,7 +430,11 @@ class SimulatedWorker:
             return response
         await response.write(chunks.end())
         self.metrics.record_request(
-            self.metrics.request_labels(priority), time.monotonic() - started, prompt_tokens, len(words), generating_s
+            self.metrics.request_labels(priority, streaming=True),
+            time.monotonic() - started,
+            prompt_tokens,
+            len(words),
+            generating_s,
         )
         await response.write_eof()
         return response
@@ -460,6 +484,24 @@ def _loads_body(loads: list[dict[str, Any]]) -> dict[str, Any]:
         "num_accelerators": 1,
         "loads": loads,
     }
+
+
+async def _failed_stream(request: web.Request, endpoint: Endpoint, message: str) -> web.StreamResponse:
+    """A streamed generation the engine failed after SGLang sent its 200 head: on ``/generate`` the scheduler's abort
+    as an ordinary last chunk (``finish_reason {"type": "abort", "status_code": 500}``, tokenizer_manager.py), on the
+    OpenAI routes an error chunk (serving_base.py ``create_streaming_error_response``), then ``[DONE]``. smg sees a
+    200 and counts the worker's success: only the client's read shows it."""
+    response = web.StreamResponse(headers={"Content-Type": STREAM_CONTENT_TYPE})
+    await response.prepare(request)
+    if endpoint == "generate":
+        reason = {"type": "abort", "message": message, "status_code": 500, "err_type": "InternalServerError"}
+        chunk: dict[str, Any] = {"text": "", "output_ids": [], "meta_info": {"finish_reason": reason}}
+    else:
+        chunk = {"error": {"object": "error", "message": message, "type": "InternalServerError", "param": None,
+                           "code": 500}}  # fmt: skip
+    await response.write(stream_event(chunk) + STREAM_DONE)
+    await response.write_eof()
+    return response
 
 
 async def _refused(

@@ -110,6 +110,21 @@ class WorkerMetrics:
         self._generation_tokens = Counter(
             "sglang:generation_tokens", "Number of generation tokens processed.", per_request, registry=self.registry
         )
+        # SGLang's HTTP middleware (observability/http_request_metrics.py, on with --enable-metrics): every request by
+        # route and method, every response by route, status and method, the status at the response's head (a stream's
+        # 200 before its first chunk, whatever follows in it)
+        self._http_requests = Counter(
+            "sglang:http_requests",
+            "Total number of HTTP requests by endpoint and method",
+            ["endpoint", "method"],
+            registry=self.registry,
+        )
+        self._http_responses = Counter(
+            "sglang:http_responses",
+            "Total number of HTTP responses by endpoint and status code",
+            ["endpoint", "status_code", "method"],
+            registry=self.registry,
+        )
         self._injected_errors = Counter(
             "sim_worker_injected_errors",
             "SIMULATION ONLY (not an SGLang metric): generation requests failed with HTTP 500 on purpose.",
@@ -146,12 +161,18 @@ class WorkerMetrics:
             registry=self.registry,
         ).info({"version": config.version, "model_name": config.served_model_name, "simulated": "true"})
 
-    def request_labels(self, priority: str) -> dict[str, str]:
+    def request_labels(self, priority: str, *, streaming: bool = False) -> dict[str, str]:
         """A finished request's tokenizer labels: its priority (with priority scheduling) and is_streaming."""
         labels = dict(self.tokenizer_labels)
         if self.priority_scheduling:
             labels["priority"] = priority
-        return labels | {"is_streaming": "false"}
+        return labels | {"is_streaming": "true" if streaming else "false"}
+
+    def record_http(self, endpoint: str, method: str, status: int) -> None:
+        """A request answered: ``sglang:http_requests_total`` and ``sglang:http_responses_total``."""
+        self._http_requests.labels(endpoint=endpoint, method=method).inc()
+        self._http_responses.labels(endpoint=endpoint, status_code=str(status), method=method).inc()
+        self._changes += 1
 
     def record_request(
         self, labels: dict[str, str], latency_s: float, prompt_tokens: int, generated: int, generating_s: float

@@ -101,12 +101,15 @@ class StreamChunks:
             out += event(self._openai("chat.completion.chunk", finish))
         if self.include_usage and self.endpoint != "generate":
             kind = "chat.completion.chunk" if self.endpoint == "chat" else "text_completion"
-            usage = {
+            usage: dict[str, Any] = {
                 "prompt_tokens": self.prompt_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
                 "completion_tokens": self.completion_tokens,
-                "reasoning_tokens": 0,
             }
+            if self.endpoint == "chat":  # dumped with its nulls (serving_chat.py); completions' without (exclude_none)
+                usage |= {"prompt_tokens_details": None, "reasoning_tokens": 0, "completion_tokens_details": None}
+            else:
+                usage["reasoning_tokens"] = 0
             out += event({"id": self.rid, "object": kind, "created": self.created, "model": self.model,
                           "choices": [], "usage": usage})  # fmt: skip
         return out + DONE

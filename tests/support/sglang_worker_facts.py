@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tests.support.sglang_routes import sglang_source
 
-SCHEDULER, TOKENIZER = "SchedulerMetricsCollector", "TokenizerMetricsCollector"
+SCHEDULER, TOKENIZER, HTTP = "SchedulerMetricsCollector", "TokenizerMetricsCollector", "_HttpRequestMetrics"
 
 
 @dataclass(frozen=True)
@@ -110,10 +110,12 @@ def _metrics_collector() -> ast.Module:
 
 
 def metric_families() -> dict[str, MetricFamily]:
-    """Every ``sglang:`` metric the scheduler's and the tokenizer's collectors declare, by name."""
+    """Every ``sglang:`` metric the scheduler's and the tokenizer's collectors declare, and the HTTP middleware's
+    (``observability/http_request_metrics.py``), by name."""
     found: dict[str, MetricFamily] = {}
-    for cls in _metrics_collector().body:
-        if not (isinstance(cls, ast.ClassDef) and cls.name in (SCHEDULER, TOKENIZER)):
+    http = ast.parse((sglang_source() / "srt" / "observability" / "http_request_metrics.py").read_text())
+    for cls in [*_metrics_collector().body, *http.body]:
+        if not (isinstance(cls, ast.ClassDef) and cls.name in (SCHEDULER, TOKENIZER, HTTP)):
             continue
         for node in ast.walk(cls):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
@@ -124,9 +126,12 @@ def metric_families() -> dict[str, MetricFamily]:
             name = kw.get("name")
             if not (isinstance(name, ast.Constant) and str(name.value).startswith("sglang:")):
                 continue
-            extra = {
-                c.value for c in ast.walk(kw["labelnames"]) if isinstance(c, ast.Constant) and isinstance(c.value, str)
-            }
+            names = kw.get("labelnames")
+            extra = (
+                {c.value for c in ast.walk(names) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+                if names is not None
+                else set()
+            )
             found[name.value] = MetricFamily(name.value, node.func.id, cls.name, frozenset(extra))
     return found
 
@@ -164,4 +169,8 @@ def collector_labels() -> dict[str, CollectorLabels]:
         and any(isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "labels" for n in ast.walk(f))
     ]
     [tokenizer] = [f for f in functions if f.name == "tokenizer_metric_labels"]
-    return {SCHEDULER: _labels_of(scheduler, "tp_rank"), TOKENIZER: _labels_of(tokenizer, "engine_type")}
+    return {
+        SCHEDULER: _labels_of(scheduler, "tp_rank"),
+        TOKENIZER: _labels_of(tokenizer, "engine_type"),
+        HTTP: CollectorLabels(frozenset(), frozenset()),  # the middleware's counters carry only their own labels
+    }

@@ -60,17 +60,15 @@ def rule_groups(fleet: Fleet) -> list[dict[str, Any]]:
         buckets = f"smg_http_request_duration_seconds_bucket{{{inference}}}[{RATE_WINDOW}]{offset}"
         return f"histogram_quantile(0.99, sum by (le) (rate({buckets})))"
 
-    # A client got no answer: a 5xx or 429, or a stream that broke off mid-body (smg keeps its head's status and sets
-    # error_code stream_error); `or` counts a series matching both once. A refusal: a 4xx but 429 and 499 (the
-    # client hung up), which smg counts as its worker's success (serving.rollout.gates.window, the gates' figures).
+    # A client got no answer: a 5xx, 408 or 429 on a generation route (serving.rollout.gates.window's client errors).
+    # A stream smg cut mid-body is not among them: it ends it with an error event and [DONE], a 200 with no error code
+    # in its metrics; the worker's breaker counts the failure. A refusal: a worker's 4xx passed through (no smg error
+    # code; smg's own 4xx carry one) but 408 and 429, which smg counts as the worker's success.
     answered = f"smg_http_responses_total{{{inference}"
-    errors = (
-        f'sum(rate({answered},status_code=~"5..|429"}}[{RATE_WINDOW}]) '
-        f'or rate({answered},error_code="stream_error"}}[{RATE_WINDOW}]))'
-    )
+    errors = f'sum(rate({answered},status_code=~"5..|408|429"}}[{RATE_WINDOW}]))'
 
     def refused(offset: str = "") -> str:
-        return f'sum(rate({answered},status_code=~"4..",status_code!~"429|499"}}[{RATE_WINDOW}]{offset}))'
+        return f'sum(rate({answered},status_code=~"4..",status_code!~"408|429|499",error_code=""}}[{RATE_WINDOW}]{offset}))'
 
     # Gates compare with the traffic before the rollout started: one whole rollout (all batches) ago; they apply
     # only while a rollout is under way (the serving containers run more than one image), so an ordinary dip in
@@ -111,7 +109,7 @@ def rule_groups(fleet: Fleet) -> list[dict[str, Any]]:
                     f"{errors} / {requests()} > {r.max_error_rate:g}",
                     "2m",
                     "critical",
-                    f"Client-facing error rate above {r.max_error_rate:.2%} (5xx, 429, broken streams).",
+                    f"Client-facing error rate above {r.max_error_rate:.2%} (5xx, 408, 429).",
                     "Check the newest update group first (exaserve.io/version label); roll back if it is the cause.",
                 ),
                 alert(

@@ -19,10 +19,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from serving.rollout.gates.window import GroupStats, ReplicaWindow, WindowStats, median_of, merge_histograms, p99_of
+from serving.rollout.gates.window import GroupStats, ReplicaWindow, median_of, merge_histograms, p99_of
 from serving.rollout.plan import GateLimits
 from serving.router.client import HistogramSnapshot
-from serving.stats import MEDIAN, P99, p_slower_than_reference
+from serving.stats import MEDIAN, P99, binom_sf, p_slower_than_reference
 
 MIN_REQUESTS = 20  # fewer than this expected: QPS and P99 are not evaluated
 FAMILY_ALPHA = 0.001  # chance that any relative finding of one verdict is due to chance alone
@@ -184,37 +184,41 @@ def error_check(
     )
 
 
-REFUSAL_SIGMAS = 3.0  # a refusal count within this many Poisson sigmas of the pre-rollout rate is the clients' own
+REFUSAL_ALPHA = 0.01  # the chance a batch is rolled back for 4xx its clients' own bad requests spread on it
 
 
 def refusal_check(
-    members: Sequence[str],
-    windows: Mapping[str, ReplicaWindow],
-    fleet: WindowStats,
-    before: WindowStats | None,
-    limits: GateLimits,
+    members: Sequence[str], reference: Sequence[str], windows: Mapping[str, ReplicaWindow], limits: GateLimits
 ) -> Finding | None:
-    """The error gate on refusals (4xx but 429): smg passes a worker's 4xx through and counts it a success for the
-    worker (``worker/resilience.rs``: only 408, 429 and 5xx are failures), so no per-replica figure shows a release
-    that answers 400; the clients' answers do (``smg_http_responses_total`` on the generation routes). The refusals
-    over what the pre-rollout rate gives this window's requests are put on the canary, the one change since: a
-    breach when they are more than ``limits.max_error_rate`` of the canary's upstream attempts and more than
-    :data:`REFUSAL_SIGMAS` Poisson sigmas of the clients' own rate (a fleet whose clients send 0.5 % bad requests
-    is not rolled back by its noise). None without a pre-rollout baseline to hold them against."""
-    attempts = sum(windows[r].requests for r in members)
-    if before is None or not attempts or not fleet.refused:
+    """The error gate on refusals, the 4xx a release answers (SGLang's 400 for a request it cannot serve). smg passes
+    a worker's 4xx through and counts it a success for the worker (``worker/resilience.rs``: only 408 and 5xx fail),
+    so the breaker's tally the error rate reads never shows one; each worker's own ``sglang:http_responses_total``
+    does. The canary's refusal rate against its ``reference`` peers' over the same window: a breach when it is over
+    theirs by more than ``limits.max_error_rate`` and, given the refusals of both, as many of them falling on the
+    canary's share of the requests has a chance under :data:`REFUSAL_ALPHA` (a conditional binomial test: clients'
+    own bad requests land on every replica alike). None when either side was not measured."""
+    canary = [windows[r].refusals for r in members if windows[r].refusals is not None]
+    peers = [windows[r].refusals for r in reference if r in windows and windows[r].refusals is not None]
+    if not canary or not peers:
         return None
-    expected = before.refused_rate * fleet.requests
-    excess = fleet.refused - expected
-    if excess <= limits.max_error_rate * attempts or excess <= REFUSAL_SIGMAS * math.sqrt(expected):
+    answered, refused = (sum(c[i] for c in canary if c is not None) for i in (0, 1))
+    peer_answered, peer_refused = (sum(p[i] for p in peers if p is not None) for i in (0, 1))
+    if not answered or not refused or not peer_answered:
         return None
+    rate, peer_rate = refused / answered, peer_refused / peer_answered
+    if rate - peer_rate <= limits.max_error_rate:
+        return None
+    chance = binom_sf(refused, refused + peer_refused, answered / (answered + peer_answered))
+    if chance >= REFUSAL_ALPHA:
+        return None
+    refusing = tuple(r for r in members if (w := windows[r].refusals) is not None and w[1] > 0)
     return Finding(
         "errors",
-        tuple(members),
-        f"clients refused: {fleet.refused:.0f} of {fleet.requests:.0f} requests answered a 4xx "
-        f"({fleet.refused_rate:.2%} against {before.refused_rate:.2%} before the rollout), {excess:.0f} more than "
-        f"that rate gives: {excess / attempts:.2%} of the canary's {attempts:.0f} attempts > "
-        f"{limits.max_error_rate:.2%} (smg counts a worker's 4xx as its success: the clients' answers show them)",
+        refusing,
+        f"canary refused {refused:.0f} of {answered:.0f} requests with a 4xx ({rate:.2%}) against its baseline's "
+        f"{peer_refused:.0f} of {peer_answered:.0f} ({peer_rate:.2%}): {rate - peer_rate:+.2%} > "
+        f"{limits.max_error_rate:.2%}, p = {chance:.1g} (smg counts a worker's 4xx as its success: the workers' own "
+        "sglang:http_responses_total show them)",
     )
 
 

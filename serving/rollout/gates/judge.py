@@ -114,7 +114,7 @@ def judge(
     breaches: list[Finding] = down_check(windows, members)
     if (e := error_check("canary", members, windows, limits)) is not None:
         breaches.append(e)
-    if (refused := refusal_check(members, windows, fleet, before, limits)) is not None:
+    if (refused := refusal_check(members, [r for r in peer_windows if r not in flagged], windows, limits)) is not None:
         breaches.append(refused)
     qps_drop = p99_rise = None
     thin = True  # too little traffic for the QPS comparison (or nothing to compare)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from serving.rollout.kvpool import KV_POOL_METRICS, KvReading
@@ -65,23 +65,38 @@ ROUTER_GATE_METRICS = (
     ROUTER_WORKER_HEALTH,
     ROUTER_WORKER_CB_STATE,
 )
-WORKER_GATE_METRICS = (WORKER_E2E_LATENCY, *KV_POOL_METRICS)
+WORKER_HTTP_RESPONSES = "sglang:http_responses_total"  # {endpoint, status_code, method}: SGLang's HTTP middleware
+WORKER_GATE_METRICS = (WORKER_E2E_LATENCY, WORKER_HTTP_RESPONSES, *KV_POOL_METRICS)
 
 
-STREAM_ERROR = "stream_error"  # smg's error_code on a response whose body broke after its head (it keeps the status)
 CLIENT_CLOSED = "499"  # smg's count of a request its client gave up on (nginx's spelling): the client's doing
 
 
-def _is_error(status: str, error_code: str) -> bool:
-    """A client got no answer: a 5xx, a 429 (SGLang and smg refuse load with it), or a stream that broke off."""
-    return status.startswith("5") or status == "429" or error_code == STREAM_ERROR
+def _is_error(status: str) -> bool:
+    """A client got no answer: a 5xx, a 408 or a 429 (smg retries these and charges the breaker a 408's failure,
+    worker/resilience.rs; SGLang and smg refuse load with a 429). A stream that broke off mid-body is not here: smg
+    ends it with an error event and [DONE], a clean end its metrics count as a 200 with no error code
+    (routers/http/router.rs; middleware/metrics.rs ``TrackedBody``); the worker's breaker counts it a failure."""
+    return status.startswith("5") or status in ("408", "429")
 
 
-def _is_refused(status: str, error_code: str) -> bool:
-    """A client's request refused with a 4xx (SGLang's 400 for a request it cannot serve, 404 for a model no
-    worker serves): smg passes a worker's 4xx through and counts it a success for the worker, so no per-worker
-    figure shows it; the clients' answers do."""
-    return status.startswith("4") and status not in ("429", CLIENT_CLOSED) and error_code != STREAM_ERROR
+def _is_refused(status: str) -> bool:
+    """A request the worker refused with a 4xx: SGLang's 400 for one it cannot serve (its context, its parser, its
+    template). 408 and 429 are load, not refusals."""
+    return status.startswith("4") and status not in ("408", "429")
+
+
+def _refusals(snap: MetricsSnapshot) -> tuple[float, float] | None:
+    """(answered, refused) on the generation routes from the worker's own ``sglang:http_responses_total{endpoint,
+    status_code, method}`` (SGLang's HTTP middleware, on with ``--enable-metrics``: the status at the response's head);
+    None without the family (a server started without it). smg counts a worker's 4xx as the worker's success and
+    passes it through (worker/resilience.rs), so this is the one per-replica figure of the requests a release
+    refuses."""
+    samples = [s for s in snap.select(WORKER_HTTP_RESPONSES) if s.labels.get("endpoint") in INFERENCE_PATHS]
+    if not samples and not any(s.name.startswith(WORKER_HTTP_RESPONSES) for s in snap.samples):
+        return None
+    answered = sum(s.value for s in samples)
+    return answered, sum(s.value for s in samples if _is_refused(s.labels.get("status_code", "")))
 
 
 @dataclass(frozen=True)
@@ -94,24 +109,22 @@ class Counters:
     upstream_errors: float
     retries: float
     duration: HistogramSnapshot
-    refused: float = 0.0  # clients' requests answered a 4xx but 429 (:func:`_is_refused`)
 
     @classmethod
     def read(cls, snap: MetricsSnapshot) -> Counters:
-        answered = [
-            (s.labels.get("status_code", ""), s.labels.get("error_code", ""), s.value)
+        answers = [
+            (s.labels.get("status_code", ""), s.value)
             for s in snap.select(ROUTER_RESPONSES)
             if s.labels.get("path") in INFERENCE_PATHS
         ]
         upstream = snap.by_label(ROUTER_UPSTREAM_RESPONSES, "status_code")
         return cls(
             requests=snap.value(ROUTER_INFERENCE_REQUESTS),
-            client_errors=sum(n for code, error, n in answered if _is_error(code, error)),
+            client_errors=sum(n for code, n in answers if _is_error(code)),
             upstream_responses=sum(upstream.values()),
             upstream_errors=sum(n for code, n in upstream.items() if code.startswith("5")),
             retries=snap.value(ROUTER_WORKER_RETRIES),
             duration=snap.histogram(ROUTER_INFERENCE_DURATION),
-            refused=sum(n for code, error, n in answered if _is_refused(code, error)),
         )
 
 
@@ -186,6 +199,7 @@ class ReplicaReading:
     latency: HistogramSnapshot | None
     worker: str = "scraped"
     kv: KvReading | None = None  # the KV pool the replica exports (serving.rollout.kvpool), when scraped
+    refusals: tuple[float, float] | None = None  # (answered, refused) on the generation routes (:func:`_refusals`)
 
     @classmethod
     def read(
@@ -202,6 +216,7 @@ class ReplicaReading:
             latency=latency if latency is not None and latency.buckets else None,
             worker="not scraped" if worker is None else worker if isinstance(worker, str) else "scraped",
             kv=KvReading.read(worker) if isinstance(worker, MetricsSnapshot) else None,
+            refusals=_refusals(worker) if isinstance(worker, MetricsSnapshot) else None,
         )
 
 
@@ -214,6 +229,7 @@ class ReplicaWindow:
     failures: float
     latency: HistogramSnapshot | None
     problems: tuple[str, ...] = ()
+    refusals: tuple[float, float] | None = None  # (answered, refused) by the worker itself; None: not measured
 
     @property
     def requests(self) -> float:
@@ -234,6 +250,10 @@ def replica_window(before: ReplicaReading, after: ReplicaReading) -> ReplicaWind
             problems.append("it restarted during the window (its counters went back)")
         else:
             latency = after.latency - before.latency
+    refusals = None
+    if before.refusals is not None and after.refusals is not None:
+        answered, refused = (a - b for a, b in zip(after.refusals, before.refusals, strict=True))
+        refusals = (answered, refused) if answered >= 0 and refused >= 0 else None  # a restart: not measured
     if not after.healthy:
         problems.append("the router marks it unhealthy")
     if after.circuit_open:
@@ -243,6 +263,7 @@ def replica_window(before: ReplicaReading, after: ReplicaReading) -> ReplicaWind
         failures=max(0.0, after.failures - before.failures),
         latency=latency,
         problems=tuple(problems),
+        refusals=refusals,
     )
 
 
@@ -386,15 +407,10 @@ class WindowStats:
     retries: float
     p99_s: float | None
     replicas: GroupStats | None = None
-    refused: float = 0.0  # answered a 4xx but 429 (a journal written before it was kept reads 0)
 
     @property
     def qps(self) -> float:
         return max(0.0, self.requests - self.client_errors) / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def refused_rate(self) -> float:
-        return self.refused / self.requests if self.requests else 0.0
 
     @property
     def client_error_rate(self) -> float:
@@ -418,14 +434,14 @@ class WindowStats:
             "retries": self.retries,
             "p99_s": self.p99_s,
             "replicas": self.replicas.to_json() if self.replicas else None,
-            "refused": self.refused,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WindowStats:
         replicas = data.get("replicas")
+        known = {f.name for f in fields(cls)} - {"replicas"}  # a newer journal's figures this version does not judge
         return cls(
-            **{k: v for k, v in data.items() if k != "replicas"},
+            **{k: v for k, v in data.items() if k in known},
             replicas=GroupStats.from_json(replicas) if replicas else None,
         )
 
@@ -437,7 +453,6 @@ def _counters_delta(before: Counters, after: Counters) -> Counters | None:
         (before.client_errors, after.client_errors),
         (before.upstream_responses, after.upstream_responses),
         (before.retries, after.retries),
-        (before.refused, after.refused),
     ]
     duration = after.duration - before.duration
     if any(b > a for b, a in pairs) or any(n < 0 for _, n in duration.buckets):
@@ -449,7 +464,6 @@ def _counters_delta(before: Counters, after: Counters) -> Counters | None:
         upstream_errors=after.upstream_errors - before.upstream_errors,
         retries=after.retries - before.retries,
         duration=duration,
-        refused=after.refused - before.refused,
     )
 
 
@@ -469,5 +483,4 @@ def window_stats(
         upstream_errors=sum(d.upstream_errors for d in deltas),
         retries=sum(d.retries for d in deltas),
         p99_s=p99_of(merge_histograms(d.duration for d in deltas)),
-        refused=sum(d.refused for d in deltas),
     )
