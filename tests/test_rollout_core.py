@@ -176,8 +176,8 @@ def test_clients_errors_count_on_the_generation_routes_and_408_429_with_5xx() ->
 
 def test_a_worker_s_own_http_counts_give_its_refusals_on_the_generation_routes() -> None:
     """SGLang's HTTP middleware counts each answer by route and status (``sglang:http_responses_total``, with
-    --enable-metrics): the replica's refusals are its 4xx but 408 and 429 on the generation routes; a server without
-    the family has no refusal figure (not a rate of 0)."""
+    --enable-metrics): the replica's refusals are its 4xx but 408 and 429 on the generation routes; before its first
+    answer (a restarted worker: the labelled family has no sample yet) it has answered and refused nothing."""
     lines = "".join(
         f'sglang:http_responses_total{{endpoint="{path}",status_code="{code}",method="POST"}} {n}\n'
         for path, code, n in [
@@ -191,7 +191,8 @@ def test_a_worker_s_own_http_counts_give_its_refusals_on_the_generation_routes()
     snap = MetricsSnapshot.parse("# TYPE sglang:http_responses_total counter\n" + lines)
     reading = ReplicaReading.read({}, "http://w:1", snap)
     assert reading.refusals == (100, 7)
-    assert ReplicaReading.read({}, "http://w:1", MetricsSnapshot.parse("")).refusals is None
+    assert ReplicaReading.read({}, "http://w:1", MetricsSnapshot.parse("")).refusals == (0, 0)
+    assert ReplicaReading.read({}, "http://w:1", "ConnectError").refusals is None, "not scraped: not measured"
     later = replace(reading, refusals=(160, 9))
     assert replica_window(reading, later).refusals == (60, 2)
     assert replica_window(later, reading).refusals is None, "counters that went back: it restarted, not measured"

@@ -86,15 +86,13 @@ def _is_refused(status: str) -> bool:
     return status.startswith("4") and status not in ("408", "429")
 
 
-def _refusals(snap: MetricsSnapshot) -> tuple[float, float] | None:
+def _refusals(snap: MetricsSnapshot) -> tuple[float, float]:
     """(answered, refused) on the generation routes from the worker's own ``sglang:http_responses_total{endpoint,
-    status_code, method}`` (SGLang's HTTP middleware, on with ``--enable-metrics``: the status at the response's head);
-    None without the family (a server started without it). smg counts a worker's 4xx as the worker's success and
-    passes it through (worker/resilience.rs), so this is the one per-replica figure of the requests a release
-    refuses."""
+    status_code, method}`` (SGLang's HTTP middleware, on with ``--enable-metrics``: the status at the response's
+    head); (0, 0) before its first answer (a labelled family has no sample until then). smg counts a worker's 4xx as
+    the worker's success and passes it through (worker/resilience.rs), so this is the one per-replica figure of the
+    requests a release refuses."""
     samples = [s for s in snap.select(WORKER_HTTP_RESPONSES) if s.labels.get("endpoint") in INFERENCE_PATHS]
-    if not samples and not any(s.name.startswith(WORKER_HTTP_RESPONSES) for s in snap.samples):
-        return None
     answered = sum(s.value for s in samples)
     return answered, sum(s.value for s in samples if _is_refused(s.labels.get("status_code", "")))
 
