@@ -342,19 +342,21 @@ class LoadGenerator:
         gaps: tuple[float, ...] = ()
         try:
             for attempt in range(min(2, len(instances))):
-                try:  # refused or reset before any response: the next instance, once
-                    response = await session.post(instances[(i + attempt) % len(instances)] + path, json=body)
+                try:
+                    async with session.post(instances[(i + attempt) % len(instances)] + path, json=body) as response:
+                        status = response.status
+                        if stream and 200 <= status < 300:
+                            ttft, gaps, error = await _read_stream(response, sent)
+                        else:
+                            raw = await response.read()
+                            error = None if status < 400 else f"HTTP {status}: {_head(raw)}"
+                    break
                 except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
                     error = f"{type(exc).__name__}: {exc}"
-                    continue
-                async with response:
-                    status = response.status
-                    if stream and 200 <= status < 300:
-                        ttft, gaps, error = await _read_stream(response, sent)
-                    else:
-                        raw = await response.read()
-                        error = None if status < 400 else f"HTTP {status}: {_head(raw)}"
-                break
+                    if status != TRANSPORT_ERROR:  # after the head: the body broke off, never sent again
+                        error += " (the body broke off)"
+                        break
+                    # refused or reset before any response: the next instance, once
         except (aiohttp.ClientError, TimeoutError) as exc:  # a timeout, or a body that broke off after the head
             error = f"{type(exc).__name__}: {exc}" + (" (the body broke off)" if status != TRANSPORT_ERROR else "")
         except Exception as exc:  # one request's surprise (a line past aiohttp's limit) is its own error

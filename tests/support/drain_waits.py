@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from serving.router.client import WORKER_QUEUED, WORKER_RUNNING, RouterClient
 from serving.sandbox.worker import SimulatedWorker
 from serving.sandbox.worker_config import WorkerConfig
+from serving.sandbox.worker_scheduler import InjectedFault
 from tests.support.patience import PATIENCE_S, eventually
 
 REQUEST_MS = 600.0  # the healthy replica's request, longer than one of its health checks (0.1 s poll, 0.3 s timeout)
@@ -51,8 +52,15 @@ def drain_waits(tmp_path: Path) -> DrainWaits:
             await eventually(holds_one, what="the worker holding the request")
             waited_s = await rc.wait_until_idle(url, timeout_s=PATIENCE_S, while_healthy=True)
             finished = (await finishing).status
-            await client.put("/sim/fault", json={"wedged": True})
+            # the scheduler wedges with a request in its batch (a hung forward): its gauges freeze showing it running
+            # (SGLang's are what its loop last published); a request sent after the wedge would never show
             held = asyncio.create_task(client.post("/generate", json={"text": "a"}))
+
+            async def running() -> bool:
+                return worker.scheduler.running >= 1
+
+            await eventually(running, what="the request running")
+            await worker.scheduler.set_fault(InjectedFault(wedged=True))  # in this loop: before it can finish
             await eventually(holds_one, what="the wedged worker holding a request")
             started = time.monotonic()
             try:
