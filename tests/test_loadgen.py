@@ -6,6 +6,7 @@ import asyncio
 import socket
 import time
 
+import aiohttp
 from aiohttp import web
 
 from serving.router.loadgen import ERROR_BODY_CHARS, TRANSPORT_ERROR, LoadGenerator, LoadReport, LoadSpec
@@ -70,3 +71,27 @@ def test_a_failed_run_names_its_errors_with_the_head_of_each_error_body() -> Non
     assert report.distinct_errors() == {shed: 10, "HTTP 404: no such model": 5}
     assert all(r.error is None and r.ok for r in report.results if r.status == 200)
     assert report.summary().endswith(f"; 10 × {shed}; 5 × HTTP 404: no such model")
+
+
+def test_an_instance_that_refused_gets_nothing_until_its_readiness_answers() -> None:
+    """A balancer with an active health check: once instance 1 refused a connection, every request goes to the
+    instances still in, from its own turn on, until instance 1's /readiness answers 200 (a restarted smg opens its port
+    before its workers are registered and serves 404 model_not_found meanwhile: the router-loss drill saw one)."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: refuses, and /readiness never answers
+        refusing = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        gen = LoadGenerator(LoadSpec(url=refusing, failover=(refusing, refusing), rate_per_s=1.0, duration_s=1.0))
+        assert gen._targets(4, 2) == [1, 2]
+
+        async def taken_out() -> list[list[int]]:
+            async with aiohttp.ClientSession() as session:
+                gen._take_out(session, 1)
+                seen = [gen._targets(i, 2) for i in range(3)]
+                gen._take_out(session, 0)
+                gen._take_out(session, 2)  # every instance out: all of them are tried, in turn
+                seen.append(gen._targets(1, 2))
+                for check in list(gen._checks):
+                    check.cancel()
+                return seen
+
+        assert asyncio.run(taken_out()) == [[0, 2], [2, 0], [2, 0], [1, 2]]

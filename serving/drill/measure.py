@@ -36,7 +36,7 @@ from itertools import pairwise
 from typing import Any
 
 from serving.drill.scenarios import Judging, Scenario, Target, TargetName
-from serving.router.loadgen import RequestResult, latency_quantile
+from serving.router.loadgen import LoadReport, RequestResult, latency_quantile
 from serving.stats import P99, nearest_rank, p_slower_than_reference
 
 # How many times longer than the plan's targets a drill judged by order waits for the events it needs and for the
@@ -196,6 +196,8 @@ class Measured:
     # the start of the span after the fault, to the end of the load, in which no client request failed and some
     # succeeded (the first request sent after the last failure); None when the load ended on a failure
     served_again_s: float | None = None
+    # what the failed client requests got, the commonest first (an error body's head, a timeout, a broken stream)
+    client_failures: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def client_error_rate(self) -> float:
@@ -381,6 +383,7 @@ def measure(
         false_seen,
         restarted,
         served_again,
+        LoadReport(tuple(during), 0.0).distinct_errors(),
     )
 
 
@@ -580,7 +583,8 @@ def judge_order(scenario: Scenario, targets: Sequence[Target], m: Measured) -> l
         0.0,
         "requests",
         m.client_errors == 0,
-        f"{m.client_errors} of {m.client_requests} client requests failed (none may)",
+        f"{m.client_errors} of {m.client_requests} client requests failed (none may)"
+        + "".join(f"; {n} × {what}" for what, n in m.client_failures.items()),
         judged="order",
     )
     return [*checks, errors, *judge(scenario, [t for t in targets if t.unit != "s"], m)]

@@ -198,6 +198,7 @@ def drill_json(run: Run, stack: str, timeline: Path | None) -> dict[str, Any]:
         "client_errors": m.client_errors,
         "client_requests": m.client_requests,
         "client_error_rate": round(m.client_error_rate, 6),
+        "client_failures": dict(m.client_failures),
         "alerts": alerts,
         "timeline": None if timeline is None else str(timeline),
         "targets": [t.to_json() for t in run.targets],

@@ -11,7 +11,10 @@ own timeout, so the run ends at most ``duration_s + timeout_s`` after it starts.
 ``failover`` spreads the requests over more router instances: request ``i`` goes to instance ``i mod n``, and a
 request whose connection an instance refused or reset before any response came is sent once more to the next one,
 as behind a load balancer that retries on connect failure and reset (Envoy's ``retry_on: connect-failure,reset``):
-the fault drills' ``router-loss``.
+the fault drills' ``router-loss``. Like such a balancer's active health check (and a Kubernetes Service's readiness
+gate), an instance that refused or reset a connection gets no more requests until its ``/readiness`` answers 200
+(asked every :data:`READINESS_POLL_S`): smg answers 503 there until its workers are registered, and a restarted
+router serves 404 ``model_not_found`` to what reaches it before (its port opens first).
 
 Each request has a shape (:class:`RequestShape`): its route (``/generate``, ``/v1/completions``,
 ``/v1/chat/completions``), streamed or not, its prompt and output lengths, and the served ``model`` name (smg requires
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
 DEFAULT_BODY: Mapping[str, Any] = {"text": "hello world", "sampling_params": {"max_new_tokens": 8}}
 TRANSPORT_ERROR = 0  # status recorded when no HTTP response arrived (refused, reset, timeout)
 ERROR_BODY_CHARS = 200  # of an error response's body, kept in RequestResult.error
+READINESS_POLL_S = 0.5  # how often the balancer asks an instance it took out whether it is ready again
 BROKEN_STREAM = "broken stream"  # LoadReport.errors_by_status's key for a 2xx stream that did not end in [DONE]
 SSE_DONE = b"[DONE]"  # SGLang's terminator on every streaming route (http_server.py, serving_base.py)
 
@@ -304,6 +308,8 @@ class LoadGenerator:
         self._results: list[RequestResult] = []
         self._late = 0
         self._started = 0.0
+        self._out: set[int] = set()  # failover instances out until their /readiness answers 200
+        self._checks: set[asyncio.Task[None]] = set()
 
     def report(self) -> LoadReport:
         elapsed = time.monotonic() - self._started if self._started else 0.0
@@ -327,6 +333,8 @@ class LoadGenerator:
                 await slots.acquire()
                 tasks.append(asyncio.create_task(self._one(session, slots, i, due)))
             await asyncio.gather(*tasks)
+            for check in list(self._checks):
+                check.cancel()
         return LoadReport(tuple(self._results), time.monotonic() - self._started, self._late)
 
     async def _one(self, session: aiohttp.ClientSession, slots: asyncio.Semaphore, i: int, due: float) -> None:
@@ -341,9 +349,9 @@ class LoadGenerator:
         status, error, ttft = TRANSPORT_ERROR, None, None
         gaps: tuple[float, ...] = ()
         try:
-            for attempt in range(min(2, len(instances))):
+            for target in self._targets(i, min(2, len(instances))):
                 try:
-                    async with session.post(instances[(i + attempt) % len(instances)] + path, json=body) as response:
+                    async with session.post(instances[target] + path, json=body) as response:
                         status = response.status
                         if stream and 200 <= status < 300:
                             ttft, gaps, error = await _read_stream(response, sent)
@@ -356,7 +364,7 @@ class LoadGenerator:
                     if status != TRANSPORT_ERROR:  # after the head: the body broke off, never sent again
                         error += " (the body broke off)"
                         break
-                    # refused or reset before any response: the next instance, once
+                    self._take_out(session, target)  # refused or reset before any response: the next one, once
         except (aiohttp.ClientError, TimeoutError) as exc:  # a timeout, or a body that broke off after the head
             error = f"{type(exc).__name__}: {exc}" + (" (the body broke off)" if status != TRANSPORT_ERROR else "")
         except Exception as exc:  # one request's surprise (a line past aiohttp's limit) is its own error
@@ -365,6 +373,34 @@ class LoadGenerator:
             slots.release()
         self._results.append(RequestResult(sent - self._started, time.monotonic() - sent, status, error, stream,
                                            ttft, gaps))  # fmt: skip
+
+    def _targets(self, i: int, attempts: int) -> list[int]:
+        """The instances request ``i`` tries, in order: from ``i mod n`` on, those in; all of them when none is."""
+        n = len(self.spec.instances)
+        order = [(i + k) % n for k in range(n)]
+        ready = [k for k in order if k not in self._out] or order
+        return ready[:attempts]
+
+    def _take_out(self, session: aiohttp.ClientSession, target: int) -> None:
+        if len(self.spec.instances) < 2 or target in self._out:
+            return
+        self._out.add(target)
+        task = asyncio.create_task(self._until_ready(session, target))
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    async def _until_ready(self, session: aiohttp.ClientSession, target: int) -> None:
+        import aiohttp  # noqa: PLC0415 - already loaded by run()
+
+        url = self.spec.instances[target] + "/readiness"
+        while target in self._out:
+            await asyncio.sleep(READINESS_POLL_S)
+            try:
+                async with session.get(url) as response:
+                    if response.status == 200:
+                        self._out.discard(target)
+            except (aiohttp.ClientError, TimeoutError):
+                continue
 
 
 def _head(raw: bytes) -> str:
