@@ -159,9 +159,11 @@ def test_the_stream_s_shape_is_the_pinned_source_s(tmp_path: Path, regenerated: 
     assert _module_constant(protocol, "DEFAULT_MODEL_NAME") == "default"  # CompletionRequest.model's default
 
 
-def _load(tmp_path: Path, spec_changes: dict[str, Any], count: int = 40) -> LoadReport:
+def _load(tmp_path: Path, spec_changes: dict[str, Any], count: int = 40, **worker: Any) -> LoadReport:
+    """``count`` requests at 200/s to a simulated worker with ``worker``'s changes (40 ms a generation by default)."""
+
     async def run() -> LoadReport:
-        server = TestServer(make_worker(tmp_path, latency_ms=40.0).build_app())
+        server = TestServer(make_worker(tmp_path, **({"latency_ms": 40.0} | worker)).build_app())
         await server.start_server()
         try:
             url = str(server.make_url("")).rstrip("/")
@@ -237,23 +239,13 @@ def test_a_refusing_release_answers_as_sglang_refuses_and_a_breaking_one_drops_s
     """``bad_request_rate``: SGLang's context-length refusal (400 ``BadRequestError`` on the OpenAI routes, 400
     ``{"error": {"message"}}`` on /generate, 200 with an error chunk on a streamed /generate); ``stream_break_rate``:
     the connection drops after the first chunk. The load generator counts every one of them an error."""
-
-    async def run(changes: dict[str, Any]) -> LoadReport:
-        server = TestServer(make_worker(tmp_path, **changes).build_app())
-        await server.start_server()
-        try:
-            url = str(server.make_url("")).rstrip("/")
-            spec = LoadSpec(url=url, rate_per_s=400.0, duration_s=0.04, model="m", shapes=PRODUCTION_MIX)
-            return await LoadGenerator(spec).run()
-        finally:
-            await server.close()
-
-    refused = asyncio.run(run({"bad_request_rate": 1.0}))
+    mix = {"model": "m", "shapes": PRODUCTION_MIX}
+    refused = _load(tmp_path, mix, 16, latency_ms=5.0, bad_request_rate=1.0)
     streamed_generate = sum(1 for i in range(16) if PRODUCTION_MIX[i % 8] == RequestShape("generate", True, 32, 16))
     assert refused.count == 16 and refused.errors == 16, refused.summary()
     assert refused.errors_by_status == {"400": 16 - streamed_generate, BROKEN_STREAM: streamed_generate}
     assert all("maximum context length" in (r.error or "") for r in refused.results)
-    broken = asyncio.run(run({"stream_break_rate": 1.0}))
+    broken = _load(tmp_path, mix, 16, latency_ms=5.0, stream_break_rate=1.0)
     streamed = sum(s.stream for s in PRODUCTION_MIX) * 2
     assert broken.errors == streamed and broken.errors_by_status == {BROKEN_STREAM: streamed}, broken.summary()
     assert broken.ok == 16 - streamed
@@ -263,18 +255,7 @@ def test_a_streamed_engine_failure_comes_after_the_200_head_and_the_client_count
     """SGLang sends a stream's 200 head before it generates: an engine failure then comes in the stream (``/generate``:
     a last chunk whose ``finish_reason`` is an abort; the OpenAI routes: an error chunk), then [DONE]. smg sees a 200
     and the worker's success; only the client's read counts it. Non-streamed, it is the 500 it was."""
-
-    async def run() -> LoadReport:
-        server = TestServer(make_worker(tmp_path, error_rate=1.0).build_app())
-        await server.start_server()
-        try:
-            url = str(server.make_url("")).rstrip("/")
-            spec = LoadSpec(url=url, rate_per_s=400.0, duration_s=0.04, model="m", shapes=PRODUCTION_MIX)
-            return await LoadGenerator(spec).run()
-        finally:
-            await server.close()
-
-    report = asyncio.run(run())
+    report = _load(tmp_path, {"model": "m", "shapes": PRODUCTION_MIX}, 16, latency_ms=5.0, error_rate=1.0)
     streamed = sum(s.stream for s in PRODUCTION_MIX) * 2
     assert report.errors == 16 and report.errors_by_status == {BROKEN_STREAM: streamed, "500": 16 - streamed}
     assert all("simulated engine failure" in (r.error or "") for r in report.results), report.summary()
