@@ -298,10 +298,10 @@ class ApiServerStandIn:
     async def _put(self, request: web.Request) -> web.Response:
         """PUT (update) of a Lease: 409 Conflict unless it carries the stored ``resourceVersion`` (optimistic
         concurrency, as client-go's leader election relies on)."""
+        body = await request.json()  # first: the version compared is the one stored when the update is applied
         stored = self.objects.get(request.path)
         if stored is None or request.path.rsplit("/", 2)[-2] != "leases":
             return _status(404, "NotFound", "not found")
-        body = await request.json()
         if body.get("metadata", {}).get("resourceVersion") != stored["metadata"]["resourceVersion"]:
             return _status(409, "Conflict", "the object has been modified; please apply your changes to the latest")
         problems = self.validator.problems(body)
@@ -370,10 +370,11 @@ class ApiServerStandIn:
             return _status(415, "UnsupportedMediaType", "only application/merge-patch+json")
         if request.path.startswith(self.pods_path + "/"):
             name = request.path.rsplit("/", 1)[1]
-            if name not in self.pods:
+            body = await request.json()  # first: the controller may delete the pod while the body is read
+            if name not in self.pods:  # (a CI run's 500 was the KeyError of a pod replaced meanwhile)
                 return _status(404, "NotFound", "not found")
-            self.pod_patches.append((name, await request.json()))
-            self.pods[name] = merge_patch(self.pods[name], self.pod_patches[-1][1])
+            self.pod_patches.append((name, body))
+            self.pods[name] = merge_patch(self.pods[name], body)
             return web.json_response(self.pods[name])
         obj = self.objects.get(request.path)
         if obj is None:
