@@ -25,6 +25,7 @@ import pytest
 from serving.rollout.journal import load_state
 from serving.rollout.machine import Outcome, Phase
 from serving.rollout.plan import kv_plan
+from serving.router.loadgen import RequestShape
 from serving.sandbox.backend import worker_name
 from tests.support import canary
 from tests.support.canary import REPLICAS
@@ -32,6 +33,12 @@ from tests.support.cli import json_object
 from tests.support.sandbox import DRY_RUN_GATES, GATED, Load, Sandbox, running_sandbox, wait_for_event
 from tests.support.stacks import fleet_of
 
+# Every route, streamed and not, the model named, as production's clients send them (serving.router.loadgen's
+# PRODUCTION_MIX), with short prompts and outputs: the mix's 64-token streams at 100 req/s cost the 2-core machine
+# enough to starve the wait-bound phase's other sandboxes (their routers' health checks timed out together)
+CLIENTS = tuple(
+    RequestShape(route, stream, 8, 4) for route in ("chat", "completions", "generate") for stream in (True, False)
+)
 SANDBOX_GROUPS = 2  # each test starts from v1 through its own rollback (at_v1): a sandbox each (tests/conftest.py)
 
 
@@ -86,7 +93,7 @@ def test_a_release_that_fails_its_clients_past_the_breaker_s_view_rolls_back_in_
     no_warmup = at_v1.variant("canary-no-warmup", {**GATED, "serving.warmup_duration_s": 0})
     # 100 req/s: batch 0's canary (2 of 8 replicas) gets ~100 requests in its 4 s soak, ~10 refused; 4 or more on a
     # quarter of the requests, none elsewhere, is a chance of 0.4 % < REFUSAL_ALPHA (P(3 or fewer of 100 at 10 %): 0.8 %)
-    with Load(at_v1.router_url, rate=100.0, production=at_v1.spec.model.name) as load:
+    with Load(at_v1.router_url, rate=100.0, model=at_v1.spec.model.name, shapes=CLIENTS) as load:
         r = no_warmup.cli("rollout", "--to", release, "--json")
     doc = json_object(r)
     assert r.returncode == 1 and doc["outcome"] == "rolled_back", r.stdout + r.stderr

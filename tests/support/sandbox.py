@@ -28,7 +28,7 @@ import yaml
 from serving.rollout.journal import StackState
 from serving.rollout.machine import Phase
 from serving.router.client import WORKER_QUEUED, WORKER_RUNNING, MetricsSnapshot, RouterClient
-from serving.router.loadgen import PRODUCTION_MIX, LoadGenerator, LoadReport, LoadSpec
+from serving.router.loadgen import LoadGenerator, LoadReport, LoadSpec, RequestShape
 from serving.sandbox.backend import worker_name
 from serving.sandbox.processes import StateDir, free_port_block
 from serving.sandbox.worker_config import WorkerConfig, parse_config
@@ -177,12 +177,18 @@ class Load:
     """Bounded open-loop client load on the router, in a thread, for the length of a `with` block."""
 
     def __init__(
-        self, url: str, rate: float = LOAD_RATE, max_s: float = 300.0, *, production: str | None = None
+        self,
+        url: str,
+        rate: float = LOAD_RATE,
+        max_s: float = 300.0,
+        *,
+        model: str | None = None,
+        shapes: tuple[RequestShape, ...] = (),
     ) -> None:
-        """``production``: send :data:`PRODUCTION_MIX` naming this model, not one short /generate each."""
+        """``model`` and ``shapes``: requests of those shapes naming that model, not one short /generate each."""
         # the client's timeout is patience: a request a loaded machine made slow is served late, not failed (the gates
         # see its latency; only a router that fails it, or a hang, is a client error)
-        mix = {"model": production, "shapes": PRODUCTION_MIX} if production is not None else {}
+        mix = {"model": model, "shapes": shapes}
         self.gen = LoadGenerator(LoadSpec(url=url, rate_per_s=rate, duration_s=max_s, timeout_s=PATIENCE_S, **mix))
         self._loop = asyncio.new_event_loop()
         self._stop = asyncio.Event()
