@@ -104,8 +104,12 @@ def test_a_release_that_fails_its_clients_past_the_breaker_s_view_rolls_back_in_
     assert set(verdict["replicas"]) <= set(doc["batches"][0]["replicas"]) and verdict["replicas"]
     assert set(doc["final_versions"].values()) == {"v1"}
     assert load.report is not None and load.report.errors > 0, "the clients saw what the release did"
+    # what the release did reached its clients (a 400, or a stream cut on a streamed /generate, for v2-refuses; a
+    # broken stream for v2-cuts-streams); a 503 may come beside it while its canary's breakers are open and the
+    # rollback restarts it (a clean-clone run here saw {'503', 'broken stream'} for v2-cuts-streams)
     kinds = set(load.report.errors_by_status)
-    assert kinds <= ({"400", "broken stream"} if release == "v2-refuses" else {"broken stream"}), kinds
+    assert ("400" if release == "v2-refuses" else "broken stream") in kinds, kinds
+    assert kinds <= {"400", "broken stream", "503"}, kinds
 
 
 def test_a_peer_crashing_mid_soak_pauses_names_it_and_rolls_nothing_back(at_v1: Sandbox) -> None:
