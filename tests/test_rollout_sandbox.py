@@ -239,10 +239,11 @@ def test_release_that_never_becomes_healthy_hits_the_health_timeout_and_rolls_ba
 def test_sigkill_mid_batch_then_resume_ends_consistent_and_a_second_updater_is_refused(
     at_v1: Sandbox, fast: Sandbox
 ) -> None:
-    # v2 takes 2.5 s to load (its port closed meanwhile), so batch 1's update and health last that long at least and
+    # v2 takes 5 s to load (its port closed meanwhile), so batch 1's update and health last that long at least and
     # the kill lands in them however late this test sees the drain (one CI run on a loaded machine saw it only when
-    # the batch was readmitting, with the default 0.5 s)
-    slow = fast.variant("fast-slow-load", {"sandbox.versions.v2.startup_s": 2.5})
+    # the batch was readmitting, with the default 0.5 s); and the whole rollout outlasts the second CLI's round trip
+    # (at 2.5 s a clean-clone run's loaded wait-bound phase saw the rollout completed when the refusal came back)
+    slow = fast.variant("fast-slow-load", {"sandbox.versions.v2.startup_s": 5.0})
     with Load(at_v1.router_url) as load:
         first = slow.start("rollout", "--to", "v2", "--json", ACCEPT)
         wait_for_event(at_v1, "v2", Phase.REMOVE, 0)
