@@ -68,6 +68,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from serving.router import INFERENCE_PATHS
 from serving.sandbox.worker_config import (
     DEFAULT_MAX_NEW_TOKENS,
     HEALTH_MAX_NEW_TOKENS,
@@ -89,7 +90,6 @@ SIMULATED_SGLANG_VERSION = "0.0.0+simulated"
 # The sections /v1/loads?include= takes (SGLang's LoadSnapshot.VALID_SECTIONS).
 LOADS_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 FAULT_PATH = "/sim/fault"
-GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
 HEALTH_PATHS = ("/health", "/health_generate")  # one handler in SGLang (health_generate)
 REQUEST_PRIORITY = "0"  # a request without one, as --default-priority-value 0 gives it
 
@@ -134,7 +134,7 @@ class SimulatedWorker:
         route, but a probe or a scrape counted would change every ``/metrics`` answer (each rendered afresh, 512
         workers a second in the scale sandbox) and no figure read from these counts one."""
         response: web.StreamResponse = await handler(request)
-        if request.path in GENERATION_PATHS:
+        if request.path in INFERENCE_PATHS:
             self.metrics.record_http(request.path, request.method, response.status)
         return response
 

@@ -197,12 +197,12 @@ def refusal_check(
     theirs by more than ``limits.max_error_rate`` and, given the refusals of both, as many of them falling on the
     canary's share of the requests has a chance under :data:`REFUSAL_ALPHA` (a conditional binomial test: clients'
     own bad requests land on every replica alike). None when either side was not measured."""
-    canary = [windows[r].refusals for r in members if windows[r].refusals is not None]
-    peers = [windows[r].refusals for r in reference if r in windows and windows[r].refusals is not None]
+    canary = [c for r in members if (c := windows[r].refusals) is not None]
+    peers = [p for r in reference if r in windows and (p := windows[r].refusals) is not None]
     if not canary or not peers:
         return None
-    answered, refused = (sum(c[i] for c in canary if c is not None) for i in (0, 1))
-    peer_answered, peer_refused = (sum(p[i] for p in peers if p is not None) for i in (0, 1))
+    answered, refused = (sum(c[i] for c in canary) for i in (0, 1))
+    peer_answered, peer_refused = (sum(p[i] for p in peers) for i in (0, 1))
     if not answered or not refused or not peer_answered:
         return None
     rate, peer_rate = refused / answered, peer_refused / peer_answered

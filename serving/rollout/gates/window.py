@@ -69,9 +69,6 @@ WORKER_HTTP_RESPONSES = "sglang:http_responses_total"  # {endpoint, status_code,
 WORKER_GATE_METRICS = (WORKER_E2E_LATENCY, WORKER_HTTP_RESPONSES, *KV_POOL_METRICS)
 
 
-CLIENT_CLOSED = "499"  # smg's count of a request its client gave up on (nginx's spelling): the client's doing
-
-
 def _is_error(status: str) -> bool:
     """A client got no answer: a 5xx, a 408 or a 429 (smg retries these and charges the breaker a 408's failure,
     worker/resilience.rs; SGLang and smg refuse load with a 429). A stream that broke off mid-body is not here: smg
