@@ -116,8 +116,9 @@ def test_a_peer_crashing_mid_soak_pauses_names_it_and_rolls_nothing_back(at_v1: 
     plan_batches = canary.batches(at_v1)
     victim = plan_batches[2][0]  # not yet updated while batch 0 soaks: one of batch 0's peers
     with canary.replaced_worker(at_v1, victim, None) as config, Load(at_v1.router_url) as load:
+        started = time.time()
         rollout = at_v1.start("rollout", "--to", "v2", "--json")
-        wait_for_event(at_v1, "v2", Phase.READMIT, 0)
+        wait_for_event(at_v1, "v2", Phase.READMIT, 0, since=started)
         time.sleep(0.5)  # inside batch 0's soak window
         record = at_v1.processes.read(worker_name(config.port))
         assert record is not None

@@ -29,7 +29,15 @@ from serving.rollout.machine import Outcome, Phase
 from serving.router.client import MetricsSnapshot
 from serving.sandbox.processes import start_router, stop_process
 from tests.support.cli import json_object
-from tests.support.sandbox import DRY_RUN_GATES, GATED, Load, Sandbox, running_sandbox, wait_for_event
+from tests.support.sandbox import (
+    DRY_RUN_GATES,
+    GATED,
+    Load,
+    Sandbox,
+    journal_steps,
+    running_sandbox,
+    wait_for_event,
+)
 
 REPLICAS = 8
 LOAD_RATE = 100.0
@@ -245,8 +253,9 @@ def test_sigkill_mid_batch_then_resume_ends_consistent_and_a_second_updater_is_r
     # (at 2.5 s a clean-clone run's loaded wait-bound phase saw the rollout completed when the refusal came back)
     slow = fast.variant("fast-slow-load", {"sandbox.versions.v2.startup_s": 5.0})
     with Load(at_v1.router_url) as load:
+        started = time.time()
         first = slow.start("rollout", "--to", "v2", "--json", ACCEPT)
-        wait_for_event(at_v1, "v2", Phase.REMOVE, 0)
+        wait_for_event(at_v1, "v2", Phase.REMOVE, 0, since=started)
         second = slow.cli("rollout", "--to", "v2")  # while the first one holds the lock
         # The kill goes to the first batch whose update is still to come once the refusal is back: a whole CLI
         # process, it came back after batch 1's drain in two clean-clone runs on a loaded machine, and a kill
@@ -256,13 +265,14 @@ def test_sigkill_mid_batch_then_resume_ends_consistent_and_a_second_updater_is_r
         phases = list(Phase)
         batch = now.step.batch + (phases.index(now.step.phase) >= phases.index(Phase.UPDATE))
         assert batch < len(now.plan.batches), f"the refusal came back at {now.step}: no batch left to kill in"
-        wait_for_event(at_v1, "v2", Phase.DRAIN, batch)
+        wait_for_event(at_v1, "v2", Phase.DRAIN, batch, since=started)
         first.send_signal(signal.SIGKILL)
         first.communicate(timeout=10)
         # Killed with that batch drained, its update under way: its two workers are out of the router.
         state = load_state(at_v1.paths.journal_path)
         assert state is not None and state.step is not None
-        assert (state.step.batch, state.step.phase) in ((batch, Phase.UPDATE), (batch, Phase.HEALTH))
+        where = (state.step.batch, state.step.phase)
+        assert where in ((batch, Phase.UPDATE), (batch, Phase.HEALTH)), journal_steps(at_v1.paths.journal_path)
         assert len(at_v1.workers()) == REPLICAS - len(state.plan.batch(batch).replicas)
         resumed = slow.cli("rollout", "--resume", "--json", ACCEPT)
     assert second.returncode == 2 and "another updater holds" in second.stderr
@@ -285,14 +295,15 @@ def test_router_restart_is_survived_and_a_router_gone_past_the_grace_period_paus
     flags = list(record.argv[3:])  # after "python -m smg.launch_router"
     try:
         with Load(at_v1.router_url) as load:
+            started = time.time()
             rollout = fast.start("rollout", "--to", "v2", "--json", ACCEPT, "--router-grace-s", "3")
             # 1. A router restart during batch 0's soak (counters reset, worker list from its command line).
-            wait_for_event(at_v1, "v2", Phase.READMIT, 0)
+            wait_for_event(at_v1, "v2", Phase.READMIT, 0, since=started)
             time.sleep(0.3)  # the soak reads its starting counters right after readmission
             stop_process(procs, "router", timeout_s=0.2)
             start_router(procs, flags, healthy_workers=REPLICAS, timeout_s=30)
             # 2. The router gone for longer than --router-grace-s during batch 2.
-            wait_for_event(at_v1, "v2", Phase.READMIT, 2)
+            wait_for_event(at_v1, "v2", Phase.READMIT, 2, since=started)
             stop_process(procs, "router", timeout_s=0.2)
             out, err = rollout.communicate(timeout=60)
             assert rollout.returncode == 1 and json.loads(out)["outcome"] == "paused", err
@@ -317,8 +328,9 @@ def test_sigint_pauses_with_every_replica_in_the_router_and_rollback_undoes_the_
     at_v1: Sandbox, fast: Sandbox
 ) -> None:
     with Load(at_v1.router_url) as load:
+        started = time.time()
         rollout = fast.start("rollout", "--to", "v2", "--json", ACCEPT)
-        wait_for_event(at_v1, "v2", Phase.DRAIN, 1)
+        wait_for_event(at_v1, "v2", Phase.DRAIN, 1, since=started)
         rollout.send_signal(signal.SIGINT)  # batch 1 is out of the router: the pause must wait for it
         out, err = rollout.communicate(timeout=60)
         doc = json.loads(out)

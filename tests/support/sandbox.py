@@ -224,21 +224,45 @@ def p99_gate_breach(batch: Mapping[str, Any]) -> str:
     return breach
 
 
-def wait_for_event(sandbox: Sandbox, to: str, phase: Phase, batch: int, timeout: float = 60) -> None:
-    """Until the current journal (a rollout to `to`) records `phase` of `batch` done."""
+def wait_for_event(sandbox: Sandbox, to: str, phase: Phase, batch: int, *, since: float, timeout: float = 60) -> None:
+    """Until the current journal, a rollout to `to` begun at `since` or later (its plan record's `written_at`), records
+    `phase` of `batch` done. `since` is the time the test started that rollout: before the new rollout's journal
+    replaces it, the path holds the previous rollout's, which may be to the same version with the same events done
+    (a finished rollout to v2 rolled back keeps its plan), and a wait that read it returned at once."""
     deadline = time.monotonic() + timeout
     path = sandbox.paths.journal_path
     while time.monotonic() < deadline:
         with contextlib.suppress(FileNotFoundError, ValueError, IndexError):
             lines = path.read_text().splitlines()
-            if json.loads(lines[0])["plan"]["to_version"] == to:
+            head = json.loads(lines[0])
+            if head["plan"]["to_version"] == to and head["written_at"] >= since:
                 for line in lines[1:]:
                     ev = json.loads(line)["event"]
                     step = ev.get("step") or {}
                     if ev["kind"] == "done" and step.get("phase") == phase.value and step.get("batch") == batch:
                         return
         time.sleep(0.02)
-    pytest.fail(f"no '{phase.value} batch {batch}' event for the rollout to {to} within {timeout} s")
+    pytest.fail(
+        f"no '{phase.value} batch {batch}' event for the rollout to {to} begun since {since} within {timeout} s"
+    )
+
+
+def journal_steps(path: Path) -> list[str]:
+    """A journal, one short line per record (its plan's start and versions, then each event's kind and step): what
+    an assertion on where a rollout stood prints beside its verdict."""
+    out = []
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        if "plan" in record:
+            plan = record["plan"]
+            out.append(
+                f"plan {plan.get('from_version')}→{plan.get('to_version')} written at {record['written_at']:.2f}"
+            )
+            continue
+        ev, step = record["event"], record["event"].get("step") or {}
+        rollback = " (rollback)" if step.get("rollback") else ""
+        out.append(f"{ev['kind']} {step.get('phase')} {step.get('batch')}{rollback} at {record['written_at']:.2f}")
+    return out
 
 
 async def in_flight(client: httpx.AsyncClient, url: str) -> float:
