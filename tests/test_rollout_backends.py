@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +23,15 @@ from serving.plan.planner import fleet_replicas
 from serving.render.k8s.common import LABEL_VERSION
 from serving.render.k8s.fleet import group_name, render
 from serving.render.systemd import systemd_unit, unit_name
-from serving.rollout.backends import BackendError
-from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend, rollout_status, workload, workload_path
+from serving.rollout.backends import BackendError, PodsStuck
+from serving.rollout.backends.kubernetes import (
+    KubeApi,
+    KubernetesBackend,
+    rollout_status,
+    stuck_pods,
+    workload,
+    workload_path,
+)
 from serving.rollout.backends.ssh import SshBackend, parse_show
 from serving.rollout.plan import plan_batches, with_group_version
 from serving.sandbox.backend import LocalBackend
@@ -332,3 +340,106 @@ def test_kubernetes_hold_skips_a_pod_its_leaderworkerset_deleted_after_the_listi
         refused, held = asyncio.run(scenario())
     assert "pods/sglang-g1-deleted-since answered 404" in refused
     assert held and "sglang-g1-deleted-since" not in held  # the pods still there were held out
+
+
+def test_a_node_lost_mid_rollout_names_its_stuck_pods_and_the_update_ends_there_not_at_the_timeout() -> None:
+    """Issue 40, item 1: a GPU node dies between two batches of a 5-batch rollout. The next group's update deletes
+    the pods on it, which stay Terminating (no kubelet to confirm), and the StatefulSet recreates no ordinal whose pod
+    still exists: the update raises PodsStuck naming each such pod and its node as soon as they are past their grace
+    period, not the health timeout's "not complete" (the timeout here is the test's whole patience). The operator's
+    out-of-service taint lets the pod GC delete them; their replacements, with no spare GPU, stay Pending, and the
+    update names them as unschedulable. Once the node is back, the same update completes, and so do the others."""
+    spec = spec_from("dev", **{"serving.releases": RELEASES, "rollout.drain_timeout_s": 1})  # 1 s grace period
+    batches = [list(b.replicas) for b in plan_batches(fleet_of(spec).plan)]
+    every = [r.id for r in fleet_replicas(spec)]
+    with ApiServerStandIn(spec) as api:
+        backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
+        backend.stuck_margin_s = 0.2
+        node = api.placement["sglang-g1-0"]
+        on_node = sorted(p for p, n in api.placement.items() if n == node)
+        in_group1 = [p for p in on_node if p.startswith("sglang-g1-")]
+        assert in_group1 and len(in_group1) < len(on_node), on_node  # the node also runs other groups' pods
+
+        async def scenario() -> tuple[str, str, dict[str, str | None]]:
+            try:
+                await backend.update(batches[0], "v2", timeout_s=PATIENCE_S)
+                api.fail_node(node)
+                with pytest.raises(PodsStuck) as terminating:
+                    await backend.update(batches[1], "v2", timeout_s=PATIENCE_S)
+                api.taint_out_of_service(node)
+                with pytest.raises(PodsStuck) as pending:
+                    await backend.update(batches[1], "v2", timeout_s=PATIENCE_S)
+                api.restore_node(node)
+                for batch in batches[1:]:
+                    await backend.update(batch, "v2", timeout_s=PATIENCE_S)
+                return str(terminating.value), str(pending.value), await backend.versions(every)
+            finally:
+                await backend.aclose()
+
+        terminating, pending, versions = asyncio.run(scenario())
+    for message in (terminating, pending):
+        assert message.startswith(f"rollout of sglang-g1 is blocked by {len(in_group1)} pod(s)"), message
+        assert re.findall(r"(sglang-g\d+-\d+) \(", message) == in_group1, message  # each stuck pod, no other
+        assert "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute" in message and "--resume" in message
+    assert f"node {node}'s kubelet never confirmed the deletion" in terminating and "Terminating" in terminating
+    assert "Pending" in pending and "unschedulable: 0/16 nodes are available" in pending
+    assert "{node.kubernetes.io/out-of-service: nodeshutdown}" in pending
+    assert set(versions.values()) == {"v2"}
+
+
+def test_a_cordoned_node_s_replacement_pod_is_named_unschedulable_until_it_is_uncordoned() -> None:
+    """A drained (cordoned) node: its pod terminates normally, and with no spare GPU its replacement stays Pending;
+    the update names it with the scheduler's reason instead of waiting out the health timeout."""
+    spec = spec_from("dev", **{"serving.releases": RELEASES, "rollout.drain_timeout_s": 1})
+    batch0 = list(plan_batches(fleet_of(spec).plan)[0].replicas)
+    with ApiServerStandIn(spec) as api:
+        backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
+        backend.stuck_margin_s = 0.2
+        node = api.placement["sglang-g0-0"]
+        in_group0 = sorted(p for p, n in api.placement.items() if n == node and p.startswith("sglang-g0-"))
+
+        async def scenario() -> tuple[str, dict[str, str | None]]:
+            try:
+                api.cordon(node)
+                with pytest.raises(PodsStuck) as stuck:
+                    await backend.update(batch0, "v2", timeout_s=PATIENCE_S)
+                api.restore_node(node)
+                await backend.update(batch0, "v2", timeout_s=PATIENCE_S)
+                return str(stuck.value), await backend.versions(batch0)
+            finally:
+                await backend.aclose()
+
+        message, versions = asyncio.run(scenario())
+    assert all(f"{p} (Pending " in message for p in in_group0), message
+    assert "unschedulable: 0/16 nodes are available: 1 node(s) were unschedulable" in message
+    assert "kubectl uncordon NODE" in message
+    assert set(versions.values()) == {"v2"}
+
+
+def test_stuck_pods_counts_from_its_own_first_sight_and_forgets_a_pod_that_moved_on() -> None:
+    """The pure judgment: a terminating pod is stuck once past its grace period plus the margin by the caller's clock
+    (never a server timestamp); an unschedulable pod once past the margin; a running pod never; and a pod that left
+    the state is forgotten, so coming back to it starts the count again."""
+    terminating = {"metadata": {"name": "sglang-g0-1", "uid": "a", "deletionTimestamp": "2020-01-01T00:00:00Z",
+                                "deletionGracePeriodSeconds": 10}, "spec": {"nodeName": "n1"}}  # fmt: skip
+    pending = {"metadata": {"name": "sglang-g0-2", "uid": "b"}, "spec": {},
+               "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                                              "reason": "Unschedulable", "message": "{no} room"}]}}  # fmt: skip
+    running = {
+        "metadata": {"name": "sglang-g0-3", "uid": "c"},
+        "spec": {"nodeName": "n1"},
+        "status": {"phase": "Running"},
+    }
+    since: dict[str, float] = {}
+    pods = [terminating, pending, running]
+    assert stuck_pods(pods, since, 100.0, 5.0) == []
+    assert stuck_pods(pods, since, 104.9, 5.0) == []
+    assert stuck_pods(pods, since, 105.0, 5.0) == ["sglang-g0-2 (Pending 5 s, unschedulable: {no} room)"]
+    late = stuck_pods(pods, since, 115.0, 5.0)
+    assert (
+        late[0].startswith("sglang-g0-1 (Terminating 15 s, past its 10 s grace period: node n1's kubelet")
+        and len(late) == 2
+    )
+    assert stuck_pods([terminating, running], since, 116.0, 5.0)[0].startswith("sglang-g0-1 (Terminating 16 s")
+    again = stuck_pods(pods, since, 117.0, 5.0)  # the pending pod was forgotten at 116: its count begins again
+    assert len(again) == 1 and again[0].startswith("sglang-g0-1 (Terminating 17 s"), again

@@ -1183,7 +1183,34 @@ def test_a_batch_that_failed_before_its_soak_reports_a_rollback_verdict_naming_t
     assert (b0["canary"], b0["baseline"]) == (None, None)
 
 
-OUTCOMES = st.lists(st.sampled_from(["done", "done", "done", "done", "failed", "pause", "router_lost"]), max_size=120)
+OUTCOMES = st.lists(
+    st.sampled_from(["done", "done", "done", "done", "failed", "pause", "router_lost", "blocked"]), max_size=120
+)
+
+
+def test_an_update_blocked_on_stuck_pods_pauses_at_that_step_and_resume_or_rollback_carry_on_from_it() -> None:
+    """Issue 40: an update the platform cannot finish without an operator (PodsStuck: a pod Terminating on a dead
+    node, a replacement unschedulable) pauses at the step with the pods' story, not a rollback (whose restore would
+    wait on the same pods). `--resume` runs the update again; `exaserve rollback` restores the touched batch."""
+    plan = sandbox_plan()
+    state = initial(plan)
+    while state.step != Step(Phase.UPDATE, 1):
+        assert state.step is not None
+        kind = "baseline" if state.step.phase is Phase.BASELINE else "done"
+        baseline = WindowStats(2.0, 200, 0, 200, 0, 0, 0.1) if kind == "baseline" else None
+        state = advance(state, Event(kind, time.time(), step=state.step, baseline=baseline))  # type: ignore[arg-type]
+    why = "rollout of sglang-g1 is blocked by 1 pod(s) that cannot come back on their own: sglang-g1-0 (…)"
+    paused = advance(state, Event("blocked", time.time(), step=state.step, detail=why))
+    assert paused.outcome is Outcome.PAUSED and paused.step is None
+    assert paused.resume_step == Step(Phase.UPDATE, 1)
+    assert paused.reason == f"batch 1 (update) blocked: {why}"
+    resumed = advance(paused, Event("resume", time.time()))
+    assert resumed.step == Step(Phase.UPDATE, 1)
+    assert (
+        set(plan.batch(1).replicas) <= resumed.out_of_router()
+    )  # its pods are being replaced: kept out, not readmitted
+    rolling_back = advance(paused, Event("rollback", time.time()))
+    assert rolling_back.step == Step(Phase.REMOVE, 1, rollback=True) and rolling_back.outcome is None
 
 
 @settings(max_examples=300, deadline=None)

@@ -55,7 +55,7 @@ RESTORE = (Phase.REMOVE, Phase.DRAIN, Phase.UPDATE, Phase.HEALTH, Phase.READMIT)
 # Phases during which a batch is (or may be) out of the router: after its removal began, before readmission.
 OUT_OF_ROUTER = frozenset({Phase.DRAIN, Phase.UPDATE, Phase.HEALTH, Phase.WARMUP, Phase.READMIT})
 
-EventKind = Literal["baseline", "done", "failed", "outside", "pause", "resume", "rollback", "router_lost"]
+EventKind = Literal["baseline", "blocked", "done", "failed", "outside", "pause", "resume", "rollback", "router_lost"]
 
 
 @dataclass(frozen=True)
@@ -259,6 +259,8 @@ def advance(state: RolloutState, ev: Event) -> RolloutState:
         raise TransitionError(f"event for {ev.step} but the current step is {step}")
     if ev.kind == "router_lost":
         return _pause(state, step, f"router lost during {_where(step)}: {ev.detail}")
+    if ev.kind == "blocked":  # the platform waits on an operator (PodsStuck): a rollback would wait on the same pods
+        return _pause(state, step, f"{_where(step)} blocked: {ev.detail}")
     if ev.kind == "outside":
         return _outside(state, step, ev)
     if ev.kind == "baseline":

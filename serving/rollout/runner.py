@@ -32,7 +32,7 @@ from typing import Literal, TypeVar
 import httpx
 
 from serving.fleet_http import FleetHttp, HttpFailure
-from serving.rollout.backends import Backend, BackendError
+from serving.rollout.backends import Backend, BackendError, PodsStuck
 from serving.rollout.gates.findings import MIN_REQUESTS
 from serving.rollout.gates.judge import canary_budget_spent, judge, traffic_needed
 from serving.rollout.gates.verdict import Basis, Gates, with_kv_pool
@@ -264,6 +264,7 @@ class Runner:
         text = {
             "done": "done",
             "failed": "FAILED",
+            "blocked": "BLOCKED:",
             "baseline": "baseline measured",
             "outside": "PAUSED on evidence outside the batch:",
         }.get(ev.kind, ev.kind)
@@ -545,6 +546,8 @@ class Runner:
         self._say(f"updating {len(ids)} replicas to {version} via {self.backend.name}")
         try:
             await self.backend.update(ids, version, self.state.plan.timings.health_timeout_s)
+        except PodsStuck as exc:
+            return self._event("blocked", step, str(exc))
         except BackendError as exc:
             return self._event("failed", step, str(exc))
         return self._event("done", step, f"set to {version}")

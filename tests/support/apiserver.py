@@ -15,7 +15,14 @@ No kinder than the controllers it stands for (upstream file and line in docs/k8s
   ``pkg/controller/statefulset/stateful_set_utils.go``, ``completeRollingUpdate`` acts on RollingUpdate only);
 * a LeaderWorkerSet replaces one replica at a time, highest ordinal first, whatever its ``maxUnavailable``: LWS copies
   it onto its leader StatefulSet, where it is ignored without the alpha MaxUnavailableStatefulSet gate (lws
-  ``site/content/en/docs/installation/_index.md``: "Or lws will roll out the pods one by one").
+  ``site/content/en/docs/installation/_index.md``: "Or lws will roll out the pods one by one");
+* nodes fail as the control plane sees it (docs/k8s-semantics.md rows 43-46): every pod is placed on the node the plan
+  gives its replica (with no spare GPU the scheduler has no other choice); a node whose kubelet is gone
+  (:meth:`ApiServerStandIn.fail_node`) has its pods marked not Ready, and a pod deleted there stays Terminating, so
+  its StatefulSet ordinal is not recreated; a replacement for a cordoned, failed or out-of-service node stays Pending
+  (``PodScheduled=False``, ``Unschedulable``, the scheduler's reasons); the out-of-service taint makes the pod garbage
+  collector delete the node's terminating pods (:meth:`ApiServerStandIn.taint_out_of_service`); a node back
+  (:meth:`ApiServerStandIn.restore_node`) finishes its terminations and takes its pending pods.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ import hashlib
 import json
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -142,6 +150,33 @@ def _ready(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
 
 
+def _set_ready(pod: dict[str, Any], ready: bool) -> None:
+    """The pod's Ready condition and its containers' readiness (the kubelet's, or the node lifecycle controller's
+    ``MarkPodsNotReady`` for a node that stopped reporting)."""
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
+    for c in pod["status"].get("containerStatuses", []):
+        c["ready"] = ready
+
+
+@dataclass
+class StandInNode:
+    """What the control plane knows of one node: its kubelet reporting (Ready), cordoned, the out-of-service taint."""
+
+    ready: bool = True
+    unschedulable: bool = False
+    out_of_service: bool = False
+
+    def refusal(self) -> str | None:
+        """Why the scheduler does not place a pod here (its plugins' messages), None when it does."""
+        if self.out_of_service:
+            return "1 node(s) had untolerated taint {node.kubernetes.io/out-of-service: nodeshutdown}"
+        if not self.ready:
+            return "1 node(s) had untolerated taint {node.kubernetes.io/unreachable: }"
+        if self.unschedulable:
+            return "1 node(s) were unschedulable"
+        return None
+
+
 class ApiServerStandIn:
     """STAND-IN for the API server and the StatefulSet/LeaderWorkerSet controllers (see module doc).
 
@@ -162,6 +197,8 @@ class ApiServerStandIn:
         self.versions = 0  # the last resourceVersion given (Leases)
         self.lease_writes: list[tuple[str, dict[str, Any]]] = []  # (Lease name, spec) of every update, in order
         self._tasks: set[asyncio.Task[None]] = set()
+        self.placement = _placement(spec)  # pod name → node
+        self.nodes = {node: StandInNode() for node in self.placement.values()}
         for rendered in render(fleet_of(spec)):
             if rendered["kind"] == "PodDisruptionBudget":
                 self.budgets[rendered["metadata"]["name"]] = copy.deepcopy(rendered)
@@ -201,10 +238,32 @@ class ApiServerStandIn:
             ]
 
     def _create_pods(self, obj: dict[str, Any], ordinal: int, *, ready: bool) -> None:
-        """(Re)create replica ``ordinal``'s pods from the workload's current templates (LWS recreates the group)."""
+        """(Re)create replica ``ordinal``'s pods from the workload's current templates (LWS recreates the group), each
+        on its node, or Pending where the scheduler cannot place it (:meth:`_schedule`)."""
         for worker in range(_pod_count(obj)):
             pod = make_pod(obj, ordinal, worker, ready=ready)
             self.pods[pod["metadata"]["name"]] = pod
+            self._schedule(pod)
+
+    def _schedule(self, pod: dict[str, Any]) -> None:
+        """Bind the pod to its node; where that node refuses it, the pod stays Pending as the scheduler leaves one:
+        no node, ``PodScheduled=False`` with reason ``Unschedulable`` and the per-node reasons (every other node's
+        GPUs are taken)."""
+        name = pod["metadata"]["name"]
+        node = self.placement[name]
+        refusal = self.nodes[node].refusal()
+        if refusal is None:
+            pod["spec"]["nodeName"] = node
+            return
+        pod["spec"].pop("nodeName", None)
+        others = len(self.nodes) - 1
+        message = f"0/{len(self.nodes)} nodes are available: {refusal}" + (
+            f", {others} Insufficient nvidia.com/gpu." if others else "."
+        )
+        pod["status"] = {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}],
+        }
 
     async def _replace(self, obj: dict[str, Any], ordinal: int) -> None:
         """Replica ``ordinal``'s pods gone, then recreated a tick later from the current template."""
@@ -358,6 +417,13 @@ class ApiServerStandIn:
             return _status(405, "MethodNotAllowed", "the updater does not delete LeaderWorkerSet pods")
         self.deleted.append(name)
         pod = self.pods[name]
+        node = pod["spec"].get("nodeName")
+        if node is not None and not self.nodes[node].ready:  # no kubelet to confirm it: Terminating until one does
+            if not pod["metadata"].get("deletionTimestamp"):
+                pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+                grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+                pod["metadata"]["deletionGracePeriodSeconds"] = grace
+            return web.json_response(pod)
         self._spawn(self._recreate(owner, int(name.rsplit("-", 1)[1])))
         return web.json_response(pod)
 
@@ -408,6 +474,73 @@ class ApiServerStandIn:
             if _stuck(obj):
                 return  # the replica never becomes ready: the rollout halts
 
+    # ----- nodes failing, as a test drives them (each runs on the server's loop, between requests) -----
+    def _on_loop(self, change: Callable[[], None]) -> None:
+        async def run() -> None:
+            change()
+
+        asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
+
+    def _on(self, node: str) -> list[dict[str, Any]]:
+        return [p for p in self.pods.values() if p["spec"].get("nodeName") == node]
+
+    def _gone(self, pod: dict[str, Any]) -> None:
+        """The pod object removed (a kubelet's final delete, or the pod GC's force delete); its StatefulSet creates the
+        ordinal again (as after a DELETE)."""
+        name = pod["metadata"]["name"]
+        self.pods.pop(name, None)
+        self._spawn(self._recreate(self._owner(name), int(name.split("-")[2])))
+
+    def fail_node(self, node: str) -> None:
+        """The node's kubelet stops reporting: Ready turns Unknown and its pods are marked not Ready."""
+
+        def change() -> None:
+            self.nodes[node].ready = False
+            for pod in self._on(node):
+                _set_ready(pod, False)
+            for obj in self.objects.values():
+                if obj["kind"] in ("StatefulSet", "LeaderWorkerSet"):
+                    self._refresh(obj)
+
+        self._on_loop(change)
+
+    def cordon(self, node: str) -> None:
+        """``kubectl cordon``: ``spec.unschedulable``; running pods stay, no new pod is placed there."""
+        self._on_loop(lambda: setattr(self.nodes[node], "unschedulable", True))
+
+    def taint_out_of_service(self, node: str) -> None:
+        """``node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`` on a node whose kubelet is gone: the pod
+        garbage collector force-deletes its terminating pods (and the taint's NoExecute evicts the rest, which then
+        terminate there too)."""
+
+        def change() -> None:
+            self.nodes[node].out_of_service = True
+            if not self.nodes[node].ready:
+                for pod in self._on(node):
+                    self._gone(pod)
+
+        self._on_loop(change)
+
+    def restore_node(self, node: str) -> None:
+        """The node back, schedulable and untainted: its kubelet finishes the terminations it missed and reports its
+        pods Ready again; the scheduler places the pods that waited for it."""
+
+        def change() -> None:
+            self.nodes[node] = StandInNode()
+            for pod in self._on(node):
+                if pod["metadata"].get("deletionTimestamp"):
+                    self._gone(pod)
+                else:
+                    _set_ready(pod, True)
+            for name, pod in list(self.pods.items()):
+                if self.placement[name] == node and pod["status"].get("phase") == "Pending":
+                    self._gone(pod)  # the stand-in's scheduler: placed as a new pod, the template's revision
+            for obj in self.objects.values():
+                if obj["kind"] in ("StatefulSet", "LeaderWorkerSet"):
+                    self._refresh(obj)
+
+        self._on_loop(change)
+
     def __enter__(self) -> ApiServerStandIn:
         app = web.Application()
         app.router.add_get("/{tail:.*}", self._get)
@@ -435,6 +568,19 @@ class ApiServerStandIn:
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+
+def _placement(spec: FleetSpec) -> dict[str, str]:
+    """Pod name → node: a group's replicas, in index order, are its workload's ordinals (the backend's mapping), and
+    pod ``w`` of a replica runs on the replica's ``w``-th node, as the plan places it."""
+    out = {}
+    replicas = fleet_of(spec).plan.replicas
+    for group in sorted({r.group for r in replicas}):
+        members = sorted((r for r in replicas if r.group == group), key=lambda r: r.index)
+        for ordinal, replica in enumerate(members):
+            for worker, node in enumerate(replica.nodes):
+                out[f"sglang-g{group}-{ordinal}" + (f"-{worker}" if worker else "")] = node.name
+    return out
 
 
 def k8s_spec(multi: bool) -> FleetSpec:

@@ -27,6 +27,13 @@ class RestartUnreached(BackendError):
     :class:`BackendError`."""
 
 
+class PodsStuck(BackendError):
+    """The update waits on something only an operator can change: a pod left Terminating on a node whose kubelet is
+    gone, or a replacement the scheduler cannot place (a cordoned node, no free GPU). Waiting longer changes nothing
+    and a rollback would wait on the same pods, so the rollout pauses at the step (``blocked``); the message names
+    each pod, its node and the fix, and ``exaserve rollout --resume`` runs the step again."""
+
+
 class ReplicaIndex:
     """The stack's replicas by id, for backends: one lookup with one error message."""
 

@@ -28,6 +28,14 @@ labels, and proves each change on every instance without asking (:meth:`RouterSe
 the new server is Ready (a real SGLang server loads for minutes; the updater polls every ``POLL_S``); a pod that wins
 the race is deselected at the runner's next reconcile and drained by discovery, and comes back at readmission.
 
+A failed node (docs/runbooks.md, "A node fails during a rollout"): a pod the update deleted on a node whose kubelet
+is gone stays ``Terminating`` (only the kubelet, or the pod garbage collector once the node carries the
+``node.kubernetes.io/out-of-service`` taint, removes it), and the StatefulSet controller recreates an ordinal only
+once its pod is gone; a replacement for a cordoned node, with no spare GPU elsewhere, stays ``Pending``
+(``Unschedulable``). Neither changes by waiting, so the wait names such pods (:func:`stuck_pods`: terminating past
+their grace period plus :data:`STUCK_MARGIN_S`, or unschedulable that long) and raises :class:`PodsStuck`, on which
+the rollout pauses at the step, long before the health timeout (docs/k8s-semantics.md, rows 43-46).
+
 The updater's own calls (health, ``/metrics`` while draining, warm-up) go to the pod's IP as well, from the latest
 pod listing (the runner refreshes it before every step); the NetworkPolicy admits the updater's pod to the serving
 port (:mod:`serving.render.k8s.netpol`). Its service account needs ``get``/``patch`` on the groups' workloads and
@@ -65,7 +73,7 @@ from serving.fleet_http import ca_tls, http_client
 from serving.plan.model import Fleet
 from serving.render.k8s.common import LABEL_ADMITTED, LABEL_GROUP, LABEL_VERSION, K8sObject, image
 from serving.render.k8s.fleet import SERVING_CONTAINER, group_name, render
-from serving.rollout.backends import BackendError, ReplicaIndex
+from serving.rollout.backends import BackendError, PodsStuck, ReplicaIndex
 from serving.rollout.plan import with_group_version
 from serving.router.membership import Observed, RouterSet
 from serving.runtime.leader import ElectionError, KubernetesLeaseElection, Term
@@ -77,6 +85,11 @@ POLL_S = 0.5
 # The StatefulSet controller's label naming the revision a pod was created from (apps/v1 ControllerRevisionHashLabelKey).
 REVISION_LABEL = "controller-revision-hash"
 ANNOUNCE_TTL_S = 60.0  # the batch Lease's duration: renewed every third of it while a batch is out
+# How long past its grace period a pod may stay Terminating, or a pod stay unschedulable, before the wait calls it
+# stuck: a kubelet's final delete comes within the grace period (plus its sync, seconds), a scheduler's retry of a
+# pod whose node is being freed within seconds; neither takes half a minute.
+STUCK_MARGIN_S = 30.0
+DEFAULT_GRACE_S = 30  # a pod's terminationGracePeriodSeconds when its spec does not say (the API's default)
 
 
 def batch_lease_name(namespace: str) -> str:
@@ -189,6 +202,59 @@ def pod_version(spec: FleetSpec, pod: K8sObject) -> str | None:
     return f"unknown (image {running}, version label {label})"
 
 
+def stuck_pods(pods: Sequence[K8sObject], since: dict[str, float], now: float, margin_s: float) -> list[str]:
+    """The pods among ``pods`` that wait on an operator, one line each naming the pod, its node and why; ``since``
+    (kept by the caller between polls) records when each pod was first seen in that state, by this clock, so no
+    server timestamp is compared with it (pure but for ``since``).
+
+    * Terminating longer than its grace period (``metadata.deletionGracePeriodSeconds``, else the spec's) plus
+      ``margin_s``: its kubelet never confirmed the deletion, so its node is down or cut off.
+    * Pending with ``PodScheduled=False``, reason ``Unschedulable``, for ``margin_s``: the scheduler's own message
+      (a cordoned node, no node with a free GPU) is quoted."""
+    current: set[str] = set()
+    out = []
+    for pod in pods:
+        meta, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status") or {}
+        name, node = meta.get("name", "?"), spec.get("nodeName") or "no node"
+        terminating = bool(meta.get("deletionTimestamp"))
+        unschedulable = [
+            c
+            for c in status.get("conditions", [])
+            if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        ]
+        if not terminating and (status.get("phase") != "Pending" or not unschedulable):
+            continue
+        key = f"{meta.get('uid', name)}/{'terminating' if terminating else 'unschedulable'}"
+        current.add(key)
+        waited = now - since.setdefault(key, now)
+        if terminating:
+            grace = meta.get("deletionGracePeriodSeconds", spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_S))
+            if waited >= float(grace) + margin_s:
+                out.append(
+                    f"{name} (Terminating {waited:.0f} s, past its {grace} s grace period: node {node}'s kubelet never "
+                    "confirmed the deletion, and the StatefulSet controller recreates an ordinal only once its pod is "
+                    "gone)"
+                )
+        elif waited >= margin_s:
+            out.append(f"{name} (Pending {waited:.0f} s, unschedulable: {unschedulable[0].get('message', '')})")
+    for key in set(since) - current:
+        del since[key]
+    return sorted(out)
+
+
+def stuck_message(workload_name: str, namespace: str, stuck: Sequence[str]) -> str:
+    """What :class:`PodsStuck` says: the pods, then what an operator does (the runbook's two cases)."""
+    return (
+        f"rollout of {workload_name} is blocked by {len(stuck)} pod(s) that cannot come back on their own: "
+        + "; ".join(stuck)
+        + ". A node that is down: bring it back, or once it is shut down for good mark it "
+        "`kubectl taint nodes NODE node.kubernetes.io/out-of-service=nodeshutdown:NoExecute` (the pod garbage "
+        "collector then deletes its pods; with no spare GPU their replacements stay Pending until a node joins). A "
+        "cordoned node: `kubectl uncordon NODE` once its maintenance ends. Then `exaserve rollout --resume`; "
+        f"`kubectl -n {namespace} get pods -o wide` shows each pod's node (docs/runbooks.md, 'A node fails during a rollout')"
+    )
+
+
 class KubernetesBackend(ReplicaIndex):
     """Patch update groups' workloads through the Kubernetes API and wait for their rollout."""
 
@@ -216,6 +282,7 @@ class KubernetesBackend(ReplicaIndex):
         )
         self._term: Term | None = None
         self._renewing: asyncio.Task[None] | None = None
+        self.stuck_margin_s = STUCK_MARGIN_S
 
     @property
     def name(self) -> str:
@@ -367,6 +434,7 @@ class KubernetesBackend(ReplicaIndex):
             raise BackendError(f"DELETE {path} answered {response.status_code}: {response.text[:500]}")
 
     async def _wait(self, group: int, deadline: float, timeout_s: float) -> None:
+        since: dict[str, float] = {}
         while True:
             obj = await self._get(group)
             done, left = rollout_status(obj)
@@ -374,6 +442,9 @@ class KubernetesBackend(ReplicaIndex):
             if done:
                 return
             await self._replace_outdated(group, obj)
+            stuck = stuck_pods(list((await self._pods(group)).values()), since, time.monotonic(), self.stuck_margin_s)
+            if stuck:
+                raise PodsStuck(stuck_message(group_name(group), self.spec.kubernetes.namespace, stuck))
             if time.monotonic() >= deadline:
                 raise BackendError(
                     f"rollout of {group_name(group)} not complete after {timeout_s:g} s: {left}; "
