@@ -214,6 +214,30 @@ def test_a_workload_change_beyond_the_release_is_refused(fleet: Fleet, mutation:
     assert admit(_policy(fleet), old, new, resource=_resource(old), username=_updater(fleet)) != []
 
 
+def test_a_leaderworkerset_goes_through_0_and_back_to_its_rendered_count_and_nowhere_else(fleet: Fleet) -> None:
+    """The updater replaces a multi-node group by scaling it through 0 with the new template (issue 40, item 4): the
+    policy admits replicas 0 (with the release patch, as the backend sends them together) and the rendered count
+    back, and nothing else; a StatefulSet's replicas stay as rendered."""
+    old, new = _old(fleet), _patched(fleet)
+    vap, user, resource = _policy(fleet), _updater(fleet), _resource(old)
+    count = old["spec"]["replicas"]
+    zero = copy.deepcopy(new)
+    zero["spec"]["replicas"] = 0
+    back = copy.deepcopy(zero)
+    back["spec"]["replicas"] = count
+    other = copy.deepcopy(zero)
+    other["spec"]["replicas"] = count + 5
+    if old["kind"] == "LeaderWorkerSet":
+        assert admit(vap, old, zero, resource=resource, username=user) == []
+        assert admit(vap, zero, back, resource=resource, username=user) == []
+        assert admit(vap, zero, other, resource=resource, username=user) != []
+        renamed = copy.deepcopy(back)
+        renamed["metadata"]["name"] = "sglang-g99"  # not a rendered group: no count to go back to
+        assert admit(vap, zero, renamed, resource=resource, username=user) != []
+    else:
+        assert admit(vap, old, zero, resource=resource, username=user) != []
+
+
 def _pod(fleet: Fleet) -> Obj:
     template = serving_pod(_old(fleet))
     return {"apiVersion": "v1", "kind": "Pod", **copy.deepcopy(template)}
@@ -274,7 +298,7 @@ def test_the_compared_fields_are_every_schema_field_but_the_allowed_ones() -> No
     lws = CrdCatalog(crd_dir()).schema("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
     assert lws is not None
     spec = lws["properties"]["spec"]["properties"]
-    assert set(admission.WORKLOAD_SPEC_FIELDS["LeaderWorkerSet"]) == set(spec) - {"leaderWorkerTemplate"}
+    assert set(admission.WORKLOAD_SPEC_FIELDS["LeaderWorkerSet"]) == set(spec) - {"leaderWorkerTemplate", "replicas"}
     lwt = spec["leaderWorkerTemplate"]["properties"]
     assert set(admission.LWS_TEMPLATE_FIELDS) == set(lwt) - {"leaderTemplate", "workerTemplate"}
 

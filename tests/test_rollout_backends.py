@@ -212,11 +212,14 @@ def test_kubernetes_backend_against_an_api_server_stand_in_moves_one_group_and_w
         deleted = list(api.deleted)
     assert set(before.values()) == {"v1"}
     assert {r for r, v in after.items() if v == "v2"} == set(batch1)
-    assert [p for p, _ in api.patches] == [path], "exactly one object is patched: group 1's workload"
-    if multi:  # the LeaderWorkerSet's controller replaces the pods (one replica at a time); the updater deletes none
+    size = obj["spec"]["replicas"]
+    if multi:  # through 0 and back (every group at once at the new template); the updater deletes no pod itself
+        assert [p for p, _ in api.patches] == [path, path], "group 1's workload, and nothing else"
+        assert api.patches[0][1]["spec"]["replicas"] == 0 and "leaderWorkerTemplate" in api.patches[0][1]["spec"]
+        assert api.patches[1][1] == {"spec": {"replicas": size}}
         assert obj["kind"] == "LeaderWorkerSet" and deleted == []
     else:  # OnDelete StatefulSet: the updater deleted each of the group's pods once, and nothing else
-        size = obj["spec"]["replicas"]
+        assert [p for p, _ in api.patches] == [path], "exactly one object is patched: group 1's workload"
         assert obj["kind"] == "StatefulSet" and obj["spec"]["updateStrategy"] == {"type": "OnDelete"}
         assert sorted(deleted) == sorted(f"{group_name(1)}-{i}" for i in range(size))
     assert obj["metadata"]["labels"][LABEL_VERSION] == "v2"
@@ -233,7 +236,7 @@ def test_kubernetes_backend_against_an_api_server_stand_in_moves_one_group_and_w
     )
     assert {k: v for k, v in obj.items() if k != "status"} == {
         **rendered,
-        "metadata": {**rendered["metadata"], "generation": 2},
+        "metadata": {**rendered["metadata"], "generation": 3 if multi else 2},
     }
 
 
@@ -342,14 +345,19 @@ def test_kubernetes_hold_skips_a_pod_its_leaderworkerset_deleted_after_the_listi
     assert held and "sglang-g1-deleted-since" not in held  # the pods still there were held out
 
 
-def test_a_node_lost_mid_rollout_names_its_stuck_pods_and_the_update_ends_there_not_at_the_timeout() -> None:
+@pytest.mark.parametrize("multi", [False, True], ids=["statefulset", "two-node-replicas"])
+def test_a_node_lost_mid_rollout_names_its_stuck_pods_and_the_update_ends_there_not_at_the_timeout(
+    multi: bool,
+) -> None:
     """Issue 40, item 1: a GPU node dies between two batches of a 5-batch rollout. The next group's update deletes
     the pods on it, which stay Terminating (no kubelet to confirm), and the StatefulSet recreates no ordinal whose pod
     still exists: the update raises PodsStuck naming each such pod and its node as soon as they are past their grace
     period, not the health timeout's "not complete" (the timeout here is the test's whole patience). The operator's
     out-of-service taint lets the pod GC delete them; their replacements, with no spare GPU, stay Pending, and the
-    update names them as unschedulable. Once the node is back, the same update completes, and so do the others."""
-    spec = spec_from("dev", **{"serving.releases": RELEASES, "rollout.drain_timeout_s": 1})  # 1 s grace period
+    update names them as unschedulable. Once the node is back, the same update completes, and so do the others.
+    Multi-node (LeaderWorkerSets scaled through 0): the pods on the dead node stay Terminating at the scale-down, then
+    their replacements Pending, named the same way."""
+    spec = k8s_spec(multi, **{"rollout.drain_timeout_s": 1})  # 1 s grace period
     batches = [list(b.replicas) for b in plan_batches(fleet_of(spec).plan)]
     every = [r.id for r in fleet_replicas(spec)]
     with ApiServerStandIn(spec) as api:
@@ -358,7 +366,7 @@ def test_a_node_lost_mid_rollout_names_its_stuck_pods_and_the_update_ends_there_
         node = api.placement["sglang-g1-0"]
         on_node = sorted(p for p, n in api.placement.items() if n == node)
         in_group1 = [p for p in on_node if p.startswith("sglang-g1-")]
-        assert in_group1 and len(in_group1) < len(on_node), on_node  # the node also runs other groups' pods
+        assert in_group1 and (multi or len(in_group1) < len(on_node)), on_node  # one-GPU: other groups' pods too
 
         async def scenario() -> tuple[str, str, dict[str, str | None]]:
             try:
@@ -382,7 +390,8 @@ def test_a_node_lost_mid_rollout_names_its_stuck_pods_and_the_update_ends_there_
         assert re.findall(r"(sglang-g\d+-\d+) \(", message) == in_group1, message  # each stuck pod, no other
         assert "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute" in message and "--resume" in message
     assert f"node {node}'s kubelet never confirmed the deletion" in terminating and "Terminating" in terminating
-    assert "Pending" in pending and "unschedulable: 0/16 nodes are available" in pending
+    nodes = len(set(api.placement.values()))
+    assert "Pending" in pending and f"unschedulable: 0/{nodes} nodes are available" in pending
     assert "{node.kubernetes.io/out-of-service: nodeshutdown}" in pending
     assert set(versions.values()) == {"v2"}
 
@@ -390,7 +399,7 @@ def test_a_node_lost_mid_rollout_names_its_stuck_pods_and_the_update_ends_there_
 def test_a_cordoned_node_s_replacement_pod_is_named_unschedulable_until_it_is_uncordoned() -> None:
     """A drained (cordoned) node: its pod terminates normally, and with no spare GPU its replacement stays Pending;
     the update names it with the scheduler's reason instead of waiting out the health timeout."""
-    spec = spec_from("dev", **{"serving.releases": RELEASES, "rollout.drain_timeout_s": 1})
+    spec = k8s_spec(False, **{"rollout.drain_timeout_s": 1})
     batch0 = list(plan_batches(fleet_of(spec).plan)[0].replicas)
     with ApiServerStandIn(spec) as api:
         backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
@@ -421,7 +430,8 @@ def test_stuck_pods_counts_from_its_own_first_sight_and_forgets_a_pod_that_moved
     (never a server timestamp); an unschedulable pod once past the margin; a running pod never; and a pod that left
     the state is forgotten, so coming back to it starts the count again."""
     terminating = {"metadata": {"name": "sglang-g0-1", "uid": "a", "deletionTimestamp": "2020-01-01T00:00:00Z",
-                                "deletionGracePeriodSeconds": 10}, "spec": {"nodeName": "n1"}}  # fmt: skip
+                                "deletionGracePeriodSeconds": 0},  # a kubelet's final delete lowered it
+                   "spec": {"nodeName": "n1", "terminationGracePeriodSeconds": 10}}  # fmt: skip
     pending = {"metadata": {"name": "sglang-g0-2", "uid": "b"}, "spec": {},
                "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
                                                               "reason": "Unschedulable", "message": "{no} room"}]}}  # fmt: skip
@@ -443,3 +453,32 @@ def test_stuck_pods_counts_from_its_own_first_sight_and_forgets_a_pod_that_moved
     assert stuck_pods([terminating, running], since, 116.0, 5.0)[0].startswith("sglang-g0-1 (Terminating 16 s")
     again = stuck_pods(pods, since, 117.0, 5.0)  # the pending pod was forgotten at 116: its count begins again
     assert len(again) == 1 and again[0].startswith("sglang-g0-1 (Terminating 17 s"), again
+    # a finalizer holds it (a LeaderWorkerSet leader waits for its workers): named as such, not as a dead kubelet
+    held = {**terminating, "metadata": {**terminating["metadata"], "finalizers": ["foregroundDeletion"]}}
+    (line,) = stuck_pods([held], {"a/terminating": -20.0}, 0.0, 0.0)  # first seen 20 s ago, past its 10 s
+    assert "held by finalizer(s) foregroundDeletion on node n1" in line and "kubelet" not in line
+    # nominated to a node: the scheduler is preempting for it, nothing to name however long it waits
+    nominated = {**pending, "status": {**pending["status"], "nominatedNodeName": "n2"}}
+    assert stuck_pods([nominated], {"b/unschedulable": -100.0}, 0.0, 5.0) == []
+
+
+def test_a_leaderworkerset_controller_older_than_v0_9_is_refused_by_name() -> None:
+    """Issue 40 (smaller): the waits read LWS ``status.observedGeneration``, which lws v0.9.0 added. An older
+    controller writes a status without it: every wait would read a stale status as the new one (or time out), so
+    the update refuses at once, naming the version."""
+    spec = k8s_spec(True)
+    batch0 = list(plan_batches(fleet_of(spec).plan)[0].replicas)
+    with ApiServerStandIn(spec) as api:
+        path = workload_path(workload(fleet_of(spec), 0))
+        del api.objects[path]["status"]["observedGeneration"]  # what an lws v0.8 controller leaves
+        backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
+
+        async def scenario() -> None:
+            try:
+                await backend.update(batch0, "v2", timeout_s=PATIENCE_S)
+            finally:
+                await backend.aclose()
+
+        with pytest.raises(BackendError, match=r"sglang-g0 has a status but no status.observedGeneration: .* v0\.9\.0"):
+            asyncio.run(scenario())
+        assert api.patches == [], "nothing was changed"

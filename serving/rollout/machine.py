@@ -378,6 +378,11 @@ def _operator_rollback(state: RolloutState, ev: Event) -> RolloutState:
         raise TransitionError(f"the rollout already ended ({state.outcome}); plan a revert instead")
     if state.rolling_back:
         return state
+    if state.resume_step is not None and state.resume_step.rollback:
+        # a rollback paused mid-restore (router lost, a restore blocked on stuck pods) goes on from that step: started
+        # afresh, its queue would be rebuilt from the batches' versions, which the restore's drain already set back,
+        # and the batch being restored would be skipped, left out of the routers
+        return _resume(state)
     if not state.plan.gated:
         raise TransitionError("a revert cannot itself be rolled back; run `exaserve rollout --to` instead")
     state = replace(state, step=state.step or state.resume_step)

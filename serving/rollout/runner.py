@@ -542,15 +542,34 @@ class Runner:
             await asyncio.sleep(self.poll_s)
 
     async def _update(self, step: Step, version: str) -> Event:
+        """Update the batch's replicas. Pods the platform cannot bring back without an operator (:class:`PodsStuck`:
+        a dead node's pod Terminating, a replacement unschedulable) are named at once and waited on, the update
+        retried (idempotent: each try holds the new pods out of the routers) until the health timeout: an operator's
+        fix in that time lets the rollout go on by itself. Past it, or on a pause request, the rollout pauses at
+        this step (``blocked``), never rolls back: the restore would wait on the same pods."""
         ids = list(self._urls(step))
         self._say(f"updating {len(ids)} replicas to {version} via {self.backend.name}")
-        try:
-            await self.backend.update(ids, version, self.state.plan.timings.health_timeout_s)
-        except PodsStuck as exc:
-            return self._event("blocked", step, str(exc))
-        except BackendError as exc:
-            return self._event("failed", step, str(exc))
-        return self._event("done", step, f"set to {version}")
+        timeout = self.state.plan.timings.health_timeout_s
+        deadline = time.monotonic() + timeout
+        stuck = ""
+        while True:
+            try:
+                await self.backend.update(ids, version, max(deadline - time.monotonic(), self.poll_s))
+            except PodsStuck as exc:
+                if str(exc) != stuck:
+                    self._say(f"waiting for an operator until the {timeout:g} s health timeout: {exc}")
+                stuck = str(exc)
+                if time.monotonic() >= deadline or self._pause.is_set():
+                    return self._event("blocked", step, stuck)
+                await asyncio.sleep(self.poll_s)
+                continue
+            except BackendError as exc:
+                if stuck:  # the time ran out while pods waited on an operator: still theirs, not the release's
+                    return self._event("blocked", step, f"{stuck}; then: {exc}")
+                return self._event("failed", step, str(exc))
+            return self._event(
+                "done", step, f"set to {version}" + (" (after pods stuck on an operator)" if stuck else "")
+            )
 
     async def _probe(self, url: str) -> str:
         try:

@@ -15,7 +15,9 @@ No kinder than the controllers it stands for (upstream file and line in docs/k8s
   ``pkg/controller/statefulset/stateful_set_utils.go``, ``completeRollingUpdate`` acts on RollingUpdate only);
 * a LeaderWorkerSet replaces one replica at a time, highest ordinal first, whatever its ``maxUnavailable``: LWS copies
   it onto its leader StatefulSet, where it is ignored without the alpha MaxUnavailableStatefulSet gate (lws
-  ``site/content/en/docs/installation/_index.md``: "Or lws will roll out the pods one by one");
+  ``site/content/en/docs/installation/_index.md``: "Or lws will roll out the pods one by one"); scaled (its
+  ``spec.replicas`` below the groups it has, or from none) it removes or creates every group at once, at the current
+  template (the leader StatefulSet is Parallel, and from 0 the partition is 0: docs/k8s-semantics.md rows 47-48);
 * nodes fail as the control plane sees it (docs/k8s-semantics.md rows 43-46): every pod is placed on the node the plan
   gives its replica (with no spare GPU the scheduler has no other choice); a node whose kubelet is gone
   (:meth:`ApiServerStandIn.fail_node`) has its pods marked not Ready, and a pod deleted there stays Terminating, so
@@ -265,6 +267,19 @@ class ApiServerStandIn:
             "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}],
         }
 
+    async def _remove(self, obj: dict[str, Any], ordinal: int) -> None:
+        """Replica ``ordinal``'s pods terminate (a tick) and are gone, not recreated: a scale-down. A pod on a node
+        whose kubelet is gone stays Terminating (as after a DELETE there)."""
+        names = [f"{obj['metadata']['name']}-{ordinal}" + (f"-{w}" if w else "") for w in range(_pod_count(obj))]
+        for pod in (self.pods[n] for n in names if n in self.pods):
+            pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+            pod["metadata"]["deletionGracePeriodSeconds"] = pod["spec"].get("terminationGracePeriodSeconds", 30)
+        await asyncio.sleep(TICK_S)
+        for name in names:
+            node = (self.pods.get(name) or {}).get("spec", {}).get("nodeName")
+            if node is None or self.nodes[node].ready:
+                self.pods.pop(name, None)
+
     async def _replace(self, obj: dict[str, Any], ordinal: int) -> None:
         """Replica ``ordinal``'s pods gone, then recreated a tick later from the current template."""
         for worker in range(_pod_count(obj)):
@@ -447,7 +462,9 @@ class ApiServerStandIn:
             return _status(404, "NotFound", "not found")
         patch = await request.json()
         self.patches.append((request.path, patch))
-        merged = merge_patch({k: v for k, v in obj.items() if k != "status"}, patch)
+        # a copy: merge_patch shares the subtrees the patch leaves alone (a patch without metadata would bump the
+        # generation of the stored object itself, and no controller would run)
+        merged = merge_patch(copy.deepcopy({k: v for k, v in obj.items() if k != "status"}), patch)
         problems = self.validator.problems(merged)
         if problems:
             return _status(422, "Invalid", str(problems))
@@ -460,15 +477,31 @@ class ApiServerStandIn:
         return web.json_response(merged)
 
     async def _controller(self, obj: dict[str, Any]) -> None:
-        """The workload's controller observing a new template, a tick later. A StatefulSet (OnDelete) records the
-        update revision and replaces nothing; a LeaderWorkerSet replaces one replica at a time, highest ordinal
-        first, each Ready before the next (module doc)."""
+        """The workload's controller observing a new generation, a tick later. A StatefulSet (OnDelete) records the
+        update revision and replaces nothing; a LeaderWorkerSet scaled removes or creates every group at once, and
+        one with a new template at the same count replaces one replica at a time, highest ordinal first, each Ready
+        before the next (module doc)."""
         await asyncio.sleep(TICK_S)
         if obj["kind"] == "StatefulSet":
             obj["status"]["observedGeneration"] = obj["metadata"]["generation"]
             self._refresh(obj)
             return
-        for ordinal in reversed(range(obj["spec"]["replicas"])):
+        replicas, name = obj["spec"]["replicas"], obj["metadata"]["name"]
+        present = {
+            int(n.split("-")[2])
+            for n, p in self.pods.items()
+            if n.startswith(name + "-") and not p["metadata"].get("deletionTimestamp")
+        }
+        if replicas < len(present) or not present:  # scaled: the leader StatefulSet is Parallel, all at once
+            for ordinal in sorted(present):
+                if ordinal >= replicas:  # gone, workers with their leader (garbage collection)
+                    await self._remove(obj, ordinal)
+            for ordinal in range(replicas):
+                if ordinal not in present:  # created at the current template, every group at once
+                    self._create_pods(obj, ordinal, ready=not _stuck(obj))
+            self._refresh(obj)
+            return
+        for ordinal in reversed(range(replicas)):
             await self._replace(obj, ordinal)
             self._refresh(obj)
             if _stuck(obj):
@@ -489,7 +522,9 @@ class ApiServerStandIn:
         ordinal again (as after a DELETE)."""
         name = pod["metadata"]["name"]
         self.pods.pop(name, None)
-        self._spawn(self._recreate(self._owner(name), int(name.split("-")[2])))
+        owner, ordinal = self._owner(name), int(name.split("-")[2])
+        if ordinal < owner["spec"]["replicas"]:  # not when the workload was scaled below it meanwhile
+            self._spawn(self._recreate(owner, ordinal))
 
     def fail_node(self, node: str) -> None:
         """The node's kubelet stops reporting: Ready turns Unknown and its pods are marked not Ready."""
@@ -583,8 +618,10 @@ def _placement(spec: FleetSpec) -> dict[str, str]:
     return out
 
 
-def k8s_spec(multi: bool) -> FleetSpec:
-    changes: dict[str, Any] = {"serving.releases": RELEASES}
+def k8s_spec(multi: bool, **more: Any) -> FleetSpec:
+    """The dev stack with the stand-in's releases; ``multi``: two-node replicas (LeaderWorkerSets); ``more``: other
+    dotted changes."""
+    changes: dict[str, Any] = {"serving.releases": RELEASES, **more}
     if multi:  # 16 GPUs per replica: every replica spans two 8-GPU nodes → LeaderWorkerSets
         changes |= {"parallelism.tp": 8, "parallelism.pp": 2, "serving.replicas": 8, "serving.replicas_per_node": None}
     return spec_from("dev", **changes)

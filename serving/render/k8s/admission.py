@@ -13,6 +13,8 @@ with ``oldObject``:
   references, through the stack's mirror: :func:`release_images`, rendered into the CEL as a list);
 * the value of the serving container's ``EXASERVE_RELEASE`` (a plain value, never ``valueFrom``);
 * the version label :data:`~serving.render.k8s.common.LABEL_VERSION`, on the workload and its pod template(s);
+* a LeaderWorkerSet's ``spec.replicas``, to 0 or to its rendered count only: the updater replaces a multi-node group
+  by scaling it through 0 (:meth:`serving.rollout.backends.kubernetes.KubernetesBackend._through_zero`);
 
 never the workload's annotations, finalizers or ownerReferences; an ``UPDATE`` of a pod may change only its
 :data:`~serving.render.k8s.common.LABEL_ADMITTED` label (not its finalizers, owners or spec, ephemeral containers
@@ -26,9 +28,11 @@ Semantics and upstream lines: docs/k8s-semantics.md ("ValidatingAdmissionPolicy"
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from serving.plan.model import Fleet
 from serving.render.k8s.common import LABEL_ADMITTED, LABEL_VERSION, UPDATER_APP, K8sObject, image, labels
-from serving.render.k8s.fleet import workload_kind
+from serving.render.k8s.fleet import group_name, workload_kind
 from serving.render.k8s.netpol import NAMESPACE_NAME_LABEL
 
 COMPONENT = "rollout"
@@ -122,8 +126,8 @@ WORKLOAD_SPEC_FIELDS = {
         "updateStrategy",
         "volumeClaimTemplates",
     ),
-    # the LeaderWorkerSet CRD's spec less ``leaderWorkerTemplate``
-    "LeaderWorkerSet": ("networkConfig", "replicas", "rolloutStrategy", "startupPolicy"),
+    # the LeaderWorkerSet CRD's spec less ``leaderWorkerTemplate`` and ``replicas`` (0 or the rendered count)
+    "LeaderWorkerSet": ("networkConfig", "rolloutStrategy", "startupPolicy"),
 }
 # the LeaderWorkerSet CRD's spec.leaderWorkerTemplate less its two pod templates
 LWS_TEMPLATE_FIELDS = (
@@ -203,9 +207,19 @@ def template_same(new: str, old: str, images: tuple[str, ...]) -> str:
     )
 
 
-def workload_same(kind: str, images: tuple[str, ...]) -> str:
+def replicas_through_zero(counts: Mapping[str, int]) -> str:
+    """CEL: the workload's ``spec.replicas`` is unchanged, 0, or its rendered count (``counts``, by name)."""
+    table = "{" + ", ".join(f"{_literal(name)}: {n}" for name, n in sorted(counts.items())) + "}"
+    return (
+        f"({_same('object.spec', 'oldObject.spec', 'replicas')} || (has(object.spec.replicas)"
+        f" && (object.spec.replicas == 0 || (object.metadata.name in {table}"
+        f" && object.spec.replicas == {table}[object.metadata.name]))))"
+    )
+
+
+def workload_same(kind: str, images: tuple[str, ...], counts: Mapping[str, int]) -> str:
     """CEL: a ``kind`` update (object vs oldObject) changes only images (each one of ``images``), the release and the
-    version label."""
+    version label; a LeaderWorkerSet's replicas also to 0 and back to its rendered count (``counts``, by name)."""
     parts = [
         _labels_same_except("object.metadata", "oldObject.metadata", LABEL_VERSION),
         _all_same("object.metadata", "oldObject.metadata", OBJECT_META_FIELDS),
@@ -217,6 +231,7 @@ def workload_same(kind: str, images: tuple[str, ...]) -> str:
         new, old = "object.spec.leaderWorkerTemplate", "oldObject.spec.leaderWorkerTemplate"
         leader = template_same(f"{new}.leaderTemplate", f"{old}.leaderTemplate", images)
         parts += [
+            replicas_through_zero(counts),
             _all_same(new, old, LWS_TEMPLATE_FIELDS),
             template_same(f"{new}.workerTemplate", f"{old}.workerTemplate", images),
             f"has({new}.leaderTemplate) == has({old}.leaderTemplate)",
@@ -253,6 +268,7 @@ def render(fleet: Fleet) -> list[K8sObject]:
     group, version = api_version.rsplit("/", 1)
     resource = f"{kind.lower()}s"
     images = release_images(fleet)
+    counts = {group_name(g): size for g, size in enumerate(fleet.plan.rollout_group_sizes)}
     meta = {"labels": labels(COMPONENT, UPDATER_APP)}
     policy = {
         "apiVersion": API_VERSION,
@@ -283,10 +299,15 @@ def render(fleet: Fleet) -> list[K8sObject]:
             ],
             "validations": [
                 {
-                    "expression": f"request.resource.resource != '{resource}' || ({workload_same(kind, images)})",
+                    "expression": f"request.resource.resource != '{resource}' || ({workload_same(kind, images, counts)})",
                     "message": (
                         f"{UPDATER_APP} may change only a {kind}'s images (to a release of serving.releases), the "
                         f"{RELEASE_ENV} value and the {LABEL_VERSION} label"
+                        + (
+                            ", and its replicas to 0 and back to the rendered count"
+                            if kind == "LeaderWorkerSet"
+                            else ""
+                        )
                     ),
                     "reason": "Forbidden",
                 },

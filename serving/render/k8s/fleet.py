@@ -9,7 +9,9 @@ happens yet), then deletes the group's pods, and the StatefulSet controller recr
 revision in parallel. A rolling update cannot: ``rollingUpdate.maxUnavailable`` of a StatefulSet is alpha
 (MaxUnavailableStatefulSet) and ignored without the gate, and a LeaderWorkerSet copies its ``maxUnavailable`` onto
 its leader StatefulSet (lws ``leaderworkerset_controller.go``, ``constructLeaderStatefulSetApplyConfiguration``), so
-both replace one pod at a time: 410 reloads in sequence for one prod group. Pods keep stable names for the updater.
+both replace one pod at a time: 410 reloads in sequence for one prod group. A LeaderWorkerSet group is therefore
+replaced by scaling it through 0 with the new template (the updater does; the admission policy allows exactly that).
+Pods keep stable names for the updater.
 The object count is the number of groups, never the number of replicas.
 
 The container comes from :func:`serving.render.k8s.container.pod_container`; this module adds the pod around it:
@@ -162,7 +164,7 @@ def _workload(fleet: Fleet, group: int, size: int) -> K8sObject:
             "updateStrategy": {"type": "OnDelete"},
             "template": pod_template(fleet, group, size, leader=True),
         }
-    else:  # a multi-node group: LWS's default rollout (maxUnavailable 1, one replica at a time; docs/infra.md)
+    else:  # a multi-node group: the updater replaces all its replicas at once by scaling it through 0 (docs/infra.md)
         spec |= {
             "startupPolicy": "LeaderCreated",
             "leaderWorkerTemplate": {

@@ -29,9 +29,10 @@ class RestartUnreached(BackendError):
 
 class PodsStuck(BackendError):
     """The update waits on something only an operator can change: a pod left Terminating on a node whose kubelet is
-    gone, or a replacement the scheduler cannot place (a cordoned node, no free GPU). Waiting longer changes nothing
-    and a rollback would wait on the same pods, so the rollout pauses at the step (``blocked``); the message names
-    each pod, its node and the fix, and ``exaserve rollout --resume`` runs the step again."""
+    gone, or a replacement the scheduler cannot place (a cordoned node, no free GPU). The message names each pod, its
+    node and the fix. The runner names it and tries again until the health timeout (an operator's fix lets the update
+    finish), then pauses at the step (``blocked``): a rollback would wait on the same pods, and the release is not at
+    fault; ``exaserve rollout --resume`` runs the step again."""
 
 
 class ReplicaIndex:

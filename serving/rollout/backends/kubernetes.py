@@ -8,9 +8,12 @@ stack records the new version. A StatefulSet group (``updateStrategy: OnDelete``
 its controller has observed the patch (``status.observedGeneration``), the updater deletes every pod of the group not
 at ``status.updateRevision`` (its ``controller-revision-hash`` label), all at once — the whole group is out of the
 routers — and the controller (``podManagementPolicy: Parallel``) recreates them at the new revision together; it
-deletes again any pod that comes back at the old revision. A LeaderWorkerSet group (multi-node replicas) is
-replaced by its own controller, one replica at a time (docs/infra.md, "How a batch is rolled"). Then it waits until
-every pod of the group is updated and Ready, bounded by the updater's health timeout.
+deletes again any pod that comes back at the old revision. A LeaderWorkerSet group (multi-node replicas) would be
+replaced by its own controller one replica at a time (without the MaxUnavailableStatefulSet gate): the updater
+instead sends the new template with ``spec.replicas: 0`` in one patch, waits until every pod of the group is gone,
+and scales it back to its rendered count, so the LWS controller creates every group at once at the new revision
+(:meth:`KubernetesBackend._through_zero`; docs/infra.md, "How a batch is rolled"; docs/k8s-semantics.md rows
+47-48). Then it waits until every pod of the group is updated and Ready, bounded by the updater's health timeout.
 
 Membership (:class:`DiscoveryMembership`): the routers run smg's Kubernetes service discovery and know a worker as
 ``http://POD_IP:serving.port``; discovery selects the serving pods labelled ``exaserve.io/admitted=true`` (every pod
@@ -32,9 +35,9 @@ A failed node (docs/runbooks.md, "A node fails during a rollout"): a pod the upd
 is gone stays ``Terminating`` (only the kubelet, or the pod garbage collector once the node carries the
 ``node.kubernetes.io/out-of-service`` taint, removes it), and the StatefulSet controller recreates an ordinal only
 once its pod is gone; a replacement for a cordoned node, with no spare GPU elsewhere, stays ``Pending``
-(``Unschedulable``). Neither changes by waiting, so the wait names such pods (:func:`stuck_pods`: terminating past
-their grace period plus :data:`STUCK_MARGIN_S`, or unschedulable that long) and raises :class:`PodsStuck`, on which
-the rollout pauses at the step, long before the health timeout (docs/k8s-semantics.md, rows 43-46).
+(``Unschedulable``). Neither ends without an operator, so the wait names such pods (:func:`stuck_pods`: terminating
+past their grace period plus :data:`STUCK_MARGIN_S`, or unschedulable that long) and raises :class:`PodsStuck`; the
+runner waits for an operator until the health timeout, then pauses at the step (docs/k8s-semantics.md, rows 43-46).
 
 The updater's own calls (health, ``/metrics`` while draining, warm-up) go to the pod's IP as well, from the latest
 pod listing (the runner refreshes it before every step); the NetworkPolicy admits the updater's pod to the serving
@@ -202,15 +205,31 @@ def pod_version(spec: FleetSpec, pod: K8sObject) -> str | None:
     return f"unknown (image {running}, version label {label})"
 
 
+def merge_patch_changes_nothing(obj: Any, patch: Any) -> bool:
+    """Whether the JSON merge patch ``patch`` (RFC 7386) leaves ``obj`` as it is: every key it sets is there with
+    that value (recursively), every key it deletes (``null``) is absent."""
+    if not isinstance(patch, dict):
+        return bool(obj == patch)
+    if not isinstance(obj, dict):
+        return False
+    return all(
+        (key not in obj) if value is None else (key in obj and merge_patch_changes_nothing(obj[key], value))
+        for key, value in patch.items()
+    )
+
+
 def stuck_pods(pods: Sequence[K8sObject], since: dict[str, float], now: float, margin_s: float) -> list[str]:
     """The pods among ``pods`` that wait on an operator, one line each naming the pod, its node and why; ``since``
     (kept by the caller between polls) records when each pod was first seen in that state, by this clock, so no
     server timestamp is compared with it (pure but for ``since``).
 
-    * Terminating longer than its grace period (``metadata.deletionGracePeriodSeconds``, else the spec's) plus
-      ``margin_s``: its kubelet never confirmed the deletion, so its node is down or cut off.
+    * Terminating longer than its grace period (the larger of ``metadata.deletionGracePeriodSeconds`` and the
+      spec's ``terminationGracePeriodSeconds``) plus ``margin_s``: its kubelet never confirmed the deletion (its
+      node is down or cut off, or a process cannot be killed), or a finalizer still holds it (named).
     * Pending with ``PodScheduled=False``, reason ``Unschedulable``, for ``margin_s``: the scheduler's own message
-      (a cordoned node, no node with a free GPU) is quoted."""
+      (a cordoned node, no node with a free GPU) is quoted; not while it is nominated to a node (preemption).
+
+    Naming is not giving up: the runner waits on such pods until the health timeout (:meth:`Runner._update`)."""
     current: set[str] = set()
     out = []
     for pod in pods:
@@ -228,13 +247,29 @@ def stuck_pods(pods: Sequence[K8sObject], since: dict[str, float], now: float, m
         current.add(key)
         waited = now - since.setdefault(key, now)
         if terminating:
-            grace = meta.get("deletionGracePeriodSeconds", spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_S))
-            if waited >= float(grace) + margin_s:
-                out.append(
-                    f"{name} (Terminating {waited:.0f} s, past its {grace} s grace period: node {node}'s kubelet never "
-                    "confirmed the deletion, and the StatefulSet controller recreates an ordinal only once its pod is "
-                    "gone)"
+            # the larger of the two: a kubelet's final delete lowers deletionGracePeriodSeconds to 0 while a
+            # finalizer (foreground deletion of a LeaderWorkerSet group's workers) still holds the object
+            grace = max(
+                int(meta.get("deletionGracePeriodSeconds") or 0),
+                int(spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_S)),
+            )
+            if waited < grace + margin_s:
+                continue
+            held = meta.get("finalizers") or []
+            out.append(
+                f"{name} (Terminating {waited:.0f} s, past its {grace} s grace period: "
+                + (
+                    f"held by finalizer(s) {', '.join(held)} on node {node} (its dependents, e.g. a group's worker "
+                    "pods, are not gone yet)"
+                    if held
+                    else f"node {node}'s kubelet never confirmed the deletion (the node is down or cut off, or a "
+                    "process there cannot be killed: `kubectl get node` tells which)"
                 )
+                + "; the StatefulSet controller recreates an ordinal only once its pod is gone)"
+            )
+        elif status.get("nominatedNodeName"):
+            since.pop(key, None)  # preemption under way: the scheduler waits for its victims' grace periods
+            current.discard(key)
         elif waited >= margin_s:
             out.append(f"{name} (Pending {waited:.0f} s, unschedulable: {unschedulable[0].get('message', '')})")
     for key in set(since) - current:
@@ -344,6 +379,14 @@ class KubernetesBackend(ReplicaIndex):
         if response.status_code != 200:
             raise BackendError(f"GET {path} answered {response.status_code}: {response.text[:300]}")
         obj: K8sObject = response.json()
+        status = obj.get("status") or {}
+        if obj.get("kind") == "LeaderWorkerSet" and status and "observedGeneration" not in status:
+            # without it no wait can tell a status the controller wrote before the patch from one after it
+            raise BackendError(
+                f"LeaderWorkerSet {group_name(group)} has a status but no status.observedGeneration: its controller is "
+                "older than lws v0.9.0, which added it (docs/k8s-semantics.md row 48); upgrade the LeaderWorkerSet "
+                "controller (docs/infra.md, prerequisites) before rolling out"
+            )
         return obj
 
     async def _pods(self, group: int) -> dict[str, K8sObject]:
@@ -390,9 +433,49 @@ class KubernetesBackend(ReplicaIndex):
                 )
         deadline = time.monotonic() + timeout_s
         for g in groups:
-            await self._merge_patch(workload_path(self._workloads[g]), version_patch(self.fleet, g, version))
+            patch = version_patch(self.fleet, g, version)
+            if self._workloads[g]["kind"] == "LeaderWorkerSet":
+                await self._through_zero(g, patch, deadline, timeout_s)
+            else:
+                await self._merge_patch(workload_path(self._workloads[g]), patch)
         for g in groups:
             await self._wait(g, deadline, timeout_s)
+
+    async def _through_zero(self, group: int, patch: dict[str, Any], deadline: float, timeout_s: float) -> None:
+        """A LeaderWorkerSet group at the new template, every replica at once: the template with ``replicas: 0`` in
+        one patch (the LWS controller's partition is then 0: lws ``rollingUpdateParameters``, "Case 2"), every pod
+        of the group gone (the leader StatefulSet is Parallel; the worker StatefulSets go with their leader pods by
+        garbage collection), then the rendered count back: the controller creates every group at the new revision at
+        once, each group's workers with its leader (docs/k8s-semantics.md rows 47-48). The batch is out of the routers
+        already. Idempotent: a group already scaled back at the new template is left to :meth:`_wait` (a resumed
+        update does not recreate what its crashed run brought up), one at 0 is only scaled back."""
+        path = workload_path(self._workloads[group])
+        want = int(self._workloads[group]["spec"]["replicas"])
+        obj = await self._get(group)
+        at_target = merge_patch_changes_nothing(obj, patch)
+        updated = int((obj.get("status") or {}).get("updatedReplicas", 0))
+        if at_target and int(obj["spec"].get("replicas", 1)) == want and updated == want:
+            return
+        if not at_target or int(obj["spec"].get("replicas", 1)) != 0:
+            await self._merge_patch(path, {**patch, "spec": {**patch["spec"], "replicas": 0}})
+        since: dict[str, float] = {}
+        while True:
+            obj, pods = await self._get(group), await self._pods(group)
+            status = obj.get("status") or {}
+            seen = int(status.get("observedGeneration", 0)) >= int(obj["metadata"].get("generation", 0))
+            if seen and int(status.get("replicas", 0)) == 0 and not pods:
+                break
+            stuck = stuck_pods(list(pods.values()), since, time.monotonic(), self.stuck_margin_s)
+            if stuck:
+                raise PodsStuck(stuck_message(group_name(group), self.spec.kubernetes.namespace, stuck))
+            if time.monotonic() >= deadline:
+                raise BackendError(
+                    f"{group_name(group)} not scaled to 0 after {timeout_s:g} s (to recreate every group at the new "
+                    f"template at once): {len(pods)} pod(s) left ({', '.join(sorted(pods)[:5])}); see "
+                    f"`kubectl -n {self.spec.kubernetes.namespace} get pods -l exaserve.io/group={group}`"
+                )
+            await asyncio.sleep(POLL_S)
+        await self._merge_patch(path, {"spec": {"replicas": want}})
 
     async def _merge_patch(self, path: str, patch: dict[str, Any], *, missing_ok: bool = False) -> None:
         """A JSON merge patch of the object at ``path``; BackendError naming the path and the answer (a 404 is none
@@ -454,8 +537,8 @@ class KubernetesBackend(ReplicaIndex):
 
     async def _hold(self, group: int) -> None:
         """Keep the group's serving pods out of the routers' selection (the new ones carry the template's ``true``).
-        A pod its workload deleted after the listing (a LeaderWorkerSet replaces a group's replicas one by one) is
-        skipped: its replacement is held on the next poll."""
+        A pod its workload deleted after the listing (a controller replacing it) is skipped: its replacement is held
+        on the next poll."""
         members = [r.id for r in self.replicas.values() if r.group == group]
         for pod in (await self.leader_pods(members)).values():
             if pod is not None and pod["metadata"].get("labels", {}).get(LABEL_ADMITTED) != "false":
