@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 import tempfile
@@ -44,7 +45,7 @@ from serving.spec.stack import load_stack
 from tests.support import fleet_scenarios
 from tests.support.controllers import leading_controller, status
 from tests.support.sandbox import Sandbox, running_sandbox
-from tests.support.stacks import spec_from
+from tests.support.stacks import request_timeout_of, spec_from
 
 NODES, PER_NODE = 8, 8
 
@@ -212,6 +213,8 @@ def main() -> None:
         "cluster.pools.0.count": NODES,
         "serving.replicas_per_node": PER_NODE,
         "serving.heartbeat_interval_s": args.interval_s,
+        # the detection window (3 × the heartbeat), as before the routers' timeout fit a generation
+        **request_timeout_of(3 * max(1, math.ceil(args.interval_s))),
         "serving.health_check_timeout_s": min(0.5, args.interval_s / 2),
         "serving.startup_budget_s": 120,
         "scheduler.instances": 3,

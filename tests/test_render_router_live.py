@@ -15,9 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from serving.render.router import request_timeout_s
 from serving.router.client import ROUTER_WORKER_HEALTH, RouterClient, WorkerInfo
 from serving.router.membership import MembershipTimeout, RouterSet
-from serving.sandbox.processes import free_ports, start_worker, stop_process
+from serving.sandbox.processes import StateDir, free_ports, start_worker, stop_all, stop_process
+from serving.sandbox.worker_config import WorkerConfig
 from serving.spec.stack import load_stack
 from tests.support.rendered_router import (
     LOOPBACK,
@@ -28,6 +30,7 @@ from tests.support.rendered_router import (
     stop_and_restart_a_worker,
 )
 from tests.support.smg import DRAIN_SETTLE_S, removal_job_noticed_s
+from tests.support.stacks import fleet_of
 
 # real routers, waited on while they notice a worker's failure: the wait-bound phase (tests/conftest.py)
 pytestmark = pytest.mark.sandbox
@@ -170,3 +173,60 @@ def test_an_addition_retried_while_its_registration_is_pending_waits_for_that_on
     first, second_answer, listed = asyncio.run(body())
     assert "WORKER_CREATE_IN_PROGRESS" in second_answer and first in second_answer, second_answer  # the premise
     assert {w.url: (w.status, w.is_healthy) for w in listed} == {c.url: ("ready", True) for c in workers.configs}
+
+
+def test_a_generation_longer_than_the_old_15_s_timeout_streams_to_the_end_through_the_rendered_router(
+    tmp_path: Path,
+) -> None:
+    """Issue 39, item 2: smg's ``--request-timeout-secs`` is its upstream client's total timeout, streamed body
+    included (``worker/http_client.rs``, reqwest ``.timeout``), and the routers rendered 15 s (the detection window):
+    every stream past 15 s was cut. The dev stack now renders the longest generation it allows (⌈4,096 tokens ÷ 10
+    tokens/s + 2 s⌉ = 412 s). One streamed /generate whose generation takes 16 s goes through the router started with
+    the dev stack's rendered flags, and at once through one started with the old 15 s: the first streams every chunk
+    to ``[DONE]``; the second is cut at 15 s, which smg tells in-band (a ``stream_error`` chunk, "operation timed
+    out", then ``[DONE]``, the status 200): what the test would see on the old render."""
+    spec = load_stack("dev").spec
+    assert request_timeout_s(fleet_of(spec).plan) == 412
+    state = StateDir(tmp_path / "state")
+    (tmp_path / "model").mkdir()
+    slow = tuple(  # two: the rendered policy (power_of_two) refuses to start with fewer
+        WorkerConfig(port=port, latency_ms=16_000, jitter_ms=0, model_path=str(tmp_path / "model"))
+        for port in free_ports(2)
+    )
+    try:
+        for config in slow:
+            start_worker(state, f"slow-worker-{config.port}", config)
+        workers = Workers(state, slow)
+        rendered = start_rendered_router(spec, workers)
+        old = start_rendered_router(spec, workers, {"--request-timeout-secs": ["15"]}, name="router-15s")
+        body = {"text": "a long story", "sampling_params": {"max_new_tokens": 8}, "stream": True}
+
+        async def stream(url: str) -> tuple[list[str], float]:
+            chunks: list[str] = []
+            t0 = time.monotonic()
+            async with (
+                httpx.AsyncClient(timeout=60) as client,
+                client.stream("POST", url + "/generate", json=body) as r,
+            ):
+                assert r.status_code == 200, await r.aread()
+                try:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: "):
+                            chunks.append(line.removeprefix("data: "))
+                except httpx.HTTPError as exc:  # the router cut the body mid-stream
+                    chunks.append(f"cut: {type(exc).__name__}")
+            return chunks, time.monotonic() - t0
+
+        async def both() -> list[tuple[list[str], float]]:
+            return list(await asyncio.gather(stream(rendered.base_url), stream(old.base_url)))
+
+        (whole, took), (cut, _) = asyncio.run(both())
+    finally:
+        stop_all(state)
+    print(f"rendered: {len(whole)} chunks in {took:.1f} s; old 15 s: {cut[-2:]}")
+    assert took > 15.0, "the generation did not outlast the old timeout: the test proves nothing"  # a lower bound
+    assert whole[-1] == "[DONE]" and len(whole) == 8 + 1, whole  # every token's chunk, then the terminator
+    assert not any("stream_error" in c for c in whole), whole
+    # smg ends a cut stream cleanly: an in-band error chunk, then [DONE] (the status stays 200)
+    errors = [c for c in cut if '"type":"stream_error"' in c]
+    assert len(errors) == 1 and "timed out" in errors[0] and len(cut) < len(whole) + 1, cut

@@ -171,7 +171,7 @@ ONE_FIELD_CASES = [
         {"--worker-urls", "--job-queue-capacity", "--job-queue-concurrency"},
     ),
     # The pool still admits more than max_running_requests (8) sequences of 8,192 tokens.
-    ({"limits__context_length": 8192}, {"--context-length"}, set(), set()),
+    ({"limits__context_length": 8192}, {"--context-length"}, set(), {"--request-timeout-secs"}),
     ({"serving__log_level": "debug"}, {"--log-level"}, set(), {"--log-level"}),
     (
         {"serving__heartbeat_interval_s": 2},
@@ -181,7 +181,6 @@ ONE_FIELD_CASES = [
             "--health-check-interval-secs",
             "--cb-window-duration-secs",
             "--worker-startup-check-interval",
-            "--request-timeout-secs",
             "--load-monitor-interval",
         },
     ),
@@ -189,7 +188,16 @@ ONE_FIELD_CASES = [
         {"serving__failure_threshold": 5},
         set(),
         set(),
-        {"--health-failure-threshold", "--cb-failure-threshold", "--cb-window-duration-secs", "--request-timeout-secs"},
+        {"--health-failure-threshold", "--cb-failure-threshold", "--cb-window-duration-secs"},
+    ),
+    # The request timeout is the longest generation: context length at the slowest decode, plus the P99 target.
+    ({"limits__min_decode_tokens_per_s": 20}, set(), set(), {"--request-timeout-secs"}),
+    # (the P99 target also moves the latency histogram buckets SGLang and the routers export, which the gates read)
+    (
+        {"limits__p99_target_s": 5},
+        {"--bucket-e2e-request-latency"},
+        set(),
+        {"--request-timeout-secs", "--prometheus-duration-buckets"},
     ),
     ({"serving__success_threshold": 3}, set(), set(), {"--health-success-threshold", "--cb-success-threshold"}),
     ({"serving__health_check_timeout_s": 5}, set(), {"SGLANG_HEALTH_CHECK_TIMEOUT"}, {"--health-check-timeout-secs"}),

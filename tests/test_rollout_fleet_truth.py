@@ -17,7 +17,7 @@ from serving.sandbox.backend import worker_config, worker_name
 from serving.sandbox.processes import restart_worker, stop_process
 from tests.support.cli import flat, json_object
 from tests.support.sandbox import DRY_RUN_GATES, Load, Sandbox, running_sandbox
-from tests.support.stacks import fleet_of
+from tests.support.stacks import fleet_of, request_timeout_of
 
 REPLICAS = 6
 # A short baseline, the QPS and P99 gates in dry run (DRY_RUN_GATES): what these tests check is what gets planned,
@@ -27,6 +27,7 @@ REPLICAS = 6
 # (20 expected) the clients slowed 24 % by a loaded machine paused batch 4 of a clean clone's run (at f3e77d5).
 FAST: dict[str, Any] = {
     "serving.heartbeat_interval_s": 1,
+    **request_timeout_of(3),  # its detection window (3 × 1 s), as before the timeout fit a generation
     "rollout.interval_s": 4,
     "rollout.baseline_window_s": 1.5,
     "rollout.health_timeout_s": 10,

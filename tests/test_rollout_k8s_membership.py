@@ -73,7 +73,7 @@ from serving.sandbox.worker_config import WorkerConfig
 from serving.spec.schema import FleetSpec
 from tests.support.apiserver import RELEASES, ApiServerStandIn
 from tests.support.patience import PATIENCE_S, wait_until
-from tests.support.stacks import fleet_of, spec_from
+from tests.support.stacks import fleet_of, request_timeout_of, spec_from
 
 # real routers and workers, membership changes waited on in real time: the wait-bound phase (tests/conftest.py)
 pytestmark = pytest.mark.sandbox
@@ -93,6 +93,7 @@ def membership_spec(port: int) -> FleetSpec:
             "serving.port": port,
             "serving.releases": RELEASES,
             "serving.heartbeat_interval_s": 1,
+            **request_timeout_of(3),  # its detection window (3 × 1 s), as before the timeout fit a generation
             "serving.health_check_timeout_s": 1,
             "rollout.batches": 2,
             "rollout.interval_s": 2,

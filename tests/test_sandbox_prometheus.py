@@ -45,7 +45,7 @@ from tests.support.cli import json_object
 from tests.support.etcd import require_etcd
 from tests.support.patience import wait_until
 from tests.support.sandbox import Sandbox, running_sandbox
-from tests.support.stacks import fleet_of, sandbox_stack_file
+from tests.support.stacks import fleet_of, request_timeout_of, sandbox_stack_file
 
 INTERVAL_S = 1.0
 CHANGES = {
@@ -54,6 +54,7 @@ CHANGES = {
     "cluster.pools.0.count": 2,
     "serving.replicas_per_node": 2,
     "serving.heartbeat_interval_s": INTERVAL_S,
+    **request_timeout_of(3),  # its detection window (3 × 1 s), as before the timeout fit a generation
     "serving.health_check_timeout_s": 0.5,
     "scheduler.instances": 2,
     "runtime.lease_ttl_s": 3,

@@ -165,6 +165,7 @@ class HeartbeatPlan:
     timeouts_to_migrate: Figure
     successes_to_readmit: Figure
     router_hung_capacity: Figure  # workers that may hang at once before one router's health checks queue
+    request_timeout_s: Figure  # the routers' --request-timeout-secs: the longest generation the spec allows
 
 
 @dataclass(frozen=True)

@@ -474,6 +474,24 @@ def capacity_chain(
 ROUTER_PROBES_IN_FLIGHT: Final = 128
 
 
+def request_timeout(spec: FleetSpec) -> Figure:
+    """The routers' ``--request-timeout-secs``. smg 1.13 gives it to its upstream HTTP client as reqwest's total
+    ``timeout`` (``model_gateway/src/worker/http_client.rs``, ``build``), which covers a streamed body too: a stream
+    older than it is cut (a 504, retried on another worker). So it is the longest generation the spec allows — every
+    one of ``limits.context_length`` tokens decoded at ``limits.min_decode_tokens_per_s`` — plus the P99 target for
+    the rest (queueing, prefill), rounded up to whole seconds. A hung replica's requests are not held that long: its
+    restart (the runtime's detection, then a new process) breaks their connections, which the routers retry."""
+    lim = spec.limits
+    decode = lim.context_length / lim.min_decode_tokens_per_s
+    total = math.ceil(decode + lim.p99_target_s)
+    return Figure(
+        total,
+        "s",
+        f"⌈{lim.context_length:,} tokens (limits.context_length) ÷ {lim.min_decode_tokens_per_s:g} tokens/s "
+        f"(limits.min_decode_tokens_per_s) + {lim.p99_target_s:g} s (limits.p99_target_s)⌉ = {total:,} s",
+    )
+
+
 def heartbeat_plan(spec: FleetSpec, replicas: int, nodes: int) -> HeartbeatPlan:
     s, h = spec.serving, spec.health
     iv = s.heartbeat_interval_s
@@ -540,6 +558,7 @@ def heartbeat_plan(spec: FleetSpec, replicas: int, nodes: int) -> HeartbeatPlan:
             f"{min(router_iv, router_timeout):g} s a hung worker holds one = {math.floor(hung):,} workers "
             + (f"({hung / replicas:.1%} of {replicas:,})" if hung < replicas else f"(all {replicas:,})"),
         ),
+        request_timeout_s=request_timeout(spec),
     )
 
 
@@ -700,11 +719,19 @@ def plan(spec: FleetSpec, memory_model: MemoryModel = "sglang") -> Plan:
             f"at {p.gpus_per_replica} GPU(s) per replica hold at most {p.max_replicas:,}; "
             f"{target:,} replicas would need {target * p.gpus_per_replica:,} GPUs"
         )
+    heartbeats = heartbeat_plan(spec, deployable, nodes_used)
+    longest = heartbeats.request_timeout_s.value
+    if spec.rollout.drain_timeout_s < longest:
+        notes.append(
+            f"rollout.drain_timeout_s ({spec.rollout.drain_timeout_s:g} s) is shorter than the longest generation the "
+            f"routers let run ({longest:,.0f} s, the request timeout): a rollout's drain cuts a generation older than "
+            "the drain when it updates its replica; raise rollout.drain_timeout_s to keep every one"
+        )
     return Plan(
         placement=p,
         memory=mem,
         capacity=chain,
-        heartbeats=heartbeat_plan(spec, deployable, nodes_used),
+        heartbeats=heartbeats,
         network=network_plan(spec),
         cost=cost_plan(spec),
         restart_from_cache_s=restart_time(spec),

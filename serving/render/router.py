@@ -67,6 +67,7 @@ class RouterArgs:
     selector: tuple[str, ...]
     job_queue_capacity: int
     job_queue_concurrency: int
+    request_timeout_s: int
 
     def to_argv(self) -> list[str]:
         """The router's command line (entry point included); raises FlagValidationError when the pinned router
@@ -80,9 +81,16 @@ def _interval(c: RouterArgs) -> int:
     return whole_seconds(c.spec.serving.heartbeat_interval_s)
 
 
-def request_timeout_s(spec: FleetSpec) -> int:
-    """The routers' ``--request-timeout-secs``: the detection window, serving.failure_threshold × the heartbeat."""
+def detection_window_s(spec: FleetSpec) -> int:
+    """serving.failure_threshold × the heartbeat, in the whole seconds the routers take: ``--cb-window-duration-secs``,
+    and the bound of a warm-up request (a short one: :class:`serving.rollout.plan.Timings`)."""
     return spec.serving.failure_threshold * whole_seconds(spec.serving.heartbeat_interval_s)
+
+
+def request_timeout_s(plan: Plan) -> int:
+    """The routers' ``--request-timeout-secs``: the longest generation the spec allows, as the plan derives it
+    (:func:`serving.plan.planner.request_timeout`, shown by ``exaserve plan``)."""
+    return int(plan.heartbeats.request_timeout_s.value)
 
 
 def job_queue_capacity(plan: Plan) -> int:
@@ -169,13 +177,13 @@ ROUTER_FLAGS: Final[tuple[FlagRule[RouterArgs], ...]] = (
     FlagRule(
         "--cb-window-duration-secs",
         "serving.failure_threshold × serving.heartbeat_interval_s",
-        lambda c: str(c.spec.serving.failure_threshold * _interval(c)),
+        lambda c: str(detection_window_s(c.spec)),
     ),
     FlagRule(
         "--request-timeout-secs",
-        "serving.failure_threshold × serving.heartbeat_interval_s (a request stuck on a hung replica longer than "
-        "the detection window is retried on another; default 1800 s)",
-        lambda c: str(request_timeout_s(c.spec)),
+        "⌈limits.context_length ÷ limits.min_decode_tokens_per_s + limits.p99_target_s⌉: the longest generation "
+        "the spec allows (smg's total upstream timeout cuts a stream at that age; default 1800 s)",
+        lambda c: str(c.request_timeout_s),
     ),
     FlagRule(
         "--shutdown-grace-period-secs",
@@ -266,6 +274,7 @@ def router_args(fleet: Fleet, *, worker_urls: Sequence[str] | None = None, kuber
         selector=tuple(f"{k}={v}" for k, v in {**server_selector(fleet.plan), LABEL_ADMITTED: "true"}.items()),
         job_queue_capacity=job_queue_capacity(fleet.plan),
         job_queue_concurrency=job_queue_concurrency(fleet.spec, fleet.plan),
+        request_timeout_s=request_timeout_s(fleet.plan),
     )
 
 

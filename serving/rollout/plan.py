@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from serving.plan.model import Fleet, MemoryPlan, Plan
 from serving.render.common import whole_seconds
-from serving.render.router import request_timeout_s, router_policy
+from serving.render.router import detection_window_s, router_policy
 from serving.rollout.kvpool import KvPlan
 from serving.spec.schema import FleetSpec
 
@@ -35,9 +35,10 @@ class Timings:
     warmup_share: float
     interval_s: float
     health_check_timeout_s: float
-    # A warm-up request's bound: the routers' --request-timeout-secs (serving.failure_threshold ×
-    # serving.heartbeat_interval_s), so a synthetic request fails exactly when a client's would. Journals written
-    # before it bounded warm-up requests by the health-check timeout, which a saturated fleet's P99 can pass.
+    # A warm-up request's bound: the detection window (serving.failure_threshold × serving.heartbeat_interval_s,
+    # what the routers' --request-timeout-secs was until it was sized to the longest generation; a warm-up request
+    # is short). The name stays for the journals that carry it. Journals written before it bounded warm-up requests
+    # by the health-check timeout, which a saturated fleet's P99 can pass.
     request_timeout_s: float = 0.0
 
     @classmethod
@@ -51,7 +52,7 @@ class Timings:
             warmup_share=s.warmup_share,
             interval_s=r.interval_s,
             health_check_timeout_s=s.health_check_timeout_s,
-            request_timeout_s=request_timeout_s(spec),
+            request_timeout_s=detection_window_s(spec),
         )
 
 

@@ -39,6 +39,7 @@ from tests.support.cli import json_object
 from tests.support.etcd import require_etcd
 from tests.support.paths import REPO
 from tests.support.sandbox import Sandbox, running_sandbox
+from tests.support.stacks import request_timeout_of
 
 OUTPUT = REPO / "test-output" / "drills"
 GROUPS = 3  # fifteen drills of about 40 s each: three sandboxes, three workers (tests/conftest.py's SANDBOX_GROUPS)
@@ -56,6 +57,7 @@ def changes(base: int) -> dict[str, Any]:
         "cluster.pools.0.count": 2,
         "serving.replicas_per_node": 4,
         "serving.heartbeat_interval_s": 1.0,
+        **request_timeout_of(3),  # its detection window (3 × 1 s), as before the timeout fit a generation
         "serving.health_check_timeout_s": 0.8,
         "scheduler.instances": 3,
         "runtime.lease_ttl_s": 3,

@@ -69,7 +69,7 @@ def override(flags: Sequence[str], values: Mapping[str, Sequence[str]]) -> list[
 
 
 def start_rendered_router(
-    spec: FleetSpec, workers: Workers, flags: Mapping[str, Sequence[str]] | None = None
+    spec: FleetSpec, workers: Workers, flags: Mapping[str, Sequence[str]] | None = None, *, name: str = "router"
 ) -> RouterClient:
     argv = router_args(fleet_of(spec), worker_urls=[c.url for c in workers.configs]).to_argv()
     assert argv[: len(ROUTER_ENTRY)] == list(ROUTER_ENTRY)
@@ -84,7 +84,7 @@ def start_rendered_router(
             **(flags or {}),
         },
     )
-    record = start_router(workers.state, flags, healthy_workers=len(workers.configs), timeout_s=60)
+    record = start_router(workers.state, flags, name=name, healthy_workers=len(workers.configs), timeout_s=60)
     return RouterClient(record.url, record.metrics_url)
 
 

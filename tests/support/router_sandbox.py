@@ -45,6 +45,7 @@ from serving.sandbox.worker_config import WorkerConfig
 from serving.spec.schema import FleetSpec
 from tests.support.patience import PATIENCE_S, eventually
 from tests.support.sandbox import Sandbox, until_each
+from tests.support.stacks import request_timeout_of
 
 T = TypeVar("T")
 
@@ -58,6 +59,7 @@ TWO_WORKERS: dict[str, Any] = {
     "serving.heartbeat_interval_s": 1,
     "serving.health_check_timeout_s": 1,
     "serving.failure_threshold": 5,
+    **request_timeout_of(5),  # its detection window (5 × 1 s), as before the timeout fit a generation
     "sandbox.versions.v1.latency_ms": 5,
 }
 NEVER_READY_STARTUP_TIMEOUT_S = 2  # the never-ready worker's router: --worker-startup-timeout-secs

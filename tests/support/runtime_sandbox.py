@@ -25,6 +25,7 @@ from serving.spec.stack import file_stack_name
 from tests.support.etcd import require_etcd
 from tests.support.patience import PATIENCE_S, wait_until
 from tests.support.sandbox import Sandbox, running_sandbox
+from tests.support.stacks import request_timeout_of
 
 INTERVAL_S = 1.0  # the heartbeat
 
@@ -41,6 +42,7 @@ def changes(base: int) -> dict[str, Any]:
         "cluster.pools.0.count": 2,
         "serving.replicas_per_node": 4,
         "serving.heartbeat_interval_s": INTERVAL_S,
+        **request_timeout_of(3),  # its detection window (3 × 1 s), as before the timeout fit a generation
         "serving.health_check_timeout_s": 0.5,
         "scheduler.instances": 3,
         "runtime.lease_ttl_s": 3,

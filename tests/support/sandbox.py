@@ -37,7 +37,7 @@ from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack_file, spec_document
 from tests.support.cli import exaserve, exaserve_started, json_object
 from tests.support.patience import PATIENCE_S, eventually
-from tests.support.stacks import sandbox_stack_file, stack_doc, with_changes, write_stack
+from tests.support.stacks import request_timeout_of, sandbox_stack_file, stack_doc, with_changes, write_stack
 
 _WORKER_ENTRY = 3  # a worker record's argv: python -m serving.sandbox.worker FLAGS…
 
@@ -161,6 +161,7 @@ LOAD_RATE = 100.0  # requests/s: enough for the gates to judge 8 replicas' QPS a
 # it out.
 GATED: dict[str, Any] = {
     "serving.heartbeat_interval_s": 1,
+    **request_timeout_of(3),  # its detection window (3 × 1 s), as before the timeout fit a generation
     "rollout.interval_s": 4,
     "rollout.baseline_window_s": 4,
     "rollout.health_timeout_s": 10,

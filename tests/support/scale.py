@@ -27,7 +27,7 @@ from tests.support.cli import exaserve, json_object
 from tests.support.controllers import leading_controller
 from tests.support.etcd import require_etcd
 from tests.support.patience import PATIENCE_S, wait_until
-from tests.support.stacks import fleet_of, write_variant
+from tests.support.stacks import fleet_of, request_timeout_of, write_variant
 
 NODES, PER_NODE = 64, 8
 REPLICAS = NODES * PER_NODE
@@ -38,6 +38,7 @@ REDUCED = {
     "serving.replicas": REPLICAS,
     "serving.target_replicas": REPLICAS,
     "serving.heartbeat_interval_s": 3,
+    **request_timeout_of(9),  # its detection window (3 × 3 s), as before the timeout fit a generation
 }
 AGENT_PROBE = "GET /health_generate exaserve-agent"  # as a worker host counts it: method, path, client
 LOST_NODE = "gpu-r01-n00"  # the node whose workers the node loss stops

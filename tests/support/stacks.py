@@ -27,6 +27,15 @@ MULTI_NODE: dict[str, Any] = {
 }
 
 
+def request_timeout_of(timeout_s: int) -> dict[str, float]:
+    """The sandbox-stack change that makes the routers' ``--request-timeout-secs`` ``timeout_s``: ⌈4,096 tokens ÷ the
+    rate + the 2 s P99 target⌉ (serving.plan.planner.request_timeout). A simulated worker answers any generation within
+    its latency_ms, so the sandbox's decode rate is its own to choose; the tests that shorten the heartbeat keep their
+    timeout at their detection window (failure threshold × heartbeat), what it was before it was sized to the
+    longest generation, and their hung workers' requests retried before a client's 10 s timeout."""
+    return {"limits.min_decode_tokens_per_s": 4096 / (timeout_s - 2.01)}
+
+
 def stack_doc(name: str) -> dict[str, Any]:
     """The ``exaserve:`` document of a repository stack (``prod``, ``dev``, ``sandbox``) or YAML file, as plain
     data; a relative ``model.hf_config`` or ``model.checkpoint`` is made absolute so the document can be written anywhere."""

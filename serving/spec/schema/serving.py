@@ -70,6 +70,15 @@ class LimitsSpec(SpecModel):
         default=4, gt=0, description="Concurrent requests per replica that keep P99 under target (source: 4)."
     )
     p99_target_s: float = Field(default=2.0, gt=0, description="P99 latency target (source: < 2 s).")
+    min_decode_tokens_per_s: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "The slowest decode a served request may have, in tokens/s of that request: the longest generation the "
+            "spec allows (context_length tokens) at this rate sizes the routers' request timeout, which cuts a stream "
+            "at that age (not in the source; 10 tokens/s is slower than any planned layout decodes at full batch)."
+        ),
+    )
     mean_request_s: float = Field(default=1.5, gt=0, description="Mean request time (source: 1.5 s).")
     balance_efficiency: float = Field(default=0.80, gt=0, le=1, description="Load-balance efficiency (80 %).")
     failure_reserve: float = Field(default=0.10, ge=0, lt=1, description="Reserved for failures/rollouts (10 %).")
