@@ -465,15 +465,15 @@ class KubernetesBackend(ReplicaIndex):
             seen = int(status.get("observedGeneration", 0)) >= int(obj["metadata"].get("generation", 0))
             if seen and int(status.get("replicas", 0)) == 0 and not pods:
                 break
-            stuck = stuck_pods(list(pods.values()), since, time.monotonic(), self.stuck_margin_s)
-            if stuck:
-                raise PodsStuck(stuck_message(group_name(group), self.spec.kubernetes.namespace, stuck))
-            if time.monotonic() >= deadline:
-                raise BackendError(
-                    f"{group_name(group)} not scaled to 0 after {timeout_s:g} s (to recreate every group at the new "
-                    f"template at once): {len(pods)} pod(s) left ({', '.join(sorted(pods)[:5])}); see "
-                    f"`kubectl -n {self.spec.kubernetes.namespace} get pods -l exaserve.io/group={group}`"
-                )
+            self._unless_stuck_or_late(
+                group,
+                list(pods.values()),
+                since,
+                deadline,
+                f"{group_name(group)} not scaled to 0 after {timeout_s:g} s (to recreate every group at the "
+                f"new template at once): {len(pods)} pod(s) left ({', '.join(sorted(pods)[:5])}); see "
+                f"`kubectl -n {self.spec.kubernetes.namespace} get pods -l exaserve.io/group={group}`",
+            )
             await asyncio.sleep(POLL_S)
         await self._merge_patch(path, {"spec": {"replicas": want}})
 
@@ -525,15 +525,26 @@ class KubernetesBackend(ReplicaIndex):
             if done:
                 return
             await self._replace_outdated(group, obj)
-            stuck = stuck_pods(list((await self._pods(group)).values()), since, time.monotonic(), self.stuck_margin_s)
-            if stuck:
-                raise PodsStuck(stuck_message(group_name(group), self.spec.kubernetes.namespace, stuck))
-            if time.monotonic() >= deadline:
-                raise BackendError(
-                    f"rollout of {group_name(group)} not complete after {timeout_s:g} s: {left}; "
-                    f"see `kubectl -n {self.spec.kubernetes.namespace} describe pods -l exaserve.io/group={group}`"
-                )
+            self._unless_stuck_or_late(
+                group,
+                list((await self._pods(group)).values()),
+                since,
+                deadline,
+                f"rollout of {group_name(group)} not complete after {timeout_s:g} s: {left}; see "
+                f"`kubectl -n {self.spec.kubernetes.namespace} describe pods -l exaserve.io/group={group}`",
+            )
             await asyncio.sleep(POLL_S)
+
+    def _unless_stuck_or_late(
+        self, group: int, pods: list[K8sObject], since: dict[str, float], deadline: float, late: str
+    ) -> None:
+        """One poll of a wait: :class:`PodsStuck` when any of the group's ``pods`` waits on an operator
+        (:func:`stuck_pods`), BackendError saying ``late`` once ``deadline`` passed, else nothing."""
+        stuck = stuck_pods(pods, since, time.monotonic(), self.stuck_margin_s)
+        if stuck:
+            raise PodsStuck(stuck_message(group_name(group), self.spec.kubernetes.namespace, stuck))
+        if time.monotonic() >= deadline:
+            raise BackendError(late)
 
     async def _hold(self, group: int) -> None:
         """Keep the group's serving pods out of the routers' selection (the new ones carry the template's ``true``).
