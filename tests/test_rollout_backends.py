@@ -25,6 +25,7 @@ from serving.render.k8s.fleet import group_name, render
 from serving.render.systemd import systemd_unit, unit_name
 from serving.rollout.backends import BackendError, PodsStuck
 from serving.rollout.backends.kubernetes import (
+    FIELD_MANAGER,
     KubeApi,
     KubernetesBackend,
     rollout_status,
@@ -210,6 +211,7 @@ def test_kubernetes_backend_against_an_api_server_stand_in_moves_one_group_and_w
         path = workload_path(workload(fleet_of(spec), 1))
         obj = api.objects[path]
         deleted = list(api.deleted)
+        managers = set(api.field_managers)
     assert set(before.values()) == {"v1"}
     assert {r for r, v in after.items() if v == "v2"} == set(batch1)
     size = obj["spec"]["replicas"]
@@ -223,6 +225,8 @@ def test_kubernetes_backend_against_an_api_server_stand_in_moves_one_group_and_w
         assert obj["kind"] == "StatefulSet" and obj["spec"]["updateStrategy"] == {"type": "OnDelete"}
         assert sorted(deleted) == sorted(f"{group_name(1)}-{i}" for i in range(size))
     assert obj["metadata"]["labels"][LABEL_VERSION] == "v2"
+    # every write names the updater as its field manager (managedFields; a later `pulumi up` conflict names it)
+    assert managers == {FIELD_MANAGER} and FIELD_MANAGER == "exaserve-updater"
     assert rollout_status(obj) == (
         True,
         f"{obj['spec']['replicas']} of {obj['spec']['replicas']} replicas updated and ready",

@@ -190,6 +190,7 @@ class ApiServerStandIn:
         self.validator = Validator(spec.kubernetes.version, crd_dir())
         self.objects: dict[str, dict[str, Any]] = {}
         self.patches: list[tuple[str, dict[str, Any]]] = []
+        self.field_managers: set[str | None] = set()  # every PATCH's fieldManager (None: the request named none)
         self.pods_path = f"/api/v1/namespaces/{spec.kubernetes.namespace}/pods"
         self.pods: dict[str, dict[str, Any]] = {}  # name → pod
         self.pod_patches: list[tuple[str, dict[str, Any]]] = []  # (pod name, merge patch); workloads' in patches
@@ -449,6 +450,7 @@ class ApiServerStandIn:
     async def _patch(self, request: web.Request) -> web.Response:
         if request.content_type != "application/merge-patch+json":
             return _status(415, "UnsupportedMediaType", "only application/merge-patch+json")
+        self.field_managers.add(request.query.get("fieldManager"))
         if request.path.startswith(self.pods_path + "/"):
             name = request.path.rsplit("/", 1)[1]
             body = await request.json()  # first: the controller may delete the pod while the body is read

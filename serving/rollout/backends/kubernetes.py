@@ -88,6 +88,11 @@ POLL_S = 0.5
 # The StatefulSet controller's label naming the revision a pod was created from (apps/v1 ControllerRevisionHashLabelKey).
 REVISION_LABEL = "controller-revision-hash"
 ANNOUNCE_TTL_S = 60.0  # the batch Lease's duration: renewed every third of it while a batch is out
+# The name the API server records in managedFields for every field the updater writes (an Update operation; without
+# it the client's user agent, "python-httpx/…"). pulumi-kubernetes applies server-side with its own manager, and an
+# apply that sets another value on a field this one owns is a conflict naming it (docs/infra.md, "Pulumi and the
+# updater"; docs/k8s-semantics.md row 49).
+FIELD_MANAGER = "exaserve-updater"
 # How long past its grace period a pod may stay Terminating, or a pod stay unschedulable, before the wait calls it
 # stuck: a kubelet's final delete comes within the grace period (plus its sync, seconds), a scheduler's retry of a
 # pod whose node is being freed within seconds; neither takes half a minute.
@@ -482,7 +487,10 @@ class KubernetesBackend(ReplicaIndex):
         with ``missing_ok``)."""
         try:
             response = await self._http.patch(
-                path, json=patch, headers={"Content-Type": "application/merge-patch+json"}
+                path,
+                json=patch,
+                headers={"Content-Type": "application/merge-patch+json"},
+                params={"fieldManager": FIELD_MANAGER},
             )
         except httpx.HTTPError as exc:
             raise BackendError(f"PATCH {path}: {exc!r}; is the API server reachable?") from None
