@@ -6,6 +6,7 @@ units) on hand-made objects; then the command itself against a throwaway reposit
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,14 @@ from serving.pulumi.diff import (
     FleetDiff,
     ObjectChange,
     argv_flags,
+    diff_objects,
     field_changes,
     human,
     identical_changes,
     markdown_report,
     text_report,
 )
+from serving.pulumi.program import RenderedObject
 from tests.support.cli import exaserve, json_object
 from tests.support.k8s import render_file
 from tests.support.paths import REPO
@@ -114,6 +117,33 @@ def test_identical_changes_across_update_groups_are_one_entry() -> None:
     ) in md
     assert md.count("| `--context-length` in `containers[sglang].args` | `4096` | `8192` |") == 1
     assert "<code>StatefulSet exaserve/sglang-g5</code> (fleet): 1 field(s)</summary>" in md
+
+
+def test_a_change_that_makes_pulumi_replace_a_serving_group_is_flagged() -> None:
+    """Issue 40 (smaller): an immutable StatefulSet field (here the governing Service's name) makes pulumi-kubernetes
+    replace the object: every pod of the group deleted at once, outside any rollout. The diff flags it, and only
+    it: a template change (a flag) is an update, and the same path on another kind means nothing."""
+
+    def workload(service: str, context: str, kind: str = "StatefulSet") -> RenderedObject:
+        spec = {"serviceName": service, "replicas": 26, "template": {"spec": {"containers": [
+            {"name": "sglang", "args": ["python", "-m", "sglang.launch_server", "--context-length", context]}]}}}  # fmt: skip
+        obj = {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": "sglang-g0", "namespace": "exaserve"},
+               "spec": spec}  # fmt: skip
+        return RenderedObject(obj, "fleet", f"kubernetes:apps/v1:{kind}")
+
+    _, _, changed = diff_objects([workload("sglang-workers", "4096")], [workload("other", "8192")])
+    (change,) = changed
+    assert change.replaced_by == ("spec.serviceName",)
+    d = _diff(changed)
+    assert "REPLACED by pulumi up (deleted, then created): spec.serviceName" in text_report(d)
+    assert "**Replaced, not updated, by `pulumi up`**" in markdown_report(
+        d
+    ) and "(spec.serviceName)" in markdown_report(d)
+    assert json.loads(json.dumps(d.as_dict()))["changed"][0]["replaced_by"] == ["spec.serviceName"]
+    _, _, only_template = diff_objects([workload("s", "4096")], [workload("s", "8192")])
+    assert only_template[0].replaced_by == ()
+    _, _, other_kind = diff_objects([workload("a", "1", "Deployment")], [workload("b", "1", "Deployment")])
+    assert other_kind[0].replaced_by == ()  # a Deployment is replaced on its selector only
 
 
 @pytest.mark.parametrize(

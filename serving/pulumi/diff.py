@@ -32,6 +32,29 @@ ObjectKey = tuple[str, str, str]  # kind, namespace, name
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _POD_SPEC = re.compile(r"^.*?\bspec\.(?=(?:initC|c)ontainers\[)")  # up to a pod template's containers
 SUBPROCESS_TIMEOUT_S = 600
+# The fields whose change makes pulumi-kubernetes replace the object (delete it, then create it) rather than update
+# it, by (API group, kind): its provider's ``forceNew`` table (provider/pkg/provider, ``forceNewProperties``), for the
+# groups and kinds a stack renders; for a StatefulSet they are the fields the API server refuses to update
+# (apps validation, ``ValidateStatefulSetUpdate``: only replicas, ordinals, template, updateStrategy,
+# revisionHistoryLimit, persistentVolumeClaimRetentionPolicy and minReadySeconds may change). A serving group
+# replaced is every one of its pods deleted at once, outside any rollout (docs/k8s-semantics.md row 50).
+REPLACED_ON: Mapping[tuple[str, str], tuple[str, ...]] = {
+    ("apps", "StatefulSet"): (
+        "spec.podManagementPolicy",
+        "spec.revisionHistoryLimit",
+        "spec.selector",
+        "spec.serviceName",
+        "spec.volumeClaimTemplates",
+    ),
+    ("apps", "Deployment"): ("spec.selector",),
+    ("apps", "DaemonSet"): ("spec.selector",),
+    ("", "Service"): ("spec.clusterIP",),
+    ("", "Secret"): ("type",),
+    ("", "PersistentVolumeClaim"): ("spec.accessModes", "spec.selector", "spec.storageClassName", "spec.volumeName"),
+    ("rbac.authorization.k8s.io", "RoleBinding"): ("roleRef",),
+    ("rbac.authorization.k8s.io", "ClusterRoleBinding"): ("roleRef",),
+    ("storage.k8s.io", "StorageClass"): ("parameters", "provisioner"),
+}
 
 
 class BaseRenderError(Exception):
@@ -65,6 +88,7 @@ class ObjectChange:
     name: str
     component: str
     fields: list[FieldChange]
+    replaced_by: tuple[str, ...] = ()  # the changed fields that make `pulumi up` replace the object (REPLACED_ON)
 
     def describe(self) -> str:
         return f"{self.kind} {self.namespace}/{self.name}" if self.namespace else f"{self.kind} {self.name}"
@@ -76,6 +100,7 @@ class ObjectChange:
             "name": self.name,
             "component": self.component,
             "fields": [f.as_dict() for f in self.fields],
+            "replaced_by": list(self.replaced_by),
         }
 
 
@@ -202,8 +227,15 @@ def _index(objects: Iterable[RenderedObject]) -> dict[ObjectKey, RenderedObject]
     return {(o.kind, o.namespace or "", o.name): o for o in objects}
 
 
+def replaced_by(api_version: str, kind: str, fields: Sequence[FieldChange]) -> tuple[str, ...]:
+    """The changed fields (paths) that make pulumi-kubernetes replace an object of ``kind`` (:data:`REPLACED_ON`)."""
+    group = api_version.rpartition("/")[0]
+    prefixes = REPLACED_ON.get((group, kind), ())
+    return tuple(f.path for f in fields if any(f.path == p or f.path.startswith((p + ".", p + "[")) for p in prefixes))
+
+
 def _change(o: RenderedObject, fields: list[FieldChange]) -> ObjectChange:
-    return ObjectChange(o.kind, o.namespace, o.name, o.component, fields)
+    return ObjectChange(o.kind, o.namespace, o.name, o.component, fields, replaced_by(o.api_version, o.kind, fields))
 
 
 def diff_objects(base: Iterable[RenderedObject], head: Iterable[RenderedObject]) -> tuple[list[ObjectChange], ...]:
@@ -363,6 +395,8 @@ def text_report(d: FleetDiff) -> str:
         lines += [f"  {sign} {c.describe()}  [{c.component}]" for c in changes]
     for c in d.changed:
         lines.append(f"  ~ {c.describe()}  [{c.component}]")
+        if c.replaced_by:
+            lines.append(f"      REPLACED by pulumi up (deleted, then created): {', '.join(c.replaced_by)}")
         lines += [f"      {_label(f)}: {_short(f.before)} → {_short(f.after)}" for f in c.fields]
     if d.capacity:
         lines.append("capacity (exaserve plan):")
@@ -416,6 +450,13 @@ def markdown_report(d: FleetDiff) -> str:
         lines += [f"| added | `{c.describe()}` | {c.component} |" for c in d.added]
         lines += [f"| removed | `{c.describe()}` | {c.component} |" for c in d.removed]
         lines.append("")
+    replaced = [f"`{c.describe()}` ({_code(', '.join(c.replaced_by))})" for c in d.changed if c.replaced_by]
+    if replaced:
+        lines += [
+            "> **Replaced, not updated, by `pulumi up`** (deleted, then created; a serving group loses every pod at "
+            f"once, outside any rollout): {', '.join(replaced)}",
+            "",
+        ]
     for group in identical_changes(d.changed):
         fields = group[0].fields
         same = f", the same in {len(group)} objects" if len(group) > 1 else ""
