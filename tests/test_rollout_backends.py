@@ -486,3 +486,30 @@ def test_a_leaderworkerset_controller_older_than_v0_9_is_refused_by_name() -> No
         with pytest.raises(BackendError, match=r"sglang-g0 has a status but no status.observedGeneration: .* v0\.9\.0"):
             asyncio.run(scenario())
         assert api.patches == [], "nothing was changed"
+
+
+def test_a_leaderworkerset_group_already_rolled_is_not_scaled_through_0_again() -> None:
+    """Found by review: a resumed update judged "at target" by comparing the stored LWS with the patch (a CRD's
+    defaults make them differ) and by status.updatedReplicas (behind while LWS creates groups), so it could scale a
+    freshly rolled group to 0 again, every replica reloading. It now reads the version label only the updater
+    writes and the group's pods: a second update of a group at the target patches nothing."""
+    spec = k8s_spec(True)
+    batch1 = list(plan_batches(fleet_of(spec).plan)[1].replicas)
+    with ApiServerStandIn(spec) as api:
+        backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
+
+        async def scenario() -> int:
+            try:
+                await backend.update(batch1, "v2", timeout_s=PATIENCE_S)
+                first = len(api.patches)
+                # what the API server's defaulting adds to a stored object's pod templates (never in the render)
+                stored = api.objects[workload_path(workload(fleet_of(spec), 1))]
+                for container in stored["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"]:
+                    container.setdefault("terminationMessagePath", "/dev/termination-log")
+                await backend.update(batch1, "v2", timeout_s=PATIENCE_S)  # a resumed update of the same step
+                return len(api.patches) - first
+            finally:
+                await backend.aclose()
+
+        again = asyncio.run(scenario())
+    assert again == 0

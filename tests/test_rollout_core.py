@@ -22,7 +22,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from serving.render.common import duration_buckets
-from serving.rollout.backends import PodsStuck
+from serving.rollout.backends import BackendError, PodsStuck
 from serving.rollout.gates.findings import FAMILY_ALPHA, MIN_REQUESTS, p99_check, qps_check
 from serving.rollout.gates.judge import canary_budget_spent, judge
 from serving.rollout.gates.verdict import Basis, Gates
@@ -1191,8 +1191,9 @@ class StuckPlatform:
 
     name = "stuck platform"
 
-    def __init__(self, stuck: int) -> None:
+    def __init__(self, stuck: int, then: str = "") -> None:
         self.stuck = stuck
+        self.then = then  # after the stuck tries: this failure of the update (none: it completes)
         self.given: list[float] = []
 
     def worker_url(self, replica_id: str) -> str:
@@ -1202,6 +1203,8 @@ class StuckPlatform:
         self.given.append(timeout_s)
         if len(self.given) <= self.stuck:
             raise PodsStuck(f"rollout of sglang-g1 is blocked by 1 pod(s): sglang-g1-0 (try {len(self.given)})")
+        if self.then:
+            raise BackendError(self.then)
 
 
 def run_update(platform: StuckPlatform, health_timeout_s: float, *, pause: bool, tmp: Path) -> tuple[Event, list[str]]:
@@ -1233,6 +1236,17 @@ def test_an_update_waits_on_stuck_pods_and_goes_on_once_an_operator_freed_them(t
     assert len(platform.given) == 3 and 60.0 >= platform.given[0] > platform.given[1] > platform.given[2]  # time left
     waiting = [m for m in said if m.startswith("waiting for an operator until the 60 s health timeout: ")]
     assert len(waiting) == 2 and "sglang-g1-0 (try 1)" in waiting[0], said
+
+
+def test_an_update_that_fails_after_its_stuck_pods_were_freed_is_failed_and_rolls_back(tmp_path: Path) -> None:
+    """Found by review: once pods had been stuck, any later failure read as ``blocked`` (a pause), so a release that
+    never becomes ready after the operator's fix was never rolled back. The step's verdict is its last failure's."""
+    platform = StuckPlatform(
+        stuck=1, then="rollout of sglang-g1 not complete after 59 s: 0 of 26 updated replicas ready"
+    )
+    event, _said = run_update(platform, 60.0, pause=False, tmp=tmp_path)
+    assert event.kind == "failed" and event.detail.startswith("rollout of sglang-g1 not complete after 59 s"), event
+    assert "(before that: rollout of sglang-g1 is blocked by 1 pod(s)" in event.detail
 
 
 @pytest.mark.parametrize("pause", [False, True], ids=["health-timeout", "pause-requested"])

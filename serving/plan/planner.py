@@ -477,10 +477,13 @@ ROUTER_PROBES_IN_FLIGHT: Final = 128
 def request_timeout(spec: FleetSpec) -> Figure:
     """The routers' ``--request-timeout-secs``. smg 1.13 gives it to its upstream HTTP client as reqwest's total
     ``timeout`` (``model_gateway/src/worker/http_client.rs``, ``build``), which covers a streamed body too: a stream
-    older than it is cut (a 504, retried on another worker). So it is the longest generation the spec allows — every
-    one of ``limits.context_length`` tokens decoded at ``limits.min_decode_tokens_per_s`` — plus the P99 target for
-    the rest (queueing, prefill), rounded up to whole seconds. A hung replica's requests are not held that long: its
-    restart (the runtime's detection, then a new process) breaks their connections, which the routers retry."""
+    older than it is cut (its 200 already sent, so an in-band ``stream_error``, never retried; a request not yet
+    answered gets a 504, retried on another worker). So it is the longest generation the spec allows — every one of
+    ``limits.context_length`` tokens decoded at ``limits.min_decode_tokens_per_s`` — plus the P99 target for the rest
+    (queueing, prefill), rounded up to whole seconds. What it costs (docs/units.md): a request on a replica that hangs
+    is held until the replica's restart resets its connection (a stream then ends in an error, an unanswered request
+    is retried) or, where no reset comes (a dead node, a partition), until this timeout; smg cancels nothing in flight
+    when a worker turns unhealthy."""
     lim = spec.limits
     decode = lim.context_length / lim.min_decode_tokens_per_s
     total = math.ceil(decode + lim.p99_target_s)

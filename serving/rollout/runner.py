@@ -545,8 +545,9 @@ class Runner:
         """Update the batch's replicas. Pods the platform cannot bring back without an operator (:class:`PodsStuck`:
         a dead node's pod Terminating, a replacement unschedulable) are named at once and waited on, the update
         retried (idempotent: each try holds the new pods out of the routers) until the health timeout: an operator's
-        fix in that time lets the rollout go on by itself. Past it, or on a pause request, the rollout pauses at
-        this step (``blocked``), never rolls back: the restore would wait on the same pods."""
+        fix in that time lets the rollout go on by itself. Still stuck past it, or on a pause request, the rollout
+        pauses at this step (``blocked``), never rolls back: the restore would wait on the same pods. Any other
+        failure, stuck pods before it or not, is the update's (``failed``): a crash-looping release rolls back."""
         ids = list(self._urls(step))
         self._say(f"updating {len(ids)} replicas to {version} via {self.backend.name}")
         timeout = self.state.plan.timings.health_timeout_s
@@ -563,10 +564,8 @@ class Runner:
                     return self._event("blocked", step, stuck)
                 await asyncio.sleep(self.poll_s)
                 continue
-            except BackendError as exc:
-                if stuck:  # the time ran out while pods waited on an operator: still theirs, not the release's
-                    return self._event("blocked", step, f"{stuck}; then: {exc}")
-                return self._event("failed", step, str(exc))
+            except BackendError as exc:  # not stuck pods (any more): the update failed, whatever came before
+                return self._event("failed", step, str(exc) + (f" (before that: {stuck})" if stuck else ""))
             return self._event(
                 "done", step, f"set to {version}" + (" (after pods stuck on an operator)" if stuck else "")
             )
