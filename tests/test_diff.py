@@ -288,9 +288,12 @@ def test_diff_of_a_stack_file_compares_it_with_its_copy_at_the_base(repo: Path, 
         (repo / "Pulumi.dev.yaml").write_text(original)
     assert result.returncode == 0, result.stderr
     doc = json_object(result)
-    assert doc["stack"] == "dev" and len(doc["changed"]) == 6  # the five groups and the runtime's stack
+    # the five groups, the runtime's stack, and the router: its request timeout is the longest generation
+    assert doc["stack"] == "dev" and len(doc["changed"]) == 7
     flags = {f["flag"] for f in doc["changed"][0]["fields"]}
     assert flags == {"--context-length"}
+    router = [f for c in doc["changed"] for f in c["fields"] if f["flag"] == "--request-timeout-secs"]
+    assert [(f["base"], f["head"]) for f in router] == [("412", "822")]  # ⌈8,192 ÷ 10 + 2⌉
 
     outside = tmp_path / "Pulumi.source.yaml"
     outside.write_text(SOURCE_PLAN.read_text())

@@ -147,8 +147,9 @@ def test_bare_metal_units_pass_strict_systemd_verify(systemd_root: Path) -> None
 
 
 def test_gateway_flags_meet_the_plan() -> None:
-    """The router detects a dead or hung replica within interval × threshold (5 s × 3 = 15 s), cuts a request stuck on
-    a hung one after the same 15 s, and polls the load power_of_two reads every interval, not every 30 s."""
+    """The router detects a dead or hung replica within interval × threshold (5 s × 3 = 15 s), lets a generation run
+    as long as the longest the spec allows (⌈4,096 tokens ÷ 10 tokens/s + 2 s⌉ = 412 s: smg's timeout is total,
+    streamed body included), and polls the load power_of_two reads every interval, not every 30 s."""
     argv = router_args(fleet_of(PROD), kubernetes=True).to_argv()
 
     def flag(name: str) -> str:
@@ -157,7 +158,7 @@ def test_gateway_flags_meet_the_plan() -> None:
     assert flag("--policy") == "power_of_two"
     assert flag("--worker-startup-check-interval") == "5"
     assert int(flag("--health-check-interval-secs")) * int(flag("--health-failure-threshold")) == 15
-    assert flag("--request-timeout-secs") == "15"
+    assert flag("--request-timeout-secs") == "412"
     assert "--balance-abs-threshold" not in argv
     cache_aware = PROD.model_copy(update={"scheduler": PROD.scheduler.model_copy(update={"strategy": "cache_aware"})})
     argv = router_args(fleet_of(cache_aware), kubernetes=True).to_argv()
