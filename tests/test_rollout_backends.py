@@ -330,13 +330,10 @@ def test_kubernetes_hold_skips_a_pod_its_leaderworkerset_deleted_after_the_listi
                 listed = await backend.leader_pods(group1)
                 gone = {**next(p for p in listed.values() if p is not None)}
                 gone["metadata"] = {**gone["metadata"], "name": "sglang-g1-deleted-since"}
-                stale = {**listed, group1[0]: gone}
-
-                async def leader_pods(_: object) -> dict[str, object]:
-                    return stale
-
-                backend.leader_pods = leader_pods  # type: ignore[method-assign,assignment]
-                await backend._hold(1)  # before: BackendError, PATCH …/pods/sglang-g1-deleted-since answered 404
+                # the listing as it was: the first replica's pod under a name its controller deleted since
+                stale = {p["metadata"]["name"]: p for p in listed.values() if p is not None}
+                stale[backend._pod_name(group1[0])] = gone
+                await backend._hold(1, stale)  # before: BackendError, PATCH …/pods/sglang-g1-deleted-since answered 404
                 with pytest.raises(BackendError) as refused:
                     await backend.admit(gone, admitted=True)
                 held = sorted(n for n, _ in api.pod_patches)

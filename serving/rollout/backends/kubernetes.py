@@ -64,7 +64,7 @@ import ipaddress
 import logging
 import os
 import time
-from collections.abc import Sequence, Set
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -339,6 +339,12 @@ class KubernetesBackend(ReplicaIndex):
         pod URLs :meth:`worker_url` returns are refreshed from it."""
         groups = sorted({self._replica(r).group for r in replica_ids})
         listed = dict(zip(groups, await asyncio.gather(*(self._pods(g) for g in groups)), strict=True))
+        return self._leaders(replica_ids, listed)
+
+    def _leaders(
+        self, replica_ids: Sequence[str], listed: Mapping[int, Mapping[str, K8sObject]]
+    ) -> dict[str, K8sObject | None]:
+        """:meth:`leader_pods` from pod listings already made (``listed``: each replica's group's pods by name)."""
         out: dict[str, K8sObject | None] = {}
         for rid in replica_ids:
             pod = listed[self._replica(rid).group].get(self._pod_name(rid))
@@ -420,7 +426,7 @@ class KubernetesBackend(ReplicaIndex):
         updater's health check, warm-up and readmission."""
         groups = sorted({self._replica(r).group for r in replica_ids})
         for g in groups:
-            members = {r.id for r in self.replicas.values() if r.group == g}
+            members = set(self._members(g))
             if not members <= set(replica_ids):
                 raise BackendError(
                     f"batch does not cover update group {g}: on Kubernetes a batch is a whole workload "
@@ -491,20 +497,23 @@ class KubernetesBackend(ReplicaIndex):
         if response.status_code != 200 and not (missing_ok and response.status_code == 404):
             raise BackendError(f"PATCH {path} answered {response.status_code}: {response.text[:500]}")
 
-    async def _replace_outdated(self, group: int, obj: K8sObject) -> None:
-        """OnDelete StatefulSet: delete every pod of the group that is not at ``status.updateRevision`` and not already
-        terminating, all at once; the controller recreates them in parallel at that revision. Nothing before the
-        controller has observed the patched template (a pod deleted earlier would come back at the old revision)."""
+    def _members(self, group: int) -> list[str]:
+        return [r.id for r in self.replicas.values() if r.group == group]
+
+    async def _replace_outdated(self, group: int, obj: K8sObject, pods: Mapping[str, K8sObject]) -> None:
+        """OnDelete StatefulSet: delete every pod of the group (``pods``, its listing) that is not at
+        ``status.updateRevision`` and not already terminating, all at once; the controller recreates them in parallel
+        at that revision. Nothing before the controller has observed the patched template (a pod deleted earlier
+        would come back at the old revision)."""
         status = obj.get("status") or {}
         revision = status.get("updateRevision")
         if obj["kind"] != "StatefulSet" or not revision:
             return
         if int(status.get("observedGeneration", 0)) < int(obj["metadata"].get("generation", 0)):
             return
-        members = [r.id for r in self.replicas.values() if r.group == group]
         stale = [
             pod["metadata"]["name"]
-            for pod in (await self.leader_pods(members)).values()
+            for pod in self._leaders(self._members(group), {group: pods}).values()
             if pod is not None and pod["metadata"].get("labels", {}).get(REVISION_LABEL) != revision
         ]
         await asyncio.gather(*(self._delete_pod(name) for name in stale))
@@ -523,13 +532,14 @@ class KubernetesBackend(ReplicaIndex):
         while True:
             obj = await self._get(group)
             done, left = rollout_status(obj)
-            await self._hold(group)  # after the status: once it says done, every new pod exists and is held
+            pods = await self._pods(group)  # after the status: once it says done, every new pod exists and is held
+            await self._hold(group, pods)
             if done:
                 return
-            await self._replace_outdated(group, obj)
+            await self._replace_outdated(group, obj, pods)
             self._unless_stuck_or_late(
                 group,
-                list((await self._pods(group)).values()),
+                list(pods.values()),
                 since,
                 deadline,
                 f"rollout of {group_name(group)} not complete after {timeout_s:g} s: {left}; see "
@@ -548,12 +558,11 @@ class KubernetesBackend(ReplicaIndex):
         if time.monotonic() >= deadline:
             raise BackendError(late)
 
-    async def _hold(self, group: int) -> None:
-        """Keep the group's serving pods out of the routers' selection (the new ones carry the template's ``true``).
-        A pod its workload deleted after the listing (a controller replacing it) is skipped: its replacement is held
-        on the next poll."""
-        members = [r.id for r in self.replicas.values() if r.group == group]
-        for pod in (await self.leader_pods(members)).values():
+    async def _hold(self, group: int, pods: Mapping[str, K8sObject]) -> None:
+        """Keep the group's serving pods (``pods``, its listing) out of the routers' selection (the new ones carry the
+        template's ``true``). A pod its workload deleted after the listing (a controller replacing it) is skipped: its
+        replacement is held on the next poll."""
+        for pod in self._leaders(self._members(group), {group: pods}).values():
             if pod is not None and pod["metadata"].get("labels", {}).get(LABEL_ADMITTED) != "false":
                 await self.admit(pod, admitted=False, missing_ok=True)
 
