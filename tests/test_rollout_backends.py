@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import re
 import shlex
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from aiohttp import web
@@ -42,6 +43,8 @@ from tests.support.apiserver import RELEASES, ApiServerStandIn, k8s_spec, servin
 from tests.support.hosts.netns import HostFleet, HostPool
 from tests.support.patience import PATIENCE_S
 from tests.support.stacks import fleet_of, spec_from
+
+T = TypeVar("T")
 
 # ----------------------------------------------------------------------------------------- SSH
 
@@ -188,6 +191,20 @@ def test_parse_show_reads_systemds_quoted_environment() -> None:
 # ----------------------------------------------------------------------------------------- Kubernetes
 
 
+def on_stand_in(api: ApiServerStandIn, spec: FleetSpec, scenario: Callable[[KubernetesBackend], Awaitable[T]]) -> T:
+    """``scenario`` run against a Kubernetes backend of ``spec`` on the API stand-in ``api``; the backend is closed
+    after, whatever happened."""
+
+    async def run() -> T:
+        backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
+        try:
+            return await scenario(backend)
+        finally:
+            await backend.aclose()
+
+    return asyncio.run(run())
+
+
 @pytest.mark.parametrize("multi", [False, True], ids=["one-node-replicas", "two-node-replicas"])
 def test_kubernetes_backend_against_an_api_server_stand_in_moves_one_group_and_waits_for_rollout(
     multi: bool,
@@ -197,17 +214,13 @@ def test_kubernetes_backend_against_an_api_server_stand_in_moves_one_group_and_w
     batch1 = list(plan_batches(fleet_of(spec).plan)[1].replicas)
     every = [r.id for r in fleet_replicas(spec)]
     with ApiServerStandIn(spec) as api:
-        backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
 
-        async def scenario() -> tuple[dict[str, str | None], dict[str, str | None]]:
-            try:
-                before = await backend.versions(every)
-                await backend.update(batch1, "v2", timeout_s=PATIENCE_S)
-                return before, await backend.versions(every)
-            finally:
-                await backend.aclose()
+        async def scenario(backend: KubernetesBackend) -> tuple[dict[str, str | None], dict[str, str | None]]:
+            before = await backend.versions(every)
+            await backend.update(batch1, "v2", timeout_s=PATIENCE_S)
+            return before, await backend.versions(every)
 
-        before, after = asyncio.run(scenario())
+        before, after = on_stand_in(api, spec, scenario)
         path = workload_path(workload(fleet_of(spec), 1))
         obj = api.objects[path]
         deleted = list(api.deleted)
@@ -248,13 +261,9 @@ def test_kubernetes_rollout_that_never_becomes_ready_times_out_naming_the_worklo
     spec = k8s_spec(False)
     batch0 = list(plan_batches(fleet_of(spec).plan)[0].replicas)
     with ApiServerStandIn(spec) as api:
-        backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
 
-        async def scenario() -> None:
-            try:
-                await backend.update(batch0, "v2-stuck", timeout_s=1.5)
-            finally:
-                await backend.aclose()
+        async def scenario(backend: KubernetesBackend) -> None:
+            await backend.update(batch0, "v2-stuck", timeout_s=1.5)
 
         # wherever the stand-in's controller had got to in 1.5 s (kubernetes.py rollout_status: beside stress-ng not
         # even the new generation was seen), the stuck release is never ready: none of its updated replicas
@@ -263,7 +272,7 @@ def test_kubernetes_rollout_that_never_becomes_ready_times_out_naming_the_worklo
             r"|\d+ of 26 replicas updated, \d+ ready|0 of 26 updated replicas ready)"
         )
         with pytest.raises(BackendError, match=rf"rollout of sglang-g0 not complete after 1\.5 s: {stuck}"):
-            asyncio.run(scenario())
+            on_stand_in(api, spec, scenario)
 
 
 def test_kubernetes_backend_refuses_plain_http_to_a_remote_api_server() -> None:
@@ -323,25 +332,21 @@ def test_kubernetes_hold_skips_a_pod_its_leaderworkerset_deleted_after_the_listi
     spec = k8s_spec(True)
     group1 = [r.id for r in fleet_replicas(spec) if r.group == 1]
     with ApiServerStandIn(spec) as api:
-        backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
 
-        async def scenario() -> tuple[str, str]:
-            try:
-                listed = await backend.leader_pods(group1)
-                gone = {**next(p for p in listed.values() if p is not None)}
-                gone["metadata"] = {**gone["metadata"], "name": "sglang-g1-deleted-since"}
-                # the listing as it was: the first replica's pod under a name its controller deleted since
-                stale = {p["metadata"]["name"]: p for p in listed.values() if p is not None}
-                stale[backend._pod_name(group1[0])] = gone
-                await backend._hold(1, stale)  # before: BackendError, PATCH …/pods/sglang-g1-deleted-since answered 404
-                with pytest.raises(BackendError) as refused:
-                    await backend.admit(gone, admitted=True)
-                held = sorted(n for n, _ in api.pod_patches)
-                return str(refused.value), ",".join(held)
-            finally:
-                await backend.aclose()
+        async def scenario(backend: KubernetesBackend) -> tuple[str, str]:
+            listed = await backend.leader_pods(group1)
+            gone = {**next(p for p in listed.values() if p is not None)}
+            gone["metadata"] = {**gone["metadata"], "name": "sglang-g1-deleted-since"}
+            # the listing as it was: the first replica's pod under a name its controller deleted since
+            stale = {p["metadata"]["name"]: p for p in listed.values() if p is not None}
+            stale[backend._pod_name(group1[0])] = gone
+            await backend._hold(1, stale)  # before: BackendError, PATCH …/pods/sglang-g1-deleted-since answered 404
+            with pytest.raises(BackendError) as refused:
+                await backend.admit(gone, admitted=True)
+            held = sorted(n for n, _ in api.pod_patches)
+            return str(refused.value), ",".join(held)
 
-        refused, held = asyncio.run(scenario())
+        refused, held = on_stand_in(api, spec, scenario)
     assert "pods/sglang-g1-deleted-since answered 404" in refused
     assert held and "sglang-g1-deleted-since" not in held  # the pods still there were held out
 
@@ -362,30 +367,26 @@ def test_a_node_lost_mid_rollout_names_its_stuck_pods_and_the_update_ends_there_
     batches = [list(b.replicas) for b in plan_batches(fleet_of(spec).plan)]
     every = [r.id for r in fleet_replicas(spec)]
     with ApiServerStandIn(spec) as api:
-        backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
-        backend.stuck_margin_s = 0.2
         node = api.placement["sglang-g1-0"]
         on_node = sorted(p for p, n in api.placement.items() if n == node)
         in_group1 = [p for p in on_node if p.startswith("sglang-g1-")]
         assert in_group1 and (multi or len(in_group1) < len(on_node)), on_node  # one-GPU: other groups' pods too
 
-        async def scenario() -> tuple[str, str, dict[str, str | None]]:
-            try:
-                await backend.update(batches[0], "v2", timeout_s=PATIENCE_S)
-                api.fail_node(node)
-                with pytest.raises(PodsStuck) as terminating:
-                    await backend.update(batches[1], "v2", timeout_s=PATIENCE_S)
-                api.taint_out_of_service(node)
-                with pytest.raises(PodsStuck) as pending:
-                    await backend.update(batches[1], "v2", timeout_s=PATIENCE_S)
-                api.restore_node(node)
-                for batch in batches[1:]:
-                    await backend.update(batch, "v2", timeout_s=PATIENCE_S)
-                return str(terminating.value), str(pending.value), await backend.versions(every)
-            finally:
-                await backend.aclose()
+        async def scenario(backend: KubernetesBackend) -> tuple[str, str, dict[str, str | None]]:
+            backend.stuck_margin_s = 0.2
+            await backend.update(batches[0], "v2", timeout_s=PATIENCE_S)
+            api.fail_node(node)
+            with pytest.raises(PodsStuck) as terminating:
+                await backend.update(batches[1], "v2", timeout_s=PATIENCE_S)
+            api.taint_out_of_service(node)
+            with pytest.raises(PodsStuck) as pending:
+                await backend.update(batches[1], "v2", timeout_s=PATIENCE_S)
+            api.restore_node(node)
+            for batch in batches[1:]:
+                await backend.update(batch, "v2", timeout_s=PATIENCE_S)
+            return str(terminating.value), str(pending.value), await backend.versions(every)
 
-        terminating, pending, versions = asyncio.run(scenario())
+        terminating, pending, versions = on_stand_in(api, spec, scenario)
     for message in (terminating, pending):
         assert message.startswith(f"rollout of sglang-g1 is blocked by {len(in_group1)} pod(s)"), message
         assert re.findall(r"(sglang-g\d+-\d+) \(", message) == in_group1, message  # each stuck pod, no other
@@ -403,23 +404,19 @@ def test_a_cordoned_node_s_replacement_pod_is_named_unschedulable_until_it_is_un
     spec = k8s_spec(False, **{"rollout.drain_timeout_s": 1})
     batch0 = list(plan_batches(fleet_of(spec).plan)[0].replicas)
     with ApiServerStandIn(spec) as api:
-        backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
-        backend.stuck_margin_s = 0.2
         node = api.placement["sglang-g0-0"]
         in_group0 = sorted(p for p, n in api.placement.items() if n == node and p.startswith("sglang-g0-"))
 
-        async def scenario() -> tuple[str, dict[str, str | None]]:
-            try:
-                api.cordon(node)
-                with pytest.raises(PodsStuck) as stuck:
-                    await backend.update(batch0, "v2", timeout_s=PATIENCE_S)
-                api.restore_node(node)
+        async def scenario(backend: KubernetesBackend) -> tuple[str, dict[str, str | None]]:
+            backend.stuck_margin_s = 0.2
+            api.cordon(node)
+            with pytest.raises(PodsStuck) as stuck:
                 await backend.update(batch0, "v2", timeout_s=PATIENCE_S)
-                return str(stuck.value), await backend.versions(batch0)
-            finally:
-                await backend.aclose()
+            api.restore_node(node)
+            await backend.update(batch0, "v2", timeout_s=PATIENCE_S)
+            return str(stuck.value), await backend.versions(batch0)
 
-        message, versions = asyncio.run(scenario())
+        message, versions = on_stand_in(api, spec, scenario)
     assert all(f"{p} (Pending " in message for p in in_group0), message
     assert "unschedulable: 0/16 nodes are available: 1 node(s) were unschedulable" in message
     assert "kubectl uncordon NODE" in message
@@ -472,16 +469,12 @@ def test_a_leaderworkerset_controller_older_than_v0_9_is_refused_by_name() -> No
     with ApiServerStandIn(spec) as api:
         path = workload_path(workload(fleet_of(spec), 0))
         del api.objects[path]["status"]["observedGeneration"]  # what an lws v0.8 controller leaves
-        backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
 
-        async def scenario() -> None:
-            try:
-                await backend.update(batch0, "v2", timeout_s=PATIENCE_S)
-            finally:
-                await backend.aclose()
+        async def scenario(backend: KubernetesBackend) -> None:
+            await backend.update(batch0, "v2", timeout_s=PATIENCE_S)
 
         with pytest.raises(BackendError, match=r"sglang-g0 has a status but no status.observedGeneration: .* v0\.9\.0"):
-            asyncio.run(scenario())
+            on_stand_in(api, spec, scenario)
         assert api.patches == [], "nothing was changed"
 
 
@@ -493,20 +486,16 @@ def test_a_leaderworkerset_group_already_rolled_is_not_scaled_through_0_again() 
     spec = k8s_spec(True)
     batch1 = list(plan_batches(fleet_of(spec).plan)[1].replicas)
     with ApiServerStandIn(spec) as api:
-        backend = KubernetesBackend(fleet_of(spec), KubeApi(api.url))
 
-        async def scenario() -> int:
-            try:
-                await backend.update(batch1, "v2", timeout_s=PATIENCE_S)
-                first = len(api.patches)
-                # what the API server's defaulting adds to a stored object's pod templates (never in the render)
-                stored = api.objects[workload_path(workload(fleet_of(spec), 1))]
-                for container in stored["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"]:
-                    container.setdefault("terminationMessagePath", "/dev/termination-log")
-                await backend.update(batch1, "v2", timeout_s=PATIENCE_S)  # a resumed update of the same step
-                return len(api.patches) - first
-            finally:
-                await backend.aclose()
+        async def scenario(backend: KubernetesBackend) -> int:
+            await backend.update(batch1, "v2", timeout_s=PATIENCE_S)
+            first = len(api.patches)
+            # what the API server's defaulting adds to a stored object's pod templates (never in the render)
+            stored = api.objects[workload_path(workload(fleet_of(spec), 1))]
+            for container in stored["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"]:
+                container.setdefault("terminationMessagePath", "/dev/termination-log")
+            await backend.update(batch1, "v2", timeout_s=PATIENCE_S)  # a resumed update of the same step
+            return len(api.patches) - first
 
-        again = asyncio.run(scenario())
+        again = on_stand_in(api, spec, scenario)
     assert again == 0
