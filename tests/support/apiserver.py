@@ -42,7 +42,7 @@ from typing import Any
 from aiohttp import web
 
 from serving.pulumi.validate import Validator
-from serving.render.k8s.fleet import render
+from serving.render.k8s.fleet import group_name, render
 from serving.rollout.backends.kubernetes import workload_path
 from serving.spec.schema import FleetSpec
 from tests.support.k8s import crd_dir
@@ -87,6 +87,17 @@ def _pod_count(obj: dict[str, Any]) -> int:
     return int(obj["spec"]["leaderWorkerTemplate"]["size"]) if obj["kind"] == "LeaderWorkerSet" else 1
 
 
+def pod_name(workload: str, ordinal: int, worker: int = 0) -> str:
+    """A replica's pod as its controller names it: ``sglang-g1-3`` (a StatefulSet's pod, an LWS group's leader) and
+    ``sglang-g1-3-1`` (that LWS group's second pod)."""
+    return f"{workload}-{ordinal}" + (f"-{worker}" if worker else "")
+
+
+def _replica_pods(obj: dict[str, Any], ordinal: int) -> list[str]:
+    """Every pod name of replica ``ordinal`` of ``obj``."""
+    return [pod_name(obj["metadata"]["name"], ordinal, w) for w in range(_pod_count(obj))]
+
+
 def make_pod(obj: dict[str, Any], ordinal: int, worker: int = 0, *, ready: bool = True) -> dict[str, Any]:
     """Pod ``worker`` of replica ``ordinal`` of a StatefulSet or LeaderWorkerSet as its controller creates it from the
     templates, running (its serving container started; Ready unless ``ready`` is false)."""
@@ -104,7 +115,7 @@ def make_pod(obj: dict[str, Any], ordinal: int, worker: int = 0, *, ready: bool 
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {**template.get("metadata", {}), "name": f"{name}-{ordinal}" + (f"-{worker}" if worker else ""),
+        "metadata": {**template.get("metadata", {}), "name": pod_name(name, ordinal, worker),
                      "namespace": obj["metadata"]["namespace"], "uid": str(uuid.uuid4()),
                      "labels": {**template.get("metadata", {}).get("labels", {}), **extra}},
         "spec": template["spec"],
@@ -271,7 +282,7 @@ class ApiServerStandIn:
     async def _remove(self, obj: dict[str, Any], ordinal: int) -> None:
         """Replica ``ordinal``'s pods terminate (a tick) and are gone, not recreated: a scale-down. A pod on a node
         whose kubelet is gone stays Terminating (as after a DELETE there)."""
-        names = [f"{obj['metadata']['name']}-{ordinal}" + (f"-{w}" if w else "") for w in range(_pod_count(obj))]
+        names = _replica_pods(obj, ordinal)
         for pod in (self.pods[n] for n in names if n in self.pods):
             pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
             pod["metadata"]["deletionGracePeriodSeconds"] = pod["spec"].get("terminationGracePeriodSeconds", 30)
@@ -283,8 +294,8 @@ class ApiServerStandIn:
 
     async def _replace(self, obj: dict[str, Any], ordinal: int) -> None:
         """Replica ``ordinal``'s pods gone, then recreated a tick later from the current template."""
-        for worker in range(_pod_count(obj)):
-            self.pods.pop(f"{obj['metadata']['name']}-{ordinal}" + (f"-{worker}" if worker else ""), None)
+        for name in _replica_pods(obj, ordinal):
+            self.pods.pop(name, None)
         self._refresh(obj)
         await asyncio.sleep(TICK_S)
         self._create_pods(obj, ordinal, ready=not _stuck(obj))
@@ -616,7 +627,7 @@ def _placement(spec: FleetSpec) -> dict[str, str]:
         members = sorted((r for r in replicas if r.group == group), key=lambda r: r.index)
         for ordinal, replica in enumerate(members):
             for worker, node in enumerate(replica.nodes):
-                out[f"sglang-g{group}-{ordinal}" + (f"-{worker}" if worker else "")] = node.name
+                out[pod_name(group_name(group), ordinal, worker)] = node.name
     return out
 
 
