@@ -27,6 +27,7 @@ from serving.sandbox.worker import SimulatedWorker
 from serving.sandbox.worker_config import WorkerConfig, health_answer_bound_s
 from serving.sandbox.worker_host import WORKERS_PATH, control, start_host
 from serving.sglang_health import HEALTH_POLL_S
+from serving.sglang_metrics import STALL_BOUNDS_S
 from tests.support.drain_waits import drain_waits
 
 # The agent's probe timeout must exceed a healthy /health (one poll period of SGLang's 1 s and its step): the bound the
@@ -427,6 +428,46 @@ def test_the_agent_reports_a_replicas_time_per_output_token_for_the_latency_sign
     # each generated for its 60 ms at least (a loaded machine's event loop may add to it, never take from it: no upper
     # bound, which would judge this machine's speed), over its tokens but the first
     assert served.tpot_seconds_total is not None and served.tpot_seconds_total >= 0.06 / 6 + 0.06 / 12
+
+
+def test_the_agent_reports_a_replicas_stalled_tokens_for_the_stall_signal(tmp_path: Path) -> None:
+    """Issue 38 (report version 4): the agent counts, per bound of a second or more of SGLang's
+    ``sglang:inter_token_latency_seconds``, the tokens that came longer than it after their request's last output
+    (count − bucket, cumulative). None before the histogram has a series; after a stream stalled 2.5 s, at least one
+    token over 1 s and 2 s; the bounds nest (a token over 2 s is over 1 s)."""
+    config = WorkerConfig(
+        port=1, model_path=str(tmp_path / "model"), latency_ms=300.0, jitter_ms=0.0, health_poll_s=0.2
+    )
+    worker = SimulatedWorker(config)
+
+    async def run() -> list[ReplicaProbe]:
+        async with TestClient(TestServer(worker.build_app())) as client:
+            agent = Agent(
+                AgentConfig(
+                    node="n0", replicas=(("r0", str(client.make_url("")).rstrip("/"), ()),), controllers=(),
+                    interval_s=5.0, timeout_s=2.0, max_running_requests=256, link_rate_gbps=400.0,
+                )
+            )  # fmt: skip
+            try:
+                probes = [(await agent.report()).replicas[0]]
+                before = worker.scheduler.last_output
+                body = {"text": "a", "stream": True, "sampling_params": {"max_new_tokens": 4}}
+                answer = asyncio.ensure_future(client.post("/generate", json=body))
+                while worker.scheduler.last_output == before:  # its first token is out
+                    await asyncio.sleep(0.01)
+                await worker.scheduler.stall(2.5)
+                assert (await answer).status == 200
+                await (await answer).read()
+                probes.append((await agent.report()).replicas[0])
+            finally:
+                await agent.aclose()
+        return probes
+
+    idle, stalled = asyncio.run(run())
+    assert idle.ok and idle.token_gaps_over_s is None
+    gaps = stalled.token_gaps_over_s
+    assert stalled.ok and gaps is not None and set(gaps) == set(STALL_BOUNDS_S), gaps
+    assert gaps[1.0] >= gaps[2.0] >= 1 and all(gaps[a] >= gaps[b] for a, b in itertools.pairwise(STALL_BOUNDS_S))
 
 
 def test_wedged_scheduler_a_migration_does_not_wait_for_requests_that_never_finish(tmp_path: Path) -> None:

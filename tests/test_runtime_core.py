@@ -31,6 +31,7 @@ from serving.runtime.reports import NodeReport, Rejection, ReplicaProbe, ReportR
 from serving.runtime.score import above_mean, band, next_score, weighted_load
 from serving.runtime.service import ControllerService
 from serving.sandbox.processes import free_port
+from serving.sglang_metrics import STALL_BOUNDS_S
 from serving.spec.schema import FleetSpec, HealthScoreSpec
 from serving.spec.stack import load_stack_file
 from tests.support.election import leader_through_etcd_stalls
@@ -283,6 +284,58 @@ def test_a_burst_or_an_evenly_loaded_fleet_sheds_nothing_and_the_cap_bounds_shed
     three = {r.id: PRESSED for r in PLAN.replicas[:3]}
     shed = [a for i in range(12, 16) for a in feed(ctl, agents, T0 + 5 * i, three)]
     assert len(shed) == ctl.config.max_evicted == 2 and ctl.evicted() == 2 and ctl.counters.capped > 0
+
+
+def stalled_tokens(stalled: dict[str, dict[float, float]]) -> dict[str, dict[str, Any]]:
+    """Every replica idle, with its cumulative tokens over each stall bound (``stalled``: by replica, 0 elsewhere)."""
+    none = dict.fromkeys(STALL_BOUNDS_S, 0.0)
+    return {r.id: {**IDLE, "token_gaps_over_s": stalled.get(r.id, none)} for r in PLAN.replicas}
+
+
+def test_a_replica_whose_streams_stall_leaves_rotation_on_its_second_stall_and_a_shorter_gap_is_no_stall() -> None:
+    """Issue 38's stalls row: tokens more than runtime.stall_gap_s (2 s) after their request's last output, in two
+    reports within 12 intervals, take a replica out of rotation (never a restart); another one's 1.5 s gaps (over the
+    1 s bound only) are no stall."""
+    ctl, agents = controller(), Agents()
+    rid, other = PLAN.replicas[0].id, PLAN.replicas[5].id
+    assert ctl.config.stall_gap_s == 2.0
+    gaps = {rid: 0.0, other: 0.0}
+    for i, stalls in enumerate([False, True, False], start=1):
+        gaps[rid] += 8 * stalls
+        gaps[other] += 8
+        shorter = {1.0: gaps[other], 2.0: 0.0, 4.0: 0.0, 6.0: 0.0, 8.0: 0.0}
+        assert (
+            feed(
+                ctl, agents, T0 + 5 * i, stalled_tokens({rid: dict.fromkeys(STALL_BOUNDS_S, gaps[rid]), other: shorter})
+            )
+            == []
+        )
+    gaps[rid] += 8
+    [out] = feed(ctl, agents, T0 + 20, stalled_tokens({rid: dict.fromkeys(STALL_BOUNDS_S, gaps[rid])}))
+    assert (out.kind, out.replica) == (Kind.REMOVE, rid), out
+    assert (
+        "8 stalled tokens" in out.reason
+        and "more than 2 s after its last" in out.reason
+        and "not restarted" in out.reason
+    )
+    assert ctl.replica_state(rid) == "slow" and ctl.replicas[rid].score == HEALTH.start
+
+
+@pytest.mark.parametrize(("stalling", "removed"), [(3, 2), (4, 0)])
+def test_stalls_on_half_the_fleet_are_no_outliers_and_fewer_are_taken_out_within_the_cap(
+    stalling: int, removed: int
+) -> None:
+    """A machine or a fleet that stalls everywhere has no outlier (Envoy judges a host against the rest): 4 of 8
+    replicas stalling in every report take none out; 3 of 8 are outliers, and the cap (2) bounds their removal."""
+    ctl, agents = controller(), Agents()
+    ids = [r.id for r in PLAN.replicas[:stalling]]
+    actions = [
+        a for i in range(1, 7)
+        for a in feed(ctl, agents, T0 + 5 * i, stalled_tokens({rid: dict.fromkeys(STALL_BOUNDS_S, 8.0 * i) for rid in ids}))
+    ]  # fmt: skip
+    assert len(actions) == removed == ctl.config.max_evicted * (removed > 0), actions
+    assert all(a.kind is Kind.REMOVE and a.replica in ids for a in actions)
+    assert (ctl.counters.capped > 0) == (removed > 0)
 
 
 def test_failed_warmup_sends_the_replica_back_below_the_hysteresis_line() -> None:

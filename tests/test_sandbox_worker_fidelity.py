@@ -15,6 +15,7 @@ error fault, had no wedged scheduler, and labelled its metrics ``model_name`` on
 
 from __future__ import annotations
 
+import ast
 import asyncio
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,13 @@ from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving.render.sglang import server_env
-from serving.router.client import WORKER_QUEUED, WORKER_RUNNING
+from serving.router.client import WORKER_QUEUED, WORKER_RUNNING, HistogramSnapshot, MetricsSnapshot
 from serving.runtime.agent import PROBED_METRICS
 from serving.sandbox.backend import worker_config
 from serving.sandbox.worker import HEALTH_PATHS, SimulatedWorker
 from serving.sandbox.worker_config import HEALTH_CHECK_TIMEOUT_S, HEALTH_MAX_NEW_TOKENS, WorkerConfig
 from serving.sglang_health import HEALTH_ENDPOINT_GENERATION, HEALTH_PATH, HEALTH_POLL_S
+from serving.sglang_metrics import FORCE_STREAM_INTERVAL, INTER_TOKEN_LATENCY, ITL_BUCKETS_S, gaps_over
 from serving.spec.stack import load_stack
 from tests.support.sglang_routes import sglang_source
 from tests.support.sglang_worker_facts import (
@@ -53,6 +55,8 @@ from tests.support.sim_worker import (
     with_client,
 )
 from tests.support.stacks import fleet_of
+
+STALL_S = 2.5  # a stall the stall signal's default bound (2 s) counts
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +175,8 @@ def test_a_flapping_scheduler_stalls_at_every_other_check_failing_it_and_holding
 def _exported(worker: SimulatedWorker) -> dict[str, Any]:
     async def body(client: TestClient[Any, Any]) -> str:
         await asyncio.gather(*(client.post("/generate", json={"text": "a b", "priority": p}) for p in (1, 2, 2)))
+        streamed = {"text": "a b", "priority": 2, "stream": True, "sampling_params": {"max_new_tokens": 3}}
+        await (await client.post("/generate", json=streamed)).read()  # its later tokens: inter-token latency
         return await (await client.get("/metrics")).text()
 
     return {f.name: f for f in text_string_to_metric_families(with_client(worker, body))}
@@ -260,3 +266,58 @@ def test_a_wedged_scheduler_s_loads_and_gauges_freeze_at_its_last_publication(tm
     assert seen["queued_wedged"] == seen["queued_at_wedge"] and seen["wedged"]["num_waiting_reqs"] < 4
     after = seen["running_again"]
     assert after["timestamp"] > seen["at_wedge"]["timestamp"] and after["num_waiting_reqs"] >= 3, after
+
+
+def test_inter_token_latency_is_observed_as_sglang_does_and_a_stall_shows_only_in_a_stream(tmp_path: Path) -> None:
+    """The stall signal's source (issue 38): SGLang 0.5.23 observes ``sglang:inter_token_latency_seconds`` at each
+    output of a request after its first, the interval over the tokens it brought, once per token, the interval into
+    the sum (``observe_inter_token_latency``), in its default buckets (``bucket_inter_token_latency``); a non-streamed
+    request's outputs come every ``SGLANG_FORCE_STREAM_INTERVAL`` tokens. Each is read from the pinned source, and the
+    simulated worker's histogram after a stall is held to it: a stream's token after the stall is one observation
+    of the stall's length (so the agents count it), a non-streamed request's is spread over its 50 tokens."""
+    source = sglang_source() / "srt"
+    collector = (source / "observability" / "metrics_collector.py").read_text()
+    [observe] = [
+        f for f in ast.walk(ast.parse(collector)) if isinstance(f, ast.FunctionDef) and f.name == "observe_inter_token_latency"
+    ]  # fmt: skip
+    text = ast.unparse(observe)
+    assert "adjusted_interval = internval / num_new_tokens" in text and "his._sum.inc(internval)" in text, text
+    assert "his._buckets[i].inc(num_new_tokens)" in text, text
+    [default] = [
+        n.body[0].value
+        for n in ast.walk(ast.parse(collector))
+        if isinstance(n, ast.If) and ast.unparse(n.test) == "bucket_inter_token_latency is None"
+    ]
+    assert tuple(ast.literal_eval(default)) == ITL_BUCKETS_S
+    environ = (source / "environ.py").read_text()
+    assert f"SGLANG_FORCE_STREAM_INTERVAL = EnvInt({FORCE_STREAM_INTERVAL})" in environ
+    streamer = (source / "managers" / "scheduler_components" / "output_streamer.py").read_text()
+    assert "default_force_stream_interval=DEFAULT_FORCE_STREAM_INTERVAL" in streamer
+
+    worker = make_worker(tmp_path, latency_ms=300.0, jitter_ms=0.0)
+
+    async def stalled(client: TestClient[Any, Any], stream: bool, tokens: int) -> None:
+        body = {"text": "a", "stream": stream, "sampling_params": {"max_new_tokens": tokens}}
+        before = worker.scheduler.last_output
+        answer = asyncio.ensure_future(client.post("/generate", json=body))
+        while worker.scheduler.last_output == before:  # its first output is out: the next one waits out the stall
+            await asyncio.sleep(0.01)
+        await worker.scheduler.stall(STALL_S)
+        await (await answer).read()
+
+    async def body(client: TestClient[Any, Any]) -> list[HistogramSnapshot]:
+        seen = []
+        for stream, tokens in ((False, 120), (True, 6)):
+            await stalled(client, stream, tokens)
+            exposition = await (await client.get("/metrics")).text()
+            seen.append(MetricsSnapshot.parse(exposition).histogram(INTER_TOKEN_LATENCY))
+        return seen
+
+    plain, streamed = with_client(worker, body)
+    # 120 tokens not streamed: outputs at 50, 100 and 120 tokens, the last two observed (70 observations); the stall
+    # is one of their intervals, over 50 or 20 tokens: every observation under a second
+    assert plain.count == 70 and dict(plain.buckets)[1.0] == 70, plain
+    # 6 streamed tokens: 5 more observations, the one after the stall at least its length
+    assert streamed.count == 75 and streamed.sum >= plain.sum + STALL_S, streamed
+    over = gaps_over(streamed.buckets, streamed.count)
+    assert over[1.0] >= 1 and over[2.0] >= 1, over

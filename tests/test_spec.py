@@ -54,6 +54,8 @@ def parse(changes: dict[str, Any], base: str = "prod") -> FleetSpec:
         ({"cluster.fabric.kind": "roce", "cluster.fabric.hcas": []}, "cluster.fabric", "needs at least one HCA"),
         ({"serving.heartbeat_interval_s": -5}, "serving.heartbeat_interval_s", "got -5"),
         ({"runtime.restart_backoff_s": 600}, "runtime", r"restart_backoff_s \(600\) is above .*max_s \(300\)"),
+        # issue 38: the stall signal counts tokens over one of SGLang's inter-token latency bucket bounds
+        ({"runtime.stall_gap_s": 3}, "runtime.stall_gap_s", "3 s is not a bound of .*use one of 1, 2, 4, 6, 8"),
     ],
 )
 def test_bad_input_names_field_value_and_fix(changes: dict[str, Any], path: str, match: str) -> None:

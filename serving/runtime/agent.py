@@ -36,6 +36,7 @@ from serving.runtime.controller import replica_urls
 from serving.runtime.discovery import DiscoveryError, NodePods
 from serving.runtime.reports import REPORT_SCHEMA_VERSION, NodeReport, ReplicaProbe
 from serving.sglang_health import SCHEDULER_HEALTH_PATH
+from serving.sglang_metrics import INTER_TOKEN_LATENCY, gaps_over
 
 REPORTS_PATH = "/v1/reports"
 WORKER_TOKEN_USAGE = "sglang:token_usage"  # noqa: S105 - a metric name, not a secret
@@ -49,9 +50,10 @@ DCGM_PCIE_RX = "DCGM_FI_DEV_PCIE_RX_THROUGHPUT"  # KB/s
 # _sum and _count alone (the buckets are most of the exposition's lines): the controller's latency-outlier signal
 WORKER_TPOT_SECONDS = "sglang:request_time_per_output_token_seconds_sum"
 WORKER_TPOT_REQUESTS = "sglang:request_time_per_output_token_seconds_count"
+# ... and its inter-token latency histogram, buckets and all (serving.sglang_metrics): the stall signal
 PROBED_METRICS = (
     WORKER_RUNNING, WORKER_QUEUED, WORKER_TOKEN_USAGE, WORKER_REQUESTS_TOTAL, WORKER_TPOT_SECONDS,
-    WORKER_TPOT_REQUESTS,
+    WORKER_TPOT_REQUESTS, INTER_TOKEN_LATENCY,
 )  # fmt: skip
 AGENT_USER_AGENT = f"exaserve-agent/{VERSION}"
 log = logging.getLogger(__name__)
@@ -108,6 +110,14 @@ def _share(value: float) -> float:
     return max(0.0, min(1.0, value))
 
 
+def _token_gaps(snap: MetricsSnapshot) -> dict[float, float] | None:
+    """The replica's tokens that came longer than a stall bound after their request's last output, per bound, summed over
+    its ``sglang:inter_token_latency_seconds`` series; None before the histogram has a series (no output after a
+    first one yet: SGLang creates a labelled series at its first observation)."""
+    itl = snap.histogram(INTER_TOKEN_LATENCY)
+    return gaps_over(itl.buckets, itl.count) if itl.buckets else None
+
+
 class Agent:
     """One node's agent; :meth:`report` probes, :meth:`send` reports, :meth:`run` does both every interval."""
 
@@ -153,6 +163,7 @@ class Agent:
             # summed over the tokenizer's series (is_streaming, priority): a histogram's sums and counts add up
             tpot_seconds_total=snap.value(WORKER_TPOT_SECONDS) if snap.select(WORKER_TPOT_SECONDS) else None,
             tpot_requests_total=snap.value(WORKER_TPOT_REQUESTS) if snap.select(WORKER_TPOT_REQUESTS) else None,
+            token_gaps_over_s=_token_gaps(snap),
             gpu_utilization=_share(running / self.config.max_running_requests) if gpu is None else gpu,
             # the KV pool's fill, never DCGM's frame-buffer use: SGLang allocates its pool at start-up
             # (--mem-fraction-static), so an idle replica's GPU memory reads ~0.9 and a shed one never looked idle

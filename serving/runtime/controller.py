@@ -182,6 +182,7 @@ class Controller:
             if probe.ok:
                 rec.requests_total = probe.requests_total
                 self._per_token(rec, probe.tpot_seconds_total, probe.tpot_requests_total)
+                self._stalls(rec, probe.token_gaps_over_s)
         node.failing = judged > 0 and 2 * failed > judged
         if judged and not disrupted:  # replicas the controller restarted are no evidence against their node
             node.score = next_score(node.score, 2 * failed <= judged, self.config.health)
@@ -225,19 +226,37 @@ class Controller:
             rec.per_token_s, rec.per_token_new = (seconds - rec.tpot_at[0]) / finished, True
             rec.tpot_at = (seconds, requests)
 
+    def _stalls(self, rec: ReplicaRecord, gaps: dict[float, float] | None) -> None:
+        """The tokens the replica produced more than ``runtime.stall_gap_s`` after their request's last output since
+        its last report (its figure); counters that went down (a new process) start again."""
+        total = None if gaps is None else gaps.get(self.config.stall_gap_s)
+        if total is None:
+            return
+        if rec.gaps_at is not None and total >= rec.gaps_at:
+            rec.stalled, rec.stalled_new = total - rec.gaps_at, True
+        rec.gaps_at = total
+
     def _latency_verdicts(self, now: float) -> float | None:
-        """Judge what came since the last tick, once, for the replicas in rotation: a figure against
+        """Judge what came since the last tick, once, for the replicas in rotation: a time per output token against
         ``runtime.latency_outlier_ratio`` × the median of the figures (none when fewer than
+        :data:`LATENCY_MIN_REPLICAS` have one), a report's stalled tokens against the fleet's (an outlier only while
+        fewer than half of the replicas with a figure stalled in their last report, and at least
         :data:`LATENCY_MIN_REPLICAS` have one). Returns the median."""
-        new = [r for r in self.replicas.values() if r.per_token_new]
-        figures = [r.per_token_s for r in new if r.in_rotation and r.per_token_s is not None]
+        new = [r for r in self.replicas.values() if r.per_token_new or r.stalled_new]
+        figures = [r.per_token_s for r in new if r.per_token_new and r.in_rotation and r.per_token_s is not None]
         median = statistics.median(figures) if len(figures) >= LATENCY_MIN_REPLICAS else None
+        stalls = [bool(r.stalled) for r in self.replicas.values() if r.in_rotation and r.stalled is not None]
+        rare = len(stalls) >= LATENCY_MIN_REPLICAS and 2 * sum(stalls) < len(stalls)
+        bound = None if median is None else self.config.latency_outlier_ratio * median
         for rec in new:
-            rec.per_token_new = False
-            if median is None or rec.per_token_s is None or not rec.in_rotation:
-                continue
-            rec.slow_verdicts.append((now, rec.per_token_s > self.config.latency_outlier_ratio * median))
-            self._slow(rec, now)  # and the old ones dropped
+            slow = (
+                None if not rec.per_token_new or bound is None or rec.per_token_s is None else rec.per_token_s > bound
+            )
+            stalled = bool(rec.stalled) if rec.stalled_new and rare else None
+            rec.per_token_new = rec.stalled_new = False
+            if rec.in_rotation and (slow is not None or stalled is not None):
+                rec.slow_verdicts.append((now, bool(slow or stalled)))
+                self._slow(rec, now)  # and the old ones dropped
         return median
 
     def _slow(self, rec: ReplicaRecord, now: float) -> int:
@@ -581,11 +600,13 @@ class Controller:
                 rec.slow_until = now + self.config.latency_ejection_s * rec.ejections
                 figure = "none" if rec.per_token_s is None else f"{rec.per_token_s * 1000:.1f} ms"
                 median = "none" if self._latency_median is None else f"{self._latency_median * 1000:.1f} ms"
+                stalled = "none" if rec.stalled is None else f"{rec.stalled:g}"
                 reason = (
                     f"latency outlier in {self._slow(rec, now)} of its {len(rec.slow_verdicts)} verdicts of the last "
                     f"{LATENCY_WINDOW * self.config.interval_s:g} s (its time per output token "
-                    f"over {self.config.latency_outlier_ratio:g}× the fleet's median; its last figure {figure}, the "
-                    f"median {median}): out of rotation for "
+                    f"over {self.config.latency_outlier_ratio:g}× the fleet's median, or a token more than "
+                    f"{self.config.stall_gap_s:g} s after its last while most replicas had none; its last figures "
+                    f"{figure} a token, the median {median}, {stalled} stalled tokens): out of rotation for "
                     f"{rec.slow_until - now:g} s, not restarted"
                 )
                 rec.slow_verdicts.clear()
@@ -665,7 +686,7 @@ class Controller:
             rec.state = ReplicaState.OUT
             if ok:  # a fresh process: its own history starts again, warm-up still stands between it and clients
                 rec.score, rec.lowest = self.config.health.start, None
-                rec.requests_total = rec.tpot_at = None
+                rec.requests_total = rec.tpot_at = rec.gaps_at = rec.stalled = None
                 rec.shed = rec.slow = False
                 rec.slow_verdicts.clear()  # a new process: what the old one did is no evidence against it
                 rec.loading = rec.fresh = True

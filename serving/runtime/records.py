@@ -19,7 +19,9 @@ MIN_WARMUP_RATE_PER_S = 1.0  # a warm-up needs requests to judge, even when the 
 # the requests it finished over one report or more (at least LATENCY_MIN_REQUESTS, so a few requests are no verdict);
 # the fleet's median needs LATENCY_MIN_REPLICAS replicas with a figure (Envoy's success_rate_minimum_hosts, 5); a
 # replica is an outlier in LATENCY_HITS of its verdicts of the last LATENCY_WINDOW heartbeat intervals (2 in 12);
-# older verdicts, and those of a process since restarted, count for nothing
+# older verdicts, and those of a process since restarted, count for nothing. A report with a stalled token
+# (runtime.stall_gap_s) is an outlier verdict too, while fewer than half of the replicas with a figure stalled in
+# their last report (a machine or fleet that stalls everywhere has no outlier: Envoy judges a host against the rest)
 LATENCY_MIN_REQUESTS = 10
 LATENCY_MIN_REPLICAS = 5
 LATENCY_HITS = 2
@@ -84,6 +86,7 @@ class ControllerConfig:
     clock_skew_alert_s: float = 1.0
     latency_outlier_ratio: float = 3.0
     latency_ejection_s: float = 30.0
+    stall_gap_s: float = 2.0
 
     @classmethod
     def from_spec(cls, spec: FleetSpec, replicas: int) -> ControllerConfig:
@@ -115,6 +118,7 @@ class ControllerConfig:
             clock_skew_alert_s=rt.clock_skew_alert_s,
             latency_outlier_ratio=rt.latency_outlier_ratio,
             latency_ejection_s=rt.latency_ejection_s,
+            stall_gap_s=rt.stall_gap_s,
         )
 
     def backoff_s(self, restarts: int) -> float:
@@ -140,6 +144,11 @@ class ReplicaRecord:
     tpot_at: tuple[float, float] | None = None
     per_token_s: float | None = None
     per_token_new: bool = False
+    # the stall signal (runtime.stall_gap_s): the process's cumulative tokens over the bound at its last report, those
+    # of the last report (its figure) and whether a tick has judged it yet
+    gaps_at: float | None = None
+    stalled: float | None = None
+    stalled_new: bool = False
     slow_verdicts: deque[tuple[float, bool]] = field(default_factory=deque)
     slow: bool = False
     slow_until: float | None = None

@@ -9,17 +9,18 @@ time only measures the node's clock skew: freshness is when the report was sent 
 (the sequence number plus the transit's recent floor, ``Controller._sent``), so a node whose wall clock is off is
 shown and alerted on, never refused. Version 2: version 1 ordered reports by the agent's wall-clock start, so an
 agent restarted with its clock behind had every report refused. Version 3 adds each replica's time per output token
-(the latency-outlier signal); a version-2 report is still taken (an agent not yet upgraded).
+(the latency-outlier signal); version 4 the token gaps over each stall bound (the stall signal). Versions 2 and 3 are
+still taken (an agent not yet upgraded), without the figures they lack.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-REPORT_SCHEMA_VERSION: Literal[3] = 3
+REPORT_SCHEMA_VERSION: Literal[4] = 4
 MAX_REPLICAS_PER_REPORT = 256
 
 
@@ -54,14 +55,22 @@ class ReplicaProbe(_Strict):
         ge=0,
         description="sglang:request_time_per_output_token_seconds_count summed over its series (cumulative).",
     )
+    token_gaps_over_s: dict[float, Annotated[float, Field(ge=0)]] | None = Field(
+        default=None,
+        max_length=16,
+        description="Per bound of sglang:inter_token_latency_seconds of a second or more (1, 2, 4, 6, 8 by default): "
+        "the tokens that came longer than that after the request's last output, summed over its series "
+        "(cumulative; a streamed request's stall shows as one such token per request in flight). None before its "
+        "first observation, or from an agent older than version 4.",
+    )
 
 
 class NodeReport(_Strict):
     """One node's heartbeat: every replica of the node, probed once."""
 
-    schema_version: Literal[2, 3] = Field(
-        description="Report schema version; the controller takes 2 (no latency figures: an agent not yet upgraded) "
-        "and 3 (a replica's time per output token, the latency-outlier signal)."
+    schema_version: Literal[2, 3, 4] = Field(
+        description="Report schema version; the controller takes 2 (no latency figures: an agent not yet upgraded), "
+        "3 (a replica's time per output token, the latency-outlier signal) and 4 (its token gaps, the stall signal)."
     )
     node: str = Field(min_length=1, max_length=253, description="Node name from the stack.")
     boot_id: str = Field(

@@ -59,7 +59,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -84,6 +84,7 @@ from serving.sandbox.worker_stream import CONTENT_TYPE as STREAM_CONTENT_TYPE
 from serving.sandbox.worker_stream import DONE as STREAM_DONE
 from serving.sandbox.worker_stream import Endpoint, StreamChunks
 from serving.sandbox.worker_stream import event as stream_event
+from serving.sglang_metrics import FORCE_STREAM_INTERVAL
 
 SIMULATOR = "serving.sandbox.worker (SIMULATED SGLang worker, no model, no GPU)"
 SIMULATED_SGLANG_VERSION = "0.0.0+simulated"
@@ -381,7 +382,16 @@ class SimulatedWorker:
         started = time.monotonic()
         if body.get("stream"):
             return await self._stream(request, endpoint, body, words, prompt_tokens, model, duration_s, priority)
-        generating_s = await self.scheduler.schedule(prompt_tokens + max_tokens, duration_s, priority)
+        # SGLang hands a non-streamed request's output to the tokenizer every FORCE_STREAM_INTERVAL tokens and at its end
+        outputs = max(1, -(-max_tokens // FORCE_STREAM_INTERVAL))
+        gap = self._gaps(priority, lambda k: min(max_tokens, k * FORCE_STREAM_INTERVAL))
+
+        async def output(produced: int) -> None:
+            gap(produced)
+
+        generating_s = await self.scheduler.schedule(
+            prompt_tokens + max_tokens, duration_s, priority, outputs=outputs, emit=output
+        )
         latency_s = time.monotonic() - started
         self.metrics.record_request(per_request, latency_s, prompt_tokens, max_tokens, generating_s)
         return web.json_response(self._payload(endpoint, " ".join(words), prompt_tokens, max_tokens, latency_s, model))
@@ -412,7 +422,10 @@ class SimulatedWorker:
             await response.prepare(request)
         breaks = self.config.stream_break_rate > 0 and self._rng.random() < self.config.stream_break_rate
 
+        gap = self._gaps(priority, lambda k: k)
+
         async def emit(produced: int) -> None:
+            gap(produced)
             if not response.prepared:
                 await response.prepare(request)
             await response.write(chunks.output(words[:produced]))
@@ -438,6 +451,21 @@ class SimulatedWorker:
         )
         await response.write_eof()
         return response
+
+    def _gaps(self, priority: str, tokens_at: Callable[[int], int]) -> Callable[[int], None]:
+        """What the tokenizer observes of one request's outputs (:meth:`WorkerMetrics.record_output`): called with the
+        count of outputs so far at each, ``tokens_at`` of which gives the tokens they hold; the first is its time to
+        first token, each later one an interval since the last over the tokens it brought."""
+        at, before = 0.0, 0
+
+        def output(produced: int) -> None:
+            nonlocal at, before
+            now, tokens = time.monotonic(), tokens_at(produced)
+            if produced > 1:
+                self.metrics.record_output(priority, now - at, tokens - before)
+            at, before = now, tokens
+
+        return output
 
     def _payload(
         self, endpoint: Endpoint, text: str, prompt: int, completion: int, latency_s: float, model: str

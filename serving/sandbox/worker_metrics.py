@@ -9,16 +9,12 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from serving.sandbox.worker_config import WorkerConfig
+from serving.sglang_metrics import INTER_TOKEN_LATENCY, ITL_BUCKETS_S
 
 # The label sets of SGLang 0.5.23's metrics (observability/metrics_collector.py): the scheduler's collector labels its
 # series model_name, engine_type, tp_rank, pp_rank, moe_ep_rank (+ priority "" and dp_rank when those are on), the
 # tokenizer's model_name, engine_type (+ priority); counters and histograms of requests add is_streaming.
 ENGINE_TYPE = "unified"  # DisaggregationMode.to_engine_type of a server without PD disaggregation
-# SGLang 0.5.23's default --bucket-inter-token-latency, the buckets of its per-request TPOT histogram too
-ITL_BUCKETS_S = (
-    0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080, 0.100, 0.200, 0.400,
-    0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
-)  # fmt: skip
 MAX_EXPOSITIONS = 8  # /metrics renderings kept between counter updates (one per state of the scheduler's gauges)
 
 
@@ -86,6 +82,13 @@ class WorkerMetrics:
             "sglang:request_time_per_output_token_seconds",
             "Per-request TPOT in seconds: (finished_time - first_token_time) / (completion_tokens - 1).",
             per_request,
+            buckets=ITL_BUCKETS_S,
+            registry=self.registry,
+        )
+        self._itl = Histogram(
+            INTER_TOKEN_LATENCY,
+            "Histogram of inter-token latency in seconds.",
+            list(self.tokenizer_labels),
             buckets=ITL_BUCKETS_S,
             registry=self.registry,
         )
@@ -187,6 +190,20 @@ class WorkerMetrics:
         self._requests.labels(**labels).inc()
         self._prompt_tokens.labels(**labels).inc(prompt_tokens)
         self._generation_tokens.labels(**labels).inc(generated)
+        self._changes += 1
+
+    def record_output(self, priority: str, interval_s: float, tokens: int) -> None:
+        """A request's output after its first, ``tokens`` new tokens ``interval_s`` after its last output: SGLang's
+        ``observe_inter_token_latency`` (the interval over the tokens, observed once per token; the sum gets the
+        interval) under the tokenizer's labels and the request's priority (with priority scheduling)."""
+        if tokens <= 0:
+            return
+        labels = dict(self.tokenizer_labels)
+        if self.priority_scheduling:
+            labels["priority"] = priority
+        histogram = self._itl.labels(**labels)
+        for _ in range(tokens):
+            histogram.observe(interval_s / tokens)
         self._changes += 1
 
     def record_injected_error(self) -> None:

@@ -24,6 +24,10 @@ The correlated faults of issue 38 (tests/support/fleet_scenarios.py) add, all op
   (the latency-outlier signal); a replica the routers list finishes :data:`REQUESTS_PER_REPORT` requests an interval,
   one they do not list none, and its agent reports the cumulative figures as SGLang's histogram sum and count (without
   the hook the probes carry none, as a version-2 agent's);
+* ``gaps`` (replica, t): per stall bound (:data:`serving.sglang_metrics.STALL_BOUNDS_S`), the tokens of its streamed
+  requests that came longer than it after their last output over the report's interval (the stall signal); a replica
+  the routers do not list has none, and its agent reports them cumulative as SGLang's histogram gives them (without
+  the hook the probes carry none, as an agent older than version 4's);
 * ``skew_s``: the agents' ``sent_at`` is the controller's time plus this;
 * ``router_error`` (t): one router instance answers HTTP 500 to membership calls; what the service then does is
   :class:`ServiceModel`'s (today: the change fails; a new leader cannot adopt, so it resigns);
@@ -57,6 +61,7 @@ from typing import Any
 from serving.plan.model import Fleet
 from serving.runtime.controller import Action, Controller, ControllerConfig, Kind, replica_urls
 from serving.runtime.reports import NodeReport, ReplicaProbe, ReportRejected
+from serving.sglang_metrics import STALL_BOUNDS_S
 
 Up = Callable[[str, float], bool]  # (replica id, seconds since the start) → the replica answers /health
 NodeUp = Callable[[str, float], bool]  # (node name, seconds since the start) → true for the node then
@@ -140,6 +145,7 @@ class FleetSim:
     latency: Latency | None = None
     figures: Figures | None = None
     per_token: Latency | None = None  # (replica id, t) → mean time per output token over the interval
+    gaps: Callable[[str, float], Mapping[float, float]] | None = None  # (replica id, t) → stalled tokens per bound
     skew_s: float = 0.0  # agent clock − controller clock
     router_error: Callable[[float], bool] | None = None  # t → one router instance answers 500 to membership calls
     service: ServiceModel = ServiceModel()
@@ -172,6 +178,7 @@ class FleetSim:
         self._rebooted: set[str] = set()
         self._probes: dict[str, ReplicaProbe] = {}
         self._generated: dict[str, tuple[float, float]] = {}  # replica → its (TPOT seconds, requests) so far
+        self._gaps: dict[str, dict[float, float]] = {}  # replica → its stalled tokens so far, per bound
         self.routed: set[str] = set(self.ids)  # what every router instance lists
         self.added: set[str] = set()  # added to the routers again since the start (a fresh breaker)
         self.asked: Counter[str] = Counter()  # migrations (restarts) the leader asked for
@@ -224,16 +231,23 @@ class FleetSim:
         latency = PROBE_LATENCY_S if self.latency is None or not ok else self.latency(rid, self.now)
         ok = ok and latency is not None
         gpu, mem = self.figures(rid, self.now) if self.figures is not None else (0.0, 0.0)
-        if self.per_token is not None:  # cumulative counters: a new probe every report
+        if self.per_token is not None or self.gaps is not None:  # cumulative counters: a new probe every report
             seconds, requests = self._generated.get(rid, (0.0, 0.0))
             # its counters move while it serves, whether this probe timed out or not (a stall's report)
-            per_token = self.per_token(rid, self.now) if rid in self.routed and self.answers(rid, self.now) else None
+            serves = rid in self.routed and self.answers(rid, self.now)
+            per_token = self.per_token(rid, self.now) if serves and self.per_token is not None else None
             if per_token is not None:
                 seconds, requests = seconds + REQUESTS_PER_REPORT * per_token, requests + REQUESTS_PER_REPORT
                 self._generated[rid] = (seconds, requests)
+            tpot = ok and self.per_token is not None
+            gaps = self._gaps.setdefault(rid, dict.fromkeys(STALL_BOUNDS_S, 0.0)) if self.gaps is not None else None
+            if gaps is not None and serves:
+                for bound, tokens in self.gaps(rid, self.now).items():
+                    gaps[bound] += tokens
             return ReplicaProbe.model_construct(
                 id=rid, ok=ok, latency_s=latency if ok else None, gpu_utilization=gpu, memory_usage=mem,
-                tpot_seconds_total=seconds if ok else None, tpot_requests_total=requests if ok else None,
+                tpot_seconds_total=seconds if tpot else None, tpot_requests_total=requests if tpot else None,
+                token_gaps_over_s=dict(gaps) if ok and gaps is not None else None,
             )  # fmt: skip
         last = self._probes.get(rid)
         if last is not None and (last.ok, last.latency_s, last.gpu_utilization, last.memory_usage) == (

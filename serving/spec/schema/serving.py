@@ -10,6 +10,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
+from serving.sglang_metrics import STALL_BOUNDS_S
 from serving.spec.schema.base import SpecModel
 
 
@@ -392,10 +393,30 @@ class RuntimeSpec(SpecModel):
         description="How long a latency outlier stays out of rotation, times its ejections in a row, at most 10 times "
         "this (Envoy's base_ejection_time and max_ejection_time, 30 s and 300 s).",
     )
+    stall_gap_s: float = Field(
+        default=2.0,
+        description="A token that comes longer than this after its request's last output is a stall (a stopped "
+        "scheduler, a GPU fault being retried, a host paused): read from SGLang's sglang:inter_token_latency_seconds "
+        "by the agents, so it must be one of its bucket bounds of a second or more (1, 2, 4, 6, 8). A serving replica "
+        "with such a token in a report while most of the fleet has none is a latency outlier for that report (the "
+        "same ejection as runtime.latency_outlier_ratio's, never a restart). Only streamed requests see a stall "
+        "whole: SGLang hands a non-streamed one's output over every 50 tokens.",
+    )
     image: str = Field(
         default="exaserve/exaserve-deploy:0.1.0",
         description="Container image with this package (the exaserve command) for the controller and the agents.",
     )
+
+    @field_validator("stall_gap_s")
+    @classmethod
+    def _stall_bound(cls, value: float) -> float:
+        if value not in STALL_BOUNDS_S:
+            bounds = ", ".join(f"{b:g}" for b in STALL_BOUNDS_S)
+            raise ValueError(
+                f"{value:g} s is not a bound of SGLang's sglang:inter_token_latency_seconds buckets of a second or "
+                f"more, so no agent can count tokens over it; use one of {bounds}"
+            )
+        return value
 
     @field_validator("image")
     @classmethod
