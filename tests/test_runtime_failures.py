@@ -9,10 +9,13 @@ budget 600 s, the restart back-off and the quarantine.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from serving.plan.model import Fleet
 from serving.router.membership import RouterSet
@@ -20,6 +23,7 @@ from serving.runtime.controller import Action, Kind, ReplicaState
 from serving.runtime.leader import ElectionError, Term
 from serving.runtime.service import ControllerService
 from serving.sandbox.processes import free_port_block
+from tests.support.fault_proxy import QUEUE_SUBMIT_FAILED
 from tests.support.fleet_sim import FleetSim
 from tests.support.stacks import fleet_of, spec_from
 
@@ -236,6 +240,72 @@ def test_a_change_no_router_instance_answered_leaves_every_instance_unsynced_unt
     assert entry["ok"] is False and entry["detail"].startswith("NoRouterAnswered: no router instance answered: ")
     assert sorted(svc.unsynced) == routers and all("ConnectError" in why for why in svc.unsynced.values())
     assert svc.controller.replicas[entry["replica"]].state is ReplicaState.SERVING  # retried, not assumed removed
+
+
+@pytest.mark.parametrize("changes_fail", [True, False], ids=["its-changes-fail", "its-listing-fails"])
+def test_an_unsynced_router_failing_its_changes_is_backed_off_and_one_not_answering_is_listed_each_interval(
+    changes_fail: bool,
+) -> None:
+    """Issue 38: the leader asked an unsynced router instance again every heartbeat interval however long it kept
+    failing (a router failing its changes for an hour: 720 tries at prod). Now an instance that lists its workers and
+    then fails the change that would make it match (smg's job queue answering 500) is asked again one interval later,
+    doubling up to runtime.restart_backoff_max_s (300 s), shown in ``status``; one whose listing fails is listed
+    again every interval (cheap, and it is made whole within one once it answers)."""
+    replica = PROD.plan.replicas[2]
+    calls: list[tuple[str, float]] = []
+    now = [1000.0]
+
+    async def listing(_request: web.Request) -> web.Response:
+        calls.append(("GET", now[0]))
+        if not changes_fail:
+            return web.Response(body=QUEUE_SUBMIT_FAILED, status=500, content_type="application/json")
+        url = svc.controller.replicas[replica.id].url  # out of rotation here, still listed: to be removed
+        worker = {"id": "0f5d5c1e-9a51-4a43-9a7e-2d6d2c1f0a11", "url": url, "status": "ready", "is_healthy": True}
+        return web.json_response({"workers": [worker]})
+
+    async def change(_request: web.Request) -> web.Response:
+        calls.append(("DELETE", now[0]))
+        return web.Response(body=QUEUE_SUBMIT_FAILED, status=500, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/workers", listing)
+    app.router.add_delete("/workers/{id}", change)
+
+    async def rounds() -> None:
+        server = TestServer(app)
+        await server.start_server()
+        router = str(server.make_url("")).rstrip("/")
+        svc.term, svc.unsynced = term, {router: "RouterApiError: a test"}
+        try:
+            for second in range(0, 700):  # the loop's rounds, as if one ran each second (prod's interval is 5 s)
+                now[0] = 1000.0 + second
+                if second % 5 == 0:
+                    await svc._reconcile_due(term)
+        finally:
+            await server.close()
+
+    svc = ControllerService(
+        PROD,
+        identity="c0",
+        election=_Election(answers=True),  # type: ignore[arg-type]  # only verify() is reached
+        routers=RouterSet(["http://127.0.0.1:9"], timeout_s=2.0, answering_only=True),  # the set it acts through
+        restarter=None,
+        clock=lambda: now[0],
+    )
+    svc.controller.replicas[replica.id].state = ReplicaState.OUT
+    term = Term("c0", 7, time.monotonic() + 60)
+    asyncio.run(rounds())
+    listings = [at for method, at in calls if method == "GET"]
+    if changes_fail:
+        changes = [at for method, at in calls if method == "DELETE"]
+        waits = [b - a for a, b in itertools.pairwise(changes)]
+        assert waits == [5, 10, 20, 40, 80, 160, 300], waits  # the interval, doubled, capped at restart_backoff_max_s
+        assert set(listings) == set(changes)  # listed only for a try, none between
+        [resync] = svc.status()["router_resync"].values()
+        assert resync == {"failed_tries": 8, "next_try_in_s": changes[-1] + 300 - now[0]}, resync
+    else:
+        assert len(listings) == 140 and svc.status()["router_resync"] == {}  # every interval, no back-off
+    assert len(svc.unsynced) == 1  # still missing what it missed
 
 
 def test_restarts_in_a_row_end_after_twice_the_longest_backoff_in_service() -> None:

@@ -130,6 +130,7 @@ class Controller:
         self.counters = Counters()
         self.budget = Budget(config.restart_rate_per_s, config.restart_burst, float(config.restart_burst), now)
         self.disrupted: dict[str, tuple[int, int]] = {}  # rack → (unhealthy nodes, nodes), at the last tick
+        self.disrupted_at: dict[str, float] = {}  # rack → the last tick that found it disrupted
         self.breakers_held = 0  # replicas in rotation whose breaker every router held open at the last read
         self._tick_warmup_rate = MIN_WARMUP_RATE_PER_S
         self._latency_median: float | None = None  # the fleet's request seconds per token at the last tick
@@ -241,18 +242,22 @@ class Controller:
         ``runtime.latency_outlier_ratio`` × the median of the figures (none when fewer than
         :data:`LATENCY_MIN_REPLICAS` have one), a report's stalled tokens against the fleet's (an outlier only while
         fewer than half of the replicas with a figure stalled in their last report, and at least
-        :data:`LATENCY_MIN_REPLICAS` have one). Returns the median."""
+        :data:`LATENCY_MIN_REPLICAS` have one, and not in a rack disrupted within :data:`LATENCY_WINDOW` intervals).
+        Returns the median."""
         new = [r for r in self.replicas.values() if r.per_token_new or r.stalled_new]
         figures = [r.per_token_s for r in new if r.per_token_new and r.in_rotation and r.per_token_s is not None]
         median = statistics.median(figures) if len(figures) >= LATENCY_MIN_REPLICAS else None
         stalls = [bool(r.stalled) for r in self.replicas.values() if r.in_rotation and r.stalled is not None]
         rare = len(stalls) >= LATENCY_MIN_REPLICAS and 2 * sum(stalls) < len(stalls)
         bound = None if median is None else self.config.latency_outlier_ratio * median
+        # a rack's partition or pause ends in one gap on every stream it held: that fault's, not each replica's
+        recent = now - LATENCY_WINDOW * self.config.interval_s
         for rec in new:
             slow = (
                 None if not rec.per_token_new or bound is None or rec.per_token_s is None else rec.per_token_s > bound
             )
-            stalled = bool(rec.stalled) if rec.stalled_new and rare else None
+            settled = self.disrupted_at.get(self.nodes[rec.node].rack, float("-inf")) < recent
+            stalled = bool(rec.stalled) if rec.stalled_new and rare and settled else None
             rec.per_token_new = rec.stalled_new = False
             if rec.in_rotation and (slow is not None or stalled is not None):
                 rec.slow_verdicts.append((now, bool(slow or stalled)))
@@ -418,6 +423,8 @@ class Controller:
         for node in self.nodes.values():
             node.missed = int(max(0.0, now - node.last_report_at) // self.config.interval_s)
         self.disrupted = self.racks()
+        for rack in self.disrupted:
+            self.disrupted_at[rack] = now
         if acting:
             return self._decisions(now)
         counters, self.counters = self.counters, Counters()
@@ -627,6 +634,11 @@ class Controller:
                 return None  # still loaded: stays out (hysteresis: back under half the floor)
             if rec.readmit_after is not None and now < rec.readmit_after:
                 return None  # its last warm-up failed: backed off
+            node = self.nodes[rec.node]
+            if node.rack in self.disrupted and (rec.failed_in_row or node.suspect(self.config.missed_to_suspect)):
+                return (
+                    None  # its probes fail or do not come: a disrupted rack's frozen score says nothing of its return
+                )
             if may_readmit(score, self.config.health):
                 why = f"load {load:.3f} back under {self.config.shed_min_load / 2:g}" if rec.shed else reason
                 if rec.slow:

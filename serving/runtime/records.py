@@ -86,7 +86,7 @@ class ControllerConfig:
     clock_skew_alert_s: float = 1.0
     latency_outlier_ratio: float = 3.0
     latency_ejection_s: float = 30.0
-    stall_gap_s: float = 2.0
+    stall_gap_s: float = 4.0
 
     @classmethod
     def from_spec(cls, spec: FleetSpec, replicas: int) -> ControllerConfig:

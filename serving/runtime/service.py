@@ -10,8 +10,9 @@ The leader acts on the router instances that answer (a :class:`~serving.router.m
 ``answering_only``): one instance down, or answering errors (5xx, 408, 429), must not stall every removal and
 readmission, nor keep a new leader from taking office: a won campaign resigns only when no instance answers. An
 instance that missed a change is *unsynced* (``exaserve_runtime_router_unsynced``, alert ExaServeRouterUnsynced,
-``status`` → ``unsynced_routers``); every heartbeat interval the leader asks it again and, once it answers, makes its
-worker list match the controller's view (what is in rotation listed, what is out not).
+``status`` → ``unsynced_routers``); the leader lists it again every heartbeat interval and, once it answers, makes
+its worker list match the controller's view (what is in rotation listed, what is out not), backing off while it
+answers and fails those changes (``status`` → ``router_resync``).
 
 Actions are counted as they happened. A migration's record says ``restarted``: whether its restart reached the
 deployment; a restart that provably never reached the replica (:class:`~serving.rollout.backends.RestartUnreached`:
@@ -91,6 +92,10 @@ class Deposed(RuntimeError):
     """This instance's term ended; it must not act."""
 
 
+class ChangesFailed(RuntimeError):
+    """A router instance answered its listing and then failed the changes that would make it match (the cause)."""
+
+
 def _warmup_verdict(spec: FleetSpec, errors: float, p99_s: float, count: int) -> tuple[BackendError | None, str]:
     """Why a warm-up failed (None when it passed), and its figures: its requests failing is :class:`WarmupFailed`
     (generations fail in a live process: a restart is due), too slow or none answered is :class:`WarmupSlow`
@@ -142,6 +147,7 @@ class ControllerService:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loads: dict[str, float] = {}
         self.unsynced: Silent = {}  # router instance → why it missed a membership change
+        self.resync: dict[str, tuple[int, float]] = {}  # unsynced instance → (failed reconciliations, next try at)
         self.reconciled: deque[dict[str, Any]] = deque(maxlen=_RECENT_ACTIONS)
         self.routers_seen: set[str] = set()
         # replica → (its removals that failed in a row, time.monotonic() of the last failure)
@@ -200,6 +206,10 @@ class ControllerService:
                 "withheld_budget": self.controller.counters.limited,
             },
             "unsynced_routers": dict(self.unsynced),
+            "router_resync": {
+                router: {"failed_tries": failed, "next_try_in_s": round(max(0.0, due - self.clock()), 1)}
+                for router, (failed, due) in sorted(self.resync.items())
+            },
             "reconciled_routers": list(self.reconciled),
         }
 
@@ -338,18 +348,40 @@ class ControllerService:
             log.warning("%s: router %s did not answer (%s): unsynced until it does", self.identity, router, why)
 
     async def _reconcile_loop(self, stop: asyncio.Event) -> None:
-        """Every heartbeat interval, while leading: each unsynced router instance that answers again is made to match
-        the controller's view."""
+        """Every heartbeat interval, while leading: :meth:`_reconcile_due`."""
         while not stop.is_set():
-            term = self.term if self.acting() else None
-            for router in sorted(self.unsynced):
-                if term is None:
-                    break
-                try:
-                    await self._reconcile(router, term)
-                except (Deposed, RouterApiError, httpx.HTTPError, TimeoutError, ElectionError, OSError) as exc:
-                    log.warning("%s: router %s still unsynced: %s", self.identity, router, exc)
+            if self.acting() and self.term is not None:
+                await self._reconcile_due(self.term)
             await _sleep(stop, self.spec.serving.heartbeat_interval_s)
+
+    async def _reconcile_due(self, term: Term) -> None:
+        """Each unsynced router instance whose try is due is listed; one that answers is made to match the
+        controller's view. A listing that fails (the instance silent, or answering errors) is tried again the next
+        interval, so an instance that answers again is made whole within one. An instance that lists and then fails
+        its changes (smg's job queue refusing them) has its next try (listing and changes) backed off: one interval
+        after the first, doubling up to ``runtime.restart_backoff_max_s`` (a router failing its changes for an hour
+        is asked ~12 times at prod, not 720), which starts again once it has taken its changes. This instance's own
+        fencing failing is no try."""
+        for router in sorted(self.unsynced):
+            failed, due = self.resync.get(router, (0, float("-inf")))
+            if self.clock() < due:
+                continue
+            try:
+                await self._reconcile(router, term)
+            except ChangesFailed as exc:
+                wait = min(
+                    self.spec.runtime.restart_backoff_max_s,
+                    self.spec.serving.heartbeat_interval_s * 2.0 ** min(failed, 16),
+                )
+                self.resync[router] = (failed + 1, self.clock() + wait)
+                log.warning(
+                    "%s: router %s answers but failed its changes (%d tries; the next in %g s): %s",
+                    self.identity, router, failed + 1, wait, exc.__cause__,
+                )  # fmt: skip
+            except (Deposed, RouterApiError, httpx.HTTPError, TimeoutError, ElectionError, OSError) as exc:
+                log.warning("%s: router %s still unsynced: %s", self.identity, router, exc)
+            else:
+                self.resync.pop(router, None)
 
     async def _reconcile(self, router: str, term: Term) -> None:
         one = RouterSet([router], timeout_s=self.routers.timeout_s)
@@ -358,10 +390,13 @@ class ControllerService:
         extra = sorted(rec.url for rec in settled if not rec.in_rotation and rec.url in listed)
         missing = sorted(rec.url for rec in settled if rec.in_rotation and rec.url not in listed)
         await self._fence(term)
-        if extra:
-            await one.remove(*extra, timeout_s=self.spec.rollout.drain_timeout_s)
-        if missing:
-            await one.add(*missing, timeout_s=self.spec.serving.startup_budget_s)
+        try:
+            if extra:
+                await one.remove(*extra, timeout_s=self.spec.rollout.drain_timeout_s)
+            if missing:
+                await one.add(*missing, timeout_s=self.spec.serving.startup_budget_s)
+        except (RouterApiError, httpx.HTTPError, TimeoutError, OSError) as exc:
+            raise ChangesFailed(router) from exc
         del self.unsynced[router]
         self.reconciled.append({"router": router, "removed": extra, "added": missing, "at": self.wall_clock()})
         log.warning("%s: router %s answers again: removed %s, added %s", self.identity, router, extra, missing)

@@ -394,13 +394,16 @@ class RuntimeSpec(SpecModel):
         "this (Envoy's base_ejection_time and max_ejection_time, 30 s and 300 s).",
     )
     stall_gap_s: float = Field(
-        default=2.0,
+        default=4.0,
         description="A token that comes longer than this after its request's last output is a stall (a stopped "
         "scheduler, a GPU fault being retried, a host paused): read from SGLang's sglang:inter_token_latency_seconds "
         "by the agents, so it must be one of its bucket bounds of a second or more (1, 2, 4, 6, 8). A serving replica "
         "with such a token in a report while most of the fleet has none is a latency outlier for that report (the "
-        "same ejection as runtime.latency_outlier_ratio's, never a restart). Only streamed requests see a stall "
-        "whole: SGLang hands a non-streamed one's output over every 50 tokens.",
+        "same ejection as runtime.latency_outlier_ratio's, never a restart). 4 s by default: a healthy replica's "
+        "streams wait out the prefills SGLang runs before each decode step (a burst of long prompts, chunk by "
+        "chunk), each well under a second, so a shorter bound would eject busy replicas. Only streamed requests "
+        "see a stall whole: SGLang hands a non-streamed one's output over every 50 tokens, and a speculative step's "
+        "several tokens share its interval (a stall must be that many times longer to show).",
     )
     image: str = Field(
         default="exaserve/exaserve-deploy:0.1.0",
