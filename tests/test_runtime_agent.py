@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import itertools
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from serving.fleet_http import FleetHttp, HttpFailure
-from serving.runtime.agent import AGENT_USER_AGENT, BOOT_ID, Agent, AgentConfig
+from serving.runtime.agent import AGENT_USER_AGENT, BOOT_ID, Agent, AgentConfig, Boot
 from serving.runtime.reports import NodeReport, ReplicaProbe, parse_report
 from serving.sandbox.processes import StateDir, free_port, free_port_block, stop_process
 from serving.sandbox.worker import SimulatedWorker
@@ -468,6 +469,25 @@ def test_the_agent_reports_a_replicas_stalled_tokens_for_the_stall_signal(tmp_pa
     gaps = stalled.token_gaps_over_s
     assert stalled.ok and gaps is not None and set(gaps) == set(STALL_BOUNDS_S), gaps
     assert gaps[1.0] >= gaps[2.0] >= 1 and all(gaps[a] >= gaps[b] for a, b in itertools.pairwise(STALL_BOUNDS_S))
+
+
+def test_a_simulated_boot_gives_the_reports_its_boot_id_and_the_time_since_it(tmp_path: Path) -> None:
+    """The sandbox's reboot drill (SIMULATION ONLY): an agent given ``--simulated-boot`` reports that boot id and its
+    monotonic clock from the simulated boot, which the controller reads as a node booted that long ago."""
+    path, rebooted = tmp_path / "boot.json", "0b6e2d94-13a7-4c5f-8e20-9d4a6c1f3e58"
+    booted_at = time.monotonic_ns() - 5 * 10**9  # 5 s ago on the shared clock
+    path.write_text(json.dumps({"boot_id": rebooted, "booted_at_ns": booted_at}))
+    agent = Agent(
+        AgentConfig(node="n0", replicas=(), controllers=(), interval_s=5.0, timeout_s=2.0, max_running_requests=1,
+                    link_rate_gbps=400.0),
+        boot=Boot.simulated(path),
+    )  # fmt: skip
+    try:
+        report = asyncio.run(agent.report())
+    finally:
+        asyncio.run(agent.aclose())
+    assert report.boot_id == rebooted != Boot.of_this_machine().id
+    assert 5 * 10**9 <= report.seq < time.monotonic_ns() - booted_at + 1, report.seq  # since the boot, not the kernel's
 
 
 def test_wedged_scheduler_a_migration_does_not_wait_for_requests_that_never_finish(tmp_path: Path) -> None:

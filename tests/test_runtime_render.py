@@ -171,6 +171,12 @@ def test_bad_controller_and_agent_input_exits_2_naming_the_fix() -> None:
     assert agent.returncode == 2 and "--node nowhere" in agent.stderr and "Traceback" not in agent.stderr
     service = exaserve("agent", "run", "--stack", "prod", "--node", "gpu-r00-n00", "--controller-service", "nohostport")
     assert service.returncode == 2 and "HOST:PORT" in service.stderr
+    booted = exaserve(
+        "agent", "run", "--stack", "prod", "--node", "gpu-r00-n00", "--controller", "http://127.0.0.1:1",
+        "--simulated-boot", "/nonexistent/boot.json",
+    )  # fmt: skip
+    assert booted.returncode == 2 and "--simulated-boot /nonexistent/boot.json" in booted.stderr, booted.stderr
+    assert "boot_id and booted_at_ns" in booted.stderr and "Traceback" not in booted.stderr
     status = exaserve("status", "--stack", "prod", "--json")
     assert status.returncode == 2 and json_object(status)["ok"] is False
     assert "--controller" in json_object(status)["error"]

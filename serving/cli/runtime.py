@@ -47,7 +47,7 @@ from serving.rollout.backends.kubernetes import KubeApi
 from serving.rollout.session import RolloutInputError, shown
 from serving.router.client import RouterApiError
 from serving.router.membership import RouterSet
-from serving.runtime.agent import Agent, AgentConfig
+from serving.runtime.agent import Agent, AgentConfig, Boot
 from serving.runtime.discovery import NodePods
 from serving.runtime.eviction import PodEvictionRestarter
 from serving.runtime.leader import Election, EtcdElection, KubernetesLeaseElection
@@ -234,6 +234,15 @@ def agent_run(
         typer.Option("--controller-service", help="HOST:PORT of the controllers' headless Service (every address)."),
     ] = None,
     discover: DiscoverOpt = "plan",
+    simulated_boot: Annotated[
+        Path | None,
+        typer.Option(
+            "--simulated-boot",
+            hidden=True,
+            help="SIMULATION ONLY (the sandbox's reboot drill): the boot id and boot time to report, from this JSON "
+            "file, instead of this machine's.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the node agent until SIGTERM/Ctrl-C: probe this node's replicas and report once per interval."""
@@ -258,7 +267,13 @@ def agent_run(
         except (BackendError, OSError) as exc:
             fail(f"--discover kubernetes: {exc}")
     selector, port, namespace = server_selector(fleet.plan), st.spec.serving.port, st.spec.kubernetes.namespace
-    agents = [Agent(c, None if api is None else NodePods(api, namespace, selector, c.node, port)) for c in configs]
+    try:
+        boot = None if simulated_boot is None else Boot.simulated(simulated_boot)
+    except (OSError, ValueError, KeyError) as exc:
+        fail(f"--simulated-boot {simulated_boot}: {exc}; give a JSON file with boot_id and booted_at_ns")
+    agents = [
+        Agent(c, None if api is None else NodePods(api, namespace, selector, c.node, port), boot) for c in configs
+    ]
     asyncio.run(_agents(agents))
 
 

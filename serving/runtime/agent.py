@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import socket
 import time
@@ -106,6 +107,30 @@ def boot_id(path: Path = BOOT_ID) -> str:
     return path.read_text().strip()
 
 
+@dataclass(frozen=True)
+class Boot:
+    """The node's boot as its reports carry it: the boot id, and the monotonic clock's reading at the boot (0 on a
+    real machine: CLOCK_MONOTONIC counts from the kernel's start), so that ``seq`` is the time since the boot."""
+
+    id: str
+    at_ns: int = 0
+
+    @classmethod
+    def of_this_machine(cls) -> Boot:
+        return cls(boot_id())
+
+    @classmethod
+    def simulated(cls, path: Path) -> Boot:
+        """SIMULATION ONLY: the sandbox's nodes share one kernel, so its reboot drill writes ``path`` (JSON:
+        ``boot_id``, and ``booted_at_ns``, the shared monotonic clock at the simulated boot) for the agent it starts
+        after one (``exaserve agent run --simulated-boot``, a hidden option)."""
+        data = json.loads(path.read_text())
+        return cls(str(data["boot_id"]), int(data["booted_at_ns"]))
+
+    def seq(self) -> int:
+        return time.monotonic_ns() - self.at_ns
+
+
 def _share(value: float) -> float:
     return max(0.0, min(1.0, value))
 
@@ -121,11 +146,12 @@ def _token_gaps(snap: MetricsSnapshot) -> dict[float, float] | None:
 class Agent:
     """One node's agent; :meth:`report` probes, :meth:`send` reports, :meth:`run` does both every interval."""
 
-    def __init__(self, config: AgentConfig, pods: NodePods | None = None) -> None:
-        """``pods``: on Kubernetes, the node's serving pods replace the plan's replicas (listed every report)."""
+    def __init__(self, config: AgentConfig, pods: NodePods | None = None, boot: Boot | None = None) -> None:
+        """``pods``: on Kubernetes, the node's serving pods replace the plan's replicas (listed every report);
+        ``boot``: this machine's unless given (:meth:`Boot.simulated`)."""
         self.config = config
         self.pods = pods
-        self.boot_id = boot_id()
+        self.boot = boot or Boot.of_this_machine()
         self._http = FleetHttp(timeout_s=config.timeout_s, user_agent=AGENT_USER_AGENT)
         self._lookup: asyncio.Task[list[str]] | None = None  # the controllers' Service, resolving (one at a time)
         self._service_addresses: list[str] = []  # what it last resolved to
@@ -213,8 +239,8 @@ class Agent:
         return NodeReport(
             schema_version=REPORT_SCHEMA_VERSION,
             node=self.config.node,
-            boot_id=self.boot_id,
-            seq=time.monotonic_ns(),
+            boot_id=self.boot.id,
+            seq=self.boot.seq(),
             sent_at=time.time(),
             replicas=tuple(probes),
         )

@@ -83,10 +83,11 @@ def replica(status: dict[str, Any], rid: str) -> dict[str, Any]:
     return next(r for r in status["replicas"] if r["id"] == rid)
 
 
-def on_routers(sb: Sandbox, url: str) -> list[bool | None]:
-    """Per router instance: None when the URL is not registered, else its health."""
+def on_routers(sb: Sandbox, url: str, routers: slice = slice(None)) -> list[bool | None]:
+    """Per router instance (those ``routers`` picks, in order): None when the URL is not registered, else its
+    health."""
     out = []
-    for router in router_urls(sb.spec):
+    for router in router_urls(sb.spec)[routers]:
         workers = httpx.get(router + "/workers", timeout=2).json()["workers"]
         out.append(next((w["is_healthy"] for w in workers if w["url"] == url), None))
     return out
