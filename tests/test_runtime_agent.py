@@ -12,7 +12,7 @@ import gc
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -395,16 +395,16 @@ def test_the_agent_counts_each_scheduler_once_with_priority_scheduling_and_dp_ra
     assert asyncio.run(run()) == (3, 0, pytest.approx(0.4))
 
 
-def test_the_agent_reports_a_replicas_time_per_output_token_for_the_latency_signal(tmp_path: Path) -> None:
-    """Issue 38 (report version 3): the agent reads SGLang's ``sglang:request_time_per_output_token_seconds`` _sum and
-    _count (summed over their series: streaming or not, each priority), cumulative, from which the controller takes
-    a replica's mean time per output token. Before the worker finished a request neither series exists
-    (prometheus_client creates a labelled series at its first observation, as SGLang's collector does): the probe
-    carries none, no figure. A request of one output token has no TPOT (SGLang's get_time_per_output_token)."""
-    config = WorkerConfig(port=1, model_path=str(tmp_path / "model"), latency_ms=60.0, jitter_ms=0.0, health_poll_s=0.2)
+def probed_around(
+    tmp_path: Path, latency_ms: float, between: Callable[[TestClient[Any, Any], SimulatedWorker], Awaitable[None]]
+) -> tuple[ReplicaProbe, ReplicaProbe]:
+    """An agent's probe of one simulated worker (``latency_ms`` a generation) before and after ``between`` ran."""
+    config = WorkerConfig(
+        port=1, model_path=str(tmp_path / "model"), latency_ms=latency_ms, jitter_ms=0.0, health_poll_s=0.2
+    )
     worker = SimulatedWorker(config)
 
-    async def run() -> list[ReplicaProbe]:
+    async def run() -> tuple[ReplicaProbe, ReplicaProbe]:
         async with TestClient(TestServer(worker.build_app())) as client:
             agent = Agent(
                 AgentConfig(
@@ -413,17 +413,29 @@ def test_the_agent_reports_a_replicas_time_per_output_token_for_the_latency_sign
                 )
             )  # fmt: skip
             try:
-                probes = [(await agent.report()).replicas[0]]
-                for tokens in (7, 13, 1):
-                    body = {"text": "a", "sampling_params": {"max_new_tokens": tokens}}
-                    answer = await client.post("/generate", json=body)
-                    assert answer.status == 200, await answer.text()
-                probes.append((await agent.report()).replicas[0])
+                first = (await agent.report()).replicas[0]
+                await between(client, worker)
+                return first, (await agent.report()).replicas[0]
             finally:
                 await agent.aclose()
-        return probes
 
-    idle, served = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_the_agent_reports_a_replicas_time_per_output_token_for_the_latency_signal(tmp_path: Path) -> None:
+    """Issue 38 (report version 3): the agent reads SGLang's ``sglang:request_time_per_output_token_seconds`` _sum and
+    _count (summed over their series: streaming or not, each priority), cumulative, from which the controller takes
+    a replica's mean time per output token. Before the worker finished a request neither series exists
+    (prometheus_client creates a labelled series at its first observation, as SGLang's collector does): the probe
+    carries none, no figure. A request of one output token has no TPOT (SGLang's get_time_per_output_token)."""
+
+    async def three(client: TestClient[Any, Any], _worker: SimulatedWorker) -> None:
+        for tokens in (7, 13, 1):
+            body = {"text": "a", "sampling_params": {"max_new_tokens": tokens}}
+            answer = await client.post("/generate", json=body)
+            assert answer.status == 200, await answer.text()
+
+    idle, served = probed_around(tmp_path, 60.0, three)
     assert idle.ok and (idle.tpot_seconds_total, idle.tpot_requests_total) == (None, None)
     assert served.ok and served.tpot_requests_total == 2  # the one-token request has none
     # each generated for its 60 ms at least (a loaded machine's event loop may add to it, never take from it: no upper
@@ -436,35 +448,18 @@ def test_the_agent_reports_a_replicas_stalled_tokens_for_the_stall_signal(tmp_pa
     ``sglang:inter_token_latency_seconds``, the tokens that came longer than it after their request's last output
     (count − bucket, cumulative). None before the histogram has a series; after a stream stalled 2.5 s, at least one
     token over 1 s and 2 s; the bounds nest (a token over 2 s is over 1 s)."""
-    config = WorkerConfig(
-        port=1, model_path=str(tmp_path / "model"), latency_ms=300.0, jitter_ms=0.0, health_poll_s=0.2
-    )
-    worker = SimulatedWorker(config)
 
-    async def run() -> list[ReplicaProbe]:
-        async with TestClient(TestServer(worker.build_app())) as client:
-            agent = Agent(
-                AgentConfig(
-                    node="n0", replicas=(("r0", str(client.make_url("")).rstrip("/"), ()),), controllers=(),
-                    interval_s=5.0, timeout_s=2.0, max_running_requests=256, link_rate_gbps=400.0,
-                )
-            )  # fmt: skip
-            try:
-                probes = [(await agent.report()).replicas[0]]
-                before = worker.scheduler.last_output
-                body = {"text": "a", "stream": True, "sampling_params": {"max_new_tokens": 4}}
-                answer = asyncio.ensure_future(client.post("/generate", json=body))
-                while worker.scheduler.last_output == before:  # its first token is out
-                    await asyncio.sleep(0.01)
-                await worker.scheduler.stall(2.5)
-                assert (await answer).status == 200
-                await (await answer).read()
-                probes.append((await agent.report()).replicas[0])
-            finally:
-                await agent.aclose()
-        return probes
+    async def stalled_stream(client: TestClient[Any, Any], worker: SimulatedWorker) -> None:
+        before = worker.scheduler.last_output
+        body = {"text": "a", "stream": True, "sampling_params": {"max_new_tokens": 4}}
+        answer = asyncio.ensure_future(client.post("/generate", json=body))
+        while worker.scheduler.last_output == before:  # its first token is out
+            await asyncio.sleep(0.01)
+        await worker.scheduler.stall(2.5)
+        assert (await answer).status == 200
+        await (await answer).read()
 
-    idle, stalled = asyncio.run(run())
+    idle, stalled = probed_around(tmp_path, 300.0, stalled_stream)
     assert idle.ok and idle.token_gaps_over_s is None
     gaps = stalled.token_gaps_over_s
     assert stalled.ok and gaps is not None and set(gaps) == set(STALL_BOUNDS_S), gaps

@@ -342,7 +342,7 @@ def test_a_stalled_racks_replicas_are_not_readmitted_while_their_probes_fail_and
     """A rack disrupted (3 of its 3 nodes failing) freezes its replicas' scores, so a removed one's score still reads
     readmissible: it must wait for its own probes to pass, or it is readmitted into a stalled rack and removed again
     (the rack-stall sandbox drill saw remove, readmit, remove). When the rack runs again, every stream it held shows
-    one gap as long as the pause, twice here (its reports on either side of a late one): the rack's fault, no
+    one gap as long as the pause (twice here: two such pauses within the latency window): the rack's fault, no
     replica's stall (a third of the fleet: rare enough to be outliers otherwise)."""
     spec = spec_from(
         "sandbox",
