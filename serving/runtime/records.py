@@ -150,6 +150,7 @@ class ReplicaRecord:
     stalled: float | None = None
     stalled_new: bool = False
     slow_verdicts: deque[tuple[float, bool]] = field(default_factory=deque)
+    slow_hits: int = 0  # the outliers among slow_verdicts (kept as they come and go: every tick reads it)
     slow: bool = False
     slow_until: float | None = None
     ejections: int = 0
