@@ -139,6 +139,19 @@ def test_each_scenario_gets_its_targets_and_a_double_fault_restores_after_the_ta
     assert jitter == [TargetName.CLIENT_ERRORS]
 
 
+def test_generation_errors_are_detected_on_the_breaker_dwell_not_the_routers_health_checks() -> None:
+    """The first full rehearsal (2026-12-07) failed generation-errors at 7.2 s against the routers' 4 s: since issue
+    38 request errors alone take a replica out only once the routers' breakers stayed open runtime.breaker_dwell_s,
+    by design. Its target is that dwell and the leader's ticks around it (prod: 30 s + 3 × 2.5 s)."""
+    fleet = fleet_of(spec_from("prod"))
+    detection = {t.name: t for t in scenario_targets(SCENARIOS["generation-errors"], fleet)}[TargetName.DETECTION]
+    assert detection.value == 30.0 + 3 * 2.5 and "runtime.breaker_dwell_s" in detection.formula, detection
+    dwell = fleet_of(spec_from("prod", runtime__breaker_dwell_s=12.0))
+    assert {t.name: t for t in scenario_targets(SCENARIOS["generation-errors"], dwell)}[
+        TargetName.DETECTION
+    ].value == 19.5
+
+
 def test_a_flapping_replica_is_judged_on_the_score_path_with_one_probe_in_two_failing() -> None:
     """From the cap, pass (one probe under way at the fault), fail, pass, …: after k pairs the score is
     100 − 5k + (k − 1) = 99 − 4k at the source's −5/+1 (the first pass gains nothing at the cap), below 60 at k = 10

@@ -21,6 +21,7 @@ from enum import StrEnum
 from typing import Any, Literal, get_args
 
 from serving.plan.model import Figure, Fleet
+from serving.runtime.records import ControllerConfig
 from serving.runtime.score import next_score
 from serving.spec.schema import DrillName, HealthScoreSpec
 
@@ -110,10 +111,11 @@ class Scenario:
     alerts: tuple[str, ...]
     quiet: tuple[str, ...]
     alert_note: str
-    # who takes the replica out first: "routers" (their health checks: heartbeats.failure_detection_s) or
+    # who takes the replica out first: "routers" (their health checks: heartbeats.failure_detection_s),
     # "controller" (a fault the routers' cheap /health does not see: the agents' /health_generate probes through the
-    # score, timeouts_to_stop_routing × interval + the last probe's timeout)
-    detected_by: Literal["routers", "controller"] = "routers"
+    # score, timeouts_to_stop_routing × interval + the last probe's timeout) or "breakers" (requests fail while every
+    # probe passes: the leader removes it once the routers' breakers stayed open runtime.breaker_dwell_s)
+    detected_by: Literal["routers", "controller", "breakers"] = "routers"
     # which of the agents' probes the fault fails: every one, or every other one (a flapping replica: the score falls
     # by timeout_penalty − success_reward a pair, so it takes longer to reach each line: :func:`flapping_probes`)
     fails: Literal["every", "every other"] = "every"
@@ -247,6 +249,7 @@ def _scenarios() -> dict[DrillName, Scenario]:
             (ERROR_RATE, WORKERS_UNHEALTHY, EVICTION_CAP, QUARANTINED),
             _SELF_HEALED + " ExaServeRuntimeActionsFailing may fire: the readmission's warm-up failing on its requests "
             "is what tells the controller to restart it.",
+            "breakers",
         ),
         Scenario(
             "memory-pressure",
@@ -504,6 +507,20 @@ def scenario_targets(scenario: Scenario, fleet: Fleet) -> tuple[Target, ...]:
             f"{stop} timeouts to stop routing × {s.heartbeat_interval_s:g} s + {s.health_check_timeout_s:g} s timeout "
             f"of the last probe + {tick:g} s the leader's tick + {tick:g} s its removal on every router = {detect:g} s "
             "(the agents' /health_generate, through the score)",
+            "fault → the replica out of every router instance",
+        )
+    if scenario.detected_by == "breakers":
+        s = fleet.spec.serving
+        dwell = ControllerConfig.from_spec(fleet.spec, len(fleet.plan.replicas)).breaker_dwell_s
+        tick = s.heartbeat_interval_s / 2
+        detect = dwell + 3 * tick
+        targets[TargetName.DETECTION] = Target(
+            TargetName.DETECTION,
+            detect,
+            "s",
+            f"{tick:g} s until the leader's tick reads the routers' breakers open + {dwell:g} s runtime.breaker_dwell_s "
+            f"+ {tick:g} s the tick that decides + {tick:g} s its removal on every router = {detect:g} s (request "
+            "errors alone: the breakers open at the first failures under load, the dwell is the design's)",
             "fault → the replica out of every router instance",
         )
     if scenario.fails == "every other":
