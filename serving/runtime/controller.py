@@ -260,18 +260,14 @@ class Controller:
             stalled = bool(rec.stalled) if rec.stalled_new and rare and settled else None
             rec.per_token_new = rec.stalled_new = False
             if rec.in_rotation and (slow is not None or stalled is not None):
-                rec.slow_verdicts.append((now, bool(slow or stalled)))
-                rec.slow_hits += bool(slow or stalled)
+                rec.slow_verdicts.add(now, bool(slow or stalled))
                 self._slow(rec, now)  # and the old ones dropped
         return median
 
     def _slow(self, rec: ReplicaRecord, now: float) -> int:
         """The replica's outlier verdicts within the last :data:`LATENCY_WINDOW` heartbeat intervals (older ones are
         dropped: two slow figures an hour apart are no outlier)."""
-        horizon = now - LATENCY_WINDOW * self.config.interval_s
-        while rec.slow_verdicts and rec.slow_verdicts[0][0] < horizon:
-            rec.slow_hits -= rec.slow_verdicts.popleft()[1]
-        return rec.slow_hits
+        return rec.slow_verdicts.since(now - LATENCY_WINDOW * self.config.interval_s)
 
     def _sent(self, node: NodeRecord, report: NodeReport, now: float) -> float:
         """When ``report`` left its node, on this controller's monotonic clock: its ``seq`` (the node's monotonic
@@ -618,7 +614,6 @@ class Controller:
                     f"{rec.slow_until - now:g} s, not restarted"
                 )
                 rec.slow_verdicts.clear()
-                rec.slow_hits = 0
             elif where is Band.OK and overloaded:  # healthy but overloaded: shed its load
                 rec.shed = True
                 reason = (
@@ -703,7 +698,6 @@ class Controller:
                 rec.requests_total = rec.tpot_at = rec.gaps_at = rec.stalled = None
                 rec.shed = rec.slow = False
                 rec.slow_verdicts.clear()  # a new process: what the old one did is no evidence against it
-                rec.slow_hits = 0
                 rec.loading = rec.fresh = True
                 rec.node_forgiven = band(self.nodes[rec.node].score, self.config.health) is not Band.OK
         elif ok:

@@ -127,6 +127,32 @@ class ControllerConfig:
 
 
 @dataclass
+class Verdicts:
+    """A replica's latency-outlier verdicts ((when, outlier), oldest first) and how many were outliers, counted as
+    they come and go: every tick reads the count for every replica."""
+
+    seen: deque[tuple[float, bool]] = field(default_factory=deque)
+    hits: int = 0
+
+    def add(self, at: float, outlier: bool) -> None:
+        self.seen.append((at, outlier))
+        self.hits += outlier
+
+    def since(self, horizon: float) -> int:
+        """The outliers at or after ``horizon``; older verdicts are dropped."""
+        while self.seen and self.seen[0][0] < horizon:
+            self.hits -= self.seen.popleft()[1]
+        return self.hits
+
+    def clear(self) -> None:
+        self.seen.clear()
+        self.hits = 0
+
+    def __len__(self) -> int:
+        return len(self.seen)
+
+
+@dataclass
 class ReplicaRecord:
     id: str
     node: str
@@ -149,8 +175,7 @@ class ReplicaRecord:
     gaps_at: float | None = None
     stalled: float | None = None
     stalled_new: bool = False
-    slow_verdicts: deque[tuple[float, bool]] = field(default_factory=deque)
-    slow_hits: int = 0  # the outliers among slow_verdicts (kept as they come and go: every tick reads it)
+    slow_verdicts: Verdicts = field(default_factory=Verdicts)
     slow: bool = False
     slow_until: float | None = None
     ejections: int = 0
