@@ -71,6 +71,9 @@ def test_a_failed_run_names_its_errors_with_the_head_of_each_error_body() -> Non
     assert report.distinct_errors() == {shed: 10, "HTTP 404: no such model": 5}
     assert all(r.error is None and r.ok for r in report.results if r.status == 200)
     assert report.summary().endswith(f"; 10 × {shed}; 5 × HTTP 404: no such model")
+    failed = [r.sent_at_s for r in report.results if not r.ok]
+    assert f", errors sent {min(failed):.2f}-{max(failed):.2f} s;" in report.summary()
+    assert "errors sent" not in report.window(0, 0).summary()  # none failed, no span
 
 
 def test_an_instance_that_refused_gets_nothing_until_its_readiness_answers() -> None:

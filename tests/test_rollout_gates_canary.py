@@ -6,7 +6,7 @@ rendered buckets), real client load from the open-loop load generator, `exaserve
 Faults are real processes: a bad release (the stack's `v2-broken`, a KV pool off the plan) and a replica outside
 the batch killed with SIGKILL mid-soak. A fault outside the batch must pause the rollout naming the replica and never
 roll the new version back; a bad release must still roll back, its verdict naming the canary. The QPS and P99 gates
-are in dry run here (tests/support/sandbox.py DRY_RUN_GATES: the latency is the shared machine's); the slower
+are in dry run here (tests/support/sandbox.py CI_TIER: the latency is the shared machine's); the slower
 release and the slow peer they catch are the rehearsal's (tests/rehearsal/test_rollout_gates.py), and the
 judgement itself is tested on scripted windows (tests/test_rollout_core.py).
 """
@@ -30,7 +30,7 @@ from serving.sandbox.backend import worker_name
 from tests.support import canary
 from tests.support.canary import REPLICAS
 from tests.support.cli import json_object
-from tests.support.sandbox import DRY_RUN_GATES, GATED, Load, Sandbox, running_sandbox, wait_for_event
+from tests.support.sandbox import CI_TIER, GATED, Load, Sandbox, running_sandbox, wait_for_event
 from tests.support.stacks import fleet_of
 
 # Every route, streamed and not, the model named, as production's clients send them (serving.router.loadgen's
@@ -44,9 +44,7 @@ SANDBOX_GROUPS = 2  # each test starts from v1 through its own rollback (at_v1):
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    with running_sandbox(
-        tmp_path_factory.mktemp("canary"), replicas=REPLICAS, changes={**GATED, **DRY_RUN_GATES}
-    ) as box:
+    with running_sandbox(tmp_path_factory.mktemp("canary"), replicas=REPLICAS, changes={**GATED, **CI_TIER}) as box:
         yield box
 
 
@@ -58,7 +56,7 @@ def at_v1(sandbox: Sandbox) -> Sandbox:
 def test_a_broken_release_caught_in_the_soak_rolls_back_with_a_verdict_naming_the_canary(at_v1: Sandbox) -> None:
     """v2-broken (5 % HTTP 500) with the warm-up off, so the soak's canary error gate has to catch it: the router
     retries every failure elsewhere (clients see none); the canary's own upstream failures decide."""
-    no_warmup = at_v1.variant("canary-no-warmup", {**GATED, "serving.warmup_duration_s": 0})
+    no_warmup = at_v1.variant("canary-no-warmup", {**GATED, **CI_TIER, "serving.warmup_duration_s": 0})
     with Load(at_v1.router_url) as load:
         r = no_warmup.cli("rollout", "--to", "v2-broken", "--json")
     doc = json_object(r)
@@ -90,7 +88,7 @@ def test_a_release_that_fails_its_clients_past_the_breaker_s_view_rolls_back_in_
     per-worker figure shows it) and one whose streams break mid-body (smg keeps the 200 and sends its clients a
     stream_error chunk; the worker's breaker counts a failure) passed every gate that counted 5xx. The production mix
     of clients, streams and the model's name included, with the warm-up off so the soak's gates decide."""
-    no_warmup = at_v1.variant("canary-no-warmup", {**GATED, "serving.warmup_duration_s": 0})
+    no_warmup = at_v1.variant("canary-no-warmup", {**GATED, **CI_TIER, "serving.warmup_duration_s": 0})
     # 100 req/s: batch 0's canary (2 of 8 replicas) gets ~100 requests in its 4 s soak, ~10 refused; 4 or more on a
     # quarter of the requests, none elsewhere, is a chance of 0.4 % < REFUSAL_ALPHA (P(3 or fewer of 100 at 10 %): 0.8 %)
     with Load(at_v1.router_url, rate=100.0, model=at_v1.spec.model.name, shapes=CLIENTS) as load:

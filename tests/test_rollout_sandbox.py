@@ -4,7 +4,7 @@ load from the bounded open-loop load generator, and `exaserve` run as users run 
 
 The sandbox is `Pulumi.sandbox.yaml` on free ports brought up by `exaserve sandbox up`
 (tests/support/sandbox.py), with its simulated latencies (100 ms, "50 % slower" = 150 ms) and the
-rollout windows of :data:`GATED`, the QPS and P99 gates in dry run (:data:`DRY_RUN_GATES`: the latency here is the
+rollout windows of :data:`GATED`, the QPS and P99 gates in dry run (:data:`CI_TIER`: the latency here is the
 shared machine's; tests/rehearsal/test_rollout_gates.py enforces them); :data:`FAST` drives the same sandbox with
 short windows.
 Every wait is bounded; the module takes about two and a half minutes.
@@ -30,7 +30,7 @@ from serving.router.client import MetricsSnapshot
 from serving.sandbox.processes import start_router, stop_process
 from tests.support.cli import json_object
 from tests.support.sandbox import (
-    DRY_RUN_GATES,
+    CI_TIER,
     GATED,
     Load,
     Sandbox,
@@ -42,7 +42,7 @@ from tests.support.sandbox import (
 REPLICAS = 8
 LOAD_RATE = 100.0
 # A 1.5 s baseline, for the tests of crash and router-restart consistency (the QPS and P99 gates stay in dry run, as
-# in the whole module: DRY_RUN_GATES; the error gate stays 0.1 %). The soak is 3 s: three of the router's 1 s load
+# in the whole module: CI_TIER; the error gate stays 0.1 %). The soak is 3 s: three of the router's 1 s load
 # polls (GATED's heartbeat). These rollouts pass --accept-inconclusive (ACCEPT), as an operator who knows it would: a
 # soak re-measured after a router restart may see little traffic. A one-replica batch expects 12.5 req/s × 3 s = 37
 # requests, so the test's own clients must dip 47 % (not 20 %, at 2 s) before the canary falls under the gates' 20 and
@@ -58,9 +58,7 @@ SANDBOX_GROUPS = 4  # each test starts from v1 through its own rollback (at_v1),
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    with running_sandbox(
-        tmp_path_factory.mktemp("rollout"), replicas=REPLICAS, changes={**GATED, **DRY_RUN_GATES}
-    ) as box:
+    with running_sandbox(tmp_path_factory.mktemp("rollout"), replicas=REPLICAS, changes={**GATED, **CI_TIER}) as box:
         yield box
 
 

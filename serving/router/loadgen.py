@@ -267,8 +267,15 @@ class LoadReport:
                 if self.streamed
                 else ""
             )
+            + self._error_span()
             + "".join(f"; {n} × {error}" for error, n in self.distinct_errors().items())
         )
+
+    def _error_span(self) -> str:
+        """When the failed requests were sent (run-relative seconds), for a failed run's message: one burst or a
+        scatter says which of the run's steps to look at."""
+        sent = [r.sent_at_s for r in self.results if not r.ok]
+        return f", errors sent {min(sent):.2f}-{max(sent):.2f} s" if sent else ""
 
     def distinct_errors(self, most: int = 5) -> dict[str, int]:
         """The ``most`` commonest error texts among the failed requests, with their counts: what a failed run's

@@ -1,7 +1,7 @@
 """The rollout's QPS and P99 gates enforced, in real time: the sandbox of the CI suite's canary tests (8 simulated
 SGLang workers behind the REAL smg gateway, real client load, `exaserve rollout` as users run it) with every gate
 enforced (the CI suite runs these rollouts with the QPS and P99 gates in dry run: tests/support/sandbox.py
-DRY_RUN_GATES). A healthy release must pass every gate of every batch; a release 50 % slower on every request must
+CI_TIER). A healthy release must pass every gate of every batch; a release 50 % slower on every request must
 roll back on its canary's P99 (or median) against its peers; a slow peer outside the batch must pause the rollout
 naming it, and the rollout must complete once the peer is fixed. Each records its gate figures against the limits.
 """

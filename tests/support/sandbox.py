@@ -167,11 +167,24 @@ GATED: dict[str, Any] = {
     "rollout.health_timeout_s": 10,
     "rollout.drain_timeout_s": 10,
 }
-# The CI suite's rollouts measure the QPS and P99 gates and journal what they found, but do not enforce them
-# (rollout.dry_run_gates, Argo Rollouts' analysis dryRun): on a shared 2-core machine a batch's throughput and latency
-# are the machine's, not the release's. The error, health and KV pool gates stay enforced. The rehearsal
-# (tests/rehearsal/test_rollout_gates.py, scripts/rehearse.sh) runs the same rollouts with every gate enforced.
-DRY_RUN_GATES: dict[str, Any] = {"rollout.dry_run_gates": ["qps", "p99"]}
+# What the CI suite's rollouts change from the rehearsal's (tests/rehearsal/test_rollout_gates.py, scripts/rehearse.sh):
+# nothing in them judges the machine's speed (issue 37).
+# - The QPS and P99 gates are measured and journaled, not enforced (rollout.dry_run_gates, Argo Rollouts' analysis
+#   dryRun): on a shared 2-core machine a batch's throughput and latency are the machine's, not the release's. The
+#   error, health and KV pool gates stay enforced.
+# - The routers' timeouts are patience, not the plan's: a request or a health check that a starved machine made slow is
+#   waited for. At GATED's 3 s request timeout (and the stack's 3 s health timeout at a 1 s heartbeat), a clean-clone
+#   run beside `stress-ng --cpu 2` answered 101 clients 503 "All workers are unavailable (circuit breaker open or
+#   unhealthy)" during a rollback that kept 6 of 8 workers in the router: smg 1.13 opens a worker's breaker on
+#   --cb-failure-threshold (3) failures in a row, a 504 from its --request-timeout-secs among them, and marks it
+#   unhealthy on --health-failure-threshold (3) checks past --health-check-timeout-secs. None of the simulated workers
+#   failed or hung (no test of these modules hangs one: v2-stuck answers /health 503 at once), so only the machine's
+#   speed could trip either. The rehearsal keeps GATED's 3 s.
+CI_TIER: dict[str, Any] = {
+    "rollout.dry_run_gates": ["qps", "p99"],
+    **request_timeout_of(30),
+    "serving.health_check_timeout_s": 10,
+}
 
 
 class Load:
