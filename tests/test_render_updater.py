@@ -16,13 +16,14 @@ from typing import Any
 
 import pytest
 
+from serving.kubeapi import KubeApi
 from serving.plan.planner import fleet_replicas
 from serving.pulumi.program import ProgramRun, RenderedObject, kubernetes_objects, run_program
 from serving.render.k8s import gateway, runtime, updater
 from serving.render.k8s.common import LABEL_NAME, SERVING_APP, UPDATER_APP
 from serving.render.k8s.netpol import NAMESPACE_NAME_LABEL
 from serving.rollout.backends import BackendError
-from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend
+from serving.rollout.backends.kubernetes import KubernetesBackend
 from serving.rollout.plan import plan_batches
 from serving.spec.schema import FleetSpec
 from serving.spec.stack import load_stack

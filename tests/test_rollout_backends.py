@@ -20,6 +20,7 @@ from typing import TypeVar
 import pytest
 from aiohttp import web
 
+from serving.kubeapi import KubeApi, KubeConfigError
 from serving.plan.planner import fleet_replicas
 from serving.render.k8s.common import LABEL_VERSION
 from serving.render.k8s.fleet import group_name, render
@@ -27,7 +28,6 @@ from serving.render.systemd import systemd_unit, unit_name
 from serving.rollout.backends import BackendError, PodsStuck
 from serving.rollout.backends.kubernetes import (
     FIELD_MANAGER,
-    KubeApi,
     KubernetesBackend,
     rollout_status,
     stuck_pods,
@@ -276,7 +276,7 @@ def test_kubernetes_rollout_that_never_becomes_ready_times_out_naming_the_worklo
 
 
 def test_kubernetes_backend_refuses_plain_http_to_a_remote_api_server() -> None:
-    with pytest.raises(BackendError, match="plain HTTP is allowed only to a loopback"):
+    with pytest.raises(KubeConfigError, match="plain HTTP is allowed only to a loopback"):
         KubernetesBackend(fleet_of(k8s_spec(False)), KubeApi("http://10.0.0.1:8080"))
 
 

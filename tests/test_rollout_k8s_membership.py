@@ -50,9 +50,10 @@ import httpx
 import pytest
 from aiohttp import web
 
+from serving.kubeapi import KubeApi
 from serving.render.k8s.common import LABEL_ADMITTED
 from serving.render.router import ROUTER_ENTRY, router_args
-from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend, batch_lease_name
+from serving.rollout.backends.kubernetes import KubernetesBackend, batch_lease_name
 from serving.rollout.journal import Journal
 from serving.rollout.machine import Event, Phase, initial
 from serving.rollout.plan import kv_plan, plan_rollout

@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
+from serving.kubeapi import KubeApi
 from serving.plan.model import Plan
 from serving.render.k8s.fleet import SERVING_CONTAINER, group_name, pod_template
-from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend, pod_version
+from serving.rollout.backends.kubernetes import KubernetesBackend, pod_version
 from serving.rollout.backends.ssh import parse_show
 from serving.rollout.machine import Outcome, RolloutState, initial
 from serving.rollout.plan import RolloutPlan, plan_rollout

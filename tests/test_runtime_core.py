@@ -21,8 +21,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.cli.runtime import _versions
-from serving.rollout.backends.kubernetes import KubeApi
+from serving.cli.runtime import BackendAccess, _versions
+from serving.kubeapi import KubeApi
 from serving.runtime.agent import REPORTS_PATH
 from serving.runtime.controller import Action, Controller, ControllerConfig, Kind, ReplicaState, replica_urls
 from serving.runtime.discovery import NodePods
@@ -820,7 +820,7 @@ def test_kubernetes_lease_election_against_an_api_server_stand_in() -> None:
     async def scenario() -> None:
         api, runner, url = await _serve(LeaseApi())
         a, b = (
-            KubernetesLeaseElection(url, "exaserve", "exaserve-controller", name, 1.0, token="tok")
+            KubernetesLeaseElection(KubeApi(url, "tok"), "exaserve", "exaserve-controller", name, 1.0)
             for name in ("a", "b")
         )
         term_a = await a.campaign()
@@ -850,9 +850,9 @@ def test_clocks_a_follower_whose_wall_clock_runs_ahead_does_not_take_a_renewed_l
 
     async def scenario() -> None:
         _, runner, url = await _serve(LeaseApi())
-        a = KubernetesLeaseElection(url, "exaserve", "exaserve-controller", "a", 1.0)
+        a = KubernetesLeaseElection(KubeApi(url), "exaserve", "exaserve-controller", "a", 1.0)
         b = KubernetesLeaseElection(
-            url, "exaserve", "exaserve-controller", "b", 1.0, wall_clock=lambda: time.time() + 5
+            KubeApi(url), "exaserve", "exaserve-controller", "b", 1.0, wall_clock=lambda: time.time() + 5
         )
         term = await a.campaign()
         assert term is not None
@@ -890,7 +890,7 @@ def test_kubernetes_lease_a_renewal_that_lost_a_race_or_got_no_answer_is_asked_a
 
     async def scenario() -> None:
         api, runner, url = await _serve(RacedLeaseApi())
-        a = KubernetesLeaseElection(url, "exaserve", "exaserve-controller", "a", 5.0)
+        a = KubernetesLeaseElection(KubeApi(url), "exaserve", "exaserve-controller", "a", 5.0)
         term = await a.campaign()
         assert term is not None
         api.races = 1
@@ -898,7 +898,9 @@ def test_kubernetes_lease_a_renewal_that_lost_a_race_or_got_no_answer_is_asked_a
             await a.renew(term)
         renewed = await a.renew(term)
         assert renewed is not None and renewed.token == term.token
-        silent = KubernetesLeaseElection(f"http://127.0.0.1:{free_port()}", "exaserve", "exaserve-controller", "a", 5.0)
+        silent = KubernetesLeaseElection(
+            KubeApi(f"http://127.0.0.1:{free_port()}"), "exaserve", "exaserve-controller", "a", 5.0
+        )
         with pytest.raises(ElectionError, match=r"GET .*ConnectError"):
             await silent.renew(renewed)
         with pytest.raises(ElectionError, match=r"GET .*ConnectError"):
@@ -1008,9 +1010,9 @@ def test_status_reads_versions_through_the_rollouts_backend_and_says_why_it_cann
     stack = load_stack_file(write_variant(tmp_path, "bare", "dev"))
     fleet = fleet_of(stack.spec, stack.name)
     missing = tmp_path / "known_hosts"
-    versions, why = asyncio.run(_versions(stack, fleet, "ssh", tmp_path / "state", missing, None))
+    versions, why = asyncio.run(_versions(stack, fleet, "ssh", tmp_path / "state", BackendAccess(missing)))
     assert versions == {} and why is not None and "--known-hosts" in why and str(missing) in why, why
-    assert asyncio.run(_versions(stack, fleet, "none", tmp_path / "state", missing, None)) == (
+    assert asyncio.run(_versions(stack, fleet, "none", tmp_path / "state", BackendAccess(missing))) == (
         {},
         "not read (--backend none)",
     )

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from serving.kubeapi import KubeApi
 from serving.render.k8s import runtime
 from serving.rollout.backends import BackendError
-from serving.rollout.backends.kubernetes import KubeApi
 from serving.runtime.eviction import PodEvictionRestarter, RestartRefused
 from serving.spec.schema import FleetSpec
 from tests.support.apiserver import AuthorizingApiServer, k8s_spec

@@ -30,9 +30,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from serving.kubeapi import KubeApi
 from serving.plan.model import Fleet
 from serving.rollout.backends import BackendError, RestartUnreached
-from serving.rollout.backends.kubernetes import KubeApi
 from serving.rollout.backends.ssh import SshBackend
 from serving.router.client import RouterApiError
 from serving.router.membership import MembershipTimeout, NoRouterAnswered, RouterSet

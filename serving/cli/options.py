@@ -181,6 +181,44 @@ IdentityOpt = Annotated[
         callback=_expand_user,
     ),
 ]
+KubeServerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--kube-server",
+        help="kubernetes: API server URL, with --kube-token-file and --kube-ca-file (instead of a kubeconfig).",
+    ),
+]
+KubeTokenOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--kube-token-file", help="kubernetes: bearer token file (with --kube-server).", callback=_expand_user
+    ),
+]
+KubeCaOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--kube-ca-file", help="kubernetes: CA bundle of the API server (with --kube-server).", callback=_expand_user
+    ),
+]
+KubeconfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--kubeconfig",
+        help="kubernetes: the kubeconfig to reach the API server with (default: $KUBECONFIG, else ~/.kube/config "
+        "when it exists, else the pod's service account); exec credential plugins, OIDC and client certificates "
+        "work as in kubectl.",
+        dir_okay=False,
+        callback=_expand_user,
+    ),
+]
+KubeContextOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--kube-context",
+        help="kubernetes: the kubeconfig context (default: the stack file's kubernetes:context, the one the Pulumi "
+        "provider deploys with, else the kubeconfig's current context).",
+    ),
+]
 CrdDirOpt = Annotated[
     Path | None,
     typer.Option(

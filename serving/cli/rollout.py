@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -34,6 +33,11 @@ from serving.cli.options import (
     IdentityOpt,
     JsonOpt,
     KnownHostsOpt,
+    KubeCaOpt,
+    KubeconfigOpt,
+    KubeContextOpt,
+    KubeServerOpt,
+    KubeTokenOpt,
     SshConfigOpt,
     StackFileOpt,
     StackOpt,
@@ -62,7 +66,7 @@ from serving.rollout.operation import (
 from serving.rollout.runner import Progress
 from serving.rollout.session import RolloutInputError
 from serving.sandbox.endpoints import register as register_sandbox
-from serving.spec.stack import PRODUCTION_STACK, Stack
+from serving.spec.stack import PRODUCTION_STACK, Stack, kubernetes_context
 
 register_sandbox()  # --backend local, a sandbox stack's routers
 BackendOpt = Annotated[
@@ -99,11 +103,6 @@ MetricsPortOpt = Annotated[
 GraceOpt = Annotated[
     float, typer.Option("--router-grace-s", min=1.0, help="Pause if the router does not answer for this long.")
 ]
-KubeServerOpt = Annotated[
-    str | None, typer.Option("--kube-server", help="kubernetes: API server URL (default: in-cluster).")
-]
-KubeTokenOpt = Annotated[Path | None, typer.Option("--kube-token-file", help="kubernetes: bearer token file.")]
-KubeCaOpt = Annotated[Path | None, typer.Option("--kube-ca-file", help="kubernetes: CA bundle of the API server.")]
 YesOpt = Annotated[
     bool,
     typer.Option(
@@ -152,6 +151,8 @@ class FleetOptions:
     kube_server: KubeServerOpt = None
     kube_token_file: KubeTokenOpt = None
     kube_ca_file: KubeCaOpt = None
+    kubeconfig: KubeconfigOpt = None
+    kube_context: KubeContextOpt = None
     allow_degraded: AllowDegradedOpt = False
     yes: YesOpt = False
 
@@ -173,7 +174,8 @@ def _confirm_production(st: Stack, opts: FleetOptions, action: str) -> None:
 def _operation(st: Stack, opts: FleetOptions, *, accept_inconclusive: bool = False) -> RolloutOperation:
     """``st``'s rollout operation as ``opts`` describe it."""
     backend = BackendConfig(opts.backend_kind, opts.known_hosts, opts.identity, opts.kube_server,
-                            opts.kube_token_file, opts.kube_ca_file, opts.ssh_config)  # fmt: skip
+                            opts.kube_token_file, opts.kube_ca_file, opts.ssh_config, opts.kubeconfig,
+                            opts.kube_context, kubernetes_context(st.path))  # fmt: skip
     routers = RouterTargets(tuple(opts.routers or ()), opts.router_service, opts.router_metrics_port)
     with _refusals():
         return RolloutOperation.open(StackState.for_stack(st.name, opts.state_dir), load_fleet(st.name, st.spec),

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -25,6 +26,8 @@ from serving.cli.options import (
     IdentityOpt,
     JsonOpt,
     KnownHostsOpt,
+    KubeconfigOpt,
+    KubeContextOpt,
     OutputOpt,
     SshConfigOpt,
     StackFileOpt,
@@ -39,11 +42,11 @@ from serving.cli.options import (
 )
 from serving.cli.state import stack_state
 from serving.fleet_http import http_client
+from serving.kubeapi import KubeApi, KubeConfigError
 from serving.plan.loader import load_fleet
 from serving.plan.model import Fleet
 from serving.render.router import router_args, server_selector
 from serving.rollout.backends import BackendError
-from serving.rollout.backends.kubernetes import KubeApi
 from serving.rollout.session import RolloutInputError, shown
 from serving.router.client import RouterApiError
 from serving.router.membership import RouterSet
@@ -52,7 +55,7 @@ from serving.runtime.discovery import NodePods
 from serving.runtime.eviction import PodEvictionRestarter
 from serving.runtime.leader import Election, EtcdElection, KubernetesLeaseElection
 from serving.runtime.service import STATUS_PATH, BackendRestarter, ControllerService, Restarter
-from serving.spec.stack import Stack
+from serving.spec.stack import Stack, kubernetes_context
 
 controller_app = typer.Typer(
     help="The fleet controller (one of scheduler.instances, one leader).", no_args_is_help=True
@@ -61,7 +64,6 @@ agent_app = typer.Typer(help="The node agent: one batched report per node per he
 app.add_typer(controller_app, name="controller")
 app.add_typer(agent_app, name="agent")
 
-SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RouterOpt = Annotated[list[str] | None, typer.Option("--router", help="A router instance's API URL; repeat for each.")]
 ControllerOpt = Annotated[
     list[str] | None, typer.Option("--controller", help="A controller instance's URL; repeat for each.")
@@ -112,7 +114,7 @@ def _restarter(
     if kind == "kubernetes":  # a migration evicts the replica's pod, within its disruption budget
         try:
             return PodEvictionRestarter(KubeApi.in_cluster(), st.spec.kubernetes.namespace)
-        except BackendError as exc:
+        except KubeConfigError as exc:
             fail(f"--backend kubernetes: {exc}")
     from serving.rollout.operation import BackendConfig, open_backend  # noqa: PLC0415 - loads the ssh client
 
@@ -126,18 +128,11 @@ def _restarter(
 def _election(st: Stack, kind: str, etcd: list[str] | None, identity: str) -> Election:
     rt = st.spec.runtime
     if kind == "kubernetes":
-        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        if not host or not (SA_DIR / "token").is_file():
-            fail("--election kubernetes runs inside a pod (KUBERNETES_SERVICE_HOST and a service-account token)")
-        return KubernetesLeaseElection(
-            f"https://{host}:{port}",
-            st.spec.kubernetes.namespace,
-            rt.lease_name,
-            identity,
-            rt.lease_ttl_s,
-            token=(SA_DIR / "token").read_text().strip(),
-            ca_path=str(SA_DIR / "ca.crt"),
-        )
+        try:
+            api = KubeApi.in_cluster()
+        except KubeConfigError as exc:
+            fail(f"--election kubernetes runs inside a pod: {exc}")
+        return KubernetesLeaseElection(api, st.spec.kubernetes.namespace, rt.lease_name, identity, rt.lease_ttl_s)
     endpoints = etcd or _sandbox_urls(st, "etcd") or list(rt.etcd_endpoints)
     return EtcdElection(endpoints, f"/exaserve/{st.name}/{rt.lease_name}", identity, rt.lease_ttl_s)
 
@@ -264,7 +259,7 @@ def agent_run(
     if discover == "kubernetes":
         try:
             api = KubeApi.in_cluster()
-        except (BackendError, OSError) as exc:
+        except KubeConfigError as exc:
             fail(f"--discover kubernetes: {exc}")
     selector, port, namespace = server_selector(fleet.plan), st.spec.serving.port, st.spec.kubernetes.namespace
     try:
@@ -325,14 +320,24 @@ def _on_routers(url: str, views: dict[str, dict[str, bool]], silent: dict[str, s
     return dict(sorted(out.items()))
 
 
+@dataclass(frozen=True)
+class BackendAccess:
+    """How ``status`` reaches the backend that reads each replica's version: SSH (``known_hosts``, ``identity``,
+    ``ssh_config``) or the Kubernetes API (``kubeconfig``, ``kube_context``)."""
+
+    known_hosts: Path
+    identity: Path | None = None
+    ssh_config: Path | None = None
+    kubeconfig: Path | None = None
+    kube_context: str | None = None
+
+
 async def _versions(
     st: Stack,
     fleet: Fleet,
     kind: RestartBackend,
     state_dir: Path | None,
-    known_hosts: Path,
-    identity: Path | None,
-    ssh_config: Path | None = None,
+    access: BackendAccess,
 ) -> tuple[dict[str, str | None], str | None]:
     """What each replica runs as its backend observes it (the reading a rollout plans from: None is down), or why
     it could not be read."""
@@ -344,7 +349,15 @@ async def _versions(
         from serving.sandbox.endpoints import register  # noqa: PLC0415 - sandbox stacks only
 
         register()  # the sandbox's workers are --backend local
-    config = BackendConfig(kind, known_hosts=known_hosts, identity=identity, ssh_config=ssh_config)
+    config = BackendConfig(
+        kind,
+        known_hosts=access.known_hosts,
+        identity=access.identity,
+        ssh_config=access.ssh_config,
+        kubeconfig=access.kubeconfig,
+        kube_context=access.kube_context,
+        stack_kube_context=kubernetes_context(st.path),
+    )
     try:
         backend = open_backend(fleet, stack_state(st, state_dir), config)
     except RolloutInputError as exc:
@@ -374,6 +387,8 @@ def status(
     known_hosts: KnownHostsOpt = DEFAULT_KNOWN_HOSTS,
     identity: IdentityOpt = None,
     ssh_config: SshConfigOpt = None,
+    kubeconfig: KubeconfigOpt = None,
+    kube_context: KubeContextOpt = None,
     state_dir: StateDirOpt = None,
     output: OutputOpt = "table",
     as_json: JsonOpt = False,
@@ -393,7 +408,8 @@ def status(
     if not answers:
         fail(f"no controller answered: {found}", EXIT_PROBLEM)
     fleet = load_fleet(st.name, st.spec)
-    versions, versions_unread = asyncio.run(_versions(st, fleet, backend, state_dir, known_hosts, identity, ssh_config))
+    access = BackendAccess(known_hosts, identity, ssh_config, kubeconfig, kube_context)
+    versions, versions_unread = asyncio.run(_versions(st, fleet, backend, state_dir, access))
     # the leader's view acts; any follower's is as fresh for scores (every instance applies every report)
     view = next((s for s in answers.values() if s.get("is_leader")), next(iter(answers.values())))
     leader = view.get("leader")

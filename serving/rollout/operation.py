@@ -17,13 +17,14 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import httpx
 
+from serving.kubeapi import KubeApi, KubeConfigError
 from serving.paths import MissingFileError, require_file
 from serving.plan.model import Fleet
 from serving.remote.fanout import load_ssh_config
 from serving.remote.probes import FanoutError
 from serving.render.k8s import gateway
 from serving.rollout.backends import Backend, BackendError, local
-from serving.rollout.backends.kubernetes import KubeApi, KubernetesBackend
+from serving.rollout.backends.kubernetes import KubernetesBackend
 from serving.rollout.backends.ssh import SshBackend
 from serving.rollout.journal import StackLock, StackState, load_state
 from serving.rollout.machine import EventKind, Outcome, RolloutState
@@ -57,8 +58,9 @@ class PlatformError(RuntimeError):
 @dataclass(frozen=True)
 class BackendConfig:
     """Which backend updates the replicas (``auto``: local processes for a sandbox stack, kubernetes otherwise)
-    and what it needs: ``known_hosts``/``identity``/``ssh_config`` for ssh; for kubernetes the API server (in-cluster without
-    ``kube_server``), its bearer token file and CA bundle."""
+    and what it needs: ``known_hosts``/``identity``/``ssh_config`` for ssh; for kubernetes the API server as
+    :meth:`serving.kubeapi.KubeApi.resolve` finds it: ``kube_server`` with its bearer token file and CA bundle, or a
+    kubeconfig (``kubeconfig``, ``kube_context``, else the stack's ``kubernetes:context``), or in-cluster."""
 
     kind: BackendKind = "auto"
     known_hosts: Path | None = None
@@ -67,6 +69,9 @@ class BackendConfig:
     kube_token_file: Path | None = None
     kube_ca_file: Path | None = None
     ssh_config: Path | None = None  # OpenSSH client configuration (serving.remote.fanout.load_ssh_config)
+    kubeconfig: Path | None = None
+    kube_context: str | None = None
+    stack_kube_context: str | None = None  # the stack file's kubernetes:context (the Pulumi provider's)
 
     def resolved(self, fleet: Fleet) -> BackendKind:
         if self.kind == "auto":
@@ -96,15 +101,18 @@ def open_backend(fleet: Fleet, paths: StackState, config: BackendConfig) -> Back
             except FanoutError as exc:
                 raise RolloutInputError(str(exc)) from None
             return SshBackend(fleet, known_hosts=config.known_hosts, identity=config.identity, ssh_config=ssh_config)
-        if config.kube_server is None:
-            api = KubeApi.in_cluster()
-        else:
-            token = config.kube_token_file.read_text().strip() if config.kube_token_file else None
-            api = KubeApi(config.kube_server, token, config.kube_ca_file)
+        api = KubeApi.resolve(
+            server=config.kube_server,
+            token_file=config.kube_token_file,
+            ca_file=config.kube_ca_file,
+            kubeconfig=config.kubeconfig,
+            context=config.kube_context,
+            stack_context=config.stack_kube_context,
+        )
         return KubernetesBackend(fleet, api)
     except MissingFileError as exc:
         raise RolloutInputError(str(exc)) from None
-    except (BackendError, OSError) as exc:
+    except (BackendError, KubeConfigError, OSError) as exc:
         raise RolloutInputError(f"--backend {kind}: {exc}") from None
 
 

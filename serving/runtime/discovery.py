@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import httpx
 
-from serving.rollout.backends.kubernetes import KubeApi
+from serving.kubeapi import KubeApi
 
 
 class DiscoveryError(RuntimeError):

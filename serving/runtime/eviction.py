@@ -32,8 +32,9 @@ from typing import Any
 
 import httpx
 
+from serving.kubeapi import KubeApi
 from serving.rollout.backends import BackendError, RestartUnreached
-from serving.rollout.backends.kubernetes import POLL_S, KubeApi
+from serving.rollout.backends.kubernetes import POLL_S
 
 
 class RestartRefused(BackendError):

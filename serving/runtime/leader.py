@@ -28,7 +28,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from serving.fleet_http import ca_tls, http_client
+from serving.fleet_http import http_client
+from serving.kubeapi import KubeApi
 from serving.render.common import whole_seconds
 
 
@@ -169,27 +170,24 @@ class KubernetesLeaseElection:
 
     def __init__(
         self,
-        api_url: str,
+        api: KubeApi,
         namespace: str,
         name: str,
         identity: str,
         ttl_s: float,
         *,
-        token: str | None = None,
-        ca_path: str | None = None,
         timeout_s: float = 2.0,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         """``wall_clock`` writes the Lease's times (for people reading it); expiry never reads it (see campaign)."""
-        self.url = f"{api_url.rstrip('/')}/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        self.url = f"{api.server.rstrip('/')}/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         self.wall_clock = wall_clock
         self._observed: tuple[str, float] | None = None  # the Lease's spec as last read, and since when (monotonic)
         self.namespace = namespace
         self.name = name
         self.identity = identity
         self.ttl_s = ttl_s
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = http_client(timeout=timeout_s, headers=headers, verify=ca_tls(ca_path))
+        self._http = api.client(timeout_s)
 
     async def _send(self, method: str, url: str, body: dict[str, Any] | None = None) -> httpx.Response:
         """One request to the API server; no answer is an :class:`ElectionError` (the service could not be asked)."""

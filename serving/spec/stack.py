@@ -222,6 +222,19 @@ def read_stack_document(path: Path) -> dict[str, Any]:
     return spec_document(raw["config"], source)
 
 
+def kubernetes_context(path: Path) -> str | None:
+    """The stack file's ``kubernetes:context``: the kubeconfig context the Pulumi Kubernetes provider deploys with (its
+    provider configuration), so that exaserve reaches the cluster ``pulumi up`` changed; None when unset. The stack was
+    loaded first (:func:`load_stack_file` reported any problem with the file)."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    config = raw.get("config") if isinstance(raw, dict) else None
+    value = config.get("kubernetes:context") if isinstance(config, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
 def load_stack_file(path: Path, name: str | None = None) -> Stack:
     """Read and validate one stack file; every way it can be unreadable is a :class:`SpecError` naming the file."""
     doc = read_stack_document(path)

@@ -35,7 +35,7 @@ import hashlib
 import json
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,7 +197,13 @@ class ApiServerStandIn:
     one. ``deleted`` records every pod the client deleted, in order.
     """
 
-    def __init__(self, spec: FleetSpec) -> None:
+    def __init__(self, spec: FleetSpec, *, token: str | None = None) -> None:
+        """``token``: every request must carry it as its bearer token. As the API server with anonymous requests
+        enabled (its default) answers: another bearer token 401 (no authenticator accepts it; a bad token is never
+        taken for anonymous), none 403 to ``system:anonymous``. ``Authorization`` headers seen are kept in
+        ``authorizations``; ``token`` may change while it serves (a rotated credential)."""
+        self.token = token
+        self.authorizations: list[str | None] = []
         self.validator = Validator(spec.kubernetes.version, crd_dir())
         self.objects: dict[str, dict[str, Any]] = {}
         self.patches: list[tuple[str, dict[str, Any]]] = []
@@ -589,8 +595,20 @@ class ApiServerStandIn:
 
         self._on_loop(change)
 
+    @web.middleware
+    async def _authenticate(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        given = request.headers.get("Authorization")
+        self.authorizations.append(given)
+        if self.token is not None and given is None:
+            return _status(403, "Forbidden", f'{request.path} is forbidden: User "system:anonymous" cannot access it')
+        if self.token is not None and given != f"Bearer {self.token}":
+            return _status(401, "Unauthorized", "Unauthorized")
+        return await handler(request)
+
     def __enter__(self) -> ApiServerStandIn:
-        app = web.Application()
+        app = web.Application(middlewares=[self._authenticate])
         app.router.add_get("/{tail:.*}", self._get)
         app.router.add_patch("/{tail:.*}", self._patch)
         app.router.add_delete("/{tail:.*}", self._delete)

@@ -53,26 +53,21 @@ namespace in the name), and alert ExaServeWorkersUnhealthy counts a batch as pla
 renewing and the page comes. The Lease is written the way the controller's election writes its own
 (:class:`serving.runtime.leader.KubernetesLeaseElection`, reused here).
 
-The API client is deliberately small: a bearer token and a CA bundle (the in-cluster service account
-by default), JSON over HTTPS; plain HTTP only to a loopback address (a local proxy or test stand-in).
+The API server and its credentials come from :class:`serving.kubeapi.KubeApi` (a kubeconfig context, in-cluster, or an
+explicit server): JSON over HTTPS; plain HTTP only to a loopback address (a local proxy or test stand-in).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence, Set
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
-from serving.fleet_http import ca_tls, http_client
+from serving.kubeapi import KubeApi, KubeCredentialError
 from serving.plan.model import Fleet
 from serving.render.k8s.common import LABEL_ADMITTED, LABEL_GROUP, LABEL_VERSION, K8sObject, image
 from serving.render.k8s.fleet import SERVING_CONTAINER, group_name, render
@@ -83,7 +78,6 @@ from serving.runtime.leader import ElectionError, KubernetesLeaseElection, Term
 from serving.spec.schema import FleetSpec
 
 log = logging.getLogger(__name__)
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 POLL_S = 0.5
 # The StatefulSet controller's label naming the revision a pod was created from (apps/v1 ControllerRevisionHashLabelKey).
 REVISION_LABEL = "controller-revision-hash"
@@ -104,41 +98,6 @@ def batch_lease_name(namespace: str) -> str:
     """The Lease the updater holds while a batch is out (module docstring): one per stack namespace, named with it
     because ``kube_lease_renew_time`` carries the Lease's name only."""
     return f"exaserve-rollout-{namespace}"
-
-
-@dataclass(frozen=True)
-class KubeApi:
-    """Where the API server is and how to authenticate to it."""
-
-    server: str
-    token: str | None = None
-    ca_file: Path | None = None
-
-    @classmethod
-    def in_cluster(cls) -> KubeApi:
-        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        if not host:
-            raise BackendError(
-                "not running in a pod (KUBERNETES_SERVICE_HOST unset); pass the API server URL, a token file "
-                "and its CA bundle explicitly (exaserve: --kube-server, --kube-token-file, --kube-ca-file)"
-            )
-        token = (SERVICE_ACCOUNT / "token").read_text().strip()
-        return cls(f"https://{host}:{port}", token, SERVICE_ACCOUNT / "ca.crt")
-
-    def client(self) -> httpx.AsyncClient:
-        url = urlsplit(self.server)
-        if url.scheme == "http" and not _loopback(url.hostname or ""):
-            raise BackendError(f"{self.server}: plain HTTP is allowed only to a loopback proxy; use https://")
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        verify = ca_tls(str(self.ca_file) if self.ca_file else None)
-        return http_client(base_url=self.server, headers=headers, verify=verify, timeout=10.0)
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def workload_path(obj: K8sObject) -> str:
@@ -282,6 +241,13 @@ def stuck_message(workload_name: str, namespace: str, stuck: Sequence[str]) -> s
     )
 
 
+def _unanswered(method: str, path: str, exc: httpx.HTTPError) -> BackendError:
+    """A request that got no answer: the credential that could not be renewed, or the API server not reached."""
+    if isinstance(exc, KubeCredentialError):
+        return BackendError(f"{method} {path}: {exc}")
+    return BackendError(f"{method} {path}: {exc!r}; is the API server reachable?")
+
+
 class KubernetesBackend(ReplicaIndex):
     """Patch update groups' workloads through the Kubernetes API and wait for their rollout."""
 
@@ -298,13 +264,11 @@ class KubernetesBackend(ReplicaIndex):
         self._pod_urls: dict[str, str] = {}  # replica → http://POD_IP:PORT from the latest listing
         namespace = fleet.spec.kubernetes.namespace
         self._lease = KubernetesLeaseElection(
-            api.server,
+            api,
             namespace,
             batch_lease_name(namespace),
             f"exaserve-updater/{namespace}",  # a resumed rollout takes back what its crashed run held
             ANNOUNCE_TTL_S,
-            token=api.token,
-            ca_path=str(api.ca_file) if api.ca_file else None,
             timeout_s=10.0,
         )
         self._term: Term | None = None
@@ -371,14 +335,29 @@ class KubernetesBackend(ReplicaIndex):
     def updates_whole_groups(self) -> bool:
         return True  # a batch is a whole workload: the update patches its pod template
 
+    def _refused(self, method: str, path: str, response: httpx.Response) -> BackendError:
+        """A request the API server did not do: its status and body, and for 401/403 whose credentials they were."""
+        text = f"{method} {path} answered {response.status_code}: {response.text[:500]}"
+        anonymous = "Authorization" not in response.request.headers or "system:anonymous" in response.text
+        if response.status_code in (401, 403) and anonymous:
+            text += f"; no credentials were sent ({self.api.source}): give a token or a kubeconfig user"
+        elif response.status_code == 401:
+            text += (
+                f"; the API server did not accept the credentials of {self.api.source}: renew them (log in again, "
+                "or check them with `kubectl auth whoami`)"
+            )
+        elif response.status_code == 403:
+            text += f"; the credentials of {self.api.source} lack this permission (the updater's Role: docs/infra.md)"
+        return BackendError(text)
+
     async def _get(self, group: int) -> K8sObject:
         path = workload_path(self._workloads[group])
         try:
             response = await self._http.get(path)
         except httpx.HTTPError as exc:
-            raise BackendError(f"GET {path}: {exc!r}; is the API server reachable?") from None
+            raise _unanswered("GET", path, exc) from None
         if response.status_code != 200:
-            raise BackendError(f"GET {path} answered {response.status_code}: {response.text[:300]}")
+            raise self._refused("GET", path, response)
         obj: K8sObject = response.json()
         status = obj.get("status") or {}
         if obj.get("kind") == "LeaderWorkerSet" and status and "observedGeneration" not in status:
@@ -396,9 +375,9 @@ class KubernetesBackend(ReplicaIndex):
         try:
             response = await self._http.get(path, params={"labelSelector": f"{LABEL_GROUP}={group}"})
         except httpx.HTTPError as exc:
-            raise BackendError(f"GET {path}: {exc!r}; is the API server reachable?") from None
+            raise _unanswered("GET", path, exc) from None
         if response.status_code != 200:
-            raise BackendError(f"GET {path} answered {response.status_code}: {response.text[:300]}")
+            raise self._refused("GET", path, response)
         return {p["metadata"]["name"]: p for p in response.json().get("items", [])}
 
     async def versions(self, replica_ids: Sequence[str]) -> dict[str, str | None]:
@@ -493,9 +472,9 @@ class KubernetesBackend(ReplicaIndex):
                 params={"fieldManager": FIELD_MANAGER},
             )
         except httpx.HTTPError as exc:
-            raise BackendError(f"PATCH {path}: {exc!r}; is the API server reachable?") from None
+            raise _unanswered("PATCH", path, exc) from None
         if response.status_code != 200 and not (missing_ok and response.status_code == 404):
-            raise BackendError(f"PATCH {path} answered {response.status_code}: {response.text[:500]}")
+            raise self._refused("PATCH", path, response)
 
     def _members(self, group: int) -> list[str]:
         return [r.id for r in self.replicas.values() if r.group == group]
@@ -523,9 +502,9 @@ class KubernetesBackend(ReplicaIndex):
         try:
             response = await self._http.delete(path)
         except httpx.HTTPError as exc:
-            raise BackendError(f"DELETE {path}: {exc!r}; is the API server reachable?") from None
+            raise _unanswered("DELETE", path, exc) from None
         if response.status_code not in (200, 202, 404):  # 404: gone already
-            raise BackendError(f"DELETE {path} answered {response.status_code}: {response.text[:500]}")
+            raise self._refused("DELETE", path, response)
 
     async def _wait(self, group: int, deadline: float, timeout_s: float) -> None:
         since = self._stuck_since.setdefault(group, {})
