@@ -67,7 +67,9 @@ def test_a_search_start_puts_blocks_and_ports_at_or_above_it_and_a_bad_one_is_re
     for start in starts:
         monkeypatch.setenv(PORT_SEARCH_START, str(start))
         base, single = free_port_block(40), free_ports(1)[0]
-        assert start <= base < start + 500 and start <= single < start + 500, (start, base, single)
+        # at or above the start: the search steps on past ports another process holds, so how far above depends on
+        # the machine (a clean-clone run under load once had 20700-21254 held by a scale sandbox beside it)
+        assert start <= base and start <= single, (start, base, single)
         picked.append(set(range(base, base + 40)))
     assert not picked[0] & picked[1]
     monkeypatch.setenv(PORT_SEARCH_START, "twenty")
