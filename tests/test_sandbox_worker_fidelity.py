@@ -268,34 +268,6 @@ def test_a_wedged_scheduler_s_loads_and_gauges_freeze_at_its_last_publication(tm
     assert after["timestamp"] > seen["at_wedge"]["timestamp"] and after["num_waiting_reqs"] >= 3, after
 
 
-def test_the_waiting_queue_s_tokens_are_reported_as_sglang_reports_them(tmp_path: Path) -> None:
-    """Issue 39, item 9: smg's power_of_two (what prod renders) scores a worker's expected wait from its queued token
-    work (``policies/least_load.rs``: ``num_waiting_uncached_tokens`` from ``/v1/loads``, or waiting requests × 1,024
-    when a backend reports none); the simulated worker reported 0. SGLang's is each waiting request's length less its
-    cached prefix (``load_inquirer.py``; nothing is cached here). Its ``gen_throughput`` stays 0 (docs/testing.md)."""
-    inquirer = (sglang_source() / "srt" / "managers" / "scheduler_components" / "load_inquirer.py").read_text()
-    assert "num_waiting_uncached_tokens=self.get_num_waiting_uncached_tokens()" in inquirer
-    assert "uncached = max(0, req.seqlen - matched)" in inquirer
-    worker = make_worker(tmp_path, max_running_requests=1)
-
-    async def body(client: TestClient[Any, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        await client.put("/sim/fault", json={"wedged": True})  # nothing runs: every request waits
-        prompts = [{"text": " ".join(["w"] * n), "sampling_params": {"max_new_tokens": 8}} for n in (5, 7, 11)]
-        waiting = [asyncio.create_task(client.post("/generate", json=p)) for p in prompts]
-        await asyncio.sleep(0.05)
-        await client.delete("/sim/fault")
-        [queued] = (await (await client.get("/v1/loads")).json())["loads"]
-        await asyncio.gather(*waiting)
-        [done] = (await (await client.get("/v1/loads")).json())["loads"]
-        return queued, done
-
-    queued, done = with_client(worker, body)
-    # one runs once the wedge lifts; the other two wait behind the single slot, each with its whole prompt (a word a
-    # token: the simulated tokenizer)
-    assert queued["num_waiting_reqs"] == 2 and queued["num_waiting_uncached_tokens"] in (5 + 7, 5 + 11, 7 + 11), queued
-    assert done["num_waiting_uncached_tokens"] == 0 and done["gen_throughput"] == 0.0, done
-
-
 def test_inter_token_latency_is_observed_as_sglang_does_and_a_stall_shows_only_in_a_stream(tmp_path: Path) -> None:
     """The stall signal's source (issue 38): SGLang 0.5.23 observes ``sglang:inter_token_latency_seconds`` at each
     output of a request after its first, the interval over the tokens it brought, once per token, the interval into

@@ -199,14 +199,7 @@ class SimulatedWorker:
                 await self.scheduler.stall(self.scheduler.fault.flap_stall_s)
         tic = time.monotonic()
         step_s = c.latency_ms * self.scheduler.fault.slowdown / 1000 / DEFAULT_MAX_NEW_TOKENS
-        generation = asyncio.create_task(
-            self.scheduler.schedule(
-                1 + HEALTH_MAX_NEW_TOKENS,
-                step_s,
-                REQUEST_PRIORITY,
-                prompt_tokens=1,
-            )
-        )
+        generation = asyncio.create_task(self.scheduler.schedule(1 + HEALTH_MAX_NEW_TOKENS, step_s, REQUEST_PRIORITY))
         try:
             while time.monotonic() < tic + c.health_timeout_s:
                 await asyncio.sleep(c.health_poll_s)
@@ -266,10 +259,8 @@ class SimulatedWorker:
         ``LoadSnapshot.to_dict`` per DP rank, ``sglang/srt/managers/load_snapshot.py``): the core figures always, the
         ``memory``, ``disaggregation`` and ``queues`` sections unless ``include`` leaves them out (``speculative`` and
         ``lora`` are absent, as on a server without them); an unknown section is a 400 as there. What smg polls:
-        ``/v1/loads?include=core,disagg,queues,memory``; its power_of_two and least_load policies score a worker's
-        expected wait as its queued and running token work over its generation throughput (``policies/least_load.rs``):
-        the waiting requests' prompt tokens are simulated; the throughput is not (0, which smg prices at its default
-        2,000 tokens/s: docs/testing.md, "Where the simulated worker is kinder"), nor cache hits and prefill counters."""
+        ``/v1/loads?include=core,disagg,queues,memory``. Figures SGLang has and this worker does not simulate
+        (throughput, cache hits, prefill counters) are 0."""
         include = {part.strip() for part in request.query.get("include", "").split(",") if part.strip()} or None
         if include is not None and not include <= LOADS_SECTIONS:
             unknown = sorted(include - LOADS_SECTIONS)
@@ -286,7 +277,7 @@ class SimulatedWorker:
             "dp_rank": 0,
             "num_running_reqs": published.running,
             "num_waiting_reqs": published.waiting,
-            "num_waiting_uncached_tokens": published.waiting_tokens,
+            "num_waiting_uncached_tokens": 0,
             "num_used_tokens": published.tokens_in_flight,
             "num_total_tokens": published.tokens_in_flight,
             "num_active_tokens": published.tokens_in_flight,
@@ -399,12 +390,7 @@ class SimulatedWorker:
             gap(produced)
 
         generating_s = await self.scheduler.schedule(
-            prompt_tokens + max_tokens,
-            duration_s,
-            priority,
-            outputs=outputs,
-            emit=output,
-            prompt_tokens=prompt_tokens,
+            prompt_tokens + max_tokens, duration_s, priority, outputs=outputs, emit=output
         )
         latency_s = time.monotonic() - started
         self.metrics.record_request(per_request, latency_s, prompt_tokens, max_tokens, generating_s)
@@ -451,12 +437,7 @@ class SimulatedWorker:
         started = time.monotonic()
         try:
             generating_s = await self.scheduler.schedule(
-                prompt_tokens + len(words),
-                duration_s,
-                priority,
-                outputs=len(words),
-                emit=emit,
-                prompt_tokens=prompt_tokens,
+                prompt_tokens + len(words), duration_s, priority, outputs=len(words), emit=emit
             )
         except ConnectionResetError:  # the client went, or the break above: the request is aborted
             return response

@@ -96,9 +96,6 @@ class LoadSnapshot:
     tokens_in_flight: int
     kv_usage: float
     load: Mapping[tuple[int, str, str], int]  # requests per (DP rank, priority, "running" | "waiting")
-    # the waiting requests' prompt tokens: SGLang's num_waiting_uncached_tokens (load_inquirer.py
-    # get_num_waiting_uncached_tokens: each waiting request's length less its cached prefix; none is cached here)
-    waiting_tokens: int = 0
 
 
 class SimulatedScheduler:
@@ -116,7 +113,6 @@ class SimulatedScheduler:
         self._admitted = 0  # requests so far; the n-th goes to DP rank n % dp_size
         self.last_output = float("-inf")  # when the simulated scheduler last finished a request (monotonic)
         self.tokens_in_flight = 0
-        self.waiting_tokens = 0  # the waiting requests' prompt tokens
         self._finished = asyncio.Condition()  # a request ended: one held back by a fault's ``admit`` may start
         self.fault = NO_FAULT
         self._stalled_until = float("-inf")  # the flapping scheduler's current stall ends then (monotonic)
@@ -135,7 +131,7 @@ class SimulatedScheduler:
 
     def _snapshot(self) -> LoadSnapshot:
         return LoadSnapshot(time.time(), self.running, self.waiting, self.tokens_in_flight, self.kv_usage(),
-                            dict(self.load), self.waiting_tokens)  # fmt: skip
+                            dict(self.load))  # fmt: skip
 
     def _freeze(self) -> None:
         """The scheduler is about to stop: what it published last is what it shows until it runs again."""
@@ -183,15 +179,13 @@ class SimulatedScheduler:
         *,
         outputs: int = 1,
         emit: Callable[[int], Awaitable[None]] | None = None,
-        prompt_tokens: int = 0,
     ) -> float:
         """One request through the simulated scheduler: it waits in its DP rank's queue until a slot (and, under
         memory pressure, the pool) admits it and the scheduler runs, holds ``tokens`` of the KV pool for
         ``duration_s``, and produces ``outputs`` outputs evenly over it, each only while the scheduler is not wedged
         (a stall holds the next one); each is the scheduler's output, handed to ``emit`` (a stream's chunk) with the
         count so far. Returns the seconds from its admission to its last output (its generation, a stall included;
-        its queueing not). An ``emit`` that raises (the client went away) aborts the request. ``prompt_tokens`` count
-        in the waiting queue's tokens while it waits."""
+        its queueing not). An ``emit`` that raises (the client went away) aborts the request."""
         rank = self._admitted % self.config.dp_size
         self._admitted += 1
 
@@ -199,7 +193,6 @@ class SimulatedScheduler:
             return not self._stopped() and (self.fault.admit is None or self.running < self.fault.admit)
 
         self.waiting += 1
-        self.waiting_tokens += prompt_tokens
         self.load[rank, priority, "waiting"] += 1
         try:
             await self._slots.acquire()
@@ -212,7 +205,6 @@ class SimulatedScheduler:
                 raise
         finally:
             self.waiting -= 1
-            self.waiting_tokens -= prompt_tokens
             self.load[rank, priority, "waiting"] -= 1
         self.load[rank, priority, "running"] += 1
         self.tokens_in_flight += tokens
