@@ -308,10 +308,9 @@ class _Contexts:
 
 
 def _contexts(files: list[Path]) -> _Contexts:
-    names: list[str] = []
     current: str | None = None
     clusters: dict[str, dict[str, Any]] = {}
-    cluster_of: dict[str, str] = {}
+    cluster_of: dict[str, str] = {}  # context → its cluster, the contexts in the order the files name them
     for f in files:
         try:
             with f.open(encoding="utf-8") as stream:  # a stream's YAML error quotes no source line (a token's)
@@ -327,12 +326,11 @@ def _contexts(files: list[Path]) -> _Contexts:
             if isinstance(c, dict) and c.get("name") and isinstance(c.get("cluster"), dict):
                 clusters.setdefault(str(c["name"]), c["cluster"])
         for c in doc.get("contexts") or []:
-            if isinstance(c, dict) and c.get("name") and str(c["name"]) not in cluster_of:
-                names.append(str(c["name"]))
-                cluster_of[str(c["name"])] = str((c.get("context") or {}).get("cluster", ""))
+            if isinstance(c, dict) and c.get("name"):
+                cluster_of.setdefault(str(c["name"]), str((c.get("context") or {}).get("cluster", "")))
         current = current or (str(doc["current-context"]) if doc.get("current-context") else None)
-    proxies = {n: clusters.get(cluster_of[n], {}).get("proxy-url") for n in names}
-    return _Contexts(names, current, proxies)
+    proxies = {n: clusters.get(cluster, {}).get("proxy-url") for n, cluster in cluster_of.items()}
+    return _Contexts(list(cluster_of), current, proxies)
 
 
 def _load_context(where: str, name: str, source: str) -> Any:

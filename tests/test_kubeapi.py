@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -18,10 +19,13 @@ import pytest
 import yaml
 
 from serving import kubeapi
+from serving.cli.runtime import _versions
 from serving.kubeapi import KubeApi, KubeConfigError
+from serving.rollout.operation import BackendConfig
+from serving.spec.stack import load_stack_file
 from tests.support.apiserver import RELEASES, ApiServerStandIn, k8s_spec
 from tests.support.cli import exaserve, json_object
-from tests.support.stacks import write_variant
+from tests.support.stacks import fleet_of, write_variant
 
 # An exec credential plugin as `aws eks get-token` is one: it prints an ExecCredential on stdout. This one counts its
 # runs in a file beside it and hands out "tok-<run>" (or always the same token), valid for ``valid_s`` seconds.
@@ -72,11 +76,22 @@ def clean_env(tmp_path: Path) -> dict[str, str]:
     return {"HOME": str(tmp_path / "home"), "KUBECONFIG": "", "KUBERNETES_SERVICE_HOST": ""}
 
 
+def k8s_stack(tmp_path: Path) -> Path:
+    """A stack file of the dev stack with the stand-in's releases (the stand-in's fleet, ``k8s_spec(False)``)."""
+    return write_variant(tmp_path, "k8s", base="dev", changes={"serving.releases": RELEASES})
+
+
+def dry_run(tmp_path: Path, stack: Path, config: Path, *more: str) -> subprocess.CompletedProcess[str]:
+    """``exaserve rollout --to v2 --dry-run`` on ``stack`` with the kubeconfig ``config`` only (no ambient one)."""
+    return exaserve("rollout", "--stack-file", str(stack), "--to", "v2", "--dry-run", *more, "--kubeconfig",
+                    str(config), "--state-dir", str(tmp_path / "state"), env=clean_env(tmp_path))  # fmt: skip
+
+
 def test_a_rollout_dry_run_reaches_the_cluster_with_only_a_kubeconfig_at_the_stacks_context(tmp_path: Path) -> None:
     """The kubeconfig's current context points elsewhere (a closed port); the stack file names the Pulumi provider's
     ``kubernetes:context``; its user is an exec plugin whose token the stand-in requires. The dry run plans from the
     versions it read through that context: every request carried the plugin's token."""
-    stack = write_variant(tmp_path, "k8s", base="dev", changes={"serving.releases": RELEASES})
+    stack = k8s_stack(tmp_path)
     doc = yaml.safe_load(stack.read_text())
     doc["config"]["kubernetes:context"] = "fleet"
     stack.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -86,8 +101,7 @@ def test_a_rollout_dry_run_reaches_the_cluster_with_only_a_kubeconfig_at_the_sta
             {"fleet": (api.url, exec_user(tmp_path, "tok-1")), "other": ("http://127.0.0.1:9", {"token": "x"})},
             current="other",
         )
-        r = exaserve("rollout", "--stack-file", str(stack), "--to", "v2", "--dry-run", "--json", "--kubeconfig",
-                     str(config), "--state-dir", str(tmp_path / "state"), env=clean_env(tmp_path))  # fmt: skip
+        r = dry_run(tmp_path, stack, config, "--json")
         seen = list(api.authorizations)
     assert r.returncode == 0, r.stdout + r.stderr
     plan = json_object(r)
@@ -99,11 +113,10 @@ def test_a_rollout_dry_run_reaches_the_cluster_with_only_a_kubeconfig_at_the_sta
 def test_without_the_plugins_token_the_api_server_refuses_and_the_rollout_says_so(tmp_path: Path) -> None:
     """The same cluster through a context whose plugin hands out another token: 401 on the first read, and the dry
     run fails naming the status, never a traceback (the stand-in is not kinder than the API server)."""
-    stack = write_variant(tmp_path, "k8s", base="dev", changes={"serving.releases": RELEASES})
+    stack = k8s_stack(tmp_path)
     with ApiServerStandIn(k8s_spec(False), token="tok-1") as api:
         config = kubeconfig(tmp_path, {"fleet": (api.url, exec_user(tmp_path, "stale"))}, current="fleet")
-        r = exaserve("rollout", "--stack-file", str(stack), "--to", "v2", "--dry-run", "--kubeconfig", str(config),
-                     "--state-dir", str(tmp_path / "state"), env=clean_env(tmp_path))  # fmt: skip
+        r = dry_run(tmp_path, stack, config)
         seen = list(api.authorizations)
     assert r.returncode != 0 and "401" in r.stderr and "Traceback" not in r.stderr, r.stdout + r.stderr
     assert "did not accept the credentials of kubeconfig" in " ".join(r.stderr.split()) and "context fleet" in r.stderr
@@ -113,11 +126,10 @@ def test_without_the_plugins_token_the_api_server_refuses_and_the_rollout_says_s
 def test_a_context_without_credentials_is_told_none_were_sent(tmp_path: Path) -> None:
     """The API server takes a request without credentials as system:anonymous and refuses it 403: the message says no
     credentials were sent rather than blaming the updater's Role."""
-    stack = write_variant(tmp_path, "k8s", base="dev", changes={"serving.releases": RELEASES})
+    stack = k8s_stack(tmp_path)
     with ApiServerStandIn(k8s_spec(False), token="tok-1") as api:
         config = kubeconfig(tmp_path, {"fleet": (api.url, {})}, current="fleet")
-        r = exaserve("rollout", "--stack-file", str(stack), "--to", "v2", "--dry-run", "--kubeconfig", str(config),
-                     "--state-dir", str(tmp_path / "state"), env=clean_env(tmp_path))  # fmt: skip
+        r = dry_run(tmp_path, stack, config)
     assert r.returncode != 0 and "403" in r.stderr and "Traceback" not in r.stderr, r.stdout + r.stderr
     assert "no credentials were sent" in " ".join(r.stderr.split()), r.stderr
 
@@ -351,14 +363,10 @@ def test_the_loading_order_is_client_gos(tmp_path: Path, monkeypatch: pytest.Mon
 def test_status_reads_versions_through_a_kubeconfig(tmp_path: Path) -> None:
     """`status`'s version column, as a rollout reads it, through the kubeconfig flag (no controller needed for the
     column: the reading is :func:`serving.cli.runtime._versions`)."""
-    from serving.cli.runtime import BackendAccess, _versions
-    from serving.spec.stack import load_stack_file
-    from tests.support.stacks import fleet_of
-
-    stack = load_stack_file(write_variant(tmp_path, "k8s", base="dev", changes={"serving.releases": RELEASES}))
+    stack = load_stack_file(k8s_stack(tmp_path))
     fleet = fleet_of(stack.spec, stack.name)
     with ApiServerStandIn(k8s_spec(False), token="tok-1") as api:
         config = kubeconfig(tmp_path, {"fleet": (api.url, exec_user(tmp_path, "tok-1"))}, current="fleet")
-        access = BackendAccess(tmp_path / "known_hosts", kubeconfig=config)
-        versions, why = asyncio.run(_versions(stack, fleet, "kubernetes", tmp_path / "state", access))
+        access = BackendConfig("kubernetes", kubeconfig=config)
+        versions, why = asyncio.run(_versions(stack, fleet, access, tmp_path / "state"))
     assert why is None and versions and set(versions.values()) == {"v1"}, (why, versions)

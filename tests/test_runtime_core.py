@@ -21,8 +21,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.cli.runtime import BackendAccess, _versions
+from serving.cli.runtime import _versions
 from serving.kubeapi import KubeApi
+from serving.rollout.operation import BackendConfig
 from serving.runtime.agent import REPORTS_PATH
 from serving.runtime.controller import Action, Controller, ControllerConfig, Kind, ReplicaState, replica_urls
 from serving.runtime.discovery import NodePods
@@ -1010,9 +1011,9 @@ def test_status_reads_versions_through_the_rollouts_backend_and_says_why_it_cann
     stack = load_stack_file(write_variant(tmp_path, "bare", "dev"))
     fleet = fleet_of(stack.spec, stack.name)
     missing = tmp_path / "known_hosts"
-    versions, why = asyncio.run(_versions(stack, fleet, "ssh", tmp_path / "state", BackendAccess(missing)))
+    versions, why = asyncio.run(_versions(stack, fleet, BackendConfig("ssh", known_hosts=missing), tmp_path / "state"))
     assert versions == {} and why is not None and "--known-hosts" in why and str(missing) in why, why
-    assert asyncio.run(_versions(stack, fleet, "none", tmp_path / "state", BackendAccess(missing))) == (
+    assert asyncio.run(_versions(stack, fleet, None, tmp_path / "state")) == (
         {},
         "not read (--backend none)",
     )

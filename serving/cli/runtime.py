@@ -12,9 +12,8 @@ import asyncio
 import logging
 import os
 import socket
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import httpx
 import typer
@@ -56,6 +55,9 @@ from serving.runtime.eviction import PodEvictionRestarter
 from serving.runtime.leader import Election, EtcdElection, KubernetesLeaseElection
 from serving.runtime.service import STATUS_PATH, BackendRestarter, ControllerService, Restarter
 from serving.spec.stack import Stack, kubernetes_context
+
+if TYPE_CHECKING:
+    from serving.rollout.operation import BackendConfig  # at run time where used: it loads the ssh client
 
 controller_app = typer.Typer(
     help="The fleet controller (one of scheduler.instances, one leader).", no_args_is_help=True
@@ -320,44 +322,22 @@ def _on_routers(url: str, views: dict[str, dict[str, bool]], silent: dict[str, s
     return dict(sorted(out.items()))
 
 
-@dataclass(frozen=True)
-class BackendAccess:
-    """How ``status`` reaches the backend that reads each replica's version: SSH (``known_hosts``, ``identity``,
-    ``ssh_config``) or the Kubernetes API (``kubeconfig``, ``kube_context``)."""
-
-    known_hosts: Path
-    identity: Path | None = None
-    ssh_config: Path | None = None
-    kubeconfig: Path | None = None
-    kube_context: str | None = None
-
-
 async def _versions(
     st: Stack,
     fleet: Fleet,
-    kind: RestartBackend,
+    config: BackendConfig | None,
     state_dir: Path | None,
-    access: BackendAccess,
 ) -> tuple[dict[str, str | None], str | None]:
     """What each replica runs as its backend observes it (the reading a rollout plans from: None is down), or why
-    it could not be read."""
-    from serving.rollout.operation import BackendConfig, open_backend  # noqa: PLC0415 - loads the ssh client
+    it could not be read; ``config`` None: ``--backend none``."""
+    from serving.rollout.operation import open_backend  # noqa: PLC0415 - loads the ssh client
 
-    if kind == "none":
+    if config is None:
         return {}, "not read (--backend none)"
     if st.spec.sandbox is not None:
         from serving.sandbox.endpoints import register  # noqa: PLC0415 - sandbox stacks only
 
         register()  # the sandbox's workers are --backend local
-    config = BackendConfig(
-        kind,
-        known_hosts=access.known_hosts,
-        identity=access.identity,
-        ssh_config=access.ssh_config,
-        kubeconfig=access.kubeconfig,
-        kube_context=access.kube_context,
-        stack_kube_context=kubernetes_context(st.path),
-    )
     try:
         backend = open_backend(fleet, stack_state(st, state_dir), config)
     except RolloutInputError as exc:
@@ -408,8 +388,13 @@ def status(
     if not answers:
         fail(f"no controller answered: {found}", EXIT_PROBLEM)
     fleet = load_fleet(st.name, st.spec)
-    access = BackendAccess(known_hosts, identity, ssh_config, kubeconfig, kube_context)
-    versions, versions_unread = asyncio.run(_versions(st, fleet, backend, state_dir, access))
+    from serving.rollout.operation import BackendConfig  # noqa: PLC0415 - loads the ssh client
+
+    config = None
+    if backend != "none":
+        config = BackendConfig(backend, known_hosts, identity, ssh_config=ssh_config, kubeconfig=kubeconfig,
+                               kube_context=kube_context, stack_kube_context=kubernetes_context(st.path))  # fmt: skip
+    versions, versions_unread = asyncio.run(_versions(st, fleet, config, state_dir))
     # the leader's view acts; any follower's is as fresh for scores (every instance applies every report)
     view = next((s for s in answers.values() if s.get("is_leader")), next(iter(answers.values())))
     leader = view.get("leader")
