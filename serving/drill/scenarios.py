@@ -21,7 +21,6 @@ from enum import StrEnum
 from typing import Any, Literal, get_args
 
 from serving.plan.model import Figure, Fleet
-from serving.runtime.records import ControllerConfig
 from serving.runtime.score import next_score
 from serving.spec.schema import DrillName, HealthScoreSpec
 
@@ -511,7 +510,7 @@ def scenario_targets(scenario: Scenario, fleet: Fleet) -> tuple[Target, ...]:
         )
     if scenario.detected_by == "breakers":
         s = fleet.spec.serving
-        dwell = ControllerConfig.from_spec(fleet.spec, len(fleet.plan.replicas)).breaker_dwell_s
+        dwell = fleet.spec.breaker_dwell_s()
         tick = s.heartbeat_interval_s / 2
         detect = dwell + 3 * tick
         targets[TargetName.DETECTION] = Target(

@@ -114,7 +114,7 @@ class ControllerConfig:
             or max_evicted / spec.serving.startup_budget_s,
             restart_burst=rt.restart_burst or max(per_node, math.ceil(replicas / 100)),
             disrupted_share=rt.disrupted_share,
-            breaker_dwell_s=rt.breaker_dwell_s or 2 * spec.serving.failure_threshold * iv,
+            breaker_dwell_s=spec.breaker_dwell_s(),
             clock_skew_alert_s=rt.clock_skew_alert_s,
             latency_outlier_ratio=rt.latency_outlier_ratio,
             latency_ejection_s=rt.latency_ejection_s,

@@ -119,6 +119,11 @@ class FleetSpec(SpecModel):
     def group_image(self, group: int) -> str:
         return self.serving.releases[self.group_version(group)]
 
+    def breaker_dwell_s(self) -> float:
+        """``runtime.breaker_dwell_s``, or its default: twice serving.failure_threshold × serving.heartbeat_interval_s
+        (the controller's rule and the drills' detection target both read it here)."""
+        return self.runtime.breaker_dwell_s or 2 * self.serving.failure_threshold * self.serving.heartbeat_interval_s
+
 
 def json_schema() -> dict[str, Any]:
     """JSON Schema of a stack's ``exaserve:`` config, for editors."""
