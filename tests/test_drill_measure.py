@@ -548,3 +548,36 @@ def test_a_broken_stream_is_a_failed_request_though_its_status_is_200() -> None:
     results = [RequestResult(0.0, 1.0, 200), broken, RequestResult(2.0, 1.0, 200, streamed=True, ttft_s=0.1)]
     assert served_again_after(results) == 2.0
     assert served_again_after(results[:2]) is None
+
+
+def test_a_bystander_only_shed_for_load_is_reported_by_order_and_failed_by_the_rehearsal() -> None:
+    """ci-under-load's run 4 (issue 37): in the node-stall drill the leader shed a healthy replica for its load
+    (state shed, score 100) while the machine was busy. Shedding weighs load figures that follow the machine's speed,
+    so the order judge reports it and does not fail; the rehearsal's judge still fails it. A bystander the leader
+    ever had out for failing (out, migrating) is a false detection for both."""
+    crash = SCENARIOS["replica-crash"]
+    fl = fleet_of(spec_from("sandbox"))
+
+    def seen(t: float, w2: str, w3: str, out: tuple[str, ...]) -> Probe:
+        routers = {A: everyone(W1=False, **{k: False for k in ("W2", "W3") if globals()[k] in out})}
+        return Probe(t, routers, "c0", {u: u not in out for u in (W1, W2, W3)}, states={W2: w2, W3: w3})
+
+    probes = [
+        probe(-1.0, {A: everyone()}),
+        seen(1.0, "shed", "serving", (W1, W2)),
+        seen(2.0, "warming", "out", (W1, W2, W3)),  # W3 failed: out, never shed
+        seen(3.0, "serving", "migrating", (W1, W3)),
+        probe(4.0, {A: everyone()}),
+    ]
+    m = measure(probes, steady(-2, 4), subjects=(W1,), baseline_s=2, gates=GATES, end=4, healed=None)
+    assert m.false_detections == (W2, W3) and m.shed == (W2,)
+    assert "the leader had it shed then warming" in m.false_seen[W2]
+    (by_order,) = [c for c in judge_order(crash, scenario_targets(crash, fl), m) if c.name == "false_detections"]
+    assert not by_order.ok and by_order.measured == 1.0  # W3 still fails it
+    assert W3 in by_order.reason.split("; shed")[0] and f"not by order): {W2}" in by_order.reason
+    (timed,) = [c for c in judge(crash, [], m) if c.name == "false_detections"]
+    assert not timed.ok and timed.measured == 2.0 and W2 in timed.reason
+    only_shed = measure(probes[:2] + probes[-1:], steady(-2, 4), subjects=(W1,), baseline_s=2, gates=GATES, end=4,
+                        healed=None)  # fmt: skip
+    (ok,) = [c for c in judge_order(crash, [], only_shed) if c.name == "false_detections"]
+    assert ok.ok and ok.measured == 0.0 and "shed for load or latency" in ok.reason

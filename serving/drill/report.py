@@ -209,6 +209,7 @@ def drill_json(run: Run, stack: str, timeline: Path | None) -> dict[str, Any]:
         "healed_s": None if run.healed_at is None else round(run.healed_at - run.t0, 3),
         "baseline": m.baseline.to_json(),
         "false_detections": list(m.false_detections),
+        "shed": list(m.shed),  # of those, the ones the leader only shed for load or latency
         "late_blips": m.late_blips,
         "settled": run.settled,
         "rate_per_s": run.settings.rate_per_s,

@@ -116,7 +116,10 @@ def check_what_every_drill_holds(scenario: str, r: subprocess.CompletedProcess[s
     if s.evicts:
         assert doc["detection_s"] is not None and doc["restoration_s"] is not None  # out, then back
     else:
-        assert doc["false_detections"] == []
+        # judged by order, a replica only shed for its load or latency is the rehearsal's to judge (its figures follow
+        # the machine's speed); one failed or restarted is a false detection however the drill was judged
+        forgiven = set(doc["shed"]) if any(c["judged"] == "order" for c in doc["checks"]) else set()
+        assert set(doc["false_detections"]) <= forgiven, doc["false_detections"]
     fired = {a["alertname"] for a in doc["alerts"]["fired"]}
     # an alert the judge found not due (the replica back before its `for` could pass) is neither required nor forbidden
     [alert_check] = [c for c in doc["checks"] if c["name"] == "alerts_fired"]
