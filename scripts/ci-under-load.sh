@@ -3,20 +3,22 @@
 # of HEAD, one after another, as CI runs it (CI=true, a copy of ../shared beside the clone), each with
 # `stress-ng --cpu 2` running beside it the whole time, and reports each run's exit status and wall time.
 #
-#   scripts/ci-under-load.sh [--runs N] [--no-load] [--keep]
+#   scripts/ci-under-load.sh [--runs N] [--no-load] [--keep] [--rev REV]
 #
 # --runs N: how many runs (default 3); --no-load: the same without stress-ng (the comparison); --keep: keep the
-# clones and their logs (default: the logs only, under test-output/ci-under-load/). Exit 0 when every run was
-# green, 1 otherwise. What is tested is HEAD as committed when each run starts (each line names it): commit first.
+# clones and their logs (default: the logs only, under test-output/ci-under-load/REV/); --rev REV: the commit every
+# run tests (default: HEAD when the script starts, so commits made meanwhile do not split the runs). Exit 0 when every
+# run was green, 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-runs=3 load=1 keep=0
+runs=3 load=1 keep=0 rev=HEAD
 while (($#)); do
   case $1 in
     --runs) runs=$2; shift 2 ;;
     --no-load) load=0; shift ;;
     --keep) keep=1; shift ;;
-    *) echo "ci-under-load.sh: unknown argument $1 (--runs N, --no-load, --keep)" >&2; exit 2 ;;
+    --rev) rev=$2; shift 2 ;;
+    *) echo "ci-under-load.sh: unknown argument $1 (--runs N, --no-load, --keep, --rev REV)" >&2; exit 2 ;;
   esac
 done
 shared=$(cd .. && pwd)/shared
@@ -26,7 +28,10 @@ if ((load)) && ! command -v stress-ng >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends stress-ng >/dev/null \
     || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends stress-ng >/dev/null; }
 fi
-logs=$PWD/test-output/ci-under-load
+commit=$(git rev-parse --verify --quiet "$rev^{commit}") \
+  || { echo "ci-under-load.sh: --rev $rev names no commit here (a commit, branch or tag: git log --oneline)" >&2; exit 2; }
+head=$(git rev-parse --short "$commit")
+logs=$PWD/test-output/ci-under-load/$head$( ((load)) || echo -no-load)
 mkdir -p "$logs"
 work=$(mktemp -d /tmp/ci-under-load.XXXXXX)
 stress=""
@@ -40,7 +45,7 @@ for ((i = 1; i <= runs; i++)); do
   run=$work/run-$i
   mkdir -p "$run"
   git clone --quiet --no-hardlinks "$PWD" "$run/main"
-  head=$(git -C "$run/main" rev-parse --short HEAD)  # each run clones the HEAD of its own start
+  git -C "$run/main" checkout --quiet "$commit"
   cp -r "$shared" "$run/shared"
   chmod -R a-w "$run/shared"
   if ((load)); then
