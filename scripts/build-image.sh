@@ -1,41 +1,50 @@
 #!/usr/bin/env bash
-# Build the exaserve image (Dockerfile) from this checkout.
+# Build the exaserve image from the Dockerfile in this checkout.
 #
-#   scripts/build-image.sh [--tag NAME:TAG]        docker (or buildah) build of the Dockerfile; prints the image ID
-#   scripts/build-image.sh --rootfs DIR [--tag T]  no registry needed: the same image's root filesystem from Debian's
-#                                                  own packages (debootstrap), the same install step in a chroot, the
-#                                                  CLI run from it as uid 65532; then, with buildah, an OCI image of
-#                                                  it, the CLI run in it (buildah run) and its digest printed
+#   scripts/build-image.sh [--tag NAME:TAG]
+#       docker (or buildah) builds the Dockerfile on its pinned base; prints the image ID
+#   scripts/build-image.sh --local-base DIR [--tag NAME:TAG]
+#       for a machine that reaches no container registry: the base made here from Debian's own packages
+#       (debootstrap of the base's release, bookworm, into DIR, kept for the next build, committed as
+#       localhost/exaserve-base:bookworm), then the same Dockerfile, every RUN and COPY, built on it with buildah;
+#       then the image is run as a container runs it (buildah run): uid 65532, `exaserve --version`,
+#       `exaserve controller run --help`, `exaserve agent run --help`; its size and layers printed.
 #
-# Both stage one build context: dist/ (this checkout's wheel), wheels/ (its dependencies, from requirements.lock when
-# the checkout has one, else the wheel's pins), image-install.sh. The Debian mirror for --rootfs is this machine's own
-# (its apt sources), or DEBIAN_MIRROR.
+# Both stage one build context: dist/ (this checkout's wheel, built without build isolation by this venv's setuptools,
+# the one requirements-dev.lock pins), wheels/ (requirements-image.lock's wheels, every hash checked),
+# requirements-image.lock and image-install.sh. The Debian mirror for --local-base is this machine's own (its apt
+# sources), or DEBIAN_MIRROR. Exit status: 0 built (and, with --local-base, run), 2 bad input or a missing tool, else
+# the failing tool's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tag="exaserve/exaserve-deploy:$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)"
-rootfs=""
+base_dir=""
 while (($#)); do
   case "$1" in
     --tag) tag=${2:?--tag needs NAME:TAG}; shift 2 ;;
-    --rootfs) rootfs=${2:?--rootfs needs a directory}; shift 2 ;;
-    *) echo "build-image: unknown argument $1 (use --tag NAME:TAG, --rootfs DIR)" >&2; exit 2 ;;
+    --local-base) base_dir=${2:?--local-base needs a directory}; shift 2 ;;
+    *) echo "build-image.sh: unknown argument $1 (use --tag NAME:TAG, --local-base DIR)" >&2; exit 2 ;;
   esac
 done
 PY=${PYTHON:-.venv/bin/python}
+if ! "$PY" -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' 2>/dev/null; then
+  echo "build-image.sh: $PY has no setuptools >= 77 to build the wheel with; install requirements-dev.lock there" \
+    "(scripts/bootstrap.sh), or set PYTHON to an interpreter that has it" >&2
+  exit 2
+fi
 
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
-"$PY" -m pip wheel -q --no-deps --wheel-dir "$ctx/dist" .
-if [ -f requirements.lock ]; then
-  cp requirements.lock "$ctx/"
-  "$PY" -m pip wheel -q --require-hashes --wheel-dir "$ctx/wheels" -r requirements.lock
-else
-  "$PY" -m pip wheel -q --wheel-dir "$ctx/wheels" "$ctx"/dist/*.whl
-fi
-cp scripts/image-install.sh "$ctx/"
+# from a copy of the tracked and untracked (not ignored) files: setuptools writes build/ and *.egg-info beside them
+mkdir "$ctx/src"
+git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$ctx/src"
+"$PY" -m pip wheel -q --no-deps --no-build-isolation --wheel-dir "$ctx/dist" "$ctx/src"
+rm -rf "$ctx/src"
+cp requirements-image.lock scripts/image-install.sh "$ctx/"
+"$PY" -m pip wheel -q --require-hashes --no-deps --wheel-dir "$ctx/wheels" -r requirements-image.lock
 
-if [ -z "$rootfs" ]; then
+if [ -z "$base_dir" ]; then
   if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
     docker build --quiet --tag "$tag" --file Dockerfile "$ctx"
   else
@@ -44,40 +53,37 @@ if [ -z "$rootfs" ]; then
   exit 0
 fi
 
+for tool in debootstrap buildah; do
+  command -v "$tool" >/dev/null || { echo "build-image.sh: --local-base needs $tool (apt-get install $tool)" >&2; exit 2; }
+done
 if [ "$(id -u)" -ne 0 ]; then
-  echo "build-image: --rootfs needs root (debootstrap, chroot)" >&2
+  echo "build-image.sh: --local-base needs root (debootstrap)" >&2
   exit 2
 fi
 mirror=${DEBIAN_MIRROR:-$(sed -n 's/^URIs: *\([^ ]*\/debian\)$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1)}
 if [ -z "$mirror" ]; then
-  echo "build-image: no Debian mirror in /etc/apt/sources.list.d/*.sources; set DEBIAN_MIRROR" >&2
+  echo "build-image.sh: no Debian mirror in /etc/apt/sources.list.d/*.sources; set DEBIAN_MIRROR" >&2
   exit 2
 fi
-if [ ! -x "$rootfs/usr/bin/python3" ]; then
-  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$rootfs" "$mirror"
+# The Dockerfile's base is debian:bookworm-slim: Debian 12's minimal set (minbase) with the same release's packages.
+if [ ! -x "$base_dir/usr/bin/apt-get" ]; then
+  debootstrap --variant=minbase bookworm "$base_dir" "$mirror"
+  rm -rf "$base_dir"/var/cache/apt/archives/*.deb "$base_dir"/var/lib/apt/lists/*
 fi
-rm -rf "$rootfs/tmp/build" "$rootfs/opt/exaserve"
-# A clean environment: nothing of this machine's pip or Python configuration reaches the image.
-in_root() { env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 chroot "$@"; }
-in_root "$rootfs" sh -c 'userdel exaserve 2>/dev/null; groupdel exaserve 2>/dev/null; true'
-cp -r "$ctx" "$rootfs/tmp/build"
-in_root "$rootfs" sh /tmp/build/image-install.sh /tmp/build
-rm -rf "$rootfs/tmp/build" "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-# The CLI as the image runs it: uid 65532, the venv's entry point.
-in_root --userspec=65532:65532 "$rootfs" /opt/exaserve/bin/exaserve --version
-in_root --userspec=65532:65532 "$rootfs" /opt/exaserve/bin/exaserve controller run --help >/dev/null
-echo "build-image: root filesystem in $rootfs runs exaserve as uid 65532"
-if command -v buildah >/dev/null; then
-  c=$(buildah from scratch)
-  buildah copy --quiet "$c" "$rootfs" /
-  buildah config --user 65532:65532 --entrypoint '["/opt/exaserve/bin/exaserve"]' \
-    --env PATH=/opt/exaserve/bin:/usr/sbin:/usr/bin:/sbin:/bin --env PYTHONDONTWRITEBYTECODE=1 "$c"
-  buildah commit --quiet --rm "$c" "$tag"
-  # The image as a container runs it (its user, entry point and environment); chroot isolation needs no runtime.
-  c=$(buildah from --quiet "$tag")
-  trap 'buildah rm "$c" >/dev/null; rm -rf "$ctx"' EXIT
-  test "$(buildah run --isolation chroot "$c" -- id -u)" = 65532
-  buildah run --isolation chroot "$c" -- /opt/exaserve/bin/exaserve --version
-  buildah run --isolation chroot "$c" -- /opt/exaserve/bin/exaserve controller run --help >/dev/null
-  buildah images --digests --format '{{.Name}}:{{.Tag}} {{.Digest}}' "$tag"
-fi
+base=localhost/exaserve-base:bookworm
+c=$(buildah from scratch)
+buildah copy --quiet "$c" "$base_dir" /
+buildah commit --quiet --rm "$c" "$base" >/dev/null
+# chroot isolation: RUN steps need no container runtime (this sandbox's refuses setrlimit); the host's network
+buildah bud --quiet --isolation chroot --build-arg "BASE=$base" --tag "$tag" --file "$PWD/Dockerfile" "$ctx"
+
+# The image as a container runs it: its user, entry point and environment.
+c=$(buildah from --quiet "$tag")
+trap 'buildah rm "$c" >/dev/null; rm -rf "$ctx"' EXIT
+uid=$(buildah run --isolation chroot "$c" -- id -u)
+[ "$uid" = 65532 ] || { echo "build-image.sh: the image runs as uid $uid, not 65532" >&2; exit 1; }
+buildah run --isolation chroot "$c" -- /opt/exaserve/bin/exaserve --version
+buildah run --isolation chroot "$c" -- /opt/exaserve/bin/exaserve controller run --help >/dev/null
+buildah run --isolation chroot "$c" -- /opt/exaserve/bin/exaserve agent run --help >/dev/null
+buildah images --format '{{.Name}}:{{.Tag}} {{.ID}} {{.Size}}' "$tag"
+buildah inspect --type image --format '{{range .Docker.History}}{{.CreatedBy}}{{"\n"}}{{end}}' "$tag" | grep -v '^$'

@@ -1,16 +1,22 @@
 #!/bin/sh
-# Runs inside the image (Dockerfile RUN) or a chroot of its root filesystem (scripts/build-image.sh --rootfs):
-# the non-root user and the venv with the exaserve wheel and its pinned dependencies, offline, from the build
-# context that scripts/build-image.sh staged in $1 (dist/ the wheel, wheels/ its dependencies, and requirements.lock
-# when the checkout has one). Debian's python3 and python3-venv are installed by the caller.
+# Runs in the Dockerfile's install stage: the venv /opt/exaserve with requirements-image.lock (every hash checked)
+# and the exaserve wheel without its dependencies (pyproject.toml's `image` group: what `controller run` and
+# `agent run` import; the wheel's other requirements, the operator's tools, stay out), offline, from the build
+# context scripts/build-image.sh staged in $1: dist/ the wheel, wheels/ the lock's wheels. Debian's python3 and
+# python3-venv are installed by the caller. pip and setuptools leave the venv after the install: nothing in the
+# image installs anything.
 set -eu
 ctx=${1:?usage: image-install.sh BUILD_CONTEXT}
-uid=65532  # serving.render.k8s.runtime.RUNTIME_UID: the pods' runAsUser
-
-groupadd --system --gid "$uid" exaserve
-useradd --system --uid "$uid" --gid "$uid" --home-dir /nonexistent --no-create-home --shell /usr/sbin/nologin exaserve
+lock=$ctx/requirements-image.lock
+if [ ! -f "$lock" ]; then
+  echo "image-install.sh: no $lock in the build context; build with scripts/build-image.sh, which stages it" >&2
+  exit 2
+fi
 python3 -m venv /opt/exaserve
 pip="/opt/exaserve/bin/pip install --no-cache-dir --no-index --find-links $ctx/wheels"
-# Dependencies: the hashed lock when the checkout has one, else the wheel's own pins (one line to change).
-if [ -f "$ctx/requirements.lock" ]; then $pip --require-hashes -r "$ctx/requirements.lock"; $pip --no-deps "$ctx"/dist/*.whl; else $pip "$ctx"/dist/*.whl; fi
+$pip --require-hashes -r "$lock"
+$pip --no-deps "$ctx"/dist/*.whl
+/opt/exaserve/bin/pip uninstall --yes --quiet pip setuptools
 /opt/exaserve/bin/exaserve --version
+/opt/exaserve/bin/exaserve controller run --help >/dev/null
+/opt/exaserve/bin/exaserve agent run --help >/dev/null

@@ -4,6 +4,7 @@
 #   requirements.lock      the package's own dependencies (no extras): `pulumi install` (requirements.txt), the
 #                          runtime image, the infra-PR workflow
 #   requirements-dev.lock  the dev extra (with the node extra's pure-Python dependencies): scripts/bootstrap.sh, CI
+#   requirements-image.lock  the `image` dependency group alone: the runtime image (scripts/build-image.sh)
 # torch and its CUDA wheels (torch, triton, nvidia-*, cuda-*) are left out of requirements-dev.lock: the build is
 # chosen per machine (the CPU wheel here, the CUDA wheel on a GPU node), so no one hash fits; bootstrap installs
 # torch at uv.lock's version after the lock (its pure-Python dependencies come from the lock) and runs `pip check`.
@@ -48,6 +49,8 @@ print(" ".join(sorted(n for n in names if re.fullmatch(r"torch|triton|nvidia-.*|
   # shellcheck disable=SC2086  # one --no-emit-package per name
   { echo "$header"; echo "# Without the accelerator-specific wheels ($accel): bootstrap.sh installs torch."
     "$uv" "${args[@]}" --extra dev $(printf -- '--no-emit-package %s ' $accel); } >"$dir/requirements-dev.lock"
+  { echo "$header"; echo "# The image dependency group only (pyproject.toml): what the runtime image installs beside the wheel."
+    "$uv" "${args[@]}" --only-group image; } >"$dir/requirements-image.lock"
 }
 
 if ((check)); then
@@ -60,7 +63,7 @@ if ((check)); then
   trap 'rm -rf "$tmp"' EXIT
   export_to "$tmp"
   rc=0
-  for f in requirements.lock requirements-dev.lock; do
+  for f in requirements.lock requirements-dev.lock requirements-image.lock; do
     if ! diff -u "$f" "$tmp/$f" >"$tmp/$f.diff" 2>&1; then
       head -40 "$tmp/$f.diff" >&2
       echo "lock.sh --check: $f differs from what uv.lock exports (edited by hand, or uv.lock changed without it); run scripts/lock.sh and commit it" >&2

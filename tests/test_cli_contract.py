@@ -87,6 +87,7 @@ JSON_CASES: dict[Command, tuple[list[str], int]] = {
     ("render",): (["--stack", "dev", "--out", "{tmp}/out"], 0),
     ("check",): (["--stack", "dev"], 0),
     ("diff",): (["--stack", "dev", "--base", "main"], 0),
+    ("image",): (["--stack", "prod", "--tag", "0.1.0"], 0),
     ("units",): (["--stack", "dev", "--router"], 0),
     ("preflight",): (["--stack", "dev", "--known-hosts", "{tmp}/no-known-hosts"], 2),
     ("fleet", "exec"): (["--stack", "dev", "--known-hosts", "{tmp}/no-known-hosts", "--", "uptime"], 2),
@@ -130,7 +131,8 @@ def state_env(tmp_path: Path) -> dict[str, str]:
 
 def test_the_app_has_the_commands_the_docs_list() -> None:
     assert set(COMMANDS) == {
-        ("plan",), ("audit-source",), ("schema",), ("render",), ("check",), ("diff",), ("units",), ("preflight",),
+        ("plan",), ("audit-source",), ("schema",), ("render",), ("check",), ("diff",), ("image",), ("units",),
+        ("preflight",),
         ("fleet", "exec"), ("sandbox", "up"), ("sandbox", "down"), ("sandbox", "load"), ("rollout",), ("rollback",),
         ("controller", "run"), ("agent", "run"), ("status",), ("fit",), ("drill",), ("history",),
     }  # fmt: skip

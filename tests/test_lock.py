@@ -27,7 +27,15 @@ from serving.spec.schema import KubernetesSpec
 from tests.support.paths import REPO
 
 UV = Path(sys.executable).parent / "uv"
-LOCK_FILES = ("pyproject.toml", "setup.py", "README.md", "uv.lock", "requirements.lock", "requirements-dev.lock")
+LOCK_FILES = (
+    "pyproject.toml",
+    "setup.py",
+    "README.md",
+    "uv.lock",
+    "requirements.lock",
+    "requirements-dev.lock",
+    "requirements-image.lock",
+)
 PIN = re.compile(r"^(?P<name>[A-Za-z0-9._-]+)==(?P<version>\S+)(?: ; (?P<marker>.+?))? \\$")
 
 

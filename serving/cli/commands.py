@@ -52,6 +52,12 @@ COMMANDS: dict[str, Entry] = {
         "between --base and the working tree. A --stack-file must lie in the repository: it is compared with its own "
         "copy at --base.",
     ),
+    "image": Entry(
+        "infra",
+        "Where the stack's controllers and agents pull runtime.image from: its repository through "
+        "kubernetes.image_registry, as `render` writes it, which is where the image workflow pushes (with --tag, that "
+        "tag). With --digest: the runtime.image value that pins the pushed image (the mirror is added at render).",
+    ),
     "units": Entry(
         "unitscmd", "Print one replica's systemd unit, command and environment, or (--router) the router's command."
     ),

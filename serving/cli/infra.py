@@ -1,4 +1,5 @@
-"""``exaserve render``, ``exaserve check`` and ``exaserve diff``: the Pulumi program without the Pulumi engine.
+"""``exaserve render``, ``exaserve check`` and ``exaserve diff``: the Pulumi program without the Pulumi engine; and
+``exaserve image``: where the stack pulls the runtime image from (the image workflow pushes there).
 
 All three run ``infra/__main__.py`` in-process under Pulumi's mocks (:mod:`serving.pulumi.program`): render writes
 and schema-validates every object, check runs the policy pack's rules, diff compares with a git revision.
@@ -40,7 +41,9 @@ from serving.pulumi import output
 from serving.pulumi.crds import CrdError, NoCrdDirError, resolve_crd_dir
 from serving.pulumi.program import RenderedObject, render_stack
 from serving.pulumi.validate import SchemaSetupError, Validator
+from serving.render.k8s.common import image
 from serving.result import Status
+from serving.spec.schema import IMAGE_DIGEST, IMAGE_TAG, image_repository
 from serving.spec.stack import Stack
 
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Directory for the YAML files and index.json.")]
@@ -212,6 +215,37 @@ def check(
         )
     if findings:
         raise typer.Exit(EXIT_PROBLEM)
+
+
+@app.command("image")
+def image_ref(
+    stack: StackOpt = DEFAULT_STACK,
+    stack_file: StackFileOpt = None,
+    tag: Annotated[str | None, typer.Option("--tag", help="The tag the image is built and pushed as.")] = None,
+    digest: Annotated[
+        str | None,
+        typer.Option("--digest", help="The digest the push returned (sha256:…): print the runtime.image to set."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Where the stack's controllers and agents pull runtime.image from: its repository through
+    kubernetes.image_registry, as `render` writes it, which is where the image workflow pushes (with --tag, that
+    tag). With --digest: the runtime.image value that pins the pushed image (the mirror is added at render)."""
+    st = resolve_stack(stack, stack_file)
+    if tag is not None and not IMAGE_TAG.fullmatch(tag):
+        fail(f"--tag {tag!r} is not an image tag: up to 128 of A-Z a-z 0-9 _ . -, not starting with . or -")
+    if digest is not None and not IMAGE_DIGEST.fullmatch(digest):
+        fail(f"--digest {digest!r} is not sha256:<64 hex digits>; pass the digest the push printed")
+    repository = image_repository(st.spec.runtime.image)
+    pulled = image(st.spec, repository)
+    push = pulled if tag is None else f"{pulled}:{tag}"
+    field = None if digest is None else f"{repository}{'' if tag is None else f':{tag}'}@{digest}"
+    if as_json:
+        emit_json(
+            {"repository": repository, "pulled": pulled, "push": push, "runtime_image": field}, stack=st.name, ok=True
+        )
+    else:
+        typer.echo(push if field is None else field)
 
 
 DIFF_CHANGES = 2  # diff --detailed-exitcode: there are changes (helm diff's and terraform plan's code)

@@ -54,6 +54,7 @@ from serving.spec.schema.operations import (
 )
 from serving.spec.schema.serving import (
     IMAGE_DIGEST,
+    IMAGE_TAG,
     HealthScoreSpec,
     LimitsSpec,
     LoadMetric,
@@ -63,6 +64,7 @@ from serving.spec.schema.serving import (
     RuntimeSpec,
     SchedulerSpec,
     ServingSpec,
+    image_repository,
     pinned_image,
 )
 
@@ -72,6 +74,7 @@ __all__ = [
     "GB",
     "GIB",
     "IMAGE_DIGEST",
+    "IMAGE_TAG",
     "MODEL_PATH_FIELDS",
     "Architecture",
     "CheckpointWeights",
@@ -112,6 +115,7 @@ __all__ = [
     "architecture_from_hf_config",
     "attention_parameters",
     "count_parameters",
+    "image_repository",
     "json_schema",
     "load_hf_config",
     "pinned_image",

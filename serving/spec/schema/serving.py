@@ -106,6 +106,16 @@ ReleaseName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9.
 IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # an OCI content digest, as a registry returns it on a push
 
 
+IMAGE_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")  # the OCI distribution spec's tag grammar
+
+
+def image_repository(ref: str) -> str:
+    """``repo[:tag][@digest]`` → ``repo`` (a port's colon is in a host, before the last ``/``, never a tag's)."""
+    name = ref.partition("@")[0]
+    head, sep, tail = name.rpartition(":")
+    return head if sep and "/" not in tail else name
+
+
 def pinned_image(v: str) -> str:
     """Images are pinned: an explicit tag other than 'latest', or a digest: ``repo[:tag]@sha256:<64 hex digits>``,
     as the image workflow publishes it (.github/workflows/image.yml)."""
