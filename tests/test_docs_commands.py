@@ -275,3 +275,17 @@ def test_the_plan_tables_the_runbooks_cite_are_in_the_plan() -> None:
     assert r.returncode in (0, 1), r.stderr  # 1: the prod plan's own rule findings; the tables print either way
     missing = [title for title in cited if title not in r.stdout]
     assert not missing, missing
+
+
+@pytest.mark.parametrize("cwd", [REPO, REPO / "ansible"], ids=["root", "ansible"])
+def test_a_playbook_run_without_an_inventory_stops_naming_the_fix(cwd: Path) -> None:
+    """Issue 42: both ansible.cfg files named the prod inventory, so `ansible-playbook preflight.yml` without -i ran
+    against prod, against the CLI's rule of no prod default. Their default now names no stack and fails the run
+    before any play (stock Ansible would warn and run every play on no host, exit 0); with -i the same command parses
+    (the syntax check above runs every documented command, each with its -i)."""
+    playbook = "ansible/preflight.yml" if cwd == REPO else "preflight.yml"
+    exe = str(Path(sys.executable).parent / "ansible-playbook")
+    r = subprocess.run([exe, playbook, "--check"], cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "pass its inventory: -i inventory/<stack>.exaserve.yml" in r.stderr, r.stderr
+    assert "Completely failed to parse inventory source" in r.stderr and "PLAY [" not in r.stdout, r.stdout

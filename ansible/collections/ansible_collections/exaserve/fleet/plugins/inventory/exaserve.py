@@ -73,7 +73,10 @@ class InventoryModule(BaseInventoryPlugin):
         stacks = controller("serving.spec.stack", f"inventory plugin {self.NAME}")
         stack_name, stack_file = self.get_option("stack"), self.get_option("stack_file")
         if not stack_name and not stack_file:
-            raise AnsibleParserError(f"{path}: set 'stack: <name>' or 'stack_file: <path>' (neither is set)")
+            raise AnsibleParserError(
+                f"{path}: set 'stack: <name>' or 'stack_file: <path>' (neither is set); to run on a stack's nodes, "
+                "pass its inventory: -i inventory/<stack>.exaserve.yml (ansible.cfg's default names no stack)"
+            )
         try:
             if stack_file:
                 file_path = Path(stack_file)
