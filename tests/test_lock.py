@@ -170,3 +170,48 @@ def test_lock_check_fails_when_an_export_is_edited_by_hand(copy: Path) -> None:
     assert result.returncode == 1, result.stdout + result.stderr
     assert "requirements.lock differs from what uv.lock exports" in result.stderr
     assert "requirements-dev.lock differs" not in result.stderr
+
+
+def _renovate_files(pattern: str) -> list[Path]:
+    """The repository's files a Renovate managerFilePatterns entry (``/regex/``) matches, by their relative path."""
+    assert pattern.startswith("/") and pattern.endswith("/"), pattern
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    return [REPO / f for f in tracked if re.search(pattern[1:-1], f)]
+
+
+def test_renovate_finds_every_image_and_pin_it_is_told_to_track() -> None:
+    """Issue 42: Renovate tracked pyproject.toml and the Actions only, so the Dockerfile's base digest, the smg image
+    and the SGLang image and pin never moved. Each custom manager's pattern (JavaScript named groups, read here with
+    Python's) must match in the file that holds the default, and what it captures is what the project runs: the smg image at the
+    smg package's pin, the SGLang image at the SGLang venv's pin; the workflows' actions are pinned by commit."""
+    config = json.loads((REPO / "renovate.json").read_text())
+    assert {"pep621", "github-actions", "pip_requirements", "custom.regex"} <= set(config["enabledManagers"])
+    found: dict[str, set[str]] = {}
+    for manager in config["customManagers"]:
+        files = [f for p in manager["managerFilePatterns"] for f in _renovate_files(p)]
+        assert files, manager["description"]
+        patterns = [re.compile(s.replace("(?<", "(?P<")) for s in manager["matchStrings"]]
+        hits = {f.relative_to(REPO).as_posix(): [m for p in patterns for m in p.finditer(f.read_text())] for f in files}
+        # the file its first pattern names holds the default (a stack file may leave it out)
+        first = manager["managerFilePatterns"][0][1:-1]
+        assert [f for f, h in hits.items() if h and re.search(first, f)], f"{manager['description']}: no match"
+        for m in (m for h in hits.values() for m in h):
+            found.setdefault(m["depName"], set()).add(m["currentValue"])
+    smg = re.search(r'"smg==([^"]+)"', (REPO / "pyproject.toml").read_text())
+    sglang = re.search(r"^sglang==(\S+)$", (REPO / "scripts/sglang-manifest-requirements.txt").read_text(), re.M)
+    assert smg and sglang
+    assert found["lightseekorg/smg"] == {smg[1]}
+    assert {v.removeprefix("v").rsplit("-", 1)[0] for v in found["lmsysorg/sglang"]} == {sglang[1]}
+    assert found["debian"] == {"bookworm-slim"}
+    uses = re.findall(
+        r"uses: (\S+)(.*)$", "".join(p.read_text() for p in (REPO / ".github/workflows").glob("*.yml")), re.M
+    )
+    assert (
+        uses
+        and [
+            u
+            for u, comment in uses
+            if not re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", u) or not re.fullmatch(r" # v[\d.]+", comment)
+        ]
+        == []
+    )
