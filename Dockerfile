@@ -1,7 +1,8 @@
 # The exaserve image: the `exaserve` CLI as the fleet controller and the node agents run it, on Debian 12 slim, as
 # the non-root user 65532. Build it with scripts/build-image.sh, which stages the context this file expects: dist/
-# (the wheel), wheels/ (requirements-image.lock's wheels, so the build installs offline) and requirements-image.lock
-# (the pyproject.toml `image` group: what `controller run` and `agent run` import, nothing of the operator's tools).
+# (the wheel), wheels/ (the two locks' wheels, so the build installs offline), requirements-image.lock (the
+# pyproject.toml `image` group: what `controller run` and `agent run` import, nothing of the operator's tools), and
+# requirements-sbom.lock with pyproject.toml for the SBOM the install stage writes (/opt/exaserve/sbom.cdx.json).
 # The base is pinned by digest (debian:bookworm-slim); update it deliberately (docs/infra.md, "The image"). BASE is
 # an argument only so that scripts/build-image.sh --local-base can build these same steps on a base made from
 # Debian's packages where no registry is reachable; a release build uses the default.

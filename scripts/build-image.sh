@@ -8,11 +8,12 @@
 #       (debootstrap of the base's release, bookworm, into DIR, kept for the next build, committed as
 #       localhost/exaserve-base:bookworm), then the same Dockerfile, every RUN and COPY, built on it with buildah;
 #       then the image is run as a container runs it (buildah run): uid 65532, `exaserve --version`,
-#       `exaserve controller run --help`, `exaserve agent run --help`; its size and layers printed.
+#       `exaserve controller run --help`, `exaserve agent run --help`; its size and layers printed, its SBOM
+#       (/opt/exaserve/sbom.cdx.json in the image) copied to DIR.sbom.cdx.json.
 #
 # Both stage one build context: dist/ (this checkout's wheel, built without build isolation by this venv's setuptools,
-# the one requirements-dev.lock pins), wheels/ (requirements-image.lock's wheels, every hash checked),
-# requirements-image.lock and image-install.sh. The Debian mirror for --local-base is this machine's own (its apt
+# the one requirements-dev.lock pins), wheels/ (requirements-image.lock's and requirements-sbom.lock's wheels, every
+# hash checked), the two locks, pyproject.toml (the SBOM's main component) and image-install.sh. The Debian mirror for --local-base is this machine's own (its apt
 # sources), or DEBIAN_MIRROR. Exit status: 0 built (and, with --local-base, run), 2 bad input or a missing tool, else
 # the failing tool's.
 set -euo pipefail
@@ -41,8 +42,9 @@ mkdir "$ctx/src"
 git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$ctx/src"
 "$PY" -m pip wheel -q --no-deps --no-build-isolation --wheel-dir "$ctx/dist" "$ctx/src"
 rm -rf "$ctx/src"
-cp requirements-image.lock scripts/image-install.sh "$ctx/"
-"$PY" -m pip wheel -q --require-hashes --no-deps --wheel-dir "$ctx/wheels" -r requirements-image.lock
+cp requirements-image.lock requirements-sbom.lock pyproject.toml scripts/image-install.sh "$ctx/"
+"$PY" -m pip wheel -q --require-hashes --no-deps --wheel-dir "$ctx/wheels" -r requirements-image.lock \
+  -r requirements-sbom.lock
 
 if [ -z "$base_dir" ]; then
   if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
@@ -86,4 +88,7 @@ buildah run --isolation chroot "$c" -- /opt/exaserve/bin/exaserve --version
 buildah run --isolation chroot "$c" -- /opt/exaserve/bin/exaserve controller run --help >/dev/null
 buildah run --isolation chroot "$c" -- /opt/exaserve/bin/exaserve agent run --help >/dev/null
 buildah images --format '{{.Name}}:{{.Tag}} {{.ID}} {{.Size}}' "$tag"
+sbom="$base_dir.sbom.cdx.json"
+buildah run --isolation chroot "$c" -- cat /opt/exaserve/sbom.cdx.json >"$sbom"
+echo "build-image.sh: the image's SBOM (CycloneDX) is in $sbom"
 buildah inspect --type image --format '{{range .Docker.History}}{{.CreatedBy}}{{"\n"}}{{end}}' "$tag" | grep -v '^$'

@@ -5,6 +5,7 @@
 #                          runtime image, the infra-PR workflow
 #   requirements-dev.lock  the dev extra (with the node extra's pure-Python dependencies): scripts/bootstrap.sh, CI
 #   requirements-image.lock  the `image` dependency group alone: the runtime image (scripts/build-image.sh)
+#   requirements-sbom.lock   the `sbom` dependency group alone: the image's SBOM tool (its build stage only)
 # torch and its CUDA wheels (torch, triton, nvidia-*, cuda-*) are left out of requirements-dev.lock: the build is
 # chosen per machine (the CPU wheel here, the CUDA wheel on a GPU node), so no one hash fits; bootstrap installs
 # torch at uv.lock's version after the lock (its pure-Python dependencies come from the lock) and runs `pip check`.
@@ -51,6 +52,8 @@ print(" ".join(sorted(n for n in names if re.fullmatch(r"torch|triton|nvidia-.*|
     "$uv" "${args[@]}" --extra dev $(printf -- '--no-emit-package %s ' $accel); } >"$dir/requirements-dev.lock"
   { echo "$header"; echo "# The image dependency group only (pyproject.toml): what the runtime image installs beside the wheel."
     "$uv" "${args[@]}" --only-group image; } >"$dir/requirements-image.lock"
+  { echo "$header"; echo "# The sbom dependency group only (pyproject.toml): the tool that writes the runtime image's SBOM."
+    "$uv" "${args[@]}" --only-group sbom; } >"$dir/requirements-sbom.lock"
 }
 
 if ((check)); then
@@ -63,7 +66,7 @@ if ((check)); then
   trap 'rm -rf "$tmp"' EXIT
   export_to "$tmp"
   rc=0
-  for f in requirements.lock requirements-dev.lock requirements-image.lock; do
+  for f in requirements.lock requirements-dev.lock requirements-image.lock requirements-sbom.lock; do
     if ! diff -u "$f" "$tmp/$f" >"$tmp/$f.diff" 2>&1; then
       head -40 "$tmp/$f.diff" >&2
       echo "lock.sh --check: $f differs from what uv.lock exports (edited by hand, or uv.lock changed without it); run scripts/lock.sh and commit it" >&2

@@ -89,6 +89,10 @@ def test_the_image_lock_is_the_image_group_of_the_one_resolution() -> None:
     assert image and not {n: v for n, v in image.items() if package.get(n) != v}, "pinned apart from requirements.lock"
     assert not {"pulumi", "ansible-core", "matplotlib", "numpy", "smg", "kubernetes-validate", "paramiko"} & set(image)
     assert {"pydantic", "typer", "httpx", "aiohttp", "kubernetes", "prometheus-client"} <= set(image)
+    # the SBOM's writer is a lock of its own: the install stage's throwaway venv, never the image's
+    sbom = _pins(REPO / "requirements-sbom.lock")
+    assert "cyclonedx-bom" in sbom and "cyclonedx-bom" not in image and "cyclonedx-bom" not in package
+    assert not {n: v for n, v in sbom.items() if n in image and image[n] != v}, "one resolution for both"
 
 
 # A Python that refuses to import what the image lacks: every module of a distribution requirements-image.lock does

@@ -35,6 +35,7 @@ LOCK_FILES = (
     "requirements.lock",
     "requirements-dev.lock",
     "requirements-image.lock",
+    "requirements-sbom.lock",
 )
 PIN = re.compile(r"^(?P<name>[A-Za-z0-9._-]+)==(?P<version>\S+)(?: ; (?P<marker>.+?))? \\$")
 
