@@ -8,6 +8,7 @@ content each concern renders from the spec; and that the entry point Pulumi runs
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import subprocess
@@ -18,11 +19,13 @@ from pathlib import Path
 import pytest
 
 from serving.plan.planner import placement
+from serving.pulumi import program
+from serving.pulumi.crds import pinned_crd
 from serving.pulumi.program import ProgramRun, kubernetes_objects, run_program
 from serving.render.k8s import fabric, fleet, gateway, storage
 from serving.render.k8s.common import LABEL_GROUP, LABEL_RACK, LABEL_VERSION, TAINT_KEY
 from serving.render.k8s.container import WAIT_FOR_CACHE, pod_container, wait_script
-from serving.render.k8s.prerequisites import required_crds
+from serving.render.k8s.prerequisites import LWS_CRD, lws_crd_problem, required_crds
 from serving.render.router import router_args
 from serving.render.sglang import model_dir
 from serving.spec.checkpoint import INDEX_FILE
@@ -294,6 +297,28 @@ def test_multi_node_replicas_become_leader_worker_sets(tmp_path: Path) -> None:
     assert {"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "sglang"}}}]} in workers_policy["spec"][
         "ingress"
     ], "the pods of one replica must reach each other"
+
+
+def test_an_lws_older_than_v0_9_0_is_refused_where_its_crd_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 40: the updater waits on an LWS's status.observedGeneration, which LWS sets from v0.9.0 (#807); the
+    Pulumi program read the CRD only to see that it exists. Its schema has the field from v0.9.0 on, so the program
+    now refuses a CRD without it where it reads it, before any LeaderWorkerSet is created (the updater's own check
+    reads the live status later, at the first rollout). The offline run reads the pinned v0.10.0 CRD and passes."""
+    crd = pinned_crd(LWS_CRD)
+    assert crd is not None and lws_crd_problem(crd["spec"]) is None
+    old = copy.deepcopy(crd)
+    for version in old["spec"]["versions"]:
+        del version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["observedGeneration"]
+    problem = lws_crd_problem(old["spec"])
+    assert problem is not None and "served version(s) v1 have no status.observedGeneration" in problem
+    assert "upgrade LWS to v0.9.0 or later" in problem and lws_crd_problem(None) is None
+    path = write_variant(tmp_path, "tp16", changes=MULTI_NODE)
+    run_program("tp16", stack_file=path)  # the pinned CRD: no refusal
+    monkeypatch.setattr(program, "pinned_crd", lambda name: old if name == LWS_CRD else None)
+    with pytest.raises(Exception, match=r"older than v0\.9\.0"):
+        run_program("tp16", stack_file=path)
 
 
 def test_gateway_discovers_workers_with_least_privilege(runs: dict[str, ProgramRun]) -> None:

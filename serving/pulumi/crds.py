@@ -28,6 +28,9 @@ from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from serving.paths import ProjectNotFoundError, cache_dir, find_project_dir
 
@@ -134,6 +137,21 @@ def resolve_crd_dir(explicit: Path | None = None, *, project: Path | None = None
         "`python -m serving.pulumi.crds fetch` (scripts/bootstrap.sh does) to fetch the pinned CRDs, "
         "or pass --crd-dir DIR"
     )
+
+
+def pinned_crd(name: str) -> dict[str, Any] | None:
+    """The pinned upstream CRD ``name`` (``<plural>.<group>``, upstream's file ``<group>_<plural>.yaml``) as the API
+    server returns it, from the verified CRD directory; None when there is none (no mirror or cache) or it does not
+    pin that CRD."""
+    plural, _, group = name.partition(".")
+    try:
+        path = resolve_crd_dir() / f"{group}_{plural}.yaml"
+    except CrdError:
+        return None
+    if not path.is_file():
+        return None
+    doc = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
+    return doc if isinstance(doc, dict) else None
 
 
 def fetch(base_url: str = GITHUB_RAW) -> Path:

@@ -31,7 +31,9 @@ from serving.paths import ProjectNotFoundError, project_dir
 from serving.plan.loader import load_fleet
 from serving.plan.model import Fleet
 from serving.pulumi.components import fleet_stack
+from serving.pulumi.crds import pinned_crd
 from serving.render.k8s.common import K8sObject
+from serving.render.k8s.prerequisites import LWS_CRD
 from serving.spec.stack import NAMESPACE, SpecError, Stack, pulumi_config, spec_from_config, stack_path
 
 PROJECT = "exaserve"
@@ -112,10 +114,17 @@ def normalise(value: Any) -> Any:
     return value
 
 
+CRD_TYPE = "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"
+
+
 class _Mocks(Mocks):
-    """The 'engine': every resource is created with its inputs as its state; no calls are expected."""
+    """The 'engine': every resource is created with its inputs as its state; no calls are expected. A read of the
+    LeaderWorkerSet CRD, the one CRD the program checks (:func:`~serving.render.k8s.prerequisites.lws_crd_problem`),
+    gets the pinned upstream CRD as the cluster would return it (none found: its state stays unknown, unchecked)."""
 
     def new_resource(self, args: MockResourceArgs) -> tuple[str | None, dict[Any, Any]]:
+        if args.typ == CRD_TYPE and args.resource_id == LWS_CRD:
+            return args.resource_id, pinned_crd(LWS_CRD) or dict(args.inputs)
         return f"{args.name}-id", dict(args.inputs)
 
     def call(self, args: Any) -> tuple[dict[Any, Any], list[tuple[str, str]] | None]:

@@ -12,6 +12,8 @@ labels it selects on, and custom resources follow the reads of their CRDs (``kub
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import pulumi
 import pulumi_kubernetes as k8s
 
@@ -24,19 +26,27 @@ from serving.pulumi.components.runtime import Runtime
 from serving.pulumi.components.security import NetworkPolicies
 from serving.pulumi.components.serving import Gateway, ServingFleet
 from serving.pulumi.components.storage import ModelStorage
-from serving.render.k8s.prerequisites import required_crds
+from serving.render.k8s.prerequisites import lws_crd_problem, required_crds
 
 
-def _crd_reads(fleet: Fleet, provider: k8s.Provider) -> dict[str, list[pulumi.Resource]]:
+def _crd_reads(fleet: Fleet, provider: k8s.Provider) -> Mapping[str, Sequence[pulumi.Resource]]:
     """Read each CRD the stack's custom resources need, by concern: `pulumi up` fails on a missing one, naming it,
     before it creates anything that uses it. Nothing is read when ``kubernetes.prerequisites`` is ``skip``."""
     if fleet.spec.kubernetes.prerequisites == "skip":
         return {}
     opts = pulumi.ResourceOptions(provider=provider)
-    return {
+    reads = {
         concern: [k8s.apiextensions.v1.CustomResourceDefinition.get(f"crd-{n}", n, opts=opts) for n in names]
         for concern, names in required_crds(fleet).items()
     }
+    for crd in reads.get("fleet", []):  # the LeaderWorkerSet CRD: the updater needs LWS >= v0.9.0
+        crd.spec.apply(_refuse_old_lws)
+    return reads
+
+
+def _refuse_old_lws(spec: object) -> None:
+    if problem := lws_crd_problem(spec if isinstance(spec, dict) else None):
+        raise pulumi.RunError(problem)
 
 
 def fleet_stack(fleet: Fleet) -> None:
