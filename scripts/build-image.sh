@@ -12,8 +12,8 @@
 #       (/opt/exaserve/sbom.cdx.json in the image) copied to DIR.sbom.cdx.json.
 #
 # Both stage one build context: dist/ (this checkout's wheel, built without build isolation by this venv's setuptools,
-# the one requirements-dev.lock pins), wheels/ (requirements-image.lock's and requirements-sbom.lock's wheels, every
-# hash checked), the two locks, pyproject.toml (the SBOM's main component) and image-install.sh. The Debian mirror for --local-base is this machine's own (its apt
+# the one requirements-dev.lock pins), wheels/ (requirements-image.lock's and requirements-sbom.lock's wheels for the
+# image's CPython 3.11 on x86_64 glibc 2.36, every hash checked), the two locks, pyproject.toml (the SBOM's main component) and image-install.sh. The Debian mirror for --local-base is this machine's own (its apt
 # sources), or DEBIAN_MIRROR. Exit status: 0 built (and, with --local-base, run), 2 bad input or a missing tool, else
 # the failing tool's.
 set -euo pipefail
@@ -43,8 +43,9 @@ git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | t
 "$PY" -m pip wheel -q --no-deps --no-build-isolation --wheel-dir "$ctx/dist" "$ctx/src"
 rm -rf "$ctx/src"
 cp requirements-image.lock requirements-sbom.lock pyproject.toml scripts/image-install.sh "$ctx/"
-"$PY" -m pip wheel -q --require-hashes --no-deps --wheel-dir "$ctx/wheels" -r requirements-image.lock \
-  -r requirements-sbom.lock
+# the wheels the image's Python takes (Debian 12: CPython 3.11, glibc 2.36, x86_64), whatever runs this script
+"$PY" -m pip download -q --require-hashes --no-deps --only-binary=:all: --implementation cp --python-version 3.11 \
+  --abi cp311 --platform manylinux_2_36_x86_64 --dest "$ctx/wheels" -r requirements-image.lock -r requirements-sbom.lock
 
 if [ -z "$base_dir" ]; then
   if command -v docker >/dev/null && docker info >/dev/null 2>&1; then

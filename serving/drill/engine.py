@@ -128,6 +128,9 @@ class Settings:
     # readmit_at, then the warm-up and the tick that readmits it (below the migrate line it is restarted instead,
     # within the restoration target)
     return_s: float = 0.0
+    # the health score under which the controller stops routing to a replica (serving.health.stop_routing_below): a
+    # bystander out of rotation with a score at or above it, never restarted, was out for its load, not a failure
+    routable_score: int = 0
     # what the drill is judged on: the plan's targets (times against them), or what happened in what order
     # (serving.drill.measure.judge_order), which waits ORDER_PATIENCE times longer for the events and the settling
     judging: Judging = "targets"
@@ -173,6 +176,7 @@ class Settings:
             out_alert_due_s=(spec.serving.failure_threshold + 2) * spec.serving.heartbeat_interval_s,
             alert_lead_s=spec.serving.heartbeat_interval_s,
             return_s=max(plan_targets(fleet)[TargetName.RESTORATION].value, climb_s(fleet)),
+            routable_score=spec.health.stop_routing_below,
             judging=judging,
         )
 
@@ -526,6 +530,7 @@ def _judge(run: Run) -> None:
         exempt_routers=_exempt(subject),
         lost_leader=subject.controller,
         injection_s=run.injection_s,
+        routable_score=run.settings.routable_score,
     )
     healing = [(a - run.t0, b - run.t0) for a, b in run.healing]
     run.gaps = slipped(probes, run.settings.probe_s, healing)

@@ -344,11 +344,14 @@ def measure(
     exempt_routers: frozenset[str] = frozenset(),
     lost_leader: str | None = None,
     injection_s: float = 0.0,
+    routable_score: int | None = None,
 ) -> Measured:
     """The drill's figures. ``subjects``: URLs of the faulted replicas (none for a router or controller fault);
     ``exempt_routers``: router instances the fault itself took down; ``lost_leader``: the identity of the killed
     leader; ``healed``: when the drill ended the fault (None when the fleet healed itself); ``injection_s``: how long
-    injecting the fault took (times count from its start: the fault took effect somewhere in that span)."""
+    injecting the fault took (times count from its start: the fault took effect somewhere in that span);
+    ``routable_score``: serving.health.stop_routing_below, under which a replica out of rotation was failing (None: no
+    bystander counts as only shed, :attr:`Measured.shed`)."""
     after = [p for p in probes if p.t >= 0]
     seen_out, seen_back = out_and_back(probes, subjects, exempt_routers)
     seen_lead = None
@@ -362,7 +365,7 @@ def measure(
     detection, restoration, takeover = (None if x is None else x[0] for x in seen.values())
     before = [p for p in probes if p.t < 0]
     serving_before = before[-1].healthy() - set(subjects) if before else set()
-    false_seen, shed = _false_seen(after, serving_before, exempt_routers)
+    false_seen, shed = _false_seen(after, serving_before, exempt_routers, routable_score)
     false = sorted(false_seen)
     until = restoration if restoration is not None else healed if healed is not None else end
     base = baseline_of(results, baseline_s)
@@ -440,11 +443,12 @@ SOFT_STATES = frozenset({"shed", "slow"})
 _PASSING_STATES = frozenset({"removing", "warming", "serving"})
 
 
-def _false_seen(after: Sequence[Probe], serving: set[str], exempt: frozenset[str]) -> tuple[dict[str, str], set[str]]:
+def _false_seen(
+    after: Sequence[Probe], serving: set[str], exempt: frozenset[str], routable_score: int | None
+) -> tuple[dict[str, str], set[str]]:
     """Each replica of ``serving`` that some answering router instance did not list healthy after the fault: the
     probes that saw it out (first and last time, how many), the routers, and the leader's state and score for it at
-    the first such probe; and which of them the leader had shed or slow at some probe that saw it out and in no
-    other state but those it passes through (never failed, migrating or quarantined): out for load, not failure."""
+    the first such probe; and which of them were out for load only (:func:`_only_shed`)."""
     seen: dict[str, list[tuple[Probe, list[str]]]] = {}
     for p in after:
         for u in serving:
@@ -455,13 +459,27 @@ def _false_seen(after: Sequence[Probe], serving: set[str], exempt: frozenset[str
         first = probes[0][0]
         routers = sorted({r for _, rs in probes for r in rs})
         states = [p.states.get(u, "unknown") for p, _ in probes]
-        if SOFT_STATES & set(states) and set(states) <= SOFT_STATES | _PASSING_STATES:
+        if routable_score is not None and _only_shed(u, after, [p for p, _ in probes], routable_score):
             shed.add(u)
         evidence[u] = (
             f"out at {first.t:.1f}-{probes[-1][0].t:.1f} s ({len(probes)} probes) on {', '.join(routers)}; "
             f"the leader had it {' then '.join(dict.fromkeys(states))}, score {first.scores.get(u, 'unknown')}"
         )
     return evidence, shed
+
+
+def _only_shed(url: str, after: Sequence[Probe], out: Sequence[Probe], routable_score: int) -> bool:
+    """The leader had ``url`` shed or slow (:data:`SOFT_STATES`) at some probe that saw it out, and at every such
+    probe in a state it only passes through on the way out and back, with a score it still routes at (the label
+    alone is no proof: the controller keeps it while the score falls, and after a warm-up that failed); and no
+    probe after the fault saw its restart count grow (a restart between two probes is a failure the states missed)."""
+    states = {p.states.get(url, "unknown") for p in out}
+    if not SOFT_STATES & states or not states <= SOFT_STATES | _PASSING_STATES:
+        return False
+    if any(p.scores.get(url, -1) < routable_score for p in out):
+        return False
+    restarts = [p.restarts[url] for p in after if url in p.restarts]
+    return all(b <= a for a, b in pairwise(restarts))
 
 
 def judge(scenario: Scenario, targets: Sequence[Target], m: Measured, resolution_s: float = 0.0) -> list[Check]:
