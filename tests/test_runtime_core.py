@@ -287,6 +287,29 @@ def test_a_burst_or_an_evenly_loaded_fleet_sheds_nothing_and_the_cap_bounds_shed
     assert len(shed) == ctl.config.max_evicted == 2 and ctl.evicted() == 2 and ctl.counters.capped > 0
 
 
+def test_replicas_out_of_rotation_do_not_lower_the_mean_a_shed_is_judged_against() -> None:
+    """Correlated faults (issue 38's theme): the shedding rule compared each replica with the mean of every replica,
+    those out of rotation included. They carry no traffic, so their idle figures lowered the mean exactly when
+    capacity was lost, and the survivors' extra load could shed healthy replicas. The mean is the serving
+    replicas': evenly loaded survivors of a loss shed nothing; one of them twice as loaded as the others still is."""
+    ctl, agents = controller(), Agents()
+    replicas = [r.id for r in PLAN.replicas]
+    out, survivors = replicas[: len(replicas) // 2], replicas[len(replicas) // 2 :]
+    for rid in out:  # out of rotation, below the routing line (not readmitted), reporting idle: a lost rack's
+        ctl.replicas[rid].state, ctl.replicas[rid].score = ReplicaState.OUT, HEALTH.migrate_below + 10
+    busy = {"gpu_utilization": 0.5, "memory_usage": 0.5}  # 0.4 each, above the 0.25 floor
+    for i in range(1, 4):
+        assert feed(ctl, agents, T0 + 5 * i, dict.fromkeys(survivors, busy)) == []
+    assert all(ctl.replicas[r].state is ReplicaState.OUT for r in out)
+    loads = ctl.loads()
+    assert above_mean(loads, ctl.config.move_ratio) == sorted(survivors, key=lambda r: -loads[r])  # the old rule
+    assert ctl.shed_candidates() == []
+    # one survivor at 0.8 (hot for 3 reports already): above 1.5 × the survivors' mean, (0.8 + 3 × 0.4) / 4 = 0.5
+    ctl.replicas[survivors[0]].figures = {"gpu_utilization": 1.0, "memory_usage": 1.0, "network_bandwidth": 0.0}
+    assert ctl.replicas[survivors[0]].hot >= ctl.config.shed_after
+    assert ctl.shed_candidates() == [survivors[0]]
+
+
 def stalled_tokens(stalled: dict[str, dict[float, float]]) -> dict[str, dict[str, Any]]:
     """Every replica idle, with its cumulative tokens over each stall bound (``stalled``: by replica, 0 elsewhere)."""
     none = dict.fromkeys(STALL_BOUNDS_S, 0.0)

@@ -749,13 +749,18 @@ class Controller:
         }
 
     def shed_candidates(self, loads: Mapping[str, float] | None = None) -> list[str]:
-        """Serving replicas whose weighted load is above ``move_ratio`` × the fleet's mean, and at or above the floor
-        in ``shed_after`` reports in a row, most loaded first."""
+        """Serving replicas whose weighted load is above ``move_ratio`` × the mean of the replicas in rotation, and
+        at or above the floor in ``shed_after`` reports in a row, most loaded first. The mean is the serving
+        replicas': one out of rotation carries no traffic by design (an idle figure, or a silent node's last one),
+        so counting it would lower the mean exactly when capacity is lost: a rack out (16 of 256 nodes) makes 1.5 ×
+        the mean 1.41 × the serving replicas' mean, and the load they took over could shed healthy ones in a
+        cascade."""
         loads = self.loads() if loads is None else loads
+        serving = {rid: load for rid, load in loads.items() if self.replicas[rid].in_rotation}
         return [
             rid
-            for rid in above_mean(loads, self.config.move_ratio)
-            if self.replicas[rid].hot >= self.config.shed_after and self.replicas[rid].in_rotation
+            for rid in above_mean(serving, self.config.move_ratio)
+            if self.replicas[rid].hot >= self.config.shed_after
         ]
 
     def move_candidates(self) -> list[str]:
