@@ -225,3 +225,24 @@ def test_system_pool_too_small_for_one_router_and_undeclared() -> None:
     warned = [v for v in violations(parse_spec(doc, "nopool", REPO)) if v.check == "cluster.system-pool"]
     assert [v.status for v in warned] == [Status.WARN]
     assert "nowhere to run" in warned[0].observed and warned[0].fix.startswith("Declare cluster.system_pool")
+
+
+def test_plan_says_which_of_the_design_weights_production_applies() -> None:
+    """Issue 39, item 7: the design's 0.5 GPU / 0.3 memory / 0.2 network weighting is no router policy; the controller
+    sheds on it, and no render gives its agents a DCGM exporter, so the network term is always 0 and GPU use is
+    estimated from running requests. `plan` says so with the ceiling that leaves (0.8), from the spec's weights."""
+    spec = spec_from("prod")
+    figure = fleet_of(spec).plan.heartbeats.shed_load_ceiling
+    weights = spec.scheduler.weights
+    assert figure.value == weights["gpu_utilization"] + weights["memory_usage"] == 0.8
+    assert (
+        "0.2 × 0 (network: unmeasured)" in figure.formula and f"÷ {spec.limits.max_running_requests}" in figure.formula
+    )
+    lopsided = spec.model_copy(
+        update={
+            "scheduler": spec.scheduler.model_copy(
+                update={"weights": {"gpu_utilization": 0.2, "memory_usage": 0.2, "network_bandwidth": 0.6}}
+            )
+        }
+    )
+    assert fleet_of(lopsided).plan.heartbeats.shed_load_ceiling.value == 0.4

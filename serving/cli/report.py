@@ -239,6 +239,7 @@ def print_plan(console: Console, fleet: Fleet, stack_file: Path, violations: Seq
                 ),
                 ("restart from cache", f"{plan.restart_from_cache_s.value:.1f} s", plan.restart_from_cache_s.formula),
                 ("router request timeout", f"{hb.request_timeout_s.value:,.0f} s", hb.request_timeout_s.formula),
+                ("shed load, at most", f"{hb.shed_load_ceiling.value:g}", hb.shed_load_ceiling.formula),
                 ("score: stop routing", f"{hb.timeouts_to_stop_routing.value:g}", hb.timeouts_to_stop_routing.formula),
                 ("score: migrate", f"{hb.timeouts_to_migrate.value:g}", hb.timeouts_to_migrate.formula),
             ],

@@ -166,6 +166,8 @@ class HeartbeatPlan:
     successes_to_readmit: Figure
     router_hung_capacity: Figure  # workers that may hang at once before one router's health checks queue
     request_timeout_s: Figure  # the routers' --request-timeout-secs: the longest generation the spec allows
+    # the weighted load the controller sheds on, as production's signals make it (no DCGM exporter is rendered)
+    shed_load_ceiling: Figure
 
 
 @dataclass(frozen=True)

@@ -562,6 +562,25 @@ def heartbeat_plan(spec: FleetSpec, replicas: int, nodes: int) -> HeartbeatPlan:
             + (f"({hung / replicas:.1%} of {replicas:,})" if hung < replicas else f"(all {replicas:,})"),
         ),
         request_timeout_s=request_timeout(spec),
+        shed_load_ceiling=shed_load_ceiling(spec),
+    )
+
+
+def shed_load_ceiling(spec: FleetSpec) -> Figure:
+    """The design's weighted load (``scheduler.weights``: 0.5 GPU, 0.3 memory, 0.2 network) as the deployed agents
+    can measure it, and so the most it reaches. No render (Kubernetes DaemonSet, bare-metal unit) gives an agent
+    ``--dcgm-url``, so GPU use is its running requests ÷ ``limits.max_running_requests``, memory SGLang's KV pool fill
+    (``sglang:token_usage``), and network 0: that weight never counts. These figures decide only which replica the
+    controller sheds (docs/runtime.md); the routers pick a worker by smg's own policy on their own in-flight counts."""
+    w, sc = spec.scheduler.weights, spec.scheduler
+    ceiling = w.get("gpu_utilization", 0.0) + w.get("memory_usage", 0.0)
+    return Figure(
+        ceiling,
+        "load",
+        f"{w.get('gpu_utilization', 0.0):g} × running ÷ {spec.limits.max_running_requests} (no DCGM exporter is "
+        f"rendered) + {w.get('memory_usage', 0.0):g} × KV pool fill + {w.get('network_bandwidth', 0.0):g} × 0 (network: "
+        f"unmeasured) ≤ {ceiling:g}; shed above {sc.migration_load_ratio:g} × the serving replicas' mean and at least "
+        f"{sc.shed_min_load:g}; the routers pick workers by their own --policy on their own in-flight counts",
     )
 
 
