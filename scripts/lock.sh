@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The dependency lock (docs/dependencies.md): pyproject.toml's ranges resolved once by uv into uv.lock, and the
 # hashed pip requirements exported from that one resolution:
-#   requirements.lock      the package's own dependencies (no extras): `pulumi install` (requirements.txt), the
-#                          runtime image, the infra-PR workflow
+#   requirements.lock      the package's own dependencies (no extras): the infra-PR workflow (`pulumi install` reads
+#                          uv.lock itself: Pulumi.yaml's toolchain uv)
 #   requirements-dev.lock  the dev extra (with the node extra's pure-Python dependencies): scripts/bootstrap.sh, CI
 #   requirements-image.lock  the `image` dependency group alone: the runtime image (scripts/build-image.sh)
 #   requirements-sbom.lock   the `sbom` dependency group alone: the image's SBOM tool (its build stage only)

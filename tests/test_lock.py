@@ -10,16 +10,18 @@ uv.lock alone), as scripts/test.sh's lint stage runs it.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tomllib
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from packaging.markers import Marker
 from packaging.utils import canonicalize_name
 
@@ -105,44 +107,80 @@ def test_the_router_image_is_smg_at_the_locked_version() -> None:
     assert (REPO / "serving" / "data" / f"smg-{version}-flags.json").is_file()
 
 
-def test_pulumi_install_reads_the_hashed_lock() -> None:
-    """What `pulumi install` runs (toolchain pip): `pip install -r requirements.txt`, here in hash-checking mode and
-    offline against the venv bootstrap made (everything already there, so nothing is fetched)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--require-hashes", "-r",
-         "requirements.txt"], cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "Would install" not in result.stdout, result.stdout
+@pytest.fixture(scope="module")
+def pulumi_installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the checkout (tracked and untracked, not ignored files) after `pulumi install`, run as Pulumi's uv
+    toolchain runs it (pulumi ``sdk/python/toolchain/uv.go``, ``InstallDependencies`` and ``uvCommand``): ``uv sync
+    --frozen`` in the project directory with ``UV_PROJECT_ENVIRONMENT`` set to Pulumi.yaml's virtualenv, hard links
+    and no progress. uv fetches what its cache lacks from the index, as Pulumi's would."""
+    root = tmp_path_factory.mktemp("pulumi-install")
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, check=True).stdout.split(b"\0")  # fmt: skip
+    for name in filter(None, files):
+        source = REPO / name.decode()
+        if source.is_file():
+            (root / name.decode()).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, root / name.decode())
+    options = yaml.safe_load((root / "Pulumi.yaml").read_text())["runtime"]["options"]
+    assert options["toolchain"] == "uv", options
+    venv = root / options["virtualenv"]
+    env = {**os.environ, "UV_PROJECT_ENVIRONMENT": str(venv), "UV_LINK_MODE": "hardlink", "UV_NO_PROGRESS": "1",
+           "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}  # fmt: skip
+    env.pop("VIRTUAL_ENV", None)
+    sync = subprocess.run([str(UV), "sync", "--frozen"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert sync.returncode == 0, sync.stderr[-3000:]
+    return root
 
 
-def test_the_pulumi_program_runs_from_the_checkout_without_the_package_installed(tmp_path: Path) -> None:
-    """After `pulumi install` the venv holds the dependencies, not `serving`: infra/__main__.py must import it from
-    the checkout (Pulumi's language host runs it with runpy.run_path, which puts only infra/ on sys.path)."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    # the dependencies; that directory's own .pth files (the editable install of the checkout) stay inert
-    Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    probe = tmp_path / "probe.py"
-    probe.write_text(f"""
-import importlib.util, json, runpy, sys
-before = importlib.util.find_spec("serving") is not None
-try:
-    runpy.run_path({str(REPO / "infra")!r}, run_name="__main__")
-    error = None
-except BaseException as exc:
-    error = f"{{type(exc).__name__}}: {{exc}}"
-mod = sys.modules.get("serving")
-print(json.dumps({{"before": before, "serving": getattr(mod, "__file__", None), "error": error}}))
-""")
-    out = subprocess.run([python, str(probe)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    result = json.loads(out.stdout.splitlines()[-1])
-    assert result["before"] is False, "serving was importable before the program ran: the test proves nothing"
-    assert result["serving"] == str(REPO / "serving" / "__init__.py"), result
-    assert "ModuleNotFoundError" not in (result["error"] or ""), result["error"]
+def _in_pulumi_venv(root: Path, code: str, cwd: Path) -> dict[str, Any]:
+    python = (
+        root / yaml.safe_load((root / "Pulumi.yaml").read_text())["runtime"]["options"]["virtualenv"] / "bin/python"
+    )
+    out = subprocess.run([str(python), "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONNOUSERSITE": "1"})  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_pulumi_install_gives_the_program_its_locked_dependencies_and_the_project(pulumi_installed: Path) -> None:
+    """Issue 42: with toolchain pip, `pulumi install` upgraded pip, setuptools and wheel unpinned, then installed
+    requirements.txt (the dependencies, not the project): the program needed a sys.path shim to find `serving`, and
+    the policy pack had none (ModuleNotFoundError). With toolchain uv it installs uv.lock (hashes checked) and the
+    project, editable: the program, run as Pulumi runs it (infra/, under this module's mocks), imports `serving`
+    from the checkout, at the lock's versions; setuptools is the lock's (the build constraint) and no pip is there."""
+    root = pulumi_installed
+    result = _in_pulumi_venv(root, f"""
+import json, importlib.metadata as md, importlib.util
+from serving.pulumi.program import run_program
+run = run_program("dev", program_dir={str(root / "infra")!r})
+import serving
+print(json.dumps({{"serving": serving.__file__, "objects": len(run.registrations),
+    "pulumi": md.version("pulumi"), "setuptools": md.version("setuptools"),
+    "pip": importlib.util.find_spec("pip") is not None}}))
+""", root)  # fmt: skip
+    assert result["serving"] == str(root / "serving" / "__init__.py") and result["objects"] > 50, result
+    locked = pins(REPO / "requirements.lock")
+    assert result["pulumi"] == locked["pulumi"][0] and result["setuptools"] == locked["setuptools"][0], result
+    assert result["pip"] is False, "nothing beside the lock: the pip toolchain's unpinned upgrade is gone"
+    assert not (root / "requirements.txt").exists()
+
+
+def test_the_policy_pack_imports_from_the_same_install(pulumi_installed: Path) -> None:
+    """The pack's own install (PulumiPolicy.yaml: toolchain uv, the program's virtualenv) finds the project and its
+    lock in the parent directory and changes nothing; the pack's module then loads every policy from `serving`."""
+    root = pulumi_installed
+    options = yaml.safe_load((root / "policies" / "PulumiPolicy.yaml").read_text())["runtime"]["options"]
+    assert options == {"toolchain": "uv", "virtualenv": "../.venv-pulumi"}
+    env = {**os.environ, "UV_PROJECT_ENVIRONMENT": str(root / ".venv-pulumi"), "UV_NO_PROGRESS": "1"}
+    env.pop("VIRTUAL_ENV", None)
+    again = subprocess.run([str(UV), "sync", "--frozen"], cwd=root / "policies", env=env, capture_output=True,
+                           text=True, timeout=300)  # fmt: skip
+    assert again.returncode == 0 and "Installed" not in again.stderr and "Uninstalled" not in again.stderr, again.stderr
+    result = _in_pulumi_venv(root, """
+import json, exaserve_policies, serving
+print(json.dumps({"policies": len(exaserve_policies.policies()), "serving": serving.__file__}))
+""", root / "policies")  # fmt: skip
+    assert result["policies"] >= 20 and result["serving"] == str(root / "serving" / "__init__.py"), result
 
 
 def test_lock_check_passes_on_the_committed_lock(copy: Path) -> None:
