@@ -31,7 +31,17 @@ from tests.support.paths import REPO
 
 pytestmark = pytest.mark.slow
 
-CACHES = {".git", ".venv", ".venv-sglang", ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis", "__pycache__"}
+CACHES = {
+    ".git",
+    ".venv",
+    ".venv-sglang",
+    ".venv-pulumi",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    ".hypothesis",
+    "__pycache__",
+}
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
