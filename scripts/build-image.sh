@@ -43,9 +43,12 @@ git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | t
 "$PY" -m pip wheel -q --no-deps --no-build-isolation --wheel-dir "$ctx/dist" "$ctx/src"
 rm -rf "$ctx/src"
 cp requirements-image.lock requirements-sbom.lock pyproject.toml scripts/image-install.sh "$ctx/"
-# the wheels the image's Python takes (Debian 12: CPython 3.11, glibc 2.36, x86_64), whatever runs this script
+# the wheels the image's Python takes (Debian 12: CPython 3.11, glibc 2.36, x86_64), whatever runs this script; pip
+# takes --platform literally (it widens only manylinux2014/2010 to the older tags), so every glibc up to 2.36 is named
+platforms=(manylinux2014_x86_64 manylinux2010_x86_64 manylinux1_x86_64)
+for glibc in $(seq 5 36); do platforms+=("manylinux_2_${glibc}_x86_64"); done
 "$PY" -m pip download -q --require-hashes --no-deps --only-binary=:all: --implementation cp --python-version 3.11 \
-  --abi cp311 --platform manylinux_2_36_x86_64 --dest "$ctx/wheels" -r requirements-image.lock -r requirements-sbom.lock
+  --abi cp311 "${platforms[@]/#/--platform=}" --dest "$ctx/wheels" -r requirements-image.lock -r requirements-sbom.lock
 
 if [ -z "$base_dir" ]; then
   if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
