@@ -12,14 +12,14 @@ ARG BASE=debian:bookworm-slim@sha256:7b140f374b289a7c2befc338f42ebe6441b7ea838a0
 FROM ${BASE} AS install
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv \
-    && rm -rf /var/lib/apt/lists/*
+    && apt-get clean && rm -rf /var/lib/apt/lists/*
 COPY . /tmp/build
 RUN sh /tmp/build/image-install.sh /tmp/build
 
 FROM ${BASE}
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 ca-certificates \
-    && rm -rf /var/lib/apt/lists/* \
+    && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
     && groupadd --system --gid 65532 exaserve \
     && useradd --system --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home --shell /usr/sbin/nologin exaserve
 COPY --from=install /opt/exaserve /opt/exaserve
