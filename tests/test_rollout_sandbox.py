@@ -167,7 +167,7 @@ def test_healthy_rollout_completes_in_5_batches_with_no_client_errors_then_one_c
         # the QPS and P99 gates measured the canary (in dry run here: tests/rehearsal/ enforces them)
         assert g["qps_drop"] is not None and g["p99_rise"] is not None, g
     assert doc["client_errors"] == 0
-    assert load.report.errors == 0, load.report.summary()
+    assert load.report.errors == 0, load.report.summary() + at_v1.breaker_transitions()
     assert load.report.count > 1500, load.report.summary()
     assert set(doc["final_versions"].values()) == {"v2"} == set(at_v1.versions().values())
     assert list(at_v1.workers().values()) == [True] * REPLICAS
@@ -181,7 +181,7 @@ def test_healthy_rollout_completes_in_5_batches_with_no_client_errors_then_one_c
     doc = json_object(back)
     assert doc["outcome"] == "completed" and doc["to_version"] == "v1"
     assert set(at_v1.versions().values()) == {"v1"} and len(at_v1.workers()) == REPLICAS
-    assert load.report is not None and load.report.errors == 0, load.report.summary()
+    assert load.report is not None and load.report.errors == 0, load.report.summary() + at_v1.breaker_transitions()
 
 
 def test_a_rollout_without_traffic_pauses_as_inconclusive_before_changing_anything(at_v1: Sandbox) -> None:
@@ -224,7 +224,7 @@ def test_broken_release_trips_the_error_gate_in_the_first_batch_and_everything_e
     assert all(b["started_at"] is None for b in rest)
     assert set(doc["final_versions"].values()) == {"v1"} == set(at_v1.versions().values())
     assert list(at_v1.workers().values()) == [True] * REPLICAS, "a worker was left out of the router"
-    assert load.report is not None and load.report.errors == 0, load.report.summary()
+    assert load.report is not None and load.report.errors == 0, load.report.summary() + at_v1.breaker_transitions()
     state = load_state(at_v1.paths.journal_path)
     assert state is not None and "error rate" in state.reason
     assert "by status {'500': " in state.reason, state.reason  # the warm-up names what its failures were
@@ -239,7 +239,7 @@ def test_release_that_never_becomes_healthy_hits_the_health_timeout_and_rolls_ba
     assert state is not None and "health timeout" in state.reason and "(503)" in state.reason
     assert f"not healthy after {GATED['rollout.health_timeout_s']:g} s" in state.reason, state.reason
     assert set(at_v1.versions().values()) == {"v1"} and len(at_v1.workers()) == REPLICAS
-    assert load.report is not None and load.report.errors == 0, load.report.summary()
+    assert load.report is not None and load.report.errors == 0, load.report.summary() + at_v1.breaker_transitions()
 
 
 def test_sigkill_mid_batch_then_resume_ends_consistent_and_a_second_updater_is_refused(
@@ -279,7 +279,7 @@ def test_sigkill_mid_batch_then_resume_ends_consistent_and_a_second_updater_is_r
     assert [b["passed"] for b in doc["batches"]] == [True] * 5
     assert set(at_v1.versions().values()) == {"v2"}
     assert list(at_v1.workers().values()) == [True] * REPLICAS
-    assert load.report is not None and load.report.errors == 0, load.report.summary()
+    assert load.report is not None and load.report.errors == 0, load.report.summary() + at_v1.breaker_transitions()
 
 
 def test_router_restart_is_survived_and_a_router_gone_past_the_grace_period_pauses_clearly(
@@ -342,4 +342,4 @@ def test_sigint_pauses_with_every_replica_in_the_router_and_rollback_undoes_the_
         back = fast.cli("rollback", "--json")
     assert back.returncode == 0 and json_object(back)["outcome"] == "rolled_back", back.stderr
     assert set(at_v1.versions().values()) == {"v1"} and len(at_v1.workers()) == REPLICAS
-    assert load.report is not None and load.report.errors == 0, load.report.summary()
+    assert load.report is not None and load.report.errors == 0, load.report.summary() + at_v1.breaker_transitions()

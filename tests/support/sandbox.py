@@ -62,7 +62,19 @@ class Sandbox:
         return StateDir(self.paths.sandbox_dir)
 
     def _env(self) -> dict[str, str]:
-        return {"EXASERVE_STATE_DIR": str(self.state_dir)}
+        return {"EXASERVE_STATE_DIR": str(self.state_dir), "RUST_LOG": ROUTER_RUST_LOG}
+
+    def breaker_transitions(self) -> str:
+        """The routers' circuit-breaker transitions so far (each worker's, with when), for a failed load's message:
+        ci-under-load's runs twice saw every healthy worker unavailable for a second in a rollback, with nothing in
+        the routers' WARN-level log to say what had opened their breakers (issue 37)."""
+        lines = [
+            f"{log.name}: {line.strip()}"
+            for log in sorted(self.paths.sandbox_dir.glob("router*.log"))
+            for line in log.read_text(errors="replace").splitlines()
+            if "Circuit breaker state transition" in line
+        ]
+        return "; breaker transitions: " + (" | ".join(lines[-40:]) if lines else "none")
 
     def cli(self, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
         """``exaserve ARGS --stack-file STACK`` with this sandbox's state directory."""
@@ -116,6 +128,12 @@ def _configs(processes: StateDir, urls: tuple[str, ...]) -> tuple[WorkerConfig, 
     return tuple(out)
 
 
+# smg logs each breaker transition at INFO (worker/circuit_breaker.rs transition_to) and reads RUST_LOG before its
+# --log-level (observability/logging.rs init_logging): the sandboxes' routers keep WARN for the rest, and
+# Sandbox.breaker_transitions reads the transitions back into a failed load's message
+ROUTER_RUST_LOG = "warn,smg::worker::circuit_breaker=info"
+
+
 @contextmanager
 def running_sandbox(
     directory: Path, *, replicas: int | None = None, changes: Mapping[str, Any] | None = None
@@ -130,7 +148,7 @@ def running_sandbox(
     stack = load_stack_file(stack_file)
     state_dir = directory / "state"
     paths = StackState.for_stack(stack.name, state_dir)
-    env = {"EXASERVE_STATE_DIR": str(state_dir)}
+    env = {"EXASERVE_STATE_DIR": str(state_dir), "RUST_LOG": ROUTER_RUST_LOG}
     up = exaserve("sandbox", "up", "--json", "--stack-file", str(stack_file), env=env)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
