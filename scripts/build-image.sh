@@ -13,8 +13,9 @@
 #
 # Both stage one build context: dist/ (this checkout's wheel, built without build isolation by this venv's setuptools,
 # the one requirements-dev.lock pins), wheels/ (requirements-image.lock's and requirements-sbom.lock's wheels for the
-# image's CPython 3.11 on x86_64 glibc 2.36, every hash checked), the two locks, pyproject.toml (the SBOM's main component) and image-install.sh. The Debian mirror for --local-base is this machine's own (its apt
-# sources), or DEBIAN_MIRROR. Exit status: 0 built (and, with --local-base, run), 2 bad input or a missing tool, else
+# image's CPython 3.11 on x86_64 glibc 2.36, every hash checked), the two locks, pyproject.toml (the SBOM's main
+# component) and image-install.sh. The Debian mirror for --local-base is this machine's own (its apt sources), or
+# DEBIAN_MIRROR. Exit status: 0 built (and, with --local-base, run), 2 bad input or a missing tool, else
 # the failing tool's.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -12,7 +12,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import yaml
 
@@ -22,18 +21,10 @@ from serving.render.k8s.runtime import RUNTIME_UID
 from serving.spec.schema import image_repository, pinned_image
 from serving.spec.stack import load_stack
 from tests.support.cli import exaserve
+from tests.support.lockfile import pins
 from tests.support.paths import REPO
 
 DIGEST = "sha256:" + "5e" * 32
-
-
-def _pins(path: Path) -> dict[str, tuple[str, frozenset[str]]]:
-    """name → (version, hashes) of a hashed requirements file."""
-    pins: dict[str, tuple[str, frozenset[str]]] = {}
-    for block in re.split(r"\n(?=[a-z0-9])", path.read_text()):
-        if m := re.match(r"([a-z0-9._-]+)==(\S+)", block):
-            pins[m[1]] = (m[2], frozenset(re.findall(r"--hash=(sha256:[0-9a-f]{64})", block)))
-    return pins
 
 
 def test_one_image_name_from_the_stack_through_the_pods_to_the_workflows_push() -> None:
@@ -85,7 +76,7 @@ def _containers(obj: dict) -> list[dict]:
 def test_the_image_lock_is_the_image_group_of_the_one_resolution() -> None:
     """requirements-image.lock (scripts/lock.sh, pyproject.toml's `image` group) pins each package at the version and
     hashes requirements.lock pins it (one resolution), and leaves the operator's tools out."""
-    image, package = _pins(REPO / "requirements-image.lock"), _pins(REPO / "requirements.lock")
+    image, package = pins(REPO / "requirements-image.lock"), pins(REPO / "requirements.lock")
     assert image and not {n: v for n, v in image.items() if package.get(n) != v}, "pinned apart from requirements.lock"
     assert not {"pulumi", "ansible-core", "matplotlib", "numpy", "smg", "kubernetes-validate", "paramiko"} & set(image)
     # the pods reach the API server in-cluster (serving.kubeapi over httpx); the kubernetes client (126 MB installed)
@@ -93,7 +84,7 @@ def test_the_image_lock_is_the_image_group_of_the_one_resolution() -> None:
     assert "kubernetes" not in image
     assert {"pydantic", "typer", "httpx", "aiohttp", "prometheus-client"} <= set(image)
     # the SBOM's writer is a lock of its own: the install stage's throwaway venv, never the image's
-    sbom = _pins(REPO / "requirements-sbom.lock")
+    sbom = pins(REPO / "requirements-sbom.lock")
     assert "cyclonedx-bom" in sbom and "cyclonedx-bom" not in image and "cyclonedx-bom" not in package
     assert not {n: v for n, v in sbom.items() if n in image and image[n] != v}, "one resolution for both"
 

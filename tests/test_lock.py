@@ -22,10 +22,9 @@ from typing import Any
 
 import pytest
 import yaml
-from packaging.markers import Marker
-from packaging.utils import canonicalize_name
 
 from serving.spec.schema import KubernetesSpec
+from tests.support.lockfile import pins
 from tests.support.paths import REPO
 
 UV = Path(sys.executable).parent / "uv"
@@ -39,24 +38,6 @@ LOCK_FILES = (
     "requirements-image.lock",
     "requirements-sbom.lock",
 )
-PIN = re.compile(r"^(?P<name>[A-Za-z0-9._-]+)==(?P<version>\S+)(?: ; (?P<marker>.+?))? \\$")
-
-
-def pins(path: Path) -> dict[str, tuple[str, list[str]]]:
-    """``name → (version, hashes)`` of the requirements that apply to this interpreter."""
-    out: dict[str, tuple[str, list[str]]] = {}
-    name = ""
-    for line in path.read_text().splitlines():
-        if m := PIN.match(line):
-            name = ""
-            if m["marker"] is None or Marker(m["marker"]).evaluate():
-                name = canonicalize_name(m["name"])
-                out[name] = (m["version"], [])
-        elif name and (h := re.match(r"^\s+--hash=(sha256:[0-9a-f]{64})", line)):
-            out[name][1].append(h[1])
-        elif line and not line.startswith(("#", " ")):
-            raise AssertionError(f"{path.name}: a line that is no pinned requirement: {line!r}")
-    return out
 
 
 def lock_check(root: Path) -> subprocess.CompletedProcess[str]:

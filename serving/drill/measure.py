@@ -24,8 +24,9 @@ Two judges read them. :func:`judge` holds each time against the plan's target (`
 (``exaserve drill --judge order``, the CI suite): every event the scenario is about was observed (out of rotation,
 restarted, back; a new leader; clients served again without errors), each after the one it follows, and the counts
 (client error share, false detections) as :func:`judge` holds them, except that a replica the leader only shed for
-its load or latency is reported, not failed: those figures follow the machine's speed. Its verdict depends on the machine's speed only
-through the drill's patience, which is a liveness bound (:data:`ORDER_PATIENCE`), never a judged figure.
+its load or latency is reported, not failed: those figures follow the machine's speed. Its verdict depends on the
+machine's speed only through the drill's patience, which is a liveness bound (:data:`ORDER_PATIENCE`), never a judged
+figure.
 """
 
 from __future__ import annotations
@@ -482,7 +483,9 @@ def _only_shed(url: str, after: Sequence[Probe], out: Sequence[Probe], routable_
     return all(b <= a for a, b in pairwise(restarts))
 
 
-def judge(scenario: Scenario, targets: Sequence[Target], m: Measured, resolution_s: float = 0.0) -> list[Check]:
+def judge(
+    scenario: Scenario, targets: Sequence[Target], m: Measured, resolution_s: float = 0.0, *, by_order: bool = False
+) -> list[Check]:
     """Every target of the scenario against what was measured, plus the false detections.
 
     A time is judged on its upper bound, the moment the probe that saw it returned, counted from the moment the
@@ -492,7 +495,8 @@ def judge(scenario: Scenario, targets: Sequence[Target], m: Measured, resolution
     run cannot tell, :func:`verdict` calls it invalid, never passed): detection 4.12 s against 4 s, seen 0.11 s after
     the probe before it, from an injection that took 0.02 s, may have been 3.99 s. Over its target on both bounds it
     fails. A time from the client's windows (recovery) is known to ``resolution_s``. Shares (the client error rate)
-    are counted exactly."""
+    are counted exactly. ``by_order``: the false detections as :func:`judge_order` holds them
+    (:func:`_false_detections`)."""
     found: dict[TargetName, float | None] = {
         TargetName.DETECTION: m.detection_s,
         TargetName.RECOVERY: m.recovery_s,
@@ -526,7 +530,7 @@ def judge(scenario: Scenario, targets: Sequence[Target], m: Measured, resolution
         checks.append(Check(t.name.value, value, t.value, t.unit, ok, reason, undecided))
     if scenario.fails == "every other":
         checks.append(_stayed_out(m))
-    checks.append(_false_detections(scenario, m, by_order=False))
+    checks.append(_false_detections(scenario, m, by_order))
     return checks
 
 
@@ -624,8 +628,7 @@ def judge_order(scenario: Scenario, targets: Sequence[Target], m: Measured) -> l
         + "".join(f"; {n} × {what}" for what, n in m.client_failures.items()),
         judged="order",
     )
-    shares = [c for c in judge(scenario, [t for t in targets if t.unit != "s"], m) if c.name != "false_detections"]
-    return [*checks, errors, *shares, _false_detections(scenario, m, by_order=True)]
+    return [*checks, errors, *judge(scenario, [t for t in targets if t.unit != "s"], m, by_order=True)]
 
 
 def _in_order(scenario: Scenario, m: Measured) -> Check:

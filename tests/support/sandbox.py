@@ -62,7 +62,7 @@ class Sandbox:
         return StateDir(self.paths.sandbox_dir)
 
     def _env(self) -> dict[str, str]:
-        return {"EXASERVE_STATE_DIR": str(self.state_dir), "RUST_LOG": ROUTER_RUST_LOG}
+        return _sandbox_env(self.state_dir)
 
     def breaker_transitions(self) -> str:
         """The routers' circuit-breaker transitions so far (each worker's, with when), for a failed load's message:
@@ -134,6 +134,11 @@ def _configs(processes: StateDir, urls: tuple[str, ...]) -> tuple[WorkerConfig, 
 ROUTER_RUST_LOG = "warn,smg::worker::circuit_breaker=info"
 
 
+def _sandbox_env(state_dir: Path) -> dict[str, str]:
+    """The environment of every ``exaserve`` command on a test sandbox: its state directory, the routers' logging."""
+    return {"EXASERVE_STATE_DIR": str(state_dir), "RUST_LOG": ROUTER_RUST_LOG}
+
+
 @contextmanager
 def running_sandbox(
     directory: Path, *, replicas: int | None = None, changes: Mapping[str, Any] | None = None
@@ -148,7 +153,7 @@ def running_sandbox(
     stack = load_stack_file(stack_file)
     state_dir = directory / "state"
     paths = StackState.for_stack(stack.name, state_dir)
-    env = {"EXASERVE_STATE_DIR": str(state_dir), "RUST_LOG": ROUTER_RUST_LOG}
+    env = _sandbox_env(state_dir)
     up = exaserve("sandbox", "up", "--json", "--stack-file", str(stack_file), env=env)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
